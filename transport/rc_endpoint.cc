@@ -1,0 +1,399 @@
+#include "transport/rc_endpoint.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "transport/verbs_error.h"
+
+namespace zrpc::transport {
+namespace {
+
+constexpr size_t kPageSize = 4096;
+// Retries of the RC transport before a silent peer is declared dead (7 is the maximum for
+// retry_count; 7 for rnr_retry_count means "retry forever", which we avoid: an RNR here is a
+// bug in the caller's receive accounting and should surface as an error, after 6 retries).
+constexpr uint8_t kRetryCount = 7;
+constexpr uint8_t kRnrRetryCount = 6;
+
+int RemainingMs(absl::Time deadline) {
+  absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+}
+
+absl::StatusOr<CmChannelOwner> CreateChannel() {
+  CmChannelOwner channel(rdma_create_event_channel());
+  if (channel == nullptr) return VerbsError("rdma_create_event_channel", errno);
+  // Non-blocking, so waits can honour a deadline with poll().
+  int flags = fcntl(channel->fd, F_GETFL);
+  if (flags < 0 || fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return VerbsError("fcntl(O_NONBLOCK) on the rdma_cm channel", errno);
+  }
+  return channel;
+}
+
+// Waits for the next event on `channel`. The caller must rdma_ack_cm_event it.
+absl::StatusOr<rdma_cm_event*> NextEvent(rdma_event_channel* channel, absl::Time deadline) {
+  for (;;) {
+    rdma_cm_event* event = nullptr;
+    if (rdma_get_cm_event(channel, &event) == 0) return event;
+    if (errno != EAGAIN && errno != EINTR) return VerbsError("rdma_get_cm_event", errno);
+    int ms = RemainingMs(deadline);
+    if (ms == 0) return absl::DeadlineExceededError("timed out waiting for an rdma_cm event");
+    pollfd pfd{channel->fd, POLLIN, 0};
+    if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return VerbsError("poll", errno);
+  }
+}
+
+// Waits for an event of type `expected`; any other event is an error naming both. On success
+// the caller must ack the returned event.
+absl::StatusOr<rdma_cm_event*> ExpectEvent(rdma_event_channel* channel,
+                                           rdma_cm_event_type expected, absl::Time deadline) {
+  absl::StatusOr<rdma_cm_event*> event = NextEvent(channel, deadline);
+  if (!event.ok()) {
+    return absl::Status(event.status().code(), absl::StrCat(event.status().message(), " (",
+                                                            rdma_event_str(expected), ")"));
+  }
+  if ((*event)->event == expected) return event;
+  std::string what = absl::StrCat("expected ", rdma_event_str(expected), ", got ",
+                                  rdma_event_str((*event)->event), " (status ",
+                                  (*event)->status, ")");
+  rdma_cm_event_type got = (*event)->event;
+  rdma_ack_cm_event(*event);
+  if (got == RDMA_CM_EVENT_REJECTED) return absl::UnavailableError("connection refused: " + what);
+  return absl::UnavailableError(what);
+}
+
+absl::Status CheckAdvert(const void* data, size_t len, BufferAdvert* out) {
+  if (data == nullptr || len < sizeof(BufferAdvert)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("peer sent ", len, " bytes of connection data, expected ",
+                     sizeof(BufferAdvert)));
+  }
+  std::memcpy(out, data, sizeof(*out));
+  if (out->magic != BufferAdvert::kMagic) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("peer is not zrpc: magic 0x", absl::Hex(out->magic), ", expected 0x",
+                     absl::Hex(BufferAdvert::kMagic)));
+  }
+  if (out->version != BufferAdvert::kVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "peer speaks version ", out->version, ", this build speaks ", BufferAdvert::kVersion));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResolveSockaddr(const std::string& addr, uint16_t port, sockaddr_storage* out) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  std::string service = std::to_string(port);
+  int rc = getaddrinfo(addr.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve '", addr, "': ", gai_strerror(rc)));
+  }
+  std::memcpy(out, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  return absl::OkStatus();
+}
+
+rdma_conn_param ConnParam(const BufferAdvert* advert) {
+  rdma_conn_param param{};
+  param.private_data = advert;
+  param.private_data_len = sizeof(*advert);
+  param.retry_count = kRetryCount;
+  param.rnr_retry_count = kRnrRetryCount;
+  return param;  // no RDMA READ or atomics: zero responder resources and initiator depth
+}
+
+absl::Status CheckRange(size_t offset, size_t length, size_t size, const char* what) {
+  if (offset > size || length > size - offset) {
+    return absl::OutOfRangeError(absl::StrCat(what, ": [", offset, ", ", offset + length,
+                                              ") is outside the ", size, "-byte buffer"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RcEndpoint::SetUp(const RcOptions& options) {
+  options_ = options;
+  ibv_context* context = id_->verbs;
+  if (context == nullptr) return absl::InternalError("rdma_cm id has no device");
+  pd_.reset(ibv_alloc_pd(context));
+  if (pd_ == nullptr) return VerbsError("ibv_alloc_pd", errno);
+  int cqe = static_cast<int>(options.max_send_wr + options.max_recv_wr);
+  cq_.reset(ibv_create_cq(context, cqe, nullptr, nullptr, 0));
+  if (cq_ == nullptr) return VerbsError("ibv_create_cq", errno);
+  size_t bytes = (options.buffer_size + kPageSize - 1) / kPageSize * kPageSize;
+  buffer_.reset(static_cast<uint8_t*>(std::aligned_alloc(kPageSize, bytes)));
+  if (buffer_ == nullptr) return absl::ResourceExhaustedError("cannot allocate the buffer");
+  std::memset(buffer_.get(), 0, bytes);
+  // The peer may write into this buffer, and nothing else: no REMOTE_READ, no atomics.
+  mr_.reset(ibv_reg_mr(pd_.get(), buffer_.get(), options.buffer_size,
+                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+  if (mr_ == nullptr) return VerbsError("ibv_reg_mr", errno);
+
+  ibv_qp_init_attr attr{};
+  attr.send_cq = cq_.get();
+  attr.recv_cq = cq_.get();
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = options.max_send_wr;
+  attr.cap.max_recv_wr = options.max_recv_wr;
+  attr.cap.max_send_sge = 1;
+  attr.cap.max_recv_sge = 1;
+  attr.cap.max_inline_data = options.max_inline;
+  attr.sq_sig_all = 0;
+  if (rdma_create_qp(id_.get(), pd_.get(), &attr) != 0) return VerbsError("rdma_create_qp", errno);
+  qp_.reset(id_.get());
+  max_inline_ = attr.cap.max_inline_data;  // what the device granted
+
+  if (uint64_t(options.initial_recvs) * options.recv_size > options.buffer_size) {
+    return absl::InvalidArgumentError("initial_recvs * recv_size exceeds buffer_size");
+  }
+  for (uint32_t i = 0; i < options.initial_recvs; ++i) {
+    if (auto s = PostRecv(size_t(i) * options.recv_size, options.recv_size, i); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+BufferAdvert RcEndpoint::OwnAdvert() const {
+  BufferAdvert advert;
+  advert.addr = reinterpret_cast<uintptr_t>(buffer_.get());
+  advert.rkey = mr_->rkey;
+  advert.size = static_cast<uint32_t>(options_.buffer_size);
+  return advert;
+}
+
+absl::StatusOr<std::unique_ptr<RcEndpoint>> RcEndpoint::Connect(const std::string& addr,
+                                                                uint16_t port,
+                                                                const RcOptions& options,
+                                                                absl::Duration timeout) {
+  if (options.buffer_size > UINT32_MAX) return absl::InvalidArgumentError("buffer_size > 4 GiB");
+  absl::Time deadline = absl::Now() + timeout;
+  std::unique_ptr<RcEndpoint> ep(new RcEndpoint);
+  auto channel = CreateChannel();
+  if (!channel.ok()) return channel.status();
+  ep->channel_ = std::move(*channel);
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(ep->channel_.get(), &id, nullptr, RDMA_PS_TCP) != 0) {
+    return VerbsError("rdma_create_id", errno);
+  }
+  ep->id_.reset(id);
+
+  sockaddr_storage dst{};
+  if (auto s = ResolveSockaddr(addr, port, &dst); !s.ok()) return s;
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), RemainingMs(deadline))) {
+    return VerbsError("rdma_resolve_addr", errno);
+  }
+  auto event = ExpectEvent(ep->channel_.get(), RDMA_CM_EVENT_ADDR_RESOLVED, deadline);
+  if (!event.ok()) return event.status();
+  rdma_ack_cm_event(*event);
+  if (rdma_resolve_route(id, RemainingMs(deadline)) != 0) {
+    return VerbsError("rdma_resolve_route", errno);
+  }
+  event = ExpectEvent(ep->channel_.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, deadline);
+  if (!event.ok()) return event.status();
+  rdma_ack_cm_event(*event);
+
+  if (auto s = ep->SetUp(options); !s.ok()) return s;
+  BufferAdvert own = ep->OwnAdvert();
+  rdma_conn_param param = ConnParam(&own);
+  if (rdma_connect(id, &param) != 0) return VerbsError("rdma_connect", errno);
+  event = ExpectEvent(ep->channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
+  if (!event.ok()) return event.status();
+  absl::Status advert_ok = CheckAdvert((*event)->param.conn.private_data,
+                                       (*event)->param.conn.private_data_len, &ep->peer_);
+  rdma_ack_cm_event(*event);
+  ep->connected_ = true;
+  if (!advert_ok.ok()) return advert_ok;  // the destructor disconnects
+  return ep;
+}
+
+RcEndpoint::~RcEndpoint() {
+  if (connected_) rdma_disconnect(id_.get());
+}
+
+std::string RcEndpoint::DeviceName() const { return ibv_get_device_name(id_->verbs->device); }
+
+int RcEndpoint::PortNum() const { return id_->port_num; }
+
+std::string RcEndpoint::GidText() const {
+  char text[INET6_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET6, id_->route.addr.addr.ibaddr.sgid.raw, text, sizeof(text));
+  return text;
+}
+
+absl::StatusOr<int> RcEndpoint::GidIndex() const {
+  ibv_port_attr port_attr{};
+  if (int rc = ibv_query_port(id_->verbs, id_->port_num, &port_attr); rc != 0) {
+    return VerbsError("ibv_query_port", rc);
+  }
+  const ibv_gid& used = id_->route.addr.addr.ibaddr.sgid;
+  for (int i = 0; i < port_attr.gid_tbl_len; ++i) {
+    ibv_gid gid{};
+    if (ibv_query_gid(id_->verbs, id_->port_num, i, &gid) != 0) continue;
+    if (std::memcmp(gid.raw, used.raw, sizeof(gid.raw)) != 0) continue;
+    // RoCE devices list each address twice (RoCE v1 and v2); zrpc connections are RoCE v2.
+    ibv_gid_entry entry{};
+    if (ibv_query_gid_ex(id_->verbs, id_->port_num, i, &entry, 0) == 0 &&
+        entry.gid_type == IBV_GID_TYPE_ROCE_V1) {
+      continue;
+    }
+    return i;
+  }
+  return absl::NotFoundError(absl::StrCat("GID ", GidText(), " is not in the port's table"));
+}
+
+absl::Status RcEndpoint::PostRecv(size_t offset, size_t length, uint64_t wr_id) {
+  if (auto s = CheckRange(offset, length, options_.buffer_size, "PostRecv"); !s.ok()) return s;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buffer_.get() + offset), static_cast<uint32_t>(length),
+              mr_->lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = length > 0 ? 1 : 0;
+  ibv_recv_wr* bad = nullptr;
+  if (int rc = ibv_post_recv(qp_->qp, &wr, &bad); rc != 0) return VerbsError("ibv_post_recv", rc);
+  return absl::OkStatus();
+}
+
+absl::Status RcEndpoint::PostSend(size_t offset, size_t length, uint64_t wr_id, bool signaled) {
+  if (auto s = CheckRange(offset, length, options_.buffer_size, "PostSend"); !s.ok()) return s;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buffer_.get() + offset), static_cast<uint32_t>(length),
+              mr_->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = length > 0 ? 1 : 0;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = (signaled ? IBV_SEND_SIGNALED : 0) | (length <= max_inline_ ? IBV_SEND_INLINE : 0);
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(qp_->qp, &wr, &bad); rc != 0) return VerbsError("ibv_post_send", rc);
+  return absl::OkStatus();
+}
+
+absl::Status RcEndpoint::PostWrite(size_t offset, size_t length, size_t remote_offset,
+                                   uint64_t wr_id, bool signaled, bool with_imm, uint32_t imm) {
+  if (auto s = CheckRange(offset, length, options_.buffer_size, "PostWrite (local)"); !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange(remote_offset, length, peer_.size, "PostWrite (remote)"); !s.ok()) {
+    return s;
+  }
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buffer_.get() + offset), static_cast<uint32_t>(length),
+              mr_->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = length > 0 ? 1 : 0;
+  wr.opcode = with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  wr.send_flags = (signaled ? IBV_SEND_SIGNALED : 0) | (length <= max_inline_ ? IBV_SEND_INLINE : 0);
+  wr.imm_data = htonl(imm);
+  wr.wr.rdma.remote_addr = peer_.addr + remote_offset;
+  wr.wr.rdma.rkey = peer_.rkey;
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(qp_->qp, &wr, &bad); rc != 0) return VerbsError("ibv_post_send", rc);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Completion> RcEndpoint::Poll(absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  ibv_wc wc{};
+  for (uint32_t spins = 0;; ++spins) {
+    int n = ibv_poll_cq(cq_.get(), 1, &wc);
+    if (n < 0) return VerbsError("ibv_poll_cq", -n);
+    if (n == 1) break;
+    // Reading the clock costs more than a poll; look at it every 1024 empty polls.
+    if ((spins & 1023) == 1023 && absl::Now() > deadline) {
+      return absl::DeadlineExceededError("no completion before the deadline");
+    }
+  }
+  if (auto s = CompletionError(wc); !s.ok()) return s;
+  Completion c;
+  c.wr_id = wc.wr_id;
+  c.byte_len = wc.byte_len;
+  switch (wc.opcode) {
+    case IBV_WC_SEND: c.kind = Completion::Kind::kSend; break;
+    case IBV_WC_RDMA_WRITE: c.kind = Completion::Kind::kWrite; break;
+    case IBV_WC_RECV: c.kind = Completion::Kind::kRecv; break;
+    case IBV_WC_RECV_RDMA_WITH_IMM:
+      c.kind = Completion::Kind::kRecvWithImm;
+      c.imm = ntohl(wc.imm_data);
+      break;
+    default: c.kind = Completion::Kind::kOther;
+  }
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<RcListener>> RcListener::Create(const std::string& addr,
+                                                               uint16_t port) {
+  std::unique_ptr<RcListener> listener(new RcListener);
+  auto channel = CreateChannel();
+  if (!channel.ok()) return channel.status();
+  listener->channel_ = std::move(*channel);
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(listener->channel_.get(), &id, nullptr, RDMA_PS_TCP) != 0) {
+    return VerbsError("rdma_create_id", errno);
+  }
+  listener->id_.reset(id);
+  sockaddr_storage local{};
+  if (auto s = ResolveSockaddr(addr, port, &local); !s.ok()) return s;
+  if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&local)) != 0) {
+    return VerbsError(absl::StrCat("rdma_bind_addr(", addr, ")"), errno);
+  }
+  if (rdma_listen(id, /*backlog=*/16) != 0) return VerbsError("rdma_listen", errno);
+  return listener;
+}
+
+uint16_t RcListener::port() const { return ntohs(rdma_get_src_port(id_.get())); }
+
+absl::StatusOr<std::unique_ptr<RcEndpoint>> RcListener::Accept(const RcOptions& options,
+                                                               absl::Duration timeout) {
+  if (options.buffer_size > UINT32_MAX) return absl::InvalidArgumentError("buffer_size > 4 GiB");
+  absl::Time deadline = absl::Now() + timeout;
+  auto event = ExpectEvent(channel_.get(), RDMA_CM_EVENT_CONNECT_REQUEST, deadline);
+  if (!event.ok()) return event.status();
+  std::unique_ptr<RcEndpoint> ep(new RcEndpoint);
+  ep->id_.reset((*event)->id);
+  absl::Status advert_ok = CheckAdvert((*event)->param.conn.private_data,
+                                       (*event)->param.conn.private_data_len, &ep->peer_);
+  rdma_ack_cm_event(*event);
+  if (!advert_ok.ok()) {
+    rdma_reject(ep->id_.get(), nullptr, 0);
+    return advert_ok;
+  }
+  // The new id reports to the listener's channel; give the endpoint a channel of its own so
+  // its events (ESTABLISHED, DISCONNECTED) do not mix with other connection requests.
+  auto channel = CreateChannel();
+  if (!channel.ok()) return channel.status();
+  CmIdOwner id = std::move(ep->id_);
+  ep->channel_ = std::move(*channel);
+  if (rdma_migrate_id(id.get(), ep->channel_.get()) != 0) {
+    return VerbsError("rdma_migrate_id", errno);
+  }
+  ep->id_ = std::move(id);
+  if (auto s = ep->SetUp(options); !s.ok()) {
+    rdma_reject(ep->id_.get(), nullptr, 0);
+    return s;
+  }
+  BufferAdvert own = ep->OwnAdvert();
+  rdma_conn_param param = ConnParam(&own);
+  if (rdma_accept(ep->id_.get(), &param) != 0) return VerbsError("rdma_accept", errno);
+  ep->connected_ = true;
+  event = ExpectEvent(ep->channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
+  if (!event.ok()) return event.status();
+  rdma_ack_cm_event(*event);
+  return ep;
+}
+
+}  // namespace zrpc::transport
