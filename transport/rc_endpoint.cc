@@ -39,6 +39,19 @@ absl::StatusOr<CmChannelOwner> CreateChannel() {
   return channel;
 }
 
+// A non-blocking event channel and a TCP-port-space id reporting to it.
+absl::Status CreateChannelAndId(CmChannelOwner* channel, CmIdOwner* id) {
+  auto created = CreateChannel();
+  if (!created.ok()) return created.status();
+  *channel = std::move(*created);
+  rdma_cm_id* raw = nullptr;
+  if (rdma_create_id(channel->get(), &raw, nullptr, RDMA_PS_TCP) != 0) {
+    return VerbsError("rdma_create_id", errno);
+  }
+  id->reset(raw);
+  return absl::OkStatus();
+}
+
 // Waits for the next event on `channel`. The caller must rdma_ack_cm_event it.
 absl::StatusOr<rdma_cm_event*> NextEvent(rdma_event_channel* channel, absl::Time deadline) {
   for (;;) {
@@ -181,14 +194,8 @@ absl::StatusOr<std::unique_ptr<RcEndpoint>> RcEndpoint::Connect(const std::strin
   if (options.buffer_size > UINT32_MAX) return absl::InvalidArgumentError("buffer_size > 4 GiB");
   absl::Time deadline = absl::Now() + timeout;
   std::unique_ptr<RcEndpoint> ep(new RcEndpoint);
-  auto channel = CreateChannel();
-  if (!channel.ok()) return channel.status();
-  ep->channel_ = std::move(*channel);
-  rdma_cm_id* id = nullptr;
-  if (rdma_create_id(ep->channel_.get(), &id, nullptr, RDMA_PS_TCP) != 0) {
-    return VerbsError("rdma_create_id", errno);
-  }
-  ep->id_.reset(id);
+  if (auto s = CreateChannelAndId(&ep->channel_, &ep->id_); !s.ok()) return s;
+  rdma_cm_id* id = ep->id_.get();
 
   sockaddr_storage dst{};
   if (auto s = ResolveSockaddr(addr, port, &dst); !s.ok()) return s;
@@ -254,10 +261,16 @@ absl::StatusOr<int> RcEndpoint::GidIndex() const {
   return absl::NotFoundError(absl::StrCat("GID ", GidText(), " is not in the port's table"));
 }
 
+ibv_sge RcEndpoint::Sge(size_t offset, size_t length) const {
+  return ibv_sge{reinterpret_cast<uintptr_t>(buffer_.get() + offset),
+                 static_cast<uint32_t>(length), mr_->lkey};
+}
+
+// Post* validate ranges before posting: a work request outside the registered buffer would
+// fail asynchronously (a local protection error that moves the QP to the error state).
 absl::Status RcEndpoint::PostRecv(size_t offset, size_t length, uint64_t wr_id) {
   if (auto s = CheckRange(offset, length, options_.buffer_size, "PostRecv"); !s.ok()) return s;
-  ibv_sge sge{reinterpret_cast<uintptr_t>(buffer_.get() + offset), static_cast<uint32_t>(length),
-              mr_->lkey};
+  ibv_sge sge = Sge(offset, length);
   ibv_recv_wr wr{};
   wr.wr_id = wr_id;
   wr.sg_list = &sge;
@@ -269,8 +282,7 @@ absl::Status RcEndpoint::PostRecv(size_t offset, size_t length, uint64_t wr_id) 
 
 absl::Status RcEndpoint::PostSend(size_t offset, size_t length, uint64_t wr_id, bool signaled) {
   if (auto s = CheckRange(offset, length, options_.buffer_size, "PostSend"); !s.ok()) return s;
-  ibv_sge sge{reinterpret_cast<uintptr_t>(buffer_.get() + offset), static_cast<uint32_t>(length),
-              mr_->lkey};
+  ibv_sge sge = Sge(offset, length);
   ibv_send_wr wr{};
   wr.wr_id = wr_id;
   wr.sg_list = &sge;
@@ -290,8 +302,7 @@ absl::Status RcEndpoint::PostWrite(size_t offset, size_t length, size_t remote_o
   if (auto s = CheckRange(remote_offset, length, peer_.size, "PostWrite (remote)"); !s.ok()) {
     return s;
   }
-  ibv_sge sge{reinterpret_cast<uintptr_t>(buffer_.get() + offset), static_cast<uint32_t>(length),
-              mr_->lkey};
+  ibv_sge sge = Sge(offset, length);
   ibv_send_wr wr{};
   wr.wr_id = wr_id;
   wr.sg_list = &sge;
@@ -343,14 +354,8 @@ absl::StatusOr<Completion> RcEndpoint::Poll(absl::Duration timeout) {
 absl::StatusOr<std::unique_ptr<RcListener>> RcListener::Create(const std::string& addr,
                                                                uint16_t port) {
   std::unique_ptr<RcListener> listener(new RcListener);
-  auto channel = CreateChannel();
-  if (!channel.ok()) return channel.status();
-  listener->channel_ = std::move(*channel);
-  rdma_cm_id* id = nullptr;
-  if (rdma_create_id(listener->channel_.get(), &id, nullptr, RDMA_PS_TCP) != 0) {
-    return VerbsError("rdma_create_id", errno);
-  }
-  listener->id_.reset(id);
+  if (auto s = CreateChannelAndId(&listener->channel_, &listener->id_); !s.ok()) return s;
+  rdma_cm_id* id = listener->id_.get();
   sockaddr_storage local{};
   if (auto s = ResolveSockaddr(addr, port, &local); !s.ok()) return s;
   if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&local)) != 0) {

@@ -108,6 +108,8 @@ class RcEndpoint {
   // Creates PD, CQ, buffer, MR and QP on `id`'s device.
   absl::Status SetUp(const RcOptions& options);
   BufferAdvert OwnAdvert() const;
+  // The scatter-gather entry for [offset, offset + length) of the registered buffer.
+  ibv_sge Sge(size_t offset, size_t length) const;
 
   RcOptions options_;
   BufferAdvert peer_;
