@@ -1,0 +1,307 @@
+#include "codegen/zrpc_generator.h"
+
+#include <google/protobuf/compiler/cpp/names.h>
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/descriptor.pb.h>
+#include <google/protobuf/io/printer.h>
+#include <google/protobuf/io/zero_copy_stream.h>
+
+#include <cctype>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "codegen/cpp_names.h"
+
+namespace zrpc::codegen {
+namespace {
+
+using google::protobuf::FileDescriptor;
+using google::protobuf::MethodDescriptor;
+using google::protobuf::ServiceDescriptor;
+using google::protobuf::SourceLocation;
+using google::protobuf::compiler::GeneratorContext;
+using google::protobuf::io::Printer;
+using Vars = std::map<std::string, std::string>;
+
+std::string StripProto(const std::string& path) {
+  const std::string ext = ".proto";
+  if (path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0) {
+    return path.substr(0, path.size() - ext.size());
+  }
+  return path;
+}
+
+std::string HeaderGuard(const std::string& path) {
+  std::string guard = "ZRPC_GENERATED_";
+  for (char c : path) {
+    guard += std::isalnum(static_cast<unsigned char>(c))
+                 ? static_cast<char>(std::toupper(static_cast<unsigned char>(c)))
+                 : '_';
+  }
+  return guard + "_";
+}
+
+// The .proto's comments above `descriptor`, as C++ comment lines indented by `indent`.
+template <typename Descriptor>
+std::string Comments(const Descriptor* descriptor, const std::string& indent) {
+  SourceLocation location;
+  if (!descriptor->GetSourceLocation(&location)) return "";
+  std::string text = location.leading_comments;
+  std::string out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += indent + (line.empty() ? "//" : "//" + (line[0] == ' ' ? line : " " + line)) + "\n";
+    start = end + 1;
+  }
+  return out;
+}
+
+struct MethodNames {
+  const MethodDescriptor* method;
+  std::string name;        // C++ name of the blocking stub method and of the handler
+  std::string async_name;  // C++ name of the asynchronous stub method
+};
+
+// Picks C++ names for a service's methods: keywords and names the generated classes use get a
+// trailing underscore, and so does any name that would collide with one already taken.
+std::vector<MethodNames> NameMethods(const ServiceDescriptor* service) {
+  std::set<std::string> taken = {"Stub", "Service", "Dispatch", "service_info", "channel_"};
+  auto claim = [&taken](std::string name) {
+    if (IsCppKeyword(name)) name += "_";
+    while (!taken.insert(name).second) name += "_";
+    return name;
+  };
+  std::vector<MethodNames> names;
+  // Blocking names first, so a method called AsyncFoo keeps its name over Foo's async twin.
+  for (int i = 0; i < service->method_count(); ++i) {
+    names.push_back({service->method(i), claim(service->method(i)->name()), ""});
+  }
+  for (MethodNames& n : names) n.async_name = claim("Async" + n.name);
+  return names;
+}
+
+Vars MethodVars(const ServiceDescriptor* service, const MethodNames& names, int index,
+                const std::string& service_class) {
+  using google::protobuf::compiler::cpp::QualifiedClassName;
+  return {
+      {"Method", names.name},
+      {"AsyncMethod", names.async_name},
+      {"Request", QualifiedClassName(names.method->input_type())},
+      {"Response", QualifiedClassName(names.method->output_type())},
+      {"full_name", service->full_name() + "/" + names.method->name()},
+      {"index", std::to_string(index)},
+      {"Service", service_class},
+  };
+}
+
+bool CheckSupported(const FileDescriptor* file, std::string* error) {
+  for (int s = 0; s < file->service_count(); ++s) {
+    const ServiceDescriptor* service = file->service(s);
+    for (int m = 0; m < service->method_count(); ++m) {
+      const MethodDescriptor* method = service->method(m);
+      if (method->client_streaming() || method->server_streaming()) {
+        *error = file->name() + ": service " + service->name() + ", method " + method->name() +
+                 ": streaming rpcs are not supported yet (" +
+                 (method->client_streaming() ? "client" : "server") + " streaming)";
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
+  std::string service_class = CppIdentifier(service->name());
+  std::vector<MethodNames> methods = NameMethods(service);
+  p.Print({{"Service", service_class}, {"comments", Comments(service, "")}},
+          "$comments$"
+          "class $Service$ final {\n"
+          " public:\n"
+          "  // Name and method table (the order of the rpcs in the .proto).\n"
+          "  static const ::zrpc::ServiceInfo& service_info();\n"
+          "\n"
+          "  // Client stub: calls the service over `channel`, which must outlive it.\n"
+          "  class Stub final {\n"
+          "   public:\n"
+          "    explicit Stub(::zrpc::Channel* channel) : channel_(channel) {}\n");
+  for (size_t i = 0; i < methods.size(); ++i) {
+    Vars vars = MethodVars(service, methods[i], static_cast<int>(i), service_class);
+    vars["comments"] = Comments(methods[i].method, "    ");
+    p.Print(vars,
+            "\n"
+            "$comments$"
+            "    ::absl::Status $Method$(const $Request$& request, $Response$* response,\n"
+            "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n"
+            "    // Asynchronous $Method$: `done` runs once the call ends; `response` must stay\n"
+            "    // alive until then.\n"
+            "    void $AsyncMethod$(const $Request$& request, $Response$* response,\n"
+            "        const ::zrpc::CallOptions& options, ::zrpc::DoneCallback done);\n");
+  }
+  p.Print(
+      "\n"
+      "   private:\n"
+      "    ::zrpc::Channel* channel_;\n"
+      "  };\n"
+      "\n"
+      "  // Server base class: override the handlers the server implements; the others answer\n"
+      "  // UNIMPLEMENTED. Handlers may run on several threads at once.\n"
+      "  class Service : public ::zrpc::Service {\n"
+      "   public:\n"
+      "    const ::zrpc::ServiceInfo& service_info() const final;\n"
+      "    void Dispatch(int method_index, ::zrpc::ServerCall* call) final;\n");
+  for (size_t i = 0; i < methods.size(); ++i) {
+    Vars vars = MethodVars(service, methods[i], static_cast<int>(i), service_class);
+    vars["comments"] = Comments(methods[i].method, "    ");
+    p.Print(vars,
+            "\n"
+            "$comments$"
+            "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
+            "        const $Request$& request, $Response$* response);\n");
+  }
+  p.Print(
+      "  };\n"
+      "};\n"
+      "\n");
+}
+
+Vars ServiceVars(const ServiceDescriptor* service) {
+  return {{"Service", CppIdentifier(service->name())},
+          {"full_name", service->full_name()},
+          {"count", std::to_string(service->method_count())}};
+}
+
+// The method table and service info, for the file's anonymous namespace.
+void PrintSourceTables(Printer& p, const ServiceDescriptor* service) {
+  std::string service_class = CppIdentifier(service->name());
+  std::vector<MethodNames> methods = NameMethods(service);
+  Vars svars = ServiceVars(service);
+  if (methods.empty()) {
+    p.Print(svars,
+            "const ::zrpc::ServiceInfo k$Service$Info = {\"$full_name$\", nullptr, 0};\n\n");
+  } else {
+    p.Print(svars, "const ::zrpc::MethodInfo k$Service$Methods[] = {\n");
+    for (size_t i = 0; i < methods.size(); ++i) {
+      p.Print(MethodVars(service, methods[i], static_cast<int>(i), service_class),
+              "    {\"$full_name$\", $index$},\n");
+    }
+    p.Print(svars,
+            "};\n"
+            "const ::zrpc::ServiceInfo k$Service$Info = {\"$full_name$\", k$Service$Methods, "
+            "$count$};\n\n");
+  }
+}
+
+void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
+  std::string service_class = CppIdentifier(service->name());
+  std::vector<MethodNames> methods = NameMethods(service);
+  Vars svars = ServiceVars(service);
+  p.Print(svars,
+          "const ::zrpc::ServiceInfo& $Service$::service_info() { return k$Service$Info; }\n\n"
+          "const ::zrpc::ServiceInfo& $Service$::Service::service_info() const {\n"
+          "  return k$Service$Info;\n"
+          "}\n\n");
+  for (size_t i = 0; i < methods.size(); ++i) {
+    p.Print(MethodVars(service, methods[i], static_cast<int>(i), service_class),
+            "::absl::Status $Service$::Stub::$Method$(const $Request$& request,\n"
+            "    $Response$* response, const ::zrpc::CallOptions& options) {\n"
+            "  return ::zrpc::internal::UnaryCall(channel_, k$Service$Methods[$index$], request,\n"
+            "                                     response, options);\n"
+            "}\n\n"
+            "void $Service$::Stub::$AsyncMethod$(const $Request$& request,\n"
+            "    $Response$* response, const ::zrpc::CallOptions& options,\n"
+            "    ::zrpc::DoneCallback done) {\n"
+            "  ::zrpc::internal::AsyncUnaryCall(channel_, k$Service$Methods[$index$], request,\n"
+            "                                   response, options, std::move(done));\n"
+            "}\n\n"
+            "::absl::Status $Service$::Service::$Method$(::zrpc::ServerContext&,\n"
+            "    const $Request$&, $Response$*) {\n"
+            "  return ::absl::UnimplementedError(\"$full_name$ is not implemented\");\n"
+            "}\n\n");
+  }
+  p.Print(svars,
+          "void $Service$::Service::Dispatch(int method_index, ::zrpc::ServerCall* call) {\n"
+          "  switch (method_index) {\n");
+  for (size_t i = 0; i < methods.size(); ++i) {
+    p.Print(MethodVars(service, methods[i], static_cast<int>(i), service_class),
+            "    case $index$:\n"
+            "      ::zrpc::internal::HandleUnary<$Request$, $Response$>(\n"
+            "          call, [this](::zrpc::ServerContext& context, const $Request$& request,\n"
+            "                       $Response$* response) {\n"
+            "            return $Method$(context, request, response);\n"
+            "          });\n"
+            "      return;\n");
+  }
+  p.Print(svars,
+          "  }\n"
+          "  call->Finish(::absl::UnimplementedError(\n"
+          "                   \"$full_name$ has no method with index \" +\n"
+          "                   std::to_string(method_index)),\n"
+          "               nullptr);\n"
+          "}\n\n");
+}
+
+void PrintPreamble(Printer& p, const FileDescriptor* file) {
+  p.Print({{"source", file->name()}},
+          "// Generated by protoc-gen-zrpc. DO NOT EDIT.\n"
+          "// source: $source$\n\n");
+}
+
+}  // namespace
+
+bool ZrpcGenerator::Generate(const FileDescriptor* file, const std::string& parameter,
+                             GeneratorContext* context, std::string* error) const {
+  if (!parameter.empty()) {
+    *error = "protoc-gen-zrpc takes no parameters, got '" + parameter + "'";
+    return false;
+  }
+  if (!CheckSupported(file, error)) return false;
+  const std::string base = StripProto(file->name());
+  const std::vector<std::string> namespaces = PackageNamespaces(file->package());
+  {
+    std::unique_ptr<google::protobuf::io::ZeroCopyOutputStream> out(context->Open(base + ".zrpc.h"));
+    Printer p(out.get(), '$');
+    PrintPreamble(p, file);
+    p.Print({{"guard", HeaderGuard(base + ".zrpc.h")}, {"base", base}},
+            "#ifndef $guard$\n"
+            "#define $guard$\n\n"
+            "#include \"$base$.pb.h\"\n"
+            "#include \"rpc/generated_api.h\"\n\n");
+    for (const std::string& ns : namespaces) p.Print({{"ns", ns}}, "namespace $ns$ {\n");
+    if (!namespaces.empty()) p.Print("\n");
+    for (int s = 0; s < file->service_count(); ++s) PrintHeaderService(p, file->service(s));
+    for (auto it = namespaces.rbegin(); it != namespaces.rend(); ++it) {
+      p.Print({{"ns", *it}}, "}  // namespace $ns$\n");
+    }
+    p.Print({{"guard", HeaderGuard(base + ".zrpc.h")}}, "\n#endif  // $guard$\n");
+  }
+  {
+    std::unique_ptr<google::protobuf::io::ZeroCopyOutputStream> out(
+        context->Open(base + ".zrpc.cc"));
+    Printer p(out.get(), '$');
+    PrintPreamble(p, file);
+    p.Print({{"base", base}},
+            "#include \"$base$.zrpc.h\"\n\n"
+            "#include <string>\n"
+            "#include <utility>\n\n");
+    for (const std::string& ns : namespaces) p.Print({{"ns", ns}}, "namespace $ns$ {\n");
+    if (file->service_count() > 0) {
+      p.Print("namespace {\n\n");
+      for (int s = 0; s < file->service_count(); ++s) PrintSourceTables(p, file->service(s));
+      p.Print("}  // namespace\n\n");
+    }
+    for (int s = 0; s < file->service_count(); ++s) PrintSourceMembers(p, file->service(s));
+    for (auto it = namespaces.rbegin(); it != namespaces.rend(); ++it) {
+      p.Print({{"ns", *it}}, "}  // namespace $ns$\n");
+    }
+  }
+  return true;
+}
+
+}  // namespace zrpc::codegen
