@@ -24,7 +24,7 @@ std::vector<std::string> PackageNamespaces(const std::string& package) {
   while (start < package.size()) {
     size_t dot = package.find('.', start);
     if (dot == std::string::npos) dot = package.size();
-    parts.push_back(CppIdentifier(package.substr(start, dot - start)));
+    parts.push_back(package.substr(start, dot - start));
     start = dot + 1;
   }
   return parts;

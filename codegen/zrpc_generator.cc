@@ -63,6 +63,14 @@ std::string Comments(const Descriptor* descriptor, const std::string& indent) {
   return out;
 }
 
+// The service's C++ class name: its own, unless that is a keyword or the name of a class nested
+// in it (a nested class may not share its enclosing class's name).
+std::string ServiceClassName(const ServiceDescriptor* service) {
+  std::string name = CppIdentifier(service->name());
+  if (name == "Stub" || name == "Service") name += "_";
+  return name;
+}
+
 struct MethodNames {
   const MethodDescriptor* method;
   std::string name;        // C++ name of the blocking stub method and of the handler
@@ -102,6 +110,14 @@ Vars MethodVars(const ServiceDescriptor* service, const MethodNames& names, int 
 }
 
 bool CheckSupported(const FileDescriptor* file, std::string* error) {
+  for (const std::string& part : PackageNamespaces(file->package())) {
+    if (IsCppKeyword(part)) {
+      // protobuf's C++ generator emits `namespace class {`, which does not compile.
+      *error = file->name() + ": package " + file->package() + ": '" + part +
+               "' is a C++ keyword, and C++ code for this package cannot compile; rename it";
+      return false;
+    }
+  }
   for (int s = 0; s < file->service_count(); ++s) {
     const ServiceDescriptor* service = file->service(s);
     for (int m = 0; m < service->method_count(); ++m) {
@@ -118,7 +134,7 @@ bool CheckSupported(const FileDescriptor* file, std::string* error) {
 }
 
 void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
-  std::string service_class = CppIdentifier(service->name());
+  std::string service_class = ServiceClassName(service);
   std::vector<MethodNames> methods = NameMethods(service);
   p.Print({{"Service", service_class}, {"comments", Comments(service, "")}},
           "$comments$"
@@ -172,14 +188,14 @@ void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
 }
 
 Vars ServiceVars(const ServiceDescriptor* service) {
-  return {{"Service", CppIdentifier(service->name())},
+  return {{"Service", ServiceClassName(service)},
           {"full_name", service->full_name()},
           {"count", std::to_string(service->method_count())}};
 }
 
 // The method table and service info, for the file's anonymous namespace.
 void PrintSourceTables(Printer& p, const ServiceDescriptor* service) {
-  std::string service_class = CppIdentifier(service->name());
+  std::string service_class = ServiceClassName(service);
   std::vector<MethodNames> methods = NameMethods(service);
   Vars svars = ServiceVars(service);
   if (methods.empty()) {
@@ -199,7 +215,7 @@ void PrintSourceTables(Printer& p, const ServiceDescriptor* service) {
 }
 
 void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
-  std::string service_class = CppIdentifier(service->name());
+  std::string service_class = ServiceClassName(service);
   std::vector<MethodNames> methods = NameMethods(service);
   Vars svars = ServiceVars(service);
   p.Print(svars,
