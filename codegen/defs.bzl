@@ -50,7 +50,7 @@ def _zrpc_gen_impl(ctx):
         progress_message = "Generating messages and zrpc services for %s" % ctx.label,
     )
     return [
-        DefaultInfo(files = depset(hdrs + srcs)),
+        DefaultInfo(files = depset(hdrs + srcs), runfiles = ctx.runfiles(files = hdrs + srcs)),
         OutputGroupInfo(hdrs = depset(hdrs), srcs = depset(srcs)),
         _ZrpcProtoInfo(sources = sources),
     ]

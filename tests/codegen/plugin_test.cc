@@ -1,0 +1,98 @@
+// protoc-gen-zrpc as protoc runs it: golden output, and clear errors for unsupported input.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+std::string Runfile(const std::string& path) {
+  const char* root = std::getenv("TEST_SRCDIR");
+  return std::string(root != nullptr ? root : ".") + "/zrpc/" + path;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct ProtocResult {
+  int exit_code;
+  std::string output;
+};
+
+// Runs the system protoc with the plugin on `proto` (a workspace-relative path).
+ProtocResult RunProtoc(const std::string& proto, const std::string& out_flag_prefix = "") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string command = "/usr/bin/protoc --plugin=protoc-gen-zrpc=" +
+                        Runfile("codegen/protoc-gen-zrpc") + " --zrpc_out=" + out_flag_prefix +
+                        (tmp != nullptr ? tmp : "/tmp") + " -I" + Runfile("") + " " +
+                        Runfile(proto) + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("generated code matches the golden files", "[codegen][golden]") {
+  for (const char* file : {"greeter.zrpc.h", "greeter.zrpc.cc"}) {
+    INFO(file << " differs from tests/codegen/golden/" << file
+              << ".golden; if the change is intended, run tools/update-goldens");
+    std::string generated = ReadFile(Runfile(std::string("proto/examples/") + file));
+    std::string golden = ReadFile(Runfile(std::string("tests/codegen/golden/") + file + ".golden"));
+    REQUIRE_FALSE(generated.empty());
+    CHECK(generated == golden);
+  }
+}
+
+TEST_CASE("a server-streaming rpc is refused, naming file, service and method",
+          "[codegen][errors]") {
+  ProtocResult result = RunProtoc("tests/codegen/bad/streaming.proto");
+  INFO(result.output);
+  CHECK(result.exit_code != 0);
+  CHECK(Contains(result.output,
+                 "tests/codegen/bad/streaming.proto: service Streamer, method Watch: "
+                 "streaming rpcs are not supported yet (server streaming)"));
+}
+
+TEST_CASE("a client-streaming rpc is refused too", "[codegen][errors]") {
+  ProtocResult result = RunProtoc("tests/codegen/bad/client_streaming.proto");
+  INFO(result.output);
+  CHECK(result.exit_code != 0);
+  CHECK(Contains(result.output, "service Uploader, method Upload: streaming rpcs are not "
+                                "supported yet (client streaming)"));
+}
+
+TEST_CASE("a package named with a C++ keyword is refused with the reason", "[codegen][errors]") {
+  ProtocResult result = RunProtoc("tests/codegen/bad/keyword_package.proto");
+  INFO(result.output);
+  CHECK(result.exit_code != 0);
+  CHECK(Contains(result.output, "'class' is a C++ keyword"));
+}
+
+TEST_CASE("plugin parameters are refused", "[codegen][errors]") {
+  ProtocResult result = RunProtoc("proto/examples/greeter.proto", "fast=1:");
+  INFO(result.output);
+  CHECK(result.exit_code != 0);
+  CHECK(Contains(result.output, "protoc-gen-zrpc takes no parameters, got 'fast=1'"));
+}
+
+TEST_CASE("a valid file still generates after the refusals above", "[codegen][errors]") {
+  ProtocResult result = RunProtoc("proto/examples/greeter.proto");
+  INFO(result.output);
+  CHECK(result.exit_code == 0);
+}
