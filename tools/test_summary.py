@@ -17,10 +17,19 @@ from urllib.parse import unquote, urlparse
 
 
 def results_from_bep(path):
-    """Yields (label, status, xml_path or None) for each test result in a BEP JSON file."""
+    """Yields (label, status, xml_path or None) for each test result in a BEP JSON file.
+
+    Only the last attempt of each (label, run, shard) counts: a flaky test that passed on retry
+    passed. A truncated file (Bazel interrupted) yields one failed pseudo-result.
+    """
+    last = {}
     with open(path) as f:
         for line in f:
-            event = json.loads(line)
+            try:
+                event = json.loads(line)
+            except ValueError:
+                last[("(build event file truncated: %s)" % path, 0, 0)] = (0, "INCOMPLETE", None)
+                break
             result_id = event.get("id", {}).get("testResult")
             if not result_id:
                 continue
@@ -29,7 +38,12 @@ def results_from_bep(path):
             for out in result.get("testActionOutput", []):
                 if out.get("name") == "test.xml":
                     xml = unquote(urlparse(out.get("uri", "")).path)
-            yield result_id["label"], result.get("status", "NO_STATUS"), xml
+            key = (result_id["label"], result_id.get("run", 0), result_id.get("shard", 0))
+            attempt = result_id.get("attempt", 0)
+            if key not in last or attempt >= last[key][0]:
+                last[key] = (attempt, result.get("status", "NO_STATUS"), xml)
+    for (label, _, _), (_, status, xml) in last.items():
+        yield label, status, xml
 
 
 def cases_from_xml(path):
