@@ -106,6 +106,7 @@ Vars MethodVars(const ServiceDescriptor* service, const MethodNames& names, int 
       {"full_name", service->full_name() + "/" + names.method->name()},
       {"index", std::to_string(index)},
       {"Service", service_class},
+      {"comments", Comments(names.method, "    ")},
   };
 }
 
@@ -149,7 +150,6 @@ void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
           "    explicit Stub(::zrpc::Channel* channel) : channel_(channel) {}\n");
   for (size_t i = 0; i < methods.size(); ++i) {
     Vars vars = MethodVars(service, methods[i], static_cast<int>(i), service_class);
-    vars["comments"] = Comments(methods[i].method, "    ");
     p.Print(vars,
             "\n"
             "$comments$"
@@ -174,7 +174,6 @@ void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
       "    void Dispatch(int method_index, ::zrpc::ServerCall* call) final;\n");
   for (size_t i = 0; i < methods.size(); ++i) {
     Vars vars = MethodVars(service, methods[i], static_cast<int>(i), service_class);
-    vars["comments"] = Comments(methods[i].method, "    ");
     p.Print(vars,
             "\n"
             "$comments$"

@@ -281,36 +281,31 @@ absl::Status RcEndpoint::PostRecv(size_t offset, size_t length, uint64_t wr_id) 
 }
 
 absl::Status RcEndpoint::PostSend(size_t offset, size_t length, uint64_t wr_id, bool signaled) {
-  if (auto s = CheckRange(offset, length, options_.buffer_size, "PostSend"); !s.ok()) return s;
-  ibv_sge sge = Sge(offset, length);
-  ibv_send_wr wr{};
-  wr.wr_id = wr_id;
-  wr.sg_list = &sge;
-  wr.num_sge = length > 0 ? 1 : 0;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = (signaled ? IBV_SEND_SIGNALED : 0) | (length <= max_inline_ ? IBV_SEND_INLINE : 0);
-  ibv_send_wr* bad = nullptr;
-  if (int rc = ibv_post_send(qp_->qp, &wr, &bad); rc != 0) return VerbsError("ibv_post_send", rc);
-  return absl::OkStatus();
+  return PostSendQueue(IBV_WR_SEND, offset, length, wr_id, signaled, 0, 0);
 }
 
 absl::Status RcEndpoint::PostWrite(size_t offset, size_t length, size_t remote_offset,
                                    uint64_t wr_id, bool signaled, bool with_imm, uint32_t imm) {
-  if (auto s = CheckRange(offset, length, options_.buffer_size, "PostWrite (local)"); !s.ok()) {
-    return s;
-  }
   if (auto s = CheckRange(remote_offset, length, peer_.size, "PostWrite (remote)"); !s.ok()) {
     return s;
   }
+  return PostSendQueue(with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE, offset, length,
+                       wr_id, signaled, imm, peer_.addr + remote_offset);
+}
+
+absl::Status RcEndpoint::PostSendQueue(ibv_wr_opcode opcode, size_t offset, size_t length,
+                                       uint64_t wr_id, bool signaled, uint32_t imm,
+                                       uint64_t remote_addr) {
+  if (auto s = CheckRange(offset, length, options_.buffer_size, "post (local)"); !s.ok()) return s;
   ibv_sge sge = Sge(offset, length);
   ibv_send_wr wr{};
   wr.wr_id = wr_id;
   wr.sg_list = &sge;
   wr.num_sge = length > 0 ? 1 : 0;
-  wr.opcode = with_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  wr.opcode = opcode;
   wr.send_flags = (signaled ? IBV_SEND_SIGNALED : 0) | (length <= max_inline_ ? IBV_SEND_INLINE : 0);
   wr.imm_data = htonl(imm);
-  wr.wr.rdma.remote_addr = peer_.addr + remote_offset;
+  wr.wr.rdma.remote_addr = remote_addr;  // ignored by SEND
   wr.wr.rdma.rkey = peer_.rkey;
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(qp_->qp, &wr, &bad); rc != 0) return VerbsError("ibv_post_send", rc);

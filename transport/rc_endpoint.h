@@ -108,6 +108,9 @@ class RcEndpoint {
   // Creates PD, CQ, buffer, MR and QP on `id`'s device.
   absl::Status SetUp(const RcOptions& options);
   BufferAdvert OwnAdvert() const;
+  // Posts one work request on the send queue (SEND, WRITE or WRITE_WITH_IMM).
+  absl::Status PostSendQueue(ibv_wr_opcode opcode, size_t offset, size_t length, uint64_t wr_id,
+                             bool signaled, uint32_t imm, uint64_t remote_addr);
   // The scatter-gather entry for [offset, offset + length) of the registered buffer.
   ibv_sge Sge(size_t offset, size_t length) const;
 
