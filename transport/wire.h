@@ -1,0 +1,96 @@
+// The transport's wire format: what two zrpc peers exchange below the RPC layer.
+//
+// Three things cross the wire, and nothing else:
+//
+// 1. Hello (32 bytes), in the private data of the librdmacm connect request and of the accept
+//    reply. Each side tells the other how to send to it:
+//
+//      offset size field
+//       0     4    magic        0x5a525043 ("ZRPC" read as a little-endian u32)
+//       4     2    version      kWireVersion; a peer with another version is refused
+//       6     2    flags        0; reserved for feature bits, must be zero in version 1
+//       8     4    recv_credits RECVs the sender of this Hello has posted: how many SENDs and
+//                               WRITE_WITH_IMMs the peer may have in flight before credits return
+//      12     4    recv_size    bytes each of those RECVs holds: the largest SEND it accepts
+//      16     8    arena_addr   virtual address of the receive arena the peer may RDMA WRITE into
+//      24     4    arena_rkey   its rkey (REMOTE_WRITE only)
+//      28     4    arena_size   its size in bytes (0: no arena, bulk payloads are refused)
+//
+//    All integers are little-endian, encoded byte by byte (never by memcpy of a struct), so the
+//    format does not depend on the compiler's layout. The InfiniBand CM carries at most 56 bytes
+//    in a connect request (RDMA_PS_TCP); Hello leaves 24 spare for later versions. A refusal
+//    (rdma_reject) carries a short text saying why, so the connecting side can say it too.
+//
+// 2. Frames: every SEND starts with an 8-byte FrameHeader, followed by the caller's payload:
+//
+//      offset size field
+//       0     4    arena_released  total bytes of the sender's receive arena released so far,
+//                                  modulo 2^32 (cumulative, so a lost or repeated update is
+//                                  harmless and the receiver only needs the latest)
+//       4     2    credits         RECVs the sender re-posted since its previous frame
+//       6     1    kind            1: data (payload follows), 2: credit update (no payload)
+//       7     1    reserved        0
+//
+// 3. Bulk payloads: an RDMA WRITE_WITH_IMM into the receiver's arena. The 32-bit immediate is
+//    the byte offset in the arena where the payload starts, with bit 31 set when the writer
+//    restarted the ring (arena.h); the completion's byte_len is its length. It consumes one RECV credit like a SEND. Offsets follow a ring discipline both
+//    sides compute (arena.h), so the receiver can check every offset the peer claims.
+#ifndef ZRPC_TRANSPORT_WIRE_H_
+#define ZRPC_TRANSPORT_WIRE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace zrpc::transport {
+
+inline constexpr uint32_t kWireMagic = 0x5a525043;  // "ZRPC"
+inline constexpr uint16_t kWireVersion = 1;
+// What librdmacm lets a connect request carry (RDMA_PS_TCP over the IB CM).
+inline constexpr size_t kMaxConnectPrivateData = 56;
+
+struct Hello {
+  uint16_t version = kWireVersion;
+  uint16_t flags = 0;
+  uint32_t recv_credits = 0;
+  uint32_t recv_size = 0;
+  uint64_t arena_addr = 0;
+  uint32_t arena_rkey = 0;
+  uint32_t arena_size = 0;
+
+  static constexpr size_t kSize = 32;
+  bool operator==(const Hello& other) const;
+};
+
+// Writes `hello` (with the magic) into `out`, which must hold Hello::kSize bytes.
+void EncodeHello(const Hello& hello, uint8_t* out);
+
+// Parses a peer's Hello. FailedPrecondition, with a message fit to show the user, when the bytes
+// are too short, the magic or version differ, reserved flags are set, or the numbers cannot be
+// right (no credits, a RECV too small for a frame header). Bytes past kSize are ignored: later
+// versions may append fields.
+absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes);
+
+enum class FrameKind : uint8_t { kData = 1, kCredit = 2 };
+
+struct FrameHeader {
+  uint32_t arena_released = 0;
+  uint16_t credits = 0;
+  FrameKind kind = FrameKind::kData;
+
+  static constexpr size_t kSize = 8;
+};
+
+void EncodeFrameHeader(const FrameHeader& header, uint8_t* out);
+
+// Parses the header of a received SEND of `bytes.size()` bytes. FailedPrecondition when it is
+// shorter than the header, the kind is unknown, the reserved byte is set, or a credit update
+// carries a payload.
+absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes);
+
+}  // namespace zrpc::transport
+
+#endif  // ZRPC_TRANSPORT_WIRE_H_
