@@ -1,15 +1,12 @@
 #include "transport/rc_endpoint.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "transport/cm_util.h"
 #include "transport/verbs_error.h"
 
 namespace zrpc::transport {
@@ -21,68 +18,6 @@ constexpr size_t kPageSize = 4096;
 // bug in the caller's receive accounting and should surface as an error, after 6 retries).
 constexpr uint8_t kRetryCount = 7;
 constexpr uint8_t kRnrRetryCount = 6;
-
-int RemainingMs(absl::Time deadline) {
-  absl::Duration left = deadline - absl::Now();
-  if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
-}
-
-absl::StatusOr<CmChannelOwner> CreateChannel() {
-  CmChannelOwner channel(rdma_create_event_channel());
-  if (channel == nullptr) return VerbsError("rdma_create_event_channel", errno);
-  // Non-blocking, so waits can honour a deadline with poll().
-  int flags = fcntl(channel->fd, F_GETFL);
-  if (flags < 0 || fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    return VerbsError("fcntl(O_NONBLOCK) on the rdma_cm channel", errno);
-  }
-  return channel;
-}
-
-// A non-blocking event channel and a TCP-port-space id reporting to it.
-absl::Status CreateChannelAndId(CmChannelOwner* channel, CmIdOwner* id) {
-  auto created = CreateChannel();
-  if (!created.ok()) return created.status();
-  *channel = std::move(*created);
-  rdma_cm_id* raw = nullptr;
-  if (rdma_create_id(channel->get(), &raw, nullptr, RDMA_PS_TCP) != 0) {
-    return VerbsError("rdma_create_id", errno);
-  }
-  id->reset(raw);
-  return absl::OkStatus();
-}
-
-// Waits for the next event on `channel`. The caller must rdma_ack_cm_event it.
-absl::StatusOr<rdma_cm_event*> NextEvent(rdma_event_channel* channel, absl::Time deadline) {
-  for (;;) {
-    rdma_cm_event* event = nullptr;
-    if (rdma_get_cm_event(channel, &event) == 0) return event;
-    if (errno != EAGAIN && errno != EINTR) return VerbsError("rdma_get_cm_event", errno);
-    int ms = RemainingMs(deadline);
-    if (ms == 0) return absl::DeadlineExceededError("timed out waiting for an rdma_cm event");
-    pollfd pfd{channel->fd, POLLIN, 0};
-    if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return VerbsError("poll", errno);
-  }
-}
-
-// Waits for an event of type `expected`; any other event is an error naming both. On success
-// the caller must ack the returned event.
-absl::StatusOr<rdma_cm_event*> ExpectEvent(rdma_event_channel* channel,
-                                           rdma_cm_event_type expected, absl::Time deadline) {
-  absl::StatusOr<rdma_cm_event*> event = NextEvent(channel, deadline);
-  if (!event.ok()) {
-    return absl::Status(event.status().code(), absl::StrCat(event.status().message(), " (",
-                                                            rdma_event_str(expected), ")"));
-  }
-  if ((*event)->event == expected) return event;
-  std::string what = absl::StrCat("expected ", rdma_event_str(expected), ", got ",
-                                  rdma_event_str((*event)->event), " (status ",
-                                  (*event)->status, ")");
-  rdma_cm_event_type got = (*event)->event;
-  rdma_ack_cm_event(*event);
-  if (got == RDMA_CM_EVENT_REJECTED) return absl::UnavailableError("connection refused: " + what);
-  return absl::UnavailableError(what);
-}
 
 absl::Status CheckAdvert(const void* data, size_t len, BufferAdvert* out) {
   if (data == nullptr || len < sizeof(BufferAdvert)) {
@@ -100,22 +35,6 @@ absl::Status CheckAdvert(const void* data, size_t len, BufferAdvert* out) {
     return absl::FailedPreconditionError(absl::StrCat(
         "peer speaks version ", out->version, ", this build speaks ", BufferAdvert::kVersion));
   }
-  return absl::OkStatus();
-}
-
-absl::Status ResolveSockaddr(const std::string& addr, uint16_t port, sockaddr_storage* out) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  std::string service = std::to_string(port);
-  int rc = getaddrinfo(addr.c_str(), service.c_str(), &hints, &res);
-  if (rc != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot resolve '", addr, "': ", gai_strerror(rc)));
-  }
-  std::memcpy(out, res->ai_addr, res->ai_addrlen);
-  freeaddrinfo(res);
   return absl::OkStatus();
 }
 
@@ -194,7 +113,7 @@ absl::StatusOr<std::unique_ptr<RcEndpoint>> RcEndpoint::Connect(const std::strin
   if (options.buffer_size > UINT32_MAX) return absl::InvalidArgumentError("buffer_size > 4 GiB");
   absl::Time deadline = absl::Now() + timeout;
   std::unique_ptr<RcEndpoint> ep(new RcEndpoint);
-  if (auto s = CreateChannelAndId(&ep->channel_, &ep->id_); !s.ok()) return s;
+  if (auto s = CreateCmChannelAndId(&ep->channel_, &ep->id_); !s.ok()) return s;
   rdma_cm_id* id = ep->id_.get();
 
   sockaddr_storage dst{};
@@ -202,13 +121,13 @@ absl::StatusOr<std::unique_ptr<RcEndpoint>> RcEndpoint::Connect(const std::strin
   if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), RemainingMs(deadline))) {
     return VerbsError("rdma_resolve_addr", errno);
   }
-  auto event = ExpectEvent(ep->channel_.get(), RDMA_CM_EVENT_ADDR_RESOLVED, deadline);
+  auto event = ExpectCmEvent(ep->channel_.get(), RDMA_CM_EVENT_ADDR_RESOLVED, deadline);
   if (!event.ok()) return event.status();
   rdma_ack_cm_event(*event);
   if (rdma_resolve_route(id, RemainingMs(deadline)) != 0) {
     return VerbsError("rdma_resolve_route", errno);
   }
-  event = ExpectEvent(ep->channel_.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, deadline);
+  event = ExpectCmEvent(ep->channel_.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, deadline);
   if (!event.ok()) return event.status();
   rdma_ack_cm_event(*event);
 
@@ -216,7 +135,7 @@ absl::StatusOr<std::unique_ptr<RcEndpoint>> RcEndpoint::Connect(const std::strin
   BufferAdvert own = ep->OwnAdvert();
   rdma_conn_param param = ConnParam(&own);
   if (rdma_connect(id, &param) != 0) return VerbsError("rdma_connect", errno);
-  event = ExpectEvent(ep->channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
+  event = ExpectCmEvent(ep->channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();
   absl::Status advert_ok = CheckAdvert((*event)->param.conn.private_data,
                                        (*event)->param.conn.private_data_len, &ep->peer_);
@@ -349,7 +268,7 @@ absl::StatusOr<Completion> RcEndpoint::Poll(absl::Duration timeout) {
 absl::StatusOr<std::unique_ptr<RcListener>> RcListener::Create(const std::string& addr,
                                                                uint16_t port) {
   std::unique_ptr<RcListener> listener(new RcListener);
-  if (auto s = CreateChannelAndId(&listener->channel_, &listener->id_); !s.ok()) return s;
+  if (auto s = CreateCmChannelAndId(&listener->channel_, &listener->id_); !s.ok()) return s;
   rdma_cm_id* id = listener->id_.get();
   sockaddr_storage local{};
   if (auto s = ResolveSockaddr(addr, port, &local); !s.ok()) return s;
@@ -366,7 +285,7 @@ absl::StatusOr<std::unique_ptr<RcEndpoint>> RcListener::Accept(const RcOptions& 
                                                                absl::Duration timeout) {
   if (options.buffer_size > UINT32_MAX) return absl::InvalidArgumentError("buffer_size > 4 GiB");
   absl::Time deadline = absl::Now() + timeout;
-  auto event = ExpectEvent(channel_.get(), RDMA_CM_EVENT_CONNECT_REQUEST, deadline);
+  auto event = ExpectCmEvent(channel_.get(), RDMA_CM_EVENT_CONNECT_REQUEST, deadline);
   if (!event.ok()) return event.status();
   std::unique_ptr<RcEndpoint> ep(new RcEndpoint);
   ep->id_.reset((*event)->id);
@@ -379,7 +298,7 @@ absl::StatusOr<std::unique_ptr<RcEndpoint>> RcListener::Accept(const RcOptions& 
   }
   // The new id reports to the listener's channel; give the endpoint a channel of its own so
   // its events (ESTABLISHED, DISCONNECTED) do not mix with other connection requests.
-  auto channel = CreateChannel();
+  auto channel = CreateCmChannel();
   if (!channel.ok()) return channel.status();
   CmIdOwner id = std::move(ep->id_);
   ep->channel_ = std::move(*channel);
@@ -395,7 +314,7 @@ absl::StatusOr<std::unique_ptr<RcEndpoint>> RcListener::Accept(const RcOptions& 
   rdma_conn_param param = ConnParam(&own);
   if (rdma_accept(ep->id_.get(), &param) != 0) return VerbsError("rdma_accept", errno);
   ep->connected_ = true;
-  event = ExpectEvent(ep->channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
+  event = ExpectCmEvent(ep->channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();
   rdma_ack_cm_event(*event);
   return ep;

@@ -24,6 +24,9 @@ struct Deleter {
 struct CmQpDeleter {
   void operator()(rdma_cm_id* id) const { rdma_destroy_qp(id); }
 };
+struct DeviceListDeleter {
+  void operator()(ibv_context** list) const { rdma_free_devices(list); }
+};
 }  // namespace internal
 
 using ContextOwner = std::unique_ptr<ibv_context, internal::Deleter<ibv_context, ibv_close_device>>;
@@ -36,6 +39,8 @@ using QpOwner = std::unique_ptr<ibv_qp, internal::Deleter<ibv_qp, ibv_destroy_qp
 using CmChannelOwner = std::unique_ptr<rdma_event_channel,
                                        internal::Deleter<rdma_event_channel, rdma_destroy_event_channel>>;
 using CmIdOwner = std::unique_ptr<rdma_cm_id, internal::Deleter<rdma_cm_id, rdma_destroy_id>>;
+// librdmacm's list of opened devices (rdma_get_devices); the contexts in it belong to librdmacm.
+using DeviceListOwner = std::unique_ptr<ibv_context*, internal::DeviceListDeleter>;
 // Owns the QP that rdma_create_qp attached to a cm id (points at the id, destroys only the QP).
 using CmQpOwner = std::unique_ptr<rdma_cm_id, internal::CmQpDeleter>;
 

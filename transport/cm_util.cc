@@ -1,0 +1,107 @@
+#include "transport/cm_util.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "transport/verbs_error.h"
+
+namespace zrpc::transport {
+namespace {
+
+// The printable prefix of a rejection's private data, if a zrpc peer put its reason there.
+std::string RejectReason(const rdma_cm_event& event) {
+  const auto* data = static_cast<const char*>(event.param.conn.private_data);
+  size_t len = event.param.conn.private_data_len;
+  if (data == nullptr || len < 5 || std::strncmp(data, "zrpc:", 5) != 0) return "";
+  std::string reason;
+  for (size_t i = 0; i < len && data[i] != '\0'; ++i) {
+    reason += (data[i] >= 0x20 && data[i] < 0x7f) ? data[i] : '?';
+  }
+  return reason;
+}
+
+}  // namespace
+
+int RemainingMs(absl::Time deadline) {
+  absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+}
+
+absl::StatusOr<CmChannelOwner> CreateCmChannel() {
+  CmChannelOwner channel(rdma_create_event_channel());
+  if (channel == nullptr) return VerbsError("rdma_create_event_channel", errno);
+  int flags = fcntl(channel->fd, F_GETFL);
+  if (flags < 0 || fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return VerbsError("fcntl(O_NONBLOCK) on the rdma_cm channel", errno);
+  }
+  return channel;
+}
+
+absl::Status CreateCmChannelAndId(CmChannelOwner* channel, CmIdOwner* id) {
+  auto created = CreateCmChannel();
+  if (!created.ok()) return created.status();
+  *channel = std::move(*created);
+  rdma_cm_id* raw = nullptr;
+  if (rdma_create_id(channel->get(), &raw, nullptr, RDMA_PS_TCP) != 0) {
+    return VerbsError("rdma_create_id", errno);
+  }
+  id->reset(raw);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<rdma_cm_event*> NextCmEvent(rdma_event_channel* channel, absl::Time deadline) {
+  for (;;) {
+    rdma_cm_event* event = nullptr;
+    if (rdma_get_cm_event(channel, &event) == 0) return event;
+    if (errno != EAGAIN && errno != EINTR) return VerbsError("rdma_get_cm_event", errno);
+    int ms = RemainingMs(deadline);
+    if (ms == 0) return absl::DeadlineExceededError("timed out waiting for an rdma_cm event");
+    pollfd pfd{channel->fd, POLLIN, 0};
+    if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return VerbsError("poll", errno);
+  }
+}
+
+absl::StatusOr<rdma_cm_event*> ExpectCmEvent(rdma_event_channel* channel,
+                                             rdma_cm_event_type expected, absl::Time deadline) {
+  absl::StatusOr<rdma_cm_event*> event = NextCmEvent(channel, deadline);
+  if (!event.ok()) {
+    return absl::Status(event.status().code(), absl::StrCat(event.status().message(), " (",
+                                                            rdma_event_str(expected), ")"));
+  }
+  if ((*event)->event == expected) return event;
+  rdma_cm_event_type got = (*event)->event;
+  std::string what = absl::StrCat("expected ", rdma_event_str(expected), ", got ",
+                                  rdma_event_str(got), " (status ", (*event)->status, ")");
+  std::string reason = got == RDMA_CM_EVENT_REJECTED ? RejectReason(**event) : "";
+  rdma_ack_cm_event(*event);
+  if (!reason.empty()) return absl::UnavailableError("connection refused by the peer: " + reason);
+  if (got == RDMA_CM_EVENT_REJECTED) {
+    return absl::UnavailableError("connection refused (nothing listening there?): " + what);
+  }
+  return absl::UnavailableError(what);
+}
+
+absl::Status ResolveSockaddr(const std::string& addr, uint16_t port, sockaddr_storage* out) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  std::string service = std::to_string(port);
+  int rc = getaddrinfo(addr.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve '", addr, "': ", gai_strerror(rc)));
+  }
+  std::memcpy(out, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  return absl::OkStatus();
+}
+
+}  // namespace zrpc::transport

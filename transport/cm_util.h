@@ -1,0 +1,43 @@
+// librdmacm plumbing shared by every connection type: event channels that honour deadlines,
+// typed event waits, and address parsing. Connection setup only; nothing here is on a datapath.
+#ifndef ZRPC_TRANSPORT_CM_UTIL_H_
+#define ZRPC_TRANSPORT_CM_UTIL_H_
+
+#include <rdma/rdma_cma.h>
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "transport/verbs_owners.h"
+
+namespace zrpc::transport {
+
+// Milliseconds left until `deadline`, rounded up, at least 0 (for poll() and rdma_resolve_*).
+int RemainingMs(absl::Time deadline);
+
+// A non-blocking event channel, so every wait can honour a deadline with poll().
+absl::StatusOr<CmChannelOwner> CreateCmChannel();
+
+// A non-blocking event channel and a TCP-port-space id reporting to it.
+absl::Status CreateCmChannelAndId(CmChannelOwner* channel, CmIdOwner* id);
+
+// The next event on `channel`, waiting until `deadline` (kDeadlineExceeded). The caller must
+// rdma_ack_cm_event it.
+absl::StatusOr<rdma_cm_event*> NextCmEvent(rdma_event_channel* channel, absl::Time deadline);
+
+// Waits for an event of type `expected`; any other event is an error naming both, acked here.
+// A rejection carrying text from a zrpc peer (its reason) quotes it. On success the caller must
+// ack the returned event.
+absl::StatusOr<rdma_cm_event*> ExpectCmEvent(rdma_event_channel* channel,
+                                             rdma_cm_event_type expected, absl::Time deadline);
+
+// `addr` (numeric or a name) and `port` as a socket address.
+absl::Status ResolveSockaddr(const std::string& addr, uint16_t port, sockaddr_storage* out);
+
+}  // namespace zrpc::transport
+
+#endif  // ZRPC_TRANSPORT_CM_UTIL_H_

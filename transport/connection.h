@@ -1,0 +1,319 @@
+// Connection: one reliable-connected queue pair to a peer, with credits, a receive arena and the
+// handler its completions are dispatched to. The RPC runtime's unit of transport.
+//
+// What moves. Small messages go by RDMA SEND from a pool slot (slot_pool.h) into a RECV the peer
+// posted, behind an 8-byte frame header (wire.h); the receiver reads them in place and hands the
+// slot back with Release. Bulk payloads go by RDMA WRITE_WITH_IMM from any registered buffer
+// straight into the peer's receive arena (arena.h); the immediate says where they landed.
+//
+// Flow control (credits.h, arena.h). Nothing is posted that the peer cannot take: a SEND or a
+// bulk WRITE needs a credit (a RECV the peer posted), a bulk WRITE needs arena space the peer has
+// released, and the send queue needs a free entry. What cannot go yet waits in a FIFO (so a bulk
+// payload and the message that refers to it stay in order) and goes as soon as credits or space
+// come back; nothing is ever dropped or truncated. Credits and arena releases ride back on every
+// frame; a side with nothing to send returns them in an explicit credit frame.
+//
+// Send queue. Invariant fields of the work requests are filled once (wr templates); a SEND that
+// fits the device's inline limit is copied into the work request, and its slot is free at once.
+// Completions are requested selectively: every kSignalInterval-th work request, every bulk WRITE
+// (its source buffer is the caller's) and the last work request when nothing waits behind it,
+// so OnSendDone never waits on traffic that may not come. A signalled completion retires every
+// earlier work request, since a send queue completes in order.
+//
+// Failure. The first failed completion, a protocol violation by the peer, the peer's disconnect
+// (its process died: the kernel disconnects for it) or Close() put the connection in the error
+// state: the queue pair is disconnected, a drain marker is posted to each queue, and when both
+// markers come back (every earlier work request has then completed or been flushed) each
+// operation not yet reported gets OnSendDone with the error, exactly once, and then OnClosed.
+// A peer that vanishes without a disconnect (its host lost power) is noticed when a work request
+// exhausts its retries: about 7 retries of the CM's packet timeout, some seconds; an idle
+// connection to such a peer is not noticed (keepalives are future work).
+//
+// Threads. Handlers run on the poller thread, one completion at a time, without locks held, so
+// they may call Send, WriteBulk and Release. Send, WriteBulk, Release and Close are thread-safe
+// (a per-connection mutex; uncontended when one thread drives a connection, as the RPC layer
+// does). A Connection is shared: the poller holds it while it is open; it is destroyed when the
+// last reference goes, which must be before its Poller and Device.
+#ifndef ZRPC_TRANSPORT_CONNECTION_H_
+#define ZRPC_TRANSPORT_CONNECTION_H_
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "transport/arena.h"
+#include "transport/credits.h"
+#include "transport/device.h"
+#include "transport/verbs_owners.h"
+#include "transport/wire.h"
+
+namespace zrpc::transport {
+
+class Connection;
+class Listener;
+class Poller;
+
+struct ConnectionOptions {
+  // RECVs kept posted for the peer: its credits. At least kMinCredits. Each holds a pool slot.
+  uint32_t recv_credits = 64;
+  // Send queue entries. Must be at least 2 * kSignalInterval so selective signalling frees
+  // entries before the queue fills.
+  uint32_t send_queue_depth = 128;
+  // Bytes the peer may RDMA WRITE into; a multiple of 64 up to 1 GiB, or 0 for no bulk payloads
+  // from the peer. Registered per connection (count it against RLIMIT_MEMLOCK).
+  uint32_t arena_size = 1 << 20;
+  // Inline bytes requested; the device may grant less (see max_inline()).
+  uint32_t max_inline = 220;
+  // Operations allowed to wait for credits or space before Send/WriteBulk refuse more.
+  uint32_t max_waiting = 4096;
+};
+
+// Completions are requested at least every this many work requests (see the header comment).
+inline constexpr uint32_t kSignalInterval = 16;
+
+// A message received by SEND, in a pool slot. Valid until Connection::Release(handle).
+struct ReceivedMessage {
+  const uint8_t* data;
+  uint32_t size;
+  uint64_t handle;
+};
+
+// A bulk payload written into this side's arena. Valid until Connection::Release(handle).
+struct ReceivedBulk {
+  const uint8_t* data;
+  uint32_t size;
+  uint64_t handle;
+};
+
+// A pool slot to build a message in, from AcquireSendBuffer. Send consumes it; so does
+// ReleaseSendBuffer if the message is abandoned.
+struct SendBuffer {
+  uint8_t* data = nullptr;  // where the payload goes (the frame header sits just before it)
+  uint32_t capacity = 0;    // payload bytes that fit in the slot and in the peer's RECVs
+  uint32_t slot = 0;
+};
+
+// A registered source for WriteBulk: [data, data + size) under `lkey`, e.g. from a MemoryRegion
+// or a pool slot. It must stay valid and unchanged until OnSendDone for the write.
+struct BulkSource {
+  const void* data;
+  uint32_t size;
+  uint32_t lkey;
+};
+
+// What a connection reports, on the poller thread. Implementations must not block for long:
+// every connection on the poller waits meanwhile.
+class ConnectionHandler {
+ public:
+  virtual ~ConnectionHandler() = default;
+  virtual void OnMessage(Connection& connection, const ReceivedMessage& message) = 0;
+  virtual void OnBulk(Connection& connection, const ReceivedBulk& bulk) = 0;
+  // A Send or WriteBulk with `token` is done: delivered to the peer's NIC (OK), or failed.
+  virtual void OnSendDone(Connection& connection, uint64_t token, const absl::Status& status) = 0;
+  // The connection is closed: after Close() (kCancelled) or a failure (the reason). Called
+  // once, after every OnSendDone; nothing follows it.
+  virtual void OnClosed(Connection& connection, const absl::Status& why) = 0;
+};
+
+struct ConnectionStats {
+  uint64_t messages_sent = 0;
+  uint64_t bulk_sent = 0;
+  uint64_t messages_received = 0;
+  uint64_t bulk_received = 0;
+  uint64_t credit_frames_sent = 0;
+  uint64_t waited = 0;               // operations that had to wait for credits, space or queue
+  uint32_t max_credits_in_use = 0;   // never above the peer's recv_credits
+  uint32_t peer_recv_credits = 0;
+};
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  // Connects from the device's address to `addr`:`port` within `timeout`. The handler must
+  // outlive the connection. Refused peers and bad handshakes give kUnavailable /
+  // kFailedPrecondition with the peer's reason when it sent one.
+  static absl::StatusOr<std::shared_ptr<Connection>> Connect(
+      Device& device, Poller& poller, const std::string& addr, uint16_t port,
+      ConnectionHandler* handler, const ConnectionOptions& options, absl::Duration timeout);
+
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // A slot for a message of up to capacity bytes; kResourceExhausted if the pool is empty.
+  absl::StatusOr<SendBuffer> AcquireSendBuffer();
+  void ReleaseSendBuffer(const SendBuffer& buffer);
+
+  // Sends the first `length` bytes of `buffer` (taking it, even on error). OK means accepted:
+  // OnSendDone(token) follows. Errors: kInvalidArgument (too long), kUnavailable (connection
+  // closed or failing), kResourceExhausted (max_waiting operations already wait).
+  absl::Status Send(const SendBuffer& buffer, uint32_t length, uint64_t token);
+
+  // Writes `source` into the peer's arena; the peer gets OnBulk. Errors as for Send, and
+  // kInvalidArgument when the payload is empty or larger than the peer's arena (split it).
+  absl::Status WriteBulk(const BulkSource& source, uint64_t token);
+
+  // Gives back a received message or bulk payload. Any thread, once per handle.
+  absl::Status Release(uint64_t handle);
+
+  // Starts an orderly close: disconnects, fails what waits, then OnClosed(kCancelled).
+  void Close();
+
+  bool open() const;
+  uint32_t max_inline() const { return max_inline_; }
+  // Payload bytes a Send can carry: the slot and the peer's RECVs both bound it.
+  uint32_t max_message_size() const { return max_message_; }
+  uint32_t peer_arena_size() const { return peer_.arena_size; }
+  std::string peer_address() const { return peer_address_; }
+  ConnectionStats stats() const;
+
+ private:
+  friend class Listener;
+  friend class Poller;
+
+  enum class State { kConnecting, kOpen, kDraining, kClosed };
+
+  // One entry per work request posted on the send queue, retired in order.
+  struct InFlight {
+    uint64_t sequence;
+    uint32_t slot;  // pool slot to free when retired, or SlotPool::kNoSlot
+    uint64_t token;
+    bool report;    // OnSendDone owed
+  };
+  // An operation waiting for credits, arena space or a send-queue entry.
+  struct Waiting {
+    bool bulk;
+    uint32_t slot;     // message
+    uint32_t length;   // message payload bytes
+    BulkSource source;  // bulk
+    uint64_t token;
+  };
+  // What a completion produced, dispatched after the lock is dropped.
+  struct Event {
+    enum Kind { kMessage, kBulk, kSendDone, kClosed };
+    explicit Event(Kind k) : kind(k) {}
+    Kind kind;
+    const uint8_t* data = nullptr;
+    uint32_t size = 0;
+    uint64_t handle_or_token = 0;
+    absl::Status status;
+  };
+
+  Connection(Device& device, Poller& poller, ConnectionHandler* handler,
+             const ConnectionOptions& options);
+
+  // Setup (connection_setup.cc).
+  absl::Status CreateResources(rdma_cm_id* id);  // arena, QP on the poller's CQ, RECVs
+  Hello OwnHello() const;
+  absl::Status AcceptHello(const Hello& peer);
+  void OnEstablished();
+
+  // Datapath (connection_datapath.cc). Called by the poller for each completion of this QP.
+  using Events = absl::InlinedVector<Event, 4>;
+  void OnCompletion(const ibv_wc& wc);
+  void HandleCompletionLocked(const ibv_wc& wc, Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleRecvLocked(const ibv_wc& wc, Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completions that arrived before the handshake finished, handled in order by the poller.
+  void ReplayEarly();
+  void OnCmEvent(rdma_cm_event_type type, int status);
+  void Dispatch(Events& events);
+  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kind, uint64_t token,
+                                 bool report, bool signal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PostBulkLocked(const BulkSource& source, const ArenaSpot& spot, uint64_t token)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PostSendWrLocked(ibv_send_wr& wr, uint32_t slot, uint64_t token, bool report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EnqueueLocked(const Waiting& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeSendCreditFrameLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RepostRecvLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireLocked(uint64_t up_to, const absl::Status& status, Events& events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishDrainLocked(Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t qp_num() const { return qp_num_; }
+
+  Device& device_;
+  Poller& poller_;
+  ConnectionHandler* handler_;
+  const ConnectionOptions options_;
+  Hello peer_;
+  std::string peer_address_;
+  uint32_t max_inline_ = 0;
+  uint32_t max_message_ = 0;
+  uint32_t qp_num_ = 0;
+
+  // Verbs objects, in creation order (destroyed in reverse): the id, the arena and its MR, the
+  // QP. The id's events go to the poller's channel once the connection is open.
+  CmChannelOwner setup_channel_;
+  CmIdOwner id_;
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, FreeDeleter> arena_;
+  MrOwner arena_mr_;
+  CmQpOwner qp_;
+
+  mutable absl::Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kConnecting;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  CreditAccount credits_ ABSL_GUARDED_BY(mu_){kMinCredits, kMinCredits};
+  ArenaWriter arena_writer_ ABSL_GUARDED_BY(mu_){0};
+  ArenaReader arena_reader_ ABSL_GUARDED_BY(mu_){0};
+  // recv_slots_[i] is the pool slot of RECV i; recv_state_[i] where it is.
+  enum class RecvState : uint8_t { kPosted, kHeld, kIdle };
+  std::vector<uint32_t> recv_slots_;
+  std::vector<RecvState> recv_state_ ABSL_GUARDED_BY(mu_);
+  std::vector<ibv_wc> early_ ABSL_GUARDED_BY(mu_);
+  std::deque<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t unsignaled_ ABSL_GUARDED_BY(mu_) = 0;
+  bool sq_drained_ ABSL_GUARDED_BY(mu_) = false;
+  bool rq_drained_ ABSL_GUARDED_BY(mu_) = false;
+  ConnectionStats stats_ ABSL_GUARDED_BY(mu_);
+  // Work-request templates: invariant fields filled once in CreateResources.
+  ibv_sge send_sge_ ABSL_GUARDED_BY(mu_){};
+  ibv_send_wr send_wr_ ABSL_GUARDED_BY(mu_){};
+  ibv_send_wr write_wr_ ABSL_GUARDED_BY(mu_){};
+  ibv_sge recv_sge_ ABSL_GUARDED_BY(mu_){};
+  ibv_recv_wr recv_wr_ ABSL_GUARDED_BY(mu_){};
+};
+
+// Accepts connections on one address and port.
+class Listener {
+ public:
+  // Listens on `addr` (empty: the device's address) and `port` (0: any free one; see port()).
+  static absl::StatusOr<std::unique_ptr<Listener>> Create(Device& device, const std::string& addr,
+                                                          uint16_t port);
+  uint16_t port() const;
+
+  // Waits up to `timeout` for one connection request and completes the handshake. A request
+  // whose Hello is refused is rejected with the reason (the peer's Connect reports it), and
+  // Accept returns that error; the listener keeps listening.
+  absl::StatusOr<std::shared_ptr<Connection>> Accept(Poller& poller, ConnectionHandler* handler,
+                                                     const ConnectionOptions& options,
+                                                     absl::Duration timeout);
+
+ private:
+  explicit Listener(Device& device) : device_(device) {}
+  Device& device_;
+  CmChannelOwner channel_;
+  CmIdOwner id_;
+};
+
+}  // namespace zrpc::transport
+
+#endif  // ZRPC_TRANSPORT_CONNECTION_H_

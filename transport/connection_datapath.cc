@@ -1,0 +1,424 @@
+// The connection's datapath: posting sends and bulk writes, handling completions, credits,
+// and the drain that fails outstanding work exactly once. Setup is in connection_setup.cc.
+#include <arpa/inet.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "transport/connection.h"
+#include "transport/poller.h"
+#include "transport/verbs_error.h"
+
+namespace zrpc::transport {
+namespace {
+
+// wr_id layout. Send-queue work requests carry their sequence number (below 2^62); receives
+// carry kRecvBit | their index; the drain markers carry kMarkerBit (plus kRecvBit on the
+// receive queue). The bit is needed because a failed completion's opcode is undefined.
+constexpr uint64_t kRecvBit = uint64_t{1} << 63;
+constexpr uint64_t kMarkerBit = uint64_t{1} << 62;
+// Handles of bulk payloads carry this bit; handles of messages are receive indices.
+constexpr uint64_t kBulkHandle = uint64_t{1} << 63;
+
+}  // namespace
+
+bool Connection::open() const {
+  absl::MutexLock lock(&mu_);
+  return state_ == State::kOpen;
+}
+
+ConnectionStats Connection::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+absl::StatusOr<SendBuffer> Connection::AcquireSendBuffer() {
+  SlotPool& pool = device_.slots();
+  uint32_t slot = pool.Allocate();
+  if (slot == SlotPool::kNoSlot) {
+    return absl::ResourceExhaustedError(absl::StrCat("all ", pool.slot_count(), " slots of ",
+                                                     pool.slot_size(), " bytes are in use"));
+  }
+  return SendBuffer{pool.data(slot) + FrameHeader::kSize, max_message_, slot};
+}
+
+void Connection::ReleaseSendBuffer(const SendBuffer& buffer) {
+  static_cast<void>(device_.slots().Free(buffer.slot));
+}
+
+absl::Status Connection::Send(const SendBuffer& buffer, uint32_t length, uint64_t token) {
+  if (length > max_message_) {
+    ReleaseSendBuffer(buffer);
+    return absl::InvalidArgumentError(absl::StrCat("a ", length, "-byte message exceeds the ",
+                                                   max_message_, " bytes a SEND carries here"));
+  }
+  absl::MutexLock lock(&mu_);
+  absl::Status s = EnqueueLocked(Waiting{false, buffer.slot, length, {}, token});
+  if (!s.ok()) ReleaseSendBuffer(buffer);
+  return s;
+}
+
+absl::Status Connection::WriteBulk(const BulkSource& source, uint64_t token) {
+  if (source.size == 0) {
+    return absl::InvalidArgumentError("an empty bulk payload has nothing to write");
+  }
+  if (source.size > peer_.arena_size) {
+    return absl::InvalidArgumentError(
+        peer_.arena_size == 0
+            ? std::string("the peer has no receive arena: bulk payloads are disabled")
+            : absl::StrCat("a ", source.size, "-byte bulk payload exceeds the peer's ",
+                           peer_.arena_size, "-byte receive arena; split it"));
+  }
+  absl::MutexLock lock(&mu_);
+  return EnqueueLocked(Waiting{true, SlotPool::kNoSlot, 0, source, token});
+}
+
+absl::Status Connection::EnqueueLocked(const Waiting& op) {
+  if (state_ != State::kOpen) {
+    return absl::UnavailableError(absl::StrCat(
+        "connection to ", peer_address_, " is closed", error_.ok() ? "" : ": ",
+        error_.message()));
+  }
+  if (waiting_.size() >= options_.max_waiting) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        options_.max_waiting, " operations already wait for credits on this connection"));
+  }
+  waiting_.push_back(op);
+  PumpLocked();
+  if (!waiting_.empty()) ++stats_.waited;  // this one could not go at once
+  return absl::OkStatus();
+}
+
+// Posts waiting operations in order while credits, arena space and send-queue entries last.
+void Connection::PumpLocked() {
+  while (!waiting_.empty() && state_ == State::kOpen) {
+    if (in_flight_.size() >= options_.send_queue_depth) break;
+    if (credits_.available() < 2) break;  // the last credit is for credit frames
+    Waiting& op = waiting_.front();
+    absl::Status posted;
+    if (op.bulk) {
+      absl::StatusOr<ArenaSpot> spot = arena_writer_.Reserve(op.source.size);
+      if (spot.status().code() == absl::StatusCode::kUnavailable) break;
+      if (!spot.ok()) {  // checked in WriteBulk: cannot happen
+        FailLocked(spot.status());
+        return;
+      }
+      credits_.TrySpendForData();
+      posted = PostBulkLocked(op.source, *spot, op.token);
+    } else {
+      credits_.TrySpendForData();
+      // Signal when due, or when nothing waits behind this one to carry the signal.
+      bool signal = unsignaled_ + 1 >= kSignalInterval || waiting_.size() == 1;
+      posted = PostMessageLocked(op.slot, op.length, FrameKind::kData, op.token, true, signal);
+    }
+    waiting_.pop_front();
+    if (!posted.ok()) {
+      FailLocked(posted);
+      return;
+    }
+  }
+  MaybeSendCreditFrameLocked();
+}
+
+absl::Status Connection::PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kind,
+                                           uint64_t token, bool report, bool signal) {
+  uint8_t* frame = device_.slots().data(slot);
+  FrameHeader header;
+  header.arena_released = arena_reader_.released_total();
+  header.credits = credits_.TakeOwed();
+  header.kind = kind;
+  EncodeFrameHeader(header, frame);
+  arena_reader_.MarkReported();
+  uint32_t total = FrameHeader::kSize + length;
+  send_sge_.addr = reinterpret_cast<uintptr_t>(frame);
+  send_sge_.length = total;
+  send_sge_.lkey = device_.slots().lkey();
+  // Inline: the bytes are copied into the work request now, so the slot is free at once.
+  bool inlined = total <= max_inline_;
+  send_wr_.send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (inlined ? IBV_SEND_INLINE : 0);
+  absl::Status s = PostSendWrLocked(send_wr_, inlined ? SlotPool::kNoSlot : slot, token, report);
+  if (inlined || !s.ok()) static_cast<void>(device_.slots().Free(slot));
+  if (s.ok()) {
+    ++(kind == FrameKind::kData ? stats_.messages_sent : stats_.credit_frames_sent);
+  }
+  return s;
+}
+
+absl::Status Connection::PostBulkLocked(const BulkSource& source, const ArenaSpot& spot,
+                                        uint64_t token) {
+  send_sge_.addr = reinterpret_cast<uintptr_t>(source.data);
+  send_sge_.length = source.size;
+  send_sge_.lkey = source.lkey;
+  write_wr_.imm_data = htonl(spot.imm);
+  write_wr_.wr.rdma.remote_addr = peer_.arena_addr + spot.offset;
+  absl::Status s = PostSendWrLocked(write_wr_, SlotPool::kNoSlot, token, true);
+  if (s.ok()) ++stats_.bulk_sent;
+  return s;
+}
+
+absl::Status Connection::PostSendWrLocked(ibv_send_wr& wr, uint32_t slot, uint64_t token,
+                                          bool report) {
+  uint64_t sequence = next_sequence_++;
+  wr.wr_id = sequence;
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(qp_->qp, &wr, &bad); rc != 0) {
+    return VerbsError("ibv_post_send", rc);
+  }
+  in_flight_.push_back(InFlight{sequence, slot, token, report});
+  unsignaled_ = (wr.send_flags & IBV_SEND_SIGNALED) ? 0 : unsignaled_ + 1;
+  stats_.max_credits_in_use = std::max(stats_.max_credits_in_use, credits_.in_flight());
+  return absl::OkStatus();
+}
+
+// An explicit credit frame, when credits or arena space are owed and no data frame carried them.
+void Connection::MaybeSendCreditFrameLocked() {
+  if (state_ != State::kOpen) return;
+  if (!credits_.ShouldSendUpdate() && !arena_reader_.ShouldReport()) return;
+  if (in_flight_.size() >= options_.send_queue_depth) return;  // retried on the next completion
+  uint32_t slot = device_.slots().Allocate();
+  if (slot == SlotPool::kNoSlot) return;
+  if (!credits_.TrySpendForUpdate()) {
+    static_cast<void>(device_.slots().Free(slot));
+    return;
+  }
+  absl::Status s = PostMessageLocked(slot, 0, FrameKind::kCredit, 0, false, /*signal=*/true);
+  if (!s.ok()) FailLocked(s);
+}
+
+absl::Status Connection::RepostRecvLocked(uint32_t index) {
+  recv_sge_.addr = reinterpret_cast<uintptr_t>(device_.slots().data(recv_slots_[index]));
+  recv_wr_.wr_id = kRecvBit | index;
+  ibv_recv_wr* bad = nullptr;
+  if (int rc = ibv_post_recv(qp_->qp, &recv_wr_, &bad); rc != 0) {
+    return VerbsError("ibv_post_recv", rc);
+  }
+  recv_state_[index] = RecvState::kPosted;
+  return absl::OkStatus();
+}
+
+absl::Status Connection::Release(uint64_t handle) {
+  absl::MutexLock lock(&mu_);
+  if (handle & kBulkHandle) {
+    if (auto s = arena_reader_.Release(handle & ~kBulkHandle); !s.ok()) return s;
+    MaybeSendCreditFrameLocked();
+    return absl::OkStatus();
+  }
+  if (handle >= recv_slots_.size() || recv_state_[handle] != RecvState::kHeld) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("message ", handle, " released twice or never delivered"));
+  }
+  auto index = static_cast<uint32_t>(handle);
+  recv_state_[index] = RecvState::kIdle;
+  if (state_ != State::kOpen) return absl::OkStatus();  // the slot waits for the destructor
+  if (auto s = RepostRecvLocked(index); !s.ok()) {
+    FailLocked(s);
+    return s;
+  }
+  credits_.OnDataRecvReposted();
+  PumpLocked();  // sends credits back on waiting data, or in a credit frame
+  return absl::OkStatus();
+}
+
+void Connection::Close() {
+  absl::MutexLock lock(&mu_);
+  FailLocked(absl::CancelledError("connection closed by this side"));
+}
+
+void Connection::OnCompletion(const ibv_wc& wc) {
+  Events events;
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ == State::kConnecting || !early_.empty()) {
+      early_.push_back(wc);  // ReplayEarly takes them in order once the handshake is done
+      return;
+    }
+    HandleCompletionLocked(wc, events);
+  }
+  Dispatch(events);
+}
+
+void Connection::ReplayEarly() {
+  for (;;) {
+    Events events;
+    {
+      absl::MutexLock lock(&mu_);
+      if (early_.empty()) return;
+      ibv_wc wc = early_.front();
+      early_.erase(early_.begin());
+      HandleCompletionLocked(wc, events);
+    }
+    Dispatch(events);
+  }
+}
+
+void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
+  const bool recv = (wc.wr_id & kRecvBit) != 0;
+  const bool marker = (wc.wr_id & kMarkerBit) != 0;
+  if (wc.status != IBV_WC_SUCCESS || marker) {
+    // The first real failure breaks the connection; the flushes that follow it are expected.
+    if (!marker) FailLocked(CompletionError(wc));
+    if (recv) {
+      if (marker) {
+        rq_drained_ = true;
+      } else {
+        recv_state_[wc.wr_id & ~kRecvBit] = RecvState::kIdle;
+      }
+    } else {
+      RetireLocked(marker ? ~uint64_t{0} : wc.wr_id, error_, events);
+      if (marker) sq_drained_ = true;
+    }
+    if (sq_drained_ && rq_drained_) FinishDrainLocked(events);
+    return;
+  }
+  if (recv) {
+    HandleRecvLocked(wc, events);
+  } else {
+    RetireLocked(wc.wr_id, absl::OkStatus(), events);
+  }
+  PumpLocked();  // credits, arena space or send-queue entries may have come back
+}
+
+void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
+  auto index = static_cast<uint32_t>(wc.wr_id & ~kRecvBit);
+  recv_state_[index] = RecvState::kHeld;
+  if (state_ != State::kOpen) return;
+  absl::Status s;
+  if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    // A bulk payload: the RECV only carried the immediate, so it goes straight back.
+    uint32_t imm = ntohl(wc.imm_data);
+    absl::StatusOr<uint64_t> sequence = arena_reader_.OnArrival(imm, wc.byte_len);
+    if (!sequence.ok()) return FailLocked(sequence.status());
+    if (s = RepostRecvLocked(index); !s.ok()) return FailLocked(s);
+    credits_.OnDataRecvReposted();
+    ++stats_.bulk_received;
+    Event e(Event::kBulk);
+    e.data = arena_.get() + ArenaReader::offset(imm);
+    e.size = wc.byte_len;
+    e.handle_or_token = *sequence | kBulkHandle;
+    events.push_back(std::move(e));
+    return;
+  }
+  if (wc.opcode != IBV_WC_RECV) {
+    return FailLocked(absl::InternalError(absl::StrCat("unexpected receive opcode ", wc.opcode)));
+  }
+  const uint8_t* frame = device_.slots().data(recv_slots_[index]);
+  absl::StatusOr<FrameHeader> header = DecodeFrameHeader(absl::MakeConstSpan(frame, wc.byte_len));
+  if (!header.ok()) return FailLocked(header.status());
+  if (s = credits_.OnReturned(header->credits); !s.ok()) return FailLocked(s);
+  if (s = arena_writer_.OnReleased(header->arena_released); !s.ok()) return FailLocked(s);
+  if (header->kind == FrameKind::kCredit) {
+    if (s = RepostRecvLocked(index); !s.ok()) return FailLocked(s);
+    credits_.OnUpdateRecvReposted();
+    return;
+  }
+  ++stats_.messages_received;
+  Event e(Event::kMessage);
+  e.data = frame + FrameHeader::kSize;
+  e.size = wc.byte_len - static_cast<uint32_t>(FrameHeader::kSize);
+  e.handle_or_token = index;
+  events.push_back(std::move(e));
+}
+
+void Connection::RetireLocked(uint64_t up_to, const absl::Status& status, Events& events) {
+  while (!in_flight_.empty() && in_flight_.front().sequence <= up_to) {
+    const InFlight& f = in_flight_.front();
+    if (f.slot != SlotPool::kNoSlot) static_cast<void>(device_.slots().Free(f.slot));
+    if (f.report) {
+      Event e(Event::kSendDone);
+      e.handle_or_token = f.token;
+      e.status = status;
+      events.push_back(std::move(e));
+    }
+    in_flight_.pop_front();
+  }
+}
+
+// Enters the error state: hangs up (the kernel moves the QP to the error state and tells the
+// peer) and posts a marker to each queue; once both come back flushed, every earlier work
+// request has completed, and FinishDrainLocked reports what is left.
+void Connection::FailLocked(absl::Status why) {
+  if (state_ == State::kDraining || state_ == State::kClosed) return;
+  error_ = std::move(why);
+  state_ = State::kDraining;
+  rdma_disconnect(id_.get());
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  ibv_modify_qp(qp_->qp, &attr, IBV_QP_STATE);  // in case the disconnect did not (no peer)
+  // A marker that cannot be posted is replaced by a flushed completion made up here, which the
+  // poller handles like the real one.
+  ibv_send_wr send_marker{};
+  send_marker.wr_id = kMarkerBit;
+  send_marker.opcode = IBV_WR_SEND;
+  send_marker.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad_send = nullptr;
+  ibv_recv_wr recv_marker{};
+  recv_marker.wr_id = kRecvBit | kMarkerBit;
+  ibv_recv_wr* bad_recv = nullptr;
+  bool defer = false;
+  for (uint64_t lost : {ibv_post_send(qp_->qp, &send_marker, &bad_send) != 0 ? kMarkerBit : 0,
+                        ibv_post_recv(qp_->qp, &recv_marker, &bad_recv) != 0
+                            ? (kRecvBit | kMarkerBit) : 0}) {
+    if (lost == 0) continue;
+    ibv_wc flushed{};
+    flushed.wr_id = lost;
+    flushed.status = IBV_WC_WR_FLUSH_ERR;
+    flushed.qp_num = qp_num_;
+    early_.push_back(flushed);
+    defer = true;
+  }
+  if (defer) poller_.Defer(shared_from_this());
+}
+
+void Connection::FinishDrainLocked(Events& events) {
+  if (state_ == State::kClosed) return;
+  state_ = State::kClosed;
+  RetireLocked(~uint64_t{0}, error_, events);
+  for (const Waiting& op : waiting_) {
+    if (!op.bulk) static_cast<void>(device_.slots().Free(op.slot));
+    Event e(Event::kSendDone);
+    e.handle_or_token = op.token;
+    e.status = error_;
+    events.push_back(std::move(e));
+  }
+  waiting_.clear();
+  Event closed(Event::kClosed);
+  closed.status = error_;
+  events.push_back(std::move(closed));
+}
+
+void Connection::OnCmEvent(rdma_cm_event_type type, int status) {
+  absl::MutexLock lock(&mu_);
+  switch (type) {
+    case RDMA_CM_EVENT_DISCONNECTED:
+      FailLocked(absl::UnavailableError(
+          absl::StrCat("the peer at ", peer_address_, " disconnected (or its process died)")));
+      break;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      FailLocked(absl::UnavailableError("the RDMA device was removed"));
+      break;
+    default:
+      static_cast<void>(status);  // TIMEWAIT_EXIT and the like need nothing
+  }
+}
+
+void Connection::Dispatch(Events& events) {
+  for (Event& e : events) {
+    switch (e.kind) {
+      case Event::kMessage:
+        handler_->OnMessage(*this, ReceivedMessage{e.data, e.size, e.handle_or_token});
+        break;
+      case Event::kBulk:
+        handler_->OnBulk(*this, ReceivedBulk{e.data, e.size, e.handle_or_token});
+        break;
+      case Event::kSendDone:
+        handler_->OnSendDone(*this, e.handle_or_token, e.status);
+        break;
+      case Event::kClosed:
+        handler_->OnClosed(*this, e.status);
+        poller_.Unregister(qp_num_);
+        break;
+    }
+  }
+}
+
+}  // namespace zrpc::transport

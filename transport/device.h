@@ -1,0 +1,100 @@
+// Device: the RDMA device zrpc uses, chosen without configuration, and what is shared on it.
+//
+// Selection (SelectDevice). With nothing configured, zrpc takes the first ACTIVE port of the
+// first device, and the address that port carries:
+//  - RoCE (link layer Ethernet): the RoCE v2 GID holding an IPv4-mapped address (else a global
+//    IPv6 one). The GID *is* the address, so the choice cannot disagree with what librdmacm
+//    resolves when connecting from that address; picking a GID by a fixed index is the most
+//    reported RoCE failure (../shared/notes/rdma-pitfalls.md).
+//  - InfiniBand: the port's LID identifies it, and the address is the IPv4 address of the IPoIB
+//    interface bound to GID 0 (librdmacm needs an IP address to resolve a path).
+// Every part can be forced (DeviceConfig, from ZRPC_RDMA_DEVICE / _PORT / _GID_INDEX / _ADDR):
+// an address selects the device and port that own it; a GID index selects the address it holds.
+// What was chosen is printed once per process to stderr, so a misrouted deployment can be read
+// from the log.
+//
+// Sharing (Device). librdmacm opens every device once per process and binds each cm id to its own
+// ibv_context for that device; a protection domain must be allocated on that same context, so the
+// Device borrows librdmacm's context (rdma_get_devices) instead of opening its own. The Device
+// owns, in creation order: the device list reference, one protection domain, and one SlotPool.
+// Every Poller, Listener and Connection on the device uses them, and must be destroyed first.
+#ifndef ZRPC_TRANSPORT_DEVICE_H_
+#define ZRPC_TRANSPORT_DEVICE_H_
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "transport/device_config.h"
+#include "transport/slot_pool.h"
+#include "transport/verbs_owners.h"
+
+namespace zrpc::transport {
+
+struct DeviceSelection {
+  std::string device;      // verbs device name, e.g. "mlx5_0" or "rxe0"
+  int port = 0;            // 1-based
+  bool infiniband = false;  // link layer: InfiniBand (true) or Ethernet / RoCE (false)
+  int gid_index = -1;      // RoCE: the RoCE v2 GID used; InfiniBand: 0
+  std::string gid;         // that GID, as an IPv6-style address
+  uint16_t lid = 0;        // InfiniBand only
+  int active_mtu = 0;      // bytes
+  std::string addr;        // the IP address connections are made from and listened on
+
+  std::string ToString() const;
+};
+
+// Chooses device, port, GID and address as described above. FailedPrecondition naming what is
+// missing when there is no device, no active port, or no usable address.
+absl::StatusOr<DeviceSelection> SelectDevice(const DeviceConfig& config);
+
+// A user buffer registered once for use as the source of bulk writes (Connection::WriteBulk).
+// Registration pins the pages: register long-lived buffers, not one per message.
+class MemoryRegion {
+ public:
+  const uint8_t* data() const { return static_cast<const uint8_t*>(mr_->addr); }
+  size_t size() const { return mr_->length; }
+  uint32_t lkey() const { return mr_->lkey; }
+
+ private:
+  friend class Device;
+  explicit MemoryRegion(MrOwner mr) : mr_(std::move(mr)) {}
+  MrOwner mr_;
+};
+
+class Device {
+ public:
+  // Selects (SelectDevice), allocates the protection domain and the slot pool.
+  static absl::StatusOr<std::unique_ptr<Device>> Open(const DeviceConfig& config,
+                                                      const SlotPoolOptions& slots = {});
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  ~Device();
+
+  const DeviceSelection& selection() const { return selection_; }
+  ibv_context* context() const { return context_; }
+  ibv_pd* pd() const { return pd_.get(); }
+  SlotPool& slots() const { return *slots_; }
+  const ibv_device_attr& attr() const { return attr_; }
+
+  // Registers [data, data + size) for local access only (a source of sends and writes).
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(const void* data, size_t size);
+
+ private:
+  Device() = default;
+  DeviceSelection selection_;
+  DeviceListOwner devices_;
+  ibv_context* context_ = nullptr;  // one of devices_, owned by librdmacm
+  ibv_device_attr attr_{};
+  PdOwner pd_;
+  std::unique_ptr<SlotPool> slots_;
+};
+
+}  // namespace zrpc::transport
+
+#endif  // ZRPC_TRANSPORT_DEVICE_H_

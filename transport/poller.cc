@@ -1,0 +1,251 @@
+#include "transport/poller.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "transport/cm_util.h"
+#include "transport/connection.h"
+#include "transport/verbs_error.h"
+
+namespace zrpc::transport {
+namespace {
+
+// Completions read per ibv_poll_cq call.
+constexpr int kBatch = 16;
+// Empty busy passes between looks at the cm channel (a system call each).
+constexpr uint32_t kCmCheckInterval = 1024;
+// CQ events acknowledged together (ibv_ack_cq_events takes a mutex).
+constexpr unsigned kAckBatch = 64;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
+                                                       const PollerOptions& options) {
+  std::unique_ptr<Poller> poller(new Poller(device, options));
+  poller->cq_capacity_ = std::min(options.cq_size, device.attr().max_cqe);
+  if (poller->cq_capacity_ <= 0) return absl::InvalidArgumentError("cq_size must be positive");
+  ibv_comp_channel* channel = nullptr;
+  if (options.mode == PollMode::kEvent) {
+    poller->comp_channel_.reset(ibv_create_comp_channel(device.context()));
+    if (poller->comp_channel_ == nullptr) return VerbsError("ibv_create_comp_channel", errno);
+    channel = poller->comp_channel_.get();
+    int flags = fcntl(channel->fd, F_GETFL);
+    if (flags < 0 || fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+      return VerbsError("fcntl(O_NONBLOCK) on the completion channel", errno);
+    }
+  }
+  poller->cq_.reset(ibv_create_cq(device.context(), poller->cq_capacity_, nullptr, channel, 0));
+  if (poller->cq_ == nullptr) return VerbsError("ibv_create_cq", errno);
+  auto cm = CreateCmChannel();
+  if (!cm.ok()) return cm.status();
+  poller->cm_channel_ = std::move(*cm);
+  poller->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (poller->wake_fd_ < 0) return VerbsError("eventfd", errno);
+  return poller;
+}
+
+Poller::~Poller() {
+  Stop();
+  std::vector<std::shared_ptr<Connection>> open;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [qp_num, connection] : connections_) open.push_back(connection);
+  }
+  // Close what is still open and drive the drains for a bounded time, so handlers hear of it.
+  for (auto& connection : open) connection->Close();
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (connections_.empty()) break;
+    }
+    if (absl::Now() > deadline) {
+      std::fprintf(stderr, "zrpc: poller destroyed with connections that did not drain\n");
+      absl::MutexLock lock(&mu_);
+      connections_.clear();
+      break;
+    }
+    RunOnce(absl::Milliseconds(10));
+  }
+  for (auto& connection : open) {
+    if (connection.use_count() > 1) {
+      std::fprintf(stderr, "zrpc: poller destroyed while a connection to %s is still referenced\n",
+                   connection->peer_address().c_str());
+    }
+  }
+  open.clear();
+  if (unacked_cq_events_ > 0) ibv_ack_cq_events(cq_.get(), unacked_cq_events_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+absl::Status Poller::Start() {
+  if (thread_.joinable()) return absl::FailedPreconditionError("poller already started");
+  stop_.store(false);
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void Poller::Stop() {
+  stop_.store(true);
+  Wake();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Poller::Wake() {
+  uint64_t one = 1;
+  if (wake_fd_ >= 0) static_cast<void>(write(wake_fd_, &one, sizeof(one)));
+}
+
+absl::Status Poller::Register(const std::shared_ptr<Connection>& connection, uint32_t cqes) {
+  absl::MutexLock lock(&mu_);
+  if (cqes_reserved_ + uint64_t{cqes} > static_cast<uint64_t>(cq_capacity_)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the poller's completion queue (", cq_capacity_, " entries, ", cqes_reserved_,
+        " reserved) cannot take a connection needing ", cqes, "; use another poller"));
+  }
+  cqes_reserved_ += cqes;
+  connections_[connection->qp_num()] = connection;
+  return absl::OkStatus();
+}
+
+void Poller::Unregister(uint32_t qp_num) {
+  std::shared_ptr<Connection> last;  // dropped after the lock
+  absl::MutexLock lock(&mu_);
+  auto it = connections_.find(qp_num);
+  if (it == connections_.end()) return;
+  const ConnectionOptions& o = it->second->options_;
+  cqes_reserved_ -= o.send_queue_depth + o.recv_credits + 2;
+  last = std::move(it->second);
+  connections_.erase(it);
+}
+
+void Poller::Defer(std::shared_ptr<Connection> connection) {
+  {
+    absl::MutexLock lock(&mu_);
+    deferred_.push_back(std::move(connection));
+  }
+  has_deferred_.store(true, std::memory_order_release);
+  Wake();
+}
+
+void Poller::RunDeferred() {
+  if (!has_deferred_.load(std::memory_order_acquire)) return;
+  std::vector<std::shared_ptr<Connection>> work;
+  {
+    absl::MutexLock lock(&mu_);
+    work.swap(deferred_);
+    has_deferred_.store(false, std::memory_order_relaxed);
+  }
+  for (auto& connection : work) connection->ReplayEarly();
+}
+
+std::shared_ptr<Connection> Poller::Find(uint32_t qp_num) {
+  absl::MutexLock lock(&mu_);
+  auto it = connections_.find(qp_num);
+  return it == connections_.end() ? nullptr : it->second;
+}
+
+void Poller::Loop() {
+  uint32_t empty = 0;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    passes_.fetch_add(1, std::memory_order_relaxed);
+    RunDeferred();
+    if (PollCq() > 0) {
+      empty = 0;
+      continue;
+    }
+    if (options_.mode == PollMode::kEvent) {
+      HandleCmEvents();
+      ArmAndWait(-1);
+    } else if (++empty % kCmCheckInterval == 0) {
+      HandleCmEvents();
+    }
+  }
+}
+
+int Poller::RunOnce(absl::Duration wait) {
+  passes_.fetch_add(1, std::memory_order_relaxed);
+  RunDeferred();
+  int n = PollCq();
+  HandleCmEvents();
+  if (n == 0 && options_.mode == PollMode::kEvent && wait > absl::ZeroDuration()) {
+    ArmAndWait(static_cast<int>(absl::ToInt64Milliseconds(wait)));
+    n = PollCq();
+  }
+  return n;
+}
+
+int Poller::PollCq() {
+  ibv_wc wcs[kBatch];
+  int n = ibv_poll_cq(cq_.get(), kBatch, wcs);
+  if (n < 0) {
+    std::fprintf(stderr, "zrpc: ibv_poll_cq failed (%d)\n", n);
+    return 0;
+  }
+  // Completions of one connection tend to come together: look it up once per run.
+  std::shared_ptr<Connection> connection;
+  uint32_t current = 0;
+  for (int i = 0; i < n; ++i) {
+    if (connection == nullptr || wcs[i].qp_num != current) {
+      current = wcs[i].qp_num;
+      connection = Find(current);
+    }
+    // A completion of a connection already gone (flushed after it was unregistered) is dropped:
+    // the connection freed its slots when it was destroyed.
+    if (connection != nullptr) connection->OnCompletion(wcs[i]);
+  }
+  return n;
+}
+
+void Poller::HandleCmEvents() {
+  for (;;) {
+    rdma_cm_event* event = nullptr;
+    if (rdma_get_cm_event(cm_channel_.get(), &event) != 0) return;  // EAGAIN: none
+    // id->context holds the QP number, set before the id moved here. Ack before acting: the
+    // connection's destructor (rdma_destroy_id) waits for the ack of its events.
+    auto qp_num = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(event->id->context));
+    rdma_cm_event_type type = event->event;
+    int status = event->status;
+    rdma_ack_cm_event(event);
+    if (auto connection = Find(qp_num)) connection->OnCmEvent(type, status);
+  }
+}
+
+int Poller::ArmAndWait(int timeout_ms) {
+  if (int rc = ibv_req_notify_cq(cq_.get(), 0); rc != 0) {
+    std::fprintf(stderr, "zrpc: ibv_req_notify_cq failed (%d)\n", rc);
+    return 0;
+  }
+  // Anything that arrived before arming raised no event: look once more before sleeping.
+  if (int n = PollCq(); n > 0) return n;
+  pollfd fds[3] = {{comp_channel_->fd, POLLIN, 0},
+                   {cm_channel_->fd, POLLIN, 0},
+                   {wake_fd_, POLLIN, 0}};
+  if (poll(fds, 3, timeout_ms) <= 0) return 0;
+  wakeups_.fetch_add(1, std::memory_order_relaxed);
+  if (fds[0].revents & POLLIN) {
+    ibv_cq* cq = nullptr;
+    void* context = nullptr;
+    while (ibv_get_cq_event(comp_channel_.get(), &cq, &context) == 0) {
+      if (++unacked_cq_events_ >= kAckBatch) {
+        ibv_ack_cq_events(cq_.get(), unacked_cq_events_);
+        unacked_cq_events_ = 0;
+      }
+    }
+  }
+  if (fds[1].revents & POLLIN) HandleCmEvents();
+  if (fds[2].revents & POLLIN) {
+    uint64_t count = 0;
+    static_cast<void>(read(wake_fd_, &count, sizeof(count)));
+  }
+  return 0;
+}
+
+}  // namespace zrpc::transport

@@ -1,0 +1,126 @@
+// Poller: one completion queue, the connections that share it, and the loop that drives them.
+//
+// Every connection is created on a Poller; its queue pair sends and receives completions to the
+// poller's CQ and its rdma_cm events to the poller's event channel. The loop, run on a thread of
+// its own by Start() or driven by the caller through RunOnce(), reads completions in batches and
+// hands each to its connection (found by QP number), which turns it into handler calls: message
+// received, bulk payload arrived, send done, closed. It reads the cm channel too, so a peer's
+// disconnect reaches its connection without any traffic.
+//
+// The loop, one pass: poll the CQ; if it was empty, look at the cm channel (every pass in event
+// mode, every 1024 empty passes when busy-polling, since it costs a system call); then, in event
+// mode only, arm the CQ, poll once more (a completion may have slipped in before arming), and
+// sleep in poll(2) on the completion channel, the cm channel and a wake-up eventfd.
+//  - kBusy spins: lowest latency, one core at 100% even when idle. For benchmark servers and
+//    latency-critical clients; one poller per core.
+//  - kEvent sleeps when idle and wakes on the completion interrupt: an idle process uses no
+//    CPU; each wake-up costs a few microseconds on hardware (brpc grew a polling mode because
+//    interrupt-only completions gave TCP-like latency: see rdma-pitfalls.md).
+//
+// Capacity. A CQ that overflows breaks every QP on it, so each connection reserves its worst
+// case (send queue + receives + drain markers) when it registers, and registration fails
+// (kResourceExhausted) when the CQ cannot take it.
+//
+// Threads. One thread runs the loop (Start or RunOnce, never both). Connect, Accept and
+// Connection methods may be called from any thread. The Poller must outlive its connections and
+// be destroyed before its Device; destroying it stops the loop and fails what is still open.
+#ifndef ZRPC_TRANSPORT_POLLER_H_
+#define ZRPC_TRANSPORT_POLLER_H_
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "transport/device.h"
+#include "transport/verbs_owners.h"
+
+namespace zrpc::transport {
+
+class Connection;
+
+enum class PollMode { kBusy, kEvent };
+
+struct PollerOptions {
+  PollMode mode = PollMode::kBusy;
+  // Completion queue entries (capped at the device's maximum); bounds the connections it serves.
+  int cq_size = 8192;
+};
+
+class Poller {
+ public:
+  static absl::StatusOr<std::unique_ptr<Poller>> Create(Device& device,
+                                                        const PollerOptions& options = {});
+  ~Poller();
+  Poller(const Poller&) = delete;
+  Poller& operator=(const Poller&) = delete;
+
+  // Runs the loop on a new thread until Stop() or destruction.
+  absl::Status Start();
+  void Stop();
+
+  // One pass of the loop on the caller's thread, for programs that drive it themselves; in event
+  // mode it sleeps up to `wait` when there is nothing to do. Returns the completions handled.
+  int RunOnce(absl::Duration wait);
+
+  PollMode mode() const { return options_.mode; }
+  // Passes of the loop, and (event mode) times it woke from sleep: how tests see it sleeping.
+  uint64_t passes() const { return passes_.load(std::memory_order_relaxed); }
+  uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class Connection;
+  friend class Listener;
+
+  Poller(Device& device, const PollerOptions& options) : device_(device), options_(options) {}
+  absl::Status Register(const std::shared_ptr<Connection>& connection, uint32_t cqes);
+  void Unregister(uint32_t qp_num);
+  // Has the loop call connection->ReplayEarly() on its thread soon.
+  void Defer(std::shared_ptr<Connection> connection);
+  void RunDeferred();
+  std::shared_ptr<Connection> Find(uint32_t qp_num);
+  ibv_cq* cq() const { return cq_.get(); }
+  rdma_event_channel* cm_channel() const { return cm_channel_.get(); }
+
+  void Loop();
+  int PollCq();
+  void HandleCmEvents();
+  // Event mode: arms the CQ and sleeps until an event or `timeout_ms` (-1: forever).
+  int ArmAndWait(int timeout_ms);
+  void Wake();
+
+  Device& device_;
+  const PollerOptions options_;
+  // Created in this order, destroyed in reverse.
+  CompChannelOwner comp_channel_;  // event mode only
+  CqOwner cq_;
+  CmChannelOwner cm_channel_;
+  int wake_fd_ = -1;
+  unsigned unacked_cq_events_ = 0;
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint32_t, std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
+  uint32_t cqes_reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::shared_ptr<Connection>> deferred_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> has_deferred_{false};
+  int cq_capacity_ = 0;
+
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> passes_{0};
+  std::atomic<uint64_t> wakeups_{0};
+};
+
+}  // namespace zrpc::transport
+
+#endif  // ZRPC_TRANSPORT_POLLER_H_
