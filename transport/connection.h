@@ -276,6 +276,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   enum class RecvState : uint8_t { kPosted, kHeld, kIdle };
   std::vector<uint32_t> recv_slots_;
   std::vector<RecvState> recv_state_ ABSL_GUARDED_BY(mu_);
+  uint32_t recvs_posted_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<ibv_wc> early_ ABSL_GUARDED_BY(mu_);
   std::deque<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
   std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);

@@ -193,6 +193,7 @@ absl::Status Connection::RepostRecvLocked(uint32_t index) {
     return VerbsError("ibv_post_recv", rc);
   }
   recv_state_[index] = RecvState::kPosted;
+  ++recvs_posted_;
   return absl::OkStatus();
 }
 
@@ -254,15 +255,13 @@ void Connection::ReplayEarly() {
 void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
   const bool recv = (wc.wr_id & kRecvBit) != 0;
   const bool marker = (wc.wr_id & kMarkerBit) != 0;
+  if (getenv("ZRPC_DEBUG") && *getenv("ZRPC_DEBUG")) fprintf(stderr, "DBG qp %u wr_id %lx status %d opcode %d state %d\n", qp_num_, (unsigned long)wc.wr_id, wc.status, wc.opcode, (int)state_);
   if (wc.status != IBV_WC_SUCCESS || marker) {
     // The first real failure breaks the connection; the flushes that follow it are expected.
     if (!marker) FailLocked(CompletionError(wc));
     if (recv) {
-      if (marker) {
-        rq_drained_ = true;
-      } else {
-        recv_state_[wc.wr_id & ~kRecvBit] = RecvState::kIdle;
-      }
+      recv_state_[wc.wr_id & ~kRecvBit] = RecvState::kIdle;
+      if (--recvs_posted_ == 0 && state_ != State::kOpen) rq_drained_ = true;
     } else {
       RetireLocked(marker ? ~uint64_t{0} : wc.wr_id, error_, events);
       if (marker) sq_drained_ = true;
@@ -275,13 +274,19 @@ void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
   } else {
     RetireLocked(wc.wr_id, absl::OkStatus(), events);
   }
+  if (state_ == State::kDraining && sq_drained_ && rq_drained_) FinishDrainLocked(events);
   PumpLocked();  // credits, arena space or send-queue entries may have come back
 }
 
 void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
   auto index = static_cast<uint32_t>(wc.wr_id & ~kRecvBit);
   recv_state_[index] = RecvState::kHeld;
-  if (state_ != State::kOpen) return;
+  --recvs_posted_;
+  if (state_ != State::kOpen) {  // failing: what arrived is dropped
+    recv_state_[index] = RecvState::kIdle;
+    if (recvs_posted_ == 0) rq_drained_ = true;
+    return;
+  }
   absl::Status s;
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     // A bulk payload: the RECV only carried the immediate, so it goes straight back.
@@ -344,28 +349,25 @@ void Connection::FailLocked(absl::Status why) {
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_ERR;
   ibv_modify_qp(qp_->qp, &attr, IBV_QP_STATE);  // in case the disconnect did not (no peer)
-  // A marker that cannot be posted is replaced by a flushed completion made up here, which the
-  // poller handles like the real one.
-  ibv_send_wr send_marker{};
-  send_marker.wr_id = kMarkerBit;
-  send_marker.opcode = IBV_WR_SEND;
-  send_marker.send_flags = IBV_SEND_SIGNALED;
-  ibv_send_wr* bad_send = nullptr;
-  ibv_recv_wr recv_marker{};
-  recv_marker.wr_id = kRecvBit | kMarkerBit;
-  ibv_recv_wr* bad_recv = nullptr;
+  // The send queue's marker: once it completes (flushed), every earlier work request has. The
+  // receive queue needs none: it is drained when every posted RECV has come back flushed (rxe on
+  // Linux 6.1 never flushes a RECV posted after the error, so a receive marker would hang). A
+  // marker that cannot be posted is replaced by a flushed completion made up here.
+  ibv_send_wr marker{};
+  marker.wr_id = kMarkerBit;
+  marker.opcode = IBV_WR_SEND;
+  marker.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
   bool defer = false;
-  for (uint64_t lost : {ibv_post_send(qp_->qp, &send_marker, &bad_send) != 0 ? kMarkerBit : 0,
-                        ibv_post_recv(qp_->qp, &recv_marker, &bad_recv) != 0
-                            ? (kRecvBit | kMarkerBit) : 0}) {
-    if (lost == 0) continue;
+  if (ibv_post_send(qp_->qp, &marker, &bad) != 0) {
     ibv_wc flushed{};
-    flushed.wr_id = lost;
+    flushed.wr_id = kMarkerBit;
     flushed.status = IBV_WC_WR_FLUSH_ERR;
     flushed.qp_num = qp_num_;
     early_.push_back(flushed);
     defer = true;
   }
+  if (recvs_posted_ == 0) rq_drained_ = true;
   if (defer) poller_.Defer(shared_from_this());
 }
 
