@@ -178,6 +178,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t peer_arena_size() const { return peer_.arena_size; }
   std::string peer_address() const { return peer_address_; }
   ConnectionStats stats() const;
+  // The flow-control state, for logs when something stalls.
+  std::string DebugString() const;
 
  private:
   friend class Listener;
@@ -275,6 +277,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // recv_slots_[i] is the pool slot of RECV i; recv_state_[i] where it is.
   enum class RecvState : uint8_t { kPosted, kHeld, kIdle };
   std::vector<uint32_t> recv_slots_;
+  // A slot of the connection's own for credit frames, and whether one is in flight from it.
+  uint32_t control_slot_ = SlotPool::kNoSlot;
+  bool control_busy_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t control_sequence_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};
   std::vector<RecvState> recv_state_ ABSL_GUARDED_BY(mu_);
   uint32_t recvs_posted_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<ibv_wc> early_ ABSL_GUARDED_BY(mu_);

@@ -32,6 +32,16 @@ ConnectionStats Connection::stats() const {
   return stats_;
 }
 
+std::string Connection::DebugString() const {
+  absl::MutexLock lock(&mu_);
+  return absl::StrCat("state ", static_cast<int>(state_), ", credits available ",
+                      credits_.available(), " of ", peer_.recv_credits, ", owed ", credits_.owed(),
+                      ", waiting ", waiting_.size(), ", in flight ", in_flight_.size(),
+                      ", recvs posted ", recvs_posted_, ", early ", early_.size(),
+                      ", arena in use ", arena_writer_.in_use(), " (peer) / ",
+                      arena_reader_.in_use(), " (own)");
+}
+
 absl::StatusOr<SendBuffer> Connection::AcquireSendBuffer() {
   SlotPool& pool = device_.slots();
   uint32_t slot = pool.Allocate();
@@ -122,6 +132,7 @@ void Connection::PumpLocked() {
 
 absl::Status Connection::PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kind,
                                            uint64_t token, bool report, bool signal) {
+  const bool control = kind == FrameKind::kCredit;  // in the connection's own control slot
   uint8_t* frame = device_.slots().data(slot);
   FrameHeader header;
   header.arena_released = arena_reader_.released_total();
@@ -136,10 +147,16 @@ absl::Status Connection::PostMessageLocked(uint32_t slot, uint32_t length, Frame
   // Inline: the bytes are copied into the work request now, so the slot is free at once.
   bool inlined = total <= max_inline_;
   send_wr_.send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (inlined ? IBV_SEND_INLINE : 0);
-  absl::Status s = PostSendWrLocked(send_wr_, inlined ? SlotPool::kNoSlot : slot, token, report);
-  if (inlined || !s.ok()) static_cast<void>(device_.slots().Free(slot));
-  if (s.ok()) {
-    ++(kind == FrameKind::kData ? stats_.messages_sent : stats_.credit_frames_sent);
+  uint32_t held = inlined || control ? SlotPool::kNoSlot : slot;
+  absl::Status s = PostSendWrLocked(send_wr_, held, token, report);
+  if (!control && (inlined || !s.ok())) static_cast<void>(device_.slots().Free(slot));
+  if (!s.ok()) return s;
+  if (control) {
+    control_busy_ = !inlined;  // until its completion retires it
+    control_sequence_ = next_sequence_ - 1;
+    ++stats_.credit_frames_sent;
+  } else {
+    ++stats_.messages_sent;
   }
   return s;
 }
@@ -174,14 +191,13 @@ absl::Status Connection::PostSendWrLocked(ibv_send_wr& wr, uint32_t slot, uint64
 void Connection::MaybeSendCreditFrameLocked() {
   if (state_ != State::kOpen) return;
   if (!credits_.ShouldSendUpdate() && !arena_reader_.ShouldReport()) return;
-  if (in_flight_.size() >= options_.send_queue_depth) return;  // retried on the next completion
-  uint32_t slot = device_.slots().Allocate();
-  if (slot == SlotPool::kNoSlot) return;
-  if (!credits_.TrySpendForUpdate()) {
-    static_cast<void>(device_.slots().Free(slot));
-    return;
-  }
-  absl::Status s = PostMessageLocked(slot, 0, FrameKind::kCredit, 0, false, /*signal=*/true);
+  // Retried on the next completion if the send queue is full or the last credit frame (when the
+  // device cannot inline it) is still in flight. Credit frames never take a slot from the pool:
+  // a pool emptied by waiting messages must not stop credits from coming back.
+  if (in_flight_.size() >= options_.send_queue_depth || control_busy_) return;
+  if (!credits_.TrySpendForUpdate()) return;
+  absl::Status s =
+      PostMessageLocked(control_slot_, 0, FrameKind::kCredit, 0, false, /*signal=*/true);
   if (!s.ok()) FailLocked(s);
 }
 
@@ -327,6 +343,7 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
 void Connection::RetireLocked(uint64_t up_to, const absl::Status& status, Events& events) {
   while (!in_flight_.empty() && in_flight_.front().sequence <= up_to) {
     const InFlight& f = in_flight_.front();
+    if (f.sequence == control_sequence_) control_busy_ = false;
     if (f.slot != SlotPool::kNoSlot) static_cast<void>(device_.slots().Free(f.slot));
     if (f.report) {
       Event e(Event::kSendDone);

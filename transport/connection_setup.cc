@@ -100,6 +100,7 @@ Connection::~Connection() {
   if (disconnect && id_ != nullptr) rdma_disconnect(id_.get());
   qp_.reset();  // before its receive slots go back to the pool: nothing may land in them after
   for (uint32_t slot : recv_slots_) static_cast<void>(device_.slots().Free(slot));
+  if (control_slot_ != SlotPool::kNoSlot) static_cast<void>(device_.slots().Free(control_slot_));
 }
 
 absl::Status Connection::CreateResources(rdma_cm_id* id) {
@@ -157,6 +158,10 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
   arena_reader_ = ArenaReader(options_.arena_size);
 
   SlotPool& pool = device_.slots();
+  control_slot_ = pool.Allocate();
+  if (control_slot_ == SlotPool::kNoSlot) {
+    return absl::ResourceExhaustedError("the slot pool ran out: no slot for credit frames");
+  }
   for (uint32_t i = 0; i < options_.recv_credits; ++i) {
     uint32_t slot = pool.Allocate();
     if (slot == SlotPool::kNoSlot) {

@@ -84,9 +84,18 @@ Pair ConnectPair(Setup& setup, Recorder* server_handler, Recorder* client_handle
   return Pair{*server, *client};
 }
 
-// Sends `payload` as one message, retrying while the slot pool is momentarily empty.
+// Sends `payload` as one message, retrying while the slot pool is momentarily empty or too
+// many operations wait for credits (for up to kTimeout: a stall is a failure, not a hang).
 absl::Status SendBytes(Connection& c, const std::string& payload, uint64_t token) {
+  absl::Time deadline = absl::Now() + kTimeout;
   for (;;) {
+    if (absl::Now() > deadline) {
+      ConnectionStats st = c.stats();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "send stalled: sent ", st.messages_sent, ", received ", st.messages_received,
+          ", credit frames ", st.credit_frames_sent, ", waited ", st.waited, "; ",
+          c.DebugString()));
+    }
     auto buffer = c.AcquireSendBuffer();
     if (buffer.status().code() == absl::StatusCode::kResourceExhausted) {
       std::this_thread::yield();
@@ -244,7 +253,11 @@ TEST_CASE("10,000 messages each way stay within credits, in order, with no RNR",
   std::atomic<int> send_errors{0};
   auto stream = [&](Connection* c) {
     for (uint64_t i = 0; i < kMessages; ++i) {
-      if (!SendBytes(*c, Filled(kSize, i), i).ok()) send_errors++;
+      if (absl::Status s = SendBytes(*c, Filled(kSize, i), i); !s.ok()) {
+        std::printf("message %lu: %s\n", static_cast<unsigned long>(i), s.ToString().c_str());
+        send_errors++;
+        return;
+      }
     }
   };
   std::thread from_server(stream, pair.server.get());
