@@ -18,7 +18,7 @@ namespace {
 std::string RejectReason(const rdma_cm_event& event) {
   const auto* data = static_cast<const char*>(event.param.conn.private_data);
   size_t len = event.param.conn.private_data_len;
-  if (data == nullptr || len < 5 || std::strncmp(data, "zrpc:", 5) != 0) return "";
+  if (data == nullptr || len < 4 || std::strncmp(data, "zrpc", 4) != 0) return "";
   std::string reason;
   for (size_t i = 0; i < len && data[i] != '\0'; ++i) {
     reason += (data[i] >= 0x20 && data[i] < 0x7f) ? data[i] : '?';

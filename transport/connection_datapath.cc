@@ -271,7 +271,6 @@ void Connection::ReplayEarly() {
 void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
   const bool recv = (wc.wr_id & kRecvBit) != 0;
   const bool marker = (wc.wr_id & kMarkerBit) != 0;
-  if (getenv("ZRPC_DEBUG") && *getenv("ZRPC_DEBUG")) fprintf(stderr, "DBG qp %u wr_id %lx status %d opcode %d state %d\n", qp_num_, (unsigned long)wc.wr_id, wc.status, wc.opcode, (int)state_);
   if (wc.status != IBV_WC_SUCCESS || marker) {
     // The first real failure breaks the connection; the flushes that follow it are expected.
     if (!marker) FailLocked(CompletionError(wc));

@@ -62,7 +62,8 @@ absl::StatusOr<Hello> PeerHello(const rdma_cm_event& event) {
 
 // Refuses a connection request, telling the peer why (its Connect quotes it).
 void Reject(rdma_cm_id* id, const absl::Status& why) {
-  std::string text = absl::StrCat("zrpc: ", why.message());
+  std::string text(why.message());
+  if (text.rfind("zrpc", 0) != 0) text = "zrpc: " + text;  // the peer looks for this prefix
   text.resize(std::min(text.size(), kMaxRejectData - 1));
   rdma_reject(id, text.c_str(), static_cast<uint8_t>(text.size() + 1));
 }

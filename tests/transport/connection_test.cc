@@ -369,13 +369,15 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
     std::vector<uint8_t> hello;
     const char* reason;
   };
+  std::vector<uint8_t> truncated = HelloBytes(0, kWireVersion);
+  truncated.resize(12);
   std::vector<Case> cases = {
       {"bad magic", HelloBytes(0x55, kWireVersion), "not zrpc"},
       {"bad version", HelloBytes(0, kWireVersion + 1), "version 2"},
       {"garbage", std::vector<uint8_t>{1, 2, 3}, "not zrpc"},
-      {"truncated", std::vector<uint8_t>(HelloBytes(0, kWireVersion).begin(),
-                                         HelloBytes(0, kWireVersion).begin() + 12),
-       "expected 32"},
+      // The IB CM pads private data with zeros to its fixed size, so a short Hello reads as one
+      // whose later fields are zero: refused for them.
+      {"truncated", truncated, "receive size 0"},
   };
   for (const Case& c : cases) {
     INFO(c.name);
