@@ -3,6 +3,8 @@
 #include <string>
 
 #include "proto/examples/greeter.zrpc.h"
+#include "tests/codegen/deep/mirror.zrpc.h"
+#include "tests/codegen/deep/router.zrpc.h"
 #include "tests/codegen/loopback_channel.h"
 #include "tests/codegen/tricky/tricky.zrpc.h"
 
@@ -198,4 +200,37 @@ TEST_CASE("a service with no methods and one named like a keyword still work",
   LoopbackCall call("");
   idle.Dispatch(0, &call);
   CHECK(call.status().code() == absl::StatusCode::kUnimplemented);
+}
+
+namespace {
+class RouterImpl : public zrpc::test::deep::Router::Service {
+ public:
+  absl::Status Route(zrpc::ServerContext&, const zrpc::test::deep::middle::Path& path,
+                     zrpc::test::deep::base::Point* last) override {
+    if (path.points().empty()) return absl::InvalidArgumentError("empty path");
+    *last = path.points(path.points_size() - 1);
+    return absl::OkStatus();
+  }
+};
+}  // namespace
+
+TEST_CASE("a service over types imported two levels down, across packages, works", "[codegen]") {
+  RouterImpl impl;
+  LoopbackChannel channel(&impl);
+  zrpc::test::deep::Router::Stub stub(&channel);
+  zrpc::test::deep::middle::Path path;
+  path.mutable_at()->set_seconds(1700000000);
+  for (int i = 1; i <= 3; ++i) {
+    auto* p = path.add_points();
+    p->set_x(i);
+    p->set_y(-i);
+  }
+  zrpc::test::deep::base::Point last;
+  REQUIRE(stub.Route(path, &last).ok());
+  CHECK(last.x() == 3);
+  CHECK(last.y() == -3);
+  CHECK(channel.last_method == "zrpc.test.deep.Router/Route");
+  // The second file of the same target generated its own service.
+  zrpc::test::deep::Mirror::Service mirror;
+  CHECK(mirror.service_info().method_count == 1);
 }
