@@ -117,15 +117,21 @@ void Connection::PumpLocked() {
       posted = PostBulkLocked(op.source, *spot, op.token);
     } else {
       credits_.TrySpendForData();
-      // Signal when due, or when nothing waits behind this one to carry the signal.
-      bool signal = unsignaled_ + 1 >= kSignalInterval || waiting_.size() == 1;
+      // Signal when due, and whenever the next operation might not follow at once (nothing
+      // waits, or it may lack a credit, a queue entry or arena space): an unsignalled work
+      // request with nothing behind it would leave its OnSendDone waiting on future traffic.
+      bool next_may_stall = waiting_.size() == 1 || waiting_[1].bulk ||
+                            credits_.available() < 2 ||
+                            in_flight_.size() + 1 >= options_.send_queue_depth;
+      bool signal = unsignaled_ + 1 >= kSignalInterval || next_may_stall;
       posted = PostMessageLocked(op.slot, op.length, FrameKind::kData, op.token, true, signal);
     }
-    waiting_.pop_front();
     if (!posted.ok()) {
+      // The operation stays waiting; the drain reports it (and frees its slot) with the error.
       FailLocked(posted);
       return;
     }
+    waiting_.pop_front();
   }
   MaybeSendCreditFrameLocked();
 }
@@ -149,7 +155,8 @@ absl::Status Connection::PostMessageLocked(uint32_t slot, uint32_t length, Frame
   send_wr_.send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (inlined ? IBV_SEND_INLINE : 0);
   uint32_t held = inlined || control ? SlotPool::kNoSlot : slot;
   absl::Status s = PostSendWrLocked(send_wr_, held, token, report);
-  if (!control && (inlined || !s.ok())) static_cast<void>(device_.slots().Free(slot));
+  // On failure the slot stays with the caller (the waiting operation the drain reports).
+  if (!control && inlined && s.ok()) static_cast<void>(device_.slots().Free(slot));
   if (!s.ok()) return s;
   if (control) {
     control_busy_ = !inlined;  // until its completion retires it
@@ -190,7 +197,9 @@ absl::Status Connection::PostSendWrLocked(ibv_send_wr& wr, uint32_t slot, uint64
 // An explicit credit frame, when credits or arena space are owed and no data frame carried them.
 void Connection::MaybeSendCreditFrameLocked() {
   if (state_ != State::kOpen) return;
-  if (!credits_.ShouldSendUpdate() && !arena_reader_.ShouldReport()) return;
+  // Arena releases alone never spend the reserved credit (credits.h).
+  bool report_arena = arena_reader_.ShouldReport() && credits_.available() >= 2;
+  if (!credits_.ShouldSendUpdate() && !report_arena) return;
   // Retried on the next completion if the send queue is full or the last credit frame (when the
   // device cannot inline it) is still in flight. Credit frames never take a slot from the pool:
   // a pool emptied by waiting messages must not stop credits from coming back.

@@ -90,6 +90,12 @@ Connection::~Connection() {
   {
     absl::MutexLock lock(&mu_);
     disconnect = state_ == State::kOpen;
+  }
+  if (disconnect && id_ != nullptr) rdma_disconnect(id_.get());
+  // The QP goes first: once it is destroyed the NIC reads and writes none of the slots below.
+  qp_.reset();
+  {
+    absl::MutexLock lock(&mu_);
     // Slots still owned here: receives (posted or held) and sends never retired or never posted.
     for (const InFlight& f : in_flight_) {
       if (f.slot != SlotPool::kNoSlot) static_cast<void>(device_.slots().Free(f.slot));
@@ -98,8 +104,6 @@ Connection::~Connection() {
       if (!w.bulk) static_cast<void>(device_.slots().Free(w.slot));
     }
   }
-  if (disconnect && id_ != nullptr) rdma_disconnect(id_.get());
-  qp_.reset();  // before its receive slots go back to the pool: nothing may land in them after
   for (uint32_t slot : recv_slots_) static_cast<void>(device_.slots().Free(slot));
   if (control_slot_ != SlotPool::kNoSlot) static_cast<void>(device_.slots().Free(control_slot_));
 }
@@ -204,9 +208,10 @@ absl::Status Connection::AcceptHello(const Hello& peer) {
 }
 
 void Connection::OnEstablished() {
-  peer_address_ = PeerAddress(id_.get());
   absl::MutexLock lock(&mu_);
-  state_ = State::kOpen;
+  // The id already reports to the poller, which may have failed the connection (a disconnect
+  // right after the handshake): then it stays failing.
+  if (state_ == State::kConnecting) state_ = State::kOpen;
   // The peer may have sent before this thread saw the handshake end: the poller handles those
   // completions now, in order, on its own thread.
   if (!early_.empty()) poller_.Defer(shared_from_this());
@@ -256,6 +261,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
     return peer.status();
   }
   if (auto s = c->AcceptHello(*peer); !s.ok()) return s;
+  c->peer_address_ = PeerAddress(id);  // before the poller can see the id
   if (rdma_migrate_id(id, poller.cm_channel()) != 0) return VerbsError("rdma_migrate_id", errno);
   c->OnEstablished();
   std::move(unregister).Cancel();
@@ -324,6 +330,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Listener::Accept(Poller& poller,
   event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();
   rdma_ack_cm_event(*event);
+  c->peer_address_ = PeerAddress(id);  // before the poller can see the id
   if (rdma_migrate_id(id, poller.cm_channel()) != 0) return VerbsError("rdma_migrate_id", errno);
   c->OnEstablished();
   std::move(unregister).Cancel();

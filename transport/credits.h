@@ -11,13 +11,18 @@
 // Deadlock freedom. A credit frame itself consumes a RECV, so two rules keep credits from
 // running out on both sides at once:
 //  - the last credit is reserved for credit frames: data needs two available, a credit frame one;
-//  - a RECV consumed by a credit frame is owed like any other, but it never triggers a credit
-//    frame of its own (it rides on the next frame sent anyway). Otherwise two idle peers would
-//    bounce credit frames forever.
+//  - a RECV consumed by a credit frame is owed like any other, and T of them make a credit frame
+//    due too (a side that only writes bulk payloads sends no data frames, so without this it
+//    would never return the credits its reader spends on credit frames). One credit frame per T
+//    received means an exchange of credit frames between idle peers shrinks by a factor of T each
+//    round and stops, instead of bouncing forever.
 // Then a side stuck with one credit has W-1 credits at its peer, held by the peer's application
-// (legitimate back-pressure) or owed. The peer owes at most T-1 for data (else it sends a credit
-// frame) and, for credit frames, at most those sent since its last frame: at most (W-1)/T <= 2,
-// fewer than W-T when W >= 4. So with W >= 4 (DecodeHello insists) someone can always move.
+// (legitimate back-pressure) or owed. The peer owes at most T-1 for data and T-1 for credit
+// frames (else it sends a credit frame, for which it has a credit unless it is stuck too, and two
+// sides cannot both be stuck: each one's last credit went into a credit frame that returned T or
+// more to the other). With W >= 4 (DecodeHello insists), 2(T-1) < W-1, so someone can move.
+// Arena-release reports (arena.h) ride on credit frames only while two credits are available, so
+// they never spend the reserved one.
 //
 // Not thread-safe: the connection calls it under its lock. The host tests drive it directly.
 #ifndef ZRPC_TRANSPORT_CREDITS_H_
@@ -70,7 +75,9 @@ class CreditAccount {
   void OnUpdateRecvReposted() { ++owed_update_; }
 
   // Whether an explicit credit frame is due (and one credit is there to send it).
-  bool ShouldSendUpdate() const { return owed_data_ >= threshold_ && available_ >= 1; }
+  bool ShouldSendUpdate() const {
+    return (owed_data_ >= threshold_ || owed_update_ >= threshold_) && available_ >= 1;
+  }
 
   // Credits to put in the frame being sent now (at most what the 16-bit field holds); what is
   // taken is no longer owed.

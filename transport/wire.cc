@@ -2,6 +2,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "transport/arena.h"
 #include "transport/credits.h"
 
 namespace zrpc::transport {
@@ -73,6 +74,10 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
   }
   if (h.recv_size < FrameHeader::kSize) {
     return Refuse(absl::StrCat("peer's receive size ", h.recv_size, " cannot hold a frame header"));
+  }
+  if (h.arena_size % kArenaAlign != 0 || h.arena_size > kMaxArenaSize) {
+    return Refuse(absl::StrCat("peer's arena of ", h.arena_size, " bytes is not a multiple of ",
+                               kArenaAlign, " up to 1 GiB"));
   }
   if (h.arena_size > 0 && h.arena_addr + h.arena_size < h.arena_addr) {
     return Refuse("peer's arena wraps around the address space");

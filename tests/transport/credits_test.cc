@@ -35,10 +35,13 @@ TEST_CASE("owed credits ride on frames, and a credit frame is due at half the wi
   CHECK_FALSE(account.ShouldSendUpdate());
   account.OnDataRecvReposted();
   CHECK(account.ShouldSendUpdate());
-  // RECVs consumed by credit frames never make a credit frame due on their own.
+  // RECVs consumed by credit frames make one due only when half a window of them is owed.
   CreditAccount idle(8, 8);
-  for (int i = 0; i < 100; ++i) idle.OnUpdateRecvReposted();
+  for (int i = 0; i < 3; ++i) idle.OnUpdateRecvReposted();
   CHECK_FALSE(idle.ShouldSendUpdate());
+  idle.OnUpdateRecvReposted();
+  CHECK(idle.ShouldSendUpdate());
+  for (int i = 0; i < 96; ++i) idle.OnUpdateRecvReposted();
   CHECK(idle.TakeOwed() == 100);
   CHECK(idle.owed() == 0);
   CHECK(account.TakeOwed() == 4);
@@ -61,19 +64,20 @@ namespace {
 struct Peer {
   CreditAccount credits;
   int to_send;
+  bool bulk;  // sends bulk writes: they consume credits but carry no credits back
   std::deque<bool> inbox;  // true: data frame, false: credit frame; each carries returned credits
   std::deque<uint16_t> returned;
 };
 
-bool RunPair(uint32_t window, int want_a, int want_b) {
-  Peer a{CreditAccount(window, window), want_a, {}, {}};
-  Peer b{CreditAccount(window, window), want_b, {}, {}};
+bool RunPair(uint32_t window, int want_a, int want_b, bool a_bulk = false, bool b_bulk = false) {
+  Peer a{CreditAccount(window, window), want_a, a_bulk, {}, {}};
+  Peer b{CreditAccount(window, window), want_b, b_bulk, {}, {}};
   for (int step = 0; step < 1000000; ++step) {
     bool moved = false;
     for (auto [self, other] : {std::pair{&a, &b}, std::pair{&b, &a}}) {
       if (self->to_send > 0 && self->credits.TrySpendForData()) {
         other->inbox.push_back(true);
-        other->returned.push_back(self->credits.TakeOwed());
+        other->returned.push_back(self->bulk ? 0 : self->credits.TakeOwed());
         --self->to_send;
         moved = true;
       } else if (self->credits.ShouldSendUpdate() && self->credits.TrySpendForUpdate()) {
@@ -109,5 +113,9 @@ TEST_CASE("two peers exchanging data one way or both ways never deadlock on cred
     CHECK(RunPair(window, 0, 10000));
     CHECK(RunPair(window, 10000, 10000));
     CHECK(RunPair(window, 10000, 37));
+    // A side that only writes bulk payloads returns credits in credit frames alone.
+    CHECK(RunPair(window, 10000, 0, /*a_bulk=*/true));
+    CHECK(RunPair(window, 10000, 10000, /*a_bulk=*/true, /*b_bulk=*/true));
+    CHECK(RunPair(window, 10000, 500, /*a_bulk=*/true));
   }
 }

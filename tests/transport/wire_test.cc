@@ -86,9 +86,16 @@ TEST_CASE("a malformed Hello is refused with a message naming the problem", "[wi
     h.recv_size = 7;
     CHECK(Refused(Encoded(h), "receive size"));
   }
+  SECTION("an arena size the ring cannot use") {
+    Hello h = Sample();
+    h.arena_size = 100;
+    CHECK(Refused(Encoded(h), "multiple of 64"));
+    h.arena_size = (1u << 30) + 64;
+    CHECK(Refused(Encoded(h), "multiple of 64"));
+  }
   SECTION("an arena that wraps the address space") {
     Hello h = Sample();
-    h.arena_addr = ~uint64_t{0} - 100;
+    h.arena_addr = ~uint64_t{0} - 10000;
     CHECK(Refused(Encoded(h), "wraps"));
   }
   SECTION("every truncation, including empty") {
