@@ -261,10 +261,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // QP. The id's events go to the poller's channel once the connection is open.
   CmChannelOwner setup_channel_;
   CmIdOwner id_;
-  struct FreeDeleter {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
-  std::unique_ptr<uint8_t, FreeDeleter> arena_;
+  PageBuffer arena_;
   MrOwner arena_mr_;
   CmQpOwner qp_;
 

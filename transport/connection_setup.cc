@@ -16,7 +16,6 @@
 namespace zrpc::transport {
 namespace {
 
-constexpr size_t kPageSize = 4096;
 // RC retries before a silent peer is declared dead: 7 is the most retry_count allows. For
 // receiver-not-ready, 7 would mean "forever"; with credits an RNR is a bug, so 6 retries and then
 // an error that names it (IBV_WC_RNR_RETRY_EXC_ERR).
@@ -115,10 +114,8 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
         ", not over this Device's ", device_.selection().device));
   }
   if (options_.arena_size > 0) {
-    size_t bytes = (options_.arena_size + kPageSize - 1) / kPageSize * kPageSize;
-    arena_.reset(static_cast<uint8_t*>(std::aligned_alloc(kPageSize, bytes)));
+    arena_ = AllocatePages(options_.arena_size);
     if (arena_ == nullptr) return absl::ResourceExhaustedError("cannot allocate the receive arena");
-    std::memset(arena_.get(), 0, bytes);
     // The peer may write into the arena and do nothing else: no REMOTE_READ, no atomics.
     arena_mr_.reset(ibv_reg_mr(device_.pd(), arena_.get(), options_.arena_size,
                                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));

@@ -12,7 +12,6 @@
 namespace zrpc::transport {
 namespace {
 
-constexpr size_t kPageSize = 4096;
 // Retries of the RC transport before a silent peer is declared dead (7 is the maximum for
 // retry_count; 7 for rnr_retry_count means "retry forever", which we avoid: an RNR here is a
 // bug in the caller's receive accounting and should surface as an error, after 6 retries).
@@ -66,10 +65,8 @@ absl::Status RcEndpoint::SetUp(const RcOptions& options) {
   int cqe = static_cast<int>(options.max_send_wr + options.max_recv_wr);
   cq_.reset(ibv_create_cq(context, cqe, nullptr, nullptr, 0));
   if (cq_ == nullptr) return VerbsError("ibv_create_cq", errno);
-  size_t bytes = (options.buffer_size + kPageSize - 1) / kPageSize * kPageSize;
-  buffer_.reset(static_cast<uint8_t*>(std::aligned_alloc(kPageSize, bytes)));
+  buffer_ = AllocatePages(options.buffer_size);
   if (buffer_ == nullptr) return absl::ResourceExhaustedError("cannot allocate the buffer");
-  std::memset(buffer_.get(), 0, bytes);
   // The peer may write into this buffer, and nothing else: no REMOTE_READ, no atomics.
   mr_.reset(ibv_reg_mr(pd_.get(), buffer_.get(), options.buffer_size,
                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));

@@ -122,10 +122,7 @@ class RcEndpoint {
   CmIdOwner id_;
   PdOwner pd_;
   CqOwner cq_;
-  struct FreeDeleter {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
-  std::unique_ptr<uint8_t, FreeDeleter> buffer_;
+  PageBuffer buffer_;
   MrOwner mr_;
   CmQpOwner qp_;
   bool connected_ = false;

@@ -8,7 +8,6 @@
 
 namespace zrpc::transport {
 namespace {
-constexpr size_t kPageSize = 4096;
 constexpr size_t kCacheLine = 64;
 }  // namespace
 
@@ -25,13 +24,11 @@ absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Create(ibv_pd* pd,
   pool->slot_size_ = (options.slot_size + kCacheLine - 1) / kCacheLine * kCacheLine;
   pool->slot_count_ = options.slot_count;
   size_t bytes = pool->slot_size_ * options.slot_count;
-  bytes = (bytes + kPageSize - 1) / kPageSize * kPageSize;
-  pool->memory_.reset(static_cast<uint8_t*>(std::aligned_alloc(kPageSize, bytes)));
+  pool->memory_ = AllocatePages(bytes);
   if (pool->memory_ == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate a ", bytes, "-byte slot pool"));
   }
   pool->base_ = pool->memory_.get();
-  std::memset(pool->base_, 0, bytes);  // touch every page before pinning it
   if (pd != nullptr) {
     pool->mr_.reset(ibv_reg_mr(pd, pool->base_, bytes, IBV_ACCESS_LOCAL_WRITE));
     if (pool->mr_ == nullptr) {

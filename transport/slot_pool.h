@@ -91,10 +91,7 @@ class SlotPool {
     return uint64_t{generation} << 32 | index;
   }
 
-  struct FreeDeleter {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
-  std::unique_ptr<uint8_t, FreeDeleter> memory_;
+  PageBuffer memory_;
   uint8_t* base_ = nullptr;
   size_t slot_size_ = 0;
   uint32_t slot_count_ = 0;

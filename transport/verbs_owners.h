@@ -11,6 +11,9 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 
 namespace zrpc::transport {
@@ -23,6 +26,9 @@ struct Deleter {
 // rdma_destroy_qp returns void and takes the cm id, not the QP.
 struct CmQpDeleter {
   void operator()(rdma_cm_id* id) const { rdma_destroy_qp(id); }
+};
+struct FreeDeleter {
+  void operator()(uint8_t* p) const { std::free(p); }
 };
 struct DeviceListDeleter {
   void operator()(ibv_context** list) const { rdma_free_devices(list); }
@@ -43,6 +49,17 @@ using CmIdOwner = std::unique_ptr<rdma_cm_id, internal::Deleter<rdma_cm_id, rdma
 using DeviceListOwner = std::unique_ptr<ibv_context*, internal::DeviceListDeleter>;
 // Owns the QP that rdma_create_qp attached to a cm id (points at the id, destroys only the QP).
 using CmQpOwner = std::unique_ptr<rdma_cm_id, internal::CmQpDeleter>;
+
+// Memory to register: page-aligned (registration pins whole pages), whole pages, zeroed (so
+// every page is touched before it is pinned). Null when out of memory.
+using PageBuffer = std::unique_ptr<uint8_t, internal::FreeDeleter>;
+inline PageBuffer AllocatePages(size_t bytes) {
+  constexpr size_t kPage = 4096;
+  bytes = (bytes + kPage - 1) / kPage * kPage;
+  PageBuffer buffer(static_cast<uint8_t*>(std::aligned_alloc(kPage, bytes)));
+  if (buffer != nullptr) std::memset(buffer.get(), 0, bytes);
+  return buffer;
+}
 
 }  // namespace zrpc::transport
 
