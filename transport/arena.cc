@@ -15,16 +15,21 @@ absl::Status Violation(absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<ArenaSpot> ArenaWriter::Reserve(uint32_t length) {
+absl::Status ArenaWriter::CheckFits(uint32_t length) const {
   if (size_ == 0) {
     return absl::InvalidArgumentError("the peer has no receive arena: bulk payloads are disabled");
   }
   if (length == 0) return absl::InvalidArgumentError("an empty bulk payload has nothing to place");
-  uint32_t rounded = RoundUp(length);
-  if (length > size_ || rounded > size_) {
+  if (length > size_ || RoundUp(length) > size_) {
     return absl::InvalidArgumentError(absl::StrCat("a ", length, "-byte bulk payload exceeds the peer's ",
                                                    size_, "-byte receive arena; split it"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ArenaSpot> ArenaWriter::Reserve(uint32_t length) {
+  if (auto s = CheckFits(length); !s.ok()) return s;
+  uint32_t rounded = RoundUp(length);
   ArenaSpot spot;
   bool restart = in_use() == 0 && tail_ != 0;
   if (restart) tail_ = 0;

@@ -56,6 +56,10 @@ class ArenaWriter {
   // `size` 0 means the peer has no arena: every Reserve is refused.
   explicit ArenaWriter(uint32_t size) : size_(size) {}
 
+  // OK if a payload of `length` bytes can ever fit; else kInvalidArgument saying why (empty,
+  // larger than the arena, or no arena at all). Reserve refuses the same payloads.
+  absl::Status CheckFits(uint32_t length) const;
+
   // Where a payload of `length` bytes goes, or
   //  - kInvalidArgument if it can never fit (empty, or larger than the arena), and
   //  - kUnavailable if it does not fit until the reader releases space (try again later).

@@ -26,6 +26,12 @@ std::string RejectReason(const rdma_cm_event& event) {
   return reason;
 }
 
+// RC retries before a silent peer is declared dead: 7 is the most retry_count allows. For
+// receiver-not-ready, 7 would mean "forever"; with credits an RNR is a bug, so 6 retries and then
+// an error that names it (IBV_WC_RNR_RETRY_EXC_ERR).
+constexpr uint8_t kRetryCount = 7;
+constexpr uint8_t kRnrRetryCount = 6;
+
 }  // namespace
 
 int RemainingMs(absl::Time deadline) {
@@ -86,6 +92,38 @@ absl::StatusOr<rdma_cm_event*> ExpectCmEvent(rdma_event_channel* channel,
     return absl::UnavailableError("connection refused (nothing listening there?): " + what);
   }
   return absl::UnavailableError(what);
+}
+
+absl::Status ResolveRoute(rdma_event_channel* channel, rdma_cm_id* id, const std::string& src,
+                          const std::string& addr, uint16_t port, absl::Time deadline) {
+  sockaddr_storage local{}, remote{};
+  if (!src.empty()) {
+    if (auto s = ResolveSockaddr(src, 0, &local); !s.ok()) return s;
+  }
+  if (auto s = ResolveSockaddr(addr, port, &remote); !s.ok()) return s;
+  if (rdma_resolve_addr(id, src.empty() ? nullptr : reinterpret_cast<sockaddr*>(&local),
+                        reinterpret_cast<sockaddr*>(&remote), RemainingMs(deadline)) != 0) {
+    return VerbsError("rdma_resolve_addr", errno);
+  }
+  auto event = ExpectCmEvent(channel, RDMA_CM_EVENT_ADDR_RESOLVED, deadline);
+  if (!event.ok()) return event.status();
+  rdma_ack_cm_event(*event);
+  if (rdma_resolve_route(id, RemainingMs(deadline)) != 0) {
+    return VerbsError("rdma_resolve_route", errno);
+  }
+  event = ExpectCmEvent(channel, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline);
+  if (!event.ok()) return event.status();
+  rdma_ack_cm_event(*event);
+  return absl::OkStatus();
+}
+
+rdma_conn_param ConnParam(const void* data, uint8_t length) {
+  rdma_conn_param param{};
+  param.private_data = data;
+  param.private_data_len = length;
+  param.retry_count = kRetryCount;
+  param.rnr_retry_count = kRnrRetryCount;
+  return param;  // zero responder resources and initiator depth: no READ, no atomics
 }
 
 absl::Status ResolveSockaddr(const std::string& addr, uint16_t port, sockaddr_storage* out) {

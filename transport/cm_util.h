@@ -35,6 +35,15 @@ absl::StatusOr<rdma_cm_event*> NextCmEvent(rdma_event_channel* channel, absl::Ti
 absl::StatusOr<rdma_cm_event*> ExpectCmEvent(rdma_event_channel* channel,
                                              rdma_cm_event_type expected, absl::Time deadline);
 
+// Resolves `id` (reporting to `channel`) to `addr`:`port`: address, then route, by `deadline`.
+// `src` is the local address to connect from; empty lets the routing table choose.
+absl::Status ResolveRoute(rdma_event_channel* channel, rdma_cm_id* id, const std::string& src,
+                          const std::string& addr, uint16_t port, absl::Time deadline);
+
+// Connection parameters carrying `data` as private data, with zrpc's RC retry policy and no
+// RDMA READ or atomics. `data` must outlive the rdma_connect / rdma_accept call.
+rdma_conn_param ConnParam(const void* data, uint8_t length);
+
 // `addr` (numeric or a name) and `port` as a socket address.
 absl::Status ResolveSockaddr(const std::string& addr, uint16_t port, sockaddr_storage* out);
 

@@ -246,6 +246,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void FailLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishDrainLocked(Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t qp_num() const { return qp_num_; }
+  // Completion-queue entries the connection may need at once: every send-queue entry and RECV,
+  // plus the drain marker and one spare. The poller reserves them.
+  uint32_t cq_entries() const { return options_.send_queue_depth + options_.recv_credits + 2; }
 
   Device& device_;
   Poller& poller_;
@@ -280,7 +283,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t control_sequence_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};
   std::vector<RecvState> recv_state_ ABSL_GUARDED_BY(mu_);
   uint32_t recvs_posted_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<ibv_wc> early_ ABSL_GUARDED_BY(mu_);
+  std::deque<ibv_wc> early_ ABSL_GUARDED_BY(mu_);
   std::deque<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
   std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;

@@ -69,17 +69,8 @@ absl::Status Connection::Send(const SendBuffer& buffer, uint32_t length, uint64_
 }
 
 absl::Status Connection::WriteBulk(const BulkSource& source, uint64_t token) {
-  if (source.size == 0) {
-    return absl::InvalidArgumentError("an empty bulk payload has nothing to write");
-  }
-  if (source.size > peer_.arena_size) {
-    return absl::InvalidArgumentError(
-        peer_.arena_size == 0
-            ? std::string("the peer has no receive arena: bulk payloads are disabled")
-            : absl::StrCat("a ", source.size, "-byte bulk payload exceeds the peer's ",
-                           peer_.arena_size, "-byte receive arena; split it"));
-  }
   absl::MutexLock lock(&mu_);
+  if (auto s = arena_writer_.CheckFits(source.size); !s.ok()) return s;
   return EnqueueLocked(Waiting{true, SlotPool::kNoSlot, 0, source, token});
 }
 
@@ -109,7 +100,7 @@ void Connection::PumpLocked() {
     if (op.bulk) {
       absl::StatusOr<ArenaSpot> spot = arena_writer_.Reserve(op.source.size);
       if (spot.status().code() == absl::StatusCode::kUnavailable) break;
-      if (!spot.ok()) {  // checked in WriteBulk: cannot happen
+      if (!spot.ok()) {  // WriteBulk checked CheckFits: cannot happen
         FailLocked(spot.status());
         return;
       }
@@ -270,7 +261,7 @@ void Connection::ReplayEarly() {
       absl::MutexLock lock(&mu_);
       if (early_.empty()) return;
       ibv_wc wc = early_.front();
-      early_.erase(early_.begin());
+      early_.pop_front();
       HandleCompletionLocked(wc, events);
     }
     Dispatch(events);

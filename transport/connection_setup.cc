@@ -16,17 +16,10 @@
 namespace zrpc::transport {
 namespace {
 
-// RC retries before a silent peer is declared dead: 7 is the most retry_count allows. For
-// receiver-not-ready, 7 would mean "forever"; with credits an RNR is a bug, so 6 retries and then
-// an error that names it (IBV_WC_RNR_RETRY_EXC_ERR).
-constexpr uint8_t kRetryCount = 7;
-constexpr uint8_t kRnrRetryCount = 6;
 // Private data a rejection can carry (IB CM REJ).
 constexpr size_t kMaxRejectData = 148;
 
 // Work-queue entries a connection may have outstanding, each a potential completion.
-uint32_t CqEntries(const ConnectionOptions& o) { return o.send_queue_depth + o.recv_credits + 2; }
-
 absl::Status ValidateOptions(const ConnectionOptions& o, const Device& device) {
   auto max_wr = static_cast<uint32_t>(device.attr().max_qp_wr);
   if (o.recv_credits < kMinCredits || o.recv_credits >= max_wr) {
@@ -43,15 +36,6 @@ absl::Status ValidateOptions(const ConnectionOptions& o, const Device& device) {
         "arena_size ", o.arena_size, " is not a multiple of ", kArenaAlign, " up to 1 GiB"));
   }
   return absl::OkStatus();
-}
-
-rdma_conn_param ConnParam(const uint8_t* hello) {
-  rdma_conn_param param{};
-  param.private_data = hello;
-  param.private_data_len = Hello::kSize;
-  param.retry_count = kRetryCount;
-  param.rnr_retry_count = kRnrRetryCount;
-  return param;  // no RDMA READ or atomics: zero responder resources and initiator depth
 }
 
 absl::StatusOr<Hello> PeerHello(const rdma_cm_event& event) {
@@ -223,33 +207,22 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   if (auto s = CreateCmChannelAndId(&c->setup_channel_, &c->id_); !s.ok()) return s;
   rdma_cm_id* id = c->id_.get();
 
-  sockaddr_storage src{}, dst{};
-  if (auto s = ResolveSockaddr(device.selection().addr, 0, &src); !s.ok()) return s;
-  if (auto s = ResolveSockaddr(addr, port, &dst); !s.ok()) return s;
-  if (rdma_resolve_addr(id, reinterpret_cast<sockaddr*>(&src), reinterpret_cast<sockaddr*>(&dst),
-                        RemainingMs(deadline)) != 0) {
-    return VerbsError("rdma_resolve_addr", errno);
+  if (auto s = ResolveRoute(c->setup_channel_.get(), id, device.selection().addr, addr, port,
+                            deadline);
+      !s.ok()) {
+    return s;
   }
-  auto event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ADDR_RESOLVED, deadline);
-  if (!event.ok()) return event.status();
-  rdma_ack_cm_event(*event);
-  if (rdma_resolve_route(id, RemainingMs(deadline)) != 0) {
-    return VerbsError("rdma_resolve_route", errno);
-  }
-  event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, deadline);
-  if (!event.ok()) return event.status();
-  rdma_ack_cm_event(*event);
 
   if (auto s = c->CreateResources(id); !s.ok()) return s;
   // Registered before connecting: the peer may send the moment it sees the connection.
-  if (auto s = poller.Register(c, CqEntries(options)); !s.ok()) return s;
+  if (auto s = poller.Register(c); !s.ok()) return s;
   absl::Cleanup unregister = [&] { poller.Unregister(c->qp_num_); };
 
   uint8_t hello[Hello::kSize];
   EncodeHello(c->OwnHello(), hello);
-  rdma_conn_param param = ConnParam(hello);
+  rdma_conn_param param = ConnParam(hello, Hello::kSize);
   if (rdma_connect(id, &param) != 0) return VerbsError("rdma_connect", errno);
-  event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
+  auto event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();
   absl::StatusOr<Hello> peer = PeerHello(**event);
   rdma_ack_cm_event(*event);
@@ -315,14 +288,14 @@ absl::StatusOr<std::shared_ptr<Connection>> Listener::Accept(Poller& poller,
     Reject(id, s);
     return s;
   }
-  if (auto s = poller.Register(c, CqEntries(options)); !s.ok()) {
+  if (auto s = poller.Register(c); !s.ok()) {
     Reject(id, s);
     return s;
   }
   absl::Cleanup unregister = [&] { poller.Unregister(c->qp_num_); };
   uint8_t hello[Hello::kSize];
   EncodeHello(c->OwnHello(), hello);
-  rdma_conn_param param = ConnParam(hello);
+  rdma_conn_param param = ConnParam(hello, Hello::kSize);
   if (rdma_accept(id, &param) != 0) return VerbsError("rdma_accept", errno);
   event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();

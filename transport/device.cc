@@ -165,8 +165,9 @@ absl::Status DescribePort(ibv_context* context, int port, int gid_index, bool ne
   return absl::OkStatus();
 }
 
-// The device and port librdmacm binds `addr` to.
-absl::Status SelectByAddress(const DeviceConfig& config, DeviceSelection* sel) {
+// The device and port librdmacm binds `addr` to; `*context` is librdmacm's context for it.
+absl::Status SelectByAddress(const DeviceConfig& config, DeviceSelection* sel,
+                             ibv_context** context) {
   CmIdOwner id;
   rdma_cm_id* raw = nullptr;
   if (rdma_create_id(nullptr, &raw, nullptr, RDMA_PS_TCP) != 0) {
@@ -188,6 +189,7 @@ absl::Status SelectByAddress(const DeviceConfig& config, DeviceSelection* sel) {
                                                       ", not to the configured ", config.device));
   }
   sel->addr = config.addr;
+  *context = raw->verbs;
   int port = raw->port_num != 0 ? raw->port_num : config.port;
   return DescribePort(raw->verbs, port, config.gid_index, /*need_addr=*/false, sel);
 }
@@ -198,6 +200,38 @@ void LogOnce(const DeviceSelection& sel) {
   std::string line = sel.ToString();
   absl::MutexLock lock(&mu);
   if (logged->insert(line).second) std::fprintf(stderr, "zrpc: using %s\n", line.c_str());
+}
+
+// Chooses among librdmacm's opened devices `list` (see SelectDevice), logs the choice, and
+// returns the chosen device's context.
+absl::StatusOr<ibv_context*> Select(ibv_context** list, const DeviceConfig& config,
+                                    DeviceSelection* sel) {
+  if (!config.addr.empty()) {
+    ibv_context* context = nullptr;
+    if (auto s = SelectByAddress(config, sel, &context); !s.ok()) return s;
+    LogOnce(*sel);
+    return context;
+  }
+  std::string tried;
+  for (ibv_context** c = list; *c != nullptr; ++c) {
+    std::string name = ibv_get_device_name((*c)->device);
+    if (!config.device.empty() && name != config.device) continue;
+    ibv_device_attr attr{};
+    if (int rc = ibv_query_device(*c, &attr); rc != 0) return VerbsError("ibv_query_device", rc);
+    for (int port = 1; port <= attr.phys_port_cnt; ++port) {
+      if (!config.device.empty() && port != config.port) continue;
+      absl::Status s = DescribePort(*c, port, config.gid_index, /*need_addr=*/true, sel);
+      if (s.ok()) {
+        LogOnce(*sel);
+        return *c;
+      }
+      absl::StrAppend(&tried, tried.empty() ? "" : "; ", s.message());
+    }
+  }
+  if (tried.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("no RDMA device named ", config.device));
+  }
+  return absl::FailedPreconditionError("no usable RDMA port: " + tried);
 }
 
 }  // namespace
@@ -213,48 +247,19 @@ absl::StatusOr<DeviceSelection> SelectDevice(const DeviceConfig& config) {
   auto list = ListDevices();
   if (!list.ok()) return list.status();
   DeviceSelection sel;
-  if (!config.addr.empty()) {
-    if (auto s = SelectByAddress(config, &sel); !s.ok()) return s;
-    LogOnce(sel);
-    return sel;
-  }
-  std::string tried;
-  for (ibv_context** c = list->get(); *c != nullptr; ++c) {
-    std::string name = ibv_get_device_name((*c)->device);
-    if (!config.device.empty() && name != config.device) continue;
-    ibv_device_attr attr{};
-    if (int rc = ibv_query_device(*c, &attr); rc != 0) return VerbsError("ibv_query_device", rc);
-    for (int port = 1; port <= attr.phys_port_cnt; ++port) {
-      if (!config.device.empty() && port != config.port) continue;
-      absl::Status s = DescribePort(*c, port, config.gid_index, /*need_addr=*/true, &sel);
-      if (s.ok()) {
-        LogOnce(sel);
-        return sel;
-      }
-      absl::StrAppend(&tried, tried.empty() ? "" : "; ", s.message());
-    }
-  }
-  if (tried.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("no RDMA device named ", config.device));
-  }
-  return absl::FailedPreconditionError("no usable RDMA port: " + tried);
+  if (auto context = Select(list->get(), config, &sel); !context.ok()) return context.status();
+  return sel;
 }
 
 absl::StatusOr<std::unique_ptr<Device>> Device::Open(const DeviceConfig& config,
                                                      const SlotPoolOptions& slots) {
-  auto selection = SelectDevice(config);
-  if (!selection.ok()) return selection.status();
-  std::unique_ptr<Device> device(new Device);
-  device->selection_ = *selection;
   auto list = ListDevices();
   if (!list.ok()) return list.status();
+  std::unique_ptr<Device> device(new Device);
+  auto context = Select(list->get(), config, &device->selection_);
+  if (!context.ok()) return context.status();
   device->devices_ = std::move(*list);
-  for (ibv_context** c = device->devices_.get(); *c != nullptr; ++c) {
-    if (selection->device == ibv_get_device_name((*c)->device)) device->context_ = *c;
-  }
-  if (device->context_ == nullptr) {
-    return absl::InternalError(absl::StrCat("device ", selection->device, " disappeared"));
-  }
+  device->context_ = *context;
   if (int rc = ibv_query_device(device->context_, &device->attr_); rc != 0) {
     return VerbsError("ibv_query_device", rc);
   }

@@ -103,7 +103,8 @@ void Poller::Wake() {
   if (wake_fd_ >= 0) static_cast<void>(write(wake_fd_, &one, sizeof(one)));
 }
 
-absl::Status Poller::Register(const std::shared_ptr<Connection>& connection, uint32_t cqes) {
+absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
+  uint32_t cqes = connection->cq_entries();
   absl::MutexLock lock(&mu_);
   if (cqes_reserved_ + uint64_t{cqes} > static_cast<uint64_t>(cq_capacity_)) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -120,8 +121,7 @@ void Poller::Unregister(uint32_t qp_num) {
   absl::MutexLock lock(&mu_);
   auto it = connections_.find(qp_num);
   if (it == connections_.end()) return;
-  const ConnectionOptions& o = it->second->options_;
-  cqes_reserved_ -= o.send_queue_depth + o.recv_credits + 2;
+  cqes_reserved_ -= it->second->cq_entries();
   last = std::move(it->second);
   connections_.erase(it);
 }

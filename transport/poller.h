@@ -85,7 +85,7 @@ class Poller {
   friend class Listener;
 
   Poller(Device& device, const PollerOptions& options) : device_(device), options_(options) {}
-  absl::Status Register(const std::shared_ptr<Connection>& connection, uint32_t cqes);
+  absl::Status Register(const std::shared_ptr<Connection>& connection);
   void Unregister(uint32_t qp_num);
   // Has the loop call connection->ReplayEarly() on its thread soon.
   void Defer(std::shared_ptr<Connection> connection);

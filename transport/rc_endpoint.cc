@@ -12,11 +12,6 @@
 namespace zrpc::transport {
 namespace {
 
-// Retries of the RC transport before a silent peer is declared dead (7 is the maximum for
-// retry_count; 7 for rnr_retry_count means "retry forever", which we avoid: an RNR here is a
-// bug in the caller's receive accounting and should surface as an error, after 6 retries).
-constexpr uint8_t kRetryCount = 7;
-constexpr uint8_t kRnrRetryCount = 6;
 
 absl::Status CheckAdvert(const void* data, size_t len, BufferAdvert* out) {
   if (data == nullptr || len < sizeof(BufferAdvert)) {
@@ -35,15 +30,6 @@ absl::Status CheckAdvert(const void* data, size_t len, BufferAdvert* out) {
         "peer speaks version ", out->version, ", this build speaks ", BufferAdvert::kVersion));
   }
   return absl::OkStatus();
-}
-
-rdma_conn_param ConnParam(const BufferAdvert* advert) {
-  rdma_conn_param param{};
-  param.private_data = advert;
-  param.private_data_len = sizeof(*advert);
-  param.retry_count = kRetryCount;
-  param.rnr_retry_count = kRnrRetryCount;
-  return param;  // no RDMA READ or atomics: zero responder resources and initiator depth
 }
 
 absl::Status CheckRange(size_t offset, size_t length, size_t size, const char* what) {
@@ -113,26 +99,13 @@ absl::StatusOr<std::unique_ptr<RcEndpoint>> RcEndpoint::Connect(const std::strin
   if (auto s = CreateCmChannelAndId(&ep->channel_, &ep->id_); !s.ok()) return s;
   rdma_cm_id* id = ep->id_.get();
 
-  sockaddr_storage dst{};
-  if (auto s = ResolveSockaddr(addr, port, &dst); !s.ok()) return s;
-  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), RemainingMs(deadline))) {
-    return VerbsError("rdma_resolve_addr", errno);
-  }
-  auto event = ExpectCmEvent(ep->channel_.get(), RDMA_CM_EVENT_ADDR_RESOLVED, deadline);
-  if (!event.ok()) return event.status();
-  rdma_ack_cm_event(*event);
-  if (rdma_resolve_route(id, RemainingMs(deadline)) != 0) {
-    return VerbsError("rdma_resolve_route", errno);
-  }
-  event = ExpectCmEvent(ep->channel_.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, deadline);
-  if (!event.ok()) return event.status();
-  rdma_ack_cm_event(*event);
+  if (auto s = ResolveRoute(ep->channel_.get(), id, "", addr, port, deadline); !s.ok()) return s;
 
   if (auto s = ep->SetUp(options); !s.ok()) return s;
   BufferAdvert own = ep->OwnAdvert();
-  rdma_conn_param param = ConnParam(&own);
+  rdma_conn_param param = ConnParam(&own, sizeof(own));
   if (rdma_connect(id, &param) != 0) return VerbsError("rdma_connect", errno);
-  event = ExpectCmEvent(ep->channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
+  auto event = ExpectCmEvent(ep->channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();
   absl::Status advert_ok = CheckAdvert((*event)->param.conn.private_data,
                                        (*event)->param.conn.private_data_len, &ep->peer_);
@@ -308,7 +281,7 @@ absl::StatusOr<std::unique_ptr<RcEndpoint>> RcListener::Accept(const RcOptions& 
     return s;
   }
   BufferAdvert own = ep->OwnAdvert();
-  rdma_conn_param param = ConnParam(&own);
+  rdma_conn_param param = ConnParam(&own, sizeof(own));
   if (rdma_accept(ep->id_.get(), &param) != 0) return VerbsError("rdma_accept", errno);
   ep->connected_ = true;
   event = ExpectCmEvent(ep->channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);

@@ -30,13 +30,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "transport/verbs_owners.h"
+#include "transport/wire.h"
 
 namespace zrpc::transport {
 
 // What each side tells the other in the connection's private data. Little-endian on the wire
 // (all supported hosts are little-endian; a big-endian host would have to convert here).
 struct BufferAdvert {
-  static constexpr uint32_t kMagic = 0x5a525043;  // "ZRPC"
+  static constexpr uint32_t kMagic = kWireMagic;
   static constexpr uint32_t kVersion = 1;
   uint32_t magic = kMagic;
   uint32_t version = kVersion;

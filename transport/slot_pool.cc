@@ -43,7 +43,6 @@ absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Create(ibv_pd* pd,
     pool->in_use_[i].store(0, std::memory_order_relaxed);
   }
   pool->head_.store(Pack(0, 0), std::memory_order_release);
-  pool->available_.store(options.slot_count, std::memory_order_relaxed);
   return pool;
 }
 
@@ -61,7 +60,6 @@ uint32_t SlotPool::Allocate() {
     if (head_.compare_exchange_weak(head, replacement, std::memory_order_acquire,
                                     std::memory_order_acquire)) {
       in_use_[index].store(1, std::memory_order_relaxed);
-      available_.fetch_sub(1, std::memory_order_relaxed);
       return index;
     }
   }
@@ -75,7 +73,6 @@ absl::Status SlotPool::Free(uint32_t index) {
   if (in_use_[index].exchange(0, std::memory_order_relaxed) != 1) {
     return absl::FailedPreconditionError(absl::StrCat("slot ", index, " freed twice"));
   }
-  available_.fetch_add(1, std::memory_order_relaxed);
   uint64_t head = head_.load(std::memory_order_relaxed);
   for (;;) {
     next_[index].store(static_cast<uint32_t>(head), std::memory_order_relaxed);
@@ -86,6 +83,12 @@ absl::Status SlotPool::Free(uint32_t index) {
       return absl::OkStatus();
     }
   }
+}
+
+uint32_t SlotPool::available() const {
+  uint32_t free = 0;
+  for (uint32_t i = 0; i < slot_count_; ++i) free += in_use_[i].load(std::memory_order_relaxed) == 0;
+  return free;
 }
 
 uint32_t SlotPool::IndexOf(const void* p) const {

@@ -80,8 +80,9 @@ class SlotPool {
   size_t slot_size() const { return slot_size_; }
   uint32_t slot_count() const { return slot_count_; }
   uint32_t lkey() const { return mr_ != nullptr ? mr_->lkey : 0; }
-  // Slots not allocated right now (exact when no other thread is allocating or freeing).
-  uint32_t available() const { return available_.load(std::memory_order_relaxed); }
+  // Slots not allocated right now, counted (O(slot_count): for diagnostics and tests, not the hot
+  // path; exact when no other thread is allocating or freeing).
+  uint32_t available() const;
 
  private:
   SlotPool() = default;
@@ -100,7 +101,6 @@ class SlotPool {
   std::unique_ptr<std::atomic<uint32_t>[]> next_;
   std::unique_ptr<std::atomic<uint8_t>[]> in_use_;
   alignas(64) std::atomic<uint64_t> head_{0};
-  std::atomic<uint32_t> available_{0};
 };
 
 }  // namespace zrpc::transport

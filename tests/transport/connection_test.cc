@@ -352,18 +352,7 @@ absl::Status RawConnect(const std::string& addr, uint16_t port, const std::vecto
   CmChannelOwner channel;
   CmIdOwner id;
   if (auto s = CreateCmChannelAndId(&channel, &id); !s.ok()) return s;
-  sockaddr_storage dst{};
-  if (auto s = ResolveSockaddr(addr, port, &dst); !s.ok()) return s;
-  if (rdma_resolve_addr(id.get(), nullptr, reinterpret_cast<sockaddr*>(&dst), 10000) != 0) {
-    return absl::InternalError("rdma_resolve_addr");
-  }
-  auto event = ExpectCmEvent(channel.get(), RDMA_CM_EVENT_ADDR_RESOLVED, deadline);
-  if (!event.ok()) return event.status();
-  rdma_ack_cm_event(*event);
-  if (rdma_resolve_route(id.get(), 10000) != 0) return absl::InternalError("rdma_resolve_route");
-  event = ExpectCmEvent(channel.get(), RDMA_CM_EVENT_ROUTE_RESOLVED, deadline);
-  if (!event.ok()) return event.status();
-  rdma_ack_cm_event(*event);
+  if (auto s = ResolveRoute(channel.get(), id.get(), "", addr, port, deadline); !s.ok()) return s;
   PdOwner pd(ibv_alloc_pd(id->verbs));
   CqOwner cq(ibv_create_cq(id->verbs, 8, nullptr, nullptr, 0));
   ibv_qp_init_attr attr{};
@@ -378,7 +367,7 @@ absl::Status RawConnect(const std::string& addr, uint16_t port, const std::vecto
   param.private_data_len = static_cast<uint8_t>(hello.size());
   param.retry_count = 7;
   if (rdma_connect(id.get(), &param) != 0) return absl::InternalError("rdma_connect");
-  event = ExpectCmEvent(channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
+  auto event = ExpectCmEvent(channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();
   rdma_ack_cm_event(*event);
   rdma_disconnect(id.get());
