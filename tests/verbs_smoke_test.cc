@@ -7,11 +7,13 @@
 #include <cstring>
 #include <thread>
 
+#include "tests/pattern.h"
 #include "tests/rdma_device.h"
 #include "transport/rc_endpoint.h"
 
 namespace {
 
+using zrpc::testing::Fill;
 using zrpc::transport::Completion;
 using zrpc::transport::RcEndpoint;
 using zrpc::transport::RcListener;
@@ -22,17 +24,6 @@ constexpr uint32_t kRecvSize = 64 * 1024;  // receive slots occupy [0, 4 * kRecv
 constexpr size_t kSendArea = 2 * kMiB;     // where the client stages what it sends
 constexpr size_t kWriteTarget = 1 * kMiB;  // where the 1 MiB lands in the server's buffer
 constexpr absl::Duration kTimeout = absl::Seconds(30);
-
-// Deterministic bytes that differ per seed and per position (xorshift64).
-void Fill(uint8_t* p, size_t n, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    p[i] = static_cast<uint8_t>(x >> 24);
-  }
-}
 
 RcOptions Options() {
   RcOptions options;

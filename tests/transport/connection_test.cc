@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "tests/pattern.h"
 #include "tests/rdma_device.h"
 #include "tests/transport/recorder.h"
 #include "transport/cm_util.h"
@@ -346,6 +347,21 @@ TEST_CASE("10,000 messages each way stay within credits, in order, with no RNR",
 
 namespace {
 
+// A bare RC queue pair on `id`, owned by `pd`, `cq` and `qp`: enough for librdmacm to connect.
+bool CreateRawQp(rdma_cm_id* id, PdOwner* pd, CqOwner* cq, CmQpOwner* qp) {
+  pd->reset(ibv_alloc_pd(id->verbs));
+  cq->reset(ibv_create_cq(id->verbs, 8, nullptr, nullptr, 0));
+  if (*pd == nullptr || *cq == nullptr) return false;
+  ibv_qp_init_attr attr{};
+  attr.send_cq = attr.recv_cq = cq->get();
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  if (rdma_create_qp(id, pd->get(), &attr) != 0) return false;
+  qp->reset(id);
+  return true;
+}
+
 // A raw librdmacm client offering `hello` as private data; returns how the connection ended.
 absl::Status RawConnect(const std::string& addr, uint16_t port, const std::vector<uint8_t>& hello) {
   absl::Time deadline = absl::Now() + kTimeout;
@@ -353,19 +369,11 @@ absl::Status RawConnect(const std::string& addr, uint16_t port, const std::vecto
   CmIdOwner id;
   if (auto s = CreateCmChannelAndId(&channel, &id); !s.ok()) return s;
   if (auto s = ResolveRoute(channel.get(), id.get(), "", addr, port, deadline); !s.ok()) return s;
-  PdOwner pd(ibv_alloc_pd(id->verbs));
-  CqOwner cq(ibv_create_cq(id->verbs, 8, nullptr, nullptr, 0));
-  ibv_qp_init_attr attr{};
-  attr.send_cq = attr.recv_cq = cq.get();
-  attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
-  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-  if (rdma_create_qp(id.get(), pd.get(), &attr) != 0) return absl::InternalError("rdma_create_qp");
-  CmQpOwner qp(id.get());
-  rdma_conn_param param{};
-  param.private_data = hello.data();
-  param.private_data_len = static_cast<uint8_t>(hello.size());
-  param.retry_count = 7;
+  PdOwner pd;
+  CqOwner cq;
+  CmQpOwner qp;
+  if (!CreateRawQp(id.get(), &pd, &cq, &qp)) return absl::InternalError("cannot create a QP");
+  rdma_conn_param param = ConnParam(hello.data(), static_cast<uint8_t>(hello.size()));
   if (rdma_connect(id.get(), &param) != 0) return absl::InternalError("rdma_connect");
   auto event = ExpectCmEvent(channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();
@@ -449,18 +457,8 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
       rdma_cm_id* id = (*request)->id;
       rdma_ack_cm_event(*request);
       conn_id.reset(id);
-      pd.reset(ibv_alloc_pd(id->verbs));
-      cq.reset(ibv_create_cq(id->verbs, 8, nullptr, nullptr, 0));
-      ibv_qp_init_attr attr{};
-      attr.send_cq = attr.recv_cq = cq.get();
-      attr.qp_type = IBV_QPT_RC;
-      attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
-      attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-      if (rdma_create_qp(id, pd.get(), &attr) != 0) return;
-      qp.reset(id);
-      rdma_conn_param param{};
-      param.private_data = bad.data();
-      param.private_data_len = static_cast<uint8_t>(bad.size());
+      if (!CreateRawQp(id, &pd, &cq, &qp)) return;
+      rdma_conn_param param = ConnParam(bad.data(), static_cast<uint8_t>(bad.size()));
       rdma_accept(id, &param);
     });
     auto client = Connection::Connect(*setup.device, *setup.client_poller,

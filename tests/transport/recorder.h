@@ -14,6 +14,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "tests/pattern.h"
 #include "transport/connection.h"
 #include "transport/poller.h"
 
@@ -75,23 +76,6 @@ class Recorder : public transport::ConnectionHandler {
   int duplicate_done ABSL_GUARDED_BY(mu) = 0;
   int duplicate_closed ABSL_GUARDED_BY(mu) = 0;
 };
-
-// Deterministic bytes that differ per seed and position (xorshift64).
-inline void Fill(uint8_t* p, size_t n, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    p[i] = static_cast<uint8_t>(x >> 24);
-  }
-}
-
-inline std::string Filled(size_t n, uint64_t seed) {
-  std::string s(n, '\0');
-  Fill(reinterpret_cast<uint8_t*>(s.data()), n, seed);
-  return s;
-}
 
 }  // namespace zrpc::testing
 
