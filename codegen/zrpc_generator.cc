@@ -110,6 +110,17 @@ Vars MethodVars(const ServiceDescriptor* service, const MethodNames& names, int 
   };
 }
 
+// The template variables of every rpc of `service`, in .proto order (index i is method i).
+std::vector<Vars> AllMethodVars(const ServiceDescriptor* service) {
+  std::string service_class = ServiceClassName(service);
+  std::vector<MethodNames> names = NameMethods(service);
+  std::vector<Vars> all;
+  for (size_t i = 0; i < names.size(); ++i) {
+    all.push_back(MethodVars(service, names[i], static_cast<int>(i), service_class));
+  }
+  return all;
+}
+
 bool CheckSupported(const FileDescriptor* file, std::string* error) {
   for (const std::string& part : PackageNamespaces(file->package())) {
     if (IsCppKeyword(part)) {
@@ -136,7 +147,7 @@ bool CheckSupported(const FileDescriptor* file, std::string* error) {
 
 void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
   std::string service_class = ServiceClassName(service);
-  std::vector<MethodNames> methods = NameMethods(service);
+  std::vector<Vars> methods = AllMethodVars(service);
   p.Print({{"Service", service_class}, {"comments", Comments(service, "")}},
           "$comments$"
           "class $Service$ final {\n"
@@ -148,8 +159,7 @@ void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
           "  class Stub final {\n"
           "   public:\n"
           "    explicit Stub(::zrpc::Channel* channel) : channel_(channel) {}\n");
-  for (size_t i = 0; i < methods.size(); ++i) {
-    Vars vars = MethodVars(service, methods[i], static_cast<int>(i), service_class);
+  for (const Vars& vars : methods) {
     p.Print(vars,
             "\n"
             "$comments$"
@@ -172,8 +182,7 @@ void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
       "   public:\n"
       "    const ::zrpc::ServiceInfo& service_info() const final;\n"
       "    void Dispatch(int method_index, ::zrpc::ServerCall* call) final;\n");
-  for (size_t i = 0; i < methods.size(); ++i) {
-    Vars vars = MethodVars(service, methods[i], static_cast<int>(i), service_class);
+  for (const Vars& vars : methods) {
     p.Print(vars,
             "\n"
             "$comments$"
@@ -194,16 +203,15 @@ Vars ServiceVars(const ServiceDescriptor* service) {
 
 // The method table and service info, for the file's anonymous namespace.
 void PrintSourceTables(Printer& p, const ServiceDescriptor* service) {
-  std::string service_class = ServiceClassName(service);
-  std::vector<MethodNames> methods = NameMethods(service);
+  std::vector<Vars> methods = AllMethodVars(service);
   Vars svars = ServiceVars(service);
   if (methods.empty()) {
     p.Print(svars,
             "const ::zrpc::ServiceInfo k$Service$Info = {\"$full_name$\", nullptr, 0};\n\n");
   } else {
     p.Print(svars, "const ::zrpc::MethodInfo k$Service$Methods[] = {\n");
-    for (size_t i = 0; i < methods.size(); ++i) {
-      p.Print(MethodVars(service, methods[i], static_cast<int>(i), service_class),
+    for (const Vars& vars : methods) {
+      p.Print(vars,
               "    {\"$full_name$\", $index$},\n");
     }
     p.Print(svars,
@@ -214,16 +222,15 @@ void PrintSourceTables(Printer& p, const ServiceDescriptor* service) {
 }
 
 void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
-  std::string service_class = ServiceClassName(service);
-  std::vector<MethodNames> methods = NameMethods(service);
+  std::vector<Vars> methods = AllMethodVars(service);
   Vars svars = ServiceVars(service);
   p.Print(svars,
           "const ::zrpc::ServiceInfo& $Service$::service_info() { return k$Service$Info; }\n\n"
           "const ::zrpc::ServiceInfo& $Service$::Service::service_info() const {\n"
           "  return k$Service$Info;\n"
           "}\n\n");
-  for (size_t i = 0; i < methods.size(); ++i) {
-    p.Print(MethodVars(service, methods[i], static_cast<int>(i), service_class),
+  for (const Vars& vars : methods) {
+    p.Print(vars,
             "::absl::Status $Service$::Stub::$Method$(const $Request$& request,\n"
             "    $Response$* response, const ::zrpc::CallOptions& options) {\n"
             "  return ::zrpc::internal::UnaryCall(channel_, k$Service$Methods[$index$], request,\n"
@@ -243,8 +250,8 @@ void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
   p.Print(svars,
           "void $Service$::Service::Dispatch(int method_index, ::zrpc::ServerCall* call) {\n"
           "  switch (method_index) {\n");
-  for (size_t i = 0; i < methods.size(); ++i) {
-    p.Print(MethodVars(service, methods[i], static_cast<int>(i), service_class),
+  for (const Vars& vars : methods) {
+    p.Print(vars,
             "    case $index$:\n"
             "      ::zrpc::internal::HandleUnary<$Request$, $Response$>(\n"
             "          call, [this](::zrpc::ServerContext& context, const $Request$& request,\n"
