@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "codegen/cpp_names.h"
+#include "proto/zrpc/options.pb.h"
 
 namespace zrpc::codegen {
 namespace {
@@ -95,10 +96,47 @@ std::vector<MethodNames> NameMethods(const ServiceDescriptor* service) {
   return names;
 }
 
+// The parts of the signatures that differ for bulk methods (rpc/bulk.h). Non-bulk methods pass
+// an empty OutgoingBulk and a null IncomingBulk* to the same runtime calls.
+void AddBulkVars(const ::zrpc::MethodOptions& options, Vars& vars) {
+  const bool in = options.request_bulk();
+  const bool out = options.response_bulk();
+  vars["request_bulk"] = in ? "true" : "false";
+  vars["response_bulk"] = out ? "true" : "false";
+  // Stub parameters and what the stub passes on.
+  vars["stub_in"] = in ? "\n        ::zrpc::OutgoingBulk request_bulk," : "";
+  vars["stub_out"] = out ? "\n        ::zrpc::IncomingBulk* response_bulk," : "";
+  vars["def_stub_in"] = in ? "\n    ::zrpc::OutgoingBulk request_bulk," : "";
+  vars["def_stub_out"] = out ? "\n    ::zrpc::IncomingBulk* response_bulk," : "";
+  vars["pass_stub_in"] = in ? "std::move(request_bulk)" : "::zrpc::OutgoingBulk()";
+  vars["pass_stub_out"] = out ? "response_bulk" : "nullptr";
+  // Handler parameters, named in the declaration; the dispatch lambda names only those it uses.
+  vars["handler_in"] = in ? "\n        ::zrpc::IncomingBulk request_bulk," : "";
+  vars["handler_out"] = out ? ",\n        ::zrpc::OutgoingBulk* response_bulk" : "";
+  vars["default_in"] = in ? " ::zrpc::IncomingBulk," : "";
+  vars["default_out"] = out ? ", ::zrpc::OutgoingBulk*" : "";
+  vars["lambda_in"] = in ? " request_bulk" : "";
+  vars["lambda_out"] = out ? " response_bulk" : "";
+  vars["pass_handler_in"] = in ? " std::move(request_bulk)," : "";
+  vars["pass_handler_out"] = out ? ", response_bulk" : "";
+  std::string stub_doc;
+  std::string handler_doc;
+  if (in) {
+    stub_doc += "    // `request_bulk` goes beside the request by RDMA WRITE; see rpc/bulk.h.\n";
+    handler_doc += "    // `request_bulk` is read in place; release it promptly (rpc/bulk.h).\n";
+  }
+  if (out) {
+    stub_doc += "    // `*response_bulk` receives the response's bulk payload, read in place.\n";
+    handler_doc += "    // Put the response's bulk payload in `*response_bulk` (rpc/bulk.h).\n";
+  }
+  vars["stub_bulk_doc"] = stub_doc;
+  vars["handler_bulk_doc"] = handler_doc;
+}
+
 Vars MethodVars(const ServiceDescriptor* service, const MethodNames& names, int index,
                 const std::string& service_class) {
   using google::protobuf::compiler::cpp::QualifiedClassName;
-  return {
+  Vars vars = {
       {"Method", names.name},
       {"AsyncMethod", names.async_name},
       {"Request", QualifiedClassName(names.method->input_type())},
@@ -108,6 +146,8 @@ Vars MethodVars(const ServiceDescriptor* service, const MethodNames& names, int 
       {"Service", service_class},
       {"comments", Comments(names.method, "    ")},
   };
+  AddBulkVars(names.method->options().GetExtension(::zrpc::method), vars);
+  return vars;
 }
 
 // The template variables of every rpc of `service`, in .proto order (index i is method i).
@@ -163,11 +203,14 @@ void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
     p.Print(vars,
             "\n"
             "$comments$"
-            "    ::absl::Status $Method$(const $Request$& request, $Response$* response,\n"
+            "$stub_bulk_doc$"
+            "    ::absl::Status $Method$(const $Request$& request,$stub_in$ $Response$* response,"
+            "$stub_out$\n"
             "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n"
-            "    // Asynchronous $Method$: `done` runs once the call ends; `response` must stay\n"
+            "    // Asynchronous $Method$: `done` runs once the call ends; the outputs must stay\n"
             "    // alive until then.\n"
-            "    void $AsyncMethod$(const $Request$& request, $Response$* response,\n"
+            "    void $AsyncMethod$(const $Request$& request,$stub_in$ $Response$* response,"
+            "$stub_out$\n"
             "        const ::zrpc::CallOptions& options, ::zrpc::DoneCallback done);\n");
   }
   p.Print(
@@ -186,8 +229,9 @@ void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
     p.Print(vars,
             "\n"
             "$comments$"
+            "$handler_bulk_doc$"
             "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
-            "        const $Request$& request, $Response$* response);\n");
+            "        const $Request$& request,$handler_in$ $Response$* response$handler_out$);\n");
   }
   p.Print(
       "  };\n"
@@ -212,7 +256,7 @@ void PrintSourceTables(Printer& p, const ServiceDescriptor* service) {
     p.Print(svars, "const ::zrpc::MethodInfo k$Service$Methods[] = {\n");
     for (const Vars& vars : methods) {
       p.Print(vars,
-              "    {\"$full_name$\", $index$},\n");
+              "    {\"$full_name$\", $index$, $request_bulk$, $response_bulk$},\n");
     }
     p.Print(svars,
             "};\n"
@@ -231,19 +275,19 @@ void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
           "}\n\n");
   for (const Vars& vars : methods) {
     p.Print(vars,
-            "::absl::Status $Service$::Stub::$Method$(const $Request$& request,\n"
-            "    $Response$* response, const ::zrpc::CallOptions& options) {\n"
+            "::absl::Status $Service$::Stub::$Method$(const $Request$& request,$def_stub_in$\n"
+            "    $Response$* response,$def_stub_out$ const ::zrpc::CallOptions& options) {\n"
             "  return ::zrpc::internal::UnaryCall(channel_, k$Service$Methods[$index$], request,\n"
-            "                                     response, options);\n"
+            "      $pass_stub_in$, response, $pass_stub_out$, options);\n"
             "}\n\n"
-            "void $Service$::Stub::$AsyncMethod$(const $Request$& request,\n"
-            "    $Response$* response, const ::zrpc::CallOptions& options,\n"
+            "void $Service$::Stub::$AsyncMethod$(const $Request$& request,$def_stub_in$\n"
+            "    $Response$* response,$def_stub_out$ const ::zrpc::CallOptions& options,\n"
             "    ::zrpc::DoneCallback done) {\n"
             "  ::zrpc::internal::AsyncUnaryCall(channel_, k$Service$Methods[$index$], request,\n"
-            "                                   response, options, std::move(done));\n"
+            "      $pass_stub_in$, response, $pass_stub_out$, options, std::move(done));\n"
             "}\n\n"
             "::absl::Status $Service$::Service::$Method$(::zrpc::ServerContext&,\n"
-            "    const $Request$&, $Response$*) {\n"
+            "    const $Request$&,$default_in$ $Response$*$default_out$) {\n"
             "  return ::absl::UnimplementedError(\"$full_name$ is not implemented\");\n"
             "}\n\n");
   }
@@ -255,8 +299,9 @@ void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
             "    case $index$:\n"
             "      ::zrpc::internal::HandleUnary<$Request$, $Response$>(\n"
             "          call, [this](::zrpc::ServerContext& context, const $Request$& request,\n"
-            "                       $Response$* response) {\n"
-            "            return $Method$(context, request, response);\n"
+            "                       ::zrpc::IncomingBulk$lambda_in$, $Response$* response,\n"
+            "                       ::zrpc::OutgoingBulk*$lambda_out$) {\n"
+            "            return $Method$(context, request,$pass_handler_in$ response$pass_handler_out$);\n"
             "          });\n"
             "      return;\n");
   }
@@ -265,7 +310,7 @@ void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
           "  call->Finish(::absl::UnimplementedError(\n"
           "                   \"$full_name$ has no method with index \" +\n"
           "                   std::to_string(method_index)),\n"
-          "               nullptr);\n"
+          "               nullptr, ::zrpc::OutgoingBulk());\n"
           "}\n\n");
 }
 

@@ -11,6 +11,13 @@
 //           (ServerCall::request), run the handler, size the response, serialize it straight
 //           into a registered slot, Finish.
 //
+// Methods marked bulk in the .proto (proto/zrpc/options.proto) also carry one raw payload beside
+// the request and/or the response: an OutgoingBulk from the sender, an IncomingBulk read in place
+// by the receiver (rpc/bulk.h). Every method goes through the same calls below; a method without
+// a request payload passes an empty OutgoingBulk, one without a response payload a null
+// IncomingBulk*. MethodInfo says which payloads a method has, so the runtime can refuse a peer
+// that sends a payload the method does not take.
+//
 // The runtime (rpc/ channel and server, a later piece of work) implements Channel and
 // ServerCall. Methods are identified on the wire and in dispatch by their index in the service's
 // method table (MethodInfo::index, the order of the rpcs in the .proto), never by name on the
@@ -35,6 +42,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "rpc/bulk.h"
 
 namespace zrpc {
 
@@ -56,6 +64,8 @@ using DoneCallback = std::function<void(absl::Status)>;
 struct MethodInfo {
   const char* full_name;  // "package.Service/Method"
   int index;              // position in the service's method table, as sent on the wire
+  bool request_bulk;      // the request carries a bulk payload ((zrpc.method).request_bulk)
+  bool response_bulk;     // the response carries one ((zrpc.method).response_bulk)
 };
 
 struct ServiceInfo {
@@ -82,11 +92,15 @@ class Channel {
   // when `size` exceeds the largest message the channel carries.
   virtual absl::StatusOr<SendSlot> AcquireSendSlot(size_t size, const CallOptions& options) = 0;
 
-  // Sends the request in `slot` (taking it back) to `method`. When the response arrives it is
-  // parsed into `*response`, which must stay alive until `done` runs.
-  virtual void StartUnaryCall(const MethodInfo& method, SendSlot slot,
+  // Sends the request in `slot` (taking it back) to `method`, with `request_bulk` beside it
+  // (empty unless method.request_bulk), and releases `request_bulk` once its bytes have left.
+  // When the response arrives it is parsed into `*response`, and for a method with
+  // response_bulk its payload is moved into `*response_bulk` (non-null exactly then); both must
+  // stay alive until `done` runs, and on error `*response_bulk` stays empty.
+  virtual void StartUnaryCall(const MethodInfo& method, SendSlot slot, OutgoingBulk request_bulk,
                               google::protobuf::MessageLite* response,
-                              const CallOptions& options, DoneCallback done) = 0;
+                              IncomingBulk* response_bulk, const CallOptions& options,
+                              DoneCallback done) = 0;
 };
 
 // What a handler sees of the call it serves.
@@ -102,11 +116,15 @@ class ServerCall {
   // The serialized request, in the registered receive buffer it arrived in; valid until Finish.
   virtual const uint8_t* request_data() const = 0;
   virtual size_t request_size() const = 0;
+  // The request's bulk payload, in place (empty for a method without request_bulk). A payload
+  // nobody takes is released at Finish.
+  virtual IncomingBulk TakeRequestBulk() = 0;
   // A registered slot of exactly `size` bytes for the response.
   virtual absl::StatusOr<SendSlot> AcquireResponseSlot(size_t size) = 0;
-  // Ends the call: with `status` OK, sends the response in `*response`; otherwise sends the
-  // error (and `response` is null). Called exactly once.
-  virtual void Finish(absl::Status status, SendSlot* response) = 0;
+  // Ends the call: with `status` OK, sends the response in `*response` and `response_bulk`
+  // beside it (empty unless the method has response_bulk); otherwise sends the error (and
+  // `response` is null, `response_bulk` empty). Called exactly once.
+  virtual void Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) = 0;
 };
 
 // What the runtime dispatches to: generated service base classes implement this.
@@ -120,37 +138,44 @@ class Service {
 
 namespace internal {
 
-// Serializes `request` straight into a registered slot and starts the call.
+// Serializes `request` straight into a registered slot and starts the call. `request_bulk` is
+// released when the call fails here, or by the channel once sent.
 template <typename Request>
 void AsyncUnaryCall(Channel* channel, const MethodInfo& method, const Request& request,
-                    google::protobuf::MessageLite* response, const CallOptions& options,
-                    DoneCallback done) {
+                    OutgoingBulk request_bulk, google::protobuf::MessageLite* response,
+                    IncomingBulk* response_bulk, const CallOptions& options, DoneCallback done) {
   const size_t size = request.ByteSizeLong();  // caches sizes for the serializer below
   absl::StatusOr<SendSlot> slot = channel->AcquireSendSlot(size, options);
   if (!slot.ok()) {
+    request_bulk.Reset();  // before `done`: the caller may reuse the bytes from there on
     done(slot.status());
     return;
   }
   request.SerializeWithCachedSizesToArray(slot->data);
-  channel->StartUnaryCall(method, *std::move(slot), response, options, std::move(done));
+  channel->StartUnaryCall(method, *std::move(slot), std::move(request_bulk), response,
+                          response_bulk, options, std::move(done));
 }
 
 // The blocking form: waits for AsyncUnaryCall's callback.
 template <typename Request>
 absl::Status UnaryCall(Channel* channel, const MethodInfo& method, const Request& request,
-                       google::protobuf::MessageLite* response, const CallOptions& options) {
+                       OutgoingBulk request_bulk, google::protobuf::MessageLite* response,
+                       IncomingBulk* response_bulk, const CallOptions& options) {
   absl::Notification finished;
   absl::Status result;
-  AsyncUnaryCall(channel, method, request, response, options, [&](absl::Status status) {
-    result = std::move(status);
-    finished.Notify();
-  });
+  AsyncUnaryCall(channel, method, request, std::move(request_bulk), response, response_bulk,
+                 options, [&](absl::Status status) {
+                   result = std::move(status);
+                   finished.Notify();
+                 });
   finished.WaitForNotification();
   return result;
 }
 
-// Parses the request in place, runs `handler(context, request, &response)`, serializes the
-// response straight into a registered slot, and finishes the call.
+// Parses the request in place, runs
+//   handler(context, request, std::move(request_bulk), &response, &response_bulk)
+// (generated code adapts that to the method's own handler signature), serializes the response
+// straight into a registered slot, and finishes the call with the response's bulk payload.
 template <typename Request, typename Response, typename Handler>
 void HandleUnary(ServerCall* call, Handler&& handler) {
   Request request;
@@ -158,22 +183,26 @@ void HandleUnary(ServerCall* call, Handler&& handler) {
       !request.ParseFromArray(call->request_data(), static_cast<int>(call->request_size()))) {
     call->Finish(absl::InvalidArgumentError("malformed request: it does not parse as " +
                                             request.GetTypeName()),
-                 nullptr);
+                 nullptr, OutgoingBulk());
     return;
   }
   Response response;
-  absl::Status status = handler(call->context(), request, &response);
+  OutgoingBulk response_bulk;
+  absl::Status status =
+      handler(call->context(), request, call->TakeRequestBulk(), &response, &response_bulk);
   if (!status.ok()) {
-    call->Finish(std::move(status), nullptr);
+    response_bulk.Reset();
+    call->Finish(std::move(status), nullptr, OutgoingBulk());
     return;
   }
   absl::StatusOr<SendSlot> slot = call->AcquireResponseSlot(response.ByteSizeLong());
   if (!slot.ok()) {
-    call->Finish(slot.status(), nullptr);
+    response_bulk.Reset();
+    call->Finish(slot.status(), nullptr, OutgoingBulk());
     return;
   }
   response.SerializeWithCachedSizesToArray(slot->data);
-  call->Finish(absl::OkStatus(), &*slot);
+  call->Finish(absl::OkStatus(), &*slot, std::move(response_bulk));
 }
 
 }  // namespace internal

@@ -49,7 +49,8 @@ bool Contains(const std::string& haystack, const std::string& needle) {
 }  // namespace
 
 TEST_CASE("generated code matches the golden files", "[codegen][golden]") {
-  for (const char* file : {"greeter.zrpc.h", "greeter.zrpc.cc"}) {
+  for (const char* file : {"greeter.zrpc.h", "greeter.zrpc.cc", "object_store.zrpc.h",
+                           "object_store.zrpc.cc"}) {
     INFO(file << " differs from tests/codegen/golden/" << file
               << ".golden; if the change is intended, run tools/update-goldens");
     std::string generated = ReadFile(Runfile(std::string("proto/examples/") + file));

@@ -1,0 +1,139 @@
+// Bulk payloads: bytes that travel beside an rpc's message instead of inside it.
+//
+// A protobuf `bytes` field is copied twice on its way: serialized into the send slot, then parsed
+// out of the receive buffer into a std::string. For a megabyte that is most of the call's cost.
+// A method marked bulk in its .proto (see proto/zrpc/options.proto)
+//
+//   rpc Put(PutRequest) returns (PutReply) { option (zrpc.method).request_bulk = true; }
+//
+// carries one payload of raw bytes beside the message, like brpc's attachments or Mercury's bulk
+// handles, but declared in the .proto so the generated signatures say so. The runtime sends it by
+// RDMA WRITE straight from the sender's memory into memory the receiver registered and
+// advertised (transport/arena.h), and the receiver reads it in place there.
+//
+//   OutgoingBulk  what a sender hands over: borrowed bytes plus an optional release callback.
+//                 When the bytes lie in memory registered with the runtime's device they go out
+//                 with no copy at all; otherwise the runtime stages them once into registered
+//                 memory (the runtime issue documents how to register buffers).
+//   IncomingBulk  what a receiver gets: a read-only view of the payload where it landed. Holding
+//                 it holds that receive memory, and the peer's later payloads queue behind it (the
+//                 receive arena frees in ring order), so release it promptly: destroy it, Reset it,
+//                 or move it somewhere that does. Release it before the channel or server it
+//                 came from is destroyed: it points into that runtime's memory.
+//
+// Both are move-only and release exactly once. An empty payload (size 0) is valid and sends
+// nothing but the message.
+#ifndef ZRPC_RPC_BULK_H_
+#define ZRPC_RPC_BULK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/string_view.h"
+
+namespace zrpc {
+
+// Bytes to send as a bulk payload. They must stay alive and unchanged until `release` runs, or,
+// without a release callback, until the call ends (the blocking call returns or `done` runs).
+class OutgoingBulk {
+ public:
+  OutgoingBulk() = default;
+  // `release` (may be empty) runs once the runtime no longer reads `data`.
+  OutgoingBulk(const void* data, size_t size, std::function<void()> release = nullptr)
+      : data_(static_cast<const uint8_t*>(data)), size_(size), release_(std::move(release)) {}
+  // Owns a string's bytes (convenient, not free: it is one allocation the runtime may stage).
+  static OutgoingBulk Copy(std::string bytes) {
+    auto* owned = new std::string(std::move(bytes));
+    return OutgoingBulk(owned->data(), owned->size(), [owned] { delete owned; });
+  }
+
+  OutgoingBulk(OutgoingBulk&& other) noexcept { *this = std::move(other); }
+  OutgoingBulk& operator=(OutgoingBulk&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      release_ = std::exchange(other.release_, nullptr);
+    }
+    return *this;
+  }
+  OutgoingBulk(const OutgoingBulk&) = delete;
+  OutgoingBulk& operator=(const OutgoingBulk&) = delete;
+  ~OutgoingBulk() { Reset(); }
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+  // Runs the release callback (once) and leaves the payload empty.
+  void Reset() {
+    data_ = nullptr;
+    size_ = 0;
+    if (std::function<void()> release = std::exchange(release_, nullptr)) release();
+  }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  std::function<void()> release_;
+};
+
+// The runtime's side of an IncomingBulk: gives the receive memory back.
+class BulkReleaser {
+ public:
+  virtual void ReleaseBulk(uint64_t token) = 0;
+
+ protected:
+  ~BulkReleaser() = default;
+};
+
+// A received bulk payload, read in place; see the top of this file for why to release it soon.
+class IncomingBulk {
+ public:
+  IncomingBulk() = default;
+  // For the runtime: `releaser->ReleaseBulk(token)` runs once, when this is released.
+  IncomingBulk(const uint8_t* data, size_t size, BulkReleaser* releaser, uint64_t token)
+      : data_(data), size_(size), releaser_(releaser), token_(token) {}
+
+  IncomingBulk(IncomingBulk&& other) noexcept { *this = std::move(other); }
+  IncomingBulk& operator=(IncomingBulk&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      releaser_ = std::exchange(other.releaser_, nullptr);
+      token_ = std::exchange(other.token_, 0);
+    }
+    return *this;
+  }
+  IncomingBulk(const IncomingBulk&) = delete;
+  IncomingBulk& operator=(const IncomingBulk&) = delete;
+  ~IncomingBulk() { Reset(); }
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  absl::string_view view() const {
+    return absl::string_view(reinterpret_cast<const char*>(data_), size_);
+  }
+
+  // Gives the receive memory back (once) and leaves the payload empty.
+  void Reset() {
+    data_ = nullptr;
+    size_ = 0;
+    if (BulkReleaser* releaser = std::exchange(releaser_, nullptr)) releaser->ReleaseBulk(token_);
+  }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  BulkReleaser* releaser_ = nullptr;
+  uint64_t token_ = 0;
+};
+
+}  // namespace zrpc
+
+#endif  // ZRPC_RPC_BULK_H_
