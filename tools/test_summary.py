@@ -67,11 +67,13 @@ def main():
     out_dir, statuses = sys.argv[1], sys.argv[2:]
     counts = {"pass": 0, "fail": 0, "skip": 0}
     lines = []
-    for name in ("host.json", "rdma.json"):
+    # The consumer workspace's labels are its own (//app:...): prefix them with its directory.
+    for name, prefix in (("host.json", ""), ("consumer.json", "tests/consumer"), ("rdma.json", "")):
         path = os.path.join(out_dir, name)
         if not os.path.exists(path):
             continue
         for label, status, xml in results_from_bep(path):
+            label = prefix + label
             cases = []
             if xml and os.path.exists(xml):
                 try:

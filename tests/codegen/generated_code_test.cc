@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "api/kv.zrpc.h"  // from the external repository @zrpc_ext
 #include "proto/examples/greeter.zrpc.h"
 #include "proto/examples/object_store.zrpc.h"
 #include "tests/codegen/deep/mirror.zrpc.h"
@@ -434,4 +435,40 @@ TEST_CASE("OutgoingBulk and IncomingBulk release exactly once across moves", "[c
   CHECK(memory.bad_releases == 0);
   CHECK(memory.Receive(OutgoingBulk()).empty());  // an empty payload holds no memory
   CHECK(memory.held() == 0);
+}
+
+namespace {
+class KvImpl : public ext::api::Kv::Service {
+ public:
+  absl::Status Set(zrpc::ServerContext&, const ext::types::Key& key, IncomingBulk request_bulk,
+                   google::protobuf::Empty*) override {
+    values[key.name()] = std::string(request_bulk.view());
+    return absl::OkStatus();
+  }
+  absl::Status Lookup(zrpc::ServerContext&, const ext::types::Key& key,
+                      zrpc::test::common::Payload* value) override {
+    auto it = values.find(key.name());
+    if (it == values.end()) return absl::NotFoundError(key.name());
+    value->set_data(it->second);
+    value->set_checksum(it->second.size());
+    return absl::OkStatus();
+  }
+  std::map<std::string, std::string> values;
+};
+}  // namespace
+
+TEST_CASE("a service whose protos live in an external repository works end to end",
+          "[codegen][external]") {
+  KvImpl impl;
+  LoopbackChannel channel(&impl);
+  ext::api::Kv::Stub stub(&channel);
+  ext::types::Key key;
+  key.set_name("k");
+  google::protobuf::Empty empty;
+  REQUIRE(stub.Set(key, OutgoingBulk::Copy("value"), &empty).ok());
+  zrpc::test::common::Payload value;
+  REQUIRE(stub.Lookup(key, &value).ok());
+  CHECK(value.data() == "value");
+  CHECK(channel.last_method == "ext.api.Kv/Lookup");
+  CHECK(ext::api::Kv::service_info().methods[0].request_bulk);
 }
