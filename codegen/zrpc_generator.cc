@@ -45,6 +45,21 @@ std::string HeaderGuard(const std::string& path) {
   return guard + "_";
 }
 
+// One line of a .proto comment as the text of a C++ // comment. A line that ends in a backslash
+// (or the trigraph ??/, which GCC still warns about) would continue the comment onto the next
+// line of code, so it gets a terminating '.'.
+std::string CommentLine(std::string line) {
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\r')) {
+    line.pop_back();
+  }
+  if (!line.empty() && (line.back() == '\\' ||
+                        (line.size() >= 3 && line.compare(line.size() - 3, 3, "?\?/") == 0))) {
+    line += '.';
+  }
+  if (line.empty()) return "//";
+  return "//" + (line[0] == ' ' ? line : " " + line);
+}
+
 // The .proto's comments above `descriptor`, as C++ comment lines indented by `indent`.
 template <typename Descriptor>
 std::string Comments(const Descriptor* descriptor, const std::string& indent) {
@@ -56,20 +71,50 @@ std::string Comments(const Descriptor* descriptor, const std::string& indent) {
   while (start < text.size()) {
     size_t end = text.find('\n', start);
     if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(start, end - start);
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out += indent + (line.empty() ? "//" : "//" + (line[0] == ' ' ? line : " " + line)) + "\n";
+    out += indent + CommentLine(text.substr(start, end - start)) + "\n";
     start = end + 1;
   }
   return out;
 }
 
-// The service's C++ class name: its own, unless that is a keyword or the name of a class nested
-// in it (a nested class may not share its enclosing class's name).
+// The service's C++ class name: its own, unless that is reserved (cpp_names.h) or the name of one
+// of its members (a member may not share its class's name: service_info would be a
+// constructor). A renamed service gets underscores until it collides with no other top-level
+// name of its file (service Service and service Service_ must not both become Service_).
 std::string ServiceClassName(const ServiceDescriptor* service) {
-  std::string name = CppIdentifier(service->name());
-  if (name == "Stub" || name == "Service") name += "_";
+  const std::string& original = service->name();
+  std::string name = CppIdentifier(original);
+  for (const char* member : {"Stub", "Service", "service_info", "kMethods", "kInfo"}) {
+    if (name == member) name += "_";
+  }
+  if (name == original) return name;
+  const FileDescriptor* file = service->file();
+  auto taken = [&](const std::string& candidate) {
+    if (file->FindMessageTypeByName(candidate) != nullptr ||
+        file->FindEnumTypeByName(candidate) != nullptr ||
+        file->FindEnumValueByName(candidate) != nullptr) {
+      return true;
+    }
+    for (int i = 0; i < file->service_count(); ++i) {
+      const ServiceDescriptor* other = file->service(i);
+      if (other == service) continue;
+      // Other services keep their own names, or were renamed before this one (file order).
+      if (other->name() == candidate) return true;
+      if (i < service->index() && ServiceClassName(other) == candidate) return true;
+    }
+    return false;
+  };
+  while (taken(name)) name += "_";
   return name;
+}
+
+// "::a::b::Service": the service class, fully qualified so that no rpc or type name can hide it.
+std::string QualifiedServiceClass(const ServiceDescriptor* service) {
+  std::string qualified;
+  for (const std::string& ns : PackageNamespaces(service->file()->package())) {
+    qualified += "::" + ns;
+  }
+  return qualified + "::" + ServiceClassName(service);
 }
 
 struct MethodNames {
@@ -83,7 +128,7 @@ struct MethodNames {
 std::vector<MethodNames> NameMethods(const ServiceDescriptor* service) {
   std::set<std::string> taken = {"Stub", "Service", "Dispatch", "service_info", "channel_"};
   auto claim = [&taken](std::string name) {
-    if (IsCppKeyword(name)) name += "_";
+    if (IsReservedCppName(name)) name += "_";
     while (!taken.insert(name).second) name += "_";
     return name;
   };
@@ -108,7 +153,7 @@ void AddBulkVars(const ::zrpc::MethodOptions& options, Vars& vars) {
   vars["stub_out"] = out ? "\n        ::zrpc::IncomingBulk* response_bulk," : "";
   vars["def_stub_in"] = in ? "\n    ::zrpc::OutgoingBulk request_bulk," : "";
   vars["def_stub_out"] = out ? "\n    ::zrpc::IncomingBulk* response_bulk," : "";
-  vars["pass_stub_in"] = in ? "std::move(request_bulk)" : "::zrpc::OutgoingBulk()";
+  vars["pass_stub_in"] = in ? "::std::move(request_bulk)" : "::zrpc::OutgoingBulk()";
   vars["pass_stub_out"] = out ? "response_bulk" : "nullptr";
   // Handler parameters, named in the declaration; the dispatch lambda names only those it uses.
   vars["handler_in"] = in ? "\n        ::zrpc::IncomingBulk request_bulk," : "";
@@ -117,7 +162,7 @@ void AddBulkVars(const ::zrpc::MethodOptions& options, Vars& vars) {
   vars["default_out"] = out ? ", ::zrpc::OutgoingBulk*" : "";
   vars["lambda_in"] = in ? " request_bulk" : "";
   vars["lambda_out"] = out ? " response_bulk" : "";
-  vars["pass_handler_in"] = in ? " std::move(request_bulk)," : "";
+  vars["pass_handler_in"] = in ? " ::std::move(request_bulk)," : "";
   vars["pass_handler_out"] = out ? ", response_bulk" : "";
   std::string stub_doc;
   std::string handler_doc;
@@ -144,6 +189,7 @@ Vars MethodVars(const ServiceDescriptor* service, const MethodNames& names, int 
       {"full_name", service->full_name() + "/" + names.method->name()},
       {"index", std::to_string(index)},
       {"Service", service_class},
+      {"Qualified", QualifiedServiceClass(service)},
       {"comments", Comments(names.method, "    ")},
   };
   AddBulkVars(names.method->options().GetExtension(::zrpc::method), vars);
@@ -162,12 +208,27 @@ std::vector<Vars> AllMethodVars(const ServiceDescriptor* service) {
 }
 
 bool CheckSupported(const FileDescriptor* file, std::string* error) {
-  for (const std::string& part : PackageNamespaces(file->package())) {
-    if (IsCppKeyword(part)) {
-      // protobuf's C++ generator emits `namespace class {`, which does not compile.
-      *error = file->name() + ": package " + file->package() + ": '" + part +
-               "' is a C++ keyword, and C++ code for this package cannot compile; rename it";
+  const std::string reason = ReservedPackageReason(file->package());
+  if (!reason.empty()) {
+    *error = file->name() + ": package " + file->package() + ": " + reason;
+    return false;
+  }
+  if (file->package().empty()) {
+    auto refuse = [&](const std::string& name) {
+      *error = file->name() + ": '" + name + "' is declared without a package, so its C++ name " +
+               "would be ::" + name + ", which generated code needs for itself; add a package";
       return false;
+    };
+    for (int i = 0; i < file->message_type_count(); ++i) {
+      if (IsReservedGlobalName(file->message_type(i)->name())) {
+        return refuse(file->message_type(i)->name());
+      }
+    }
+    for (int i = 0; i < file->enum_type_count(); ++i) {
+      if (IsReservedGlobalName(file->enum_type(i)->name())) return refuse(file->enum_type(i)->name());
+    }
+    for (int i = 0; i < file->service_count(); ++i) {
+      if (IsReservedGlobalName(file->service(i)->name())) return refuse(file->service(i)->name());
     }
   }
   for (int s = 0; s < file->service_count(); ++s) {
@@ -235,33 +296,40 @@ void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
   }
   p.Print(
       "  };\n"
+      "\n"
+      " private:\n");
+  if (!methods.empty()) p.Print("  static const ::zrpc::MethodInfo kMethods[];  // index i is rpc i\n");
+  p.Print(
+      "  static const ::zrpc::ServiceInfo kInfo;\n"
       "};\n"
       "\n");
 }
 
 Vars ServiceVars(const ServiceDescriptor* service) {
   return {{"Service", ServiceClassName(service)},
+          {"Qualified", QualifiedServiceClass(service)},
           {"full_name", service->full_name()},
           {"count", std::to_string(service->method_count())}};
 }
 
-// The method table and service info, for the file's anonymous namespace.
+// The method table and service info: static members of the service class. Inside Stub and
+// Service they are always named fully qualified: an rpc may be called kInfo, and a member of
+// Stub or Service would hide the plain name.
 void PrintSourceTables(Printer& p, const ServiceDescriptor* service) {
   std::vector<Vars> methods = AllMethodVars(service);
   Vars svars = ServiceVars(service);
   if (methods.empty()) {
     p.Print(svars,
-            "const ::zrpc::ServiceInfo k$Service$Info = {\"$full_name$\", nullptr, 0};\n\n");
+            "const ::zrpc::ServiceInfo $Service$::kInfo = {\"$full_name$\", nullptr, 0};\n\n");
   } else {
-    p.Print(svars, "const ::zrpc::MethodInfo k$Service$Methods[] = {\n");
+    p.Print(svars, "const ::zrpc::MethodInfo $Service$::kMethods[] = {\n");
     for (const Vars& vars : methods) {
       p.Print(vars,
               "    {\"$full_name$\", $index$, $request_bulk$, $response_bulk$},\n");
     }
     p.Print(svars,
             "};\n"
-            "const ::zrpc::ServiceInfo k$Service$Info = {\"$full_name$\", k$Service$Methods, "
-            "$count$};\n\n");
+            "const ::zrpc::ServiceInfo $Service$::kInfo = {\"$full_name$\", kMethods, $count$};\n\n");
   }
 }
 
@@ -269,22 +337,22 @@ void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
   std::vector<Vars> methods = AllMethodVars(service);
   Vars svars = ServiceVars(service);
   p.Print(svars,
-          "const ::zrpc::ServiceInfo& $Service$::service_info() { return k$Service$Info; }\n\n"
+          "const ::zrpc::ServiceInfo& $Service$::service_info() { return $Qualified$::kInfo; }\n\n"
           "const ::zrpc::ServiceInfo& $Service$::Service::service_info() const {\n"
-          "  return k$Service$Info;\n"
+          "  return $Qualified$::kInfo;\n"
           "}\n\n");
   for (const Vars& vars : methods) {
     p.Print(vars,
             "::absl::Status $Service$::Stub::$Method$(const $Request$& request,$def_stub_in$\n"
             "    $Response$* response,$def_stub_out$ const ::zrpc::CallOptions& options) {\n"
-            "  return ::zrpc::internal::UnaryCall(channel_, k$Service$Methods[$index$], request,\n"
+            "  return ::zrpc::internal::UnaryCall(channel_, $Qualified$::kMethods[$index$], request,\n"
             "      $pass_stub_in$, response, $pass_stub_out$, options);\n"
             "}\n\n"
             "void $Service$::Stub::$AsyncMethod$(const $Request$& request,$def_stub_in$\n"
             "    $Response$* response,$def_stub_out$ const ::zrpc::CallOptions& options,\n"
             "    ::zrpc::DoneCallback done) {\n"
-            "  ::zrpc::internal::AsyncUnaryCall(channel_, k$Service$Methods[$index$], request,\n"
-            "      $pass_stub_in$, response, $pass_stub_out$, options, std::move(done));\n"
+            "  ::zrpc::internal::AsyncUnaryCall(channel_, $Qualified$::kMethods[$index$], request,\n"
+            "      $pass_stub_in$, response, $pass_stub_out$, options, ::std::move(done));\n"
             "}\n\n"
             "::absl::Status $Service$::Service::$Method$(::zrpc::ServerContext&,\n"
             "    const $Request$&,$default_in$ $Response$*$default_out$) {\n"
@@ -301,7 +369,8 @@ void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
             "          call, [this](::zrpc::ServerContext& context, const $Request$& request,\n"
             "                       ::zrpc::IncomingBulk$lambda_in$, $Response$* response,\n"
             "                       ::zrpc::OutgoingBulk*$lambda_out$) {\n"
-            "            return $Method$(context, request,$pass_handler_in$ response$pass_handler_out$);\n"
+            "            return this->$Method$(context, request,$pass_handler_in$ response"
+            "$pass_handler_out$);\n"
             "          });\n"
             "      return;\n");
   }
@@ -309,7 +378,7 @@ void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
           "  }\n"
           "  call->Finish(::absl::UnimplementedError(\n"
           "                   \"$full_name$ has no method with index \" +\n"
-          "                   std::to_string(method_index)),\n"
+          "                   ::std::to_string(method_index)),\n"
           "               nullptr, ::zrpc::OutgoingBulk());\n"
           "}\n\n");
 }
@@ -358,11 +427,8 @@ bool ZrpcGenerator::Generate(const FileDescriptor* file, const std::string& para
             "#include <string>\n"
             "#include <utility>\n\n");
     for (const std::string& ns : namespaces) p.Print({{"ns", ns}}, "namespace $ns$ {\n");
-    if (file->service_count() > 0) {
-      p.Print("namespace {\n\n");
-      for (int s = 0; s < file->service_count(); ++s) PrintSourceTables(p, file->service(s));
-      p.Print("}  // namespace\n\n");
-    }
+    if (!namespaces.empty()) p.Print("\n");
+    for (int s = 0; s < file->service_count(); ++s) PrintSourceTables(p, file->service(s));
     for (int s = 0; s < file->service_count(); ++s) PrintSourceMembers(p, file->service(s));
     for (auto it = namespaces.rbegin(); it != namespaces.rend(); ++it) {
       p.Print({{"ns", *it}}, "}  // namespace $ns$\n");

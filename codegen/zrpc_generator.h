@@ -1,16 +1,24 @@
 // protoc-gen-zrpc's code generator: for each .proto it writes NAME.zrpc.h and NAME.zrpc.cc with,
 // per service, a client stub and a server base class over rpc/generated_api.h.
 //
-// Naming: the service class lives in the C++ namespace protobuf uses for the file's package,
-// named as in the .proto (plus "_" if a keyword, Stub or Service). Inside it, `Stub` (client) and `Service` (server base). An rpc keeps its name unless that
-// name is a C++ keyword or one the generated classes use themselves (Stub, Service, Dispatch,
-// service_info, channel_), or two generated members would collide (rpc `Foo` makes
-// `AsyncFoo`); then it gets a trailing underscore, as protobuf does for fields. The method
-// table keeps the .proto names.
+// Naming (tests/codegen/tricky and plugin_fuzz_test hold the cases):
+// - The service class lives in the C++ namespace protobuf uses for the file's package, named as
+//   in the .proto, plus "_" when that is a C++ keyword, a standard macro (EOF, errno, ...) or
+//   one of the class's own members (Stub, Service, service_info, kMethods, kInfo); a renamed
+//   service takes more underscores until it clashes with no top-level name of its file.
+// - Inside it, `Stub` (client) and `Service` (server base). An rpc keeps its name unless that
+//   is a keyword, a standard macro or a name the generated classes use themselves (Stub,
+//   Service, Dispatch, service_info, channel_), or two generated members would collide (rpc
+//   `Foo` makes `AsyncFoo`); then it gets a trailing underscore, as protobuf does for fields.
+//   The method table keeps the .proto names.
+// - Generated code names everything it uses fully qualified (::zrpc, ::absl, ::std, the
+//   service's own tables), so no .proto name can hide it.
 //
-// Refused with an error naming the file, service and method: streaming rpcs (not supported
-// yet), packages with a C++ keyword as a part (protobuf's own C++ output for them does not
-// compile) and plugin parameters (there are none).
+// Refused with an error that names the file (and service and method where there is one):
+// streaming rpcs (not supported yet); packages with a keyword or standard macro as a part
+// (protobuf's own C++ for them does not compile); packages inside the runtime's namespaces
+// (zrpc, zrpc.Channel, ..., std.*, absl.*); package-less types named like globals generated code
+// needs (zrpc, std, size_t, ...); plugin parameters (there are none).
 #ifndef ZRPC_CODEGEN_ZRPC_GENERATOR_H_
 #define ZRPC_CODEGEN_ZRPC_GENERATOR_H_
 

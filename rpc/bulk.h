@@ -42,21 +42,21 @@ class OutgoingBulk {
  public:
   OutgoingBulk() = default;
   // `release` (may be empty) runs once the runtime no longer reads `data`.
-  OutgoingBulk(const void* data, size_t size, std::function<void()> release = nullptr)
-      : data_(static_cast<const uint8_t*>(data)), size_(size), release_(std::move(release)) {}
+  OutgoingBulk(const void* data, size_t size, ::std::function<void()> release = nullptr)
+      : data_(static_cast<const uint8_t*>(data)), size_(size), release_(::std::move(release)) {}
   // Owns a string's bytes (convenient, not free: it is one allocation the runtime may stage).
-  static OutgoingBulk Copy(std::string bytes) {
-    auto* owned = new std::string(std::move(bytes));
+  static OutgoingBulk Copy(::std::string bytes) {
+    auto* owned = new ::std::string(::std::move(bytes));
     return OutgoingBulk(owned->data(), owned->size(), [owned] { delete owned; });
   }
 
-  OutgoingBulk(OutgoingBulk&& other) noexcept { *this = std::move(other); }
+  OutgoingBulk(OutgoingBulk&& other) noexcept { *this = ::std::move(other); }
   OutgoingBulk& operator=(OutgoingBulk&& other) noexcept {
     if (this != &other) {
       Reset();
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-      release_ = std::exchange(other.release_, nullptr);
+      data_ = ::std::exchange(other.data_, nullptr);
+      size_ = ::std::exchange(other.size_, 0);
+      release_ = ::std::exchange(other.release_, nullptr);
     }
     return *this;
   }
@@ -72,13 +72,13 @@ class OutgoingBulk {
   void Reset() {
     data_ = nullptr;
     size_ = 0;
-    if (std::function<void()> release = std::exchange(release_, nullptr)) release();
+    if (::std::function<void()> release = ::std::exchange(release_, nullptr)) release();
   }
 
  private:
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
-  std::function<void()> release_;
+  ::std::function<void()> release_;
 };
 
 // The runtime's side of an IncomingBulk: gives the receive memory back.
@@ -98,14 +98,14 @@ class IncomingBulk {
   IncomingBulk(const uint8_t* data, size_t size, BulkReleaser* releaser, uint64_t token)
       : data_(data), size_(size), releaser_(releaser), token_(token) {}
 
-  IncomingBulk(IncomingBulk&& other) noexcept { *this = std::move(other); }
+  IncomingBulk(IncomingBulk&& other) noexcept { *this = ::std::move(other); }
   IncomingBulk& operator=(IncomingBulk&& other) noexcept {
     if (this != &other) {
       Reset();
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-      releaser_ = std::exchange(other.releaser_, nullptr);
-      token_ = std::exchange(other.token_, 0);
+      data_ = ::std::exchange(other.data_, nullptr);
+      size_ = ::std::exchange(other.size_, 0);
+      releaser_ = ::std::exchange(other.releaser_, nullptr);
+      token_ = ::std::exchange(other.token_, 0);
     }
     return *this;
   }
@@ -116,15 +116,15 @@ class IncomingBulk {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  absl::string_view view() const {
-    return absl::string_view(reinterpret_cast<const char*>(data_), size_);
+  ::absl::string_view view() const {
+    return ::absl::string_view(reinterpret_cast<const char*>(data_), size_);
   }
 
   // Gives the receive memory back (once) and leaves the payload empty.
   void Reset() {
     data_ = nullptr;
     size_ = 0;
-    if (BulkReleaser* releaser = std::exchange(releaser_, nullptr)) releaser->ReleaseBulk(token_);
+    if (BulkReleaser* releaser = ::std::exchange(releaser_, nullptr)) releaser->ReleaseBulk(token_);
   }
 
  private:

@@ -49,17 +49,17 @@ namespace zrpc {
 // Per-call options.
 struct CallOptions {
   // The call fails with kDeadlineExceeded if no response has arrived by then.
-  absl::Time deadline = absl::InfiniteFuture();
+  ::absl::Time deadline = ::absl::InfiniteFuture();
 
-  static CallOptions Timeout(absl::Duration timeout) {
+  static CallOptions Timeout(::absl::Duration timeout) {
     CallOptions options;
-    options.deadline = absl::Now() + timeout;
+    options.deadline = ::absl::Now() + timeout;
     return options;
   }
 };
 
 // Runs once when an asynchronous call ends: OK, or why it failed.
-using DoneCallback = std::function<void(absl::Status)>;
+using DoneCallback = ::std::function<void(::absl::Status)>;
 
 struct MethodInfo {
   const char* full_name;  // "package.Service/Method"
@@ -90,7 +90,7 @@ class Channel {
   // Reserves a registered slot of exactly `size` bytes for a request. Fails with
   // kResourceExhausted when no slot frees up before `options.deadline`, kInvalidArgument
   // when `size` exceeds the largest message the channel carries.
-  virtual absl::StatusOr<SendSlot> AcquireSendSlot(size_t size, const CallOptions& options) = 0;
+  virtual ::absl::StatusOr<SendSlot> AcquireSendSlot(size_t size, const CallOptions& options) = 0;
 
   // Sends the request in `slot` (taking it back) to `method`, with `request_bulk` beside it
   // (empty unless method.request_bulk), and releases `request_bulk` once its bytes have left.
@@ -98,14 +98,14 @@ class Channel {
   // response_bulk its payload is moved into `*response_bulk` (non-null exactly then); both must
   // stay alive until `done` runs, and on error `*response_bulk` stays empty.
   virtual void StartUnaryCall(const MethodInfo& method, SendSlot slot, OutgoingBulk request_bulk,
-                              google::protobuf::MessageLite* response,
+                              ::google::protobuf::MessageLite* response,
                               IncomingBulk* response_bulk, const CallOptions& options,
                               DoneCallback done) = 0;
 };
 
 // What a handler sees of the call it serves.
 struct ServerContext {
-  absl::Time deadline = absl::InfiniteFuture();
+  ::absl::Time deadline = ::absl::InfiniteFuture();
 };
 
 // The server side of one call in flight, implemented by the runtime.
@@ -120,11 +120,11 @@ class ServerCall {
   // nobody takes is released at Finish.
   virtual IncomingBulk TakeRequestBulk() = 0;
   // A registered slot of exactly `size` bytes for the response.
-  virtual absl::StatusOr<SendSlot> AcquireResponseSlot(size_t size) = 0;
+  virtual ::absl::StatusOr<SendSlot> AcquireResponseSlot(size_t size) = 0;
   // Ends the call: with `status` OK, sends the response in `*response` and `response_bulk`
   // beside it (empty unless the method has response_bulk); otherwise sends the error (and
   // `response` is null, `response_bulk` empty). Called exactly once.
-  virtual void Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) = 0;
+  virtual void Finish(::absl::Status status, SendSlot* response, OutgoingBulk response_bulk) = 0;
 };
 
 // What the runtime dispatches to: generated service base classes implement this.
@@ -142,30 +142,30 @@ namespace internal {
 // released when the call fails here, or by the channel once sent.
 template <typename Request>
 void AsyncUnaryCall(Channel* channel, const MethodInfo& method, const Request& request,
-                    OutgoingBulk request_bulk, google::protobuf::MessageLite* response,
+                    OutgoingBulk request_bulk, ::google::protobuf::MessageLite* response,
                     IncomingBulk* response_bulk, const CallOptions& options, DoneCallback done) {
   const size_t size = request.ByteSizeLong();  // caches sizes for the serializer below
-  absl::StatusOr<SendSlot> slot = channel->AcquireSendSlot(size, options);
+  ::absl::StatusOr<SendSlot> slot = channel->AcquireSendSlot(size, options);
   if (!slot.ok()) {
     request_bulk.Reset();  // before `done`: the caller may reuse the bytes from there on
     done(slot.status());
     return;
   }
   request.SerializeWithCachedSizesToArray(slot->data);
-  channel->StartUnaryCall(method, *std::move(slot), std::move(request_bulk), response,
-                          response_bulk, options, std::move(done));
+  channel->StartUnaryCall(method, *::std::move(slot), ::std::move(request_bulk), response,
+                          response_bulk, options, ::std::move(done));
 }
 
 // The blocking form: waits for AsyncUnaryCall's callback.
 template <typename Request>
-absl::Status UnaryCall(Channel* channel, const MethodInfo& method, const Request& request,
-                       OutgoingBulk request_bulk, google::protobuf::MessageLite* response,
+::absl::Status UnaryCall(Channel* channel, const MethodInfo& method, const Request& request,
+                       OutgoingBulk request_bulk, ::google::protobuf::MessageLite* response,
                        IncomingBulk* response_bulk, const CallOptions& options) {
-  absl::Notification finished;
-  absl::Status result;
-  AsyncUnaryCall(channel, method, request, std::move(request_bulk), response, response_bulk,
-                 options, [&](absl::Status status) {
-                   result = std::move(status);
+  ::absl::Notification finished;
+  ::absl::Status result;
+  AsyncUnaryCall(channel, method, request, ::std::move(request_bulk), response, response_bulk,
+                 options, [&](::absl::Status status) {
+                   result = ::std::move(status);
                    finished.Notify();
                  });
   finished.WaitForNotification();
@@ -173,36 +173,36 @@ absl::Status UnaryCall(Channel* channel, const MethodInfo& method, const Request
 }
 
 // Parses the request in place, runs
-//   handler(context, request, std::move(request_bulk), &response, &response_bulk)
+//   handler(context, request, ::std::move(request_bulk), &response, &response_bulk)
 // (generated code adapts that to the method's own handler signature), serializes the response
 // straight into a registered slot, and finishes the call with the response's bulk payload.
 template <typename Request, typename Response, typename Handler>
 void HandleUnary(ServerCall* call, Handler&& handler) {
   Request request;
-  if (call->request_size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+  if (call->request_size() > static_cast<size_t>(::std::numeric_limits<int>::max()) ||
       !request.ParseFromArray(call->request_data(), static_cast<int>(call->request_size()))) {
-    call->Finish(absl::InvalidArgumentError("malformed request: it does not parse as " +
+    call->Finish(::absl::InvalidArgumentError("malformed request: it does not parse as " +
                                             request.GetTypeName()),
                  nullptr, OutgoingBulk());
     return;
   }
   Response response;
   OutgoingBulk response_bulk;
-  absl::Status status =
+  ::absl::Status status =
       handler(call->context(), request, call->TakeRequestBulk(), &response, &response_bulk);
   if (!status.ok()) {
     response_bulk.Reset();
-    call->Finish(std::move(status), nullptr, OutgoingBulk());
+    call->Finish(::std::move(status), nullptr, OutgoingBulk());
     return;
   }
-  absl::StatusOr<SendSlot> slot = call->AcquireResponseSlot(response.ByteSizeLong());
+  ::absl::StatusOr<SendSlot> slot = call->AcquireResponseSlot(response.ByteSizeLong());
   if (!slot.ok()) {
     response_bulk.Reset();
     call->Finish(slot.status(), nullptr, OutgoingBulk());
     return;
   }
   response.SerializeWithCachedSizesToArray(slot->data);
-  call->Finish(absl::OkStatus(), &*slot, std::move(response_bulk));
+  call->Finish(::absl::OkStatus(), &*slot, ::std::move(response_bulk));
 }
 
 }  // namespace internal

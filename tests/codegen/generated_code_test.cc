@@ -138,7 +138,7 @@ using zrpc::test::common::Nothing;
 using zrpc::test::common::Payload;
 
 // Overrides every renamed handler; each tags its response so the test sees who answered.
-class TrickyImpl : public tricky::Service_::Service {
+class TrickyImpl : public tricky::Service__::Service {
  public:
   absl::Status delete_(zrpc::ServerContext&, const tricky::Empty&, tricky::Empty*) override {
     return absl::OkStatus();
@@ -167,7 +167,7 @@ TEST_CASE("rpcs named like keywords or generated members get a trailing undersco
           "[codegen][names]") {
   TrickyImpl impl;
   LoopbackChannel channel(&impl);
-  tricky::Service_::Stub stub(&channel);
+  tricky::Service__::Stub stub(&channel);
   tricky::Empty empty;
   CHECK(stub.delete_(empty, &empty).ok());
   CHECK(channel.last_method == "zrpc.test.tricky.Service/delete");
@@ -185,7 +185,7 @@ TEST_CASE("rpc AsyncEcho keeps its name; Echo's async twin becomes AsyncEcho_",
           "[codegen][names]") {
   TrickyImpl impl;
   LoopbackChannel channel(&impl);
-  tricky::Service_::Stub stub(&channel);
+  tricky::Service__::Stub stub(&channel);
   Payload in, out;
   in.set_data("y");
   REQUIRE(stub.AsyncEcho(in, &out).ok());  // the blocking form of rpc AsyncEcho
@@ -194,6 +194,14 @@ TEST_CASE("rpc AsyncEcho keeps its name; Echo's async twin becomes AsyncEcho_",
   stub.AsyncEcho_(in, &out, {}, [&](absl::Status s) { status = s; });  // async form of Echo
   CHECK(status.ok());
   CHECK(out.data() == "Echo:y");
+}
+
+TEST_CASE("services renamed for C++ yield to names the .proto gave", "[codegen][names]") {
+  // service Service needs a C++ rename, and service Service_ already has that name.
+  CHECK(std::string(tricky::Service__::service_info().full_name) == "zrpc.test.tricky.Service");
+  CHECK(std::string(tricky::Service_::service_info().full_name) == "zrpc.test.tricky.Service_");
+  // kInfo is a member of every service class.
+  CHECK(std::string(tricky::kInfo_::service_info().full_name) == "zrpc.test.tricky.kInfo");
 }
 
 TEST_CASE("a service with no methods and one named like a keyword still work",

@@ -85,6 +85,24 @@ TEST_CASE("a package named with a C++ keyword is refused with the reason", "[cod
   CHECK(Contains(result.output, "'class' is a C++ keyword"));
 }
 
+TEST_CASE("a package inside the runtime's namespaces is refused with the reason",
+          "[codegen][errors]") {
+  ProtocResult result = RunProtoc("tests/codegen/bad/runtime_package.proto");
+  INFO(result.output);
+  CHECK(result.exit_code != 0);
+  CHECK(Contains(result.output, "tests/codegen/bad/runtime_package.proto: package zrpc.Channel: "
+                                "the namespace zrpc::Channel belongs to zrpc's runtime"));
+}
+
+TEST_CASE("a package-less type named like a global the generated code needs is refused",
+          "[codegen][errors]") {
+  ProtocResult result = RunProtoc("tests/codegen/bad/global_name.proto");
+  INFO(result.output);
+  CHECK(result.exit_code != 0);
+  CHECK(Contains(result.output, "tests/codegen/bad/global_name.proto: 'size_t' is declared "
+                                "without a package"));
+}
+
 TEST_CASE("plugin parameters are refused", "[codegen][errors]") {
   ProtocResult result = RunProtoc("proto/examples/greeter.proto", "fast=1:");
   INFO(result.output);
