@@ -19,9 +19,9 @@ bool IsStandardMacro(const std::string& name) {
   // The object-like and function-like macros of the C library headers that C++ code commonly
   // pulls in, plus the ones GNU mode (-std=gnu++17) predefines.
   static const std::set<std::string> kMacros = {
-      "NULL",   "EOF",    "errno",  "assert", "stdin",   "stdout", "stderr",
-      "offsetof", "setjmp", "va_arg", "va_start", "va_end", "va_copy", "unix",
-      "linux",  "i386",   "BUFSIZ", "FILENAME_MAX", "RAND_MAX", "EXIT_SUCCESS", "EXIT_FAILURE"};
+      "NULL",     "EOF",    "errno",  "assert",       "stdin",    "stdout",       "stderr",
+      "offsetof", "setjmp", "va_arg", "va_start",     "va_end",   "va_copy",      "unix",
+      "linux",    "i386",   "BUFSIZ", "FILENAME_MAX", "RAND_MAX", "EXIT_SUCCESS", "EXIT_FAILURE"};
   return kMacros.count(name) > 0;
 }
 
@@ -46,8 +46,8 @@ std::string ReservedPackageReason(const std::string& package) {
   // What zrpc's headers declare directly in namespace zrpc (rpc/*.h, proto/zrpc/options.proto).
   // A package zrpc.Channel would make a namespace of the same name; keep this list current.
   static const std::set<std::string> kRuntimeNames = {
-      "internal",     "Channel",      "Service",      "ServerCall",   "ServerContext",
-      "CallOptions",  "MethodInfo",   "ServiceInfo",  "SendSlot",     "DoneCallback",
+      "internal",     "Channel",      "Service",      "ServerCall",    "ServerContext",
+      "CallOptions",  "MethodInfo",   "ServiceInfo",  "SendSlot",      "DoneCallback",
       "OutgoingBulk", "IncomingBulk", "BulkReleaser", "MethodOptions", "method"};
   if (parts[0] == "zrpc" && (parts.size() == 1 || kRuntimeNames.count(parts[1]) > 0)) {
     return "the namespace " + (parts.size() == 1 ? "zrpc" : "zrpc::" + parts[1]) +
@@ -64,9 +64,9 @@ std::string ReservedPackageReason(const std::string& package) {
 
 bool IsReservedGlobalName(const std::string& name) {
   static const std::set<std::string> kGlobalNames = {
-      "zrpc",    "absl",    "std",     "google",  "size_t",   "ptrdiff_t", "nullptr_t",
-      "int8_t",  "int16_t", "int32_t", "int64_t", "uint8_t",  "uint16_t",  "uint32_t",
-      "uint64_t", "intptr_t", "uintptr_t"};
+      "zrpc",      "absl",     "std",      "google",   "size_t",   "ptrdiff_t",
+      "nullptr_t", "int8_t",   "int16_t",  "int32_t",  "int64_t",  "uint8_t",
+      "uint16_t",  "uint32_t", "uint64_t", "intptr_t", "uintptr_t"};
   return kGlobalNames.count(name) > 0;
 }
 

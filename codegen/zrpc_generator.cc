@@ -225,7 +225,8 @@ bool CheckSupported(const FileDescriptor* file, std::string* error) {
       }
     }
     for (int i = 0; i < file->enum_type_count(); ++i) {
-      if (IsReservedGlobalName(file->enum_type(i)->name())) return refuse(file->enum_type(i)->name());
+      const std::string& name = file->enum_type(i)->name();
+      if (IsReservedGlobalName(name)) return refuse(name);
     }
     for (int i = 0; i < file->service_count(); ++i) {
       if (IsReservedGlobalName(file->service(i)->name())) return refuse(file->service(i)->name());
@@ -298,7 +299,9 @@ void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
       "  };\n"
       "\n"
       " private:\n");
-  if (!methods.empty()) p.Print("  static const ::zrpc::MethodInfo kMethods[];  // index i is rpc i\n");
+  if (!methods.empty()) {
+    p.Print("  static const ::zrpc::MethodInfo kMethods[];  // index i is rpc i\n");
+  }
   p.Print(
       "  static const ::zrpc::ServiceInfo kInfo;\n"
       "};\n"
@@ -329,7 +332,8 @@ void PrintSourceTables(Printer& p, const ServiceDescriptor* service) {
     }
     p.Print(svars,
             "};\n"
-            "const ::zrpc::ServiceInfo $Service$::kInfo = {\"$full_name$\", kMethods, $count$};\n\n");
+            "const ::zrpc::ServiceInfo $Service$::kInfo = {\"$full_name$\", kMethods, "
+            "$count$};\n\n");
   }
 }
 
@@ -345,14 +349,15 @@ void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
     p.Print(vars,
             "::absl::Status $Service$::Stub::$Method$(const $Request$& request,$def_stub_in$\n"
             "    $Response$* response,$def_stub_out$ const ::zrpc::CallOptions& options) {\n"
-            "  return ::zrpc::internal::UnaryCall(channel_, $Qualified$::kMethods[$index$], request,\n"
-            "      $pass_stub_in$, response, $pass_stub_out$, options);\n"
+            "  return ::zrpc::internal::UnaryCall(channel_, $Qualified$::kMethods[$index$],\n"
+            "      request, $pass_stub_in$, response, $pass_stub_out$, options);\n"
             "}\n\n"
             "void $Service$::Stub::$AsyncMethod$(const $Request$& request,$def_stub_in$\n"
             "    $Response$* response,$def_stub_out$ const ::zrpc::CallOptions& options,\n"
             "    ::zrpc::DoneCallback done) {\n"
-            "  ::zrpc::internal::AsyncUnaryCall(channel_, $Qualified$::kMethods[$index$], request,\n"
-            "      $pass_stub_in$, response, $pass_stub_out$, options, ::std::move(done));\n"
+            "  ::zrpc::internal::AsyncUnaryCall(channel_, $Qualified$::kMethods[$index$],\n"
+            "      request, $pass_stub_in$, response, $pass_stub_out$, options,\n"
+            "      ::std::move(done));\n"
             "}\n\n"
             "::absl::Status $Service$::Service::$Method$(::zrpc::ServerContext&,\n"
             "    const $Request$&,$default_in$ $Response$*$default_out$) {\n"
@@ -401,7 +406,8 @@ bool ZrpcGenerator::Generate(const FileDescriptor* file, const std::string& para
   const std::string base = StripProto(file->name());
   const std::vector<std::string> namespaces = PackageNamespaces(file->package());
   {
-    std::unique_ptr<google::protobuf::io::ZeroCopyOutputStream> out(context->Open(base + ".zrpc.h"));
+    std::unique_ptr<google::protobuf::io::ZeroCopyOutputStream> out(
+        context->Open(base + ".zrpc.h"));
     Printer p(out.get(), '$');
     PrintPreamble(p, file);
     p.Print({{"guard", HeaderGuard(base + ".zrpc.h")}, {"base", base}},

@@ -48,27 +48,38 @@ constexpr char kOptionsProto[] = "proto/zrpc/options.proto";
 
 // Names that have collided, or could collide, with something in generated C++.
 const std::vector<std::string> kNamePool = {
-    "Foo", "Bar", "Get", "Put", "Echo", "AsyncEcho", "AsyncFoo", "Foo_", "AsyncFoo_",
-    "Stub", "Service", "Service_", "Dispatch", "service_info", "channel_", "request",
-    "response", "options", "done", "context", "call", "method_index", "request_bulk",
-    "response_bulk", "class", "delete", "namespace", "new", "int", "default", "register",
-    "template", "this", "operator", "auto", "friend", "final", "override", "std", "zrpc",
-    "absl", "google", "internal", "kFooInfo", "kFooMethods", "kInfo", "kMethods", "Info", "Methods", "x1", "UPPER",
-    "Empty", "Channel", "ServerCall", "ServerContext", "MethodInfo", "ServiceInfo",
-    "CallOptions", "OutgoingBulk", "IncomingBulk", "DoneCallback", "Status", "string", "move",
-    "size_t", "uint8_t", "int64_t",
-    "to_string", "NULL", "nullptr", "main", "errno", "assert", "EOF",
-    "TRUE", "unix", "linux", "_Foo", "__bar"};
+    "Foo",           "Bar",          "Get",         "Put",          "Echo",         "AsyncEcho",
+    "AsyncFoo",      "Foo_",         "AsyncFoo_",   "Stub",         "Service",      "Service_",
+    "Dispatch",      "service_info", "channel_",    "request",      "response",     "options",
+    "done",          "context",      "call",        "method_index", "request_bulk", "response_bulk",
+    "class",         "delete",       "namespace",   "new",          "int",          "default",
+    "register",      "template",     "this",        "operator",     "auto",         "friend",
+    "final",         "override",     "std",         "zrpc",         "absl",         "google",
+    "internal",      "kFooInfo",     "kFooMethods", "kInfo",        "kMethods",     "Info",
+    "Methods",       "x1",           "UPPER",       "Empty",        "Channel",      "ServerCall",
+    "ServerContext", "MethodInfo",   "ServiceInfo", "CallOptions",  "OutgoingBulk", "IncomingBulk",
+    "DoneCallback",  "Status",       "string",      "move",         "size_t",       "uint8_t",
+    "int64_t",       "to_string",    "NULL",        "nullptr",      "main",         "errno",
+    "assert",        "EOF",          "TRUE",        "unix",         "linux",        "_Foo",
+    "__bar"};
 
 // Package parts; the keywords among them must be refused.
 const std::vector<std::string> kPackagePool = {
-    "a", "b", "pkg", "v1", "zrpc", "examples", "Stub", "Service", "x1", "class",
-    "absl", "internal", "std", "Channel", "google", "EOF", "kInfo", "method"};
+    "a",     "b",    "pkg",      "v1",  "zrpc",    "examples", "Stub", "Service", "x1",
+    "class", "absl", "internal", "std", "Channel", "google",   "EOF",  "kInfo",   "method"};
 
 // Comment lines, including ones that end in a backslash (a line continuation in C++).
-const std::vector<std::string> kCommentPool = {
-    " plain words", " trailing backslash \\", "\\", " two \\\\", " ends in trigraph ??" "/",
-    " $dollar$ signs $", " */ /* ", " \ttab and unicode \xc3\xa9", "", " // nested"};
+const std::vector<std::string> kCommentPool = {" plain words",
+                                               " trailing backslash \\",
+                                               "\\",
+                                               " two \\\\",
+                                               " ends in trigraph ??"
+                                               "/",
+                                               " $dollar$ signs $",
+                                               " */ /* ",
+                                               " \ttab and unicode \xc3\xa9",
+                                               "",
+                                               " // nested"};
 
 // protoc reports a file the pool refuses; here refusals are expected and counted, not printed.
 class QuietErrors : public DescriptorPool::ErrorCollector {
@@ -188,7 +199,8 @@ class RandomProtos {
       for (int p : path) location->add_path(p);
       for (int span : {1, 0, 1}) location->add_span(span);
       std::string text;
-      for (size_t n = 1 + Below(3); n > 0; --n) text += kCommentPool[Below(kCommentPool.size())] + "\n";
+      for (size_t n = 1 + Below(3); n > 0; --n)
+        text += kCommentPool[Below(kCommentPool.size())] + "\n";
       location->set_leading_comments(text);
     };
     for (int s = 0; s < file.service_size(); ++s) {
@@ -280,8 +292,10 @@ void CheckShape(const FileDescriptorProto& proto, const Outcome& outcome) {
       if (comment) {
         comment = c != '\n';
       } else if (quoted) {
-        if (c == '\\') ++i;
-        else if (c == '"') quoted = false;
+        if (c == '\\')
+          ++i;
+        else if (c == '"')
+          quoted = false;
       } else if (c == '/' && i + 1 < text->size() && (*text)[i + 1] == '/') {
         comment = true;
       } else if (c == '"') {
@@ -395,15 +409,15 @@ TEST_CASE("random .proto files: the generated C++ compiles with -Wall -Wextra -W
       REQUIRE(set.SerializeToOstream(&file));
     }
     std::string protoc_output;
-    int protoc = Run("/usr/bin/protoc --descriptor_set_in=" + dir + "/set.pb --plugin=protoc-gen-zrpc=" +
-                         Runfile("codegen/protoc-gen-zrpc") + " --cpp_out=" + dir +
-                         " --zrpc_out=" + dir + " " + kFileName,
+    int protoc = Run("/usr/bin/protoc --descriptor_set_in=" + dir +
+                         "/set.pb --plugin=protoc-gen-zrpc=" + Runfile("codegen/protoc-gen-zrpc") +
+                         " --cpp_out=" + dir + " --zrpc_out=" + dir + " " + kFileName,
                      &protoc_output);
     INFO(protoc_output);
     REQUIRE(protoc == 0);
 
-    const std::string gxx = "g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I" + dir +
-                            " -I" + Runfile("") + " ";
+    const std::string gxx =
+        "g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I" + dir + " -I" + Runfile("") + " ";
     std::string compiler_output;
     if (Run(gxx + dir + "/fuzz/input.zrpc.cc", &compiler_output) != 0) {
       // Only zrpc's part counts: if protobuf's own header fails alone, the input is outside
