@@ -11,10 +11,10 @@ Every library comes from a Debian package that zrpc's tools/install-deps install
 
 load("//bazel:system_libs.bzl", "system_libs")
 
-def zrpc_system_libs(name = "system"):
-    """Declares @system, one cc_library per system library zrpc links (see system_libs.bzl)."""
+def zrpc_system_libs():
+    """Declares @system (zrpc's BUILD files name it so), one cc_library per system library."""
     system_libs(
-        name = name,
+        name = "system",
         libs = {
             "absl": " ".join([
                 "absl_status",

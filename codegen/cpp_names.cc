@@ -15,14 +15,30 @@ bool IsCppKeyword(const std::string& name) {
   return google::protobuf::compiler::cpp::ResolveKeyword(name) != name;
 }
 
-bool IsStandardMacro(const std::string& name) {
-  // The object-like and function-like macros of the C library headers that C++ code commonly
-  // pulls in, plus the ones GNU mode (-std=gnu++17) predefines.
+namespace {
+
+// Object-like macros of the C library headers C++ code commonly pulls in: any use of the name
+// is expanded, also as a namespace.
+const std::set<std::string>& ObjectLikeMacros() {
   static const std::set<std::string> kMacros = {
-      "NULL",     "EOF",    "errno",  "assert",       "stdin",    "stdout",       "stderr",
-      "offsetof", "setjmp", "va_arg", "va_start",     "va_end",   "va_copy",      "unix",
-      "linux",    "i386",   "BUFSIZ", "FILENAME_MAX", "RAND_MAX", "EXIT_SUCCESS", "EXIT_FAILURE"};
-  return kMacros.count(name) > 0;
+      "NULL",         "EOF",          "errno",    "stdin",       "stdout", "stderr",
+      "BUFSIZ",       "FILENAME_MAX", "RAND_MAX", "EXIT_SUCCESS", "EXIT_FAILURE"};
+  return kMacros;
+}
+
+// Function-like macros (expanded only before a '(') and the macros GNU mode (-std=gnu++17)
+// predefines: harmless as a namespace under -std=c++17, not as a function or class name.
+const std::set<std::string>& OtherMacros() {
+  static const std::set<std::string> kMacros = {
+      "assert", "offsetof", "setjmp", "va_arg", "va_start", "va_end", "va_copy",
+      "unix",   "linux",    "i386"};
+  return kMacros;
+}
+
+}  // namespace
+
+bool IsStandardMacro(const std::string& name) {
+  return ObjectLikeMacros().count(name) > 0 || OtherMacros().count(name) > 0;
 }
 
 bool IsReservedCppName(const std::string& name) {
@@ -36,8 +52,9 @@ std::string CppIdentifier(const std::string& name) {
 std::string ReservedPackageReason(const std::string& package) {
   const std::vector<std::string> parts = PackageNamespaces(package);
   for (const std::string& part : parts) {
-    if (IsReservedCppName(part)) {
-      // protobuf's C++ generator emits `namespace class {`, which does not compile.
+    // protobuf's C++ generator emits `namespace class {` or `namespace EOF {`: no compiler
+    // takes either.
+    if (IsCppKeyword(part) || ObjectLikeMacros().count(part) > 0) {
       return "'" + part + "' is a C++ " + (IsCppKeyword(part) ? "keyword" : "standard macro") +
              ", and C++ code for this package cannot compile; rename it";
     }

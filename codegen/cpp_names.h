@@ -22,9 +22,9 @@ bool IsReservedCppName(const std::string& name);
 // `name`, or `name` + "_" when it is reserved (above).
 std::string CppIdentifier(const std::string& name);
 
-// Why generated C++ for `package` cannot work, or "" when it can: a part that is a keyword or a
-// standard macro; the namespace zrpc or one of the runtime's names right below it; a package
-// inside std or absl.
+// Why generated C++ for `package` cannot work, or "" when it can: a part that is a keyword or an
+// object-like standard macro (EOF; `assert` or GNU's `linux` are fine as namespaces); the
+// namespace zrpc or one of the runtime's names right below it; a package inside std or absl.
 std::string ReservedPackageReason(const std::string& package);
 
 // A global name generated code relies on (::zrpc, ::absl, ::std, ::google, the <cstdint> and

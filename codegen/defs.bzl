@@ -16,7 +16,8 @@ Import paths are relative to the root of the repository a .proto lives in, in th
 and in external ones alike: a file at @shared//api/v1/store.proto is imported as
 "api/v1/store.proto" and its headers are included as "api/v1/store.zrpc.h". zrpc's own options
 (proto/zrpc/options.proto, for bulk methods) are imported as "proto/zrpc/options.proto" and need
-no entry in `deps`.
+no entry in `deps` (except with services = False). In a package with a part named zrpc, refer to
+the option as (.zrpc.method): protobuf resolves option names relative to the package first.
 """
 
 _ZrpcProtoInfo = provider(
@@ -47,6 +48,8 @@ def _zrpc_gen_impl(ctx):
     hdrs = []
     srcs = []
     for proto in ctx.files.srcs:
+        if not proto.is_source:
+            fail("%s: generated .proto files are not supported; check the file in" % proto.owner)
         if (proto.owner.workspace_name != ctx.label.workspace_name or
             proto.owner.package != ctx.label.package):
             fail("%s: .proto files must be in the package of %s" % (proto.owner, ctx.label))

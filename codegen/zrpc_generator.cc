@@ -47,8 +47,12 @@ std::string HeaderGuard(const std::string& path) {
 
 // One line of a .proto comment as the text of a C++ // comment. A line that ends in a backslash
 // (or the trigraph ??/, which GCC still warns about) would continue the comment onto the next
-// line of code, so it gets a terminating '.'.
+// line of code, so it gets a terminating '.'; a carriage return inside it becomes a space.
 std::string CommentLine(std::string line) {
+  // GCC ends a line at a lone \r (and \v, \f are no better): the rest would become code.
+  for (char& c : line) {
+    if (c == '\r' || c == '\v' || c == '\f') c = ' ';
+  }
   while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\r')) {
     line.pop_back();
   }
@@ -172,7 +176,9 @@ void AddBulkVars(const ::zrpc::MethodOptions& options, Vars& vars) {
   }
   if (out) {
     stub_doc += "    // `*response_bulk` receives the response's bulk payload, read in place.\n";
-    handler_doc += "    // Put the response's bulk payload in `*response_bulk` (rpc/bulk.h).\n";
+    handler_doc +=
+        "    // Put the response's bulk payload in `*response_bulk`; memory that may die before\n"
+        "    // the server needs a release callback (rpc/bulk.h).\n";
   }
   vars["stub_bulk_doc"] = stub_doc;
   vars["handler_bulk_doc"] = handler_doc;

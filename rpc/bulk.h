@@ -12,9 +12,9 @@
 // advertised (transport/arena.h), and the receiver reads it in place there.
 //
 //   OutgoingBulk  what a sender hands over: borrowed bytes plus an optional release callback.
-//                 When the bytes lie in memory registered with the runtime's device they go out
-//                 with no copy at all; otherwise the runtime stages them once into registered
-//                 memory (the runtime issue documents how to register buffers).
+//                 The runtime stages unregistered bytes once into registered memory; a way to
+//                 hand it memory registered in advance (so the WRITE reads the caller's bytes
+//                 directly) belongs to the RPC runtime and is not in this interface yet.
 //   IncomingBulk  what a receiver gets: a read-only view of the payload where it landed. Holding
 //                 it holds that receive memory, and the peer's later payloads queue behind it (the
 //                 receive arena frees in ring order), so release it promptly: destroy it, Reset it,
@@ -22,7 +22,9 @@
 //                 came from is destroyed: it points into that runtime's memory.
 //
 // Both are move-only and release exactly once. An empty payload (size 0) is valid and sends
-// nothing but the message.
+// nothing but the message. A payload larger than the receiver's receive memory (its advertised
+// arena) fails the call with kInvalidArgument; one that must wait for space waits at most until
+// the call's deadline.
 #ifndef ZRPC_RPC_BULK_H_
 #define ZRPC_RPC_BULK_H_
 
@@ -36,8 +38,14 @@
 
 namespace zrpc {
 
-// Bytes to send as a bulk payload. They must stay alive and unchanged until `release` runs, or,
-// without a release callback, until the call ends (the blocking call returns or `done` runs).
+// Bytes to send as a bulk payload. They must stay alive and unchanged until `release` runs.
+// Without a release callback:
+//   - from a client, until the call ends (the blocking call returns or `done` runs): the channel
+//     releases the payload before `done` on every path, deadline and failure included, so a
+//     deadline never lets the caller reuse bytes the NIC may still read;
+//   - from a server (a handler's *response_bulk), until the server is destroyed: the handler
+//     returns before the bytes leave, so memory that dies sooner needs a release callback
+//     (or OutgoingBulk::Copy).
 class OutgoingBulk {
  public:
   OutgoingBulk() = default;
@@ -81,7 +89,11 @@ class OutgoingBulk {
   ::std::function<void()> release_;
 };
 
-// The runtime's side of an IncomingBulk: gives the receive memory back.
+// The runtime's side of an IncomingBulk: gives the receive memory back. ReleaseBulk may be called
+// from any thread (a handler's, a DoneCallback on a runtime thread, the application's), also
+// after the connection the payload came on has failed, so it must be thread-safe, must not
+// block, and must keep the receive memory mapped until every payload in it is released. The
+// releaser itself must outlive every IncomingBulk it hands out.
 class BulkReleaser {
  public:
   virtual void ReleaseBulk(uint64_t token) = 0;

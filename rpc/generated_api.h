@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -93,10 +94,13 @@ class Channel {
   virtual ::absl::StatusOr<SendSlot> AcquireSendSlot(size_t size, const CallOptions& options) = 0;
 
   // Sends the request in `slot` (taking it back) to `method`, with `request_bulk` beside it
-  // (empty unless method.request_bulk), and releases `request_bulk` once its bytes have left.
-  // When the response arrives it is parsed into `*response`, and for a method with
-  // response_bulk its payload is moved into `*response_bulk` (non-null exactly then); both must
-  // stay alive until `done` runs, and on error `*response_bulk` stays empty.
+  // (empty unless method.request_bulk). Releases `request_bulk` once the NIC no longer reads it
+  // and always before `done` runs, also when the call fails or its deadline passes first (the
+  // failure then waits for the WRITE to complete or flush). When the response arrives it is
+  // parsed into `*response`, and for a method with response_bulk its payload is moved into
+  // `*response_bulk` (non-null exactly then, and empty on entry: AsyncUnaryCall resets it on
+  // the caller's thread). Both must stay alive until `done` runs; on error `*response_bulk`
+  // stays empty.
   virtual void StartUnaryCall(const MethodInfo& method, SendSlot slot, OutgoingBulk request_bulk,
                               ::google::protobuf::MessageLite* response,
                               IncomingBulk* response_bulk, const CallOptions& options,
@@ -116,8 +120,9 @@ class ServerCall {
   // The serialized request, in the registered receive buffer it arrived in; valid until Finish.
   virtual const uint8_t* request_data() const = 0;
   virtual size_t request_size() const = 0;
-  // The request's bulk payload, in place (empty for a method without request_bulk). A payload
-  // nobody takes is released at Finish.
+  // The request's bulk payload, in place (empty for a method without request_bulk; the runtime
+  // refuses a request that carries one anyway). A payload nobody takes is released at Finish.
+  // One taken may outlive Finish and the ServerCall: its releaser is the runtime's, not this.
   virtual IncomingBulk TakeRequestBulk() = 0;
   // A registered slot of exactly `size` bytes for the response.
   virtual ::absl::StatusOr<SendSlot> AcquireResponseSlot(size_t size) = 0;
@@ -139,11 +144,18 @@ class Service {
 namespace internal {
 
 // Serializes `request` straight into a registered slot and starts the call. `request_bulk` is
-// released when the call fails here, or by the channel once sent.
+// released when the call fails here, or by the channel (before `done`, see StartUnaryCall).
 template <typename Request>
 void AsyncUnaryCall(Channel* channel, const MethodInfo& method, const Request& request,
                     OutgoingBulk request_bulk, ::google::protobuf::MessageLite* response,
                     IncomingBulk* response_bulk, const CallOptions& options, DoneCallback done) {
+  if (method.response_bulk && response_bulk == nullptr) {
+    request_bulk.Reset();
+    done(::absl::InvalidArgumentError(::std::string(method.full_name) +
+                                      ": response_bulk must not be null"));
+    return;
+  }
+  if (response_bulk != nullptr) response_bulk->Reset();
   const size_t size = request.ByteSizeLong();  // caches sizes for the serializer below
   ::absl::StatusOr<SendSlot> slot = channel->AcquireSendSlot(size, options);
   if (!slot.ok()) {

@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "absl/cleanup/cleanup.h"
 #include "api/kv.zrpc.h"  // from the external repository @zrpc_ext
 #include "proto/examples/greeter.zrpc.h"
 #include "proto/examples/object_store.zrpc.h"
@@ -272,7 +273,7 @@ class ObjectStoreImpl : public ObjectStore::Service {
     auto it = objects.find(key.name());
     if (it == objects.end()) {
       // A payload set before failing must still be released, and never reach the client.
-      *response_bulk = OutgoingBulk::Copy("partial");
+      *response_bulk = OutgoingBulk("partial", 7, [this] { ++partial_released; });
       return absl::NotFoundError(key.name());
     }
     info->set_size(it->second.size());
@@ -290,6 +291,7 @@ class ObjectStoreImpl : public ObjectStore::Service {
 
   std::map<std::string, IncomingBulk> objects;
   int sent = 0;
+  int partial_released = 0;
 };
 
 ObjectKey Key(const std::string& name) {
@@ -317,6 +319,8 @@ TEST_CASE("a request payload reaches the handler in place and is released once, 
           "[codegen][bulk]") {
   ObjectStoreImpl impl;
   LoopbackChannel channel(&impl);
+  // Payloads go back before the memory they sit in (the channel's) goes, even if a check fails.
+  absl::Cleanup drop = [&] { impl.objects.clear(); };
   ObjectStore::Stub stub(&channel);
   std::string object(100000, '\0');
   for (size_t i = 0; i < object.size(); ++i) object[i] = static_cast<char>(i * 7);
@@ -353,12 +357,42 @@ TEST_CASE("a payload the handler leaves alone, or an error, still releases it", 
   IncomingBulk got;
   CHECK(stub.Get(Key("missing"), &info, &got).code() == absl::StatusCode::kNotFound);
   CHECK(got.empty());
+  CHECK(impl.partial_released == 1);
   CHECK(channel.client_memory.held() == 0);
+
+  // A request that does not parse never reaches the handler; its payload is released at Finish.
+  LoopbackCall garbage(std::string("\xff\xff\xff", 3),
+                       channel.server_memory.Receive(OutgoingBulk::Copy("orphan")));
+  CHECK(channel.server_memory.held() == 1);
+  impl.Dispatch(0, &garbage);
+  CHECK(garbage.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(channel.server_memory.held() == 0);
+  CHECK(channel.server_memory.bad_releases == 0);
+}
+
+TEST_CASE("a response-bulk call without somewhere to put the payload is refused",
+          "[codegen][bulk]") {
+  ObjectStoreImpl impl;
+  LoopbackChannel channel(&impl);
+  ObjectStore::Stub stub(&channel);
+  ObjectInfo info;
+  bool released = false;
+  bool released_before_done = false;
+  absl::Status status;
+  stub.AsyncTransform(Key("t"), OutgoingBulk("x", 1, [&] { released = true; }), &info, nullptr,
+                      {}, [&](absl::Status s) {
+                        released_before_done = released;
+                        status = s;
+                      });
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(released_before_done);
+  CHECK(channel.calls == 0);
 }
 
 TEST_CASE("a response payload arrives in *response_bulk and is read in place", "[codegen][bulk]") {
   ObjectStoreImpl impl;
   LoopbackChannel channel(&impl);
+  absl::Cleanup drop = [&] { impl.objects.clear(); };
   ObjectStore::Stub stub(&channel);
   PutReply reply;
   REQUIRE(stub.Put(Key("k"), OutgoingBulk::Copy("stored bytes"), &reply).ok());
@@ -373,7 +407,6 @@ TEST_CASE("a response payload arrives in *response_bulk and is read in place", "
   }
   CHECK(channel.client_memory.held() == 0);
   CHECK(channel.client_memory.releases == 1);
-  impl.objects.clear();  // payloads go back before the memory they sit in (the channel) goes
 }
 
 TEST_CASE("bulk both ways, blocking and async; a plain rpc beside them", "[codegen][bulk]") {
@@ -391,7 +424,7 @@ TEST_CASE("bulk both ways, blocking and async; a plain rpc beside them", "[codeg
                         CHECK(status.ok());
                       });
   CHECK(done_calls == 1);
-  CHECK(got.view() == "AGAIN");  // assigning released the previous payload
+  CHECK(got.view() == "AGAIN");  // the stub released the previous payload before the call
   CHECK(channel.client_memory.releases == 1);
   got.Reset();
   got.Reset();  // idempotent

@@ -104,6 +104,7 @@ class LoopbackChannel : public Channel {
     // What the runtime checks: payloads only where the method has them.
     if ((!method.request_bulk && !request_bulk.empty()) ||
         (response_bulk != nullptr) != method.response_bulk) {
+      request_bulk.Reset();  // before done, as StartUnaryCall promises
       done(absl::InvalidArgumentError("bulk payloads do not match the method table"));
       return;
     }

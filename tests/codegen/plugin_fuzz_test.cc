@@ -79,7 +79,7 @@ const std::vector<std::string> kCommentPool = {" plain words",
                                                " */ /* ",
                                                " \ttab and unicode \xc3\xa9",
                                                "",
-                                               " // nested"};
+                                               " // nested", " carriage\rreturn", " form\ffeed"};
 
 // protoc reports a file the pool refuses; here refusals are expected and counted, not printed.
 class QuietErrors : public DescriptorPool::ErrorCollector {
@@ -150,6 +150,13 @@ class RandomProtos {
         field->set_type(google::protobuf::FieldDescriptorProto::TYPE_BYTES);
         field->set_label(google::protobuf::FieldDescriptorProto::LABEL_OPTIONAL);
       }
+    }
+    if (Chance(0.3)) {  // enums share the package scope, values included
+      auto* enumeration = file.add_enum_type();
+      enumeration->set_name(MessageName(top));
+      auto* value = enumeration->add_value();
+      value->set_name(MessageName(top));
+      value->set_number(0);
     }
     if (Chance(0.3)) {
       file.add_dependency(kEmptyProto);
@@ -244,6 +251,9 @@ bool RefusedPackage(const FileDescriptorProto& file) {
   }
   for (const auto& service : file.service()) {
     if (zrpc::codegen::IsReservedGlobalName(service.name())) return true;
+  }
+  for (const auto& enumeration : file.enum_type()) {
+    if (zrpc::codegen::IsReservedGlobalName(enumeration.name())) return true;
   }
   return false;
 }
