@@ -41,12 +41,9 @@ bool IsStandardMacro(const std::string& name) {
   return ObjectLikeMacros().count(name) > 0 || OtherMacros().count(name) > 0;
 }
 
-bool IsReservedCppName(const std::string& name) {
-  return IsCppKeyword(name) || IsStandardMacro(name);
-}
 
 std::string CppIdentifier(const std::string& name) {
-  return IsReservedCppName(name) ? name + "_" : name;
+  return IsCppKeyword(name) || IsStandardMacro(name) ? name + "_" : name;
 }
 
 std::string ReservedPackageReason(const std::string& package) {

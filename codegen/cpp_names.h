@@ -16,10 +16,7 @@ bool IsCppKeyword(const std::string& name);
 // be expanded.
 bool IsStandardMacro(const std::string& name);
 
-// IsCppKeyword or IsStandardMacro: unusable as a C++ identifier as it stands.
-bool IsReservedCppName(const std::string& name);
-
-// `name`, or `name` + "_" when it is reserved (above).
+// `name`, or `name` + "_" when it is a keyword or a standard macro (above).
 std::string CppIdentifier(const std::string& name);
 
 // Why generated C++ for `package` cannot work, or "" when it can: a part that is a keyword or an

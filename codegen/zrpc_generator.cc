@@ -53,7 +53,7 @@ std::string CommentLine(std::string line) {
   for (char& c : line) {
     if (c == '\r' || c == '\v' || c == '\f') c = ' ';
   }
-  while (!line.empty() && (line.back() == ' ' || line.back() == '\t' || line.back() == '\r')) {
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\t')) {
     line.pop_back();
   }
   if (!line.empty() && (line.back() == '\\' ||
@@ -81,44 +81,46 @@ std::string Comments(const Descriptor* descriptor, const std::string& indent) {
   return out;
 }
 
-// The service's C++ class name: its own, unless that is reserved (cpp_names.h) or the name of one
-// of its members (a member may not share its class's name: service_info would be a
-// constructor). A renamed service gets underscores until it collides with no other top-level
-// name of its file (service Service and service Service_ must not both become Service_).
-std::string ServiceClassName(const ServiceDescriptor* service) {
-  const std::string& original = service->name();
-  std::string name = CppIdentifier(original);
-  for (const char* member : {"Stub", "Service", "service_info", "kMethods", "kInfo"}) {
-    if (name == member) name += "_";
+// The .proto names of the file's top-level messages, enums and services: in a package-less
+// file, these are global C++ names.
+std::vector<std::string> TopLevelTypeNames(const FileDescriptor* file) {
+  std::vector<std::string> names;
+  for (int i = 0; i < file->message_type_count(); ++i) {
+    names.push_back(file->message_type(i)->name());
   }
-  if (name == original) return name;
-  const FileDescriptor* file = service->file();
-  auto taken = [&](const std::string& candidate) {
-    if (file->FindMessageTypeByName(candidate) != nullptr ||
-        file->FindEnumTypeByName(candidate) != nullptr ||
-        file->FindEnumValueByName(candidate) != nullptr) {
-      return true;
-    }
-    for (int i = 0; i < file->service_count(); ++i) {
-      const ServiceDescriptor* other = file->service(i);
-      if (other == service) continue;
-      // Other services keep their own names, or were renamed before this one (file order).
-      if (other->name() == candidate) return true;
-      if (i < service->index() && ServiceClassName(other) == candidate) return true;
-    }
-    return false;
-  };
-  while (taken(name)) name += "_";
-  return name;
+  for (int i = 0; i < file->enum_type_count(); ++i) names.push_back(file->enum_type(i)->name());
+  for (int i = 0; i < file->service_count(); ++i) names.push_back(file->service(i)->name());
+  return names;
 }
 
-// "::a::b::Service": the service class, fully qualified so that no rpc or type name can hide it.
-std::string QualifiedServiceClass(const ServiceDescriptor* service) {
-  std::string qualified;
-  for (const std::string& ns : PackageNamespaces(service->file()->package())) {
-    qualified += "::" + ns;
+// The C++ class names of the file's services, in file order. Each keeps its .proto name unless
+// that is reserved (cpp_names.h) or the name of one of the class's members (a member may not
+// share its class's name: service_info would be a constructor). A renamed service takes
+// underscores until it collides with no top-level name of the file and no earlier service's
+// class (service Service and service Service_ must not both become Service_).
+std::vector<std::string> ServiceClassNames(const FileDescriptor* file) {
+  std::vector<std::string> top = TopLevelTypeNames(file);
+  std::set<std::string> taken(top.begin(), top.end());
+  for (int i = 0; i < file->enum_type_count(); ++i) {
+    const google::protobuf::EnumDescriptor* enumeration = file->enum_type(i);
+    for (int v = 0; v < enumeration->value_count(); ++v) {
+      taken.insert(enumeration->value(v)->name());
+    }
   }
-  return qualified + "::" + ServiceClassName(service);
+  std::vector<std::string> classes;
+  for (int i = 0; i < file->service_count(); ++i) {
+    const std::string& original = file->service(i)->name();
+    std::string name = CppIdentifier(original);
+    for (const char* member : {"Stub", "Service", "service_info", "kMethods", "kInfo"}) {
+      if (name == member) name += "_";
+    }
+    // A renamed name never equals its own original, which `taken` already holds.
+    if (name != original) {
+      while (!taken.insert(name).second) name += "_";
+    }
+    classes.push_back(name);
+  }
+  return classes;
 }
 
 struct MethodNames {
@@ -132,7 +134,7 @@ struct MethodNames {
 std::vector<MethodNames> NameMethods(const ServiceDescriptor* service) {
   std::set<std::string> taken = {"Stub", "Service", "Dispatch", "service_info", "channel_"};
   auto claim = [&taken](std::string name) {
-    if (IsReservedCppName(name)) name += "_";
+    name = CppIdentifier(name);
     while (!taken.insert(name).second) name += "_";
     return name;
   };
@@ -184,33 +186,37 @@ void AddBulkVars(const ::zrpc::MethodOptions& options, Vars& vars) {
   vars["handler_bulk_doc"] = handler_doc;
 }
 
-Vars MethodVars(const ServiceDescriptor* service, const MethodNames& names, int index,
-                const std::string& service_class) {
-  using google::protobuf::compiler::cpp::QualifiedClassName;
-  Vars vars = {
-      {"Method", names.name},
-      {"AsyncMethod", names.async_name},
-      {"Request", QualifiedClassName(names.method->input_type())},
-      {"Response", QualifiedClassName(names.method->output_type())},
-      {"full_name", service->full_name() + "/" + names.method->name()},
-      {"index", std::to_string(index)},
-      {"Service", service_class},
-      {"Qualified", QualifiedServiceClass(service)},
-      {"comments", Comments(names.method, "    ")},
-  };
-  AddBulkVars(names.method->options().GetExtension(::zrpc::method), vars);
-  return vars;
-}
+// Everything the templates need about one service, computed once per file.
+struct ServiceCode {
+  Vars vars;                  // Service, Qualified, full_name, count, comments
+  std::vector<Vars> methods;  // index i is rpc i: the service's vars plus the method's own
+};
 
-// The template variables of every rpc of `service`, in .proto order (index i is method i).
-std::vector<Vars> AllMethodVars(const ServiceDescriptor* service) {
-  std::string service_class = ServiceClassName(service);
-  std::vector<MethodNames> names = NameMethods(service);
-  std::vector<Vars> all;
-  for (size_t i = 0; i < names.size(); ++i) {
-    all.push_back(MethodVars(service, names[i], static_cast<int>(i), service_class));
+// `qualified_namespace` is "::a::b" for package a.b ("" without a package): the service class
+// is named fully qualified inside its own members, so that no rpc or type name can hide it.
+ServiceCode DescribeService(const ServiceDescriptor* service, const std::string& service_class,
+                            const std::string& qualified_namespace) {
+  using google::protobuf::compiler::cpp::QualifiedClassName;
+  ServiceCode code;
+  code.vars = {{"Service", service_class},
+               {"Qualified", qualified_namespace + "::" + service_class},
+               {"full_name", service->full_name()},
+               {"count", std::to_string(service->method_count())},
+               {"comments", Comments(service, "")}};
+  for (const MethodNames& names : NameMethods(service)) {
+    const MethodDescriptor* method = names.method;
+    Vars vars = code.vars;
+    vars["Method"] = names.name;
+    vars["AsyncMethod"] = names.async_name;
+    vars["Request"] = QualifiedClassName(method->input_type());
+    vars["Response"] = QualifiedClassName(method->output_type());
+    vars["full_name"] = service->full_name() + "/" + method->name();
+    vars["index"] = std::to_string(method->index());
+    vars["comments"] = Comments(method, "    ");
+    AddBulkVars(method->options().GetExtension(::zrpc::method), vars);
+    code.methods.push_back(std::move(vars));
   }
-  return all;
+  return code;
 }
 
 bool CheckSupported(const FileDescriptor* file, std::string* error) {
@@ -225,17 +231,8 @@ bool CheckSupported(const FileDescriptor* file, std::string* error) {
                "would be ::" + name + ", which generated code needs for itself; add a package";
       return false;
     };
-    for (int i = 0; i < file->message_type_count(); ++i) {
-      if (IsReservedGlobalName(file->message_type(i)->name())) {
-        return refuse(file->message_type(i)->name());
-      }
-    }
-    for (int i = 0; i < file->enum_type_count(); ++i) {
-      const std::string& name = file->enum_type(i)->name();
+    for (const std::string& name : TopLevelTypeNames(file)) {
       if (IsReservedGlobalName(name)) return refuse(name);
-    }
-    for (int i = 0; i < file->service_count(); ++i) {
-      if (IsReservedGlobalName(file->service(i)->name())) return refuse(file->service(i)->name());
     }
   }
   for (int s = 0; s < file->service_count(); ++s) {
@@ -253,10 +250,9 @@ bool CheckSupported(const FileDescriptor* file, std::string* error) {
   return true;
 }
 
-void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
-  std::string service_class = ServiceClassName(service);
-  std::vector<Vars> methods = AllMethodVars(service);
-  p.Print({{"Service", service_class}, {"comments", Comments(service, "")}},
+void PrintHeaderService(Printer& p, const ServiceCode& code) {
+  const std::vector<Vars>& methods = code.methods;
+  p.Print(code.vars,
           "$comments$"
           "class $Service$ final {\n"
           " public:\n"
@@ -314,19 +310,12 @@ void PrintHeaderService(Printer& p, const ServiceDescriptor* service) {
       "\n");
 }
 
-Vars ServiceVars(const ServiceDescriptor* service) {
-  return {{"Service", ServiceClassName(service)},
-          {"Qualified", QualifiedServiceClass(service)},
-          {"full_name", service->full_name()},
-          {"count", std::to_string(service->method_count())}};
-}
-
 // The method table and service info: static members of the service class. Inside Stub and
 // Service they are always named fully qualified: an rpc may be called kInfo, and a member of
 // Stub or Service would hide the plain name.
-void PrintSourceTables(Printer& p, const ServiceDescriptor* service) {
-  std::vector<Vars> methods = AllMethodVars(service);
-  Vars svars = ServiceVars(service);
+void PrintSourceTables(Printer& p, const ServiceCode& code) {
+  const std::vector<Vars>& methods = code.methods;
+  const Vars& svars = code.vars;
   if (methods.empty()) {
     p.Print(svars,
             "const ::zrpc::ServiceInfo $Service$::kInfo = {\"$full_name$\", nullptr, 0};\n\n");
@@ -343,9 +332,9 @@ void PrintSourceTables(Printer& p, const ServiceDescriptor* service) {
   }
 }
 
-void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
-  std::vector<Vars> methods = AllMethodVars(service);
-  Vars svars = ServiceVars(service);
+void PrintSourceMembers(Printer& p, const ServiceCode& code) {
+  const std::vector<Vars>& methods = code.methods;
+  const Vars& svars = code.vars;
   p.Print(svars,
           "const ::zrpc::ServiceInfo& $Service$::service_info() { return $Qualified$::kInfo; }\n\n"
           "const ::zrpc::ServiceInfo& $Service$::Service::service_info() const {\n"
@@ -394,6 +383,17 @@ void PrintSourceMembers(Printer& p, const ServiceDescriptor* service) {
           "}\n\n");
 }
 
+void OpenNamespaces(Printer& p, const std::vector<std::string>& namespaces) {
+  for (const std::string& ns : namespaces) p.Print({{"ns", ns}}, "namespace $ns$ {\n");
+  if (!namespaces.empty()) p.Print("\n");
+}
+
+void CloseNamespaces(Printer& p, const std::vector<std::string>& namespaces) {
+  for (auto it = namespaces.rbegin(); it != namespaces.rend(); ++it) {
+    p.Print({{"ns", *it}}, "}  // namespace $ns$\n");
+  }
+}
+
 void PrintPreamble(Printer& p, const FileDescriptor* file) {
   p.Print({{"source", file->name()}},
           "// Generated by protoc-gen-zrpc. DO NOT EDIT.\n"
@@ -411,23 +411,28 @@ bool ZrpcGenerator::Generate(const FileDescriptor* file, const std::string& para
   if (!CheckSupported(file, error)) return false;
   const std::string base = StripProto(file->name());
   const std::vector<std::string> namespaces = PackageNamespaces(file->package());
+  std::string qualified_namespace;
+  for (const std::string& ns : namespaces) qualified_namespace += "::" + ns;
+  const std::vector<std::string> classes = ServiceClassNames(file);
+  std::vector<ServiceCode> services;
+  for (int s = 0; s < file->service_count(); ++s) {
+    services.push_back(DescribeService(file->service(s), classes[s], qualified_namespace));
+  }
   {
     std::unique_ptr<google::protobuf::io::ZeroCopyOutputStream> out(
         context->Open(base + ".zrpc.h"));
     Printer p(out.get(), '$');
     PrintPreamble(p, file);
-    p.Print({{"guard", HeaderGuard(base + ".zrpc.h")}, {"base", base}},
+    const std::string guard = HeaderGuard(base + ".zrpc.h");
+    p.Print({{"guard", guard}, {"base", base}},
             "#ifndef $guard$\n"
             "#define $guard$\n\n"
             "#include \"$base$.pb.h\"\n"
             "#include \"rpc/generated_api.h\"\n\n");
-    for (const std::string& ns : namespaces) p.Print({{"ns", ns}}, "namespace $ns$ {\n");
-    if (!namespaces.empty()) p.Print("\n");
-    for (int s = 0; s < file->service_count(); ++s) PrintHeaderService(p, file->service(s));
-    for (auto it = namespaces.rbegin(); it != namespaces.rend(); ++it) {
-      p.Print({{"ns", *it}}, "}  // namespace $ns$\n");
-    }
-    p.Print({{"guard", HeaderGuard(base + ".zrpc.h")}}, "\n#endif  // $guard$\n");
+    OpenNamespaces(p, namespaces);
+    for (const ServiceCode& code : services) PrintHeaderService(p, code);
+    CloseNamespaces(p, namespaces);
+    p.Print({{"guard", guard}}, "\n#endif  // $guard$\n");
   }
   {
     std::unique_ptr<google::protobuf::io::ZeroCopyOutputStream> out(
@@ -438,13 +443,10 @@ bool ZrpcGenerator::Generate(const FileDescriptor* file, const std::string& para
             "#include \"$base$.zrpc.h\"\n\n"
             "#include <string>\n"
             "#include <utility>\n\n");
-    for (const std::string& ns : namespaces) p.Print({{"ns", ns}}, "namespace $ns$ {\n");
-    if (!namespaces.empty()) p.Print("\n");
-    for (int s = 0; s < file->service_count(); ++s) PrintSourceTables(p, file->service(s));
-    for (int s = 0; s < file->service_count(); ++s) PrintSourceMembers(p, file->service(s));
-    for (auto it = namespaces.rbegin(); it != namespaces.rend(); ++it) {
-      p.Print({{"ns", *it}}, "}  // namespace $ns$\n");
-    }
+    OpenNamespaces(p, namespaces);
+    for (const ServiceCode& code : services) PrintSourceTables(p, code);
+    for (const ServiceCode& code : services) PrintSourceMembers(p, code);
+    CloseNamespaces(p, namespaces);
   }
   return true;
 }

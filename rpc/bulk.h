@@ -58,7 +58,10 @@ class OutgoingBulk {
     return OutgoingBulk(owned->data(), owned->size(), [owned] { delete owned; });
   }
 
-  OutgoingBulk(OutgoingBulk&& other) noexcept { *this = ::std::move(other); }
+  OutgoingBulk(OutgoingBulk&& other) noexcept
+      : data_(::std::exchange(other.data_, nullptr)),
+        size_(::std::exchange(other.size_, 0)),
+        release_(::std::exchange(other.release_, nullptr)) {}
   OutgoingBulk& operator=(OutgoingBulk&& other) noexcept {
     if (this != &other) {
       Reset();
@@ -110,7 +113,11 @@ class IncomingBulk {
   IncomingBulk(const uint8_t* data, size_t size, BulkReleaser* releaser, uint64_t token)
       : data_(data), size_(size), releaser_(releaser), token_(token) {}
 
-  IncomingBulk(IncomingBulk&& other) noexcept { *this = ::std::move(other); }
+  IncomingBulk(IncomingBulk&& other) noexcept
+      : data_(::std::exchange(other.data_, nullptr)),
+        size_(::std::exchange(other.size_, 0)),
+        releaser_(::std::exchange(other.releaser_, nullptr)),
+        token_(::std::exchange(other.token_, 0)) {}
   IncomingBulk& operator=(IncomingBulk&& other) noexcept {
     if (this != &other) {
       Reset();

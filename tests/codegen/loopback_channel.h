@@ -99,8 +99,7 @@ class LoopbackChannel : public Channel {
                       const CallOptions&, DoneCallback done) override {
     ++calls;
     last_method = method.full_name;
-    last_request = slots_[slot.token];
-    slots_.erase(slot.token);
+    last_request = std::move(slots_.extract(slot.token).mapped());
     // What the runtime checks: payloads only where the method has them.
     if ((!method.request_bulk && !request_bulk.empty()) ||
         (response_bulk != nullptr) != method.response_bulk) {

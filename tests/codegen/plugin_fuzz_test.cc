@@ -34,10 +34,13 @@
 #include "codegen/cpp_names.h"
 #include "codegen/zrpc_generator.h"
 #include "proto/zrpc/options.pb.h"
+#include "tests/codegen/tool_run.h"
 
 namespace {
 
 using google::protobuf::DescriptorPool;
+using zrpc::testing::Run;
+using zrpc::testing::Runfile;
 using google::protobuf::FileDescriptor;
 using google::protobuf::FileDescriptorProto;
 using google::protobuf::FileDescriptorSet;
@@ -327,20 +330,6 @@ void CheckShape(const FileDescriptorProto& proto, const Outcome& outcome) {
   }
 }
 
-std::string Runfile(const std::string& path) {
-  const char* root = std::getenv("TEST_SRCDIR");
-  return std::string(root != nullptr ? root : ".") + "/zrpc/" + path;
-}
-
-int Run(const std::string& command, std::string* output) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output->append(buffer, n);
-  int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 }  // namespace
 
 TEST_CASE("random .proto files: the generator generates, or refuses naming the file",
@@ -395,8 +384,7 @@ TEST_CASE("random .proto files: the generated C++ compiles with -Wall -Wextra -W
           "[codegen][fuzz][compile]") {
   const uint64_t seed = EnvOr("ZRPC_FUZZ_SEED", 20261121) + 1;
   const uint64_t samples = EnvOr("ZRPC_FUZZ_COMPILES", 24);
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/fuzz_compile";
+  const std::string dir = zrpc::testing::TmpDir() + "/fuzz_compile";
   RandomProtos random(seed);
   uint64_t compiled = 0, protobuf_failures = 0;
   for (uint64_t attempt = 0; compiled < samples && attempt < 100 * samples; ++attempt) {

@@ -1,18 +1,16 @@
 // protoc-gen-zrpc as protoc runs it: golden output, and clear errors for unsupported input.
 #include <catch2/catch.hpp>
-#include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
+
+#include "tests/codegen/tool_run.h"
 
 namespace {
 
-std::string Runfile(const std::string& path) {
-  const char* root = std::getenv("TEST_SRCDIR");
-  return std::string(root != nullptr ? root : ".") + "/zrpc/" + path;
-}
+using zrpc::testing::Run;
+using zrpc::testing::Runfile;
+using zrpc::testing::TmpDir;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -28,18 +26,12 @@ struct ProtocResult {
 
 // Runs the system protoc with the plugin on `proto` (a workspace-relative path).
 ProtocResult RunProtoc(const std::string& proto, const std::string& out_flag_prefix = "") {
-  const char* tmp = std::getenv("TEST_TMPDIR");
   std::string command = "/usr/bin/protoc --plugin=protoc-gen-zrpc=" +
                         Runfile("codegen/protoc-gen-zrpc") + " --zrpc_out=" + out_flag_prefix +
-                        (tmp != nullptr ? tmp : "/tmp") + " -I" + Runfile("") + " " +
-                        Runfile(proto) + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
+                        TmpDir() + " -I" + Runfile("") + " " + Runfile(proto);
   std::string output;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  int exit_code = Run(command, &output);
+  return {exit_code, output};
 }
 
 bool Contains(const std::string& haystack, const std::string& needle) {
