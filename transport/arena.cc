@@ -29,6 +29,14 @@ absl::Status ArenaWriter::CheckFits(uint32_t length) const {
 
 absl::StatusOr<ArenaSpot> ArenaWriter::Reserve(uint32_t length) {
   if (auto s = CheckFits(length); !s.ok()) return s;
+  std::optional<ArenaSpot> spot = TryReserve(length);
+  if (!spot) {
+    return absl::UnavailableError("the peer's receive arena is full until it releases payloads");
+  }
+  return *spot;
+}
+
+std::optional<ArenaSpot> ArenaWriter::TryReserve(uint32_t length) {
   uint32_t rounded = RoundUp(length);
   ArenaSpot spot;
   bool restart = in_use() == 0 && tail_ != 0;
@@ -40,9 +48,7 @@ absl::StatusOr<ArenaSpot> ArenaWriter::Reserve(uint32_t length) {
     spot.offset = 0;
     need += size_ - tail_;  // the rest of the arena is skipped
   }
-  if (uint64_t{in_use()} + need > size_) {
-    return absl::UnavailableError("the peer's receive arena is full until it releases payloads");
-  }
+  if (uint64_t{in_use()} + need > size_) return std::nullopt;
   spot.imm = spot.offset | (restart ? kArenaRestartBit : 0);
   reserved_total_ += need;
   tail_ = spot.offset + rounded;

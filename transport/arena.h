@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -65,6 +66,9 @@ class ArenaWriter {
   //  - kUnavailable if it does not fit until the reader releases space (try again later).
   // On success the space is taken.
   absl::StatusOr<ArenaSpot> Reserve(uint32_t length);
+  // Reserve for a payload CheckFits has accepted: nullopt while the arena is full. Allocates
+  // nothing, for the send path's retries.
+  std::optional<ArenaSpot> TryReserve(uint32_t length);
 
   // The reader's cumulative arena_released counter from a frame. kFailedPrecondition (a protocol
   // error) if it claims more than was ever handed out.

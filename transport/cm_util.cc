@@ -1,5 +1,6 @@
 #include "transport/cm_util.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
@@ -40,13 +41,24 @@ int RemainingMs(absl::Time deadline) {
   return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
 }
 
+absl::Status SetNonBlocking(int fd, const char* what) {
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return VerbsError(absl::StrCat("fcntl(O_NONBLOCK) on ", what), errno);
+  }
+  return absl::OkStatus();
+}
+
+std::string GidText(const ibv_gid& gid) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET6, gid.raw, text, sizeof(text));
+  return text;
+}
+
 absl::StatusOr<CmChannelOwner> CreateCmChannel() {
   CmChannelOwner channel(rdma_create_event_channel());
   if (channel == nullptr) return VerbsError("rdma_create_event_channel", errno);
-  int flags = fcntl(channel->fd, F_GETFL);
-  if (flags < 0 || fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    return VerbsError("fcntl(O_NONBLOCK) on the rdma_cm channel", errno);
-  }
+  if (auto s = SetNonBlocking(channel->fd, "the rdma_cm channel"); !s.ok()) return s;
   return channel;
 }
 

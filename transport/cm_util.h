@@ -19,6 +19,12 @@ namespace zrpc::transport {
 // Milliseconds left until `deadline`, rounded up, at least 0 (for poll() and rdma_resolve_*).
 int RemainingMs(absl::Time deadline);
 
+// Puts `fd` in non-blocking mode; `what` names it in the error.
+absl::Status SetNonBlocking(int fd, const char* what);
+
+// A GID as an IPv6 address ("fe80::..." or "::ffff:198.18.0.1").
+std::string GidText(const ibv_gid& gid);
+
 // A non-blocking event channel, so every wait can honour a deadline with poll().
 absl::StatusOr<CmChannelOwner> CreateCmChannel();
 

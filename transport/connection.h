@@ -22,9 +22,11 @@
 //
 // Failure. The first failed completion, a protocol violation by the peer, the peer's disconnect
 // (its process died: the kernel disconnects for it) or Close() put the connection in the error
-// state: the queue pair is disconnected, a drain marker is posted to each queue, and when both
-// markers come back (every earlier work request has then completed or been flushed) each
-// operation not yet reported gets OnSendDone with the error, exactly once, and then OnClosed.
+// state: the queue pair is disconnected and a drain marker is posted to the send queue. When it
+// has come back and so has every posted RECV (rxe never flushes a RECV posted after the error,
+// so the receive queue is counted, not marked), every earlier work request has completed or
+// been flushed: each operation not yet reported gets OnSendDone with the error, exactly once,
+// and then OnClosed.
 // A peer that vanishes without a disconnect (its host lost power) is noticed when a work request
 // exhausts its retries: about 7 retries of the CM's packet timeout, some seconds; an idle
 // connection to such a peer is not noticed (keepalives are future work).
@@ -42,7 +44,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <string>
@@ -219,17 +220,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Setup (connection_setup.cc).
   absl::Status CreateResources(rdma_cm_id* id);  // arena, QP on the poller's CQ, RECVs
   Hello OwnHello() const;
-  absl::Status AcceptHello(const Hello& peer);
+  void AcceptHello(const Hello& peer);
   void OnEstablished();
 
   // Datapath (connection_datapath.cc). Called by the poller for each completion of this QP.
-  using Events = absl::InlinedVector<Event, 4>;
+  // One signalled completion can retire kSignalInterval sends: room for all of them inline.
+  using Events = absl::InlinedVector<Event, kSignalInterval + 1>;
   void OnCompletion(const ibv_wc& wc);
   void HandleCompletionLocked(const ibv_wc& wc, Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleRecvLocked(const ibv_wc& wc, Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completions that arrived before the handshake finished, handled in order by the poller.
   void ReplayEarly();
-  void OnCmEvent(rdma_cm_event_type type, int status);
+  void OnCmEvent(rdma_cm_event_type type);
   void Dispatch(Events& events);
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kind, uint64_t token,
@@ -245,6 +247,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishDrainLocked(Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Both queues are empty after a failure: the send-queue marker came back, and every posted
+  // RECV did (nothing posts a RECV once the connection stops being open).
+  bool DrainedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return sq_drained_ && recvs_posted_ == 0;
+  }
   uint32_t qp_num() const { return qp_num_; }
   // Completion-queue entries the connection may need at once: every send-queue entry and RECV,
   // plus the drain marker and one spare. The poller reserves them.
@@ -289,7 +296,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t unsignaled_ ABSL_GUARDED_BY(mu_) = 0;
   bool sq_drained_ ABSL_GUARDED_BY(mu_) = false;
-  bool rq_drained_ ABSL_GUARDED_BY(mu_) = false;
   ConnectionStats stats_ ABSL_GUARDED_BY(mu_);
   // Work-request templates: invariant fields filled once in CreateResources.
   ibv_sge send_sge_ ABSL_GUARDED_BY(mu_){};

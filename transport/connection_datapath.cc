@@ -13,8 +13,8 @@ namespace zrpc::transport {
 namespace {
 
 // wr_id layout. Send-queue work requests carry their sequence number (below 2^62); receives
-// carry kRecvBit | their index; the drain markers carry kMarkerBit (plus kRecvBit on the
-// receive queue). The bit is needed because a failed completion's opcode is undefined.
+// carry kRecvBit | their index; the send queue's drain marker carries kMarkerBit. The bit is
+// needed because a failed completion's opcode is undefined.
 constexpr uint64_t kRecvBit = uint64_t{1} << 63;
 constexpr uint64_t kMarkerBit = uint64_t{1} << 62;
 // Handles of bulk payloads carry this bit; handles of messages are receive indices.
@@ -94,16 +94,12 @@ absl::Status Connection::EnqueueLocked(const Waiting& op) {
 void Connection::PumpLocked() {
   while (!waiting_.empty() && state_ == State::kOpen) {
     if (in_flight_.size() >= options_.send_queue_depth) break;
-    if (credits_.available() < 2) break;  // the last credit is for credit frames
+    if (!credits_.CanSpendForData()) break;  // the last credit is for credit frames
     Waiting& op = waiting_.front();
     absl::Status posted;
     if (op.bulk) {
-      absl::StatusOr<ArenaSpot> spot = arena_writer_.Reserve(op.source.size);
-      if (spot.status().code() == absl::StatusCode::kUnavailable) break;
-      if (!spot.ok()) {  // WriteBulk checked CheckFits: cannot happen
-        FailLocked(spot.status());
-        return;
-      }
+      std::optional<ArenaSpot> spot = arena_writer_.TryReserve(op.source.size);  // WriteBulk
+      if (!spot) break;                                                      // checked CheckFits
       credits_.TrySpendForData();
       posted = PostBulkLocked(op.source, *spot, op.token);
     } else {
@@ -112,7 +108,7 @@ void Connection::PumpLocked() {
       // waits, or it may lack a credit, a queue entry or arena space): an unsignalled work
       // request with nothing behind it would leave its OnSendDone waiting on future traffic.
       bool next_may_stall = waiting_.size() == 1 || waiting_[1].bulk ||
-                            credits_.available() < 2 ||
+                            !credits_.CanSpendForData() ||
                             in_flight_.size() + 1 >= options_.send_queue_depth;
       bool signal = unsignaled_ + 1 >= kSignalInterval || next_may_stall;
       posted = PostMessageLocked(op.slot, op.length, FrameKind::kData, op.token, true, signal);
@@ -189,7 +185,7 @@ absl::Status Connection::PostSendWrLocked(ibv_send_wr& wr, uint32_t slot, uint64
 void Connection::MaybeSendCreditFrameLocked() {
   if (state_ != State::kOpen) return;
   // Arena releases alone never spend the reserved credit (credits.h).
-  bool report_arena = arena_reader_.ShouldReport() && credits_.available() >= 2;
+  bool report_arena = arena_reader_.ShouldReport() && credits_.CanSpendForData();
   if (!credits_.ShouldSendUpdate() && !report_arena) return;
   // Retried on the next completion if the send queue is full or the last credit frame (when the
   // device cannot inline it) is still in flight. Credit frames never take a slot from the pool:
@@ -273,15 +269,18 @@ void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
   const bool marker = (wc.wr_id & kMarkerBit) != 0;
   if (wc.status != IBV_WC_SUCCESS || marker) {
     // The first real failure breaks the connection; the flushes that follow it are expected.
-    if (!marker) FailLocked(CompletionError(wc));
+    // (FailLocked ignores it while draining: the error text is built only when it counts.)
+    if (!marker && (state_ == State::kOpen || state_ == State::kConnecting)) {
+      FailLocked(CompletionError(wc));
+    }
     if (recv) {
       recv_state_[wc.wr_id & ~kRecvBit] = RecvState::kIdle;
-      if (--recvs_posted_ == 0 && state_ != State::kOpen) rq_drained_ = true;
+      --recvs_posted_;
     } else {
       RetireLocked(marker ? ~uint64_t{0} : wc.wr_id, error_, events);
       if (marker) sq_drained_ = true;
     }
-    if (sq_drained_ && rq_drained_) FinishDrainLocked(events);
+    if (DrainedLocked()) FinishDrainLocked(events);
     return;
   }
   if (recv) {
@@ -289,7 +288,7 @@ void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
   } else {
     RetireLocked(wc.wr_id, absl::OkStatus(), events);
   }
-  if (state_ == State::kDraining && sq_drained_ && rq_drained_) FinishDrainLocked(events);
+  if (state_ == State::kDraining && DrainedLocked()) FinishDrainLocked(events);
   PumpLocked();  // credits, arena space or send-queue entries may have come back
 }
 
@@ -299,7 +298,6 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
   --recvs_posted_;
   if (state_ != State::kOpen) {  // failing: what arrived is dropped
     recv_state_[index] = RecvState::kIdle;
-    if (recvs_posted_ == 0) rq_drained_ = true;
     return;
   }
   absl::Status s;
@@ -383,7 +381,6 @@ void Connection::FailLocked(absl::Status why) {
     early_.push_back(flushed);
     defer = true;
   }
-  if (recvs_posted_ == 0) rq_drained_ = true;
   if (defer) poller_.Defer(shared_from_this());
 }
 
@@ -404,7 +401,7 @@ void Connection::FinishDrainLocked(Events& events) {
   events.push_back(std::move(closed));
 }
 
-void Connection::OnCmEvent(rdma_cm_event_type type, int status) {
+void Connection::OnCmEvent(rdma_cm_event_type type) {
   absl::MutexLock lock(&mu_);
   switch (type) {
     case RDMA_CM_EVENT_DISCONNECTED:
@@ -414,8 +411,8 @@ void Connection::OnCmEvent(rdma_cm_event_type type, int status) {
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
       FailLocked(absl::UnavailableError("the RDMA device was removed"));
       break;
-    default:
-      static_cast<void>(status);  // TIMEWAIT_EXIT and the like need nothing
+    default:  // TIMEWAIT_EXIT and the like need nothing
+      break;
   }
 }
 

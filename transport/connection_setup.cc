@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -176,7 +175,7 @@ Hello Connection::OwnHello() const {
   return hello;
 }
 
-absl::Status Connection::AcceptHello(const Hello& peer) {
+void Connection::AcceptHello(const Hello& peer) {
   absl::MutexLock lock(&mu_);
   peer_ = peer;
   credits_ = CreditAccount(peer.recv_credits, options_.recv_credits);
@@ -185,7 +184,6 @@ absl::Status Connection::AcceptHello(const Hello& peer) {
   max_message_ = static_cast<uint32_t>(
       std::min<size_t>(device_.slots().slot_size(), peer.recv_size) - FrameHeader::kSize);
   write_wr_.wr.rdma.rkey = peer.arena_rkey;
-  return absl::OkStatus();
 }
 
 void Connection::OnEstablished() {
@@ -230,7 +228,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
     rdma_disconnect(id);  // librdmacm cannot refuse an accept; hang up instead
     return peer.status();
   }
-  if (auto s = c->AcceptHello(*peer); !s.ok()) return s;
+  c->AcceptHello(*peer);
   c->peer_address_ = PeerAddress(id);  // before the poller can see the id
   if (rdma_migrate_id(id, poller.cm_channel()) != 0) return VerbsError("rdma_migrate_id", errno);
   c->OnEstablished();
@@ -284,10 +282,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Listener::Accept(Poller& poller,
     Reject(id, s);
     return s;
   }
-  if (auto s = c->AcceptHello(*peer); !s.ok()) {
-    Reject(id, s);
-    return s;
-  }
+  c->AcceptHello(*peer);
   if (auto s = poller.Register(c); !s.ok()) {
     Reject(id, s);
     return s;

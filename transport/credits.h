@@ -46,9 +46,11 @@ class CreditAccount {
       : peer_window_(peer_window), available_(peer_window),
         threshold_(std::max<uint32_t>(1, own_window / 2)) {}
 
+  // A data SEND or WRITE_WITH_IMM may go: two credits are left (the last is for credit frames).
+  bool CanSpendForData() const { return available_ >= 2; }
   // Spends a credit for a data SEND or a WRITE_WITH_IMM; false if fewer than two are available.
   bool TrySpendForData() {
-    if (available_ < 2) return false;
+    if (!CanSpendForData()) return false;
     --available_;
     return true;
   }

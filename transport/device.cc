@@ -40,12 +40,6 @@ bool IsZero(const ibv_gid& gid) {
   return std::memcmp(gid.raw, kZero, 16) == 0;
 }
 
-std::string GidText(const ibv_gid& gid) {
-  char text[INET6_ADDRSTRLEN] = "?";
-  inet_ntop(AF_INET6, gid.raw, text, sizeof(text));
-  return text;
-}
-
 // The IP address a RoCE GID holds: IPv4 for a mapped one, else the IPv6 address itself.
 std::string GidAddress(const ibv_gid& gid) {
   char text[INET6_ADDRSTRLEN] = "?";

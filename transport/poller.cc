@@ -1,6 +1,5 @@
 #include "transport/poller.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -28,7 +27,7 @@ constexpr unsigned kAckBatch = 64;
 
 absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
                                                        const PollerOptions& options) {
-  std::unique_ptr<Poller> poller(new Poller(device, options));
+  std::unique_ptr<Poller> poller(new Poller(options));
   poller->cq_capacity_ = std::min(options.cq_size, device.attr().max_cqe);
   if (poller->cq_capacity_ <= 0) return absl::InvalidArgumentError("cq_size must be positive");
   ibv_comp_channel* channel = nullptr;
@@ -36,10 +35,7 @@ absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
     poller->comp_channel_.reset(ibv_create_comp_channel(device.context()));
     if (poller->comp_channel_ == nullptr) return VerbsError("ibv_create_comp_channel", errno);
     channel = poller->comp_channel_.get();
-    int flags = fcntl(channel->fd, F_GETFL);
-    if (flags < 0 || fcntl(channel->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-      return VerbsError("fcntl(O_NONBLOCK) on the completion channel", errno);
-    }
+    if (auto s = SetNonBlocking(channel->fd, "the completion channel"); !s.ok()) return s;
   }
   poller->cq_.reset(ibv_create_cq(device.context(), poller->cq_capacity_, nullptr, channel, 0));
   if (poller->cq_ == nullptr) return VerbsError("ibv_create_cq", errno);
@@ -212,23 +208,22 @@ void Poller::HandleCmEvents() {
     // connection's destructor (rdma_destroy_id) waits for the ack of its events.
     auto qp_num = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(event->id->context));
     rdma_cm_event_type type = event->event;
-    int status = event->status;
     rdma_ack_cm_event(event);
-    if (auto connection = Find(qp_num)) connection->OnCmEvent(type, status);
+    if (auto connection = Find(qp_num)) connection->OnCmEvent(type);
   }
 }
 
-int Poller::ArmAndWait(int timeout_ms) {
+void Poller::ArmAndWait(int timeout_ms) {
   if (int rc = ibv_req_notify_cq(cq_.get(), 0); rc != 0) {
     std::fprintf(stderr, "zrpc: ibv_req_notify_cq failed (%d)\n", rc);
-    return 0;
+    return;
   }
   // Anything that arrived before arming raised no event: look once more before sleeping.
-  if (int n = PollCq(); n > 0) return n;
+  if (PollCq() > 0) return;
   pollfd fds[3] = {{comp_channel_->fd, POLLIN, 0},
                    {cm_channel_->fd, POLLIN, 0},
                    {wake_fd_, POLLIN, 0}};
-  if (poll(fds, 3, timeout_ms) <= 0) return 0;
+  if (poll(fds, 3, timeout_ms) <= 0) return;
   wakeups_.fetch_add(1, std::memory_order_relaxed);
   if (fds[0].revents & POLLIN) {
     ibv_cq* cq = nullptr;
@@ -245,7 +240,6 @@ int Poller::ArmAndWait(int timeout_ms) {
     uint64_t count = 0;
     static_cast<void>(read(wake_fd_, &count, sizeof(count)));
   }
-  return 0;
 }
 
 }  // namespace zrpc::transport

@@ -84,7 +84,7 @@ class Poller {
   friend class Connection;
   friend class Listener;
 
-  Poller(Device& device, const PollerOptions& options) : device_(device), options_(options) {}
+  explicit Poller(const PollerOptions& options) : options_(options) {}
   absl::Status Register(const std::shared_ptr<Connection>& connection);
   void Unregister(uint32_t qp_num);
   // Has the loop call connection->ReplayEarly() on its thread soon.
@@ -98,10 +98,9 @@ class Poller {
   int PollCq();
   void HandleCmEvents();
   // Event mode: arms the CQ and sleeps until an event or `timeout_ms` (-1: forever).
-  int ArmAndWait(int timeout_ms);
+  void ArmAndWait(int timeout_ms);
   void Wake();
 
-  Device& device_;
   const PollerOptions options_;
   // Created in this order, destroyed in reverse.
   CompChannelOwner comp_channel_;  // event mode only

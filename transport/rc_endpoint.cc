@@ -124,9 +124,7 @@ std::string RcEndpoint::DeviceName() const { return ibv_get_device_name(id_->ver
 int RcEndpoint::PortNum() const { return id_->port_num; }
 
 std::string RcEndpoint::GidText() const {
-  char text[INET6_ADDRSTRLEN] = "?";
-  inet_ntop(AF_INET6, id_->route.addr.addr.ibaddr.sgid.raw, text, sizeof(text));
-  return text;
+  return transport::GidText(id_->route.addr.addr.ibaddr.sgid);
 }
 
 absl::StatusOr<int> RcEndpoint::GidIndex() const {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace zrpc::transport {
@@ -35,7 +36,8 @@ absl::StatusCode CodeForErrno(int err) {
 }
 
 absl::string_view HintForErrno(absl::string_view call, int err) {
-  if ((err == ENOMEM || err == EPERM) && call == "ibv_reg_mr") {
+  // Callers decorate the name ("ibv_reg_mr(slot pool, ...)"): match its start.
+  if ((err == ENOMEM || err == EPERM) && absl::StartsWith(call, "ibv_reg_mr")) {
     return " (registration pins memory: check `ulimit -l`, RLIMIT_MEMLOCK)";
   }
   if (err == ENODEV || err == ENOSYS) {

@@ -40,7 +40,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"

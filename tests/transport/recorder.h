@@ -6,15 +6,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "tests/pattern.h"
 #include "transport/connection.h"
 #include "transport/poller.h"
 
