@@ -1,36 +1,77 @@
-// SlotPool: pre-registered, fixed-size buffers for small messages.
+// SlotPool: pre-registered, fixed-size buffers for small messages, in chunks that grow on demand.
 //
 // Why slots. Registering memory (ibv_reg_mr) pins pages and costs tens of microseconds to
-// milliseconds; doing it per message would dwarf the message. So a pool registers one region
-// once, as one memory region (one MR, one lkey), and cuts it into `slot_count` slots of
-// `slot_size` bytes. Every small message zrpc sends is built in a slot (the generated stubs
-// serialize straight into one), and every RECV zrpc posts points at a slot, so a received
-// message is read in place. Because all slots share one lkey, finding the key of a buffer is a
-// field read, not a search over regions (brpc's linear lkey lookup over up to 16 regions bit its
-// users; see ../shared/notes/rdma-pitfalls.md).
+// milliseconds; doing it per message would dwarf the message. So the pool registers memory in
+// big pieces, once each, and cuts them into slots of `slot_size` bytes. Every small message zrpc
+// sends is built in a slot (the generated stubs serialize straight into one), and every RECV
+// zrpc posts points at a slot, so a received message is read in place.
 //
-// Sizing. The region is slot_count * slot_size bytes, rounded up to whole pages, allocated and
-// registered at Create; it never grows, so a pool that runs dry reports it (Allocate returns
-// kNoSlot) instead of registering more behind the caller's back. Non-root processes are limited
-// by RLIMIT_MEMLOCK (often 8 MiB): the default pool (4 MiB) fits; a bigger one may need the limit
-// raised, and Create says so when registration fails.
+// Why chunks. One pool serves every connection on a device, and each server connection keeps
+// recv_credits + 1 slots posted (65 with the default options) whether it is busy or idle. A
+// fixed region big enough for a server with hundreds of connections would pin tens of MiB in
+// every client that opens one; one sized for a client stops a server after a dozen connections.
+// So the pool starts with one chunk of `slot_count` slots (rounded up to a power of two) and,
+// when a caller finds no free slot, allocates and registers one more chunk of the same size, up
+// to `max_slots`. Each chunk is its own page-aligned allocation and its own MR (LOCAL_WRITE
+// only: slots are sources of SENDs and WRITEs and targets of RECVs, never exposed to a peer's
+// RDMA WRITE or READ). A chunk is never freed or deregistered before the pool is destroyed: any
+// of its slots may be posted to the NIC at any time, and an idle chunk costs only its pages.
 //
-// Allocation. The free slots form a stack threaded through an index array (a Treiber stack):
-// Allocate and Free are one compare-and-swap each, O(1), and take no lock, so any thread may
-// allocate or free without a global mutex on the hot path. The stack head packs a 32-bit slot
-// index with a 32-bit generation that every successful pop and push increments, so a slot that
-// is popped and pushed back between another thread's read and its CAS (the ABA problem) cannot
-// corrupt the stack. Contended use still bounces one cache line between cores; per-thread caches
-// in front of the shared stack are the next step if a benchmark shows it.
+// Finding a slot's address and key. A slot index splits into a chunk number (its high bits,
+// index >> chunk_shift) and a slot within the chunk (its low bits). The chunk table holds one
+// {base address, lkey} entry per possible chunk; it is allocated at Create with room for
+// max_slots, so it never moves, and data(index) and lkey(index) are a shift, a mask, and a load
+// from a table of a few KiB that stays in cache: O(1), no lock, no search (brpc's linear lkey
+// lookup over up to 16 regions bit its users; see ../shared/notes/rdma-pitfalls.md). The
+// power-of-two chunk size is what makes that a shift instead of a division.
+//
+// Sizing. Defaults: 4 KiB slots, chunks of 256 slots (1 MiB), at most 65536 slots (256 MiB, 256
+// chunks). A client with a few connections pins 1 MiB; a server with default connection options
+// (65 slots each) holds 256 idle connections in 65 chunks (65 MiB) and about 1000 at the cap.
+// The bookkeeping is sized for max_slots at Create but is 5 bytes a slot of address space that
+// is touched only as chunks arrive (320 KiB for the default cap). Registered memory counts
+// against RLIMIT_MEMLOCK for non-root processes (often 8 MiB): a server expecting many
+// connections needs the limit raised (`ulimit -l`, or LimitMEMLOCK= in a systemd unit), and a
+// chunk whose registration fails says so through growth_error(). Note that every connection's
+// bulk arena (ConnectionOptions::arena_size) is registered too, and usually dominates.
+//
+// Allocation. The free slots of all chunks form one stack threaded through an index array (a
+// Treiber stack): Allocate and Free are one compare-and-swap each, O(1), and take no lock, so
+// any thread may allocate or free without a global mutex on the hot path. The stack head packs
+// a 32-bit slot index with a 32-bit generation that every successful pop and push increments,
+// so a slot that is popped and pushed back between another thread's read and its CAS (the ABA
+// problem) cannot corrupt the stack. Contended use still bounces one cache line between cores;
+// per-thread caches in front of the shared stack are the next step if a benchmark shows it.
+//
+// Growth. Only an Allocate that finds the stack empty leaves the lock-free path: it takes the
+// growth mutex, pops again (another thread may have grown the pool or freed a slot while it
+// waited), and if the stack is still empty adds a chunk, keeps its first slot, and pushes the
+// rest in one CAS. So a thread that finds the pool empty while another grows it waits for that
+// growth instead of failing. The mutex is held across the allocation and ibv_reg_mr (about a
+// millisecond for 1 MiB), so such a thread -- a poller reposting RECVs, say -- stalls that long;
+// threads that find a free slot, and every Free, go on lock-free meanwhile. Allocate returns kNoSlot only when the pool is at max_slots with
+// every slot in use, or when growing failed: the one that tried, and every thread that was
+// waiting for that attempt, get kNoSlot (they do not each retry a registration that just
+// failed); the next Allocate to find the pool empty tries again, since memory may have been
+// freed or the limit raised meanwhile. growth_error() keeps the most recent failure.
+//
+// Why growth is safe next to the lock-free readers. A new chunk's entry in the chunk table, its
+// slots' bookkeeping, and slot_count() are all written before its slots are pushed onto the
+// stack by a release CAS; every pop is an acquire CAS on the same head, so whoever pops a slot
+// of the new chunk sees all of it. Entries are written once and read as atomics, so a reader
+// never tears one, and the table never moves. A thread that did not allocate the slot itself
+// must learn the index by a path that synchronizes with the allocation (a mutex, an atomic, a
+// completion of a work request posted after it): the same rule that already holds for the
+// slot's bytes. Free checks the index against slot_count(), which grows only after the chunk's
+// bookkeeping is written.
 //
 // Ownership. A slot index belongs to exactly one owner between Allocate and Free: the caller
 // building a message, then the connection while the SEND is in flight, or the connection while a
 // RECV is posted, then the handler reading it. Free checks that the slot was allocated, so a
 // double free is reported instead of silently corrupting the stack.
 //
-// Lifetime. The pool must outlive every connection that posts its slots (Device owns it).
-// Memory is registered LOCAL_WRITE only: slots are sources of SENDs and WRITEs and targets of
-// RECVs, never exposed to a peer's RDMA WRITE or READ.
+// Lifetime. The pool must outlive every connection that posts its slots, and its protection
+// domain must outlive the pool (Device owns both, in that order).
 #ifndef ZRPC_TRANSPORT_SLOT_POOL_H_
 #define ZRPC_TRANSPORT_SLOT_POOL_H_
 
@@ -40,6 +81,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -48,40 +91,79 @@
 namespace zrpc::transport {
 
 struct SlotPoolOptions {
-  // Bytes per slot, rounded up to a multiple of 64 (a cache line). It bounds the largest SEND
-  // (frame header included) the transport accepts and is what each posted RECV holds.
+  // Bytes per slot, rounded up to a multiple of 64 (a cache line), at most 1 GiB. It bounds the
+  // largest SEND (frame header included) the transport accepts and is what each posted RECV
+  // holds.
   size_t slot_size = 4096;
-  // Slots in the pool: RECVs posted by every connection plus messages being built or in flight.
-  uint32_t slot_count = 1024;
+  // Slots per chunk, rounded up to a power of two: the first chunk, registered at Create, and
+  // every chunk added later. Smaller pins less memory in a process with few connections; larger
+  // means fewer registrations (and fewer MRs for the NIC to cache) as a server grows. 256 slots
+  // of 4 KiB is 1 MiB: the RECVs of three connections with the default 64 credits, and their
+  // sends.
+  uint32_t slot_count = 256;
+  // The cap: the pool never holds more slots than this (the last chunk is cut short to fit). At
+  // least slot_count, at most 2^31. Set it equal to slot_count for a pool that never grows. At 4
+  // KiB slots the default is 256 MiB of registered memory when full: about 1000 server
+  // connections with 64 credits each, plus their sends (see RLIMIT_MEMLOCK above).
+  uint32_t max_slots = 65536;
 };
 
 class SlotPool {
  public:
   static constexpr uint32_t kNoSlot = UINT32_MAX;
 
-  // Allocates the slots and registers them with `pd`. With a null `pd` the memory is not
-  // registered (lkey() is 0): for tests without a device, and for transports without RDMA.
+  // Validates `options` (kInvalidArgument naming the option), then allocates the first chunk and
+  // registers it with `pd` (its failure is Create's: kResourceExhausted or ibv_reg_mr's status,
+  // with the RLIMIT_MEMLOCK hint). With a null `pd` no memory is registered (every lkey is 0):
+  // for tests without a device, and for transports without RDMA. `pd` must outlive the pool.
   static absl::StatusOr<std::unique_ptr<SlotPool>> Create(ibv_pd* pd,
                                                           const SlotPoolOptions& options);
   SlotPool(const SlotPool&) = delete;
   SlotPool& operator=(const SlotPool&) = delete;
   ~SlotPool();
 
-  // A free slot's index, or kNoSlot when all are in use. Lock-free; any thread.
+  // A free slot's index, or kNoSlot when every slot is in use and the pool cannot grow (it is at
+  // max_slots, or adding a chunk failed: see growth_error()). Any thread. Lock-free while a free
+  // slot exists; when none does, takes the growth mutex and may allocate and register a chunk
+  // (a millisecond or so), or waits for the thread that is doing so.
   uint32_t Allocate();
-  // Returns slot `index` to the pool. FailedPrecondition if it is out of range or not allocated
-  // (a double free); the pool is left unchanged then. Lock-free; any thread.
+  // Returns slot `index` to the pool. FailedPrecondition if no such slot exists or it is not
+  // allocated (a double free); the pool is left unchanged then. Lock-free; any thread.
   absl::Status Free(uint32_t index);
 
-  uint8_t* data(uint32_t index) const { return base_ + size_t{index} * slot_size_; }
-  // The slot that contains `p`, or kNoSlot if `p` is outside the pool.
+  // The slot's first byte and the lkey of its chunk's MR (0 without a pd), for an index that
+  // Allocate returned. O(1), no lock, any thread (see the header comment for how the index must
+  // reach that thread).
+  uint8_t* data(uint32_t index) const {
+    return chunks_[index >> chunk_shift_].base.load(std::memory_order_relaxed) +
+           size_t{index & chunk_mask_} * slot_size_;
+  }
+  uint32_t lkey(uint32_t index) const {
+    return chunks_[index >> chunk_shift_].lkey.load(std::memory_order_relaxed);
+  }
+
+  // The slot that contains `p`, or kNoSlot if `p` is in no slot. Searches the chunks one by one
+  // (O(chunks)): for diagnostics and checks, not the hot path, which carries indices.
   uint32_t IndexOf(const void* p) const;
+
   size_t slot_size() const { return slot_size_; }
-  uint32_t slot_count() const { return slot_count_; }
-  uint32_t lkey() const { return mr_ != nullptr ? mr_->lkey : 0; }
-  // Slots not allocated right now, counted (O(slot_count): for diagnostics and tests, not the hot
-  // path; exact when no other thread is allocating or freeing).
+  // Slots that exist now (in every chunk registered so far); only grows.
+  uint32_t slot_count() const { return slot_count_.load(std::memory_order_acquire); }
+  // Slots per chunk: SlotPoolOptions::slot_count rounded up to a power of two.
+  uint32_t chunk_slots() const { return chunk_mask_ + 1; }
+  // The cap, SlotPoolOptions::max_slots.
+  uint32_t max_slots() const { return max_slots_; }
+  // Bytes of all chunks (whole pages), registered when the pool has a pd: what the pool counts
+  // against RLIMIT_MEMLOCK. For diagnostics.
+  size_t registered_bytes() const { return registered_bytes_.load(std::memory_order_relaxed); }
+  // Slots that exist and are not allocated right now, counted (O(slot_count): for diagnostics and
+  // tests, not the hot path; exact when no other thread is allocating or freeing).
   uint32_t available() const;
+  // Why the most recent failed attempt to add a chunk failed (allocation, or ibv_reg_mr with its
+  // errno and the RLIMIT_MEMLOCK hint); OK if growing never failed. It is kept after later
+  // attempts succeed: when Allocate returns kNoSlot, slot_count() < max_slots() tells that
+  // growth, not the cap, was the reason. Takes the growth mutex.
+  absl::Status growth_error() const;
 
  private:
   SlotPool() = default;
@@ -91,15 +173,50 @@ class SlotPool {
     return uint64_t{generation} << 32 | index;
   }
 
-  PageBuffer memory_;
-  uint8_t* base_ = nullptr;
+  // A chunk as the hot path sees it. Written once, by the thread that adds the chunk, before any
+  // of its slots can be popped; atomics so that readers on other threads never race with that
+  // write, relaxed because the pop that hands out a slot already orders them.
+  struct ChunkEntry {
+    std::atomic<uint8_t*> base{nullptr};
+    std::atomic<uint32_t> lkey{0};
+  };
+  // What a chunk owns. The MR is declared after the memory, so it is deregistered first.
+  struct ChunkOwner {
+    PageBuffer memory;
+    MrOwner mr;
+  };
+
+  uint32_t Pop();
+  void Push(uint32_t top, uint32_t bottom);  // a chain already linked from top to bottom
+  uint32_t AllocateSlow();
+  // Adds a chunk and returns its first slot, allocated; its other slots go on the stack.
+  absl::StatusOr<uint32_t> GrowLocked();  // with grow_mu_ held
+
+  ibv_pd* pd_ = nullptr;
   size_t slot_size_ = 0;
-  uint32_t slot_count_ = 0;
-  MrOwner mr_;
-  // next_[i]: the slot below i on the free stack. in_use_[i]: 1 between Allocate and Free.
+  uint32_t chunk_shift_ = 0;  // log2 of the slots per chunk
+  uint32_t chunk_mask_ = 0;   // slots per chunk - 1
+  uint32_t max_slots_ = 0;
+  // max_slots / slots per chunk, rounded up, entries; fixed at Create so readers never see it move.
+  std::unique_ptr<ChunkEntry[]> chunks_;
+  // next_[i]: the slot below i on the free stack. in_use_[i]: 1 between Allocate and Free. Sized
+  // for max_slots; entries of a chunk are written before its slots are published.
   std::unique_ptr<std::atomic<uint32_t>[]> next_;
   std::unique_ptr<std::atomic<uint8_t>[]> in_use_;
-  alignas(64) std::atomic<uint64_t> head_{0};
+  std::atomic<uint32_t> slot_count_{0};
+  std::atomic<size_t> registered_bytes_{0};
+  // Counts finished growth attempts, so a thread that waited for an attempt can tell it happened.
+  std::atomic<uint64_t> growth_attempts_{0};
+
+  // Guards growth and the three members after it. A std::mutex, not the absl::Mutex used
+  // elsewhere: Debian's prebuilt Abseil is not instrumented for ThreadSanitizer, which then cannot
+  // see what an absl::Mutex orders, while it does see pthread mutexes.
+  mutable std::mutex grow_mu_;
+  std::vector<ChunkOwner> owners_;
+  absl::Status growth_error_;
+  bool last_growth_failed_ = false;
+
+  alignas(64) std::atomic<uint64_t> head_{Pack(kEnd, 0)};
 };
 
 }  // namespace zrpc::transport
