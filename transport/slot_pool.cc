@@ -40,9 +40,9 @@ absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Create(ibv_pd* pd,
                                                    " is not in [1, 2^31]"));
   }
   if (options.slot_count == 0 || options.slot_count > options.max_slots) {
-    return absl::InvalidArgumentError(absl::StrCat("SlotPoolOptions::slot_count ", options.slot_count,
-                                                   " is not in [1, max_slots = ", options.max_slots,
-                                                   "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SlotPoolOptions::slot_count ", options.slot_count,
+                     " is not in [1, max_slots = ", options.max_slots, "]"));
   }
   uint32_t shift = Log2Ceil(options.slot_count);  // slot_count <= 2^31, so shift <= 31
   uint64_t chunks = (uint64_t{options.max_slots} + (uint64_t{1} << shift) - 1) >> shift;

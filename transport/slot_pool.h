@@ -45,15 +45,16 @@
 //
 // Growth. Only an Allocate that finds the stack empty leaves the lock-free path: it takes the
 // growth mutex, pops again (another thread may have grown the pool or freed a slot while it
-// waited), and if the stack is still empty adds a chunk, keeps its first slot, and pushes the
-// rest in one CAS. So a thread that finds the pool empty while another grows it waits for that
-// growth instead of failing. The mutex is held across the allocation and ibv_reg_mr (about a
-// millisecond for 1 MiB), so such a thread -- a poller reposting RECVs, say -- stalls that long;
-// threads that find a free slot, and every Free, go on lock-free meanwhile. Allocate returns kNoSlot only when the pool is at max_slots with
-// every slot in use, or when growing failed: the one that tried, and every thread that was
-// waiting for that attempt, get kNoSlot (they do not each retry a registration that just
-// failed); the next Allocate to find the pool empty tries again, since memory may have been
-// freed or the limit raised meanwhile. growth_error() keeps the most recent failure.
+// waited), and if the stack is still empty adds a chunk, keeps its first slot, and pushes the rest
+// in one CAS. So a thread that finds the pool empty while another grows it waits for that growth
+// instead of failing. The mutex is held across the allocation and ibv_reg_mr (up to a millisecond
+// or so for 1 MiB), so such a thread -- a poller reposting RECVs, say -- stalls that long; threads
+// that find a free slot, and every Free, go on lock-free meanwhile. Allocate returns kNoSlot only
+// when the pool is at max_slots with every slot in use, or when growing failed: the thread that
+// tried, and every thread that was waiting for that attempt, get kNoSlot (they do not each retry a
+// registration that just failed); the next Allocate to find the pool empty tries again, since
+// memory may have been freed or the limit raised meanwhile. growth_error() keeps the most recent
+// failure.
 //
 // Why growth is safe next to the lock-free readers. A new chunk's entry in the chunk table, its
 // slots' bookkeeping, and slot_count() are all written before its slots are pushed onto the
