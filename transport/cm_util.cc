@@ -27,11 +27,11 @@ std::string RejectReason(const rdma_cm_event& event) {
   return reason;
 }
 
-// RC retries before a silent peer is declared dead: 7 is the most retry_count allows. For
-// receiver-not-ready, 7 would mean "forever"; with credits an RNR is a bug, so 6 retries and then
-// an error that names it (IBV_WC_RNR_RETRY_EXC_ERR).
+// Private data a rejection can carry (IB CM REJ).
+constexpr size_t kMaxRejectData = 148;
+
+// RC retries before a silent peer is declared dead: 7 is the most retry_count allows.
 constexpr uint8_t kRetryCount = 7;
-constexpr uint8_t kRnrRetryCount = 6;
 
 }  // namespace
 
@@ -136,6 +136,28 @@ rdma_conn_param ConnParam(const void* data, uint8_t length) {
   param.retry_count = kRetryCount;
   param.rnr_retry_count = kRnrRetryCount;
   return param;  // zero responder resources and initiator depth: no READ, no atomics
+}
+
+void Reject(rdma_cm_id* id, const absl::Status& why) {
+  std::string text(why.message());
+  if (text.rfind("zrpc", 0) != 0) text = "zrpc: " + text;  // the peer looks for this prefix
+  text.resize(std::min(text.size(), kMaxRejectData - 1));
+  rdma_reject(id, text.c_str(), static_cast<uint8_t>(text.size() + 1));
+}
+
+std::string PeerIp(rdma_cm_id* id) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  sockaddr* sa = rdma_get_peer_addr(id);
+  if (sa->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(sa)->sin_addr, text, sizeof(text));
+  } else if (sa->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(sa)->sin6_addr, text, sizeof(text));
+  }
+  return text;
+}
+
+std::string PeerAddress(rdma_cm_id* id) {
+  return absl::StrCat(PeerIp(id), ":", ntohs(rdma_get_dst_port(id)));
 }
 
 absl::Status ResolveSockaddr(const std::string& addr, uint16_t port, sockaddr_storage* out) {

@@ -46,9 +46,22 @@ absl::StatusOr<rdma_cm_event*> ExpectCmEvent(rdma_event_channel* channel,
 absl::Status ResolveRoute(rdma_event_channel* channel, rdma_cm_id* id, const std::string& src,
                           const std::string& addr, uint16_t port, absl::Time deadline);
 
+// Receiver-not-ready retries zrpc asks for. 7 would mean "forever"; with credits an RNR is a
+// bug or a lying peer, so 6 retries and then an error that names it (IBV_WC_RNR_RETRY_EXC_ERR).
+// Each side's queue pair gets the count the *other* side asked for, so both check it.
+inline constexpr uint8_t kRnrRetryCount = 6;
+
 // Connection parameters carrying `data` as private data, with zrpc's RC retry policy and no
 // RDMA READ or atomics. `data` must outlive the rdma_connect / rdma_accept call.
 rdma_conn_param ConnParam(const void* data, uint8_t length);
+
+// Refuses a connection request, telling the peer why in the rejection's private data (prefixed
+// "zrpc: " so ExpectCmEvent on the other side quotes it).
+void Reject(rdma_cm_id* id, const absl::Status& why);
+
+// The peer of a connected or connecting id as "ip:port", and its IP alone.
+std::string PeerAddress(rdma_cm_id* id);
+std::string PeerIp(rdma_cm_id* id);
 
 // `addr` (numeric or a name) and `port` as a socket address.
 absl::Status ResolveSockaddr(const std::string& addr, uint16_t port, sockaddr_storage* out);

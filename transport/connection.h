@@ -44,7 +44,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,19 +69,28 @@ class Connection;
 class Listener;
 class Poller;
 
+// The defaults size an idle connection at 33 pool slots (132 KiB with 4 KiB slots) plus its
+// arena (256 KiB), all registered, and 98 completion-queue entries on its poller: a server takes
+// hundreds of idle connections per poller with them (README.md has the figures).
 struct ConnectionOptions {
-  // RECVs kept posted for the peer: its credits. At least kMinCredits. Each holds a pool slot.
-  uint32_t recv_credits = 64;
+  // RECVs kept posted for the peer: its credits, so the messages it may have in flight. At
+  // least kMinCredits. Each holds a pool slot for the connection's lifetime.
+  uint32_t recv_credits = 32;
   // Send queue entries. Must be at least 2 * kSignalInterval so selective signalling frees
   // entries before the queue fills.
-  uint32_t send_queue_depth = 128;
+  uint32_t send_queue_depth = 64;
   // Bytes the peer may RDMA WRITE into; a multiple of 64 up to 1 GiB, or 0 for no bulk payloads
-  // from the peer. Registered per connection (count it against RLIMIT_MEMLOCK).
-  uint32_t arena_size = 1 << 20;
+  // from the peer. Registered per connection (count it against RLIMIT_MEMLOCK); it bounds the
+  // largest bulk payload the peer can send.
+  uint32_t arena_size = 256 << 10;
   // Inline bytes requested; the device may grant less (see max_inline()).
   uint32_t max_inline = 220;
   // Operations allowed to wait for credits or space before Send/WriteBulk refuse more.
   uint32_t max_waiting = 4096;
+  // Pool slots this connection's outgoing messages may hold at once (being built, waiting for
+  // credits, or in flight): a peer that stops returning credits stalls its own connection at
+  // this many, and the device-wide pool stays available to every other connection.
+  uint32_t max_send_slots = 128;
 };
 
 // Completions are requested at least every this many work requests (see the header comment).
@@ -216,6 +227,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   Connection(Device& device, Poller& poller, ConnectionHandler* handler,
              const ConnectionOptions& options);
+  static absl::Status ValidateOptions(const ConnectionOptions& options, const Device& device);
+  static absl::StatusOr<Hello> PeerHello(const rdma_cm_event& event);
+  // Frees a slot of an outgoing message and gives its place in max_send_slots back.
+  void FreeSendSlot(uint32_t slot);
+  // Runs on_closed_ once: when OnClosed is dispatched, or at destruction if it never was.
+  void RunOnClosed();
 
   // Setup (connection_setup.cc).
   absl::Status CreateResources(rdma_cm_id* id);  // arena, QP on the poller's CQ, RECVs
@@ -266,6 +283,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t max_inline_ = 0;
   uint32_t max_message_ = 0;
   uint32_t qp_num_ = 0;
+  // Set by the Listener before the connection is shared: gives its admission place back.
+  std::function<void()> on_closed_;
+  // Pool slots held by outgoing messages (AcquireSendBuffer to retirement), against
+  // options_.max_send_slots.
+  std::atomic<uint32_t> send_slots_held_{0};
 
   // Verbs objects, in creation order (destroyed in reverse): the id, the arena and its MR, the
   // QP. The id's events go to the poller's channel once the connection is open.
@@ -303,28 +325,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ibv_send_wr write_wr_ ABSL_GUARDED_BY(mu_){};
   ibv_sge recv_sge_ ABSL_GUARDED_BY(mu_){};
   ibv_recv_wr recv_wr_ ABSL_GUARDED_BY(mu_){};
-};
-
-// Accepts connections on one address and port.
-class Listener {
- public:
-  // Listens on `addr` (empty: the device's address) and `port` (0: any free one; see port()).
-  static absl::StatusOr<std::unique_ptr<Listener>> Create(Device& device, const std::string& addr,
-                                                          uint16_t port);
-  uint16_t port() const;
-
-  // Waits up to `timeout` for one connection request and completes the handshake. A request
-  // whose Hello is refused is rejected with the reason (the peer's Connect reports it), and
-  // Accept returns that error; the listener keeps listening.
-  absl::StatusOr<std::shared_ptr<Connection>> Accept(Poller& poller, ConnectionHandler* handler,
-                                                     const ConnectionOptions& options,
-                                                     absl::Duration timeout);
-
- private:
-  explicit Listener(Device& device) : device_(device) {}
-  Device& device_;
-  CmChannelOwner channel_;
-  CmIdOwner id_;
 };
 
 }  // namespace zrpc::transport

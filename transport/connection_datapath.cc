@@ -43,17 +43,28 @@ std::string Connection::DebugString() const {
 }
 
 absl::StatusOr<SendBuffer> Connection::AcquireSendBuffer() {
+  // The per-connection quota comes first: a peer that stops returning credits makes messages
+  // wait, each in a slot of the device-wide pool, and must not drain it for everyone else.
+  if (send_slots_held_.fetch_add(1, std::memory_order_relaxed) >= options_.max_send_slots) {
+    send_slots_held_.fetch_sub(1, std::memory_order_relaxed);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the connection to ", peer_address_, " already holds ", options_.max_send_slots,
+        " messages being built, waiting for credits or in flight (max_send_slots)"));
+  }
   SlotPool& pool = device_.slots();
   uint32_t slot = pool.Allocate();
   if (slot == SlotPool::kNoSlot) {
-    return absl::ResourceExhaustedError(absl::StrCat("all ", pool.slot_count(), " slots of ",
-                                                     pool.slot_size(), " bytes are in use"));
+    send_slots_held_.fetch_sub(1, std::memory_order_relaxed);
+    return pool.ExhaustedError("for a message");
   }
   return SendBuffer{pool.data(slot) + FrameHeader::kSize, max_message_, slot};
 }
 
-void Connection::ReleaseSendBuffer(const SendBuffer& buffer) {
-  static_cast<void>(device_.slots().Free(buffer.slot));
+void Connection::ReleaseSendBuffer(const SendBuffer& buffer) { FreeSendSlot(buffer.slot); }
+
+void Connection::FreeSendSlot(uint32_t slot) {
+  static_cast<void>(device_.slots().Free(slot));
+  send_slots_held_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 absl::Status Connection::Send(const SendBuffer& buffer, uint32_t length, uint64_t token) {
@@ -136,14 +147,14 @@ absl::Status Connection::PostMessageLocked(uint32_t slot, uint32_t length, Frame
   uint32_t total = FrameHeader::kSize + length;
   send_sge_.addr = reinterpret_cast<uintptr_t>(frame);
   send_sge_.length = total;
-  send_sge_.lkey = device_.slots().lkey();
+  send_sge_.lkey = device_.slots().lkey(slot);
   // Inline: the bytes are copied into the work request now, so the slot is free at once.
   bool inlined = total <= max_inline_;
   send_wr_.send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (inlined ? IBV_SEND_INLINE : 0);
   uint32_t held = inlined || control ? SlotPool::kNoSlot : slot;
   absl::Status s = PostSendWrLocked(send_wr_, held, token, report);
   // On failure the slot stays with the caller (the waiting operation the drain reports).
-  if (!control && inlined && s.ok()) static_cast<void>(device_.slots().Free(slot));
+  if (!control && inlined && s.ok()) FreeSendSlot(slot);
   if (!s.ok()) return s;
   if (control) {
     control_busy_ = !inlined;  // until its completion retires it
@@ -198,7 +209,9 @@ void Connection::MaybeSendCreditFrameLocked() {
 }
 
 absl::Status Connection::RepostRecvLocked(uint32_t index) {
-  recv_sge_.addr = reinterpret_cast<uintptr_t>(device_.slots().data(recv_slots_[index]));
+  uint32_t slot = recv_slots_[index];
+  recv_sge_.addr = reinterpret_cast<uintptr_t>(device_.slots().data(slot));
+  recv_sge_.lkey = device_.slots().lkey(slot);
   recv_wr_.wr_id = kRecvBit | index;
   ibv_recv_wr* bad = nullptr;
   if (int rc = ibv_post_recv(qp_->qp, &recv_wr_, &bad); rc != 0) {
@@ -300,7 +313,8 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
     recv_state_[index] = RecvState::kIdle;
     return;
   }
-  absl::Status s;
+  absl::Status s = credits_.OnConsumed();
+  if (!s.ok()) return FailLocked(s);
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     // A bulk payload: the RECV only carried the immediate, so it goes straight back.
     uint32_t imm = ntohl(wc.imm_data);
@@ -341,7 +355,7 @@ void Connection::RetireLocked(uint64_t up_to, const absl::Status& status, Events
   while (!in_flight_.empty() && in_flight_.front().sequence <= up_to) {
     const InFlight& f = in_flight_.front();
     if (f.sequence == control_sequence_) control_busy_ = false;
-    if (f.slot != SlotPool::kNoSlot) static_cast<void>(device_.slots().Free(f.slot));
+    if (f.slot != SlotPool::kNoSlot) FreeSendSlot(f.slot);
     if (f.report) {
       Event e(Event::kSendDone);
       e.handle_or_token = f.token;
@@ -389,7 +403,7 @@ void Connection::FinishDrainLocked(Events& events) {
   state_ = State::kClosed;
   RetireLocked(~uint64_t{0}, error_, events);
   for (const Waiting& op : waiting_) {
-    if (!op.bulk) static_cast<void>(device_.slots().Free(op.slot));
+    if (!op.bulk) FreeSendSlot(op.slot);
     Event e(Event::kSendDone);
     e.handle_or_token = op.token;
     e.status = error_;
@@ -416,6 +430,13 @@ void Connection::OnCmEvent(rdma_cm_event_type type) {
   }
 }
 
+void Connection::RunOnClosed() {
+  if (on_closed_ == nullptr) return;
+  std::function<void()> hook = std::move(on_closed_);
+  on_closed_ = nullptr;
+  hook();
+}
+
 void Connection::Dispatch(Events& events) {
   for (Event& e : events) {
     switch (e.kind) {
@@ -430,6 +451,7 @@ void Connection::Dispatch(Events& events) {
         break;
       case Event::kClosed:
         handler_->OnClosed(*this, e.status);
+        RunOnClosed();
         poller_.Unregister(qp_num_);
         break;
     }

@@ -1,4 +1,5 @@
-// Connection setup and teardown: resources, the Hello exchange over librdmacm, Listener.
+// Connection setup and teardown: resources, the Hello exchange over librdmacm (the accepting
+// side is in listener.cc).
 // The datapath is in connection_datapath.cc.
 #include <arpa/inet.h>
 
@@ -13,17 +14,14 @@
 #include "transport/verbs_error.h"
 
 namespace zrpc::transport {
-namespace {
-
-// Private data a rejection can carry (IB CM REJ).
-constexpr size_t kMaxRejectData = 148;
 
 // Work-queue entries a connection may have outstanding, each a potential completion.
-absl::Status ValidateOptions(const ConnectionOptions& o, const Device& device) {
+absl::Status Connection::ValidateOptions(const ConnectionOptions& o, const Device& device) {
   auto max_wr = static_cast<uint32_t>(device.attr().max_qp_wr);
-  if (o.recv_credits < kMinCredits || o.recv_credits >= max_wr) {
+  if (o.recv_credits < kMinCredits || o.recv_credits >= max_wr || o.recv_credits > kMaxCredits) {
     return absl::InvalidArgumentError(absl::StrCat("recv_credits ", o.recv_credits,
-                                                   " is not in [", kMinCredits, ", ", max_wr, ")"));
+                                                   " is not in [", kMinCredits, ", ",
+                                                   std::min(max_wr - 1, kMaxCredits), "]"));
   }
   if (o.send_queue_depth < 2 * kSignalInterval || o.send_queue_depth >= max_wr) {
     return absl::InvalidArgumentError(absl::StrCat("send_queue_depth ", o.send_queue_depth,
@@ -34,40 +32,21 @@ absl::Status ValidateOptions(const ConnectionOptions& o, const Device& device) {
     return absl::InvalidArgumentError(absl::StrCat(
         "arena_size ", o.arena_size, " is not a multiple of ", kArenaAlign, " up to 1 GiB"));
   }
+  if (o.max_send_slots == 0) return absl::InvalidArgumentError("max_send_slots must be positive");
   return absl::OkStatus();
 }
 
-absl::StatusOr<Hello> PeerHello(const rdma_cm_event& event) {
+absl::StatusOr<Hello> Connection::PeerHello(const rdma_cm_event& event) {
   return DecodeHello(absl::MakeConstSpan(static_cast<const uint8_t*>(event.param.conn.private_data),
                                          event.param.conn.private_data_len));
 }
-
-// Refuses a connection request, telling the peer why (its Connect quotes it).
-void Reject(rdma_cm_id* id, const absl::Status& why) {
-  std::string text(why.message());
-  if (text.rfind("zrpc", 0) != 0) text = "zrpc: " + text;  // the peer looks for this prefix
-  text.resize(std::min(text.size(), kMaxRejectData - 1));
-  rdma_reject(id, text.c_str(), static_cast<uint8_t>(text.size() + 1));
-}
-
-std::string PeerAddress(rdma_cm_id* id) {
-  char text[INET6_ADDRSTRLEN] = "?";
-  sockaddr* sa = rdma_get_peer_addr(id);
-  if (sa->sa_family == AF_INET) {
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(sa)->sin_addr, text, sizeof(text));
-  } else if (sa->sa_family == AF_INET6) {
-    inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(sa)->sin6_addr, text, sizeof(text));
-  }
-  return absl::StrCat(text, ":", ntohs(rdma_get_dst_port(id)));
-}
-
-}  // namespace
 
 Connection::Connection(Device& device, Poller& poller, ConnectionHandler* handler,
                        const ConnectionOptions& options)
     : device_(device), poller_(poller), handler_(handler), options_(options) {}
 
 Connection::~Connection() {
+  RunOnClosed();
   bool disconnect;
   {
     absl::MutexLock lock(&mu_);
@@ -80,10 +59,10 @@ Connection::~Connection() {
     absl::MutexLock lock(&mu_);
     // Slots still owned here: receives (posted or held) and sends never retired or never posted.
     for (const InFlight& f : in_flight_) {
-      if (f.slot != SlotPool::kNoSlot) static_cast<void>(device_.slots().Free(f.slot));
+      if (f.slot != SlotPool::kNoSlot) FreeSendSlot(f.slot);
     }
     for (const Waiting& w : waiting_) {
-      if (!w.bulk) static_cast<void>(device_.slots().Free(w.slot));
+      if (!w.bulk) FreeSendSlot(w.slot);
     }
   }
   for (uint32_t slot : recv_slots_) static_cast<void>(device_.slots().Free(slot));
@@ -137,22 +116,17 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
   write_wr_.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   write_wr_.send_flags = IBV_SEND_SIGNALED;  // the source buffer is the caller's until done
   recv_sge_.length = static_cast<uint32_t>(device_.slots().slot_size());
-  recv_sge_.lkey = device_.slots().lkey();
   recv_wr_.sg_list = &recv_sge_;
   recv_wr_.num_sge = 1;
   arena_reader_ = ArenaReader(options_.arena_size);
 
   SlotPool& pool = device_.slots();
   control_slot_ = pool.Allocate();
-  if (control_slot_ == SlotPool::kNoSlot) {
-    return absl::ResourceExhaustedError("the slot pool ran out: no slot for credit frames");
-  }
+  if (control_slot_ == SlotPool::kNoSlot) return pool.ExhaustedError("for credit frames");
   for (uint32_t i = 0; i < options_.recv_credits; ++i) {
     uint32_t slot = pool.Allocate();
     if (slot == SlotPool::kNoSlot) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the slot pool ran out: this connection needs ", options_.recv_credits,
-          " slots for its receives; enlarge SlotPoolOptions::slot_count"));
+      return pool.ExhaustedError(absl::StrCat("for receive ", i + 1, " of ", options_.recv_credits));
     }
     recv_slots_.push_back(slot);
     recv_state_.push_back(RecvState::kIdle);
@@ -223,7 +197,14 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   auto event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();
   absl::StatusOr<Hello> peer = PeerHello(**event);
+  // This queue pair's RNR retry count is the one the server put in its reply (cm_util.h).
+  uint8_t rnr_retry = (*event)->param.conn.rnr_retry_count;
   rdma_ack_cm_event(*event);
+  if (peer.ok() && rnr_retry > kRnrRetryCount) {
+    peer = absl::FailedPreconditionError(absl::StrCat(
+        "zrpc handshake: the server asks for RNR retry count ", rnr_retry,
+        " (7 retries forever); at most ", kRnrRetryCount, " is accepted"));
+  }
   if (!peer.ok()) {
     rdma_disconnect(id);  // librdmacm cannot refuse an accept; hang up instead
     return peer.status();
@@ -231,72 +212,9 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   c->AcceptHello(*peer);
   c->peer_address_ = PeerAddress(id);  // before the poller can see the id
   if (rdma_migrate_id(id, poller.cm_channel()) != 0) return VerbsError("rdma_migrate_id", errno);
-  c->OnEstablished();
-  std::move(unregister).Cancel();
-  return c;
-}
-
-absl::StatusOr<std::unique_ptr<Listener>> Listener::Create(Device& device, const std::string& addr,
-                                                           uint16_t port) {
-  std::unique_ptr<Listener> listener(new Listener(device));
-  if (auto s = CreateCmChannelAndId(&listener->channel_, &listener->id_); !s.ok()) return s;
-  const std::string& where = addr.empty() ? device.selection().addr : addr;
-  sockaddr_storage local{};
-  if (auto s = ResolveSockaddr(where, port, &local); !s.ok()) return s;
-  if (rdma_bind_addr(listener->id_.get(), reinterpret_cast<sockaddr*>(&local)) != 0) {
-    return VerbsError(absl::StrCat("rdma_bind_addr(", where, ":", port, ")"), errno);
-  }
-  if (rdma_listen(listener->id_.get(), /*backlog=*/64) != 0) return VerbsError("rdma_listen", errno);
-  return listener;
-}
-
-uint16_t Listener::port() const { return ntohs(rdma_get_src_port(id_.get())); }
-
-absl::StatusOr<std::shared_ptr<Connection>> Listener::Accept(Poller& poller,
-                                                             ConnectionHandler* handler,
-                                                             const ConnectionOptions& options,
-                                                             absl::Duration timeout) {
-  if (auto s = ValidateOptions(options, device_); !s.ok()) return s;
-  absl::Time deadline = absl::Now() + timeout;
-  auto event = ExpectCmEvent(channel_.get(), RDMA_CM_EVENT_CONNECT_REQUEST, deadline);
-  if (!event.ok()) return event.status();
-  std::shared_ptr<Connection> c(new Connection(device_, poller, handler, options));
-  c->id_.reset((*event)->id);
-  absl::StatusOr<Hello> peer = PeerHello(**event);
-  rdma_ack_cm_event(*event);
-  rdma_cm_id* id = c->id_.get();
-  if (!peer.ok()) {
-    Reject(id, peer.status());
-    return peer.status();
-  }
-  // The new id reports to the listener's channel; move it to a channel of its own for the rest
-  // of the handshake, so its events do not mix with other connection requests.
-  auto channel = CreateCmChannel();
-  if (!channel.ok()) return channel.status();
-  c->setup_channel_ = std::move(*channel);
-  // The id must die before the channel it reports to; it now reports to setup_channel_.
-  if (rdma_migrate_id(id, c->setup_channel_.get()) != 0) {
-    return VerbsError("rdma_migrate_id", errno);
-  }
-  if (auto s = c->CreateResources(id); !s.ok()) {
-    Reject(id, s);
-    return s;
-  }
-  c->AcceptHello(*peer);
-  if (auto s = poller.Register(c); !s.ok()) {
-    Reject(id, s);
-    return s;
-  }
-  absl::Cleanup unregister = [&] { poller.Unregister(c->qp_num_); };
-  uint8_t hello[Hello::kSize];
-  EncodeHello(c->OwnHello(), hello);
-  rdma_conn_param param = ConnParam(hello, Hello::kSize);
-  if (rdma_accept(id, &param) != 0) return VerbsError("rdma_accept", errno);
-  event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
-  if (!event.ok()) return event.status();
-  rdma_ack_cm_event(*event);
-  c->peer_address_ = PeerAddress(id);  // before the poller can see the id
-  if (rdma_migrate_id(id, poller.cm_channel()) != 0) return VerbsError("rdma_migrate_id", errno);
+  // An event that arrived before the migration (the peer hung up at once) moved with the id but
+  // woke nobody: have the poller look.
+  poller.Wake();
   c->OnEstablished();
   std::move(unregister).Cancel();
   return c;

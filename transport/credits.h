@@ -38,13 +38,17 @@ namespace zrpc::transport {
 
 // The smallest receive window that keeps the credit scheme deadlock-free (see above).
 inline constexpr uint32_t kMinCredits = 4;
+// The largest window a peer may claim: what a frame's 16-bit credit field can return at once.
+// A peer that claims more RECVs than it posts only hurts its own connection: this side's SENDs
+// meet receiver-not-ready and the connection fails after a bounded number of retries (cm_util).
+inline constexpr uint32_t kMaxCredits = 65535;
 
 class CreditAccount {
  public:
   // `peer_window`: the peer's Hello.recv_credits. `own_window`: RECVs this side posts.
   CreditAccount(uint32_t peer_window, uint32_t own_window)
       : peer_window_(peer_window), available_(peer_window),
-        threshold_(std::max<uint32_t>(1, own_window / 2)) {}
+        threshold_(std::max<uint32_t>(1, own_window / 2)), granted_(own_window) {}
 
   // A data SEND or WRITE_WITH_IMM may go: two credits are left (the last is for credit frames).
   bool CanSpendForData() const { return available_ >= 2; }
@@ -71,6 +75,18 @@ class CreditAccount {
     return absl::OkStatus();
   }
 
+  // The peer's frame or bulk WRITE consumed one of this side's RECVs. A protocol error when the
+  // peer had no credit for it: it may spend the own_window credits it started with plus those
+  // returned to it (TakeOwed), never more. Without this check a peer could keep sending into
+  // RECVs re-posted before their credit went back, and hold this side to no window at all.
+  absl::Status OnConsumed() {
+    if (++consumed_ > granted_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "peer sent beyond its credits (", consumed_, " frames for ", granted_, " credits)"));
+    }
+    return absl::OkStatus();
+  }
+
   // This side re-posted a RECV that a data frame or a bulk WRITE consumed / that a credit frame
   // consumed.
   void OnDataRecvReposted() { ++owed_data_; }
@@ -88,6 +104,7 @@ class CreditAccount {
     uint32_t from_data = std::min(total, owed_data_);
     owed_data_ -= from_data;
     owed_update_ -= total - from_data;
+    granted_ += total;
     return static_cast<uint16_t>(total);
   }
 
@@ -101,6 +118,10 @@ class CreditAccount {
   uint32_t threshold_;
   uint32_t owed_data_ = 0;
   uint32_t owed_update_ = 0;
+  // Credits given to the peer (its initial window plus every credit returned in a frame) and
+  // RECVs its traffic consumed; consumed_ <= granted_ for a peer that keeps to its credits.
+  uint64_t granted_;
+  uint64_t consumed_ = 0;
 };
 
 }  // namespace zrpc::transport

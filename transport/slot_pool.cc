@@ -208,6 +208,19 @@ absl::Status SlotPool::growth_error() const {
   return growth_error_;
 }
 
+absl::Status SlotPool::ExhaustedError(const std::string& for_what) const {
+  uint32_t count = slot_count();
+  if (count < max_slots_) {
+    absl::Status why = growth_error();
+    return absl::ResourceExhaustedError(absl::StrCat("no free slot ", for_what, ": all ", count,
+                                                     " slots are in use and adding more failed: ",
+                                                     why.message()));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "no free slot ", for_what, ": all ", count, " slots of ", slot_size_,
+      " bytes are in use (SlotPoolOptions::max_slots)"));
+}
+
 uint32_t SlotPool::IndexOf(const void* p) const {
   auto* byte = static_cast<const uint8_t*>(p);
   uint32_t count = slot_count();  // acquire: the entries of chunks below count are written

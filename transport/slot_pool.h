@@ -82,6 +82,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -165,6 +166,9 @@ class SlotPool {
   // attempts succeed: when Allocate returns kNoSlot, slot_count() < max_slots() tells that
   // growth, not the cap, was the reason. Takes the growth mutex.
   absl::Status growth_error() const;
+  // The error for an Allocate that returned kNoSlot, a slot being wanted `for_what`: the cap
+  // reached (kResourceExhausted, naming max_slots) or growth failed (its reason).
+  absl::Status ExhaustedError(const std::string& for_what) const;
 
  private:
   SlotPool() = default;

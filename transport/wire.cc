@@ -68,9 +68,9 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
   }
   if (h.flags != 0) return Refuse(absl::StrCat("peer sets unknown flags 0x", absl::Hex(h.flags)));
   // Fewer could deadlock the credit scheme (credits.h).
-  if (h.recv_credits < kMinCredits) {
-    return Refuse(absl::StrCat("peer offers ", h.recv_credits, " receive credits, at least ",
-                               kMinCredits, " are needed"));
+  if (h.recv_credits < kMinCredits || h.recv_credits > kMaxCredits) {
+    return Refuse(absl::StrCat("peer offers ", h.recv_credits, " receive credits, not in [",
+                               kMinCredits, ", ", kMaxCredits, "]"));
   }
   if (h.recv_size < FrameHeader::kSize) {
     return Refuse(absl::StrCat("peer's receive size ", h.recv_size, " cannot hold a frame header"));

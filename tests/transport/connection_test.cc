@@ -15,11 +15,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/pattern.h"
+#include "tests/transport/accept_queue.h"
 #include "tests/rdma_device.h"
 #include "tests/transport/recorder.h"
 #include "transport/cm_util.h"
 #include "transport/connection.h"
 #include "transport/device.h"
+#include "transport/listener.h"
 #include "transport/poller.h"
 #include "transport/wire.h"
 
@@ -28,28 +30,27 @@ extern char** environ;
 namespace {
 
 using namespace zrpc::transport;  // NOLINT: a test of this namespace
+using zrpc::testing::AcceptQueue;
 using zrpc::testing::Fill;
 using zrpc::testing::Filled;
 using zrpc::testing::Recorder;
 
 constexpr absl::Duration kTimeout = absl::Seconds(60);
 
-// A device, a listener, a server poller in event mode and a client poller busy-polling.
+// A device, a server poller in event mode, a client poller busy-polling, and a listener that
+// places connections on the server poller and queues them (AcceptQueue).
 struct Setup {
   std::unique_ptr<Device> device;
-  std::unique_ptr<Listener> listener;
   std::unique_ptr<Poller> server_poller;
   std::unique_ptr<Poller> client_poller;
+  std::unique_ptr<AcceptQueue> accepts;
+  std::unique_ptr<Listener> listener;
 
   explicit Setup(const DeviceConfig& config) {
     auto d = Device::Open(config);
     INFO(d.status());
     REQUIRE(d.ok());
     device = std::move(*d);
-    auto l = Listener::Create(*device, "", 0);
-    INFO(l.status());
-    REQUIRE(l.ok());
-    listener = std::move(*l);
     PollerOptions event;
     event.mode = PollMode::kEvent;
     auto sp = Poller::Create(*device, event);
@@ -60,6 +61,17 @@ struct Setup {
     client_poller = std::move(*cp);
     REQUIRE(server_poller->Start().ok());
     REQUIRE(client_poller->Start().ok());
+    accepts = std::make_unique<AcceptQueue>(server_poller.get(), nullptr);
+    Listen();
+  }
+
+  // (Re)starts the listener, on a new port, with these options for accepted connections.
+  void Listen(const ListenerOptions& options = {}) {
+    listener.reset();
+    auto l = Listener::Create(*device, "", 0, accepts.get(), options);
+    INFO(l.status());
+    REQUIRE(l.ok());
+    listener = std::move(*l);
   }
 };
 
@@ -71,18 +83,24 @@ struct Pair {
 Pair ConnectPair(Setup& setup, Recorder* server_handler, Recorder* client_handler,
                  const ConnectionOptions& server_options = {},
                  const ConnectionOptions& client_options = {}) {
-  absl::StatusOr<std::shared_ptr<Connection>> server = absl::UnknownError("not accepted");
-  std::thread acceptor([&] {
-    server = setup.listener->Accept(*setup.server_poller, server_handler, server_options, kTimeout);
-  });
+  ListenerOptions listen;
+  listen.connection = server_options;
+  setup.Listen(listen);
+  setup.accepts->Use(setup.server_poller.get(), server_handler);
   auto client = Connection::Connect(*setup.device, *setup.client_poller,
                                     setup.device->selection().addr, setup.listener->port(),
                                     client_handler, client_options, kTimeout);
-  acceptor.join();
-  INFO("client: " << client.status() << "; server: " << server.status());
+  INFO("client: " << client.status());
   REQUIRE(client.ok());
+  auto server = setup.accepts->Next(kTimeout);
+  INFO("server: " << server.status());
   REQUIRE(server.ok());
   return Pair{*server, *client};
+}
+
+// Pool slots allocated now (the pool grows, so free slots alone say nothing).
+uint32_t SlotsInUse(const Device& device) {
+  return device.slots().slot_count() - device.slots().available();
 }
 
 // Sends `payload` as one message, retrying while the slot pool is momentarily empty or too
@@ -400,7 +418,7 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Recorder handler, client_handler;
   Setup setup(config);
-  uint32_t slots_before = setup.device->slots().available();
+  uint32_t slots_before = SlotsInUse(*setup.device);
   struct Case {
     const char* name;
     std::vector<uint8_t> hello;
@@ -418,13 +436,10 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
   };
   for (const Case& c : cases) {
     INFO(c.name);
-    absl::StatusOr<std::shared_ptr<Connection>> accepted = absl::UnknownError("not run");
-    std::thread acceptor([&] {
-      accepted = setup.listener->Accept(*setup.server_poller, &handler, {}, kTimeout);
-    });
+    setup.accepts->Use(setup.server_poller.get(), &handler);
     absl::Status client = RawConnect(setup.device->selection().addr, setup.listener->port(),
                                      c.hello);
-    acceptor.join();
+    auto accepted = setup.accepts->Next(kTimeout);
     std::printf("%s: server says \"%s\"; client sees \"%s\"\n", c.name,
                 std::string(accepted.status().message()).c_str(),
                 std::string(client.message()).c_str());
@@ -434,7 +449,7 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
     CHECK(client.message().find("refused by the peer: zrpc") != absl::string_view::npos);
     CHECK(client.message().find(c.reason) != absl::string_view::npos);
   }
-  CHECK(setup.device->slots().available() == slots_before);  // nothing leaked
+  CHECK(SlotsInUse(*setup.device) == slots_before);  // nothing leaked
 
   SECTION("a zrpc client refuses a server that answers with a bad Hello") {
     CmChannelOwner channel;
@@ -468,7 +483,7 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
     std::printf("client refusing the server: %s\n", client.status().ToString().c_str());
     CHECK(client.status().code() == absl::StatusCode::kFailedPrecondition);
     CHECK(client.status().message().find("version 2") != absl::string_view::npos);
-    CHECK(setup.device->slots().available() == slots_before);
+    CHECK(SlotsInUse(*setup.device) == slots_before);
   }
 }
 
@@ -485,13 +500,10 @@ TEST_CASE("a peer killed mid-stream fails its connection and every outstanding o
   std::string credits = std::to_string(kPeerCredits);
   std::string addr = setup.device->selection().addr;
   char* argv[] = {peer.data(), addr.data(), port.data(), credits.data(), nullptr};
-  absl::StatusOr<std::shared_ptr<Connection>> accepted = absl::UnknownError("not run");
-  std::thread acceptor([&] {
-    accepted = setup.listener->Accept(*setup.server_poller, &handler, {}, kTimeout);
-  });
+  setup.accepts->Use(setup.server_poller.get(), &handler);
   pid_t pid = 0;
   REQUIRE(posix_spawn(&pid, peer.c_str(), nullptr, nullptr, argv, environ) == 0);
-  acceptor.join();
+  auto accepted = setup.accepts->Next(kTimeout);
   INFO(accepted.status());
   if (!accepted.ok()) kill(pid, SIGKILL);
   REQUIRE(accepted.ok());

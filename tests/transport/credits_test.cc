@@ -57,6 +57,23 @@ TEST_CASE("more owed credits than a frame field holds are returned over several 
   CHECK(account.TakeOwed() == 0);
 }
 
+TEST_CASE("a peer sending beyond the credits it was given is a protocol error", "[credits]") {
+  CreditAccount account(/*peer_window=*/8, /*own_window=*/4);
+  for (int i = 0; i < 4; ++i) REQUIRE(account.OnConsumed().ok());  // its initial window
+  // Its RECVs were re-posted at once, but no credit has gone back yet: the fifth is too many.
+  for (int i = 0; i < 4; ++i) account.OnDataRecvReposted();
+  absl::Status s = account.OnConsumed();
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(s.message().find("beyond its credits") != absl::string_view::npos);
+
+  CreditAccount returned(8, 4);
+  for (int i = 0; i < 4; ++i) REQUIRE(returned.OnConsumed().ok());
+  for (int i = 0; i < 4; ++i) returned.OnDataRecvReposted();
+  REQUIRE(returned.TakeOwed() == 4);  // sent back in a frame: four more may come
+  for (int i = 0; i < 4; ++i) CHECK(returned.OnConsumed().ok());
+  CHECK_FALSE(returned.OnConsumed().ok());
+}
+
 namespace {
 // Two peers joined by in-order queues. Each wants to send `want` data frames; a received frame
 // is consumed (its RECV re-posted) right away. Credit frames are sent only when ShouldSendUpdate
@@ -88,6 +105,8 @@ bool RunPair(uint32_t window, int want_a, int want_b, bool a_bulk = false, bool 
       if (!self->inbox.empty()) {
         bool data = self->inbox.front();
         self->inbox.pop_front();
+        // Honest peers never trip the receive-side check, whatever the traffic pattern.
+        if (!self->credits.OnConsumed().ok()) return false;
         if (!self->credits.OnReturned(self->returned.front()).ok()) return false;
         self->returned.pop_front();
         if (data) {

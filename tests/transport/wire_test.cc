@@ -81,6 +81,13 @@ TEST_CASE("a malformed Hello is refused with a message naming the problem", "[wi
     h.recv_credits = 3;
     CHECK(Refused(Encoded(h), "credits"));
   }
+  SECTION("more credits than a frame can return") {
+    Hello h = Sample();
+    h.recv_credits = 65536;
+    CHECK(Refused(Encoded(h), "credits"));
+    h.recv_credits = 65535;
+    CHECK(DecodeHello(Encoded(h)).ok());
+  }
   SECTION("receives too small for a frame header") {
     Hello h = Sample();
     h.recv_size = 7;

@@ -1,0 +1,249 @@
+#include "transport/listener.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "transport/cm_util.h"
+#include "transport/poller.h"
+#include "transport/verbs_error.h"
+#include "transport/wire.h"
+
+namespace zrpc::transport {
+
+absl::StatusOr<std::unique_ptr<Listener>> Listener::Create(Device& device, const std::string& addr,
+                                                           uint16_t port, AcceptHandler* handler,
+                                                           const ListenerOptions& options) {
+  if (auto s = Connection::ValidateOptions(options.connection, device); !s.ok()) return s;
+  if (handler == nullptr) return absl::InvalidArgumentError("the Listener needs an AcceptHandler");
+  if (options.handshake_timeout <= absl::ZeroDuration() || options.max_connections == 0 ||
+      options.max_connections_per_peer == 0 || options.backlog <= 0) {
+    return absl::InvalidArgumentError(
+        "handshake_timeout, max_connections, max_connections_per_peer and backlog must be "
+        "positive");
+  }
+  std::unique_ptr<Listener> listener(new Listener(device, handler, options));
+  if (auto s = CreateCmChannelAndId(&listener->channel_, &listener->id_); !s.ok()) return s;
+  const std::string& where = addr.empty() ? device.selection().addr : addr;
+  sockaddr_storage local{};
+  if (auto s = ResolveSockaddr(where, port, &local); !s.ok()) return s;
+  if (rdma_bind_addr(listener->id_.get(), reinterpret_cast<sockaddr*>(&local)) != 0) {
+    return VerbsError(absl::StrCat("rdma_bind_addr(", where, ":", port, ")"), errno);
+  }
+  if (rdma_listen(listener->id_.get(), options.backlog) != 0) {
+    return VerbsError("rdma_listen", errno);
+  }
+  listener->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (listener->wake_fd_ < 0) return VerbsError("eventfd", errno);
+  listener->thread_ = std::thread([l = listener.get()] { l->Loop(); });
+  return listener;
+}
+
+Listener::Listener(Device& device, AcceptHandler* handler, const ListenerOptions& options)
+    : device_(device), handler_(handler), options_(options) {}
+
+Listener::~Listener() {
+  stop_.store(true);
+  if (wake_fd_ >= 0) {
+    uint64_t one = 1;
+    static_cast<void>(write(wake_fd_, &one, sizeof(one)));
+  }
+  if (thread_.joinable()) thread_.join();
+  // Unfinished handshakes report to channel_, so they go before it. A poller thread may hold
+  // one for the length of a completion: wait for it to let go, so the id dies here.
+  for (auto& [id, handshake] : handshakes_) {
+    handshake.connection->poller_.Unregister(handshake.connection->qp_num_);
+    while (handshake.connection.use_count() > 1) std::this_thread::yield();
+  }
+  handshakes_.clear();
+  id_.reset();
+  channel_.reset();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+uint16_t Listener::port() const { return ntohs(rdma_get_src_port(id_.get())); }
+
+uint32_t Listener::connections() const {
+  absl::MutexLock lock(&admission_->mu);
+  return admission_->total;
+}
+
+size_t Listener::handshakes() const { return handshake_count_.load(std::memory_order_relaxed); }
+
+void Listener::Loop() {
+  while (!stop_.load(std::memory_order_relaxed)) {
+    int timeout_ms = -1;
+    if (!handshakes_.empty()) {
+      absl::Time first = absl::InfiniteFuture();
+      for (const auto& [id, handshake] : handshakes_) first = std::min(first, handshake.deadline);
+      timeout_ms = RemainingMs(first);
+    }
+    pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (poll(fds, 2, timeout_ms) < 0 && errno != EINTR) {
+      std::fprintf(stderr, "zrpc: the listener's poll failed (errno %d)\n", errno);
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    rdma_cm_event* event = nullptr;
+    while (rdma_get_cm_event(channel_.get(), &event) == 0) OnEvent(event);
+    ExpireHandshakes();
+    handshake_count_.store(handshakes_.size(), std::memory_order_relaxed);
+  }
+}
+
+void Listener::OnEvent(rdma_cm_event* event) {
+  rdma_cm_event_type type = event->event;
+  if (type == RDMA_CM_EVENT_CONNECT_REQUEST) return OnRequest(event);
+  rdma_cm_id* id = event->id;
+  int status = event->status;
+  rdma_ack_cm_event(event);
+  switch (type) {
+    case RDMA_CM_EVENT_ESTABLISHED:
+      Complete(id);
+      break;
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_DISCONNECTED:
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      Abandon(id, absl::UnavailableError(absl::StrCat("the handshake ended with ",
+                                                      rdma_event_str(type), " (status ", status,
+                                                      ")")));
+      break;
+    default:  // TIMEWAIT_EXIT and the like: nothing to do
+      break;
+  }
+}
+
+void Listener::OnRequest(rdma_cm_event* event) {
+  rdma_cm_id* id = event->id;
+  absl::StatusOr<Hello> hello = Connection::PeerHello(*event);
+  // The count this side's queue pair will use, chosen by the peer (see the header comment).
+  uint8_t rnr_retry = event->param.conn.rnr_retry_count;
+  rdma_ack_cm_event(event);
+  const std::string peer = PeerAddress(id);
+  const std::string ip = PeerIp(id);
+
+  std::shared_ptr<Connection> c;
+  auto refuse = [&](const absl::Status& why) {
+    Reject(id, why);
+    if (c != nullptr) {
+      c->poller_.Unregister(c->qp_num_);  // a no-op when it never registered
+      c.reset();                          // destroys the id and gives the admission place back
+    } else {
+      rdma_destroy_id(id);
+    }
+    handler_->OnRefused(peer, why);
+  };
+  if (!hello.ok()) return refuse(hello.status());
+  if (rnr_retry > kRnrRetryCount) {
+    return refuse(absl::FailedPreconditionError(absl::StrCat(
+        "zrpc handshake: peer asks for RNR retry count ", rnr_retry,
+        " (7 retries forever); at most ", kRnrRetryCount, " is accepted")));
+  }
+  if (auto s = Admit(ip); !s.ok()) return refuse(s);
+  absl::StatusOr<Placement> placement = handler_->Place(peer);
+  if (placement.ok() && (placement->poller == nullptr || placement->handler == nullptr)) {
+    placement = absl::InternalError("the AcceptHandler placed a connection nowhere");
+  }
+  if (!placement.ok()) {
+    Leave(*admission_, ip);
+    return refuse(placement.status());
+  }
+  c.reset(new Connection(device_, *placement->poller, placement->handler, options_.connection));
+  c->on_closed_ = [admission = admission_, ip] { Leave(*admission, ip); };
+  c->id_.reset(id);
+  c->peer_address_ = peer;  // before the poller can see the id
+  if (auto s = c->CreateResources(id); !s.ok()) {
+    return refuse(absl::Status(s.code(), absl::StrCat("server full: ", s.message())));
+  }
+  c->AcceptHello(*hello);
+  if (auto s = c->poller_.Register(c); !s.ok()) {
+    return refuse(absl::Status(s.code(), absl::StrCat("server full: ", s.message())));
+  }
+  uint8_t own_hello[Hello::kSize];
+  EncodeHello(c->OwnHello(), own_hello);
+  rdma_conn_param param = ConnParam(own_hello, Hello::kSize);
+  if (rdma_accept(id, &param) != 0) return refuse(VerbsError("rdma_accept", errno));
+  handshakes_[id] = Handshake{std::move(c), absl::Now() + options_.handshake_timeout};
+}
+
+absl::Status Listener::Admit(const std::string& ip) {
+  Admission& a = *admission_;
+  absl::MutexLock lock(&a.mu);
+  if (a.total >= options_.max_connections) {
+    return absl::ResourceExhaustedError(absl::StrCat("server full: ", a.total,
+                                                     " connections open or handshaking "
+                                                     "(max_connections)"));
+  }
+  auto it = a.per_peer.find(ip);
+  if (it != a.per_peer.end() && it->second >= options_.max_connections_per_peer) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("server full for ", ip, ": ", it->second,
+                     " connections from that address (max_connections_per_peer)"));
+  }
+  ++a.total;
+  ++a.per_peer[ip];
+  return absl::OkStatus();
+}
+
+void Listener::Leave(Admission& admission, const std::string& ip) {
+  absl::MutexLock lock(&admission.mu);
+  --admission.total;
+  auto it = admission.per_peer.find(ip);
+  if (it != admission.per_peer.end() && --it->second == 0) admission.per_peer.erase(it);
+}
+
+void Listener::Complete(rdma_cm_id* id) {
+  auto it = handshakes_.find(id);
+  if (it == handshakes_.end()) return;
+  std::shared_ptr<Connection> c = std::move(it->second.connection);
+  handshakes_.erase(it);
+  Poller& poller = c->poller_;
+  if (rdma_migrate_id(id, poller.cm_channel()) != 0) {
+    absl::Status why = VerbsError("rdma_migrate_id", errno);
+    rdma_disconnect(id);
+    poller.Unregister(c->qp_num_);
+    std::string peer = c->peer_address_;
+    c.reset();
+    handler_->OnRefused(peer, why);
+    return;
+  }
+  // An event that arrived before the migration (the peer hung up at once) moved with the id but
+  // woke nobody: have the poller look, or the connection would stay open with nobody behind it.
+  poller.Wake();
+  c->OnEstablished();
+  handler_->OnAccepted(std::move(c));
+}
+
+void Listener::Abandon(rdma_cm_id* id, const absl::Status& why) {
+  auto it = handshakes_.find(id);
+  if (it == handshakes_.end()) return;
+  std::shared_ptr<Connection> c = std::move(it->second.connection);
+  handshakes_.erase(it);
+  std::string peer = c->peer_address_;
+  c->poller_.Unregister(c->qp_num_);
+  c.reset();
+  handler_->OnRefused(peer, why);
+}
+
+void Listener::ExpireHandshakes() {
+  absl::Time now = absl::Now();
+  std::vector<rdma_cm_id*> expired;
+  for (const auto& [id, handshake] : handshakes_) {
+    if (handshake.deadline <= now) expired.push_back(id);
+  }
+  for (rdma_cm_id* id : expired) {
+    Abandon(id, absl::DeadlineExceededError(
+                    absl::StrCat("the peer did not finish the handshake within ",
+                                 absl::FormatDuration(options_.handshake_timeout))));
+  }
+}
+
+}  // namespace zrpc::transport

@@ -1,0 +1,150 @@
+// Listener: accepts connections on one address and port, on a thread of its own, with every
+// handshake bounded and every peer held to limits.
+//
+// Why a thread and not a caller-driven Accept(). A handshake is a conversation: connection
+// request, the listener's reply (REP), the peer's confirmation (RTU). A peer may stop half-way
+// (crash, packet loss, or on purpose), and an Accept that waits for one handshake at a time lets
+// three silent peers delay everyone else by their timeouts. So the listener owns its cm channel:
+// one thread reads every event on it, answers each request at once and keeps each unfinished
+// handshake in a table with a deadline of its own (handshake_timeout from its request). A peer
+// that never finishes is dropped when its deadline passes; nobody else waits for it.
+//
+// What a request must pass, in order (a refusal is sent to the peer as text its Connect quotes,
+// and reported to AcceptHandler::OnRefused):
+//  1. a valid Hello (wire.h), and an RNR retry count below 7: the accepting side's queue pair
+//     takes the count from the peer's request, and 7 means "retry forever", which would let a
+//     peer that claims more receive credits than it posts wedge this side's sends for good
+//     instead of failing them within seconds;
+//  2. admission: at most max_connections connections (open or handshaking) in all, and at most
+//     max_connections_per_peer from one IP address, so one host cannot take every place; a
+//     connection's place is given back when it closes (OnClosed), not when it is destroyed;
+//  3. AcceptHandler::Place, which picks the connection's poller and handler (or refuses);
+//  4. resources: receive slots from the device's pool, an arena, CQ entries on the poller. A
+//     server that cannot give them refuses with what ran out ("server full").
+// When the peer's confirmation arrives the connection moves to its poller's cm channel, the
+// poller is woken to look at it (a hang-up that raced the handshake moved along with it and is
+// seen at once), and AcceptHandler::OnAccepted receives it. A hang-up before that drops the
+// handshake and frees everything it held.
+//
+// Threads. The AcceptHandler is called on the listener's thread, one call at a time; it must not
+// block for long (handshakes wait meanwhile) and must not destroy the Listener. Destroying the
+// Listener stops the thread and drops unfinished handshakes; connections already accepted are
+// unaffected. The Device and every poller Place returns must outlive the Listener.
+#ifndef ZRPC_TRANSPORT_LISTENER_H_
+#define ZRPC_TRANSPORT_LISTENER_H_
+
+#include <rdma/rdma_cma.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "transport/connection.h"
+#include "transport/device.h"
+#include "transport/verbs_owners.h"
+
+namespace zrpc::transport {
+
+class Poller;
+
+struct ListenerOptions {
+  // Options of every accepted connection.
+  ConnectionOptions connection;
+  // Time a peer has from its connection request to the end of the handshake.
+  absl::Duration handshake_timeout = absl::Seconds(5);
+  // Connections open or handshaking at once; requests beyond are refused ("server full").
+  uint32_t max_connections = 1024;
+  // The same, from one IP address.
+  uint32_t max_connections_per_peer = 512;
+  // Connection requests the kernel queues while the listener thread is busy.
+  int backlog = 1024;
+};
+
+// Where an accepted connection goes: the poller its queue pair uses, and its handler. Both must
+// outlive the connection.
+struct Placement {
+  Poller* poller = nullptr;
+  ConnectionHandler* handler = nullptr;
+};
+
+class AcceptHandler {
+ public:
+  virtual ~AcceptHandler() = default;
+  // A request from `peer` ("ip:port") passed the checks: choose its placement, or refuse it
+  // with a status whose message the peer's Connect quotes.
+  virtual absl::StatusOr<Placement> Place(const std::string& peer) = 0;
+  // The handshake finished. The connection is open, or already failing (then OnClosed follows
+  // on its handler).
+  virtual void OnAccepted(std::shared_ptr<Connection> connection) = 0;
+  // A request refused or a handshake abandoned, and why: for logs and metrics.
+  virtual void OnRefused(const std::string& /*peer*/, const absl::Status& /*why*/) {}
+};
+
+class Listener {
+ public:
+  // Listens on `addr` (empty: the device's address) and `port` (0: any free one; see port())
+  // and starts accepting on a new thread. `handler` must outlive the Listener.
+  static absl::StatusOr<std::unique_ptr<Listener>> Create(Device& device, const std::string& addr,
+                                                          uint16_t port, AcceptHandler* handler,
+                                                          const ListenerOptions& options = {});
+  ~Listener();
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+
+  uint16_t port() const;
+  // Connections open or handshaking now (each holds a place until it closes).
+  uint32_t connections() const;
+  // Handshakes not finished yet.
+  size_t handshakes() const;
+
+ private:
+  // Places taken, shared with accepted connections, which give theirs back when they close
+  // (possibly after the Listener is gone).
+  struct Admission {
+    absl::Mutex mu;
+    uint32_t total ABSL_GUARDED_BY(mu) = 0;
+    absl::flat_hash_map<std::string, uint32_t> per_peer ABSL_GUARDED_BY(mu);
+  };
+  struct Handshake {
+    std::shared_ptr<Connection> connection;
+    absl::Time deadline;
+  };
+
+  Listener(Device& device, AcceptHandler* handler, const ListenerOptions& options);
+  void Loop();
+  void OnEvent(rdma_cm_event* event);
+  // A connection request: checked, placed and answered, or refused. Takes the event (acks it).
+  void OnRequest(rdma_cm_event* event);
+  absl::Status Admit(const std::string& ip);
+  static void Leave(Admission& admission, const std::string& ip);
+  void Complete(rdma_cm_id* id);
+  // Drops an unfinished handshake and frees what it held.
+  void Abandon(rdma_cm_id* id, const absl::Status& why);
+  void ExpireHandshakes();
+
+  Device& device_;
+  AcceptHandler* handler_;
+  const ListenerOptions options_;
+  std::shared_ptr<Admission> admission_ = std::make_shared<Admission>();
+  // Unfinished handshakes by cm id; only the listener thread touches it after Create.
+  absl::flat_hash_map<rdma_cm_id*, Handshake> handshakes_;
+  std::atomic<size_t> handshake_count_{0};
+
+  // Declared before the ids that report to it: destroyed after them.
+  CmChannelOwner channel_;
+  CmIdOwner id_;
+  int wake_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace zrpc::transport
+
+#endif  // ZRPC_TRANSPORT_LISTENER_H_
