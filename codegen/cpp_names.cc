@@ -155,7 +155,7 @@ std::set<std::string> ProtobufCppNames(const FileDescriptor* file) {
   }
   if (file->package().empty()) {
     names.insert("TableStruct_" + cpp::FilenameIdentifier(file->name()));
-    names.insert("descriptor_table_" + cpp::FilenameIdentifier(file->name()));
+    if (!lite) names.insert("descriptor_table_" + cpp::FilenameIdentifier(file->name()));
   }
   return names;
 }

@@ -42,7 +42,8 @@ bool IsReservedGlobalName(const std::string& name);
 // - Per top-level extension: its identifier and kFooFieldNumber.
 // - With option cc_generic_services (protoc refuses it together with LITE_RUNTIME): per service
 //   Foo, protobuf's google::protobuf::Service Foo and its Foo_Stub.
-// - In a package-less file: the file's TableStruct_* and descriptor_table_* globals.
+// - In a package-less file: the file's TableStruct_* and, except under LITE_RUNTIME,
+//   descriptor_table_* globals.
 std::set<std::string> ProtobufCppNames(const google::protobuf::FileDescriptor* file);
 
 // "a.b.c" -> {"a", "b", "c"}; "" -> {}.

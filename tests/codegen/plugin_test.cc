@@ -1,23 +1,15 @@
 // protoc-gen-zrpc as protoc runs it: golden output, and clear errors for unsupported input.
 #include <catch2/catch.hpp>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "tests/codegen/tool_run.h"
 
 namespace {
 
+using zrpc::testing::ReadFile;
 using zrpc::testing::Run;
 using zrpc::testing::Runfile;
 using zrpc::testing::TmpDir;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 struct ProtocResult {
   int exit_code;
