@@ -45,12 +45,12 @@
 namespace {
 
 using google::protobuf::DescriptorPool;
-using zrpc::testing::ReadFile;
-using zrpc::testing::Run;
-using zrpc::testing::Runfile;
 using google::protobuf::FileDescriptor;
 using google::protobuf::FileDescriptorProto;
 using google::protobuf::FileDescriptorSet;
+using zrpc::testing::ReadFile;
+using zrpc::testing::Run;
+using zrpc::testing::Runfile;
 
 constexpr char kFileName[] = "fuzz/input.proto";
 constexpr char kEmptyProto[] = "google/protobuf/empty.proto";
@@ -78,10 +78,10 @@ const std::vector<std::string> kNamePool = {
 // How protobuf's C++ builds names at namespace scope from a class or enum name X (prefix, suffix):
 // a service named like one of them takes a name protobuf may declare.
 const std::vector<std::pair<std::string, std::string>> kProtobufPatterns = {
-    {"", ""},          {"", "_Stub"},  {"", "DefaultTypeInternal"}, {"_", "_default_instance_"},
-    {"", "_IsValid"},  {"", "_Name"},  {"", "_Parse"},              {"", "_descriptor"},
-    {"", "_MIN"},      {"", "_MAX"},   {"", "_ARRAYSIZE"},          {"", "_MEntry_DoNotUse"},
-    {"k", "FieldNumber"}, {"", "_"}};
+    {"", ""},          {"", "_"},           {"", "_Stub"},       {"", "DefaultTypeInternal"},
+    {"", "_IsValid"},  {"", "_Name"},       {"", "_Parse"},      {"", "_descriptor"},
+    {"", "_MIN"},      {"", "_MAX"},        {"", "_ARRAYSIZE"},  {"", "_MEntry_DoNotUse"},
+    {"k", "FieldNumber"},                   {"_", "_default_instance_"}};
 
 // Package parts; the keywords among them must be refused.
 const std::vector<std::string> kPackagePool = {

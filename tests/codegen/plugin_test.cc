@@ -50,7 +50,8 @@ TEST_CASE("generated code matches the golden files", "[codegen][golden]") {
     for (const std::string& file : {stem + ".zrpc.h", stem + ".zrpc.cc"}) {
       INFO(file << " differs from tests/codegen/golden/" << file
                 << ".golden; if the change is intended, run tools/update-goldens");
-      const std::string generated = ReadFile(Runfile(std::string(proto) + file.substr(stem.size())));
+      const std::string generated =
+          ReadFile(Runfile(std::string(proto) + file.substr(stem.size())));
       const std::string golden = ReadFile(Runfile("tests/codegen/golden/" + file + ".golden"));
       REQUIRE_FALSE(generated.empty());
       CHECK(generated == golden);
