@@ -40,8 +40,8 @@ bool IsReservedGlobalName(const std::string& name);
 //   E_IsValid, E_Name, E_Parse, the bounds (E_MIN, E_MAX, E_ARRAYSIZE; nested: Outer_E_E_MIN, ...)
 //   and, except under optimize_for = LITE_RUNTIME, E_descriptor.
 // - Per top-level extension: its identifier and kFooFieldNumber.
-// - With option cc_generic_services (protoc refuses it together with LITE_RUNTIME): per service
-//   Foo, protobuf's google::protobuf::Service Foo and its Foo_Stub.
+// - With option cc_generic_services (ignored under LITE_RUNTIME, where protoc refuses it beside a
+//   service): per service Foo, protobuf's google::protobuf::Service Foo and its Foo_Stub.
 // - In a package-less file: the file's TableStruct_* and, except under LITE_RUNTIME,
 //   descriptor_table_* globals.
 std::set<std::string> ProtobufCppNames(const google::protobuf::FileDescriptor* file);

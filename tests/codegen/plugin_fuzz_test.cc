@@ -447,7 +447,7 @@ bool ContainsWord(const std::string& text, const std::string& word) {
 
 }  // namespace
 
-TEST_CASE("random .proto files: the generator generates, or refuses naming the file",
+TEST_CASE("random .proto files: the generator generates, or refuses with a reason",
           "[codegen][fuzz]") {
   const uint64_t seed = EnvOr("ZRPC_FUZZ_SEED", 20261121);
   const uint64_t iterations = EnvOr("ZRPC_FUZZ_ITERATIONS", 3000);
