@@ -1,12 +1,17 @@
 #include "codegen/cpp_names.h"
 
+#include <google/protobuf/compiler/cpp/names.h>
+#include <google/protobuf/descriptor.pb.h>
+
 #include <set>
 #include <string>
 
 // Exported by libprotoc but declared only in cpp/helpers.h, which needs headers Debian does not
-// ship. Using protobuf's own keyword list keeps our namespaces identical to the messages'.
+// ship. Using protobuf's own spellings keeps our names identical to those of its C++.
 namespace google::protobuf::compiler::cpp {
 std::string ResolveKeyword(const std::string& name);
+std::string FieldConstantName(const FieldDescriptor* field);  // kFooFieldNumber
+std::string FilenameIdentifier(const std::string& filename);  // a/b.proto -> a_2fb_2eproto
 }  // namespace google::protobuf::compiler::cpp
 
 namespace zrpc::codegen {
@@ -82,6 +87,77 @@ bool IsReservedGlobalName(const std::string& name) {
       "nullptr_t", "int8_t",   "int16_t",  "int32_t",  "int64_t",  "uint8_t",
       "uint16_t",  "uint32_t", "uint64_t", "intptr_t", "uintptr_t"};
   return kGlobalNames.count(name) > 0;
+}
+
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::EnumDescriptor;
+using google::protobuf::FileDescriptor;
+using google::protobuf::FileOptions;
+
+// The spellings below follow protobuf's cpp/enum.cc, message.cc, extension.cc, service.cc and
+// file.cc (3.21); plugin_fuzz_test checks each name against a header protoc generated.
+void AddEnumNames(const EnumDescriptor* enumeration, bool descriptors,
+                  std::set<std::string>& names) {
+  using google::protobuf::compiler::cpp::ClassName;
+  using google::protobuf::compiler::cpp::EnumValueName;
+  const std::string name = ClassName(enumeration);
+  // A nested enum's values and bounds are prefixed with its class name at namespace scope (the
+  // message holds the unprefixed aliases); the bounds then repeat the enum's own name.
+  const std::string prefix = enumeration->containing_type() == nullptr ? "" : name + "_";
+  names.insert(name);
+  for (int v = 0; v < enumeration->value_count(); ++v) {
+    names.insert(prefix + EnumValueName(enumeration->value(v)));
+  }
+  for (const char* bound : {"_MIN", "_MAX", "_ARRAYSIZE"}) {
+    names.insert(prefix + enumeration->name() + bound);
+  }
+  for (const char* helper : {"_IsValid", "_Name", "_Parse"}) names.insert(name + helper);
+  if (descriptors) names.insert(name + "_descriptor");
+}
+
+void AddMessageNames(const Descriptor* message, bool descriptors, std::set<std::string>& names) {
+  const std::string name = google::protobuf::compiler::cpp::ClassName(message);
+  names.insert(name);
+  names.insert(name + "DefaultTypeInternal");
+  names.insert("_" + name + "_default_instance_");
+  for (int i = 0; i < message->nested_type_count(); ++i) {
+    AddMessageNames(message->nested_type(i), descriptors, names);
+  }
+  for (int i = 0; i < message->enum_type_count(); ++i) {
+    AddEnumNames(message->enum_type(i), descriptors, names);
+  }
+}
+
+}  // namespace
+
+std::set<std::string> ProtobufCppNames(const FileDescriptor* file) {
+  namespace cpp = google::protobuf::compiler::cpp;
+  const bool lite = file->options().optimize_for() == FileOptions::LITE_RUNTIME;
+  std::set<std::string> names;
+  for (int i = 0; i < file->message_type_count(); ++i) {
+    AddMessageNames(file->message_type(i), !lite, names);
+  }
+  for (int i = 0; i < file->enum_type_count(); ++i) {
+    AddEnumNames(file->enum_type(i), !lite, names);
+  }
+  for (int i = 0; i < file->extension_count(); ++i) {
+    const std::string qualified = cpp::QualifiedExtensionName(file->extension(i));
+    names.insert(qualified.substr(qualified.rfind(':') + 1));
+    names.insert(cpp::FieldConstantName(file->extension(i)));
+  }
+  if (file->options().cc_generic_services() && !lite) {
+    for (int i = 0; i < file->service_count(); ++i) {
+      names.insert(file->service(i)->name());
+      names.insert(file->service(i)->name() + "_Stub");
+    }
+  }
+  if (file->package().empty()) {
+    names.insert("TableStruct_" + cpp::FilenameIdentifier(file->name()));
+    if (!lite) names.insert("descriptor_table_" + cpp::FilenameIdentifier(file->name()));
+  }
+  return names;
 }
 
 std::vector<std::string> PackageNamespaces(const std::string& package) {

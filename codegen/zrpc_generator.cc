@@ -94,19 +94,17 @@ std::vector<std::string> TopLevelTypeNames(const FileDescriptor* file) {
 }
 
 // The C++ class names of the file's services, in file order. Each keeps its .proto name unless
-// that is reserved (cpp_names.h) or the name of one of the class's members (a member may not
-// share its class's name: service_info would be a constructor). A renamed service takes
-// underscores until it collides with no top-level name of the file and no earlier service's
-// class (service Service and service Service_ must not both become Service_).
+// that is reserved (cpp_names.h), the name of one of the class's members (a member may not
+// share its class's name: service_info would be a constructor), or a name protobuf's C++ for
+// the file declares in the same namespace (ProtobufCppNames: with cc_generic_services that is
+// every service's own name; otherwise a name like Outer_Inner or FooDefaultTypeInternal).
+// A renamed service takes underscores until it collides with none of those, no service's .proto
+// name and no earlier service's class (service Service and service Service_ must not both
+// become Service_).
 std::vector<std::string> ServiceClassNames(const FileDescriptor* file) {
-  std::vector<std::string> top = TopLevelTypeNames(file);
-  std::set<std::string> taken(top.begin(), top.end());
-  for (int i = 0; i < file->enum_type_count(); ++i) {
-    const google::protobuf::EnumDescriptor* enumeration = file->enum_type(i);
-    for (int v = 0; v < enumeration->value_count(); ++v) {
-      taken.insert(enumeration->value(v)->name());
-    }
-  }
+  const std::set<std::string> protobuf_names = ProtobufCppNames(file);
+  std::set<std::string> taken = protobuf_names;
+  for (int i = 0; i < file->service_count(); ++i) taken.insert(file->service(i)->name());
   std::vector<std::string> classes;
   for (int i = 0; i < file->service_count(); ++i) {
     const std::string& original = file->service(i)->name();
@@ -114,8 +112,7 @@ std::vector<std::string> ServiceClassNames(const FileDescriptor* file) {
     for (const char* member : {"Stub", "Service", "service_info", "kMethods", "kInfo"}) {
       if (name == member) name += "_";
     }
-    // A renamed name never equals its own original, which `taken` already holds.
-    if (name != original) {
+    if (name != original || protobuf_names.count(name) > 0) {
       while (!taken.insert(name).second) name += "_";
     }
     classes.push_back(name);
@@ -198,11 +195,17 @@ ServiceCode DescribeService(const ServiceDescriptor* service, const std::string&
                             const std::string& qualified_namespace) {
   using google::protobuf::compiler::cpp::QualifiedClassName;
   ServiceCode code;
+  std::string comments = Comments(service, "");
+  if (service_class != service->name()) {
+    comments += "// zrpc's class for service " + service->name() +
+                ": C++ or protobuf's C++ already uses that name\n"
+                "// (codegen/zrpc_generator.h, \"Naming\").\n";
+  }
   code.vars = {{"Service", service_class},
                {"Qualified", qualified_namespace + "::" + service_class},
                {"full_name", service->full_name()},
                {"count", std::to_string(service->method_count())},
-               {"comments", Comments(service, "")}};
+               {"comments", comments}};
   for (const MethodNames& names : NameMethods(service)) {
     const MethodDescriptor* method = names.method;
     Vars vars = code.vars;
@@ -219,16 +222,18 @@ ServiceCode DescribeService(const ServiceDescriptor* service, const std::string&
   return code;
 }
 
+// Refuses what generated code cannot support. protoc prints the error after the file's name, so
+// the message starts with the service (and method) or the package.
 bool CheckSupported(const FileDescriptor* file, std::string* error) {
   const std::string reason = ReservedPackageReason(file->package());
   if (!reason.empty()) {
-    *error = file->name() + ": package " + file->package() + ": " + reason;
+    *error = "package " + file->package() + ": " + reason;
     return false;
   }
   if (file->package().empty()) {
     auto refuse = [&](const std::string& name) {
-      *error = file->name() + ": '" + name + "' is declared without a package, so its C++ name " +
-               "would be ::" + name + ", which generated code needs for itself; add a package";
+      *error = "'" + name + "' is declared without a package, so its C++ name would be ::" + name +
+               ", which generated code needs for itself; add a package";
       return false;
     };
     for (const std::string& name : TopLevelTypeNames(file)) {
@@ -240,7 +245,7 @@ bool CheckSupported(const FileDescriptor* file, std::string* error) {
     for (int m = 0; m < service->method_count(); ++m) {
       const MethodDescriptor* method = service->method(m);
       if (method->client_streaming() || method->server_streaming()) {
-        *error = file->name() + ": service " + service->name() + ", method " + method->name() +
+        *error = "service " + service->name() + ", method " + method->name() +
                  ": streaming rpcs are not supported yet (" +
                  (method->client_streaming() ? "client" : "server") + " streaming)";
         return false;

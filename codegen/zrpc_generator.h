@@ -1,11 +1,19 @@
 // protoc-gen-zrpc's code generator: for each .proto it writes NAME.zrpc.h and NAME.zrpc.cc with,
 // per service, a client stub and a server base class over rpc/generated_api.h.
 //
-// Naming (tests/codegen/tricky and plugin_fuzz_test hold the cases):
+// Naming (tests/codegen/tricky, tests/codegen/file_options and plugin_fuzz_test hold the cases):
 // - The service class lives in the C++ namespace protobuf uses for the file's package, named as
-//   in the .proto, plus "_" when that is a C++ keyword, a standard macro (EOF, errno, ...) or
-//   one of the class's own members (Stub, Service, service_info, kMethods, kInfo); a renamed
-//   service takes more underscores until it clashes with no top-level name of its file.
+//   in the .proto, plus "_" when that is a C++ keyword, a standard macro (EOF, errno, ...), one
+//   of the class's own members (Stub, Service, service_info, kMethods, kInfo) or a name
+//   protobuf's C++ for the file declares in that namespace (ProtobufCppNames in cpp_names.h).
+//   In a file with `option cc_generic_services = true` (files written for brpc, sofa-pbrpc and
+//   other stacks on protobuf's generic services) that is every service's own name: protobuf
+//   declares its google::protobuf::Service Foo and Foo_Stub, so zrpc's class is Foo_, with
+//   Foo_::Stub and Foo_::Service. Elsewhere it is rare (service Outer_Inner beside message
+//   Outer { message Inner }). A renamed service takes more underscores until it clashes with
+//   none of those names, no service's .proto name and no other service's class, so what
+//   protobuf generates under any file option (generic services, optimize_for = SPEED,
+//   CODE_SIZE, LITE_RUNTIME) never collides with it. Each renamed class says so in a comment.
 // - Inside it, `Stub` (client) and `Service` (server base). An rpc keeps its name unless that
 //   is a keyword, a standard macro or a name the generated classes use themselves (Stub,
 //   Service, Dispatch, service_info, channel_), or two generated members would collide (rpc
@@ -14,11 +22,11 @@
 // - Generated code names everything it uses fully qualified (::zrpc, ::absl, ::std, the
 //   service's own tables), so no .proto name can hide it.
 //
-// Refused with an error that names the file (and service and method where there is one):
-// streaming rpcs (not supported yet); packages with a keyword or standard macro as a part
-// (protobuf's own C++ for them does not compile); packages inside the runtime's namespaces
-// (zrpc, zrpc.Channel, ..., std.*, absl.*); package-less types named like globals generated code
-// needs (zrpc, std, size_t, ...); plugin parameters (there are none).
+// Refused with an error, which protoc prints after the file's name, naming the service and method
+// where there is one: streaming rpcs (not supported yet); packages with a keyword or standard
+// macro as a part (protobuf's own C++ for them does not compile); packages inside the runtime's
+// namespaces (zrpc, zrpc.Channel, ..., std.*, absl.*); package-less types named like globals
+// generated code needs (zrpc, std, size_t, ...); plugin parameters (there are none).
 #ifndef ZRPC_CODEGEN_ZRPC_GENERATOR_H_
 #define ZRPC_CODEGEN_ZRPC_GENERATOR_H_
 

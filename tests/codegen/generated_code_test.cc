@@ -3,6 +3,8 @@
 #include <cctype>
 #include <map>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "api/kv.zrpc.h"  // from the external repository @zrpc_ext
@@ -10,6 +12,8 @@
 #include "proto/examples/object_store.zrpc.h"
 #include "tests/codegen/deep/mirror.zrpc.h"
 #include "tests/codegen/deep/router.zrpc.h"
+#include "tests/codegen/file_options/generic_services.zrpc.h"
+#include "tests/codegen/file_options/lite.zrpc.h"
 #include "tests/codegen/loopback_channel.h"
 #include "tests/codegen/tricky/tricky.zrpc.h"
 
@@ -203,6 +207,9 @@ TEST_CASE("services renamed for C++ yield to names the .proto gave", "[codegen][
   CHECK(std::string(tricky::Service_::service_info().full_name) == "zrpc.test.tricky.Service_");
   // kInfo is a member of every service class.
   CHECK(std::string(tricky::kInfo_::service_info().full_name) == "zrpc.test.tricky.kInfo");
+  // Box_Item is protobuf's class for the nested message Box.Item.
+  static_assert(std::is_base_of_v<google::protobuf::Message, tricky::Box_Item>);
+  CHECK(std::string(tricky::Box_Item_::service_info().full_name) == "zrpc.test.tricky.Box_Item");
 }
 
 TEST_CASE("a service with no methods and one named like a keyword still work",
@@ -512,4 +519,143 @@ TEST_CASE("a service whose protos live in an external repository works end to en
   CHECK(value.data() == "value");
   CHECK(channel.last_method == "ext.api.Kv/Lookup");
   CHECK(ext::api::Kv::service_info().methods[0].request_bulk);
+}
+
+namespace {
+
+namespace generic = zrpc::test::generic;
+
+// protobuf's own service classes are still there, under the names zrpc's classes gave up.
+static_assert(std::is_base_of_v<google::protobuf::Service, generic::EchoService>);
+static_assert(std::is_base_of_v<generic::index, generic::index_Stub>);
+
+class EchoImpl : public generic::EchoService_::Service {
+ public:
+  absl::Status Echo(zrpc::ServerContext&, const generic::EchoRequest& request,
+                    generic::EchoResponse* response) override {
+    response->set_message(request.message());
+    return absl::OkStatus();
+  }
+};
+
+// An inverted index over a few documents.
+class IndexImpl : public generic::index_::Service {
+ public:
+  absl::Status Lookup(zrpc::ServerContext&, const generic::IndexRequest& request,
+                      generic::IndexResponse* response) override {
+    static const auto* const kDocuments =
+        new std::map<std::string, std::vector<int64_t>>{{"rdma", {3, 7}}, {"rpc", {7}}};
+    for (const std::string& term : request.terms()) {
+      generic::IndexResponse::Posting* posting = response->add_postings();
+      posting->set_term(term);
+      auto it = kDocuments->find(term);
+      if (it == kDocuments->end()) continue;
+      posting->mutable_doc_ids()->Add(it->second.begin(), it->second.end());
+    }
+    return absl::OkStatus();
+  }
+};
+
+class StatusImpl : public generic::status_::Service {
+ public:
+  absl::Status Get(zrpc::ServerContext&, const generic::StatusRequest&,
+                   generic::StatusResponse* response) override {
+    response->set_state(generic::StatusResponse::SERVING);
+    response->set_uptime_seconds(86400);
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("services of a file with cc_generic_services serve calls beside protobuf's own",
+          "[codegen][file_options]") {
+  EchoImpl echo;
+  LoopbackChannel echo_channel(&echo);
+  generic::EchoService_::Stub echo_stub(&echo_channel);
+  generic::EchoRequest request;
+  request.set_message("over RDMA");
+  generic::EchoResponse echoed;
+  REQUIRE(echo_stub.Echo(request, &echoed).ok());
+  CHECK(echoed.message() == "over RDMA");
+  CHECK(echo_channel.last_method == "zrpc.test.generic.EchoService/Echo");
+  // proto2: a request without its required field does not parse on the server.
+  CHECK(echo_stub.Echo(generic::EchoRequest(), &echoed).code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  IndexImpl index;
+  LoopbackChannel index_channel(&index);
+  generic::index_::Stub index_stub(&index_channel);
+  generic::IndexRequest terms;
+  for (const char* term : {"rdma", "rpc", "verbs"}) terms.add_terms(term);
+  generic::IndexResponse postings;
+  REQUIRE(index_stub.Lookup(terms, &postings).ok());
+  REQUIRE(postings.postings_size() == 3);
+  CHECK(postings.postings(0).term() == "rdma");
+  CHECK(std::vector<int64_t>(postings.postings(0).doc_ids().begin(),
+                             postings.postings(0).doc_ids().end()) == std::vector<int64_t>{3, 7});
+  CHECK(postings.postings(1).doc_ids_size() == 1);
+  CHECK(postings.postings(2).doc_ids_size() == 0);
+  CHECK(index_channel.last_method == "zrpc.test.generic.index/Lookup");
+
+  StatusImpl status;
+  LoopbackChannel status_channel(&status);
+  generic::status_::Stub status_stub(&status_channel);
+  generic::StatusResponse state;
+  absl::Status result = absl::UnknownError("not called");
+  status_stub.AsyncGet(generic::StatusRequest(), &state, {}, [&](absl::Status s) { result = s; });
+  CHECK(result.ok());
+  CHECK(state.state() == generic::StatusResponse::SERVING);
+  CHECK(state.uptime_seconds() == 86400);
+  CHECK(std::string(generic::status_::service_info().full_name) == "zrpc.test.generic.status");
+}
+
+namespace {
+
+namespace lite = zrpc::test::lite;
+
+static_assert(!std::is_base_of_v<google::protobuf::Message, lite::Blob>);
+
+class BlobStoreImpl : public lite::BlobStore::Service {
+ public:
+  absl::Status Put(zrpc::ServerContext&, const lite::Blob& blob, IncomingBulk request_bulk,
+                   lite::Blob* stored) override {
+    blobs[blob.name()] = std::string(request_bulk.view());
+    stored->set_name(blob.name());
+    stored->set_size(request_bulk.size());
+    return absl::OkStatus();
+  }
+  absl::Status Stat(zrpc::ServerContext&, const lite::Blob& blob, lite::Blob* stat) override {
+    auto it = blobs.find(blob.name());
+    if (it == blobs.end()) return absl::NotFoundError(blob.name());
+    stat->set_name(blob.name());
+    stat->set_size(it->second.size());
+    return absl::OkStatus();
+  }
+  std::map<std::string, std::string> blobs;
+};
+
+}  // namespace
+
+TEST_CASE("services of an optimize_for = LITE_RUNTIME file work, bulk payloads included",
+          "[codegen][file_options]") {
+  BlobStoreImpl impl;
+  LoopbackChannel channel(&impl);
+  lite::BlobStore::Stub stub(&channel);
+  lite::Blob blob;
+  blob.set_name("b");
+  lite::Blob stat;
+  REQUIRE(stub.Put(blob, OutgoingBulk::Copy("lite bytes"), &stat).ok());
+  CHECK(stat.size() == 10);
+  CHECK(impl.blobs["b"] == "lite bytes");
+  stat.Clear();
+  REQUIRE(stub.Stat(blob, &stat).ok());
+  CHECK(stat.name() == "b");
+  CHECK(stat.size() == 10);
+  blob.set_name("missing");
+  CHECK(stub.Stat(blob, &stat).code() == absl::StatusCode::kNotFound);
+  // A request that does not parse names its type, which a lite message knows too.
+  LoopbackCall garbage(std::string("\xff\xff\xff", 3));
+  impl.Dispatch(1, &garbage);
+  CHECK(std::string(garbage.status().message()).find("zrpc.test.lite.Blob") != std::string::npos);
 }

@@ -2,13 +2,17 @@
 // the generator. Two properties:
 //
 //  1. In process, thousands of files: the generator never crashes, and either generates both
-//     files or refuses with a message that names the .proto. It refuses exactly the input it
-//     documents as unsupported (keyword packages, streaming rpcs). Some files are also mutated
-//     byte by byte (what a corrupt request from protoc could hold), to reach odd descriptors.
-//  2. Through protoc and g++, a sample of the generated files: the generated C++ compiles with
-//     the project's warnings as errors. Names come from a pool of C++ keywords, names the
-//     generated code uses itself (Stub, Dispatch, request, std, zrpc, ...) and random ones, so
-//     collisions between .proto names and C++ names are what this finds.
+//     files or refuses with a message (protoc puts the file's name before it). It refuses
+//     exactly the input it documents as unsupported (keyword packages, streaming rpcs). Some
+//     files are also mutated byte by byte (what a corrupt request from protoc could hold), to
+//     reach odd descriptors.
+//  2. Through protoc and g++, a sample of the generated files: the generated C++ compiles, with
+//     protobuf's .pb.h it includes, with the project's warnings as errors. Names come from a
+//     pool of C++ keywords, names the generated code uses itself (Stub, Dispatch, request, std,
+//     zrpc, ...) and random ones; service names are also built like the names protobuf's C++
+//     declares (Outer_Inner, Foo_Stub, E_IsValid, ...), and the file options that change those
+//     (cc_generic_services, optimize_for) vary, so collisions with either are what this finds.
+//     Every name ProtobufCppNames lists must appear in the .pb.h protoc wrote.
 //
 // Deterministic: the seed is fixed (ZRPC_FUZZ_SEED overrides it, ZRPC_FUZZ_ITERATIONS the count),
 // so a failure reproduces; the failing file is printed as a .proto-like descriptor dump.
@@ -21,6 +25,7 @@
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -29,6 +34,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codegen/cpp_names.h"
@@ -39,11 +45,12 @@
 namespace {
 
 using google::protobuf::DescriptorPool;
-using zrpc::testing::Run;
-using zrpc::testing::Runfile;
 using google::protobuf::FileDescriptor;
 using google::protobuf::FileDescriptorProto;
 using google::protobuf::FileDescriptorSet;
+using zrpc::testing::ReadFile;
+using zrpc::testing::Run;
+using zrpc::testing::Runfile;
 
 constexpr char kFileName[] = "fuzz/input.proto";
 constexpr char kEmptyProto[] = "google/protobuf/empty.proto";
@@ -64,7 +71,17 @@ const std::vector<std::string> kNamePool = {
     "DoneCallback",  "Status",       "string",      "move",         "size_t",       "uint8_t",
     "int64_t",       "to_string",    "NULL",        "nullptr",      "main",         "errno",
     "assert",        "EOF",          "TRUE",        "unix",         "linux",        "_Foo",
-    "__bar"};
+    "__bar",         "index",        "status",
+    // protobuf's globals for a package-less fuzz/input.proto.
+    "TableStruct_fuzz_2finput_2eproto", "descriptor_table_fuzz_2finput_2eproto"};
+
+// How protobuf's C++ builds names at namespace scope from a class or enum name X (prefix, suffix):
+// a service named like one of them takes a name protobuf may declare.
+const std::vector<std::pair<std::string, std::string>> kProtobufPatterns = {
+    {"", ""},          {"", "_"},           {"", "_Stub"},       {"", "DefaultTypeInternal"},
+    {"", "_IsValid"},  {"", "_Name"},       {"", "_Parse"},      {"", "_descriptor"},
+    {"", "_MIN"},      {"", "_MAX"},        {"", "_ARRAYSIZE"},  {"", "_MEntry_DoNotUse"},
+    {"k", "FieldNumber"},                   {"_", "_default_instance_"}};
 
 // Package parts; the keywords among them must be refused.
 const std::vector<std::string> kPackagePool = {
@@ -124,9 +141,11 @@ class RandomProtos {
   }
 
   FileDescriptorProto File() {
+    using google::protobuf::FieldDescriptorProto;
     FileDescriptorProto file;
     file.set_name(kFileName);
     file.set_syntax(Chance(0.8) ? "proto3" : "proto2");
+    SetFileOptions(file);
     std::string package;
     for (size_t n = Below(4); n > 0; --n) {
       package += (package.empty() ? "" : ".") + kPackagePool[Below(kPackagePool.size())];
@@ -134,24 +153,42 @@ class RandomProtos {
     file.set_package(package);
     const std::string prefix = package.empty() ? "." : "." + package + ".";
 
-    std::set<std::string> top;  // one scope for messages and services
+    std::set<std::string> top;  // one scope for messages, enums, their values, extensions, services
     std::vector<std::string> types;
+    std::vector<std::string> cpp_bases;  // names protobuf's C++ builds others from
     for (size_t n = 1 + Below(4); n > 0; --n) {
       auto* message = file.add_message_type();
       message->set_name(MessageName(top));
       types.push_back(prefix + message->name());
+      cpp_bases.push_back(message->name());
+      std::set<std::string> inner = {message->name(), "f", "m", "MEntry"};  // the message's scope
       if (Chance(0.3)) {
         auto* nested = message->add_nested_type();
-        std::set<std::string> inner = {message->name()};
         nested->set_name(MessageName(inner));
         types.push_back(prefix + message->name() + "." + nested->name());
+        cpp_bases.push_back(message->name() + "_" + nested->name());
+      }
+      if (Chance(0.2)) {  // Outer_E, with values Outer_E_V at namespace scope
+        auto* enumeration = message->add_enum_type();
+        enumeration->set_name(MessageName(inner));
+        auto* value = enumeration->add_value();
+        value->set_name(MessageName(inner));
+        value->set_number(0);
+        cpp_bases.push_back(message->name() + "_" + enumeration->name());
+        cpp_bases.push_back(cpp_bases.back() + "_" + value->name());
       }
       if (Chance(0.5)) {
-        auto* field = message->add_field();
-        field->set_name("f");
-        field->set_number(1);
-        field->set_type(google::protobuf::FieldDescriptorProto::TYPE_BYTES);
-        field->set_label(google::protobuf::FieldDescriptorProto::LABEL_OPTIONAL);
+        AddField(*message, "f", 1, FieldDescriptorProto::TYPE_BYTES);
+      }
+      if (Chance(0.2)) {  // map<string, int32> m: protobuf's class Outer_MEntry_DoNotUse
+        auto* entry = message->add_nested_type();
+        entry->set_name("MEntry");
+        entry->mutable_options()->set_map_entry(true);
+        AddField(*entry, "key", 1, FieldDescriptorProto::TYPE_STRING);
+        AddField(*entry, "value", 2, FieldDescriptorProto::TYPE_INT32);
+        auto* map = AddField(*message, "m", 2, FieldDescriptorProto::TYPE_MESSAGE);
+        map->set_type_name(prefix + message->name() + ".MEntry");
+        map->set_label(FieldDescriptorProto::LABEL_REPEATED);
       }
     }
     if (Chance(0.3)) {  // enums share the package scope, values included
@@ -160,19 +197,38 @@ class RandomProtos {
       auto* value = enumeration->add_value();
       value->set_name(MessageName(top));
       value->set_number(0);
+      cpp_bases.push_back(enumeration->name());
+    }
+    if (file.syntax() == "proto2" && Chance(0.3)) {  // a top-level extension of the first message
+      file.mutable_message_type(0)->add_extension_range()->set_start(100);
+      file.mutable_message_type(0)->mutable_extension_range(0)->set_end(200);
+      auto* extension = file.add_extension();
+      extension->set_name(MessageName(top));
+      extension->set_number(100);
+      extension->set_type(FieldDescriptorProto::TYPE_INT32);
+      extension->set_label(FieldDescriptorProto::LABEL_OPTIONAL);
+      extension->set_extendee(prefix + file.message_type(0).name());
+      cpp_bases.push_back(extension->name());
     }
     if (Chance(0.3)) {
       file.add_dependency(kEmptyProto);
       types.push_back(".google.protobuf.Empty");
     }
+    const bool protobuf_services =
+        file.options().cc_generic_services() &&
+        file.options().optimize_for() != google::protobuf::FileOptions::LITE_RUNTIME;
+    auto fresh = [this](std::set<std::string>& taken) { return Fresh(taken); };
     bool bulk = false;
     for (size_t s = Below(4); s > 0; --s) {
       auto* service = file.add_service();
-      service->set_name(Fresh(top));
+      service->set_name(Spellable(top, !protobuf_services, [&](std::set<std::string>& taken) {
+        return Chance(0.3) ? ProtobufLikeName(taken, cpp_bases) : Fresh(taken);
+      }));
+      cpp_bases.push_back(service->name());
       std::set<std::string> methods;
       for (size_t m = Below(5); m > 0; --m) {
         auto* method = service->add_method();
-        method->set_name(Fresh(methods));
+        method->set_name(Spellable(methods, !protobuf_services, fresh));
         method->set_input_type(types[Below(types.size())]);
         method->set_output_type(types[Below(types.size())]);
         if (Chance(0.03)) method->set_client_streaming(true);
@@ -191,14 +247,58 @@ class RandomProtos {
   }
 
  private:
-  // Message names are protobuf's to spell, and its C++ breaks on macro names (message EOF), so
-  // those stay out: what is tested is what zrpc generates.
-  std::string MessageName(std::set<std::string>& taken) {
+  // The options that change what protobuf's C++ declares. protoc refuses generic services in a
+  // LITE_RUNTIME file, so some of those files do not build.
+  void SetFileOptions(FileDescriptorProto& file) {
+    auto* options = file.mutable_options();
+    if (Chance(0.4)) options->set_cc_generic_services(Chance(0.8));
+    if (Chance(0.5)) {
+      static const google::protobuf::FileOptions::OptimizeMode kModes[] = {
+          google::protobuf::FileOptions::SPEED, google::protobuf::FileOptions::CODE_SIZE,
+          google::protobuf::FileOptions::LITE_RUNTIME};
+      options->set_optimize_for(kModes[Below(3)]);
+    }
+  }
+
+  static google::protobuf::FieldDescriptorProto* AddField(
+      google::protobuf::DescriptorProto& message, const std::string& name, int number,
+      google::protobuf::FieldDescriptorProto::Type type) {
+    auto* field = message.add_field();
+    field->set_name(name);
+    field->set_number(number);
+    field->set_type(type);
+    field->set_label(google::protobuf::FieldDescriptorProto::LABEL_OPTIONAL);
+    return field;
+  }
+
+  // A name not yet in `top` (which it joins), built from one of `bases` the way protobuf's C++
+  // builds its names, so that it may be one protobuf declares too.
+  std::string ProtobufLikeName(std::set<std::string>& top, const std::vector<std::string>& bases) {
     for (;;) {
-      std::string name = Fresh(taken);
-      if (!zrpc::codegen::IsStandardMacro(name)) return name;
+      const auto& [before, after] = kProtobufPatterns[Below(kProtobufPatterns.size())];
+      std::string name = before + bases[Below(bases.size())] + after;
+      if (top.insert(name).second) return name;
+    }
+  }
+
+  // A name `pick` adds to `taken`, for something protobuf's C++ spells: its code breaks on
+  // standard macros (message EOF), and where it spells the name unchanged (a service or rpc of a
+  // file with generic services) on keywords too, so those stay out: what is tested is what zrpc
+  // generates.
+  template <typename Pick>
+  std::string Spellable(std::set<std::string>& taken, bool keywords_ok, Pick pick) {
+    for (;;) {
+      std::string name = pick(taken);
+      if (!zrpc::codegen::IsStandardMacro(name) &&
+          (keywords_ok || !zrpc::codegen::IsCppKeyword(name))) {
+        return name;
+      }
       taken.erase(name);
     }
+  }
+
+  std::string MessageName(std::set<std::string>& taken) {
+    return Spellable(taken, true, [this](std::set<std::string>& t) { return Fresh(t); });
   }
 
   void AddComments(FileDescriptorProto& file) {
@@ -330,9 +430,24 @@ void CheckShape(const FileDescriptorProto& proto, const Outcome& outcome) {
   }
 }
 
+// `word` occurs in `text` as a whole C++ identifier.
+bool ContainsWord(const std::string& text, const std::string& word) {
+  auto identifier_char = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  };
+  for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) {
+    const size_t end = at + word.size();
+    if ((at == 0 || !identifier_char(text[at - 1])) &&
+        (end == text.size() || !identifier_char(text[end]))) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
-TEST_CASE("random .proto files: the generator generates, or refuses naming the file",
+TEST_CASE("random .proto files: the generator generates, or refuses with a reason",
           "[codegen][fuzz]") {
   const uint64_t seed = EnvOr("ZRPC_FUZZ_SEED", 20261121);
   const uint64_t iterations = EnvOr("ZRPC_FUZZ_ITERATIONS", 3000);
@@ -353,7 +468,8 @@ TEST_CASE("random .proto files: the generator generates, or refuses naming the f
     } else {
       ++refused;
       INFO(outcome.error);
-      CHECK(outcome.error.rfind(std::string(kFileName) + ": ", 0) == 0);
+      CHECK_FALSE(outcome.error.empty());
+      CHECK(outcome.error.find(kFileName) == std::string::npos);  // protoc adds it
     }
 
     // The same file, a few bytes flipped: whatever still parses and builds must not crash it.
@@ -387,6 +503,7 @@ TEST_CASE("random .proto files: the generated C++ compiles with -Wall -Wextra -W
   const std::string dir = zrpc::testing::TmpDir() + "/fuzz_compile";
   RandomProtos random(seed);
   uint64_t compiled = 0, protobuf_failures = 0;
+  std::map<std::string, int> compiled_with;  // samples per file option that changes the names
   for (uint64_t attempt = 0; compiled < samples && attempt < 100 * samples; ++attempt) {
     FileDescriptorProto proto = random.File();
     Outcome outcome = Generate(proto);
@@ -400,6 +517,8 @@ TEST_CASE("random .proto files: the generated C++ compiles with -Wall -Wextra -W
       pool->FindFileByName(import)->CopyTo(set.add_file());
     }
     *set.add_file() = proto;
+    const FileDescriptor* built = pool->BuildFile(proto);
+    REQUIRE(built != nullptr);
     std::string out;
     REQUIRE(Run("rm -rf " + dir + " && mkdir -p " + dir, &out) == 0);
     {
@@ -413,6 +532,13 @@ TEST_CASE("random .proto files: the generated C++ compiles with -Wall -Wextra -W
                      &protoc_output);
     INFO(protoc_output);
     REQUIRE(protoc == 0);
+
+    // The names the generator keeps its classes away from are names protobuf really declared.
+    const std::string pb_header = ReadFile(dir + "/fuzz/input.pb.h");
+    for (const std::string& name : zrpc::codegen::ProtobufCppNames(built)) {
+      INFO(name << " is not in fuzz/input.pb.h");
+      CHECK(ContainsWord(pb_header, name));
+    }
 
     const std::string gxx =
         "g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I" + dir + " -I" + Runfile("") + " ";
@@ -432,8 +558,15 @@ TEST_CASE("random .proto files: the generated C++ compiles with -Wall -Wextra -W
       FAIL_CHECK("the generated code does not compile");
     }
     ++compiled;
+    const google::protobuf::FileOptions& options = built->options();
+    if (options.cc_generic_services()) ++compiled_with["cc_generic_services"];
+    ++compiled_with[google::protobuf::FileOptions::OptimizeMode_Name(options.optimize_for())];
   }
   INFO(protobuf_failures << " samples skipped: protobuf's own header did not compile");
   CHECK(compiled == samples);
   CHECK(protobuf_failures <= samples);
+  for (const char* option : {"cc_generic_services", "SPEED", "CODE_SIZE", "LITE_RUNTIME"}) {
+    INFO("samples compiled with " << option << ": " << compiled_with[option]);
+    CHECK(compiled_with[option] > 0);
+  }
 }

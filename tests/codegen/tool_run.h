@@ -1,5 +1,5 @@
-// Running protoc, g++ and friends from a codegen test: runfile paths, the scratch directory, and
-// a command's exit code with its output.
+// Running protoc, g++ and friends from a codegen test: runfile paths, the scratch directory, a
+// command's exit code with its output, and reading what the tools wrote.
 #ifndef ZRPC_TESTS_CODEGEN_TOOL_RUN_H_
 #define ZRPC_TESTS_CODEGEN_TOOL_RUN_H_
 
@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 namespace zrpc::testing {
@@ -33,6 +35,12 @@ inline int Run(const std::string& command, std::string* output) {
   while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output->append(buffer, n);
   int status = pclose(pipe);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The whole of the file at `path` ("" if it cannot be read).
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 }  // namespace zrpc::testing
