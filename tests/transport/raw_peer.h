@@ -1,0 +1,197 @@
+// A zrpc peer written by hand over raw verbs and librdmacm, for tests that need a peer to break
+// the rules on purpose: a Hello of its choosing, an RNR retry count of its choosing, RECVs fewer
+// than it claims, frames that ignore credits, a handshake it never finishes.
+#ifndef ZRPC_TESTS_TRANSPORT_RAW_PEER_H_
+#define ZRPC_TESTS_TRANSPORT_RAW_PEER_H_
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "transport/cm_util.h"
+#include "transport/verbs_owners.h"
+#include "transport/wire.h"
+
+namespace zrpc::testing {
+
+class RawPeer {
+ public:
+  struct Options {
+    uint32_t claimed_credits = 16;  // what its Hello claims
+    uint32_t posted_recvs = 16;     // RECVs it really posts (and re-posts as they complete)
+    uint8_t rnr_retry = transport::kRnrRetryCount;
+    std::vector<uint8_t> hello;     // sent as is instead of a Hello built from the above
+  };
+  static constexpr uint32_t kSlot = 4096;
+
+  RawPeer() = default;
+  RawPeer(const RawPeer&) = delete;
+  RawPeer& operator=(const RawPeer&) = delete;
+  ~RawPeer() {
+    if (id_ != nullptr && established_) rdma_disconnect(id_.get());
+  }
+
+  // Sends a connection request to addr:port. With `finish`, waits for the handshake to end and
+  // decodes the server's Hello; without, reads nothing more from its channel, so librdmacm never
+  // confirms the server's reply: a handshake left silent half-way.
+  absl::Status Connect(const std::string& addr, uint16_t port, const Options& options,
+                       bool finish = true, absl::Duration timeout = absl::Seconds(30)) {
+    absl::Time deadline = absl::Now() + timeout;
+    options_ = options;
+    if (auto s = transport::CreateCmChannelAndId(&channel_, &id_); !s.ok()) return s;
+    if (auto s = transport::ResolveRoute(channel_.get(), id_.get(), "", addr, port, deadline);
+        !s.ok()) {
+      return s;
+    }
+    rdma_cm_id* id = id_.get();
+    pd_.reset(ibv_alloc_pd(id->verbs));
+    uint32_t slots = options.posted_recvs + 1;
+    cq_.reset(ibv_create_cq(id->verbs, static_cast<int>(slots + 8), nullptr, nullptr, 0));
+    if (pd_ == nullptr || cq_ == nullptr) return absl::InternalError("cannot create PD or CQ");
+    ibv_qp_init_attr attr{};
+    attr.send_cq = attr.recv_cq = cq_.get();
+    attr.qp_type = IBV_QPT_RC;
+    attr.cap.max_send_wr = 4;
+    attr.cap.max_recv_wr = options.posted_recvs + 1;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    if (rdma_create_qp(id, pd_.get(), &attr) != 0) return absl::InternalError("rdma_create_qp");
+    qp_.reset(id);
+    buffer_.assign(size_t{slots} * kSlot, 0);
+    mr_.reset(ibv_reg_mr(pd_.get(), buffer_.data(), buffer_.size(), IBV_ACCESS_LOCAL_WRITE));
+    if (mr_ == nullptr) return absl::InternalError("ibv_reg_mr");
+    for (uint32_t i = 0; i < options.posted_recvs; ++i) {
+      if (!PostRecv(i)) return absl::InternalError("ibv_post_recv");
+    }
+    std::vector<uint8_t> hello = options.hello;
+    if (hello.empty()) {
+      transport::Hello h;
+      h.recv_credits = options.claimed_credits;
+      h.recv_size = kSlot;
+      hello.resize(transport::Hello::kSize);
+      transport::EncodeHello(h, hello.data());
+    }
+    rdma_conn_param param = transport::ConnParam(hello.data(), static_cast<uint8_t>(hello.size()));
+    param.rnr_retry_count = options.rnr_retry;
+    if (rdma_connect(id, &param) != 0) return absl::InternalError("rdma_connect");
+    if (!finish) return absl::OkStatus();
+    auto event = transport::ExpectCmEvent(channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
+    if (!event.ok()) return event.status();
+    auto server = transport::DecodeHello(absl::MakeConstSpan(
+        static_cast<const uint8_t*>((*event)->param.conn.private_data),
+        (*event)->param.conn.private_data_len));
+    rdma_ack_cm_event(*event);
+    established_ = true;
+    if (!server.ok()) return server.status();
+    server_ = *server;
+    return absl::OkStatus();
+  }
+
+  // Hangs up now (a peer that leaves the moment it got in).
+  void Disconnect() {
+    if (established_) rdma_disconnect(id_.get());
+    established_ = false;
+  }
+
+  const transport::Hello& server_hello() const { return server_; }
+
+  // Sends one frame of `kind` returning `credits`, with `payload` bytes after the header,
+  // credits or not, and waits for its completion while handling what arrives.
+  absl::Status Send(transport::FrameKind kind, uint16_t credits, uint32_t payload,
+                    absl::Duration timeout = absl::Seconds(30)) {
+    uint8_t* frame = buffer_.data() + size_t{options_.posted_recvs} * kSlot;
+    transport::FrameHeader header;
+    header.credits = credits;
+    header.kind = kind;
+    transport::EncodeFrameHeader(header, frame);
+    ibv_sge sge{reinterpret_cast<uintptr_t>(frame),
+                static_cast<uint32_t>(transport::FrameHeader::kSize + payload), mr_->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = kSendId;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad = nullptr;
+    if (int rc = ibv_post_send(qp_->qp, &wr, &bad); rc != 0) {
+      return absl::UnavailableError(absl::StrCat("ibv_post_send: ", rc));
+    }
+    send_done_ = false;
+    absl::Time deadline = absl::Now() + timeout;
+    while (!send_done_) {
+      if (!send_status_.ok()) return send_status_;
+      if (absl::Now() > deadline) return absl::DeadlineExceededError("send not completed");
+      Poll();
+    }
+    return send_status_;
+  }
+
+  // Handles the completions that are there: sends, and received frames (counted, re-posted).
+  void Poll() {
+    ibv_wc wcs[16];
+    int n = ibv_poll_cq(cq_.get(), 16, wcs);
+    for (int i = 0; i < n; ++i) {
+      const ibv_wc& wc = wcs[i];
+      if (wc.status != IBV_WC_SUCCESS) {
+        send_status_ = absl::UnavailableError(
+            absl::StrCat("completion failed: ", ibv_wc_status_str(wc.status)));
+        continue;
+      }
+      if (wc.wr_id == kSendId) {
+        send_done_ = true;
+        continue;
+      }
+      auto index = static_cast<uint32_t>(wc.wr_id);
+      auto header = transport::DecodeFrameHeader(
+          absl::MakeConstSpan(buffer_.data() + size_t{index} * kSlot, wc.byte_len));
+      if (header.ok()) {
+        credits_returned += header->credits;
+        (header->kind == transport::FrameKind::kCredit ? credit_frames : data_frames)++;
+      }
+      PostRecv(index);
+    }
+  }
+
+  uint64_t credit_frames = 0;     // credit frames received
+  uint64_t data_frames = 0;       // data frames received
+  uint64_t credits_returned = 0;  // credits the other side returned in them
+
+ private:
+  static constexpr uint64_t kSendId = ~uint64_t{0};
+
+  bool PostRecv(uint32_t index) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(buffer_.data() + size_t{index} * kSlot), kSlot,
+                mr_->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = index;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    return ibv_post_recv(qp_->qp, &wr, &bad) == 0;
+  }
+
+  Options options_;
+  transport::Hello server_;
+  bool established_ = false;
+  bool send_done_ = false;
+  absl::Status send_status_;
+  // Destroyed in reverse: the MR, the QP, the CQ and PD, the id, its channel.
+  transport::CmChannelOwner channel_;
+  transport::CmIdOwner id_;
+  transport::PdOwner pd_;
+  transport::CqOwner cq_;
+  transport::CmQpOwner qp_;
+  std::vector<uint8_t> buffer_;
+  transport::MrOwner mr_;
+};
+
+}  // namespace zrpc::testing
+
+#endif  // ZRPC_TESTS_TRANSPORT_RAW_PEER_H_
