@@ -68,7 +68,9 @@ def main():
     counts = {"pass": 0, "fail": 0, "skip": 0}
     lines = []
     # The consumer workspace's labels are its own (//app:...): prefix them with its directory.
-    for name, prefix in (("host.json", ""), ("consumer.json", "tests/consumer"), ("rdma.json", "")):
+    # Runs under a sanitizer (tools/test --asan) are told apart by a "[asan] " prefix.
+    for name, prefix in (("host.json", ""), ("consumer.json", "tests/consumer"), ("rdma.json", ""),
+                         ("asan-host.json", "[asan] "), ("asan-rdma.json", "[asan] ")):
         path = os.path.join(out_dir, name)
         if not os.path.exists(path):
             continue
