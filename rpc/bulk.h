@@ -20,6 +20,11 @@
 //                 receive arena frees in ring order), so release it promptly: destroy it, Reset it,
 //                 or move it somewhere that does. Release it before the channel or server it
 //                 came from is destroyed: it points into that runtime's memory.
+//                 Read-only for the receiver, but NOT immutable: until it is released, the sender
+//                 can still RDMA WRITE into it (the receive memory is exposed under one key that
+//                 covers all of it; per-call scoping does not exist yet). A handler that validates
+//                 a payload must not trust it to stay as validated: copy out what it checks, or
+//                 check what it copied (transport/README.md, "what a peer can do").
 //
 // Both are move-only and release exactly once. An empty payload (size 0) is valid and sends
 // nothing but the message. A payload larger than the receiver's receive memory (its advertised

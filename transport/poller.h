@@ -21,7 +21,7 @@
 // case (send queue + receives + drain markers) when it registers, and registration fails
 // (kResourceExhausted) when the CQ cannot take it.
 //
-// Threads. One thread runs the loop (Start or RunOnce, never both). Connect, Accept and
+// Threads. One thread runs the loop (Start or RunOnce, never both). Connect, the Listener and
 // Connection methods may be called from any thread. The Poller must outlive its connections and
 // be destroyed before its Device; destroying it stops the loop and closes what is still open,
 // driving the drains for up to 5 s so handlers hear of it (a connection that has not drained by
