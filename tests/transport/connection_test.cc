@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/pattern.h"
 #include "tests/transport/accept_queue.h"
+#include "tests/transport/device_pollers.h"
 #include "tests/rdma_device.h"
 #include "tests/transport/recorder.h"
 #include "transport/cm_util.h"
@@ -39,28 +40,11 @@ constexpr absl::Duration kTimeout = absl::Seconds(60);
 
 // A device, a server poller in event mode, a client poller busy-polling, and a listener that
 // places connections on the server poller and queues them (AcceptQueue).
-struct Setup {
-  std::unique_ptr<Device> device;
-  std::unique_ptr<Poller> server_poller;
-  std::unique_ptr<Poller> client_poller;
+struct Setup : zrpc::testing::DevicePollers {
   std::unique_ptr<AcceptQueue> accepts;
   std::unique_ptr<Listener> listener;
 
-  explicit Setup(const DeviceConfig& config) {
-    auto d = Device::Open(config);
-    INFO(d.status());
-    REQUIRE(d.ok());
-    device = std::move(*d);
-    PollerOptions event;
-    event.mode = PollMode::kEvent;
-    auto sp = Poller::Create(*device, event);
-    auto cp = Poller::Create(*device);
-    REQUIRE(sp.ok());
-    REQUIRE(cp.ok());
-    server_poller = std::move(*sp);
-    client_poller = std::move(*cp);
-    REQUIRE(server_poller->Start().ok());
-    REQUIRE(client_poller->Start().ok());
+  explicit Setup(const DeviceConfig& config) : DevicePollers(config) {
     accepts = std::make_unique<AcceptQueue>(server_poller.get(), nullptr);
     Listen();
   }

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "tests/rdma_device.h"
 #include "tests/transport/accept_queue.h"
+#include "tests/transport/device_pollers.h"
 #include "tests/transport/raw_peer.h"
 #include "tests/transport/recorder.h"
 #include "transport/connection.h"
@@ -87,37 +88,28 @@ class EchoServer : public ConnectionHandler {
 };
 
 // A server (event-mode poller, echo handler, listener) and a client poller on one device.
-// Members are destroyed in reverse: connections, listener, pollers (which close and drain what
-// is still open, calling its handler), device, and the handler last.
-struct Server {
-  EchoServer echo;
-  std::unique_ptr<Device> device;
-  std::unique_ptr<Poller> poller;
-  std::unique_ptr<Poller> client_poller;
+// ~Server takes it down in order: connections, listener, then the pollers (which close and
+// drain what is still open, calling `echo`), and only then `echo` itself.
+struct Server : zrpc::testing::DevicePollers {
+  std::unique_ptr<EchoServer> echo = std::make_unique<EchoServer>();
   std::unique_ptr<AcceptQueue> accepts;
   std::unique_ptr<Listener> listener;
   std::vector<std::shared_ptr<Connection>> accepted;
 
-  Server(const DeviceConfig& config, const ListenerOptions& options = {}) {
-    auto d = Device::Open(config);
-    INFO(d.status());
-    REQUIRE(d.ok());
-    device = std::move(*d);
-    PollerOptions event;
-    event.mode = PollMode::kEvent;
-    auto p = Poller::Create(*device, event);
-    auto cp = Poller::Create(*device);
-    REQUIRE(p.ok());
-    REQUIRE(cp.ok());
-    poller = std::move(*p);
-    client_poller = std::move(*cp);
-    REQUIRE(poller->Start().ok());
-    REQUIRE(client_poller->Start().ok());
-    accepts = std::make_unique<AcceptQueue>(poller.get(), &echo);
+  Server(const DeviceConfig& config, const ListenerOptions& options = {})
+      : DevicePollers(config) {
+    accepts = std::make_unique<AcceptQueue>(server_poller.get(), echo.get());
     auto l = Listener::Create(*device, "", 0, accepts.get(), options);
     INFO(l.status());
     REQUIRE(l.ok());
     listener = std::move(*l);
+  }
+  ~Server() {
+    accepted.clear();
+    listener.reset();
+    accepts.reset();
+    server_poller.reset();  // drains into echo's handlers
+    client_poller.reset();
   }
 
   uint32_t SlotsInUse() const {
@@ -205,7 +197,7 @@ TEST_CASE("peers that hang up during or right after the handshake leave nothing 
               server.accepted.size(), server.accepts->refusals().size(),
               server.listener->connections());
   CHECK(server.accepted.size() + server.accepts->refusals().size() == kPeers);
-  CHECK(server.echo.closed().size() == server.accepted.size());
+  CHECK(server.echo->closed().size() == server.accepted.size());
   for (auto& c : server.accepted) CHECK_FALSE(c->open());
   server.accepted.clear();
   CHECK(server.SlotsInUse() == slots_before);
@@ -280,13 +272,13 @@ TEST_CASE("a peer sending beyond its credits is disconnected; others are not",
   // flood's claimed window), far fewer than it sends.
   absl::Status s;
   int sent = 0;
-  for (; sent < static_cast<int>(window) * 20 && s.ok() && server.echo.closed().empty(); ++sent) {
+  for (; sent < static_cast<int>(window) * 20 && s.ok() && server.echo->closed().empty(); ++sent) {
     s = flood.Send(FrameKind::kData, 0, 0, absl::Seconds(10));
   }
   std::printf("flood: %d frames sent for a window of %u (%lu credits returned); last: %s\n", sent,
               window, static_cast<unsigned long>(flood.credits_returned), s.ToString().c_str());
-  REQUIRE(Server::Eventually([&] { return !server.echo.closed().empty(); }));
-  std::string why = server.echo.closed()[0];
+  REQUIRE(Server::Eventually([&] { return !server.echo->closed().empty(); }));
+  std::string why = server.echo->closed()[0];
   INFO(why);
   CHECK(why.find("beyond its credits") != std::string::npos);
   CHECK(server.FreshClientEcho().ok());
@@ -326,12 +318,12 @@ TEST_CASE("a peer that never returns credits holds at most max_send_slots of the
     REQUIRE(miser.Send(FrameKind::kData, give, 16).ok());
     peak = std::max(peak, server.SlotsInUse() - slots_before);
   }
-  REQUIRE(Server::Eventually([&] { return server.echo.messages() == static_cast<uint64_t>(sent); }));
+  REQUIRE(Server::Eventually([&] { return server.echo->messages() == static_cast<uint64_t>(sent); }));
   std::printf("miser: %d messages, %lu echoes refused (%s); pool slots held at peak %u\n", sent,
-              static_cast<unsigned long>(server.echo.send_errors()),
-              server.echo.last_send_error().c_str(), peak);
-  CHECK(server.echo.send_errors() > 0);
-  CHECK(server.echo.last_send_error().find("max_send_slots") != std::string::npos);
+              static_cast<unsigned long>(server.echo->send_errors()),
+              server.echo->last_send_error().c_str(), peak);
+  CHECK(server.echo->send_errors() > 0);
+  CHECK(server.echo->last_send_error().find("max_send_slots") != std::string::npos);
   // Its receives, its credit-frame slot and at most max_send_slots messages: nothing more.
   CHECK(peak <= ConnectionOptions{}.recv_credits + 1 + max_send_slots);
   CHECK(server.FreshClientEcho().ok());
