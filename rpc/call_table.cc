@@ -21,8 +21,9 @@ struct Later {
 
 }  // namespace
 
-CallIndex::CallIndex(uint32_t capacity)
-    : capacity_(std::clamp<uint32_t>(capacity, 1, kMaxCapacity)) {}
+CallIndex::CallIndex(uint32_t capacity, uint64_t first_generation)
+    : capacity_(std::clamp<uint32_t>(capacity, 1, kMaxCapacity)),
+      first_generation_(std::clamp<uint64_t>(first_generation, 1, kMaxGeneration)) {}
 
 bool CallIndex::Live(uint64_t id) const {
   const uint32_t index = IndexOf(id);
@@ -41,7 +42,7 @@ absl::StatusOr<uint64_t> CallIndex::Acquire(absl::Time deadline) {
   } else {
     // live_ < capacity_ and no free slot: fewer than capacity_ slots exist.
     index = static_cast<uint32_t>(slots_.size());
-    slots_.emplace_back();
+    slots_.push_back(Slot{first_generation_, false, false});
   }
   Slot& slot = slots_[index];
   slot.live = true;

@@ -89,8 +89,9 @@ class CallIndex {
   static constexpr uint32_t kMaxCapacity = 1u << kIndexBits;
   static constexpr uint64_t kMaxGeneration = (uint64_t{1} << (64 - kIndexBits)) - 1;
 
-  // `capacity` is clamped to [1, kMaxCapacity].
-  explicit CallIndex(uint32_t capacity);
+  // `capacity` is clamped to [1, kMaxCapacity]. Slots start at `first_generation` (in
+  // [1, kMaxGeneration]); only tests pass one, to see generations wrap.
+  explicit CallIndex(uint32_t capacity, uint64_t first_generation = 1);
 
   static uint32_t IndexOf(uint64_t id) { return static_cast<uint32_t>(id & (kMaxCapacity - 1)); }
 
@@ -107,6 +108,9 @@ class CallIndex {
   // The earliest deadline of a live call, InfiniteFuture when none has a finite one. Drops the
   // dead entries it finds at the top of the heap (hence not const).
   absl::Time NextDeadline();
+  // Whether live call `id` is at the top of the deadline heap. False can also mean a dead entry
+  // with an earlier deadline is still on top: a poller that wakes for it is early, never late.
+  bool AtTop(uint64_t id) const { return !heap_.empty() && heap_.front().id == id; }
 
   size_t size() const { return live_; }
   uint32_t capacity() const { return capacity_; }
@@ -117,7 +121,7 @@ class CallIndex {
 
  private:
   struct Slot {
-    uint64_t generation = 1;
+    uint64_t generation;
     bool live = false;
     bool in_heap = false;  // has a finite deadline (so a heap entry, maybe among dead ones)
   };
@@ -136,6 +140,7 @@ class CallIndex {
   void MaybeCompact();
 
   uint32_t capacity_;
+  uint64_t first_generation_;
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_;  // LIFO
   std::vector<HeapEntry> heap_;  // min-heap on (deadline, id)
@@ -166,13 +171,17 @@ class CallTable {
   // ends it) and returns its id, never 0. kResourceExhausted when `capacity` calls are in
   // flight; `call` is then destroyed. A deadline already past is accepted and comes out of the
   // next TakeExpired; the runtime normally fails such a call before inserting it.
-  absl::StatusOr<uint64_t> Insert(T call, absl::Time deadline) {
+  // If `earliest` is not null, it says whether this call's deadline is now the table's next
+  // one: a poller sleeping until NextDeadline() must then be woken. Decided under the table's
+  // lock, so no Insert racing another or the poller goes unnoticed.
+  absl::StatusOr<uint64_t> Insert(T call, absl::Time deadline, bool* earliest = nullptr) {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<uint64_t> id = index_.Acquire(deadline);
     if (!id.ok()) return id.status();
     const uint32_t index = internal::CallIndex::IndexOf(*id);
     if (index >= calls_.size()) calls_.resize(index + 1);
     calls_[index].emplace(std::move(call));
+    if (earliest != nullptr) *earliest = index_.AtTop(*id);
     return id;
   }
 
@@ -206,8 +215,7 @@ class CallTable {
   }
 
   // The earliest deadline among calls in flight (InfiniteFuture if none): when the poller
-  // should next call TakeExpired. Insert may make it earlier, so a poller sleeping until then
-  // must be woken by an Insert that does (compare before and after).
+  // should next call TakeExpired. Insert may make it earlier: see its `earliest`.
   absl::Time NextDeadline() {
     absl::MutexLock lock(&mu_);
     return index_.NextDeadline();

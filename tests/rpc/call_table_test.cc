@@ -38,12 +38,10 @@ TEST_CASE("ids are unique and nonzero, and a taken call gives its slot back", "[
     CHECK(ids.insert(*id).second);
   }
   CHECK(table.size() == 1000);
-  int i = 0;
   for (uint64_t id : ids) {
     std::optional<int> call = table.Take(id);
     REQUIRE(call.has_value());
     CHECK(*call == static_cast<int>(CallIndex::IndexOf(id)));  // inserted in slot order
-    ++i;
   }
   CHECK(table.size() == 0);
   CHECK(table.stale_drops() == 0);
@@ -112,10 +110,44 @@ TEST_CASE("a stale id never matches a later call in the same slot", "[call_table
   CHECK(table.size() == 0);
 }
 
-TEST_CASE("generations skip 0 when they wrap", "[call_table]") {
-  // Driving one slot through 2^40 generations is too slow; check the id arithmetic instead.
+TEST_CASE("generations wrap to 1, so 0 is never an id and old ids stay stale", "[call_table]") {
   CHECK(CallIndex::kMaxGeneration == (uint64_t{1} << 40) - 1);
-  CHECK(CallIndex::IndexOf(CallIndex::kMaxGeneration << CallIndex::kIndexBits | 5) == 5);
+  // One slot, two generations before the wrap.
+  CallIndex index(1, CallIndex::kMaxGeneration - 1);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<uint64_t> id = index.Acquire(absl::InfiniteFuture());
+    REQUIRE(id.ok());
+    CHECK(*id != 0);
+    CHECK(CallIndex::IndexOf(*id) == 0);
+    for (uint64_t old : ids) CHECK(!index.Release(old).has_value());
+    REQUIRE(index.Release(*id).has_value());
+    ids.push_back(*id);
+  }
+  CHECK(ids[0] >> CallIndex::kIndexBits == CallIndex::kMaxGeneration - 1);
+  CHECK(ids[1] >> CallIndex::kIndexBits == CallIndex::kMaxGeneration);
+  CHECK(ids[2] >> CallIndex::kIndexBits == 1);  // wrapped past 0
+  CHECK(ids[3] >> CallIndex::kIndexBits == 2);
+}
+
+TEST_CASE("Insert says when a call's deadline becomes the next one", "[call_table]") {
+  CallTable<int> table(8);
+  bool earliest = false;
+  REQUIRE(table.Insert(0, absl::InfiniteFuture(), &earliest).ok());
+  CHECK(!earliest);  // never expires: nothing to wake for
+  REQUIRE(table.Insert(1, kT0 + absl::Seconds(5), &earliest).ok());
+  CHECK(earliest);
+  REQUIRE(table.Insert(2, kT0 + absl::Seconds(9), &earliest).ok());
+  CHECK(!earliest);
+  absl::StatusOr<uint64_t> three = table.Insert(3, kT0 + absl::Seconds(1), &earliest);
+  REQUIRE(three.ok());
+  CHECK(earliest);
+  CHECK(table.NextDeadline() == kT0 + absl::Seconds(1));
+  // Once call 3 is answered, a call due at 3 s is the next one, past the dead entry at 1 s.
+  REQUIRE(table.Take(*three) == 3);
+  REQUIRE(table.NextDeadline() == kT0 + absl::Seconds(5));
+  REQUIRE(table.Insert(4, kT0 + absl::Seconds(3), &earliest).ok());
+  CHECK(earliest);
 }
 
 TEST_CASE("calls expire in deadline order, and NextDeadline says when", "[call_table]") {
