@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "transport/byte_order.h"
 #include "transport/wire.h"
 
 namespace zrpc {
@@ -14,18 +15,6 @@ namespace zrpc {
 static_assert(transport::kWireVersion == 1, "rpc_header.h describes wire version 1");
 
 namespace {
-
-template <typename T>
-void Put(uint8_t* out, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
-}
-
-template <typename T>
-T Get(const uint8_t* in) {
-  T value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(in[i]) << (8 * i);
-  return value;
-}
 
 // Offsets (rpc/WIRE.md).
 constexpr size_t kKindAt = 0;
@@ -130,13 +119,13 @@ RpcHeader RpcHeader::Cancel(uint64_t call_id) {
 void EncodeRpcHeader(const RpcHeader& h, uint8_t* out) {
   out[kKindAt] = static_cast<uint8_t>(h.kind);
   out[kFlagsAt] = h.flags;
-  Put<uint16_t>(out + kMethodAt, h.method_index);
-  Put<uint32_t>(out + kServiceAt, h.service_id);
-  Put<uint64_t>(out + kCallIdAt, h.call_id);
-  Put<uint64_t>(out + kTimeoutAt, h.timeout_us);
-  Put<uint32_t>(out + kBulkSizeAt, h.bulk_size);
-  Put<uint16_t>(out + kStatusAt, static_cast<uint16_t>(h.status_code));
-  Put<uint16_t>(out + kReservedAt, 0);
+  transport::PutLe<uint16_t>(out + kMethodAt, h.method_index);
+  transport::PutLe<uint32_t>(out + kServiceAt, h.service_id);
+  transport::PutLe<uint64_t>(out + kCallIdAt, h.call_id);
+  transport::PutLe<uint64_t>(out + kTimeoutAt, h.timeout_us);
+  transport::PutLe<uint32_t>(out + kBulkSizeAt, h.bulk_size);
+  transport::PutLe<uint16_t>(out + kStatusAt, static_cast<uint16_t>(h.status_code));
+  transport::PutLe<uint16_t>(out + kReservedAt, 0);
 }
 
 absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
@@ -154,13 +143,13 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
   RpcHeader h;
   h.kind = static_cast<RpcKind>(kind);
   h.flags = in[kFlagsAt];
-  h.method_index = Get<uint16_t>(in + kMethodAt);
-  h.service_id = Get<uint32_t>(in + kServiceAt);
-  h.call_id = Get<uint64_t>(in + kCallIdAt);
-  h.timeout_us = Get<uint64_t>(in + kTimeoutAt);
-  h.bulk_size = Get<uint32_t>(in + kBulkSizeAt);
-  const uint16_t status = Get<uint16_t>(in + kStatusAt);
-  const uint16_t reserved = Get<uint16_t>(in + kReservedAt);
+  h.method_index = transport::GetLe<uint16_t>(in + kMethodAt);
+  h.service_id = transport::GetLe<uint32_t>(in + kServiceAt);
+  h.call_id = transport::GetLe<uint64_t>(in + kCallIdAt);
+  h.timeout_us = transport::GetLe<uint64_t>(in + kTimeoutAt);
+  h.bulk_size = transport::GetLe<uint32_t>(in + kBulkSizeAt);
+  const uint16_t status = transport::GetLe<uint16_t>(in + kStatusAt);
+  const uint16_t reserved = transport::GetLe<uint16_t>(in + kReservedAt);
 
   if ((h.flags & ~kRpcFlagBulk) != 0) {
     return Refuse("flags", absl::StrCat("0x", absl::Hex(h.flags), " has unknown bits set"));
