@@ -3,22 +3,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "transport/arena.h"
+#include "transport/byte_order.h"
 #include "transport/credits.h"
 
 namespace zrpc::transport {
 namespace {
-
-template <typename T>
-void Put(uint8_t* out, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
-}
-
-template <typename T>
-T Get(const uint8_t* in) {
-  T value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(in[i]) << (8 * i);
-  return value;
-}
 
 absl::Status Refuse(absl::string_view why) {
   return absl::FailedPreconditionError(absl::StrCat("zrpc handshake: ", why));
@@ -33,21 +22,22 @@ bool Hello::operator==(const Hello& o) const {
 }
 
 void EncodeHello(const Hello& h, uint8_t* out) {
-  Put<uint32_t>(out + 0, kWireMagic);
-  Put<uint16_t>(out + 4, h.version);
-  Put<uint16_t>(out + 6, h.flags);
-  Put<uint32_t>(out + 8, h.recv_credits);
-  Put<uint32_t>(out + 12, h.recv_size);
-  Put<uint64_t>(out + 16, h.arena_addr);
-  Put<uint32_t>(out + 24, h.arena_rkey);
-  Put<uint32_t>(out + 28, h.arena_size);
+  PutLe<uint32_t>(out + 0, kWireMagic);
+  PutLe<uint16_t>(out + 4, h.version);
+  PutLe<uint16_t>(out + 6, h.flags);
+  PutLe<uint32_t>(out + 8, h.recv_credits);
+  PutLe<uint32_t>(out + 12, h.recv_size);
+  PutLe<uint64_t>(out + 16, h.arena_addr);
+  PutLe<uint32_t>(out + 24, h.arena_rkey);
+  PutLe<uint32_t>(out + 28, h.arena_size);
 }
 
 absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
   // A magic check needs 4 bytes; say "not zrpc" rather than "too short" when even those differ.
-  if (bytes.size() >= 4 && Get<uint32_t>(bytes.data()) != kWireMagic) {
-    return Refuse(absl::StrCat("peer is not zrpc (magic 0x", absl::Hex(Get<uint32_t>(bytes.data())),
-                               ", expected 0x", absl::Hex(kWireMagic), ")"));
+  if (const uint32_t magic = bytes.size() >= 4 ? GetLe<uint32_t>(bytes.data()) : kWireMagic;
+      magic != kWireMagic) {
+    return Refuse(absl::StrCat("peer is not zrpc (magic 0x", absl::Hex(magic), ", expected 0x",
+                               absl::Hex(kWireMagic), ")"));
   }
   if (bytes.size() < Hello::kSize) {
     return Refuse(absl::StrCat("peer sent ", bytes.size(), " bytes of connection data, expected ",
@@ -55,13 +45,13 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
   }
   const uint8_t* in = bytes.data();
   Hello h;
-  h.version = Get<uint16_t>(in + 4);
-  h.flags = Get<uint16_t>(in + 6);
-  h.recv_credits = Get<uint32_t>(in + 8);
-  h.recv_size = Get<uint32_t>(in + 12);
-  h.arena_addr = Get<uint64_t>(in + 16);
-  h.arena_rkey = Get<uint32_t>(in + 24);
-  h.arena_size = Get<uint32_t>(in + 28);
+  h.version = GetLe<uint16_t>(in + 4);
+  h.flags = GetLe<uint16_t>(in + 6);
+  h.recv_credits = GetLe<uint32_t>(in + 8);
+  h.recv_size = GetLe<uint32_t>(in + 12);
+  h.arena_addr = GetLe<uint64_t>(in + 16);
+  h.arena_rkey = GetLe<uint32_t>(in + 24);
+  h.arena_size = GetLe<uint32_t>(in + 28);
   if (h.version != kWireVersion) {
     return Refuse(absl::StrCat("peer speaks wire version ", h.version, ", this build speaks ",
                                kWireVersion));
@@ -86,8 +76,8 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
 }
 
 void EncodeFrameHeader(const FrameHeader& header, uint8_t* out) {
-  Put<uint32_t>(out + 0, header.arena_released);
-  Put<uint16_t>(out + 4, header.credits);
+  PutLe<uint32_t>(out + 0, header.arena_released);
+  PutLe<uint16_t>(out + 4, header.credits);
   out[6] = static_cast<uint8_t>(header.kind);
   out[7] = 0;
 }
@@ -98,8 +88,8 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes) {
         "peer sent a ", bytes.size(), "-byte message, shorter than the frame header"));
   }
   FrameHeader header;
-  header.arena_released = Get<uint32_t>(bytes.data());
-  header.credits = Get<uint16_t>(bytes.data() + 4);
+  header.arena_released = GetLe<uint32_t>(bytes.data());
+  header.credits = GetLe<uint16_t>(bytes.data() + 4);
   uint8_t kind = bytes[6];
   if (kind != static_cast<uint8_t>(FrameKind::kData) &&
       kind != static_cast<uint8_t>(FrameKind::kCredit)) {

@@ -1,0 +1,146 @@
+// The RPC header: the first 32 bytes of every transport message the RPC runtime sends, right
+// after the transport's own 8-byte frame header (transport/wire.h). rpc/WIRE.md has the layout
+// table; this file is its codec.
+//
+//   [frame header, 8 B][RpcHeader, 32 B][body: protobuf request/response, error message, nothing]
+//
+// The header says what the message is (kind), which call it belongs to (call id), where a
+// request goes (service id, method index), how long the caller still waits (timeout, in
+// remaining microseconds: clocks differ between hosts, so absolute deadlines never travel), and
+// whether a bulk payload belongs to it (flag and size). Integers are little-endian, written
+// byte by byte like the transport's, so the layout does not depend on the compiler.
+//
+// No magic and no version here: the transport's Hello (transport/wire.h) already refuses a peer
+// with another wire version before any RPC message flows, and kWireVersion covers this layout.
+// A change to it bumps transport::kWireVersion (or claims a Hello flag bit for a feature).
+//
+// Bulk pairing. A message with kRpcFlagBulk set has exactly one bulk payload of bulk_size bytes,
+// which arrived as a bulk WRITE_WITH_IMM on the same connection immediately before it (OnBulk,
+// then OnMessage). RC delivers in order and the transport keeps a payload and its message in its
+// FIFO, so the receiver pairs by order: it holds at most one unpaired payload per connection, and
+// the next message must claim it (flag set, bulk_size equal to the payload's length). A second
+// payload before a message, a message with the flag and no payload, or a payload followed by a
+// message without the flag breaks the protocol. The sender must post a payload and its message
+// back to back, with no other message of the connection in between (one send lock around both).
+//
+// Decoding trusts nothing: DecodeRpcHeader checks every field against the kind before the
+// runtime uses any of it, and refuses with kFailedPrecondition naming the field. The runtime
+// disconnects such a peer, quoting the message.
+#ifndef ZRPC_RPC_RPC_HEADER_H_
+#define ZRPC_RPC_RPC_HEADER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace zrpc {
+
+// Values 5..15 are reserved for stream kinds (open, data, half-close, credit); a version-1
+// receiver refuses them like any unknown kind.
+enum class RpcKind : uint8_t {
+  kRequest = 1,   // client -> server: a call. Body: the serialized request.
+  kResponse = 2,  // server -> client: the call succeeded. Body: the serialized response.
+  kError = 3,     // server -> client: the call failed. Body: the status message (bounded).
+  kCancel = 4,    // client -> server: the caller gave up on the call (deadline, cancel). No body.
+};
+
+// flags: a bulk payload belongs to this message (see "Bulk pairing" above). Other bits are zero.
+inline constexpr uint8_t kRpcFlagBulk = 0x01;
+
+// The longest status message an error carries, in bytes. A sender truncates a longer one (with
+// kTruncatedMarker); a receiver refuses an error whose body exceeds it. 1 KiB holds a useful
+// explanation and keeps an error in one small SEND (the default RECV is 4 KiB; a sender facing
+// smaller RECVs passes a lower limit to ErrorBodySize / EncodeErrorBody).
+inline constexpr size_t kMaxErrorMessage = 1024;
+inline constexpr absl::string_view kTruncatedMarker = "...[truncated]";
+
+struct RpcHeader {
+  RpcKind kind = RpcKind::kRequest;
+  uint8_t flags = 0;
+  // Requests only (0 otherwise): index in the service's method table (MethodInfo::index).
+  uint16_t method_index = 0;
+  // Requests only (0 otherwise): ServiceId(full name of the service).
+  uint32_t service_id = 0;
+  // Every kind; never 0. A response, error or cancel carries its request's id.
+  uint64_t call_id = 0;
+  // Requests only (0 otherwise): microseconds the caller still waits, 0 = no deadline.
+  uint64_t timeout_us = 0;
+  // Bytes of the paired bulk payload: nonzero exactly when flags has kRpcFlagBulk. Requests and
+  // responses only. 32 bits: a payload goes in one WRITE into the peer's arena (at most 1 GiB,
+  // transport/arena.h); larger ones will use a rendezvous with its own descriptor, not this field.
+  uint32_t bulk_size = 0;
+  // Errors only (kOk otherwise, never kOk in an error).
+  absl::StatusCode status_code = absl::StatusCode::kOk;
+
+  static constexpr size_t kSize = 32;
+
+  bool has_bulk() const { return (flags & kRpcFlagBulk) != 0; }
+  bool operator==(const RpcHeader& other) const;
+  bool operator!=(const RpcHeader& other) const { return !(*this == other); }
+
+  // Well-formed headers of each kind; DecodeRpcHeader accepts what these build.
+  static RpcHeader Request(uint32_t service_id, uint16_t method_index, uint64_t call_id,
+                           uint64_t timeout_us, uint32_t bulk_size = 0);
+  static RpcHeader Response(uint64_t call_id, uint32_t bulk_size = 0);
+  static RpcHeader Error(uint64_t call_id, absl::StatusCode code);
+  static RpcHeader Cancel(uint64_t call_id);
+};
+
+// Writes `header` into `out`, which must hold RpcHeader::kSize bytes. The header is written as
+// given: build it with the factories above so the peer accepts it.
+void EncodeRpcHeader(const RpcHeader& header, uint8_t* out);
+
+// Parses and checks the header of a received message of `message.size()` bytes (the transport
+// payload: this header and the body after it). kFailedPrecondition, naming the field, when the
+// message is shorter than the header, the kind is unknown, reserved bits or bytes are set, a
+// field another kind owns is nonzero, the call id is 0, the flag and bulk_size disagree, the
+// status code is outside absl's range or kOk in an error, an error's body exceeds
+// kMaxErrorMessage, or a cancel has a body. What it cannot check is the runtime's: that the
+// service and method exist, that a paired payload exists and has bulk_size bytes, and that the
+// method takes a payload.
+absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message);
+
+// The body of an error message: `message` itself when it fits in `limit` bytes (at most
+// kMaxErrorMessage; a larger limit counts as kMaxErrorMessage), otherwise its start, cut on a
+// UTF-8 character boundary, and kTruncatedMarker (or as much of the marker as fits).
+size_t ErrorBodySize(absl::string_view message, size_t limit = kMaxErrorMessage);
+// Writes that body into `out` (ErrorBodySize(message, limit) bytes) and returns its size.
+size_t EncodeErrorBody(absl::string_view message, uint8_t* out, size_t limit = kMaxErrorMessage);
+// The status a peer reported in an error message: `header.status_code` (which DecodeRpcHeader
+// checked is a valid non-OK code) with `body` as its message. kFailedPrecondition when `header`
+// is not an error or `body` is longer than kMaxErrorMessage; the reported status is in `*peer`.
+absl::Status DecodeErrorBody(const RpcHeader& header, absl::Span<const uint8_t> body,
+                             absl::Status* peer);
+
+// FNV-1a, 32 bits, of a service's full name ("package.Service"): its id on the wire. Stable
+// across builds and languages. A server refuses to add a service whose id collides with one it
+// already has, or is 0 (the value that means "no service" outside requests).
+constexpr uint32_t ServiceId(absl::string_view full_name) {
+  uint32_t hash = 2166136261u;  // FNV offset basis
+  for (size_t i = 0; i < full_name.size(); ++i) {
+    hash ^= static_cast<uint8_t>(full_name[i]);
+    hash *= 16777619u;  // FNV prime
+  }
+  return hash;
+}
+
+// The timeout a request carries for a call ending at `deadline`, seen at `now`: 0 for an
+// infinite deadline; otherwise the remaining microseconds rounded up, at least 1 (a deadline
+// that has just passed must not read as "no deadline"; the runtime fails such calls locally
+// before sending), saturating at INT64_MAX (absl::Duration's range, ~292,000 years).
+uint64_t TimeoutToWire(absl::Time deadline, absl::Time now);
+// The deadline a server gives a request that arrived at `now` with `timeout_us`: infinite for
+// 0; saturating to InfiniteFuture beyond absl::Time's range. The transit time is not
+// subtracted (it is unknown without synchronized clocks): the server's deadline is slightly
+// later than the client's, and the client's own timer is the one that ends the call.
+absl::Time DeadlineFromWire(uint64_t timeout_us, absl::Time now);
+
+}  // namespace zrpc
+
+#endif  // ZRPC_RPC_RPC_HEADER_H_

@@ -1,0 +1,294 @@
+// The RPC header codec, on the host: round trips of every kind, exact bytes, and every malformed
+// header a peer could send refused by name, without reading past what it was given.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "rpc/rpc_header.h"
+
+namespace {
+
+using zrpc::DecodeErrorBody;
+using zrpc::DecodeRpcHeader;
+using zrpc::EncodeErrorBody;
+using zrpc::EncodeRpcHeader;
+using zrpc::ErrorBodySize;
+using zrpc::kMaxErrorMessage;
+using zrpc::kTruncatedMarker;
+using zrpc::RpcHeader;
+using zrpc::RpcKind;
+
+constexpr uint64_t kId = 0x0000'0123'4500'0007;
+
+// A message: the header, then `body` bytes of 0xab.
+std::vector<uint8_t> Message(const RpcHeader& h, size_t body = 0) {
+  std::vector<uint8_t> bytes(RpcHeader::kSize + body, 0xab);
+  EncodeRpcHeader(h, bytes.data());
+  return bytes;
+}
+
+// The decoder refuses `bytes` with kFailedPrecondition naming `field`.
+bool Refused(const std::vector<uint8_t>& bytes, const std::string& field) {
+  absl::StatusOr<RpcHeader> decoded = DecodeRpcHeader(bytes);
+  if (decoded.ok()) return false;
+  INFO(decoded.status());
+  return decoded.status().code() == absl::StatusCode::kFailedPrecondition &&
+         decoded.status().message().find("rpc header: " + field + " ") != absl::string_view::npos;
+}
+
+std::vector<RpcHeader> OneOfEachKind() {
+  return {
+      RpcHeader::Request(zrpc::ServiceId("zrpc.test.Echo"), 3, kId, 250'000),
+      RpcHeader::Request(0xffff'ffff, 0xffff, ~uint64_t{0}, ~uint64_t{0}, 0xffff'ffff),
+      RpcHeader::Response(kId),
+      RpcHeader::Response(kId, 1 << 20),
+      RpcHeader::Error(kId, absl::StatusCode::kNotFound),
+      RpcHeader::Error(kId, absl::StatusCode::kUnauthenticated),
+      RpcHeader::Cancel(kId),
+  };
+}
+
+// FNV-1a 32, written independently of rpc_header.h: 64-bit arithmetic, masked.
+uint32_t Fnv1a(const std::string& s) {
+  uint64_t h = 0x811c9dc5;
+  for (unsigned char c : s) h = ((h ^ c) * 0x01000193) & 0xffffffff;
+  return static_cast<uint32_t>(h);
+}
+
+}  // namespace
+
+TEST_CASE("every kind survives encode and decode, with bodies it may carry", "[rpc_header]") {
+  for (const RpcHeader& h : OneOfEachKind()) {
+    const size_t body = h.kind == RpcKind::kCancel  ? 0
+                        : h.kind == RpcKind::kError ? kMaxErrorMessage
+                                                    : 4000;
+    std::vector<uint8_t> bytes = Message(h, body);
+    absl::StatusOr<RpcHeader> decoded = DecodeRpcHeader(bytes);
+    INFO(static_cast<int>(h.kind));
+    REQUIRE(decoded.ok());
+    CHECK(*decoded == h);
+    CHECK(decoded->has_bulk() == (h.bulk_size > 0));
+    std::vector<uint8_t> again(RpcHeader::kSize);
+    EncodeRpcHeader(*decoded, again.data());
+    CHECK(std::equal(again.begin(), again.end(), bytes.begin()));
+  }
+}
+
+TEST_CASE("a request's bytes are the documented little-endian layout", "[rpc_header]") {
+  RpcHeader h = RpcHeader::Request(0x11223344, 0x5566, 0x0102030405060708, 0x1122334455667788,
+                                   0x99aabbcc);
+  const std::vector<uint8_t> expected = {
+      0x01,                                            // kind: request
+      0x01,                                            // flags: bulk
+      0x66, 0x55,                                      // method_index
+      0x44, 0x33, 0x22, 0x11,                          // service_id
+      0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,  // call_id
+      0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11,  // timeout_us
+      0xcc, 0xbb, 0xaa, 0x99,                          // bulk_size
+      0x00, 0x00,                                      // status_code
+      0x00, 0x00,                                      // reserved
+  };
+  CHECK(Message(h) == expected);
+  std::vector<uint8_t> error = Message(RpcHeader::Error(1, absl::StatusCode::kDataLoss));
+  CHECK(error[0] == 3);
+  CHECK(error[28] == 15);  // kDataLoss
+  CHECK(error[29] == 0);
+}
+
+TEST_CASE("every truncated header is refused", "[rpc_header]") {
+  for (const RpcHeader& h : OneOfEachKind()) {
+    std::vector<uint8_t> bytes = Message(h);
+    for (size_t n = 0; n < RpcHeader::kSize; ++n) {
+      INFO(n);
+      CHECK(Refused(std::vector<uint8_t>(bytes.begin(), bytes.begin() + n), "length"));
+    }
+  }
+}
+
+TEST_CASE("each invalid field is refused with its name", "[rpc_header]") {
+  const RpcHeader request = RpcHeader::Request(7, 1, kId, 1000);
+  const RpcHeader response = RpcHeader::Response(kId);
+  const RpcHeader error = RpcHeader::Error(kId, absl::StatusCode::kInternal);
+  const RpcHeader cancel = RpcHeader::Cancel(kId);
+  struct Case {
+    const char* what;
+    RpcHeader base;
+    size_t offset;
+    uint8_t value;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"kind 0", request, 0, 0, "kind"},
+      {"kind 5 (a stream kind, later)", request, 0, 5, "kind"},
+      {"kind 255", request, 0, 255, "kind"},
+      {"unknown flag bit", request, 1, 0x02, "flags"},
+      {"high flag bit", response, 1, 0x81, "flags"},
+      {"reserved low byte", request, 30, 1, "reserved"},
+      {"reserved high byte", cancel, 31, 0x80, "reserved"},
+      {"status code past absl's range", error, 28, 17, "status_code"},
+      {"status code high byte", error, 29, 1, "status_code"},
+      {"OK in an error", error, 28, 0, "status_code"},
+      {"status code in a request", request, 28, 2, "status_code"},
+      {"status code in a response", response, 28, 2, "status_code"},
+      {"status code in a cancel", cancel, 28, 1, "status_code"},
+      {"service id in a response", response, 4, 1, "service_id"},
+      {"service id in an error", error, 7, 1, "service_id"},
+      {"service id in a cancel", cancel, 5, 1, "service_id"},
+      {"method index in a response", response, 2, 1, "method_index"},
+      {"method index in an error", error, 3, 1, "method_index"},
+      {"method index in a cancel", cancel, 2, 1, "method_index"},
+      {"timeout in a response", response, 16, 1, "timeout_us"},
+      {"timeout in an error", error, 23, 1, "timeout_us"},
+      {"timeout in a cancel", cancel, 20, 1, "timeout_us"},
+      {"bulk flag without a size (request)", request, 1, 0x01, "bulk_size"},
+      {"bulk flag without a size (response)", response, 1, 0x01, "bulk_size"},
+      {"bulk size without the flag (request)", request, 24, 9, "bulk_size"},
+      {"bulk size without the flag (response)", response, 27, 1, "bulk_size"},
+      {"bulk flag in an error", error, 1, 0x01, "flags"},
+      {"bulk flag in a cancel", cancel, 1, 0x01, "flags"},
+      {"bulk size in an error", error, 24, 1, "bulk_size"},
+      {"bulk size in a cancel", cancel, 25, 1, "bulk_size"},
+  };
+  for (const Case& c : cases) {
+    std::vector<uint8_t> bytes = Message(c.base);
+    REQUIRE(DecodeRpcHeader(bytes).ok());
+    bytes[c.offset] = c.value;
+    INFO(c.what);
+    CHECK(Refused(bytes, c.field));
+  }
+  // Call id 0 in every kind (and nothing else wrong).
+  for (RpcHeader h : {request, response, error, cancel}) {
+    h.call_id = 0;
+    CHECK(Refused(Message(h), "call_id"));
+  }
+  // Bodies the kind does not allow.
+  CHECK(Refused(Message(cancel, 1), "body"));
+  CHECK(Refused(Message(error, kMaxErrorMessage + 1), "body"));
+  CHECK(DecodeRpcHeader(Message(error, kMaxErrorMessage)).ok());
+  CHECK(DecodeRpcHeader(Message(error, 0)).ok());
+}
+
+TEST_CASE("random bytes never crash: they are refused or re-encode identically", "[rpc_header]") {
+  std::mt19937_64 rng(20261123);
+  std::vector<RpcHeader> valid = OneOfEachKind();
+  size_t accepted = 0;
+  for (int i = 0; i < 10'000; ++i) {
+    std::vector<uint8_t> bytes;
+    if (i % 2 == 0) {
+      // Pure noise, of any length up to a few headers.
+      bytes.resize(rng() % 100);
+      for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+    } else {
+      // A valid message with a few bytes changed: reaches the checks past the kind.
+      const RpcHeader& h = valid[rng() % valid.size()];
+      bytes = Message(h, h.kind == RpcKind::kCancel ? 0 : rng() % 64);
+      for (int flips = 1 + rng() % 3; flips > 0; --flips) {
+        bytes[rng() % RpcHeader::kSize] = static_cast<uint8_t>(rng() % 4 == 0 ? 0 : rng());
+      }
+    }
+    // An exactly sized copy, so ASan sees any read past the end.
+    auto* copy = new uint8_t[bytes.size() + 1];
+    if (!bytes.empty()) std::memcpy(copy, bytes.data(), bytes.size());
+    absl::StatusOr<RpcHeader> decoded =
+        DecodeRpcHeader(absl::Span<const uint8_t>(copy, bytes.size()));
+    delete[] copy;
+    if (!decoded.ok()) {
+      REQUIRE(decoded.status().code() == absl::StatusCode::kFailedPrecondition);
+      REQUIRE(decoded.status().message().rfind("rpc header: ", 0) == 0);
+      continue;
+    }
+    ++accepted;
+    std::vector<uint8_t> again(RpcHeader::kSize);
+    EncodeRpcHeader(*decoded, again.data());
+    REQUIRE(std::equal(again.begin(), again.end(), bytes.begin()));
+  }
+  CHECK(accepted > 100);  // the mutations do reach valid headers, not only refusals
+}
+
+TEST_CASE("error bodies are bounded, truncated with a marker, and refused past the bound",
+          "[rpc_header]") {
+  auto body = [](absl::string_view message, size_t limit = kMaxErrorMessage) {
+    std::string out(ErrorBodySize(message, limit), '\0');
+    CHECK(EncodeErrorBody(message, reinterpret_cast<uint8_t*>(out.data()), limit) == out.size());
+    return out;
+  };
+  CHECK(body("").empty());
+  CHECK(body("no such user") == "no such user");
+  const std::string fits(kMaxErrorMessage, 'x');
+  CHECK(body(fits) == fits);
+  const std::string longer(kMaxErrorMessage + 1, 'y');
+  std::string cut = body(longer);
+  CHECK(cut.size() == kMaxErrorMessage);
+  CHECK(absl::string_view(cut).substr(cut.size() - kTruncatedMarker.size()) == kTruncatedMarker);
+  CHECK(body(std::string(1 << 20, 'z')).size() == kMaxErrorMessage);
+  // A larger limit counts as the bound; a smaller one is honoured, the marker included.
+  CHECK(body(longer, 1 << 20).size() == kMaxErrorMessage);
+  CHECK(body(longer, 100).size() == 100);
+  CHECK(body(longer, 5) == std::string(kTruncatedMarker.substr(0, 5)));
+  CHECK(body(longer, 0).empty());
+  // A cut never splits a UTF-8 character: "é" is 2 bytes, so 1023 of them end on an odd byte.
+  std::string accents;
+  for (int i = 0; i < 600; ++i) accents += "\xc3\xa9";
+  std::string cut_accents = body(accents);
+  CHECK(cut_accents.size() <= kMaxErrorMessage);
+  const size_t kept = cut_accents.size() - kTruncatedMarker.size();
+  CHECK(kept % 2 == 0);
+  CHECK(cut_accents.compare(0, kept, accents, 0, kept) == 0);
+
+  // Decoding gives back the peer's status, and refuses a body past the bound.
+  const RpcHeader error = RpcHeader::Error(kId, absl::StatusCode::kPermissionDenied);
+  const std::string text = "not yours";
+  absl::Status peer;
+  REQUIRE(DecodeErrorBody(error, absl::Span<const uint8_t>(
+                                     reinterpret_cast<const uint8_t*>(text.data()), text.size()),
+                          &peer)
+              .ok());
+  CHECK(peer == absl::PermissionDeniedError("not yours"));
+  std::vector<uint8_t> too_long(kMaxErrorMessage + 1, 'a');
+  absl::Status refused = DecodeErrorBody(error, too_long, &peer);
+  CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(refused.message().find("body") != absl::string_view::npos);
+  CHECK(!DecodeErrorBody(RpcHeader::Response(kId), {}, &peer).ok());
+}
+
+TEST_CASE("ServiceId is FNV-1a 32 of the full name", "[rpc_header]") {
+  // Published FNV-1a 32-bit test vectors, checked at compile time.
+  static_assert(zrpc::ServiceId("") == 0x811c9dc5u);
+  static_assert(zrpc::ServiceId("a") == 0xe40c292cu);
+  static_assert(zrpc::ServiceId("foobar") == 0xbf9cf968u);
+  const std::vector<std::string> names = {
+      "zrpc.test.Echo", "helloworld.Greeter", "a.b.C", "x",
+      "package.with.many.parts.AndAVeryLongServiceName", "bytes\xff\x80 high"};
+  for (const std::string& name : names) {
+    INFO(name);
+    CHECK(zrpc::ServiceId(name) == Fnv1a(name));
+  }
+  CHECK(zrpc::ServiceId("zrpc.test.Echo") != zrpc::ServiceId("zrpc.test.Echp"));
+}
+
+TEST_CASE("deadlines travel as remaining microseconds", "[rpc_header]") {
+  const absl::Time now = absl::FromUnixSeconds(1'800'000'000);
+  CHECK(zrpc::TimeoutToWire(absl::InfiniteFuture(), now) == 0);
+  CHECK(zrpc::TimeoutToWire(now, now) == 1);  // just passed: not "no deadline"
+  CHECK(zrpc::TimeoutToWire(now - absl::Seconds(5), now) == 1);
+  CHECK(zrpc::TimeoutToWire(absl::InfinitePast(), now) == 1);
+  CHECK(zrpc::TimeoutToWire(now + absl::Nanoseconds(1), now) == 1);
+  CHECK(zrpc::TimeoutToWire(now + absl::Nanoseconds(1500), now) == 2);  // rounded up
+  CHECK(zrpc::TimeoutToWire(now + absl::Seconds(10), now) == 10'000'000);
+  CHECK(zrpc::TimeoutToWire(absl::FromUnixSeconds(std::numeric_limits<int64_t>::max()),
+                            absl::FromUnixSeconds(std::numeric_limits<int64_t>::min())) ==
+        static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+
+  CHECK(zrpc::DeadlineFromWire(0, now) == absl::InfiniteFuture());
+  CHECK(zrpc::DeadlineFromWire(~uint64_t{0}, now) == absl::InfiniteFuture());
+  // INT64_MAX microseconds is ~292,000 years: far, but still inside absl::Time's range.
+  CHECK(zrpc::DeadlineFromWire(std::numeric_limits<int64_t>::max(), now) >
+        now + absl::Hours(24 * 365 * 100'000));
+  CHECK(zrpc::DeadlineFromWire(250'000, now) == now + absl::Milliseconds(250));
+  const absl::Time later = now + absl::Microseconds(1234567);
+  CHECK(zrpc::DeadlineFromWire(zrpc::TimeoutToWire(later, now), now) == later);
+}
