@@ -169,12 +169,12 @@ class CallTable {
 
   // Adds a call that ends at `deadline` (InfiniteFuture: only a response, cancel or failure
   // ends it) and returns its id, never 0. kResourceExhausted when `capacity` calls are in
-  // flight; `call` is then destroyed. A deadline already past is accepted and comes out of the
+  // flight; `call` is then left as it was (not moved from), so the caller can still fail it. A deadline already past is accepted and comes out of the
   // next TakeExpired; the runtime normally fails such a call before inserting it.
   // If `earliest` is not null, it says whether this call's deadline is now the table's next
   // one: a poller sleeping until NextDeadline() must then be woken. Decided under the table's
   // lock, so no Insert racing another or the poller goes unnoticed.
-  absl::StatusOr<uint64_t> Insert(T call, absl::Time deadline, bool* earliest = nullptr) {
+  absl::StatusOr<uint64_t> Insert(T&& call, absl::Time deadline, bool* earliest = nullptr) {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<uint64_t> id = index_.Acquire(deadline);
     if (!id.ok()) return id.status();

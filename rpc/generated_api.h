@@ -31,6 +31,7 @@
 
 #include <google/protobuf/message_lite.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -107,9 +108,23 @@ class Channel {
                               DoneCallback done) = 0;
 };
 
-// What a handler sees of the call it serves.
+// What a handler sees of the call it serves; the runtime fills it in before the handler runs.
 struct ServerContext {
+  // When the caller stops waiting, on this host's clock: the remaining time its request carried,
+  // counted from the request's arrival (InfiniteFuture when the caller set no deadline).
   ::absl::Time deadline = ::absl::InfiniteFuture();
+
+  // Whether the caller has given up on the call: it cancelled it, its deadline passed, its
+  // connection failed, or the server's shutdown grace ran out. A handler doing long work should
+  // check and stop early; whatever it answers then is discarded.
+  bool IsCancelled() const {
+    return cancelled_.load(::std::memory_order_relaxed) || ::absl::Now() >= deadline;
+  }
+  // For the runtime: marks the call given up. Any thread.
+  void Cancel() { cancelled_.store(true, ::std::memory_order_relaxed); }
+
+ private:
+  ::std::atomic<bool> cancelled_{false};
 };
 
 // The server side of one call in flight, implemented by the runtime.

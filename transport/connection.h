@@ -190,6 +190,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t peer_arena_size() const { return peer_.arena_size; }
   std::string peer_address() const { return peer_address_; }
   ConnectionStats stats() const;
+  // The handler given at Connect or by AcceptHandler::Place: how an accept callback finds the
+  // state it placed for this connection.
+  ConnectionHandler* handler() const { return handler_; }
   // The flow-control state, for logs when something stalls.
   std::string DebugString() const;
 

@@ -133,13 +133,14 @@ void Listener::OnRequest(rdma_cm_event* event) {
   std::shared_ptr<Connection> c;
   auto refuse = [&](const absl::Status& why) {
     Reject(id, why);
+    ConnectionHandler* placed = c != nullptr ? c->handler_ : nullptr;
     if (c != nullptr) {
       c->poller_.Unregister(c->qp_num_);  // a no-op when it never registered
       c.reset();                          // destroys the id and gives the admission place back
     } else {
       rdma_destroy_id(id);
     }
-    handler_->OnRefused(peer, why);
+    handler_->OnRefused(peer, placed, why);
   };
   if (!hello.ok()) return refuse(hello.status());
   if (rnr_retry > kRnrRetryCount) {
@@ -211,8 +212,9 @@ void Listener::Complete(rdma_cm_id* id) {
     rdma_disconnect(id);
     poller.Unregister(c->qp_num_);
     std::string peer = c->peer_address_;
+    ConnectionHandler* placed = c->handler_;
     c.reset();
-    handler_->OnRefused(peer, why);
+    handler_->OnRefused(peer, placed, why);
     return;
   }
   // An event that arrived before the migration (the peer hung up at once) moved with the id but
@@ -228,9 +230,10 @@ void Listener::Abandon(rdma_cm_id* id, const absl::Status& why) {
   std::shared_ptr<Connection> c = std::move(it->second.connection);
   handshakes_.erase(it);
   std::string peer = c->peer_address_;
+  ConnectionHandler* placed = c->handler_;
   c->poller_.Unregister(c->qp_num_);
   c.reset();
-  handler_->OnRefused(peer, why);
+  handler_->OnRefused(peer, placed, why);
 }
 
 void Listener::ExpireHandshakes() {

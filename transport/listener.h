@@ -83,8 +83,11 @@ class AcceptHandler {
   // The handshake finished. The connection is open, or already failing (then OnClosed follows
   // on its handler).
   virtual void OnAccepted(std::shared_ptr<Connection> connection) = 0;
-  // A request refused or a handshake abandoned, and why: for logs and metrics.
-  virtual void OnRefused(const std::string& /*peer*/, const absl::Status& /*why*/) {}
+  // A request refused or a handshake abandoned, and why: for logs and metrics. `placed` is the
+  // handler Place chose when the refusal came after Place (it will never hear of the
+  // connection: free what was placed for it), else null.
+  virtual void OnRefused(const std::string& /*peer*/, ConnectionHandler* /*placed*/,
+                         const absl::Status& /*why*/) {}
 };
 
 class Listener {

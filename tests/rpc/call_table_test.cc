@@ -32,7 +32,7 @@ TEST_CASE("ids are unique and nonzero, and a taken call gives its slot back", "[
   CallTable<int> table(1000);
   std::set<uint64_t> ids;
   for (int i = 0; i < 1000; ++i) {
-    absl::StatusOr<uint64_t> id = table.Insert(i, absl::InfiniteFuture());
+    absl::StatusOr<uint64_t> id = table.Insert(int{i}, absl::InfiniteFuture());
     REQUIRE(id.ok());
     CHECK(*id != 0);
     CHECK(ids.insert(*id).second);
@@ -58,8 +58,11 @@ TEST_CASE("the table refuses calls beyond its capacity", "[call_table]") {
     REQUIRE(id.ok());
     ids.push_back(*id);
   }
-  absl::StatusOr<uint64_t> refused = table.Insert(std::make_unique<int>(3), absl::InfiniteFuture());
+  auto kept = std::make_unique<int>(3);
+  absl::StatusOr<uint64_t> refused = table.Insert(std::move(kept), absl::InfiniteFuture());
   CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE(kept != nullptr);  // a refused call is left to its caller, who must still fail it
+  CHECK(*kept == 3);
   CHECK(table.size() == 3);
   std::optional<std::unique_ptr<int>> taken = table.Take(ids[1]);
   REQUIRE(taken.has_value());
@@ -75,7 +78,7 @@ TEST_CASE("a stale id never matches a later call in the same slot", "[call_table
   std::vector<uint64_t> old_ids;
   for (int i = 0; i < 5000; ++i) {
     const absl::Time deadline = i % 3 == 1 ? kT0 + absl::Seconds(i) : absl::InfiniteFuture();
-    absl::StatusOr<uint64_t> id = table.Insert(i, deadline);
+    absl::StatusOr<uint64_t> id = table.Insert(int{i}, deadline);
     REQUIRE(id.ok());
     REQUIRE(CallIndex::IndexOf(*id) == 0);
     // Every earlier id of this slot is stale now that a later call holds it.

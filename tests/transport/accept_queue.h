@@ -37,7 +37,8 @@ class AcceptQueue : public transport::AcceptHandler {
     ++accepted_;
     queue_.push_back(std::move(connection));
   }
-  void OnRefused(const std::string& peer, const absl::Status& why) override {
+  void OnRefused(const std::string& peer, transport::ConnectionHandler*,
+                 const absl::Status& why) override {
     absl::MutexLock lock(&mu_);
     refusals_.push_back(peer + ": " + std::string(why.message()));
     queue_.push_back(why);

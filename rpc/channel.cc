@@ -1,0 +1,427 @@
+#include "rpc/channel.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "rpc/client_connection.h"
+#include "rpc/rpc_header.h"
+#include "rpc/shared_device.h"
+#include "rpc/staging.h"
+
+namespace zrpc {
+namespace internal {
+namespace {
+
+// What AcquireSendSlot hands to StartUnaryCall through SendSlot::token: the connection the slot
+// belongs to (a slot must be sent, or given back, on the connection it was taken from).
+struct SlotTicket {
+  std::shared_ptr<ClientConnection> connection;
+  transport::SendBuffer buffer;
+};
+
+absl::Status ParseTarget(absl::string_view target, std::string* host, uint16_t* port) {
+  const size_t colon = target.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target \"", target, "\" is not \"host:port\""));
+  }
+  absl::string_view h = target.substr(0, colon);
+  if (h.front() == '[') {
+    if (h.size() < 3 || h.back() != ']') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("target \"", target, "\": an IPv6 address goes in brackets, [addr]:port"));
+    }
+    h = h.substr(1, h.size() - 2);
+  } else if (h.find(':') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target \"", target, "\": write an IPv6 address in brackets, [addr]:port"));
+  }
+  uint32_t p = 0;
+  if (!absl::SimpleAtoi(target.substr(colon + 1), &p) || p == 0 || p > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target \"", target, "\": the port must be a number in [1, 65535]"));
+  }
+  *host = std::string(h);
+  *port = static_cast<uint16_t>(p);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+class ChannelCore final : public ClientConnectionOwner {
+ public:
+  ChannelCore(std::string target, std::string host, uint16_t port, const ChannelOptions& options)
+      : target_(std::move(target)), host_(std::move(host)), port_(port), options_(options),
+        subchannels_(options.connections) {}
+  ~ChannelCore();
+
+  absl::Status Init();
+  absl::StatusOr<std::shared_ptr<ClientConnection>> Pick(absl::Time deadline);
+  absl::Status ConnectAll(absl::Time deadline);
+  ChannelStats stats() const;
+  const std::string& target() const { return target_; }
+  const ChannelOptions& options() const { return options_; }
+
+  // ClientConnectionOwner.
+  StagingPool& staging() override { return *staging_; }
+  void DeadlineAdded(absl::Time deadline) override;
+  void CountLateResponse() override { late_.fetch_add(1, std::memory_order_relaxed); }
+  void ConnectionClosed(ClientConnection* connection, bool violation) override;
+  absl::Status CloseStatus(const std::string& peer, const absl::Status& why) override;
+
+ private:
+  // One of the channel's connections and its reconnection state.
+  struct Subchannel {
+    absl::Mutex mu;
+    std::shared_ptr<ClientConnection> current ABSL_GUARDED_BY(mu);
+    int failures ABSL_GUARDED_BY(mu) = 0;
+    absl::Time next_attempt ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+    absl::Duration backoff ABSL_GUARDED_BY(mu);
+    absl::Status last_error ABSL_GUARDED_BY(mu);
+  };
+
+  absl::StatusOr<std::shared_ptr<ClientConnection>> Get(Subchannel& sub, absl::Time deadline);
+  void TimerLoop();
+
+  const std::string target_;
+  const std::string host_;
+  const uint16_t port_;
+  const ChannelOptions options_;
+  std::shared_ptr<transport::Device> device_;
+  std::unique_ptr<StagingPool> staging_;
+  std::vector<std::unique_ptr<transport::Poller>> pollers_;
+  std::vector<Subchannel> subchannels_;
+  std::atomic<uint32_t> next_{0};
+  // Jitter for the reconnection backoff. Seeded per channel, so that clients restarted together
+  // do not retry in lockstep.
+  absl::Mutex random_mu_;
+  std::mt19937_64 random_ ABSL_GUARDED_BY(random_mu_){std::random_device{}()};
+
+  // Connections attached and not closed: what the timer scans, and what destruction waits for.
+  mutable absl::Mutex mu_;
+  std::vector<std::shared_ptr<ClientConnection>> live_ ABSL_GUARDED_BY(mu_);
+  bool destroying_ ABSL_GUARDED_BY(mu_) = false;
+
+  // The deadline timer: sleeps until wake_at_ (ns since the epoch; INT64_MAX: no deadline) or
+  // until a call with an earlier deadline starts.
+  absl::Mutex timer_mu_;
+  absl::CondVar timer_cv_;
+  bool timer_stop_ ABSL_GUARDED_BY(timer_mu_) = false;
+  std::atomic<int64_t> wake_at_{std::numeric_limits<int64_t>::max()};
+  std::thread timer_;
+
+  std::atomic<uint64_t> attempts_{0};
+  std::atomic<uint64_t> failures_{0};
+  std::atomic<uint64_t> lost_{0};
+  std::atomic<uint64_t> expired_{0};
+  std::atomic<uint64_t> late_{0};
+  std::atomic<uint64_t> violations_{0};
+};
+
+absl::Status ChannelCore::Init() {
+  absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options_.device);
+  if (!device.ok()) return device.status();
+  device_ = *std::move(device);
+  staging_ = std::make_unique<StagingPool>(*device_, options_.staging_bytes);
+  transport::PollerOptions poller_options;
+  poller_options.mode = options_.poll_mode;
+  for (int i = 0; i < options_.pollers; ++i) {
+    absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
+        transport::Poller::Create(*device_, poller_options);
+    if (!poller.ok()) return poller.status();
+    if (absl::Status s = (*poller)->Start(); !s.ok()) return s;
+    pollers_.push_back(*std::move(poller));
+  }
+  timer_ = std::thread([this] { TimerLoop(); });
+  return absl::OkStatus();
+}
+
+ChannelCore::~ChannelCore() {
+  if (timer_.joinable()) {
+    {
+      absl::MutexLock lock(&timer_mu_);
+      timer_stop_ = true;
+    }
+    timer_cv_.Signal();
+    timer_.join();
+  }
+  std::vector<std::shared_ptr<ClientConnection>> live;
+  {
+    absl::MutexLock lock(&mu_);
+    destroying_ = true;
+    live = live_;
+  }
+  for (auto& connection : live) connection->Close();
+  live.clear();
+  {
+    // Each OnClosed fails its calls (CANCELLED) and leaves live_; the poller drives it.
+    absl::MutexLock lock(&mu_);
+    auto closed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&closed), absl::Seconds(10));
+  }
+  for (Subchannel& sub : subchannels_) {
+    absl::MutexLock lock(&sub.mu);
+    sub.current.reset();
+  }
+  pollers_.clear();  // drains whatever is left
+}
+
+absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Pick(absl::Time deadline) {
+  const size_t n = subchannels_.size();
+  const size_t first = next_.fetch_add(1, std::memory_order_relaxed) % n;
+  // Prefer an open connection over a subchannel that would have to connect or is backing off.
+  for (size_t i = 0; i < n && n > 1; ++i) {
+    Subchannel& sub = subchannels_[(first + i) % n];
+    absl::MutexLock lock(&sub.mu);
+    if (sub.current != nullptr && sub.current->open()) return sub.current;
+  }
+  return Get(subchannels_[first], deadline);
+}
+
+absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& sub,
+                                                                    absl::Time deadline) {
+  absl::MutexLock lock(&sub.mu);
+  if (sub.current != nullptr && sub.current->open()) return sub.current;
+  absl::Time now = absl::Now();
+  if (now < sub.next_attempt) {
+    return absl::UnavailableError(absl::StrCat(
+        "not connected to ", target_, " (", sub.last_error.message(), "); next attempt in ",
+        absl::FormatDuration(absl::Ceil(sub.next_attempt - now, absl::Milliseconds(1)))));
+  }
+  const absl::Duration timeout = std::min(options_.connect_timeout, deadline - now);
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the deadline passed before a connection to ", target_, " was made"));
+  }
+  attempts_.fetch_add(1, std::memory_order_relaxed);
+  auto connection = std::make_shared<ClientConnection>(*this, options_.max_calls_per_connection);
+  transport::Poller& poller = *pollers_[(&sub - subchannels_.data()) % pollers_.size()];
+  absl::StatusOr<std::shared_ptr<transport::Connection>> made = transport::Connection::Connect(
+      *device_, poller, host_, port_, connection.get(), options_.connection, timeout);
+  if (!made.ok()) {
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    ++sub.failures;
+    sub.backoff = std::min(options_.reconnect_backoff_max,
+                           options_.reconnect_backoff_initial *
+                               static_cast<double>(uint64_t{1} << std::min(sub.failures - 1, 30)));
+    double jitter;
+    {
+      absl::MutexLock random_lock(&random_mu_);
+      jitter = std::uniform_real_distribution<double>(0.5, 1.0)(random_);
+    }
+    sub.next_attempt = absl::Now() + sub.backoff * jitter;
+    sub.last_error = made.status();
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to ", target_, ": ", made.status().message()));
+  }
+  connection->Attach(*std::move(made));
+  {
+    absl::MutexLock live_lock(&mu_);
+    if (!connection->closed()) live_.push_back(connection);
+  }
+  sub.failures = 0;
+  sub.backoff = absl::ZeroDuration();
+  sub.next_attempt = absl::InfinitePast();
+  sub.current = connection;
+  return connection;
+}
+
+absl::Status ChannelCore::ConnectAll(absl::Time deadline) {
+  absl::Status first;
+  for (Subchannel& sub : subchannels_) {
+    absl::StatusOr<std::shared_ptr<ClientConnection>> connection = Get(sub, deadline);
+    if (!connection.ok() && first.ok()) first = connection.status();
+  }
+  return first;
+}
+
+void ChannelCore::DeadlineAdded(absl::Time deadline) {
+  const int64_t at = absl::ToUnixNanos(deadline);
+  // The timer already wakes by then: nothing to do (the common case, one atomic load).
+  if (at >= wake_at_.load(std::memory_order_acquire)) return;
+  absl::MutexLock lock(&timer_mu_);
+  if (at < wake_at_.load(std::memory_order_relaxed)) {
+    wake_at_.store(at, std::memory_order_release);
+    timer_cv_.Signal();
+  }
+}
+
+void ChannelCore::TimerLoop() {
+  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  for (;;) {
+    {
+      absl::MutexLock lock(&timer_mu_);
+      for (;;) {
+        if (timer_stop_) return;
+        const int64_t at = wake_at_.load(std::memory_order_acquire);
+        if (at != kNever && absl::ToUnixNanos(absl::Now()) >= at) break;
+        if (at == kNever) {
+          timer_cv_.Wait(&timer_mu_);
+        } else {
+          timer_cv_.WaitWithDeadline(&timer_mu_, absl::FromUnixNanos(at));
+        }
+      }
+      // "Never" until this pass says otherwise: a call starting during the pass sees it, and
+      // lowers it (and signals) itself, so its deadline is not lost.
+      wake_at_.store(kNever, std::memory_order_release);
+    }
+    // Outside the timer lock: callbacks run here.
+    std::vector<std::shared_ptr<ClientConnection>> live;
+    {
+      absl::MutexLock lock(&mu_);
+      live = live_;
+    }
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    for (auto& connection : live) {
+      expired_.fetch_add(connection->Expire(now), std::memory_order_relaxed);
+      next = std::min(next, connection->NextDeadline());
+    }
+    if (next != absl::InfiniteFuture()) DeadlineAdded(next);
+  }
+}
+
+void ChannelCore::ConnectionClosed(ClientConnection* connection, bool violation) {
+  if (violation) violations_.fetch_add(1, std::memory_order_relaxed);
+  std::shared_ptr<ClientConnection> removed;  // released after the lock
+  absl::MutexLock lock(&mu_);
+  auto it = std::find_if(live_.begin(), live_.end(),
+                         [&](const auto& live) { return live.get() == connection; });
+  if (it == live_.end()) return;
+  removed = std::move(*it);
+  live_.erase(it);
+  if (!destroying_) lost_.fetch_add(1, std::memory_order_relaxed);
+}
+
+absl::Status ChannelCore::CloseStatus(const std::string& peer, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  if (destroying_) return absl::CancelledError("the channel was destroyed");
+  return absl::UnavailableError(
+      absl::StrCat("the connection to ", peer, " failed: ", why.message()));
+}
+
+ChannelStats ChannelCore::stats() const {
+  ChannelStats stats;
+  stats.connect_attempts = attempts_.load(std::memory_order_relaxed);
+  stats.connect_failures = failures_.load(std::memory_order_relaxed);
+  stats.connections_lost = lost_.load(std::memory_order_relaxed);
+  stats.deadlines_exceeded = expired_.load(std::memory_order_relaxed);
+  stats.late_responses = late_.load(std::memory_order_relaxed);
+  stats.protocol_violations = violations_.load(std::memory_order_relaxed);
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& connection : live_) stats.calls_in_flight += connection->calls_in_flight();
+  }
+  for (const Subchannel& sub : subchannels_) {
+    absl::MutexLock lock(&const_cast<Subchannel&>(sub).mu);
+    stats.backoff = std::max(stats.backoff, sub.backoff);
+  }
+  return stats;
+}
+
+}  // namespace internal
+}  // namespace zrpc
+
+namespace zrpc {
+
+absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view target,
+                                                             const ChannelOptions& options) {
+  std::string host;
+  uint16_t port = 0;
+  if (absl::Status s = internal::ParseTarget(target, &host, &port); !s.ok()) return s;
+  if (options.connections < 1 || options.connections > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("ChannelOptions::connections is ",
+                                                   options.connections,
+                                                   "; it must be in [1, 1024]"));
+  }
+  if (options.pollers < 1 || options.pollers > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ChannelOptions::pollers is ", options.pollers, "; it must be in [1, 64]"));
+  }
+  if (options.reconnect_backoff_initial <= absl::ZeroDuration() ||
+      options.reconnect_backoff_max < options.reconnect_backoff_initial) {
+    return absl::InvalidArgumentError(
+        "ChannelOptions: reconnect_backoff_initial must be positive and at most "
+        "reconnect_backoff_max");
+  }
+  if (options.connect_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");
+  }
+  auto core = std::make_unique<internal::ChannelCore>(std::string(target), std::move(host), port,
+                                                      options);
+  if (absl::Status s = core->Init(); !s.ok()) return s;
+  return std::unique_ptr<ClientChannel>(new ClientChannel(std::move(core)));
+}
+
+ClientChannel::ClientChannel(std::unique_ptr<internal::ChannelCore> core)
+    : core_(std::move(core)) {}
+ClientChannel::~ClientChannel() = default;
+
+absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallOptions& options) {
+  absl::StatusOr<std::shared_ptr<internal::ClientConnection>> connection =
+      core_->Pick(options.deadline);
+  if (!connection.ok()) return connection.status();
+  transport::Connection& c = (*connection)->connection();
+  if (size > internal::RpcConnection::MaxBody(c)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", size, "-byte request exceeds the ", internal::RpcConnection::MaxBody(c),
+        " bytes a message carries; large data belongs in a bulk payload"));
+  }
+  // A slot frees when an earlier message's send completes: wait for one, up to the deadline.
+  for (;;) {
+    absl::StatusOr<transport::SendBuffer> buffer = c.AcquireSendBuffer();
+    if (buffer.ok()) {
+      auto* ticket = new internal::SlotTicket{*std::move(connection), *buffer};
+      return SendSlot{internal::RpcConnection::Body(*buffer), size,
+                      reinterpret_cast<uintptr_t>(ticket)};
+    }
+    if (buffer.status().code() != absl::StatusCode::kResourceExhausted ||
+        absl::Now() >= options.deadline || !(*connection)->open()) {
+      return buffer.status();
+    }
+    std::this_thread::yield();
+  }
+}
+
+void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
+                                   OutgoingBulk request_bulk,
+                                   ::google::protobuf::MessageLite* response,
+                                   IncomingBulk* response_bulk, const CallOptions& options,
+                                   DoneCallback done) {
+  std::unique_ptr<internal::SlotTicket> ticket(
+      reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token)));
+  if (!request_bulk.empty() && !method.request_bulk) {
+    ticket->connection->connection().ReleaseSendBuffer(ticket->buffer);
+    request_bulk.Reset();
+    done(absl::InvalidArgumentError(absl::StrCat(
+        method.full_name, ": a request bulk payload for a method without request_bulk")));
+    return;
+  }
+  // The service id is a hash of the service's name: computed per call, it is a few dozen
+  // multiply-xors over a short string, cheaper than a map lookup.
+  const absl::string_view full_name(method.full_name);
+  const uint32_t service_id = ServiceId(full_name.substr(0, full_name.find('/')));
+  internal::ClientCall call;
+  call.method = &method;
+  call.response = response;
+  call.response_bulk = response_bulk;
+  call.done = std::move(done);
+  ticket->connection->Start(service_id, ticket->buffer, slot.size, std::move(request_bulk),
+                            std::move(call), options.deadline);
+}
+
+absl::Status ClientChannel::Connect(absl::Time deadline) { return core_->ConnectAll(deadline); }
+ChannelStats ClientChannel::stats() const { return core_->stats(); }
+const std::string& ClientChannel::target() const { return core_->target(); }
+
+}  // namespace zrpc

@@ -1,0 +1,113 @@
+// ClientChannel: calls a server's services over RDMA.
+//
+//   auto channel = zrpc::CreateChannel("198.18.0.1:7471", zrpc::ChannelOptions{});
+//   Greeter::Stub stub(channel->get());
+//   absl::Status s = stub.SayHello(request, &reply, zrpc::CallOptions::Timeout(absl::Seconds(1)));
+//
+// Connections. A channel keeps `connections` connections to its server (default 1), each on one
+// of its `pollers` poller threads, and spreads calls over them round robin; calls on one
+// connection are multiplexed by call id (call_table.h). Connections are made on demand: the
+// first call connects (on the caller's thread, bounded by connect_timeout and the call's
+// deadline), and a connection that fails fails its calls with UNAVAILABLE and is made again by
+// the next call. Reconnection backs off exponentially with jitter: after the n-th failed attempt
+// in a row, calls fail fast with UNAVAILABLE (quoting the last error) until a delay drawn
+// uniformly from [d/2, d] has passed, d = min(reconnect_backoff_max,
+// reconnect_backoff_initial * 2^(n-1)). So a client facing a dead server neither spins nor gives
+// up; stats() shows attempts, failures and the current delay.
+//
+// Deadlines. A call fails with DEADLINE_EXCEEDED at its deadline whether or not the server
+// answers: a timer thread per channel sleeps until the earliest deadline of any call in flight.
+// The server is told (a cancel message), and a response that arrives afterwards is dropped, its
+// receive slot and payload released at once (the call's id is stale: call_table.h).
+//
+// Threads. Any number of threads may call at once, blocking (the stub's plain methods) or
+// asynchronously (Async*: `done` runs once, on a poller thread or the timer thread; it must not
+// block or make a blocking call on this channel, which would wait for the thread it runs on).
+// The channel must outlive its calls' callbacks: destroying it fails the calls still in flight
+// with CANCELLED, runs their callbacks, and returns after the last one.
+#ifndef ZRPC_RPC_CHANNEL_H_
+#define ZRPC_RPC_CHANNEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "rpc/generated_api.h"
+#include "transport/connection.h"
+#include "transport/device_config.h"
+#include "transport/poller.h"
+
+namespace zrpc {
+
+namespace internal {
+class ChannelCore;
+}
+
+struct ChannelOptions {
+  // Connections to the server; calls are spread over them round robin.
+  int connections = 1;
+  // Poller threads; connections are spread over them.
+  int pollers = 1;
+  // kEvent sleeps when idle; kBusy spins a core per poller for the lowest latency.
+  transport::PollMode poll_mode = transport::PollMode::kEvent;
+  // Each connection's options (arena_size bounds the largest response payload it takes).
+  transport::ConnectionOptions connection;
+  // The device; unset: from the environment (ZRPC_RDMA_*), else the first active one.
+  std::optional<transport::DeviceConfig> device;
+  // One connection attempt, at most (the call's deadline may cut it shorter).
+  absl::Duration connect_timeout = absl::Seconds(3);
+  // Calls in flight per connection; more fail with RESOURCE_EXHAUSTED.
+  uint32_t max_calls_per_connection = 4096;
+  // Reconnection backoff (see the top of this file).
+  absl::Duration reconnect_backoff_initial = absl::Milliseconds(50);
+  absl::Duration reconnect_backoff_max = absl::Seconds(5);
+  // Registered memory for staging request payloads (rpc/staging.h).
+  size_t staging_bytes = size_t{64} << 20;
+};
+
+struct ChannelStats {
+  uint64_t connect_attempts = 0;
+  uint64_t connect_failures = 0;
+  uint64_t connections_lost = 0;    // open connections that failed later
+  uint64_t calls_in_flight = 0;
+  uint64_t deadlines_exceeded = 0;
+  uint64_t late_responses = 0;      // responses for calls that had ended, dropped
+  uint64_t protocol_violations = 0;  // connections closed because the server broke the protocol
+  absl::Duration backoff = absl::ZeroDuration();  // the current reconnection delay, if failing
+};
+
+class ClientChannel final : public Channel {
+ public:
+  ~ClientChannel() override;
+
+  absl::StatusOr<SendSlot> AcquireSendSlot(size_t size, const CallOptions& options) override;
+  void StartUnaryCall(const MethodInfo& method, SendSlot slot, OutgoingBulk request_bulk,
+                      ::google::protobuf::MessageLite* response, IncomingBulk* response_bulk,
+                      const CallOptions& options, DoneCallback done) override;
+
+  // Connects every connection now instead of on the first calls; the first error, if any.
+  absl::Status Connect(absl::Time deadline);
+  ChannelStats stats() const;
+  const std::string& target() const;
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(
+      absl::string_view target, const ChannelOptions& options);
+  explicit ClientChannel(std::unique_ptr<internal::ChannelCore> core);
+  std::unique_ptr<internal::ChannelCore> core_;
+};
+
+// A channel to `target`, "host:port" (an IPv6 address in brackets: "[fe80::1]:7471"). Checks
+// the target and options, opens the device and starts the threads; connects on the first call
+// (or Connect). kInvalidArgument for a malformed target or options.
+absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view target,
+                                                             const ChannelOptions& options);
+
+}  // namespace zrpc
+
+#endif  // ZRPC_RPC_CHANNEL_H_

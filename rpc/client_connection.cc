@@ -1,0 +1,140 @@
+#include "rpc/client_connection.h"
+
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/rpc_header.h"
+
+namespace zrpc::internal {
+
+void ClientConnection::Attach(std::shared_ptr<transport::Connection> connection) {
+  connection_ = std::move(connection);
+  absl::MutexLock lock(&self_mu_);
+  // A connection that closed at once (OnClosed ran on the poller already) must not keep itself.
+  if (!closed()) self_ = shared_from_this();
+}
+
+void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& buffer,
+                             size_t body_size, OutgoingBulk bulk, ClientCall call,
+                             absl::Time deadline) {
+  const absl::Time now = absl::Now();
+  auto fail = [&](absl::Status status) {
+    connection_->ReleaseSendBuffer(buffer);
+    bulk.Reset();  // before done: the caller may reuse the bytes once it runs
+    call.done(std::move(status));
+  };
+  if (deadline <= now) {
+    return fail(absl::DeadlineExceededError(
+        absl::StrCat(call.method->full_name, ": the deadline passed before the call was sent")));
+  }
+  const uint16_t method_index = static_cast<uint16_t>(call.method->index);
+  const char* method_name = call.method->full_name;
+  absl::StatusOr<uint64_t> id = calls_.Insert(std::move(call), deadline);
+  if (!id.ok()) {
+    return fail(absl::ResourceExhaustedError(
+        absl::StrCat(method_name, ": ", id.status().message(), " (max_calls_per_connection)")));
+  }
+  if (deadline != absl::InfiniteFuture()) owner_.DeadlineAdded(deadline);
+  const RpcHeader header =
+      RpcHeader::Request(service_id, method_index, *id, TimeoutToWire(deadline, now));
+  absl::Status sent = SendMessage(*connection_, buffer, header, body_size, std::move(bulk));
+  if (sent.ok()) return;
+  // Not sent: the call ends here, unless something else (its deadline, the connection closing)
+  // took it from the table first and ends it there.
+  if (std::optional<ClientCall> taken = calls_.Take(*id)) {
+    if (sent.code() == absl::StatusCode::kFailedPrecondition ||
+        sent.code() == absl::StatusCode::kCancelled) {
+      sent = absl::UnavailableError(sent.message());
+    }
+    taken->done(absl::Status(sent.code(), absl::StrCat(method_name, ": ", sent.message())));
+  }
+}
+
+int ClientConnection::Expire(absl::Time now) {
+  std::vector<TakenCall<ClientCall>> expired = calls_.TakeExpired(now);
+  for (TakenCall<ClientCall>& taken : expired) {
+    // Best effort: a server that never hears of it finishes the call and its answer is dropped.
+    static_cast<void>(SendHeaderOnly(*connection_, RpcHeader::Cancel(taken.id)));
+    taken.call.done(absl::DeadlineExceededError(
+        absl::StrCat(taken.call.method->full_name, ": deadline exceeded")));
+  }
+  return static_cast<int>(expired.size());
+}
+
+void ClientConnection::OnMessage(transport::Connection& connection,
+                                 const transport::ReceivedMessage& message) {
+  absl::StatusOr<IncomingMessage> incoming = Receive(connection, message);
+  if (!incoming.ok()) return;
+  const RpcKind kind = incoming->header.kind;
+  if (kind != RpcKind::kResponse && kind != RpcKind::kError) {
+    Discard(connection, *incoming);
+    return Violation(connection, absl::StrCat("a server sent message kind ",
+                                              static_cast<int>(kind),
+                                              "; a client takes responses and errors"));
+  }
+  std::optional<ClientCall> call = calls_.Take(incoming->header.call_id);
+  if (!call) {
+    // Its call already ended (deadline, failure) or never existed: give back what it holds now,
+    // so the server's later messages and payloads do not queue behind it.
+    owner_.CountLateResponse();
+    Discard(connection, *incoming);
+    return;
+  }
+  Complete(connection, *incoming, *call);
+}
+
+void ClientConnection::Complete(transport::Connection& connection, IncomingMessage& message,
+                                ClientCall& call) {
+  absl::Status status;
+  bool violation = false;
+  if (message.header.kind == RpcKind::kError) {
+    absl::Status decoded = DecodeErrorBody(message.header, message.body, &status);
+    if (!decoded.ok()) {
+      violation = true;
+      status = absl::InternalError(absl::StrCat("the server's error message is malformed: ",
+                                                decoded.message()));
+    }
+  } else if (message.bulk && !call.method->response_bulk) {
+    violation = true;
+    status = absl::InternalError(absl::StrCat(call.method->full_name,
+                                              ": the response carries a bulk payload the "
+                                              "method does not have"));
+  } else if (message.body.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+             !call.response->ParseFromArray(message.body.data(),
+                                            static_cast<int>(message.body.size()))) {
+    status = absl::InternalError(absl::StrCat(call.method->full_name,
+                                              ": malformed response: it does not parse as ",
+                                              call.response->GetTypeName()));
+  } else if (message.bulk) {
+    *call.response_bulk = ReceiveReleaser::Wrap(connection.shared_from_this(), *message.bulk);
+    message.bulk.reset();  // the caller's now
+  }
+  Discard(connection, message);
+  if (violation) Violation(connection, status.message());
+  call.done(std::move(status));
+}
+
+void ClientConnection::OnClosed(transport::Connection& connection, const absl::Status& why) {
+  {
+    absl::MutexLock lock(&self_mu_);
+    closed_.store(true, std::memory_order_release);
+  }
+  DropUnpairedBulk(connection);
+  const absl::Status status = owner_.CloseStatus(connection.peer_address(), why);
+  for (TakenCall<ClientCall>& taken : calls_.TakeAll()) {
+    taken.call.done(
+        absl::Status(status.code(), absl::StrCat(taken.call.method->full_name, ": ",
+                                                 status.message())));
+  }
+  std::shared_ptr<ClientConnection> self;  // may be the last reference: released on return
+  {
+    absl::MutexLock lock(&self_mu_);
+    self = std::move(self_);
+  }
+  owner_.ConnectionClosed(this, violations() > 0);
+}
+
+}  // namespace zrpc::internal

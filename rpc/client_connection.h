@@ -1,0 +1,96 @@
+// The client's side of one connection: its calls in flight (a CallTable), the requests it sends
+// and the responses it matches to them.
+//
+// A call's life:
+//   caller's thread: Channel::AcquireSendSlot picks a connection and a send slot; generated
+//     code serializes the request into it; StartUnaryCall -> Start: the call enters the table
+//     (id, deadline), the request goes out (payload staged and written first).
+//   poller thread: OnMessage -> Receive (header checked, payload paired) -> Take(id): the call,
+//     or nothing for a late response (dropped, its memory given back at once) -> response parsed
+//     in place into the caller's message, payload handed over as an IncomingBulk -> done.
+//   timer thread: Expire -> TakeExpired -> done(DEADLINE_EXCEEDED), and a cancel to the server.
+//   OnClosed: TakeAll -> done(UNAVAILABLE, or CANCELLED when the channel is being destroyed).
+// Every call leaves the table exactly once, so `done` runs exactly once whoever wins.
+#ifndef ZRPC_RPC_CLIENT_CONNECTION_H_
+#define ZRPC_RPC_CLIENT_CONNECTION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rpc/call_table.h"
+#include "rpc/generated_api.h"
+#include "rpc/rpc_connection.h"
+
+namespace zrpc::internal {
+
+class ClientConnection;
+
+// What a connection needs from its channel.
+class ClientConnectionOwner {
+ public:
+  virtual StagingPool& staging() = 0;
+  // A call with `deadline` entered a table: the timer may need to wake sooner.
+  virtual void DeadlineAdded(absl::Time deadline) = 0;
+  virtual void CountLateResponse() = 0;
+  // The connection closed (after failing its calls); `violation` when this side closed it
+  // because the server broke the protocol.
+  virtual void ConnectionClosed(ClientConnection* connection, bool violation) = 0;
+  // Why calls fail when their connection closes: UNAVAILABLE, or CANCELLED once the channel is
+  // being destroyed.
+  virtual absl::Status CloseStatus(const std::string& peer, const absl::Status& why) = 0;
+
+ protected:
+  ~ClientConnectionOwner() = default;
+};
+
+struct ClientCall {
+  const MethodInfo* method = nullptr;
+  ::google::protobuf::MessageLite* response = nullptr;
+  IncomingBulk* response_bulk = nullptr;
+  DoneCallback done;
+};
+
+class ClientConnection final : public RpcConnection,
+                               public std::enable_shared_from_this<ClientConnection> {
+ public:
+  ClientConnection(ClientConnectionOwner& owner, uint32_t max_calls)
+      : RpcConnection("client", owner.staging()), owner_(owner), calls_(max_calls) {}
+
+  // Takes the connection Connect made; the ClientConnection keeps itself alive until OnClosed.
+  void Attach(std::shared_ptr<transport::Connection> connection);
+  transport::Connection& connection() { return *connection_; }
+  bool open() const { return !closed() && connection_->open(); }
+  // OnClosed has begun: the calls are failing or failed.
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+
+  // Sends the request built in `buffer` (`body_size` bytes) for `call`; `done` runs once.
+  void Start(uint32_t service_id, const transport::SendBuffer& buffer, size_t body_size,
+             OutgoingBulk bulk, ClientCall call, absl::Time deadline);
+  // Fails the calls whose deadline has passed, and tells the server; returns how many.
+  int Expire(absl::Time now);
+  absl::Time NextDeadline() { return calls_.NextDeadline(); }
+  size_t calls_in_flight() const { return calls_.size(); }
+  void Close() { connection_->Close(); }
+
+  void OnMessage(transport::Connection& connection,
+                 const transport::ReceivedMessage& message) override;
+  void OnClosed(transport::Connection& connection, const absl::Status& why) override;
+
+ private:
+  void Complete(transport::Connection& connection, IncomingMessage& message, ClientCall& call);
+
+  ClientConnectionOwner& owner_;
+  CallTable<ClientCall> calls_;
+  std::shared_ptr<transport::Connection> connection_;
+  absl::Mutex self_mu_;
+  std::shared_ptr<ClientConnection> self_ ABSL_GUARDED_BY(self_mu_);  // until OnClosed
+  std::atomic<bool> closed_{false};
+};
+
+}  // namespace zrpc::internal
+
+#endif  // ZRPC_RPC_CLIENT_CONNECTION_H_

@@ -1,0 +1,121 @@
+// RpcConnection: what the client's and the server's connection handlers share: reading the RPC
+// header of each message, pairing bulk payloads with their messages, sending a message with its
+// payload, handing received payloads to users, and disconnecting a peer that breaks the protocol.
+//
+// Receiving (poller thread). OnBulk keeps the connection's one unpaired payload; Receive decodes
+// the next message's header (rpc_header.h) and claims that payload for it, by the pairing rules
+// of WIRE.md. A malformed header or a broken pairing is a protocol violation: the connection is
+// closed, the reason is logged with the peer's address, and every call on it fails through the
+// subclass's OnClosed. Nothing a peer sends is used before it is checked.
+//
+// Sending (any thread). SendMessage writes the RPC header in front of a body already in the send
+// buffer and, for a message with a payload, stages the payload into registered memory
+// (staging.h), releases the caller's bytes, and posts WRITE_WITH_IMM and SEND back to back under
+// the connection's send lock, so no other message of the connection comes between a payload and
+// its message (the receiver pairs them by order). The staging buffer is returned when the
+// transport reports the WRITE done or flushed (OnSendDone). Messages alone take the same lock:
+// it is what keeps every other message out of a pair, and it is uncontended when one thread
+// drives a connection.
+//
+// Received payloads given to users are IncomingBulk whose releaser is ReceiveReleaser: the token
+// is a small heap record holding the Connection (shared), so a payload released after the
+// connection failed, or after the handler went away, still finds its arena.
+#ifndef ZRPC_RPC_RPC_CONNECTION_H_
+#define ZRPC_RPC_RPC_CONNECTION_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "rpc/bulk.h"
+#include "rpc/rpc_header.h"
+#include "rpc/staging.h"
+#include "transport/connection.h"
+
+namespace zrpc::internal {
+
+// Gives received payloads back to their connection, from any thread. Stateless: one for the
+// process, so it outlives every IncomingBulk (bulk.h asks that of a releaser).
+class ReceiveReleaser final : public BulkReleaser {
+ public:
+  static ReceiveReleaser& Get();
+  // Wraps a payload received on `connection` for a user. An empty payload gives an empty bulk
+  // (and is released at once).
+  static IncomingBulk Wrap(std::shared_ptr<transport::Connection> connection,
+                           const transport::ReceivedBulk& bulk);
+  void ReleaseBulk(uint64_t token) override;
+};
+
+// A received message whose header has been checked, with its body and paired payload.
+struct IncomingMessage {
+  RpcHeader header;
+  absl::Span<const uint8_t> body;
+  uint64_t handle;                             // give back with Connection::Release
+  std::optional<transport::ReceivedBulk> bulk;  // exactly when header.has_bulk()
+};
+
+class RpcConnection : public transport::ConnectionHandler {
+ public:
+  // `side` names this end in logs ("client", "server"); `staging` must outlive the connection.
+  RpcConnection(const char* side, StagingPool& staging) : side_(side), staging_(staging) {}
+
+  void OnBulk(transport::Connection& connection, const transport::ReceivedBulk& bulk) override;
+  void OnSendDone(transport::Connection& connection, uint64_t token,
+                  const absl::Status& status) override;
+
+  // The RPC body of a send buffer starts after the header.
+  static uint8_t* Body(const transport::SendBuffer& buffer) {
+    return buffer.data + RpcHeader::kSize;
+  }
+  // Body bytes a message can carry on `connection`.
+  static size_t MaxBody(const transport::Connection& connection) {
+    return connection.max_message_size() - RpcHeader::kSize;
+  }
+
+  // Sends `header` and the `body_size` bytes already at Body(buffer) (taking the buffer), with
+  // `bulk` beside it (released here, on every path; its size goes into the header). Errors:
+  // kInvalidArgument for a payload larger than the peer's arena; kResourceExhausted when no
+  // staging memory is free; kUnavailable when the connection is closed or failing.
+  absl::Status SendMessage(transport::Connection& connection, const transport::SendBuffer& buffer,
+                           RpcHeader header, size_t body_size, OutgoingBulk bulk);
+
+  // A message with only a header (cancel) or an error with its status; takes a send buffer of
+  // its own. kResourceExhausted when none is free.
+  absl::Status SendHeaderOnly(transport::Connection& connection, const RpcHeader& header);
+  absl::Status SendError(transport::Connection& connection, uint64_t call_id,
+                         const absl::Status& status);
+
+  uint64_t violations() const { return violations_.load(std::memory_order_relaxed); }
+
+ protected:
+  // Decodes `message` and pairs its payload; on a protocol violation closes the connection and
+  // returns the reason (the message and any unpaired payload are given back).
+  absl::StatusOr<IncomingMessage> Receive(transport::Connection& connection,
+                                          const transport::ReceivedMessage& message);
+  // Closes the connection for breaking the protocol, logging why.
+  void Violation(transport::Connection& connection, absl::string_view what);
+  // Gives back what arrived with a message nobody will use.
+  static void Discard(transport::Connection& connection, const IncomingMessage& message);
+  // Gives back a payload still waiting for its message (on close).
+  void DropUnpairedBulk(transport::Connection& connection);
+
+ private:
+  const char* side_;
+  StagingPool& staging_;
+  // The payload waiting for its message; only the poller thread touches it.
+  std::optional<transport::ReceivedBulk> unpaired_;
+  absl::Mutex send_mu_;
+  std::atomic<uint64_t> violations_{0};
+};
+
+}  // namespace zrpc::internal
+
+#endif  // ZRPC_RPC_RPC_CONNECTION_H_

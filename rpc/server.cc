@@ -1,0 +1,233 @@
+#include "rpc/server.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "rpc/rpc_header.h"
+#include "rpc/server_core.h"
+#include "rpc/shared_device.h"
+
+namespace zrpc {
+namespace internal {
+
+absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptions& options) {
+  if (options.pollers < 1 || options.pollers > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ServerOptions::pollers is ", options.pollers, "; it must be in [1, 64]"));
+  }
+  if (options.handler_threads < 1 || options.handler_threads > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("ServerOptions::handler_threads is ",
+                                                   options.handler_threads,
+                                                   "; it must be in [1, 1024]"));
+  }
+  std::unique_ptr<ServerCore> core(new ServerCore(options));
+  absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options.device);
+  if (!device.ok()) return device.status();
+  core->device_ = *std::move(device);
+  core->staging_ = std::make_unique<StagingPool>(*core->device_, options.staging_bytes);
+  transport::PollerOptions poller_options;
+  poller_options.mode = options.poll_mode;
+  for (int i = 0; i < options.pollers; ++i) {
+    absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
+        transport::Poller::Create(*core->device_, poller_options);
+    if (!poller.ok()) return poller.status();
+    if (absl::Status s = (*poller)->Start(); !s.ok()) return s;
+    core->pollers_.push_back(*std::move(poller));
+  }
+  core->pool_ = std::make_unique<HandlerPool>(options.handler_threads);
+  return core;
+}
+
+ServerCore::~ServerCore() { Shutdown(absl::ZeroDuration()); }
+
+absl::Status ServerCore::AddService(Service* service) {
+  if (started_ || shut_down_) {
+    return absl::FailedPreconditionError("AddService must come before Start");
+  }
+  const ServiceInfo& info = service->service_info();
+  const uint32_t id = ServiceId(info.full_name);
+  if (id == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(info.full_name, " hashes to service id 0, which the wire reserves"));
+  }
+  if (auto it = services_.find(id); it != services_.end()) {
+    const char* other = it->second.service->service_info().full_name;
+    return absl::AlreadyExistsError(
+        absl::string_view(other) == info.full_name
+            ? absl::StrCat(info.full_name, " is already served")
+            : absl::StrFormat("%s and %s have the same service id 0x%08x (FNV-1a of the full "
+                              "name); rename one",
+                              info.full_name, other, id));
+  }
+  services_.emplace(id, ServiceEntry{service, std::vector<bool>(info.method_count,
+                                                                options_.inline_by_default)});
+  return absl::OkStatus();
+}
+
+absl::Status ServerCore::SetInline(absl::string_view method, bool inline_handler) {
+  if (started_ || shut_down_) {
+    return absl::FailedPreconditionError("SetInline must come before Start");
+  }
+  for (auto& [id, entry] : services_) {
+    const ServiceInfo& info = entry.service->service_info();
+    for (int i = 0; i < info.method_count; ++i) {
+      if (method == info.methods[i].full_name) {
+        entry.inline_methods[i] = inline_handler;
+        return absl::OkStatus();
+      }
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no method \"", method, "\" in the services added so far (a method is named "
+      "\"package.Service/Method\")"));
+}
+
+absl::Status ServerCore::Start() {
+  if (started_ || shut_down_) {
+    return absl::FailedPreconditionError(shut_down_ ? "the server was shut down"
+                                                    : "the server already started");
+  }
+  absl::StatusOr<std::unique_ptr<transport::Listener>> listener = transport::Listener::Create(
+      *device_, options_.address, options_.port, this, options_.listener);
+  if (!listener.ok()) return listener.status();
+  listener_ = *std::move(listener);
+  port_ = listener_->port();
+  started_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<transport::Placement> ServerCore::Place(const std::string&) {
+  if (draining()) return absl::UnavailableError("the server is shutting down");
+  auto connection = std::make_shared<ServerConnection>(*this);
+  transport::Poller* poller =
+      pollers_[next_poller_.fetch_add(1, std::memory_order_relaxed) % pollers_.size()].get();
+  absl::MutexLock lock(&mu_);
+  ServerConnection* handler = connection.get();
+  connections_.emplace(handler, std::move(connection));
+  return transport::Placement{poller, handler};
+}
+
+void ServerCore::OnAccepted(std::shared_ptr<transport::Connection> connection) {
+  accepted_.fetch_add(1, std::memory_order_relaxed);
+  auto* handler = static_cast<ServerConnection*>(connection->handler());
+  std::shared_ptr<ServerConnection> owner;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = connections_.find(handler);
+    if (it == connections_.end()) return;  // closed already (OnClosed came first)
+    owner = it->second;
+  }
+  owner->Attach(std::move(connection));
+}
+
+void ServerCore::OnRefused(const std::string&, transport::ConnectionHandler* placed,
+                           const absl::Status&) {
+  if (placed == nullptr) return;
+  std::shared_ptr<ServerConnection> dropped;
+  absl::MutexLock lock(&mu_);
+  auto it = connections_.find(static_cast<ServerConnection*>(placed));
+  if (it == connections_.end()) return;
+  dropped = std::move(it->second);
+  connections_.erase(it);
+}
+
+void ServerCore::ConnectionClosed(ServerConnection* connection) {
+  std::shared_ptr<ServerConnection> closed;
+  absl::MutexLock lock(&mu_);
+  auto it = connections_.find(connection);
+  if (it == connections_.end()) return;
+  closed = std::move(it->second);
+  connections_.erase(it);
+  // `closed` is released after the lock; its calls, if any, still hold it.
+}
+
+void ServerCore::CallStarted() {
+  calls_alive_.fetch_add(1, std::memory_order_relaxed);
+  calls_started_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void ServerCore::CallDone() {
+  if (calls_alive_.fetch_sub(1, std::memory_order_acq_rel) == 1 && draining()) {
+    absl::MutexLock lock(&mu_);  // wakes Shutdown, which waits on mu_ for calls_alive_ == 0
+  }
+}
+
+void ServerCore::Shutdown(absl::Duration grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  draining_.store(true, std::memory_order_release);
+  listener_.reset();  // no new connections; unfinished handshakes are dropped
+
+  auto no_calls = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return calls_alive_.load(std::memory_order_acquire) == 0;
+  };
+  std::vector<std::shared_ptr<ServerConnection>> open;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&no_calls), grace);
+    for (auto& [handler, connection] : connections_) open.push_back(connection);
+  }
+  const absl::Status unavailable =
+      absl::UnavailableError("the server shut down before the call finished");
+  for (auto& connection : open) connection->AnswerAll(unavailable);
+  for (auto& connection : open) connection->Close();
+  open.clear();
+  {
+    // Handlers still running hold their connections; each returns and finishes (its answer
+    // discarded). Nothing can be taken back from a handler that never returns: wait for it.
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&no_calls));
+    // Every connection's OnClosed comes from its poller; drained connections leave the map.
+    auto all_closed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return connections_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&all_closed), absl::Seconds(5));
+  }
+  pool_->Shutdown();
+  // Destroying a poller closes and drains what is still registered on it.
+  pollers_.clear();
+  absl::MutexLock lock(&mu_);
+  connections_.clear();
+}
+
+uint16_t ServerCore::port() const { return port_; }
+
+std::string ServerCore::address() const {
+  return options_.address.empty() ? device_->selection().addr : options_.address;
+}
+
+ServerStats ServerCore::stats() const {
+  ServerStats stats;
+  stats.connections_accepted = accepted_.load(std::memory_order_relaxed);
+  {
+    absl::MutexLock lock(&mu_);
+    stats.connections_open = connections_.size();
+  }
+  stats.calls_started = calls_started_.load(std::memory_order_relaxed);
+  stats.calls_in_flight = calls_alive_.load(std::memory_order_relaxed);
+  stats.unimplemented = unimplemented_.load(std::memory_order_relaxed);
+  stats.protocol_violations = closed_violations_.load(std::memory_order_relaxed);
+  stats.cancels_received = cancels_.load(std::memory_order_relaxed);
+  return stats;
+}
+
+}  // namespace internal
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
+  absl::StatusOr<std::unique_ptr<internal::ServerCore>> core = internal::ServerCore::Create(options);
+  if (!core.ok()) return core.status();
+  return std::unique_ptr<Server>(new Server(*std::move(core)));
+}
+
+Server::Server(std::unique_ptr<internal::ServerCore> core) : core_(std::move(core)) {}
+Server::~Server() = default;
+absl::Status Server::AddService(Service* service) { return core_->AddService(service); }
+absl::Status Server::SetInline(absl::string_view method, bool inline_handler) {
+  return core_->SetInline(method, inline_handler);
+}
+absl::Status Server::Start() { return core_->Start(); }
+void Server::Shutdown(absl::Duration grace) { core_->Shutdown(grace); }
+uint16_t Server::port() const { return core_->port(); }
+std::string Server::address() const { return core_->address(); }
+ServerStats Server::stats() const { return core_->stats(); }
+
+}  // namespace zrpc

@@ -1,0 +1,114 @@
+// Server: serves generated services over RDMA.
+//
+//   MyGreeter impl;                                    // derives from Greeter::Service
+//   auto server = zrpc::Server::Create(zrpc::ServerOptions{});
+//   (*server)->AddService(&impl);
+//   (*server)->Start();                                // (*server)->port() says where
+//   ...
+//   (*server)->Shutdown(absl::Seconds(5));
+//
+// What it does. Start listens on the address and port of ServerOptions and accepts connections
+// on the transport's listener thread (transport/listener.h: bounded handshakes, admission
+// limits). Each connection is placed on one of `pollers` poller threads, round robin. A request
+// is dispatched by its service id (a hash of the service's full name, WIRE.md) and method index,
+// an array lookup after one hash-map probe, never by name; an unknown service or method is
+// answered UNIMPLEMENTED. Handlers run on the handler pool by default, or inline on the poller
+// thread for methods that opt in (SetInline): THREADING.md has the model.
+//
+// Shutdown(grace), in order: stop accepting; answer new requests UNAVAILABLE; wait until the
+// calls in flight finish or `grace` passes; answer the calls still running UNAVAILABLE and mark
+// them cancelled (ServerContext::IsCancelled), so their handlers can stop early (what they
+// answer later is discarded); close every connection; wait for the handlers still running to
+// return (a handler that never returns blocks Shutdown: the server cannot take a thread back);
+// stop the threads. After Shutdown returns no handler runs and nothing is left registered.
+// The destructor shuts down with no grace if Shutdown was not called.
+//
+// Threads: AddService, SetInline and Start before serving, from one thread; Shutdown from any
+// thread but a handler's; the accessors from any thread.
+#ifndef ZRPC_RPC_SERVER_H_
+#define ZRPC_RPC_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "rpc/generated_api.h"
+#include "transport/device_config.h"
+#include "transport/listener.h"
+#include "transport/poller.h"
+
+namespace zrpc {
+
+namespace internal {
+class ServerCore;
+}
+
+struct ServerOptions {
+  // Where to listen: an address of the RDMA device (empty: the device's own address) and a port
+  // (0: any free one; port() says which).
+  std::string address;
+  uint16_t port = 0;
+  // The device; unset: from the environment (ZRPC_RDMA_*), else the first active one.
+  std::optional<transport::DeviceConfig> device;
+  // Poller threads; connections are spread over them.
+  int pollers = 1;
+  // kEvent sleeps when idle; kBusy spins a core per poller for the lowest latency.
+  transport::PollMode poll_mode = transport::PollMode::kEvent;
+  // Threads of the handler pool (methods not marked inline run there).
+  int handler_threads = 4;
+  // Run every method inline on the poller thread unless overridden (SetInline).
+  bool inline_by_default = false;
+  // Accepting: handshake deadline, admission limits, and every connection's options (its
+  // arena_size bounds the largest request payload a client can send).
+  transport::ListenerOptions listener;
+  // Registered memory for staging response payloads (rpc/staging.h).
+  size_t staging_bytes = size_t{64} << 20;
+};
+
+struct ServerStats {
+  uint64_t connections_accepted = 0;
+  uint64_t connections_open = 0;
+  uint64_t calls_started = 0;
+  uint64_t calls_in_flight = 0;
+  uint64_t unimplemented = 0;       // requests for a service or method this server lacks
+  uint64_t protocol_violations = 0;  // connections closed for breaking the protocol
+  uint64_t cancels_received = 0;
+};
+
+class Server {
+ public:
+  // Opens the device and starts the pollers and the handler pool; not yet listening.
+  static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Serves `service` (not owned; must outlive the server). Before Start. kAlreadyExists when a
+  // service with the same full name or the same id (a hash collision) is already served.
+  absl::Status AddService(Service* service);
+  // Runs `method` ("package.Service/Method", of a service already added) inline on the poller
+  // thread (true) or on the handler pool (false). Before Start. kNotFound for an unknown method.
+  absl::Status SetInline(absl::string_view method, bool inline_handler);
+  // Starts listening. kFailedPrecondition when called twice or after Shutdown.
+  absl::Status Start();
+  // See the top of this file.
+  void Shutdown(absl::Duration grace);
+
+  // The port it listens on (after Start), and the address.
+  uint16_t port() const;
+  std::string address() const;
+  ServerStats stats() const;
+
+ private:
+  explicit Server(std::unique_ptr<internal::ServerCore> core);
+  std::unique_ptr<internal::ServerCore> core_;
+};
+
+}  // namespace zrpc
+
+#endif  // ZRPC_RPC_SERVER_H_

@@ -1,0 +1,223 @@
+#include "rpc/server_connection.h"
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "rpc/server_core.h"
+
+namespace zrpc::internal {
+
+ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
+                               std::shared_ptr<transport::Connection> connection,
+                               Service* service, const MethodInfo& method,
+                               const IncomingMessage& request, absl::Time now)
+    : owner_(std::move(owner)),
+      connection_(std::move(connection)),
+      service_(service),
+      method_(method),
+      request_(request) {
+  context_.deadline = DeadlineFromWire(request.header.timeout_us, now);
+}
+
+IncomingBulk ServerCallImpl::TakeRequestBulk() {
+  if (!request_.bulk) return IncomingBulk();
+  transport::ReceivedBulk bulk = *std::exchange(request_.bulk, std::nullopt);
+  return ReceiveReleaser::Wrap(connection_, bulk);
+}
+
+absl::StatusOr<SendSlot> ServerCallImpl::AcquireResponseSlot(size_t size) {
+  if (size > RpcConnection::MaxBody(*connection_)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        method_.full_name, ": a ", size, "-byte response exceeds the ",
+        RpcConnection::MaxBody(*connection_),
+        " bytes a message carries; large data belongs in a bulk payload"));
+  }
+  if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
+  absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
+  if (!buffer.ok()) return buffer.status();
+  response_buffer_ = *buffer;
+  return SendSlot{RpcConnection::Body(*buffer), size, buffer->slot};
+}
+
+void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) {
+  if (!answered_.exchange(true, std::memory_order_acq_rel)) {
+    SendResponse(std::move(status), response, std::move(response_bulk));
+  } else {
+    response_bulk.Reset();  // answered already (Shutdown): this answer is discarded
+  }
+  if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
+  static_cast<void>(connection_->Release(request_.handle));
+  if (request_.bulk) static_cast<void>(connection_->Release(request_.bulk->handle));
+  owner_->Forget(call_id());
+  ServerCore& core = owner_->core();
+  delete this;
+  core.CallDone();
+}
+
+void ServerCallImpl::SendResponse(absl::Status status, SendSlot* response,
+                                  OutgoingBulk response_bulk) {
+  if (status.ok() && (response == nullptr || !response_buffer_)) {
+    status = absl::InternalError(absl::StrCat(method_.full_name,
+                                              ": finished OK without a response slot"));
+  }
+  if (status.ok() && !response_bulk.empty() && !method_.response_bulk) {
+    status = absl::InternalError(absl::StrCat(
+        method_.full_name, ": the handler set a response payload, but the method is not "
+                           "marked response_bulk"));
+  }
+  if (status.ok()) {
+    const transport::SendBuffer buffer = *std::exchange(response_buffer_, {});
+    status = owner_->SendMessage(*connection_, buffer, RpcHeader::Response(call_id()),
+                                 response->size, std::move(response_bulk));
+    if (status.ok() || !connection_->open()) return;
+    // The response could not go (its payload is larger than the client's arena, or no staging
+    // memory): the client hears why instead of waiting for its deadline.
+  }
+  response_bulk.Reset();
+  if (absl::Status sent = owner_->SendError(*connection_, call_id(), status);
+      !sent.ok() && connection_->open()) {
+    // No send slot for the error: the client would wait for its deadline without a word. Fail
+    // its connection instead, which fails its calls at once.
+    std::fprintf(stderr, "zrpc server: cannot answer call %llu from %s (%s); closing\n",
+                 static_cast<unsigned long long>(call_id()),
+                 connection_->peer_address().c_str(), sent.ToString().c_str());
+    connection_->Close();
+  }
+}
+
+bool ServerCallImpl::AnswerFor(const absl::Status& status) {
+  context_.Cancel();
+  if (answered_.exchange(true, std::memory_order_acq_rel)) return false;
+  if (!owner_->SendError(*connection_, call_id(), status).ok()) connection_->Close();
+  return true;
+}
+
+ServerConnection::ServerConnection(ServerCore& core) : RpcConnection("server", core.staging()),
+                                                       core_(core) {}
+
+void ServerConnection::Attach(std::shared_ptr<transport::Connection> connection) {
+  absl::MutexLock lock(&mu_);
+  if (connection_ == nullptr) connection_ = std::move(connection);
+}
+
+void ServerConnection::OnMessage(transport::Connection& connection,
+                                 const transport::ReceivedMessage& message) {
+  absl::StatusOr<IncomingMessage> incoming = Receive(connection, message);
+  if (!incoming.ok()) return;
+  switch (incoming->header.kind) {
+    case RpcKind::kRequest:
+      HandleRequest(connection, *incoming);
+      return;
+    case RpcKind::kCancel:
+      HandleCancel(connection, *incoming);
+      return;
+    default:
+      Discard(connection, *incoming);
+      Violation(connection, absl::StrCat("a client sent message kind ",
+                                         static_cast<int>(incoming->header.kind),
+                                         "; a server takes requests and cancels"));
+  }
+}
+
+void ServerConnection::HandleRequest(transport::Connection& connection,
+                                     const IncomingMessage& request) {
+  const RpcHeader& header = request.header;
+  auto answer_error = [&](const absl::Status& status) {
+    Discard(connection, request);
+    if (!SendError(connection, header.call_id, status).ok()) connection.Close();
+  };
+  if (core_.draining()) {
+    return answer_error(absl::UnavailableError("the server is shutting down"));
+  }
+  const ServerCore::ServiceEntry* entry = core_.FindService(header.service_id);
+  if (entry == nullptr) {
+    core_.CountUnimplemented();
+    return answer_error(absl::UnimplementedError(absl::StrFormat(
+        "this server has no service with id 0x%08x (the FNV-1a hash of the service's full "
+        "name): the client and server were built from different .proto files",
+        header.service_id)));
+  }
+  const ServiceInfo& info = entry->service->service_info();
+  if (header.method_index >= info.method_count) {
+    core_.CountUnimplemented();
+    return answer_error(absl::UnimplementedError(
+        absl::StrCat(info.full_name, " has no method with index ", header.method_index,
+                     " on this server (it has ", info.method_count, ")")));
+  }
+  const MethodInfo& method = info.methods[header.method_index];
+  if (header.has_bulk() && !method.request_bulk) {
+    Discard(connection, request);
+    return Violation(connection, absl::StrCat("call ", header.call_id, " to ", method.full_name,
+                                              " carries a bulk payload the method does not take"));
+  }
+  ServerCallImpl* call = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!calls_.contains(header.call_id)) {
+      call = new ServerCallImpl(shared_from_this(), connection.shared_from_this(),
+                                entry->service, method, request, absl::Now());
+      calls_.emplace(header.call_id, call);
+    }
+  }
+  if (call == nullptr) {
+    // Answering either call would complete both on the client: refuse the peer.
+    Discard(connection, request);
+    return Violation(connection, absl::StrCat("call id ", header.call_id,
+                                              " is already in flight on this connection"));
+  }
+  core_.CallStarted();
+  if (entry->inline_methods[method.index]) {
+    call->Run();
+  } else {
+    core_.pool().Submit(call);
+  }
+}
+
+void ServerConnection::HandleCancel(transport::Connection& connection,
+                                    const IncomingMessage& cancel) {
+  Discard(connection, cancel);
+  core_.CountCancel();
+  absl::MutexLock lock(&mu_);
+  auto it = calls_.find(cancel.header.call_id);
+  // Not found: the call finished while the cancel travelled. Nothing to do.
+  if (it != calls_.end()) it->second->context().Cancel();
+}
+
+void ServerConnection::Forget(uint64_t call_id) {
+  absl::MutexLock lock(&mu_);
+  calls_.erase(call_id);
+}
+
+void ServerConnection::Close() {
+  std::shared_ptr<transport::Connection> connection;
+  {
+    absl::MutexLock lock(&mu_);
+    connection = connection_;
+  }
+  if (connection != nullptr) connection->Close();
+}
+
+int ServerConnection::AnswerAll(const absl::Status& status) {
+  // Under the lock: a call's Finish forgets its id (under the same lock) before it frees itself,
+  // so every call seen here is alive until the lock is dropped.
+  absl::MutexLock lock(&mu_);
+  int answered = 0;
+  for (auto& [id, call] : calls_) answered += call->AnswerFor(status) ? 1 : 0;
+  return answered;
+}
+
+void ServerConnection::OnClosed(transport::Connection& connection, const absl::Status&) {
+  DropUnpairedBulk(connection);
+  {
+    absl::MutexLock lock(&mu_);
+    // The client is gone: its calls are no longer wanted. Their handlers still Finish them,
+    // which gives their memory back (sends fail quietly on a closed connection).
+    for (auto& [id, call] : calls_) call->context().Cancel();
+  }
+  if (violations() > 0) core_.CountViolation();
+  core_.ConnectionClosed(this);  // may destroy `this`: nothing after it
+}
+
+}  // namespace zrpc::internal

@@ -1,0 +1,107 @@
+// The server's side of one connection (ServerConnection) and of one call on it (ServerCallImpl).
+//
+// A request's life (THREADING.md has the threads):
+//   poller thread: OnMessage -> Receive (header checked, payload paired) -> service and method
+//     looked up (UNIMPLEMENTED answered here) -> a ServerCallImpl, registered by call id ->
+//     Run inline, or queued to the handler pool.
+//   handler: Service::Dispatch -> generated code parses the request in place, runs the user's
+//     handler, serializes the response into a registered slot -> Finish.
+//   Finish (any thread): sends the response (payload staged and written first) or the error,
+//     gives back the request's receive slot and payload, forgets the call id, and frees the call.
+//
+// Races a call can lose, each settled by one atomic exchange on `answered_`: the handler's Finish
+// against the runtime answering for it (Shutdown past its grace). The loser's response is
+// discarded, never sent twice. A cancel from the client or the connection's failure only marks
+// the call's context cancelled: the handler still owns the call and must still Finish it, and the
+// request's memory stays valid until it does.
+#ifndef ZRPC_RPC_SERVER_CONNECTION_H_
+#define ZRPC_RPC_SERVER_CONNECTION_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rpc/generated_api.h"
+#include "rpc/handler_pool.h"
+#include "rpc/rpc_connection.h"
+
+namespace zrpc::internal {
+
+class ServerCore;
+class ServerConnection;
+
+class ServerCallImpl final : public ServerCall, public PoolTask {
+ public:
+  ServerCallImpl(std::shared_ptr<ServerConnection> owner,
+                 std::shared_ptr<transport::Connection> connection, Service* service,
+                 const MethodInfo& method, const IncomingMessage& request, absl::Time now);
+
+  ServerContext& context() override { return context_; }
+  const uint8_t* request_data() const override { return request_.body.data(); }
+  size_t request_size() const override { return request_.body.size(); }
+  IncomingBulk TakeRequestBulk() override;
+  absl::StatusOr<SendSlot> AcquireResponseSlot(size_t size) override;
+  void Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) override;
+
+  // PoolTask: runs the handler.
+  void Run() override { service_->Dispatch(method_.index, this); }
+
+  // The runtime answers for the handler (Shutdown past its grace); false when it had already
+  // answered. The call stays the handler's until its Finish.
+  bool AnswerFor(const absl::Status& status);
+  uint64_t call_id() const { return request_.header.call_id; }
+
+ private:
+  ~ServerCallImpl() override = default;
+  void SendResponse(absl::Status status, SendSlot* response, OutgoingBulk response_bulk);
+
+  std::shared_ptr<ServerConnection> owner_;
+  std::shared_ptr<transport::Connection> connection_;
+  Service* service_;
+  const MethodInfo& method_;
+  IncomingMessage request_;
+  ServerContext context_;
+  std::optional<transport::SendBuffer> response_buffer_;
+  std::atomic<bool> answered_{false};
+};
+
+class ServerConnection final : public RpcConnection,
+                               public std::enable_shared_from_this<ServerConnection> {
+ public:
+  explicit ServerConnection(ServerCore& core);
+
+  void OnMessage(transport::Connection& connection,
+                 const transport::ReceivedMessage& message) override;
+  void OnClosed(transport::Connection& connection, const absl::Status& why) override;
+
+  // Remembers the connection once accepted (messages may come first: they carry it too).
+  void Attach(std::shared_ptr<transport::Connection> connection);
+  // Closes the connection (Shutdown); OnClosed follows.
+  void Close();
+  // Shutdown past its grace: answers every call still running with `status` and marks it
+  // cancelled. Returns how many it answered.
+  int AnswerAll(const absl::Status& status);
+  // A call finished: forget its id.
+  void Forget(uint64_t call_id);
+
+  ServerCore& core() { return core_; }
+
+ private:
+  void HandleRequest(transport::Connection& connection, const IncomingMessage& request);
+  void HandleCancel(transport::Connection& connection, const IncomingMessage& cancel);
+
+  ServerCore& core_;
+  absl::Mutex mu_;
+  std::shared_ptr<transport::Connection> connection_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, ServerCallImpl*> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zrpc::internal
+
+#endif  // ZRPC_RPC_SERVER_CONNECTION_H_

@@ -1,0 +1,103 @@
+// ServerCore: the state behind zrpc::Server (server.h), shared with its connections and calls.
+// Owns, in creation order: the device (shared with other servers and channels of the process),
+// the staging pool, the pollers, the handler pool, the listener (destroyed in reverse).
+#ifndef ZRPC_RPC_SERVER_CORE_H_
+#define ZRPC_RPC_SERVER_CORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "rpc/generated_api.h"
+#include "rpc/handler_pool.h"
+#include "rpc/server.h"
+#include "rpc/server_connection.h"
+#include "rpc/staging.h"
+#include "transport/device.h"
+#include "transport/listener.h"
+#include "transport/poller.h"
+
+namespace zrpc::internal {
+
+class ServerCore final : public transport::AcceptHandler {
+ public:
+  // A service as dispatch sees it: the object, and per method whether it runs inline.
+  struct ServiceEntry {
+    Service* service;
+    std::vector<bool> inline_methods;
+  };
+
+  static absl::StatusOr<std::unique_ptr<ServerCore>> Create(const ServerOptions& options);
+  ~ServerCore() override;
+
+  absl::Status AddService(Service* service);
+  absl::Status SetInline(absl::string_view method, bool inline_handler);
+  absl::Status Start();
+  void Shutdown(absl::Duration grace);
+  uint16_t port() const;
+  std::string address() const;
+  ServerStats stats() const;
+
+  // transport::AcceptHandler (listener thread).
+  absl::StatusOr<transport::Placement> Place(const std::string& peer) override;
+  void OnAccepted(std::shared_ptr<transport::Connection> connection) override;
+  void OnRefused(const std::string& peer, transport::ConnectionHandler* placed,
+                 const absl::Status& why) override;
+
+  // For connections and calls.
+  // The service with `id`; null when none. Immutable once serving, so no lock.
+  const ServiceEntry* FindService(uint32_t id) const {
+    auto it = services_.find(id);
+    return it == services_.end() ? nullptr : &it->second;
+  }
+  // Not serving new calls any more (Shutdown has begun).
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
+  void CallStarted();
+  void CallDone();
+  void ConnectionClosed(ServerConnection* connection);
+  HandlerPool& pool() { return *pool_; }
+  StagingPool& staging() { return *staging_; }
+  void CountUnimplemented() { unimplemented_.fetch_add(1, std::memory_order_relaxed); }
+  void CountCancel() { cancels_.fetch_add(1, std::memory_order_relaxed); }
+  void CountViolation() { closed_violations_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  explicit ServerCore(const ServerOptions& options) : options_(options) {}
+
+  const ServerOptions options_;
+  std::shared_ptr<transport::Device> device_;
+  std::unique_ptr<StagingPool> staging_;
+  std::vector<std::unique_ptr<transport::Poller>> pollers_;
+  std::unique_ptr<HandlerPool> pool_;
+  std::unique_ptr<transport::Listener> listener_;
+
+  absl::flat_hash_map<uint32_t, ServiceEntry> services_;
+  bool started_ = false;
+  uint16_t port_ = 0;
+  std::atomic<bool> draining_{false};
+  bool shut_down_ = false;
+  std::atomic<uint32_t> next_poller_{0};
+
+  // Every connection placed and not yet closed, owned here until OnClosed (or a refusal).
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<ServerConnection*, std::shared_ptr<ServerConnection>> connections_
+      ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> calls_alive_{0};
+
+  std::atomic<uint64_t> accepted_{0};
+  std::atomic<uint64_t> calls_started_{0};
+  std::atomic<uint64_t> unimplemented_{0};
+  std::atomic<uint64_t> cancels_{0};
+  std::atomic<uint64_t> closed_violations_{0};
+};
+
+}  // namespace zrpc::internal
+
+#endif  // ZRPC_RPC_SERVER_CORE_H_

@@ -1,0 +1,641 @@
+// The RPC runtime end to end on a real device (tag "rdma"; tools/test runs it inside
+// tools/softroce): generated stubs calling generated services through Server and ClientChannel,
+// in one process. Every response is checked, every payload byte-compared.
+#include <catch2/catch.hpp>
+#include <google/protobuf/wrappers.pb.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "proto/examples/greeter.zrpc.h"
+#include "proto/examples/object_store.zrpc.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+#include "tests/pattern.h"
+#include "tests/rdma_device.h"
+#include "transport/connection.h"
+#include "transport/device.h"
+#include "transport/poller.h"
+
+namespace {
+
+using zrpc::CallOptions;
+using zrpc::examples::Greeter;
+using zrpc::examples::HelloReply;
+using zrpc::examples::HelloRequest;
+using zrpc::examples::ObjectInfo;
+using zrpc::examples::ObjectKey;
+using zrpc::examples::ObjectStore;
+using zrpc::examples::PutReply;
+
+constexpr absl::Duration kLong = absl::Seconds(30);
+
+class TestGreeter : public Greeter::Service {
+ public:
+  absl::Status SayHello(zrpc::ServerContext& context, const HelloRequest& request,
+                        HelloReply* reply) override {
+    {
+      absl::MutexLock lock(&mu_);
+      last_deadline_ = context.deadline;
+      say_hello_threads_.insert(std::this_thread::get_id());
+    }
+    const std::string& name = request.name();
+    if (name == "error") {
+      return absl::PermissionDeniedError("no hello for you, \xc3\xa9l\xc3\xa8ve \xe2\x9c\x93");
+    }
+    if (absl::StartsWith(name, "sleep:")) {
+      int ms = std::stoi(name.substr(6));
+      absl::Time until = absl::Now() + absl::Milliseconds(ms);
+      while (absl::Now() < until) absl::SleepFor(absl::Milliseconds(2));
+      if (context.IsCancelled()) saw_cancelled_.fetch_add(1);
+    }
+    reply->set_message("Hello, " + name);
+    return absl::OkStatus();
+  }
+
+  absl::Status Ping(zrpc::ServerContext&, const google::protobuf::Empty&,
+                    google::protobuf::Empty*) override {
+    absl::MutexLock lock(&mu_);
+    ping_threads_.insert(std::this_thread::get_id());
+    return absl::OkStatus();
+  }
+
+  absl::Time last_deadline() {
+    absl::MutexLock lock(&mu_);
+    return last_deadline_;
+  }
+  std::set<std::thread::id> ping_threads() {
+    absl::MutexLock lock(&mu_);
+    return ping_threads_;
+  }
+  std::set<std::thread::id> say_hello_threads() {
+    absl::MutexLock lock(&mu_);
+    return say_hello_threads_;
+  }
+  std::atomic<int> saw_cancelled_{0};
+
+ private:
+  absl::Mutex mu_;
+  absl::Time last_deadline_;
+  std::set<std::thread::id> ping_threads_;
+  std::set<std::thread::id> say_hello_threads_;
+};
+
+// Keeps objects; Transform reverses the payload.
+class TestStore : public ObjectStore::Service {
+ public:
+  absl::Status Put(zrpc::ServerContext&, const ObjectKey& key, zrpc::IncomingBulk bulk,
+                   PutReply* reply) override {
+    absl::MutexLock lock(&mu_);
+    objects_[key.name()] = std::string(bulk.view());
+    reply->set_stored_bytes(bulk.size());
+    return absl::OkStatus();
+  }
+  absl::Status Get(zrpc::ServerContext&, const ObjectKey& key, ObjectInfo* info,
+                   zrpc::OutgoingBulk* bulk) override {
+    absl::MutexLock lock(&mu_);
+    auto it = objects_.find(key.name());
+    if (it == objects_.end()) return absl::NotFoundError(key.name());
+    info->set_size(it->second.size());
+    *bulk = zrpc::OutgoingBulk::Copy(it->second);
+    return absl::OkStatus();
+  }
+  absl::Status Transform(zrpc::ServerContext&, const ObjectKey&, zrpc::IncomingBulk bulk,
+                         ObjectInfo* info, zrpc::OutgoingBulk* out) override {
+    std::string reversed(bulk.view().rbegin(), bulk.view().rend());
+    info->set_size(reversed.size());
+    *out = zrpc::OutgoingBulk::Copy(std::move(reversed));
+    return absl::OkStatus();
+  }
+  absl::Status Stat(zrpc::ServerContext&, const ObjectKey& key, ObjectInfo* info) override {
+    absl::MutexLock lock(&mu_);
+    auto it = objects_.find(key.name());
+    if (it == objects_.end()) return absl::NotFoundError(key.name());
+    info->set_size(it->second.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::string> objects_;
+};
+
+struct Runtime {
+  TestGreeter greeter;
+  TestStore store;
+  zrpc::transport::DeviceConfig config;
+  std::unique_ptr<zrpc::Server> server;
+  std::unique_ptr<zrpc::ClientChannel> channel;
+
+  explicit Runtime(const zrpc::transport::DeviceConfig& device,
+                   zrpc::ServerOptions server_options = {},
+                   zrpc::ChannelOptions channel_options = {}, uint16_t port = 0)
+      : config(device) {
+    StartServer(server_options, port);
+    channel_options.device = config;
+    auto c = zrpc::CreateChannel(target(), channel_options);
+    INFO(c.status());
+    REQUIRE(c.ok());
+    channel = std::move(*c);
+  }
+
+  void StartServer(zrpc::ServerOptions options, uint16_t port) {
+    options.device = config;
+    options.port = port;
+    auto s = zrpc::Server::Create(options);
+    INFO(s.status());
+    REQUIRE(s.ok());
+    server = std::move(*s);
+    REQUIRE((*server).AddService(&greeter).ok());
+    REQUIRE((*server).AddService(&store).ok());
+    for (const std::string& method : inline_methods) REQUIRE(server->SetInline(method, true).ok());
+    absl::Status started = server->Start();
+    INFO(started);
+    REQUIRE(started.ok());
+    port_ = server->port();
+  }
+
+  std::string target() const {
+    return absl::StrCat(config.addr.find(':') != std::string::npos ? "[" + config.addr + "]"
+                                                                    : config.addr,
+                        ":", port_);
+  }
+
+  std::vector<std::string> inline_methods;
+  uint16_t port_ = 0;
+};
+
+CallOptions Within(absl::Duration timeout) { return CallOptions::Timeout(timeout); }
+
+std::string Pattern(size_t size, uint32_t seed) {
+  std::string bytes(size, '\0');
+  zrpc::testing::Fill(reinterpret_cast<uint8_t*>(bytes.data()), size, seed);
+  return bytes;
+}
+
+TEST_CASE("a generated stub calls a generated service over RDMA, blocking and async") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Runtime rt(config);
+  Greeter::Stub stub(rt.channel.get());
+
+  HelloRequest request;
+  request.set_name("zrpc");
+  HelloReply reply;
+  absl::Status s = stub.SayHello(request, &reply, Within(kLong));
+  INFO(s);
+  REQUIRE(s.ok());
+  CHECK(reply.message() == "Hello, zrpc");
+
+  google::protobuf::Empty empty;
+  CHECK(stub.Ping(empty, &empty, Within(kLong)).ok());
+
+  // Async: the callback runs once, on a runtime thread, with the reply filled in.
+  HelloReply async_reply;
+  absl::Notification done;
+  absl::Status async_status = absl::UnknownError("not run");
+  std::thread::id callback_thread;
+  request.set_name("async");
+  stub.AsyncSayHello(request, &async_reply, Within(kLong), [&](absl::Status status) {
+    async_status = status;
+    callback_thread = std::this_thread::get_id();
+    done.Notify();
+  });
+  REQUIRE(done.WaitForNotificationWithTimeout(kLong));
+  CHECK(async_status.ok());
+  CHECK(async_reply.message() == "Hello, async");
+  CHECK(callback_thread != std::this_thread::get_id());
+
+  // The deadline's remaining time reached the handler's ServerContext.
+  absl::Time before = absl::Now();
+  REQUIRE(stub.SayHello(request, &reply, Within(absl::Seconds(20))).ok());
+  absl::Time seen = rt.greeter.last_deadline();
+  CHECK(seen > before + absl::Seconds(19));
+  CHECK(seen < absl::Now() + absl::Seconds(20) + absl::Milliseconds(100));
+  REQUIRE(stub.SayHello(request, &reply, CallOptions()).ok());
+  CHECK(rt.greeter.last_deadline() == absl::InfiniteFuture());
+}
+
+constexpr int kThreads = 4;
+constexpr int kPerThread = 2500;
+constexpr int kWindow = 16;  // per thread: 64 in flight in all
+
+TEST_CASE("10,000 calls from 4 threads with 64 in flight, every response checked") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ChannelOptions channel_options;
+  channel_options.connections = 2;
+  channel_options.pollers = 2;
+  zrpc::ServerOptions server_options;
+  server_options.pollers = 2;
+  Runtime rt(config, server_options, channel_options);
+  Greeter::Stub stub(rt.channel.get());
+
+  std::atomic<int> ok{0};
+  std::atomic<int> wrong{0};
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      struct Slot {
+        HelloRequest request;
+        HelloReply reply;
+      };
+      std::vector<Slot> slots(kPerThread);
+      absl::Mutex mu;
+      int in_flight = 0;
+      int finished = 0;
+      for (int i = 0; i < kPerThread; ++i) {
+        {
+          absl::MutexLock lock(&mu);
+          mu.Await(absl::Condition(
+              +[](int* n) { return *n < kWindow; }, &in_flight));
+          ++in_flight;
+        }
+        Slot& slot = slots[i];
+        slot.request.set_name(absl::StrCat("t", t, "-", i));
+        stub.AsyncSayHello(slot.request, &slot.reply, Within(kLong), [&, i](absl::Status s) {
+          if (!s.ok()) {
+            wrong.fetch_add(1);
+            errors[t] = s.ToString();
+          } else if (slots[i].reply.message() != "Hello, " + slots[i].request.name()) {
+            wrong.fetch_add(1);
+            errors[t] = "mismatched reply " + slots[i].reply.message();
+          } else {
+            ok.fetch_add(1);
+          }
+          absl::MutexLock lock(&mu);
+          --in_flight;
+          ++finished;
+        });
+      }
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(+[](int* n) { return *n == kPerThread; }, &finished));
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const std::string& e : errors) INFO(e);
+  CHECK(wrong.load() == 0);
+  CHECK(ok.load() == kThreads * kPerThread);
+  CHECK(rt.channel->stats().calls_in_flight == 0);
+  CHECK(rt.server->stats().calls_started == static_cast<uint64_t>(kThreads * kPerThread));
+}
+
+TEST_CASE("bulk payloads both ways, byte-checked, from 0 B to the arena size") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  constexpr uint32_t kArena = 4 << 20;
+  zrpc::ServerOptions server_options;
+  server_options.listener.connection.arena_size = kArena;
+  zrpc::ChannelOptions channel_options;
+  channel_options.connection.arena_size = kArena;
+  Runtime rt(config, server_options, channel_options);
+  ObjectStore::Stub stub(rt.channel.get());
+
+  for (size_t size : {size_t{0}, size_t{1}, size_t{4096}, size_t{1} << 20, size_t{kArena}}) {
+    INFO("payload of " << size << " bytes");
+    const std::string object = Pattern(size, static_cast<uint32_t>(size) + 7);
+    ObjectKey key;
+    key.set_name(absl::StrCat("object-", size));
+    PutReply put;
+    absl::Status s = stub.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put,
+                              Within(kLong));
+    INFO(s);
+    REQUIRE(s.ok());
+    CHECK(put.stored_bytes() == size);
+
+    ObjectInfo info;
+    zrpc::IncomingBulk got;
+    s = stub.Get(key, &info, &got, Within(kLong));
+    INFO(s);
+    REQUIRE(s.ok());
+    CHECK(info.size() == size);
+    REQUIRE(got.size() == size);
+    CHECK(got.view() == object);
+    got.Reset();
+
+    zrpc::IncomingBulk transformed;
+    s = stub.Transform(key, zrpc::OutgoingBulk(object.data(), object.size()), &info,
+                       &transformed, Within(kLong));
+    INFO(s);
+    REQUIRE(s.ok());
+    REQUIRE(transformed.size() == size);
+    const std::string expected(object.rbegin(), object.rend());
+    const auto mismatch = std::mismatch(expected.begin(), expected.end(), transformed.data());
+    INFO("first difference at byte " << (mismatch.first - expected.begin()) << "; the payload "
+         << (transformed.view() == object ? "came back unreversed" : "differs from both"));
+    CHECK(transformed.view() == expected);
+  }
+
+  // One byte more than the server's arena: refused before anything is sent, with the reason.
+  const std::string too_big(kArena + 1, 'x');
+  ObjectKey key;
+  key.set_name("too-big");
+  PutReply put;
+  absl::Status s = stub.Put(key, zrpc::OutgoingBulk(too_big.data(), too_big.size()), &put,
+                            Within(kLong));
+  INFO(s);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(s.message(), "bytes the peer can receive"));
+  // And the connection still serves.
+  ObjectInfo info;
+  key.set_name("object-1");
+  CHECK(stub.Stat(key, &info, Within(kLong)).ok());
+  CHECK(info.size() == 1);
+}
+
+TEST_CASE("errors: a handler's status reaches the client intact; unknown services and methods "
+          "are UNIMPLEMENTED; a request that does not parse is INVALID_ARGUMENT") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Runtime rt(config);
+  Greeter::Stub stub(rt.channel.get());
+
+  HelloRequest request;
+  request.set_name("error");
+  HelloReply reply;
+  absl::Status s = stub.SayHello(request, &reply, Within(kLong));
+  CHECK(s.code() == absl::StatusCode::kPermissionDenied);
+  CHECK(s.message() == "no hello for you, \xc3\xa9l\xc3\xa8ve \xe2\x9c\x93");
+
+  // A method index past the service's table.
+  static const zrpc::MethodInfo kMissing = {"zrpc.examples.Greeter/Missing", 7, false, false};
+  s = zrpc::internal::UnaryCall(rt.channel.get(), kMissing, request, zrpc::OutgoingBulk(),
+                                &reply, nullptr, Within(kLong));
+  CHECK(s.code() == absl::StatusCode::kUnimplemented);
+  CHECK(absl::StrContains(s.message(), "zrpc.examples.Greeter has no method with index 7"));
+  // A service the server does not have.
+  static const zrpc::MethodInfo kNoService = {"zrpc.examples.Nobody/Call", 0, false, false};
+  s = zrpc::internal::UnaryCall(rt.channel.get(), kNoService, request, zrpc::OutgoingBulk(),
+                                &reply, nullptr, Within(kLong));
+  CHECK(s.code() == absl::StatusCode::kUnimplemented);
+  CHECK(absl::StrContains(s.message(), "no service with id"));
+  CHECK(rt.server->stats().unimplemented == 2);
+
+  // Field 1 as bytes that are not UTF-8: not a valid proto3 HelloRequest.
+  google::protobuf::BytesValue garbage;
+  garbage.set_value("\xff\xfe");
+  s = zrpc::internal::UnaryCall(rt.channel.get(), Greeter::service_info().methods[0], garbage,
+                                zrpc::OutgoingBulk(), &reply, nullptr, Within(kLong));
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(s.message(), "does not parse as zrpc.examples.HelloRequest"));
+
+  // None of it hurt the connection.
+  request.set_name("after");
+  REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  CHECK(reply.message() == "Hello, after");
+  CHECK(rt.channel->stats().connections_lost == 0);
+}
+
+TEST_CASE("deadline exceeded while the server sleeps: the late response is dropped, the server "
+          "hears the cancel, later calls are unaffected") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Runtime rt(config);
+  Greeter::Stub stub(rt.channel.get());
+
+  HelloRequest request;
+  request.set_name("sleep:600");
+  HelloReply reply;
+  absl::Time start = absl::Now();
+  absl::Status s = stub.SayHello(request, &reply, Within(absl::Milliseconds(150)));
+  absl::Duration took = absl::Now() - start;
+  CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took >= absl::Milliseconds(150));
+  CHECK(took < absl::Milliseconds(550));  // the client's own timer, not the server's answer
+  CHECK(reply.message().empty());
+
+  // The handler finishes at 600 ms; its response finds the call gone and is dropped.
+  absl::Time until = absl::Now() + absl::Seconds(10);
+  while (rt.channel->stats().late_responses == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  CHECK(rt.channel->stats().late_responses == 1);
+  CHECK(rt.channel->stats().deadlines_exceeded == 1);
+  CHECK(rt.server->stats().cancels_received == 1);
+  CHECK(rt.greeter.saw_cancelled_.load() == 1);
+
+  // Later calls on the same connection: their responses are theirs.
+  for (int i = 0; i < 50; ++i) {
+    request.set_name(absl::StrCat("later-", i));
+    REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+    CHECK(reply.message() == "Hello, later-" + std::to_string(i));
+  }
+  CHECK(rt.channel->stats().connections_lost == 0);
+
+  // A deadline already past fails without being sent.
+  s = stub.SayHello(request, &reply, CallOptions{absl::Now() - absl::Seconds(1)});
+  CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("handlers run inline on the poller thread or on the pool, per method") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ServerOptions server_options;
+  server_options.handler_threads = 2;
+  // Start the server by hand to mark Ping inline before Start.
+  TestGreeter greeter;
+  server_options.device = config;
+  auto server = zrpc::Server::Create(server_options);
+  REQUIRE(server.ok());
+  REQUIRE((*server)->AddService(&greeter).ok());
+  CHECK((*server)->SetInline("zrpc.examples.Greeter/Nope", true).code() ==
+        absl::StatusCode::kNotFound);
+  REQUIRE((*server)->SetInline("zrpc.examples.Greeter/Ping", true).ok());
+  REQUIRE((*server)->Start().ok());
+  CHECK((*server)->AddService(&greeter).code() == absl::StatusCode::kFailedPrecondition);
+  zrpc::ChannelOptions channel_options;
+  channel_options.device = config;
+  auto channel = zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()),
+                                     channel_options);
+  REQUIRE(channel.ok());
+  Greeter::Stub stub(channel->get());
+  google::protobuf::Empty empty;
+  HelloRequest request;
+  request.set_name("x");
+  HelloReply reply;
+  for (int i = 0; i < 40; ++i) {
+    REQUIRE(stub.Ping(empty, &empty, Within(kLong)).ok());
+    REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  }
+  std::set<std::thread::id> inline_threads = greeter.ping_threads();
+  std::set<std::thread::id> pool_threads = greeter.say_hello_threads();
+  CHECK(inline_threads.size() == 1);  // the server's one poller thread
+  CHECK(!pool_threads.empty());
+  CHECK(pool_threads.size() <= 2);
+  for (auto id : inline_threads) CHECK(pool_threads.count(id) == 0);
+}
+
+TEST_CASE("Shutdown: calls in flight finish within the grace period; past it they fail "
+          "UNAVAILABLE, and nothing runs after Shutdown returns") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Runtime rt(config);
+  Greeter::Stub stub(rt.channel.get());
+  HelloRequest warm;
+  warm.set_name("warm");
+  HelloReply reply;
+  REQUIRE(stub.SayHello(warm, &reply, Within(kLong)).ok());
+
+  auto start_calls = [&](const std::string& name, int n, std::vector<absl::Status>& statuses,
+                         std::vector<HelloReply>& replies, std::atomic<int>& done) {
+    statuses.assign(n, absl::UnknownError("not done"));
+    replies.resize(n);
+    HelloRequest request;
+    request.set_name(name);
+    for (int i = 0; i < n; ++i) {
+      stub.AsyncSayHello(request, &replies[i], Within(kLong), [&, i](absl::Status s) {
+        statuses[i] = s;
+        done.fetch_add(1);
+      });
+    }
+  };
+
+  // Shutdown answers requests that arrive after it began UNAVAILABLE: wait until the calls are
+  // in the server's handlers.
+  auto wait_in_flight = [&](uint64_t n) {
+    absl::Time until = absl::Now() + kLong;
+    while (rt.server->stats().calls_in_flight < n && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    REQUIRE(rt.server->stats().calls_in_flight == n);
+  };
+  SECTION("graceful: the grace period is long enough") {
+    std::vector<absl::Status> statuses;
+    std::vector<HelloReply> replies;
+    std::atomic<int> done{0};
+    start_calls("sleep:300", 3, statuses, replies, done);
+    wait_in_flight(3);
+    rt.server->Shutdown(absl::Seconds(10));
+    absl::Time until = absl::Now() + kLong;
+    while (done.load() < 3 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+    for (const absl::Status& s : statuses) {
+      INFO(s);
+      CHECK(s.ok());
+    }
+  }
+  SECTION("past the grace period: UNAVAILABLE") {
+    std::vector<absl::Status> statuses;
+    std::vector<HelloReply> replies;
+    std::atomic<int> done{0};
+    start_calls("sleep:800", 3, statuses, replies, done);
+    wait_in_flight(3);
+    absl::Time before = absl::Now();
+    rt.server->Shutdown(absl::Milliseconds(100));
+    // Shutdown waited for the handlers to return (they saw IsCancelled), not longer.
+    CHECK(absl::Now() - before < absl::Seconds(5));
+    const int cancelled_seen = rt.greeter.saw_cancelled_.load();
+    absl::Time until = absl::Now() + kLong;
+    while (done.load() < 3 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+    for (const absl::Status& s : statuses) {
+      INFO(s);
+      CHECK(s.code() == absl::StatusCode::kUnavailable);
+    }
+    CHECK(cancelled_seen == 3);
+    CHECK(rt.server->stats().calls_in_flight == 0);
+  }
+  // After Shutdown: the same channel fails fast, UNAVAILABLE, and never hangs.
+  absl::Time before = absl::Now();
+  absl::Status s = stub.SayHello(warm, &reply, Within(kLong));
+  CHECK(s.code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::Now() - before < absl::Seconds(5));
+}
+
+TEST_CASE("a server that goes away fails calls UNAVAILABLE; the same channel reconnects with "
+          "backoff when it is back") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ChannelOptions channel_options;
+  channel_options.reconnect_backoff_initial = absl::Milliseconds(20);
+  channel_options.reconnect_backoff_max = absl::Milliseconds(200);
+  Runtime rt(config, {}, channel_options);
+  Greeter::Stub stub(rt.channel.get());
+  HelloRequest request;
+  request.set_name("before");
+  HelloReply reply;
+  REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  const uint16_t port = rt.port_;
+
+  rt.server.reset();
+  int unavailable = 0;
+  for (int i = 0; i < 5; ++i) {
+    absl::Time before = absl::Now();
+    absl::Status s = stub.SayHello(request, &reply, Within(kLong));
+    CHECK(absl::Now() - before < absl::Seconds(4));
+    unavailable += s.code() == absl::StatusCode::kUnavailable ? 1 : 0;
+  }
+  CHECK(unavailable == 5);
+  zrpc::ChannelStats down = rt.channel->stats();
+  CHECK(down.connections_lost == 1);
+  CHECK(down.connect_failures >= 1);
+  CHECK(down.backoff > absl::ZeroDuration());
+  CHECK(down.backoff <= absl::Milliseconds(200));
+
+  rt.StartServer({}, port);
+  absl::Status s;
+  absl::Time until = absl::Now() + absl::Seconds(20);
+  request.set_name("after");
+  do {
+    s = stub.SayHello(request, &reply, Within(absl::Seconds(5)));
+    if (!s.ok()) absl::SleepFor(absl::Milliseconds(10));
+  } while (!s.ok() && absl::Now() < until);
+  INFO(s);
+  REQUIRE(s.ok());
+  CHECK(reply.message() == "Hello, after");
+  CHECK(rt.channel->stats().backoff == absl::ZeroDuration());
+}
+
+// A peer that speaks the transport but not the RPC protocol.
+class Quiet : public zrpc::transport::ConnectionHandler {
+ public:
+  void OnMessage(zrpc::transport::Connection& c,
+                 const zrpc::transport::ReceivedMessage& m) override {
+    static_cast<void>(c.Release(m.handle));
+  }
+  void OnBulk(zrpc::transport::Connection& c, const zrpc::transport::ReceivedBulk& b) override {
+    static_cast<void>(c.Release(b.handle));
+  }
+  void OnSendDone(zrpc::transport::Connection&, uint64_t, const absl::Status&) override {}
+  void OnClosed(zrpc::transport::Connection&, const absl::Status&) override { closed.Notify(); }
+  absl::Notification closed;
+};
+
+TEST_CASE("a client that breaks the protocol is disconnected; other clients keep going") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Runtime rt(config);
+  Greeter::Stub stub(rt.channel.get());
+  HelloRequest request;
+  request.set_name("good");
+  HelloReply reply;
+  REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+
+  auto device = zrpc::transport::Device::Open(config);
+  REQUIRE(device.ok());
+  auto poller = zrpc::transport::Poller::Create(**device);
+  REQUIRE(poller.ok());
+  REQUIRE((*poller)->Start().ok());
+  Quiet quiet;
+  auto connection = zrpc::transport::Connection::Connect(**device, **poller, config.addr,
+                                                         rt.port_, &quiet, {}, kLong);
+  REQUIRE(connection.ok());
+  // A request header with kind 9 (reserved) and call id 0.
+  auto buffer = (*connection)->AcquireSendBuffer();
+  REQUIRE(buffer.ok());
+  std::memset(buffer->data, 0, 40);
+  buffer->data[0] = 9;
+  REQUIRE((*connection)->Send(*buffer, 40, 0).ok());
+  REQUIRE(quiet.closed.WaitForNotificationWithTimeout(kLong));
+  absl::Time until = absl::Now() + absl::Seconds(10);
+  while (rt.server->stats().protocol_violations == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  CHECK(rt.server->stats().protocol_violations == 1);
+
+  request.set_name("still good");
+  REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  CHECK(reply.message() == "Hello, still good");
+  connection->reset();
+}
+
+}  // namespace
