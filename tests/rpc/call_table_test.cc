@@ -234,7 +234,7 @@ TEST_CASE("concurrent inserts, takes and expiry end every call exactly once", "[
         const int call = t * kCallsPerThread + i;
         const absl::Time deadline = rng() % 4 == 0 ? absl::InfiniteFuture()
                                                    : absl::Now() + absl::Microseconds(rng() % 200);
-        absl::StatusOr<uint64_t> id = table.Insert(call, deadline);
+        absl::StatusOr<uint64_t> id = table.Insert(int{call}, deadline);
         if (!id.ok()) {
           // Catch2's assertions are not thread-safe: count here, check after the join.
           if (id.status().code() != absl::StatusCode::kResourceExhausted) wrong_code.fetch_add(1);
