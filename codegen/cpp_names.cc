@@ -67,7 +67,8 @@ std::string ReservedPackageReason(const std::string& package) {
   static const std::set<std::string> kRuntimeNames = {
       "internal",     "Channel",      "Service",      "ServerCall",    "ServerContext",
       "CallOptions",  "MethodInfo",   "ServiceInfo",  "SendSlot",      "DoneCallback",
-      "OutgoingBulk", "IncomingBulk", "BulkReleaser", "MethodOptions", "method"};
+      "OutgoingBulk", "IncomingBulk", "BulkReleaser", "MethodOptions", "method",
+      "PendingCall"};
   if (parts[0] == "zrpc" && (parts.size() == 1 || kRuntimeNames.count(parts[1]) > 0)) {
     return "the namespace " + (parts.size() == 1 ? "zrpc" : "zrpc::" + parts[1]) +
            " belongs to zrpc's runtime, and the package's types would collide with its names; "

@@ -109,7 +109,8 @@ std::vector<std::string> ServiceClassNames(const FileDescriptor* file) {
   for (int i = 0; i < file->service_count(); ++i) {
     const std::string& original = file->service(i)->name();
     std::string name = CppIdentifier(original);
-    for (const char* member : {"Stub", "Service", "service_info", "kMethods", "kInfo"}) {
+    for (const char* member :
+         {"Stub", "Service", "AsyncService", "service_info", "kMethods", "kInfo"}) {
       if (name == member) name += "_";
     }
     if (name != original || protobuf_names.count(name) > 0) {
@@ -129,7 +130,8 @@ struct MethodNames {
 // Picks C++ names for a service's methods: keywords and names the generated classes use get a
 // trailing underscore, and so does any name that would collide with one already taken.
 std::vector<MethodNames> NameMethods(const ServiceDescriptor* service) {
-  std::set<std::string> taken = {"Stub", "Service", "Dispatch", "service_info", "channel_"};
+  std::set<std::string> taken = {"Stub",         "Service",      "AsyncService",
+                                 "Dispatch",     "service_info", "channel_"};
   auto claim = [&taken](std::string name) {
     name = CppIdentifier(name);
     while (!taken.insert(name).second) name += "_";
@@ -169,18 +171,26 @@ void AddBulkVars(const ::zrpc::MethodOptions& options, Vars& vars) {
   vars["pass_handler_out"] = out ? ", response_bulk" : "";
   std::string stub_doc;
   std::string handler_doc;
+  std::string async_doc;
   if (in) {
     stub_doc += "    // `request_bulk` goes beside the request by RDMA WRITE; see rpc/bulk.h.\n";
     handler_doc += "    // `request_bulk` is read in place; release it promptly (rpc/bulk.h).\n";
+    async_doc +=
+        "    // `call->TakeRequestBulk()` gives the request's bulk payload, read in place; release\n"
+        "    // it promptly (rpc/bulk.h).\n";
   }
   if (out) {
     stub_doc += "    // `*response_bulk` receives the response's bulk payload, read in place.\n";
     handler_doc +=
         "    // Put the response's bulk payload in `*response_bulk`; memory that may die before\n"
         "    // the server needs a release callback (rpc/bulk.h).\n";
+    async_doc +=
+        "    // Put the response's bulk payload in `*call->response_bulk()`; memory that may die\n"
+        "    // before the server needs a release callback (rpc/bulk.h).\n";
   }
   vars["stub_bulk_doc"] = stub_doc;
   vars["handler_bulk_doc"] = handler_doc;
+  vars["async_bulk_doc"] = async_doc;
 }
 
 // Everything the templates need about one service, computed once per file.
@@ -255,6 +265,19 @@ bool CheckSupported(const FileDescriptor* file, std::string* error) {
   return true;
 }
 
+// A server base class nested in the service class: `head` (its comment and first line), what
+// Service and AsyncService share, then `handler` printed with each rpc's vars.
+void PrintServerClass(Printer& p, const std::vector<Vars>& methods, const char* head,
+                      const char* handler) {
+  p.Print(head);
+  p.Print(
+      "   public:\n"
+      "    const ::zrpc::ServiceInfo& service_info() const final;\n"
+      "    void Dispatch(int method_index, ::zrpc::ServerCall* call) final;\n");
+  for (const Vars& vars : methods) p.Print(vars, handler);
+  p.Print("  };\n\n");
+}
+
 void PrintHeaderService(Printer& p, const ServiceCode& code) {
   const std::vector<Vars>& methods = code.methods;
   p.Print(code.vars,
@@ -287,25 +310,31 @@ void PrintHeaderService(Printer& p, const ServiceCode& code) {
       "   private:\n"
       "    ::zrpc::Channel* channel_;\n"
       "  };\n"
-      "\n"
+      "\n");
+  PrintServerClass(
+      p, methods,
       "  // Server base class: override the handlers the server implements; the others answer\n"
       "  // UNIMPLEMENTED. Handlers may run on several threads at once.\n"
-      "  class Service : public ::zrpc::Service {\n"
-      "   public:\n"
-      "    const ::zrpc::ServiceInfo& service_info() const final;\n"
-      "    void Dispatch(int method_index, ::zrpc::ServerCall* call) final;\n");
-  for (const Vars& vars : methods) {
-    p.Print(vars,
-            "\n"
-            "$comments$"
-            "$handler_bulk_doc$"
-            "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
-            "        const $Request$& request,$handler_in$ $Response$* response$handler_out$);\n");
-  }
-  p.Print(
-      "  };\n"
+      "  class Service : public ::zrpc::Service {\n",
       "\n"
-      " private:\n");
+      "$comments$"
+      "$handler_bulk_doc$"
+      "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
+      "        const $Request$& request,$handler_in$ $Response$* response$handler_out$);\n");
+  PrintServerClass(
+      p, methods,
+      "  // Asynchronous server base class: each handler owns its call, a ::zrpc::PendingCall with\n"
+      "  // the request and the response to fill in, and finishes it when the answer is ready, also\n"
+      "  // after returning and from another thread; one dropped unfinished fails with INTERNAL.\n"
+      "  // Override the handlers the server implements; the others answer UNIMPLEMENTED. Handlers\n"
+      "  // may run on several threads at once.\n"
+      "  class AsyncService : public ::zrpc::Service {\n",
+      "\n"
+      "$comments$"
+      "$async_bulk_doc$"
+      "    virtual void $Method$(::std::unique_ptr<::zrpc::PendingCall<\n"
+      "        $Request$, $Response$>> call);\n");
+  p.Print(" private:\n");
   if (!methods.empty()) {
     p.Print("  static const ::zrpc::MethodInfo kMethods[];  // index i is rpc i\n");
   }
@@ -337,12 +366,34 @@ void PrintSourceTables(Printer& p, const ServiceCode& code) {
   }
 }
 
+// `Base`::Dispatch for Base Service or AsyncService: a switch on the method index whose cases
+// are `case_code` (printed with each method's vars), then the answer for an unknown index.
+void PrintDispatch(Printer& p, const ServiceCode& code, const std::string& base,
+                   const char* case_code) {
+  Vars svars = code.vars;
+  svars["Base"] = base;
+  p.Print(svars,
+          "void $Service$::$Base$::Dispatch(int method_index, ::zrpc::ServerCall* call) {\n"
+          "  switch (method_index) {\n");
+  for (const Vars& vars : code.methods) p.Print(vars, case_code);
+  p.Print(svars,
+          "  }\n"
+          "  call->Finish(::absl::UnimplementedError(\n"
+          "                   \"$full_name$ has no method with index \" +\n"
+          "                   ::std::to_string(method_index)),\n"
+          "               nullptr, ::zrpc::OutgoingBulk());\n"
+          "}\n\n");
+}
+
 void PrintSourceMembers(Printer& p, const ServiceCode& code) {
   const std::vector<Vars>& methods = code.methods;
   const Vars& svars = code.vars;
   p.Print(svars,
           "const ::zrpc::ServiceInfo& $Service$::service_info() { return $Qualified$::kInfo; }\n\n"
           "const ::zrpc::ServiceInfo& $Service$::Service::service_info() const {\n"
+          "  return $Qualified$::kInfo;\n"
+          "}\n\n"
+          "const ::zrpc::ServiceInfo& $Service$::AsyncService::service_info() const {\n"
           "  return $Qualified$::kInfo;\n"
           "}\n\n");
   for (const Vars& vars : methods) {
@@ -362,30 +413,29 @@ void PrintSourceMembers(Printer& p, const ServiceCode& code) {
             "::absl::Status $Service$::Service::$Method$(::zrpc::ServerContext&,\n"
             "    const $Request$&,$default_in$ $Response$*$default_out$) {\n"
             "  return ::absl::UnimplementedError(\"$full_name$ is not implemented\");\n"
+            "}\n\n"
+            "void $Service$::AsyncService::$Method$(::std::unique_ptr<::zrpc::PendingCall<\n"
+            "    $Request$, $Response$>> call) {\n"
+            "  call->Finish(::absl::UnimplementedError(\"$full_name$ is not implemented\"));\n"
             "}\n\n");
   }
-  p.Print(svars,
-          "void $Service$::Service::Dispatch(int method_index, ::zrpc::ServerCall* call) {\n"
-          "  switch (method_index) {\n");
-  for (const Vars& vars : methods) {
-    p.Print(vars,
-            "    case $index$:\n"
-            "      ::zrpc::internal::HandleUnary<$Request$, $Response$>(\n"
-            "          call, [this](::zrpc::ServerContext& context, const $Request$& request,\n"
-            "                       ::zrpc::IncomingBulk$lambda_in$, $Response$* response,\n"
-            "                       ::zrpc::OutgoingBulk*$lambda_out$) {\n"
-            "            return this->$Method$(context, request,$pass_handler_in$ response"
-            "$pass_handler_out$);\n"
-            "          });\n"
-            "      return;\n");
-  }
-  p.Print(svars,
-          "  }\n"
-          "  call->Finish(::absl::UnimplementedError(\n"
-          "                   \"$full_name$ has no method with index \" +\n"
-          "                   ::std::to_string(method_index)),\n"
-          "               nullptr, ::zrpc::OutgoingBulk());\n"
-          "}\n\n");
+  PrintDispatch(p, code, "Service",
+                "    case $index$:\n"
+                "      ::zrpc::internal::HandleUnary<$Request$, $Response$>(\n"
+                "          call, [this](::zrpc::ServerContext& context, const $Request$& request,\n"
+                "                       ::zrpc::IncomingBulk$lambda_in$, $Response$* response,\n"
+                "                       ::zrpc::OutgoingBulk*$lambda_out$) {\n"
+                "            return this->$Method$(context, request,$pass_handler_in$ response"
+                "$pass_handler_out$);\n"
+                "          });\n"
+                "      return;\n");
+  // The handler takes the PendingCall whatever the method's payloads: they travel inside it.
+  PrintDispatch(p, code, "AsyncService",
+                "    case $index$:\n"
+                "      ::zrpc::internal::HandleUnaryLater<$Request$, $Response$>(\n"
+                "          call, $Qualified$::kMethods[$index$],\n"
+                "          [this](auto pending) { this->$Method$(::std::move(pending)); });\n"
+                "      return;\n");
 }
 
 void OpenNamespaces(Printer& p, const std::vector<std::string>& namespaces) {
@@ -446,6 +496,7 @@ bool ZrpcGenerator::Generate(const FileDescriptor* file, const std::string& para
     PrintPreamble(p, file);
     p.Print({{"base", base}},
             "#include \"$base$.zrpc.h\"\n\n"
+            "#include <memory>\n"
             "#include <string>\n"
             "#include <utility>\n\n");
     OpenNamespaces(p, namespaces);

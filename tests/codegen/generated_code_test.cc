@@ -1,12 +1,20 @@
 // Generated stubs and service base classes, run end to end through an in-process channel.
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <cctype>
+#include <chrono>
+#include <condition_variable>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/synchronization/notification.h"
 #include "api/kv.zrpc.h"  // from the external repository @zrpc_ext
 #include "proto/examples/greeter.zrpc.h"
 #include "proto/examples/object_store.zrpc.h"
@@ -658,4 +666,526 @@ TEST_CASE("services of an optimize_for = LITE_RUNTIME file work, bulk payloads i
   LoopbackCall garbage(std::string("\xff\xff\xff", 3));
   impl.Dispatch(1, &garbage);
   CHECK(std::string(garbage.status().message()).find("zrpc.test.lite.Blob") != std::string::npos);
+}
+
+// The asynchronous server form: Foo::AsyncService handlers own their call as a zrpc::PendingCall
+// and finish it inline, later from another thread, with an error, or not at all.
+
+namespace {
+
+using zrpc::PendingCall;
+
+// Calls a handler parked for another thread to finish, as a server that waits on another service
+// or on I/O parks them.
+template <typename Call>
+class Parked {
+ public:
+  void Push(std::unique_ptr<Call> call) {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.push_back(std::move(call));
+    cv_.notify_all();
+  }
+  // Waits until `count` calls are parked and takes them all, oldest first (none after 10 s).
+  std::vector<std::unique_ptr<Call>> Take(size_t count) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return calls_.size() >= count; })) {
+      return {};
+    }
+    return std::exchange(calls_, {});
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Call>> calls_;
+};
+
+using GreeterCall = PendingCall<HelloRequest, HelloReply>;
+
+void Greet(GreeterCall& call) {
+  call.response()->set_message("Hello, " + call.request().name());
+}
+
+// What happens to a SayHello call depends on the name it greets: "later..." is parked for the
+// test to finish, "error..." fails at once, "drop..." is dropped unfinished, any other name is
+// answered before the handler returns. Ping keeps its UNIMPLEMENTED default.
+class AsyncGreeterImpl : public Greeter::AsyncService {
+ public:
+  void SayHello(std::unique_ptr<GreeterCall> call) override {
+    ++handled;
+    const std::string name = call->request().name();
+    if (name.rfind("later", 0) == 0) {
+      parked.Push(std::move(call));
+    } else if (name.rfind("error", 0) == 0) {
+      call->Finish(absl::FailedPreconditionError("no greeting for " + name));
+    } else if (name.rfind("drop", 0) != 0) {
+      Greet(*call);
+      call->Finish(absl::OkStatus());
+    }
+  }
+
+  std::atomic<int> handled{0};
+  Parked<GreeterCall> parked;
+};
+
+HelloRequest Named(const std::string& name) {
+  HelloRequest request;
+  request.set_name(name);
+  return request;
+}
+
+constexpr char kDroppedSayHello[] =
+    "zrpc.examples.Greeter/SayHello: handler dropped the call without finishing it";
+
+}  // namespace
+
+TEST_CASE("an AsyncService handler that finishes inline answers like a blocking one",
+          "[codegen][async]") {
+  AsyncGreeterImpl impl;
+  LoopbackChannel channel(&impl);
+  Greeter::Stub stub(&channel);
+  HelloReply reply;
+  REQUIRE(stub.SayHello(Named("zrpc"), &reply).ok());
+  CHECK(reply.message() == "Hello, zrpc");
+  CHECK(channel.last_request == Named("zrpc").SerializeAsString());
+
+  int done_calls = 0;
+  stub.AsyncSayHello(Named("inline"), &reply, {}, [&](absl::Status status) {
+    ++done_calls;
+    CHECK(status.ok());
+  });
+  CHECK(done_calls == 1);  // finished inside Dispatch, so before AsyncSayHello returned
+  CHECK(reply.message() == "Hello, inline");
+  CHECK(&impl.service_info() == &Greeter::service_info());
+  CHECK(channel.unfinished_calls() == 0);
+  CHECK(channel.contract_violations() == 0);
+}
+
+TEST_CASE("a call parked by its handler and finished later on another thread ends there",
+          "[codegen][async]") {
+  AsyncGreeterImpl impl;
+  LoopbackChannel channel(&impl);
+  Greeter::Stub stub(&channel);
+
+  // Asynchronous client: the handler and Dispatch have returned, the call is still open.
+  HelloReply reply;
+  absl::Notification done;
+  absl::Status result = absl::UnknownError("done did not run");
+  std::thread::id done_thread;
+  stub.AsyncSayHello(Named("later, async"), &reply, {}, [&](absl::Status status) {
+    result = std::move(status);
+    done_thread = std::this_thread::get_id();
+    done.Notify();
+  });
+  CHECK_FALSE(done.HasBeenNotified());
+  CHECK(channel.unfinished_calls() == 1);
+  std::thread finisher([&] {
+    for (std::unique_ptr<GreeterCall>& call : impl.parked.Take(1)) {
+      Greet(*call);
+      call->Finish(absl::OkStatus());
+    }
+  });
+  const std::thread::id finisher_id = finisher.get_id();
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  finisher.join();
+  CHECK(result.ok());
+  CHECK(reply.message() == "Hello, later, async");
+  CHECK(done_thread == finisher_id);  // the client's call ended inside Finish, on that thread
+
+  // Blocking client: it waits until the other thread finishes the call.
+  std::thread later([&] {
+    for (std::unique_ptr<GreeterCall>& call : impl.parked.Take(1)) {
+      Greet(*call);
+      call->Finish(absl::OkStatus());
+    }
+  });
+  absl::Status status = stub.SayHello(Named("later, blocking"), &reply);
+  later.join();
+  CHECK(status.ok());
+  CHECK(reply.message() == "Hello, later, blocking");
+  CHECK(channel.unfinished_calls() == 0);
+  CHECK(channel.contract_violations() == 0);
+}
+
+TEST_CASE("blocked clients whose calls are finished out of order each get their own answer",
+          "[codegen][async]") {
+  AsyncGreeterImpl impl;
+  LoopbackChannel channel(&impl);
+  Greeter::Stub stub(&channel);
+  constexpr int kClients = 4;
+  std::vector<absl::Status> statuses(kClients, absl::UnknownError("not returned"));
+  std::vector<HelloReply> replies(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      statuses[i] = stub.SayHello(Named("later #" + std::to_string(i)), &replies[i]);
+    });
+  }
+  std::vector<std::unique_ptr<GreeterCall>> calls = impl.parked.Take(kClients);
+  CHECK(calls.size() == static_cast<size_t>(kClients));
+  for (auto it = calls.rbegin(); it != calls.rend(); ++it) {  // newest first
+    Greet(**it);
+    (*it)->Finish(absl::OkStatus());
+  }
+  for (std::thread& client : clients) client.join();
+  for (int i = 0; i < kClients; ++i) {
+    CHECK(statuses[i].ok());
+    CHECK(replies[i].message() == "Hello, later #" + std::to_string(i));
+  }
+  CHECK(impl.handled == kClients);
+  CHECK(channel.contract_violations() == 0);
+}
+
+TEST_CASE("an error a handler finishes with reaches the client, message included",
+          "[codegen][async]") {
+  AsyncGreeterImpl impl;
+  LoopbackChannel channel(&impl);
+  Greeter::Stub stub(&channel);
+  HelloReply reply;
+  absl::Status inline_error = stub.SayHello(Named("error-now"), &reply);
+  CHECK(inline_error.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(inline_error.message() == "no greeting for error-now");
+
+  std::thread backend([&] {
+    for (std::unique_ptr<GreeterCall>& call : impl.parked.Take(1)) {
+      Greet(*call);  // a response filled in and then given up: an error sends none of it
+      call->Finish(absl::UnavailableError("backend for " + call->request().name() + " is down"));
+    }
+  });
+  reply.Clear();
+  absl::Status later_error = stub.SayHello(Named("later-fail"), &reply);
+  backend.join();
+  CHECK(later_error.code() == absl::StatusCode::kUnavailable);
+  CHECK(later_error.message() == "backend for later-fail is down");
+  CHECK(reply.message().empty());
+  CHECK(channel.contract_violations() == 0);
+}
+
+TEST_CASE("a call dropped without finishing fails with INTERNAL instead of hanging",
+          "[codegen][async]") {
+  AsyncGreeterImpl impl;
+  LoopbackChannel channel(&impl);
+  Greeter::Stub stub(&channel);
+  HelloReply reply;
+  absl::Status dropped = stub.SayHello(Named("drop"), &reply);
+  CHECK(dropped.code() == absl::StatusCode::kInternal);
+  CHECK(dropped.message() == kDroppedSayHello);
+
+  // Dropped on another thread, after the handler returned: the blocked client wakes up.
+  std::thread dropper([&] { impl.parked.Take(1).clear(); });
+  absl::Status dropped_later = stub.SayHello(Named("later, then dropped"), &reply);
+  dropper.join();
+  CHECK(dropped_later.code() == absl::StatusCode::kInternal);
+  CHECK(dropped_later.message() == kDroppedSayHello);
+  CHECK(channel.unfinished_calls() == 0);
+  CHECK(channel.contract_violations() == 0);
+}
+
+TEST_CASE("a moved PendingCall finishes once; one overwritten while pending is dropped",
+          "[codegen][async]") {
+  AsyncGreeterImpl impl;
+  LoopbackChannel channel(&impl);
+  Greeter::Stub stub(&channel);
+  HelloReply first_reply, second_reply;
+  absl::Status first = absl::UnknownError("not done"), second = absl::UnknownError("not done");
+  stub.AsyncSayHello(Named("later 1"), &first_reply, {}, [&](absl::Status s) { first = s; });
+  stub.AsyncSayHello(Named("later 2"), &second_reply, {}, [&](absl::Status s) { second = s; });
+  std::vector<std::unique_ptr<GreeterCall>> calls = impl.parked.Take(2);
+  REQUIRE(calls.size() == 2);
+  GreeterCall moved(std::move(*calls[0]));  // calls[0] is left empty: destroying it does nothing
+  calls[0].reset();
+  CHECK(first.code() == absl::StatusCode::kUnknown);
+  *calls[1] = std::move(moved);  // call 2 was pending: it is dropped, and call 1 lives on here
+  CHECK(second.code() == absl::StatusCode::kInternal);
+  Greet(*calls[1]);
+  calls[1]->Finish(absl::OkStatus());
+  CHECK(first.ok());
+  CHECK(first_reply.message() == "Hello, later 1");
+  calls.clear();
+  CHECK(channel.unfinished_calls() == 0);
+  CHECK(channel.contract_violations() == 0);
+}
+
+TEST_CASE("an AsyncService handler left alone answers UNIMPLEMENTED like the blocking form",
+          "[codegen][async]") {
+  AsyncGreeterImpl async_impl;
+  LoopbackChannel async_channel(&async_impl);
+  GreeterImpl blocking_impl;
+  LoopbackChannel blocking_channel(&blocking_impl);
+  google::protobuf::Empty empty;
+  absl::Status async_status = Greeter::Stub(&async_channel).Ping(empty, &empty);
+  absl::Status blocking_status = Greeter::Stub(&blocking_channel).Ping(empty, &empty);
+  CHECK(async_status.code() == absl::StatusCode::kUnimplemented);
+  CHECK(async_status.message() == "zrpc.examples.Greeter/Ping is not implemented");
+  CHECK(async_status == blocking_status);
+
+  LoopbackCall unknown("");
+  async_impl.Dispatch(7, &unknown);
+  CHECK(unknown.finish_calls == 1);
+  CHECK(unknown.status().code() == absl::StatusCode::kUnimplemented);
+
+  // A request that does not parse is refused before any handler runs, as in the blocking form.
+  LoopbackCall garbage(std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11));
+  async_impl.Dispatch(0, &garbage);
+  CHECK(garbage.finish_calls == 1);
+  CHECK(garbage.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(garbage.status().message()).find("zrpc.examples.HelloRequest") !=
+        std::string::npos);
+  CHECK(async_impl.handled == 0);
+}
+
+namespace {
+
+using PutCall = PendingCall<ObjectKey, PutReply>;
+using ObjectCall = PendingCall<ObjectKey, ObjectInfo>;
+
+std::string Upper(absl::string_view bytes) {
+  std::string upper(bytes);
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return upper;
+}
+
+// ObjectStoreImpl's behaviour in the async form. Put answers inline and may keep the payload
+// past the call; Get and Transform answer from worker threads. Stat is left UNIMPLEMENTED.
+class AsyncObjectStoreImpl : public ObjectStore::AsyncService {
+ public:
+  ~AsyncObjectStoreImpl() override { JoinWorkers(); }
+
+  void Put(std::unique_ptr<PutCall> call) override {
+    const std::string name = call->request().name();
+    if (name == "ignore") {  // leaves the payload untaken: Finish releases it
+      call->Finish(absl::OkStatus());
+      return;
+    }
+    IncomingBulk payload = call->TakeRequestBulk();
+    call->response()->set_stored_bytes(payload.size());
+    call->Finish(absl::OkStatus());
+    objects[name] = std::move(payload);  // outlives the call, as a taken payload may
+  }
+
+  // A missing object fails, and "drop" is dropped, each after a payload was already set: it is
+  // released, never sent.
+  void Get(std::unique_ptr<ObjectCall> call) override {
+    workers.emplace_back([this, call = std::move(call)]() mutable {
+      const std::string& name = call->request().name();
+      auto it = objects.find(name);
+      if (it == objects.end()) {
+        *call->response_bulk() = OutgoingBulk("partial", 7, [this] { ++partial_released; });
+        if (name != "drop") call->Finish(absl::NotFoundError(name));
+        return;
+      }
+      call->response()->set_size(it->second.size());
+      *call->response_bulk() =
+          OutgoingBulk(it->second.data(), it->second.size(), [this] { ++sent; });
+      call->Finish(absl::OkStatus());
+    });
+  }
+
+  // Takes the payload here, transforms it on a worker, releases it there before finishing.
+  void Transform(std::unique_ptr<ObjectCall> call) override {
+    IncomingBulk payload = call->TakeRequestBulk();
+    workers.emplace_back([this, call = std::move(call), payload = std::move(payload)]() mutable {
+      std::string upper = Upper(payload.view());
+      payload.Reset();
+      call->response()->set_size(upper.size());
+      *call->response_bulk() = OutgoingBulk::Copy(std::move(upper));
+      ++transformed;  // before Finish: from there on the client may already have moved on
+      call->Finish(absl::OkStatus());
+    });
+  }
+
+  void JoinWorkers() {
+    for (std::thread& worker : workers) worker.join();
+    workers.clear();
+  }
+
+  std::map<std::string, IncomingBulk> objects;  // written by Put, read by Get's workers
+  std::vector<std::thread> workers;             // added to on the client's thread
+  std::atomic<int> sent{0};
+  std::atomic<int> partial_released{0};
+  std::atomic<int> transformed{0};
+};
+
+std::string Pattern(size_t size, int salt) {
+  std::string bytes(size, '\0');
+  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<char>(i * 7 + salt);
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("async form: a request payload is taken in place and may outlive its call",
+          "[codegen][async][bulk]") {
+  AsyncObjectStoreImpl impl;
+  LoopbackChannel channel(&impl);
+  absl::Cleanup drop = [&] { impl.objects.clear(); };
+  ObjectStore::Stub stub(&channel);
+  const std::string object = Pattern(100000, 1);
+  int client_releases = 0;
+  PutReply reply;
+  REQUIRE(stub.Put(Key("a"), OutgoingBulk(object.data(), object.size(), [&] { ++client_releases; }),
+                   &reply)
+              .ok());
+  CHECK(client_releases == 1);
+  CHECK(reply.stored_bytes() == object.size());
+  REQUIRE(impl.objects.count("a") == 1);
+  CHECK(impl.objects["a"].view() == object);  // byte for byte, after the call ended
+  CHECK(channel.server_memory.held() == 1);
+  impl.objects.clear();
+  CHECK(channel.server_memory.held() == 0);
+  CHECK(channel.server_memory.releases == 1);
+
+  // Untaken, it is released at Finish.
+  REQUIRE(stub.Put(Key("ignore"), OutgoingBulk::Copy("xyz"), &reply).ok());
+  CHECK(channel.server_memory.held() == 0);
+  CHECK(channel.server_memory.releases == 2);
+  CHECK(channel.server_memory.bad_releases == 0);
+
+  // A request that does not parse never reaches the handler; its payload is released at Finish.
+  LoopbackCall garbage(std::string("\xff\xff\xff", 3),
+                       channel.server_memory.Receive(OutgoingBulk::Copy("orphan")));
+  impl.Dispatch(0, &garbage);
+  CHECK(garbage.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(channel.server_memory.held() == 0);
+  CHECK(channel.server_memory.bad_releases == 0);
+  CHECK(channel.contract_violations() == 0);
+}
+
+TEST_CASE("async form: bulk both ways, answered from worker threads, byte-checked",
+          "[codegen][async][bulk]") {
+  AsyncObjectStoreImpl impl;
+  LoopbackChannel channel(&impl);
+  absl::Cleanup drop = [&] {
+    impl.JoinWorkers();
+    impl.objects.clear();
+  };
+  ObjectStore::Stub stub(&channel);
+  const std::string object = Pattern(65536, 3);
+  PutReply put;
+  REQUIRE(stub.Put(Key("k"), OutgoingBulk::Copy(object), &put).ok());
+
+  ObjectInfo info;
+  {
+    IncomingBulk got;
+    REQUIRE(stub.Get(Key("k"), &info, &got).ok());
+    CHECK(info.size() == object.size());
+    CHECK(got.view() == object);
+    CHECK(impl.sent == 1);  // the server's payload was released once it had left
+    CHECK(channel.client_memory.held() == 1);
+  }
+  CHECK(channel.client_memory.held() == 0);
+
+  std::string text(50000, 'x');
+  for (size_t i = 0; i < text.size(); ++i) text[i] = "rdma zero-copy "[i % 15];
+  IncomingBulk got;
+  REQUIRE(stub.Transform(Key("t"), OutgoingBulk::Copy(text), &info, &got).ok());
+  CHECK(info.size() == text.size());
+  CHECK(got.view() == Upper(text));
+  CHECK(impl.transformed == 1);
+  absl::Notification done;
+  absl::Status async_status;
+  stub.AsyncTransform(Key("t"), OutgoingBulk::Copy("again"), &info, &got, {},
+                      [&](absl::Status status) {
+                        async_status = status;
+                        done.Notify();
+                      });
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  CHECK(async_status.ok());
+  CHECK(got.view() == "AGAIN");
+  got.Reset();
+  impl.JoinWorkers();
+
+  // Put's payload still held by the store, Transform's two released by the worker.
+  CHECK(channel.server_memory.releases == 2);
+  CHECK(channel.server_memory.held() == 1);
+  impl.objects.clear();
+  CHECK(channel.server_memory.held() == 0);
+  CHECK(channel.server_memory.releases == 3);
+  CHECK(channel.client_memory.releases == 3);  // Get's and the two Transforms'
+  CHECK(channel.client_memory.held() == 0);
+  CHECK(channel.server_memory.bad_releases == 0);
+  CHECK(channel.client_memory.bad_releases == 0);
+  CHECK(channel.unfinished_calls() == 0);
+  CHECK(channel.contract_violations() == 0);
+}
+
+TEST_CASE("async form: a response payload of a failed or dropped call is released, never sent",
+          "[codegen][async][bulk]") {
+  AsyncObjectStoreImpl impl;
+  LoopbackChannel channel(&impl);
+  absl::Cleanup join = [&] { impl.JoinWorkers(); };
+  ObjectStore::Stub stub(&channel);
+  ObjectInfo info;
+  IncomingBulk got;
+  absl::Status missing = stub.Get(Key("missing"), &info, &got);
+  CHECK(missing.code() == absl::StatusCode::kNotFound);
+  CHECK(missing.message() == "missing");
+  CHECK(got.empty());
+  absl::Status dropped = stub.Get(Key("drop"), &info, &got);
+  CHECK(dropped.code() == absl::StatusCode::kInternal);
+  CHECK(dropped.message() ==
+        "zrpc.examples.ObjectStore/Get: handler dropped the call without finishing it");
+  CHECK(got.empty());
+  impl.JoinWorkers();
+  CHECK(impl.partial_released == 2);
+  CHECK(channel.client_memory.releases == 0);
+  CHECK(channel.client_memory.held() == 0);
+
+  CHECK(stub.Stat(Key("s"), &info).code() == absl::StatusCode::kUnimplemented);
+  CHECK(channel.unfinished_calls() == 0);
+  CHECK(channel.contract_violations() == 0);
+}
+
+namespace {
+
+using TrickyNote = zrpc::PendingCall<tricky::PendingCall, tricky::PendingCall>;
+
+// Handlers named like the nested class (renamed), the runtime's template and the parameters of
+// the generated code; `call` keeps its UNIMPLEMENTED default.
+class TrickyAsyncImpl : public tricky::AsyncService_::AsyncService {
+ public:
+  void AsyncService_(std::unique_ptr<TrickyNote> call) override {
+    call->response()->set_note("AsyncService:" + call->request().note());
+    call->Finish(absl::OkStatus());
+  }
+  void PendingCall(std::unique_ptr<TrickyNote> call) override {
+    call->response()->set_note("PendingCall:" + call->request().note());
+    call->Finish(absl::OkStatus());
+  }
+  void pending(std::unique_ptr<zrpc::PendingCall<tricky::Empty, tricky::Empty>> call) override {
+    call->Finish(absl::OkStatus());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("rpcs and services named like AsyncService or PendingCall still work",
+          "[codegen][names][async]") {
+  CHECK(std::string(tricky::AsyncService_::service_info().full_name) ==
+        "zrpc.test.tricky.AsyncService");
+  TrickyAsyncImpl impl;
+  LoopbackChannel channel(&impl);
+  tricky::AsyncService_::Stub stub(&channel);
+  tricky::PendingCall in, out;
+  in.set_note("n");
+  REQUIRE(stub.AsyncService_(in, &out).ok());
+  CHECK(out.note() == "AsyncService:n");
+  CHECK(channel.last_method == "zrpc.test.tricky.AsyncService/AsyncService");
+  REQUIRE(stub.PendingCall(in, &out).ok());
+  CHECK(out.note() == "PendingCall:n");
+  tricky::Empty empty;
+  CHECK(stub.pending(empty, &empty).ok());
+  absl::Status call = stub.call(empty, &empty);
+  CHECK(call.code() == absl::StatusCode::kUnimplemented);
+  CHECK(call.message() == "zrpc.test.tricky.AsyncService/call is not implemented");
+
+  // Every service has the async form, the renamed and the empty ones too.
+  tricky::Service__::AsyncService renamed;
+  LoopbackChannel renamed_channel(&renamed);
+  CHECK(tricky::Service__::Stub(&renamed_channel).delete_(empty, &empty).code() ==
+        absl::StatusCode::kUnimplemented);
+  tricky::Idle::AsyncService idle;
+  LoopbackCall nothing("");
+  idle.Dispatch(0, &nothing);
+  CHECK(nothing.status().code() == absl::StatusCode::kUnimplemented);
 }

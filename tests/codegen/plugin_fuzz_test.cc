@@ -71,7 +71,7 @@ const std::vector<std::string> kNamePool = {
     "DoneCallback",  "Status",       "string",      "move",         "size_t",       "uint8_t",
     "int64_t",       "to_string",    "NULL",        "nullptr",      "main",         "errno",
     "assert",        "EOF",          "TRUE",        "unix",         "linux",        "_Foo",
-    "__bar",         "index",        "status",
+    "__bar",         "index",        "status",       "AsyncService", "PendingCall",  "pending",
     // protobuf's globals for a package-less fuzz/input.proto.
     "TableStruct_fuzz_2finput_2eproto", "descriptor_table_fuzz_2finput_2eproto"};
 
@@ -86,7 +86,8 @@ const std::vector<std::pair<std::string, std::string>> kProtobufPatterns = {
 // Package parts; the keywords among them must be refused.
 const std::vector<std::string> kPackagePool = {
     "a",     "b",    "pkg",      "v1",  "zrpc",    "examples", "Stub", "Service", "x1",
-    "class", "absl", "internal", "std", "Channel", "google",   "EOF",  "kInfo",   "method"};
+    "class", "absl", "internal", "std", "Channel", "google",   "EOF",  "kInfo",   "method",
+    "PendingCall"};
 
 // Comment lines, including ones that end in a backslash (a line continuation in C++).
 const std::vector<std::string> kCommentPool = {" plain words",
