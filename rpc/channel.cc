@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -78,6 +79,8 @@ class ChannelCore final : public ClientConnectionOwner {
   void CountLateResponse() override { late_.fetch_add(1, std::memory_order_relaxed); }
   void ConnectionClosed(ClientConnection* connection, bool violation) override;
   absl::Status CloseStatus(const std::string& peer, const absl::Status& why) override;
+  MethodMetrics& MetricsFor(const MethodInfo& method) override;
+  const Metrics& metrics() const { return metrics_; }
 
  private:
   // One of the channel's connections and its reconnection state.
@@ -120,6 +123,13 @@ class ChannelCore final : public ClientConnectionOwner {
   std::atomic<int64_t> wake_at_{std::numeric_limits<int64_t>::max()};
   std::thread timer_;
 
+  // Per-method metrics, and the MethodInfo -> MethodMetrics cache in front of the registry's
+  // by-name lookup (MethodInfo objects are static in generated code, so their address is a key).
+  Metrics metrics_;
+  absl::Mutex metrics_mu_;
+  absl::flat_hash_map<const MethodInfo*, MethodMetrics*> method_metrics_
+      ABSL_GUARDED_BY(metrics_mu_);
+
   std::atomic<uint64_t> attempts_{0};
   std::atomic<uint64_t> failures_{0};
   std::atomic<uint64_t> lost_{0};
@@ -161,7 +171,7 @@ ChannelCore::~ChannelCore() {
     destroying_ = true;
     live = live_;
   }
-  for (auto& connection : live) connection->Close();
+  for (auto& connection : live) connection->connection().Close();
   live.clear();
   {
     // Each OnClosed fails its calls (CANCELLED) and leaves live_; the poller drives it.
@@ -258,17 +268,24 @@ void ChannelCore::DeadlineAdded(absl::Time deadline) {
 
 void ChannelCore::TimerLoop() {
   constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  const bool keepalive = options_.keepalive_interval > absl::ZeroDuration();
+  absl::Time next_keepalive = absl::Now() + options_.keepalive_interval;
   for (;;) {
+    bool keepalive_due = false;
     {
       absl::MutexLock lock(&timer_mu_);
       for (;;) {
         if (timer_stop_) return;
         const int64_t at = wake_at_.load(std::memory_order_acquire);
-        if (at != kNever && absl::ToUnixNanos(absl::Now()) >= at) break;
-        if (at == kNever) {
+        const absl::Time now = absl::Now();
+        keepalive_due = keepalive && now >= next_keepalive;
+        if (keepalive_due || (at != kNever && absl::ToUnixNanos(now) >= at)) break;
+        absl::Time wake = at == kNever ? absl::InfiniteFuture() : absl::FromUnixNanos(at);
+        if (keepalive) wake = std::min(wake, next_keepalive);
+        if (wake == absl::InfiniteFuture()) {
           timer_cv_.Wait(&timer_mu_);
         } else {
-          timer_cv_.WaitWithDeadline(&timer_mu_, absl::FromUnixNanos(at));
+          timer_cv_.WaitWithDeadline(&timer_mu_, wake);
         }
       }
       // "Never" until this pass says otherwise: a call starting during the pass sees it, and
@@ -285,10 +302,24 @@ void ChannelCore::TimerLoop() {
     absl::Time next = absl::InfiniteFuture();
     for (auto& connection : live) {
       expired_.fetch_add(connection->Expire(now), std::memory_order_relaxed);
+      if (keepalive_due) connection->Keepalive(options_.keepalive_timeout);
       next = std::min(next, connection->NextDeadline());
     }
+    if (keepalive_due) next_keepalive = now + options_.keepalive_interval;
     if (next != absl::InfiniteFuture()) DeadlineAdded(next);
   }
+}
+
+MethodMetrics& ChannelCore::MetricsFor(const MethodInfo& method) {
+  {
+    absl::ReaderMutexLock lock(&metrics_mu_);
+    auto it = method_metrics_.find(&method);
+    if (it != method_metrics_.end()) return *it->second;
+  }
+  MethodMetrics& metrics = metrics_.ForMethod(MetricsSide::kClient, method.full_name);
+  absl::MutexLock lock(&metrics_mu_);
+  method_metrics_.emplace(&method, &metrics);
+  return metrics;
 }
 
 void ChannelCore::ConnectionClosed(ClientConnection* connection, bool violation) {
@@ -354,6 +385,13 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
         "ChannelOptions: reconnect_backoff_initial must be positive and at most "
         "reconnect_backoff_max");
   }
+  if (options.keepalive_interval < absl::ZeroDuration() ||
+      (options.keepalive_interval > absl::ZeroDuration() &&
+       options.keepalive_timeout <= absl::ZeroDuration())) {
+    return absl::InvalidArgumentError(
+        "ChannelOptions: keepalive_interval must be zero (off) or positive, with a positive "
+        "keepalive_timeout");
+  }
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");
   }
@@ -416,12 +454,14 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
   call.response = response;
   call.response_bulk = response_bulk;
   call.done = std::move(done);
+  call.metrics = &core_->MetricsFor(method);
   ticket->connection->Start(service_id, ticket->buffer, slot.size, std::move(request_bulk),
-                            std::move(call), options.deadline);
+                            std::move(call), options);
 }
 
 absl::Status ClientChannel::Connect(absl::Time deadline) { return core_->ConnectAll(deadline); }
 ChannelStats ClientChannel::stats() const { return core_->stats(); }
+const Metrics& ClientChannel::metrics() const { return core_->metrics(); }
 const std::string& ClientChannel::target() const { return core_->target(); }
 
 }  // namespace zrpc

@@ -15,6 +15,12 @@
 // reconnect_backoff_initial * 2^(n-1)). So a client facing a dead server neither spins nor gives
 // up; stats() shows attempts, failures and the current delay.
 //
+// Cancellation: CallOptions::cancellation (generated_api.h) ends a call with CANCELLED and tells
+// the server.
+//
+// Liveness: keepalives (ChannelOptions::keepalive_*) close a connection whose server stopped
+// answering; a server process that dies is noticed at once (its kernel disconnects).
+//
 // Deadlines. A call fails with DEADLINE_EXCEEDED at its deadline whether or not the server
 // answers: a timer thread per channel sleeps until the earliest deadline of any call in flight.
 // The server is told (a cancel message), and a response that arrives afterwards is dropped, its
@@ -38,6 +44,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "rpc/generated_api.h"
+#include "rpc/metrics.h"
 #include "transport/connection.h"
 #include "transport/device_config.h"
 #include "transport/poller.h"
@@ -68,6 +75,12 @@ struct ChannelOptions {
   absl::Duration reconnect_backoff_max = absl::Seconds(5);
   // Registered memory for staging request payloads (rpc/staging.h).
   size_t staging_bytes = size_t{64} << 20;
+  // Liveness: a connection that received nothing for keepalive_interval sends a ping; a ping
+  // unanswered within keepalive_timeout closes the connection (its calls fail UNAVAILABLE). A
+  // server that vanished is noticed within about interval + timeout, idle or busy.
+  // keepalive_interval zero: no keepalives.
+  absl::Duration keepalive_interval = absl::Seconds(1);
+  absl::Duration keepalive_timeout = absl::Seconds(2);
 };
 
 struct ChannelStats {
@@ -93,6 +106,8 @@ class ClientChannel final : public Channel {
   // Connects every connection now instead of on the first calls; the first error, if any.
   absl::Status Connect(absl::Time deadline);
   ChannelStats stats() const;
+  // Per-method client metrics (calls, status codes, bytes, latency); PrometheusText() for scrapes.
+  const Metrics& metrics() const;
   const std::string& target() const;
 
  private:

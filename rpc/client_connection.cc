@@ -1,5 +1,6 @@
 #include "rpc/client_connection.h"
 
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <utility>
@@ -10,6 +11,13 @@
 
 namespace zrpc::internal {
 
+const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false};
+
+void ClientCall::End(absl::Status status) {
+  if (metrics != nullptr) metrics->OnFinish(status.code(), absl::Now() - start);
+  done(std::move(status));
+}
+
 void ClientConnection::Attach(std::shared_ptr<transport::Connection> connection) {
   connection_ = std::move(connection);
   absl::MutexLock lock(&self_mu_);
@@ -19,16 +27,27 @@ void ClientConnection::Attach(std::shared_ptr<transport::Connection> connection)
 
 void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& buffer,
                              size_t body_size, OutgoingBulk bulk, ClientCall call,
-                             absl::Time deadline) {
+                             const CallOptions& options) {
   const absl::Time now = absl::Now();
+  call.start = now;
+  if (call.metrics != nullptr) {
+    call.metrics->OnStart();
+    call.metrics->AddMessageBytes(body_size, 0);
+    call.metrics->AddBulkBytes(bulk.size(), 0);
+  }
   auto fail = [&](absl::Status status) {
     connection_->ReleaseSendBuffer(buffer);
     bulk.Reset();  // before done: the caller may reuse the bytes once it runs
-    call.done(std::move(status));
+    call.End(std::move(status));
   };
+  const absl::Time deadline = options.deadline;
   if (deadline <= now) {
     return fail(absl::DeadlineExceededError(
         absl::StrCat(call.method->full_name, ": the deadline passed before the call was sent")));
+  }
+  if (options.cancellation != nullptr && options.cancellation->cancelled()) {
+    return fail(absl::CancelledError(
+        absl::StrCat(call.method->full_name, ": cancelled before it was sent")));
   }
   const uint16_t method_index = static_cast<uint16_t>(call.method->index);
   const char* method_name = call.method->full_name;
@@ -41,7 +60,18 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
   const RpcHeader header =
       RpcHeader::Request(service_id, method_index, *id, TimeoutToWire(deadline, now));
   absl::Status sent = SendMessage(*connection_, buffer, header, body_size, std::move(bulk));
-  if (sent.ok()) return;
+  if (sent.ok()) {
+    if (options.cancellation != nullptr) {
+      // A stale id makes a late Cancel() harmless: the call may end (and its slot be reused by
+      // another call with a newer generation) before the hook runs.
+      std::weak_ptr<ClientConnection> weak = weak_from_this();
+      const uint64_t call_id = *id;
+      options.cancellation->SetHook([weak, call_id] {
+        if (std::shared_ptr<ClientConnection> self = weak.lock()) self->CancelCall(call_id);
+      });
+    }
+    return;
+  }
   // Not sent: the call ends here, unless something else (its deadline, the connection closing)
   // took it from the table first and ends it there.
   if (std::optional<ClientCall> taken = calls_.Take(*id)) {
@@ -49,8 +79,57 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
         sent.code() == absl::StatusCode::kCancelled) {
       sent = absl::UnavailableError(sent.message());
     }
-    taken->done(absl::Status(sent.code(), absl::StrCat(method_name, ": ", sent.message())));
+    taken->End(absl::Status(sent.code(), absl::StrCat(method_name, ": ", sent.message())));
   }
+}
+
+void ClientConnection::CancelCall(uint64_t id) {
+  std::optional<ClientCall> call = calls_.Take(id);
+  if (!call) return;
+  static_cast<void>(SendHeaderOnly(*connection_, RpcHeader::Cancel(id)));
+  call->End(absl::CancelledError(
+      absl::StrCat(call->method->full_name, ": cancelled by the caller")));
+}
+
+void ClientConnection::Keepalive(absl::Duration timeout) {
+  const uint64_t received = received_.load(std::memory_order_relaxed);
+  const bool idle = received == received_at_last_pass_;
+  received_at_last_pass_ = received;
+  if (!idle || closed() || ping_out_.exchange(true, std::memory_order_acq_rel)) return;
+  absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
+  if (!buffer.ok()) {
+    ping_out_.store(false, std::memory_order_release);
+    return;  // every slot is in flight: traffic is moving or about to fail on its own
+  }
+  ClientCall ping;
+  ping.method = &kKeepalivePing;
+  ping.response = &ping_reply_;
+  std::weak_ptr<ClientConnection> weak = weak_from_this();
+  ping.done = [weak, timeout](absl::Status status) {
+    if (std::shared_ptr<ClientConnection> self = weak.lock()) self->OnPingDone(status, timeout);
+  };
+  CallOptions options;
+  options.deadline = absl::Now() + timeout;
+  Start(ServiceId(kKeepaliveService), *buffer, 0, OutgoingBulk(), std::move(ping), options);
+}
+
+void ClientConnection::OnPingDone(const absl::Status& status, absl::Duration timeout) {
+  ping_out_.store(false, std::memory_order_release);
+  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    Close(absl::StrCat("keepalive: no answer from the server within ",
+                       absl::FormatDuration(timeout)));
+  }
+}
+
+void ClientConnection::Close(absl::string_view reason) {
+  {
+    absl::MutexLock lock(&reason_mu_);
+    if (close_reason_.empty()) close_reason_ = std::string(reason);
+  }
+  std::fprintf(stderr, "zrpc client: closing the connection to %s: %.*s\n",
+               connection_->peer_address().c_str(), static_cast<int>(reason.size()),
+               reason.data());
+  connection_->Close();
 }
 
 int ClientConnection::Expire(absl::Time now) {
@@ -58,7 +137,7 @@ int ClientConnection::Expire(absl::Time now) {
   for (TakenCall<ClientCall>& taken : expired) {
     // Best effort: a server that never hears of it finishes the call and its answer is dropped.
     static_cast<void>(SendHeaderOnly(*connection_, RpcHeader::Cancel(taken.id)));
-    taken.call.done(absl::DeadlineExceededError(
+    taken.call.End(absl::DeadlineExceededError(
         absl::StrCat(taken.call.method->full_name, ": deadline exceeded")));
   }
   return static_cast<int>(expired.size());
@@ -66,6 +145,7 @@ int ClientConnection::Expire(absl::Time now) {
 
 void ClientConnection::OnMessage(transport::Connection& connection,
                                  const transport::ReceivedMessage& message) {
+  received_.fetch_add(1, std::memory_order_relaxed);
   absl::StatusOr<IncomingMessage> incoming = Receive(connection, message);
   if (!incoming.ok()) return;
   const RpcKind kind = incoming->header.kind;
@@ -112,9 +192,13 @@ void ClientConnection::Complete(transport::Connection& connection, IncomingMessa
     *call.response_bulk = ReceiveReleaser::Wrap(connection.shared_from_this(), *message.bulk);
     message.bulk.reset();  // the caller's now
   }
+  if (call.metrics != nullptr && message.header.kind == RpcKind::kResponse) {
+    call.metrics->AddMessageBytes(0, message.body.size());  // responses only, like the server
+    if (call.response_bulk != nullptr) call.metrics->AddBulkBytes(0, call.response_bulk->size());
+  }
   Discard(connection, message);
   if (violation) Violation(connection, status.message());
-  call.done(std::move(status));
+  call.End(std::move(status));
 }
 
 void ClientConnection::OnClosed(transport::Connection& connection, const absl::Status& why) {
@@ -123,9 +207,14 @@ void ClientConnection::OnClosed(transport::Connection& connection, const absl::S
     closed_.store(true, std::memory_order_release);
   }
   DropUnpairedBulk(connection);
-  const absl::Status status = owner_.CloseStatus(connection.peer_address(), why);
+  absl::Status reason = why;
+  {
+    absl::MutexLock lock(&reason_mu_);
+    if (!close_reason_.empty()) reason = absl::UnavailableError(close_reason_);
+  }
+  const absl::Status status = owner_.CloseStatus(connection.peer_address(), reason);
   for (TakenCall<ClientCall>& taken : calls_.TakeAll()) {
-    taken.call.done(
+    taken.call.End(
         absl::Status(status.code(), absl::StrCat(taken.call.method->full_name, ": ",
                                                  status.message())));
   }

@@ -9,20 +9,35 @@
 //     or nothing for a late response (dropped, its memory given back at once) -> response parsed
 //     in place into the caller's message, payload handed over as an IncomingBulk -> done.
 //   timer thread: Expire -> TakeExpired -> done(DEADLINE_EXCEEDED), and a cancel to the server.
+//   any thread: Cancellation::Cancel -> CancelCall -> Take -> done(CANCELLED), and a cancel.
 //   OnClosed: TakeAll -> done(UNAVAILABLE, or CANCELLED when the channel is being destroyed).
 // Every call leaves the table exactly once, so `done` runs exactly once whoever wins.
+//
+// Keepalive. A connection can stay open to a host that is gone (power loss, a cable): RC
+// notices only when a work request exhausts its retries, and an idle connection posts none. So
+// the channel's timer calls Keepalive every keepalive_interval: when nothing arrived since the
+// last pass and no ping is out, the connection sends a ping (a request to the reserved service
+// "zrpc.Keepalive", which every server answers on its poller thread, never queued behind
+// handlers) with keepalive_timeout as its deadline. A ping that times out closes the
+// connection, failing its calls with UNAVAILABLE and the reason. A peer that died is thus
+// noticed within interval + timeout (plus one interval when traffic stopped just after a pass),
+// busy or idle.
 #ifndef ZRPC_RPC_CLIENT_CONNECTION_H_
 #define ZRPC_RPC_CLIENT_CONNECTION_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
+
+#include <google/protobuf/empty.pb.h>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "rpc/call_table.h"
 #include "rpc/generated_api.h"
+#include "rpc/metrics.h"
 #include "rpc/rpc_connection.h"
 
 namespace zrpc::internal {
@@ -42,6 +57,7 @@ class ClientConnectionOwner {
   // Why calls fail when their connection closes: UNAVAILABLE, or CANCELLED once the channel is
   // being destroyed.
   virtual absl::Status CloseStatus(const std::string& peer, const absl::Status& why) = 0;
+  virtual MethodMetrics& MetricsFor(const MethodInfo& method) = 0;
 
  protected:
   ~ClientConnectionOwner() = default;
@@ -52,7 +68,16 @@ struct ClientCall {
   ::google::protobuf::MessageLite* response = nullptr;
   IncomingBulk* response_bulk = nullptr;
   DoneCallback done;
+  MethodMetrics* metrics = nullptr;  // null for the runtime's own calls (keepalive)
+  absl::Time start;
+
+  // Records the outcome and runs `done`: the one way a call ends.
+  void End(absl::Status status);
 };
+
+// The reserved service every server answers itself (WIRE.md).
+inline constexpr absl::string_view kKeepaliveService = "zrpc.Keepalive";
+extern const MethodInfo kKeepalivePing;
 
 class ClientConnection final : public RpcConnection,
                                public std::enable_shared_from_this<ClientConnection> {
@@ -67,14 +92,19 @@ class ClientConnection final : public RpcConnection,
   // OnClosed has begun: the calls are failing or failed.
   bool closed() const { return closed_.load(std::memory_order_acquire); }
 
-  // Sends the request built in `buffer` (`body_size` bytes) for `call`; `done` runs once.
+  // Sends the request built in `buffer` (`body_size` bytes) for `call`; `call.done` runs once.
   void Start(uint32_t service_id, const transport::SendBuffer& buffer, size_t body_size,
-             OutgoingBulk bulk, ClientCall call, absl::Time deadline);
+             OutgoingBulk bulk, ClientCall call, const CallOptions& options);
+  // Ends call `id` with CANCELLED and tells the server; nothing when the call already ended.
+  void CancelCall(uint64_t id);
+  // One keepalive pass (see the top of this file).
+  void Keepalive(absl::Duration timeout);
   // Fails the calls whose deadline has passed, and tells the server; returns how many.
   int Expire(absl::Time now);
   absl::Time NextDeadline() { return calls_.NextDeadline(); }
   size_t calls_in_flight() const { return calls_.size(); }
-  void Close() { connection_->Close(); }
+  // Closes the connection; its calls fail with `reason` (UNAVAILABLE).
+  void Close(absl::string_view reason);
 
   void OnMessage(transport::Connection& connection,
                  const transport::ReceivedMessage& message) override;
@@ -82,6 +112,7 @@ class ClientConnection final : public RpcConnection,
 
  private:
   void Complete(transport::Connection& connection, IncomingMessage& message, ClientCall& call);
+  void OnPingDone(const absl::Status& status, absl::Duration timeout);
 
   ClientConnectionOwner& owner_;
   CallTable<ClientCall> calls_;
@@ -89,6 +120,15 @@ class ClientConnection final : public RpcConnection,
   absl::Mutex self_mu_;
   std::shared_ptr<ClientConnection> self_ ABSL_GUARDED_BY(self_mu_);  // until OnClosed
   std::atomic<bool> closed_{false};
+  absl::Mutex reason_mu_;
+  std::string close_reason_ ABSL_GUARDED_BY(reason_mu_);  // why this side closed, if it did
+
+  // Keepalive state: messages received (poller thread writes, timer reads), what the timer saw
+  // at its last pass, and whether a ping is out.
+  std::atomic<uint64_t> received_{0};
+  uint64_t received_at_last_pass_ = 0;  // timer thread only
+  std::atomic<bool> ping_out_{false};
+  google::protobuf::Empty ping_reply_;  // one ping at a time; parsed on the poller thread
 };
 
 }  // namespace zrpc::internal

@@ -47,6 +47,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -54,10 +55,53 @@
 
 namespace zrpc {
 
+// Lets a caller give up on a call before its deadline. Cancel() ends the call with kCancelled
+// (its DoneCallback runs, or the blocking call returns) and tells the server, whose handler sees
+// ServerContext::IsCancelled(); a response that arrives afterwards is dropped. A call started
+// with a Cancellation already cancelled fails at once without being sent. Cancelling a call
+// that already ended does nothing. One Cancellation per call; any thread.
+class Cancellation {
+ public:
+  void Cancel() {
+    ::std::function<void()> hook;
+    {
+      ::absl::MutexLock lock(&mu_);
+      if (cancelled_) return;
+      cancelled_ = true;
+      hook = ::std::move(hook_);
+    }
+    if (hook) hook();
+  }
+  bool cancelled() const {
+    ::absl::MutexLock lock(&mu_);
+    return cancelled_;
+  }
+  // For the runtime: what Cancel() does to the call in flight. Runs `hook` at once (and returns
+  // false) when Cancel() came first.
+  bool SetHook(::std::function<void()> hook) {
+    {
+      ::absl::MutexLock lock(&mu_);
+      if (!cancelled_) {
+        hook_ = ::std::move(hook);
+        return true;
+      }
+    }
+    hook();
+    return false;
+  }
+
+ private:
+  mutable ::absl::Mutex mu_;
+  bool cancelled_ = false;
+  ::std::function<void()> hook_;
+};
+
 // Per-call options.
 struct CallOptions {
   // The call fails with kDeadlineExceeded if no response has arrived by then.
   ::absl::Time deadline = ::absl::InfiniteFuture();
+  // Optional: lets the caller cancel the call (see Cancellation).
+  ::std::shared_ptr<Cancellation> cancellation;
 
   static CallOptions Timeout(::absl::Duration timeout) {
     CallOptions options;

@@ -60,8 +60,15 @@ absl::Status ServerCore::AddService(Service* service) {
                               "name); rename one",
                               info.full_name, other, id));
   }
-  services_.emplace(id, ServiceEntry{service, std::vector<bool>(info.method_count,
-                                                                options_.inline_by_default)});
+  if (id == ServiceId("zrpc.Keepalive")) {
+    return absl::InvalidArgumentError("zrpc.Keepalive is reserved for the runtime's keepalives");
+  }
+  ServiceEntry entry{service, std::vector<bool>(info.method_count, options_.inline_by_default),
+                     {}};
+  for (int i = 0; i < info.method_count; ++i) {
+    entry.metrics.push_back(&metrics_.ForMethod(MetricsSide::kServer, info.methods[i].full_name));
+  }
+  services_.emplace(id, std::move(entry));
   return absl::OkStatus();
 }
 
@@ -207,6 +214,7 @@ ServerStats ServerCore::stats() const {
   stats.unimplemented = unimplemented_.load(std::memory_order_relaxed);
   stats.protocol_violations = closed_violations_.load(std::memory_order_relaxed);
   stats.cancels_received = cancels_.load(std::memory_order_relaxed);
+  stats.keepalives_answered = keepalives_.load(std::memory_order_relaxed);
   return stats;
 }
 
@@ -229,5 +237,6 @@ void Server::Shutdown(absl::Duration grace) { core_->Shutdown(grace); }
 uint16_t Server::port() const { return core_->port(); }
 std::string Server::address() const { return core_->address(); }
 ServerStats Server::stats() const { return core_->stats(); }
+const Metrics& Server::metrics() const { return core_->metrics(); }
 
 }  // namespace zrpc

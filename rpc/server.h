@@ -38,6 +38,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "rpc/generated_api.h"
+#include "rpc/metrics.h"
 #include "transport/device_config.h"
 #include "transport/listener.h"
 #include "transport/poller.h"
@@ -78,6 +79,7 @@ struct ServerStats {
   uint64_t unimplemented = 0;       // requests for a service or method this server lacks
   uint64_t protocol_violations = 0;  // connections closed for breaking the protocol
   uint64_t cancels_received = 0;
+  uint64_t keepalives_answered = 0;
 };
 
 class Server {
@@ -103,6 +105,8 @@ class Server {
   uint16_t port() const;
   std::string address() const;
   ServerStats stats() const;
+  // Per-method server metrics (calls, status codes, bytes, latency); PrometheusText() for scrapes.
+  const Metrics& metrics() const;
 
  private:
   explicit Server(std::unique_ptr<internal::ServerCore> core);

@@ -12,13 +12,19 @@ namespace zrpc::internal {
 ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
                                std::shared_ptr<transport::Connection> connection,
                                Service* service, const MethodInfo& method,
-                               const IncomingMessage& request, absl::Time now)
+                               MethodMetrics& metrics, const IncomingMessage& request,
+                               absl::Time now)
     : owner_(std::move(owner)),
       connection_(std::move(connection)),
       service_(service),
       method_(method),
+      metrics_(metrics),
+      start_(now),
       request_(request) {
   context_.deadline = DeadlineFromWire(request.header.timeout_us, now);
+  metrics_.OnStart();
+  metrics_.AddMessageBytes(0, request.body.size());
+  metrics_.AddBulkBytes(0, request.bulk ? request.bulk->size : 0);
 }
 
 IncomingBulk ServerCallImpl::TakeRequestBulk() {
@@ -42,11 +48,13 @@ absl::StatusOr<SendSlot> ServerCallImpl::AcquireResponseSlot(size_t size) {
 }
 
 void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) {
+  absl::StatusCode code = absl::StatusCode::kUnavailable;  // what AnswerFor sent
   if (!answered_.exchange(true, std::memory_order_acq_rel)) {
-    SendResponse(std::move(status), response, std::move(response_bulk));
+    code = SendResponse(std::move(status), response, std::move(response_bulk)).code();
   } else {
     response_bulk.Reset();  // answered already (Shutdown): this answer is discarded
   }
+  metrics_.OnFinish(code, absl::Now() - start_);
   if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
   static_cast<void>(connection_->Release(request_.handle));
   if (request_.bulk) static_cast<void>(connection_->Release(request_.bulk->handle));
@@ -56,8 +64,8 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
   core.CallDone();
 }
 
-void ServerCallImpl::SendResponse(absl::Status status, SendSlot* response,
-                                  OutgoingBulk response_bulk) {
+absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* response,
+                                          OutgoingBulk response_bulk) {
   if (status.ok() && (response == nullptr || !response_buffer_)) {
     status = absl::InternalError(absl::StrCat(method_.full_name,
                                               ": finished OK without a response slot"));
@@ -69,9 +77,15 @@ void ServerCallImpl::SendResponse(absl::Status status, SendSlot* response,
   }
   if (status.ok()) {
     const transport::SendBuffer buffer = *std::exchange(response_buffer_, {});
+    const size_t bulk_size = response_bulk.size();
     status = owner_->SendMessage(*connection_, buffer, RpcHeader::Response(call_id()),
                                  response->size, std::move(response_bulk));
-    if (status.ok() || !connection_->open()) return;
+    if (status.ok()) {
+      metrics_.AddMessageBytes(response->size, 0);
+      metrics_.AddBulkBytes(bulk_size, 0);
+      return status;
+    }
+    if (!connection_->open()) return absl::UnavailableError(status.message());
     // The response could not go (its payload is larger than the client's arena, or no staging
     // memory): the client hears why instead of waiting for its deadline.
   }
@@ -85,6 +99,7 @@ void ServerCallImpl::SendResponse(absl::Status status, SendSlot* response,
                  connection_->peer_address().c_str(), sent.ToString().c_str());
     connection_->Close();
   }
+  return status;
 }
 
 bool ServerCallImpl::AnswerFor(const absl::Status& status) {
@@ -128,6 +143,18 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     Discard(connection, request);
     if (!SendError(connection, header.call_id, status).ok()) connection.Close();
   };
+  if (header.service_id == ServiceId("zrpc.Keepalive")) {
+    // Answered here, on the poller thread, so that busy handlers never delay it: a keepalive
+    // asks whether this process and its connection are alive, not whether it has spare threads.
+    Discard(connection, request);
+    core_.CountKeepalive();
+    absl::StatusOr<transport::SendBuffer> buffer = connection.AcquireSendBuffer();
+    if (buffer.ok()) {
+      static_cast<void>(
+          SendMessage(connection, *buffer, RpcHeader::Response(header.call_id), 0, OutgoingBulk()));
+    }
+    return;
+  }
   if (core_.draining()) {
     return answer_error(absl::UnavailableError("the server is shutting down"));
   }
@@ -157,7 +184,8 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     absl::MutexLock lock(&mu_);
     if (!calls_.contains(header.call_id)) {
       call = new ServerCallImpl(shared_from_this(), connection.shared_from_this(),
-                                entry->service, method, request, absl::Now());
+                                entry->service, method, *entry->metrics[method.index], request,
+                                absl::Now());
       calls_.emplace(header.call_id, call);
     }
   }

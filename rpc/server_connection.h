@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "rpc/generated_api.h"
 #include "rpc/handler_pool.h"
+#include "rpc/metrics.h"
 #include "rpc/rpc_connection.h"
 
 namespace zrpc::internal {
@@ -40,7 +41,8 @@ class ServerCallImpl final : public ServerCall, public PoolTask {
  public:
   ServerCallImpl(std::shared_ptr<ServerConnection> owner,
                  std::shared_ptr<transport::Connection> connection, Service* service,
-                 const MethodInfo& method, const IncomingMessage& request, absl::Time now);
+                 const MethodInfo& method, MethodMetrics& metrics, const IncomingMessage& request,
+                 absl::Time now);
 
   ServerContext& context() override { return context_; }
   const uint8_t* request_data() const override { return request_.body.data(); }
@@ -59,12 +61,15 @@ class ServerCallImpl final : public ServerCall, public PoolTask {
 
  private:
   ~ServerCallImpl() override = default;
-  void SendResponse(absl::Status status, SendSlot* response, OutgoingBulk response_bulk);
+  // Sends the response or the error; returns the status the client gets.
+  absl::Status SendResponse(absl::Status status, SendSlot* response, OutgoingBulk response_bulk);
 
   std::shared_ptr<ServerConnection> owner_;
   std::shared_ptr<transport::Connection> connection_;
   Service* service_;
   const MethodInfo& method_;
+  MethodMetrics& metrics_;
+  const absl::Time start_;
   IncomingMessage request_;
   ServerContext context_;
   std::optional<transport::SendBuffer> response_buffer_;

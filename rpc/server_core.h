@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "rpc/generated_api.h"
 #include "rpc/handler_pool.h"
+#include "rpc/metrics.h"
 #include "rpc/server.h"
 #include "rpc/server_connection.h"
 #include "rpc/staging.h"
@@ -32,6 +33,7 @@ class ServerCore final : public transport::AcceptHandler {
   struct ServiceEntry {
     Service* service;
     std::vector<bool> inline_methods;
+    std::vector<MethodMetrics*> metrics;  // by method index
   };
 
   static absl::StatusOr<std::unique_ptr<ServerCore>> Create(const ServerOptions& options);
@@ -63,6 +65,8 @@ class ServerCore final : public transport::AcceptHandler {
   void CallDone();
   void ConnectionClosed(ServerConnection* connection);
   HandlerPool& pool() { return *pool_; }
+  const Metrics& metrics() const { return metrics_; }
+  void CountKeepalive() { keepalives_.fetch_add(1, std::memory_order_relaxed); }
   StagingPool& staging() { return *staging_; }
   void CountUnimplemented() { unimplemented_.fetch_add(1, std::memory_order_relaxed); }
   void CountCancel() { cancels_.fetch_add(1, std::memory_order_relaxed); }
@@ -79,6 +83,7 @@ class ServerCore final : public transport::AcceptHandler {
   std::unique_ptr<transport::Listener> listener_;
 
   absl::flat_hash_map<uint32_t, ServiceEntry> services_;
+  Metrics metrics_;
   bool started_ = false;
   uint16_t port_ = 0;
   std::atomic<bool> draining_{false};
@@ -95,6 +100,7 @@ class ServerCore final : public transport::AcceptHandler {
   std::atomic<uint64_t> calls_started_{0};
   std::atomic<uint64_t> unimplemented_{0};
   std::atomic<uint64_t> cancels_{0};
+  std::atomic<uint64_t> keepalives_{0};
   std::atomic<uint64_t> closed_violations_{0};
 };
 

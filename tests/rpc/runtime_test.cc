@@ -5,6 +5,7 @@
 #include <google/protobuf/wrappers.pb.h>
 
 #include <algorithm>
+#include <deque>
 #include <atomic>
 #include <memory>
 #include <set>
@@ -21,9 +22,11 @@
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "tests/pattern.h"
+#include "tests/rpc/prometheus_parse.h"
 #include "tests/rdma_device.h"
 #include "transport/connection.h"
 #include "transport/device.h"
+#include "transport/listener.h"
 #include "transport/poller.h"
 
 namespace {
@@ -428,7 +431,9 @@ TEST_CASE("deadline exceeded while the server sleeps: the late response is dropp
   CHECK(rt.channel->stats().connections_lost == 0);
 
   // A deadline already past fails without being sent.
-  s = stub.SayHello(request, &reply, CallOptions{absl::Now() - absl::Seconds(1)});
+  CallOptions past;
+  past.deadline = absl::Now() - absl::Seconds(1);
+  s = stub.SayHello(request, &reply, past);
   CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
 }
 
@@ -636,6 +641,283 @@ TEST_CASE("a client that breaks the protocol is disconnected; other clients keep
   REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
   CHECK(reply.message() == "Hello, still good");
   connection->reset();
+}
+
+TEST_CASE("a caller cancels a call: it ends CANCELLED at once, the server hears of it") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Runtime rt(config);
+  Greeter::Stub stub(rt.channel.get());
+  HelloRequest request;
+  request.set_name("sleep:500");
+  HelloReply reply;
+  CallOptions options;
+  options.deadline = absl::Now() + kLong;
+  options.cancellation = std::make_shared<zrpc::Cancellation>();
+  absl::Notification done;
+  absl::Status status;
+  stub.AsyncSayHello(request, &reply, options, [&](absl::Status s) {
+    status = s;
+    done.Notify();
+  });
+  absl::Time until = absl::Now() + kLong;
+  while (rt.server->stats().calls_in_flight == 0 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  absl::Time before = absl::Now();
+  options.cancellation->Cancel();
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  CHECK(absl::Now() - before < absl::Milliseconds(400));  // not the handler's 500 ms
+  CHECK(status.code() == absl::StatusCode::kCancelled);
+  options.cancellation->Cancel();  // again: nothing
+  until = absl::Now() + absl::Seconds(10);
+  while ((rt.greeter.saw_cancelled_.load() == 0 || rt.channel->stats().late_responses == 0) &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  CHECK(rt.server->stats().cancels_received == 1);
+  CHECK(rt.greeter.saw_cancelled_.load() == 1);
+  CHECK(rt.channel->stats().late_responses == 1);
+
+  // Cancelled before it starts: fails without being sent.
+  CallOptions cancelled;
+  cancelled.cancellation = std::make_shared<zrpc::Cancellation>();
+  cancelled.cancellation->Cancel();
+  request.set_name("never");
+  CHECK(stub.SayHello(request, &reply, cancelled).code() == absl::StatusCode::kCancelled);
+  CHECK(rt.server->stats().calls_started == 1);
+}
+
+// Finishes calls later, from a thread of its own: the form for servers that forward or wait.
+class LaterGreeter : public Greeter::AsyncService {
+ public:
+  using Pending = zrpc::PendingCall<HelloRequest, HelloReply>;
+  ~LaterGreeter() override { Stop(); }
+  void SayHello(std::unique_ptr<Pending> call) override {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(call));
+  }
+  void Start() {
+    worker_ = std::thread([this] {
+      for (;;) {
+        std::unique_ptr<Pending> call;
+        {
+          absl::MutexLock lock(&mu_);
+          mu_.Await(absl::Condition(
+              +[](LaterGreeter* g) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                return !g->queue_.empty() || g->stop_;
+              },
+              this));
+          if (queue_.empty()) return;
+          call = std::move(queue_.front());
+          queue_.pop_front();
+        }
+        absl::SleepFor(absl::Milliseconds(5));  // the handler returned long ago
+        const std::string& name = call->request().name();
+        if (name == "drop") continue;  // destroyed unfinished: the client gets INTERNAL
+        if (name == "fail") {
+          call->Finish(absl::AbortedError("failed later"));
+          continue;
+        }
+        call->response()->set_message("Later, " + name);
+        call->Finish(absl::OkStatus());
+      }
+    });
+  }
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (worker_.joinable()) worker_.join();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<Pending>> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+TEST_CASE("async handlers finish calls later from another thread, inline or pool dispatch") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  const bool inline_dispatch = GENERATE(false, true);
+  INFO("inline dispatch: " << inline_dispatch);
+  LaterGreeter greeter;
+  greeter.Start();
+  zrpc::ServerOptions server_options;
+  server_options.device = config;
+  server_options.inline_by_default = inline_dispatch;
+  auto server = zrpc::Server::Create(server_options);
+  REQUIRE(server.ok());
+  REQUIRE((*server)->AddService(&greeter).ok());
+  REQUIRE((*server)->Start().ok());
+  zrpc::ChannelOptions channel_options;
+  channel_options.device = config;
+  auto channel = zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()),
+                                     channel_options);
+  REQUIRE(channel.ok());
+  Greeter::Stub stub(channel->get());
+
+  // Many at once: all held by the worker, answered in turn.
+  constexpr int kCalls = 200;
+  std::vector<HelloRequest> requests(kCalls);
+  std::vector<HelloReply> replies(kCalls);
+  std::vector<absl::Status> statuses(kCalls);
+  std::atomic<int> finished{0};
+  for (int i = 0; i < kCalls; ++i) {
+    requests[i].set_name(absl::StrCat("n", i));
+    stub.AsyncSayHello(requests[i], &replies[i], Within(kLong), [&, i](absl::Status s) {
+      statuses[i] = s;
+      finished.fetch_add(1);
+    });
+  }
+  absl::Time until = absl::Now() + kLong;
+  while (finished.load() < kCalls && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  REQUIRE(finished.load() == kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    INFO(statuses[i]);
+    CHECK(statuses[i].ok());
+    CHECK(replies[i].message() == absl::StrCat("Later, n", i));
+  }
+  HelloRequest request;
+  HelloReply reply;
+  request.set_name("fail");
+  absl::Status s = stub.SayHello(request, &reply, Within(kLong));
+  CHECK(s.code() == absl::StatusCode::kAborted);
+  CHECK(s.message() == "failed later");
+  request.set_name("drop");
+  s = stub.SayHello(request, &reply, Within(kLong));
+  CHECK(s.code() == absl::StatusCode::kInternal);
+  CHECK(absl::StrContains(s.message(), "dropped the call without finishing"));
+  CHECK((*server)->stats().calls_in_flight == 0);
+  (*server)->Shutdown(absl::Seconds(5));
+  greeter.Stop();
+}
+
+TEST_CASE("metrics: the Prometheus text parses and agrees with the calls made") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Runtime rt(config);
+  Greeter::Stub stub(rt.channel.get());
+  HelloRequest request;
+  request.set_name("m");
+  HelloReply reply;
+  for (int i = 0; i < 20; ++i) REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  request.set_name("error");
+  CHECK(stub.SayHello(request, &reply, Within(kLong)).code() ==
+        absl::StatusCode::kPermissionDenied);
+  const std::string sizes_request = HelloRequest().SerializeAsString();
+
+  for (bool server_side : {false, true}) {
+    const std::string text =
+        server_side ? rt.server->metrics().PrometheusText() : rt.channel->metrics().PrometheusText();
+    INFO(text);
+    auto parsed = zrpc::testing::ParsePrometheusText(text);
+    INFO(parsed.status());
+    REQUIRE(parsed.ok());
+    const std::string labels =
+        absl::StrCat("side=\"", server_side ? "server" : "client",
+                     "\",method=\"zrpc.examples.Greeter/SayHello\"");
+    auto at = [&](const std::string& name, const std::string& extra = "") {
+      const std::string key =
+          absl::StrCat(name, "{", labels, extra.empty() ? "" : ",", extra, "}");
+      INFO(key);
+      REQUIRE(parsed->count(key) == 1);
+      return parsed->at(key);
+    };
+    CHECK(at("zrpc_calls_started_total") == 21);
+    CHECK(at("zrpc_calls_finished_total", "code=\"OK\"") == 20);
+    CHECK(at("zrpc_calls_finished_total", "code=\"PERMISSION_DENIED\"") == 1);
+    CHECK(at("zrpc_calls_in_flight") == 0);
+    CHECK(at("zrpc_call_latency_seconds_count") == 21);
+    CHECK(at("zrpc_call_latency_seconds_bucket", "le=\"+Inf\"") == 21);
+    CHECK(at("zrpc_call_latency_seconds_sum") > 0);
+    // Requests are 3 bytes ("m" as field 1) x 20 plus 7 ("error"); replies 10 bytes x 20.
+    const double requests = 20 * 3 + 7;
+    const double replies = 20 * 10;
+    CHECK(at("zrpc_message_bytes_total", "direction=\"sent\"") ==
+          (server_side ? replies : requests));
+    CHECK(at("zrpc_message_bytes_total", "direction=\"received\"") ==
+          (server_side ? requests : replies));
+  }
+  static_cast<void>(sizes_request);
+}
+
+// Takes connections and never answers: a server whose host has hung.
+class Mute : public zrpc::transport::AcceptHandler {
+ public:
+  explicit Mute(zrpc::transport::Poller* poller) : poller_(poller) {}
+  absl::StatusOr<zrpc::transport::Placement> Place(const std::string&) override {
+    return zrpc::transport::Placement{poller_, &quiet_};
+  }
+  void OnAccepted(std::shared_ptr<zrpc::transport::Connection> c) override {
+    absl::MutexLock lock(&mu_);
+    connections_.push_back(std::move(c));
+  }
+  void CloseAll() {
+    absl::MutexLock lock(&mu_);
+    for (auto& c : connections_) c->Close();
+  }
+
+ private:
+  zrpc::transport::Poller* poller_;
+  Quiet quiet_;
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<zrpc::transport::Connection>> connections_;
+};
+
+TEST_CASE("keepalives: a server that stops answering fails the calls waiting on it, UNAVAILABLE, "
+          "within interval + timeout") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  auto device = zrpc::transport::Device::Open(config);
+  REQUIRE(device.ok());
+  auto poller = zrpc::transport::Poller::Create(**device);
+  REQUIRE(poller.ok());
+  REQUIRE((*poller)->Start().ok());
+  Mute mute(poller->get());
+  auto listener = zrpc::transport::Listener::Create(**device, "", 0, &mute);
+  REQUIRE(listener.ok());
+
+  zrpc::ChannelOptions options;
+  options.device = config;
+  options.keepalive_interval = absl::Milliseconds(200);
+  options.keepalive_timeout = absl::Milliseconds(300);
+  auto channel =
+      zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*listener)->port()), options);
+  REQUIRE(channel.ok());
+  Greeter::Stub stub(channel->get());
+  HelloRequest request;
+  request.set_name("anyone?");
+  HelloReply reply;
+  absl::Time before = absl::Now();
+  absl::Status s = stub.SayHello(request, &reply, CallOptions());  // no deadline of its own
+  absl::Duration took = absl::Now() - before;
+  INFO(s);
+  CHECK(s.code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::StrContains(s.message(), "keepalive"));
+  CHECK(took < absl::Seconds(3));
+  CHECK((*channel)->stats().connections_lost == 1);
+  channel->reset();
+  mute.CloseAll();
+  listener->reset();
+}
+
+TEST_CASE("a served connection answers keepalives while every handler thread is busy") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ServerOptions server_options;
+  server_options.handler_threads = 1;
+  zrpc::ChannelOptions channel_options;
+  channel_options.keepalive_interval = absl::Milliseconds(100);
+  channel_options.keepalive_timeout = absl::Milliseconds(300);
+  Runtime rt(config, server_options, channel_options);
+  Greeter::Stub stub(rt.channel.get());
+  HelloRequest request;
+  request.set_name("sleep:1500");  // the one handler thread, for 1.5 s: no traffic meanwhile
+  HelloReply reply;
+  absl::Status s = stub.SayHello(request, &reply, Within(kLong));
+  INFO(s);
+  CHECK(s.ok());
+  CHECK(rt.server->stats().keepalives_answered >= 3);
+  CHECK(rt.channel->stats().connections_lost == 0);
 }
 
 }  // namespace
