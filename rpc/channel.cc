@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "rpc/client_connection.h"
 #include "rpc/rpc_header.h"
 #include "rpc/shared_device.h"
@@ -139,7 +140,7 @@ class ChannelCore final : public ClientConnectionOwner {
 };
 
 absl::Status ChannelCore::Init() {
-  absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options_.device);
+  absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options_.device, options_.slots);
   if (!device.ok()) return device.status();
   device_ = *std::move(device);
   staging_ = std::make_unique<StagingPool>(*device_, options_.staging_bytes);
@@ -415,8 +416,10 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
         "a ", size, "-byte request exceeds the ", internal::RpcConnection::MaxBody(c),
         " bytes a message carries; large data belongs in a bulk payload"));
   }
-  // A slot frees when an earlier message's send completes: wait for one, up to the deadline.
-  for (;;) {
+  // A slot frees when an earlier message's send completes: wait for one, up to the deadline,
+  // yielding first (it is usually a matter of microseconds) and then sleeping, so a connection
+  // stalled by its peer does not cost a spinning core per waiting caller.
+  for (int attempt = 0;; ++attempt) {
     absl::StatusOr<transport::SendBuffer> buffer = c.AcquireSendBuffer();
     if (buffer.ok()) {
       auto* ticket = new internal::SlotTicket{*std::move(connection), *buffer};
@@ -427,7 +430,11 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
         absl::Now() >= options.deadline || !(*connection)->open()) {
       return buffer.status();
     }
-    std::this_thread::yield();
+    if (attempt < 64) {
+      std::this_thread::yield();
+    } else {
+      absl::SleepFor(absl::Microseconds(100));
+    }
   }
 }
 

@@ -73,6 +73,9 @@ struct ChannelOptions {
   // Reconnection backoff (see the top of this file).
   absl::Duration reconnect_backoff_initial = absl::Milliseconds(50);
   absl::Duration reconnect_backoff_max = absl::Seconds(5);
+  // The device's registered message slots (see ServerOptions::slots): slot_size bounds the
+  // largest message and must match the server's.
+  transport::SlotPoolOptions slots;
   // Registered memory for staging request payloads (rpc/staging.h).
   size_t staging_bytes = size_t{64} << 20;
   // Liveness: a connection that received nothing for keepalive_interval sends a ping; a ping

@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
                                                    "; it must be in [1, 1024]"));
   }
   std::unique_ptr<ServerCore> core(new ServerCore(options));
-  absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options.device);
+  absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options.device, options.slots);
   if (!device.ok()) return device.status();
   core->device_ = *std::move(device);
   core->staging_ = std::make_unique<StagingPool>(*core->device_, options.staging_bytes);

@@ -67,6 +67,10 @@ struct ServerOptions {
   // Accepting: handshake deadline, admission limits, and every connection's options (its
   // arena_size bounds the largest request payload a client can send).
   transport::ListenerOptions listener;
+  // The device's registered message slots, shared with other servers and channels of the
+  // process that ask for the same: slot_size bounds the largest message (request or response,
+  // 40 bytes of headers included) and must match the clients'.
+  transport::SlotPoolOptions slots;
   // Registered memory for staging response payloads (rpc/staging.h).
   size_t staging_bytes = size_t{64} << 20;
 };

@@ -17,9 +17,10 @@
 namespace zrpc::internal {
 
 // The device `config` selects, or with none, the one the environment names (ZRPC_RDMA_*), or
-// the first active one. Thread-safe.
+// the first active one, with a slot pool of `slots`. Users asking for the same device with other
+// slot options get a Device of their own (its own protection domain and pool). Thread-safe.
 absl::StatusOr<std::shared_ptr<transport::Device>> SharedDevice(
-    const std::optional<transport::DeviceConfig>& config);
+    const std::optional<transport::DeviceConfig>& config, const transport::SlotPoolOptions& slots);
 
 }  // namespace zrpc::internal
 
