@@ -1,0 +1,175 @@
+#include "benchmarks/bench_args.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace zrpc::bench {
+namespace {
+
+constexpr uint64_t kMaxSize = uint64_t{1} << 30;
+
+template <typename T>
+absl::Status ParseList(const std::string& flag, const std::string& text, T min, T max,
+                       std::vector<T>* out) {
+  out->clear();
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    T value{};
+    if (!absl::SimpleAtoi(part, &value) || value < min || value > max) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": \"", part,
+                                                     "\" is not a number in [", min, ", ", max,
+                                                     "]"));
+    }
+    out->push_back(value);
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status ParseOne(const std::string& flag, const std::string& text, T min, T max, T* out) {
+  std::vector<T> values;
+  if (absl::Status s = ParseList(flag, text, min, max, &values); !s.ok()) return s;
+  if (values.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " takes one number"));
+  }
+  *out = values[0];
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* WorkloadName(Workload workload) {
+  switch (workload) {
+    case Workload::kEcho:
+      return "echo";
+    case Workload::kPut:
+      return "put";
+    case Workload::kGet:
+      return "get";
+  }
+  return "?";
+}
+
+uint64_t MaxEchoPayload(uint64_t slot_size) {
+  // Frame header 8 + RPC header 32 + the bytes field's tag and length (at most 1 + 5).
+  constexpr uint64_t kOverhead = 8 + 32 + 6;
+  return slot_size > kOverhead ? slot_size - kOverhead : 0;
+}
+
+absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
+  BenchArgs parsed;
+  if (args.empty() || (args[0] != "server" && args[0] != "client")) {
+    return absl::InvalidArgumentError("the first argument is the mode: server or client");
+  }
+  parsed.server = args[0] == "server";
+  bool sweep = false;
+  bool calls_set = false;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    const bool takes_value = flag != "--event" && flag != "--sweep";
+    if (takes_value && i + 1 >= args.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " needs a value"));
+    }
+    const std::string value = takes_value ? args[++i] : "";
+    // A client flag given to a server (or the reverse) is a mistake, not a no-op.
+    const bool server_only = flag == "--listen" || flag == "--max-bulk";
+    const bool client_only = flag == "--connect" || flag == "--workload" || flag == "--size" ||
+                             flag == "--in-flight" || flag == "--connections" ||
+                             flag == "--threads" || flag == "--calls" || flag == "--duration" ||
+                             flag == "--warmup" || flag == "--round" || flag == "--json" ||
+                             flag == "--sweep";
+    if ((parsed.server && client_only) || (!parsed.server && server_only)) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " is a ",
+                                                     server_only ? "server" : "client",
+                                                     " flag, not a ",
+                                                     parsed.server ? "server" : "client", " one"));
+    }
+    absl::Status s;
+    if (flag == "--listen") {
+      parsed.listen = value;
+    } else if (flag == "--max-bulk") {
+      s = ParseOne(flag, value, uint64_t{1}, kMaxSize, &parsed.max_bulk);
+    } else if (flag == "--pollers") {
+      s = ParseOne(flag, value, 1, 64, &parsed.pollers);
+    } else if (flag == "--event") {
+      parsed.event = true;
+    } else if (flag == "--connect") {
+      parsed.connect = value;
+    } else if (flag == "--workload") {
+      if (value == "echo") {
+        parsed.workload = Workload::kEcho;
+      } else if (value == "put") {
+        parsed.workload = Workload::kPut;
+      } else if (value == "get") {
+        parsed.workload = Workload::kGet;
+      } else {
+        s = absl::InvalidArgumentError(
+            absl::StrCat("--workload: \"", value, "\" is not echo, put or get"));
+      }
+    } else if (flag == "--size") {
+      s = ParseList(flag, value, uint64_t{0}, kMaxSize, &parsed.sizes);
+    } else if (flag == "--in-flight") {
+      s = ParseList(flag, value, 1, 4096, &parsed.in_flight);
+    } else if (flag == "--connections") {
+      s = ParseList(flag, value, 1, 256, &parsed.connections);
+    } else if (flag == "--threads") {
+      s = ParseOne(flag, value, 1, 256, &parsed.threads);
+    } else if (flag == "--calls") {
+      s = ParseOne(flag, value, uint64_t{1}, uint64_t{1} << 40, &parsed.calls);
+      calls_set = true;
+    } else if (flag == "--duration") {
+      double seconds = 0;
+      if (!absl::SimpleAtod(value, &seconds) || !(seconds > 0) || seconds > 86400) {
+        s = absl::InvalidArgumentError(
+            absl::StrCat("--duration: \"", value, "\" is not a number of seconds in (0, 86400]"));
+      }
+      parsed.duration = absl::Seconds(seconds);
+    } else if (flag == "--warmup") {
+      s = ParseOne(flag, value, uint64_t{0}, uint64_t{1} << 40, &parsed.warmup);
+    } else if (flag == "--round") {
+      s = ParseOne(flag, value, 0, 1000000, &parsed.round);
+    } else if (flag == "--json") {
+      parsed.json = value;
+    } else if (flag == "--sweep") {
+      sweep = true;
+    } else {
+      s = absl::InvalidArgumentError(absl::StrCat("unknown flag \"", flag, "\""));
+    }
+    if (!s.ok()) return s;
+  }
+  if (parsed.server) return parsed;
+  if (parsed.connect.empty()) return absl::InvalidArgumentError("client: --connect is required");
+  if (calls_set && parsed.duration > absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--calls and --duration exclude each other");
+  }
+  if (sweep) {
+    if (parsed.workload == Workload::kEcho) {
+      parsed.sizes = {0, 64, 512, 4096};
+    } else {
+      parsed.sizes = {4096, 65536, 1 << 20, 16 << 20};
+    }
+    parsed.in_flight = {1, 4, 16, 64};
+    parsed.connections = {1, 2};
+  }
+  for (int in_flight : parsed.in_flight) {
+    if (in_flight < parsed.threads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--in-flight ", in_flight, " is less than --threads ", parsed.threads,
+          ": every thread keeps at least one call in flight"));
+    }
+  }
+  if (parsed.workload == Workload::kEcho) {
+    for (uint64_t size : parsed.sizes) {
+      if (size > (uint64_t{1} << 20)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--size ", size, ": echo carries its payload in the message; use put or get for "
+            "payloads over 1 MiB"));
+      }
+    }
+  }
+  return parsed;
+}
+
+}  // namespace zrpc::bench

@@ -1,0 +1,64 @@
+// zrpc_bench's command line, parsed and checked apart from main so tests can feed it anything.
+//
+//   zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event] [--max-bulk BYTES]
+//   zrpc_bench client --connect ADDR:PORT [--workload echo|put|get] [--size B[,B...]]
+//                     [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]
+//                     [--calls N | --duration SECONDS] [--warmup N] [--round N]
+//                     [--json FILE] [--event] [--sweep]
+//
+// Lists (sizes, calls in flight, connections) run every combination, in that nesting order;
+// --sweep sets the lists to a standard walk for the workload. Every figure is checked here:
+// a benchmark that silently measured something else than asked would be worse than none.
+#ifndef ZRPC_BENCHMARKS_BENCH_ARGS_H_
+#define ZRPC_BENCHMARKS_BENCH_ARGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace zrpc::bench {
+
+enum class Workload { kEcho, kPut, kGet };
+const char* WorkloadName(Workload workload);
+
+struct BenchArgs {
+  bool server = false;
+  // Server.
+  std::string listen;  // empty: the device's address, port 7471
+  uint64_t max_bulk = 16u << 20;
+  // Both.
+  int pollers = 1;
+  bool event = false;  // event-mode pollers instead of busy polling
+  // Client.
+  std::string connect;
+  Workload workload = Workload::kEcho;
+  std::vector<uint64_t> sizes = {64};
+  std::vector<int> in_flight = {1};
+  std::vector<int> connections = {1};
+  int threads = 1;
+  uint64_t calls = 10000;                      // measured calls per combination
+  absl::Duration duration = absl::ZeroDuration();  // instead of calls, when set
+  uint64_t warmup = 1000;
+  int round = 0;
+  std::string json;  // append one JSON line per combination
+};
+
+inline constexpr char kBenchUsage[] =
+    "usage: zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event] [--max-bulk BYTES]\n"
+    "       zrpc_bench client --connect ADDR:PORT [--workload echo|put|get] [--size B[,B...]]\n"
+    "                         [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]\n"
+    "                         [--calls N | --duration SECONDS] [--warmup N] [--round N]\n"
+    "                         [--json FILE] [--event] [--sweep]\n";
+
+// kInvalidArgument naming the flag and what is wrong.
+absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args);
+
+// Bytes of one echo message's payload that fit a message of `slot_size` bytes.
+uint64_t MaxEchoPayload(uint64_t slot_size);
+
+}  // namespace zrpc::bench
+
+#endif  // ZRPC_BENCHMARKS_BENCH_ARGS_H_

@@ -1,0 +1,185 @@
+#include "benchmarks/bench_client.h"
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "benchmarks/bench.zrpc.h"
+#include "benchmarks/bench_service.h"
+
+namespace zrpc::bench {
+namespace {
+
+// In duration mode each thread can record at most this many calls (32 MiB of samples).
+constexpr uint64_t kMaxSamplesPerThread = uint64_t{1} << 22;
+
+// One caller thread's calls: its window of call slots, samples, and counters the callbacks
+// (on poller threads) bump.
+struct Caller {
+  struct Slot {
+    EchoMessage echo_request;
+    EchoMessage echo_reply;
+    BulkRequest bulk_request;
+    BulkReply bulk_reply;
+    IncomingBulk incoming;
+    std::atomic<bool> busy{false};  // a call is in flight from this slot
+  };
+  std::vector<Slot> slots;
+  std::vector<int64_t> samples;
+  std::atomic<uint64_t> completed{0};
+  absl::Mutex mu;
+  absl::Status error ABSL_GUARDED_BY(mu);
+  std::atomic<bool> failed{false};
+};
+
+class Runner {
+ public:
+  Runner(ClientChannel& channel, const RunSpec& spec, const std::string& payload)
+      : stub_(&channel), spec_(spec), payload_(payload) {}
+
+  // Runs `calls` calls per thread (or until `until`), recording when `record`.
+  absl::Status Run(uint64_t calls_per_thread, absl::Time until, bool record,
+                   std::vector<std::unique_ptr<Caller>>& callers) {
+    std::vector<std::thread> threads;
+    for (auto& caller : callers) {
+      threads.emplace_back(
+          [&, c = caller.get()] { Loop(*c, calls_per_thread, until, record); });
+    }
+    for (std::thread& thread : threads) thread.join();
+    for (auto& caller : callers) {
+      absl::MutexLock lock(&caller->mu);
+      if (!caller->error.ok()) return caller->error;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  void Loop(Caller& caller, uint64_t calls, absl::Time until, bool record) {
+    const size_t window = caller.slots.size();
+    caller.completed.store(0);
+    uint64_t issued = 0;
+    size_t cursor = 0;
+    const bool timed = until != absl::InfiniteFuture();
+    while (issued < calls && !caller.failed.load(std::memory_order_relaxed)) {
+      // Calls complete in any order: find a slot whose call is done (spinning when none is).
+      size_t free = window;
+      for (size_t k = 0; k < window; ++k) {
+        const size_t j = (cursor + k) % window;
+        if (!caller.slots[j].busy.load(std::memory_order_acquire)) {
+          free = j;
+          break;
+        }
+      }
+      if (free == window) continue;
+      if (timed && (issued & 63) == 0 && absl::Now() >= until) break;
+      cursor = free + 1;
+      caller.slots[free].busy.store(true, std::memory_order_relaxed);
+      Issue(caller, free, record ? static_cast<int64_t>(issued) : -1);
+      ++issued;
+    }
+    while (caller.completed.load(std::memory_order_acquire) < issued) {
+    }
+    if (record) caller.samples.resize(issued);
+  }
+
+  void Issue(Caller& caller, uint64_t slot_index, int64_t sample) {
+    Caller::Slot& slot = caller.slots[slot_index];
+    const absl::Time start = absl::Now();
+    auto done = [&caller, &slot, start, sample](absl::Status status) {
+      const int64_t ns = absl::ToInt64Nanoseconds(absl::Now() - start);
+      if (sample >= 0) caller.samples[sample] = ns;
+      if (!status.ok()) {
+        absl::MutexLock lock(&caller.mu);
+        if (caller.error.ok()) caller.error = status;
+        caller.failed.store(true, std::memory_order_relaxed);
+      }
+      slot.busy.store(false, std::memory_order_release);
+      caller.completed.fetch_add(1, std::memory_order_release);
+    };
+    const CallOptions options = CallOptions::Timeout(absl::Seconds(60));
+    switch (spec_.workload) {
+      case Workload::kEcho:
+        stub_.AsyncEcho(slot.echo_request, &slot.echo_reply, options, std::move(done));
+        return;
+      case Workload::kPut:
+        stub_.AsyncPut(slot.bulk_request, OutgoingBulk(payload_.data(), payload_.size()),
+                       &slot.bulk_reply, options, std::move(done));
+        return;
+      case Workload::kGet:
+        slot.incoming.Reset();  // the previous call's payload, read: give the arena back
+        stub_.AsyncGet(slot.bulk_request, &slot.bulk_reply, &slot.incoming, options,
+                       std::move(done));
+        return;
+    }
+  }
+
+  Bench::Stub stub_;
+  const RunSpec& spec_;
+  const std::string& payload_;
+};
+
+}  // namespace
+
+absl::StatusOr<RunResult> RunWorkload(ClientChannel& channel, const RunSpec& spec) {
+  const std::string payload(spec.workload == Workload::kGet ? 0 : spec.size, '\x42');
+  std::vector<std::unique_ptr<Caller>> callers;
+  const uint64_t per_thread =
+      spec.duration > absl::ZeroDuration()
+          ? kMaxSamplesPerThread
+          : (spec.calls + spec.threads - 1) / static_cast<uint64_t>(spec.threads);
+  for (int t = 0; t < spec.threads; ++t) {
+    auto caller = std::make_unique<Caller>();
+    const int window = spec.in_flight / spec.threads + (t < spec.in_flight % spec.threads);
+    caller->slots = std::vector<Caller::Slot>(window);
+    for (Caller::Slot& slot : caller->slots) {
+      if (spec.workload == Workload::kEcho) slot.echo_request.set_payload(payload);
+      slot.bulk_request.set_size(spec.size);
+    }
+    caller->samples.assign(per_thread, 0);
+    callers.push_back(std::move(caller));
+  }
+  Runner runner(channel, spec, payload);
+  if (spec.warmup > 0) {
+    absl::Status s = runner.Run((spec.warmup + spec.threads - 1) / spec.threads,
+                                absl::InfiniteFuture(), false, callers);
+    if (!s.ok()) return s;
+  }
+
+  Bench::Stub stub(&channel);
+  CpuRequest cpu_request;
+  CpuReply before, after;
+  const bool server_cpu = stub.Cpu(cpu_request, &before, CallOptions::Timeout(absl::Seconds(30))).ok();
+  const uint64_t client_before = ProcessCpuNanos();
+  const absl::Time start = absl::Now();
+  absl::Status s = runner.Run(per_thread,
+                              spec.duration > absl::ZeroDuration() ? start + spec.duration
+                                                                   : absl::InfiniteFuture(),
+                              true, callers);
+  const absl::Time end = absl::Now();
+  const uint64_t client_after = ProcessCpuNanos();
+  if (!s.ok()) return s;
+  const bool server_cpu_after =
+      server_cpu && stub.Cpu(cpu_request, &after, CallOptions::Timeout(absl::Seconds(30))).ok();
+
+  RunResult result;
+  for (auto& caller : callers) {
+    result.latencies_ns.insert(result.latencies_ns.end(), caller->samples.begin(),
+                               caller->samples.end());
+  }
+  const uint64_t calls = result.latencies_ns.size();
+  if (calls == 0) return absl::InternalError("no call was measured");
+  result.elapsed = end - start;
+  result.payload_bytes = calls * spec.size * (spec.workload == Workload::kEcho ? 2 : 1);
+  result.client_cpu_ns = static_cast<double>(client_after - client_before);
+  if (server_cpu_after) {
+    result.server_cpu_ns = static_cast<double>(after.cpu_ns() - before.cpu_ns());
+  } else {
+    result.note = "server CPU not measured";
+  }
+  return result;
+}
+
+}  // namespace zrpc::bench

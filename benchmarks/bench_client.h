@@ -1,0 +1,53 @@
+// zrpc_bench's client: one closed-loop run of a workload against a Bench server.
+//
+// Closed loop: `threads` caller threads each keep their share of `in_flight` calls outstanding,
+// issuing the next as soon as one completes, until `calls` calls (or `duration`) have been
+// measured; `warmup` calls before that are not measured. A call's latency runs from just before
+// the stub is called (serialization and send included) to its callback (response parsed), the
+// figure a user of the async stub sees. Callbacks only record and count; the caller threads
+// issue (a callback runs on a poller thread, which must not wait for send slots it frees
+// itself), spinning on their counters rather than sleeping, since a benchmark client has cores
+// to spare and a wake-up per call would be measured as zrpc's cost.
+//
+// CPU: the client's own process CPU time over the measured phase, and the server's (read with
+// the Cpu rpc before and after), each divided by the calls measured.
+#ifndef ZRPC_BENCHMARKS_BENCH_CLIENT_H_
+#define ZRPC_BENCHMARKS_BENCH_CLIENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "benchmarks/bench_args.h"
+#include "rpc/channel.h"
+
+namespace zrpc::bench {
+
+struct RunSpec {
+  Workload workload = Workload::kEcho;
+  uint64_t size = 64;
+  int in_flight = 1;
+  int threads = 1;
+  uint64_t calls = 10000;
+  absl::Duration duration = absl::ZeroDuration();
+  uint64_t warmup = 1000;
+};
+
+struct RunResult {
+  std::vector<int64_t> latencies_ns;  // one per measured call, in no particular order
+  absl::Duration elapsed;
+  uint64_t payload_bytes = 0;  // payload moved by measured calls (both ways for echo)
+  double client_cpu_ns = 0;
+  double server_cpu_ns = -1;  // negative: not measured
+  std::string note;
+};
+
+// Runs `spec` over `channel`. Any failed call fails the run with its status: a benchmark that
+// counted errors as calls would flatter the system.
+absl::StatusOr<RunResult> RunWorkload(ClientChannel& channel, const RunSpec& spec);
+
+}  // namespace zrpc::bench
+
+#endif  // ZRPC_BENCHMARKS_BENCH_CLIENT_H_

@@ -1,0 +1,173 @@
+// zrpc_bench: zrpc's RPCs measured, server and client in one binary (see bench_args.h for the
+// command line). The server serves the Bench service (bench.proto) with every method inline on
+// busy-polling pollers, as a latency-minded deployment would; the client runs closed-loop
+// workloads (bench_client.h), prints a row per run and appends it to --json as JSON Lines
+// (report.h), which bench_report merges with gRPC's and perftest's rows.
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/numbers.h"
+#include "benchmarks/bench_args.h"
+#include "benchmarks/bench_client.h"
+#include "benchmarks/bench_service.h"
+#include "benchmarks/report.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+
+namespace zrpc::bench {
+namespace {
+
+// Large enough for a 4 KiB echo payload and its headers.
+constexpr size_t kSlotSize = 8192;
+
+uint32_t ArenaFor(uint64_t payload) {
+  // The arena must hold a payload and be a multiple of 64; keep at least the default.
+  uint64_t arena = std::max<uint64_t>(payload, 256 << 10);
+  return static_cast<uint32_t>((arena + 63) / 64 * 64);
+}
+
+// Set by SIGINT/SIGTERM; the serving thread polls it (nothing else is async-signal-safe).
+volatile std::sig_atomic_t signalled = 0;
+extern "C" void SetSignalled(int) { signalled = 1; }
+
+int Serve(const BenchArgs& args) {
+  ServerOptions options;
+  uint32_t port = 7471;
+  if (!args.listen.empty()) {
+    const size_t colon = args.listen.rfind(':');
+    if (colon == std::string::npos || !absl::SimpleAtoi(args.listen.substr(colon + 1), &port) ||
+        port > 65535) {
+      std::fprintf(stderr, "zrpc_bench: --listen \"%s\" is not ADDR:PORT\n%s",
+                   args.listen.c_str(), kBenchUsage);
+      return 2;
+    }
+    options.address = args.listen.substr(0, colon);
+    if (!options.address.empty() && options.address.front() == '[') {
+      options.address = options.address.substr(1, options.address.size() - 2);
+    }
+  }
+  options.port = static_cast<uint16_t>(port);
+  options.pollers = args.pollers;
+  options.poll_mode = args.event ? transport::PollMode::kEvent : transport::PollMode::kBusy;
+  options.inline_by_default = true;
+  options.slots.slot_size = kSlotSize;
+  options.listener.connection.arena_size = ArenaFor(args.max_bulk);
+  options.staging_bytes = std::max<size_t>(size_t{64} << 20, 4 * args.max_bulk);
+  BenchService service(args.max_bulk);
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options);
+  absl::Status s = server.ok() ? (*server)->AddService(&service) : server.status();
+  if (s.ok()) s = (*server)->Start();
+  if (!s.ok()) {
+    std::fprintf(stderr, "zrpc_bench server: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::printf("listening %s:%u\n", (*server)->address().c_str(), (*server)->port());
+  std::fflush(stdout);
+  std::signal(SIGINT, SetSignalled);
+  std::signal(SIGTERM, SetSignalled);
+  while (!signalled) absl::SleepFor(absl::Milliseconds(50));
+  (*server)->Shutdown(absl::Seconds(2));
+  return 0;
+}
+
+int Client(const BenchArgs& args) {
+  const uint64_t largest = *std::max_element(args.sizes.begin(), args.sizes.end());
+  if (args.workload == Workload::kEcho && largest > MaxEchoPayload(kSlotSize)) {
+    std::fprintf(stderr, "zrpc_bench: an echo payload is at most %llu bytes here\n",
+                 static_cast<unsigned long long>(MaxEchoPayload(kSlotSize)));
+    return 2;
+  }
+  std::ofstream json;
+  if (!args.json.empty()) {
+    json.open(args.json, std::ios::app);
+    if (!json) {
+      std::fprintf(stderr, "zrpc_bench: cannot open %s for appending\n", args.json.c_str());
+      return 1;
+    }
+  }
+  std::printf("%-6s %9s %6s %5s %10s %10s %10s %10s %10s %11s %10s %9s %9s\n", "work", "size",
+              "flight", "conn", "p50 us", "p90 us", "p99 us", "p99.9 us", "max us", "calls/s",
+              "MiB/s", "cli us/c", "srv us/c");
+  for (int connections : args.connections) {
+    ChannelOptions options;
+    options.connections = connections;
+    options.pollers = std::min(connections, args.pollers);
+    options.poll_mode = args.event ? transport::PollMode::kEvent : transport::PollMode::kBusy;
+    options.slots.slot_size = kSlotSize;
+    options.connection.arena_size = ArenaFor(args.workload == Workload::kGet ? largest : 0);
+    options.staging_bytes = std::max<size_t>(size_t{64} << 20, 4 * largest);
+    absl::StatusOr<std::unique_ptr<ClientChannel>> channel = CreateChannel(args.connect, options);
+    absl::Status s = channel.ok() ? (*channel)->Connect(absl::Now() + absl::Seconds(30))
+                                  : channel.status();
+    if (!s.ok()) {
+      std::fprintf(stderr, "zrpc_bench client: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    for (uint64_t size : args.sizes) {
+      for (int in_flight : args.in_flight) {
+        RunSpec spec;
+        spec.workload = args.workload;
+        spec.size = size;
+        spec.in_flight = in_flight;
+        spec.threads = args.threads;
+        spec.calls = args.calls;
+        spec.duration = args.duration;
+        spec.warmup = args.warmup;
+        absl::StatusOr<RunResult> run = RunWorkload(**channel, spec);
+        if (!run.ok()) {
+          std::fprintf(stderr, "zrpc_bench client: %s %llu B x%d: %s\n",
+                       WorkloadName(args.workload), static_cast<unsigned long long>(size),
+                       in_flight, run.status().ToString().c_str());
+          return 1;
+        }
+        WorkloadResult result;
+        result.system = "zrpc";
+        result.workload = WorkloadName(args.workload);
+        result.size = size;
+        result.in_flight = in_flight;
+        result.threads = args.threads;
+        result.connections = connections;
+        result.round = args.round;
+        result.calls = run->latencies_ns.size();
+        result.seconds = absl::ToDoubleSeconds(run->elapsed);
+        SetLatency(Summarize(std::move(run->latencies_ns)), result);
+        result.calls_per_sec = result.calls / result.seconds;
+        result.goodput_mib_per_sec =
+            static_cast<double>(run->payload_bytes) / result.seconds / (1 << 20);
+        result.client_cpu_us_per_call = run->client_cpu_ns / 1e3 / result.calls;
+        result.server_cpu_us_per_call =
+            run->server_cpu_ns < 0 ? -1 : run->server_cpu_ns / 1e3 / result.calls;
+        result.note = run->note;
+        std::printf("%-6s %9llu %6d %5d %10.2f %10.2f %10.2f %10.2f %10.2f %11.0f %10.2f %9.2f "
+                    "%9.2f\n",
+                    result.workload.c_str(), static_cast<unsigned long long>(size), in_flight,
+                    connections, result.p50_us, result.p90_us, result.p99_us, result.p999_us,
+                    result.max_us, result.calls_per_sec, result.goodput_mib_per_sec,
+                    result.client_cpu_us_per_call, result.server_cpu_us_per_call);
+        std::fflush(stdout);
+        if (json.is_open()) json << ToJsonLine(result) << std::flush;
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace zrpc::bench
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<zrpc::bench::BenchArgs> parsed = zrpc::bench::ParseBenchArgs(args);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "zrpc_bench: %s\n%s", std::string(parsed.status().message()).c_str(),
+                 zrpc::bench::kBenchUsage);
+    return 2;
+  }
+  return parsed->server ? zrpc::bench::Serve(*parsed) : zrpc::bench::Client(*parsed);
+}

@@ -1,0 +1,87 @@
+// zrpc_bench's command line: what it accepts, and that every mistake is refused by name.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "benchmarks/bench_args.h"
+
+namespace {
+
+using zrpc::bench::BenchArgs;
+using zrpc::bench::ParseBenchArgs;
+using zrpc::bench::Workload;
+
+absl::StatusOr<BenchArgs> Parse(std::vector<std::string> args) { return ParseBenchArgs(args); }
+
+void Refused(std::vector<std::string> args, const std::string& says) {
+  absl::StatusOr<BenchArgs> parsed = Parse(args);
+  INFO(parsed.status());
+  REQUIRE_FALSE(parsed.ok());
+  CHECK(parsed.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(parsed.status().message(), says));
+}
+
+TEST_CASE("zrpc_bench arguments: servers and clients, lists, defaults") {
+  auto server = Parse({"server", "--listen", "10.0.0.1:7471", "--pollers", "2", "--event"});
+  REQUIRE(server.ok());
+  CHECK(server->server);
+  CHECK(server->listen == "10.0.0.1:7471");
+  CHECK(server->pollers == 2);
+  CHECK(server->event);
+
+  auto client = Parse({"client", "--connect", "10.0.0.1:7471", "--workload", "put", "--size",
+                       "4096,1048576", "--in-flight", "1,16", "--threads", "1", "--calls",
+                       "500", "--warmup", "0", "--round", "2", "--json", "/tmp/x.jsonl"});
+  INFO(client.status());
+  REQUIRE(client.ok());
+  CHECK_FALSE(client->server);
+  CHECK(client->workload == Workload::kPut);
+  CHECK(client->sizes == std::vector<uint64_t>{4096, 1048576});
+  CHECK(client->in_flight == std::vector<int>{1, 16});
+  CHECK(client->connections == std::vector<int>{1});
+  CHECK(client->calls == 500);
+  CHECK(client->warmup == 0);
+  CHECK(client->round == 2);
+  CHECK(client->json == "/tmp/x.jsonl");
+
+  auto sweep = Parse({"client", "--connect", "h:1", "--sweep"});
+  REQUIRE(sweep.ok());
+  CHECK(sweep->sizes.size() == 4);
+  CHECK(sweep->in_flight.size() == 4);
+  CHECK(sweep->connections.size() == 2);
+
+  auto timed = Parse({"client", "--connect", "h:1", "--duration", "2.5"});
+  REQUIRE(timed.ok());
+  CHECK(timed->duration == absl::Milliseconds(2500));
+}
+
+TEST_CASE("zrpc_bench arguments: every mistake is refused by name") {
+  Refused({}, "mode");
+  Refused({"serve"}, "mode");
+  Refused({"client"}, "--connect is required");
+  Refused({"client", "--connect"}, "--connect needs a value");
+  Refused({"client", "--connect", "h:1", "--size", "12x"}, "--size: \"12x\"");
+  Refused({"client", "--connect", "h:1", "--size", "1,,2"}, "--size");
+  Refused({"client", "--connect", "h:1", "--in-flight", "0"}, "--in-flight");
+  Refused({"client", "--connect", "h:1", "--threads", "4", "--in-flight", "2"},
+          "less than --threads");
+  Refused({"client", "--connect", "h:1", "--workload", "scan"}, "not echo, put or get");
+  Refused({"client", "--connect", "h:1", "--calls", "5", "--duration", "1"}, "exclude");
+  Refused({"client", "--connect", "h:1", "--duration", "-1"}, "--duration");
+  Refused({"client", "--connect", "h:1", "--size", "2097152"}, "use put or get");
+  Refused({"client", "--connect", "h:1", "--listen", "x:1"}, "server flag");
+  Refused({"server", "--connect", "x:1"}, "client flag");
+  Refused({"server", "--frobnicate"}, "unknown flag");
+  Refused({"server", "--pollers", "65"}, "--pollers");
+  Refused({"client", "--connect", "h:1", "--threads", "1,2"}, "takes one number");
+}
+
+TEST_CASE("an echo payload's largest size leaves room for every header") {
+  CHECK(zrpc::bench::MaxEchoPayload(4096) == 4050);
+  CHECK(zrpc::bench::MaxEchoPayload(8192) == 8146);
+  CHECK(zrpc::bench::MaxEchoPayload(10) == 0);
+}
+
+}  // namespace
