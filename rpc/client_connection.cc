@@ -202,9 +202,11 @@ void ClientConnection::Complete(transport::Connection& connection, IncomingMessa
 }
 
 void ClientConnection::OnClosed(transport::Connection& connection, const absl::Status& why) {
+  std::shared_ptr<ClientConnection> self;  // may be the last reference: released on return
   {
     absl::MutexLock lock(&self_mu_);
     closed_.store(true, std::memory_order_release);
+    self = std::move(self_);
   }
   DropUnpairedBulk(connection);
   absl::Status reason = why;
@@ -213,17 +215,14 @@ void ClientConnection::OnClosed(transport::Connection& connection, const absl::S
     if (!close_reason_.empty()) reason = absl::UnavailableError(close_reason_);
   }
   const absl::Status status = owner_.CloseStatus(connection.peer_address(), reason);
+  // The channel hears first, so that a caller whose call fails below already sees the loss in
+  // the channel's stats (and the timer no longer scans this connection).
+  owner_.ConnectionClosed(this, violations() > 0);
   for (TakenCall<ClientCall>& taken : calls_.TakeAll()) {
     taken.call.End(
         absl::Status(status.code(), absl::StrCat(taken.call.method->full_name, ": ",
                                                  status.message())));
   }
-  std::shared_ptr<ClientConnection> self;  // may be the last reference: released on return
-  {
-    absl::MutexLock lock(&self_mu_);
-    self = std::move(self_);
-  }
-  owner_.ConnectionClosed(this, violations() > 0);
 }
 
 }  // namespace zrpc::internal
