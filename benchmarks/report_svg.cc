@@ -34,7 +34,9 @@ std::string XmlEscape(absl::string_view s) {
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
       case '"': out += "&quot;"; break;
-      default: out += c;
+      default:
+        // XML 1.0 forbids control characters but tab and newline (a JSON string may hold any).
+        out += static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' ? '?' : c;
     }
   }
   return out;
