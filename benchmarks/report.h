@@ -216,7 +216,7 @@ struct Ratio {
   bool available = false;
   double value = 0;      // when available
   bool met = false;      // when available
-  std::string missing;   // when not: "no perftest rows for send_lat 64 B in_flight 1, 1x1"
+  std::string missing;   // when not: "no perftest rows for send_lat 64 B, in_flight 1, 1x1"
 };
 
 std::vector<Ratio> ComputeRatios(const std::vector<Aggregate>& aggregates);
