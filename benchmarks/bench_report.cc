@@ -1,0 +1,170 @@
+// bench_report: merges the JSON Lines results of the benchmark programs and prints, for people,
+// the medians across rounds and the zrpc ratios against their targets (benchmarks/report.h).
+//
+//   bench_report [--json OUT.json] [--svg OUT.svg] [--svg-workload echo] [--svg-size 64]
+//                FILE.jsonl...
+//
+// Exit status: 0 when the report was made (a MISSED target is a figure, not a failure), 1 when
+// an input could not be read or parsed or an output not written, 2 on a usage error.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "benchmarks/report.h"
+
+namespace zrpc::bench {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: bench_report [--json OUT.json] [--svg OUT.svg] [--svg-workload WORKLOAD]\n"
+    "                    [--svg-size BYTES] FILE.jsonl...\n"
+    "Prints the medians across rounds of every configuration in the files and the zrpc ratios\n"
+    "against their targets; --json writes them as JSON, --svg plots the latency CDFs of\n"
+    "--svg-workload (default echo) at --svg-size (default 64).\n";
+
+struct Args {
+  std::string json_out;
+  std::string svg_out;
+  std::string svg_workload = "echo";
+  uint64_t svg_size = 64;
+  bool svg_options_given = false;
+  std::vector<std::string> inputs;
+};
+
+// Parses argv; on a usage error returns false with the message in *error.
+bool ParseArgs(int argc, char** argv, Args& args, std::string* error) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      for (++i; i < argc; ++i) args.inputs.push_back(argv[i]);
+      break;
+    }
+    if (!absl::StartsWith(arg, "--")) {
+      args.inputs.push_back(arg);
+      continue;
+    }
+    std::string value;
+    bool has_value = false;
+    const size_t eq = arg.find('=');
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    const bool known = arg == "--json" || arg == "--svg" || arg == "--svg-workload" ||
+                       arg == "--svg-size";
+    if (!known) {
+      *error = absl::StrCat("unknown option ", arg);
+      return false;
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) {
+        *error = absl::StrCat(arg, " needs a value");
+        return false;
+      }
+      value = argv[++i];
+    }
+    if (value.empty()) {
+      *error = absl::StrCat(arg, " needs a non-empty value");
+      return false;
+    }
+    if (arg == "--json") {
+      args.json_out = value;
+    } else if (arg == "--svg") {
+      args.svg_out = value;
+    } else if (arg == "--svg-workload") {
+      args.svg_workload = value;
+      args.svg_options_given = true;
+    } else if (!absl::SimpleAtoi(value, &args.svg_size)) {
+      *error = absl::StrCat("--svg-size wants a size in bytes, got \"", value, "\"");
+      return false;
+    } else {
+      args.svg_options_given = true;
+    }
+  }
+  if (args.inputs.empty()) {
+    *error = "no input files";
+    return false;
+  }
+  if (args.svg_options_given && args.svg_out.empty()) {
+    *error = "--svg-workload and --svg-size need --svg OUT.svg";
+    return false;
+  }
+  return true;
+}
+
+bool ReadFile(const std::string& path, std::string& text) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  text = buffer.str();
+  return !in.bad();
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  return static_cast<bool>(out);
+}
+
+int Main(int argc, char** argv) {
+  Args args;
+  std::string error;
+  if (!ParseArgs(argc, argv, args, &error)) {
+    std::cerr << "bench_report: " << error << "\n" << kUsage;
+    return 2;
+  }
+  std::vector<WorkloadResult> results;
+  for (const std::string& path : args.inputs) {
+    std::string text;
+    if (!ReadFile(path, text)) {
+      std::cerr << "bench_report: " << path << ": cannot read: " << std::strerror(errno) << "\n";
+      return 1;
+    }
+    absl::StatusOr<std::vector<WorkloadResult>> parsed = ParseJsonLines(text);
+    if (!parsed.ok()) {
+      std::cerr << "bench_report: " << path << ": " << parsed.status().message() << "\n";
+      return 1;
+    }
+    results.insert(results.end(), parsed->begin(), parsed->end());
+  }
+  absl::StatusOr<std::vector<Aggregate>> aggregates = AggregateRounds(results);
+  if (!aggregates.ok()) {
+    std::cerr << "bench_report: " << aggregates.status().message() << "\n";
+    return 1;
+  }
+  const std::vector<Ratio> ratios = ComputeRatios(*aggregates);
+  std::cout << FormatTable(*aggregates) << "\n== ratios (targets)\n" << FormatRatios(ratios);
+
+  if (!args.json_out.empty() && !WriteFile(args.json_out, ToJsonDocument(*aggregates, ratios))) {
+    std::cerr << "bench_report: " << args.json_out << ": cannot write\n";
+    return 1;
+  }
+  if (!args.svg_out.empty()) {
+    absl::StatusOr<std::string> svg = RenderCdfSvg(*aggregates, args.svg_workload, args.svg_size);
+    if (!svg.ok()) {
+      std::cerr << "bench_report: --svg: " << svg.status().message() << "\n";
+      return 1;
+    }
+    if (!WriteFile(args.svg_out, *svg)) {
+      std::cerr << "bench_report: " << args.svg_out << ": cannot write\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace zrpc::bench
+
+int main(int argc, char** argv) { return zrpc::bench::Main(argc, argv); }

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# zrpc's RPCs next to perftest on one device, in alternating rounds (tools/bench runs it inside
+# tools/softroce). Each round runs, in turn: perftest ib_send_lat, ib_send_bw and ib_write_bw;
+# zrpc_bench echo with one call in flight (round trip), echo with many in flight (call rate) and
+# bulk put (goodput), all at the same sizes. Every run appends one JSON line to results.jsonl;
+# bench_report then takes the medians across rounds, prints the table and the ratios against
+# the targets, and writes the JSON summary and the latency CDF picture.
+#
+# Usage: compare.sh ZRPC_BENCH BENCH_REPORT OUT_DIR [--rounds N] [--size B] [--bulk-size B]
+#                   [--calls N] [--in-flight N]
+set -euo pipefail
+zrpc_bench=$1 bench_report=$2 out=$3
+shift 3
+rounds=3 size=64 bulk_size=$((1 << 20)) calls=5000 in_flight=32
+while (($#)); do
+  case "$1" in
+    --rounds) rounds=$2 ;;
+    --size) size=$2 ;;
+    --bulk-size) bulk_size=$2 ;;
+    --calls) calls=$2 ;;
+    --in-flight) in_flight=$2 ;;
+    *) echo "compare.sh: unknown flag $1" >&2; exit 2 ;;
+  esac
+  shift 2
+done
+for n in "$rounds" "$size" "$bulk_size" "$calls" "$in_flight"; do
+  [[ "$n" =~ ^[0-9]+$ ]] || { echo "compare.sh: \"$n\" is not a number" >&2; exit 2; }
+done
+: "${ZRPC_RDMA_DEVICE:?run through tools/softroce}" "${ZRPC_RDMA_GID_INDEX:?}" "${ZRPC_RDMA_ADDR:?}"
+mkdir -p "$out"
+results=$out/results.jsonl
+: >"$results"
+logs=$out/logs
+mkdir -p "$logs"
+bulk_calls=$((calls / 50 > 50 ? calls / 50 : 50))
+
+# perftest: its server in the background, then its client, on this device and GID.
+perftest_run() {
+  local tool=$1 name=$2
+  shift 2
+  local common=(-d "$ZRPC_RDMA_DEVICE" -x "$ZRPC_RDMA_GID_INDEX" -p 18515 -F "$@")
+  local attempt i
+  for ((attempt = 0; attempt < 3; attempt++)); do
+    "$tool" "${common[@]}" >"$logs/$name.server" 2>&1 &
+    local server=$!
+    for ((i = 0; i < 50; i++)); do
+      if "$tool" "${common[@]}" "$ZRPC_RDMA_ADDR" >"$logs/$name.client" 2>&1; then break; fi
+      grep -q "Couldn't connect" "$logs/$name.client" || break
+      sleep 0.2
+    done
+    wait "$server" || true
+    # Under emulation perftest's clock calibration sometimes fails: it then prints inf or nan.
+    if data_line "$logs/$name.client" | grep -q '^ *[0-9]' &&
+       ! data_line "$logs/$name.client" | grep -q -e inf -e nan; then
+      return 0
+    fi
+    echo "(perftest $tool gave no finite figures; running it again)"
+  done
+  cat "$logs/$name.client" >&2
+  return 1
+}
+data_line() { awk '/^ *#bytes/ { h = 1; next } h && $1 ~ /^[0-9]+$/ { print; exit }' "$1"; }
+
+# One JSON line for a perftest run. Latency: one-way, as perftest reports it (report.h).
+perftest_json() {
+  local workload=$1 in_flight=$2 line=$3
+  case "$workload" in
+    send_lat)  # bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
+      awk -v r="$round" -v f="$in_flight" '{ printf "{\"system\":\"perftest\",\"workload\":\"send_lat\",\"size\":%d,\"in_flight\":%d,\"threads\":1,\"connections\":1,\"round\":%d,\"calls\":%d,\"seconds\":0,\"p50_us\":%s,\"p90_us\":null,\"p99_us\":%s,\"p999_us\":%s,\"max_us\":%s,\"calls_per_sec\":0,\"goodput_mib_per_sec\":0,\"client_cpu_us_per_call\":-1,\"server_cpu_us_per_call\":-1,\"cdf_us\":[],\"note\":\"one-way latency (t_typical as p50)\"}\n", $1, f, r, $2, $5, $8, $9, $4 }' <<<"$line" ;;
+    *)  # bytes iters bw_peak bw_avg[MiB/s] msg_rate[Mpps]
+      awk -v r="$round" -v f="$in_flight" -v w="$workload" '{ printf "{\"system\":\"perftest\",\"workload\":\"%s\",\"size\":%d,\"in_flight\":%d,\"threads\":1,\"connections\":1,\"round\":%d,\"calls\":%d,\"seconds\":0,\"p50_us\":null,\"p90_us\":null,\"p99_us\":null,\"p999_us\":null,\"max_us\":null,\"calls_per_sec\":%.0f,\"goodput_mib_per_sec\":%s,\"client_cpu_us_per_call\":-1,\"server_cpu_us_per_call\":-1,\"cdf_us\":[],\"note\":\"\"}\n", w, $1, f, r, $2, $5 * 1e6, $4 }' <<<"$line" ;;
+  esac
+}
+
+# zrpc's server, up for the whole comparison.
+"$zrpc_bench" server --listen "$ZRPC_RDMA_ADDR:0" --max-bulk "$bulk_size" >"$logs/zrpc_server.out" 2>"$logs/zrpc_server.err" &
+server=$!
+trap 'kill "$server" 2>/dev/null || true' EXIT
+for ((i = 0; i < 600; i++)); do
+  grep -q '^listening ' "$logs/zrpc_server.out" && break
+  kill -0 "$server" 2>/dev/null || { cat "$logs/zrpc_server.err" >&2; exit 1; }
+  sleep 0.1
+done
+target=$(awk '/^listening / { print $2; exit }' "$logs/zrpc_server.out")
+[[ -n "$target" ]] || { echo "compare.sh: zrpc_bench server did not start" >&2; exit 1; }
+
+for ((round = 1; round <= rounds; round++)); do
+  echo "== round $round of $rounds"
+  perftest_run ib_send_lat send_lat -s "$size" -n "$calls"
+  perftest_json send_lat 1 "$(data_line "$logs/send_lat.client")" >>"$results"
+  perftest_run ib_send_bw send_bw -s "$size" -n "$calls" -t "$in_flight"
+  perftest_json send_bw "$in_flight" "$(data_line "$logs/send_bw.client")" >>"$results"
+  perftest_run ib_write_bw write_bw -s "$bulk_size" -n "$bulk_calls" -t "$in_flight"
+  perftest_json write_bw "$in_flight" "$(data_line "$logs/write_bw.client")" >>"$results"
+  common=(client --connect "$target" --round "$round" --json "$results")
+  "$zrpc_bench" "${common[@]}" --workload echo --size "$size" --in-flight 1 --calls "$calls" --warmup 500
+  "$zrpc_bench" "${common[@]}" --workload echo --size "$size" --in-flight "$in_flight" --calls "$calls" --warmup 500
+  "$zrpc_bench" "${common[@]}" --workload put --size "$bulk_size" --in-flight "$in_flight" --calls "$bulk_calls" --warmup 10
+done
+echo "== medians of $rounds rounds (device $ZRPC_RDMA_DEVICE, ${ZRPC_SOFTROCE_MODE:-direct})"
+"$bench_report" --json "$out/summary.json" --svg "$out/latency_cdf.svg" --svg-workload echo \
+  --svg-size "$size" "$results"
+echo "results: $results, summary: $out/summary.json, latency CDF: $out/latency_cdf.svg"

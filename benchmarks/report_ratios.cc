@@ -1,0 +1,175 @@
+// ComputeRatios, FormatTable and FormatRatios: what bench_report prints.
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "benchmarks/report.h"
+
+namespace zrpc::bench {
+namespace {
+
+// Which depth of a configuration a ratio compares: latency at in_flight 1, throughput at the
+// deepest queue each side measured.
+enum class Depth { kOne, kLargest };
+
+// The rows of system/workload that a ratio may use: those at in_flight 1 (kOne), or per
+// (size, threads, connections) the one with the largest in_flight (kLargest).
+std::vector<const WorkloadResult*> Rows(const std::vector<Aggregate>& aggregates,
+                                        absl::string_view system, absl::string_view workload,
+                                        Depth depth) {
+  std::vector<const WorkloadResult*> rows;
+  std::map<std::tuple<uint64_t, int, int>, size_t> deepest;  // config -> index in rows
+  for (const Aggregate& a : aggregates) {
+    const WorkloadResult& r = a.median;
+    if (r.system != system || r.workload != workload) continue;
+    if (depth == Depth::kOne) {
+      if (r.in_flight == 1) rows.push_back(&r);
+      continue;
+    }
+    const auto [it, inserted] =
+        deepest.emplace(std::make_tuple(r.size, r.threads, r.connections), rows.size());
+    if (inserted) {
+      rows.push_back(&r);
+    } else if (r.in_flight > rows[it->second]->in_flight) {
+      rows[it->second] = &r;
+    }
+  }
+  return rows;
+}
+
+struct Spec {
+  const char* name;
+  const char* zrpc_workload;
+  const char* other_system;
+  const char* other_workload;
+  Depth depth;
+  double target;
+  bool higher_is_better;
+  double (*value)(const WorkloadResult& zrpc, const WorkloadResult& other);
+};
+
+const Spec kSpecs[] = {
+    {"zrpc echo p50 / (2 x perftest send_lat p50)", "echo", "perftest", "send_lat", Depth::kOne,
+     1.15, false,
+     // perftest's send_lat p50 is one-way: twice it is the round trip zrpc's echo measures.
+     [](const WorkloadResult& z, const WorkloadResult& o) { return z.p50_us / (2 * o.p50_us); }},
+    {"zrpc put MiB/s / perftest write_bw MiB/s", "put", "perftest", "write_bw", Depth::kLargest,
+     0.95, true,
+     [](const WorkloadResult& z, const WorkloadResult& o) {
+       return z.goodput_mib_per_sec / o.goodput_mib_per_sec;
+     }},
+    {"zrpc echo calls/s / perftest send_bw msg/s", "echo", "perftest", "send_bw", Depth::kLargest,
+     0.9, true,
+     [](const WorkloadResult& z, const WorkloadResult& o) {
+       return z.calls_per_sec / o.calls_per_sec;
+     }},
+    {"grpc echo p50 / zrpc echo p50", "echo", "grpc", "echo", Depth::kOne, 20, true,
+     [](const WorkloadResult& z, const WorkloadResult& o) { return o.p50_us / z.p50_us; }},
+};
+
+std::string Config(const WorkloadResult& r) {
+  return absl::StrCat(r.threads, "x", r.connections);
+}
+
+}  // namespace
+
+std::vector<Ratio> ComputeRatios(const std::vector<Aggregate>& aggregates) {
+  std::vector<Ratio> ratios;
+  for (const Spec& spec : kSpecs) {
+    Ratio base;
+    base.name = spec.name;
+    base.target = spec.target;
+    base.higher_is_better = spec.higher_is_better;
+    const std::vector<const WorkloadResult*> zrpc_rows =
+        Rows(aggregates, "zrpc", spec.zrpc_workload, spec.depth);
+    if (zrpc_rows.empty()) {
+      base.missing = absl::StrCat("no zrpc rows for ", spec.zrpc_workload,
+                                  spec.depth == Depth::kOne ? " with in_flight 1" : "");
+      ratios.push_back(base);
+      continue;
+    }
+    const std::vector<const WorkloadResult*> other_rows =
+        Rows(aggregates, spec.other_system, spec.other_workload, spec.depth);
+    for (const WorkloadResult* z : zrpc_rows) {
+      Ratio ratio = base;
+      const WorkloadResult* other = nullptr;
+      for (const WorkloadResult* o : other_rows) {
+        if (o->size == z->size && o->threads == z->threads && o->connections == z->connections) {
+          other = o;
+        }
+      }
+      if (other == nullptr) {
+        ratio.where = absl::StrCat(z->size, " B, in_flight ", z->in_flight, ", ", Config(*z));
+        ratio.missing = absl::StrCat("no ", spec.other_system, " rows for ", spec.other_workload,
+                                     " ", z->size, " B",
+                                     spec.depth == Depth::kOne ? ", in_flight 1" : "", ", ",
+                                     Config(*z));
+        ratios.push_back(ratio);
+        continue;
+      }
+      ratio.where =
+          spec.depth == Depth::kOne
+              ? absl::StrCat(z->size, " B, in_flight 1, ", Config(*z))
+              : absl::StrCat(z->size, " B, in_flight ", z->in_flight, " vs ", other->in_flight,
+                             ", ", Config(*z));
+      const double value = spec.value(*z, *other);
+      if (!std::isfinite(value)) {
+        ratio.missing = "a figure is zero or not a number";
+      } else {
+        ratio.available = true;
+        ratio.value = value;
+        ratio.met = spec.higher_is_better ? value >= spec.target : value <= spec.target;
+      }
+      ratios.push_back(ratio);
+    }
+  }
+  return ratios;
+}
+
+std::string FormatTable(const std::vector<Aggregate>& aggregates) {
+  constexpr char kRow[] =
+      "%-9s %-9s %8s %9s %7s %9s %9s %9s %9s %9s %11s %9s %15s %6s\n";
+  std::string out = absl::StrFormat(kRow, "system", "workload", "size", "in_flight", "thr x c",
+                                    "p50_us", "p90_us", "p99_us", "p99.9_us", "max_us",
+                                    "calls/s", "MiB/s", "cpu_us cli/srv", "rounds");
+  // "-" for a figure not measured: a negative CPU figure, or NaN (null in the JSON) anywhere.
+  auto cpu = [](double v) {
+    return v < 0 || std::isnan(v) ? std::string("-") : absl::StrFormat("%.2f", v);
+  };
+  auto fig = [](const char* format, double v) {
+    return std::isnan(v) ? std::string("-") : absl::StrFormat(format, v);
+  };
+  for (const Aggregate& a : aggregates) {
+    const WorkloadResult& r = a.median;
+    absl::StrAppendFormat(
+        &out, kRow, r.system, r.workload, absl::StrCat(r.size), absl::StrCat(r.in_flight),
+        Config(r), fig("%.2f", r.p50_us), fig("%.2f", r.p90_us), fig("%.2f", r.p99_us),
+        fig("%.2f", r.p999_us), fig("%.2f", r.max_us), fig("%.0f", r.calls_per_sec),
+        fig("%.1f", r.goodput_mib_per_sec),
+        absl::StrCat(cpu(r.client_cpu_us_per_call), "/", cpu(r.server_cpu_us_per_call)),
+        absl::StrCat(a.rounds));
+  }
+  out +=
+      "Medians across rounds. Latency: round trip for zrpc and grpc, one-way for perftest "
+      "send_lat.\n";
+  return out;
+}
+
+std::string FormatRatios(const std::vector<Ratio>& ratios) {
+  std::string out;
+  for (const Ratio& r : ratios) {
+    const std::string where = r.where.empty() ? "" : absl::StrCat("[", r.where, "]");
+    if (!r.available) {
+      absl::StrAppendFormat(&out, "%-45s %-37s n/a (%s)\n", r.name, where, r.missing);
+      continue;
+    }
+    absl::StrAppendFormat(&out, "%-45s %-37s %8.3f  target %s %.2f  %s\n", r.name, where,
+                          r.value, r.higher_is_better ? ">=" : "<=", r.target,
+                          r.met ? "met" : "MISSED");
+  }
+  return out;
+}
+
+}  // namespace zrpc::bench

@@ -1,0 +1,85 @@
+// bench_report end to end: usage errors (exit 2), unreadable or malformed input (exit 1), and a
+// report from the fixture files in testdata/ (exit 0) with its table, ratios, JSON and SVG.
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "benchmarks/report.h"
+#include "tests/codegen/tool_run.h"
+
+namespace zrpc::testing {
+namespace {
+
+std::string Binary() { return Runfile("benchmarks/bench_report"); }
+std::string Data(const std::string& name) {
+  return Runfile("tests/benchmarks/testdata/" + name);
+}
+
+TEST_CASE("bench_report refuses bad arguments with a message and exit status 2",
+          "[bench_report]") {
+  const std::string zrpc = Data("zrpc.jsonl");
+  const struct {
+    std::string args;
+    std::string message;
+  } cases[] = {
+      {"", "no input files"},
+      {"--frobnicate " + zrpc, "unknown option --frobnicate"},
+      {zrpc + " --json", "--json needs a value"},
+      {"--json= " + zrpc, "--json needs a non-empty value"},
+      {"--svg out.svg --svg-size 12x " + zrpc, "--svg-size wants a size in bytes, got \"12x\""},
+      {"--svg-workload get " + zrpc, "--svg-workload and --svg-size need --svg OUT.svg"},
+  };
+  for (const auto& c : cases) {
+    INFO("bench_report " << c.args);
+    std::string output;
+    CHECK(Run(Binary() + " " + c.args, &output) == 2);
+    CHECK(absl::StrContains(output, "bench_report: " + c.message + "\n"));
+    CHECK(absl::StrContains(output, "usage: bench_report"));
+  }
+}
+
+TEST_CASE("bench_report exits 1 with the parser's message on unreadable or malformed input",
+          "[bench_report]") {
+  std::string output;
+  CHECK(Run(Binary() + " " + Data("zrpc.jsonl") + " /nonexistent/results.jsonl", &output) == 1);
+  CHECK(absl::StrContains(output, "/nonexistent/results.jsonl: cannot read"));
+  output.clear();
+  CHECK(Run(Binary() + " " + Data("malformed.jsonl"), &output) == 1);
+  CHECK(absl::StrContains(
+      output, "malformed.jsonl: line 2: key \"calls\": expected a non-negative integer, got a "
+              "string\n"));
+  output.clear();
+  CHECK(Run(Binary() + " " + Data("zrpc.jsonl") + " " + Data("zrpc.jsonl"), &output) == 1);
+  CHECK(absl::StrContains(output, "(a file given twice?)"));
+}
+
+TEST_CASE("bench_report merges the files into a table, ratios, JSON and an SVG",
+          "[bench_report]") {
+  const std::string json = TmpDir() + "/report.json";
+  const std::string svg = TmpDir() + "/report.svg";
+  std::string output;
+  REQUIRE(Run(Binary() + " --json " + json + " --svg=" + svg + " --svg-workload echo " +
+                  "--svg-size 64 " + Data("zrpc.jsonl") + " " + Data("perftest.jsonl"),
+              &output) == 0);
+  INFO(output);
+  CHECK(absl::StrContains(output, "system    workload      size in_flight"));
+  CHECK(absl::StrContains(output, "21.00"));      // zrpc echo p50: median of 21, 20, 23
+  CHECK(absl::StrContains(output, "3.50/2.50"));  // CPU client/server
+  CHECK(absl::StrContains(output, "== ratios (targets)"));
+  CHECK(absl::StrContains(output, "[64 B, in_flight 1, 1x1]                 1.050  target <= 1.15  met"));
+  CHECK(absl::StrContains(output, "0.966  target >= 0.95  met"));     // 151 / 156.25
+  CHECK(absl::StrContains(output, "0.837  target >= 0.90  MISSED"));  // 251000 / 300000
+  CHECK(absl::StrContains(output, "n/a (no grpc rows for echo 64 B, in_flight 1, 1x1)"));
+
+  const std::string document = ReadFile(json);
+  CHECK(absl::StartsWith(document, "{\"results\":[\n{\"system\":\"zrpc\""));
+  CHECK(absl::StrContains(document, "\"rounds\":3}"));
+  CHECK(absl::StrContains(document, "\"value\":null,\"met\":null"));
+  const std::string picture = ReadFile(svg);
+  CHECK(absl::StrContains(picture, "<svg xmlns=\"http://www.w3.org/2000/svg\""));
+  CHECK(absl::StrContains(picture, "perftest send_lat x2 (round trip)"));
+  CHECK(absl::EndsWith(picture, "</svg>\n"));
+}
+
+}  // namespace
+}  // namespace zrpc::testing
