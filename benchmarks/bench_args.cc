@@ -68,11 +68,6 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
   bool calls_set = false;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& flag = args[i];
-    const bool takes_value = flag != "--event" && flag != "--sweep";
-    if (takes_value && i + 1 >= args.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, " needs a value"));
-    }
-    const std::string value = takes_value ? args[++i] : "";
     // A client flag given to a server (or the reverse) is a mistake, not a no-op.
     const bool server_only = flag == "--listen" || flag == "--max-bulk";
     const bool client_only = flag == "--connect" || flag == "--workload" || flag == "--size" ||
@@ -80,6 +75,15 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
                              flag == "--threads" || flag == "--calls" || flag == "--duration" ||
                              flag == "--warmup" || flag == "--round" || flag == "--json" ||
                              flag == "--sweep";
+    const bool both = flag == "--pollers" || flag == "--event";
+    if (!server_only && !client_only && !both) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag \"", flag, "\""));
+    }
+    const bool takes_value = flag != "--event" && flag != "--sweep";
+    if (takes_value && i + 1 >= args.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " needs a value"));
+    }
+    const std::string value = takes_value ? args[++i] : "";
     if ((parsed.server && client_only) || (!parsed.server && server_only)) {
       return absl::InvalidArgumentError(absl::StrCat(flag, " is a ",
                                                      server_only ? "server" : "client",
@@ -134,8 +138,6 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
       parsed.json = value;
     } else if (flag == "--sweep") {
       sweep = true;
-    } else {
-      s = absl::InvalidArgumentError(absl::StrCat("unknown flag \"", flag, "\""));
     }
     if (!s.ok()) return s;
   }
