@@ -1,6 +1,6 @@
 #include "benchmarks/bench_client.h"
 
-#include <atomic>
+#include <utility>
 #include <memory>
 #include <thread>
 
@@ -16,8 +16,10 @@ namespace {
 // In duration mode each thread can record at most this many calls (32 MiB of samples).
 constexpr uint64_t kMaxSamplesPerThread = uint64_t{1} << 22;
 
-// One caller thread's calls: its window of call slots, samples, and counters the callbacks
-// (on poller threads) bump.
+// One caller thread's calls: its window of call slots, the slots free to issue from, its samples,
+// and what the callbacks (on poller threads) report back. The thread sleeps while its window is
+// full rather than spinning: on a machine with few cores (an emulated guest has two) a spinning
+// caller takes the core a busy-polling poller needs, and measures the scheduler, not zrpc.
 struct Caller {
   struct Slot {
     EchoMessage echo_request;
@@ -25,14 +27,13 @@ struct Caller {
     BulkRequest bulk_request;
     BulkReply bulk_reply;
     IncomingBulk incoming;
-    std::atomic<bool> busy{false};  // a call is in flight from this slot
   };
   std::vector<Slot> slots;
   std::vector<int64_t> samples;
-  std::atomic<uint64_t> completed{0};
   absl::Mutex mu;
+  std::vector<size_t> free ABSL_GUARDED_BY(mu);  // slots with no call in flight
+  uint64_t completed ABSL_GUARDED_BY(mu) = 0;
   absl::Status error ABSL_GUARDED_BY(mu);
-  std::atomic<bool> failed{false};
 };
 
 class Runner {
@@ -59,45 +60,51 @@ class Runner {
  private:
   void Loop(Caller& caller, uint64_t calls, absl::Time until, bool record) {
     const size_t window = caller.slots.size();
-    caller.completed.store(0);
+    {
+      absl::MutexLock lock(&caller.mu);
+      caller.completed = 0;
+      caller.free.clear();
+      for (size_t j = window; j > 0; --j) caller.free.push_back(j - 1);
+    }
     uint64_t issued = 0;
-    size_t cursor = 0;
     const bool timed = until != absl::InfiniteFuture();
-    while (issued < calls && !caller.failed.load(std::memory_order_relaxed)) {
-      // Calls complete in any order: find a slot whose call is done (spinning when none is).
-      size_t free = window;
-      for (size_t k = 0; k < window; ++k) {
-        const size_t j = (cursor + k) % window;
-        if (!caller.slots[j].busy.load(std::memory_order_acquire)) {
-          free = j;
-          break;
-        }
-      }
-      if (free == window) continue;
+    while (issued < calls) {
       if (timed && (issued & 63) == 0 && absl::Now() >= until) break;
-      cursor = free + 1;
-      caller.slots[free].busy.store(true, std::memory_order_relaxed);
-      Issue(caller, free, record ? static_cast<int64_t>(issued) : -1);
+      size_t slot;
+      {
+        absl::MutexLock lock(&caller.mu);
+        caller.mu.Await(absl::Condition(
+            +[](Caller* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return !c->free.empty() || !c->error.ok();
+            },
+            &caller));
+        if (!caller.error.ok()) break;
+        slot = caller.free.back();
+        caller.free.pop_back();
+      }
+      Issue(caller, slot, record ? static_cast<int64_t>(issued) : -1);
       ++issued;
     }
-    while (caller.completed.load(std::memory_order_acquire) < issued) {
-    }
+    std::pair<Caller*, uint64_t> all_done{&caller, issued};
+    absl::MutexLock lock(&caller.mu);
+    caller.mu.Await(absl::Condition(
+        +[](std::pair<Caller*, uint64_t>* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return p->first->completed == p->second;
+        },
+        &all_done));
     if (record) caller.samples.resize(issued);
   }
 
   void Issue(Caller& caller, uint64_t slot_index, int64_t sample) {
     Caller::Slot& slot = caller.slots[slot_index];
     const absl::Time start = absl::Now();
-    auto done = [&caller, &slot, start, sample](absl::Status status) {
+    auto done = [&caller, slot_index, start, sample](absl::Status status) {
       const int64_t ns = absl::ToInt64Nanoseconds(absl::Now() - start);
       if (sample >= 0) caller.samples[sample] = ns;
-      if (!status.ok()) {
-        absl::MutexLock lock(&caller.mu);
-        if (caller.error.ok()) caller.error = status;
-        caller.failed.store(true, std::memory_order_relaxed);
-      }
-      slot.busy.store(false, std::memory_order_release);
-      caller.completed.fetch_add(1, std::memory_order_release);
+      absl::MutexLock lock(&caller.mu);
+      if (!status.ok() && caller.error.ok()) caller.error = status;
+      caller.free.push_back(slot_index);
+      ++caller.completed;
     };
     const CallOptions options = CallOptions::Timeout(absl::Seconds(60));
     switch (spec_.workload) {

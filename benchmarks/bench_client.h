@@ -6,8 +6,8 @@
 // the stub is called (serialization and send included) to its callback (response parsed), the
 // figure a user of the async stub sees. Callbacks only record and count; the caller threads
 // issue (a callback runs on a poller thread, which must not wait for send slots it frees
-// itself), spinning on their counters rather than sleeping, since a benchmark client has cores
-// to spare and a wake-up per call would be measured as zrpc's cost.
+// itself), sleeping while their window is full: on a machine with few cores a spinning caller
+// would take the core a busy-polling poller needs.
 //
 // CPU: the client's own process CPU time over the measured phase, and the server's (read with
 // the Cpu rpc before and after), each divided by the calls measured.

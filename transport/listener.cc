@@ -53,7 +53,9 @@ Listener::~Listener() {
   stop_.store(true);
   if (wake_fd_ >= 0) {
     uint64_t one = 1;
-    static_cast<void>(write(wake_fd_, &one, sizeof(one)));
+    // Fails only when a wake-up is already pending, which is as good.
+    ssize_t written = write(wake_fd_, &one, sizeof(one));
+    static_cast<void>(written);
   }
   if (thread_.joinable()) thread_.join();
   // Unfinished handshakes report to channel_, so they go before it. A poller thread may hold

@@ -96,7 +96,11 @@ void Poller::Stop() {
 
 void Poller::Wake() {
   uint64_t one = 1;
-  if (wake_fd_ >= 0) static_cast<void>(write(wake_fd_, &one, sizeof(one)));
+  // An eventfd write fails only when the counter would overflow: a wake-up is pending anyway.
+  if (wake_fd_ >= 0) {
+    ssize_t written = write(wake_fd_, &one, sizeof(one));
+    static_cast<void>(written);
+  }
 }
 
 absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
@@ -238,7 +242,9 @@ void Poller::ArmAndWait(int timeout_ms) {
   if (fds[1].revents & POLLIN) HandleCmEvents();
   if (fds[2].revents & POLLIN) {
     uint64_t count = 0;
-    static_cast<void>(read(wake_fd_, &count, sizeof(count)));
+    // Nothing to do on failure: the eventfd is non-blocking and only its readiness matters.
+    ssize_t got = read(wake_fd_, &count, sizeof(count));
+    static_cast<void>(got);
   }
 }
 
