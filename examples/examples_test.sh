@@ -12,52 +12,11 @@ bin="${TEST_SRCDIR:?run me with bazel test}/${TEST_WORKSPACE}/examples"
 tmp="${TEST_TMPDIR:-/tmp}/examples_test"
 rm -rf "$tmp" && mkdir -p "$tmp"
 
-# --- reporting: one JUnit test case per scenario -------------------------------------------------
-xml_cases=""
-any_failed=0
-xml_escape() { sed -e 's/&/\&amp;/g' -e 's/</\&lt;/g' -e 's/>/\&gt;/g' -e 's/"/\&quot;/g'; }
-# record NAME pass|fail|skip SECONDS [DETAIL]
-record() {
-  local name detail
-  name=$(printf '%s' "$1" | xml_escape)
-  detail=$(printf '%s' "${4:-}" | xml_escape)
-  case $2 in
-    pass) xml_cases+="  <testcase name=\"$name\" classname=\"examples_test\" time=\"$3\"/>"$'\n' ;;
-    skip) xml_cases+="  <testcase name=\"$name\" classname=\"examples_test\" time=\"$3\"><skipped message=\"$detail\"/></testcase>"$'\n' ;;
-    fail) xml_cases+="  <testcase name=\"$name\" classname=\"examples_test\" time=\"$3\"><failure message=\"failed\">$detail</failure></testcase>"$'\n'
-          any_failed=1 ;;
-  esac
-}
-write_xml() {
-  [[ -n "${XML_OUTPUT_FILE:-}" ]] || return 0
-  local tests failures skipped
-  tests=$(grep -c '<testcase' <<<"$xml_cases")
-  failures=$(grep -c '<failure' <<<"$xml_cases")
-  skipped=$(grep -c '<skipped' <<<"$xml_cases")
-  printf '<?xml version="1.0" encoding="UTF-8"?>\n<testsuites>\n<testsuite name="examples_test" tests="%s" failures="%s" skipped="%s" errors="0">\n%s</testsuite>\n</testsuites>\n' \
-    "$tests" "$failures" "$skipped" "$xml_cases" >"$XML_OUTPUT_FILE"
-}
-
-if [[ -z "${ZRPC_RDMA_ADDR:-}" ]]; then
-  if [[ -z "${ZRPC_SOFTROCE_MODE:-}" ]]; then
-    reason="needs an RDMA device: run it through tools/softroce (tools/test does), or set ZRPC_RDMA_ADDR to an address on your RDMA device"
-    printf '\n*** SKIPPED: examples_test: %s\n\n' "$reason" >&2
-    record "the example servers and clients end to end" skip 0 "$reason"
-    write_xml
-    exit 0
-  fi
-  echo "FAILED: inside tools/softroce (ZRPC_SOFTROCE_MODE=$ZRPC_SOFTROCE_MODE) but ZRPC_RDMA_ADDR is unset"
-  exit 1
-fi
+source "${TEST_SRCDIR}/${TEST_WORKSPACE}/tests/junit.sh"
+junit_init examples_test
+junit_require_device "the example servers and clients end to end"
 host=$ZRPC_RDMA_ADDR
 [[ $host == *:* ]] && host="[$host]"
-
-# --- one scenario at a time -----------------------------------------------------------------------
-problems=""  # what failed in the current scenario, one line each
-problem() {
-  echo "  PROBLEM: $*"
-  problems+="$*"$'\n'
-}
 
 server_pid=""
 trap '[[ -z "$server_pid" ]] || kill -KILL "$server_pid" 2>/dev/null' EXIT
@@ -78,7 +37,7 @@ start_server() {
   port=${line##*:}
   echo "$program $*: ${line:-(no \"listening on\" line)}"
   if ! [[ "$port" =~ ^[1-9][0-9]*$ ]]; then
-    problem "$program did not print \"listening on ADDR:PORT\"; stderr: $(tail -n 5 "$tmp/$program.err")"
+    junit_problem "$program did not print \"listening on ADDR:PORT\"; stderr: $(tail -n 5 "$tmp/$program.err")"
     kill -KILL "$server_pid" 2>/dev/null
     server_pid=""
     return 1
@@ -94,13 +53,13 @@ stop_server() {
     sleep 0.1
   done
   if kill -0 "$server_pid" 2>/dev/null; then
-    problem "$program still running 10 s after SIGTERM"
+    junit_problem "$program still running 10 s after SIGTERM"
     kill -KILL "$server_pid"
   fi
   wait "$server_pid" || rc=$?
   server_pid=""
   echo "$program after SIGTERM: exit $rc: $(tail -n 1 "$tmp/$program.out")"
-  [[ $rc == 0 ]] || problem "$program exited $rc after SIGTERM; stderr: $(tail -n 5 "$tmp/$program.err")"
+  [[ $rc == 0 ]] || junit_problem "$program exited $rc after SIGTERM; stderr: $(tail -n 5 "$tmp/$program.err")"
 }
 
 # run_client WANT_EXIT PROGRAM ARGS...: runs it (60 s at most); its output is in $tmp/client.*.
@@ -110,31 +69,18 @@ run_client() {
   timeout 60 "$bin/$program" "$@" >"$tmp/client.out" 2>"$tmp/client.err" || rc=$?
   echo "$program $*: exit $rc"
   sed 's/^/  | /' "$tmp/client.out" "$tmp/client.err"
-  [[ $rc == "$want" ]] || problem "$program $* exited $rc, want $want"
-}
-
-# scenario NAME FUNCTION: runs FUNCTION and records the outcome under NAME.
-scenario() {
-  echo "== $1"
-  problems=""
-  local start=$SECONDS
-  "$2"
-  if [[ -n "$problems" ]]; then
-    record "$1" fail $((SECONDS - start)) "$problems"
-  else
-    record "$1" pass $((SECONDS - start))
-  fi
+  [[ $rc == "$want" ]] || junit_problem "$program $* exited $rc, want $want"
 }
 
 greeter() {
   start_server greeter_server --listen "$host:0" --threads 2 || return
   run_client 0 greeter_client --connect "$host:$port" --name examples --calls 3
   local want=$'Hello, examples\nHello, examples\nHello, examples\n3 calls ok'
-  [[ "$(cat "$tmp/client.out")" == "$want" ]] || problem "greeter_client printed something else than 3 greetings and \"3 calls ok\""
+  [[ "$(cat "$tmp/client.out")" == "$want" ]] || junit_problem "greeter_client printed something else than 3 greetings and \"3 calls ok\""
   stop_server greeter_server
   # Nobody listens there any more: the client reports the error and exits 1.
   run_client 1 greeter_client --connect "$host:$port"
-  grep -q '^greeter_client: call 1 of 1: ' "$tmp/client.err" || problem "greeter_client did not print the failed call's status"
+  grep -q '^greeter_client: call 1 of 1: ' "$tmp/client.err" || junit_problem "greeter_client did not print the failed call's status"
 }
 
 object_store() {
@@ -143,23 +89,18 @@ object_store() {
   # 1 MiB (the default), then exactly the server's arena (4 MiB, the default).
   for size in 1M 4M; do
     run_client 0 object_store_client --connect "$host:$port" --size "$size"
-    [[ "$(tail -n 1 "$tmp/client.out")" == ok ]] || problem "object_store_client --size $size did not end with \"ok\""
+    [[ "$(tail -n 1 "$tmp/client.out")" == ok ]] || junit_problem "object_store_client --size $size did not end with \"ok\""
     for step in put stat get transform; do
-      grep -q "^$step " "$tmp/client.out" || problem "object_store_client --size $size printed no \"$step\" line"
+      grep -q "^$step " "$tmp/client.out" || junit_problem "object_store_client --size $size printed no \"$step\" line"
     done
   done
   # 64 bytes more than the server's arena: refused, and the client says why.
   run_client 1 object_store_client --connect "$host:$port" --size $(((4 << 20) + 64)) --name too-big
-  grep -q 'INVALID_ARGUMENT' "$tmp/client.err" || problem "a payload larger than the server's arena was not refused with INVALID_ARGUMENT"
+  grep -q 'INVALID_ARGUMENT' "$tmp/client.err" || junit_problem "a payload larger than the server's arena was not refused with INVALID_ARGUMENT"
   stop_server object_store_server
 }
 
-scenario "greeter: a client's calls answered, SIGTERM stops the server, then the client fails with exit 1" greeter
-scenario "object store: 1 MiB and arena-sized objects round trip byte for byte, a larger one is refused" object_store
+junit_scenario "greeter: a client's calls answered, SIGTERM stops the server, then the client fails with exit 1" greeter
+junit_scenario "object store: 1 MiB and arena-sized objects round trip byte for byte, a larger one is refused" object_store
 
-write_xml
-if ((any_failed)); then
-  echo "FAILED"
-  exit 1
-fi
-echo "PASSED"
+junit_finish

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A short real run of the comparison tools/bench runs (benchmarks/compare.sh): one round, few
+# calls, on the harness's device. It checks the machinery, not the figures: every program
+# produced its rows, bench_report merged them, printed the ratios (met, MISSED or n/a, never a
+# blank) and wrote the JSON summary and the SVG.
+set -uo pipefail
+runfiles="${TEST_SRCDIR:?run me with bazel test}/${TEST_WORKSPACE}"
+source "$runfiles/tests/junit.sh"
+junit_init compare_test
+junit_require_device "zrpc_bench, perftest and bench_report in one round"
+out="${TEST_TMPDIR:-/tmp}/compare_test"
+rm -rf "$out"
+
+one_round() {
+  if ! "$runfiles/benchmarks/compare.sh" "$runfiles/benchmarks/zrpc_bench" \
+      "$runfiles/benchmarks/bench_report" "$out" --rounds 1 --calls 300 --in-flight 8 \
+      --bulk-size 65536 >"$out.log" 2>&1; then
+    junit_problem "compare.sh failed: $(tail -n 20 "$out.log")"
+    return
+  fi
+  cat "$out.log"
+  local workload
+  for workload in echo put; do
+    grep -q "\"system\":\"zrpc\",\"workload\":\"$workload\"" "$out/results.jsonl" ||
+      junit_problem "no zrpc $workload row in results.jsonl"
+  done
+  [[ $(grep -c '"system":"zrpc","workload":"echo"' "$out/results.jsonl") == 2 ]] ||
+    junit_problem "want 2 zrpc echo rows (1 and 8 in flight)"
+  for workload in send_lat send_bw write_bw; do
+    grep -q "\"system\":\"perftest\",\"workload\":\"$workload\"" "$out/results.jsonl" ||
+      junit_problem "no perftest $workload row in results.jsonl"
+  done
+  grep -q '^== ratios' "$out.log" || junit_problem "no ratios block"
+  [[ $(grep -cE 'target (<=|>=) [0-9.]+ +(met|MISSED)|n/a \(' "$out.log") -ge 4 ]] ||
+    junit_problem "fewer than 4 ratio lines with a verdict"
+  grep -q '"ratios"' "$out/summary.json" || junit_problem "summary.json has no ratios"
+  grep -q '<svg' "$out/latency_cdf.svg" && grep -q '<polyline' "$out/latency_cdf.svg" ||
+    junit_problem "latency_cdf.svg has no curve"
+}
+
+junit_scenario "zrpc_bench, perftest and bench_report in one round" one_round
+junit_finish
