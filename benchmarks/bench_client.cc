@@ -1,5 +1,7 @@
 #include "benchmarks/bench_client.h"
 
+#include <algorithm>
+#include <atomic>
 #include <utility>
 #include <memory>
 #include <thread>
@@ -34,7 +36,21 @@ struct Caller {
   std::vector<size_t> free ABSL_GUARDED_BY(mu);  // slots with no call in flight
   uint64_t completed ABSL_GUARDED_BY(mu) = 0;
   absl::Status error ABSL_GUARDED_BY(mu);
+  // Chained mode: the sequence number of the next call, and where the run stops.
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> stop{false};
+  uint64_t limit = 0;
+  absl::Time until = absl::InfiniteFuture();
+  bool record = false;
 };
+
+// Windows up to this size are run chained: each callback issues the next call itself, on the
+// poller thread, as a run-to-completion client would (eRPC's, perftest's), with no thread
+// hand-off per call. Safe because such a window never needs more send slots than a connection
+// may hold (ConnectionOptions::max_send_slots, 128), so issuing never waits on the poller thread
+// for a slot that only the poller thread can free. Larger windows are issued by the caller
+// threads.
+constexpr size_t kMaxChainedWindow = 64;
 
 class Runner {
  public:
@@ -60,6 +76,7 @@ class Runner {
  private:
   void Loop(Caller& caller, uint64_t calls, absl::Time until, bool record) {
     const size_t window = caller.slots.size();
+    if (window <= kMaxChainedWindow) return Chained(caller, calls, until, record);
     {
       absl::MutexLock lock(&caller.mu);
       caller.completed = 0;
@@ -95,15 +112,52 @@ class Runner {
     if (record) caller.samples.resize(issued);
   }
 
-  void Issue(Caller& caller, uint64_t slot_index, int64_t sample) {
+  void Chained(Caller& caller, uint64_t calls, absl::Time until, bool record) {
+    {
+      absl::MutexLock lock(&caller.mu);
+      caller.completed = 0;
+    }
+    caller.next.store(0);
+    caller.stop.store(false);
+    caller.limit = calls;
+    caller.until = until;
+    caller.record = record;
+    for (size_t j = 0; j < caller.slots.size(); ++j) IssueNext(caller, j);
+    struct Done {
+      Caller* caller;
+      bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return caller->completed == std::min(caller->next.load(), caller->limit);
+      }
+    } done{&caller};
+    absl::MutexLock lock(&caller.mu);
+    caller.mu.Await(absl::Condition(&done));
+    if (record) caller.samples.resize(std::min(caller.next.load(), calls));
+  }
+
+  // Chained mode: issues the next call from `slot_index` unless the run is over. A call that is
+  // not issued takes no sequence number, so "completed == issued" is exact at the end.
+  void IssueNext(Caller& caller, size_t slot_index) {
+    if (caller.stop.load(std::memory_order_relaxed)) return;
+    if (caller.until != absl::InfiniteFuture() && absl::Now() >= caller.until) {
+      caller.stop.store(true, std::memory_order_relaxed);
+      return;
+    }
+    const uint64_t seq = caller.next.fetch_add(1, std::memory_order_relaxed);
+    if (seq >= caller.limit) return;
+    Issue(caller, slot_index, caller.record ? static_cast<int64_t>(seq) : -1, true);
+  }
+
+  void Issue(Caller& caller, uint64_t slot_index, int64_t sample, bool chained = false) {
     Caller::Slot& slot = caller.slots[slot_index];
     const absl::Time start = absl::Now();
-    auto done = [&caller, slot_index, start, sample](absl::Status status) {
+    auto done = [this, &caller, slot_index, start, sample, chained](absl::Status status) {
       const int64_t ns = absl::ToInt64Nanoseconds(absl::Now() - start);
       if (sample >= 0) caller.samples[sample] = ns;
+      if (!status.ok()) caller.stop.store(true, std::memory_order_relaxed);
+      if (chained && status.ok()) IssueNext(caller, slot_index);
       absl::MutexLock lock(&caller.mu);
       if (!status.ok() && caller.error.ok()) caller.error = status;
-      caller.free.push_back(slot_index);
+      if (!chained) caller.free.push_back(slot_index);
       ++caller.completed;
     };
     const CallOptions options = CallOptions::Timeout(absl::Seconds(60));

@@ -4,10 +4,11 @@
 // issuing the next as soon as one completes, until `calls` calls (or `duration`) have been
 // measured; `warmup` calls before that are not measured. A call's latency runs from just before
 // the stub is called (serialization and send included) to its callback (response parsed), the
-// figure a user of the async stub sees. Callbacks only record and count; the caller threads
-// issue (a callback runs on a poller thread, which must not wait for send slots it frees
-// itself), sleeping while their window is full: on a machine with few cores a spinning caller
-// would take the core a busy-polling poller needs.
+// figure a user of the async stub sees. Windows of up to 64 calls per thread run chained: each
+// callback issues the thread's next call itself, on the poller thread, with no hand-off (the
+// run-to-completion style of eRPC and perftest). Larger windows are issued by the caller
+// threads, which sleep while their window is full (a spinning caller would take the core a
+// busy-polling poller needs on a small machine, and measure the scheduler).
 //
 // CPU: the client's own process CPU time over the measured phase, and the server's (read with
 // the Cpu rpc before and after), each divided by the calls measured.
