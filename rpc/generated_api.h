@@ -21,8 +21,8 @@
 // IncomingBulk*. MethodInfo says which payloads a method has, so the runtime can refuse a peer
 // that sends a payload the method does not take.
 //
-// The runtime (rpc/ channel and server, a later piece of work) implements Channel and
-// ServerCall. Methods are identified on the wire and in dispatch by their index in the service's
+// The runtime implements Channel (ClientChannel, rpc/channel.h) and ServerCall (rpc/server.h;
+// threads in rpc/THREADING.md). Methods are identified on the wire and in dispatch by their index in the service's
 // method table (MethodInfo::index, the order of the rpcs in the .proto), never by name on the
 // hot path; full names are for logs, errors and reflection.
 //
