@@ -22,9 +22,9 @@
 // that sends a payload the method does not take.
 //
 // The runtime implements Channel (ClientChannel, rpc/channel.h) and ServerCall (rpc/server.h;
-// threads in rpc/THREADING.md). Methods are identified on the wire and in dispatch by their index in the service's
-// method table (MethodInfo::index, the order of the rpcs in the .proto), never by name on the
-// hot path; full names are for logs, errors and reflection.
+// threads in rpc/THREADING.md). Methods are identified on the wire and in dispatch by their
+// index in the service's method table (MethodInfo::index, the order of the rpcs in the .proto),
+// never by name on the hot path; full names are for logs, errors and reflection.
 //
 // Threads: a Channel may be used by many threads at once. DoneCallback runs exactly once, on a
 // runtime thread (or inline on the caller's thread when the call fails before being sent).
