@@ -28,6 +28,7 @@ def zrpc_system_libs():
             ]),
             "benchmark": "benchmark",
             "catch2": "",  # header-only: /usr/include/catch2/catch.hpp
+            "grpcpp": "grpc++",  # the gRPC baseline, benchmarks/grpc_bench only
             "ibverbs": "libibverbs",
             "protobuf": "protobuf",
             "protoc": "-lprotoc",  # Debian ships no pkg-config file for libprotoc
