@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# zrpc's RPCs next to perftest on one device, in alternating rounds (tools/bench runs it inside
-# tools/softroce). Each round runs, in turn: perftest ib_send_lat, ib_send_bw and ib_write_bw;
-# zrpc_bench echo with one call in flight (round trip), echo with many in flight (call rate) and
-# bulk put (goodput), all at the same sizes. Every run appends one JSON line to results.jsonl;
+# zrpc's RPCs next to perftest and gRPC on one device, in alternating rounds (tools/bench runs it
+# inside tools/softroce). Each round runs, in turn: perftest ib_send_lat, ib_send_bw and
+# ib_write_bw; zrpc_bench echo with one call in flight (round trip), echo with many in flight
+# (call rate) and bulk put (goodput); grpc_bench echo (gRPC C++ over TCP on the same guest) with
+# one and many in flight; all at the same sizes. Every run appends one JSON line to results.jsonl;
 # bench_report then takes the medians across rounds, prints the table and the ratios against
 # the targets, and writes the JSON summary and the latency CDF picture.
 #
-# Usage: compare.sh ZRPC_BENCH BENCH_REPORT OUT_DIR [--rounds N] [--size B] [--bulk-size B]
-#                   [--calls N] [--in-flight N]
+# Usage: compare.sh ZRPC_BENCH GRPC_BENCH BENCH_REPORT OUT_DIR [--rounds N] [--size B]
+#                   [--bulk-size B] [--calls N] [--in-flight N]
 set -euo pipefail
-zrpc_bench=$1 bench_report=$2 out=$3
-shift 3
+zrpc_bench=$1 grpc_bench=$2 bench_report=$3 out=$4
+shift 4
 rounds=3 size=64 bulk_size=$((1 << 20)) calls=5000 in_flight=32
 while (($#)); do
   case "$1" in
@@ -75,26 +76,29 @@ perftest_json() {
   esac
 }
 
-# zrpc's server, up only while zrpc runs: its busy-polling poller takes a core, and perftest's
-# clock calibration fails on a guest with a core spinning (it then prints inf or zeros).
+# Each system's server is up only while its client runs: zrpc's busy-polling poller takes a
+# core, and perftest's clock calibration fails on a guest with a core spinning (it then prints
+# inf or zeros); gRPC's threads would disturb the others too.
 server=""
 trap '[[ -z "$server" ]] || kill "$server" 2>/dev/null || true' EXIT
+# start_server NAME PROGRAM ARGS...: sets $server and $target ("listening ADDR:PORT").
 start_server() {
-  "$zrpc_bench" server --listen "$ZRPC_RDMA_ADDR:0" --max-bulk "$bulk_size" \
-    >"$logs/zrpc_server.out" 2>"$logs/zrpc_server.err" &
+  local name=$1
+  shift
+  "$@" >"$logs/$name.out" 2>"$logs/$name.err" &
   server=$!
   local i
   for ((i = 0; i < 600; i++)); do
-    grep -q '^listening ' "$logs/zrpc_server.out" && break
-    kill -0 "$server" 2>/dev/null || { cat "$logs/zrpc_server.err" >&2; exit 1; }
+    grep -q '^listening ' "$logs/$name.out" && break
+    kill -0 "$server" 2>/dev/null || { cat "$logs/$name.err" >&2; exit 1; }
     sleep 0.1
   done
-  target=$(awk '/^listening / { print $2; exit }' "$logs/zrpc_server.out")
-  [[ -n "$target" ]] || { echo "compare.sh: zrpc_bench server did not start" >&2; exit 1; }
+  target=$(awk '/^listening / { print $2; exit }' "$logs/$name.out")
+  [[ -n "$target" ]] || { echo "compare.sh: $name did not start" >&2; exit 1; }
 }
 stop_server() {
   kill -TERM "$server"
-  wait "$server" || { echo "compare.sh: zrpc_bench server failed" >&2; cat "$logs/zrpc_server.err" >&2; exit 1; }
+  wait "$server" || { echo "compare.sh: $1 failed" >&2; cat "$logs/$1.err" >&2; exit 1; }
   server=""
 }
 
@@ -106,12 +110,17 @@ for ((round = 1; round <= rounds; round++)); do
   perftest_json send_bw "$in_flight" "$(data_line "$logs/send_bw.client")" >>"$results"
   perftest_run ib_write_bw write_bw -s "$bulk_size" -n "$bulk_calls" -t "$in_flight"
   perftest_json write_bw "$in_flight" "$(data_line "$logs/write_bw.client")" >>"$results"
-  start_server
+  start_server zrpc_server "$zrpc_bench" server --listen "$ZRPC_RDMA_ADDR:0" --max-bulk "$bulk_size"
   common=(client --connect "$target" --round "$round" --json "$results")
   "$zrpc_bench" "${common[@]}" --workload echo --size "$size" --in-flight 1 --calls "$calls" --warmup 500
   "$zrpc_bench" "${common[@]}" --workload echo --size "$size" --in-flight "$in_flight" --calls "$calls" --warmup 500
   "$zrpc_bench" "${common[@]}" --workload put --size "$bulk_size" --in-flight "$in_flight" --calls "$bulk_calls" --warmup 10
-  stop_server
+  stop_server zrpc_server
+  start_server grpc_server "$grpc_bench" server --listen "$ZRPC_RDMA_ADDR:0"
+  common=(client --connect "$target" --round "$round" --json "$results")
+  "$grpc_bench" "${common[@]}" --size "$size" --in-flight 1 --calls "$calls" --warmup 500
+  "$grpc_bench" "${common[@]}" --size "$size" --in-flight "$in_flight" --calls "$calls" --warmup 500
+  stop_server grpc_server
 done
 echo "== medians of $rounds rounds (device $ZRPC_RDMA_DEVICE, ${ZRPC_SOFTROCE_MODE:-direct})"
 "$bench_report" --json "$out/summary.json" --svg "$out/latency_cdf.svg" --svg-workload echo \
