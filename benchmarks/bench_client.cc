@@ -184,7 +184,7 @@ class Runner {
 
 }  // namespace
 
-absl::StatusOr<RunResult> RunWorkload(ClientChannel& channel, const RunSpec& spec) {
+absl::StatusOr<RunMeasurement> RunWorkload(ClientChannel& channel, const RunSpec& spec) {
   const std::string payload(spec.workload == Workload::kGet ? 0 : spec.size, '\x42');
   std::vector<std::unique_ptr<Caller>> callers;
   const uint64_t per_thread =
@@ -225,7 +225,7 @@ absl::StatusOr<RunResult> RunWorkload(ClientChannel& channel, const RunSpec& spe
   const bool server_cpu_after =
       server_cpu && stub.Cpu(cpu_request, &after, CallOptions::Timeout(absl::Seconds(30))).ok();
 
-  RunResult result;
+  RunMeasurement result;
   for (auto& caller : callers) {
     result.latencies_ns.insert(result.latencies_ns.end(), caller->samples.begin(),
                                caller->samples.end());

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "benchmarks/bench_args.h"
+#include "benchmarks/run_row.h"
 #include "rpc/channel.h"
 
 namespace zrpc::bench {
@@ -36,18 +37,9 @@ struct RunSpec {
   uint64_t warmup = 1000;
 };
 
-struct RunResult {
-  std::vector<int64_t> latencies_ns;  // one per measured call, in no particular order
-  absl::Duration elapsed;
-  uint64_t payload_bytes = 0;  // payload moved by measured calls (both ways for echo)
-  double client_cpu_ns = 0;
-  double server_cpu_ns = -1;  // negative: not measured
-  std::string note;
-};
-
 // Runs `spec` over `channel`. Any failed call fails the run with its status: a benchmark that
 // counted errors as calls would flatter the system.
-absl::StatusOr<RunResult> RunWorkload(ClientChannel& channel, const RunSpec& spec);
+absl::StatusOr<RunMeasurement> RunWorkload(ClientChannel& channel, const RunSpec& spec);
 
 }  // namespace zrpc::bench
 

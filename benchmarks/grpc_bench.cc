@@ -29,6 +29,7 @@
 #include "benchmarks/bench.grpc.pb.h"
 #include "benchmarks/bench_args.h"
 #include "benchmarks/report.h"
+#include "benchmarks/run_row.h"
 #include "grpcpp/grpcpp.h"
 
 namespace zrpc::bench {
@@ -122,13 +123,6 @@ int Serve(const BenchArgs& args) {
   return 0;
 }
 
-struct RunResult {
-  std::vector<int64_t> latencies_ns;
-  absl::Duration elapsed;
-  int64_t client_cpu_ns = 0;
-  int64_t server_cpu_ns = -1;
-};
-
 absl::StatusOr<uint64_t> ServerCpu(Bench::Stub& stub) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -191,12 +185,12 @@ absl::Status EchoLoop(Bench::Stub& stub, grpc::CompletionQueue& cq, const EchoMe
   return error;
 }
 
-absl::StatusOr<RunResult> RunEcho(Bench::Stub& stub, const BenchArgs& args, uint64_t size,
+absl::StatusOr<RunMeasurement> RunEcho(Bench::Stub& stub, const BenchArgs& args, uint64_t size,
                                   int in_flight) {
   EchoMessage request;
   request.set_payload(std::string(size, '\x5a'));
   grpc::CompletionQueue cq;
-  RunResult run;
+  RunMeasurement run;
   absl::Status s =
       EchoLoop(stub, cq, request, in_flight, args.warmup, absl::InfiniteFuture(), nullptr);
   const bool timed = args.duration > absl::ZeroDuration();
@@ -209,7 +203,7 @@ absl::StatusOr<RunResult> RunEcho(Bench::Stub& stub, const BenchArgs& args, uint
                  timed ? start + args.duration : absl::InfiniteFuture(), &run.latencies_ns);
   }
   run.elapsed = absl::Now() - start;
-  run.client_cpu_ns = static_cast<int64_t>(ProcessCpuNanos() - cpu_before);
+  run.client_cpu_ns = static_cast<double>(ProcessCpuNanos() - cpu_before);
   absl::StatusOr<uint64_t> server_after = ServerCpu(stub);
   cq.Shutdown();
   void* tag;
@@ -218,7 +212,7 @@ absl::StatusOr<RunResult> RunEcho(Bench::Stub& stub, const BenchArgs& args, uint
   }
   if (!s.ok()) return s;
   if (server_before.ok() && server_after.ok()) {
-    run.server_cpu_ns = static_cast<int64_t>(*server_after - *server_before);
+    run.server_cpu_ns = static_cast<double>(*server_after - *server_before);
   }
   return run;
 }
@@ -243,12 +237,10 @@ int Client(const BenchArgs& args) {
     return 1;
   }
   std::unique_ptr<Bench::Stub> stub = Bench::NewStub(channel);
-  std::printf("%-6s %9s %6s %5s %10s %10s %10s %10s %10s %11s %10s %9s %9s\n", "work", "size",
-              "flight", "conn", "p50 us", "p90 us", "p99 us", "p99.9 us", "max us", "calls/s",
-              "MiB/s", "cli us/c", "srv us/c");
+  std::fputs(RowHeader().c_str(), stdout);
   for (uint64_t size : args.sizes) {
     for (int in_flight : args.in_flight) {
-      absl::StatusOr<RunResult> run = RunEcho(*stub, args, size, in_flight);
+      absl::StatusOr<RunMeasurement> run = RunEcho(*stub, args, size, in_flight);
       if (run.ok() && run->latencies_ns.empty()) {
         run = absl::DeadlineExceededError("no call completed in the run");
       }
@@ -266,22 +258,11 @@ int Client(const BenchArgs& args) {
       result.threads = 1;
       result.connections = 1;
       result.round = args.round;
-      result.calls = run->latencies_ns.size();
-      result.seconds = absl::ToDoubleSeconds(run->elapsed);
-      SetLatency(Summarize(std::move(run->latencies_ns)), result);
-      result.calls_per_sec = result.calls / result.seconds;
       // Both ways, as zrpc_bench counts an echo's payload bytes.
-      result.goodput_mib_per_sec = 2.0 * size * result.calls / result.seconds / (1 << 20);
-      result.client_cpu_us_per_call = run->client_cpu_ns / 1e3 / result.calls;
-      result.server_cpu_us_per_call =
-          run->server_cpu_ns < 0 ? -1 : run->server_cpu_ns / 1e3 / result.calls;
-      result.note = "gRPC " + grpc::Version() + ", TCP, insecure, async client, sync server";
-      std::printf("%-6s %9llu %6d %5d %10.2f %10.2f %10.2f %10.2f %10.2f %11.0f %10.2f %9.2f "
-                  "%9.2f\n",
-                  result.workload.c_str(), static_cast<unsigned long long>(size), in_flight, 1,
-                  result.p50_us, result.p90_us, result.p99_us, result.p999_us, result.max_us,
-                  result.calls_per_sec, result.goodput_mib_per_sec,
-                  result.client_cpu_us_per_call, result.server_cpu_us_per_call);
+      run->payload_bytes = 2 * size * run->latencies_ns.size();
+      run->note = "gRPC " + grpc::Version() + ", TCP, insecure, async client, sync server";
+      FillRow(*std::move(run), result);
+      std::fputs(FormatRow(result).c_str(), stdout);
       std::fflush(stdout);
       if (json.is_open()) json << ToJsonLine(result) << std::flush;
     }

@@ -17,6 +17,7 @@
 #include "benchmarks/bench_client.h"
 #include "benchmarks/bench_service.h"
 #include "benchmarks/report.h"
+#include "benchmarks/run_row.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
 
@@ -91,9 +92,7 @@ int Client(const BenchArgs& args) {
       return 1;
     }
   }
-  std::printf("%-6s %9s %6s %5s %10s %10s %10s %10s %10s %11s %10s %9s %9s\n", "work", "size",
-              "flight", "conn", "p50 us", "p90 us", "p99 us", "p99.9 us", "max us", "calls/s",
-              "MiB/s", "cli us/c", "srv us/c");
+  std::fputs(RowHeader().c_str(), stdout);
   for (int connections : args.connections) {
     ChannelOptions options;
     options.connections = connections;
@@ -119,7 +118,7 @@ int Client(const BenchArgs& args) {
         spec.calls = args.calls;
         spec.duration = args.duration;
         spec.warmup = args.warmup;
-        absl::StatusOr<RunResult> run = RunWorkload(**channel, spec);
+        absl::StatusOr<RunMeasurement> run = RunWorkload(**channel, spec);
         if (!run.ok()) {
           std::fprintf(stderr, "zrpc_bench client: %s %llu B x%d: %s\n",
                        WorkloadName(args.workload), static_cast<unsigned long long>(size),
@@ -134,22 +133,8 @@ int Client(const BenchArgs& args) {
         result.threads = args.threads;
         result.connections = connections;
         result.round = args.round;
-        result.calls = run->latencies_ns.size();
-        result.seconds = absl::ToDoubleSeconds(run->elapsed);
-        SetLatency(Summarize(std::move(run->latencies_ns)), result);
-        result.calls_per_sec = result.calls / result.seconds;
-        result.goodput_mib_per_sec =
-            static_cast<double>(run->payload_bytes) / result.seconds / (1 << 20);
-        result.client_cpu_us_per_call = run->client_cpu_ns / 1e3 / result.calls;
-        result.server_cpu_us_per_call =
-            run->server_cpu_ns < 0 ? -1 : run->server_cpu_ns / 1e3 / result.calls;
-        result.note = run->note;
-        std::printf("%-6s %9llu %6d %5d %10.2f %10.2f %10.2f %10.2f %10.2f %11.0f %10.2f %9.2f "
-                    "%9.2f\n",
-                    result.workload.c_str(), static_cast<unsigned long long>(size), in_flight,
-                    connections, result.p50_us, result.p90_us, result.p99_us, result.p999_us,
-                    result.max_us, result.calls_per_sec, result.goodput_mib_per_sec,
-                    result.client_cpu_us_per_call, result.server_cpu_us_per_call);
+        FillRow(*std::move(run), result);
+        std::fputs(FormatRow(result).c_str(), stdout);
         std::fflush(stdout);
         if (json.is_open()) json << ToJsonLine(result) << std::flush;
       }
