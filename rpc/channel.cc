@@ -80,13 +80,18 @@ class ChannelCore final : public ClientConnectionOwner {
   void CountLateResponse() override { late_.fetch_add(1, std::memory_order_relaxed); }
   void ConnectionClosed(ClientConnection* connection, bool violation) override;
   absl::Status CloseStatus(const std::string& peer, const absl::Status& why) override;
-  MethodMetrics& MetricsFor(const MethodInfo& method) override;
+  // What a call to `method` needs besides the method itself, looked up once per method.
+  struct MethodState {
+    MethodMetrics* metrics;
+    uint32_t service_id;  // ServiceId of the part of the full name before '/'
+  };
+  MethodState MethodFor(const MethodInfo& method);
   const Metrics& metrics() const { return metrics_; }
 
  private:
   // One of the channel's connections and its reconnection state.
   struct Subchannel {
-    absl::Mutex mu;
+    mutable absl::Mutex mu;
     std::shared_ptr<ClientConnection> current ABSL_GUARDED_BY(mu);
     int failures ABSL_GUARDED_BY(mu) = 0;
     absl::Time next_attempt ABSL_GUARDED_BY(mu) = absl::InfinitePast();
@@ -124,12 +129,11 @@ class ChannelCore final : public ClientConnectionOwner {
   std::atomic<int64_t> wake_at_{std::numeric_limits<int64_t>::max()};
   std::thread timer_;
 
-  // Per-method metrics, and the MethodInfo -> MethodMetrics cache in front of the registry's
+  // Per-method metrics, and the MethodInfo -> MethodState cache in front of the registry's
   // by-name lookup (MethodInfo objects are static in generated code, so their address is a key).
   Metrics metrics_;
-  absl::Mutex metrics_mu_;
-  absl::flat_hash_map<const MethodInfo*, MethodMetrics*> method_metrics_
-      ABSL_GUARDED_BY(metrics_mu_);
+  absl::Mutex methods_mu_;
+  absl::flat_hash_map<const MethodInfo*, MethodState> methods_ ABSL_GUARDED_BY(methods_mu_);
 
   std::atomic<uint64_t> attempts_{0};
   std::atomic<uint64_t> failures_{0};
@@ -311,16 +315,18 @@ void ChannelCore::TimerLoop() {
   }
 }
 
-MethodMetrics& ChannelCore::MetricsFor(const MethodInfo& method) {
+ChannelCore::MethodState ChannelCore::MethodFor(const MethodInfo& method) {
   {
-    absl::ReaderMutexLock lock(&metrics_mu_);
-    auto it = method_metrics_.find(&method);
-    if (it != method_metrics_.end()) return *it->second;
+    absl::ReaderMutexLock lock(&methods_mu_);
+    auto it = methods_.find(&method);
+    if (it != methods_.end()) return it->second;
   }
-  MethodMetrics& metrics = metrics_.ForMethod(MetricsSide::kClient, method.full_name);
-  absl::MutexLock lock(&metrics_mu_);
-  method_metrics_.emplace(&method, &metrics);
-  return metrics;
+  const absl::string_view full_name(method.full_name);
+  const MethodState state{&metrics_.ForMethod(MetricsSide::kClient, full_name),
+                          ServiceId(full_name.substr(0, full_name.find('/')))};
+  absl::MutexLock lock(&methods_mu_);
+  methods_.emplace(&method, state);
+  return state;
 }
 
 void ChannelCore::ConnectionClosed(ClientConnection* connection, bool violation) {
@@ -355,7 +361,7 @@ ChannelStats ChannelCore::stats() const {
     for (const auto& connection : live_) stats.calls_in_flight += connection->calls_in_flight();
   }
   for (const Subchannel& sub : subchannels_) {
-    absl::MutexLock lock(&const_cast<Subchannel&>(sub).mu);
+    absl::MutexLock lock(&sub.mu);
     stats.backoff = std::max(stats.backoff, sub.backoff);
   }
   return stats;
@@ -452,17 +458,14 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
         method.full_name, ": a request bulk payload for a method without request_bulk")));
     return;
   }
-  // The service id is a hash of the service's name: computed per call, it is a few dozen
-  // multiply-xors over a short string, cheaper than a map lookup.
-  const absl::string_view full_name(method.full_name);
-  const uint32_t service_id = ServiceId(full_name.substr(0, full_name.find('/')));
+  const internal::ChannelCore::MethodState state = core_->MethodFor(method);
   internal::ClientCall call;
   call.method = &method;
   call.response = response;
   call.response_bulk = response_bulk;
   call.done = std::move(done);
-  call.metrics = &core_->MetricsFor(method);
-  ticket->connection->Start(service_id, ticket->buffer, slot.size, std::move(request_bulk),
+  call.metrics = state.metrics;
+  ticket->connection->Start(state.service_id, ticket->buffer, slot.size, std::move(request_bulk),
                             std::move(call), options);
 }
 

@@ -110,7 +110,7 @@ void ClientConnection::Keepalive(absl::Duration timeout) {
   };
   CallOptions options;
   options.deadline = absl::Now() + timeout;
-  Start(ServiceId(kKeepaliveService), *buffer, 0, OutgoingBulk(), std::move(ping), options);
+  Start(kKeepaliveServiceId, *buffer, 0, OutgoingBulk(), std::move(ping), options);
 }
 
 void ClientConnection::OnPingDone(const absl::Status& status, absl::Duration timeout) {

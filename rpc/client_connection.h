@@ -57,7 +57,6 @@ class ClientConnectionOwner {
   // Why calls fail when their connection closes: UNAVAILABLE, or CANCELLED once the channel is
   // being destroyed.
   virtual absl::Status CloseStatus(const std::string& peer, const absl::Status& why) = 0;
-  virtual MethodMetrics& MetricsFor(const MethodInfo& method) = 0;
 
  protected:
   ~ClientConnectionOwner() = default;
@@ -75,9 +74,7 @@ struct ClientCall {
   void End(absl::Status status);
 };
 
-// The reserved service every server answers itself (WIRE.md).
-inline constexpr absl::string_view kKeepaliveService = "zrpc.Keepalive";
-extern const MethodInfo kKeepalivePing;
+extern const MethodInfo kKeepalivePing;  // of kKeepaliveService (rpc_connection.h)
 
 class ClientConnection final : public RpcConnection,
                                public std::enable_shared_from_this<ClientConnection> {

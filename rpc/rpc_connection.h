@@ -42,6 +42,10 @@
 
 namespace zrpc::internal {
 
+// The reserved service every server answers itself, on its poller thread (WIRE.md, keepalive).
+inline constexpr absl::string_view kKeepaliveService = "zrpc.Keepalive";
+inline constexpr uint32_t kKeepaliveServiceId = ServiceId(kKeepaliveService);
+
 // Gives received payloads back to their connection, from any thread. Stateless: one for the
 // process, so it outlives every IncomingBulk (bulk.h asks that of a releaser).
 class ReceiveReleaser final : public BulkReleaser {

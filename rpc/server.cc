@@ -60,7 +60,7 @@ absl::Status ServerCore::AddService(Service* service) {
                               "name); rename one",
                               info.full_name, other, id));
   }
-  if (id == ServiceId("zrpc.Keepalive")) {
+  if (id == kKeepaliveServiceId) {
     return absl::InvalidArgumentError("zrpc.Keepalive is reserved for the runtime's keepalives");
   }
   ServiceEntry entry{service, std::vector<bool>(info.method_count, options_.inline_by_default),

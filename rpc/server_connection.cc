@@ -143,7 +143,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     Discard(connection, request);
     if (!SendError(connection, header.call_id, status).ok()) connection.Close();
   };
-  if (header.service_id == ServiceId("zrpc.Keepalive")) {
+  if (header.service_id == kKeepaliveServiceId) {
     // Answered here, on the poller thread, so that busy handlers never delay it: a keepalive
     // asks whether this process and its connection are alive, not whether it has spare threads.
     Discard(connection, request);
