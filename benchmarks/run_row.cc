@@ -1,0 +1,34 @@
+#include "benchmarks/run_row.h"
+
+#include <utility>
+
+#include "absl/strings/str_format.h"
+
+namespace zrpc::bench {
+
+void FillRow(RunMeasurement run, WorkloadResult& row) {
+  row.calls = run.latencies_ns.size();
+  row.seconds = absl::ToDoubleSeconds(run.elapsed);
+  SetLatency(Summarize(std::move(run.latencies_ns)), row);
+  row.calls_per_sec = row.calls / row.seconds;
+  row.goodput_mib_per_sec = static_cast<double>(run.payload_bytes) / row.seconds / (1 << 20);
+  row.client_cpu_us_per_call = run.client_cpu_ns / 1e3 / row.calls;
+  row.server_cpu_us_per_call = run.server_cpu_ns < 0 ? -1 : run.server_cpu_ns / 1e3 / row.calls;
+  row.note = std::move(run.note);
+}
+
+std::string RowHeader() {
+  return absl::StrFormat("%-6s %9s %6s %5s %10s %10s %10s %10s %10s %11s %10s %9s %9s\n", "work",
+                         "size", "flight", "conn", "p50 us", "p90 us", "p99 us", "p99.9 us",
+                         "max us", "calls/s", "MiB/s", "cli us/c", "srv us/c");
+}
+
+std::string FormatRow(const WorkloadResult& row) {
+  return absl::StrFormat(
+      "%-6s %9d %6d %5d %10.2f %10.2f %10.2f %10.2f %10.2f %11.0f %10.2f %9.2f %9.2f\n",
+      row.workload, row.size, row.in_flight, row.connections, row.p50_us, row.p90_us, row.p99_us,
+      row.p999_us, row.max_us, row.calls_per_sec, row.goodput_mib_per_sec,
+      row.client_cpu_us_per_call, row.server_cpu_us_per_call);
+}
+
+}  // namespace zrpc::bench

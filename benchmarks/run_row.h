@@ -1,0 +1,36 @@
+// One closed-loop run's raw measurement, and the row (report.h's WorkloadResult) it becomes:
+// shared by zrpc_bench and grpc_bench so that both systems' figures are derived, and printed,
+// the same way.
+#ifndef ZRPC_BENCHMARKS_RUN_ROW_H_
+#define ZRPC_BENCHMARKS_RUN_ROW_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "benchmarks/report.h"
+
+namespace zrpc::bench {
+
+struct RunMeasurement {
+  std::vector<int64_t> latencies_ns;  // one per measured call, in no particular order
+  absl::Duration elapsed;
+  uint64_t payload_bytes = 0;  // payload moved by measured calls (both ways for echo)
+  double client_cpu_ns = 0;
+  double server_cpu_ns = -1;  // negative: not measured
+  std::string note;
+};
+
+// Fills `row`'s measured figures (calls, seconds, latency, rates, CPU per call, note) from
+// `run`, which must have at least one call; the caller sets what was run (system, workload,
+// size, in_flight, threads, connections, round).
+void FillRow(RunMeasurement run, WorkloadResult& row);
+
+// The human-readable line of a row, and the header above such lines.
+std::string RowHeader();
+std::string FormatRow(const WorkloadResult& row);
+
+}  // namespace zrpc::bench
+
+#endif  // ZRPC_BENCHMARKS_RUN_ROW_H_
