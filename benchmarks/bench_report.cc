@@ -1,11 +1,13 @@
 // bench_report: merges the JSON Lines results of the benchmark programs and prints, for people,
-// the medians across rounds and the zrpc ratios against their targets (benchmarks/report.h).
+// the medians across rounds and the zrpc ratios against their targets (benchmarks/report.h),
+// when the files hold baseline rows (perftest or grpc) to compare with.
 //
 //   bench_report [--json OUT.json] [--svg OUT.svg] [--svg-workload echo] [--svg-size 64]
 //                FILE.jsonl...
 //
 // Exit status: 0 when the report was made (a MISSED target is a figure, not a failure), 1 when
 // an input could not be read or parsed or an output not written, 2 on a usage error.
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -143,8 +145,24 @@ int Main(int argc, char** argv) {
     std::cerr << "bench_report: " << aggregates.status().message() << "\n";
     return 1;
   }
-  const std::vector<Ratio> ratios = ComputeRatios(*aggregates);
-  std::cout << FormatTable(*aggregates) << "\n== ratios (targets)\n" << FormatRatios(ratios);
+  // Ratios need a baseline: rows of zrpc alone (a sweep) get the table only.
+  const bool baseline = std::any_of(aggregates->begin(), aggregates->end(), [](const Aggregate& a) {
+    return a.median.system == "perftest" || a.median.system == "grpc";
+  });
+  std::vector<Ratio> ratios;
+  std::cout << FormatTable(*aggregates);
+  if (baseline) {
+    ratios = ComputeRatios(*aggregates);
+    std::cout << "\n== ratios (targets)\n" << FormatRatios(ratios);
+  } else {
+    std::cout << "(no perftest or grpc rows: no ratios)\n";
+  }
+  const std::vector<Ratio> layers = ComputeLayerRatios(*aggregates);
+  if (!layers.empty()) {
+    std::cout << "\n== where zrpc's cost over perftest arises (layers, same run; no targets)\n"
+              << FormatRatios(layers);
+    ratios.insert(ratios.end(), layers.begin(), layers.end());
+  }
 
   if (!args.json_out.empty() && !WriteFile(args.json_out, ToJsonDocument(*aggregates, ratios))) {
     std::cerr << "bench_report: " << args.json_out << ": cannot write\n";

@@ -2,26 +2,33 @@
 # zrpc's RPCs next to perftest and gRPC on one device, in alternating rounds (tools/bench runs it
 # inside tools/softroce). Each round runs, in turn: perftest ib_send_lat, ib_send_bw and
 # ib_write_bw; zrpc_bench echo with one call in flight (round trip), echo with many in flight
-# (call rate) and bulk put (goodput); grpc_bench echo (gRPC C++ over TCP on the same guest) with
+# (call rate) and bulk put (goodput); transport_bench echo, one and many in flight (zrpc's
+# transport alone: the layer between perftest and zrpc's RPCs); grpc_bench echo (gRPC C++ over TCP on the same guest) with
 # one and many in flight; all at the same sizes. Every run appends one JSON line to results.jsonl;
 # bench_report then takes the medians across rounds, prints the table and the ratios against
 # the targets, and writes the JSON summary and the latency CDF picture.
 #
-# Usage: compare.sh ZRPC_BENCH GRPC_BENCH BENCH_REPORT OUT_DIR [--rounds N] [--size B]
-#                   [--bulk-size B] [--calls N] [--in-flight N]
+# With --sweep it walks zrpc alone instead (zrpc_bench --sweep: echo at 0 B to 4 KiB, put and get
+# at 4 KiB to 16 MiB, each at 1 to 64 calls in flight over 1 and 2 connections, one second
+# each) and prints how latency and throughput grow with the work: sweep.jsonl, sweep.json.
+#
+# Usage: compare.sh ZRPC_BENCH TRANSPORT_BENCH GRPC_BENCH BENCH_REPORT OUT_DIR [--rounds N]
+#                   [--size B] [--bulk-size B] [--calls N] [--in-flight N] [--sweep]
 set -euo pipefail
-zrpc_bench=$1 grpc_bench=$2 bench_report=$3 out=$4
-shift 4
-rounds=3 size=64 bulk_size=$((1 << 20)) calls=5000 in_flight=32
+zrpc_bench=$1 transport_bench=$2 grpc_bench=$3 bench_report=$4 out=$5
+shift 5
+rounds=3 size=64 bulk_size=$((1 << 20)) calls=5000 in_flight=32 sweep=0
 while (($#)); do
   case "$1" in
-    --rounds) rounds=$2 ;;
-    --size) size=$2 ;;
-    --bulk-size) bulk_size=$2 ;;
-    --calls) calls=$2 ;;
-    --in-flight) in_flight=$2 ;;
+    --sweep) sweep=1; shift; continue ;;
+    --rounds) rounds=${2-} ;;
+    --size) size=${2-} ;;
+    --bulk-size) bulk_size=${2-} ;;
+    --calls) calls=${2-} ;;
+    --in-flight) in_flight=${2-} ;;
     *) echo "compare.sh: unknown flag $1" >&2; exit 2 ;;
   esac
+  (($# >= 2)) || { echo "compare.sh: $1 needs a value" >&2; exit 2; }
   shift 2
 done
 for n in "$rounds" "$size" "$bulk_size" "$calls" "$in_flight"; do
@@ -30,7 +37,7 @@ done
 : "${ZRPC_RDMA_DEVICE:?run through tools/softroce}" "${ZRPC_RDMA_GID_INDEX:?}" "${ZRPC_RDMA_ADDR:?}"
 mkdir -p "$out"
 results=$out/results.jsonl
-: >"$results"
+((sweep)) || : >"$results"
 logs=$out/logs
 mkdir -p "$logs"
 bulk_calls=$((calls / 50 > 50 ? calls / 50 : 50))
@@ -102,6 +109,21 @@ stop_server() {
   server=""
 }
 
+if ((sweep)); then
+  : >"$out/sweep.jsonl"
+  start_server zrpc_server "$zrpc_bench" server --listen "$ZRPC_RDMA_ADDR:0" --max-bulk $((16 << 20))
+  for workload in echo put get; do
+    echo "== zrpc $workload sweep"
+    "$zrpc_bench" client --connect "$target" --workload "$workload" --sweep --duration 1 \
+      --warmup "$([[ $workload == echo ]] && echo 200 || echo 4)" --json "$out/sweep.jsonl"
+  done
+  stop_server zrpc_server
+  echo "== sweep (device $ZRPC_RDMA_DEVICE, ${ZRPC_SOFTROCE_MODE:-direct})"
+  "$bench_report" --json "$out/sweep.json" "$out/sweep.jsonl"
+  echo "results: $out/sweep.jsonl, summary: $out/sweep.json"
+  exit 0
+fi
+
 for ((round = 1; round <= rounds; round++)); do
   echo "== round $round of $rounds"
   perftest_run ib_send_lat send_lat -s "$size" -n "$calls"
@@ -116,6 +138,11 @@ for ((round = 1; round <= rounds; round++)); do
   "$zrpc_bench" "${common[@]}" --workload echo --size "$size" --in-flight "$in_flight" --calls "$calls" --warmup 500
   "$zrpc_bench" "${common[@]}" --workload put --size "$bulk_size" --in-flight "$in_flight" --calls "$bulk_calls" --warmup 10
   stop_server zrpc_server
+  start_server transport_server "$transport_bench" server --listen "$ZRPC_RDMA_ADDR:0"
+  common=(client --connect "$target" --round "$round" --json "$results")
+  "$transport_bench" "${common[@]}" --size "$size" --in-flight 1 --calls "$calls" --warmup 500
+  "$transport_bench" "${common[@]}" --size "$size" --in-flight "$in_flight" --calls "$calls" --warmup 500
+  stop_server transport_server
   start_server grpc_server "$grpc_bench" server --listen "$ZRPC_RDMA_ADDR:0"
   common=(client --connect "$target" --round "$round" --json "$results")
   "$grpc_bench" "${common[@]}" --size "$size" --in-flight 1 --calls "$calls" --warmup 500

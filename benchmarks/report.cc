@@ -171,7 +171,7 @@ int Rank(absl::string_view value, std::initializer_list<absl::string_view> known
 using Key = std::tuple<int, std::string, int, std::string, uint64_t, int, int, int>;
 
 Key KeyOf(const WorkloadResult& r) {
-  return Key(Rank(r.system, {"zrpc", "grpc", "perftest"}), r.system,
+  return Key(Rank(r.system, {"zrpc", "transport", "grpc", "perftest"}), r.system,
              Rank(r.workload, {"echo", "put", "get", "send_lat", "send_bw", "write_bw"}),
              r.workload, r.size, r.in_flight, r.threads, r.connections);
 }

@@ -136,7 +136,7 @@ Summary Summarize(std::vector<int64_t> samples_nanos, size_t max_cdf_points = kM
 // The result of one run, one line of a JSON Lines file.
 
 struct WorkloadResult {
-  std::string system;    // "zrpc", "grpc", "perftest"
+  std::string system;    // "zrpc", "transport" (zrpc's transport alone), "grpc", "perftest"
   std::string workload;  // "echo", "put", "get", "send_lat", "send_bw", "write_bw"
   uint64_t size = 0;     // payload bytes per call (per message for perftest)
   int in_flight = 1;     // calls outstanding at once (perftest: its tx depth; 1 for send_lat)
@@ -189,9 +189,9 @@ struct Aggregate {
   int rounds = 0;
 };
 
-// Groups and takes medians. The output is ordered by system (zrpc, grpc, perftest, then others
-// by name), workload (echo, put, get, send_lat, send_bw, write_bw, then others), size,
-// in_flight, threads, connections. Two results of the same configuration and round (say, a
+// Groups and takes medians. The output is ordered by system (zrpc, transport, grpc, perftest,
+// then others by name), workload (echo, put, get, send_lat, send_bw, write_bw, then others),
+// size, in_flight, threads, connections. Two results of the same configuration and round (say, a
 // file given twice) are refused with kInvalidArgument naming them.
 absl::StatusOr<std::vector<Aggregate>> AggregateRounds(const std::vector<WorkloadResult>& results);
 
@@ -211,6 +211,7 @@ absl::StatusOr<std::vector<Aggregate>> AggregateRounds(const std::vector<Workloa
 struct Ratio {
   std::string name;    // e.g. "zrpc echo p50 / (2 x perftest send_lat p50)"
   std::string where;   // the configuration, e.g. "64 B, in_flight 1, 1x1"
+  bool has_target = true;  // false: a layer figure (ComputeLayerRatios), no target, never "met"
   double target = 0;
   bool higher_is_better = false;  // target is a minimum (>=) rather than a maximum (<=)
   bool available = false;
@@ -220,6 +221,14 @@ struct Ratio {
 };
 
 std::vector<Ratio> ComputeRatios(const std::vector<Aggregate>& aggregates);
+
+// Where zrpc's cost over perftest arises, when transport_bench's rows (system "transport": the
+// transport alone, no RPC layer) are present; otherwise nothing. Layer figures, no targets:
+//  - "transport echo p50 / (2 x perftest send_lat p50)": what the transport adds to the fabric;
+//  - "zrpc echo p50 / transport echo p50": what the RPC layer adds to the transport;
+//  - the same two for the message rate at the largest in_flight (transport vs ib_send_bw, zrpc
+//    vs transport).
+std::vector<Ratio> ComputeLayerRatios(const std::vector<Aggregate>& aggregates);
 
 // ---------------------------------------------------------------------------------------------
 // Output.
@@ -235,8 +244,8 @@ std::string FormatTable(const std::vector<Aggregate>& aggregates);
 std::string FormatRatios(const std::vector<Ratio>& ratios);
 
 // A JSON document {"results": [...], "ratios": [...]}: each result is ToJsonLine's object plus
-// "rounds"; each ratio has name, where, target, higher_is_better, value and met (null when not
-// available) and missing. Ends in '\n'.
+// "rounds"; each ratio has name, where, target (null for a layer figure), higher_is_better,
+// value and met (null when not available, or for a layer figure) and missing. Ends in '\n'.
 std::string ToJsonDocument(const std::vector<Aggregate>& aggregates,
                            const std::vector<Ratio>& ratios);
 

@@ -578,7 +578,11 @@ std::string ToJsonDocument(const std::vector<Aggregate>& aggregates,
     out += ",\"where\":";
     AppendJsonString(r.where, out);
     out += ",\"target\":";
-    AppendJsonNumber(r.target, out);
+    if (r.has_target) {
+      AppendJsonNumber(r.target, out);
+    } else {
+      out += "null";
+    }
     absl::StrAppend(&out, ",\"higher_is_better\":", r.higher_is_better ? "true" : "false",
                     ",\"value\":");
     if (r.available) {
@@ -586,7 +590,8 @@ std::string ToJsonDocument(const std::vector<Aggregate>& aggregates,
     } else {
       out += "null";
     }
-    absl::StrAppend(&out, ",\"met\":", !r.available ? "null" : r.met ? "true" : "false",
+    absl::StrAppend(&out, ",\"met\":",
+                    !r.available || !r.has_target ? "null" : r.met ? "true" : "false",
                     ",\"missing\":");
     AppendJsonString(r.missing, out);
     out += "}";

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/numbers.h"
+#include "absl/synchronization/mutex.h"
 #include "benchmarks/bench_args.h"
 #include "benchmarks/bench_client.h"
 #include "benchmarks/bench_service.h"
@@ -147,6 +148,10 @@ int Client(const BenchArgs& args) {
 }  // namespace zrpc::bench
 
 int main(int argc, char** argv) {
+  // Debian's Abseil checks lock order on every absl::Mutex lock (it is built without NDEBUG):
+  // three times the cost of the lock itself (benchmarks/CALL_PATH.md). A benchmark measures
+  // what a release deployment runs.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   std::vector<std::string> args(argv + 1, argv + argc);
   absl::StatusOr<zrpc::bench::BenchArgs> parsed = zrpc::bench::ParseBenchArgs(args);
   if (!parsed.ok()) {

@@ -81,5 +81,18 @@ TEST_CASE("bench_report merges the files into a table, ratios, JSON and an SVG",
   CHECK(absl::EndsWith(picture, "</svg>\n"));
 }
 
+TEST_CASE("bench_report prints zrpc rows alone (a sweep) as a table without ratios",
+          "[bench_report]") {
+  const std::string json = TmpDir() + "/sweep.json";
+  std::string output;
+  REQUIRE(Run(Binary() + " --json " + json + " " + Data("zrpc.jsonl"), &output) == 0);
+  INFO(output);
+  CHECK(absl::StrContains(output, "21.00"));
+  CHECK(absl::StrContains(output, "(no perftest or grpc rows: no ratios)"));
+  CHECK_FALSE(absl::StrContains(output, "== ratios"));
+  CHECK_FALSE(absl::StrContains(output, "n/a"));
+  CHECK(absl::StrContains(ReadFile(json), "\"ratios\":[]"));
+}
+
 }  // namespace
 }  // namespace zrpc::testing

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A short real run of the comparison tools/bench runs (benchmarks/compare.sh): one round, few
-# calls, on the harness's device, zrpc, perftest and gRPC. It checks the machinery, not the figures: every program
+# calls, on the harness's device: zrpc, its transport alone, perftest and gRPC. It checks the machinery, not the figures: every program
 # produced its rows, bench_report merged them, printed the ratios (met, MISSED or n/a, never a
 # blank) and wrote the JSON summary and the SVG.
 set -uo pipefail
@@ -13,7 +13,7 @@ rm -rf "$out"
 
 one_round() {
   if ! "$runfiles/benchmarks/compare.sh" "$runfiles/benchmarks/zrpc_bench" \
-      "$runfiles/benchmarks/grpc_bench" "$runfiles/benchmarks/bench_report" "$out" --rounds 1 --calls 300 --in-flight 8 \
+      "$runfiles/benchmarks/transport_bench" "$runfiles/benchmarks/grpc_bench" "$runfiles/benchmarks/bench_report" "$out" --rounds 1 --calls 300 --in-flight 8 \
       --bulk-size 65536 >"$out.log" 2>&1; then
     junit_problem "compare.sh failed: $(tail -n 20 "$out.log")"
     return
@@ -28,6 +28,8 @@ one_round() {
     junit_problem "want 2 zrpc echo rows (1 and 8 in flight)"
   [[ $(grep -c '"system":"grpc","workload":"echo"' "$out/results.jsonl") == 2 ]] ||
     junit_problem "want 2 grpc echo rows (1 and 8 in flight)"
+  [[ $(grep -c '"system":"transport","workload":"echo"' "$out/results.jsonl") == 2 ]] ||
+    junit_problem "want 2 transport echo rows (1 and 8 in flight)"
   for workload in send_lat send_bw write_bw; do
     grep -q "\"system\":\"perftest\",\"workload\":\"$workload\"" "$out/results.jsonl" ||
       junit_problem "no perftest $workload row in results.jsonl"
@@ -35,6 +37,10 @@ one_round() {
   grep -q '^== ratios' "$out.log" || junit_problem "no ratios block"
   [[ $(grep -cE 'target (<=|>=) [0-9.]+ +(met|MISSED)|n/a \(' "$out.log") -ge 4 ]] ||
     junit_problem "fewer than 4 ratio lines with a verdict"
+  grep -q "^== where zrpc's cost over perftest arises" "$out.log" ||
+    junit_problem "no layer block (transport vs perftest, zrpc vs transport)"
+  [[ $(sed -n "/^== where zrpc's cost/,\$p" "$out.log" | grep -cE ' [0-9]+\.[0-9]{3}$') == 4 ]] ||
+    junit_problem "want 4 layer ratios with a value"
   grep -q '"ratios"' "$out/summary.json" || junit_problem "summary.json has no ratios"
   grep -q '<svg' "$out/latency_cdf.svg" && grep -q '<polyline' "$out/latency_cdf.svg" ||
     junit_problem "latency_cdf.svg has no curve"

@@ -277,6 +277,41 @@ TEST_CASE("a ratio with a side missing is n/a and names what is missing", "[repo
   CHECK(ComputeRatios({})[0].missing == "no zrpc rows for echo with in_flight 1");
 }
 
+TEST_CASE("layer ratios split zrpc's cost into transport and RPC layer, without targets",
+          "[report][ratios]") {
+  std::vector<WorkloadResult> rs = {
+      Row("zrpc", "echo", 64, 1, 0, 30),          // round trip 30 us
+      Row("transport", "echo", 64, 1, 0, 12),     // 12 us: the RPC layer is 2.5x
+      Row("perftest", "send_lat", 64, 1, 0, 5),   // one-way 5: the transport is 1.2x
+      Row("zrpc", "echo", 64, 32, 0, 40),         // 800k calls/s
+      Row("transport", "echo", 64, 32, 0, 20),    // 1.6M msg/s: 0.5
+      Row("perftest", "send_bw", 64, 32, 0, 16),  // 2M msg/s: 0.8
+  };
+  // No transport rows: no layer figures at all (the targets still show).
+  CHECK(ComputeLayerRatios(MustAggregate({rs[0], rs[2]})).empty());
+
+  const std::vector<Ratio> layers = ComputeLayerRatios(MustAggregate(rs));
+  REQUIRE(layers.size() == 4);
+  CHECK(layers[0].value == Approx(1.2));
+  CHECK(layers[1].value == Approx(2.5));
+  CHECK(layers[2].value == Approx(0.8));
+  CHECK(layers[3].value == Approx(0.5));
+  CHECK(layers[3].where == "64 B, in_flight 32 vs 32, 1x1");
+  for (const Ratio& r : layers) {
+    CHECK(r.available);
+    CHECK_FALSE(r.has_target);
+    CHECK_FALSE(r.met);
+  }
+  const std::string text = FormatRatios(layers);
+  CHECK(text.find("target") == std::string::npos);
+  CHECK(text.find("MISSED") == std::string::npos);
+  CHECK(text.find("zrpc echo p50 / transport echo p50") != std::string::npos);
+  const std::string json = ToJsonDocument(MustAggregate(rs), layers);
+  CHECK(json.find("\"target\":null") != std::string::npos);
+  CHECK(json.find("\"met\":true") == std::string::npos);
+  CHECK(json.find("\"met\":false") == std::string::npos);
+}
+
 TEST_CASE("the table has one fixed-width line per configuration", "[report][table]") {
   WorkloadResult r = Row("zrpc", "echo", 64, 1, 0, 11);
   r.client_cpu_us_per_call = 1.5;
