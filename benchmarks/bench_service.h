@@ -4,21 +4,13 @@
 #ifndef ZRPC_BENCHMARKS_BENCH_SERVICE_H_
 #define ZRPC_BENCHMARKS_BENCH_SERVICE_H_
 
-#include <time.h>
-
 #include <cstdint>
 #include <string>
 
 #include "benchmarks/bench.zrpc.h"
+#include "benchmarks/run_row.h"
 
 namespace zrpc::bench {
-
-// CPU time this process has used (all threads, user + system), in nanoseconds.
-inline uint64_t ProcessCpuNanos() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 class BenchService final : public Bench::Service {
  public:

@@ -15,7 +15,6 @@
 
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,13 +40,6 @@ constexpr char kUsage[] =
     "                         [--calls N | --duration SECONDS] [--warmup N] [--round N]\n"
     "                         [--json FILE]\n"
     "(zrpc_bench's flags; gRPC runs only the echo workload, one connection, one thread)\n";
-
-// CPU time this process has used (all threads, user + system), in nanoseconds.
-uint64_t ProcessCpuNanos() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 // What zrpc_bench accepts but this baseline does not measure: an error naming the flag.
 absl::Status CheckSupported(const BenchArgs& args) {
@@ -218,13 +210,10 @@ absl::StatusOr<RunMeasurement> RunEcho(Bench::Stub& stub, const BenchArgs& args,
 }
 
 int Client(const BenchArgs& args) {
-  std::ofstream json;
-  if (!args.json.empty()) {
-    json.open(args.json, std::ios::app);
-    if (!json) {
-      std::fprintf(stderr, "grpc_bench: cannot open %s for appending\n", args.json.c_str());
-      return 1;
-    }
+  absl::StatusOr<RowWriter> rows = RowWriter::Open(args.json);
+  if (!rows.ok()) {
+    std::fprintf(stderr, "grpc_bench: %s\n", std::string(rows.status().message()).c_str());
+    return 1;
   }
   grpc::ChannelArguments channel_args;
   // Any payload zrpc_bench's echo takes (up to 1 MiB, bench_args.cc) plus its framing.
@@ -237,7 +226,6 @@ int Client(const BenchArgs& args) {
     return 1;
   }
   std::unique_ptr<Bench::Stub> stub = Bench::NewStub(channel);
-  std::fputs(RowHeader().c_str(), stdout);
   for (uint64_t size : args.sizes) {
     for (int in_flight : args.in_flight) {
       absl::StatusOr<RunMeasurement> run = RunEcho(*stub, args, size, in_flight);
@@ -262,9 +250,7 @@ int Client(const BenchArgs& args) {
       run->payload_bytes = 2 * size * run->latencies_ns.size();
       run->note = "gRPC " + grpc::Version() + ", TCP, insecure, async client, sync server";
       FillRow(*std::move(run), result);
-      std::fputs(FormatRow(result).c_str(), stdout);
-      std::fflush(stdout);
-      if (json.is_open()) json << ToJsonLine(result) << std::flush;
+      rows->Write(result);
     }
   }
   return 0;

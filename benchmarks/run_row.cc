@@ -1,7 +1,11 @@
 #include "benchmarks/run_row.h"
 
+#include <time.h>
+
+#include <cstdio>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace zrpc::bench {
@@ -29,6 +33,30 @@ std::string FormatRow(const WorkloadResult& row) {
       row.workload, row.size, row.in_flight, row.connections, row.p50_us, row.p90_us, row.p99_us,
       row.p999_us, row.max_us, row.calls_per_sec, row.goodput_mib_per_sec,
       row.client_cpu_us_per_call, row.server_cpu_us_per_call);
+}
+
+uint64_t ProcessCpuNanos() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+absl::StatusOr<RowWriter> RowWriter::Open(const std::string& json_path) {
+  RowWriter writer;
+  if (!json_path.empty()) {
+    writer.json_.open(json_path, std::ios::app);
+    if (!writer.json_) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot open ", json_path, " for appending"));
+    }
+  }
+  std::fputs(RowHeader().c_str(), stdout);
+  return writer;
+}
+
+void RowWriter::Write(const WorkloadResult& row) {
+  std::fputs(FormatRow(row).c_str(), stdout);
+  std::fflush(stdout);
+  if (json_.is_open()) json_ << ToJsonLine(row) << std::flush;
 }
 
 }  // namespace zrpc::bench

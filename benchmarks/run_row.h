@@ -5,9 +5,11 @@
 #define ZRPC_BENCHMARKS_RUN_ROW_H_
 
 #include <cstdint>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "benchmarks/report.h"
 
@@ -30,6 +32,22 @@ void FillRow(RunMeasurement run, WorkloadResult& row);
 // The human-readable line of a row, and the header above such lines.
 std::string RowHeader();
 std::string FormatRow(const WorkloadResult& row);
+
+// CPU time this process has used (all threads, user + system), in nanoseconds.
+uint64_t ProcessCpuNanos();
+
+// Where a benchmark client's rows go: a line each on stdout (under RowHeader, printed by Open),
+// and a JSON line each appended to the --json file when one was given.
+class RowWriter {
+ public:
+  // kInvalidArgument naming the file when `json_path` (if not empty) cannot be opened.
+  static absl::StatusOr<RowWriter> Open(const std::string& json_path);
+  void Write(const WorkloadResult& row);
+
+ private:
+  RowWriter() = default;
+  std::ofstream json_;
+};
 
 }  // namespace zrpc::bench
 

@@ -4,8 +4,7 @@
 //
 //   transport_bench server --listen ADDR:PORT
 //   transport_bench client --connect ADDR:PORT [--size B[,B...]] [--in-flight N[,N...]]
-//                          [--calls N | --duration SECONDS] [--warmup N] [--round N]
-//                          [--json FILE]
+//                          [--calls N] [--warmup N] [--round N] [--json FILE]
 //
 // The server echoes every message it receives: a pool slot, a copy, Send, Release. The client
 // keeps `in_flight` messages outstanding and sends the next one from the handler of each echo,
@@ -13,14 +12,11 @@
 // the channel's poller) without calls, headers, call table, metrics or protobuf. Latency is per
 // message, from Send to the echo's arrival. Rows go out as zrpc_bench's, with system "transport"
 // and workload "echo"; the server's CPU is not measured (-1).
-#include <time.h>
-
 #include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,18 +49,11 @@ using transport::ReceivedMessage;
 constexpr char kUsage[] =
     "usage: transport_bench server --listen ADDR:PORT\n"
     "       transport_bench client --connect ADDR:PORT [--size B[,B...]] [--in-flight N[,N...]]\n"
-    "                              [--calls N | --duration SECONDS] [--warmup N] [--round N]\n"
-    "                              [--json FILE]\n"
+    "                              [--calls N] [--warmup N] [--round N] [--json FILE]\n"
     "(zrpc_bench's flags; the transport runs only echo, one connection, one thread)\n";
 
 // Slots as zrpc_bench's, so the same sizes fit.
 constexpr size_t kSlotSize = 8192;
-
-uint64_t ProcessCpuNanos() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(const std::string& text) {
   const size_t colon = text.rfind(':');
@@ -101,6 +90,9 @@ absl::Status CheckSupported(const BenchArgs& args) {
   }
   if (args.threads != defaults.threads) {
     return absl::InvalidArgumentError("--threads: one client thread only");
+  }
+  if (args.duration > absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--duration: the transport bench runs --calls only");
   }
   for (uint64_t size : args.sizes) {
     if (size < sizeof(uint32_t)) {
@@ -171,30 +163,42 @@ class Echoer final : public ConnectionHandler, public transport::AcceptHandler {
 volatile std::sig_atomic_t signalled = 0;
 extern "C" void SetSignalled(int) { signalled = 1; }
 
-absl::StatusOr<std::unique_ptr<transport::Device>> OpenDevice() {
+// What either side runs on: the device and one started busy poller (destroyed in that order
+// reversed, as they must be).
+struct Stack {
+  std::unique_ptr<transport::Device> device;
+  std::unique_ptr<transport::Poller> poller;
+};
+
+absl::StatusOr<Stack> OpenStack() {
   absl::StatusOr<transport::DeviceConfig> config = transport::DeviceConfigFromEnv();
   if (!config.ok()) return config.status();
   transport::SlotPoolOptions slots;
   slots.slot_size = kSlotSize;
-  return transport::Device::Open(*config, slots);
+  Stack stack;
+  absl::StatusOr<std::unique_ptr<transport::Device>> device =
+      transport::Device::Open(*config, slots);
+  if (!device.ok()) return device.status();
+  stack.device = *std::move(device);
+  absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
+      transport::Poller::Create(*stack.device);
+  if (!poller.ok()) return poller.status();
+  stack.poller = *std::move(poller);
+  if (absl::Status s = stack.poller->Start(); !s.ok()) return s;
+  return stack;
 }
 
 int Serve(const BenchArgs& args) {
   auto where = SplitHostPort(args.listen);
   Echoer echoer;  // declared first: the poller's teardown still reports to it
-  auto device = OpenDevice();
-  if (!device.ok()) {
-    std::fprintf(stderr, "transport_bench server: %s\n", device.status().ToString().c_str());
+  absl::StatusOr<Stack> stack = OpenStack();
+  if (!stack.ok()) {
+    std::fprintf(stderr, "transport_bench server: %s\n", stack.status().ToString().c_str());
     return 1;
   }
-  auto poller = transport::Poller::Create(**device);
-  absl::Status s = poller.ok() ? (*poller)->Start() : poller.status();
-  if (!s.ok()) {
-    std::fprintf(stderr, "transport_bench server: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  echoer.set_poller(poller->get());
-  auto listener = transport::Listener::Create(**device, where->first, where->second, &echoer);
+  echoer.set_poller(stack->poller.get());
+  auto listener =
+      transport::Listener::Create(*stack->device, where->first, where->second, &echoer);
   if (!listener.ok()) {
     std::fprintf(stderr, "transport_bench server: %s\n", listener.status().ToString().c_str());
     return 1;
@@ -206,7 +210,7 @@ int Serve(const BenchArgs& args) {
   while (!signalled) absl::SleepFor(absl::Milliseconds(50));
   listener->reset();
   for (const auto& connection : echoer.TakeAll()) connection->Close();
-  poller->reset();  // drives the closes, then stops
+  stack->poller.reset();  // drives the closes, then stops
   return 0;
 }
 
@@ -302,35 +306,21 @@ class Pinger final : public ConnectionHandler {
 
 int Client(const BenchArgs& args) {
   auto where = SplitHostPort(args.connect);
-  std::ofstream json;
-  if (!args.json.empty()) {
-    json.open(args.json, std::ios::app);
-    if (!json) {
-      std::fprintf(stderr, "transport_bench: cannot open %s for appending\n", args.json.c_str());
-      return 1;
-    }
-  }
-  Pinger pinger;  // declared first: the poller's teardown still reports to it
-  auto device = OpenDevice();
-  if (!device.ok()) {
-    std::fprintf(stderr, "transport_bench client: %s\n", device.status().ToString().c_str());
+  absl::StatusOr<RowWriter> rows = RowWriter::Open(args.json);
+  if (!rows.ok()) {
+    std::fprintf(stderr, "transport_bench: %s\n", std::string(rows.status().message()).c_str());
     return 1;
   }
-  auto poller = transport::Poller::Create(**device);
-  absl::Status s = poller.ok() ? (*poller)->Start() : poller.status();
+  Pinger pinger;  // declared first: the poller's teardown still reports to it
+  absl::StatusOr<Stack> stack = OpenStack();
   absl::StatusOr<std::shared_ptr<Connection>> connection =
-      s.ok() ? Connection::Connect(**device, **poller, where->first, where->second, &pinger, {},
-                                   absl::Seconds(30))
-             : absl::StatusOr<std::shared_ptr<Connection>>(s);
+      stack.ok() ? Connection::Connect(*stack->device, *stack->poller, where->first,
+                                       where->second, &pinger, {}, absl::Seconds(30))
+                 : absl::StatusOr<std::shared_ptr<Connection>>(stack.status());
   if (!connection.ok()) {
     std::fprintf(stderr, "transport_bench client: %s\n", connection.status().ToString().c_str());
     return 1;
   }
-  if (args.duration > absl::ZeroDuration()) {
-    std::fprintf(stderr, "transport_bench: --duration is not supported here; use --calls\n");
-    return 2;
-  }
-  std::fputs(RowHeader().c_str(), stdout);
   for (uint64_t size : args.sizes) {
     if (size > (*connection)->max_message_size()) {
       std::fprintf(stderr, "transport_bench: a message is at most %u bytes here\n",
@@ -342,7 +332,7 @@ int Client(const BenchArgs& args) {
       pinger.Begin(connection->get(), static_cast<uint32_t>(size), in_flight, args.warmup,
                    args.warmup + args.calls);
       RunMeasurement run;
-      s = pinger.Wait(&run.latencies_ns, &run.elapsed);
+      absl::Status s = pinger.Wait(&run.latencies_ns, &run.elapsed);
       if (!s.ok()) {
         std::fprintf(stderr, "transport_bench client: echo %llu B x%d: %s\n",
                      static_cast<unsigned long long>(size), in_flight, s.ToString().c_str());
@@ -361,9 +351,7 @@ int Client(const BenchArgs& args) {
       result.connections = 1;
       result.round = args.round;
       FillRow(std::move(run), result);
-      std::fputs(FormatRow(result).c_str(), stdout);
-      std::fflush(stdout);
-      if (json.is_open()) json << ToJsonLine(result) << std::flush;
+      rows->Write(result);
     }
   }
   (*connection)->Close();

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -85,15 +84,11 @@ int Client(const BenchArgs& args) {
                  static_cast<unsigned long long>(MaxEchoPayload(kSlotSize)));
     return 2;
   }
-  std::ofstream json;
-  if (!args.json.empty()) {
-    json.open(args.json, std::ios::app);
-    if (!json) {
-      std::fprintf(stderr, "zrpc_bench: cannot open %s for appending\n", args.json.c_str());
-      return 1;
-    }
+  absl::StatusOr<RowWriter> rows = RowWriter::Open(args.json);
+  if (!rows.ok()) {
+    std::fprintf(stderr, "zrpc_bench: %s\n", std::string(rows.status().message()).c_str());
+    return 1;
   }
-  std::fputs(RowHeader().c_str(), stdout);
   for (int connections : args.connections) {
     ChannelOptions options;
     options.connections = connections;
@@ -135,9 +130,7 @@ int Client(const BenchArgs& args) {
         result.connections = connections;
         result.round = args.round;
         FillRow(*std::move(run), result);
-        std::fputs(FormatRow(result).c_str(), stdout);
-        std::fflush(stdout);
-        if (json.is_open()) json << ToJsonLine(result) << std::flush;
+        rows->Write(result);
       }
     }
   }

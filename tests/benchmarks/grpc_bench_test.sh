@@ -5,6 +5,7 @@
 set -uo pipefail
 runfiles="${TEST_SRCDIR:?run me with bazel test}/${TEST_WORKSPACE}"
 source "$runfiles/tests/junit.sh"
+source "$runfiles/tests/benchmarks/usage_errors.sh"
 junit_init grpc_bench_test
 bench="$runfiles/benchmarks/grpc_bench"
 report="$runfiles/benchmarks/bench_report"
@@ -53,17 +54,11 @@ echo_runs() {
 }
 
 argument_errors() {
-  local argv rc
-  for argv in "" "server" "server --listen nocolon" "server --listen 127.0.0.1:0 --pollers 2" \
-      "client" "client --connect 127.0.0.1:1 --workload put" \
-      "client --connect 127.0.0.1:1 --connections 2" "client --connect 127.0.0.1:1 --threads 2" \
-      "client --connect 127.0.0.1:1 --size x" "client --connect 127.0.0.1:1 --bogus 1"; do
-    rc=0
-    # shellcheck disable=SC2086  # word splitting is the point
-    "$bench" $argv >"$tmp/args.out" 2>&1 || rc=$?
-    ((rc == 2)) || junit_problem "\"grpc_bench $argv\" exited $rc, want 2"
-    grep -q '^usage: grpc_bench' "$tmp/args.out" || junit_problem "\"grpc_bench $argv\" printed no usage"
-  done
+  expect_usage_errors "$bench" grpc_bench "" "server" "server --listen nocolon" \
+    "server --listen 127.0.0.1:0 --pollers 2" "client" \
+    "client --connect 127.0.0.1:1 --workload put" "client --connect 127.0.0.1:1 --connections 2" \
+    "client --connect 127.0.0.1:1 --threads 2" "client --connect 127.0.0.1:1 --size x" \
+    "client --connect 127.0.0.1:1 --bogus 1"
 }
 
 junit_scenario "server on 127.0.0.1:0, client at 1 and 4 in flight, SIGTERM" echo_runs
