@@ -151,6 +151,7 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
       parsed.sizes = {0, 64, 512, 4096};
     } else {
       parsed.sizes = {4096, 65536, 1 << 20, 16 << 20};
+      parsed.max_bytes_in_flight = kSweepBulkBytes;
     }
     parsed.in_flight = {1, 4, 16, 64};
     parsed.connections = {1, 2};

@@ -44,7 +44,14 @@ struct BenchArgs {
   uint64_t warmup = 1000;
   int round = 0;
   std::string json;  // append one JSON line per combination
+  // Combinations whose payload bytes in flight (size x in_flight) pass this are skipped, with a
+  // line saying so; 0 runs everything. --sweep sets it for put and get to kSweepBulkBytes, the
+  // staging both sides keep by default (rpc/staging.h): payloads from unregistered memory are
+  // staged, and a call beyond the staging fails with RESOURCE_EXHAUSTED rather than wait.
+  uint64_t max_bytes_in_flight = 0;
 };
+
+inline constexpr uint64_t kSweepBulkBytes = uint64_t{64} << 20;
 
 inline constexpr char kBenchUsage[] =
     "usage: zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event] [--max-bulk BYTES]\n"

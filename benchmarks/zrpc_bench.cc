@@ -106,6 +106,14 @@ int Client(const BenchArgs& args) {
     }
     for (uint64_t size : args.sizes) {
       for (int in_flight : args.in_flight) {
+        if (args.max_bytes_in_flight != 0 && size * in_flight > args.max_bytes_in_flight) {
+          std::printf("%-6s %9llu %6d %5d  skipped: %llu bytes in flight pass the sweep's %llu\n",
+                      WorkloadName(args.workload), static_cast<unsigned long long>(size),
+                      in_flight, connections,
+                      static_cast<unsigned long long>(size * in_flight),
+                      static_cast<unsigned long long>(args.max_bytes_in_flight));
+          continue;
+        }
         RunSpec spec;
         spec.workload = args.workload;
         spec.size = size;

@@ -116,8 +116,14 @@ void ClientConnection::Keepalive(absl::Duration timeout) {
 void ClientConnection::OnPingDone(const absl::Status& status, absl::Duration timeout) {
   ping_out_.store(false, std::memory_order_release);
   if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    // A server cannot answer while what it sends waits for arena space that this side's
+    // application still holds (payloads received and not yet released): the stall is ours, not
+    // a dead server, and closing would fail calls that are only waiting for it. A vanished host
+    // is still noticed: the ping's SEND fails after the transport's retries.
+    if (connection_->stats().arena_in_use > 0) return;
+    // The flow-control state says whether the connection was stalled or the server silent.
     Close(absl::StrCat("keepalive: no answer from the server within ",
-                       absl::FormatDuration(timeout)));
+                       absl::FormatDuration(timeout), " (", connection_->DebugString(), ")"));
   }
 }
 

@@ -149,6 +149,9 @@ struct ConnectionStats {
   uint64_t waited = 0;               // operations that had to wait for credits, space or queue
   uint32_t max_credits_in_use = 0;   // never above the peer's recv_credits
   uint32_t peer_recv_credits = 0;
+  // Bytes of this side's arena held by payloads the application has not released yet: while
+  // the peer's next payload does not fit, everything the peer sends after it waits.
+  uint32_t arena_in_use = 0;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {

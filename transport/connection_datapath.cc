@@ -29,7 +29,9 @@ bool Connection::open() const {
 
 ConnectionStats Connection::stats() const {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  ConnectionStats stats = stats_;
+  stats.arena_in_use = arena_reader_.in_use();
+  return stats;
 }
 
 std::string Connection::DebugString() const {

@@ -51,6 +51,11 @@ TEST_CASE("zrpc_bench arguments: servers and clients, lists, defaults") {
   CHECK(sweep->sizes.size() == 4);
   CHECK(sweep->in_flight.size() == 4);
   CHECK(sweep->connections.size() == 2);
+  CHECK(sweep->max_bytes_in_flight == 0);  // echo: every combination
+  auto bulk_sweep = Parse({"client", "--connect", "h:1", "--workload", "put", "--sweep"});
+  REQUIRE(bulk_sweep.ok());
+  CHECK(bulk_sweep->sizes.back() == (16u << 20));
+  CHECK(bulk_sweep->max_bytes_in_flight == zrpc::bench::kSweepBulkBytes);
 
   auto timed = Parse({"client", "--connect", "h:1", "--duration", "2.5"});
   REQUIRE(timed.ok());

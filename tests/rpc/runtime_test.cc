@@ -901,6 +901,48 @@ TEST_CASE("keepalives: a server that stops answering fails the calls waiting on 
   listener->reset();
 }
 
+TEST_CASE("keepalives do not close a connection whose answers wait for arena space the client "
+          "holds") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  constexpr size_t kPayload = 64 << 10;
+  zrpc::ChannelOptions channel_options;
+  channel_options.connection.arena_size = kPayload;  // one payload fills the client's arena
+  channel_options.keepalive_interval = absl::Milliseconds(100);
+  channel_options.keepalive_timeout = absl::Milliseconds(200);
+  Runtime rt(config, {}, channel_options);
+  ObjectStore::Stub stub(rt.channel.get());
+  const std::string object = Pattern(kPayload, 11);
+  ObjectKey key;
+  key.set_name("held");
+  PutReply put;
+  REQUIRE(stub.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put, Within(kLong))
+              .ok());
+
+  ObjectInfo first_info;
+  zrpc::IncomingBulk first;
+  REQUIRE(stub.Get(key, &first_info, &first, Within(kLong)).ok());
+  REQUIRE(first.size() == kPayload);  // held: the client's arena is full
+  ObjectInfo second_info;
+  zrpc::IncomingBulk second;
+  absl::Notification second_done;
+  absl::Status second_status;
+  stub.AsyncGet(key, &second_info, &second, Within(kLong), [&](absl::Status status) {
+    second_status = std::move(status);
+    second_done.Notify();
+  });
+  // The server's answer waits for the arena; keepalive pings go unanswered meanwhile, many
+  // times over interval + timeout.
+  CHECK_FALSE(second_done.WaitForNotificationWithTimeout(absl::Seconds(1.5)));
+  CHECK(rt.channel->stats().connections_lost == 0);
+  CHECK(first.view() == object);
+  first.Reset();
+  REQUIRE(second_done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  INFO(second_status);
+  CHECK(second_status.ok());
+  CHECK(second.view() == object);
+  CHECK(rt.channel->stats().connections_lost == 0);
+}
+
 TEST_CASE("a served connection answers keepalives while every handler thread is busy") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ServerOptions server_options;
