@@ -1,10 +1,12 @@
 #include "benchmarks/bench_args.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 
 namespace zrpc::bench {
 namespace {
@@ -173,6 +175,21 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
     }
   }
   return parsed;
+}
+
+int BenchMain(const char* program, const char* usage, int argc, char** argv,
+              absl::Status (*check)(const BenchArgs&), int (*serve)(const BenchArgs&),
+              int (*client)(const BenchArgs&)) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<BenchArgs> parsed = ParseBenchArgs(args);
+  absl::Status s = parsed.status();
+  if (s.ok() && check != nullptr) s = check(*parsed);
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n%s", program, std::string(s.message()).c_str(), usage);
+    return 2;
+  }
+  return parsed->server ? serve(*parsed) : client(*parsed);
 }
 
 }  // namespace zrpc::bench

@@ -66,6 +66,16 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args);
 // Bytes of one echo message's payload that fit a message of `slot_size` bytes.
 uint64_t MaxEchoPayload(uint64_t slot_size);
 
+// The benchmark programs' main (zrpc_bench, transport_bench, grpc_bench). Turns off Abseil's
+// per-lock deadlock detection first: Debian builds Abseil without NDEBUG, which makes every
+// absl::Mutex lock three times dearer (benchmarks/CALL_PATH.md), and a benchmark measures what a
+// release deployment runs. Then parses argv, applies `check` (what this program supports; may
+// be null), and on a bad command line prints "PROGRAM: why" and `usage` and returns 2;
+// otherwise returns what `serve` or `client` returns.
+int BenchMain(const char* program, const char* usage, int argc, char** argv,
+              absl::Status (*check)(const BenchArgs&), int (*serve)(const BenchArgs&),
+              int (*client)(const BenchArgs&));
+
 }  // namespace zrpc::bench
 
 #endif  // ZRPC_BENCHMARKS_BENCH_ARGS_H_

@@ -260,13 +260,7 @@ int Client(const BenchArgs& args) {
 }  // namespace zrpc::bench
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  absl::StatusOr<zrpc::bench::BenchArgs> parsed = zrpc::bench::ParseBenchArgs(args);
-  absl::Status s = parsed.ok() ? zrpc::bench::CheckSupported(*parsed) : parsed.status();
-  if (!s.ok()) {
-    std::fprintf(stderr, "grpc_bench: %s\n%s", std::string(s.message()).c_str(),
-                 zrpc::bench::kUsage);
-    return 2;
-  }
-  return parsed->server ? zrpc::bench::Serve(*parsed) : zrpc::bench::Client(*parsed);
+  return zrpc::bench::BenchMain("grpc_bench", zrpc::bench::kUsage, argc, argv,
+                                zrpc::bench::CheckSupported, zrpc::bench::Serve,
+                                zrpc::bench::Client);
 }

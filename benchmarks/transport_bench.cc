@@ -362,17 +362,7 @@ int Client(const BenchArgs& args) {
 }  // namespace zrpc::bench
 
 int main(int argc, char** argv) {
-  // Debian's Abseil checks lock order on every absl::Mutex lock (it is built without NDEBUG):
-  // three times the cost of the lock itself (benchmarks/CALL_PATH.md). A benchmark measures
-  // what a release deployment runs.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  std::vector<std::string> args(argv + 1, argv + argc);
-  absl::StatusOr<zrpc::bench::BenchArgs> parsed = zrpc::bench::ParseBenchArgs(args);
-  absl::Status s = parsed.ok() ? zrpc::bench::CheckSupported(*parsed) : parsed.status();
-  if (!s.ok()) {
-    std::fprintf(stderr, "transport_bench: %s\n%s", std::string(s.message()).c_str(),
-                 zrpc::bench::kUsage);
-    return 2;
-  }
-  return parsed->server ? zrpc::bench::Serve(*parsed) : zrpc::bench::Client(*parsed);
+  return zrpc::bench::BenchMain("transport_bench", zrpc::bench::kUsage, argc, argv,
+                                zrpc::bench::CheckSupported, zrpc::bench::Serve,
+                                zrpc::bench::Client);
 }

@@ -12,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/numbers.h"
-#include "absl/synchronization/mutex.h"
 #include "benchmarks/bench_args.h"
 #include "benchmarks/bench_client.h"
 #include "benchmarks/bench_service.h"
@@ -149,16 +148,6 @@ int Client(const BenchArgs& args) {
 }  // namespace zrpc::bench
 
 int main(int argc, char** argv) {
-  // Debian's Abseil checks lock order on every absl::Mutex lock (it is built without NDEBUG):
-  // three times the cost of the lock itself (benchmarks/CALL_PATH.md). A benchmark measures
-  // what a release deployment runs.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  std::vector<std::string> args(argv + 1, argv + argc);
-  absl::StatusOr<zrpc::bench::BenchArgs> parsed = zrpc::bench::ParseBenchArgs(args);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "zrpc_bench: %s\n%s", std::string(parsed.status().message()).c_str(),
-                 zrpc::bench::kBenchUsage);
-    return 2;
-  }
-  return parsed->server ? zrpc::bench::Serve(*parsed) : zrpc::bench::Client(*parsed);
+  return zrpc::bench::BenchMain("zrpc_bench", zrpc::bench::kBenchUsage, argc, argv, nullptr,
+                                zrpc::bench::Serve, zrpc::bench::Client);
 }
