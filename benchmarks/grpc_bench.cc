@@ -238,19 +238,10 @@ int Client(const BenchArgs& args) {
                      run.status().ToString().c_str());
         return 1;
       }
-      WorkloadResult result;
-      result.system = "grpc";
-      result.workload = "echo";
-      result.size = size;
-      result.in_flight = in_flight;
-      result.threads = 1;
-      result.connections = 1;
-      result.round = args.round;
       // Both ways, as zrpc_bench counts an echo's payload bytes.
       run->payload_bytes = 2 * size * run->latencies_ns.size();
       run->note = "gRPC " + grpc::Version() + ", TCP, insecure, async client, sync server";
-      FillRow(*std::move(run), result);
-      rows->Write(result);
+      rows->Write(MakeRow({"grpc", "echo", size, in_flight, 1, 1, args.round}, *std::move(run)));
     }
   }
   return 0;

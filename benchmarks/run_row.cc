@@ -10,7 +10,15 @@
 
 namespace zrpc::bench {
 
-void FillRow(RunMeasurement run, WorkloadResult& row) {
+WorkloadResult MakeRow(const RunConfig& config, RunMeasurement run) {
+  WorkloadResult row;
+  row.system = config.system;
+  row.workload = config.workload;
+  row.size = config.size;
+  row.in_flight = config.in_flight;
+  row.threads = config.threads;
+  row.connections = config.connections;
+  row.round = config.round;
   row.calls = run.latencies_ns.size();
   row.seconds = absl::ToDoubleSeconds(run.elapsed);
   SetLatency(Summarize(std::move(run.latencies_ns)), row);
@@ -19,6 +27,7 @@ void FillRow(RunMeasurement run, WorkloadResult& row) {
   row.client_cpu_us_per_call = run.client_cpu_ns / 1e3 / row.calls;
   row.server_cpu_us_per_call = run.server_cpu_ns < 0 ? -1 : run.server_cpu_ns / 1e3 / row.calls;
   row.note = std::move(run.note);
+  return row;
 }
 
 std::string RowHeader() {

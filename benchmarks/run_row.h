@@ -1,6 +1,6 @@
 // One closed-loop run's raw measurement, and the row (report.h's WorkloadResult) it becomes:
-// shared by zrpc_bench and grpc_bench so that both systems' figures are derived, and printed,
-// the same way.
+// shared by zrpc_bench, transport_bench and grpc_bench so that every system's figures are derived,
+// and printed, the same way.
 #ifndef ZRPC_BENCHMARKS_RUN_ROW_H_
 #define ZRPC_BENCHMARKS_RUN_ROW_H_
 
@@ -24,10 +24,20 @@ struct RunMeasurement {
   std::string note;
 };
 
-// Fills `row`'s measured figures (calls, seconds, latency, rates, CPU per call, note) from
-// `run`, which must have at least one call; the caller sets what was run (system, workload,
-// size, in_flight, threads, connections, round).
-void FillRow(RunMeasurement run, WorkloadResult& row);
+// What was run: the row's configuration, before MakeRow adds what was measured.
+struct RunConfig {
+  std::string system;  // "zrpc", "transport", "grpc"
+  std::string workload;
+  uint64_t size = 0;
+  int in_flight = 1;
+  int threads = 1;
+  int connections = 1;
+  int round = 0;
+};
+
+// The row of `config` with its measured figures (calls, seconds, latency, rates, CPU per call,
+// note) from `run`, which must have at least one call.
+WorkloadResult MakeRow(const RunConfig& config, RunMeasurement run);
 
 // The human-readable line of a row, and the header above such lines.
 std::string RowHeader();

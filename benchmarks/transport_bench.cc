@@ -342,16 +342,7 @@ int Client(const BenchArgs& args) {
       run.client_cpu_ns = static_cast<double>(ProcessCpuNanos() - cpu_before);
       run.payload_bytes = 2 * size * args.calls;
       run.note = "transport::Connection echo, no RPC layer";
-      WorkloadResult result;
-      result.system = "transport";
-      result.workload = "echo";
-      result.size = size;
-      result.in_flight = in_flight;
-      result.threads = 1;
-      result.connections = 1;
-      result.round = args.round;
-      FillRow(std::move(run), result);
-      rows->Write(result);
+      rows->Write(MakeRow({"transport", "echo", size, in_flight, 1, 1, args.round}, std::move(run)));
     }
   }
   (*connection)->Close();

@@ -128,16 +128,9 @@ int Client(const BenchArgs& args) {
                        in_flight, run.status().ToString().c_str());
           return 1;
         }
-        WorkloadResult result;
-        result.system = "zrpc";
-        result.workload = WorkloadName(args.workload);
-        result.size = size;
-        result.in_flight = in_flight;
-        result.threads = args.threads;
-        result.connections = connections;
-        result.round = args.round;
-        FillRow(*std::move(run), result);
-        rows->Write(result);
+        rows->Write(MakeRow({"zrpc", WorkloadName(args.workload), size, in_flight, args.threads,
+                             connections, args.round},
+                            *std::move(run)));
       }
     }
   }

@@ -1,5 +1,6 @@
 // LatencyRecorder, Summarize, AggregateRounds, ComputeRatios and the table (benchmarks/report.h).
 #include "benchmarks/report.h"
+#include "benchmarks/run_row.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -310,6 +311,30 @@ TEST_CASE("layer ratios split zrpc's cost into transport and RPC layer, without 
   CHECK(json.find("\"target\":null") != std::string::npos);
   CHECK(json.find("\"met\":true") == std::string::npos);
   CHECK(json.find("\"met\":false") == std::string::npos);
+}
+
+TEST_CASE("a run becomes a row: configuration kept, figures derived per call", "[report][row]") {
+  RunMeasurement run;
+  run.latencies_ns = {3000, 1000, 2000, 4000};  // four calls
+  run.elapsed = absl::Milliseconds(2);
+  run.payload_bytes = 4 << 20;
+  run.client_cpu_ns = 8000;
+  run.note = "n";
+  const WorkloadResult row = MakeRow({"transport", "echo", 64, 8, 1, 2, 3}, std::move(run));
+  CHECK(row.system == "transport");
+  CHECK(row.workload == "echo");
+  CHECK(row.size == 64);
+  CHECK(row.in_flight == 8);
+  CHECK(row.connections == 2);
+  CHECK(row.round == 3);
+  CHECK(row.calls == 4);
+  CHECK(row.calls_per_sec == Approx(2000));
+  CHECK(row.goodput_mib_per_sec == Approx(2000));
+  CHECK(row.client_cpu_us_per_call == Approx(2));
+  CHECK(row.server_cpu_us_per_call == -1);  // not measured
+  CHECK(row.max_us == Approx(4));
+  CHECK(row.note == "n");
+  CHECK(FormatRow(row).find("echo") == 0);
 }
 
 TEST_CASE("the table has one fixed-width line per configuration", "[report][table]") {
