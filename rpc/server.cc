@@ -1,5 +1,6 @@
 #include "rpc/server.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -163,6 +164,7 @@ void ServerCore::CallDone() {
 void ServerCore::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
+  const absl::Time grace_end = absl::Now() + grace;
   draining_.store(true, std::memory_order_release);
   listener_.reset();  // no new connections; unfinished handshakes are dropped
 
@@ -178,6 +180,18 @@ void ServerCore::Shutdown(absl::Duration grace) {
   const absl::Status unavailable =
       absl::UnavailableError("the server shut down before the call finished");
   for (auto& connection : open) connection->AnswerAll(unavailable);
+  // Answers handed to the transport may still wait for credits or sit in the send queue:
+  // closing now would cut them off, and the client would see a disconnect instead of its
+  // answer. Wait until they reached the clients, up to the grace period's end but at least
+  // kAnswerFlush (so answers given past the grace go out too); a client that stops returning
+  // credits costs that much and no more.
+  constexpr absl::Duration kAnswerFlush = absl::Milliseconds(500);
+  const absl::Time flush_end = std::max(grace_end, absl::Now() + kAnswerFlush);
+  for (auto& connection : open) {
+    while (!connection->SendsDrained() && absl::Now() < flush_end) {
+      absl::SleepFor(absl::Microseconds(200));
+    }
+  }
   for (auto& connection : open) connection->Close();
   open.clear();
   {

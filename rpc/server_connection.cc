@@ -218,6 +218,16 @@ void ServerConnection::Forget(uint64_t call_id) {
   calls_.erase(call_id);
 }
 
+bool ServerConnection::SendsDrained() {
+  std::shared_ptr<transport::Connection> connection;
+  {
+    absl::MutexLock lock(&mu_);
+    connection = connection_;
+  }
+  return connection == nullptr || !connection->open() ||
+         connection->stats().sends_outstanding == 0;
+}
+
 void ServerConnection::Close() {
   std::shared_ptr<transport::Connection> connection;
   {

@@ -87,6 +87,8 @@ class ServerConnection final : public RpcConnection,
 
   // Remembers the connection once accepted (messages may come first: they carry it too).
   void Attach(std::shared_ptr<transport::Connection> connection);
+  // Whether everything handed to the transport (answers included) has reached the client.
+  bool SendsDrained();
   // Closes the connection (Shutdown); OnClosed follows.
   void Close();
   // Shutdown past its grace: answers every call still running with `status` and marks it

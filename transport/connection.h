@@ -152,6 +152,9 @@ struct ConnectionStats {
   // Bytes of this side's arena held by payloads the application has not released yet: while
   // the peer's next payload does not fit, everything the peer sends after it waits.
   uint32_t arena_in_use = 0;
+  // Sends and bulk writes accepted and not yet completed (waiting or posted): zero once all
+  // that was handed over has reached the peer, so a graceful close can wait for it.
+  uint32_t sends_outstanding = 0;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {

@@ -31,6 +31,7 @@ ConnectionStats Connection::stats() const {
   absl::MutexLock lock(&mu_);
   ConnectionStats stats = stats_;
   stats.arena_in_use = arena_reader_.in_use();
+  stats.sends_outstanding = static_cast<uint32_t>(waiting_.size() + in_flight_.size());
   return stats;
 }
 
