@@ -223,7 +223,8 @@ absl::StatusOr<RunMeasurement> RunWorkload(ClientChannel& channel, const RunSpec
   Bench::Stub stub(&channel);
   CpuRequest cpu_request;
   CpuReply before, after;
-  const bool server_cpu = stub.Cpu(cpu_request, &before, CallOptions::Timeout(absl::Seconds(30))).ok();
+  const bool server_cpu =
+      stub.Cpu(cpu_request, &before, CallOptions::Timeout(absl::Seconds(30))).ok();
   const uint64_t client_before = ProcessCpuNanos();
   const absl::Time start = absl::Now();
   absl::Status s = runner.Run(per_thread,

@@ -52,17 +52,17 @@ struct Spec {
 };
 
 const Spec kSpecs[] = {
-    {"zrpc echo p50 / (2 x perftest send_lat p50)", "zrpc", "echo", "perftest", "send_lat", Depth::kOne,
-     1.15, false,
+    {"zrpc echo p50 / (2 x perftest send_lat p50)", "zrpc", "echo", "perftest", "send_lat",
+     Depth::kOne, 1.15, false,
      // perftest's send_lat p50 is one-way: twice it is the round trip zrpc's echo measures.
      [](const WorkloadResult& z, const WorkloadResult& o) { return z.p50_us / (2 * o.p50_us); }},
-    {"zrpc put MiB/s / perftest write_bw MiB/s", "zrpc", "put", "perftest", "write_bw", Depth::kLargest,
-     0.95, true,
+    {"zrpc put MiB/s / perftest write_bw MiB/s", "zrpc", "put", "perftest", "write_bw",
+     Depth::kLargest, 0.95, true,
      [](const WorkloadResult& z, const WorkloadResult& o) {
        return z.goodput_mib_per_sec / o.goodput_mib_per_sec;
      }},
-    {"zrpc echo calls/s / perftest send_bw msg/s", "zrpc", "echo", "perftest", "send_bw", Depth::kLargest,
-     0.9, true,
+    {"zrpc echo calls/s / perftest send_bw msg/s", "zrpc", "echo", "perftest", "send_bw",
+     Depth::kLargest, 0.9, true,
      [](const WorkloadResult& z, const WorkloadResult& o) {
        return z.calls_per_sec / o.calls_per_sec;
      }},

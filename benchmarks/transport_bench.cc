@@ -58,8 +58,8 @@ constexpr size_t kSlotSize = 8192;
 absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(const std::string& text) {
   const size_t colon = text.rfind(':');
   uint32_t port = 0;
-  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(text.substr(colon + 1), &port) ||
-      port > 65535) {
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &port) || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("\"", text, "\" is not ADDR:PORT"));
   }
   std::string host = text.substr(0, colon);

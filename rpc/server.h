@@ -19,11 +19,10 @@
 // calls in flight finish or `grace` passes; answer the calls still running UNAVAILABLE and mark
 // them cancelled (ServerContext::IsCancelled), so their handlers can stop early (what they
 // answer later is discarded); wait until the answers given have reached the clients (up to the
-// grace period's end, at least 500 ms); close every connection; wait for the handlers still running to
-// return and for every call to be finished (a handler that never returns, or an AsyncService
-// that holds a PendingCall and never finishes or drops it, blocks Shutdown: the server cannot
-// take a thread or a held call back);
-// stop the threads. After Shutdown returns no handler runs and nothing is left registered.
+// grace period's end, at least 500 ms); close every connection; wait for the handlers still
+// running to return and for every call to be finished (a handler that never returns, or an
+// AsyncService that holds a PendingCall and never finishes or drops it, blocks Shutdown: the
+// server cannot take a thread or a held call back); stop the threads. After Shutdown returns no handler runs and nothing is left registered.
 // The destructor shuts down with no grace if Shutdown was not called.
 //
 // Threads: AddService, SetInline and Start before serving, from one thread; Shutdown from any
