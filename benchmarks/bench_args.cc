@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -175,6 +176,15 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
     }
   }
   return parsed;
+}
+
+absl::StatusOr<examples::cli::HostPort> ParseAddress(const char* flag, const std::string& text,
+                                                     bool need_address) {
+  std::optional<examples::cli::HostPort> parsed = examples::cli::ParseHostPort(text);
+  if (!parsed.has_value() || (need_address && parsed->address.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " \"", text, "\" is not ADDR:PORT"));
+  }
+  return *parsed;
 }
 
 int BenchMain(const char* program, const char* usage, int argc, char** argv,

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "examples/cli.h"
 
 namespace zrpc::bench {
 
@@ -62,6 +63,12 @@ inline constexpr char kBenchUsage[] =
 
 // kInvalidArgument naming the flag and what is wrong.
 absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args);
+
+// `text`, the value of `flag` (--listen, --connect), as an address and port: "ADDR:PORT" or
+// "[IPV6]:PORT" (examples/cli.h). kInvalidArgument naming the flag otherwise, and when
+// `need_address` and the address is empty.
+absl::StatusOr<examples::cli::HostPort> ParseAddress(const char* flag, const std::string& text,
+                                                     bool need_address);
 
 // Bytes of one echo message's payload that fit a message of `slot_size` bytes.
 uint64_t MaxEchoPayload(uint64_t slot_size);

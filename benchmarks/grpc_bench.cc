@@ -53,14 +53,7 @@ absl::Status CheckSupported(const BenchArgs& args) {
       return absl::InvalidArgumentError("--max-bulk: gRPC runs only the echo workload");
     }
     if (args.listen.empty()) return absl::InvalidArgumentError("server: --listen is required");
-    const size_t colon = args.listen.rfind(':');
-    uint32_t port = 0;
-    if (colon == std::string::npos || colon == 0 ||
-        !absl::SimpleAtoi(args.listen.substr(colon + 1), &port) || port > 65535) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--listen \"", args.listen, "\" is not ADDR:PORT"));
-    }
-    return absl::OkStatus();
+    return ParseAddress("--listen", args.listen, true).status();
   }
   if (args.workload != Workload::kEcho) {
     return absl::InvalidArgumentError(absl::StrCat(

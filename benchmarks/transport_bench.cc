@@ -55,20 +55,6 @@ constexpr char kUsage[] =
 // Slots as zrpc_bench's, so the same sizes fit.
 constexpr size_t kSlotSize = 8192;
 
-absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(const std::string& text) {
-  const size_t colon = text.rfind(':');
-  uint32_t port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(text.substr(colon + 1), &port) || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", text, "\" is not ADDR:PORT"));
-  }
-  std::string host = text.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return std::make_pair(host, static_cast<uint16_t>(port));
-}
-
 // What zrpc_bench accepts but this program does not measure: an error naming the flag.
 absl::Status CheckSupported(const BenchArgs& args) {
   const BenchArgs defaults;
@@ -79,7 +65,7 @@ absl::Status CheckSupported(const BenchArgs& args) {
       return absl::InvalidArgumentError("--max-bulk: the transport bench runs only echo");
     }
     if (args.listen.empty()) return absl::InvalidArgumentError("server: --listen is required");
-    return SplitHostPort(args.listen).status();
+    return ParseAddress("--listen", args.listen, true).status();
   }
   if (args.workload != Workload::kEcho) {
     return absl::InvalidArgumentError(
@@ -99,7 +85,7 @@ absl::Status CheckSupported(const BenchArgs& args) {
       return absl::InvalidArgumentError("--size: at least 4 bytes (a message carries its lane)");
     }
   }
-  return SplitHostPort(args.connect).status();
+  return ParseAddress("--connect", args.connect, true).status();
 }
 
 // Sends `length` bytes of `pattern` (the first four replaced by `lane`).
@@ -189,7 +175,7 @@ absl::StatusOr<Stack> OpenStack() {
 }
 
 int Serve(const BenchArgs& args) {
-  auto where = SplitHostPort(args.listen);
+  auto where = ParseAddress("--listen", args.listen, true);
   Echoer echoer;  // declared first: the poller's teardown still reports to it
   absl::StatusOr<Stack> stack = OpenStack();
   if (!stack.ok()) {
@@ -198,12 +184,12 @@ int Serve(const BenchArgs& args) {
   }
   echoer.set_poller(stack->poller.get());
   auto listener =
-      transport::Listener::Create(*stack->device, where->first, where->second, &echoer);
+      transport::Listener::Create(*stack->device, where->address, where->port, &echoer);
   if (!listener.ok()) {
     std::fprintf(stderr, "transport_bench server: %s\n", listener.status().ToString().c_str());
     return 1;
   }
-  std::printf("listening %s:%u\n", where->first.c_str(), (*listener)->port());
+  std::printf("listening %s:%u\n", where->address.c_str(), (*listener)->port());
   std::fflush(stdout);
   std::signal(SIGINT, SetSignalled);
   std::signal(SIGTERM, SetSignalled);
@@ -305,7 +291,7 @@ class Pinger final : public ConnectionHandler {
 };
 
 int Client(const BenchArgs& args) {
-  auto where = SplitHostPort(args.connect);
+  auto where = ParseAddress("--connect", args.connect, true);
   absl::StatusOr<RowWriter> rows = RowWriter::Open(args.json);
   if (!rows.ok()) {
     std::fprintf(stderr, "transport_bench: %s\n", std::string(rows.status().message()).c_str());
@@ -314,8 +300,8 @@ int Client(const BenchArgs& args) {
   Pinger pinger;  // declared first: the poller's teardown still reports to it
   absl::StatusOr<Stack> stack = OpenStack();
   absl::StatusOr<std::shared_ptr<Connection>> connection =
-      stack.ok() ? Connection::Connect(*stack->device, *stack->poller, where->first,
-                                       where->second, &pinger, {}, absl::Seconds(30))
+      stack.ok() ? Connection::Connect(*stack->device, *stack->poller, where->address,
+                                       where->port, &pinger, {}, absl::Seconds(30))
                  : absl::StatusOr<std::shared_ptr<Connection>>(stack.status());
   if (!connection.ok()) {
     std::fprintf(stderr, "transport_bench client: %s\n", connection.status().ToString().c_str());

@@ -38,21 +38,17 @@ extern "C" void SetSignalled(int) { signalled = 1; }
 
 int Serve(const BenchArgs& args) {
   ServerOptions options;
-  uint32_t port = 7471;
+  options.port = 7471;
   if (!args.listen.empty()) {
-    const size_t colon = args.listen.rfind(':');
-    if (colon == std::string::npos || !absl::SimpleAtoi(args.listen.substr(colon + 1), &port) ||
-        port > 65535) {
-      std::fprintf(stderr, "zrpc_bench: --listen \"%s\" is not ADDR:PORT\n%s",
-                   args.listen.c_str(), kBenchUsage);
+    absl::StatusOr<examples::cli::HostPort> listen = ParseAddress("--listen", args.listen, false);
+    if (!listen.ok()) {
+      std::fprintf(stderr, "zrpc_bench: %s\n%s", std::string(listen.status().message()).c_str(),
+                   kBenchUsage);
       return 2;
     }
-    options.address = args.listen.substr(0, colon);
-    if (!options.address.empty() && options.address.front() == '[') {
-      options.address = options.address.substr(1, options.address.size() - 2);
-    }
+    options.address = listen->address;
+    options.port = listen->port;
   }
-  options.port = static_cast<uint16_t>(port);
   options.pollers = args.pollers;
   options.poll_mode = args.event ? transport::PollMode::kEvent : transport::PollMode::kBusy;
   options.inline_by_default = true;

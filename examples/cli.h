@@ -1,4 +1,5 @@
-// What the example programs share that is not about zrpc: their command lines and signals.
+// What the example programs share that is not about zrpc: their command lines and signals. The
+// benchmark programs use its host:port parsing too.
 //
 // The examples take "--name VALUE" (or "--name=VALUE") options and nothing else, parsed here
 // without a flags library so a copy needs only what zrpc itself links. A bad command line ends
