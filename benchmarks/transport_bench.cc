@@ -113,7 +113,7 @@ class Echoer final : public ConnectionHandler, public transport::AcceptHandler {
   }
 
   absl::StatusOr<transport::Placement> Place(const std::string&) override {
-    return transport::Placement{poller_, this};
+    return transport::Placement{poller_, this, nullptr};
   }
   void OnAccepted(std::shared_ptr<Connection> connection) override {
     absl::MutexLock lock(&mu_);

@@ -402,8 +402,11 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");
   }
+  ChannelOptions adjusted = options;
+  adjusted.connection.min_message_size =
+      std::max(adjusted.connection.min_message_size, internal::kMinRpcMessage);
   auto core = std::make_unique<internal::ChannelCore>(std::string(target), std::move(host), port,
-                                                      options);
+                                                      adjusted);
   if (absl::Status s = core->Init(); !s.ok()) return s;
   return std::unique_ptr<ClientChannel>(new ClientChannel(std::move(core)));
 }

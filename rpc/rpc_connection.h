@@ -46,6 +46,11 @@ namespace zrpc::internal {
 inline constexpr absl::string_view kKeepaliveService = "zrpc.Keepalive";
 inline constexpr uint32_t kKeepaliveServiceId = ServiceId(kKeepaliveService);
 
+// The smallest message the RPC layer works with: a header, and a body that holds an error with
+// a useful message. Servers and channels set it as their connections' min_message_size, so a
+// peer announcing smaller receives is refused at the handshake and MaxBody never underflows.
+inline constexpr uint32_t kMinRpcMessage = RpcHeader::kSize + 256;
+
 // Gives received payloads back to their connection, from any thread. Stateless: one for the
 // process, so it outlives every IncomingBulk (bulk.h asks that of a releaser).
 class ReceiveReleaser final : public BulkReleaser {
@@ -81,7 +86,8 @@ class RpcConnection : public transport::ConnectionHandler {
   }
   // Body bytes a message can carry on `connection`.
   static size_t MaxBody(const transport::Connection& connection) {
-    return connection.max_message_size() - RpcHeader::kSize;
+    const size_t max = connection.max_message_size();  // >= kMinRpcMessage (see there)
+    return max > RpcHeader::kSize ? max - RpcHeader::kSize : 0;
   }
 
   // Sends `header` and the `body_size` bytes already at Body(buffer) (taking the buffer), with

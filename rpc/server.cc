@@ -22,7 +22,10 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
                                                    options.handler_threads,
                                                    "; it must be in [1, 1024]"));
   }
-  std::unique_ptr<ServerCore> core(new ServerCore(options));
+  ServerOptions adjusted = options;
+  transport::ConnectionOptions& connection = adjusted.listener.connection;
+  connection.min_message_size = std::max(connection.min_message_size, kMinRpcMessage);
+  std::unique_ptr<ServerCore> core(new ServerCore(adjusted));
   absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options.device, options.slots);
   if (!device.ok()) return device.status();
   core->device_ = *std::move(device);
@@ -110,31 +113,29 @@ absl::StatusOr<transport::Placement> ServerCore::Place(const std::string&) {
   auto connection = std::make_shared<ServerConnection>(*this);
   transport::Poller* poller =
       pollers_[next_poller_.fetch_add(1, std::memory_order_relaxed) % pollers_.size()].get();
-  absl::MutexLock lock(&mu_);
   ServerConnection* handler = connection.get();
-  connections_.emplace(handler, std::move(connection));
-  return transport::Placement{poller, handler};
+  {
+    absl::MutexLock lock(&mu_);
+    connections_.emplace(handler, connection);
+  }
+  // The transport connection co-owns its handler (listener.h): whichever of this thread's
+  // OnAccepted and the poller's OnClosed comes last, the handler is alive for both.
+  return transport::Placement{poller, handler, std::move(connection)};
 }
 
 void ServerCore::OnAccepted(std::shared_ptr<transport::Connection> connection) {
   accepted_.fetch_add(1, std::memory_order_relaxed);
+  // Alive: `connection` owns its handler (see Place), even when OnClosed already ran.
   auto* handler = static_cast<ServerConnection*>(connection->handler());
-  std::shared_ptr<ServerConnection> owner;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = connections_.find(handler);
-    if (it == connections_.end()) return;  // closed already (OnClosed came first)
-    owner = it->second;
-  }
-  owner->Attach(std::move(connection));
+  handler->Attach(std::move(connection));
 }
 
 void ServerCore::OnRefused(const std::string&, transport::ConnectionHandler* placed,
                            const absl::Status&) {
   if (placed == nullptr) return;
-  std::shared_ptr<ServerConnection> dropped;
+  std::shared_ptr<ServerConnection> dropped;  // released after the lock
   absl::MutexLock lock(&mu_);
-  auto it = connections_.find(static_cast<ServerConnection*>(placed));
+  auto it = connections_.find(placed);
   if (it == connections_.end()) return;
   dropped = std::move(it->second);
   connections_.erase(it);

@@ -114,7 +114,7 @@ ServerConnection::ServerConnection(ServerCore& core) : RpcConnection("server", c
 
 void ServerConnection::Attach(std::shared_ptr<transport::Connection> connection) {
   absl::MutexLock lock(&mu_);
-  if (connection_ == nullptr) connection_ = std::move(connection);
+  if (!closed_ && connection_ == nullptr) connection_ = std::move(connection);
 }
 
 void ServerConnection::OnMessage(transport::Connection& connection,
@@ -246,10 +246,22 @@ int ServerConnection::AnswerAll(const absl::Status& status) {
   return answered;
 }
 
-void ServerConnection::OnClosed(transport::Connection& connection, const absl::Status&) {
+void ServerConnection::OnClosed(transport::Connection& connection, const absl::Status& why) {
   DropUnpairedBulk(connection);
+  // A client going away (it closed, or its process died) is ordinary; anything else the
+  // transport reports (a failed completion, a peer beyond its credits, a bad frame) is a fault
+  // the operator needs to see, with its reason. Violations of the RPC protocol were logged when
+  // they were found; this side's own closes (kCancelled) need no word.
+  if (why.code() != absl::StatusCode::kCancelled && !transport::IsPeerDisconnect(why) &&
+      violations() == 0) {
+    std::fprintf(stderr, "zrpc server: the connection to %s failed: %s\n",
+                 connection.peer_address().c_str(), why.ToString().c_str());
+  }
+  std::shared_ptr<transport::Connection> attached;  // dropped after the lock
   {
     absl::MutexLock lock(&mu_);
+    closed_ = true;
+    attached = std::move(connection_);
     // The client is gone: its calls are no longer wanted. Their handlers still Finish them,
     // which gives their memory back (sends fail quietly on a closed connection).
     for (auto& [id, call] : calls_) call->context().Cancel();

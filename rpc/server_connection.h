@@ -85,7 +85,9 @@ class ServerConnection final : public RpcConnection,
                  const transport::ReceivedMessage& message) override;
   void OnClosed(transport::Connection& connection, const absl::Status& why) override;
 
-  // Remembers the connection once accepted (messages may come first: they carry it too).
+  // Remembers the connection once accepted (messages may come first: they carry it too), unless
+  // it closed already: the reference is dropped at OnClosed, since the connection co-owns this
+  // handler (a cycle until then).
   void Attach(std::shared_ptr<transport::Connection> connection);
   // Whether everything handed to the transport (answers included) has reached the client.
   bool SendsDrained();
@@ -106,6 +108,7 @@ class ServerConnection final : public RpcConnection,
   ServerCore& core_;
   absl::Mutex mu_;
   std::shared_ptr<transport::Connection> connection_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<uint64_t, ServerCallImpl*> calls_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -90,10 +90,11 @@ class ServerCore final : public transport::AcceptHandler {
   bool shut_down_ = false;
   std::atomic<uint32_t> next_poller_{0};
 
-  // Every connection placed and not yet closed, owned here until OnClosed (or a refusal).
+  // Every connection placed and not yet closed (or refused), for Shutdown and stats. Keyed by
+  // the handler as the transport names it, so a lookup never needs a cast.
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<ServerConnection*, std::shared_ptr<ServerConnection>> connections_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<const transport::ConnectionHandler*, std::shared_ptr<ServerConnection>>
+      connections_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> calls_alive_{0};
 
   std::atomic<uint64_t> accepted_{0};

@@ -87,11 +87,19 @@ struct ConnectionOptions {
   uint32_t max_inline = 220;
   // Operations allowed to wait for credits or space before Send/WriteBulk refuse more.
   uint32_t max_waiting = 4096;
+  // The smallest message payload (bytes a Send carries) the layer above needs: a peer whose
+  // Hello offers RECVs too small for it is refused at the handshake, on either side, instead of
+  // leaving that layer to find out with its first message. The device's own slots must hold it.
+  uint32_t min_message_size = 0;
   // Pool slots this connection's outgoing messages may hold at once (being built, waiting for
   // credits, or in flight): a peer that stops returning credits stalls its own connection at
   // this many, and the device-wide pool stays available to every other connection.
   uint32_t max_send_slots = 128;
 };
+
+// Whether `why`, a connection's close reason (OnClosed), says the peer hung up or its process
+// died (its kernel hung up for it): the ordinary end of a connection, as opposed to a fault.
+bool IsPeerDisconnect(const absl::Status& why);
 
 // Completions are requested at least every this many work requests (see the header comment).
 inline constexpr uint32_t kSignalInterval = 16;
@@ -237,7 +245,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(Device& device, Poller& poller, ConnectionHandler* handler,
              const ConnectionOptions& options);
   static absl::Status ValidateOptions(const ConnectionOptions& options, const Device& device);
-  static absl::StatusOr<Hello> PeerHello(const rdma_cm_event& event);
+  // The peer's Hello from a cm event, decoded (wire.h) and checked against what this side needs
+  // (min_message_size).
+  static absl::StatusOr<Hello> PeerHello(const rdma_cm_event& event,
+                                         const ConnectionOptions& options);
   // Frees a slot of an outgoing message and gives its place in max_send_slots back.
   void FreeSendSlot(uint32_t slot);
   // Runs on_closed_ once: when OnClosed is dispatched, or at destruction if it never was.
@@ -286,6 +297,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Device& device_;
   Poller& poller_;
   ConnectionHandler* handler_;
+  // Keeps handler_ alive while this connection lives, when its placement said so (listener.h).
+  std::shared_ptr<ConnectionHandler> handler_owner_;
   const ConnectionOptions options_;
   Hello peer_;
   std::string peer_address_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "transport/connection.h"
 #include "transport/poller.h"
@@ -418,13 +419,25 @@ void Connection::FinishDrainLocked(Events& events) {
   events.push_back(std::move(closed));
 }
 
+namespace {
+// Marks the close reason of a peer's disconnect (IsPeerDisconnect).
+constexpr absl::string_view kPeerDisconnect = "zrpc.transport/peer-disconnect";
+}  // namespace
+
+bool IsPeerDisconnect(const absl::Status& why) {
+  return why.GetPayload(kPeerDisconnect).has_value();
+}
+
 void Connection::OnCmEvent(rdma_cm_event_type type) {
   absl::MutexLock lock(&mu_);
   switch (type) {
-    case RDMA_CM_EVENT_DISCONNECTED:
-      FailLocked(absl::UnavailableError(
-          absl::StrCat("the peer at ", peer_address_, " disconnected (or its process died)")));
+    case RDMA_CM_EVENT_DISCONNECTED: {
+      absl::Status why = absl::UnavailableError(
+          absl::StrCat("the peer at ", peer_address_, " disconnected (or its process died)"));
+      why.SetPayload(kPeerDisconnect, absl::Cord());
+      FailLocked(std::move(why));
       break;
+    }
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
       FailLocked(absl::UnavailableError("the RDMA device was removed"));
       break;

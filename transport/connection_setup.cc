@@ -33,12 +33,26 @@ absl::Status Connection::ValidateOptions(const ConnectionOptions& o, const Devic
         "arena_size ", o.arena_size, " is not a multiple of ", kArenaAlign, " up to 1 GiB"));
   }
   if (o.max_send_slots == 0) return absl::InvalidArgumentError("max_send_slots must be positive");
+  if (device.slots().slot_size() < FrameHeader::kSize + size_t{o.min_message_size}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the device's slots of ", device.slots().slot_size(), " bytes cannot carry the ",
+        o.min_message_size, "-byte messages this connection needs (SlotPoolOptions::slot_size)"));
+  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Hello> Connection::PeerHello(const rdma_cm_event& event) {
-  return DecodeHello(absl::MakeConstSpan(static_cast<const uint8_t*>(event.param.conn.private_data),
-                                         event.param.conn.private_data_len));
+absl::StatusOr<Hello> Connection::PeerHello(const rdma_cm_event& event,
+                                            const ConnectionOptions& options) {
+  absl::StatusOr<Hello> hello =
+      DecodeHello(absl::MakeConstSpan(static_cast<const uint8_t*>(event.param.conn.private_data),
+                                      event.param.conn.private_data_len));
+  if (!hello.ok()) return hello;
+  // Every size this side derives from the peer's receives must leave room for what the layer
+  // above needs: a peer offering less is refused here, before anything is allocated for it.
+  if (absl::Status fits = CheckPeerReceives(*hello, options.min_message_size); !fits.ok()) {
+    return fits;
+  }
+  return hello;
 }
 
 Connection::Connection(Device& device, Poller& poller, ConnectionHandler* handler,
@@ -196,7 +210,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   if (rdma_connect(id, &param) != 0) return VerbsError("rdma_connect", errno);
   auto event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();
-  absl::StatusOr<Hello> peer = PeerHello(**event);
+  absl::StatusOr<Hello> peer = PeerHello(**event, options);
   // This queue pair's RNR retry count is the one the server put in its reply (cm_util.h).
   uint8_t rnr_retry = (*event)->param.conn.rnr_retry_count;
   rdma_ack_cm_event(*event);

@@ -60,11 +60,19 @@ Listener::~Listener() {
   if (thread_.joinable()) thread_.join();
   // Unfinished handshakes report to channel_, so they go before it. A poller thread may hold
   // one for the length of a completion: wait for it to let go, so the id dies here.
+  // Each is reported (while its connection, which may own what was placed, still lives), so
+  // that what was placed for it is freed: a server waiting for its connections to end would
+  // otherwise wait for these too.
+  const absl::Status stopped =
+      absl::UnavailableError("the listener stopped before the handshake ended");
   for (auto& [id, handshake] : handshakes_) {
     handshake.connection->poller_.Unregister(handshake.connection->qp_num_);
     while (handshake.connection.use_count() > 1) std::this_thread::yield();
+    handler_->OnRefused(handshake.connection->peer_address_, handshake.connection->handler_,
+                        stopped);
   }
   handshakes_.clear();
+  handshake_count_.store(0, std::memory_order_relaxed);
   id_.reset();
   channel_.reset();
   if (wake_fd_ >= 0) close(wake_fd_);
@@ -125,7 +133,7 @@ void Listener::OnEvent(rdma_cm_event* event) {
 
 void Listener::OnRequest(rdma_cm_event* event) {
   rdma_cm_id* id = event->id;
-  absl::StatusOr<Hello> hello = Connection::PeerHello(*event);
+  absl::StatusOr<Hello> hello = Connection::PeerHello(*event, options_.connection);
   // The count this side's queue pair will use, chosen by the peer (see the header comment).
   uint8_t rnr_retry = event->param.conn.rnr_retry_count;
   rdma_ack_cm_event(event);
@@ -135,14 +143,14 @@ void Listener::OnRequest(rdma_cm_event* event) {
   std::shared_ptr<Connection> c;
   auto refuse = [&](const absl::Status& why) {
     Reject(id, why);
-    ConnectionHandler* placed = c != nullptr ? c->handler_ : nullptr;
-    if (c != nullptr) {
-      c->poller_.Unregister(c->qp_num_);  // a no-op when it never registered
-      c.reset();                          // destroys the id and gives the admission place back
-    } else {
+    if (c == nullptr) {
       rdma_destroy_id(id);
+      handler_->OnRefused(peer, nullptr, why);
+      return;
     }
-    handler_->OnRefused(peer, placed, why);
+    c->poller_.Unregister(c->qp_num_);  // a no-op when it never registered
+    handler_->OnRefused(peer, c->handler_, why);  // while `c` (which may own the handler) lives
+    c.reset();  // destroys the id and gives the admission place back
   };
   if (!hello.ok()) return refuse(hello.status());
   if (rnr_retry > kRnrRetryCount) {
@@ -160,6 +168,7 @@ void Listener::OnRequest(rdma_cm_event* event) {
     return refuse(placement.status());
   }
   c.reset(new Connection(device_, *placement->poller, placement->handler, options_.connection));
+  c->handler_owner_ = std::move(placement->owner);
   c->on_closed_ = [admission = admission_, ip] { Leave(*admission, ip); };
   c->id_.reset(id);
   c->peer_address_ = peer;  // before the poller can see the id
@@ -213,10 +222,7 @@ void Listener::Complete(rdma_cm_id* id) {
     absl::Status why = VerbsError("rdma_migrate_id", errno);
     rdma_disconnect(id);
     poller.Unregister(c->qp_num_);
-    std::string peer = c->peer_address_;
-    ConnectionHandler* placed = c->handler_;
-    c.reset();
-    handler_->OnRefused(peer, placed, why);
+    handler_->OnRefused(c->peer_address_, c->handler_, why);
     return;
   }
   // An event that arrived before the migration (the peer hung up at once) moved with the id but
@@ -231,11 +237,8 @@ void Listener::Abandon(rdma_cm_id* id, const absl::Status& why) {
   if (it == handshakes_.end()) return;
   std::shared_ptr<Connection> c = std::move(it->second.connection);
   handshakes_.erase(it);
-  std::string peer = c->peer_address_;
-  ConnectionHandler* placed = c->handler_;
   c->poller_.Unregister(c->qp_num_);
-  c.reset();
-  handler_->OnRefused(peer, placed, why);
+  handler_->OnRefused(c->peer_address_, c->handler_, why);
 }
 
 void Listener::ExpireHandshakes() {

@@ -28,8 +28,13 @@
 //
 // Threads. The AcceptHandler is called on the listener's thread, one call at a time; it must not
 // block for long (handshakes wait meanwhile) and must not destroy the Listener. Destroying the
-// Listener stops the thread and drops unfinished handshakes; connections already accepted are
-// unaffected. The Device and every poller Place returns must outlive the Listener.
+// Listener stops the thread and drops unfinished handshakes, each reported to OnRefused (on the
+// destroying thread) so that what was placed for it is freed; connections already accepted are
+// unaffected.
+//
+// Every placement ends in exactly one of: OnRefused (the connection never opened; its handler
+// hears nothing), or OnAccepted and, on the poller thread, the handler's OnClosed. Those two
+// race: OnClosed may run before OnAccepted (a peer that breaks the protocol at once). The Device and every poller Place returns must outlive the Listener.
 #ifndef ZRPC_TRANSPORT_LISTENER_H_
 #define ZRPC_TRANSPORT_LISTENER_H_
 
@@ -67,11 +72,15 @@ struct ListenerOptions {
   int backlog = 1024;
 };
 
-// Where an accepted connection goes: the poller its queue pair uses, and its handler. Both must
-// outlive the connection.
+// Where an accepted connection goes: the poller its queue pair uses, and its handler. The poller
+// must outlive the connection. The handler must too, unless `owner` owns it: then the
+// connection holds `owner` until it is destroyed, so the handler lives as long as anything can
+// reach it through the connection (Connection::handler(), the poller's callbacks, OnAccepted),
+// however a close on the poller races the listener's OnAccepted.
 struct Placement {
   Poller* poller = nullptr;
   ConnectionHandler* handler = nullptr;
+  std::shared_ptr<ConnectionHandler> owner;  // optional; owns `handler` when set
 };
 
 class AcceptHandler {

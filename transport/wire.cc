@@ -75,6 +75,14 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
   return h;
 }
 
+absl::Status CheckPeerReceives(const Hello& peer, uint32_t min_message_size) {
+  if (peer.recv_size >= FrameHeader::kSize + uint64_t{min_message_size}) return absl::OkStatus();
+  return Refuse(absl::StrCat("the peer's receives of ", peer.recv_size,
+                             " bytes cannot carry the ", min_message_size,
+                             "-byte messages this side needs (plus the ", FrameHeader::kSize,
+                             "-byte frame header)"));
+}
+
 void EncodeFrameHeader(const FrameHeader& header, uint8_t* out) {
   PutLe<uint32_t>(out + 0, header.arena_released);
   PutLe<uint16_t>(out + 4, header.credits);

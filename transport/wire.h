@@ -73,6 +73,11 @@ void EncodeHello(const Hello& hello, uint8_t* out);
 // versions may append fields.
 absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes);
 
+// Whether a peer whose Hello is `peer` can receive the messages this side's upper layer needs:
+// its RECVs must hold a frame header plus `min_message_size` bytes. FailedPrecondition, naming
+// both sizes, when they cannot; the handshake is then refused (ConnectionOptions).
+absl::Status CheckPeerReceives(const Hello& peer, uint32_t min_message_size);
+
 enum class FrameKind : uint8_t { kData = 1, kCredit = 2 };
 
 struct FrameHeader {

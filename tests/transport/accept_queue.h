@@ -25,7 +25,7 @@ class AcceptQueue : public transport::AcceptHandler {
   // Where the next connections go.
   void Use(transport::Poller* poller, transport::ConnectionHandler* handler) {
     absl::MutexLock lock(&mu_);
-    placement_ = transport::Placement{poller, handler};
+    placement_ = transport::Placement{poller, handler, nullptr};
   }
 
   absl::StatusOr<transport::Placement> Place(const std::string& /*peer*/) override {

@@ -102,6 +102,11 @@ class RawPeer {
 
   const transport::Hello& server_hello() const { return server_; }
 
+  // Where the next Send's payload goes (after the frame header): write it before Send.
+  uint8_t* payload() {
+    return buffer_.data() + size_t{options_.posted_recvs} * kSlot + transport::FrameHeader::kSize;
+  }
+
   // Sends one frame of `kind` returning `credits`, with `payload` bytes after the header,
   // credits or not, and waits for its completion while handling what arrives.
   absl::Status Send(transport::FrameKind kind, uint16_t credits, uint32_t payload,
@@ -154,6 +159,10 @@ class RawPeer {
       if (header.ok()) {
         credits_returned += header->credits;
         (header->kind == transport::FrameKind::kCredit ? credit_frames : data_frames)++;
+        if (header->kind == transport::FrameKind::kData) {
+          const uint8_t* data = buffer_.data() + size_t{index} * kSlot;
+          last_data.assign(data + transport::FrameHeader::kSize, data + wc.byte_len);
+        }
       }
       PostRecv(index);
     }
@@ -162,6 +171,7 @@ class RawPeer {
   uint64_t credit_frames = 0;     // credit frames received
   uint64_t data_frames = 0;       // data frames received
   uint64_t credits_returned = 0;  // credits the other side returned in them
+  std::vector<uint8_t> last_data;  // the payload of the last data frame received
 
  private:
   static constexpr uint64_t kSendId = ~uint64_t{0};

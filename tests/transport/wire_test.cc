@@ -125,6 +125,80 @@ TEST_CASE("a malformed Hello is refused with a message naming the problem", "[wi
   }
 }
 
+TEST_CASE("each field a peer announces is taken at its minimum and maximum, refused one past",
+          "[wire]") {
+  auto accepted = [](const Hello& h) {
+    auto decoded = DecodeHello(Encoded(h));
+    INFO(decoded.status());
+    return decoded.ok() && *decoded == h;
+  };
+  SECTION("recv_credits: [4, 65535]") {
+    Hello h = Sample();
+    h.recv_credits = 4;
+    CHECK(accepted(h));
+    h.recv_credits = 3;
+    CHECK(Refused(Encoded(h), "credits"));
+    h.recv_credits = 65535;
+    CHECK(accepted(h));
+    h.recv_credits = 65536;
+    CHECK(Refused(Encoded(h), "credits"));
+    h.recv_credits = ~uint32_t{0};
+    CHECK(Refused(Encoded(h), "credits"));
+  }
+  SECTION("recv_size: a frame header at least, any size above (the smaller side governs)") {
+    Hello h = Sample();
+    h.recv_size = 8;
+    CHECK(accepted(h));
+    h.recv_size = 7;
+    CHECK(Refused(Encoded(h), "receive size"));
+    h.recv_size = 0;
+    CHECK(Refused(Encoded(h), "receive size"));
+    h.recv_size = ~uint32_t{0};
+    CHECK(accepted(h));
+  }
+  SECTION("recv_size against what the layer above needs (CheckPeerReceives)") {
+    using zrpc::transport::CheckPeerReceives;
+    Hello h = Sample();
+    h.recv_size = 8 + 288;
+    CHECK(CheckPeerReceives(h, 288).ok());
+    h.recv_size = 8 + 287;
+    absl::Status refused = CheckPeerReceives(h, 288);
+    CHECK(refused.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(refused.message().find("295 bytes cannot carry the 288-byte messages") !=
+          absl::string_view::npos);
+    h.recv_size = ~uint32_t{0};
+    CHECK(CheckPeerReceives(h, ~uint32_t{0} - 8).ok());
+    CHECK_FALSE(CheckPeerReceives(h, ~uint32_t{0}).ok());  // no wrap-around in the sum
+    h.recv_size = 8;
+    CHECK(CheckPeerReceives(h, 0).ok());
+  }
+  SECTION("arena_size: 0 (no bulk) to 1 GiB in steps of 64") {
+    Hello h = Sample();
+    h.arena_size = 0;
+    CHECK(accepted(h));
+    h.arena_size = 64;
+    CHECK(accepted(h));
+    h.arena_size = 63;
+    CHECK(Refused(Encoded(h), "multiple of 64"));
+    h.arena_size = 1u << 30;
+    CHECK(accepted(h));
+    h.arena_size = (1u << 30) + 64;
+    CHECK(Refused(Encoded(h), "multiple of 64"));
+    h.arena_size = ~uint32_t{0} & ~uint32_t{63};
+    CHECK(Refused(Encoded(h), "multiple of 64"));
+  }
+  SECTION("arena_addr: up to the last address the arena fits below") {
+    Hello h = Sample();
+    h.arena_size = 1 << 20;
+    h.arena_addr = ~uint64_t{0} - h.arena_size;
+    CHECK(accepted(h));
+    h.arena_addr += 1;
+    CHECK(Refused(Encoded(h), "wraps"));
+    h.arena_addr = 0;
+    CHECK(accepted(h));
+  }
+}
+
 TEST_CASE("frame headers round-trip and malformed ones are refused", "[wire]") {
   uint8_t buf[16] = {};
   FrameHeader h;

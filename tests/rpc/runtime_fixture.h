@@ -1,0 +1,202 @@
+// What the runtime's end-to-end tests share: a Greeter and an ObjectStore that tests steer
+// through their requests, a server and channel pair over the harness's device (Runtime), and a
+// transport-level peer that speaks no RPC at all (Quiet).
+#ifndef ZRPC_TESTS_RPC_RUNTIME_FIXTURE_H_
+#define ZRPC_TESTS_RPC_RUNTIME_FIXTURE_H_
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "proto/examples/greeter.zrpc.h"
+#include "proto/examples/object_store.zrpc.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+#include "tests/pattern.h"
+#include "transport/connection.h"
+#include "transport/device_config.h"
+
+namespace zrpc::testing {
+
+using ::zrpc::CallOptions;
+using ::zrpc::examples::Greeter;
+using ::zrpc::examples::HelloReply;
+using ::zrpc::examples::HelloRequest;
+using ::zrpc::examples::ObjectInfo;
+using ::zrpc::examples::ObjectKey;
+using ::zrpc::examples::ObjectStore;
+using ::zrpc::examples::PutReply;
+
+inline constexpr absl::Duration kLong = absl::Seconds(30);
+
+class TestGreeter : public Greeter::Service {
+ public:
+  absl::Status SayHello(zrpc::ServerContext& context, const HelloRequest& request,
+                        HelloReply* reply) override {
+    {
+      absl::MutexLock lock(&mu_);
+      last_deadline_ = context.deadline;
+      say_hello_threads_.insert(std::this_thread::get_id());
+    }
+    const std::string& name = request.name();
+    if (name == "error") {
+      return absl::PermissionDeniedError("no hello for you, \xc3\xa9l\xc3\xa8ve \xe2\x9c\x93");
+    }
+    if (absl::StartsWith(name, "sleep:")) {
+      int ms = std::stoi(name.substr(6));
+      absl::Time until = absl::Now() + absl::Milliseconds(ms);
+      while (absl::Now() < until) absl::SleepFor(absl::Milliseconds(2));
+      if (context.IsCancelled()) saw_cancelled_.fetch_add(1);
+    }
+    reply->set_message("Hello, " + name);
+    return absl::OkStatus();
+  }
+
+  absl::Status Ping(zrpc::ServerContext&, const google::protobuf::Empty&,
+                    google::protobuf::Empty*) override {
+    absl::MutexLock lock(&mu_);
+    ping_threads_.insert(std::this_thread::get_id());
+    return absl::OkStatus();
+  }
+
+  absl::Time last_deadline() {
+    absl::MutexLock lock(&mu_);
+    return last_deadline_;
+  }
+  std::set<std::thread::id> ping_threads() {
+    absl::MutexLock lock(&mu_);
+    return ping_threads_;
+  }
+  std::set<std::thread::id> say_hello_threads() {
+    absl::MutexLock lock(&mu_);
+    return say_hello_threads_;
+  }
+  std::atomic<int> saw_cancelled_{0};
+
+ private:
+  absl::Mutex mu_;
+  absl::Time last_deadline_;
+  std::set<std::thread::id> ping_threads_;
+  std::set<std::thread::id> say_hello_threads_;
+};
+
+// Keeps objects; Transform reverses the payload.
+class TestStore : public ObjectStore::Service {
+ public:
+  absl::Status Put(zrpc::ServerContext&, const ObjectKey& key, zrpc::IncomingBulk bulk,
+                   PutReply* reply) override {
+    absl::MutexLock lock(&mu_);
+    objects_[key.name()] = std::string(bulk.view());
+    reply->set_stored_bytes(bulk.size());
+    return absl::OkStatus();
+  }
+  absl::Status Get(zrpc::ServerContext&, const ObjectKey& key, ObjectInfo* info,
+                   zrpc::OutgoingBulk* bulk) override {
+    absl::MutexLock lock(&mu_);
+    auto it = objects_.find(key.name());
+    if (it == objects_.end()) return absl::NotFoundError(key.name());
+    info->set_size(it->second.size());
+    *bulk = zrpc::OutgoingBulk::Copy(it->second);
+    return absl::OkStatus();
+  }
+  absl::Status Transform(zrpc::ServerContext&, const ObjectKey&, zrpc::IncomingBulk bulk,
+                         ObjectInfo* info, zrpc::OutgoingBulk* out) override {
+    std::string reversed(bulk.view().rbegin(), bulk.view().rend());
+    info->set_size(reversed.size());
+    *out = zrpc::OutgoingBulk::Copy(std::move(reversed));
+    return absl::OkStatus();
+  }
+  absl::Status Stat(zrpc::ServerContext&, const ObjectKey& key, ObjectInfo* info) override {
+    absl::MutexLock lock(&mu_);
+    auto it = objects_.find(key.name());
+    if (it == objects_.end()) return absl::NotFoundError(key.name());
+    info->set_size(it->second.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::string> objects_;
+};
+
+struct Runtime {
+  TestGreeter greeter;
+  TestStore store;
+  zrpc::transport::DeviceConfig config;
+  std::unique_ptr<zrpc::Server> server;
+  std::unique_ptr<zrpc::ClientChannel> channel;
+
+  explicit Runtime(const zrpc::transport::DeviceConfig& device,
+                   zrpc::ServerOptions server_options = {},
+                   zrpc::ChannelOptions channel_options = {}, uint16_t port = 0)
+      : config(device) {
+    StartServer(server_options, port);
+    channel_options.device = config;
+    auto c = zrpc::CreateChannel(target(), channel_options);
+    INFO(c.status());
+    REQUIRE(c.ok());
+    channel = std::move(*c);
+  }
+
+  void StartServer(zrpc::ServerOptions options, uint16_t port) {
+    options.device = config;
+    options.port = port;
+    auto s = zrpc::Server::Create(options);
+    INFO(s.status());
+    REQUIRE(s.ok());
+    server = std::move(*s);
+    REQUIRE((*server).AddService(&greeter).ok());
+    REQUIRE((*server).AddService(&store).ok());
+    for (const std::string& method : inline_methods) REQUIRE(server->SetInline(method, true).ok());
+    absl::Status started = server->Start();
+    INFO(started);
+    REQUIRE(started.ok());
+    port_ = server->port();
+  }
+
+  std::string target() const {
+    return absl::StrCat(config.addr.find(':') != std::string::npos ? "[" + config.addr + "]"
+                                                                    : config.addr,
+                        ":", port_);
+  }
+
+  std::vector<std::string> inline_methods;
+  uint16_t port_ = 0;
+};
+
+inline CallOptions Within(absl::Duration timeout) { return CallOptions::Timeout(timeout); }
+
+inline std::string Pattern(size_t size, uint32_t seed) {
+  std::string bytes(size, '\0');
+  zrpc::testing::Fill(reinterpret_cast<uint8_t*>(bytes.data()), size, seed);
+  return bytes;
+}
+
+// A peer that speaks the transport but not the RPC protocol.
+class Quiet : public zrpc::transport::ConnectionHandler {
+ public:
+  void OnMessage(zrpc::transport::Connection& c,
+                 const zrpc::transport::ReceivedMessage& m) override {
+    static_cast<void>(c.Release(m.handle));
+  }
+  void OnBulk(zrpc::transport::Connection& c, const zrpc::transport::ReceivedBulk& b) override {
+    static_cast<void>(c.Release(b.handle));
+  }
+  void OnSendDone(zrpc::transport::Connection&, uint64_t, const absl::Status&) override {}
+  void OnClosed(zrpc::transport::Connection&, const absl::Status&) override { closed.Notify(); }
+  absl::Notification closed;
+};
+
+}  // namespace zrpc::testing
+
+#endif  // ZRPC_TESTS_RPC_RUNTIME_FIXTURE_H_
