@@ -58,7 +58,12 @@ absl::Status ParseTarget(absl::string_view target, std::string* host, uint16_t* 
   return absl::OkStatus();
 }
 
+// Set on every channel's timer thread, where deadline and keepalive callbacks run.
+thread_local bool on_timer_thread = false;
+
 }  // namespace
+
+bool OnRuntimeThread() { return on_timer_thread || transport::Poller::OnPollerThread(); }
 
 class ChannelCore final : public ClientConnectionOwner {
  public:
@@ -93,6 +98,8 @@ class ChannelCore final : public ClientConnectionOwner {
   struct Subchannel {
     mutable absl::Mutex mu;
     std::shared_ptr<ClientConnection> current ABSL_GUARDED_BY(mu);
+    // A caller is connecting (outside `mu`); others wait for it, each up to its own deadline.
+    bool connecting ABSL_GUARDED_BY(mu) = false;
     int failures ABSL_GUARDED_BY(mu) = 0;
     absl::Time next_attempt ABSL_GUARDED_BY(mu) = absl::InfinitePast();
     absl::Duration backoff ABSL_GUARDED_BY(mu);
@@ -206,12 +213,40 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Pick(absl::Time d
 absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& sub,
                                                                     absl::Time deadline) {
   absl::MutexLock lock(&sub.mu);
-  if (sub.current != nullptr && sub.current->open()) return sub.current;
+  auto usable = [&sub]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sub.mu) {
+    return sub.current != nullptr && sub.current->open();
+  };
+  if (usable()) return sub.current;
+  const bool runtime_thread = OnRuntimeThread();
+  if (sub.connecting) {
+    // Another caller is connecting: wait for its outcome, but never past this call's deadline,
+    // and never on a poller or the timer (they would wait for the very thread that connects).
+    auto not_connecting = [&sub]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sub.mu) {
+      return !sub.connecting;
+    };
+    if (runtime_thread ||
+        !sub.mu.AwaitWithDeadline(absl::Condition(&not_connecting), deadline)) {
+      return runtime_thread
+                 ? absl::UnavailableError(absl::StrCat(
+                       "a connection to ", target_, " is being made; a callback on a runtime "
+                       "thread does not wait for it"))
+                 : absl::DeadlineExceededError(absl::StrCat(
+                       "the deadline passed while a connection to ", target_, " was being made"));
+    }
+    if (usable()) return sub.current;
+  }
   absl::Time now = absl::Now();
   if (now < sub.next_attempt) {
     return absl::UnavailableError(absl::StrCat(
         "not connected to ", target_, " (", sub.last_error.message(), "); next attempt in ",
         absl::FormatDuration(absl::Ceil(sub.next_attempt - now, absl::Milliseconds(1)))));
+  }
+  if (runtime_thread) {
+    // Connecting takes up to connect_timeout; a poller or the timer waiting that long stops
+    // every connection and deadline it serves.
+    return absl::UnavailableError(absl::StrCat(
+        "not connected to ", target_, "; a callback on a runtime thread (poller or timer) does "
+        "not connect: call from another thread, or Connect() first"));
   }
   const absl::Duration timeout = std::min(options_.connect_timeout, deadline - now);
   if (timeout <= absl::ZeroDuration()) {
@@ -221,8 +256,15 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
   attempts_.fetch_add(1, std::memory_order_relaxed);
   auto connection = std::make_shared<ClientConnection>(*this, options_.max_calls_per_connection);
   transport::Poller& poller = *pollers_[(&sub - subchannels_.data()) % pollers_.size()];
+  // Outside the lock: callers with shorter deadlines give up at theirs instead of waiting for
+  // this attempt's.
+  sub.connecting = true;
+  sub.mu.Unlock();
   absl::StatusOr<std::shared_ptr<transport::Connection>> made = transport::Connection::Connect(
       *device_, poller, host_, port_, connection.get(), options_.connection, timeout);
+  if (made.ok()) connection->Attach(*std::move(made));
+  sub.mu.Lock();
+  sub.connecting = false;
   if (!made.ok()) {
     failures_.fetch_add(1, std::memory_order_relaxed);
     ++sub.failures;
@@ -239,7 +281,6 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
     return absl::UnavailableError(
         absl::StrCat("cannot connect to ", target_, ": ", made.status().message()));
   }
-  connection->Attach(*std::move(made));
   {
     absl::MutexLock live_lock(&mu_);
     if (!connection->closed()) live_.push_back(connection);
@@ -272,6 +313,7 @@ void ChannelCore::DeadlineAdded(absl::Time deadline) {
 }
 
 void ChannelCore::TimerLoop() {
+  on_timer_thread = true;
   constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
   const bool keepalive = options_.keepalive_interval > absl::ZeroDuration();
   absl::Time next_keepalive = absl::Now() + options_.keepalive_interval;
@@ -427,7 +469,10 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
   }
   // A slot frees when an earlier message's send completes: wait for one, up to the deadline,
   // yielding first (it is usually a matter of microseconds) and then sleeping, so a connection
-  // stalled by its peer does not cost a spinning core per waiting caller.
+  // stalled by its peer does not cost a spinning core per waiting caller. Never on a poller or
+  // the timer: only those threads free slots, so a callback waiting there waits for itself
+  // (THREADING.md).
+  const bool may_wait = !internal::OnRuntimeThread();
   for (int attempt = 0;; ++attempt) {
     absl::StatusOr<transport::SendBuffer> buffer = c.AcquireSendBuffer();
     if (buffer.ok()) {
@@ -436,8 +481,18 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
                       reinterpret_cast<uintptr_t>(ticket)};
     }
     if (buffer.status().code() != absl::StatusCode::kResourceExhausted ||
-        absl::Now() >= options.deadline || !(*connection)->open()) {
+        !(*connection)->open()) {
       return buffer.status();
+    }
+    if (!may_wait) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          buffer.status().message(), "; a callback on a runtime thread (poller or timer) does "
+          "not wait for a slot, since that thread is the one that frees them: start the call "
+          "from another thread, or raise ConnectionOptions::max_send_slots"));
+    }
+    if (absl::Now() >= options.deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the deadline passed while waiting for a send slot (", buffer.status().message(), ")"));
     }
     if (attempt < 64) {
       std::this_thread::yield();

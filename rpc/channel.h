@@ -80,10 +80,10 @@ struct ChannelOptions {
   size_t staging_bytes = size_t{64} << 20;
   // Liveness: a connection that received nothing for keepalive_interval sends a ping; a ping
   // unanswered within keepalive_timeout closes the connection (its calls fail UNAVAILABLE). A
-  // server that vanished is noticed within about interval + timeout, idle or busy. Not while
-  // this side holds received bulk payloads (IncomingBulk) unreleased: the server's answers may
-  // be waiting for that arena space, so a silent server is then not proof of a dead one (a
-  // vanished host still fails the ping's SEND through the transport's retries).
+  // server that vanished is noticed within about interval + timeout, idle or busy. A server
+  // whose handlers hold the whole window (slow calls) or whose answers wait for arena space this
+  // side holds (IncomingBulk not released) is busy, not dead: its NIC is probed instead, without
+  // a credit, and a vanished host fails that probe through the transport's retries (seconds).
   // keepalive_interval zero: no keepalives.
   absl::Duration keepalive_interval = absl::Seconds(1);
   absl::Duration keepalive_timeout = absl::Seconds(2);

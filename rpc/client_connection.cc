@@ -91,11 +91,22 @@ void ClientConnection::CancelCall(uint64_t id) {
       absl::StrCat(call->method->full_name, ": cancelled by the caller")));
 }
 
+bool ClientConnection::WindowHeld() {
+  const transport::ConnectionStats stats = connection_->stats();
+  return stats.waiting > 0 || stats.arena_in_use > 0;
+}
+
 void ClientConnection::Keepalive(absl::Duration timeout) {
   const uint64_t received = received_.load(std::memory_order_relaxed);
   const bool idle = received == received_at_last_pass_;
   received_at_last_pass_ = received;
-  if (!idle || closed() || ping_out_.exchange(true, std::memory_order_acq_rel)) return;
+  if (!idle || closed() || ping_out_.load(std::memory_order_acquire)) return;
+  if (WindowHeld()) {
+    // A ping would wait behind the held window (see the top of client_connection.h).
+    static_cast<void>(connection_->Probe());
+    return;
+  }
+  if (ping_out_.exchange(true, std::memory_order_acq_rel)) return;
   absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
   if (!buffer.ok()) {
     ping_out_.store(false, std::memory_order_release);
@@ -115,16 +126,16 @@ void ClientConnection::Keepalive(absl::Duration timeout) {
 
 void ClientConnection::OnPingDone(const absl::Status& status, absl::Duration timeout) {
   ping_out_.store(false, std::memory_order_release);
-  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
-    // A server cannot answer while what it sends waits for arena space that this side's
-    // application still holds (payloads received and not yet released): the stall is ours, not
-    // a dead server, and closing would fail calls that are only waiting for it. A vanished host
-    // is still noticed: the ping's SEND fails after the transport's retries.
-    if (connection_->stats().arena_in_use > 0) return;
-    // The flow-control state says whether the connection was stalled or the server silent.
-    Close(absl::StrCat("keepalive: no answer from the server within ",
-                       absl::FormatDuration(timeout), " (", connection_->DebugString(), ")"));
+  if (status.code() != absl::StatusCode::kDeadlineExceeded) return;
+  if (WindowHeld()) {
+    // The window filled while the ping was out, so it may be waiting behind it: not proof of a
+    // dead server. The NIC is asked instead.
+    static_cast<void>(connection_->Probe());
+    return;
   }
+  // The flow-control state says whether the connection was stalled or the server silent.
+  Close(absl::StrCat("keepalive: no answer from the server within ",
+                     absl::FormatDuration(timeout), " (", connection_->DebugString(), ")"));
 }
 
 void ClientConnection::Close(absl::string_view reason) {

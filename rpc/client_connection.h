@@ -22,6 +22,14 @@
 // connection, failing its calls with UNAVAILABLE and the reason. A peer that died is thus
 // noticed within interval + timeout (plus one interval when traffic stopped just after a pass),
 // busy or idle.
+//
+// A ping never waits on the application's window. When this side's messages wait for credits
+// (the server's handlers hold every receive this side may fill: slow calls, not a dead server)
+// or the server's answers wait for arena space this side's application holds, a ping would
+// queue behind them and its silence would prove nothing. Then the pass probes the server's NIC
+// instead (transport::Connection::Probe: a zero-length RDMA WRITE, no credit): a vanished host
+// fails it after the transport's retries and the connection fails with it; a live one acks,
+// and the connection stays. A ping that timed out while such a wait began is treated the same.
 #ifndef ZRPC_RPC_CLIENT_CONNECTION_H_
 #define ZRPC_RPC_CLIENT_CONNECTION_H_
 
@@ -43,6 +51,11 @@
 namespace zrpc::internal {
 
 class ClientConnection;
+
+// Whether the calling thread is one of the runtime's own: a poller (transport) or a channel's
+// timer. Callbacks run there, and nothing there may wait for what only those threads produce
+// (send slots, connections, answers).
+bool OnRuntimeThread();
 
 // What a connection needs from its channel.
 class ClientConnectionOwner {
@@ -110,6 +123,9 @@ class ClientConnection final : public RpcConnection,
  private:
   void Complete(transport::Connection& connection, IncomingMessage& message, ClientCall& call);
   void OnPingDone(const absl::Status& status, absl::Duration timeout);
+  // This side's messages wait for credits or arena space, or its application holds received
+  // payloads: a ping now would wait behind them (see the top of this file).
+  bool WindowHeld();
 
   ClientConnectionOwner& owner_;
   CallTable<ClientCall> calls_;

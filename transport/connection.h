@@ -163,6 +163,10 @@ struct ConnectionStats {
   // Sends and bulk writes accepted and not yet completed (waiting or posted): zero once all
   // that was handed over has reached the peer, so a graceful close can wait for it.
   uint32_t sends_outstanding = 0;
+  // Of those, the ones not posted yet: waiting for credits (the peer holds this side's window),
+  // arena space or a send-queue entry.
+  uint32_t waiting = 0;
+  uint64_t probes_sent = 0;  // Probe()s that posted a work request
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -193,6 +197,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Gives back a received message or bulk payload. Any thread, once per handle.
   absl::Status Release(uint64_t handle);
+
+  // Asks the peer's NIC for a sign of life without spending a credit, a slot or arena space: a
+  // zero-length RDMA WRITE, signalled. RC acknowledges it or, when the peer's host is gone,
+  // fails it after the retries, and the connection fails (OnClosed) like for any failed work
+  // request. Nothing is posted while other work requests are in flight, which prove as much. For
+  // liveness checks whose ordinary messages wait behind a full window (the peer's application
+  // holds the receives), and nothing else: the peer's process hears nothing of it.
+  // kUnavailable when the connection is not open.
+  absl::Status Probe();
 
   // Starts an orderly close: disconnects, fails what waits, then OnClosed(kCancelled).
   void Close();

@@ -33,6 +33,7 @@ ConnectionStats Connection::stats() const {
   ConnectionStats stats = stats_;
   stats.arena_in_use = arena_reader_.in_use();
   stats.sends_outstanding = static_cast<uint32_t>(waiting_.size() + in_flight_.size());
+  stats.waiting = static_cast<uint32_t>(waiting_.size());
   return stats;
 }
 
@@ -246,6 +247,28 @@ absl::Status Connection::Release(uint64_t handle) {
   }
   credits_.OnDataRecvReposted();
   PumpLocked();  // sends credits back on waiting data, or in a credit frame
+  return absl::OkStatus();
+}
+
+absl::Status Connection::Probe() {
+  absl::MutexLock lock(&mu_);
+  if (state_ != State::kOpen) {
+    return absl::UnavailableError(absl::StrCat("connection to ", peer_address_, " is closed"));
+  }
+  if (!in_flight_.empty()) return absl::OkStatus();  // they are the probe
+  // Zero bytes at the base of the peer's arena: nothing is written, and the address and rkey
+  // are valid anyway (IB C9-88 lets a zero-length WRITE skip the check; not every device does).
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.num_sge = 0;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = peer_.arena_addr;
+  wr.wr.rdma.rkey = peer_.arena_rkey;
+  if (absl::Status s = PostSendWrLocked(wr, SlotPool::kNoSlot, 0, /*report=*/false); !s.ok()) {
+    FailLocked(s);
+    return s;
+  }
+  ++stats_.probes_sent;
   return absl::OkStatus();
 }
 

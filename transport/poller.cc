@@ -152,7 +152,24 @@ std::shared_ptr<Connection> Poller::Find(uint32_t qp_num) {
   return it == connections_.end() ? nullptr : it->second;
 }
 
+namespace {
+thread_local bool on_poller_thread = false;
+
+// Marks the calling thread as a poller's for the scope's length.
+class PollerThreadScope {
+ public:
+  PollerThreadScope() : was_(on_poller_thread) { on_poller_thread = true; }
+  ~PollerThreadScope() { on_poller_thread = was_; }
+
+ private:
+  bool was_;
+};
+}  // namespace
+
+bool Poller::OnPollerThread() { return on_poller_thread; }
+
 void Poller::Loop() {
+  PollerThreadScope scope;
   uint32_t empty = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     passes_.fetch_add(1, std::memory_order_relaxed);
@@ -171,6 +188,7 @@ void Poller::Loop() {
 }
 
 int Poller::RunOnce(absl::Duration wait) {
+  PollerThreadScope scope;
   passes_.fetch_add(1, std::memory_order_relaxed);
   RunDeferred();
   int n = PollCq();

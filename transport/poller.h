@@ -78,6 +78,10 @@ class Poller {
   int RunOnce(absl::Duration wait);
 
   PollMode mode() const { return options_.mode; }
+  // Whether the calling thread is running a poller's loop (or RunOnce) now: handlers and the
+  // callbacks they run are. Code that would wait for something only a poller can produce (a
+  // send slot, a completion) must not wait there: it would wait for itself.
+  static bool OnPollerThread();
   // Passes of the loop, and (event mode) times it woke from sleep: how tests see it sleeping.
   uint64_t passes() const { return passes_.load(std::memory_order_relaxed); }
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
