@@ -115,7 +115,8 @@ class ChannelCore final : public ClientConnectionOwner {
   const ChannelOptions options_;
   std::shared_ptr<transport::Device> device_;
   std::unique_ptr<StagingPool> staging_;
-  std::vector<std::unique_ptr<transport::Poller>> pollers_;
+  // Shared with received payloads users still hold (rpc_connection.h).
+  std::vector<std::shared_ptr<transport::Poller>> pollers_;
   std::vector<Subchannel> subchannels_;
   std::atomic<uint32_t> next_{0};
   // Jitter for the reconnection backoff. Seeded per channel, so that clients restarted together
@@ -195,7 +196,10 @@ ChannelCore::~ChannelCore() {
     absl::MutexLock lock(&sub.mu);
     sub.current.reset();
   }
-  pollers_.clear();  // drains whatever is left
+  // Drains whatever is left; a payload a user still holds keeps its poller object (and CQ)
+  // until released, with the loop stopped.
+  for (auto& poller : pollers_) poller->Shutdown();
+  pollers_.clear();
 }
 
 absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Pick(absl::Time deadline) {
@@ -254,14 +258,16 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
         absl::StrCat("the deadline passed before a connection to ", target_, " was made"));
   }
   attempts_.fetch_add(1, std::memory_order_relaxed);
-  auto connection = std::make_shared<ClientConnection>(*this, options_.max_calls_per_connection);
-  transport::Poller& poller = *pollers_[(&sub - subchannels_.data()) % pollers_.size()];
+  const std::shared_ptr<transport::Poller>& poller =
+      pollers_[(&sub - subchannels_.data()) % pollers_.size()];
+  auto connection = std::make_shared<ClientConnection>(*this, options_.max_calls_per_connection,
+                                                       device_, poller);
   // Outside the lock: callers with shorter deadlines give up at theirs instead of waiting for
   // this attempt's.
   sub.connecting = true;
   sub.mu.Unlock();
   absl::StatusOr<std::shared_ptr<transport::Connection>> made = transport::Connection::Connect(
-      *device_, poller, host_, port_, connection.get(), options_.connection, timeout);
+      *device_, *poller, host_, port_, connection.get(), options_.connection, timeout);
   if (made.ok()) connection->Attach(*std::move(made));
   sub.mu.Lock();
   sub.connecting = false;
@@ -409,6 +415,57 @@ ChannelStats ChannelCore::stats() const {
   return stats;
 }
 
+namespace {
+
+// Tears down channels destroyed on one of the runtime's own threads (a callback of the channel's
+// own calls, typically), where the teardown cannot run: it joins the timer and the pollers, one
+// of which is the thread asking. One thread for the process, started on first use; at exit it
+// finishes what it was given.
+class Reaper {
+ public:
+  static Reaper& Get() {
+    static Reaper reaper;
+    return reaper;
+  }
+  void Take(std::unique_ptr<ChannelCore> core) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(core));
+  }
+  ~Reaper() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+ private:
+  Reaper() : thread_([this] { Loop(); }) {}
+  void Loop() {
+    for (;;) {
+      std::unique_ptr<ChannelCore> core;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || !queue_.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;
+        core = std::move(queue_.front());
+        queue_.erase(queue_.begin());
+      }
+      core.reset();  // waits for the callback that destroyed the channel to return
+    }
+  }
+
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<ChannelCore>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
 }  // namespace internal
 }  // namespace zrpc
 
@@ -455,7 +512,11 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
 
 ClientChannel::ClientChannel(std::unique_ptr<internal::ChannelCore> core)
     : core_(std::move(core)) {}
-ClientChannel::~ClientChannel() = default;
+ClientChannel::~ClientChannel() {
+  // From a callback on one of the runtime's threads the teardown would join the thread it runs
+  // on: hand it over, and return at once (channel.h).
+  if (internal::OnRuntimeThread()) internal::Reaper::Get().Take(std::move(core_));
+}
 
 absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallOptions& options) {
   absl::StatusOr<std::shared_ptr<internal::ClientConnection>> connection =

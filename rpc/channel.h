@@ -30,7 +30,10 @@
 // asynchronously (Async*: `done` runs once, on a poller thread or the timer thread; it must not
 // block or make a blocking call on this channel, which would wait for the thread it runs on).
 // The channel must outlive its calls' callbacks: destroying it fails the calls still in flight
-// with CANCELLED, runs their callbacks, and returns after the last one.
+// with CANCELLED, runs their callbacks, and returns after the last one. A channel destroyed from
+// one of its own callbacks (a poller or the timer thread) is torn down the same way on a thread
+// of the runtime's once that callback returns, and the destructor returns at once. Received
+// payloads (IncomingBulk) may outlive the channel: each keeps what its release needs.
 #ifndef ZRPC_RPC_CHANNEL_H_
 #define ZRPC_RPC_CHANNEL_H_
 

@@ -206,7 +206,7 @@ void ClientConnection::Complete(transport::Connection& connection, IncomingMessa
                                               ": malformed response: it does not parse as ",
                                               call.response->GetTypeName()));
   } else if (message.bulk) {
-    *call.response_bulk = ReceiveReleaser::Wrap(connection.shared_from_this(), *message.bulk);
+    *call.response_bulk = ReceiveReleaser::Wrap(*this, connection.shared_from_this(), *message.bulk);
     message.bulk.reset();  // the caller's now
   }
   if (call.metrics != nullptr && message.header.kind == RpcKind::kResponse) {

@@ -92,8 +92,12 @@ extern const MethodInfo kKeepalivePing;  // of kKeepaliveService (rpc_connection
 class ClientConnection final : public RpcConnection,
                                public std::enable_shared_from_this<ClientConnection> {
  public:
-  ClientConnection(ClientConnectionOwner& owner, uint32_t max_calls)
-      : RpcConnection("client", owner.staging()), owner_(owner), calls_(max_calls) {}
+  ClientConnection(ClientConnectionOwner& owner, uint32_t max_calls,
+                   std::shared_ptr<transport::Device> device,
+                   std::shared_ptr<transport::Poller> poller)
+      : RpcConnection("client", owner.staging(), std::move(device), std::move(poller)),
+        owner_(owner),
+        calls_(max_calls) {}
 
   // Takes the connection Connect made; the ClientConnection keeps itself alive until OnClosed.
   void Attach(std::shared_ptr<transport::Connection> connection);

@@ -10,8 +10,11 @@
 namespace zrpc::internal {
 namespace {
 
-// What an IncomingBulk's token points at.
+// What an IncomingBulk's token points at. Destroyed in reverse order: the connection (its
+// queue pair, its slots) before the poller (its CQ) before the device.
 struct HeldBulk {
+  std::shared_ptr<transport::Device> device;
+  std::shared_ptr<transport::Poller> poller;
   std::shared_ptr<transport::Connection> connection;
   uint64_t handle;
 };
@@ -23,9 +26,10 @@ ReceiveReleaser& ReceiveReleaser::Get() {
   return *releaser;
 }
 
-IncomingBulk ReceiveReleaser::Wrap(std::shared_ptr<transport::Connection> connection,
+IncomingBulk ReceiveReleaser::Wrap(const RpcConnection& owner,
+                                   std::shared_ptr<transport::Connection> connection,
                                    const transport::ReceivedBulk& bulk) {
-  auto* held = new HeldBulk{std::move(connection), bulk.handle};
+  auto* held = new HeldBulk{owner.device_, owner.poller_, std::move(connection), bulk.handle};
   return IncomingBulk(bulk.data, bulk.size, &Get(), reinterpret_cast<uintptr_t>(held));
 }
 

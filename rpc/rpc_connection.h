@@ -39,6 +39,8 @@
 #include "rpc/rpc_header.h"
 #include "rpc/staging.h"
 #include "transport/connection.h"
+#include "transport/device.h"
+#include "transport/poller.h"
 
 namespace zrpc::internal {
 
@@ -56,9 +58,12 @@ inline constexpr uint32_t kMinRpcMessage = RpcHeader::kSize + 256;
 class ReceiveReleaser final : public BulkReleaser {
  public:
   static ReceiveReleaser& Get();
-  // Wraps a payload received on `connection` for a user. An empty payload gives an empty bulk
-  // (and is released at once).
-  static IncomingBulk Wrap(std::shared_ptr<transport::Connection> connection,
+  // Wraps a payload received on `connection`, whose handler is `owner`, for a user. The bulk
+  // keeps alive everything its release needs: the connection, its poller (whose CQ the
+  // connection's queue pair needs) and the device (its slots, its protection domain), so it may
+  // be released after its server or channel is gone.
+  static IncomingBulk Wrap(const class RpcConnection& owner,
+                           std::shared_ptr<transport::Connection> connection,
                            const transport::ReceivedBulk& bulk);
   void ReleaseBulk(uint64_t token) override;
 };
@@ -74,7 +79,10 @@ struct IncomingMessage {
 class RpcConnection : public transport::ConnectionHandler {
  public:
   // `side` names this end in logs ("client", "server"); `staging` must outlive the connection.
-  RpcConnection(const char* side, StagingPool& staging) : side_(side), staging_(staging) {}
+  // `device` and `poller` are the connection's: payloads handed to users hold them (Wrap).
+  RpcConnection(const char* side, StagingPool& staging, std::shared_ptr<transport::Device> device,
+                std::shared_ptr<transport::Poller> poller)
+      : side_(side), staging_(staging), device_(std::move(device)), poller_(std::move(poller)) {}
 
   void OnBulk(transport::Connection& connection, const transport::ReceivedBulk& bulk) override;
   void OnSendDone(transport::Connection& connection, uint64_t token,
@@ -118,8 +126,11 @@ class RpcConnection : public transport::ConnectionHandler {
   void DropUnpairedBulk(transport::Connection& connection);
 
  private:
+  friend class ReceiveReleaser;
   const char* side_;
   StagingPool& staging_;
+  const std::shared_ptr<transport::Device> device_;
+  const std::shared_ptr<transport::Poller> poller_;
   // The payload waiting for its message; only the poller thread touches it.
   std::optional<transport::ReceivedBulk> unpaired_;
   absl::Mutex send_mu_;

@@ -110,9 +110,9 @@ absl::Status ServerCore::Start() {
 
 absl::StatusOr<transport::Placement> ServerCore::Place(const std::string&) {
   if (draining()) return absl::UnavailableError("the server is shutting down");
-  auto connection = std::make_shared<ServerConnection>(*this);
-  transport::Poller* poller =
-      pollers_[next_poller_.fetch_add(1, std::memory_order_relaxed) % pollers_.size()].get();
+  const std::shared_ptr<transport::Poller>& poller =
+      pollers_[next_poller_.fetch_add(1, std::memory_order_relaxed) % pollers_.size()];
+  auto connection = std::make_shared<ServerConnection>(*this, poller);
   ServerConnection* handler = connection.get();
   {
     absl::MutexLock lock(&mu_);
@@ -120,7 +120,7 @@ absl::StatusOr<transport::Placement> ServerCore::Place(const std::string&) {
   }
   // The transport connection co-owns its handler (listener.h): whichever of this thread's
   // OnAccepted and the poller's OnClosed comes last, the handler is alive for both.
-  return transport::Placement{poller, handler, std::move(connection)};
+  return transport::Placement{poller.get(), handler, std::move(connection)};
 }
 
 void ServerCore::OnAccepted(std::shared_ptr<transport::Connection> connection) {
@@ -157,9 +157,17 @@ void ServerCore::CallStarted() {
 }
 
 void ServerCore::CallDone() {
-  if (calls_alive_.fetch_sub(1, std::memory_order_acq_rel) == 1 && draining()) {
-    absl::MutexLock lock(&mu_);  // wakes Shutdown, which waits on mu_ for calls_alive_ == 0
+  // The decrement is a call's last touch of the core: once the count reaches zero during
+  // Shutdown, Shutdown may return and the core be freed. So while draining it happens under
+  // mu_, whose release also wakes Shutdown; otherwise nothing waits, and nothing follows it.
+  // (A drain that begins between the check and the decrement is seen by Shutdown's next
+  // periodic look: it never waits on a wake-up alone.)
+  if (draining()) {
+    absl::MutexLock lock(&mu_);
+    calls_alive_.fetch_sub(1, std::memory_order_acq_rel);
+    return;
   }
+  calls_alive_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 void ServerCore::Shutdown(absl::Duration grace) {
@@ -169,13 +177,22 @@ void ServerCore::Shutdown(absl::Duration grace) {
   draining_.store(true, std::memory_order_release);
   listener_.reset();  // no new connections; unfinished handshakes are dropped
 
-  auto no_calls = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return calls_alive_.load(std::memory_order_acquire) == 0;
+  // Waits under mu_ until `done` or `deadline`, looking again at least every 10 ms: a count
+  // may reach zero without a wake-up (CallDone).
+  auto wait = [this](bool (*done)(ServerCore*), absl::Time deadline)
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!done(this) && absl::Now() < deadline) {
+      mu_.AwaitWithTimeout(absl::Condition(done, this),
+                           std::min(absl::Milliseconds(10), deadline - absl::Now()));
+    }
+  };
+  auto no_calls_left = +[](ServerCore* core) {
+    return core->calls_alive_.load(std::memory_order_acquire) == 0;
   };
   std::vector<std::shared_ptr<ServerConnection>> open;
   {
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&no_calls), grace);
+    wait(no_calls_left, grace_end);
     for (auto& [handler, connection] : connections_) open.push_back(connection);
   }
   const absl::Status unavailable =
@@ -199,13 +216,17 @@ void ServerCore::Shutdown(absl::Duration grace) {
     // Handlers still running hold their connections; each returns and finishes (its answer
     // discarded). Nothing can be taken back from a handler that never returns: wait for it.
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&no_calls));
+    wait(no_calls_left, absl::InfiniteFuture());
     // Every connection's OnClosed comes from its poller; drained connections leave the map.
-    auto all_closed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return connections_.empty(); };
-    mu_.AwaitWithTimeout(absl::Condition(&all_closed), absl::Seconds(5));
+    auto all_closed = +[](ServerCore* core) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return core->connections_.empty();
+    };
+    wait(all_closed, absl::Now() + absl::Seconds(5));
   }
   pool_->Shutdown();
-  // Destroying a poller closes and drains what is still registered on it.
+  // Closes and drains what is still registered; a payload a user still holds keeps its poller
+  // object (and CQ) until released, with the loop stopped.
+  for (auto& poller : pollers_) poller->Shutdown();
   pollers_.clear();
   absl::MutexLock lock(&mu_);
   connections_.clear();

@@ -30,7 +30,7 @@ ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
 IncomingBulk ServerCallImpl::TakeRequestBulk() {
   if (!request_.bulk) return IncomingBulk();
   transport::ReceivedBulk bulk = *std::exchange(request_.bulk, std::nullopt);
-  return ReceiveReleaser::Wrap(connection_, bulk);
+  return ReceiveReleaser::Wrap(*owner_, connection_, bulk);
 }
 
 absl::StatusOr<SendSlot> ServerCallImpl::AcquireResponseSlot(size_t size) {
@@ -109,8 +109,8 @@ bool ServerCallImpl::AnswerFor(const absl::Status& status) {
   return true;
 }
 
-ServerConnection::ServerConnection(ServerCore& core) : RpcConnection("server", core.staging()),
-                                                       core_(core) {}
+ServerConnection::ServerConnection(ServerCore& core, std::shared_ptr<transport::Poller> poller)
+    : RpcConnection("server", core.staging(), core.device(), std::move(poller)), core_(core) {}
 
 void ServerConnection::Attach(std::shared_ptr<transport::Connection> connection) {
   absl::MutexLock lock(&mu_);

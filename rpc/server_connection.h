@@ -79,7 +79,8 @@ class ServerCallImpl final : public ServerCall, public PoolTask {
 class ServerConnection final : public RpcConnection,
                                public std::enable_shared_from_this<ServerConnection> {
  public:
-  explicit ServerConnection(ServerCore& core);
+  // `poller` is the one the connection is placed on.
+  ServerConnection(ServerCore& core, std::shared_ptr<transport::Poller> poller);
 
   void OnMessage(transport::Connection& connection,
                  const transport::ReceivedMessage& message) override;

@@ -68,6 +68,7 @@ class ServerCore final : public transport::AcceptHandler {
   const Metrics& metrics() const { return metrics_; }
   void CountKeepalive() { keepalives_.fetch_add(1, std::memory_order_relaxed); }
   StagingPool& staging() { return *staging_; }
+  const std::shared_ptr<transport::Device>& device() const { return device_; }
   void CountUnimplemented() { unimplemented_.fetch_add(1, std::memory_order_relaxed); }
   void CountCancel() { cancels_.fetch_add(1, std::memory_order_relaxed); }
   void CountViolation() { closed_violations_.fetch_add(1, std::memory_order_relaxed); }
@@ -78,7 +79,8 @@ class ServerCore final : public transport::AcceptHandler {
   const ServerOptions options_;
   std::shared_ptr<transport::Device> device_;
   std::unique_ptr<StagingPool> staging_;
-  std::vector<std::unique_ptr<transport::Poller>> pollers_;
+  // Shared with received payloads users still hold (rpc_connection.h).
+  std::vector<std::shared_ptr<transport::Poller>> pollers_;
   std::unique_ptr<HandlerPool> pool_;
   std::unique_ptr<transport::Listener> listener_;
 

@@ -48,14 +48,22 @@ absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
 }
 
 Poller::~Poller() {
+  Shutdown();
+  if (unacked_cq_events_ > 0) ibv_ack_cq_events(cq_.get(), unacked_cq_events_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void Poller::Shutdown() {
   Stop();
   std::vector<std::shared_ptr<Connection>> open;
   {
     absl::MutexLock lock(&mu_);
     for (auto& [qp_num, connection] : connections_) open.push_back(connection);
   }
+  if (open.empty()) return;
   // Close what is still open and drive the drains for a bounded time, so handlers hear of it.
   for (auto& connection : open) connection->Close();
+  open.clear();
   absl::Time deadline = absl::Now() + absl::Seconds(5);
   for (;;) {
     {
@@ -63,22 +71,13 @@ Poller::~Poller() {
       if (connections_.empty()) break;
     }
     if (absl::Now() > deadline) {
-      std::fprintf(stderr, "zrpc: poller destroyed with connections that did not drain\n");
+      std::fprintf(stderr, "zrpc: poller shut down with connections that did not drain\n");
       absl::MutexLock lock(&mu_);
       connections_.clear();
       break;
     }
     RunOnce(absl::Milliseconds(10));
   }
-  for (auto& connection : open) {
-    if (connection.use_count() > 1) {
-      std::fprintf(stderr, "zrpc: poller destroyed while a connection to %s is still referenced\n",
-                   connection->peer_address().c_str());
-    }
-  }
-  open.clear();
-  if (unacked_cq_events_ > 0) ibv_ack_cq_events(cq_.get(), unacked_cq_events_);
-  if (wake_fd_ >= 0) close(wake_fd_);
 }
 
 absl::Status Poller::Start() {

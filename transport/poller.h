@@ -23,7 +23,8 @@
 //
 // Threads. One thread runs the loop (Start or RunOnce, never both). Connect, the Listener and
 // Connection methods may be called from any thread. The Poller must outlive its connections and
-// be destroyed before its Device; destroying it stops the loop and closes what is still open,
+// be destroyed before its Device; destroying it (or Shutdown) stops the loop and closes what is
+// still open,
 // driving the drains for up to 5 s so handlers hear of it (a connection that has not drained by
 // then is dropped without its OnSendDone/OnClosed, and a message says so on stderr).
 #ifndef ZRPC_TRANSPORT_POLLER_H_
@@ -72,6 +73,11 @@ class Poller {
   // Runs the loop on a new thread until Stop() or destruction.
   absl::Status Start();
   void Stop();
+  // Stops the loop and closes what is still registered, driving the drains for up to 5 s, as
+  // destruction does; idempotent. For an owner whose users may keep the Poller object (and its
+  // CQ, which a connection's queue pair needs until it is destroyed) alive a while longer: a
+  // received payload still held by the application, say.
+  void Shutdown();
 
   // One pass of the loop on the caller's thread, for programs that drive it themselves; in event
   // mode it sleeps up to `wait` when there is nothing to do. Returns the completions handled.
