@@ -1,0 +1,81 @@
+// Fuzzes DecodeHello (transport/wire.h): the 32 bytes a peer puts in the private data of its
+// connect request or accept reply, parsed before this side trusts the peer with anything.
+//
+// "No crash" alone would miss the bugs that matter here, a rule dropped or loosened by mistake,
+// so the target also checks that
+//  - DecodeHello accepts exactly the inputs that wire.h's table and DecodeHello's comment allow
+//    (restated below from the documentation, not from wire.cc);
+//  - every Hello it accepts obeys the bounds the transport relies on afterwards: credits in
+//    [kMinCredits, kMaxCredits], a RECV that holds a frame header, an arena that is a multiple
+//    of kArenaAlign, at most kMaxArenaSize, and does not wrap the address space;
+//  - an accepted Hello re-encodes (EncodeHello) to the same 32 bytes, so no field is lost;
+//  - bytes past the 32 change nothing, as wire.h promises later versions;
+//  - a refusal is kFailedPrecondition with the "zrpc handshake: " prefix the user sees.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/types/span.h"
+#include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/le.h"
+#include "transport/arena.h"
+#include "transport/credits.h"
+#include "transport/wire.h"
+
+namespace zrpc::transport {
+namespace {
+
+using fuzz::ReadLe;
+
+// The documented acceptance rule for a Hello, field by field (offsets from wire.h's table).
+bool Acceptable(const uint8_t* in, size_t size) {
+  if (size < Hello::kSize) return false;
+  if (ReadLe(in + 0, 4) != kWireMagic) return false;
+  if (ReadLe(in + 4, 2) != kWireVersion) return false;
+  if (ReadLe(in + 6, 2) != 0) return false;  // no flag bits defined in version 1
+  const uint64_t credits = ReadLe(in + 8, 4);
+  if (credits < kMinCredits || credits > kMaxCredits) return false;
+  if (ReadLe(in + 12, 4) < FrameHeader::kSize) return false;
+  const uint64_t addr = ReadLe(in + 16, 8);
+  const uint64_t arena_size = ReadLe(in + 28, 4);
+  if (arena_size % kArenaAlign != 0 || arena_size > kMaxArenaSize) return false;
+  // An arena must end inside the 64-bit address space: its end addr + size fits in a uint64_t.
+  if (arena_size > 0 && addr > UINT64_MAX - arena_size) return false;
+  return true;
+}
+
+void CheckBounds(const Hello& h) {
+  FUZZ_CHECK(h.version == kWireVersion);
+  FUZZ_CHECK(h.flags == 0);
+  FUZZ_CHECK(h.recv_credits >= kMinCredits && h.recv_credits <= kMaxCredits);
+  FUZZ_CHECK(h.recv_size >= FrameHeader::kSize);
+  FUZZ_CHECK(h.arena_size % kArenaAlign == 0);
+  FUZZ_CHECK(h.arena_size <= kMaxArenaSize);
+  FUZZ_CHECK(h.arena_size == 0 || h.arena_addr <= UINT64_MAX - h.arena_size);
+}
+
+}  // namespace
+}  // namespace zrpc::transport
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace zrpc::transport;  // NOLINT(build/namespaces): one function, many names
+  const absl::StatusOr<Hello> hello = DecodeHello(absl::MakeConstSpan(data, size));
+  FUZZ_CHECK(hello.ok() == Acceptable(data, size));
+  if (!hello.ok()) {
+    FUZZ_CHECK(hello.status().code() == absl::StatusCode::kFailedPrecondition);
+    FUZZ_CHECK(absl::StartsWith(hello.status().message(), "zrpc handshake: "));
+  } else {
+    CheckBounds(*hello);
+    uint8_t encoded[Hello::kSize];
+    EncodeHello(*hello, encoded);
+    FUZZ_CHECK(std::memcmp(encoded, data, Hello::kSize) == 0);
+  }
+  if (size > Hello::kSize) {
+    const absl::StatusOr<Hello> first = DecodeHello(absl::MakeConstSpan(data, Hello::kSize));
+    FUZZ_CHECK(first.ok() == hello.ok());
+    FUZZ_CHECK(!first.ok() || *first == *hello);
+  }
+  return 0;
+}
