@@ -1,8 +1,10 @@
 #include "rpc/channel.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -16,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "rpc/client_connection.h"
+#include "rpc/monotonic.h"
 #include "rpc/rpc_header.h"
 #include "rpc/shared_device.h"
 #include "rpc/staging.h"
@@ -131,9 +134,12 @@ class ChannelCore final : public ClientConnectionOwner {
 
   // The deadline timer: sleeps until wake_at_ (ns since the epoch; INT64_MAX: no deadline) or
   // until a call with an earlier deadline starts.
-  absl::Mutex timer_mu_;
-  absl::CondVar timer_cv_;
-  bool timer_stop_ ABSL_GUARDED_BY(timer_mu_) = false;
+  // std:: primitives, not Abseil's: Abseil's timed waits end at an absolute time on the wall
+  // clock, so a step back would stall every deadline and keepalive by as much; a
+  // std::condition_variable waits on the steady clock.
+  std::mutex timer_mu_;
+  std::condition_variable timer_cv_;
+  bool timer_stop_ = false;  // under timer_mu_
   std::atomic<int64_t> wake_at_{std::numeric_limits<int64_t>::max()};
   std::thread timer_;
 
@@ -172,10 +178,10 @@ absl::Status ChannelCore::Init() {
 ChannelCore::~ChannelCore() {
   if (timer_.joinable()) {
     {
-      absl::MutexLock lock(&timer_mu_);
+      std::lock_guard<std::mutex> lock(timer_mu_);
       timer_stop_ = true;
     }
-    timer_cv_.Signal();
+    timer_cv_.notify_one();
     timer_.join();
   }
   std::vector<std::shared_ptr<ClientConnection>> live;
@@ -239,7 +245,7 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
     }
     if (usable()) return sub.current;
   }
-  absl::Time now = absl::Now();
+  const absl::Time now = MonotonicNow();  // next_attempt is monotonic; `deadline` is the API's
   if (now < sub.next_attempt) {
     return absl::UnavailableError(absl::StrCat(
         "not connected to ", target_, " (", sub.last_error.message(), "); next attempt in ",
@@ -252,7 +258,7 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
         "not connected to ", target_, "; a callback on a runtime thread (poller or timer) does "
         "not connect: call from another thread, or Connect() first"));
   }
-  const absl::Duration timeout = std::min(options_.connect_timeout, deadline - now);
+  const absl::Duration timeout = std::min(options_.connect_timeout, deadline - absl::Now());
   if (timeout <= absl::ZeroDuration()) {
     return absl::DeadlineExceededError(
         absl::StrCat("the deadline passed before a connection to ", target_, " was made"));
@@ -282,7 +288,7 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
       absl::MutexLock random_lock(&random_mu_);
       jitter = std::uniform_real_distribution<double>(0.5, 1.0)(random_);
     }
-    sub.next_attempt = absl::Now() + sub.backoff * jitter;
+    sub.next_attempt = MonotonicNow() + sub.backoff * jitter;
     sub.last_error = made.status();
     return absl::UnavailableError(
         absl::StrCat("cannot connect to ", target_, ": ", made.status().message()));
@@ -311,10 +317,10 @@ void ChannelCore::DeadlineAdded(absl::Time deadline) {
   const int64_t at = absl::ToUnixNanos(deadline);
   // The timer already wakes by then: nothing to do (the common case, one atomic load).
   if (at >= wake_at_.load(std::memory_order_acquire)) return;
-  absl::MutexLock lock(&timer_mu_);
+  std::lock_guard<std::mutex> lock(timer_mu_);
   if (at < wake_at_.load(std::memory_order_relaxed)) {
     wake_at_.store(at, std::memory_order_release);
-    timer_cv_.Signal();
+    timer_cv_.notify_one();
   }
 }
 
@@ -322,23 +328,24 @@ void ChannelCore::TimerLoop() {
   on_timer_thread = true;
   constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
   const bool keepalive = options_.keepalive_interval > absl::ZeroDuration();
-  absl::Time next_keepalive = absl::Now() + options_.keepalive_interval;
+  // Every time here is monotonic (monotonic.h), like the deadlines in the tables.
+  absl::Time next_keepalive = MonotonicNow() + options_.keepalive_interval;
   for (;;) {
     bool keepalive_due = false;
     {
-      absl::MutexLock lock(&timer_mu_);
+      std::unique_lock<std::mutex> lock(timer_mu_);
       for (;;) {
         if (timer_stop_) return;
         const int64_t at = wake_at_.load(std::memory_order_acquire);
-        const absl::Time now = absl::Now();
+        const absl::Time now = MonotonicNow();
         keepalive_due = keepalive && now >= next_keepalive;
         if (keepalive_due || (at != kNever && absl::ToUnixNanos(now) >= at)) break;
         absl::Time wake = at == kNever ? absl::InfiniteFuture() : absl::FromUnixNanos(at);
         if (keepalive) wake = std::min(wake, next_keepalive);
         if (wake == absl::InfiniteFuture()) {
-          timer_cv_.Wait(&timer_mu_);
+          timer_cv_.wait(lock);
         } else {
-          timer_cv_.WaitWithDeadline(&timer_mu_, wake);
+          timer_cv_.wait_for(lock, absl::ToChronoNanoseconds(wake - now));
         }
       }
       // "Never" until this pass says otherwise: a call starting during the pass sees it, and
@@ -351,7 +358,7 @@ void ChannelCore::TimerLoop() {
       absl::MutexLock lock(&mu_);
       live = live_;
     }
-    const absl::Time now = absl::Now();
+    const absl::Time now = MonotonicNow();
     absl::Time next = absl::InfiniteFuture();
     for (auto& connection : live) {
       expired_.fetch_add(connection->Expire(now), std::memory_order_relaxed);

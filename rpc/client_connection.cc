@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/monotonic.h"
 #include "rpc/rpc_header.h"
 
 namespace zrpc::internal {
@@ -14,7 +15,7 @@ namespace zrpc::internal {
 const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false};
 
 void ClientCall::End(absl::Status status) {
-  if (metrics != nullptr) metrics->OnFinish(status.code(), absl::Now() - start);
+  if (metrics != nullptr) metrics->OnFinish(status.code(), MonotonicNow() - start);
   done(std::move(status));
 }
 
@@ -28,7 +29,8 @@ void ClientConnection::Attach(std::shared_ptr<transport::Connection> connection)
 void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& buffer,
                              size_t body_size, OutgoingBulk bulk, ClientCall call,
                              const CallOptions& options) {
-  const absl::Time now = absl::Now();
+  // From here on the call's times are monotonic (monotonic.h): its deadline is converted once.
+  const absl::Time now = MonotonicNow();
   call.start = now;
   if (call.metrics != nullptr) {
     call.metrics->OnStart();
@@ -40,7 +42,7 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
     bulk.Reset();  // before done: the caller may reuse the bytes once it runs
     call.End(std::move(status));
   };
-  const absl::Time deadline = options.deadline;
+  const absl::Time deadline = ToMonotonic(options.deadline, now);
   if (deadline <= now) {
     return fail(absl::DeadlineExceededError(
         absl::StrCat(call.method->full_name, ": the deadline passed before the call was sent")));
@@ -57,9 +59,10 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
         absl::StrCat(method_name, ": ", id.status().message(), " (max_calls_per_connection)")));
   }
   if (deadline != absl::InfiniteFuture()) owner_.DeadlineAdded(deadline);
-  const RpcHeader header =
-      RpcHeader::Request(service_id, method_index, *id, TimeoutToWire(deadline, now));
-  absl::Status sent = SendMessage(*connection_, buffer, header, body_size, std::move(bulk));
+  // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
+  absl::Status sent = SendMessage(*connection_, buffer,
+                                  RpcHeader::Request(service_id, method_index, *id, 0), body_size,
+                                  std::move(bulk), deadline);
   if (sent.ok()) {
     if (options.cancellation != nullptr) {
       // A stale id makes a late Cancel() harmless: the call may end (and its slot be reused by
@@ -216,6 +219,16 @@ void ClientConnection::Complete(transport::Connection& connection, IncomingMessa
   Discard(connection, message);
   if (violation) Violation(connection, status.message());
   call.End(std::move(status));
+}
+
+void ClientConnection::OnDeferredFailed(transport::Connection&, const RpcHeader& header,
+                                        const absl::Status& status) {
+  // A request whose payload waited for this connection's staging quota could not go when its
+  // turn came: its call ends here (unless its deadline or a cancel ended it first).
+  if (std::optional<ClientCall> call = calls_.Take(header.call_id)) {
+    call->End(absl::Status(status.code(),
+                           absl::StrCat(call->method->full_name, ": ", status.message())));
+  }
 }
 
 void ClientConnection::OnClosed(transport::Connection& connection, const absl::Status& why) {

@@ -123,6 +123,8 @@ class ClientConnection final : public RpcConnection,
   void OnMessage(transport::Connection& connection,
                  const transport::ReceivedMessage& message) override;
   void OnClosed(transport::Connection& connection, const absl::Status& why) override;
+  void OnDeferredFailed(transport::Connection& connection, const RpcHeader& header,
+                        const absl::Status& status) override;
 
  private:
   void Complete(transport::Connection& connection, IncomingMessage& message, ClientCall& call);

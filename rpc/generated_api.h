@@ -37,6 +37,7 @@
 
 #include <atomic>
 #include <cassert>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -166,15 +167,34 @@ struct ServerContext {
 
   // Whether the caller has given up on the call: it cancelled it, its deadline passed, its
   // connection failed, or the server's shutdown grace ran out. A handler doing long work should
-  // check and stop early; whatever it answers then is discarded.
+  // check and stop early; whatever it answers then is discarded. The deadline is read on the
+  // monotonic clock when the runtime set it (SetRemaining): a step of the wall clock does not
+  // move it.
   bool IsCancelled() const {
-    return cancelled_.load(::std::memory_order_relaxed) || ::absl::Now() >= deadline;
+    if (cancelled_.load(::std::memory_order_relaxed)) return true;
+    if (monotonic_deadline_ == kUnset) return ::absl::Now() >= deadline;
+    return ::std::chrono::steady_clock::now() >= monotonic_deadline_;
   }
   // For the runtime: marks the call given up. Any thread.
   void Cancel() { cancelled_.store(true, ::std::memory_order_relaxed); }
+  // For the runtime: the call has `remaining` left (InfiniteDuration: no deadline). Sets
+  // `deadline` and the monotonic deadline IsCancelled reads.
+  void SetRemaining(::absl::Duration remaining) {
+    if (remaining == ::absl::InfiniteDuration()) {
+      deadline = ::absl::InfiniteFuture();
+      monotonic_deadline_ = ::std::chrono::steady_clock::time_point::max();
+      return;
+    }
+    deadline = ::absl::Now() + remaining;
+    monotonic_deadline_ = ::std::chrono::steady_clock::now() +
+                          ::std::chrono::duration_cast<::std::chrono::steady_clock::duration>(
+                              ::absl::ToChronoNanoseconds(remaining));
+  }
 
  private:
+  static constexpr ::std::chrono::steady_clock::time_point kUnset{};
   ::std::atomic<bool> cancelled_{false};
+  ::std::chrono::steady_clock::time_point monotonic_deadline_ = kUnset;
 };
 
 // The server side of one call in flight, implemented by the runtime.

@@ -12,21 +12,48 @@ HandlerPool::HandlerPool(int threads) {
 
 HandlerPool::~HandlerPool() { Shutdown(); }
 
-void HandlerPool::Submit(PoolTask* task) {
+void HandlerPool::Submit(PoolQueue& queue, PoolTask* task) {
   {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
       task->next_ = nullptr;
-      if (tail_ != nullptr) {
-        tail_->next_ = task;
+      const bool was_empty = queue.head_ == nullptr;
+      if (was_empty) {
+        queue.head_ = task;
       } else {
-        head_ = task;
+        queue.tail_->next_ = task;
       }
-      tail_ = task;
+      queue.tail_ = task;
+      if (was_empty) PushReadyLocked(&queue);  // its turn comes after the queues waiting
       return;
     }
   }
   task->Run();
+}
+
+PoolTask* HandlerPool::TakeLocked() {
+  PoolQueue* queue = ready_head_;
+  if (queue == nullptr) return nullptr;
+  ready_head_ = queue->next_ready_;
+  if (ready_head_ == nullptr) ready_tail_ = nullptr;
+  PoolTask* task = queue->head_;
+  queue->head_ = task->next_;
+  if (queue->head_ == nullptr) {
+    queue->tail_ = nullptr;  // out of the ring until its next task
+  } else {
+    PushReadyLocked(queue);  // more to do: back of the ring
+  }
+  return task;
+}
+
+void HandlerPool::PushReadyLocked(PoolQueue* queue) {
+  queue->next_ready_ = nullptr;
+  if (ready_tail_ != nullptr) {
+    ready_tail_->next_ready_ = queue;
+  } else {
+    ready_head_ = queue;
+  }
+  ready_tail_ = queue;
 }
 
 void HandlerPool::Shutdown() {
@@ -46,13 +73,11 @@ void HandlerPool::Loop() {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
           +[](HandlerPool* pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return pool->head_ != nullptr || pool->stopping_;
+            return pool->ready_head_ != nullptr || pool->stopping_;
           },
           this));
-      if (head_ == nullptr) return;  // stopping, and everything queued has run
-      task = head_;
-      head_ = task->next_;
-      if (head_ == nullptr) tail_ = nullptr;
+      task = TakeLocked();
+      if (task == nullptr) return;  // stopping, and everything queued has run
     }
     task->Run();
   }

@@ -6,12 +6,15 @@
 // exactly this (runtime-anchors.md). So handlers run here by default; a method whose handler is
 // short and never blocks can opt into running inline (ServerOptions, per method).
 //
-// Shape. A fixed number of threads take tasks from one FIFO (a mutex and a condition variable).
-// Tasks are intrusive (the server's call object is the task), so queueing allocates nothing.
-// One queue for all threads keeps the order calls arrived in and balances load without work
-// stealing; with a few threads and tasks that each take microseconds or more, the lock is not
-// the bottleneck. Shutdown runs every queued task first (a queued call must still be answered),
-// then joins the threads.
+// Shape. A fixed number of threads serve one queue per connection (PoolQueue), round robin:
+// each turn takes one task from the queue at the head of the ready ring and puts that queue
+// back at the tail if it has more. A client that floods the server with calls thus waits for
+// its own, and another client's call waits for at most one task of each connection queued
+// ahead of it, not for the whole flood (one FIFO for all let one connection's burst delay every
+// other client by the burst's length). Within a connection, calls run in the order they
+// arrived. Tasks and queues are intrusive (the call object is the task, the connection owns its
+// queue), so queueing allocates nothing; one mutex guards the ring. Shutdown runs every queued
+// task first (a queued call must still be answered), then joins the threads.
 #ifndef ZRPC_RPC_HANDLER_POOL_H_
 #define ZRPC_RPC_HANDLER_POOL_H_
 
@@ -36,6 +39,16 @@ class PoolTask {
   PoolTask* next_ = nullptr;
 };
 
+// The tasks of one connection. Must outlive its queued tasks (the connection does: its calls
+// hold it). Touched only by the pool, under the pool's lock.
+class PoolQueue {
+ private:
+  friend class HandlerPool;
+  PoolTask* head_ = nullptr;
+  PoolTask* tail_ = nullptr;
+  PoolQueue* next_ready_ = nullptr;  // in the pool's ring of queues with tasks
+};
+
 class HandlerPool {
  public:
   // Starts `threads` (at least 1) threads.
@@ -45,8 +58,9 @@ class HandlerPool {
   HandlerPool(const HandlerPool&) = delete;
   HandlerPool& operator=(const HandlerPool&) = delete;
 
-  // Queues `task` to run on a pool thread. After Shutdown, runs it on the caller's thread.
-  void Submit(PoolTask* task);
+  // Queues `task` on `queue` to run on a pool thread. After Shutdown, runs it on the caller's
+  // thread.
+  void Submit(PoolQueue& queue, PoolTask* task);
   // Runs what is queued, then stops and joins the threads. Idempotent.
   void Shutdown();
 
@@ -54,10 +68,15 @@ class HandlerPool {
 
  private:
   void Loop();
+  // Takes the next task, round robin over the queues; null when none.
+  PoolTask* TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts `queue` at the back of the ring.
+  void PushReadyLocked(PoolQueue* queue) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
-  PoolTask* head_ ABSL_GUARDED_BY(mu_) = nullptr;
-  PoolTask* tail_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Queues with tasks, in turn order.
+  PoolQueue* ready_head_ ABSL_GUARDED_BY(mu_) = nullptr;
+  PoolQueue* ready_tail_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };

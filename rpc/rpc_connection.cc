@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/monotonic.h"
 
 namespace zrpc::internal {
 namespace {
@@ -51,10 +52,20 @@ void RpcConnection::OnBulk(transport::Connection& connection,
   unpaired_ = bulk;
 }
 
-void RpcConnection::OnSendDone(transport::Connection&, uint64_t token, const absl::Status&) {
+void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token,
+                               const absl::Status&) {
   // Messages carry token 0; a bulk WRITE carries its staging buffer, free once the NIC is done
   // with it (completed or flushed: either way it reads no more).
-  if (token != 0) staging_.Release(reinterpret_cast<StagingPool::Buffer*>(token));
+  if (token == 0) return;
+  auto* staged = reinterpret_cast<StagingPool::Buffer*>(token);
+  const size_t capacity = staged->capacity;
+  staging_.Release(staged);
+  {
+    absl::MutexLock lock(&quota_mu_);
+    staged_ -= capacity;
+    if (deferred_.empty()) return;
+  }
+  SendDeferred(connection);
 }
 
 absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& connection,
@@ -108,54 +119,121 @@ void RpcConnection::Discard(transport::Connection& connection, const IncomingMes
 void RpcConnection::DropUnpairedBulk(transport::Connection& connection) {
   if (unpaired_) static_cast<void>(connection.Release(unpaired_->handle));
   unpaired_.reset();
+  std::deque<Deferred> dropped;
+  {
+    absl::MutexLock lock(&quota_mu_);
+    dropped.swap(deferred_);
+  }
+  for (Deferred& d : dropped) {
+    connection.ReleaseSendBuffer(d.buffer);
+    d.bulk.Reset();
+  }
 }
+
+namespace {
+
+// The most staging one connection may hold: its peer's arena, rounded up to a staging buffer,
+// so any payload the peer can take fits when nothing else of the connection is staged.
+size_t StagingQuota(const transport::Connection& connection) {
+  return StagingPool::CapacityFor(std::max<size_t>(connection.peer_arena_size(), 1));
+}
+
+}  // namespace
 
 absl::Status RpcConnection::SendMessage(transport::Connection& connection,
                                         const transport::SendBuffer& buffer, RpcHeader header,
-                                        size_t body_size, OutgoingBulk bulk) {
-  const size_t length = RpcHeader::kSize + body_size;
-  StagingPool::Buffer* staged = nullptr;
+                                        size_t body_size, OutgoingBulk bulk,
+                                        absl::Time deadline) {
   if (!bulk.empty()) {
-    absl::Status refused;
     if (bulk.size() > connection.peer_arena_size()) {
-      refused = absl::InvalidArgumentError(
+      connection.ReleaseSendBuffer(buffer);
+      return absl::InvalidArgumentError(
           absl::StrCat("a ", bulk.size(), "-byte bulk payload exceeds the ",
                        connection.peer_arena_size(), " bytes the peer can receive at once"));
-    } else if (absl::StatusOr<StagingPool::Buffer*> s = staging_.Acquire(bulk.size()); !s.ok()) {
-      refused = s.status();
-    } else {
-      staged = *s;
-      std::memcpy(staged->data, bulk.data(), bulk.size());
     }
-    if (!refused.ok()) {
-      connection.ReleaseSendBuffer(buffer);
-      return refused;
+    const size_t capacity = StagingPool::CapacityFor(bulk.size());
+    {
+      absl::MutexLock lock(&quota_mu_);
+      if (!deferred_.empty() || staged_ + capacity > StagingQuota(connection)) {
+        // Behind this connection's earlier payloads (see the top of rpc_connection.h).
+        deferred_.push_back(Deferred{buffer, header, body_size, std::move(bulk), deadline});
+        return absl::OkStatus();
+      }
+      staged_ += capacity;
     }
-    header.flags |= kRpcFlagBulk;
-    header.bulk_size = static_cast<uint32_t>(bulk.size());
+    return StageAndSend(connection, buffer, header, body_size, std::move(bulk), deadline);
   }
-  const uint32_t bulk_size = header.bulk_size;
+  if (header.kind == RpcKind::kRequest) header.timeout_us = TimeoutToWire(deadline, MonotonicNow());
+  EncodeRpcHeader(header, buffer.data);
+  absl::MutexLock lock(&send_mu_);
+  return connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size), 0);
+}
+
+absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
+                                         const transport::SendBuffer& buffer, RpcHeader header,
+                                         size_t body_size, OutgoingBulk bulk,
+                                         absl::Time deadline) {
+  const size_t capacity = StagingPool::CapacityFor(bulk.size());
+  absl::StatusOr<StagingPool::Buffer*> acquired = staging_.Acquire(bulk.size());
+  if (!acquired.ok()) {
+    {
+      absl::MutexLock lock(&quota_mu_);
+      staged_ -= capacity;
+    }
+    connection.ReleaseSendBuffer(buffer);
+    return acquired.status();
+  }
+  StagingPool::Buffer* staged = *acquired;
+  std::memcpy(staged->data, bulk.data(), bulk.size());
+  header.flags |= kRpcFlagBulk;
+  header.bulk_size = static_cast<uint32_t>(bulk.size());
   bulk.Reset();  // the bytes are in staging memory: the caller may reuse them from here on
+  // A request's remaining time is taken now, after the staging, not when the call began.
+  if (header.kind == RpcKind::kRequest) header.timeout_us = TimeoutToWire(deadline, MonotonicNow());
   EncodeRpcHeader(header, buffer.data);
 
   absl::MutexLock lock(&send_mu_);
-  if (staged != nullptr) {
-    absl::Status written = connection.WriteBulk(
-        transport::BulkSource{staged->data, bulk_size, staged->lkey},
-        reinterpret_cast<uintptr_t>(staged));
-    if (!written.ok()) {
-      staging_.Release(staged);
-      connection.ReleaseSendBuffer(buffer);
-      return written;
+  // From here the staging buffer is the transport's: OnSendDone gives it (and its quota) back,
+  // also when the WRITE fails later or is flushed.
+  absl::Status written = connection.WriteBulk(
+      transport::BulkSource{staged->data, header.bulk_size, staged->lkey},
+      reinterpret_cast<uintptr_t>(staged));
+  if (!written.ok()) {
+    staging_.Release(staged);
+    {
+      absl::MutexLock quota_lock(&quota_mu_);
+      staged_ -= capacity;
     }
+    connection.ReleaseSendBuffer(buffer);
+    return written;
   }
-  absl::Status sent = connection.Send(buffer, static_cast<uint32_t>(length), 0);
-  if (!sent.ok() && staged != nullptr) {
+  absl::Status sent =
+      connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size), 0);
+  if (!sent.ok()) {
     // The payload is posted and its message is not: the peer would pair the payload with the
     // next message. Nothing on this connection can be trusted to pair any more.
     connection.Close();
   }
   return sent;
+}
+
+void RpcConnection::SendDeferred(transport::Connection& connection) {
+  for (;;) {
+    Deferred next;
+    {
+      absl::MutexLock lock(&quota_mu_);
+      if (deferred_.empty()) return;
+      const size_t capacity = StagingPool::CapacityFor(deferred_.front().bulk.size());
+      if (staged_ + capacity > StagingQuota(connection)) return;  // a later completion retries
+      next = std::move(deferred_.front());
+      deferred_.pop_front();
+      staged_ += capacity;
+    }
+    const RpcHeader header = next.header;
+    absl::Status sent = StageAndSend(connection, next.buffer, next.header, next.body_size,
+                                     std::move(next.bulk), next.deadline);
+    if (!sent.ok() && connection.open()) OnDeferredFailed(connection, header, sent);
+  }
 }
 
 absl::Status RpcConnection::SendHeaderOnly(transport::Connection& connection,

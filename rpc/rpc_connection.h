@@ -17,6 +17,16 @@
 // it is what keeps every other message out of a pair, and it is uncontended when one thread
 // drives a connection.
 //
+// Staging per connection. The staging pool is shared by every connection of a server (or
+// channel), and a staged payload is held until its WRITE completes, which waits for the peer's
+// arena: a peer that holds or slowly releases payloads would pin staging until every other
+// connection's payloads were refused. So a connection stages at most what its peer's arena holds
+// (rounded up to a staging buffer); a message whose payload does not fit that quota waits, in
+// order, in the connection's deferred list, unstaged (the caller's bytes stay in the
+// OutgoingBulk), and goes out when the connection's earlier payloads complete. Back-pressure
+// lands on the slow peer's own calls; the rest are served. A deferred message that later cannot
+// go fails its call through OnDeferredFailed (the subclass answers or ends the call).
+//
 // Received payloads given to users are IncomingBulk whose releaser is ReceiveReleaser: the token
 // is a small heap record holding the Connection (shared), so a payload released after the
 // connection failed, or after the handler went away, still finds its arena.
@@ -25,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -102,8 +113,12 @@ class RpcConnection : public transport::ConnectionHandler {
   // `bulk` beside it (released here, on every path; its size goes into the header). Errors:
   // kInvalidArgument for a payload larger than the peer's arena; kResourceExhausted when no
   // staging memory is free; kUnavailable when the connection is closed or failing.
+  // A request's `deadline` (monotonic.h; InfiniteFuture for none) becomes its header's remaining
+  // time at the last moment, after the payload is staged, so the server's deadline is not late
+  // by the staging. (Time spent waiting for credits in the transport is not subtracted.)
   absl::Status SendMessage(transport::Connection& connection, const transport::SendBuffer& buffer,
-                           RpcHeader header, size_t body_size, OutgoingBulk bulk);
+                           RpcHeader header, size_t body_size, OutgoingBulk bulk,
+                           absl::Time deadline = absl::InfiniteFuture());
 
   // A message with only a header (cancel) or an error with its status; takes a send buffer of
   // its own. kResourceExhausted when none is free.
@@ -112,6 +127,11 @@ class RpcConnection : public transport::ConnectionHandler {
                          const absl::Status& status);
 
   uint64_t violations() const { return violations_.load(std::memory_order_relaxed); }
+  // Messages waiting for this connection's staging quota (see the top of this file).
+  size_t deferred() {
+    absl::MutexLock lock(&quota_mu_);
+    return deferred_.size();
+  }
 
  protected:
   // Decodes `message` and pairs its payload; on a protocol violation closes the connection and
@@ -122,8 +142,12 @@ class RpcConnection : public transport::ConnectionHandler {
   void Violation(transport::Connection& connection, absl::string_view what);
   // Gives back what arrived with a message nobody will use.
   static void Discard(transport::Connection& connection, const IncomingMessage& message);
-  // Gives back a payload still waiting for its message (on close).
+  // Gives back a payload still waiting for its message, and the messages still deferred (on
+  // close): their calls fail with the connection.
   void DropUnpairedBulk(transport::Connection& connection);
+  // A deferred message (its header) could not be sent when its turn came: the call must hear.
+  virtual void OnDeferredFailed(transport::Connection& connection, const RpcHeader& header,
+                                const absl::Status& status) = 0;
 
  private:
   friend class ReceiveReleaser;
@@ -133,7 +157,26 @@ class RpcConnection : public transport::ConnectionHandler {
   const std::shared_ptr<transport::Poller> poller_;
   // The payload waiting for its message; only the poller thread touches it.
   std::optional<transport::ReceivedBulk> unpaired_;
+  // A message whose payload waits for the staging quota.
+  struct Deferred {
+    transport::SendBuffer buffer;
+    RpcHeader header;
+    size_t body_size;
+    OutgoingBulk bulk;
+    absl::Time deadline;
+  };
+  // Stages `bulk` (its quota already taken), then posts it and its message. Errors as
+  // SendMessage's; the quota is given back on failure.
+  absl::Status StageAndSend(transport::Connection& connection,
+                            const transport::SendBuffer& buffer, RpcHeader header,
+                            size_t body_size, OutgoingBulk bulk, absl::Time deadline);
+  // Sends the deferred messages whose payloads fit the quota now, in order.
+  void SendDeferred(transport::Connection& connection);
+
   absl::Mutex send_mu_;
+  absl::Mutex quota_mu_;
+  size_t staged_ ABSL_GUARDED_BY(quota_mu_) = 0;  // staging capacity held by this connection
+  std::deque<Deferred> deferred_ ABSL_GUARDED_BY(quota_mu_);
   std::atomic<uint64_t> violations_{0};
 };
 

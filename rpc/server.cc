@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "rpc/monotonic.h"
 #include "rpc/rpc_header.h"
 #include "rpc/server_core.h"
 #include "rpc/shared_device.h"
@@ -25,6 +26,9 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
   ServerOptions adjusted = options;
   transport::ConnectionOptions& connection = adjusted.listener.connection;
   connection.min_message_size = std::max(connection.min_message_size, kMinRpcMessage);
+  // Every call a connection may hold (one per receive credit) can hold its answer too, plus
+  // errors and keepalive answers: fewer send slots would make answers fail instead of wait.
+  connection.max_send_slots = std::max(connection.max_send_slots, connection.recv_credits + 4);
   std::unique_ptr<ServerCore> core(new ServerCore(adjusted));
   absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options.device, options.slots);
   if (!device.ok()) return device.status();
@@ -40,6 +44,17 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
     core->pollers_.push_back(*std::move(poller));
   }
   core->pool_ = std::make_unique<HandlerPool>(options.handler_threads);
+  // Admission within what the pollers can hold: a connection refused at the door ("server
+  // full") is better than one accepted and then refused its completion-queue entries, and no
+  // single address may take every place.
+  transport::ListenerOptions& listener = core->options_.listener;
+  uint64_t capacity = 0;
+  const uint32_t per_connection = transport::CqEntriesFor(listener.connection);
+  for (const auto& poller : core->pollers_) capacity += poller->cq_capacity() / per_connection;
+  listener.max_connections = static_cast<uint32_t>(
+      std::max<uint64_t>(1, std::min<uint64_t>(listener.max_connections, capacity)));
+  listener.max_connections_per_peer = std::max<uint32_t>(
+      1, std::min(listener.max_connections_per_peer, listener.max_connections / 2));
   return core;
 }
 
@@ -105,7 +120,39 @@ absl::Status ServerCore::Start() {
   listener_ = *std::move(listener);
   port_ = listener_->port();
   started_ = true;
+  if (options_.idle_timeout > absl::ZeroDuration() ||
+      options_.liveness_probe_interval > absl::ZeroDuration()) {
+    sweeper_ = std::thread([this] { SweepLoop(); });
+  }
   return absl::OkStatus();
+}
+
+void ServerCore::SweepLoop() {
+  // A pass at least every second, and often enough for short settings (tests).
+  absl::Duration period = absl::Seconds(1);
+  if (options_.idle_timeout > absl::ZeroDuration()) {
+    period = std::min(period, options_.idle_timeout / 4);
+  }
+  if (options_.liveness_probe_interval > absl::ZeroDuration()) {
+    period = std::min(period, options_.liveness_probe_interval / 2);
+  }
+  period = std::max(period, absl::Milliseconds(10));
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(sweep_mu_);
+      sweep_cv_.wait_for(lock, absl::ToChronoNanoseconds(period), [this] { return sweep_stop_; });
+      if (sweep_stop_) return;
+    }
+    std::vector<std::shared_ptr<ServerConnection>> open;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [handler, connection] : connections_) open.push_back(connection);
+    }
+    const absl::Time now = MonotonicNow();
+    for (auto& connection : open) {
+      connection->SweepPass(now, options_.idle_timeout, options_.liveness_probe_interval);
+    }
+  }
 }
 
 absl::StatusOr<transport::Placement> ServerCore::Place(const std::string&) {
@@ -173,17 +220,25 @@ void ServerCore::CallDone() {
 void ServerCore::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
-  const absl::Time grace_end = absl::Now() + grace;
+  const absl::Time grace_end = MonotonicNow() + grace;  // monotonic.h, like every time below
   draining_.store(true, std::memory_order_release);
+  if (sweeper_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(sweep_mu_);
+      sweep_stop_ = true;
+    }
+    sweep_cv_.notify_one();
+    sweeper_.join();
+  }
   listener_.reset();  // no new connections; unfinished handshakes are dropped
 
   // Waits under mu_ until `done` or `deadline`, looking again at least every 10 ms: a count
   // may reach zero without a wake-up (CallDone).
   auto wait = [this](bool (*done)(ServerCore*), absl::Time deadline)
                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    while (!done(this) && absl::Now() < deadline) {
+    while (!done(this) && MonotonicNow() < deadline) {
       mu_.AwaitWithTimeout(absl::Condition(done, this),
-                           std::min(absl::Milliseconds(10), deadline - absl::Now()));
+                           std::min(absl::Milliseconds(10), deadline - MonotonicNow()));
     }
   };
   auto no_calls_left = +[](ServerCore* core) {
@@ -204,9 +259,9 @@ void ServerCore::Shutdown(absl::Duration grace) {
   // kAnswerFlush (so answers given past the grace go out too); a client that stops returning
   // credits costs that much and no more.
   constexpr absl::Duration kAnswerFlush = absl::Milliseconds(500);
-  const absl::Time flush_end = std::max(grace_end, absl::Now() + kAnswerFlush);
+  const absl::Time flush_end = std::max(grace_end, MonotonicNow() + kAnswerFlush);
   for (auto& connection : open) {
-    while (!connection->SendsDrained() && absl::Now() < flush_end) {
+    while (!connection->SendsDrained() && MonotonicNow() < flush_end) {
       absl::SleepFor(absl::Microseconds(200));
     }
   }
@@ -221,7 +276,7 @@ void ServerCore::Shutdown(absl::Duration grace) {
     auto all_closed = +[](ServerCore* core) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       return core->connections_.empty();
     };
-    wait(all_closed, absl::Now() + absl::Seconds(5));
+    wait(all_closed, MonotonicNow() + absl::Seconds(5));
   }
   pool_->Shutdown();
   // Closes and drains what is still registered; a payload a user still holds keeps its poller
@@ -251,6 +306,10 @@ ServerStats ServerCore::stats() const {
   stats.protocol_violations = closed_violations_.load(std::memory_order_relaxed);
   stats.cancels_received = cancels_.load(std::memory_order_relaxed);
   stats.keepalives_answered = keepalives_.load(std::memory_order_relaxed);
+  stats.calls_skipped = skipped_.load(std::memory_order_relaxed);
+  stats.answers_dropped = answers_dropped_.load(std::memory_order_relaxed);
+  stats.connections_idle_closed = idle_closed_.load(std::memory_order_relaxed);
+  stats.liveness_probes = probes_.load(std::memory_order_relaxed);
   return stats;
 }
 

@@ -67,14 +67,28 @@ struct ServerOptions {
   // Run every method inline on the poller thread unless overridden (SetInline).
   bool inline_by_default = false;
   // Accepting: handshake deadline, admission limits, and every connection's options (its
-  // arena_size bounds the largest request payload a client can send).
+  // arena_size bounds the largest request payload a client can send). The admission limits are
+  // lowered to what the pollers' completion queues can hold (CqEntriesFor each connection), and
+  // max_connections_per_peer to half of that, so that one address can never fill the server.
   transport::ListenerOptions listener;
   // The device's registered message slots, shared with other servers and channels of the
   // process that ask for the same: slot_size bounds the largest message (request or response,
   // 40 bytes of headers included) and must match the clients'.
   transport::SlotPoolOptions slots;
-  // Registered memory for staging response payloads (rpc/staging.h).
+  // Registered memory for staging response payloads (rpc/staging.h). One connection stages at
+  // most what its client's arena holds; answers beyond wait for that connection's earlier ones.
   size_t staging_bytes = size_t{64} << 20;
+  // Liveness, checked every second or so by a thread of the server's:
+  //  - a connection that holds no calls and received nothing for idle_timeout is closed (its
+  //    slots, arena and admission place go back): a peer that went away without a word, or
+  //    never said anything. A zrpc client with keepalives on is never idle (its pings count);
+  //    one with them off reconnects on its next call. Zero: never.
+  //  - a connection that holds calls and received nothing for liveness_probe_interval has its
+  //    client's NIC probed (a zero-length RDMA WRITE, no credit): a client host that vanished
+  //    fails the probe after the transport's retries, the connection fails, and its calls are
+  //    marked cancelled (ServerContext::IsCancelled) instead of running for nobody. Zero: never.
+  absl::Duration idle_timeout = absl::Minutes(5);
+  absl::Duration liveness_probe_interval = absl::Seconds(2);
 };
 
 struct ServerStats {
@@ -86,6 +100,14 @@ struct ServerStats {
   uint64_t protocol_violations = 0;  // connections closed for breaking the protocol
   uint64_t cancels_received = 0;
   uint64_t keepalives_answered = 0;
+  // Calls whose caller gave up (deadline passed, cancelled, connection gone) while they waited
+  // for a handler thread: ended without running the handler.
+  uint64_t calls_skipped = 0;
+  // Answers not sent because the caller had given up by the time the handler finished (no
+  // payload staged or written for them).
+  uint64_t answers_dropped = 0;
+  uint64_t connections_idle_closed = 0;  // closed after idle_timeout without a word
+  uint64_t liveness_probes = 0;          // probes of silent clients that hold calls
 };
 
 class Server {

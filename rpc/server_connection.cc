@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "rpc/monotonic.h"
 #include "rpc/server_core.h"
 
 namespace zrpc::internal {
@@ -13,18 +14,38 @@ ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
                                std::shared_ptr<transport::Connection> connection,
                                Service* service, const MethodInfo& method,
                                MethodMetrics& metrics, const IncomingMessage& request,
-                               absl::Time now)
+                               absl::Time monotonic_now)
     : owner_(std::move(owner)),
       connection_(std::move(connection)),
       service_(service),
       method_(method),
       metrics_(metrics),
-      start_(now),
+      start_(monotonic_now),
       request_(request) {
-  context_.deadline = DeadlineFromWire(request.header.timeout_us, now);
+  const uint64_t timeout_us = request.header.timeout_us;  // 0: none (WIRE.md)
+  const absl::Duration remaining = timeout_us == 0 || timeout_us > uint64_t{INT64_MAX}
+                                       ? absl::InfiniteDuration()
+                                       : absl::Microseconds(static_cast<int64_t>(timeout_us));
+  context_.SetRemaining(remaining);
+  deadline_ = monotonic_now + remaining;
   metrics_.OnStart();
   metrics_.AddMessageBytes(0, request.body.size());
   metrics_.AddBulkBytes(0, request.bulk ? request.bulk->size : 0);
+}
+
+void ServerCallImpl::Run() {
+  if (context_.IsCancelled()) {
+    const bool late = MonotonicNow() >= deadline_;
+    owner_->core().CountSkipped();
+    Finish(late ? absl::DeadlineExceededError(absl::StrCat(
+                      method_.full_name, ": the deadline passed before the handler ran"))
+                : absl::CancelledError(absl::StrCat(
+                      method_.full_name, ": given up before the handler ran")),
+           nullptr, OutgoingBulk());
+    return;
+  }
+  handler_ran_ = true;
+  service_->Dispatch(method_.index, this);
 }
 
 IncomingBulk ServerCallImpl::TakeRequestBulk() {
@@ -54,7 +75,7 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
   } else {
     response_bulk.Reset();  // answered already (Shutdown): this answer is discarded
   }
-  metrics_.OnFinish(code, absl::Now() - start_);
+  metrics_.OnFinish(code, MonotonicNow() - start_);
   if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
   static_cast<void>(connection_->Release(request_.handle));
   if (request_.bulk) static_cast<void>(connection_->Release(request_.bulk->handle));
@@ -66,6 +87,15 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
 
 absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* response,
                                           OutgoingBulk response_bulk) {
+  if (context_.IsCancelled()) {
+    // Nobody waits for this answer (the client's deadline passed or it cancelled, and it sent
+    // a cancel or will drop the answer as late): stage, write and send nothing.
+    response_bulk.Reset();
+    if (handler_ran_) owner_->core().CountAnswerDropped();
+    return MonotonicNow() >= deadline_
+               ? absl::DeadlineExceededError("the caller's deadline passed")
+               : absl::CancelledError("the caller gave up");
+  }
   if (status.ok() && (response == nullptr || !response_buffer_)) {
     status = absl::InternalError(absl::StrCat(method_.full_name,
                                               ": finished OK without a response slot"));
@@ -185,7 +215,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     if (!calls_.contains(header.call_id)) {
       call = new ServerCallImpl(shared_from_this(), connection.shared_from_this(),
                                 entry->service, method, *entry->metrics[method.index], request,
-                                absl::Now());
+                                MonotonicNow());
       calls_.emplace(header.call_id, call);
     }
   }
@@ -199,7 +229,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   if (entry->inline_methods[method.index]) {
     call->Run();
   } else {
-    core_.pool().Submit(call);
+    core_.pool().Submit(pool_queue_, call);
   }
 }
 
@@ -218,6 +248,46 @@ void ServerConnection::Forget(uint64_t call_id) {
   calls_.erase(call_id);
 }
 
+void ServerConnection::OnDeferredFailed(transport::Connection& connection,
+                                        const RpcHeader& header, const absl::Status& status) {
+  // An answer whose payload waited for this connection's staging quota could not go when its
+  // turn came (no staging memory, say): the client hears why instead of waiting.
+  if (!SendError(connection, header.call_id, status).ok()) connection.Close();
+}
+
+void ServerConnection::SweepPass(absl::Time now, absl::Duration idle, absl::Duration probe) {
+  std::shared_ptr<transport::Connection> connection;
+  bool holds_calls;
+  {
+    absl::MutexLock lock(&mu_);
+    connection = connection_;
+    holds_calls = !calls_.empty();
+  }
+  if (connection == nullptr || !connection->open()) return;
+  const transport::ConnectionStats stats = connection->stats();
+  const uint64_t arrivals = stats.messages_received + stats.bulk_received;
+  if (arrivals != arrivals_seen_ || quiet_since_ == absl::InfinitePast()) {
+    arrivals_seen_ = arrivals;
+    quiet_since_ = now;
+    return;
+  }
+  const absl::Duration quiet = now - quiet_since_;
+  if (holds_calls) {
+    if (probe <= absl::ZeroDuration() || quiet < probe || now - last_probe_ < probe) return;
+    last_probe_ = now;
+    core_.CountProbe();
+    static_cast<void>(connection->Probe());
+    return;
+  }
+  if (idle <= absl::ZeroDuration() || quiet < idle) return;
+  core_.CountIdleClosed();  // before the close, which the peer may see at once
+  std::fprintf(stderr,
+               "zrpc server: closing the connection to %s: nothing received for %s and no calls "
+               "(ServerOptions::idle_timeout)\n",
+               connection->peer_address().c_str(), absl::FormatDuration(quiet).c_str());
+  connection->Close();
+}
+
 bool ServerConnection::SendsDrained() {
   std::shared_ptr<transport::Connection> connection;
   {
@@ -225,7 +295,7 @@ bool ServerConnection::SendsDrained() {
     connection = connection_;
   }
   return connection == nullptr || !connection->open() ||
-         connection->stats().sends_outstanding == 0;
+         (deferred() == 0 && connection->stats().sends_outstanding == 0);
 }
 
 void ServerConnection::Close() {

@@ -42,7 +42,7 @@ class ServerCallImpl final : public ServerCall, public PoolTask {
   ServerCallImpl(std::shared_ptr<ServerConnection> owner,
                  std::shared_ptr<transport::Connection> connection, Service* service,
                  const MethodInfo& method, MethodMetrics& metrics, const IncomingMessage& request,
-                 absl::Time now);
+                 absl::Time monotonic_now);  // MonotonicNow() at arrival
 
   ServerContext& context() override { return context_; }
   const uint8_t* request_data() const override { return request_.body.data(); }
@@ -51,8 +51,10 @@ class ServerCallImpl final : public ServerCall, public PoolTask {
   absl::StatusOr<SendSlot> AcquireResponseSlot(size_t size) override;
   void Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) override;
 
-  // PoolTask: runs the handler.
-  void Run() override { service_->Dispatch(method_.index, this); }
+  // PoolTask (and the inline path): runs the handler, unless the caller already gave up (its
+  // deadline passed or it cancelled while the call waited): then the call ends at once with
+  // DEADLINE_EXCEEDED or CANCELLED, and the handler never runs.
+  void Run() override;
 
   // The runtime answers for the handler (Shutdown past its grace); false when it had already
   // answered. The call stays the handler's until its Finish.
@@ -69,11 +71,13 @@ class ServerCallImpl final : public ServerCall, public PoolTask {
   Service* service_;
   const MethodInfo& method_;
   MethodMetrics& metrics_;
-  const absl::Time start_;
+  const absl::Time start_;     // monotonic
+  absl::Time deadline_;        // monotonic; InfiniteFuture for none
   IncomingMessage request_;
   ServerContext context_;
   std::optional<transport::SendBuffer> response_buffer_;
   std::atomic<bool> answered_{false};
+  bool handler_ran_ = false;  // set before Dispatch; read by Finish, which the handler calls
 };
 
 class ServerConnection final : public RpcConnection,
@@ -85,6 +89,8 @@ class ServerConnection final : public RpcConnection,
   void OnMessage(transport::Connection& connection,
                  const transport::ReceivedMessage& message) override;
   void OnClosed(transport::Connection& connection, const absl::Status& why) override;
+  void OnDeferredFailed(transport::Connection& connection, const RpcHeader& header,
+                        const absl::Status& status) override;
 
   // Remembers the connection once accepted (messages may come first: they carry it too), unless
   // it closed already: the reference is dropped at OnClosed, since the connection co-owns this
@@ -99,6 +105,10 @@ class ServerConnection final : public RpcConnection,
   int AnswerAll(const absl::Status& status);
   // A call finished: forget its id.
   void Forget(uint64_t call_id);
+  // One liveness pass (the server's sweeper thread only; ServerOptions; `now` monotonic):
+  // closes the connection when it held no calls and received nothing for `idle`, probes the
+  // client's NIC when it holds calls and received nothing for `probe`. Counted in the stats.
+  void SweepPass(absl::Time now, absl::Duration idle, absl::Duration probe);
 
   ServerCore& core() { return core_; }
 
@@ -107,6 +117,12 @@ class ServerConnection final : public RpcConnection,
   void HandleCancel(transport::Connection& connection, const IncomingMessage& cancel);
 
   ServerCore& core_;
+  PoolQueue pool_queue_;  // this connection's turn in the handler pool (handler_pool.h)
+  // Liveness (SweepPass, sweeper thread only; monotonic times): arrivals seen at the last pass,
+  // since when that count has not moved, and the last probe.
+  uint64_t arrivals_seen_ = 0;
+  absl::Time quiet_since_ = absl::InfinitePast();
+  absl::Time last_probe_ = absl::InfinitePast();
   absl::Mutex mu_;
   std::shared_ptr<transport::Connection> connection_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

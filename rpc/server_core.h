@@ -5,6 +5,9 @@
 #define ZRPC_RPC_SERVER_CORE_H_
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -72,11 +75,17 @@ class ServerCore final : public transport::AcceptHandler {
   void CountUnimplemented() { unimplemented_.fetch_add(1, std::memory_order_relaxed); }
   void CountCancel() { cancels_.fetch_add(1, std::memory_order_relaxed); }
   void CountViolation() { closed_violations_.fetch_add(1, std::memory_order_relaxed); }
+  void CountSkipped() { skipped_.fetch_add(1, std::memory_order_relaxed); }
+  void CountIdleClosed() { idle_closed_.fetch_add(1, std::memory_order_relaxed); }
+  void CountProbe() { probes_.fetch_add(1, std::memory_order_relaxed); }
+  void CountAnswerDropped() { answers_dropped_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
   explicit ServerCore(const ServerOptions& options) : options_(options) {}
+  // The liveness thread (ServerOptions::idle_timeout, liveness_probe_interval).
+  void SweepLoop();
 
-  const ServerOptions options_;
+  ServerOptions options_;  // as given, with the limits Create derives; fixed once created
   std::shared_ptr<transport::Device> device_;
   std::unique_ptr<StagingPool> staging_;
   // Shared with received payloads users still hold (rpc_connection.h).
@@ -105,6 +114,16 @@ class ServerCore final : public transport::AcceptHandler {
   std::atomic<uint64_t> cancels_{0};
   std::atomic<uint64_t> keepalives_{0};
   std::atomic<uint64_t> closed_violations_{0};
+  std::atomic<uint64_t> skipped_{0};
+  std::atomic<uint64_t> idle_closed_{0};
+  std::atomic<uint64_t> probes_{0};
+
+  // std:: primitives so the sweep's waits run on the steady clock (monotonic.h).
+  std::mutex sweep_mu_;
+  std::condition_variable sweep_cv_;
+  bool sweep_stop_ = false;  // under sweep_mu_
+  std::thread sweeper_;
+  std::atomic<uint64_t> answers_dropped_{0};
 };
 
 }  // namespace zrpc::internal

@@ -55,6 +55,9 @@ class StagingPool {
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
 
+  // The capacity of the buffer Acquire(size) hands out: what a payload of `size` bytes holds.
+  static size_t CapacityFor(size_t size) { return kMinBuffer << SizeClass(size); }
+
   // A registered buffer of at least `size` (> 0) bytes, held until Release.
   absl::StatusOr<Buffer*> Acquire(size_t size);
   void Release(Buffer* buffer);

@@ -104,6 +104,12 @@ bool IsPeerDisconnect(const absl::Status& why);
 // Completions are requested at least every this many work requests (see the header comment).
 inline constexpr uint32_t kSignalInterval = 16;
 
+// Completion-queue entries a connection with `options` may need at once, which its poller
+// reserves: every send-queue entry and RECV, plus the drain marker and one spare.
+inline uint32_t CqEntriesFor(const ConnectionOptions& options) {
+  return options.send_queue_depth + options.recv_credits + 2;
+}
+
 // A message received by SEND, in a pool slot. Valid until Connection::Release(handle).
 struct ReceivedMessage {
   const uint8_t* data;
@@ -303,9 +309,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return sq_drained_ && recvs_posted_ == 0;
   }
   uint32_t qp_num() const { return qp_num_; }
-  // Completion-queue entries the connection may need at once: every send-queue entry and RECV,
-  // plus the drain marker and one spare. The poller reserves them.
-  uint32_t cq_entries() const { return options_.send_queue_depth + options_.recv_credits + 2; }
+  uint32_t cq_entries() const { return CqEntriesFor(options_); }
 
   Device& device_;
   Poller& poller_;

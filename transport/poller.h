@@ -84,6 +84,9 @@ class Poller {
   int RunOnce(absl::Duration wait);
 
   PollMode mode() const { return options_.mode; }
+  // Entries of its completion queue (cq_size capped at the device's maximum): what bounds the
+  // connections it can serve (CqEntriesFor each).
+  int cq_capacity() const { return cq_capacity_; }
   // Whether the calling thread is running a poller's loop (or RunOnce) now: handlers and the
   // callbacks they run are. Code that would wait for something only a poller can produce (a
   // send slot, a completion) must not wait there: it would wait for itself.

@@ -161,4 +161,57 @@ TEST_CASE("a peer announcing receives too small for the RPC layer is refused at 
   CHECK(reply.message() == "Hello, still here");
 }
 
+// Before: a connection that never said anything kept its receive slots, arena and admission
+// place for as long as the server ran.
+TEST_CASE("silent connections are closed after idle_timeout; keepalive clients and clients "
+          "waiting on calls are not, the latter probed") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ServerOptions server_options;
+  server_options.idle_timeout = absl::Milliseconds(300);
+  server_options.liveness_probe_interval = absl::Milliseconds(200);
+  zrpc::ChannelOptions keepalive_options;
+  keepalive_options.keepalive_interval = absl::Milliseconds(100);
+  Runtime rt(config, server_options, keepalive_options);
+  Greeter::Stub stub(rt.channel.get());
+  HelloRequest request;
+  request.set_name("hello");
+  HelloReply reply;
+  REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+
+  // A peer that connects and never says a word.
+  auto device = zrpc::transport::Device::Open(config);
+  REQUIRE(device.ok());
+  auto poller = zrpc::transport::Poller::Create(**device);
+  REQUIRE(poller.ok());
+  REQUIRE((*poller)->Start().ok());
+  Quiet quiet;
+  auto silent = zrpc::transport::Connection::Connect(**device, **poller, config.addr, rt.port_,
+                                                     &quiet, {}, kLong);
+  REQUIRE(silent.ok());
+  REQUIRE(quiet.closed.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  CHECK(rt.server->stats().connections_idle_closed == 1);
+
+  // A client without keepalives that waits on a long call: probed, not closed.
+  zrpc::ChannelOptions quiet_options;
+  quiet_options.device = config;
+  quiet_options.keepalive_interval = absl::ZeroDuration();
+  auto waiting = zrpc::CreateChannel(rt.target(), quiet_options);
+  REQUIRE(waiting.ok());
+  Greeter::Stub waiting_stub(waiting->get());
+  request.set_name("sleep:1000");
+  absl::Status s = waiting_stub.SayHello(request, &reply, Within(kLong));
+  INFO(s);
+  CHECK(s.ok());
+  CHECK(rt.server->stats().liveness_probes >= 1);
+  CHECK((*waiting)->stats().connections_lost == 0);
+
+  // The keepalive client was never idle.
+  CHECK(rt.channel->stats().connections_lost == 0);
+  request.set_name("still");
+  REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  CHECK(rt.server->stats().connections_idle_closed == 1);
+  silent->reset();
+  (*poller)->Shutdown();
+}
+
 }  // namespace

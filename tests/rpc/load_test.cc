@@ -2,6 +2,7 @@
 // that call again. Each case once failed: the comment above it says how.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <memory>
@@ -23,6 +24,11 @@ using zrpc::testing::Greeter;
 using zrpc::testing::HelloReply;
 using zrpc::testing::HelloRequest;
 using zrpc::testing::kLong;
+using zrpc::testing::ObjectInfo;
+using zrpc::testing::ObjectKey;
+using zrpc::testing::ObjectStore;
+using zrpc::testing::Pattern;
+using zrpc::testing::PutReply;
 using zrpc::testing::Runtime;
 using zrpc::testing::Within;
 
@@ -225,6 +231,177 @@ TEST_CASE("callbacks that each start two more calls with few send slots never bl
   request.set_name("after");
   HelloReply reply;
   REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+}
+
+// Before: a call whose deadline passed while it waited for a handler thread still ran its
+// handler, and an answer finished after the deadline was still staged and sent (to be dropped by
+// the client as late).
+TEST_CASE("calls given up while queued never run their handler; answers nobody waits for are "
+          "not sent") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ServerOptions server_options;
+  server_options.handler_threads = 1;
+  Runtime rt(config, server_options);
+  Greeter::Stub stub(rt.channel.get());
+  HelloRequest warm;
+  warm.set_name("warm");
+  HelloReply warm_reply;
+  REQUIRE(stub.SayHello(warm, &warm_reply, Within(kLong)).ok());
+  REQUIRE(rt.greeter.hellos.load() == 1);
+
+  constexpr int kQueued = 10;
+  std::vector<HelloRequest> requests(kQueued + 1);
+  std::vector<HelloReply> replies(kQueued + 1);
+  std::vector<absl::Status> statuses(kQueued + 1);
+  std::atomic<int> ended{0};
+  // The slow one takes the only thread for 300 ms, past its own 100 ms deadline.
+  requests[0].set_name("sleep:300");
+  stub.AsyncSayHello(requests[0], &replies[0], Within(absl::Milliseconds(100)),
+                     [&](absl::Status s) {
+                       statuses[0] = std::move(s);
+                       ended.fetch_add(1);
+                     });
+  absl::SleepFor(absl::Milliseconds(20));  // it is running
+  for (int i = 1; i <= kQueued; ++i) {
+    requests[i].set_name(absl::StrCat("queued ", i));
+    stub.AsyncSayHello(requests[i], &replies[i], Within(absl::Milliseconds(50)),
+                       [&, i](absl::Status s) {
+                         statuses[i] = std::move(s);
+                         ended.fetch_add(1);
+                       });
+  }
+  const absl::Time until = absl::Now() + kLong;
+  while (ended.load() < kQueued + 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(2));
+  REQUIRE(ended.load() == kQueued + 1);
+  for (int i = 0; i <= kQueued; ++i) {
+    INFO("call " << i << ": " << statuses[i]);
+    CHECK(statuses[i].code() == absl::StatusCode::kDeadlineExceeded);
+  }
+  // Let the server get through its queue, then count.
+  while ((rt.server->stats().calls_skipped < kQueued || rt.server->stats().answers_dropped < 1) &&
+         absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  CHECK(rt.greeter.hellos.load() == 2);  // the warm-up and the slow one; none of the queued
+  CHECK(rt.server->stats().calls_skipped == kQueued);
+  CHECK(rt.server->stats().answers_dropped == 1);  // the slow one's
+  CHECK(rt.channel->stats().late_responses == 0);  // nothing was sent to be dropped
+  REQUIRE(stub.SayHello(warm, &warm_reply, Within(kLong)).ok());
+}
+
+// Before: one FIFO for the whole pool, so a call from a second client waited behind every call
+// the first had queued: 30 x 30 ms here.
+TEST_CASE("a client flooding a one-thread server does not hold another client's calls behind "
+          "its flood") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ServerOptions server_options;
+  server_options.handler_threads = 1;
+  Runtime rt(config, server_options);
+  zrpc::ChannelOptions other_options;
+  other_options.device = config;
+  auto other = zrpc::CreateChannel(rt.target(), other_options);
+  REQUIRE(other.ok());
+  Greeter::Stub flooder(rt.channel.get());
+  Greeter::Stub polite(other->get());
+  HelloRequest request;
+  request.set_name("hi");
+  HelloReply reply;
+  REQUIRE(polite.SayHello(request, &reply, Within(kLong)).ok());  // connected
+
+  constexpr int kFlood = 30;
+  constexpr int kHandlerMs = 30;
+  std::vector<HelloRequest> requests(kFlood);
+  std::vector<HelloReply> replies(kFlood);
+  std::atomic<int> flood_ok{0};
+  std::atomic<int> flood_ended{0};
+  for (int i = 0; i < kFlood; ++i) {
+    requests[i].set_name(absl::StrCat("sleep:", kHandlerMs));
+    flooder.AsyncSayHello(requests[i], &replies[i], Within(kLong), [&](absl::Status s) {
+      if (s.ok()) flood_ok.fetch_add(1);
+      flood_ended.fetch_add(1);
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(3 * kHandlerMs));  // the flood is queued and running
+  absl::Duration worst;
+  for (int i = 0; i < 5; ++i) {
+    const absl::Time start = absl::Now();
+    REQUIRE(polite.SayHello(request, &reply, Within(kLong)).ok());
+    worst = std::max(worst, absl::Now() - start);
+  }
+  INFO("worst polite call " << worst << "; the flood alone takes " << kFlood * kHandlerMs
+                            << " ms");
+  // Round robin: each polite call waits for about one flood call. In one FIFO it would wait
+  // for what is left of the flood, most of 900 ms.
+  CHECK(worst < absl::Milliseconds(kFlood * kHandlerMs / 2));
+  const absl::Time until = absl::Now() + kLong;
+  while (flood_ended.load() < kFlood && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  CHECK(flood_ok.load() == kFlood);
+}
+
+// Before: response payloads were staged into the server-wide pool as soon as each handler
+// finished and held until their WRITE completed, which waits for the client's arena. A client
+// holding one received payload while asking for more pinned staging until every other client's
+// bulk answer failed RESOURCE_EXHAUSTED.
+TEST_CASE("a client that holds its received payloads and keeps asking for more does not starve "
+          "other clients of staging") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  constexpr size_t kPayload = 64 << 10;
+  zrpc::ServerOptions server_options;
+  server_options.staging_bytes = 4 * kPayload;  // four payloads' worth for everyone
+  Runtime rt(config, server_options);
+  zrpc::ChannelOptions hoarder_options;
+  hoarder_options.device = config;
+  hoarder_options.connection.arena_size = kPayload;  // one payload fills it
+  auto hoarder_channel = zrpc::CreateChannel(rt.target(), hoarder_options);
+  REQUIRE(hoarder_channel.ok());
+  ObjectStore::Stub hoarder(hoarder_channel->get());
+  ObjectStore::Stub other(rt.channel.get());
+
+  const std::string object = Pattern(kPayload, 21);
+  ObjectKey key;
+  key.set_name("shared");
+  PutReply put;
+  REQUIRE(other.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put, Within(kLong))
+              .ok());
+  ObjectInfo held_info;
+  zrpc::IncomingBulk held;
+  REQUIRE(hoarder.Get(key, &held_info, &held, Within(kLong)).ok());  // its arena is now full
+
+  // Six more Gets: their answers can only land once `held` is released.
+  constexpr int kAsks = 6;
+  std::vector<ObjectInfo> infos(kAsks);
+  std::vector<zrpc::IncomingBulk> payloads(kAsks);
+  std::vector<absl::Status> statuses(kAsks);
+  std::atomic<int> answered{0};
+  for (int i = 0; i < kAsks; ++i) {
+    hoarder.AsyncGet(key, &infos[i], &payloads[i], Within(kLong), [&, i](absl::Status s) {
+      statuses[i] = std::move(s);
+      if (statuses[i].ok() && payloads[i].view() != object) {
+        statuses[i] = absl::DataLossError("payload differs");
+      }
+      payloads[i].Reset();  // lets the next answer land
+      answered.fetch_add(1);
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(200));  // the server has answered them all by now
+  CHECK(answered.load() == 0);
+  for (int i = 0; i < 5; ++i) {
+    ObjectInfo info;
+    zrpc::IncomingBulk payload;
+    absl::Status s = other.Get(key, &info, &payload, Within(kLong));
+    INFO("other client's Get " << i << ": " << s);
+    REQUIRE(s.ok());
+    CHECK(payload.view() == object);
+  }
+  held.Reset();
+  const absl::Time until = absl::Now() + kLong;
+  while (answered.load() < kAsks && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  REQUIRE(answered.load() == kAsks);
+  for (int i = 0; i < kAsks; ++i) {
+    INFO("hoarder's Get " << i << ": " << statuses[i]);
+    CHECK(statuses[i].ok());
+  }
+  hoarder_channel->reset();
 }
 
 }  // namespace

@@ -43,6 +43,7 @@ class TestGreeter : public Greeter::Service {
  public:
   absl::Status SayHello(zrpc::ServerContext& context, const HelloRequest& request,
                         HelloReply* reply) override {
+    hellos.fetch_add(1);
     {
       absl::MutexLock lock(&mu_);
       last_deadline_ = context.deadline;
@@ -82,6 +83,7 @@ class TestGreeter : public Greeter::Service {
     return say_hello_threads_;
   }
   std::atomic<int> saw_cancelled_{0};
+  std::atomic<int> hellos{0};  // SayHello handlers run
 
  private:
   absl::Mutex mu_;

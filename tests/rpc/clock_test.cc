@@ -1,0 +1,61 @@
+// The runtime's monotonic time (rpc/monotonic.h) and the handler's view of a deadline, on the
+// host: a step of the wall clock moves neither.
+#include <catch2/catch.hpp>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "rpc/generated_api.h"
+#include "rpc/monotonic.h"
+
+namespace {
+
+using zrpc::internal::MonotonicNow;
+using zrpc::internal::ToMonotonic;
+
+TEST_CASE("a wall-clock deadline becomes a monotonic one at the same distance", "[clock]") {
+  const absl::Time wall_now = absl::FromUnixSeconds(1'800'000'000);
+  const absl::Time mono_now = absl::FromUnixSeconds(1'000);
+  CHECK(ToMonotonic(wall_now + absl::Seconds(3), mono_now, wall_now) ==
+        mono_now + absl::Seconds(3));
+  CHECK(ToMonotonic(wall_now - absl::Seconds(3), mono_now, wall_now) ==
+        mono_now - absl::Seconds(3));  // already passed: still passed
+  CHECK(ToMonotonic(absl::InfiniteFuture(), mono_now, wall_now) == absl::InfiniteFuture());
+}
+
+TEST_CASE("the monotonic clock never goes back", "[clock]") {
+  absl::Time last = MonotonicNow();
+  for (int i = 0; i < 100000; ++i) {
+    const absl::Time now = MonotonicNow();
+    REQUIRE(now >= last);
+    last = now;
+  }
+}
+
+// Before: IsCancelled compared absl::Now() with `deadline`, so a wall clock stepped forward by
+// an hour (NTP, a VM resumed) gave up every call at once, and one stepped back kept them alive
+// an hour too long. Moving `deadline` stands in for the step: it is what a step changes.
+TEST_CASE("a handler's call is given up by its monotonic deadline, whatever the wall clock does",
+          "[clock]") {
+  zrpc::ServerContext context;
+  context.SetRemaining(absl::Hours(1));
+  CHECK(context.deadline > absl::Now() + absl::Minutes(59));
+  CHECK_FALSE(context.IsCancelled());
+  context.deadline = absl::Now() - absl::Seconds(1);  // as if the wall clock jumped ahead
+  CHECK_FALSE(context.IsCancelled());
+
+  zrpc::ServerContext short_one;
+  short_one.SetRemaining(absl::Milliseconds(20));
+  short_one.deadline = absl::InfiniteFuture();  // as if the wall clock jumped back
+  CHECK_FALSE(short_one.IsCancelled());
+  absl::SleepFor(absl::Milliseconds(40));
+  CHECK(short_one.IsCancelled());
+
+  zrpc::ServerContext none;
+  none.SetRemaining(absl::InfiniteDuration());
+  CHECK(none.deadline == absl::InfiniteFuture());
+  CHECK_FALSE(none.IsCancelled());
+  none.Cancel();
+  CHECK(none.IsCancelled());
+}
+
+}  // namespace
