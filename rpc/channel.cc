@@ -277,6 +277,14 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
   if (made.ok()) connection->Attach(*std::move(made));
   sub.mu.Lock();
   sub.connecting = false;
+  if (!made.ok() && timeout < options_.connect_timeout &&
+      made.status().code() == absl::StatusCode::kDeadlineExceeded) {
+    // This call's deadline cut the attempt short, not the server: no backoff for the calls
+    // that come next (a short-deadline call would otherwise keep a slow-to-connect subchannel
+    // down), and the call fails as what it is.
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the deadline passed while connecting to ", target_, " (", made.status().message(), ")"));
+  }
   if (!made.ok()) {
     failures_.fetch_add(1, std::memory_order_relaxed);
     ++sub.failures;
