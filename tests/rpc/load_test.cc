@@ -30,6 +30,7 @@ using zrpc::testing::ObjectStore;
 using zrpc::testing::Pattern;
 using zrpc::testing::PutReply;
 using zrpc::testing::Runtime;
+using zrpc::testing::Served;
 using zrpc::testing::Within;
 
 // Holds every call it gets until Release(), then finishes them all from its own thread: an
@@ -111,18 +112,8 @@ TEST_CASE("a server holding a window's worth of calls for many keepalive timeout
           "declared dead (AsyncService)") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   HoldingGreeter greeter;
-  zrpc::ServerOptions server_options;
-  server_options.device = config;
-  auto server = zrpc::Server::Create(server_options);
-  REQUIRE(server.ok());
-  REQUIRE((*server)->AddService(&greeter).ok());
-  REQUIRE((*server)->Start().ok());
-  zrpc::ChannelOptions channel_options = FastKeepalives();
-  channel_options.device = config;
-  auto channel = zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()),
-                                     channel_options);
-  REQUIRE(channel.ok());
-  Greeter::Stub stub(channel->get());
+  Served served(config, {&greeter}, {}, FastKeepalives());
+  Greeter::Stub stub(served.channel.get());
 
   constexpr int kCalls = 40;
   std::vector<HelloRequest> requests(kCalls);
@@ -143,7 +134,7 @@ TEST_CASE("a server holding a window's worth of calls for many keepalive timeout
   REQUIRE(greeter.held() >= 30);
   absl::SleepFor(absl::Milliseconds(1500));  // 7 keepalive timeouts
   CHECK_FALSE(all_done.HasBeenNotified());
-  CHECK((*channel)->stats().connections_lost == 0);
+  CHECK(served.channel->stats().connections_lost == 0);
   // Answer everything, including the calls that arrive as the window frees.
   while (!all_done.HasBeenNotified() && absl::Now() < until) {
     greeter.Release();
@@ -155,9 +146,9 @@ TEST_CASE("a server holding a window's worth of calls for many keepalive timeout
     CHECK(statuses[i].ok());
     CHECK(replies[i].message() == absl::StrCat("Hello, held ", i));
   }
-  CHECK((*channel)->stats().connections_lost == 0);
-  channel->reset();
-  (*server)->Shutdown(absl::Seconds(1));
+  CHECK(served.channel->stats().connections_lost == 0);
+  served.channel.reset();
+  served.server->Shutdown(absl::Seconds(1));
 }
 
 // Starts SayHello("sleep:50") and, from its callback, two more, until `depth` levels: a client

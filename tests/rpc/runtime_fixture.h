@@ -24,7 +24,9 @@
 #include "rpc/server.h"
 #include "tests/pattern.h"
 #include "transport/connection.h"
+#include "transport/device.h"
 #include "transport/device_config.h"
+#include "transport/poller.h"
 
 namespace zrpc::testing {
 
@@ -197,6 +199,48 @@ class Quiet : public zrpc::transport::ConnectionHandler {
   void OnSendDone(zrpc::transport::Connection&, uint64_t, const absl::Status&) override {}
   void OnClosed(zrpc::transport::Connection&, const absl::Status&) override { closed.Notify(); }
   absl::Notification closed;
+};
+
+// A server serving `services` (started) and a channel to it, over the harness's device: for
+// tests whose services are their own.
+struct Served {
+  Served(const transport::DeviceConfig& device, std::vector<Service*> services,
+         ServerOptions server_options = {}, ChannelOptions channel_options = {}) {
+    server_options.device = device;
+    auto s = Server::Create(server_options);
+    INFO(s.status());
+    REQUIRE(s.ok());
+    server = std::move(*s);
+    for (Service* service : services) REQUIRE(server->AddService(service).ok());
+    REQUIRE(server->Start().ok());
+    channel_options.device = device;
+    auto c = CreateChannel(absl::StrCat(device.addr, ":", server->port()), channel_options);
+    INFO(c.status());
+    REQUIRE(c.ok());
+    channel = std::move(*c);
+  }
+  std::unique_ptr<Server> server;
+  std::unique_ptr<ClientChannel> channel;
+};
+
+// A device and a running poller of the test's own, for peers that speak the transport only.
+struct TransportPeer {
+  explicit TransportPeer(const transport::DeviceConfig& config) {
+    auto d = transport::Device::Open(config);
+    REQUIRE(d.ok());
+    device = std::move(*d);
+    auto p = transport::Poller::Create(*device);
+    REQUIRE(p.ok());
+    poller = std::move(*p);
+    REQUIRE(poller->Start().ok());
+  }
+  // Connects to `port` on the harness's address, with `handler`.
+  absl::StatusOr<std::shared_ptr<transport::Connection>> Connect(
+      const std::string& addr, uint16_t port, transport::ConnectionHandler* handler) {
+    return transport::Connection::Connect(*device, *poller, addr, port, handler, {}, kLong);
+  }
+  std::unique_ptr<transport::Device> device;
+  std::unique_ptr<transport::Poller> poller;
 };
 
 }  // namespace zrpc::testing

@@ -29,6 +29,7 @@ using zrpc::testing::ObjectStore;
 using zrpc::testing::Pattern;
 using zrpc::testing::PutReply;
 using zrpc::testing::Runtime;
+using zrpc::testing::Served;
 using zrpc::testing::Within;
 
 // Before: the payload's record held its transport connection only; the connection's device (its
@@ -100,18 +101,8 @@ TEST_CASE("request payloads a handler kept, released after the server is destroy
   std::deque<zrpc::IncomingBulk> kept;
   const std::string object = Pattern(16 << 10, 9);
   {
-    zrpc::ServerOptions server_options;
-    server_options.device = config;
-    auto server = zrpc::Server::Create(server_options);
-    REQUIRE(server.ok());
-    REQUIRE((*server)->AddService(&store).ok());
-    REQUIRE((*server)->Start().ok());
-    zrpc::ChannelOptions channel_options;
-    channel_options.device = config;
-    auto channel = zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()),
-                                       channel_options);
-    REQUIRE(channel.ok());
-    ObjectStore::Stub stub(channel->get());
+    Served served(config, {&store});
+    ObjectStore::Stub stub(served.channel.get());
     for (int i = 0; i < 3; ++i) {
       ObjectKey key;
       key.set_name(absl::StrCat("object ", i));
@@ -121,7 +112,7 @@ TEST_CASE("request payloads a handler kept, released after the server is destroy
                   .ok());
     }
     kept = store.Take();
-    channel->reset();
+    served.channel.reset();
   }  // the server is destroyed with three payloads of its connection still held
   REQUIRE(kept.size() == 3);
   for (zrpc::IncomingBulk& bulk : kept) {
@@ -220,18 +211,8 @@ TEST_CASE("calls finished from the service's own threads while Shutdown waits fo
   for (int round = 0; round < 10; ++round) {
     INFO("round " << round);
     BurstGreeter greeter;
-    zrpc::ServerOptions server_options;
-    server_options.device = config;
-    auto server = zrpc::Server::Create(server_options);
-    REQUIRE(server.ok());
-    REQUIRE((*server)->AddService(&greeter).ok());
-    REQUIRE((*server)->Start().ok());
-    zrpc::ChannelOptions channel_options;
-    channel_options.device = config;
-    auto channel = zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()),
-                                       channel_options);
-    REQUIRE(channel.ok());
-    Greeter::Stub stub(channel->get());
+    Served served(config, {&greeter});
+    Greeter::Stub stub(served.channel.get());
     constexpr int kCalls = 24;
     std::vector<HelloRequest> requests(kCalls);
     std::vector<HelloReply> replies(kCalls);
@@ -248,10 +229,10 @@ TEST_CASE("calls finished from the service's own threads while Shutdown waits fo
       absl::SleepFor(absl::Milliseconds(round % 4));  // land at different points of Shutdown
       greeter.FinishAll(4);
     });
-    (*server)->Shutdown(absl::Seconds(5));
-    server->reset();  // at once: nothing of the server may be touched after Shutdown returned
+    served.server->Shutdown(absl::Seconds(5));
+    served.server.reset();  // at once: nothing of the server may be touched after Shutdown
     finisher.join();
-    channel->reset();
+    served.channel.reset();
     CHECK(ended.load() == kCalls);
   }
 }
