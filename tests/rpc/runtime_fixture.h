@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <set>
@@ -57,8 +58,9 @@ class TestGreeter : public Greeter::Service {
     }
     if (absl::StartsWith(name, "sleep:")) {
       int ms = std::stoi(name.substr(6));
-      absl::Time until = absl::Now() + absl::Milliseconds(ms);
-      while (absl::Now() < until) absl::SleepFor(absl::Milliseconds(2));
+      // On the steady clock, so that a test stepping the wall clock does not cut it short.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+      while (std::chrono::steady_clock::now() < until) absl::SleepFor(absl::Milliseconds(2));
       if (context.IsCancelled()) saw_cancelled_.fetch_add(1);
     }
     reply->set_message("Hello, " + name);
