@@ -29,7 +29,8 @@
 // and then OnClosed.
 // A peer that vanishes without a disconnect (its host lost power) is noticed when a work request
 // exhausts its retries: about 7 retries of the CM's packet timeout, some seconds; an idle
-// connection to such a peer is not noticed (keepalives are future work).
+// connection to such a peer is noticed only once something is posted: Probe() does that without
+// a credit (the RPC layer's keepalives and liveness sweep use it).
 //
 // Threads. Handlers run on the poller thread, one completion at a time, without locks held, so
 // they may call Send, WriteBulk and Release. Send, WriteBulk, Release and Close are thread-safe
