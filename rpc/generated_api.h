@@ -173,6 +173,7 @@ struct ServerContext {
   bool IsCancelled() const {
     if (cancelled_.load(::std::memory_order_relaxed)) return true;
     if (monotonic_deadline_ == kUnset) return ::absl::Now() >= deadline;
+    if (monotonic_deadline_ == ::std::chrono::steady_clock::time_point::max()) return false;
     return ::std::chrono::steady_clock::now() >= monotonic_deadline_;
   }
   // For the runtime: marks the call given up. Any thread.

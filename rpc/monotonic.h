@@ -23,9 +23,14 @@ inline absl::Time MonotonicNow() {
 // `wall_deadline` (absl::Now()'s clock; InfiniteFuture for none) as a monotonic deadline, given
 // both clocks read now.
 inline absl::Time ToMonotonic(absl::Time wall_deadline, absl::Time monotonic_now,
-                              absl::Time wall_now = absl::Now()) {
+                              absl::Time wall_now) {
   if (wall_deadline == absl::InfiniteFuture()) return absl::InfiniteFuture();
   return monotonic_now + (wall_deadline - wall_now);
+}
+// The same, reading the wall clock only when there is a deadline.
+inline absl::Time ToMonotonic(absl::Time wall_deadline, absl::Time monotonic_now) {
+  if (wall_deadline == absl::InfiniteFuture()) return absl::InfiniteFuture();
+  return ToMonotonic(wall_deadline, monotonic_now, absl::Now());
 }
 
 }  // namespace zrpc::internal

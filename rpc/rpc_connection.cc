@@ -132,6 +132,12 @@ void RpcConnection::DropUnpairedBulk(transport::Connection& connection) {
 
 namespace {
 
+// A request's remaining time as the header carries it (0: none), read from the clock only when
+// there is a deadline.
+uint64_t WireTimeout(absl::Time deadline) {
+  return deadline == absl::InfiniteFuture() ? 0 : TimeoutToWire(deadline, MonotonicNow());
+}
+
 // The most staging one connection may hold: its peer's arena, rounded up to a staging buffer,
 // so any payload the peer can take fits when nothing else of the connection is staged.
 size_t StagingQuota(const transport::Connection& connection) {
@@ -163,7 +169,7 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
     }
     return StageAndSend(connection, buffer, header, body_size, std::move(bulk), deadline);
   }
-  if (header.kind == RpcKind::kRequest) header.timeout_us = TimeoutToWire(deadline, MonotonicNow());
+  if (header.kind == RpcKind::kRequest) header.timeout_us = WireTimeout(deadline);
   EncodeRpcHeader(header, buffer.data);
   absl::MutexLock lock(&send_mu_);
   return connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size), 0);
@@ -189,7 +195,7 @@ absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
   header.bulk_size = static_cast<uint32_t>(bulk.size());
   bulk.Reset();  // the bytes are in staging memory: the caller may reuse them from here on
   // A request's remaining time is taken now, after the staging, not when the call began.
-  if (header.kind == RpcKind::kRequest) header.timeout_us = TimeoutToWire(deadline, MonotonicNow());
+  if (header.kind == RpcKind::kRequest) header.timeout_us = WireTimeout(deadline);
   EncodeRpcHeader(header, buffer.data);
 
   absl::MutexLock lock(&send_mu_);
