@@ -538,10 +538,8 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
       core_->Pick(options.deadline);
   if (!connection.ok()) return connection.status();
   transport::Connection& c = (*connection)->connection();
-  if (size > internal::RpcConnection::MaxBody(c)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a ", size, "-byte request exceeds the ", internal::RpcConnection::MaxBody(c),
-        " bytes a message carries; large data belongs in a bulk payload"));
+  if (absl::Status fits = (*connection)->CheckBodyFits(c, size, "request"); !fits.ok()) {
+    return fits;
   }
   // A slot frees when an earlier message's send completes: wait for one, up to the deadline,
   // yielding first (it is usually a matter of microseconds) and then sleeping, so a connection

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "rpc/monotonic.h"
 
 namespace zrpc::internal {
@@ -146,6 +147,40 @@ size_t StagingQuota(const transport::Connection& connection) {
 
 }  // namespace
 
+namespace {
+
+// The options that set each side's sizes, as a user writes them.
+struct SideOptions {
+  const char* name;   // "client", "server"
+  const char* slots;  // the option behind its receive (and send) slot size
+  const char* arena;  // the option behind its arena
+};
+constexpr SideOptions kClientSide = {"client", "ChannelOptions::slots.slot_size",
+                                     "ChannelOptions::connection.arena_size"};
+constexpr SideOptions kServerSide = {"server", "ServerOptions::slots.slot_size",
+                                     "ServerOptions::listener.connection.arena_size"};
+
+}  // namespace
+
+absl::Status RpcConnection::CheckBodyFits(const transport::Connection& connection, size_t size,
+                                          absl::string_view what) const {
+  const size_t max = MaxBody(connection);
+  if (size <= max) return absl::OkStatus();
+  const bool client = absl::string_view(side_) == "client";
+  const SideOptions& own = client ? kClientSide : kServerSide;
+  const SideOptions& peer = client ? kServerSide : kClientSide;
+  const size_t own_size = device_->slots().slot_size();
+  const size_t peer_size = connection.peer_recv_size();
+  const SideOptions& governs = own_size <= peer_size ? own : peer;
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "a %u-byte %s exceeds the %u bytes a message carries on this connection: the %s's "
+      "receive slots (%s, %u bytes less %u of headers) are the smaller side (the %s's are %u); "
+      "raise %s on both sides, or send the data as a bulk payload",
+      size, std::string(what), max, governs.name, governs.slots,
+      std::min(own_size, peer_size), RpcHeader::kSize + transport::FrameHeader::kSize,
+      (own_size <= peer_size ? peer : own).name, std::max(own_size, peer_size), governs.slots));
+}
+
 absl::Status RpcConnection::SendMessage(transport::Connection& connection,
                                         const transport::SendBuffer& buffer, RpcHeader header,
                                         size_t body_size, OutgoingBulk bulk,
@@ -153,9 +188,11 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
   if (!bulk.empty()) {
     if (bulk.size() > connection.peer_arena_size()) {
       connection.ReleaseSendBuffer(buffer);
-      return absl::InvalidArgumentError(
-          absl::StrCat("a ", bulk.size(), "-byte bulk payload exceeds the ",
-                       connection.peer_arena_size(), " bytes the peer can receive at once"));
+      const SideOptions& peer =
+          absl::string_view(side_) == "client" ? kServerSide : kClientSide;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a ", bulk.size(), "-byte bulk payload exceeds the ", connection.peer_arena_size(),
+          " bytes the ", peer.name, " can receive at once (its arena: ", peer.arena, ")"));
     }
     const size_t capacity = StagingPool::CapacityFor(bulk.size());
     {

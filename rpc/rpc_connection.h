@@ -109,6 +109,12 @@ class RpcConnection : public transport::ConnectionHandler {
     return max > RpcHeader::kSize ? max - RpcHeader::kSize : 0;
   }
 
+  // OK when a message body of `size` bytes fits on `connection`; otherwise why not, naming the
+  // side whose setting governs (the smaller of this side's slots and the peer's receives) and
+  // that setting's option. `what` names the message ("request", "response").
+  absl::Status CheckBodyFits(const transport::Connection& connection, size_t size,
+                             absl::string_view what) const;
+
   // Sends `header` and the `body_size` bytes already at Body(buffer) (taking the buffer), with
   // `bulk` beside it (released here, on every path; its size goes into the header). Errors:
   // kInvalidArgument for a payload larger than the peer's arena; kResourceExhausted when no

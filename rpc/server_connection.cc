@@ -55,11 +55,8 @@ IncomingBulk ServerCallImpl::TakeRequestBulk() {
 }
 
 absl::StatusOr<SendSlot> ServerCallImpl::AcquireResponseSlot(size_t size) {
-  if (size > RpcConnection::MaxBody(*connection_)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        method_.full_name, ": a ", size, "-byte response exceeds the ",
-        RpcConnection::MaxBody(*connection_),
-        " bytes a message carries; large data belongs in a bulk payload"));
+  if (absl::Status fits = owner_->CheckBodyFits(*connection_, size, "response"); !fits.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(method_.full_name, ": ", fits.message()));
   }
   if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
   absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();

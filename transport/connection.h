@@ -222,6 +222,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Payload bytes a Send can carry: the slot and the peer's RECVs both bound it.
   uint32_t max_message_size() const { return max_message_; }
   uint32_t peer_arena_size() const { return peer_.arena_size; }
+  // Bytes each of the peer's RECVs holds (its Hello): with this side's slot size, what bounds
+  // max_message_size().
+  uint32_t peer_recv_size() const { return peer_.recv_size; }
   std::string peer_address() const { return peer_address_; }
   ConnectionStats stats() const;
   // The handler given at Connect or by AcceptHandler::Place: how an accept callback finds the

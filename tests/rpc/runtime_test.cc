@@ -208,12 +208,45 @@ TEST_CASE("bulk payloads both ways, byte-checked, from 0 B to the arena size") {
                             Within(kLong));
   INFO(s);
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-  CHECK(absl::StrContains(s.message(), "bytes the peer can receive"));
+  CHECK(absl::StrContains(s.message(), "bytes the server can receive at once (its arena: "
+                                       "ServerOptions::listener.connection.arena_size)"));
   // And the connection still serves.
   ObjectInfo info;
   key.set_name("object-1");
   CHECK(stub.Stat(key, &info, Within(kLong)).ok());
   CHECK(info.size() == 1);
+}
+
+// Before: "exceeds the 4056 bytes a message carries", naming neither side nor option, so a
+// user who raised the server's slot size saw nothing change (the client's smaller one governed).
+TEST_CASE("a message over the limit fails naming the side and the option that set it") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ChannelOptions channel_options;
+  channel_options.slots.slot_size = 8192;  // the server keeps 4096: it governs both ways
+  Runtime rt(config, {}, channel_options);
+  Greeter::Stub stub(rt.channel.get());
+  HelloRequest request;
+  HelloReply reply;
+
+  request.set_name(std::string(5000, 'r'));
+  absl::Status s = stub.SayHello(request, &reply, Within(kLong));
+  INFO(s);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(s.message(), "5003-byte request exceeds the 4056 bytes"));
+  CHECK(absl::StrContains(s.message(), "the server's receive slots (ServerOptions::slots.slot_size, "
+                                       "4096 bytes less 40 of headers)"));
+  CHECK(absl::StrContains(s.message(), "(the client's are 8192)"));
+
+  // A request that fits, whose answer ("Hello, " and the name) does not: the server says so.
+  request.set_name(std::string(4050, 'a'));
+  s = stub.SayHello(request, &reply, Within(kLong));
+  INFO(s);
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(s.message(), "zrpc.examples.Greeter/SayHello: a 4060-byte response"));
+  CHECK(absl::StrContains(s.message(), "ServerOptions::slots.slot_size"));
+
+  request.set_name("fits");
+  REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
 }
 
 TEST_CASE("errors: a handler's status reaches the client intact; unknown services and methods "
