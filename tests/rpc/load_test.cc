@@ -23,6 +23,7 @@ namespace {
 using zrpc::testing::Greeter;
 using zrpc::testing::HelloReply;
 using zrpc::testing::HelloRequest;
+using zrpc::testing::HoldingGreeter;
 using zrpc::testing::kLong;
 using zrpc::testing::ObjectInfo;
 using zrpc::testing::ObjectKey;
@@ -32,42 +33,6 @@ using zrpc::testing::PutReply;
 using zrpc::testing::Runtime;
 using zrpc::testing::Served;
 using zrpc::testing::Within;
-
-// Holds every call it gets until Release(), then finishes them all from its own thread: an
-// AsyncService whose calls wait on something slow (a long poll, a disk).
-class HoldingGreeter : public Greeter::AsyncService {
- public:
-  using Pending = zrpc::PendingCall<HelloRequest, HelloReply>;
-  ~HoldingGreeter() override { Release(); }
-
-  void SayHello(std::unique_ptr<Pending> call) override {
-    absl::MutexLock lock(&mu_);
-    held_.push_back(std::move(call));
-  }
-  void Ping(std::unique_ptr<zrpc::PendingCall<google::protobuf::Empty, google::protobuf::Empty>>
-                call) override {
-    call->Finish(absl::OkStatus());
-  }
-  size_t held() {
-    absl::MutexLock lock(&mu_);
-    return held_.size();
-  }
-  void Release() {
-    std::deque<std::unique_ptr<Pending>> calls;
-    {
-      absl::MutexLock lock(&mu_);
-      calls.swap(held_);
-    }
-    for (auto& call : calls) {
-      call->response()->set_message("Hello, " + call->request().name());
-      call->Finish(absl::OkStatus());
-    }
-  }
-
- private:
-  absl::Mutex mu_;
-  std::deque<std::unique_ptr<Pending>> held_;
-};
 
 zrpc::ChannelOptions FastKeepalives() {
   zrpc::ChannelOptions options;

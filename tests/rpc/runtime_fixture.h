@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <deque>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -201,6 +202,57 @@ class Quiet : public zrpc::transport::ConnectionHandler {
   void OnSendDone(zrpc::transport::Connection&, uint64_t, const absl::Status&) override {}
   void OnClosed(zrpc::transport::Connection&, const absl::Status&) override { closed.Notify(); }
   absl::Notification closed;
+};
+
+// Holds every call it gets until Release(), then answers them ("Hello, <name>") from the
+// releasing thread and `threads - 1` more: an AsyncService whose calls wait on something slow (a
+// long poll, a disk), or finish in a burst from threads of the service's own.
+class HoldingGreeter : public Greeter::AsyncService {
+ public:
+  using Pending = PendingCall<HelloRequest, HelloReply>;
+  ~HoldingGreeter() override { Release(); }
+
+  void SayHello(std::unique_ptr<Pending> call) override {
+    absl::MutexLock lock(&mu_);
+    held_.push_back(std::move(call));
+  }
+  void Ping(std::unique_ptr<PendingCall<google::protobuf::Empty, google::protobuf::Empty>> call)
+      override {
+    call->Finish(absl::OkStatus());
+  }
+  size_t held() {
+    absl::MutexLock lock(&mu_);
+    return held_.size();
+  }
+  void Release(int threads = 1) {
+    std::deque<std::unique_ptr<Pending>> calls;
+    {
+      absl::MutexLock lock(&mu_);
+      calls.swap(held_);
+    }
+    absl::Mutex calls_mu;
+    auto finish = [&] {
+      for (;;) {
+        std::unique_ptr<Pending> call;
+        {
+          absl::MutexLock lock(&calls_mu);
+          if (calls.empty()) return;
+          call = std::move(calls.front());
+          calls.pop_front();
+        }
+        call->response()->set_message("Hello, " + call->request().name());
+        call->Finish(absl::OkStatus());
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (int t = 1; t < threads; ++t) helpers.emplace_back(finish);
+    finish();
+    for (auto& helper : helpers) helper.join();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<Pending>> held_;
 };
 
 // A server serving `services` (started) and a channel to it, over the harness's device: for

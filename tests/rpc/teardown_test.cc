@@ -22,6 +22,7 @@ namespace {
 using zrpc::testing::Greeter;
 using zrpc::testing::HelloReply;
 using zrpc::testing::HelloRequest;
+using zrpc::testing::HoldingGreeter;
 using zrpc::testing::kLong;
 using zrpc::testing::ObjectInfo;
 using zrpc::testing::ObjectKey;
@@ -154,54 +155,6 @@ TEST_CASE("a channel destroyed from one of its own callbacks: no abort, the othe
   CHECK(slow_status.code() == absl::StatusCode::kCancelled);
 }
 
-// Holds calls, then finishes them all at once from threads of its own.
-class BurstGreeter : public Greeter::AsyncService {
- public:
-  using Pending = zrpc::PendingCall<HelloRequest, HelloReply>;
-  void SayHello(std::unique_ptr<Pending> call) override {
-    absl::MutexLock lock(&mu_);
-    held_.push_back(std::move(call));
-  }
-  void Ping(std::unique_ptr<zrpc::PendingCall<google::protobuf::Empty, google::protobuf::Empty>>
-                call) override {
-    call->Finish(absl::OkStatus());
-  }
-  size_t held() {
-    absl::MutexLock lock(&mu_);
-    return held_.size();
-  }
-  // Finishes every held call, from `threads` threads at once.
-  void FinishAll(int threads) {
-    std::deque<std::unique_ptr<Pending>> calls;
-    {
-      absl::MutexLock lock(&mu_);
-      calls.swap(held_);
-    }
-    std::vector<std::thread> finishers;
-    absl::Mutex calls_mu;
-    for (int t = 0; t < threads; ++t) {
-      finishers.emplace_back([&] {
-        for (;;) {
-          std::unique_ptr<Pending> call;
-          {
-            absl::MutexLock lock(&calls_mu);
-            if (calls.empty()) return;
-            call = std::move(calls.front());
-            calls.pop_front();
-          }
-          call->response()->set_message("done");
-          call->Finish(absl::OkStatus());
-        }
-      });
-    }
-    for (auto& t : finishers) t.join();
-  }
-
- private:
-  absl::Mutex mu_;
-  std::deque<std::unique_ptr<Pending>> held_;
-};
-
 // Before: Finish deleted the call, then decremented the server's count of calls and then
 // locked the server's mutex to wake Shutdown; a Shutdown that saw the count reach zero could
 // return, and the server be destroyed, in between.
@@ -210,7 +163,7 @@ TEST_CASE("calls finished from the service's own threads while Shutdown waits fo
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   for (int round = 0; round < 10; ++round) {
     INFO("round " << round);
-    BurstGreeter greeter;
+    HoldingGreeter greeter;
     Served served(config, {&greeter});
     Greeter::Stub stub(served.channel.get());
     constexpr int kCalls = 24;
@@ -227,7 +180,7 @@ TEST_CASE("calls finished from the service's own threads while Shutdown waits fo
     REQUIRE(greeter.held() == kCalls);
     std::thread finisher([&] {
       absl::SleepFor(absl::Milliseconds(round % 4));  // land at different points of Shutdown
-      greeter.FinishAll(4);
+      greeter.Release(4);
     });
     served.server->Shutdown(absl::Seconds(5));
     served.server.reset();  // at once: nothing of the server may be touched after Shutdown
