@@ -238,7 +238,7 @@ void ClientConnection::OnClosed(transport::Connection& connection, const absl::S
     closed_.store(true, std::memory_order_release);
     self = std::move(self_);
   }
-  DropUnpairedBulk(connection);
+  DropPending(connection);
   absl::Status reason = why;
   {
     absl::MutexLock lock(&reason_mu_);

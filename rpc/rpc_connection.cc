@@ -61,12 +61,7 @@ void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token
   auto* staged = reinterpret_cast<StagingPool::Buffer*>(token);
   const size_t capacity = staged->capacity;
   staging_.Release(staged);
-  {
-    absl::MutexLock lock(&quota_mu_);
-    staged_ -= capacity;
-    if (deferred_.empty()) return;
-  }
-  SendDeferred(connection);
+  if (ReturnQuota(capacity)) SendDeferred(connection);
 }
 
 absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& connection,
@@ -117,7 +112,7 @@ void RpcConnection::Discard(transport::Connection& connection, const IncomingMes
   if (message.bulk) static_cast<void>(connection.Release(message.bulk->handle));
 }
 
-void RpcConnection::DropUnpairedBulk(transport::Connection& connection) {
+void RpcConnection::DropPending(transport::Connection& connection) {
   if (unpaired_) static_cast<void>(connection.Release(unpaired_->handle));
   unpaired_.reset();
   std::deque<Deferred> dropped;
@@ -166,9 +161,8 @@ absl::Status RpcConnection::CheckBodyFits(const transport::Connection& connectio
                                           absl::string_view what) const {
   const size_t max = MaxBody(connection);
   if (size <= max) return absl::OkStatus();
-  const bool client = absl::string_view(side_) == "client";
-  const SideOptions& own = client ? kClientSide : kServerSide;
-  const SideOptions& peer = client ? kServerSide : kClientSide;
+  const SideOptions& own = client_ ? kClientSide : kServerSide;
+  const SideOptions& peer = client_ ? kServerSide : kClientSide;
   const size_t own_size = device_->slots().slot_size();
   const size_t peer_size = connection.peer_recv_size();
   const SideOptions& governs = own_size <= peer_size ? own : peer;
@@ -188,8 +182,7 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
   if (!bulk.empty()) {
     if (bulk.size() > connection.peer_arena_size()) {
       connection.ReleaseSendBuffer(buffer);
-      const SideOptions& peer =
-          absl::string_view(side_) == "client" ? kServerSide : kClientSide;
+      const SideOptions& peer = client_ ? kServerSide : kClientSide;
       return absl::InvalidArgumentError(absl::StrCat(
           "a ", bulk.size(), "-byte bulk payload exceeds the ", connection.peer_arena_size(),
           " bytes the ", peer.name, " can receive at once (its arena: ", peer.arena, ")"));
@@ -219,10 +212,7 @@ absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
   const size_t capacity = StagingPool::CapacityFor(bulk.size());
   absl::StatusOr<StagingPool::Buffer*> acquired = staging_.Acquire(bulk.size());
   if (!acquired.ok()) {
-    {
-      absl::MutexLock lock(&quota_mu_);
-      staged_ -= capacity;
-    }
+    ReturnQuota(capacity);
     connection.ReleaseSendBuffer(buffer);
     return acquired.status();
   }
@@ -243,10 +233,7 @@ absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
       reinterpret_cast<uintptr_t>(staged));
   if (!written.ok()) {
     staging_.Release(staged);
-    {
-      absl::MutexLock quota_lock(&quota_mu_);
-      staged_ -= capacity;
-    }
+    ReturnQuota(capacity);
     connection.ReleaseSendBuffer(buffer);
     return written;
   }
@@ -258,6 +245,12 @@ absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
     connection.Close();
   }
   return sent;
+}
+
+bool RpcConnection::ReturnQuota(size_t capacity) {
+  absl::MutexLock lock(&quota_mu_);
+  staged_ -= capacity;
+  return !deferred_.empty();
 }
 
 void RpcConnection::SendDeferred(transport::Connection& connection) {

@@ -93,7 +93,11 @@ class RpcConnection : public transport::ConnectionHandler {
   // `device` and `poller` are the connection's: payloads handed to users hold them (Wrap).
   RpcConnection(const char* side, StagingPool& staging, std::shared_ptr<transport::Device> device,
                 std::shared_ptr<transport::Poller> poller)
-      : side_(side), staging_(staging), device_(std::move(device)), poller_(std::move(poller)) {}
+      : side_(side),
+        client_(absl::string_view(side) == "client"),
+        staging_(staging),
+        device_(std::move(device)),
+        poller_(std::move(poller)) {}
 
   void OnBulk(transport::Connection& connection, const transport::ReceivedBulk& bulk) override;
   void OnSendDone(transport::Connection& connection, uint64_t token,
@@ -150,7 +154,7 @@ class RpcConnection : public transport::ConnectionHandler {
   static void Discard(transport::Connection& connection, const IncomingMessage& message);
   // Gives back a payload still waiting for its message, and the messages still deferred (on
   // close): their calls fail with the connection.
-  void DropUnpairedBulk(transport::Connection& connection);
+  void DropPending(transport::Connection& connection);
   // A deferred message (its header) could not be sent when its turn came: the call must hear.
   virtual void OnDeferredFailed(transport::Connection& connection, const RpcHeader& header,
                                 const absl::Status& status) = 0;
@@ -158,6 +162,7 @@ class RpcConnection : public transport::ConnectionHandler {
  private:
   friend class ReceiveReleaser;
   const char* side_;
+  const bool client_;  // side_ is "client": which options govern what (CheckBodyFits)
   StagingPool& staging_;
   const std::shared_ptr<transport::Device> device_;
   const std::shared_ptr<transport::Poller> poller_;
@@ -176,6 +181,8 @@ class RpcConnection : public transport::ConnectionHandler {
   absl::Status StageAndSend(transport::Connection& connection,
                             const transport::SendBuffer& buffer, RpcHeader header,
                             size_t body_size, OutgoingBulk bulk, absl::Time deadline);
+  // Gives `capacity` of staging quota back; true when deferred messages wait for it.
+  bool ReturnQuota(size_t capacity);
   // Sends the deferred messages whose payloads fit the quota now, in order.
   void SendDeferred(transport::Connection& connection);
 

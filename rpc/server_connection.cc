@@ -314,7 +314,7 @@ int ServerConnection::AnswerAll(const absl::Status& status) {
 }
 
 void ServerConnection::OnClosed(transport::Connection& connection, const absl::Status& why) {
-  DropUnpairedBulk(connection);
+  DropPending(connection);
   // A client going away (it closed, or its process died) is ordinary; anything else the
   // transport reports (a failed completion, a peer beyond its credits, a bad frame) is a fault
   // the operator needs to see, with its reason. Violations of the RPC protocol were logged when
