@@ -70,6 +70,7 @@ def main():
     # The consumer workspace's labels are its own (//app:...): prefix them with its directory.
     # Runs under a sanitizer (tools/test --asan) are told apart by a "[asan] " prefix.
     for name, prefix in (("host.json", ""), ("consumer.json", "tests/consumer"), ("rdma.json", ""),
+                         ("consumer-rdma.json", "tests/consumer"),
                          ("asan-host.json", "[asan] "), ("asan-rdma.json", "[asan] ")):
         path = os.path.join(out_dir, name)
         if not os.path.exists(path):
