@@ -1,6 +1,5 @@
 #include "rpc/client_connection.h"
 
-#include <cstdio>
 #include <limits>
 #include <string>
 #include <utility>
@@ -9,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/monotonic.h"
 #include "rpc/rpc_header.h"
+#include "transport/log.h"
 
 namespace zrpc::internal {
 
@@ -146,9 +146,8 @@ void ClientConnection::Close(absl::string_view reason) {
     absl::MutexLock lock(&reason_mu_);
     if (close_reason_.empty()) close_reason_ = std::string(reason);
   }
-  std::fprintf(stderr, "zrpc client: closing the connection to %s: %.*s\n",
-               connection_->peer_address().c_str(), static_cast<int>(reason.size()),
-               reason.data());
+  ZRPC_LOG(kWarning, "client", "closing the connection to ", connection_->peer_address(), ": ",
+           reason);
   connection_->Close();
 }
 

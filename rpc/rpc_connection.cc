@@ -1,6 +1,5 @@
 #include "rpc/rpc_connection.h"
 
-#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -8,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/monotonic.h"
+#include "transport/log.h"
 
 namespace zrpc::internal {
 namespace {
@@ -102,8 +102,8 @@ absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& co
 
 void RpcConnection::Violation(transport::Connection& connection, absl::string_view what) {
   violations_.fetch_add(1, std::memory_order_relaxed);
-  std::fprintf(stderr, "zrpc %s: closing the connection to %s: protocol violation: %.*s\n", side_,
-               connection.peer_address().c_str(), static_cast<int>(what.size()), what.data());
+  ZRPC_LOG(kError, side_, "closing the connection to ", connection.peer_address(),
+           ": protocol violation: ", what);
   connection.Close();
 }
 

@@ -1,12 +1,12 @@
 #include "rpc/server_connection.h"
 
-#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/monotonic.h"
 #include "rpc/server_core.h"
+#include "transport/log.h"
 
 namespace zrpc::internal {
 
@@ -121,9 +121,8 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
       !sent.ok() && connection_->open()) {
     // No send slot for the error: the client would wait for its deadline without a word. Fail
     // its connection instead, which fails its calls at once.
-    std::fprintf(stderr, "zrpc server: cannot answer call %llu from %s (%s); closing\n",
-                 static_cast<unsigned long long>(call_id()),
-                 connection_->peer_address().c_str(), sent.ToString().c_str());
+    ZRPC_LOG(kError, "server", "cannot answer call ", call_id(), " from ",
+             connection_->peer_address(), " (", sent.ToString(), "); closing");
     connection_->Close();
   }
   return status;
@@ -278,10 +277,9 @@ void ServerConnection::SweepPass(absl::Time now, absl::Duration idle, absl::Dura
   }
   if (idle <= absl::ZeroDuration() || quiet < idle) return;
   core_.CountIdleClosed();  // before the close, which the peer may see at once
-  std::fprintf(stderr,
-               "zrpc server: closing the connection to %s: nothing received for %s and no calls "
-               "(ServerOptions::idle_timeout)\n",
-               connection->peer_address().c_str(), absl::FormatDuration(quiet).c_str());
+  ZRPC_LOG(kInfo, "server", "closing the connection to ", connection->peer_address(),
+           ": nothing received for ", absl::FormatDuration(quiet),
+           " and no calls (ServerOptions::idle_timeout)");
   connection->Close();
 }
 
@@ -321,8 +319,8 @@ void ServerConnection::OnClosed(transport::Connection& connection, const absl::S
   // they were found; this side's own closes (kCancelled) need no word.
   if (why.code() != absl::StatusCode::kCancelled && !transport::IsPeerDisconnect(why) &&
       violations() == 0) {
-    std::fprintf(stderr, "zrpc server: the connection to %s failed: %s\n",
-                 connection.peer_address().c_str(), why.ToString().c_str());
+    ZRPC_LOG(kError, "server", "the connection to ", connection.peer_address(), " failed: ",
+             why.ToString());
   }
   std::shared_ptr<transport::Connection> attached;  // dropped after the lock
   {

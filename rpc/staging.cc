@@ -1,9 +1,9 @@
 #include "rpc/staging.h"
 
-#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "transport/log.h"
 
 namespace zrpc::internal {
 
@@ -15,8 +15,7 @@ StagingPool::~StagingPool() {
   if (in_use_ != 0) {
     // Their WRITEs can no longer complete (the connections are gone before the pool), so this is
     // a runtime bug; the memory is leaked rather than freed under a NIC that might read it.
-    std::fprintf(stderr, "zrpc: %zu staging buffers still held at shutdown; leaking them\n",
-                 in_use_);
+    ZRPC_LOG(kError, "runtime", in_use_, " staging buffers still held at shutdown; leaking them");
   }
 }
 

@@ -5,7 +5,6 @@
 #include <net/if.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "transport/cm_util.h"
+#include "transport/log.h"
 #include "transport/verbs_error.h"
 
 namespace zrpc::transport {
@@ -193,7 +193,7 @@ void LogOnce(const DeviceSelection& sel) {
   static std::set<std::string>* logged ABSL_GUARDED_BY(mu) = new std::set<std::string>;
   std::string line = sel.ToString();
   absl::MutexLock lock(&mu);
-  if (logged->insert(line).second) std::fprintf(stderr, "zrpc: using %s\n", line.c_str());
+  if (logged->insert(line).second) ZRPC_LOG(kInfo, "device", "using ", line);
 }
 
 // Chooses among librdmacm's opened devices `list` (see SelectDevice), logs the choice, and

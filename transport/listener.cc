@@ -6,12 +6,12 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "transport/cm_util.h"
+#include "transport/log.h"
 #include "transport/poller.h"
 #include "transport/verbs_error.h"
 #include "transport/wire.h"
@@ -97,7 +97,7 @@ void Listener::Loop() {
     }
     pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     if (poll(fds, 2, timeout_ms) < 0 && errno != EINTR) {
-      std::fprintf(stderr, "zrpc: the listener's poll failed (errno %d)\n", errno);
+      ZRPC_LOG(kError, "transport", "the listener's poll failed (errno ", errno, ")");
       absl::SleepFor(absl::Milliseconds(10));
     }
     rdma_cm_event* event = nullptr;

@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "transport/cm_util.h"
 #include "transport/connection.h"
+#include "transport/log.h"
 #include "transport/verbs_error.h"
 
 namespace zrpc::transport {
@@ -71,7 +71,7 @@ void Poller::Shutdown() {
       if (connections_.empty()) break;
     }
     if (absl::Now() > deadline) {
-      std::fprintf(stderr, "zrpc: poller shut down with connections that did not drain\n");
+      ZRPC_LOG(kWarning, "transport", "poller shut down with connections that did not drain");
       absl::MutexLock lock(&mu_);
       connections_.clear();
       break;
@@ -203,7 +203,7 @@ int Poller::PollCq() {
   ibv_wc wcs[kBatch];
   int n = ibv_poll_cq(cq_.get(), kBatch, wcs);
   if (n < 0) {
-    std::fprintf(stderr, "zrpc: ibv_poll_cq failed (%d)\n", n);
+    ZRPC_LOG(kError, "transport", "ibv_poll_cq failed (", n, ")");
     return 0;
   }
   // Completions of one connection tend to come together: look it up once per run.
@@ -236,7 +236,7 @@ void Poller::HandleCmEvents() {
 
 void Poller::ArmAndWait(int timeout_ms) {
   if (int rc = ibv_req_notify_cq(cq_.get(), 0); rc != 0) {
-    std::fprintf(stderr, "zrpc: ibv_req_notify_cq failed (%d)\n", rc);
+    ZRPC_LOG(kError, "transport", "ibv_req_notify_cq failed (", rc, ")");
     return;
   }
   // Anything that arrived before arming raised no event: look once more before sleeping.

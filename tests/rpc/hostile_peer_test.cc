@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "rpc/rpc_connection.h"
 #include "rpc/rpc_header.h"
+#include "tests/log_capture.h"
 #include "tests/rdma_device.h"
 #include "tests/rpc/runtime_fixture.h"
 #include "tests/transport/raw_peer.h"
@@ -51,12 +52,16 @@ bool Eventually(Done done, absl::Duration timeout = absl::Seconds(10)) {
 TEST_CASE("peers sending garbage the moment they connect, 40 times over: each is cut off, "
           "the server stays whole") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
+  // At the default level: nothing for a server and a client going about their business, an
+  // error (to the application's sink) for each peer that breaks the protocol.
+  zrpc::testing::LogCapture log(zrpc::LogLevel::kError);
   Runtime rt(config);
   Greeter::Stub stub(rt.channel.get());
   HelloRequest request;
   request.set_name("before");
   HelloReply reply;
   REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  CHECK(log.records().empty());
 
   TransportPeer peer(config);
   constexpr int kRounds = 40;
@@ -74,6 +79,8 @@ TEST_CASE("peers sending garbage the moment they connect, 40 times over: each is
     connection->reset();
   }
   CHECK(Eventually([&] { return rt.server->stats().protocol_violations == kRounds; }));
+  CHECK(log.Count(zrpc::LogLevel::kError, "server", "protocol violation") == kRounds);
+  CHECK(log.records().size() == kRounds);
   // Every placement was given back: only the channel's own connection is left.
   CHECK(Eventually([&] { return rt.server->stats().connections_open == 1; }));
   request.set_name("after");
@@ -188,6 +195,8 @@ TEST_CASE("silent connections are closed after idle_timeout; keepalive clients a
   server_options.liveness_probe_interval = absl::Milliseconds(200);
   zrpc::ChannelOptions keepalive_options;
   keepalive_options.keepalive_interval = absl::Milliseconds(100);
+  // Idle closes are ordinary: said at kInfo, so not by default.
+  zrpc::testing::LogCapture log(zrpc::LogLevel::kInfo);
   Runtime rt(config, server_options, keepalive_options);
   Greeter::Stub stub(rt.channel.get());
   HelloRequest request;
@@ -202,6 +211,7 @@ TEST_CASE("silent connections are closed after idle_timeout; keepalive clients a
   REQUIRE(silent.ok());
   REQUIRE(quiet.closed.WaitForNotificationWithTimeout(absl::Seconds(10)));
   CHECK(rt.server->stats().connections_idle_closed == 1);
+  CHECK(log.Count(zrpc::LogLevel::kInfo, "server", "ServerOptions::idle_timeout") == 1);
 
   // A client without keepalives that waits on a long call: probed, not closed.
   zrpc::ChannelOptions quiet_options;
