@@ -98,7 +98,10 @@ struct ChannelStats {
   uint64_t connections_lost = 0;    // open connections that failed later
   uint64_t calls_in_flight = 0;
   uint64_t deadlines_exceeded = 0;
-  uint64_t late_responses = 0;      // responses for calls that had ended, dropped
+  // Answers the server sent, not knowing the call had ended here (its deadline passed while the
+  // answer was on the way, or a cancel crossed it), dropped. Calls the server knew were given up
+  // get no answer at all (ServerStats::answers_dropped), so they are not counted here.
+  uint64_t late_responses = 0;
   uint64_t protocol_violations = 0;  // connections closed because the server broke the protocol
   absl::Duration backoff = absl::ZeroDuration();  // the current reconnection delay, if failing
 };
