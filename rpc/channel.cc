@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "rpc/client_connection.h"
+#include "rpc/host_port.h"
 #include "rpc/monotonic.h"
 #include "rpc/rpc_header.h"
 #include "rpc/shared_device.h"
@@ -33,33 +34,6 @@ struct SlotTicket {
   std::shared_ptr<ClientConnection> connection;
   transport::SendBuffer buffer;
 };
-
-absl::Status ParseTarget(absl::string_view target, std::string* host, uint16_t* port) {
-  const size_t colon = target.rfind(':');
-  if (colon == absl::string_view::npos || colon == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("target \"", target, "\" is not \"host:port\""));
-  }
-  absl::string_view h = target.substr(0, colon);
-  if (h.front() == '[') {
-    if (h.size() < 3 || h.back() != ']') {
-      return absl::InvalidArgumentError(
-          absl::StrCat("target \"", target, "\": an IPv6 address goes in brackets, [addr]:port"));
-    }
-    h = h.substr(1, h.size() - 2);
-  } else if (h.find(':') != absl::string_view::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("target \"", target, "\": write an IPv6 address in brackets, [addr]:port"));
-  }
-  uint32_t p = 0;
-  if (!absl::SimpleAtoi(target.substr(colon + 1), &p) || p == 0 || p > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("target \"", target, "\": the port must be a number in [1, 65535]"));
-  }
-  *host = std::string(h);
-  *port = static_cast<uint16_t>(p);
-  return absl::OkStatus();
-}
 
 // Set on every channel's timer thread, where deadline and keepalive callbacks run.
 thread_local bool on_timer_thread = false;
@@ -490,7 +464,7 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
                                                              const ChannelOptions& options) {
   std::string host;
   uint16_t port = 0;
-  if (absl::Status s = internal::ParseTarget(target, &host, &port); !s.ok()) return s;
+  if (absl::Status s = internal::ParseHostPort(target, "target", false, &host, &port); !s.ok()) return s;
   if (options.connections < 1 || options.connections > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("ChannelOptions::connections is ",
                                                    options.connections,

@@ -130,10 +130,18 @@ std::string BaseLabels(const MethodMetricsSnapshot& m) {
                       EscapeLabelValue(m.method), "\"");
 }
 
-void WriteHistogram(std::string& out, absl::string_view labels, const LatencySnapshot& h) {
+// Whether ExposedBuckets::kCoarse shows `bound_nanos`: 1, 2 or 5 times a power of ten.
+bool IsCoarseBound(int64_t bound_nanos) {
+  while (bound_nanos % 10 == 0) bound_nanos /= 10;
+  return bound_nanos == 1 || bound_nanos == 2 || bound_nanos == 5;
+}
+
+void WriteHistogram(std::string& out, absl::string_view labels, const LatencySnapshot& h,
+                    ExposedBuckets buckets) {
   uint64_t cumulative = 0;
   for (size_t i = 0; i < h.upper_bounds_nanos.size(); ++i) {
     cumulative += h.counts[i];
+    if (buckets == ExposedBuckets::kCoarse && !IsCoarseBound(h.upper_bounds_nanos[i])) continue;
     Sample(out, "zrpc_call_latency_seconds_bucket", labels,
            absl::StrCat("le=\"", Seconds(h.upper_bounds_nanos[i]), "\""),
            absl::StrCat(cumulative));
@@ -164,7 +172,8 @@ void PerDirection(std::string& out, absl::string_view name,
   }
 }
 
-std::string Exposition(const std::vector<MethodMetricsSnapshot>& methods) {
+std::string Exposition(const std::vector<MethodMetricsSnapshot>& methods,
+                       ExposedBuckets buckets) {
   std::vector<std::string> labels;
   labels.reserve(methods.size());
   for (const MethodMetricsSnapshot& m : methods) labels.push_back(BaseLabels(m));
@@ -192,7 +201,9 @@ std::string Exposition(const std::vector<MethodMetricsSnapshot>& methods) {
                &MethodMetricsSnapshot::bulk_bytes_sent,
                &MethodMetricsSnapshot::bulk_bytes_received);
   Family(out, "zrpc_call_latency_seconds", "histogram", "Latency of finished RPC calls.");
-  for (size_t i = 0; i < methods.size(); ++i) WriteHistogram(out, labels[i], methods[i].latency);
+  for (size_t i = 0; i < methods.size(); ++i) {
+    WriteHistogram(out, labels[i], methods[i].latency, buckets);
+  }
   return out;
 }
 
@@ -304,12 +315,13 @@ std::vector<MethodMetricsSnapshot> Metrics::Snapshot() const {
   return out;
 }
 
-std::string Metrics::PrometheusText() const {
+std::string Metrics::PrometheusText(ExposedBuckets buckets) const {
   const Metrics* self = this;
-  return PrometheusText(absl::MakeConstSpan(&self, 1));
+  return PrometheusText(absl::MakeConstSpan(&self, 1), buckets);
 }
 
-std::string Metrics::PrometheusText(absl::Span<const Metrics* const> registries) {
+std::string Metrics::PrometheusText(absl::Span<const Metrics* const> registries,
+                                    ExposedBuckets buckets) {
   std::map<std::pair<MetricsSide, std::string>, MethodMetricsSnapshot> merged;
   for (const Metrics* registry : registries) {
     if (registry == nullptr) continue;
@@ -325,7 +337,7 @@ std::string Metrics::PrometheusText(absl::Span<const Metrics* const> registries)
   std::vector<MethodMetricsSnapshot> methods;
   methods.reserve(merged.size());
   for (auto& [key, m] : merged) methods.push_back(std::move(m));
-  return Exposition(methods);
+  return Exposition(methods, buckets);
 }
 
 }  // namespace zrpc

@@ -31,8 +31,11 @@
 // exposition could later drop buckets and stay exact (cumulative counts at a subset of bounds).
 // Bounds are held as integer nanoseconds, so bucketing is exact and the `le` text is printed
 // from integers, never from rounded binary fractions.
-// The price is cardinality: in Prometheus the histogram is 84 series per (side, method) (82
-// `_bucket` lines with `+Inf`, `_sum`, `_count`), about 95 with the other families.
+// The price would be cardinality: 84 series per (side, method) in Prometheus (82 `_bucket` lines
+// with `+Inf`, `_sum`, `_count`), about 50 KB of text for five methods. So the exposition shows,
+// by default, only the bounds 1, 2 and 5 of every decade (ExposedBuckets::kCoarse: 25 bounds and
+// `+Inf`, the usual Prometheus spacing; cumulative counts at a subset of bounds are still exact),
+// while Snapshot and Percentile keep all 81; kFine exposes all 81 for whoever wants them.
 //
 // Memory. A MethodMetrics is 105 64-bit counters (1 started + 17 finished + 4 byte counters +
 // 82 buckets + 1 latency sum), its side and its name: about 880 bytes, plus a map node in the
@@ -212,6 +215,12 @@ class MethodMetrics {
   LatencyHistogram latency_;
 };
 
+// Which latency bucket bounds the Prometheus exposition shows (see "Why these buckets").
+enum class ExposedBuckets {
+  kCoarse,  // 1, 2, 5 x 10^k us and 100 s: 25 bounds, 26 `_bucket` lines per (side, method)
+  kFine,    // all 81 bounds: 82 `_bucket` lines
+};
+
 // The registry of one Server or Channel: one MethodMetrics per (side, method). Thread-safe.
 class Metrics {
  public:
@@ -228,11 +237,12 @@ class Metrics {
   std::vector<MethodMetricsSnapshot> Snapshot() const;
 
   // This registry in Prometheus text exposition format 0.0.4 (see the file comment).
-  std::string PrometheusText() const;
+  std::string PrometheusText(ExposedBuckets buckets = ExposedBuckets::kCoarse) const;
 
   // Several registries in one exposition; series of the same (side, method) are summed. Null
   // pointers are skipped.
-  static std::string PrometheusText(absl::Span<const Metrics* const> registries);
+  static std::string PrometheusText(absl::Span<const Metrics* const> registries,
+                                    ExposedBuckets buckets = ExposedBuckets::kCoarse);
 
  private:
   using Key = std::pair<MetricsSide, std::string>;

@@ -318,17 +318,87 @@ ServerStats ServerCore::stats() const {
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   absl::StatusOr<std::unique_ptr<internal::ServerCore>> core = internal::ServerCore::Create(options);
   if (!core.ok()) return core.status();
-  return std::unique_ptr<Server>(new Server(*std::move(core)));
+  return std::unique_ptr<Server>(new Server(*std::move(core), options.metrics_address));
 }
 
-Server::Server(std::unique_ptr<internal::ServerCore> core) : core_(std::move(core)) {}
-Server::~Server() = default;
+Server::Server(std::unique_ptr<internal::ServerCore> core, std::string metrics_address)
+    : core_(std::move(core)), metrics_address_(std::move(metrics_address)) {}
+Server::~Server() {
+  absl::MutexLock lock(&metrics_mu_);
+  metrics_http_.reset();  // no scrape renders from a core being destroyed
+}
 absl::Status Server::AddService(Service* service) { return core_->AddService(service); }
 absl::Status Server::SetInline(absl::string_view method, bool inline_handler) {
   return core_->SetInline(method, inline_handler);
 }
-absl::Status Server::Start() { return core_->Start(); }
-void Server::Shutdown(absl::Duration grace) { core_->Shutdown(grace); }
+absl::Status Server::Start() {
+  // The metrics endpoint binds first, so that a taken metrics port fails Start before any
+  // client can connect; it is dropped again if the server itself cannot start.
+  std::unique_ptr<MetricsHttpServer> http;
+  absl::MutexLock lock(&metrics_mu_);
+  if (!metrics_address_.empty() && metrics_http_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
+        MetricsHttpServer::Start(metrics_address_, [this] { return PrometheusText(); });
+    if (!started.ok()) {
+      return absl::Status(started.status().code(),
+                          absl::StrCat("ServerOptions::metrics_address: ",
+                                       started.status().message()));
+    }
+    http = *std::move(started);
+  }
+  if (absl::Status s = core_->Start(); !s.ok()) return s;
+  if (http != nullptr) {
+    metrics_port_.store(http->port(), std::memory_order_relaxed);
+    metrics_http_ = std::move(http);
+  }
+  return absl::OkStatus();
+}
+void Server::Shutdown(absl::Duration grace) {
+  core_->Shutdown(grace);
+  absl::MutexLock lock(&metrics_mu_);
+  metrics_http_.reset();
+}
+uint16_t Server::metrics_port() const { return metrics_port_.load(std::memory_order_relaxed); }
+
+std::string Server::PrometheusText() const {
+  std::string text = core_->metrics().PrometheusText();
+  const ServerStats s = stats();
+  struct Family {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t value;
+  };
+  const Family families[] = {
+      {"zrpc_server_connections_accepted_total", "counter", "Connections accepted.",
+       s.connections_accepted},
+      {"zrpc_server_connections_open", "gauge", "Connections open now.", s.connections_open},
+      {"zrpc_server_connections_idle_closed_total", "counter",
+       "Connections closed after ServerOptions::idle_timeout without a word.",
+       s.connections_idle_closed},
+      {"zrpc_server_calls_in_flight", "gauge", "Calls started and not yet finished.",
+       s.calls_in_flight},
+      {"zrpc_server_unimplemented_total", "counter",
+       "Requests for a service or method this server lacks.", s.unimplemented},
+      {"zrpc_server_protocol_violations_total", "counter",
+       "Connections closed for breaking the protocol.", s.protocol_violations},
+      {"zrpc_server_cancels_received_total", "counter", "Cancels received from clients.",
+       s.cancels_received},
+      {"zrpc_server_keepalives_answered_total", "counter", "Keepalive pings answered.",
+       s.keepalives_answered},
+      {"zrpc_server_calls_skipped_total", "counter",
+       "Calls whose caller gave up before a handler ran them.", s.calls_skipped},
+      {"zrpc_server_answers_dropped_total", "counter",
+       "Answers not sent because the caller had given up.", s.answers_dropped},
+      {"zrpc_server_liveness_probes_total", "counter",
+       "Probes of silent clients that hold calls.", s.liveness_probes},
+  };
+  for (const Family& f : families) {
+    absl::StrAppend(&text, "# HELP ", f.name, " ", f.help, "\n# TYPE ", f.name, " ", f.type, "\n",
+                    f.name, " ", f.value, "\n");
+  }
+  return text;
+}
 uint16_t Server::port() const { return core_->port(); }
 std::string Server::address() const { return core_->address(); }
 ServerStats Server::stats() const { return core_->stats(); }

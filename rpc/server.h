@@ -30,6 +30,7 @@
 #ifndef ZRPC_RPC_SERVER_H_
 #define ZRPC_RPC_SERVER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -38,9 +39,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
+#include "rpc/metrics_http.h"
 #include "transport/device_config.h"
 #include "transport/listener.h"
 #include "transport/poller.h"
@@ -89,6 +92,10 @@ struct ServerOptions {
   //    marked cancelled (ServerContext::IsCancelled) instead of running for nobody. Zero: never.
   absl::Duration idle_timeout = absl::Minutes(5);
   absl::Duration liveness_probe_interval = absl::Seconds(2);
+  // Serve PrometheusText() at http://<metrics_address>/metrics from Start to Shutdown: "host:port"
+  // on a plain TCP interface ("0.0.0.0:9464", "127.0.0.1:0" for any free port; metrics_port()
+  // says which). Empty: no endpoint. See rpc/metrics_http.h for what it answers and its bounds.
+  std::string metrics_address;
 };
 
 struct ServerStats {
@@ -135,10 +142,20 @@ class Server {
   ServerStats stats() const;
   // Per-method server metrics (calls, status codes, bytes, latency); PrometheusText() for scrapes.
   const Metrics& metrics() const;
+  // What /metrics serves: the per-method metrics, then stats() as zrpc_server_* counters and
+  // gauges, in Prometheus text format 0.0.4.
+  std::string PrometheusText() const;
+  // The port of the metrics endpoint (ServerOptions::metrics_address), after Start; 0 if none.
+  uint16_t metrics_port() const;
 
  private:
-  explicit Server(std::unique_ptr<internal::ServerCore> core);
+  Server(std::unique_ptr<internal::ServerCore> core, std::string metrics_address);
   std::unique_ptr<internal::ServerCore> core_;
+  const std::string metrics_address_;
+  // After core_, so that it stops (and renders no more) before the core goes.
+  mutable absl::Mutex metrics_mu_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_ ABSL_GUARDED_BY(metrics_mu_);
+  std::atomic<uint16_t> metrics_port_{0};
 };
 
 }  // namespace zrpc

@@ -270,7 +270,7 @@ TEST_CASE("the Prometheus text parses back and agrees with the snapshot", "[metr
   m.AddMessageBytes(12'345'678'901, 0);
   m.AddBulkBytes(0, 65536);
   metrics.ForMethod(MetricsSide::kServer, "pkg.Svc/Idle");
-  const std::string text = metrics.PrometheusText();
+  const std::string text = metrics.PrometheusText(zrpc::ExposedBuckets::kFine);
   const std::map<std::string, double> samples = Parse(text);
 
   for (const char* family :
@@ -326,6 +326,36 @@ TEST_CASE("the Prometheus text parses back and agrees with the snapshot", "[metr
   CHECK(text.find("zrpc_calls_started_total{") < text.find("# HELP zrpc_calls_finished_total"));
 }
 
+TEST_CASE("by default the exposition shows the bounds 1, 2, 5 of each decade, with exact "
+          "cumulative counts", "[metrics]") {
+  Metrics metrics;
+  MethodMetrics& m = metrics.ForMethod(MetricsSide::kServer, "pkg.Svc/Get");
+  m.OnFinish(absl::StatusCode::kOk, absl::Nanoseconds(1250));   // in (1 us, 1.25 us]
+  m.OnFinish(absl::StatusCode::kOk, absl::Microseconds(2));     // on a shown bound
+  m.OnFinish(absl::StatusCode::kOk, absl::Microseconds(120));   // in (100 us, 125 us]
+  m.OnFinish(absl::StatusCode::kOk, absl::Seconds(200));        // above 100 s
+  const std::string text = metrics.PrometheusText();
+  const std::map<std::string, double> samples = Parse(text);
+  const std::string bucket = "zrpc_call_latency_seconds_bucket{side=\"server\",method=\"pkg.Svc/Get\",le=";
+  CHECK(CountLines(text, bucket) == 26);  // 8 decades x 3, then 100 s, then +Inf
+  CHECK(samples.count(bucket + "\"0.00000125\"}") == 0);
+  CHECK(samples.at(bucket + "\"0.000001\"}") == 0);
+  CHECK(samples.at(bucket + "\"0.000002\"}") == 2);
+  CHECK(samples.at(bucket + "\"0.000005\"}") == 2);
+  CHECK(samples.at(bucket + "\"0.0001\"}") == 2);
+  CHECK(samples.at(bucket + "\"0.0002\"}") == 3);
+  CHECK(samples.at(bucket + "\"50\"}") == 3);
+  CHECK(samples.at(bucket + "\"100\"}") == 3);
+  CHECK(samples.at(bucket + "\"+Inf\"}") == 4);
+  // The fine exposition agrees wherever both show a bound.
+  const std::map<std::string, double> fine = Parse(metrics.PrometheusText(zrpc::ExposedBuckets::kFine));
+  CHECK(CountLines(metrics.PrometheusText(zrpc::ExposedBuckets::kFine), bucket) == 82);
+  for (const auto& [series, value] : samples) {
+    INFO(series);
+    CHECK(fine.at(series) == value);
+  }
+}
+
 TEST_CASE("label values are escaped: backslash, double quote, newline", "[metrics]") {
   Metrics metrics;
   metrics.ForMethod(MetricsSide::kServer, "we\"ird\\pkg.Svc/Get\nX").OnStart();
@@ -357,7 +387,7 @@ TEST_CASE("several registries expose as one, the same method summed", "[metrics]
   CHECK(samples.at("zrpc_calls_started_total{side=\"client\",method=\"pkg.Svc/Put\"}") == 1);
   CHECK(samples.at("zrpc_calls_started_total{side=\"server\",method=\"pkg.Svc/Get\"}") == 1);
   CHECK(CountLines(text, "# TYPE zrpc_calls_started_total") == 1);
-  CHECK(Metrics::PrometheusText({}) == Metrics().PrometheusText());
+  CHECK(Metrics::PrometheusText(absl::Span<const Metrics* const>()) == Metrics().PrometheusText());
 }
 
 TEST_CASE("the Prometheus parser accepts the format and refuses malformed text", "[metrics]") {

@@ -24,6 +24,7 @@
 #include "tests/pattern.h"
 #include "tests/rpc/runtime_fixture.h"
 #include "tests/rpc/prometheus_parse.h"
+#include "tests/rpc/scrape.h"
 #include "tests/rdma_device.h"
 #include "transport/connection.h"
 #include "transport/device.h"
@@ -737,6 +738,58 @@ TEST_CASE("metrics: the Prometheus text parses and agrees with the calls made") 
           (server_side ? requests : replies));
   }
   static_cast<void>(sizes_request);
+}
+
+TEST_CASE("metrics over HTTP: a server with metrics_address is scraped by curl at /metrics, "
+          "method metrics and server stats, which promtool and the strict parser accept") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ServerOptions options;
+  options.metrics_address = "127.0.0.1:0";
+  Runtime rt(config, options);
+  REQUIRE(rt.server->metrics_port() != 0);
+  Greeter::Stub stub(rt.channel.get());
+  HelloRequest request;
+  request.set_name("m");
+  HelloReply reply;
+  for (int i = 0; i < 5; ++i) REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+
+  const std::string url =
+      absl::StrCat("http://127.0.0.1:", rt.server->metrics_port(), "/metrics");
+  zrpc::testing::HttpResponse r = zrpc::testing::Curl(url);
+  INFO(r.headers);
+  REQUIRE(r.curl_exit == 0);
+  REQUIRE(r.status == 200);
+  auto parsed = zrpc::testing::ParsePrometheusText(r.body);
+  INFO(parsed.status());
+  REQUIRE(parsed.ok());
+  CHECK(parsed->at("zrpc_calls_finished_total{side=\"server\",method=\"zrpc.examples.Greeter/"
+                   "SayHello\",code=\"OK\"}") == 5);
+  CHECK(parsed->at("zrpc_server_connections_open") == 1);
+  CHECK(parsed->at("zrpc_server_connections_accepted_total") == 1);
+  CHECK(parsed->at("zrpc_server_calls_in_flight") == 0);
+  if (std::optional<std::string> promtool = zrpc::testing::FindPromtool()) {
+    zrpc::testing::CommandResult check =
+        zrpc::testing::RunCommand("'" + *promtool + "' check metrics", r.body);
+    INFO(check.output);
+    CHECK(check.exit_code == 0);
+  } else {
+    WARN("no promtool here: checked with the strict parser only (metrics_http_test says SKIPPED)");
+  }
+
+  // A second server asking for the same metrics port is refused at Start, naming the option.
+  zrpc::ServerOptions clash;
+  clash.device = config;
+  clash.metrics_address = absl::StrCat("127.0.0.1:", rt.server->metrics_port());
+  auto second = zrpc::Server::Create(clash);
+  REQUIRE(second.ok());
+  absl::Status started = (*second)->Start();
+  CHECK(started.code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::StrContains(started.message(), "ServerOptions::metrics_address"));
+
+  // Shutdown stops the endpoint.
+  const uint16_t port = rt.server->metrics_port();
+  rt.server->Shutdown(absl::Seconds(1));
+  CHECK(zrpc::testing::Curl(absl::StrCat("http://127.0.0.1:", port, "/metrics")).curl_exit != 0);
 }
 
 // Takes connections and never answers: a server whose host has hung.

@@ -1,0 +1,84 @@
+// MetricsHttpServer: /metrics over HTTP, for Prometheus to scrape.
+//
+//   ServerOptions options;
+//   options.metrics_address = "0.0.0.0:9464";   // the Server runs one of these for its metrics
+//
+// or, for a client program (or anything else that renders Prometheus text):
+//
+//   auto http = zrpc::MetricsHttpServer::Start("127.0.0.1:9464",
+//                                              [&] { return channel->metrics().PrometheusText(); });
+//
+// What it is. A deliberately small HTTP/1.1 server on a plain TCP socket (not the RDMA device):
+// one thread, one request per connection (`Connection: close`), answering
+//   GET /metrics, HEAD /metrics  200, text/plain; version=0.0.4 (Prometheus' text format),
+//                                the body `render()` returns, rendered afresh for each scrape;
+//   any other path               404;
+//   any other method             405 (Allow: GET, HEAD);
+//   a request it cannot parse    400.
+// A query string is ignored ("/metrics?x=1" is /metrics).
+//
+// Bounds, because whoever can reach the port is a peer: a request head (request line and
+// headers) larger than 8 KiB gets 400 (431 in spirit); a client that sends or reads nothing for
+// `io_timeout` (2 s) is dropped. Connections are served one at a time, so a slow scraper delays
+// the next by at most io_timeout per read or write. Nothing it receives reaches the RPC runtime.
+// It does not speak TLS or authenticate: bind it to an address only your monitoring reaches.
+//
+// Threads: `render` runs on the endpoint's thread, one call at a time; it must be thread-safe
+// with respect to the rest of the program (Metrics::PrometheusText and Server::stats are). The
+// destructor stops the thread (waiting for a scrape being answered) and closes the socket.
+#ifndef ZRPC_RPC_METRICS_HTTP_H_
+#define ZRPC_RPC_METRICS_HTTP_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace zrpc {
+
+class MetricsHttpServer {
+ public:
+  using Render = std::function<std::string()>;
+
+  static constexpr size_t kMaxRequestHead = 8 * 1024;
+
+  // Listens on `address`, "host:port" ("[v6]:port"; port 0: any free one, port() says which;
+  // host 0.0.0.0 or [::]: every interface), and serves from a thread of its own.
+  // kInvalidArgument for a malformed address; kUnavailable when it cannot bind (in use, not an
+  // address of this host), naming the address and the reason.
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+      absl::string_view address, Render render, absl::Duration io_timeout = absl::Seconds(2));
+  ~MetricsHttpServer();
+  MetricsHttpServer(const MetricsHttpServer&) = delete;
+  MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
+
+  uint16_t port() const { return port_; }
+  // How many requests it answered with 200 / with an error status.
+  uint64_t scrapes() const { return scrapes_.load(std::memory_order_relaxed); }
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
+
+ private:
+  MetricsHttpServer(int listen_fd, int wake_fd, uint16_t port, Render render,
+                    absl::Duration io_timeout);
+  void Loop();
+  void Serve(int fd);
+
+  const int listen_fd_;
+  const int wake_fd_;  // an eventfd: written by the destructor to stop Loop
+  const uint16_t port_;
+  const Render render_;
+  const absl::Duration io_timeout_;
+  std::atomic<uint64_t> scrapes_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::thread thread_;
+};
+
+}  // namespace zrpc
+
+#endif  // ZRPC_RPC_METRICS_HTTP_H_
