@@ -163,7 +163,8 @@ void AddBulkVars(const ::zrpc::MethodOptions& options, Vars& vars) {
   // Handler parameters, named in the declaration; the dispatch lambda names only those it uses.
   vars["handler_in"] = in ? "\n        ::zrpc::IncomingBulk request_bulk," : "";
   vars["handler_out"] = out ? ",\n        ::zrpc::OutgoingBulk* response_bulk" : "";
-  vars["default_in"] = in ? " ::zrpc::IncomingBulk," : "";
+  vars["default_in"] = in ? " ::zrpc::IncomingBulk request_bulk," : "";
+  vars["pass_default_in"] = in ? ", ::std::move(request_bulk)" : "";
   vars["default_out"] = out ? ", ::zrpc::OutgoingBulk*" : "";
   vars["lambda_in"] = in ? " request_bulk" : "";
   vars["lambda_out"] = out ? " response_bulk" : "";
@@ -313,21 +314,31 @@ void PrintHeaderService(Printer& p, const ServiceCode& code) {
       "\n");
   PrintServerClass(
       p, methods,
-      "  // Server base class: override the handlers the server implements; the others answer\n"
-      "  // UNIMPLEMENTED. Handlers may run on several threads at once.\n"
+      "  // Server base class: for each method the server implements, override one of its two\n"
+      "  // handlers: the blocking one, which answers by returning, or the async one\n"
+      "  // (Async<Method>), which owns the call, a ::zrpc::PendingCall with the request and the\n"
+      "  // response to fill in, and finishes it when the answer is ready, also after returning\n"
+      "  // and from another thread (one dropped unfinished fails with INTERNAL). Methods may mix\n"
+      "  // the two forms freely; those with neither answer UNIMPLEMENTED. Handlers may run on\n"
+      "  // several threads at once.\n"
       "  class Service : public ::zrpc::Service {\n",
       "\n"
       "$comments$"
       "$handler_bulk_doc$"
       "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
-      "        const $Request$& request,$handler_in$ $Response$* response$handler_out$);\n");
+      "        const $Request$& request,$handler_in$ $Response$* response$handler_out$);\n"
+      "    // $Method$, answered later (override this or the above, not both).\n"
+      "$async_bulk_doc$"
+      "    virtual void $AsyncMethod$(::std::unique_ptr<::zrpc::PendingCall<\n"
+      "        $Request$, $Response$>> call);\n");
   PrintServerClass(
       p, methods,
-      "  // Asynchronous server base class: each handler owns its call, a ::zrpc::PendingCall with\n"
-      "  // the request and the response to fill in, and finishes it when the answer is ready, also\n"
-      "  // after returning and from another thread; one dropped unfinished fails with INTERNAL.\n"
-      "  // Override the handlers the server implements; the others answer UNIMPLEMENTED. Handlers\n"
-      "  // may run on several threads at once.\n"
+      "  // Asynchronous server base class: every method in the async form, under the rpc's own\n"
+      "  // name (Service offers both forms, per method). Each handler owns its call, a\n"
+      "  // ::zrpc::PendingCall with the request and the response to fill in, and finishes it when\n"
+      "  // the answer is ready, also after returning and from another thread; one dropped\n"
+      "  // unfinished fails with INTERNAL. Override the handlers the server implements; the\n"
+      "  // others answer UNIMPLEMENTED. Handlers may run on several threads at once.\n"
       "  class AsyncService : public ::zrpc::Service {\n",
       "\n"
       "$comments$"
@@ -410,9 +421,14 @@ void PrintSourceMembers(Printer& p, const ServiceCode& code) {
             "      request, $pass_stub_in$, response, $pass_stub_out$, options,\n"
             "      ::std::move(done));\n"
             "}\n\n"
-            "::absl::Status $Service$::Service::$Method$(::zrpc::ServerContext&,\n"
+            "// Not overridden: $Method$ is served by $AsyncMethod$ (rpc/generated_api.h).\n"
+            "::absl::Status $Service$::Service::$Method$(::zrpc::ServerContext& context,\n"
             "    const $Request$&,$default_in$ $Response$*$default_out$) {\n"
-            "  return ::absl::UnimplementedError(\"$full_name$ is not implemented\");\n"
+            "  return ::zrpc::internal::AnswerLater(context, \"$full_name$\"$pass_default_in$);\n"
+            "}\n\n"
+            "void $Service$::Service::$AsyncMethod$(::std::unique_ptr<::zrpc::PendingCall<\n"
+            "    $Request$, $Response$>> call) {\n"
+            "  call->Finish(::absl::UnimplementedError(\"$full_name$ is not implemented\"));\n"
             "}\n\n"
             "void $Service$::AsyncService::$Method$(::std::unique_ptr<::zrpc::PendingCall<\n"
             "    $Request$, $Response$>> call) {\n"
@@ -422,12 +438,14 @@ void PrintSourceMembers(Printer& p, const ServiceCode& code) {
   PrintDispatch(p, code, "Service",
                 "    case $index$:\n"
                 "      ::zrpc::internal::HandleUnary<$Request$, $Response$>(\n"
-                "          call, [this](::zrpc::ServerContext& context, const $Request$& request,\n"
-                "                       ::zrpc::IncomingBulk$lambda_in$, $Response$* response,\n"
-                "                       ::zrpc::OutgoingBulk*$lambda_out$) {\n"
+                "          call, $Qualified$::kMethods[$index$],\n"
+                "          [this](::zrpc::ServerContext& context, const $Request$& request,\n"
+                "                 ::zrpc::IncomingBulk$lambda_in$, $Response$* response,\n"
+                "                 ::zrpc::OutgoingBulk*$lambda_out$) {\n"
                 "            return this->$Method$(context, request,$pass_handler_in$ response"
                 "$pass_handler_out$);\n"
-                "          });\n"
+                "          },\n"
+                "          [this](auto pending) { this->$AsyncMethod$(::std::move(pending)); });\n"
                 "      return;\n");
   // The handler takes the PendingCall whatever the method's payloads: they travel inside it.
   PrintDispatch(p, code, "AsyncService",

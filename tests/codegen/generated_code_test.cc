@@ -1189,3 +1189,156 @@ TEST_CASE("rpcs and services named like AsyncService or PendingCall still work",
   idle.Dispatch(0, &nothing);
   CHECK(nothing.status().code() == absl::StatusCode::kUnimplemented);
 }
+
+// One Service, each method in the form that suits it: blocking handlers answer by returning,
+// Async<Method> handlers own the call (a PendingCall) and finish it later, from any thread.
+namespace {
+
+using zrpc::examples::ObjectInfo;
+using zrpc::examples::ObjectKey;
+using zrpc::examples::ObjectStore;
+
+class MixedGreeter : public Greeter::Service {
+ public:
+  absl::Status SayHello(zrpc::ServerContext&, const HelloRequest& request,
+                        HelloReply* response) override {
+    response->set_message("blocking " + request.name());
+    return absl::OkStatus();
+  }
+  // Ping answered later, from a thread of its own.
+  void AsyncPing(std::unique_ptr<zrpc::PendingCall<google::protobuf::Empty, google::protobuf::Empty>>
+                     call) override {
+    pings.fetch_add(1);
+    std::lock_guard<std::mutex> lock(mu);
+    workers.emplace_back([call = std::move(call)]() mutable { call->Finish(absl::OkStatus()); });
+  }
+  ~MixedGreeter() override {
+    for (std::thread& t : workers) t.join();
+  }
+  std::atomic<int> pings{0};
+  std::mutex mu;
+  std::vector<std::thread> workers;
+};
+
+// The other way round, with payloads: Put (a request payload) async, Get (a response payload)
+// blocking, Transform (both) async from a worker, Stat neither.
+class MixedStore : public ObjectStore::Service {
+ public:
+  ~MixedStore() override {
+    for (std::thread& t : workers) t.join();
+  }
+  void AsyncPut(std::unique_ptr<zrpc::PendingCall<ObjectKey, zrpc::examples::PutReply>> call)
+      override {
+    zrpc::IncomingBulk bulk = call->TakeRequestBulk();
+    call->response()->set_stored_bytes(bulk.size());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      objects[call->request().name()] = std::string(bulk.view());
+    }
+    call->Finish(absl::OkStatus());
+  }
+  absl::Status Get(zrpc::ServerContext&, const ObjectKey& request, ObjectInfo* response,
+                   zrpc::OutgoingBulk* response_bulk) override {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = objects.find(request.name());
+    if (it == objects.end()) return absl::NotFoundError(request.name());
+    response->set_size(it->second.size());
+    *response_bulk = zrpc::OutgoingBulk::Copy(it->second);
+    return absl::OkStatus();
+  }
+  void AsyncTransform(std::unique_ptr<zrpc::PendingCall<ObjectKey, ObjectInfo>> call) override {
+    std::lock_guard<std::mutex> lock(mu);
+    workers.emplace_back([call = std::move(call)]() mutable {
+      zrpc::IncomingBulk in = call->TakeRequestBulk();
+      std::string reversed(in.view().rbegin(), in.view().rend());
+      in.Reset();
+      call->response()->set_size(reversed.size());
+      *call->response_bulk() = zrpc::OutgoingBulk::Copy(std::move(reversed));
+      call->Finish(absl::OkStatus());
+    });
+  }
+  std::mutex mu;
+  std::map<std::string, std::string> objects;
+  std::vector<std::thread> workers;
+};
+
+// A blocking handler that falls back on its base class: the method answers UNIMPLEMENTED.
+class BaseCallingGreeter : public Greeter::Service {
+ public:
+  absl::Status SayHello(zrpc::ServerContext& context, const HelloRequest& request,
+                        HelloReply* response) override {
+    return Greeter::Service::SayHello(context, request, response);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("one Service mixes forms per method: a blocking handler beside an async one finished "
+          "on another thread", "[codegen][mixed]") {
+  MixedGreeter impl;
+  LoopbackChannel channel(&impl);
+  Greeter::Stub stub(&channel);
+  HelloRequest request;
+  request.set_name("x");
+  HelloReply reply;
+  REQUIRE(stub.SayHello(request, &reply).ok());
+  CHECK(reply.message() == "blocking x");
+  google::protobuf::Empty empty;
+  for (int i = 0; i < 20; ++i) REQUIRE(stub.Ping(empty, &empty).ok());
+  CHECK(impl.pings.load() == 20);
+  CHECK(channel.contract_violations() == 0);
+}
+
+TEST_CASE("mixed forms with payloads: an async handler takes the request payload in place, a "
+          "blocking one sends a response payload, an async one on a worker does both",
+          "[codegen][mixed][bulk]") {
+  MixedStore impl;
+  LoopbackChannel channel(&impl);
+  ObjectStore::Stub stub(&channel);
+  const std::string object = Pattern(50000, 3);
+  int client_releases = 0;
+  zrpc::examples::PutReply put;
+  REQUIRE(stub.Put(Key("a"), OutgoingBulk(object.data(), object.size(), [&] { ++client_releases; }),
+                   &put)
+              .ok());
+  CHECK(put.stored_bytes() == object.size());
+  CHECK(client_releases == 1);
+  CHECK(channel.server_memory.held() == 0);  // the async handler released it (copied out)
+  CHECK(channel.server_memory.releases == 1);
+
+  ObjectInfo info;
+  IncomingBulk back;
+  REQUIRE(stub.Get(Key("a"), &info, &back).ok());
+  CHECK(info.size() == object.size());
+  CHECK(back.view() == object);
+  back.Reset();
+  CHECK(stub.Get(Key("missing"), &info, &back).code() == absl::StatusCode::kNotFound);
+
+  REQUIRE(stub.Transform(Key("t"), OutgoingBulk::Copy("abcdef"), &info, &back).ok());
+  CHECK(back.view() == "fedcba");
+  back.Reset();
+
+  // Stat: neither form overridden.
+  absl::Status stat = stub.Stat(Key("a"), &info);
+  CHECK(stat.code() == absl::StatusCode::kUnimplemented);
+  CHECK(stat.message() == "zrpc.examples.ObjectStore/Stat is not implemented");
+  CHECK(channel.server_memory.held() == 0);
+  CHECK(channel.server_memory.bad_releases == 0);
+  CHECK(channel.contract_violations() == 0);
+}
+
+TEST_CASE("a blocking handler that calls its base class answers UNIMPLEMENTED, and so does the "
+          "base class called outside a call", "[codegen][mixed]") {
+  BaseCallingGreeter impl;
+  LoopbackChannel channel(&impl);
+  Greeter::Stub stub(&channel);
+  HelloRequest request;
+  HelloReply reply;
+  absl::Status s = stub.SayHello(request, &reply);
+  CHECK(s.code() == absl::StatusCode::kUnimplemented);
+  CHECK(s.message() == "zrpc.examples.Greeter/SayHello is not implemented");
+  zrpc::ServerContext context;
+  s = impl.Greeter::Service::SayHello(context, request, &reply);
+  CHECK(s.code() == absl::StatusCode::kUnimplemented);
+  CHECK(s.message() == "zrpc.examples.Greeter/SayHello is not implemented");
+}

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/time/clock.h"
 #include "app/echo.zrpc.h"
@@ -25,12 +26,22 @@ class EchoImpl : public consumer::Echo::Service {
     reply->set_message("hello " + request.name());
     return absl::OkStatus();
   }
-  absl::Status Reflect(zrpc::ServerContext&, const HelloRequest&, zrpc::IncomingBulk request_bulk,
-                       HelloReply* reply, zrpc::OutgoingBulk* response_bulk) override {
-    reply->set_message(std::to_string(request_bulk.size()));
-    *response_bulk = zrpc::OutgoingBulk::Copy(std::string(request_bulk.view()));
-    return absl::OkStatus();
+  // Reflect in the async form, answered from a thread of its own: one service mixes both.
+  void AsyncReflect(std::unique_ptr<zrpc::PendingCall<HelloRequest, HelloReply>> call) override {
+    worker_ = std::thread([call = std::move(call)]() mutable {
+      zrpc::IncomingBulk in = call->TakeRequestBulk();
+      call->response()->set_message(std::to_string(in.size()));
+      *call->response_bulk() = zrpc::OutgoingBulk::Copy(std::string(in.view()));
+      in.Reset();
+      call->Finish(absl::OkStatus());
+    });
   }
+  ~EchoImpl() override {
+    if (worker_.joinable()) worker_.join();
+  }
+
+ private:
+  std::thread worker_;  // one Reflect at a time in this test
 };
 
 }  // namespace
