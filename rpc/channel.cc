@@ -23,6 +23,7 @@
 #include "rpc/rpc_header.h"
 #include "rpc/shared_device.h"
 #include "rpc/staging.h"
+#include "transport/log.h"
 
 namespace zrpc {
 namespace internal {
@@ -53,6 +54,9 @@ class ChannelCore final : public ClientConnectionOwner {
   absl::StatusOr<std::shared_ptr<ClientConnection>> Pick(absl::Time deadline);
   absl::Status ConnectAll(absl::Time deadline);
   ChannelStats stats() const;
+  // Records the message limit of a new connection, and warns once when the server's receive
+  // slots differ from this channel's.
+  void NoteMessageLimit(const transport::Connection& connection);
   const std::string& target() const { return target_; }
   const ChannelOptions& options() const { return options_; }
 
@@ -125,6 +129,8 @@ class ChannelCore final : public ClientConnectionOwner {
 
   std::atomic<uint64_t> attempts_{0};
   std::atomic<uint64_t> failures_{0};
+  std::atomic<uint64_t> max_message_{0};       // ChannelStats::max_message_size
+  std::atomic<bool> slot_mismatch_said_{false};  // the slot-size warning, once per channel
   std::atomic<uint64_t> lost_{0};
   std::atomic<uint64_t> expired_{0};
   std::atomic<uint64_t> late_{0};
@@ -248,7 +254,10 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
   sub.mu.Unlock();
   absl::StatusOr<std::shared_ptr<transport::Connection>> made = transport::Connection::Connect(
       *device_, *poller, host_, port_, connection.get(), options_.connection, timeout);
-  if (made.ok()) connection->Attach(*std::move(made));
+  if (made.ok()) {
+    NoteMessageLimit(**made);
+    connection->Attach(*std::move(made));
+  }
   sub.mu.Lock();
   sub.connecting = false;
   if (!made.ok() && timeout < options_.connect_timeout &&
@@ -385,8 +394,23 @@ absl::Status ChannelCore::CloseStatus(const std::string& peer, const absl::Statu
       absl::StrCat("the connection to ", peer, " failed: ", why.message()));
 }
 
+void ChannelCore::NoteMessageLimit(const transport::Connection& connection) {
+  max_message_.store(RpcConnection::MaxBody(connection), std::memory_order_relaxed);
+  const size_t own = device_->slots().slot_size();
+  const size_t peer = connection.peer_recv_size();
+  if (own == peer || slot_mismatch_said_.exchange(true)) return;
+  // Negotiated, not refused: the smaller side governs both ways. Said once, at connect, so that
+  // an operator sees it before the first message that does not fit (whose error says it too).
+  ZRPC_LOG(kWarning, "client", "connected to ", target_, ": its receive slots are ", peer,
+           " bytes (ServerOptions::slots.slot_size), this channel's ", own,
+           " (ChannelOptions::slots.slot_size); messages carry at most ",
+           RpcConnection::MaxBody(connection),
+           " bytes both ways, set by the smaller side: set both to the same size");
+}
+
 ChannelStats ChannelCore::stats() const {
   ChannelStats stats;
+  stats.max_message_size = max_message_.load(std::memory_order_relaxed);
   stats.connect_attempts = attempts_.load(std::memory_order_relaxed);
   stats.connect_failures = failures_.load(std::memory_order_relaxed);
   stats.connections_lost = lost_.load(std::memory_order_relaxed);

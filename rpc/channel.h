@@ -104,6 +104,10 @@ struct ChannelStats {
   uint64_t late_responses = 0;
   uint64_t protocol_violations = 0;  // connections closed because the server broke the protocol
   absl::Duration backoff = absl::ZeroDuration();  // the current reconnection delay, if failing
+  // The largest request or response (serialized bytes) a message carries on the connection made
+  // last: the smaller of this channel's and the server's receive slots, less 40 bytes of headers
+  // (a mismatch is logged once, at connect, as a warning). 0 before the first connection.
+  uint64_t max_message_size = 0;
 };
 
 class ClientChannel final : public Channel {

@@ -25,6 +25,7 @@
 #include "tests/rpc/runtime_fixture.h"
 #include "tests/rpc/prometheus_parse.h"
 #include "tests/rpc/scrape.h"
+#include "tests/log_capture.h"
 #include "tests/rdma_device.h"
 #include "transport/connection.h"
 #include "transport/device.h"
@@ -224,10 +225,19 @@ TEST_CASE("a message over the limit fails naming the side and the option that se
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ChannelOptions channel_options;
   channel_options.slots.slot_size = 8192;  // the server keeps 4096: it governs both ways
+  zrpc::testing::LogCapture log(zrpc::LogLevel::kWarning);
   Runtime rt(config, {}, channel_options);
   Greeter::Stub stub(rt.channel.get());
   HelloRequest request;
   HelloReply reply;
+  CHECK(rt.channel->stats().max_message_size == 0);  // not connected yet
+  REQUIRE(rt.channel->Connect(absl::Now() + kLong).ok());
+  CHECK(rt.channel->stats().max_message_size == 4096 - 40);
+  // Said at connect, once, naming both options.
+  REQUIRE(log.Count(zrpc::LogLevel::kWarning, "client", "its receive slots are 4096 bytes "
+                                                        "(ServerOptions::slots.slot_size), this "
+                                                        "channel's 8192") == 1);
+  CHECK(log.Count(zrpc::LogLevel::kWarning, "client", "messages carry at most 4056 bytes") == 1);
 
   request.set_name(std::string(5000, 'r'));
   absl::Status s = stub.SayHello(request, &reply, Within(kLong));
@@ -248,6 +258,7 @@ TEST_CASE("a message over the limit fails naming the side and the option that se
 
   request.set_name("fits");
   REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  CHECK(log.records().size() == 1);  // once per channel, not per call
 }
 
 TEST_CASE("errors: a handler's status reaches the client intact; unknown services and methods "
