@@ -162,15 +162,6 @@ class Channel {
                               DoneCallback done) = 0;
 };
 
-class ServerCall;
-struct ServerContext;
-namespace internal {
-inline ::absl::Status AnswerLater(ServerContext& context, const char* full_name,
-                                  IncomingBulk request_bulk = IncomingBulk());
-template <typename Request, typename Response, typename Handler, typename Later>
-void HandleUnary(ServerCall* call, const MethodInfo& method, Handler&& handler, Later&& later);
-}  // namespace internal
-
 // What a handler sees of the call it serves; the runtime fills it in before the handler runs.
 struct ServerContext {
   // When the caller stops waiting, on this host's clock: the remaining time its request carried,
@@ -205,16 +196,9 @@ struct ServerContext {
   }
 
  private:
-  friend ::absl::Status internal::AnswerLater(ServerContext&, const char*, IncomingBulk);
-  template <typename Request, typename Response, typename Handler, typename Later>
-  friend void internal::HandleUnary(ServerCall*, const MethodInfo&, Handler&&, Later&&);
-
   static constexpr ::std::chrono::steady_clock::time_point kUnset{};
   ::std::atomic<bool> cancelled_{false};
   ::std::chrono::steady_clock::time_point monotonic_deadline_ = kUnset;
-  // While HandleUnary runs a blocking handler: where the generated default of that handler
-  // (AnswerLater) says "this method is answered by its async form" (internal::LaterSlot).
-  void* later_ = nullptr;
 };
 
 // The server side of one call in flight, implemented by the runtime.
@@ -459,26 +443,33 @@ void HandleUnaryLater(ServerCall* call, const MethodInfo& method, Handler&& hand
   handler(::std::make_unique<PendingCall<Request, Response>>(call, method, ::std::move(request)));
 }
 
-// Where the generated default of a blocking handler (AnswerLater) leaves word for HandleUnary.
+// Where the generated default of a blocking handler (AnswerLater) leaves word for HandleUnary:
+// one per blocking handler running, on its thread's stack, found through a thread_local (so a
+// default called from any other thread, or for another method, never reaches it).
 struct LaterSlot {
-  bool later = false;
+  const MethodInfo* method = nullptr;          // the method HandleUnary is running
+  bool later = false;                          // its generated default ran: serve it async
   ::std::optional<IncomingBulk> request_bulk;  // the payload that default was handed, given back
 };
 
+inline thread_local LaterSlot* current_later_slot = nullptr;
+
 // The generated default of a blocking handler in Foo::Service, for a method the service did not
-// override in its blocking form: the method is served by its async form (Async<Method>, whose
-// own default answers UNIMPLEMENTED). Gives `request_bulk` back to HandleUnary, which hands it to
-// the PendingCall. Called outside HandleUnary (a handler calling its base class), answers
-// UNIMPLEMENTED naming `full_name`.
-inline ::absl::Status AnswerLater(ServerContext& context, const char* full_name,
-                                  IncomingBulk request_bulk) {
-  auto* slot = static_cast<LaterSlot*>(context.later_);
-  if (slot == nullptr) {
-    return ::absl::UnimplementedError(::std::string(full_name) + " is not implemented");
+// override in its blocking form. Answers UNIMPLEMENTED naming `method`; and when it runs as
+// that method's own handler (on HandleUnary's thread, for the method being dispatched: not for
+// a handler calling another method's default, nor from another thread) it also tells
+// HandleUnary that the method is served by its async form, Async<Method>, and gives
+// `request_bulk` back for the PendingCall. HandleUnary goes async only when the handler then
+// returns this UNIMPLEMENTED: a handler that called its base class and did something else with
+// the answer keeps its own.
+inline ::absl::Status AnswerLater(ServerContext&, const MethodInfo& method,
+                                  IncomingBulk request_bulk = IncomingBulk()) {
+  LaterSlot* slot = current_later_slot;
+  if (slot != nullptr && slot->method == &method) {
+    slot->later = true;
+    slot->request_bulk.emplace(::std::move(request_bulk));
   }
-  slot->later = true;
-  slot->request_bulk.emplace(::std::move(request_bulk));
-  return ::absl::OkStatus();
+  return ::absl::UnimplementedError(::std::string(method.full_name) + " is not implemented");
 }
 
 // Foo::Service's dispatch of one method, blocking or async, whichever form the service
@@ -486,10 +477,10 @@ inline ::absl::Status AnswerLater(ServerContext& context, const char* full_name,
 //   handler(context, request, ::std::move(request_bulk), &response, &response_bulk)
 // (generated code adapts that to the method's blocking handler); then either serializes the
 // response straight into a registered slot and finishes the call, or -- when the handler was the
-// generated default, which calls AnswerLater -- hands the call to
+// generated default (AnswerLater) -- hands the call to
 //   later(::std::unique_ptr<PendingCall<Request, Response>>)
-// (the method's async form), which finishes it when it likes, from any thread. A blocking
-// handler costs one pointer store and one test more than it would alone: no allocation.
+// (the method's async form), which finishes it when it likes, from any thread. For a blocking
+// handler that costs two thread_local stores and a test: no allocation.
 template <typename Request, typename Response, typename Handler, typename Later>
 void HandleUnary(ServerCall* call, const MethodInfo& method, Handler&& handler, Later&& later) {
   Request request;
@@ -497,12 +488,18 @@ void HandleUnary(ServerCall* call, const MethodInfo& method, Handler&& handler, 
   Response response;
   OutgoingBulk response_bulk;
   LaterSlot slot;
-  ServerContext& context = call->context();
-  context.later_ = &slot;
-  ::absl::Status status =
-      handler(context, request, call->TakeRequestBulk(), &response, &response_bulk);
-  context.later_ = nullptr;
-  if (slot.later) {
+  slot.method = &method;
+  ::absl::Status status;
+  {
+    // Restored after, however the handler leaves: it may dispatch another call on this thread
+    // (an in-process channel), which sets and restores its own.
+    struct Scope {
+      LaterSlot* outer;
+      ~Scope() { current_later_slot = outer; }
+    } scope{::std::exchange(current_later_slot, &slot)};
+    status = handler(call->context(), request, call->TakeRequestBulk(), &response, &response_bulk);
+  }
+  if (slot.later && status.code() == ::absl::StatusCode::kUnimplemented) {
     response_bulk.Reset();
     later(::std::make_unique<PendingCall<Request, Response>>(call, method, ::std::move(request),
                                                              ::std::move(slot.request_bulk)));

@@ -25,7 +25,11 @@ absl::Status ParseHostPort(absl::string_view text, absl::string_view what, bool 
   }
   uint32_t p = 0;
   const uint32_t lowest = allow_port_zero ? 0 : 1;
-  if (!absl::SimpleAtoi(text.substr(colon + 1), &p) || p < lowest || p > 65535) {
+  const absl::string_view digits = text.substr(colon + 1);
+  // Digits only: SimpleAtoi would also take " 80" and "+80".
+  if (digits.empty() || digits.size() > 5 ||
+      digits.find_first_not_of("0123456789") != absl::string_view::npos ||
+      !absl::SimpleAtoi(digits, &p) || p < lowest || p > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(what, " \"", text,
                                                    "\": the port must be a number in [", lowest,
                                                    ", 65535]"));

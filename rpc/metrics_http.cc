@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -21,33 +22,15 @@
 namespace zrpc {
 namespace {
 
-// Waits until `fd` is ready for `events` or `until` passes; false on timeout or error.
-bool WaitFor(int fd, short events, absl::Time until) {
-  for (;;) {
-    const absl::Duration left = until - internal::MonotonicNow();
-    if (left <= absl::ZeroDuration()) return false;
-    pollfd p{fd, events, 0};
-    const int ms = static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
-    const int n = poll(&p, 1, ms);
-    if (n > 0) return (p.revents & (events | POLLHUP | POLLERR)) != 0;
-    if (n < 0 && errno != EINTR) return false;
-  }
-}
+constexpr size_t kMaxConnections = 16;
+constexpr size_t kMaxDrain = 64 * 1024;  // bytes read and discarded after an answer
 
-bool WriteAll(int fd, absl::string_view data, absl::Time until) {
-  while (!data.empty()) {
-    const ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n > 0) {
-      data.remove_prefix(static_cast<size_t>(n));
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (!WaitFor(fd, POLLOUT, until)) return false;
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return false;
-    }
-  }
-  return true;
+// A poll(2) timeout for `until`: 0 when past, -1 for none, never an int overflow.
+int PollTimeoutMs(absl::Time until, absl::Time now) {
+  if (until == absl::InfiniteFuture()) return -1;
+  if (until <= now) return 0;
+  const int64_t ms = absl::ToInt64Milliseconds(until - now) + 1;
+  return ms > INT_MAX ? INT_MAX : static_cast<int>(ms);
 }
 
 std::string Response(absl::string_view status, absl::string_view content_type,
@@ -61,6 +44,11 @@ std::string Response(absl::string_view status, absl::string_view content_type,
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     absl::string_view address, Render render, absl::Duration io_timeout) {
+  if (io_timeout <= absl::ZeroDuration() || io_timeout > absl::Hours(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics endpoint: io_timeout ",
+                                                   absl::FormatDuration(io_timeout),
+                                                   " is not in (0, 1h]"));
+  }
   std::string host;
   uint16_t port = 0;
   if (absl::Status s = internal::ParseHostPort(address, "metrics address", true, &host, &port);
@@ -129,74 +117,164 @@ MetricsHttpServer::~MetricsHttpServer() {
   close(wake_fd_);
 }
 
+// One connection of the loop: reading its request head, writing the answer, or draining what
+// it still sends (closing with unread input would reset the connection and lose the answer).
+struct MetricsHttpServer::Client {
+  enum class State { kReading, kWriting, kDraining };
+  int fd;
+  State state = State::kReading;
+  std::string in;
+  std::string out;
+  size_t sent = 0;
+  size_t drained = 0;
+  absl::Time deadline;
+};
+
 void MetricsHttpServer::Loop() {
+  std::vector<Client> clients;
+  absl::Time accept_paused_until = absl::InfinitePast();
+  std::vector<pollfd> fds;
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
+    absl::Time now = internal::MonotonicNow();
+    const bool paused = now < accept_paused_until;
+    const bool accepting = clients.size() < kMaxConnections && !paused;
+    fds.clear();
+    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0});
+    absl::Time next = paused ? accept_paused_until : absl::InfiniteFuture();
+    for (const Client& c : clients) {
+      fds.push_back({c.fd, static_cast<short>(c.state == Client::State::kWriting ? POLLOUT : POLLIN),
+                     0});
+      next = std::min(next, c.deadline);
     }
-    if (fds[1].revents != 0) return;
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;  // the peer went away first, or out of descriptors for now
-    Serve(fd);
-    close(fd);
+    const int n = poll(fds.data(), fds.size(), PollTimeoutMs(next, now));
+    if (n < 0 && errno != EINTR) break;
+    if (fds[0].revents != 0) break;  // the destructor: stop
+    now = internal::MonotonicNow();
+    // Existing clients first (fds[2 + i] is clients[i]); accepting appends to the vector.
+    for (size_t i = 0; i < clients.size(); ++i) {
+      if (n > 0 && fds[2 + i].revents != 0) Advance(clients[i], now);
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < clients.size(); ++i) {
+      Client& c = clients[i];
+      if (c.fd >= 0 && now >= c.deadline) {  // silent, or not reading what it asked for
+        close(c.fd);
+        c.fd = -1;
+      }
+      if (c.fd < 0) continue;
+      if (kept != i) clients[kept] = std::move(c);
+      ++kept;
+    }
+    clients.resize(kept);
+    if (n > 0 && (fds[1].revents & POLLIN) != 0) {
+      while (clients.size() < kMaxConnections) {
+        const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd >= 0) {
+          Client c;
+          c.fd = fd;
+          c.deadline = now + io_timeout_;  // the whole request head within io_timeout
+          clients.push_back(std::move(c));
+          continue;
+        }
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // Out of descriptors or memory: the listener stays readable, so pause instead of
+          // spinning; the connection waits in the backlog.
+          accept_paused_until = now + absl::Milliseconds(100);
+        }
+        break;  // EAGAIN (none left), or a peer gone before accept: nothing to do
+      }
+    }
+  }
+  for (Client& c : clients) close(c.fd);
+}
+
+void MetricsHttpServer::Advance(Client& c, absl::Time now) {
+  char buf[4096];
+  switch (c.state) {
+    case Client::State::kReading: {
+      for (;;) {
+        const ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+        if (n > 0) {
+          c.in.append(buf, static_cast<size_t>(n));
+          if (c.in.find("\r\n\r\n") != std::string::npos || c.in.size() > kMaxRequestHead) break;
+          continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+        close(c.fd);  // closed or failed before a whole head
+        c.fd = -1;
+        return;
+      }
+      c.out = Answer(c.in);
+      c.in.clear();
+      c.in.shrink_to_fit();
+      c.state = Client::State::kWriting;
+      c.deadline = now + io_timeout_;
+      [[fallthrough]];
+    }
+    case Client::State::kWriting: {
+      while (c.sent < c.out.size()) {
+        const ssize_t n = send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+        if (n > 0) {
+          c.sent += static_cast<size_t>(n);
+          c.deadline = now + io_timeout_;  // a slow reader is fine while it reads
+          continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+        close(c.fd);
+        c.fd = -1;
+        return;
+      }
+      // All sent: say so, then read what the client still sends until it closes, so that the
+      // close does not reset the connection under an answer it has not read yet.
+      shutdown(c.fd, SHUT_WR);
+      c.out.clear();
+      c.out.shrink_to_fit();
+      c.state = Client::State::kDraining;
+      c.deadline = now + std::min(io_timeout_, absl::Milliseconds(500));
+      [[fallthrough]];
+    }
+    case Client::State::kDraining: {
+      for (;;) {
+        const ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+        if (n > 0 && (c.drained += static_cast<size_t>(n)) <= kMaxDrain) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+        close(c.fd);  // the client closed, failed, or sends too much
+        c.fd = -1;
+        return;
+      }
+    }
   }
 }
 
-void MetricsHttpServer::Serve(int fd) {
-  // The request head, up to the blank line; a body (there should be none) is not read.
-  std::string head;
-  const absl::Time until = internal::MonotonicNow() + io_timeout_;
-  size_t end = std::string::npos;
-  while ((end = head.find("\r\n\r\n")) == std::string::npos) {
-    if (head.size() > kMaxRequestHead) break;
-    char buf[2048];
-    const ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n > 0) {
-      head.append(buf, static_cast<size_t>(n));
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      if (!WaitFor(fd, POLLIN, until)) return;  // silent for io_timeout: dropped
-    } else {
-      return;  // closed or failed before a whole head
-    }
-  }
+std::string MetricsHttpServer::Answer(const std::string& head) {
   const std::string text = "text/plain; charset=utf-8";
+  const size_t end = head.find("\r\n\r\n");
   if (end == std::string::npos || end > kMaxRequestHead) {
     refused_.fetch_add(1, std::memory_order_relaxed);
-    WriteAll(fd, Response("400 Bad Request", text, "", "request head over 8 KiB\n", true), until);
-    return;
+    return Response("400 Bad Request", text, "", "request head over 8 KiB\n", true);
   }
   const std::string line = head.substr(0, head.find("\r\n"));
   std::vector<std::string> parts = absl::StrSplit(line, ' ');
   if (parts.size() != 3 || !absl::StartsWith(parts[2], "HTTP/1.") || parts[1].empty() ||
       parts[1][0] != '/') {
     refused_.fetch_add(1, std::memory_order_relaxed);
-    WriteAll(fd, Response("400 Bad Request", text, "", "not an HTTP/1.x request line\n", true),
-             until);
-    return;
+    return Response("400 Bad Request", text, "", "not an HTTP/1.x request line\n", true);
   }
   const std::string& method = parts[0];
   const std::string path = parts[1].substr(0, parts[1].find('?'));
   const bool head_only = method == "HEAD";
   if (method != "GET" && !head_only) {
     refused_.fetch_add(1, std::memory_order_relaxed);
-    WriteAll(fd, Response("405 Method Not Allowed", text, "Allow: GET, HEAD\r\n",
-                          "only GET and HEAD\n", true),
-             until);
-    return;
+    return Response("405 Method Not Allowed", text, "Allow: GET, HEAD\r\n", "only GET and HEAD\n",
+                    true);
   }
   if (path != "/metrics") {
     refused_.fetch_add(1, std::memory_order_relaxed);
-    WriteAll(fd, Response("404 Not Found", text, "", "the metrics are at /metrics\n", !head_only),
-             until);
-    return;
+    return Response("404 Not Found", text, "", "the metrics are at /metrics\n", !head_only);
   }
   scrapes_.fetch_add(1, std::memory_order_relaxed);
-  WriteAll(fd,
-           Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", "", render_(),
-                    !head_only),
-           internal::MonotonicNow() + io_timeout_);
+  return Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", "", render_(), !head_only);
 }
 
 }  // namespace zrpc

@@ -9,7 +9,8 @@
 //                                              [&] { return channel->metrics().PrometheusText(); });
 //
 // What it is. A deliberately small HTTP/1.1 server on a plain TCP socket (not the RDMA device):
-// one thread, one request per connection (`Connection: close`), answering
+// one thread polling up to 16 connections at once, one request per connection
+// (`Connection: close`), answering
 //   GET /metrics, HEAD /metrics  200, text/plain; version=0.0.4 (Prometheus' text format),
 //                                the body `render()` returns, rendered afresh for each scrape;
 //   any other path               404;
@@ -18,14 +19,20 @@
 // A query string is ignored ("/metrics?x=1" is /metrics).
 //
 // Bounds, because whoever can reach the port is a peer: a request head (request line and
-// headers) larger than 8 KiB gets 400 (431 in spirit); a client that sends or reads nothing for
-// `io_timeout` (2 s) is dropped. Connections are served one at a time, so a slow scraper delays
-// the next by at most io_timeout per read or write. Nothing it receives reaches the RPC runtime.
-// It does not speak TLS or authenticate: bind it to an address only your monitoring reaches.
+// headers) larger than 8 KiB gets 400 (431 in spirit); a client must send its whole head within
+// `io_timeout` (2 s) of connecting, and is dropped when its answer makes no progress for
+// io_timeout (a slow reader that keeps reading gets all of it). After the answer, what the
+// client still sends is read and discarded (64 KiB, 0.5 s at most) so that closing does not
+// reset the connection under an unread answer. At most 16 connections are served at once; more
+// wait in the listen backlog, so slow clients delay a scrape by at most io_timeout. Out of
+// descriptors, accepting pauses for 100 ms instead of spinning. Nothing it receives reaches the
+// RPC runtime. It does not speak TLS or authenticate: bind it to an address only your
+// monitoring reaches.
 //
 // Threads: `render` runs on the endpoint's thread, one call at a time; it must be thread-safe
 // with respect to the rest of the program (Metrics::PrometheusText and Server::stats are). The
-// destructor stops the thread (waiting for a scrape being answered) and closes the socket.
+// destructor stops the thread (at once, between two polls: only a render in progress delays
+// it) and closes the socket and every connection.
 #ifndef ZRPC_RPC_METRICS_HTTP_H_
 #define ZRPC_RPC_METRICS_HTTP_H_
 
@@ -50,8 +57,8 @@ class MetricsHttpServer {
 
   // Listens on `address`, "host:port" ("[v6]:port"; port 0: any free one, port() says which;
   // host 0.0.0.0 or [::]: every interface), and serves from a thread of its own.
-  // kInvalidArgument for a malformed address; kUnavailable when it cannot bind (in use, not an
-  // address of this host), naming the address and the reason.
+  // kInvalidArgument for a malformed address or an io_timeout outside (0, 1 h]; kUnavailable
+  // when it cannot bind (in use, not an address of this host), naming the address and why.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       absl::string_view address, Render render, absl::Duration io_timeout = absl::Seconds(2));
   ~MetricsHttpServer();
@@ -64,10 +71,15 @@ class MetricsHttpServer {
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
 
  private:
+  struct Client;
+
   MetricsHttpServer(int listen_fd, int wake_fd, uint16_t port, Render render,
                     absl::Duration io_timeout);
   void Loop();
-  void Serve(int fd);
+  // Moves `client` on as far as its socket allows; closes it (fd -1) when done or failed.
+  void Advance(Client& client, absl::Time now);
+  // The whole response to a request head.
+  std::string Answer(const std::string& head);
 
   const int listen_fd_;
   const int wake_fd_;  // an eventfd: written by the destructor to stop Loop

@@ -18,9 +18,8 @@ constexpr LogLevel kDefaultLevel = LogLevel::kError;
 std::atomic<int> level_{kUnset};
 
 absl::Mutex sink_mu(absl::kConstInit);
-// Null: the default sink. Shared so that a record being written keeps the sink it started with
-// alive while another thread replaces it.
-std::shared_ptr<const LogSink>* sink ABSL_GUARDED_BY(sink_mu) = nullptr;
+// Null: the default sink. Owned; replaced and deleted by SetLogSink.
+const LogSink* sink ABSL_GUARDED_BY(sink_mu) = nullptr;
 
 int LevelFromEnvironment() {
   const char* env = std::getenv("ZRPC_LOG_LEVEL");
@@ -49,15 +48,13 @@ void SetLogLevel(LogLevel level) { level_.store(static_cast<int>(level), std::me
 LogLevel GetLogLevel() { return static_cast<LogLevel>(CurrentLevel()); }
 
 void SetLogSink(LogSink new_sink) {
-  auto* replacement =
-      new_sink ? new std::shared_ptr<const LogSink>(std::make_shared<LogSink>(std::move(new_sink)))
-               : nullptr;
-  std::shared_ptr<const LogSink>* old;
+  const LogSink* replacement = new_sink ? new LogSink(std::move(new_sink)) : nullptr;
+  const LogSink* old;
   {
     absl::MutexLock lock(&sink_mu);
     old = std::exchange(sink, replacement);
   }
-  delete old;  // outside the lock: the sink's own destructor may log nothing, but may be slow
+  delete old;  // outside the lock: no record is being written to it any more
 }
 
 std::optional<LogLevel> ParseLogLevel(absl::string_view name) {
@@ -100,14 +97,14 @@ bool LogEnabled(LogLevel level) {
 void EmitLog(LogLevel level, absl::string_view component, const char* file, int line,
              const std::string& message) {
   const LogRecord record{level, component, message, file, line};
-  std::shared_ptr<const LogSink> current;
   {
-    absl::MutexLock lock(&sink_mu);
-    if (sink != nullptr) current = *sink;
-  }
-  if (current != nullptr) {
-    (*current)(record);
-    return;
+    // The sink runs under the reader lock, so that SetLogSink waits for records being written:
+    // once it returns, the old sink (and what it captured) is called no more.
+    absl::ReaderMutexLock lock(&sink_mu);
+    if (sink != nullptr) {
+      (*sink)(record);
+      return;
+    }
   }
   // One write per line, so that lines from several threads do not interleave.
   const std::string text = FormatLogRecord(record) + "\n";

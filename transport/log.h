@@ -27,8 +27,9 @@
 //
 // Threads: records come from any runtime thread, concurrently; the sink must be thread-safe and
 // should be quick (it runs on a poller or handler thread). It must not call SetLogSink. Setting
-// the sink or the level is safe at any time, from any thread; a record being written when the
-// sink changes goes to one of the two.
+// the sink or the level is safe at any time, from any thread: SetLogSink waits for records
+// being written to the old sink, so once it returns the old sink is no longer called (and may
+// be destroyed, with whatever it captured).
 #ifndef ZRPC_TRANSPORT_LOG_H_
 #define ZRPC_TRANSPORT_LOG_H_
 

@@ -1342,3 +1342,58 @@ TEST_CASE("a blocking handler that calls its base class answers UNIMPLEMENTED, a
   CHECK(s.code() == absl::StatusCode::kUnimplemented);
   CHECK(s.message() == "zrpc.examples.Greeter/SayHello is not implemented");
 }
+
+namespace {
+
+// Handlers that call base-class defaults for their own answers: the defaults answer
+// UNIMPLEMENTED and never take the call over, unless the handler returns that very answer.
+class FallbackGreeter : public Greeter::Service {
+ public:
+  absl::Status SayHello(zrpc::ServerContext& context, const HelloRequest& request,
+                        HelloReply* response) override {
+    if (request.name() == "own-base") {
+      // Asks its own base class, then answers itself.
+      absl::Status base = Greeter::Service::SayHello(context, request, response);
+      response->set_message("fallback after " + std::string(absl::StatusCodeToString(base.code())));
+      return absl::OkStatus();
+    }
+    if (request.name() == "other-method") {
+      // Calls another method's default (Ping is not overridden) to reuse it.
+      google::protobuf::Empty empty;
+      absl::Status ping = this->Ping(context, empty, &empty);
+      response->set_message("ping said " + std::string(absl::StatusCodeToString(ping.code())));
+      return absl::OkStatus();
+    }
+    // From another thread while the call runs: nothing reaches this call.
+    absl::Status other;
+    std::thread([&] { other = Greeter::Service::SayHello(context, request, response); }).join();
+    response->set_message("thread said " + std::string(absl::StatusCodeToString(other.code())));
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a handler that asks a base-class default (its own, another method's, from another "
+          "thread) and answers itself keeps its answer", "[codegen][mixed]") {
+  FallbackGreeter impl;
+  LoopbackChannel channel(&impl);
+  Greeter::Stub stub(&channel);
+  HelloReply reply;
+  for (const auto& [name, want] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"own-base", "fallback after UNIMPLEMENTED"},
+           {"other-method", "ping said UNIMPLEMENTED"},
+           {"thread", "thread said UNIMPLEMENTED"}}) {
+    INFO(name);
+    HelloRequest request;
+    request.set_name(name);
+    absl::Status s = stub.SayHello(request, &reply);
+    INFO(s);
+    REQUIRE(s.ok());
+    CHECK(reply.message() == want);
+  }
+  // Ping itself, never overridden, still answers UNIMPLEMENTED through its async default.
+  google::protobuf::Empty empty;
+  CHECK(stub.Ping(empty, &empty).code() == absl::StatusCode::kUnimplemented);
+}

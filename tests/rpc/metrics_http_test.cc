@@ -11,6 +11,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -59,7 +60,7 @@ std::string Exchange(uint16_t port, const std::string& bytes) {
 }
 
 struct Served {
-  Served() {
+  explicit Served(absl::Duration io_timeout = absl::Milliseconds(300)) {
     zrpc::MethodMetrics& get = metrics.ForMethod(MetricsSide::kServer, "pkg.Store/Get");
     get.OnStart();
     get.OnFinish(absl::StatusCode::kOk, absl::Microseconds(7));
@@ -72,7 +73,7 @@ struct Served {
           renders.fetch_add(1);
           return metrics.PrometheusText();
         },
-        absl::Milliseconds(300));
+        io_timeout);
     INFO(started.status());
     REQUIRE(started.ok());
     http = *std::move(started);
@@ -148,6 +149,34 @@ TEST_CASE("other paths get 404, other methods 405, HEAD the headers alone") {
   CHECK(s.http->refused() == 3);
 }
 
+TEST_CASE("clients that never speak do not hold up a scrape, nor the endpoint's destruction") {
+  Served s(absl::Seconds(2));
+  std::vector<int> silent;
+  for (int i = 0; i < 10; ++i) silent.push_back(Connect(s.http->port()));
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time start = absl::Now();
+  zrpc::testing::HttpResponse r = zrpc::testing::Curl(Url(*s.http, "/metrics"));
+  CHECK(r.status == 200);
+  // Served beside them, not after 10 x 2 s of waiting on each in turn.
+  CHECK(absl::Now() - start < absl::Seconds(2));
+  const absl::Time before = absl::Now();
+  s.http.reset();
+  CHECK(absl::Now() - before < absl::Seconds(1));
+  for (int fd : silent) close(fd);
+}
+
+TEST_CASE("an answer is not lost to a reset: a request with a body, and a 64 KiB head") {
+  Served s;
+  const std::string body(30000, 'b');
+  const std::string reply = Exchange(
+      s.http->port(),
+      absl::StrCat("GET /metrics HTTP/1.1\r\nContent-Length: ", body.size(), "\r\n\r\n", body));
+  CHECK(absl::StartsWith(reply, "HTTP/1.1 200 OK\r\n"));
+  CHECK(absl::EndsWith(reply, s.metrics.PrometheusText()));
+  const std::string huge = "GET /metrics HTTP/1.1\r\nX-Pad: " + std::string(64 * 1024, 'a') + "\r\n\r\n";
+  CHECK(absl::StartsWith(Exchange(s.http->port(), huge), "HTTP/1.1 400 "));
+}
+
 TEST_CASE("malformed requests get 400; a head over 8 KiB gets 400 without being read further") {
   Served s;
   CHECK(absl::StartsWith(Exchange(s.http->port(), "hello\r\n\r\n"), "HTTP/1.1 400 "));
@@ -189,6 +218,11 @@ TEST_CASE("a malformed or taken address is refused with the reason") {
   CHECK(bad_port.status().code() == absl::StatusCode::kInvalidArgument);
   auto unbracketed = MetricsHttpServer::Start("::1:9464", render);
   CHECK(unbracketed.status().code() == absl::StatusCode::kInvalidArgument);
+  for (const char* bad : {"127.0.0.1: 80", "127.0.0.1:+80", "127.0.0.1:", "127.0.0.1:0x50"}) {
+    INFO(bad);
+    CHECK(MetricsHttpServer::Start(bad, render).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  }
 
   auto first = MetricsHttpServer::Start("127.0.0.1:0", render);
   REQUIRE(first.ok());
@@ -197,4 +231,8 @@ TEST_CASE("a malformed or taken address is refused with the reason") {
   CHECK(absl::StrContains(taken.status().message(), "cannot listen"));
   auto foreign = MetricsHttpServer::Start("192.0.2.1:0", render);  // TEST-NET-1: not this host's
   CHECK(foreign.status().code() == absl::StatusCode::kUnavailable);
+  for (absl::Duration bad : {absl::ZeroDuration(), absl::Seconds(-1), absl::InfiniteDuration()}) {
+    auto timeout = MetricsHttpServer::Start("127.0.0.1:0", render, bad);
+    CHECK(timeout.status().code() == absl::StatusCode::kInvalidArgument);
+  }
 }
