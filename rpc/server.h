@@ -82,7 +82,7 @@ struct ServerOptions {
   // most what its client's arena holds; answers beyond wait for that connection's earlier ones.
   size_t staging_bytes = size_t{64} << 20;
   // Liveness, checked every second or so by a thread of the server's:
-  //  - a connection that holds no calls and received nothing for idle_timeout is closed (its
+  //  - a connection that held no calls and received nothing for idle_timeout is closed (its
   //    slots, arena and admission place go back): a peer that went away without a word, or
   //    never said anything. A zrpc client with keepalives on is never idle (its pings count);
   //    one with them off reconnects on its next call. Zero: never.

@@ -265,21 +265,26 @@ void ServerConnection::SweepPass(absl::Time now, absl::Duration idle, absl::Dura
   if (arrivals != arrivals_seen_ || quiet_since_ == absl::InfinitePast()) {
     arrivals_seen_ = arrivals;
     quiet_since_ = now;
+    idle_since_ = now;
     return;
   }
   const absl::Duration quiet = now - quiet_since_;
   if (holds_calls) {
+    // Idle counts from the last call, not from the last request: a client whose long call was
+    // just answered is not idle, however long ago it last sent something.
+    idle_since_ = now;
     if (probe <= absl::ZeroDuration() || quiet < probe || now - last_probe_ < probe) return;
     last_probe_ = now;
     core_.CountProbe();
     static_cast<void>(connection->Probe());
     return;
   }
-  if (idle <= absl::ZeroDuration() || quiet < idle) return;
+  const absl::Duration idle_for = now - idle_since_;
+  if (idle <= absl::ZeroDuration() || idle_for < idle) return;
   core_.CountIdleClosed();  // before the close, which the peer may see at once
   ZRPC_LOG(kInfo, "server", "closing the connection to ", connection->peer_address(),
-           ": nothing received for ", absl::FormatDuration(quiet),
-           " and no calls (ServerOptions::idle_timeout)");
+           ": nothing received and no calls for ", absl::FormatDuration(idle_for),
+           " (ServerOptions::idle_timeout)");
   connection->Close();
 }
 

@@ -121,7 +121,8 @@ class ServerConnection final : public RpcConnection,
   // Liveness (SweepPass, sweeper thread only; monotonic times): arrivals seen at the last pass,
   // since when that count has not moved, and the last probe.
   uint64_t arrivals_seen_ = 0;
-  absl::Time quiet_since_ = absl::InfinitePast();
+  absl::Time quiet_since_ = absl::InfinitePast();  // since the last message or payload received
+  absl::Time idle_since_ = absl::InfinitePast();   // since then, or since it last held calls
   absl::Time last_probe_ = absl::InfinitePast();
   absl::Mutex mu_;
   std::shared_ptr<transport::Connection> connection_ ABSL_GUARDED_BY(mu_);

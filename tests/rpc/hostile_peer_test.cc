@@ -191,7 +191,7 @@ TEST_CASE("silent connections are closed after idle_timeout; keepalive clients a
           "waiting on calls are not, the latter probed") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ServerOptions server_options;
-  server_options.idle_timeout = absl::Milliseconds(300);
+  server_options.idle_timeout = absl::Milliseconds(600);
   server_options.liveness_probe_interval = absl::Milliseconds(200);
   zrpc::ChannelOptions keepalive_options;
   keepalive_options.keepalive_interval = absl::Milliseconds(100);
@@ -220,12 +220,16 @@ TEST_CASE("silent connections are closed after idle_timeout; keepalive clients a
   auto waiting = zrpc::CreateChannel(rt.target(), quiet_options);
   REQUIRE(waiting.ok());
   Greeter::Stub waiting_stub(waiting->get());
-  request.set_name("sleep:1000");
+  request.set_name("sleep:1500");  // longer than idle_timeout
   absl::Status s = waiting_stub.SayHello(request, &reply, Within(kLong));
   INFO(s);
   CHECK(s.ok());
   CHECK(rt.server->stats().liveness_probes >= 1);
+  // Idle counts from the end of its last call, not from its request 1.5 s ago: before, the
+  // connection was closed within a sweep (100 ms) of the answer; now not before ~500 ms.
+  absl::SleepFor(absl::Milliseconds(150));
   CHECK((*waiting)->stats().connections_lost == 0);
+  CHECK(rt.server->stats().connections_idle_closed == 1);
 
   waiting->reset();  // idle from its answer on, it would be closed next (by design)
 
