@@ -395,7 +395,8 @@ absl::Status ChannelCore::CloseStatus(const std::string& peer, const absl::Statu
 }
 
 void ChannelCore::NoteMessageLimit(const transport::Connection& connection) {
-  max_message_.store(RpcConnection::MaxBody(connection), std::memory_order_relaxed);
+  const size_t max = RpcConnection::MaxBody(connection);
+  max_message_.store(max, std::memory_order_relaxed);
   const size_t own = device_->slots().slot_size();
   const size_t peer = connection.peer_recv_size();
   if (own == peer || slot_mismatch_said_.exchange(true)) return;
@@ -403,8 +404,7 @@ void ChannelCore::NoteMessageLimit(const transport::Connection& connection) {
   // an operator sees it before the first message that does not fit (whose error says it too).
   ZRPC_LOG(kWarning, "client", "connected to ", target_, ": its receive slots are ", peer,
            " bytes (ServerOptions::slots.slot_size), this channel's ", own,
-           " (ChannelOptions::slots.slot_size); messages carry at most ",
-           RpcConnection::MaxBody(connection),
+           " (ChannelOptions::slots.slot_size); messages carry at most ", max,
            " bytes both ways, set by the smaller side: set both to the same size");
 }
 
@@ -488,7 +488,9 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
                                                              const ChannelOptions& options) {
   std::string host;
   uint16_t port = 0;
-  if (absl::Status s = internal::ParseHostPort(target, "target", false, &host, &port); !s.ok()) return s;
+  if (absl::Status s = internal::ParseHostPort(target, "target", false, &host, &port); !s.ok()) {
+    return s;
+  }
   if (options.connections < 1 || options.connections > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("ChannelOptions::connections is ",
                                                    options.connections,

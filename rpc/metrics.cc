@@ -315,6 +315,12 @@ std::vector<MethodMetricsSnapshot> Metrics::Snapshot() const {
   return out;
 }
 
+void AppendPrometheusFamily(std::string& out, absl::string_view name, absl::string_view type,
+                            absl::string_view help, uint64_t value) {
+  Family(out, name, type, help);
+  absl::StrAppend(&out, name, " ", value, "\n");
+}
+
 std::string Metrics::PrometheusText(ExposedBuckets buckets) const {
   const Metrics* self = this;
   return PrometheusText(absl::MakeConstSpan(&self, 1), buckets);

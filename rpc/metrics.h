@@ -253,6 +253,11 @@ class Metrics {
   std::map<Key, std::unique_ptr<MethodMetrics>> methods_;
 };
 
+// Appends one family of a single unlabelled sample, with its `# HELP` and `# TYPE` lines, in the
+// exposition's format: for figures shown beside the per-method families (a server's stats).
+void AppendPrometheusFamily(std::string& out, absl::string_view name, absl::string_view type,
+                            absl::string_view help, uint64_t value);
+
 }  // namespace zrpc
 
 #endif  // ZRPC_RPC_METRICS_H_

@@ -140,10 +140,6 @@ size_t StagingQuota(const transport::Connection& connection) {
   return StagingPool::CapacityFor(std::max<size_t>(connection.peer_arena_size(), 1));
 }
 
-}  // namespace
-
-namespace {
-
 // The options that set each side's sizes, as a user writes them.
 struct SideOptions {
   const char* name;   // "client", "server"

@@ -231,13 +231,17 @@ uint64_t TimeoutToWire(absl::Time deadline, absl::Time now) {
   return static_cast<uint64_t>(std::max<int64_t>(us, 1));
 }
 
-absl::Time DeadlineFromWire(uint64_t timeout_us, absl::Time now) {
-  if (timeout_us == 0) return absl::InfiniteFuture();
+absl::Duration RemainingFromWire(uint64_t timeout_us) {
+  if (timeout_us == 0) return absl::InfiniteDuration();
   if (timeout_us > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return absl::InfiniteFuture();
+    return absl::InfiniteDuration();
   }
-  // absl::Time arithmetic saturates to InfiniteFuture on overflow.
-  return now + absl::Microseconds(static_cast<int64_t>(timeout_us));
+  return absl::Microseconds(static_cast<int64_t>(timeout_us));
+}
+
+absl::Time DeadlineFromWire(uint64_t timeout_us, absl::Time now) {
+  // absl::Time arithmetic saturates to InfiniteFuture on overflow (and with InfiniteDuration).
+  return now + RemainingFromWire(timeout_us);
 }
 
 }  // namespace zrpc

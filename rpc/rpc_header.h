@@ -140,6 +140,8 @@ uint64_t TimeoutToWire(absl::Time deadline, absl::Time now);
 // subtracted (it is unknown without synchronized clocks): the server's deadline is slightly
 // later than the client's, and the client's own timer is the one that ends the call.
 absl::Time DeadlineFromWire(uint64_t timeout_us, absl::Time now);
+// The same as a duration: what remains of the call (InfiniteDuration for 0 and beyond range).
+absl::Duration RemainingFromWire(uint64_t timeout_us);
 
 }  // namespace zrpc
 

@@ -347,10 +347,7 @@ absl::Status Server::Start() {
     http = *std::move(started);
   }
   if (absl::Status s = core_->Start(); !s.ok()) return s;
-  if (http != nullptr) {
-    metrics_port_.store(http->port(), std::memory_order_relaxed);
-    metrics_http_ = std::move(http);
-  }
+  if (http != nullptr) metrics_http_ = std::move(http);
   return absl::OkStatus();
 }
 void Server::Shutdown(absl::Duration grace) {
@@ -358,7 +355,10 @@ void Server::Shutdown(absl::Duration grace) {
   absl::MutexLock lock(&metrics_mu_);
   metrics_http_.reset();
 }
-uint16_t Server::metrics_port() const { return metrics_port_.load(std::memory_order_relaxed); }
+uint16_t Server::metrics_port() const {
+  absl::MutexLock lock(&metrics_mu_);
+  return metrics_http_ == nullptr ? 0 : metrics_http_->port();
+}
 
 std::string Server::PrometheusText() const {
   std::string text = core_->metrics().PrometheusText();
@@ -393,10 +393,7 @@ std::string Server::PrometheusText() const {
       {"zrpc_server_liveness_probes_total", "counter",
        "Probes of silent clients that hold calls.", s.liveness_probes},
   };
-  for (const Family& f : families) {
-    absl::StrAppend(&text, "# HELP ", f.name, " ", f.help, "\n# TYPE ", f.name, " ", f.type, "\n",
-                    f.name, " ", f.value, "\n");
-  }
+  for (const Family& f : families) AppendPrometheusFamily(text, f.name, f.type, f.help, f.value);
   return text;
 }
 uint16_t Server::port() const { return core_->port(); }

@@ -30,7 +30,6 @@
 #ifndef ZRPC_RPC_SERVER_H_
 #define ZRPC_RPC_SERVER_H_
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -145,7 +144,8 @@ class Server {
   // What /metrics serves: the per-method metrics, then stats() as zrpc_server_* counters and
   // gauges, in Prometheus text format 0.0.4.
   std::string PrometheusText() const;
-  // The port of the metrics endpoint (ServerOptions::metrics_address), after Start; 0 if none.
+  // The port of the metrics endpoint (ServerOptions::metrics_address) from Start to Shutdown;
+  // 0 otherwise, or without one.
   uint16_t metrics_port() const;
 
  private:
@@ -155,7 +155,6 @@ class Server {
   // After core_, so that it stops (and renders no more) before the core goes.
   mutable absl::Mutex metrics_mu_;
   std::unique_ptr<MetricsHttpServer> metrics_http_ ABSL_GUARDED_BY(metrics_mu_);
-  std::atomic<uint16_t> metrics_port_{0};
 };
 
 }  // namespace zrpc

@@ -22,10 +22,7 @@ ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
       metrics_(metrics),
       start_(monotonic_now),
       request_(request) {
-  const uint64_t timeout_us = request.header.timeout_us;  // 0: none (WIRE.md)
-  const absl::Duration remaining = timeout_us == 0 || timeout_us > uint64_t{INT64_MAX}
-                                       ? absl::InfiniteDuration()
-                                       : absl::Microseconds(static_cast<int64_t>(timeout_us));
+  const absl::Duration remaining = RemainingFromWire(request.header.timeout_us);
   context_.SetRemaining(remaining);
   deadline_ = monotonic_now + remaining;
   metrics_.OnStart();

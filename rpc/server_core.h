@@ -6,11 +6,11 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -117,13 +117,13 @@ class ServerCore final : public transport::AcceptHandler {
   std::atomic<uint64_t> skipped_{0};
   std::atomic<uint64_t> idle_closed_{0};
   std::atomic<uint64_t> probes_{0};
+  std::atomic<uint64_t> answers_dropped_{0};
 
   // std:: primitives so the sweep's waits run on the steady clock (monotonic.h).
   std::mutex sweep_mu_;
   std::condition_variable sweep_cv_;
   bool sweep_stop_ = false;  // under sweep_mu_
   std::thread sweeper_;
-  std::atomic<uint64_t> answers_dropped_{0};
 };
 
 }  // namespace zrpc::internal

@@ -33,7 +33,6 @@
 #ifndef ZRPC_TRANSPORT_LOG_H_
 #define ZRPC_TRANSPORT_LOG_H_
 
-#include <atomic>
 #include <functional>
 #include <optional>
 #include <string>

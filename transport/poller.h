@@ -24,9 +24,9 @@
 // Threads. One thread runs the loop (Start or RunOnce, never both). Connect, the Listener and
 // Connection methods may be called from any thread. The Poller must outlive its connections and
 // be destroyed before its Device; destroying it (or Shutdown) stops the loop and closes what is
-// still open,
-// driving the drains for up to 5 s so handlers hear of it (a connection that has not drained by
-// then is dropped without its OnSendDone/OnClosed, and a message says so on stderr).
+// still open, driving the drains for up to 5 s so handlers hear of it (a connection that has not
+// drained by then is dropped without its OnSendDone/OnClosed, and a warning says so:
+// transport/log.h).
 #ifndef ZRPC_TRANSPORT_POLLER_H_
 #define ZRPC_TRANSPORT_POLLER_H_
 
