@@ -111,7 +111,9 @@ MetricsHttpServer::MetricsHttpServer(int listen_fd, int wake_fd, uint16_t port, 
 
 MetricsHttpServer::~MetricsHttpServer() {
   const uint64_t one = 1;
-  static_cast<void>(write(wake_fd_, &one, sizeof one));
+  // An eventfd write fails only when the counter would overflow: a wake-up is pending anyway.
+  const ssize_t written = write(wake_fd_, &one, sizeof one);
+  static_cast<void>(written);
   if (thread_.joinable()) thread_.join();
   close(listen_fd_);
   close(wake_fd_);
