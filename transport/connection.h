@@ -26,7 +26,9 @@
 // has come back and so has every posted RECV (rxe never flushes a RECV posted after the error,
 // so the receive queue is counted, not marked), every earlier work request has completed or
 // been flushed: each operation not yet reported gets OnSendDone with the error, exactly once,
-// and then OnClosed.
+// and then OnClosed. Messages and payloads that arrive while draining are dropped, except after
+// the peer's orderly disconnect: what it sent before hanging up is delivered (before OnClosed),
+// however the disconnect event and those completions were ordered in this side's polling.
 // A peer that vanishes without a disconnect (its host lost power) is noticed when a work request
 // exhausts its retries: about 7 retries of the CM's packet timeout, some seconds; an idle
 // connection to such a peer is noticed only once something is posted: Probe() does that without

@@ -214,6 +214,12 @@ void Connection::MaybeSendCreditFrameLocked() {
 }
 
 absl::Status Connection::RepostRecvLocked(uint32_t index) {
+  if (state_ == State::kDraining || state_ == State::kClosed) {
+    // Into a queue pair in the error state it would never come back flushed (rxe), and the
+    // drain waits for every posted RECV: the slot waits for the destructor instead.
+    recv_state_[index] = RecvState::kIdle;
+    return absl::OkStatus();
+  }
   uint32_t slot = recv_slots_[index];
   recv_sge_.addr = reinterpret_cast<uintptr_t>(device_.slots().data(slot));
   recv_sge_.lkey = device_.slots().lkey(slot);
@@ -336,7 +342,12 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
   auto index = static_cast<uint32_t>(wc.wr_id & ~kRecvBit);
   recv_state_[index] = RecvState::kHeld;
   --recvs_posted_;
-  if (state_ != State::kOpen) {  // failing: what arrived is dropped
+  // Failing: what arrived is dropped -- unless the peer hung up in order. Then every RECV that
+  // completed before the flush holds a whole message the peer sent before its disconnect (RC
+  // delivers in order), such as a server's last answers at its graceful Shutdown, which this
+  // side may simply have polled after the disconnect event: they are delivered. (No RECV is
+  // reposted while failing: RepostRecvLocked.)
+  if (state_ != State::kOpen && !(state_ == State::kDraining && IsPeerDisconnect(error_))) {
     recv_state_[index] = RecvState::kIdle;
     return;
   }

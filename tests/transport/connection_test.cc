@@ -565,3 +565,36 @@ TEST_CASE("an event-mode poller sleeps while idle and wakes on traffic", "[rdma]
   absl::MutexLock lock(&server_handler.mu);
   CHECK(server_handler.messages[4] == Filled(32, 4));
 }
+
+// Before: a RECV completed before the peer's disconnect, but polled after this side had handled
+// the disconnect event, was dropped, so a server's last answers at its graceful Shutdown could be
+// lost by a client whose poller happened to see the hang-up first. The client's poller is
+// stopped here while the server sends more messages than one poll pass takes (16) and hangs
+// up; driven by hand afterwards, its first pass handles the disconnect after only 16 of them.
+TEST_CASE("messages that arrived before the peer's orderly disconnect are delivered, even when "
+          "the disconnect is seen first", "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Recorder server_handler, client_handler;
+  Setup setup(config);
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  setup.client_poller->Stop();
+  constexpr int kMessages = 24;  // more than a pass's 16, fewer than the client's 32 credits
+  for (int i = 0; i < kMessages; ++i) {
+    REQUIRE(SendBytes(*pair.server, Filled(100, i + 1), i).ok());
+  }
+  // Every SEND acknowledged by the client's NIC, then the server hangs up.
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.done.size() == kMessages; }));
+  pair.server->Close();
+  absl::SleepFor(absl::Milliseconds(300));  // the disconnect reaches the client's CM channel
+  const absl::Time until = absl::Now() + kTimeout;
+  while (absl::Now() < until) {
+    setup.client_poller->RunOnce(absl::Milliseconds(10));
+    absl::MutexLock lock(&client_handler.mu);
+    if (client_handler.closed.has_value()) break;
+  }
+  absl::MutexLock lock(&client_handler.mu);
+  REQUIRE(client_handler.closed.has_value());
+  CHECK(zrpc::transport::IsPeerDisconnect(*client_handler.closed));
+  REQUIRE(client_handler.messages.size() == kMessages);
+  for (int i = 0; i < kMessages; ++i) CHECK(client_handler.messages[i] == Filled(100, i + 1));
+}
