@@ -113,6 +113,13 @@ absl::Status ResolveRoute(rdma_event_channel* channel, rdma_cm_id* id, const std
     if (auto s = ResolveSockaddr(src, 0, &local); !s.ok()) return s;
   }
   if (auto s = ResolveSockaddr(addr, port, &remote); !s.ok()) return s;
+  // The kernel refuses a timeout of 0 with EINVAL: a deadline that passed between two steps
+  // must read as what it is, not as a broken address.
+  auto passed = [&](const char* step) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the connect deadline passed before ", step, " (", addr, ")"));
+  };
+  if (RemainingMs(deadline) == 0) return passed("rdma_resolve_addr");
   if (rdma_resolve_addr(id, src.empty() ? nullptr : reinterpret_cast<sockaddr*>(&local),
                         reinterpret_cast<sockaddr*>(&remote), RemainingMs(deadline)) != 0) {
     return VerbsError("rdma_resolve_addr", errno);
@@ -120,6 +127,7 @@ absl::Status ResolveRoute(rdma_event_channel* channel, rdma_cm_id* id, const std
   auto event = ExpectCmEvent(channel, RDMA_CM_EVENT_ADDR_RESOLVED, deadline);
   if (!event.ok()) return event.status();
   rdma_ack_cm_event(*event);
+  if (RemainingMs(deadline) == 0) return passed("rdma_resolve_route");
   if (rdma_resolve_route(id, RemainingMs(deadline)) != 0) {
     return VerbsError("rdma_resolve_route", errno);
   }

@@ -598,3 +598,23 @@ TEST_CASE("messages that arrived before the peer's orderly disconnect are delive
   REQUIRE(client_handler.messages.size() == kMessages);
   for (int i = 0; i < kMessages; ++i) CHECK(client_handler.messages[i] == Filled(100, i + 1));
 }
+
+// Before: a connect whose deadline ran out between resolving the address and the route passed
+// a timeout of 0 to rdma_resolve_route, which the kernel refuses with EINVAL, and the channel
+// took the deadline for a broken server (UNAVAILABLE, then backoff for every other call).
+TEST_CASE("a connect whose deadline passes while resolving fails DEADLINE_EXCEEDED, never with "
+          "the kernel's EINVAL", "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Recorder server_handler, client_handler;
+  Setup setup(config);
+  setup.accepts->Use(setup.server_poller.get(), &server_handler);
+  for (absl::Duration timeout : {absl::Nanoseconds(1), absl::Microseconds(50), absl::Microseconds(200)}) {
+    INFO(absl::FormatDuration(timeout));
+    auto client = Connection::Connect(*setup.device, *setup.client_poller,
+                                      setup.device->selection().addr, setup.listener->port(),
+                                      &client_handler, {}, timeout);
+    if (client.ok()) continue;  // fast enough after all
+    INFO(client.status());
+    CHECK(client.status().code() == absl::StatusCode::kDeadlineExceeded);
+  }
+}
