@@ -12,9 +12,10 @@
 // advertised (transport/arena.h), and the receiver reads it in place there.
 //
 //   OutgoingBulk  what a sender hands over: borrowed bytes plus an optional release callback.
-//                 The runtime stages unregistered bytes once into registered memory; a way to
-//                 hand it memory registered in advance (so the WRITE reads the caller's bytes
-//                 directly) belongs to the RPC runtime and is not in this interface yet.
+//                 Bytes in memory the caller registered in advance (rpc/registered_memory.h:
+//                 RegisteredMemory::Bulk) are sent by the NIC straight from where they are, with
+//                 no copy; any other bytes are copied once into the runtime's registered staging
+//                 memory (rpc/staging.h). The channel's and server's stats count both.
 //   IncomingBulk  what a receiver gets: a read-only view of the payload where it landed. Holding
 //                 it holds that receive memory, and the peer's later payloads queue behind it (the
 //                 receive arena frees in ring order), so release it promptly: destroy it, Reset it,
@@ -36,12 +37,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/strings/string_view.h"
 
 namespace zrpc {
+
+namespace internal {
+class Registration;  // rpc/registered_memory.h
+class BulkAccess;
+}  // namespace internal
 
 // Bytes to send as a bulk payload. They must stay alive and unchanged until `release` runs.
 // Without a release callback:
@@ -51,6 +58,9 @@ namespace zrpc {
 //   - from a server (a handler's *response_bulk), until the server is destroyed: the handler
 //     returns before the bytes leave, so memory that dies sooner needs a release callback
 //     (or OutgoingBulk::Copy).
+// Bytes sent with no copy (from RegisteredMemory) are read by the NIC until the RDMA WRITE
+// completes, so `release` runs later than for staged bytes: on a runtime thread, once the peer's
+// NIC has them. A client's call still ends (its `done` runs) only after that.
 class OutgoingBulk {
  public:
   OutgoingBulk() = default;
@@ -66,13 +76,15 @@ class OutgoingBulk {
   OutgoingBulk(OutgoingBulk&& other) noexcept
       : data_(::std::exchange(other.data_, nullptr)),
         size_(::std::exchange(other.size_, 0)),
-        release_(::std::exchange(other.release_, nullptr)) {}
+        release_(::std::exchange(other.release_, nullptr)),
+        registration_(::std::move(other.registration_)) {}
   OutgoingBulk& operator=(OutgoingBulk&& other) noexcept {
     if (this != &other) {
       Reset();
       data_ = ::std::exchange(other.data_, nullptr);
       size_ = ::std::exchange(other.size_, 0);
       release_ = ::std::exchange(other.release_, nullptr);
+      registration_ = ::std::move(other.registration_);
     }
     return *this;
   }
@@ -84,17 +96,25 @@ class OutgoingBulk {
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
 
+  // Whether the bytes lie in memory registered in advance (RegisteredMemory::Bulk), so the NIC
+  // can read them where they are.
+  bool registered() const { return registration_ != nullptr; }
+
   // Runs the release callback (once) and leaves the payload empty.
   void Reset() {
     data_ = nullptr;
     size_ = 0;
     if (::std::function<void()> release = ::std::exchange(release_, nullptr)) release();
+    registration_.reset();  // after the release: the registration may outlive the user's handle
   }
 
  private:
+  friend class internal::BulkAccess;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   ::std::function<void()> release_;
+  // The registration the bytes lie in, kept alive (and registered) until the release.
+  ::std::shared_ptr<const internal::Registration> registration_;
 };
 
 // The runtime's side of an IncomingBulk: gives the receive memory back. ReleaseBulk may be called

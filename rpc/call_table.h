@@ -47,15 +47,14 @@
 //   - TakeExpired(now): fail each call with kDeadlineExceeded, and send the server a cancel
 //     carrying the id (so it can stop work and, later, release what it holds).
 //   - TakeAll() after the connection fails: fail each with the connection's status.
-// "Ended" is not "reportable": a call whose request bulk WRITE is still posted must not run its
-// DoneCallback (the caller would reuse bytes the NIC may still read) until the transport's
-// OnSendDone for that WRITE (completed, or flushed after a failure). That state lives outside
-// the table, in the runtime's call object: it counts what must happen before done runs (the
-// call ending, plus one per WRITE in flight), the WRITE's transport token points at the call
-// object rather than at its id, and whichever of "taken from the table" and "OnSendDone" brings
-// the count to zero runs done. The table's job ends when the call leaves it; keeping taken calls
-// in it would only delay freeing their slots, which nothing needs: the stale id already
-// protects the slot's next user, and the transport bounds WRITEs in flight on its own.
+// "Ended" is not "reportable": a call whose request payload the runtime still reads (its WRITE
+// posted, or waiting for credits or arena space) must not run its DoneCallback (the caller would
+// reuse bytes the NIC may still read). That state lives outside the table, in the call's
+// BulkGate (rpc/rpc_connection.h): the payload's release opens it, and a call taken from the
+// table before that parks its ending there; a payload that has not left yet is taken back
+// first (RpcConnection::Withdraw), so the ending never waits on the peer. The table's job ends
+// when the call leaves it; keeping taken calls in it would only delay freeing their slots, which
+// nothing needs: the stale id already protects the slot's next user.
 //
 // Threads. The table is internally synchronized (one absl::Mutex): client threads Insert (and
 // Take, to cancel) while the connection's poller thread Takes responses and TakeExpired, and

@@ -59,6 +59,7 @@ class ChannelCore final : public ClientConnectionOwner {
   void NoteMessageLimit(const transport::Connection& connection);
   const std::string& target() const { return target_; }
   const ChannelOptions& options() const { return options_; }
+  const std::shared_ptr<transport::Device>& device() const { return device_; }
 
   // ClientConnectionOwner.
   StagingPool& staging() override { return *staging_; }
@@ -417,6 +418,9 @@ ChannelStats ChannelCore::stats() const {
   stats.deadlines_exceeded = expired_.load(std::memory_order_relaxed);
   stats.late_responses = late_.load(std::memory_order_relaxed);
   stats.protocol_violations = violations_.load(std::memory_order_relaxed);
+  stats.bulk_bytes_staged = staging_->staged_bytes();
+  stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
+  stats.staging_bytes_registered = staging_->registered_bytes();
   {
     absl::MutexLock lock(&mu_);
     for (const auto& connection : live_) stats.calls_in_flight += connection->calls_in_flight();
@@ -603,6 +607,9 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
 
 absl::Status ClientChannel::Connect(absl::Time deadline) { return core_->ConnectAll(deadline); }
 ChannelStats ClientChannel::stats() const { return core_->stats(); }
+absl::StatusOr<RegisteredMemory> ClientChannel::RegisterMemory(void* data, size_t size) {
+  return RegisteredMemory::Register(core_->device(), data, size);
+}
 const Metrics& ClientChannel::metrics() const { return core_->metrics(); }
 const std::string& ClientChannel::target() const { return core_->target(); }
 

@@ -48,6 +48,7 @@
 #include "absl/time/time.h"
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
+#include "rpc/registered_memory.h"
 #include "transport/connection.h"
 #include "transport/device_config.h"
 #include "transport/poller.h"
@@ -108,6 +109,13 @@ struct ChannelStats {
   // last: the smaller of this channel's and the server's receive slots, less 40 bytes of headers
   // (a mismatch is logged once, at connect, as a warning). 0 before the first connection.
   uint64_t max_message_size = 0;
+  // Request payload bytes copied into staging memory (from unregistered bytes), and those the
+  // NIC sent straight from memory registered with RegisterMemory: an application whose payloads
+  // should be zero-copy sees it here. staging_bytes_registered is the staging memory registered
+  // now (at most ChannelOptions::staging_bytes).
+  uint64_t bulk_bytes_staged = 0;
+  uint64_t bulk_bytes_zero_copy = 0;
+  uint64_t staging_bytes_registered = 0;
 };
 
 class ClientChannel final : public Channel {
@@ -119,6 +127,11 @@ class ClientChannel final : public Channel {
                       ::google::protobuf::MessageLite* response, IncomingBulk* response_bulk,
                       const CallOptions& options, DoneCallback done) override;
 
+  // Registers [data, data + size) on this channel's device, once, so that request payloads from
+  // it are sent with no copy (rpc/registered_memory.h). The bytes must outlive the handle and
+  // every payload made from it. Memory registered on one channel (or server) can be sent from
+  // any channel or server with the same device options.
+  absl::StatusOr<RegisteredMemory> RegisterMemory(void* data, size_t size);
   // Connects every connection now instead of on the first calls; the first error, if any.
   absl::Status Connect(absl::Time deadline);
   ChannelStats stats() const;

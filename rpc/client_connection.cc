@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "rpc/monotonic.h"
+#include "rpc/registered_memory.h"
 #include "rpc/rpc_header.h"
 #include "transport/log.h"
 
@@ -15,6 +16,12 @@ namespace zrpc::internal {
 const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false};
 
 void ClientCall::End(absl::Status status) {
+  if (std::shared_ptr<BulkGate> payload = std::move(gate)) {
+    payload->AfterRelease([call = std::move(*this), status = std::move(status)]() mutable {
+      call.End(std::move(status));
+    });
+    return;
+  }
   if (metrics != nullptr) metrics->OnFinish(status.code(), MonotonicNow() - start);
   done(std::move(status));
 }
@@ -37,6 +44,11 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
     call.metrics->AddMessageBytes(body_size, 0);
     call.metrics->AddBulkBytes(bulk.size(), 0);
   }
+  if (!bulk.empty()) {
+    call.gate = std::make_shared<BulkGate>();
+    BulkAccess::ChainRelease(bulk, [gate = call.gate] { gate->Released(); });
+  }
+  BulkGate* const gate = call.gate.get();  // the call (in the table) keeps it alive
   auto fail = [&](absl::Status status) {
     connection_->ReleaseSendBuffer(buffer);
     bulk.Reset();  // before done: the caller may reuse the bytes once it runs
@@ -62,7 +74,7 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
   // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
   absl::Status sent = SendMessage(*connection_, buffer,
                                   RpcHeader::Request(service_id, method_index, *id, 0), body_size,
-                                  std::move(bulk), deadline);
+                                  std::move(bulk), deadline, gate);
   if (sent.ok()) {
     if (options.cancellation != nullptr) {
       // A stale id makes a late Cancel() harmless: the call may end (and its slot be reused by
@@ -89,6 +101,7 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
 void ClientConnection::CancelCall(uint64_t id) {
   std::optional<ClientCall> call = calls_.Take(id);
   if (!call) return;
+  if (call->gate) Withdraw(*connection_, id, *call->gate);
   static_cast<void>(SendHeaderOnly(*connection_, RpcHeader::Cancel(id)));
   call->End(absl::CancelledError(
       absl::StrCat(call->method->full_name, ": cancelled by the caller")));
@@ -154,6 +167,7 @@ void ClientConnection::Close(absl::string_view reason) {
 int ClientConnection::Expire(absl::Time now) {
   std::vector<TakenCall<ClientCall>> expired = calls_.TakeExpired(now);
   for (TakenCall<ClientCall>& taken : expired) {
+    if (taken.call.gate) Withdraw(*connection_, taken.id, *taken.call.gate);
     // Best effort: a server that never hears of it finishes the call and its answer is dropped.
     static_cast<void>(SendHeaderOnly(*connection_, RpcHeader::Cancel(taken.id)));
     taken.call.End(absl::DeadlineExceededError(

@@ -10,6 +10,8 @@
 //     in place into the caller's message, payload handed over as an IncomingBulk -> done.
 //   timer thread: Expire -> TakeExpired -> done(DEADLINE_EXCEEDED), and a cancel to the server.
 //   any thread: Cancellation::Cancel -> CancelCall -> Take -> done(CANCELLED), and a cancel.
+//   Either of those first withdraws a request payload that has not left (RpcConnection::
+//   Withdraw); `done` runs once the payload is released (ClientCall::End).
 //   OnClosed: TakeAll -> done(UNAVAILABLE, or CANCELLED when the channel is being destroyed).
 // Every call leaves the table exactly once, so `done` runs exactly once whoever wins.
 //
@@ -82,8 +84,12 @@ struct ClientCall {
   DoneCallback done;
   MethodMetrics* metrics = nullptr;  // null for the runtime's own calls (keepalive)
   absl::Time start;
+  // For a call with a request payload: the payload's release opens it (rpc_connection.h).
+  std::shared_ptr<BulkGate> gate;
 
-  // Records the outcome and runs `done`: the one way a call ends.
+  // Records the outcome and runs `done`: the one way a call ends. With a request payload the
+  // runtime still holds (its WRITE posted, or waiting), the ending waits for the payload's
+  // release, so the caller never gets `done` while the NIC may still read its bytes.
   void End(absl::Status status);
 };
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/monotonic.h"
+#include "rpc/registered_memory.h"
 #include "transport/log.h"
 
 namespace zrpc::internal {
@@ -21,7 +22,41 @@ struct HeldBulk {
   uint64_t handle;
 };
 
+// A zero-copy payload the transport is writing: held until its WRITE is done or flushed.
+struct ZeroCopySend {
+  OutgoingBulk bulk;
+};
+// Set in the transport token of a zero-copy WRITE (records are at least 8-byte aligned); a
+// staged WRITE's token is its staging buffer's address, a message's is 0.
+constexpr uint64_t kZeroCopyTag = 1;
+
+ZeroCopySend* ZeroCopyRecord(uint64_t token) {
+  return reinterpret_cast<ZeroCopySend*>(static_cast<uintptr_t>(token & ~kZeroCopyTag));
+}
+
 }  // namespace
+
+void BulkGate::Released() {
+  std::function<void()> then;
+  {
+    absl::MutexLock lock(&mu_);
+    released_ = true;
+    token_ = 0;
+    then = std::move(then_);
+  }
+  if (then) then();
+}
+
+void BulkGate::AfterRelease(std::function<void()> then) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!released_) {
+      then_ = std::move(then);
+      return;
+    }
+  }
+  then();
+}
 
 ReceiveReleaser& ReceiveReleaser::Get() {
   static ReceiveReleaser* releaser = new ReceiveReleaser();
@@ -54,10 +89,16 @@ void RpcConnection::OnBulk(transport::Connection& connection,
 }
 
 void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token,
-                               const absl::Status&) {
-  // Messages carry token 0; a bulk WRITE carries its staging buffer, free once the NIC is done
-  // with it (completed or flushed: either way it reads no more).
+                               const absl::Status& status) {
+  // Messages carry token 0; a bulk WRITE carries its record or its staging buffer, free once the
+  // NIC is done with it (completed or flushed: either way it reads no more).
   if (token == 0) return;
+  if (token & kZeroCopyTag) {
+    ZeroCopySend* record = ZeroCopyRecord(token);
+    if (status.ok()) staging_.NoteZeroCopy(record->bulk.size());
+    delete record;  // the payload's release runs here: a client's call may end in it
+    return;
+  }
   auto* staged = reinterpret_cast<StagingPool::Buffer*>(token);
   const size_t capacity = staged->capacity;
   staging_.Release(staged);
@@ -174,7 +215,7 @@ absl::Status RpcConnection::CheckBodyFits(const transport::Connection& connectio
 absl::Status RpcConnection::SendMessage(transport::Connection& connection,
                                         const transport::SendBuffer& buffer, RpcHeader header,
                                         size_t body_size, OutgoingBulk bulk,
-                                        absl::Time deadline) {
+                                        absl::Time deadline, BulkGate* gate) {
   if (!bulk.empty()) {
     if (bulk.size() > connection.peer_arena_size()) {
       connection.ReleaseSendBuffer(buffer);
@@ -182,6 +223,18 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
       return absl::InvalidArgumentError(absl::StrCat(
           "a ", bulk.size(), "-byte bulk payload exceeds the ", connection.peer_arena_size(),
           " bytes the ", peer.name, " can receive at once (its arena: ", peer.arena, ")"));
+    }
+    if (const Registration* registration = BulkAccess::registration(bulk)) {
+      if (registration->device() == device_.get()) {
+        return SendZeroCopy(connection, buffer, header, body_size, std::move(bulk), deadline,
+                            gate);
+      }
+      if (!warned_foreign_.exchange(true, std::memory_order_relaxed)) {
+        ZRPC_LOG(kWarning, side_, "a bulk payload to ", connection.peer_address(),
+                 " lies in memory registered on another device (another channel's or server's "
+                 "device options): it is staged, not sent zero-copy; register it on the "
+                 "channel or server that sends it (logged once per connection)");
+      }
     }
     const size_t capacity = StagingPool::CapacityFor(bulk.size());
     {
@@ -201,6 +254,75 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
   return connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size), 0);
 }
 
+absl::Status RpcConnection::SendZeroCopy(transport::Connection& connection,
+                                         const transport::SendBuffer& buffer, RpcHeader header,
+                                         size_t body_size, OutgoingBulk bulk,
+                                         absl::Time deadline, BulkGate* gate) {
+  const transport::BulkSource source{bulk.data(), static_cast<uint32_t>(bulk.size()),
+                                     BulkAccess::registration(bulk)->lkey()};
+  header.flags |= kRpcFlagBulk;
+  header.bulk_size = source.size;
+  if (header.kind == RpcKind::kRequest) header.timeout_us = WireTimeout(deadline);
+  EncodeRpcHeader(header, buffer.data);
+  auto* record = new ZeroCopySend{std::move(bulk)};
+  const uint64_t token = reinterpret_cast<uintptr_t>(record) | kZeroCopyTag;
+  absl::Status written;
+  {
+    absl::MutexLock lock(&send_mu_);
+    if (gate != nullptr) {
+      absl::MutexLock gate_lock(&gate->mu_);
+      if (!gate->released_) gate->token_ = token;
+    }
+    // From here the record is the transport's: OnSendDone frees it, also when the WRITE fails
+    // later or is flushed.
+    written = connection.WriteBulk(source, token);
+    if (written.ok()) {
+      absl::Status sent =
+          connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size), 0);
+      // The payload is posted and its message is not: the peer would pair the payload with
+      // the next message. Nothing on this connection can be trusted to pair any more.
+      if (!sent.ok()) connection.Close();
+      return sent;
+    }
+  }
+  connection.ReleaseSendBuffer(buffer);
+  delete record;  // outside the send lock: the release may end a call, whose callback may send
+  return written;
+}
+
+void RpcConnection::Withdraw(transport::Connection& connection, uint64_t call_id,
+                             BulkGate& gate) {
+  std::optional<Deferred> deferred;
+  {
+    absl::MutexLock lock(&quota_mu_);
+    for (auto it = deferred_.begin(); it != deferred_.end(); ++it) {
+      if (it->header.kind == RpcKind::kRequest && it->header.call_id == call_id) {
+        deferred = std::move(*it);
+        deferred_.erase(it);
+        break;
+      }
+    }
+  }
+  if (deferred) {
+    connection.ReleaseSendBuffer(deferred->buffer);
+    deferred->bulk.Reset();
+    return;
+  }
+  ZeroCopySend* withdrawn = nullptr;
+  {
+    // Under the send lock no payload is queued, so the token (read while its record lives: the
+    // record's release clears it) cannot name a newer record at a reused address.
+    absl::MutexLock lock(&send_mu_);
+    uint64_t token;
+    {
+      absl::MutexLock gate_lock(&gate.mu_);
+      token = gate.token_;
+    }
+    if (token != 0 && connection.WithdrawBulk(token)) withdrawn = ZeroCopyRecord(token);
+  }
+  delete withdrawn;  // outside the send lock, as in SendZeroCopy
+}
+
 absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
                                          const transport::SendBuffer& buffer, RpcHeader header,
                                          size_t body_size, OutgoingBulk bulk,
@@ -214,6 +336,7 @@ absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
   }
   StagingPool::Buffer* staged = *acquired;
   std::memcpy(staged->data, bulk.data(), bulk.size());
+  staging_.NoteStaged(bulk.size());
   header.flags |= kRpcFlagBulk;
   header.bulk_size = static_cast<uint32_t>(bulk.size());
   bulk.Reset();  // the bytes are in staging memory: the caller may reuse them from here on

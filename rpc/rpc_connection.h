@@ -9,13 +9,25 @@
 // subclass's OnClosed. Nothing a peer sends is used before it is checked.
 //
 // Sending (any thread). SendMessage writes the RPC header in front of a body already in the send
-// buffer and, for a message with a payload, stages the payload into registered memory
-// (staging.h), releases the caller's bytes, and posts WRITE_WITH_IMM and SEND back to back under
-// the connection's send lock, so no other message of the connection comes between a payload and
-// its message (the receiver pairs them by order). The staging buffer is returned when the
-// transport reports the WRITE done or flushed (OnSendDone). Messages alone take the same lock:
-// it is what keeps every other message out of a pair, and it is uncontended when one thread
-// drives a connection.
+// buffer and, for a message with a payload, posts WRITE_WITH_IMM and SEND back to back under the
+// connection's send lock, so no other message of the connection comes between a payload and its
+// message (the receiver pairs them by order). Messages alone take the same lock: it is what
+// keeps every other message out of a pair, and it is uncontended when one thread drives a
+// connection. A payload goes one of two ways:
+//   - zero-copy, when it lies in memory the application registered on this connection's device
+//     (registered_memory.h): the WRITE reads the caller's bytes, and the payload (its release,
+//     its registration) is held by a record whose address is the WRITE's transport token, until
+//     OnSendDone reports the WRITE done or flushed;
+//   - staged, otherwise: copied into a staging buffer (staging.h), the caller's bytes released at
+//     once, and the staging buffer returned at OnSendDone.
+// The two kinds of token differ in their lowest bit (kZeroCopyTag).
+//
+// Taking a payload back. A client's call that ends (deadline, cancel) while its payload has not
+// left yet must not leave the caller's bytes with the runtime: Withdraw takes it back from the
+// deferred list below, or, for a zero-copy WRITE still waiting in the transport for credits or
+// arena space, from the transport's queue (with its message), so the call's ending (which waits
+// for the payload's release: BulkGate) never waits on the peer. A WRITE already posted cannot
+// be taken back; it completes or is flushed within the transport's retry time.
 //
 // Staging per connection. The staging pool is shared by every connection of a server (or
 // channel), and a staged payload is held until its WRITE completes, which waits for the peer's
@@ -36,6 +48,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -87,6 +100,25 @@ struct IncomingMessage {
   std::optional<transport::ReceivedBulk> bulk;  // exactly when header.has_bulk()
 };
 
+// What lets a client's call end only once the runtime no longer reads its request payload
+// (bulk.h's promise to callers): the payload's release marks the gate, and a call that ends
+// before that parks its ending here until then. It also keeps the zero-copy WRITE's transport
+// token while the payload may still be waiting, for Withdraw. Thread-safe.
+class BulkGate {
+ public:
+  // The payload was released: runs the parked ending, if any, on this thread.
+  void Released();
+  // Runs `then` now if the payload was released, else when it is.
+  void AfterRelease(std::function<void()> then);
+
+ private:
+  friend class RpcConnection;
+  absl::Mutex mu_;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> then_ ABSL_GUARDED_BY(mu_);
+  uint64_t token_ ABSL_GUARDED_BY(mu_) = 0;  // zero-copy WRITE's token; 0 once released
+};
+
 class RpcConnection : public transport::ConnectionHandler {
  public:
   // `side` names this end in logs ("client", "server"); `staging` must outlive the connection.
@@ -126,9 +158,14 @@ class RpcConnection : public transport::ConnectionHandler {
   // A request's `deadline` (monotonic.h; InfiniteFuture for none) becomes its header's remaining
   // time at the last moment, after the payload is staged, so the server's deadline is not late
   // by the staging. (Time spent waiting for credits in the transport is not subtracted.)
+  // A client passes its call's `gate` (with the payload's release chained to it), for Withdraw.
   absl::Status SendMessage(transport::Connection& connection, const transport::SendBuffer& buffer,
                            RpcHeader header, size_t body_size, OutgoingBulk bulk,
-                           absl::Time deadline = absl::InfiniteFuture());
+                           absl::Time deadline = absl::InfiniteFuture(),
+                           BulkGate* gate = nullptr);
+  // Takes back the payload of request `call_id`, whose gate is `gate`, if it has not left yet
+  // (see the top of this file); its release runs here, on this thread. Nothing when it has.
+  void Withdraw(transport::Connection& connection, uint64_t call_id, BulkGate& gate);
 
   // A message with only a header (cancel) or an error with its status; takes a send buffer of
   // its own. kResourceExhausted when none is free.
@@ -176,6 +213,12 @@ class RpcConnection : public transport::ConnectionHandler {
     OutgoingBulk bulk;
     absl::Time deadline;
   };
+  // Posts `bulk`, which lies in memory registered on this device, straight from the caller's
+  // bytes, then its message. Errors as SendMessage's.
+  absl::Status SendZeroCopy(transport::Connection& connection,
+                            const transport::SendBuffer& buffer, RpcHeader header,
+                            size_t body_size, OutgoingBulk bulk, absl::Time deadline,
+                            BulkGate* gate);
   // Stages `bulk` (its quota already taken), then posts it and its message. Errors as
   // SendMessage's; the quota is given back on failure.
   absl::Status StageAndSend(transport::Connection& connection,
@@ -191,6 +234,7 @@ class RpcConnection : public transport::ConnectionHandler {
   size_t staged_ ABSL_GUARDED_BY(quota_mu_) = 0;  // staging capacity held by this connection
   std::deque<Deferred> deferred_ ABSL_GUARDED_BY(quota_mu_);
   std::atomic<uint64_t> violations_{0};
+  std::atomic<bool> warned_foreign_{false};  // a payload registered on another device was staged
 };
 
 }  // namespace zrpc::internal

@@ -310,6 +310,9 @@ ServerStats ServerCore::stats() const {
   stats.answers_dropped = answers_dropped_.load(std::memory_order_relaxed);
   stats.connections_idle_closed = idle_closed_.load(std::memory_order_relaxed);
   stats.liveness_probes = probes_.load(std::memory_order_relaxed);
+  stats.bulk_bytes_staged = staging_->staged_bytes();
+  stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
+  stats.staging_bytes_registered = staging_->registered_bytes();
   return stats;
 }
 
@@ -392,6 +395,13 @@ std::string Server::PrometheusText() const {
        "Answers not sent because the caller had given up.", s.answers_dropped},
       {"zrpc_server_liveness_probes_total", "counter",
        "Probes of silent clients that hold calls.", s.liveness_probes},
+      {"zrpc_server_bulk_staged_bytes_total", "counter",
+       "Response payload bytes copied into staging memory before sending.", s.bulk_bytes_staged},
+      {"zrpc_server_bulk_zero_copy_bytes_total", "counter",
+       "Response payload bytes sent straight from registered application memory.",
+       s.bulk_bytes_zero_copy},
+      {"zrpc_server_staging_registered_bytes", "gauge", "Staging memory registered now.",
+       s.staging_bytes_registered},
   };
   for (const Family& f : families) AppendPrometheusFamily(text, f.name, f.type, f.help, f.value);
   return text;
@@ -399,6 +409,9 @@ std::string Server::PrometheusText() const {
 uint16_t Server::port() const { return core_->port(); }
 std::string Server::address() const { return core_->address(); }
 ServerStats Server::stats() const { return core_->stats(); }
+absl::StatusOr<RegisteredMemory> Server::RegisterMemory(void* data, size_t size) {
+  return RegisteredMemory::Register(core_->device(), data, size);
+}
 const Metrics& Server::metrics() const { return core_->metrics(); }
 
 }  // namespace zrpc

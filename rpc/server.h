@@ -43,6 +43,7 @@
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
 #include "rpc/metrics_http.h"
+#include "rpc/registered_memory.h"
 #include "transport/device_config.h"
 #include "transport/listener.h"
 #include "transport/poller.h"
@@ -114,6 +115,12 @@ struct ServerStats {
   uint64_t answers_dropped = 0;
   uint64_t connections_idle_closed = 0;  // closed after idle_timeout without a word
   uint64_t liveness_probes = 0;          // probes of silent clients that hold calls
+  // Response payload bytes copied into staging memory (from unregistered bytes), and those the
+  // NIC sent straight from memory registered with RegisterMemory; the staging memory
+  // registered now (at most ServerOptions::staging_bytes).
+  uint64_t bulk_bytes_staged = 0;
+  uint64_t bulk_bytes_zero_copy = 0;
+  uint64_t staging_bytes_registered = 0;
 };
 
 class Server {
@@ -139,6 +146,10 @@ class Server {
   uint16_t port() const;
   std::string address() const;
   ServerStats stats() const;
+  // Registers [data, data + size) on this server's device, once, so that response payloads from
+  // it (a handler's *response_bulk = memory.Bulk(...)) are sent with no copy
+  // (rpc/registered_memory.h). The bytes must outlive the handle and every payload made from it.
+  absl::StatusOr<RegisteredMemory> RegisterMemory(void* data, size_t size);
   // Per-method server metrics (calls, status codes, bytes, latency); PrometheusText() for scrapes.
   const Metrics& metrics() const;
   // What /metrics serves: the per-method metrics, then stats() as zrpc_server_* counters and

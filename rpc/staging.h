@@ -6,8 +6,8 @@
 // pinning, an MR the NIC caches). So the runtime copies the payload once into a buffer it
 // registered earlier, releases the caller's bytes at once (the caller may reuse them as soon as
 // the call has started), and WRITEs from the copy. Payloads from memory the caller registered in
-// advance will skip the copy: that path (and rendezvous for payloads larger than the peer's
-// arena) comes later and enters the runtime at the same place, RpcConnection::SendMessage.
+// advance (registered_memory.h) skip the copy; the pool counts the bytes of both kinds, so the
+// stats show whether an application's fast path really is zero-copy.
 //
 // Layout. Buffers come in power-of-two size classes from 4 KiB; each is allocated and registered
 // on first use and kept in its class's free list afterwards, so a steady workload registers
@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -65,6 +66,15 @@ class StagingPool {
   size_t registered_bytes() const;
   size_t in_use() const;
 
+  // Payload bytes copied into staging, and payload bytes the NIC wrote straight from registered
+  // application memory (counted when their WRITE completes), since the pool was made.
+  void NoteStaged(size_t bytes) { staged_bytes_.fetch_add(bytes, std::memory_order_relaxed); }
+  void NoteZeroCopy(size_t bytes) {
+    zero_copy_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  uint64_t staged_bytes() const { return staged_bytes_.load(std::memory_order_relaxed); }
+  uint64_t zero_copy_bytes() const { return zero_copy_bytes_.load(std::memory_order_relaxed); }
+
  private:
   static int SizeClass(size_t size);
   // Deregisters free buffers until `needed` more bytes fit under max_bytes_.
@@ -76,6 +86,8 @@ class StagingPool {
   std::vector<std::vector<std::unique_ptr<Buffer>>> free_ ABSL_GUARDED_BY(mu_);
   size_t registered_ ABSL_GUARDED_BY(mu_) = 0;
   size_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> staged_bytes_{0};
+  std::atomic<uint64_t> zero_copy_bytes_{0};
 };
 
 }  // namespace zrpc::internal

@@ -204,6 +204,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // kInvalidArgument when the payload is empty or larger than the peer's arena (split it).
   absl::Status WriteBulk(const BulkSource& source, uint64_t token);
 
+  // Takes back the bulk write with `token` if it still waits (for credits, arena space or a
+  // send-queue entry) and has not been posted, together with the message queued right behind
+  // it, if any (the message that refers to the payload: its slot is freed). True when
+  // withdrawn: neither reaches the peer and no OnSendDone follows for them; the caller owns the
+  // source again at once. False when the write was posted already (OnSendDone follows), or the
+  // connection is not open (the drain reports it). For a caller whose operation ended before
+  // its payload could leave (an RPC whose deadline passed while the peer's arena was full).
+  bool WithdrawBulk(uint64_t token);
+
   // Gives back a received message or bulk payload. Any thread, once per handle.
   absl::Status Release(uint64_t handle);
 

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -88,6 +89,23 @@ absl::Status Connection::WriteBulk(const BulkSource& source, uint64_t token) {
   absl::MutexLock lock(&mu_);
   if (auto s = arena_writer_.CheckFits(source.size); !s.ok()) return s;
   return EnqueueLocked(Waiting{true, SlotPool::kNoSlot, 0, source, token});
+}
+
+bool Connection::WithdrawBulk(uint64_t token) {
+  absl::MutexLock lock(&mu_);
+  if (state_ != State::kOpen) return false;
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if (!it->bulk || it->token != token) continue;
+    auto end = std::next(it);
+    if (end != waiting_.end() && !end->bulk) {
+      FreeSendSlot(end->slot);
+      ++end;
+    }
+    waiting_.erase(it, end);
+    PumpLocked();  // what waited behind it may go now
+    return true;
+  }
+  return false;
 }
 
 absl::Status Connection::EnqueueLocked(const Waiting& op) {

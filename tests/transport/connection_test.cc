@@ -227,6 +227,63 @@ TEST_CASE("bulk WRITE_WITH_IMM of 4 KiB, 1 MiB and a full arena lands intact",
         absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("a bulk write still waiting for arena space is withdrawn with its message, and only "
+          "then", "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  constexpr uint32_t kArena = 64 * 1024;
+  Recorder server_handler, client_handler;
+  server_handler.hold_bulks = true;  // the arena stays full until the test releases
+  Setup setup(config);
+  ConnectionOptions options;
+  options.arena_size = kArena;
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler, options, options);
+  Connection& client = *pair.client;
+  std::vector<uint8_t> source(2 * kArena);
+  Fill(source.data(), source.size(), 77);
+  auto region = setup.device->RegisterMemory(source.data(), source.size());
+  REQUIRE(region.ok());
+  const uint32_t lkey = (*region)->lkey();
+
+  REQUIRE(client.WriteBulk(BulkSource{source.data(), kArena, lkey}, 1).ok());
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.held_bulks.size() == 1; }));
+  // The arena is full: this payload, its message and the message after them wait.
+  REQUIRE(client.WriteBulk(BulkSource{source.data() + kArena, kArena, lkey}, 2).ok());
+  REQUIRE(SendBytes(client, "refers to payload 2", 3).ok());
+  REQUIRE(SendBytes(client, "independent", 4).ok());
+  CHECK(client.stats().waiting == 3);
+
+  CHECK_FALSE(client.WithdrawBulk(1));  // posted and done: not withdrawable
+  CHECK_FALSE(client.WithdrawBulk(3));  // a message, not a bulk write
+  CHECK(client.WithdrawBulk(2));
+  CHECK_FALSE(client.WithdrawBulk(2));  // once
+  // What waited behind them goes at once: the independent message, alone.
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == 1; }));
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.done.count(4) == 1; }));
+  CHECK(client.stats().waiting == 0);
+  {
+    absl::MutexLock lock(&server_handler.mu);
+    CHECK(server_handler.messages[0] == "independent");
+    CHECK(server_handler.bulks.size() == 1);
+  }
+  {
+    absl::MutexLock lock(&client_handler.mu);
+    CHECK(client_handler.done.count(2) == 0);  // withdrawn: no OnSendDone
+    CHECK(client_handler.done.count(3) == 0);
+  }
+  // The withdrawn source is the caller's again; the ring is intact for the next payload.
+  Fill(source.data() + kArena, kArena, 78);
+  {
+    absl::MutexLock lock(&server_handler.mu);
+    for (uint64_t handle : server_handler.held_bulks) CHECK(pair.server->Release(handle).ok());
+    server_handler.held_bulks.clear();
+  }
+  REQUIRE(client.WriteBulk(BulkSource{source.data() + kArena, kArena, lkey}, 5).ok());
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.bulks.size() == 2; }));
+  absl::MutexLock lock(&server_handler.mu);
+  CHECK(server_handler.bulks[1] == Filled(kArena, 78));
+  CHECK_FALSE(server_handler.closed.has_value());
+}
+
 TEST_CASE("a side that only writes bulk payloads keeps getting credits and arena space back",
           "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);

@@ -23,6 +23,7 @@ using transport::Connection;
 class Recorder : public transport::ConnectionHandler {
  public:
   bool hold = false;            // keep received messages (handles in held) instead of releasing
+  bool hold_bulks = false;      // keep received bulk payloads (handles in held_bulks)
   bool keep_bytes = true;       // copy each message's bytes into messages
   // Called for each message, before it is released (for checks without copying).
   std::function<void(const uint8_t*, uint32_t)> on_message;
@@ -41,7 +42,11 @@ class Recorder : public transport::ConnectionHandler {
   void OnBulk(Connection& c, const transport::ReceivedBulk& b) override {
     absl::MutexLock lock(&mu);
     bulks.emplace_back(reinterpret_cast<const char*>(b.data), b.size);
-    if (!c.Release(b.handle).ok()) ++release_failures;
+    if (hold_bulks) {
+      held_bulks.push_back(b.handle);
+    } else if (!c.Release(b.handle).ok()) {
+      ++release_failures;
+    }
   }
   void OnSendDone(Connection&, uint64_t token, const absl::Status& status) override {
     absl::MutexLock lock(&mu);
@@ -66,6 +71,7 @@ class Recorder : public transport::ConnectionHandler {
   std::vector<std::string> messages ABSL_GUARDED_BY(mu);
   std::vector<std::string> bulks ABSL_GUARDED_BY(mu);
   std::vector<uint64_t> held ABSL_GUARDED_BY(mu);
+  std::vector<uint64_t> held_bulks ABSL_GUARDED_BY(mu);
   std::map<uint64_t, absl::Status> done ABSL_GUARDED_BY(mu);
   std::optional<absl::Status> closed ABSL_GUARDED_BY(mu);
   absl::Time closed_at ABSL_GUARDED_BY(mu);

@@ -1,0 +1,59 @@
+#include "rpc/registered_memory.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace zrpc {
+namespace internal {
+
+void BulkAccess::ChainRelease(OutgoingBulk& bulk, std::function<void()> after) {
+  if (!bulk.release_) {
+    bulk.release_ = std::move(after);
+    return;
+  }
+  bulk.release_ = [first = std::move(bulk.release_), after = std::move(after)] {
+    first();
+    after();
+  };
+}
+
+OutgoingBulk BulkAccess::Make(std::shared_ptr<const Registration> registration,
+                              const uint8_t* data, size_t size, std::function<void()> release) {
+  OutgoingBulk bulk(data, size, std::move(release));
+  bulk.registration_ = std::move(registration);
+  return bulk;
+}
+
+}  // namespace internal
+
+absl::StatusOr<RegisteredMemory> RegisteredMemory::Register(
+    std::shared_ptr<transport::Device> device, void* data, size_t size) {
+  if (data == nullptr || size == 0) {
+    return absl::InvalidArgumentError("RegisterMemory: the range is null or empty");
+  }
+  absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> region =
+      device->RegisterMemory(data, size);
+  if (!region.ok()) {
+    return absl::Status(region.status().code(),
+                        absl::StrCat("RegisterMemory: ", region.status().message()));
+  }
+  return RegisteredMemory(
+      std::make_shared<const internal::Registration>(std::move(device), *std::move(region)));
+}
+
+absl::StatusOr<OutgoingBulk> RegisteredMemory::Bulk(size_t offset, size_t size,
+                                                    std::function<void()> release) const {
+  if (registration_ == nullptr) {
+    return absl::InvalidArgumentError("RegisteredMemory::Bulk on an empty handle");
+  }
+  if (size == 0 || offset > registration_->size() || size > registration_->size() - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegisteredMemory::Bulk(", offset, ", ", size, "): not a non-empty range "
+                     "inside the ", registration_->size(), " registered bytes"));
+  }
+  return internal::BulkAccess::Make(registration_, registration_->data() + offset, size,
+                                    std::move(release));
+}
+
+}  // namespace zrpc

@@ -1,0 +1,115 @@
+// RegisteredMemory: a buffer of the application's, registered with the NIC once, whose bytes
+// bulk payloads are sent from with no copy.
+//
+//   auto memory = channel->RegisterMemory(tensor.data(), tensor.size());   // once
+//   for (...) {
+//     absl::StatusOr<zrpc::OutgoingBulk> bulk = memory->Bulk(0, tensor.size());
+//     stub.Put(key, *std::move(bulk), &reply, options);                    // no copy, no staging
+//   }
+//
+// Why register. The NIC reads only registered memory. An OutgoingBulk over ordinary bytes is
+// copied once into the runtime's staging memory (rpc/staging.h): cheap for kilobytes, most of
+// the cost for megabytes. Registering pins the pages and costs a system call (tens of
+// microseconds, more per gigabyte), so it is done once per buffer, not per call: the same buffer
+// sent a thousand times is registered once. Registration counts against RLIMIT_MEMLOCK for
+// non-root processes (`ulimit -l`); the error says so.
+//
+// Where it works. A registration belongs to one device and protection domain: the one of the
+// channel or server that made it. Channels and servers with the same device configuration and
+// slot options share a device (rpc/shared_device.h), so memory registered on one can be sent
+// from the others. A payload from memory registered on another device is staged like any other
+// bytes, and a warning is logged once per connection: still correct, no longer zero-copy, and
+// visible in the stats (bulk_bytes_staged against bulk_bytes_zero_copy).
+//
+// Lifetime. The handle is move-only; the registration it owns lasts until the handle and every
+// OutgoingBulk made from it are gone, so destroying the handle while payloads are in flight is
+// safe: the memory is deregistered after the last WRITE from it completes. The application
+// keeps the bytes themselves alive and unchanged until each payload's release (bulk.h): the NIC
+// reads them during the WRITE. A registration also keeps its device alive, so it may outlive the
+// channel or server that made it.
+//
+// Remote access. The memory is registered for local access only (the NIC reads it to send, and
+// may later write into it to receive); no remote key for it is ever given to a peer.
+#ifndef ZRPC_RPC_REGISTERED_MEMORY_H_
+#define ZRPC_RPC_REGISTERED_MEMORY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "rpc/bulk.h"
+#include "transport/device.h"
+
+namespace zrpc {
+
+namespace internal {
+
+// One registration of application memory: its memory region and the device (protection domain)
+// the region belongs to, destroyed in that order. Shared by the application's handle and every
+// payload in flight from it.
+class Registration {
+ public:
+  Registration(std::shared_ptr<transport::Device> device,
+               std::unique_ptr<transport::MemoryRegion> region)
+      : device_(std::move(device)), region_(std::move(region)) {}
+
+  uint8_t* data() const { return const_cast<uint8_t*>(region_->data()); }
+  size_t size() const { return region_->size(); }
+  uint32_t lkey() const { return region_->lkey(); }
+  const transport::Device* device() const { return device_.get(); }
+
+ private:
+  std::shared_ptr<transport::Device> device_;
+  std::unique_ptr<transport::MemoryRegion> region_;
+};
+
+// The runtime's access to what OutgoingBulk keeps private.
+class BulkAccess {
+ public:
+  static const Registration* registration(const OutgoingBulk& bulk) {
+    return bulk.registration_.get();
+  }
+  // Makes `after` run right after the payload's own release (or alone, when it has none).
+  static void ChainRelease(OutgoingBulk& bulk, std::function<void()> after);
+  static OutgoingBulk Make(std::shared_ptr<const Registration> registration, const uint8_t* data,
+                           size_t size, std::function<void()> release);
+};
+
+}  // namespace internal
+
+class RegisteredMemory {
+ public:
+  RegisteredMemory() = default;
+  RegisteredMemory(RegisteredMemory&&) noexcept = default;
+  RegisteredMemory& operator=(RegisteredMemory&&) noexcept = default;
+  RegisteredMemory(const RegisteredMemory&) = delete;
+  RegisteredMemory& operator=(const RegisteredMemory&) = delete;
+
+  // Registers [data, data + size) on `device`. kInvalidArgument for a null or empty range;
+  // the driver's error otherwise (ENOMEM/EPERM name RLIMIT_MEMLOCK). Channels and servers call
+  // this (ClientChannel::RegisterMemory, Server::RegisterMemory).
+  static absl::StatusOr<RegisteredMemory> Register(std::shared_ptr<transport::Device> device,
+                                                   void* data, size_t size);
+
+  uint8_t* data() const { return registration_ ? registration_->data() : nullptr; }
+  size_t size() const { return registration_ ? registration_->size() : 0; }
+  bool valid() const { return registration_ != nullptr; }
+
+  // A payload of the `size` bytes at `offset`, sent with no copy; `release` (may be empty) runs
+  // once the runtime no longer reads them (bulk.h). kInvalidArgument when the range is empty or
+  // does not lie inside this memory, or the handle is empty (moved from).
+  absl::StatusOr<OutgoingBulk> Bulk(size_t offset, size_t size,
+                                    std::function<void()> release = nullptr) const;
+
+ private:
+  explicit RegisteredMemory(std::shared_ptr<const internal::Registration> registration)
+      : registration_(std::move(registration)) {}
+  std::shared_ptr<const internal::Registration> registration_;
+};
+
+}  // namespace zrpc
+
+#endif  // ZRPC_RPC_REGISTERED_MEMORY_H_
