@@ -137,13 +137,16 @@ absl::Status ResolveRoute(rdma_event_channel* channel, rdma_cm_id* id, const std
   return absl::OkStatus();
 }
 
-rdma_conn_param ConnParam(const void* data, uint8_t length) {
+rdma_conn_param ConnParam(const void* data, uint8_t length, uint8_t initiator_depth,
+                          uint8_t responder_resources) {
   rdma_conn_param param{};
   param.private_data = data;
   param.private_data_len = length;
   param.retry_count = kRetryCount;
   param.rnr_retry_count = kRnrRetryCount;
-  return param;  // zero responder resources and initiator depth: no READ, no atomics
+  param.initiator_depth = initiator_depth;
+  param.responder_resources = responder_resources;
+  return param;
 }
 
 void Reject(rdma_cm_id* id, const absl::Status& why) {

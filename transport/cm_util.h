@@ -51,9 +51,16 @@ absl::Status ResolveRoute(rdma_event_channel* channel, rdma_cm_id* id, const std
 // Each side's queue pair gets the count the *other* side asked for, so both check it.
 inline constexpr uint8_t kRnrRetryCount = 6;
 
-// Connection parameters carrying `data` as private data, with zrpc's RC retry policy and no
-// RDMA READ or atomics. `data` must outlive the rdma_connect / rdma_accept call.
-rdma_conn_param ConnParam(const void* data, uint8_t length);
+// RDMA READs a queue pair may have outstanding, as initiator and as responder, at most: enough to
+// keep a large transfer's pipeline full (each READ carries up to the port's max_msg_size).
+inline constexpr uint8_t kMaxReadsInFlight = 16;
+
+// Connection parameters carrying `data` as private data, with zrpc's RC retry policy, RDMA READ
+// with `initiator_depth` outstanding as initiator and `responder_resources` as responder (what
+// the device allows, and on accept what the connecting side offered), and no atomics. `data`
+// must outlive the rdma_connect / rdma_accept call.
+rdma_conn_param ConnParam(const void* data, uint8_t length, uint8_t initiator_depth,
+                          uint8_t responder_resources);
 
 // Refuses a connection request, telling the peer why in the rejection's private data (prefixed
 // "zrpc: " so ExpectCmEvent on the other side quotes it).

@@ -143,6 +143,12 @@ struct BulkSource {
   uint32_t lkey;
 };
 
+// Memory the peer exposed for this side to RDMA READ (for one transfer): its address and key.
+struct RemoteRange {
+  uint64_t addr;
+  uint32_t rkey;
+};
+
 // What a connection reports, on the poller thread. Implementations must not block for long:
 // every connection on the poller waits meanwhile.
 class ConnectionHandler {
@@ -204,6 +210,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // kInvalidArgument when the payload is empty or larger than the peer's arena (split it).
   absl::Status WriteBulk(const BulkSource& source, uint64_t token);
 
+  // Reads `sink.size` bytes from the peer's `remote` range into `sink` (registered here, local
+  // write), by RDMA READ: no credit and no receive on the peer, whose NIC answers alone. Split
+  // into READs of at most the port's max_msg_size; OnSendDone(token) follows once, when all of
+  // it has landed (or failed: a bad key or range the peer gave fails the connection, as any
+  // failed work request does). Queued in order with sends and writes. Errors as for Send, and
+  // kInvalidArgument for an empty sink.
+  absl::Status ReadBulk(const BulkSource& sink, const RemoteRange& remote, uint64_t token);
+
   // Takes back the bulk write with `token` if it still waits (for credits, arena space or a
   // send-queue entry) and has not been posted, together with the message queued right behind
   // it, if any (the message that refers to the payload: its slot is freed). True when
@@ -259,11 +273,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   };
   // An operation waiting for credits, arena space or a send-queue entry.
   struct Waiting {
-    bool bulk;
-    uint32_t slot;     // message
-    uint32_t length;   // message payload bytes
-    BulkSource source;  // bulk
+    enum Kind : uint8_t { kMessage, kWrite, kRead };
+    Kind kind;
+    uint32_t slot;      // message
+    uint32_t length;    // message payload bytes
+    BulkSource source;  // write: what to send; read: where to land (data is writable then)
     uint64_t token;
+    RemoteRange remote{};  // read
+    bool report = true;    // read: the last piece of a ReadBulk reports OnSendDone
   };
   // What a completion produced, dispatched after the lock is dropped.
   struct Event {
@@ -309,6 +326,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                  bool report, bool signal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PostBulkLocked(const BulkSource& source, const ArenaSpot& spot, uint64_t token)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PostReadLocked(const Waiting& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PostSendWrLocked(ibv_send_wr& wr, uint32_t slot, uint64_t token, bool report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EnqueueLocked(const Waiting& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -377,6 +395,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ibv_sge send_sge_ ABSL_GUARDED_BY(mu_){};
   ibv_send_wr send_wr_ ABSL_GUARDED_BY(mu_){};
   ibv_send_wr write_wr_ ABSL_GUARDED_BY(mu_){};
+  ibv_send_wr read_wr_ ABSL_GUARDED_BY(mu_){};
   ibv_sge recv_sge_ ABSL_GUARDED_BY(mu_){};
   ibv_recv_wr recv_wr_ ABSL_GUARDED_BY(mu_){};
 };

@@ -80,7 +80,7 @@ absl::Status Connection::Send(const SendBuffer& buffer, uint32_t length, uint64_
                                                    max_message_, " bytes a SEND carries here"));
   }
   absl::MutexLock lock(&mu_);
-  absl::Status s = EnqueueLocked(Waiting{false, buffer.slot, length, {}, token});
+  absl::Status s = EnqueueLocked(Waiting{Waiting::kMessage, buffer.slot, length, {}, token});
   if (!s.ok()) ReleaseSendBuffer(buffer);
   return s;
 }
@@ -88,16 +88,43 @@ absl::Status Connection::Send(const SendBuffer& buffer, uint32_t length, uint64_
 absl::Status Connection::WriteBulk(const BulkSource& source, uint64_t token) {
   absl::MutexLock lock(&mu_);
   if (auto s = arena_writer_.CheckFits(source.size); !s.ok()) return s;
-  return EnqueueLocked(Waiting{true, SlotPool::kNoSlot, 0, source, token});
+  return EnqueueLocked(Waiting{Waiting::kWrite, SlotPool::kNoSlot, 0, source, token});
+}
+
+absl::Status Connection::ReadBulk(const BulkSource& sink, const RemoteRange& remote,
+                                  uint64_t token) {
+  if (sink.size == 0) return absl::InvalidArgumentError("ReadBulk: an empty sink");
+  const uint32_t piece = std::max<uint32_t>(device_.selection().max_msg_size, 1u << 16);
+  absl::MutexLock lock(&mu_);
+  if (state_ != State::kOpen) {
+    return absl::UnavailableError(absl::StrCat("connection to ", peer_address_, " is closed"));
+  }
+  // One operation however many pieces it takes (they cannot outnumber its bytes by much).
+  if (waiting_.size() >= options_.max_waiting) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        options_.max_waiting, " operations already wait for credits on this connection"));
+  }
+  for (uint32_t offset = 0; offset < sink.size; offset += piece) {
+    const uint32_t length = std::min(piece, sink.size - offset);
+    Waiting op{Waiting::kRead, SlotPool::kNoSlot, 0,
+               BulkSource{static_cast<const uint8_t*>(sink.data) + offset, length, sink.lkey},
+               token};
+    op.remote = RemoteRange{remote.addr + offset, remote.rkey};
+    op.report = length == sink.size - offset;
+    waiting_.push_back(op);
+    if (length == sink.size - offset) break;  // offset + piece may wrap past 4 GiB
+  }
+  PumpLocked();
+  return absl::OkStatus();
 }
 
 bool Connection::WithdrawBulk(uint64_t token) {
   absl::MutexLock lock(&mu_);
   if (state_ != State::kOpen) return false;
   for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-    if (!it->bulk || it->token != token) continue;
+    if (it->kind != Waiting::kWrite || it->token != token) continue;
     auto end = std::next(it);
-    if (end != waiting_.end() && !end->bulk) {
+    if (end != waiting_.end() && end->kind == Waiting::kMessage) {
       FreeSendSlot(end->slot);
       ++end;
     }
@@ -128,10 +155,13 @@ absl::Status Connection::EnqueueLocked(const Waiting& op) {
 void Connection::PumpLocked() {
   while (!waiting_.empty() && state_ == State::kOpen) {
     if (in_flight_.size() >= options_.send_queue_depth) break;
-    if (!credits_.CanSpendForData()) break;  // the last credit is for credit frames
     Waiting& op = waiting_.front();
     absl::Status posted;
-    if (op.bulk) {
+    if (op.kind == Waiting::kRead) {
+      posted = PostReadLocked(op);  // no credit: the peer's NIC answers, nothing is received
+    } else if (!credits_.CanSpendForData()) {
+      break;  // the last credit is for credit frames
+    } else if (op.kind == Waiting::kWrite) {
       std::optional<ArenaSpot> spot = arena_writer_.TryReserve(op.source.size);  // WriteBulk
       if (!spot) break;                                                      // checked CheckFits
       credits_.TrySpendForData();
@@ -141,7 +171,7 @@ void Connection::PumpLocked() {
       // Signal when due, and whenever the next operation might not follow at once (nothing
       // waits, or it may lack a credit, a queue entry or arena space): an unsignalled work
       // request with nothing behind it would leave its OnSendDone waiting on future traffic.
-      bool next_may_stall = waiting_.size() == 1 || waiting_[1].bulk ||
+      bool next_may_stall = waiting_.size() == 1 || waiting_[1].kind != Waiting::kMessage ||
                             !credits_.CanSpendForData() ||
                             in_flight_.size() + 1 >= options_.send_queue_depth;
       bool signal = unsignaled_ + 1 >= kSignalInterval || next_may_stall;
@@ -199,6 +229,19 @@ absl::Status Connection::PostBulkLocked(const BulkSource& source, const ArenaSpo
   absl::Status s = PostSendWrLocked(write_wr_, SlotPool::kNoSlot, token, true);
   if (s.ok()) ++stats_.bulk_sent;
   return s;
+}
+
+absl::Status Connection::PostReadLocked(const Waiting& op) {
+  send_sge_.addr = reinterpret_cast<uintptr_t>(op.source.data);
+  send_sge_.length = op.source.size;
+  send_sge_.lkey = op.source.lkey;
+  read_wr_.wr.rdma.remote_addr = op.remote.addr;
+  read_wr_.wr.rdma.rkey = op.remote.rkey;
+  // Signalled when it reports (the destination is the caller's once it completes), and on the
+  // usual interval so the send queue keeps freeing.
+  const bool signal = op.report || unsignaled_ + 1 >= kSignalInterval;
+  read_wr_.send_flags = signal ? IBV_SEND_SIGNALED : 0;
+  return PostSendWrLocked(read_wr_, SlotPool::kNoSlot, op.token, op.report);
 }
 
 absl::Status Connection::PostSendWrLocked(ibv_send_wr& wr, uint32_t slot, uint64_t token,
@@ -459,7 +502,8 @@ void Connection::FinishDrainLocked(Events& events) {
   state_ = State::kClosed;
   RetireLocked(~uint64_t{0}, error_, events);
   for (const Waiting& op : waiting_) {
-    if (!op.bulk) FreeSendSlot(op.slot);
+    if (op.kind == Waiting::kMessage) FreeSendSlot(op.slot);
+    if (op.kind == Waiting::kRead && !op.report) continue;  // its last piece reports
     Event e(Event::kSendDone);
     e.handle_or_token = op.token;
     e.status = error_;

@@ -76,7 +76,7 @@ Connection::~Connection() {
       if (f.slot != SlotPool::kNoSlot) FreeSendSlot(f.slot);
     }
     for (const Waiting& w : waiting_) {
-      if (!w.bulk) FreeSendSlot(w.slot);
+      if (w.kind == Waiting::kMessage) FreeSendSlot(w.slot);
     }
   }
   for (uint32_t slot : recv_slots_) static_cast<void>(device_.slots().Free(slot));
@@ -129,6 +129,9 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
   write_wr_.num_sge = 1;
   write_wr_.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   write_wr_.send_flags = IBV_SEND_SIGNALED;  // the source buffer is the caller's until done
+  read_wr_.sg_list = &send_sge_;
+  read_wr_.num_sge = 1;
+  read_wr_.opcode = IBV_WR_RDMA_READ;
   recv_sge_.length = static_cast<uint32_t>(device_.slots().slot_size());
   recv_wr_.sg_list = &recv_sge_;
   recv_wr_.num_sge = 1;
@@ -206,7 +209,11 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
 
   uint8_t hello[Hello::kSize];
   EncodeHello(c->OwnHello(), hello);
-  rdma_conn_param param = ConnParam(hello, Hello::kSize);
+  const ibv_device_attr& attr = device.attr();
+  rdma_conn_param param = ConnParam(
+      hello, Hello::kSize,
+      static_cast<uint8_t>(std::min<int>(kMaxReadsInFlight, attr.max_qp_init_rd_atom)),
+      static_cast<uint8_t>(std::min<int>(kMaxReadsInFlight, attr.max_qp_rd_atom)));
   if (rdma_connect(id, &param) != 0) return VerbsError("rdma_connect", errno);
   auto event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();

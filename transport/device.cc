@@ -125,6 +125,7 @@ absl::Status DescribePort(ibv_context* context, int port, int gid_index, bool ne
         absl::StrCat(sel->device, " port ", port, " is ", ibv_port_state_str(attr.state)));
   }
   sel->active_mtu = MtuBytes(attr.active_mtu);
+  sel->max_msg_size = attr.max_msg_sz;
   sel->infiniband = attr.link_layer == IBV_LINK_LAYER_INFINIBAND;
   if (!sel->infiniband) {
     if (!need_addr) {
@@ -271,6 +272,15 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::RegisterMemory(const void*
                                                                      size_t size) {
   MrOwner mr(ibv_reg_mr(pd_.get(), const_cast<void*>(data), size, IBV_ACCESS_LOCAL_WRITE));
   if (mr == nullptr) return VerbsError(absl::StrCat("ibv_reg_mr(", size, " bytes)"), errno);
+  return std::unique_ptr<MemoryRegion>(new MemoryRegion(std::move(mr)));
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::RegisterForRemoteRead(const void* data,
+                                                                            size_t size) {
+  MrOwner mr(ibv_reg_mr(pd_.get(), const_cast<void*>(data), size, IBV_ACCESS_REMOTE_READ));
+  if (mr == nullptr) {
+    return VerbsError(absl::StrCat("ibv_reg_mr(", size, " bytes, remote read)"), errno);
+  }
   return std::unique_ptr<MemoryRegion>(new MemoryRegion(std::move(mr)));
 }
 

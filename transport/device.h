@@ -44,6 +44,7 @@ struct DeviceSelection {
   std::string gid;         // that GID, as an IPv6-style address
   uint16_t lid = 0;        // InfiniBand only
   int active_mtu = 0;      // bytes
+  uint32_t max_msg_size = 0;  // the largest single RDMA operation the port takes (rxe: 8 MiB)
   std::string addr;        // the IP address connections are made from and listened on
 
   std::string ToString() const;
@@ -60,6 +61,8 @@ class MemoryRegion {
   const uint8_t* data() const { return static_cast<const uint8_t*>(mr_->addr); }
   size_t size() const { return mr_->length; }
   uint32_t lkey() const { return mr_->lkey; }
+  // Only meaningful for memory registered for remote access (RegisterForRemoteRead).
+  uint32_t rkey() const { return mr_->rkey; }
 
  private:
   friend class Device;
@@ -82,8 +85,13 @@ class Device {
   SlotPool& slots() const { return *slots_; }
   const ibv_device_attr& attr() const { return attr_; }
 
-  // Registers [data, data + size) for local access only (a source of sends and writes).
+  // Registers [data, data + size) for local access only (a source of sends and writes, a
+  // destination of reads).
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(const void* data, size_t size);
+  // Registers exactly [data, data + size) for the peer to RDMA READ, and nothing else: memory
+  // exposed for one transfer and deregistered after it (MemoryRegion::rkey).
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterForRemoteRead(const void* data,
+                                                                      size_t size);
 
  private:
   Device() = default;

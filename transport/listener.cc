@@ -136,6 +136,13 @@ void Listener::OnRequest(rdma_cm_event* event) {
   absl::StatusOr<Hello> hello = Connection::PeerHello(*event, options_.connection);
   // The count this side's queue pair will use, chosen by the peer (see the header comment).
   uint8_t rnr_retry = event->param.conn.rnr_retry_count;
+  // READs: this side answers at most as many as the peer will have outstanding, and issues at
+  // most as many as the peer answers, each within what the device allows.
+  const ibv_device_attr& attr = device_.attr();
+  const auto reads_in = static_cast<uint8_t>(std::min<int>(
+      {kMaxReadsInFlight, attr.max_qp_rd_atom, event->param.conn.initiator_depth}));
+  const auto reads_out = static_cast<uint8_t>(std::min<int>(
+      {kMaxReadsInFlight, attr.max_qp_init_rd_atom, event->param.conn.responder_resources}));
   rdma_ack_cm_event(event);
   const std::string peer = PeerAddress(id);
   const std::string ip = PeerIp(id);
@@ -181,7 +188,7 @@ void Listener::OnRequest(rdma_cm_event* event) {
   }
   uint8_t own_hello[Hello::kSize];
   EncodeHello(c->OwnHello(), own_hello);
-  rdma_conn_param param = ConnParam(own_hello, Hello::kSize);
+  rdma_conn_param param = ConnParam(own_hello, Hello::kSize, reads_out, reads_in);
   if (rdma_accept(id, &param) != 0) return refuse(VerbsError("rdma_accept", errno));
   handshakes_[id] = Handshake{std::move(c), absl::Now() + options_.handshake_timeout};
 }

@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -284,6 +286,45 @@ TEST_CASE("a bulk write still waiting for arena space is withdrawn with its mess
   CHECK_FALSE(server_handler.closed.has_value());
 }
 
+TEST_CASE("ReadBulk pulls a range the peer exposed, in pieces of the port's largest message, "
+          "and a range no longer exposed fails the connection", "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Recorder server_handler, client_handler;
+  Setup setup(config);
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  // More than two of rxe's 8 MiB READs, not a multiple of anything.
+  const uint32_t size = 2 * setup.device->selection().max_msg_size + 12345;
+  std::vector<uint8_t> exposed(size);
+  Fill(exposed.data(), size, 404);
+  auto remote = setup.device->RegisterForRemoteRead(exposed.data(), size);
+  REQUIRE(remote.ok());
+  std::vector<uint8_t> sink(size + 128, 0xEE);  // guard bytes after the sink
+  auto local = setup.device->RegisterMemory(sink.data(), sink.size());
+  REQUIRE(local.ok());
+  const RemoteRange range{reinterpret_cast<uintptr_t>(exposed.data()), (*remote)->rkey()};
+  REQUIRE(pair.client->ReadBulk(BulkSource{sink.data(), size, (*local)->lkey()}, range, 7).ok());
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.done.count(7) == 1; }));
+  {
+    absl::MutexLock lock(&client_handler.mu);
+    CHECK(client_handler.done.size() == 1);  // one report for all the pieces
+    CHECK(client_handler.done[7].ok());
+  }
+  CHECK(std::memcmp(sink.data(), exposed.data(), size) == 0);
+  CHECK(std::count(sink.begin() + size, sink.end(), 0xEE) == 128);
+  CHECK(pair.server->stats().messages_received == 0);  // the peer's application saw nothing
+  CHECK(pair.client->ReadBulk(BulkSource{sink.data(), 0, (*local)->lkey()}, range, 8).code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  // Deregistered: the peer's NIC refuses the READ and the reading connection fails.
+  remote->reset();
+  REQUIRE(pair.client->ReadBulk(BulkSource{sink.data(), 4096, (*local)->lkey()}, range, 9).ok());
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.closed.has_value(); }));
+  absl::MutexLock lock(&client_handler.mu);
+  CHECK_FALSE(client_handler.done[9].ok());
+  INFO(*client_handler.closed);
+  CHECK_FALSE(client_handler.closed->ok());
+}
+
 TEST_CASE("a side that only writes bulk payloads keeps getting credits and arena space back",
           "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
@@ -432,7 +473,7 @@ absl::Status RawConnect(const std::string& addr, uint16_t port, const std::vecto
   CqOwner cq;
   CmQpOwner qp;
   if (!CreateRawQp(id.get(), &pd, &cq, &qp)) return absl::InternalError("cannot create a QP");
-  rdma_conn_param param = ConnParam(hello.data(), static_cast<uint8_t>(hello.size()));
+  rdma_conn_param param = ConnParam(hello.data(), static_cast<uint8_t>(hello.size()), 0, 0);
   if (rdma_connect(id.get(), &param) != 0) return absl::InternalError("rdma_connect");
   auto event = ExpectCmEvent(channel.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();
@@ -514,7 +555,7 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
       rdma_ack_cm_event(*request);
       conn_id.reset(id);
       if (!CreateRawQp(id, &pd, &cq, &qp)) return;
-      rdma_conn_param param = ConnParam(bad.data(), static_cast<uint8_t>(bad.size()));
+      rdma_conn_param param = ConnParam(bad.data(), static_cast<uint8_t>(bad.size()), 0, 0);
       rdma_accept(id, &param);
     });
     auto client = Connection::Connect(*setup.device, *setup.client_poller,

@@ -78,7 +78,8 @@ class RawPeer {
       hello.resize(transport::Hello::kSize);
       transport::EncodeHello(h, hello.data());
     }
-    rdma_conn_param param = transport::ConnParam(hello.data(), static_cast<uint8_t>(hello.size()));
+    rdma_conn_param param =
+        transport::ConnParam(hello.data(), static_cast<uint8_t>(hello.size()), 0, 0);
     param.rnr_retry_count = options.rnr_retry;
     if (rdma_connect(id, &param) != 0) return absl::InternalError("rdma_connect");
     if (!finish) return absl::OkStatus();
