@@ -28,9 +28,11 @@
 //                 check what it copied (transport/README.md, "what a peer can do").
 //
 // Both are move-only and release exactly once. An empty payload (size 0) is valid and sends
-// nothing but the message. A payload larger than the receiver's receive memory (its advertised
-// arena) fails the call with kInvalidArgument; one that must wait for space waits at most until
-// the call's deadline.
+// nothing but the message. A payload that fits the receiver's receive memory (its advertised
+// arena) is written there, and one that must wait for space waits at most until the call's
+// deadline; a larger one is pulled by the receiver with RDMA READ into memory it allocates, up
+// to its max_bulk_size (rpc/WIRE.md, "Pulled payloads"), and then read in place there the same
+// way (an IncomingBulk either way).
 #ifndef ZRPC_RPC_BULK_H_
 #define ZRPC_RPC_BULK_H_
 

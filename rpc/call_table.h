@@ -93,6 +93,8 @@ class CallIndex {
   explicit CallIndex(uint32_t capacity, uint64_t first_generation = 1);
 
   static uint32_t IndexOf(uint64_t id) { return static_cast<uint32_t>(id & (kMaxCapacity - 1)); }
+  // Whether `id` is a live call.
+  bool Live(uint64_t id) const;
 
   // Takes a free slot for a call ending at `deadline` (InfiniteFuture: never) and returns its
   // id; kResourceExhausted when `capacity` calls are live.
@@ -132,7 +134,6 @@ class CallIndex {
   uint64_t IdOf(uint32_t index) const {
     return slots_[index].generation << kIndexBits | index;
   }
-  bool Live(uint64_t id) const;
   void Free(uint32_t index);
   void PopHeap();
   // Rebuilds the heap from live calls when dead entries outnumber them.
@@ -223,6 +224,11 @@ class CallTable {
   size_t size() const {
     absl::MutexLock lock(&mu_);
     return index_.size();
+  }
+  // Whether `id` is a call in flight now (it may end the moment after).
+  bool Contains(uint64_t id) const {
+    absl::MutexLock lock(&mu_);
+    return index_.Live(id);
   }
   uint32_t capacity() const {
     absl::MutexLock lock(&mu_);

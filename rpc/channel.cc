@@ -63,6 +63,7 @@ class ChannelCore final : public ClientConnectionOwner {
 
   // ClientConnectionOwner.
   StagingPool& staging() override { return *staging_; }
+  std::shared_ptr<PullBudget> pulls() override { return pulls_; }
   void DeadlineAdded(absl::Time deadline) override;
   void CountLateResponse() override { late_.fetch_add(1, std::memory_order_relaxed); }
   void ConnectionClosed(ClientConnection* connection, bool violation) override;
@@ -97,6 +98,7 @@ class ChannelCore final : public ClientConnectionOwner {
   const ChannelOptions options_;
   std::shared_ptr<transport::Device> device_;
   std::unique_ptr<StagingPool> staging_;
+  std::shared_ptr<PullBudget> pulls_;
   // Shared with received payloads users still hold (rpc_connection.h).
   std::vector<std::shared_ptr<transport::Poller>> pollers_;
   std::vector<Subchannel> subchannels_;
@@ -143,6 +145,9 @@ absl::Status ChannelCore::Init() {
   if (!device.ok()) return device.status();
   device_ = *std::move(device);
   staging_ = std::make_unique<StagingPool>(*device_, options_.staging_bytes);
+  pulls_ = std::make_shared<PullBudget>(options_.max_bulk_size, options_.max_pulled_bytes,
+                                        "ChannelOptions::max_bulk_size",
+                                        "ChannelOptions::max_pulled_bytes");
   transport::PollerOptions poller_options;
   poller_options.mode = options_.poll_mode;
   for (int i = 0; i < options_.pollers; ++i) {
@@ -421,6 +426,7 @@ ChannelStats ChannelCore::stats() const {
   stats.bulk_bytes_staged = staging_->staged_bytes();
   stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
   stats.staging_bytes_registered = staging_->registered_bytes();
+  stats.pulled_bytes_held = pulls_->in_use();
   {
     absl::MutexLock lock(&mu_);
     for (const auto& connection : live_) stats.calls_in_flight += connection->calls_in_flight();
@@ -519,6 +525,12 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
   }
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");
+  }
+  if (options.max_bulk_size == 0 || options.max_bulk_size > UINT32_MAX ||
+      options.max_pulled_bytes < options.max_bulk_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ChannelOptions::max_bulk_size is ", options.max_bulk_size, " and max_pulled_bytes ",
+        options.max_pulled_bytes, ": the first must be in [1, 4 GiB - 1] and at most the second"));
   }
   ChannelOptions adjusted = options;
   adjusted.connection.min_message_size =

@@ -82,6 +82,13 @@ struct ChannelOptions {
   transport::SlotPoolOptions slots;
   // Registered memory for staging request payloads (rpc/staging.h).
   size_t staging_bytes = size_t{64} << 20;
+  // Bulk payloads larger than the peer's arena are pulled by this side with RDMA READ into
+  // memory it allocates and registers per payload (rpc/WIRE.md, "Pulled payloads"): one is at
+  // most max_bulk_size bytes (at most 4 GiB - 1), and all those pulled and not yet released at
+  // most max_pulled_bytes together (a cap: nothing is allocated in advance). Past either, the
+  // call fails with RESOURCE_EXHAUSTED naming the option, before any byte moves.
+  uint64_t max_bulk_size = uint64_t{1} << 30;
+  uint64_t max_pulled_bytes = uint64_t{4} << 30;
   // Liveness: a connection that received nothing for keepalive_interval sends a ping; a ping
   // unanswered within keepalive_timeout closes the connection (its calls fail UNAVAILABLE). A
   // server that vanished is noticed within about interval + timeout, idle or busy. A server
@@ -116,6 +123,9 @@ struct ChannelStats {
   uint64_t bulk_bytes_staged = 0;
   uint64_t bulk_bytes_zero_copy = 0;
   uint64_t staging_bytes_registered = 0;
+  // Memory held now by response payloads pulled from the server (being read, or IncomingBulk
+  // not yet released): at most ChannelOptions::max_pulled_bytes.
+  uint64_t pulled_bytes_held = 0;
 };
 
 class ClientChannel final : public Channel {

@@ -17,6 +17,7 @@ const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false};
 
 void ClientCall::End(absl::Status status) {
   if (std::shared_ptr<BulkGate> payload = std::move(gate)) {
+    payload->End();  // a payload exposed for the server to pull is withdrawn first
     payload->AfterRelease([call = std::move(*this), status = std::move(status)]() mutable {
       call.End(std::move(status));
     });
@@ -108,6 +109,7 @@ void ClientConnection::CancelCall(uint64_t id) {
 }
 
 bool ClientConnection::WindowHeld() {
+  if (Transferring()) return true;  // a large payload moves: pings would queue behind it
   const transport::ConnectionStats stats = connection_->stats();
   return stats.waiting > 0 || stats.arena_in_use > 0;
 }
@@ -188,15 +190,45 @@ void ClientConnection::OnMessage(transport::Connection& connection,
                                               static_cast<int>(kind),
                                               "; a client takes responses and errors"));
   }
-  std::optional<ClientCall> call = calls_.Take(incoming->header.call_id);
+  if (incoming->pull) {
+    const uint64_t id = incoming->header.call_id;
+    if (!calls_.Contains(id)) {
+      // Late: its call already ended. Nothing is pulled; the server stops exposing it.
+      owner_.CountLateResponse();
+      Discard(connection, *incoming);
+      static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
+      return;
+    }
+    if (absl::Status pulling = StartPull(connection, *incoming); !pulling.ok()) {
+      Discard(connection, *incoming);
+      static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
+      if (std::optional<ClientCall> call = calls_.Take(id)) {
+        call->End(absl::Status(pulling.code(),
+                               absl::StrCat(call->method->full_name, ": the response's ",
+                                            pulling.message())));
+      }
+    }
+    return;  // OnPulled goes on
+  }
+  Deliver(connection, *incoming);
+}
+
+void ClientConnection::OnPulled(transport::Connection& connection, IncomingMessage& message) {
+  // The payload is here: the server may stop exposing it.
+  static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(message.header.call_id)));
+  Deliver(connection, message);
+}
+
+void ClientConnection::Deliver(transport::Connection& connection, IncomingMessage& message) {
+  std::optional<ClientCall> call = calls_.Take(message.header.call_id);
   if (!call) {
     // Its call already ended (deadline, failure) or never existed: give back what it holds now,
     // so the server's later messages and payloads do not queue behind it.
     owner_.CountLateResponse();
-    Discard(connection, *incoming);
+    Discard(connection, message);
     return;
   }
-  Complete(connection, *incoming, *call);
+  Complete(connection, message, *call);
 }
 
 void ClientConnection::Complete(transport::Connection& connection, IncomingMessage& message,

@@ -27,11 +27,12 @@
 //
 // A ping never waits on the application's window. When this side's messages wait for credits
 // (the server's handlers hold every receive this side may fill: slow calls, not a dead server)
-// or the server's answers wait for arena space this side's application holds, a ping would
-// queue behind them and its silence would prove nothing. Then the pass probes the server's NIC
-// instead (transport::Connection::Probe: a zero-length RDMA WRITE, no credit): a vanished host
-// fails it after the transport's retries and the connection fails with it; a live one acks,
-// and the connection stays. A ping that timed out while such a wait began is treated the same.
+// or the server's answers wait for arena space this side's application holds, or a large
+// payload is being pulled either way (READs of megabytes that may hold the queues for seconds),
+// a ping would queue behind them and its silence would prove nothing. Then the pass probes the
+// server's NIC instead (transport::Connection::Probe: a zero-length RDMA WRITE, no credit): a
+// vanished host fails it after the transport's retries and the connection fails with it; a live
+// one acks, and the connection stays. A ping that timed out while such a wait began is treated the same.
 #ifndef ZRPC_RPC_CLIENT_CONNECTION_H_
 #define ZRPC_RPC_CLIENT_CONNECTION_H_
 
@@ -63,6 +64,7 @@ bool OnRuntimeThread();
 class ClientConnectionOwner {
  public:
   virtual StagingPool& staging() = 0;
+  virtual std::shared_ptr<PullBudget> pulls() = 0;
   // A call with `deadline` entered a table: the timer may need to wake sooner.
   virtual void DeadlineAdded(absl::Time deadline) = 0;
   virtual void CountLateResponse() = 0;
@@ -101,7 +103,8 @@ class ClientConnection final : public RpcConnection,
   ClientConnection(ClientConnectionOwner& owner, uint32_t max_calls,
                    std::shared_ptr<transport::Device> device,
                    std::shared_ptr<transport::Poller> poller)
-      : RpcConnection("client", owner.staging(), std::move(device), std::move(poller)),
+      : RpcConnection("client", owner.staging(), owner.pulls(), std::move(device),
+                      std::move(poller)),
         owner_(owner),
         calls_(max_calls) {}
 
@@ -131,8 +134,11 @@ class ClientConnection final : public RpcConnection,
   void OnClosed(transport::Connection& connection, const absl::Status& why) override;
   void OnDeferredFailed(transport::Connection& connection, const RpcHeader& header,
                         const absl::Status& status) override;
+  void OnPulled(transport::Connection& connection, IncomingMessage& message) override;
 
  private:
+  // A response or error whose payload (if any) is here: to its call, or dropped as late.
+  void Deliver(transport::Connection& connection, IncomingMessage& message);
   void Complete(transport::Connection& connection, IncomingMessage& message, ClientCall& call);
   void OnPingDone(const absl::Status& status, absl::Duration timeout);
   // This side's messages wait for credits or arena space, or its application holds received

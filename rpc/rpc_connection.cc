@@ -26,9 +26,36 @@ struct HeldBulk {
 struct ZeroCopySend {
   OutgoingBulk bulk;
 };
-// Set in the transport token of a zero-copy WRITE (records are at least 8-byte aligned); a
-// staged WRITE's token is its staging buffer's address, a message's is 0.
+// Set in the transport token of a zero-copy WRITE, and of a pull's READ (records are at least
+// 8-byte aligned); a staged WRITE's token is its staging buffer's address, a message's is 0.
 constexpr uint64_t kZeroCopyTag = 1;
+constexpr uint64_t kPullTag = 2;
+// Set in the handle of a pulled payload (PulledPayload's address); the transport's handles are
+// small receive indices or carry bit 63 (arena payloads).
+constexpr uint64_t kPulledHandle = uint64_t{1} << 62;
+
+// Memory this side allocated and registered for one pulled payload, charged to its budget.
+struct PulledPayload {
+  std::shared_ptr<PullBudget> budget;
+  uint32_t size = 0;
+  uint8_t* data = nullptr;
+  std::unique_ptr<transport::MemoryRegion> region;
+  ~PulledPayload() {
+    region.reset();  // before the memory goes
+    std::free(data);
+    budget->Give(size);
+  }
+};
+
+// A READ in flight: the message whose payload it pulls, and where the payload lands.
+struct PendingPull {
+  IncomingMessage message;
+  std::unique_ptr<PulledPayload> payload;
+};
+
+// The most response payloads one connection may have exposed and not yet pulled: a client that
+// never says kPulled holds the server's memory registered only this far.
+constexpr size_t kMaxExposedPerConnection = 1024;
 
 ZeroCopySend* ZeroCopyRecord(uint64_t token) {
   return reinterpret_cast<ZeroCopySend*>(static_cast<uintptr_t>(token & ~kZeroCopyTag));
@@ -45,6 +72,40 @@ void BulkGate::Released() {
     then = std::move(then_);
   }
   if (then) then();
+}
+
+void BulkGate::End() {
+  std::unique_ptr<ExposedPayload> source;
+  {
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+    source = std::move(source_);
+  }
+  // Destroyed outside the lock: its release opens this gate (Released).
+}
+
+bool BulkGate::Hold(std::unique_ptr<ExposedPayload>& source) {
+  absl::MutexLock lock(&mu_);
+  if (ended_) return false;
+  source_ = std::move(source);
+  return true;
+}
+
+absl::Status PullBudget::Take(uint64_t bytes) {
+  if (bytes > max_bulk_size_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a ", bytes, "-byte bulk payload exceeds the ", max_bulk_size_, " bytes ", max_option_,
+        " allows"));
+  }
+  uint64_t used = in_use_.load(std::memory_order_relaxed);
+  do {
+    if (used + bytes > budget_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no memory for a ", bytes, "-byte bulk payload: ", used, " of the ", budget_,
+          " bytes ", budget_option_, " allows are held by payloads pulled and not released"));
+    }
+  } while (!in_use_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+  return absl::OkStatus();
 }
 
 void BulkGate::AfterRelease(std::function<void()> then) {
@@ -74,8 +135,16 @@ void ReceiveReleaser::ReleaseBulk(uint64_t token) {
   auto* held = reinterpret_cast<HeldBulk*>(static_cast<uintptr_t>(token));
   // After a failure the transport keeps the arena until the connection is destroyed, which this
   // record prevents until now; the status only says the connection is gone.
-  static_cast<void>(held->connection->Release(held->handle));
+  RpcConnection::ReleasePayload(*held->connection, held->handle);
   delete held;
+}
+
+void RpcConnection::ReleasePayload(transport::Connection& connection, uint64_t handle) {
+  if (handle & kPulledHandle) {
+    delete reinterpret_cast<PulledPayload*>(static_cast<uintptr_t>(handle & ~kPulledHandle));
+    return;
+  }
+  static_cast<void>(connection.Release(handle));
 }
 
 void RpcConnection::OnBulk(transport::Connection& connection,
@@ -93,6 +162,24 @@ void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token
   // Messages carry token 0; a bulk WRITE carries its record or its staging buffer, free once the
   // NIC is done with it (completed or flushed: either way it reads no more).
   if (token == 0) return;
+  if (token & kPullTag) {
+    auto* pending = reinterpret_cast<PendingPull*>(static_cast<uintptr_t>(token & ~kPullTag));
+    IncomingMessage message = std::move(pending->message);
+    std::unique_ptr<PulledPayload> payload = std::move(pending->payload);
+    delete pending;
+    pulling_.fetch_sub(1, std::memory_order_relaxed);
+    if (!status.ok()) {
+      // Flushed or failed (the connection is failing): the NIC writes no more into `payload`.
+      Discard(connection, message);
+      return;
+    }
+    message.bulk = transport::ReceivedBulk{
+        payload->data, payload->size, reinterpret_cast<uintptr_t>(payload.get()) | kPulledHandle};
+    payload.release();  // the handle owns it now
+    message.pull.reset();
+    OnPulled(connection, message);
+    return;
+  }
   if (token & kZeroCopyTag) {
     ZeroCopySend* record = ZeroCopyRecord(token);
     if (status.ok()) staging_.NoteZeroCopy(record->bulk.size());
@@ -111,8 +198,22 @@ absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& co
       DecodeRpcHeader(absl::MakeConstSpan(message.data, message.size));
   std::optional<transport::ReceivedBulk> bulk = std::exchange(unpaired_, std::nullopt);
   absl::Status violation;
+  std::optional<PullDescriptor> pull;
   if (!header.ok()) {
     violation = header.status();
+  } else if (header->pulls()) {
+    // The descriptor ends the body (DecodeRpcHeader checked it is there).
+    absl::StatusOr<PullDescriptor> descriptor = DecodePullDescriptor(absl::MakeConstSpan(
+        message.data + message.size - PullDescriptor::kSize, PullDescriptor::kSize));
+    if (!descriptor.ok()) {
+      violation = descriptor.status();
+    } else if (bulk) {
+      violation = absl::FailedPreconditionError(
+          absl::StrCat("a ", bulk->size, "-byte bulk payload was followed by call ",
+                       header->call_id, ", which pulls its payload instead"));
+    } else {
+      pull = *descriptor;
+    }
   } else if (header->has_bulk() && !bulk) {
     violation = absl::FailedPreconditionError(
         absl::StrCat("call ", header->call_id, " claims a ", header->bulk_size,
@@ -134,10 +235,12 @@ absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& co
   }
   IncomingMessage incoming;
   incoming.header = *header;
-  incoming.body = absl::MakeConstSpan(message.data + RpcHeader::kSize,
-                                      message.size - RpcHeader::kSize);
+  incoming.body = absl::MakeConstSpan(
+      message.data + RpcHeader::kSize,
+      message.size - RpcHeader::kSize - (pull ? PullDescriptor::kSize : 0));
   incoming.handle = message.handle;
   incoming.bulk = bulk;
+  incoming.pull = pull;
   return incoming;
 }
 
@@ -150,7 +253,54 @@ void RpcConnection::Violation(transport::Connection& connection, absl::string_vi
 
 void RpcConnection::Discard(transport::Connection& connection, const IncomingMessage& message) {
   static_cast<void>(connection.Release(message.handle));
-  if (message.bulk) static_cast<void>(connection.Release(message.bulk->handle));
+  if (message.bulk) ReleasePayload(connection, message.bulk->handle);
+}
+
+absl::Status RpcConnection::StartPull(transport::Connection& connection,
+                                      const IncomingMessage& message) {
+  const uint32_t size = message.header.bulk_size;
+  if (absl::Status taken = pulls_->Take(size); !taken.ok()) return taken;
+  auto payload = std::make_unique<PulledPayload>();
+  payload->budget = pulls_;  // from here its destructor gives the bytes back
+  payload->size = size;
+  constexpr size_t kPage = 4096;
+  const size_t pages = (size_t{size} + kPage - 1) / kPage;
+  payload->data = static_cast<uint8_t*>(std::aligned_alloc(kPage, pages * kPage));
+  if (payload->data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of memory for a ", size, "-byte bulk payload"));
+  }
+  absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> region =
+      device_->RegisterMemory(payload->data, size);
+  if (!region.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot receive a ", size, "-byte bulk payload: ", region.status().message()));
+  }
+  payload->region = *std::move(region);
+  const transport::BulkSource sink{payload->data, size, payload->region->lkey()};
+  auto* pending = new PendingPull{message, std::move(payload)};
+  pulling_.fetch_add(1, std::memory_order_relaxed);
+  absl::Status read =
+      connection.ReadBulk(sink, transport::RemoteRange{message.pull->addr, message.pull->rkey},
+                          reinterpret_cast<uintptr_t>(pending) | kPullTag);
+  if (!read.ok()) {
+    pulling_.fetch_sub(1, std::memory_order_relaxed);
+    pending->message = IncomingMessage{};  // still the caller's
+    delete pending;
+  }
+  return read;
+}
+
+void RpcConnection::Unexpose(uint64_t call_id) {
+  std::unique_ptr<ExposedPayload> exposed;
+  {
+    absl::MutexLock lock(&exposed_mu_);
+    auto it = exposed_.find(call_id);
+    if (it == exposed_.end()) return;  // a client repeating itself, or a closed call: nothing held
+    exposed = std::move(it->second);
+    exposed_.erase(it);
+  }
+  // Destroyed outside the lock: its release may run the application's callback.
 }
 
 void RpcConnection::DropPending(transport::Connection& connection) {
@@ -164,6 +314,11 @@ void RpcConnection::DropPending(transport::Connection& connection) {
   for (Deferred& d : dropped) {
     connection.ReleaseSendBuffer(d.buffer);
     d.bulk.Reset();
+  }
+  absl::flat_hash_map<uint64_t, std::unique_ptr<ExposedPayload>> exposed;
+  {
+    absl::MutexLock lock(&exposed_mu_);
+    exposed.swap(exposed_);
   }
 }
 
@@ -218,11 +373,8 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
                                         absl::Time deadline, BulkGate* gate) {
   if (!bulk.empty()) {
     if (bulk.size() > connection.peer_arena_size()) {
-      connection.ReleaseSendBuffer(buffer);
-      const SideOptions& peer = client_ ? kServerSide : kClientSide;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a ", bulk.size(), "-byte bulk payload exceeds the ", connection.peer_arena_size(),
-          " bytes the ", peer.name, " can receive at once (its arena: ", peer.arena, ")"));
+      // Too large for the peer's arena: the peer pulls it.
+      return SendPulled(connection, buffer, header, body_size, std::move(bulk), deadline, gate);
     }
     if (const Registration* registration = BulkAccess::registration(bulk)) {
       if (registration->device() == device_.get()) {
@@ -252,6 +404,71 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
   EncodeRpcHeader(header, buffer.data);
   absl::MutexLock lock(&send_mu_);
   return connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size), 0);
+}
+
+absl::Status RpcConnection::SendPulled(transport::Connection& connection,
+                                       const transport::SendBuffer& buffer, RpcHeader header,
+                                       size_t body_size, OutgoingBulk bulk, absl::Time deadline,
+                                       BulkGate* gate) {
+  auto fail = [&](absl::Status status) {
+    connection.ReleaseSendBuffer(buffer);
+    return status;
+  };
+  if (bulk.size() > std::numeric_limits<uint32_t>::max()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "a ", bulk.size(), "-byte bulk payload: at most 4 GiB - 1 bytes go with one call")));
+  }
+  if (body_size + PullDescriptor::kSize > MaxBody(connection)) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "a ", body_size, "-byte message leaves no room for the ", PullDescriptor::kSize,
+        "-byte descriptor of its pulled bulk payload")));
+  }
+  const uint32_t size = static_cast<uint32_t>(bulk.size());
+  // Exactly the payload's bytes, for remote READ only, for this call only.
+  absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> region =
+      device_->RegisterForRemoteRead(bulk.data(), size);
+  if (!region.ok()) {
+    return fail(absl::ResourceExhaustedError(absl::StrCat(
+        "cannot expose a ", size, "-byte bulk payload: ", region.status().message())));
+  }
+  PullDescriptor descriptor;
+  descriptor.addr = reinterpret_cast<uintptr_t>(bulk.data());
+  descriptor.rkey = (*region)->rkey();
+  auto source = std::make_unique<ExposedPayload>();
+  source->bulk = std::move(bulk);
+  source->region = *std::move(region);
+  source->count = &exposed_count_;  // the connection outlives it: OnClosed drops what it holds
+  exposed_count_.fetch_add(1, std::memory_order_relaxed);
+  EncodePullDescriptor(descriptor, Body(buffer) + body_size);
+  header.flags |= kRpcFlagBulk | kRpcFlagPull;
+  header.bulk_size = size;
+  if (header.kind == RpcKind::kRequest) header.timeout_us = WireTimeout(deadline);
+  EncodeRpcHeader(header, buffer.data);
+  if (gate != nullptr) {
+    if (!gate->Hold(source)) {
+      // The call ended while this was prepared: withdraw (source destroyed on return).
+      return fail(absl::CancelledError("the call ended before its payload was exposed"));
+    }
+  } else {
+    absl::MutexLock lock(&exposed_mu_);
+    if (exposed_.size() >= kMaxExposedPerConnection) {
+      return fail(absl::ResourceExhaustedError(absl::StrCat(
+          "the client has not pulled ", exposed_.size(), " earlier payloads on this connection")));
+    }
+    if (!exposed_.emplace(header.call_id, std::move(source)).second) {
+      return fail(absl::InternalError("a second exposed payload for one call"));
+    }
+  }
+  staging_.NoteZeroCopy(size);
+  absl::MutexLock lock(&send_mu_);
+  absl::Status sent = connection.Send(
+      buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size + PullDescriptor::kSize), 0);
+  if (!sent.ok() && gate == nullptr) {
+    absl::MutexLock exposed_lock(&exposed_mu_);
+    source = std::move(exposed_[header.call_id]);  // destroyed on return, outside the locks
+    exposed_.erase(header.call_id);
+  }
+  return sent;
 }
 
 absl::Status RpcConnection::SendZeroCopy(transport::Connection& connection,

@@ -47,6 +47,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -54,6 +55,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -95,9 +97,52 @@ class ReceiveReleaser final : public BulkReleaser {
 // A received message whose header has been checked, with its body and paired payload.
 struct IncomingMessage {
   RpcHeader header;
-  absl::Span<const uint8_t> body;
-  uint64_t handle;                             // give back with Connection::Release
-  std::optional<transport::ReceivedBulk> bulk;  // exactly when header.has_bulk()
+  absl::Span<const uint8_t> body;  // without the pull descriptor, if there was one
+  uint64_t handle;                 // give back with Connection::Release
+  // The payload: written into the arena (paired) or pulled (after StartPull). Give it back with
+  // RpcConnection::ReleasePayload.
+  std::optional<transport::ReceivedBulk> bulk;
+  std::optional<PullDescriptor> pull;  // a payload still to pull (header.pulls())
+};
+
+// What payloads pulled from the peer may hold on one side (a server, or a channel): each at
+// most max_bulk_size bytes, all of them together at most `budget` bytes at once, counted from
+// the pull until the payload is released. Thread-safe; shared with the payloads themselves, so
+// it outlives its server or channel when they do.
+class PullBudget {
+ public:
+  // `side` and the option names are for the errors ("ServerOptions::max_bulk_size").
+  PullBudget(uint64_t max_bulk_size, uint64_t budget, std::string max_option,
+             std::string budget_option)
+      : max_bulk_size_(max_bulk_size),
+        budget_(budget),
+        max_option_(std::move(max_option)),
+        budget_option_(std::move(budget_option)) {}
+  // Takes `bytes` for one payload; kResourceExhausted naming the option over its limit.
+  absl::Status Take(uint64_t bytes);
+  void Give(uint64_t bytes) { in_use_.fetch_sub(bytes, std::memory_order_relaxed); }
+  uint64_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
+
+ private:
+  const uint64_t max_bulk_size_;
+  const uint64_t budget_;
+  const std::string max_option_;
+  const std::string budget_option_;
+  std::atomic<uint64_t> in_use_{0};
+};
+
+// A payload this side exposes for the peer to pull: the caller's bytes, registered for remote
+// READ exactly over their range for as long as this lives. The registration goes first (after
+// which the peer's NIC can read nothing more), then the bytes are released.
+struct ExposedPayload {
+  OutgoingBulk bulk;
+  std::unique_ptr<transport::MemoryRegion> region;
+  std::atomic<uint32_t>* count = nullptr;  // the connection's count of exposed payloads
+  ~ExposedPayload() {
+    region.reset();
+    bulk.Reset();
+    if (count != nullptr) count->fetch_sub(1, std::memory_order_relaxed);
+  }
 };
 
 // What lets a client's call end only once the runtime no longer reads its request payload
@@ -110,24 +155,34 @@ class BulkGate {
   void Released();
   // Runs `then` now if the payload was released, else when it is.
   void AfterRelease(std::function<void()> then);
+  // The call ended: a payload exposed for the server to pull is withdrawn now (its registration
+  // removed, so the server's NIC can read no more of it, then its bytes released).
+  void End();
+  // Keeps `source`, the call's payload exposed for pulling, until End. False (and `source`
+  // left with the caller, who destroys it and sends nothing) when the call has ended already.
+  bool Hold(std::unique_ptr<ExposedPayload>& source);
 
  private:
   friend class RpcConnection;
   absl::Mutex mu_;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> then_ ABSL_GUARDED_BY(mu_);
   uint64_t token_ ABSL_GUARDED_BY(mu_) = 0;  // zero-copy WRITE's token; 0 once released
+  std::unique_ptr<ExposedPayload> source_ ABSL_GUARDED_BY(mu_);
 };
 
 class RpcConnection : public transport::ConnectionHandler {
  public:
   // `side` names this end in logs ("client", "server"); `staging` must outlive the connection.
   // `device` and `poller` are the connection's: payloads handed to users hold them (Wrap).
-  RpcConnection(const char* side, StagingPool& staging, std::shared_ptr<transport::Device> device,
+  RpcConnection(const char* side, StagingPool& staging, std::shared_ptr<PullBudget> pulls,
+                std::shared_ptr<transport::Device> device,
                 std::shared_ptr<transport::Poller> poller)
       : side_(side),
         client_(absl::string_view(side) == "client"),
         staging_(staging),
+        pulls_(std::move(pulls)),
         device_(std::move(device)),
         poller_(std::move(poller)) {}
 
@@ -139,6 +194,9 @@ class RpcConnection : public transport::ConnectionHandler {
   static uint8_t* Body(const transport::SendBuffer& buffer) {
     return buffer.data + RpcHeader::kSize;
   }
+  // Gives back a received payload: written into the arena (the transport's handle) or pulled
+  // (this layer's memory). Any thread.
+  static void ReleasePayload(transport::Connection& connection, uint64_t handle);
   // Body bytes a message can carry on `connection`.
   static size_t MaxBody(const transport::Connection& connection) {
     const size_t max = connection.max_message_size();  // >= kMinRpcMessage (see there)
@@ -152,9 +210,11 @@ class RpcConnection : public transport::ConnectionHandler {
                              absl::string_view what) const;
 
   // Sends `header` and the `body_size` bytes already at Body(buffer) (taking the buffer), with
-  // `bulk` beside it (released here, on every path; its size goes into the header). Errors:
-  // kInvalidArgument for a payload larger than the peer's arena; kResourceExhausted when no
-  // staging memory is free; kUnavailable when the connection is closed or failing.
+  // `bulk` beside it (released here, on every path; its size goes into the header). A payload
+  // that fits the peer's arena is written there (zero-copy or staged); a larger one is exposed
+  // for the peer to pull. Errors: kInvalidArgument for a payload of 4 GiB or more, or a body
+  // that leaves no room for the pull descriptor; kResourceExhausted when no staging memory is
+  // free or registration fails; kUnavailable when the connection is closed or failing.
   // A request's `deadline` (monotonic.h; InfiniteFuture for none) becomes its header's remaining
   // time at the last moment, after the payload is staged, so the server's deadline is not late
   // by the staging. (Time spent waiting for credits in the transport is not subtracted.)
@@ -174,6 +234,13 @@ class RpcConnection : public transport::ConnectionHandler {
                          const absl::Status& status);
 
   uint64_t violations() const { return violations_.load(std::memory_order_relaxed); }
+  // Large transfers under way on this connection: payloads this side is pulling, or has
+  // exposed for the peer to pull. They move without a message for seconds, and what this side
+  // sends meanwhile may queue behind them: liveness checks must not take that for silence.
+  bool Transferring() const {
+    return pulling_.load(std::memory_order_relaxed) > 0 ||
+           exposed_count_.load(std::memory_order_relaxed) > 0;
+  }
   // Messages waiting for this connection's staging quota (see the top of this file).
   size_t deferred() {
     absl::MutexLock lock(&quota_mu_);
@@ -189,8 +256,17 @@ class RpcConnection : public transport::ConnectionHandler {
   void Violation(transport::Connection& connection, absl::string_view what);
   // Gives back what arrived with a message nobody will use.
   static void Discard(transport::Connection& connection, const IncomingMessage& message);
-  // Gives back a payload still waiting for its message, and the messages still deferred (on
-  // close): their calls fail with the connection.
+  // Starts pulling the payload of `message` (message.pull) into memory this side allocates and
+  // registers, within the PullBudget. OK: the message is the pull's now, and OnPulled gets it
+  // back, with message.bulk, once the payload has landed (nothing, if the connection fails
+  // first: the message is discarded then). An error (the budget, memory, registration, a
+  // closed connection): nothing was started, and the caller still owns the message.
+  absl::Status StartPull(transport::Connection& connection, const IncomingMessage& message);
+  virtual void OnPulled(transport::Connection& connection, IncomingMessage& message) = 0;
+  // The peer has pulled the payload of response `call_id` (kPulled): stop exposing it.
+  void Unexpose(uint64_t call_id);
+  // Gives back a payload still waiting for its message, the messages still deferred and the
+  // payloads still exposed (on close): their calls fail with the connection.
   void DropPending(transport::Connection& connection);
   // A deferred message (its header) could not be sent when its turn came: the call must hear.
   virtual void OnDeferredFailed(transport::Connection& connection, const RpcHeader& header,
@@ -201,6 +277,7 @@ class RpcConnection : public transport::ConnectionHandler {
   const char* side_;
   const bool client_;  // side_ is "client": which options govern what (CheckBodyFits)
   StagingPool& staging_;
+  const std::shared_ptr<PullBudget> pulls_;
   const std::shared_ptr<transport::Device> device_;
   const std::shared_ptr<transport::Poller> poller_;
   // The payload waiting for its message; only the poller thread touches it.
@@ -213,6 +290,12 @@ class RpcConnection : public transport::ConnectionHandler {
     OutgoingBulk bulk;
     absl::Time deadline;
   };
+  // Exposes `bulk` for the peer to pull (it is larger than the peer's arena) and sends its
+  // message with the descriptor. A client's payload is held by its call's gate until the call
+  // ends; a server's until the client says it pulled it (kPulled) or the connection closes.
+  absl::Status SendPulled(transport::Connection& connection, const transport::SendBuffer& buffer,
+                          RpcHeader header, size_t body_size, OutgoingBulk bulk,
+                          absl::Time deadline, BulkGate* gate);
   // Posts `bulk`, which lies in memory registered on this device, straight from the caller's
   // bytes, then its message. Errors as SendMessage's.
   absl::Status SendZeroCopy(transport::Connection& connection,
@@ -234,7 +317,13 @@ class RpcConnection : public transport::ConnectionHandler {
   size_t staged_ ABSL_GUARDED_BY(quota_mu_) = 0;  // staging capacity held by this connection
   std::deque<Deferred> deferred_ ABSL_GUARDED_BY(quota_mu_);
   std::atomic<uint64_t> violations_{0};
-  std::atomic<bool> warned_foreign_{false};  // a payload registered on another device was staged
+  std::atomic<bool> warned_foreign_{false};
+  std::atomic<uint32_t> pulling_{0};         // READs of pulled payloads under way
+  std::atomic<uint32_t> exposed_count_{0};   // payloads exposed for the peer to pull
+  // Responses' payloads exposed for the client to pull, by call id (server side).
+  absl::Mutex exposed_mu_;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<ExposedPayload>> exposed_
+      ABSL_GUARDED_BY(exposed_mu_);  // a payload registered on another device was staged
 };
 
 }  // namespace zrpc::internal

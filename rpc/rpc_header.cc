@@ -10,9 +10,10 @@
 
 namespace zrpc {
 
-// This layout is version 1 of the wire, which the transport's Hello negotiates; when the
-// transport's version moves, decide here whether the RPC header moved with it.
-static_assert(transport::kWireVersion == 1, "rpc_header.h describes wire version 1");
+// This layout is version 2 of the wire, which the transport's Hello negotiates (version 2 added
+// pulled payloads: kRpcFlagPull and kPulled); when the transport's version moves, decide here
+// whether the RPC header moved with it.
+static_assert(transport::kWireVersion == 2, "rpc_header.h describes wire version 2");
 
 namespace {
 
@@ -44,6 +45,8 @@ const char* KindName(RpcKind kind) {
       return "error";
     case RpcKind::kCancel:
       return "cancel";
+    case RpcKind::kPulled:
+      return "pulled";
   }
   return "unknown";
 }
@@ -116,6 +119,33 @@ RpcHeader RpcHeader::Cancel(uint64_t call_id) {
   return h;
 }
 
+RpcHeader RpcHeader::Pulled(uint64_t call_id) {
+  RpcHeader h;
+  h.kind = RpcKind::kPulled;
+  h.call_id = call_id;
+  return h;
+}
+
+void EncodePullDescriptor(const PullDescriptor& d, uint8_t* out) {
+  transport::PutLe<uint64_t>(out, d.addr);
+  transport::PutLe<uint32_t>(out + 8, d.rkey);
+  transport::PutLe<uint32_t>(out + 12, 0);
+}
+
+absl::StatusOr<PullDescriptor> DecodePullDescriptor(absl::Span<const uint8_t> bytes) {
+  if (bytes.size() != PullDescriptor::kSize) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pull descriptor: ", bytes.size(), " bytes (must be ", PullDescriptor::kSize, ")"));
+  }
+  if (transport::GetLe<uint32_t>(bytes.data() + 12) != 0) {
+    return absl::FailedPreconditionError("pull descriptor: reserved bytes are set");
+  }
+  PullDescriptor d;
+  d.addr = transport::GetLe<uint64_t>(bytes.data());
+  d.rkey = transport::GetLe<uint32_t>(bytes.data() + 8);
+  return d;
+}
+
 void EncodeRpcHeader(const RpcHeader& h, uint8_t* out) {
   out[kKindAt] = static_cast<uint8_t>(h.kind);
   out[kFlagsAt] = h.flags;
@@ -137,7 +167,7 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
   const size_t body = message.size() - RpcHeader::kSize;
   const uint8_t kind = in[kKindAt];
   if (kind < static_cast<uint8_t>(RpcKind::kRequest) ||
-      kind > static_cast<uint8_t>(RpcKind::kCancel)) {
+      kind > static_cast<uint8_t>(RpcKind::kPulled)) {
     return Refuse("kind", absl::StrCat(static_cast<int>(kind), " is unknown"));
   }
   RpcHeader h;
@@ -151,7 +181,7 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
   const uint16_t status = transport::GetLe<uint16_t>(in + kStatusAt);
   const uint16_t reserved = transport::GetLe<uint16_t>(in + kReservedAt);
 
-  if ((h.flags & ~kRpcFlagBulk) != 0) {
+  if ((h.flags & ~(kRpcFlagBulk | kRpcFlagPull)) != 0) {
     return Refuse("flags", absl::StrCat("0x", absl::Hex(h.flags), " has unknown bits set"));
   }
   if (reserved != 0) {
@@ -175,6 +205,11 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
     if (!h.has_bulk() && h.bulk_size != 0) {
       return Refuse("bulk_size", absl::StrCat("is ", h.bulk_size, " without the bulk flag"));
     }
+    if (h.pulls() && !h.has_bulk()) return Refuse("flags", "ask to pull without the bulk flag");
+    if (h.pulls() && body < PullDescriptor::kSize) {
+      return Refuse("body", absl::StrCat("has ", body, " bytes, too few for the ",
+                                         PullDescriptor::kSize, "-byte pull descriptor"));
+    }
   } else {
     if (auto s = RequireZero("flags", h.flags, h.kind); !s.ok()) return s;
     if (auto s = RequireZero("bulk_size", h.bulk_size, h.kind); !s.ok()) return s;
@@ -189,8 +224,9 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
   } else if (auto s = RequireZero("status_code", status, h.kind); !s.ok()) {
     return s;
   }
-  if (h.kind == RpcKind::kCancel && body != 0) {
-    return Refuse("body", absl::StrCat("of a cancel has ", body, " bytes (must be empty)"));
+  if ((h.kind == RpcKind::kCancel || h.kind == RpcKind::kPulled) && body != 0) {
+    return Refuse("body", absl::StrCat("of a ", KindName(h.kind), " has ", body,
+                                       " bytes (must be empty)"));
   }
   return h;
 }

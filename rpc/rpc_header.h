@@ -41,17 +41,35 @@
 
 namespace zrpc {
 
-// Values 5..15 are reserved for stream kinds (open, data, half-close, credit); a version-1
-// receiver refuses them like any unknown kind.
+// Values 6..15 are reserved for stream kinds (open, data, half-close, credit); a receiver
+// refuses them like any unknown kind.
 enum class RpcKind : uint8_t {
   kRequest = 1,   // client -> server: a call. Body: the serialized request.
   kResponse = 2,  // server -> client: the call succeeded. Body: the serialized response.
   kError = 3,     // server -> client: the call failed. Body: the status message (bounded).
   kCancel = 4,    // client -> server: the caller gave up on the call (deadline, cancel). No body.
+  kPulled = 5,    // client -> server: the response payload of the call was pulled (or never will
+                  // be): the server may stop exposing it. No body.
 };
 
-// flags: a bulk payload belongs to this message (see "Bulk pairing" above). Other bits are zero.
+// flags: a bulk payload belongs to this message (WIRE.md, "Bulk payloads").
 inline constexpr uint8_t kRpcFlagBulk = 0x01;
+// flags, with kRpcFlagBulk: the payload was not written into the receiver's arena; the receiver
+// pulls it by RDMA READ from the range the PullDescriptor at the end of the body names.
+inline constexpr uint8_t kRpcFlagPull = 0x02;
+
+// Where a payload to pull lies in the sender's memory, exposed for RDMA READ for this call only:
+// the last kSize bytes of the body of a message with kRpcFlagPull. The payload's length is the
+// header's bulk_size.
+struct PullDescriptor {
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+
+  static constexpr size_t kSize = 16;  // addr, rkey, 4 reserved bytes (zero)
+};
+void EncodePullDescriptor(const PullDescriptor& descriptor, uint8_t* out);
+// kFailedPrecondition when `bytes` is not kSize long or its reserved bytes are set.
+absl::StatusOr<PullDescriptor> DecodePullDescriptor(absl::Span<const uint8_t> bytes);
 
 // The longest status message an error carries, in bytes. A sender truncates a longer one (with
 // kTruncatedMarker); a receiver refuses an error whose body exceeds it. 1 KiB holds a useful
@@ -71,9 +89,9 @@ struct RpcHeader {
   uint64_t call_id = 0;
   // Requests only (0 otherwise): microseconds the caller still waits, 0 = no deadline.
   uint64_t timeout_us = 0;
-  // Bytes of the paired bulk payload: nonzero exactly when flags has kRpcFlagBulk. Requests and
-  // responses only. 32 bits: a payload goes in one WRITE into the peer's arena (at most 1 GiB,
-  // transport/arena.h); larger ones will use a rendezvous with its own descriptor, not this field.
+  // Bytes of the bulk payload: nonzero exactly when flags has kRpcFlagBulk. Requests and
+  // responses only. 32 bits: a payload written into the arena is at most 1 GiB
+  // (transport/arena.h), a pulled one at most 4 GiB - 1.
   uint32_t bulk_size = 0;
   // Errors only (kOk otherwise, never kOk in an error).
   absl::StatusCode status_code = absl::StatusCode::kOk;
@@ -81,6 +99,7 @@ struct RpcHeader {
   static constexpr size_t kSize = 32;
 
   bool has_bulk() const { return (flags & kRpcFlagBulk) != 0; }
+  bool pulls() const { return (flags & kRpcFlagPull) != 0; }
   bool operator==(const RpcHeader& other) const;
   bool operator!=(const RpcHeader& other) const { return !(*this == other); }
 
@@ -90,6 +109,7 @@ struct RpcHeader {
   static RpcHeader Response(uint64_t call_id, uint32_t bulk_size = 0);
   static RpcHeader Error(uint64_t call_id, absl::StatusCode code);
   static RpcHeader Cancel(uint64_t call_id);
+  static RpcHeader Pulled(uint64_t call_id);
 };
 
 // Writes `header` into `out`, which must hold RpcHeader::kSize bytes. The header is written as

@@ -23,6 +23,12 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
                                                    options.handler_threads,
                                                    "; it must be in [1, 1024]"));
   }
+  if (options.max_bulk_size == 0 || options.max_bulk_size > UINT32_MAX ||
+      options.max_pulled_bytes < options.max_bulk_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions::max_bulk_size is ", options.max_bulk_size, " and max_pulled_bytes ",
+        options.max_pulled_bytes, ": the first must be in [1, 4 GiB - 1] and at most the second"));
+  }
   ServerOptions adjusted = options;
   transport::ConnectionOptions& connection = adjusted.listener.connection;
   connection.min_message_size = std::max(connection.min_message_size, kMinRpcMessage);
@@ -34,6 +40,9 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
   if (!device.ok()) return device.status();
   core->device_ = *std::move(device);
   core->staging_ = std::make_unique<StagingPool>(*core->device_, options.staging_bytes);
+  core->pulls_ = std::make_shared<PullBudget>(options.max_bulk_size, options.max_pulled_bytes,
+                                              "ServerOptions::max_bulk_size",
+                                              "ServerOptions::max_pulled_bytes");
   transport::PollerOptions poller_options;
   poller_options.mode = options.poll_mode;
   for (int i = 0; i < options.pollers; ++i) {
@@ -313,6 +322,7 @@ ServerStats ServerCore::stats() const {
   stats.bulk_bytes_staged = staging_->staged_bytes();
   stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
   stats.staging_bytes_registered = staging_->registered_bytes();
+  stats.pulled_bytes_held = pulls_->in_use();
   return stats;
 }
 
@@ -402,6 +412,9 @@ std::string Server::PrometheusText() const {
        s.bulk_bytes_zero_copy},
       {"zrpc_server_staging_registered_bytes", "gauge", "Staging memory registered now.",
        s.staging_bytes_registered},
+      {"zrpc_server_pulled_bytes_held", "gauge",
+       "Memory held by request payloads pulled from clients and not yet released.",
+       s.pulled_bytes_held},
   };
   for (const Family& f : families) AppendPrometheusFamily(text, f.name, f.type, f.help, f.value);
   return text;

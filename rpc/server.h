@@ -81,6 +81,13 @@ struct ServerOptions {
   // Registered memory for staging response payloads (rpc/staging.h). One connection stages at
   // most what its client's arena holds; answers beyond wait for that connection's earlier ones.
   size_t staging_bytes = size_t{64} << 20;
+  // Bulk payloads larger than the peer's arena are pulled by this side with RDMA READ into
+  // memory it allocates and registers per payload (rpc/WIRE.md, "Pulled payloads"): one is at
+  // most max_bulk_size bytes (at most 4 GiB - 1), and all those pulled and not yet released at
+  // most max_pulled_bytes together (a cap: nothing is allocated in advance). Past either, the
+  // call fails with RESOURCE_EXHAUSTED naming the option, before any byte moves.
+  uint64_t max_bulk_size = uint64_t{1} << 30;
+  uint64_t max_pulled_bytes = uint64_t{4} << 30;
   // Liveness, checked every second or so by a thread of the server's:
   //  - a connection that held no calls and received nothing for idle_timeout is closed (its
   //    slots, arena and admission place go back): a peer that went away without a word, or
@@ -121,6 +128,9 @@ struct ServerStats {
   uint64_t bulk_bytes_staged = 0;
   uint64_t bulk_bytes_zero_copy = 0;
   uint64_t staging_bytes_registered = 0;
+  // Memory held now by request payloads pulled from clients (being read, or not yet released by
+  // their handlers): at most ServerOptions::max_pulled_bytes.
+  uint64_t pulled_bytes_held = 0;
 };
 
 class Server {

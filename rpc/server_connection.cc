@@ -72,7 +72,7 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
   metrics_.OnFinish(code, MonotonicNow() - start_);
   if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
   static_cast<void>(connection_->Release(request_.handle));
-  if (request_.bulk) static_cast<void>(connection_->Release(request_.bulk->handle));
+  if (request_.bulk) RpcConnection::ReleasePayload(*connection_, request_.bulk->handle);
   owner_->Forget(call_id());
   ServerCore& core = owner_->core();
   delete this;
@@ -133,7 +133,8 @@ bool ServerCallImpl::AnswerFor(const absl::Status& status) {
 }
 
 ServerConnection::ServerConnection(ServerCore& core, std::shared_ptr<transport::Poller> poller)
-    : RpcConnection("server", core.staging(), core.device(), std::move(poller)), core_(core) {}
+    : RpcConnection("server", core.staging(), core.pulls(), core.device(), std::move(poller)),
+      core_(core) {}
 
 void ServerConnection::Attach(std::shared_ptr<transport::Connection> connection) {
   absl::MutexLock lock(&mu_);
@@ -151,11 +152,15 @@ void ServerConnection::OnMessage(transport::Connection& connection,
     case RpcKind::kCancel:
       HandleCancel(connection, *incoming);
       return;
+    case RpcKind::kPulled:
+      Discard(connection, *incoming);
+      Unexpose(incoming->header.call_id);
+      return;
     default:
       Discard(connection, *incoming);
       Violation(connection, absl::StrCat("a client sent message kind ",
                                          static_cast<int>(incoming->header.kind),
-                                         "; a server takes requests and cancels"));
+                                         "; a server takes requests, cancels and pulled"));
   }
 }
 
@@ -202,6 +207,14 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     return Violation(connection, absl::StrCat("call ", header.call_id, " to ", method.full_name,
                                               " carries a bulk payload the method does not take"));
   }
+  if (request.pull) {
+    // Larger than this side's arena: pulled first, then served like any request (OnPulled).
+    if (absl::Status pulling = StartPull(connection, request); !pulling.ok()) {
+      return answer_error(absl::Status(
+          pulling.code(), absl::StrCat(method.full_name, ": the request's ", pulling.message())));
+    }
+    return;
+  }
   ServerCallImpl* call = nullptr;
   {
     absl::MutexLock lock(&mu_);
@@ -224,6 +237,10 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   } else {
     core_.pool().Submit(pool_queue_, call);
   }
+}
+
+void ServerConnection::OnPulled(transport::Connection& connection, IncomingMessage& message) {
+  HandleRequest(connection, message);
 }
 
 void ServerConnection::HandleCancel(transport::Connection& connection,
@@ -254,7 +271,9 @@ void ServerConnection::SweepPass(absl::Time now, absl::Duration idle, absl::Dura
   {
     absl::MutexLock lock(&mu_);
     connection = connection_;
-    holds_calls = !calls_.empty();
+    // A payload being pulled (before its call starts) or exposed (after its call answered) is
+    // work in progress too: probed if silent, never idle.
+    holds_calls = !calls_.empty() || Transferring();
   }
   if (connection == nullptr || !connection->open()) return;
   const transport::ConnectionStats stats = connection->stats();

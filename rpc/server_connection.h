@@ -91,6 +91,7 @@ class ServerConnection final : public RpcConnection,
   void OnClosed(transport::Connection& connection, const absl::Status& why) override;
   void OnDeferredFailed(transport::Connection& connection, const RpcHeader& header,
                         const absl::Status& status) override;
+  void OnPulled(transport::Connection& connection, IncomingMessage& message) override;
 
   // Remembers the connection once accepted (messages may come first: they carry it too), unless
   // it closed already: the reference is dropped at OnClosed, since the connection co-owns this

@@ -71,6 +71,7 @@ class ServerCore final : public transport::AcceptHandler {
   const Metrics& metrics() const { return metrics_; }
   void CountKeepalive() { keepalives_.fetch_add(1, std::memory_order_relaxed); }
   StagingPool& staging() { return *staging_; }
+  const std::shared_ptr<PullBudget>& pulls() const { return pulls_; }
   const std::shared_ptr<transport::Device>& device() const { return device_; }
   void CountUnimplemented() { unimplemented_.fetch_add(1, std::memory_order_relaxed); }
   void CountCancel() { cancels_.fetch_add(1, std::memory_order_relaxed); }
@@ -88,6 +89,7 @@ class ServerCore final : public transport::AcceptHandler {
   ServerOptions options_;  // as given, with the limits Create derives; fixed once created
   std::shared_ptr<transport::Device> device_;
   std::unique_ptr<StagingPool> staging_;
+  std::shared_ptr<PullBudget> pulls_;
   // Shared with received payloads users still hold (rpc_connection.h).
   std::vector<std::shared_ptr<transport::Poller>> pollers_;
   std::unique_ptr<HandlerPool> pool_;

@@ -8,7 +8,7 @@
 //      offset size field
 //       0     4    magic        0x5a525043 ("ZRPC" read as a little-endian u32)
 //       4     2    version      kWireVersion; a peer with another version is refused
-//       6     2    flags        0; reserved for feature bits, must be zero in version 1
+//       6     2    flags        0; reserved for feature bits, must be zero in version 2
 //       8     4    recv_credits RECVs the sender of this Hello has posted: how many SENDs and
 //                               WRITE_WITH_IMMs the peer may have in flight before credits return
 //      12     4    recv_size    bytes each of those RECVs holds: the largest SEND it accepts
@@ -47,7 +47,8 @@
 namespace zrpc::transport {
 
 inline constexpr uint32_t kWireMagic = 0x5a525043;  // "ZRPC"
-inline constexpr uint16_t kWireVersion = 1;
+// 2: the RPC layer's pulled payloads (rpc/WIRE.md); the transport's own format is unchanged.
+inline constexpr uint16_t kWireVersion = 2;
 // What librdmacm lets a connect request carry (RDMA_PS_TCP over the IB CM).
 inline constexpr size_t kMaxConnectPrivateData = 56;
 

@@ -34,7 +34,7 @@ bool Acceptable(const uint8_t* in, size_t size) {
   if (size < Hello::kSize) return false;
   if (ReadLe(in + 0, 4) != kWireMagic) return false;
   if (ReadLe(in + 4, 2) != kWireVersion) return false;
-  if (ReadLe(in + 6, 2) != 0) return false;  // no flag bits defined in version 1
+  if (ReadLe(in + 6, 2) != 0) return false;  // no flag bits defined in version 2
   const uint64_t credits = ReadLe(in + 8, 4);
   if (credits < kMinCredits || credits > kMaxCredits) return false;
   if (ReadLe(in + 12, 4) < FrameHeader::kSize) return false;

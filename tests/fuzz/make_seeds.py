@@ -21,7 +21,7 @@ MAX_ERROR_MESSAGE = 1024
 U64_MAX = (1 << 64) - 1
 
 
-def hello(magic=WIRE_MAGIC, version=1, flags=0, credits=64, recv_size=4096,
+def hello(magic=WIRE_MAGIC, version=2, flags=0, credits=64, recv_size=4096,
           addr=0x7F0000001000, rkey=0x1234, arena=1 << 20):
     return struct.pack("<IHHIIQII", magic, version, flags, credits, recv_size, addr, rkey, arena)
 
@@ -40,7 +40,7 @@ def hello_seeds():
         "short_magic_only": valid[:3],
         "truncated_31": valid[:31],
         "wrong_magic": hello(magic=0x43505A52),
-        "version_2": hello(version=2),
+        "version_3": hello(version=3),
         "flags_set": hello(flags=1),
         "credits_3": hello(credits=3),
         "credits_65536": hello(credits=65536),
@@ -81,7 +81,7 @@ def rpc(kind, flags=0, method=0, service=0, call_id=1, timeout=0, bulk=0, status
                        status, reserved)
 
 
-REQ, RESP, ERR, CANCEL = 1, 2, 3, 4
+REQ, RESP, ERR, CANCEL, PULLED = 1, 2, 3, 4, 5
 
 
 def rpc_header_seeds():
@@ -106,8 +106,13 @@ def rpc_header_seeds():
         "cancel_with_body": rpc(CANCEL, call_id=5) + b"?",
         "call_id_0": rpc(RESP, call_id=0),
         "kind_0": rpc(0),
-        "kind_5_stream": rpc(5),
-        "unknown_flag": rpc(RESP, flags=2),
+        "pulled": rpc(PULLED, call_id=5),
+        "pulled_with_body": rpc(PULLED, call_id=5) + b"?",
+        "kind_6_stream": rpc(6),
+        "unknown_flag": rpc(RESP, flags=4),
+        "request_pull": rpc(REQ, flags=3, service=greeter, call_id=2, bulk=1 << 30) + b"d" * 16,
+        "response_pull_short_body": rpc(RESP, flags=3, call_id=3, bulk=1 << 20) + b"d" * 15,
+        "pull_without_bulk": rpc(RESP, flags=2, call_id=3) + b"d" * 16,
         "reserved_set": rpc(RESP, reserved=1),
         "status_in_request": rpc(REQ, service=greeter, status=1),
         "service_in_response": rpc(RESP, service=greeter),

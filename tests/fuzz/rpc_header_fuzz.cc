@@ -26,7 +26,8 @@ namespace {
 
 using fuzz::ReadLe;
 
-constexpr uint8_t kRequest = 1, kResponse = 2, kError = 3, kCancel = 4;
+constexpr uint8_t kRequest = 1, kResponse = 2, kError = 3, kCancel = 4, kPulled = 5;
+constexpr uint8_t kPullFlag = 0x02;
 constexpr uint64_t kLastStatusCode = 16;  // kUnauthenticated: absl's codes are 0..16
 
 bool Acceptable(const uint8_t* in, size_t size) {
@@ -37,15 +38,18 @@ bool Acceptable(const uint8_t* in, size_t size) {
   const uint64_t method = ReadLe(in + 2, 2), service = ReadLe(in + 4, 4);
   const uint64_t call_id = ReadLe(in + 8, 8), timeout = ReadLe(in + 16, 8);
   const uint64_t bulk_size = ReadLe(in + 24, 4), status = ReadLe(in + 28, 2);
-  if (kind < kRequest || kind > kCancel) return false;
-  if ((flags & ~kRpcFlagBulk) != 0 || ReadLe(in + 30, 2) != 0) return false;
+  if (kind < kRequest || kind > kPulled) return false;
+  if ((flags & ~(kRpcFlagBulk | kPullFlag)) != 0 || ReadLe(in + 30, 2) != 0) return false;
   if (call_id == 0 || status > kLastStatusCode) return false;
   // Only a request names a method and carries a deadline.
   if (kind != kRequest && (service != 0 || method != 0 || timeout != 0)) return false;
   const bool bulk_flag = (flags & kRpcFlagBulk) != 0;
+  const bool pull_flag = (flags & kPullFlag) != 0;
   if (kind == kRequest || kind == kResponse) {
     if (bulk_flag != (bulk_size != 0)) return false;
-  } else if (bulk_flag || bulk_size != 0) {
+    // A pulled payload: with the bulk flag, and a body that holds the 16-byte descriptor.
+    if (pull_flag && (!bulk_flag || body < 16)) return false;
+  } else if (flags != 0 || bulk_size != 0) {
     return false;
   }
   if (kind == kError) {
@@ -53,7 +57,7 @@ bool Acceptable(const uint8_t* in, size_t size) {
   } else if (status != 0) {
     return false;
   }
-  return kind != kCancel || body == 0;
+  return (kind != kCancel && kind != kPulled) || body == 0;
 }
 
 }  // namespace

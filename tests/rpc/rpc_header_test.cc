@@ -49,6 +49,7 @@ std::vector<RpcHeader> OneOfEachKind() {
       RpcHeader::Error(kId, absl::StatusCode::kNotFound),
       RpcHeader::Error(kId, absl::StatusCode::kUnauthenticated),
       RpcHeader::Cancel(kId),
+      RpcHeader::Pulled(kId),
   };
 }
 
@@ -63,7 +64,7 @@ uint32_t Fnv1a(const std::string& s) {
 
 TEST_CASE("every kind survives encode and decode, with bodies it may carry", "[rpc_header]") {
   for (const RpcHeader& h : OneOfEachKind()) {
-    const size_t body = h.kind == RpcKind::kCancel  ? 0
+    const size_t body = h.kind == RpcKind::kCancel || h.kind == RpcKind::kPulled ? 0
                         : h.kind == RpcKind::kError ? kMaxErrorMessage
                                                     : 4000;
     std::vector<uint8_t> bytes = Message(h, body);
@@ -114,6 +115,7 @@ TEST_CASE("each invalid field is refused with its name", "[rpc_header]") {
   const RpcHeader response = RpcHeader::Response(kId);
   const RpcHeader error = RpcHeader::Error(kId, absl::StatusCode::kInternal);
   const RpcHeader cancel = RpcHeader::Cancel(kId);
+  const RpcHeader pulled = RpcHeader::Pulled(kId);
   struct Case {
     const char* what;
     RpcHeader base;
@@ -123,9 +125,14 @@ TEST_CASE("each invalid field is refused with its name", "[rpc_header]") {
   };
   const Case cases[] = {
       {"kind 0", request, 0, 0, "kind"},
-      {"kind 5 (a stream kind, later)", request, 0, 5, "kind"},
+      {"kind 6 (a stream kind, later)", request, 0, 6, "kind"},
       {"kind 255", request, 0, 255, "kind"},
-      {"unknown flag bit", request, 1, 0x02, "flags"},
+      {"unknown flag bit", request, 1, 0x04, "flags"},
+      {"pull flag without the bulk flag", request, 1, 0x02, "flags"},
+      {"pull flag in a cancel", cancel, 1, 0x02, "flags"},
+      {"pull flag in a pulled", pulled, 1, 0x03, "flags"},
+      {"bulk size in a pulled", pulled, 24, 1, "bulk_size"},
+      {"timeout in a pulled", pulled, 16, 1, "timeout_us"},
       {"high flag bit", response, 1, 0x81, "flags"},
       {"reserved low byte", request, 30, 1, "reserved"},
       {"reserved high byte", cancel, 31, 0x80, "reserved"},
@@ -167,6 +174,12 @@ TEST_CASE("each invalid field is refused with its name", "[rpc_header]") {
   }
   // Bodies the kind does not allow.
   CHECK(Refused(Message(cancel, 1), "body"));
+  CHECK(Refused(Message(pulled, 1), "body"));
+  // A pulled payload's body must hold its descriptor.
+  RpcHeader pull = RpcHeader::Response(kId, 1 << 30);
+  pull.flags |= zrpc::kRpcFlagPull;
+  CHECK(Refused(Message(pull, zrpc::PullDescriptor::kSize - 1), "body"));
+  CHECK(DecodeRpcHeader(Message(pull, zrpc::PullDescriptor::kSize)).ok());
   CHECK(Refused(Message(error, kMaxErrorMessage + 1), "body"));
   CHECK(DecodeRpcHeader(Message(error, kMaxErrorMessage)).ok());
   CHECK(DecodeRpcHeader(Message(error, 0)).ok());
@@ -291,4 +304,23 @@ TEST_CASE("deadlines travel as remaining microseconds", "[rpc_header]") {
   CHECK(zrpc::DeadlineFromWire(250'000, now) == now + absl::Milliseconds(250));
   const absl::Time later = now + absl::Microseconds(1234567);
   CHECK(zrpc::DeadlineFromWire(zrpc::TimeoutToWire(later, now), now) == later);
+}
+
+TEST_CASE("a pull descriptor round-trips and refuses reserved bytes and other sizes",
+          "[rpc_header]") {
+  zrpc::PullDescriptor d;
+  d.addr = 0x0123456789abcdefull;
+  d.rkey = 0xfedcba98u;
+  uint8_t bytes[zrpc::PullDescriptor::kSize];
+  zrpc::EncodePullDescriptor(d, bytes);
+  CHECK(bytes[0] == 0xef);  // little-endian
+  CHECK(bytes[8] == 0x98);
+  absl::StatusOr<zrpc::PullDescriptor> back = zrpc::DecodePullDescriptor(bytes);
+  REQUIRE(back.ok());
+  CHECK(back->addr == d.addr);
+  CHECK(back->rkey == d.rkey);
+  bytes[15] = 1;
+  CHECK(zrpc::DecodePullDescriptor(bytes).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  CHECK_FALSE(zrpc::DecodePullDescriptor(absl::MakeConstSpan(bytes, 15)).ok());
 }

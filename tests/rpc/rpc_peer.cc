@@ -3,6 +3,11 @@
 //   rpc_peer server PORT            serves Greeter on PORT (0: any); prints "listening PORT"
 //   rpc_peer client ADDR:PORT N     keeps N SayHello("sleep:300") calls in flight forever;
 //                                   prints "calling" once the first call is in flight
+//   rpc_peer store PORT             serves ObjectStore on PORT: Get("<size>") answers <size>
+//                                   bytes (pulled by the client past its arena); prints
+//                                   "listening PORT"
+//   rpc_peer putter ADDR:PORT SIZE  Puts SIZE-byte payloads (pulled by the server past its
+//                                   arena) one after another forever; prints "putting" first
 //
 // Both run until killed; that is the point.
 #include <cstdio>
@@ -15,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "proto/examples/greeter.zrpc.h"
+#include "proto/examples/object_store.zrpc.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "tests/rpc/sleepy_greeter.h"
@@ -25,8 +31,24 @@ using zrpc::examples::Greeter;
 using zrpc::examples::HelloReply;
 using zrpc::examples::HelloRequest;
 
-int Server(uint16_t port) {
-  zrpc::testing::SleepyGreeter greeter;
+
+// Answers Get("<size>") with that many bytes of one static buffer (no copy per call).
+class BigStore : public zrpc::examples::ObjectStore::Service {
+ public:
+  absl::Status Get(zrpc::ServerContext&, const zrpc::examples::ObjectKey& key,
+                   zrpc::examples::ObjectInfo* info, zrpc::OutgoingBulk* bulk) override {
+    static const std::string* bytes = new std::string(size_t{256} << 20, 'b');
+    uint64_t size = 0;
+    if (!absl::SimpleAtoi(key.name(), &size) || size > bytes->size()) {
+      return absl::InvalidArgumentError("size");
+    }
+    info->set_size(size);
+    *bulk = zrpc::OutgoingBulk(bytes->data(), size);
+    return absl::OkStatus();
+  }
+};
+
+int Serve(zrpc::Service* service, uint16_t port) {
   zrpc::ServerOptions options;
   options.port = port;
   options.handler_threads = 16;
@@ -35,7 +57,7 @@ int Server(uint16_t port) {
     std::fprintf(stderr, "rpc_peer: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  if (absl::Status s = (*server)->AddService(&greeter); !s.ok()) return 1;
+  if (absl::Status s = (*server)->AddService(service); !s.ok()) return 1;
   if (absl::Status s = (*server)->Start(); !s.ok()) {
     std::fprintf(stderr, "rpc_peer: %s\n", s.ToString().c_str());
     return 1;
@@ -43,6 +65,25 @@ int Server(uint16_t port) {
   std::printf("listening %u\n", (*server)->port());
   std::fflush(stdout);
   for (;;) absl::SleepFor(absl::Hours(1));
+}
+
+int Putter(const std::string& target, size_t size) {
+  auto channel = zrpc::CreateChannel(target, zrpc::ChannelOptions{});
+  if (!channel.ok()) {
+    std::fprintf(stderr, "rpc_peer: %s\n", channel.status().ToString().c_str());
+    return 1;
+  }
+  zrpc::examples::ObjectStore::Stub stub(channel->get());
+  const std::string bytes(size, 'p');
+  zrpc::examples::ObjectKey key;
+  key.set_name("put");
+  std::printf("putting\n");
+  std::fflush(stdout);
+  for (;;) {
+    zrpc::examples::PutReply reply;
+    static_cast<void>(stub.Put(key, zrpc::OutgoingBulk(bytes.data(), bytes.size()), &reply,
+                               zrpc::CallOptions::Timeout(absl::Seconds(60))));
+  }
 }
 
 int Client(const std::string& target, int in_flight) {
@@ -89,11 +130,21 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   uint32_t number = 0;
   if (mode == "server" && argc == 3 && absl::SimpleAtoi(argv[2], &number) && number < 65536) {
-    return Server(static_cast<uint16_t>(number));
+    zrpc::testing::SleepyGreeter greeter;
+    return Serve(&greeter, static_cast<uint16_t>(number));
   }
   if (mode == "client" && argc == 4 && absl::SimpleAtoi(argv[3], &number) && number > 0) {
     return Client(argv[2], static_cast<int>(number));
   }
-  std::fprintf(stderr, "usage: rpc_peer server PORT | rpc_peer client ADDR:PORT IN_FLIGHT\n");
+  if (mode == "store" && argc == 3 && absl::SimpleAtoi(argv[2], &number) && number < 65536) {
+    BigStore store;
+    return Serve(&store, static_cast<uint16_t>(number));
+  }
+  if (mode == "putter" && argc == 4 && absl::SimpleAtoi(argv[3], &number) && number > 0) {
+    return Putter(argv[2], number);
+  }
+  std::fprintf(stderr,
+               "usage: rpc_peer server PORT | rpc_peer client ADDR:PORT IN_FLIGHT | "
+               "rpc_peer store PORT | rpc_peer putter ADDR:PORT SIZE\n");
   return 2;
 }

@@ -136,6 +136,45 @@ class TestStore : public ObjectStore::Service {
   std::map<std::string, std::string> objects_;
 };
 
+inline ObjectKey Key(const std::string& name) {
+  ObjectKey key;
+  key.set_name(name);
+  return key;
+}
+
+// Stores what it is sent by name; a name starting with "hold" keeps the payload itself,
+// unreleased, so the server's arena (or its memory for pulled payloads) stays taken until Drop.
+// Tests add the Get and Transform they need.
+class KeepingStore : public ObjectStore::Service {
+ public:
+  absl::Status Put(zrpc::ServerContext&, const ObjectKey& key, zrpc::IncomingBulk bulk,
+                   PutReply* reply) override {
+    puts.fetch_add(1);
+    reply->set_stored_bytes(bulk.size());
+    absl::MutexLock lock(&mu_);
+    if (absl::StartsWith(key.name(), "hold")) {
+      held_.push_back(std::move(bulk));
+    } else {
+      objects_[key.name()] = std::string(bulk.view());
+    }
+    return absl::OkStatus();
+  }
+  std::string object(const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    return objects_[name];
+  }
+  void Drop() {
+    absl::MutexLock lock(&mu_);
+    held_.clear();
+  }
+  std::atomic<int> puts{0};
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::string> objects_;
+  std::vector<zrpc::IncomingBulk> held_;
+};
+
 struct Runtime {
   TestGreeter greeter;
   TestStore store;

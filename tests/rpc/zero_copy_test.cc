@@ -34,29 +34,16 @@ using zrpc::examples::ObjectKey;
 using zrpc::examples::ObjectStore;
 using zrpc::examples::PutReply;
 using zrpc::testing::Fill;
+using zrpc::testing::Key;
 using zrpc::testing::kLong;
 using zrpc::testing::Served;
 using zrpc::testing::Within;
 
-// Stores what it is sent (or, for the key "hold", keeps the payload itself, unreleased, so the
-// server's arena stays full until Drop); answers Get from memory registered on its server.
-class Store : public ObjectStore::Service {
+// Answers Get from memory registered on its server ("<offset>:<size>" of it).
+class Store : public zrpc::testing::KeepingStore {
  public:
-  absl::Status Put(zrpc::ServerContext&, const ObjectKey& key, IncomingBulk bulk,
-                   PutReply* reply) override {
-    puts.fetch_add(1);
-    reply->set_stored_bytes(bulk.size());
-    absl::MutexLock lock(&mu_);
-    if (key.name() == "hold") {
-      held_.push_back(std::move(bulk));
-    } else {
-      objects_[key.name()] = std::string(bulk.view());
-    }
-    return absl::OkStatus();
-  }
   absl::Status Get(zrpc::ServerContext&, const ObjectKey& key, ObjectInfo* info,
                    OutgoingBulk* bulk) override {
-    // "<offset>:<size>" of the registered memory.
     const size_t colon = key.name().find(':');
     const size_t offset = std::stoul(key.name().substr(0, colon));
     const size_t size = std::stoul(key.name().substr(colon + 1));
@@ -67,30 +54,10 @@ class Store : public ObjectStore::Service {
     *bulk = *std::move(out);
     return absl::OkStatus();
   }
-  std::string object(const std::string& name) {
-    absl::MutexLock lock(&mu_);
-    return objects_[name];
-  }
-  void Drop() {
-    absl::MutexLock lock(&mu_);
-    held_.clear();
-  }
 
   RegisteredMemory* memory = nullptr;
-  std::atomic<int> puts{0};
   std::atomic<int> get_releases{0};
-
- private:
-  absl::Mutex mu_;
-  std::map<std::string, std::string> objects_;
-  std::vector<IncomingBulk> held_;
 };
-
-ObjectKey Key(const std::string& name) {
-  ObjectKey key;
-  key.set_name(name);
-  return key;
-}
 
 TEST_CASE("a request payload from registered memory is sent with no copy") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
