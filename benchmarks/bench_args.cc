@@ -77,12 +77,12 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
                              flag == "--in-flight" || flag == "--connections" ||
                              flag == "--threads" || flag == "--calls" || flag == "--duration" ||
                              flag == "--warmup" || flag == "--round" || flag == "--json" ||
-                             flag == "--sweep";
+                             flag == "--sweep" || flag == "--registered";
     const bool both = flag == "--pollers" || flag == "--event";
     if (!server_only && !client_only && !both) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag \"", flag, "\""));
     }
-    const bool takes_value = flag != "--event" && flag != "--sweep";
+    const bool takes_value = flag != "--event" && flag != "--sweep" && flag != "--registered";
     if (takes_value && i + 1 >= args.size()) {
       return absl::InvalidArgumentError(absl::StrCat(flag, " needs a value"));
     }
@@ -141,6 +141,8 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
       parsed.json = value;
     } else if (flag == "--sweep") {
       sweep = true;
+    } else if (flag == "--registered") {
+      parsed.registered = true;
     }
     if (!s.ok()) return s;
   }
@@ -148,6 +150,10 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
   if (parsed.connect.empty()) return absl::InvalidArgumentError("client: --connect is required");
   if (calls_set && parsed.duration > absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--calls and --duration exclude each other");
+  }
+  if (parsed.registered && parsed.workload != Workload::kPut) {
+    return absl::InvalidArgumentError(
+        "--registered: only put sends a payload from the client's memory");
   }
   if (sweep) {
     if (parsed.workload == Workload::kEcho) {

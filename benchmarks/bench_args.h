@@ -4,8 +4,11 @@
 //   zrpc_bench client --connect ADDR:PORT [--workload echo|put|get] [--size B[,B...]]
 //                     [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]
 //                     [--calls N | --duration SECONDS] [--warmup N] [--round N]
-//                     [--json FILE] [--event] [--sweep]
+//                     [--json FILE] [--event] [--sweep] [--registered]
 //
+// --registered (put only): payloads come from memory the client registered once
+// (rpc/registered_memory.h) and are sent with no copy; the row is named put_registered, and the
+// run fails if any of its bytes were staged after all.
 // Lists (sizes, calls in flight, connections) run every combination, in that nesting order;
 // --sweep sets the lists to a standard walk for the workload. Every figure is checked here:
 // a benchmark that silently measured something else than asked would be worse than none.
@@ -50,6 +53,7 @@ struct BenchArgs {
   // staging both sides keep by default (rpc/staging.h): payloads from unregistered memory are
   // staged, and a call beyond the staging fails with RESOURCE_EXHAUSTED rather than wait.
   uint64_t max_bytes_in_flight = 0;
+  bool registered = false;  // put from registered memory (zero-copy)
 };
 
 inline constexpr uint64_t kSweepBulkBytes = uint64_t{64} << 20;
@@ -59,7 +63,7 @@ inline constexpr char kBenchUsage[] =
     "       zrpc_bench client --connect ADDR:PORT [--workload echo|put|get] [--size B[,B...]]\n"
     "                         [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]\n"
     "                         [--calls N | --duration SECONDS] [--warmup N] [--round N]\n"
-    "                         [--json FILE] [--event] [--sweep]\n";
+    "                         [--json FILE] [--event] [--sweep] [--registered]\n";
 
 // kInvalidArgument naming the flag and what is wrong.
 absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args);

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <utility>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "benchmarks/bench.zrpc.h"
 #include "benchmarks/bench_service.h"
+#include "rpc/registered_memory.h"
 
 namespace zrpc::bench {
 namespace {
@@ -54,8 +56,9 @@ constexpr size_t kMaxChainedWindow = 64;
 
 class Runner {
  public:
-  Runner(ClientChannel& channel, const RunSpec& spec, const std::string& payload)
-      : stub_(&channel), spec_(spec), payload_(payload) {}
+  Runner(ClientChannel& channel, const RunSpec& spec, const std::string& payload,
+         const RegisteredMemory* memory)
+      : stub_(&channel), spec_(spec), payload_(payload), memory_(memory) {}
 
   // Runs `calls` calls per thread (or until `until`), recording when `record`.
   absl::Status Run(uint64_t calls_per_thread, absl::Time until, bool record,
@@ -178,7 +181,9 @@ class Runner {
         stub_.AsyncEcho(slot.echo_request, &slot.echo_reply, options, std::move(done));
         return;
       case Workload::kPut:
-        stub_.AsyncPut(slot.bulk_request, OutgoingBulk(payload_.data(), payload_.size()),
+        stub_.AsyncPut(slot.bulk_request,
+                       memory_ != nullptr ? *memory_->Bulk(0, payload_.size())
+                                          : OutgoingBulk(payload_.data(), payload_.size()),
                        &slot.bulk_reply, options, std::move(done));
         return;
       case Workload::kGet:
@@ -191,12 +196,21 @@ class Runner {
   Bench::Stub stub_;
   const RunSpec& spec_;
   const std::string& payload_;
+  const RegisteredMemory* memory_;  // null: payloads from ordinary memory (staged)
 };
 
 }  // namespace
 
 absl::StatusOr<RunMeasurement> RunWorkload(ClientChannel& channel, const RunSpec& spec) {
-  const std::string payload(spec.workload == Workload::kGet ? 0 : spec.size, '\x42');
+  std::string payload(spec.workload == Workload::kGet ? 0 : spec.size, '\x42');
+  std::optional<RegisteredMemory> memory;
+  if (spec.registered && !payload.empty()) {
+    absl::StatusOr<RegisteredMemory> registered =
+        channel.RegisterMemory(payload.data(), payload.size());
+    if (!registered.ok()) return registered.status();
+    memory = *std::move(registered);
+  }
+  const uint64_t staged_before = channel.stats().bulk_bytes_staged;
   std::vector<std::unique_ptr<Caller>> callers;
   const uint64_t per_thread =
       spec.duration > absl::ZeroDuration()
@@ -213,7 +227,7 @@ absl::StatusOr<RunMeasurement> RunWorkload(ClientChannel& channel, const RunSpec
     caller->samples.assign(per_thread, 0);
     callers.push_back(std::move(caller));
   }
-  Runner runner(channel, spec, payload);
+  Runner runner(channel, spec, payload, memory ? &*memory : nullptr);
   if (spec.warmup > 0) {
     absl::Status s = runner.Run((spec.warmup + spec.threads - 1) / spec.threads,
                                 absl::InfiniteFuture(), false, callers);
@@ -244,6 +258,11 @@ absl::StatusOr<RunMeasurement> RunWorkload(ClientChannel& channel, const RunSpec
   }
   const uint64_t calls = result.latencies_ns.size();
   if (calls == 0) return absl::InternalError("no call was measured");
+  if (memory && channel.stats().bulk_bytes_staged != staged_before) {
+    return absl::InternalError(absl::StrCat(
+        "a registered run staged ", channel.stats().bulk_bytes_staged - staged_before,
+        " payload bytes: it did not measure zero-copy sends"));
+  }
   result.elapsed = end - start;
   result.payload_bytes = calls * spec.size * (spec.workload == Workload::kEcho ? 2 : 1);
   result.client_cpu_ns = static_cast<double>(client_after - client_before);

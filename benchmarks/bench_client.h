@@ -35,10 +35,12 @@ struct RunSpec {
   uint64_t calls = 10000;
   absl::Duration duration = absl::ZeroDuration();
   uint64_t warmup = 1000;
+  bool registered = false;  // put: from memory registered on the channel, with no copy
 };
 
 // Runs `spec` over `channel`. Any failed call fails the run with its status: a benchmark that
-// counted errors as calls would flatter the system.
+// counted errors as calls would flatter the system. A registered run whose payloads were staged
+// after all (the channel's stats say) fails too.
 absl::StatusOr<RunMeasurement> RunWorkload(ClientChannel& channel, const RunSpec& spec);
 
 }  // namespace zrpc::bench

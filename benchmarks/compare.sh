@@ -2,7 +2,9 @@
 # zrpc's RPCs next to perftest and gRPC on one device, in alternating rounds (tools/bench runs it
 # inside tools/softroce). Each round runs, in turn: perftest ib_send_lat, ib_send_bw and
 # ib_write_bw; zrpc_bench echo with one call in flight (round trip), echo with many in flight
-# (call rate) and bulk put (goodput); transport_bench echo, one and many in flight (zrpc's
+# (call rate) and bulk put (goodput), from ordinary memory (staged) and from registered memory
+# (zero-copy), at --bulk-size, or with --bulk-sweep at 4 KiB to 64 MiB each next to ib_write_bw
+# at the same size and depth (the depth shrinks with the size: at most 64 MiB in flight); transport_bench echo, one and many in flight (zrpc's
 # transport alone: the layer between perftest and zrpc's RPCs); grpc_bench echo (gRPC C++ over TCP on the same guest) with
 # one and many in flight; all at the same sizes. Every run appends one JSON line to results.jsonl;
 # bench_report then takes the medians across rounds, prints the table and the ratios against
@@ -14,13 +16,15 @@
 #
 # Usage: compare.sh ZRPC_BENCH TRANSPORT_BENCH GRPC_BENCH BENCH_REPORT OUT_DIR [--rounds N]
 #                   [--size B] [--bulk-size B] [--calls N] [--in-flight N] [--sweep]
+#                   [--bulk-sweep]
 set -euo pipefail
 zrpc_bench=$1 transport_bench=$2 grpc_bench=$3 bench_report=$4 out=$5
 shift 5
-rounds=3 size=64 bulk_size=$((1 << 20)) calls=5000 in_flight=32 sweep=0
+rounds=3 size=64 bulk_size=$((1 << 20)) calls=5000 in_flight=32 sweep=0 bulk_sweep=0
 while (($#)); do
   case "$1" in
     --sweep) sweep=1; shift; continue ;;
+    --bulk-sweep) bulk_sweep=1; shift; continue ;;
     --rounds) rounds=${2-} ;;
     --size) size=${2-} ;;
     --bulk-size) bulk_size=${2-} ;;
@@ -41,6 +45,20 @@ results=$out/results.jsonl
 logs=$out/logs
 mkdir -p "$logs"
 bulk_calls=$((calls / 50 > 50 ? calls / 50 : 50))
+if ((bulk_sweep)); then
+  bulk_sizes=(4096 65536 1048576 16777216 67108864)
+else
+  bulk_sizes=("$bulk_size")
+fi
+max_bulk=${bulk_sizes[-1]}
+# Calls in flight for a bulk size: --in-flight, but at most 64 MiB of payloads at once (the
+# staging a client keeps by default, and what an emulated guest's memory takes), at least one.
+bulk_depth() {
+  local depth=$(((64 << 20) / $1))
+  ((depth > in_flight)) && depth=$in_flight
+  ((depth < 1)) && depth=1
+  echo "$depth"
+}
 
 # perftest: its server in the background, then its client, on this device and GID.
 perftest_run() {
@@ -130,13 +148,20 @@ for ((round = 1; round <= rounds; round++)); do
   perftest_json send_lat 1 "$(data_line "$logs/send_lat.client")" >>"$results"
   perftest_run ib_send_bw send_bw -s "$size" -n "$calls" -t "$in_flight"
   perftest_json send_bw "$in_flight" "$(data_line "$logs/send_bw.client")" >>"$results"
-  perftest_run ib_write_bw write_bw -s "$bulk_size" -n "$bulk_calls" -t "$in_flight"
-  perftest_json write_bw "$in_flight" "$(data_line "$logs/write_bw.client")" >>"$results"
-  start_server zrpc_server "$zrpc_bench" server --listen "$ZRPC_RDMA_ADDR:0" --max-bulk "$bulk_size"
+  for bulk in "${bulk_sizes[@]}"; do
+    perftest_run ib_write_bw write_bw -s "$bulk" -n "$bulk_calls" -t "$(bulk_depth "$bulk")"
+    perftest_json write_bw "$(bulk_depth "$bulk")" "$(data_line "$logs/write_bw.client")" >>"$results"
+  done
+  start_server zrpc_server "$zrpc_bench" server --listen "$ZRPC_RDMA_ADDR:0" --max-bulk "$max_bulk"
   common=(client --connect "$target" --round "$round" --json "$results")
   "$zrpc_bench" "${common[@]}" --workload echo --size "$size" --in-flight 1 --calls "$calls" --warmup 500
   "$zrpc_bench" "${common[@]}" --workload echo --size "$size" --in-flight "$in_flight" --calls "$calls" --warmup 500
-  "$zrpc_bench" "${common[@]}" --workload put --size "$bulk_size" --in-flight "$in_flight" --calls "$bulk_calls" --warmup 10
+  for bulk in "${bulk_sizes[@]}"; do
+    for registered in "" --registered; do
+      "$zrpc_bench" "${common[@]}" --workload put --size "$bulk" --in-flight "$(bulk_depth "$bulk")" \
+        --calls "$bulk_calls" --warmup 10 $registered
+    done
+  done
   stop_server zrpc_server
   start_server transport_server "$transport_bench" server --listen "$ZRPC_RDMA_ADDR:0"
   common=(client --connect "$target" --round "$round" --json "$results")

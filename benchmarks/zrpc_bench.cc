@@ -117,6 +117,7 @@ int Client(const BenchArgs& args) {
         spec.calls = args.calls;
         spec.duration = args.duration;
         spec.warmup = args.warmup;
+        spec.registered = args.registered;
         absl::StatusOr<RunMeasurement> run = RunWorkload(**channel, spec);
         if (!run.ok()) {
           std::fprintf(stderr, "zrpc_bench client: %s %llu B x%d: %s\n",
@@ -124,8 +125,10 @@ int Client(const BenchArgs& args) {
                        in_flight, run.status().ToString().c_str());
           return 1;
         }
-        rows->Write(MakeRow({"zrpc", WorkloadName(args.workload), size, in_flight, args.threads,
-                             connections, args.round},
+        const std::string workload =
+            absl::StrCat(WorkloadName(args.workload), args.registered ? "_registered" : "");
+        rows->Write(MakeRow({"zrpc", workload, size, in_flight, args.threads, connections,
+                             args.round},
                             *std::move(run)));
       }
     }

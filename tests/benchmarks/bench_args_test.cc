@@ -45,6 +45,10 @@ TEST_CASE("zrpc_bench arguments: servers and clients, lists, defaults") {
   CHECK(client->warmup == 0);
   CHECK(client->round == 2);
   CHECK(client->json == "/tmp/x.jsonl");
+  CHECK_FALSE(client->registered);
+  auto registered = Parse({"client", "--connect", "h:1", "--workload", "put", "--registered"});
+  REQUIRE(registered.ok());
+  CHECK(registered->registered);
 
   auto sweep = Parse({"client", "--connect", "h:1", "--sweep"});
   REQUIRE(sweep.ok());
@@ -73,6 +77,10 @@ TEST_CASE("zrpc_bench arguments: every mistake is refused by name") {
   Refused({"client", "--connect", "h:1", "--threads", "4", "--in-flight", "2"},
           "less than --threads");
   Refused({"client", "--connect", "h:1", "--workload", "scan"}, "not echo, put or get");
+  Refused({"client", "--connect", "h:1", "--workload", "get", "--registered"},
+          "only put sends a payload");
+  Refused({"client", "--connect", "h:1", "--registered"}, "only put sends a payload");
+  Refused({"server", "--registered"}, "--registered");
   Refused({"client", "--connect", "h:1", "--calls", "5", "--duration", "1"}, "exclude");
   Refused({"client", "--connect", "h:1", "--duration", "-1"}, "--duration");
   Refused({"client", "--connect", "h:1", "--size", "2097152"}, "use put or get");

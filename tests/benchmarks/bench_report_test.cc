@@ -67,7 +67,8 @@ TEST_CASE("bench_report merges the files into a table, ratios, JSON and an SVG",
   CHECK(absl::StrContains(output, "3.50/2.50"));  // CPU client/server
   CHECK(absl::StrContains(output, "== ratios (targets)"));
   CHECK(absl::StrContains(output, "[64 B, in_flight 1, 1x1]                 1.050  target <= 1.15  met"));
-  CHECK(absl::StrContains(output, "0.966  target >= 0.95  met"));     // 151 / 156.25
+  CHECK(absl::StrContains(output, "0.966  target >= 0.95  met"));     // 151 / 156.25, registered
+  CHECK(absl::StrContains(output, "zrpc staged put MiB/s / perftest write_bw MiB/s"));
   CHECK(absl::StrContains(output, "0.837  target >= 0.90  MISSED"));  // 251000 / 300000
   CHECK(absl::StrContains(output, "n/a (no grpc rows for echo 64 B, in_flight 1, 1x1)"));
 

@@ -20,7 +20,7 @@ one_round() {
   fi
   cat "$out.log"
   local workload
-  for workload in echo put; do
+  for workload in echo put put_registered; do
     grep -q "\"system\":\"zrpc\",\"workload\":\"$workload\"" "$out/results.jsonl" ||
       junit_problem "no zrpc $workload row in results.jsonl"
   done

@@ -234,16 +234,18 @@ TEST_CASE("ratios are computed like for like against their targets", "[report][r
       Row("zrpc", "echo", 64, 1, 0, 11),        // round trip 11 us
       Row("perftest", "send_lat", 64, 1, 0, 5),  // one-way 5 us: ratio 11 / 10 = 1.1
       Row("grpc", "echo", 64, 1, 0, 330),        // 330 / 11 = 30
-      Row("zrpc", "put", 65536, 4, 0, 100),
-      Row("zrpc", "put", 65536, 16, 0, 100),     // the deepest zrpc put row is compared
+      Row("zrpc", "put_registered", 65536, 4, 0, 100),
+      Row("zrpc", "put_registered", 65536, 16, 0, 100),  // the deepest row is compared
       Row("perftest", "write_bw", 65536, 128, 0, 100),
       Row("zrpc", "echo", 64, 16, 0, 20),        // 800k calls/s
       Row("perftest", "send_bw", 64, 128, 0, 100),  // 1.28M msg/s: 0.625
+      Row("zrpc", "put", 65536, 16, 0, 100),     // staged: a figure, no target
   };
   rs[4].goodput_mib_per_sec = 970;
   rs[5].goodput_mib_per_sec = 1000;  // 0.97
+  rs[8].goodput_mib_per_sec = 500;   // 0.5
   const std::vector<Ratio> ratios = ComputeRatios(MustAggregate(rs));
-  REQUIRE(ratios.size() == 4);
+  REQUIRE(ratios.size() == 5);
   CHECK(ratios[0].available);
   CHECK(ratios[0].value == Approx(1.1));
   CHECK(ratios[0].met);
@@ -251,10 +253,12 @@ TEST_CASE("ratios are computed like for like against their targets", "[report][r
   CHECK(ratios[1].value == Approx(0.97));
   CHECK(ratios[1].met);
   CHECK(ratios[1].where == "65536 B, in_flight 16 vs 128, 1x1");
-  CHECK(ratios[2].value == Approx(0.625));
-  CHECK_FALSE(ratios[2].met);
-  CHECK(ratios[3].value == Approx(30));
-  CHECK(ratios[3].met);
+  CHECK(ratios[2].value == Approx(0.5));
+  CHECK_FALSE(ratios[2].has_target);
+  CHECK(ratios[3].value == Approx(0.625));
+  CHECK_FALSE(ratios[3].met);
+  CHECK(ratios[4].value == Approx(30));
+  CHECK(ratios[4].met);
   const std::string text = FormatRatios(ratios);
   CHECK(text.find("MISSED") != std::string::npos);
   CHECK(text.find("target <= 1.15  met") != std::string::npos);
@@ -265,14 +269,15 @@ TEST_CASE("a ratio with a side missing is n/a and names what is missing", "[repo
       Row("zrpc", "echo", 64, 1, 0, 11),
       Row("perftest", "send_lat", 4096, 1, 0, 5),  // another size: no counterpart
   }));
-  REQUIRE(ratios.size() == 4);
+  REQUIRE(ratios.size() == 5);
   CHECK_FALSE(ratios[0].available);
   CHECK(ratios[0].missing == "no perftest rows for send_lat 64 B, in_flight 1, 1x1");
-  CHECK(ratios[1].missing == "no zrpc rows for put");
-  CHECK(ratios[2].missing == "no perftest rows for send_bw 64 B, 1x1");
-  CHECK(ratios[3].missing == "no grpc rows for echo 64 B, in_flight 1, 1x1");
+  CHECK(ratios[1].missing == "no zrpc rows for put_registered");
+  CHECK(ratios[2].missing == "no zrpc rows for put");
+  CHECK(ratios[3].missing == "no perftest rows for send_bw 64 B, 1x1");
+  CHECK(ratios[4].missing == "no grpc rows for echo 64 B, in_flight 1, 1x1");
   const std::string text = FormatRatios(ratios);
-  CHECK(text.find("n/a (no zrpc rows for put)") != std::string::npos);
+  CHECK(text.find("n/a (no zrpc rows for put_registered)") != std::string::npos);
   CHECK(text.find("met") == std::string::npos);
 
   CHECK(ComputeRatios({})[0].missing == "no zrpc rows for echo with in_flight 1");
