@@ -119,6 +119,28 @@ class OutgoingBulk {
   ::std::shared_ptr<const internal::Registration> registration_;
 };
 
+// Where a response's bulk payload should land: a range of memory the caller registered
+// (RegisteredMemory::Destination), given as CallOptions::response_destination. The payload is
+// then read by this side's NIC straight into that range (no copy on either side), and the
+// call's IncomingBulk views it there; releasing that IncomingBulk gives nothing back (the
+// memory is the caller's). The call ends (returns, or runs `done`) only once nothing writes into
+// the range any more, deadline and cancel included. A payload larger than the range fails the
+// call with kResourceExhausted, and nothing is written. Copyable: it keeps the registration
+// alive, not the bytes, which the caller keeps until the call ends.
+class BulkDestination {
+ public:
+  BulkDestination() = default;
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  friend class internal::BulkAccess;
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  ::std::shared_ptr<const internal::Registration> registration_;
+};
+
 // The runtime's side of an IncomingBulk: gives the receive memory back. ReleaseBulk may be called
 // from any thread (a handler's, a DoneCallback on a runtime thread, the application's), also
 // after the connection the payload came on has failed, so it must be thread-safe, must not

@@ -185,6 +185,16 @@ class CallTable {
     return id;
   }
 
+  // Runs `f(call)` on live call `id`, under the table's lock: `f` must be brief and must not call
+  // back into the table. False when `id` is not live.
+  template <typename F>
+  bool Visit(uint64_t id, F&& f) {
+    absl::MutexLock lock(&mu_);
+    if (!index_.Live(id)) return false;
+    f(*calls_[internal::CallIndex::IndexOf(id)]);
+    return true;
+  }
+
   // Removes and returns call `id`, for its response (or a cancel by the caller). nullopt when
   // the call already ended or never existed (a late, duplicate or forged id), counted in
   // stale_drops().

@@ -429,7 +429,10 @@ ChannelStats ChannelCore::stats() const {
   stats.pulled_bytes_held = pulls_->in_use();
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& connection : live_) stats.calls_in_flight += connection->calls_in_flight();
+    for (const auto& connection : live_) {
+      stats.calls_in_flight += connection->calls_in_flight();
+      stats.bulk_reads_in_flight += connection->pulling();
+    }
   }
   for (const Subchannel& sub : subchannels_) {
     absl::MutexLock lock(&sub.mu);
@@ -606,6 +609,25 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
         method.full_name, ": a request bulk payload for a method without request_bulk")));
     return;
   }
+  if (!options.response_destination.empty()) {
+    const internal::Registration* registration =
+        internal::BulkAccess::registration(options.response_destination);
+    absl::Status refused;
+    if (!method.response_bulk) {
+      refused = absl::InvalidArgumentError(absl::StrCat(
+          method.full_name, ": a response_destination for a method without response_bulk"));
+    } else if (registration->device() != core_->device().get()) {
+      refused = absl::InvalidArgumentError(absl::StrCat(
+          method.full_name, ": the response_destination is registered on another device; "
+                            "register it on this channel (ClientChannel::RegisterMemory)"));
+    }
+    if (!refused.ok()) {
+      ticket->connection->connection().ReleaseSendBuffer(ticket->buffer);
+      request_bulk.Reset();
+      done(std::move(refused));
+      return;
+    }
+  }
   const internal::ChannelCore::MethodState state = core_->MethodFor(method);
   internal::ClientCall call;
   call.method = &method;
@@ -613,6 +635,10 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
   call.response_bulk = response_bulk;
   call.done = std::move(done);
   call.metrics = state.metrics;
+  if (!options.response_destination.empty()) {
+    call.destination = options.response_destination;
+    call.landing = std::make_shared<internal::BulkGate>(/*held=*/false);
+  }
   ticket->connection->Start(state.service_id, ticket->buffer, slot.size, std::move(request_bulk),
                             std::move(call), options);
 }

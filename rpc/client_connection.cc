@@ -23,6 +23,13 @@ void ClientCall::End(absl::Status status) {
     });
     return;
   }
+  if (std::shared_ptr<BulkGate> landing_gate = std::move(landing)) {
+    landing_gate->End();  // no READ into the destination starts from here on
+    landing_gate->AfterRelease([call = std::move(*this), status = std::move(status)]() mutable {
+      call.End(std::move(status));
+    });
+    return;
+  }
   if (metrics != nullptr) metrics->OnFinish(status.code(), MonotonicNow() - start);
   done(std::move(status));
 }
@@ -65,6 +72,7 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
         absl::StrCat(call.method->full_name, ": cancelled before it was sent")));
   }
   const uint16_t method_index = static_cast<uint16_t>(call.method->index);
+  const bool pull_response = call.landing != nullptr;
   const char* method_name = call.method->full_name;
   absl::StatusOr<uint64_t> id = calls_.Insert(std::move(call), deadline);
   if (!id.ok()) {
@@ -72,9 +80,11 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
         absl::StrCat(method_name, ": ", id.status().message(), " (max_calls_per_connection)")));
   }
   if (deadline != absl::InfiniteFuture()) owner_.DeadlineAdded(deadline);
+  RpcHeader request_header = RpcHeader::Request(service_id, method_index, *id, 0);
+  if (pull_response) request_header.flags |= kRpcFlagPullResponse;
   // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
   absl::Status sent = SendMessage(*connection_, buffer,
-                                  RpcHeader::Request(service_id, method_index, *id, 0), body_size,
+                                  request_header, body_size,
                                   std::move(bulk), deadline, gate);
   if (sent.ok()) {
     if (options.cancellation != nullptr) {
@@ -199,7 +209,30 @@ void ClientConnection::OnMessage(transport::Connection& connection,
       static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
       return;
     }
-    if (absl::Status pulling = StartPull(connection, *incoming); !pulling.ok()) {
+    BulkDestination destination;
+    std::shared_ptr<BulkGate> landing;
+    const bool live = calls_.Visit(id, [&](ClientCall& call) {
+      destination = call.destination;
+      landing = call.landing;
+    });
+    absl::Status pulling;
+    if (!live || (landing && !landing->Begin())) {
+      // Ended meanwhile (its deadline, a cancel): late, as above.
+      owner_.CountLateResponse();
+      Discard(connection, *incoming);
+      static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
+      return;
+    } else if (!landing) {
+      pulling = StartPull(connection, *incoming);
+    } else if (incoming->header.bulk_size > destination.size()) {
+      landing->Released();
+      pulling = absl::ResourceExhaustedError(absl::StrCat(
+          "a ", incoming->header.bulk_size, "-byte payload does not fit the ",
+          destination.size(), "-byte CallOptions::response_destination; nothing was written"));
+    } else {
+      pulling = StartPullInto(connection, *incoming, destination, landing);
+    }
+    if (!pulling.ok()) {
       Discard(connection, *incoming);
       static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
       if (std::optional<ClientCall> call = calls_.Take(id)) {

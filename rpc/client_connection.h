@@ -88,10 +88,15 @@ struct ClientCall {
   absl::Time start;
   // For a call with a request payload: the payload's release opens it (rpc_connection.h).
   std::shared_ptr<BulkGate> gate;
+  // For a call whose response payload lands in the caller's memory (CallOptions::
+  // response_destination): held while a READ writes there.
+  BulkDestination destination;
+  std::shared_ptr<BulkGate> landing;
 
   // Records the outcome and runs `done`: the one way a call ends. With a request payload the
   // runtime still holds (its WRITE posted, or waiting), the ending waits for the payload's
-  // release, so the caller never gets `done` while the NIC may still read its bytes.
+  // release, and with a READ landing in the caller's destination, for that READ: the caller
+  // never gets `done` while the NIC may still read its bytes or write into its memory.
   void End(absl::Status status);
 };
 

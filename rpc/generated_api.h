@@ -106,6 +106,8 @@ struct CallOptions {
   ::absl::Time deadline = ::absl::InfiniteFuture();
   // Optional: lets the caller cancel the call (see Cancellation).
   ::std::shared_ptr<Cancellation> cancellation;
+  // Optional, for methods with a response payload: where it lands (bulk.h, BulkDestination).
+  BulkDestination response_destination;
 
   static CallOptions Timeout(::absl::Duration timeout) {
     CallOptions options;

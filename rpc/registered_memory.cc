@@ -25,6 +25,15 @@ OutgoingBulk BulkAccess::Make(std::shared_ptr<const Registration> registration,
   return bulk;
 }
 
+BulkDestination BulkAccess::MakeDestination(std::shared_ptr<const Registration> registration,
+                                            uint8_t* data, size_t size) {
+  BulkDestination destination;
+  destination.data_ = data;
+  destination.size_ = size;
+  destination.registration_ = std::move(registration);
+  return destination;
+}
+
 }  // namespace internal
 
 absl::StatusOr<RegisteredMemory> RegisteredMemory::Register(
@@ -42,18 +51,37 @@ absl::StatusOr<RegisteredMemory> RegisteredMemory::Register(
       std::make_shared<const internal::Registration>(std::move(device), *std::move(region)));
 }
 
+namespace {
+
+absl::Status CheckRange(const internal::Registration* registration, const char* what,
+                        size_t offset, size_t size) {
+  if (registration == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("RegisteredMemory::", what,
+                                                   " on an empty handle"));
+  }
+  if (size == 0 || offset > registration->size() || size > registration->size() - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegisteredMemory::", what, "(", offset, ", ", size, "): not a non-empty "
+                     "range inside the ", registration->size(), " registered bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<OutgoingBulk> RegisteredMemory::Bulk(size_t offset, size_t size,
                                                     std::function<void()> release) const {
-  if (registration_ == nullptr) {
-    return absl::InvalidArgumentError("RegisteredMemory::Bulk on an empty handle");
-  }
-  if (size == 0 || offset > registration_->size() || size > registration_->size() - offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RegisteredMemory::Bulk(", offset, ", ", size, "): not a non-empty range "
-                     "inside the ", registration_->size(), " registered bytes"));
-  }
+  if (absl::Status s = CheckRange(registration_.get(), "Bulk", offset, size); !s.ok()) return s;
   return internal::BulkAccess::Make(registration_, registration_->data() + offset, size,
                                     std::move(release));
+}
+
+absl::StatusOr<BulkDestination> RegisteredMemory::Destination(size_t offset, size_t size) const {
+  if (absl::Status s = CheckRange(registration_.get(), "Destination", offset, size); !s.ok()) {
+    return s;
+  }
+  return internal::BulkAccess::MakeDestination(registration_, registration_->data() + offset,
+                                               size);
 }
 
 }  // namespace zrpc

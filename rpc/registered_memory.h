@@ -29,7 +29,9 @@
 // channel or server that made it.
 //
 // Remote access. The memory is registered for local access only (the NIC reads it to send, and
-// may later write into it to receive); no remote key for it is ever given to a peer.
+// writes into it to receive: Destination); no remote key for it is ever given to a peer. A
+// payload larger than the peer's arena is exposed for one call by a registration of its own
+// (rpc/WIRE.md, "Pulled payloads").
 #ifndef ZRPC_RPC_REGISTERED_MEMORY_H_
 #define ZRPC_RPC_REGISTERED_MEMORY_H_
 
@@ -76,6 +78,11 @@ class BulkAccess {
   static void ChainRelease(OutgoingBulk& bulk, std::function<void()> after);
   static OutgoingBulk Make(std::shared_ptr<const Registration> registration, const uint8_t* data,
                            size_t size, std::function<void()> release);
+  static BulkDestination MakeDestination(std::shared_ptr<const Registration> registration,
+                                         uint8_t* data, size_t size);
+  static const Registration* registration(const BulkDestination& destination) {
+    return destination.registration_.get();
+  }
 };
 
 }  // namespace internal
@@ -103,6 +110,9 @@ class RegisteredMemory {
   // does not lie inside this memory, or the handle is empty (moved from).
   absl::StatusOr<OutgoingBulk> Bulk(size_t offset, size_t size,
                                     std::function<void()> release = nullptr) const;
+  // The `size` bytes at `offset` as the place a response payload lands (CallOptions::
+  // response_destination). The same range checks as Bulk.
+  absl::StatusOr<BulkDestination> Destination(size_t offset, size_t size) const;
 
  private:
   explicit RegisteredMemory(std::shared_ptr<const internal::Registration> registration)

@@ -50,8 +50,12 @@ struct PulledPayload {
 // A READ in flight: the message whose payload it pulls, and where the payload lands.
 struct PendingPull {
   IncomingMessage message;
-  std::unique_ptr<PulledPayload> payload;
+  std::unique_ptr<PulledPayload> payload;  // null: into the caller's destination
+  uint8_t* destination = nullptr;
+  std::shared_ptr<BulkGate> landing;       // released when the READ is done
 };
+// The handle of a payload pulled into the caller's own memory: releasing it gives nothing back.
+constexpr uint64_t kDestinationHandle = uint64_t{1} << 61;
 
 // The most response payloads one connection may have exposed and not yet pulled: a client that
 // never says kPulled holds the server's memory registered only this far.
@@ -82,6 +86,13 @@ void BulkGate::End() {
     source = std::move(source_);
   }
   // Destroyed outside the lock: its release opens this gate (Released).
+}
+
+bool BulkGate::Begin() {
+  absl::MutexLock lock(&mu_);
+  if (ended_) return false;
+  released_ = false;
+  return true;
 }
 
 bool BulkGate::Hold(std::unique_ptr<ExposedPayload>& source) {
@@ -140,6 +151,7 @@ void ReceiveReleaser::ReleaseBulk(uint64_t token) {
 }
 
 void RpcConnection::ReleasePayload(transport::Connection& connection, uint64_t handle) {
+  if (handle == kDestinationHandle) return;  // the caller's memory
   if (handle & kPulledHandle) {
     delete reinterpret_cast<PulledPayload*>(static_cast<uintptr_t>(handle & ~kPulledHandle));
     return;
@@ -166,16 +178,26 @@ void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token
     auto* pending = reinterpret_cast<PendingPull*>(static_cast<uintptr_t>(token & ~kPullTag));
     IncomingMessage message = std::move(pending->message);
     std::unique_ptr<PulledPayload> payload = std::move(pending->payload);
+    uint8_t* const destination = pending->destination;
+    std::shared_ptr<BulkGate> landing = std::move(pending->landing);
     delete pending;
     pulling_.fetch_sub(1, std::memory_order_relaxed);
+    // Done or flushed: the NIC writes no more into the payload's memory. A call that ended
+    // meanwhile may now end (the caller gets its destination back).
+    if (landing) landing->Released();
     if (!status.ok()) {
-      // Flushed or failed (the connection is failing): the NIC writes no more into `payload`.
-      Discard(connection, message);
+      Discard(connection, message);  // the connection is failing
       return;
     }
-    message.bulk = transport::ReceivedBulk{
-        payload->data, payload->size, reinterpret_cast<uintptr_t>(payload.get()) | kPulledHandle};
-    payload.release();  // the handle owns it now
+    if (payload) {
+      message.bulk = transport::ReceivedBulk{payload->data, payload->size,
+                                             reinterpret_cast<uintptr_t>(payload.get()) |
+                                                 kPulledHandle};
+      payload.release();  // the handle owns it now
+    } else {
+      message.bulk =
+          transport::ReceivedBulk{destination, message.header.bulk_size, kDestinationHandle};
+    }
     message.pull.reset();
     OnPulled(connection, message);
     return;
@@ -278,7 +300,7 @@ absl::Status RpcConnection::StartPull(transport::Connection& connection,
   }
   payload->region = *std::move(region);
   const transport::BulkSource sink{payload->data, size, payload->region->lkey()};
-  auto* pending = new PendingPull{message, std::move(payload)};
+  auto* pending = new PendingPull{message, std::move(payload), nullptr, nullptr};
   pulling_.fetch_add(1, std::memory_order_relaxed);
   absl::Status read =
       connection.ReadBulk(sink, transport::RemoteRange{message.pull->addr, message.pull->rkey},
@@ -287,6 +309,27 @@ absl::Status RpcConnection::StartPull(transport::Connection& connection,
     pulling_.fetch_sub(1, std::memory_order_relaxed);
     pending->message = IncomingMessage{};  // still the caller's
     delete pending;
+  }
+  return read;
+}
+
+absl::Status RpcConnection::StartPullInto(transport::Connection& connection,
+                                          const IncomingMessage& message,
+                                          const BulkDestination& destination,
+                                          std::shared_ptr<BulkGate> landing) {
+  const uint32_t size = message.header.bulk_size;
+  const transport::BulkSource sink{destination.data(), size,
+                                   BulkAccess::registration(destination)->lkey()};
+  auto* pending = new PendingPull{message, nullptr, destination.data(), landing};
+  pulling_.fetch_add(1, std::memory_order_relaxed);
+  absl::Status read =
+      connection.ReadBulk(sink, transport::RemoteRange{message.pull->addr, message.pull->rkey},
+                          reinterpret_cast<uintptr_t>(pending) | kPullTag);
+  if (!read.ok()) {
+    pulling_.fetch_sub(1, std::memory_order_relaxed);
+    pending->message = IncomingMessage{};  // still the caller's
+    delete pending;
+    landing->Released();  // nothing was posted
   }
   return read;
 }
@@ -370,9 +413,9 @@ absl::Status RpcConnection::CheckBodyFits(const transport::Connection& connectio
 absl::Status RpcConnection::SendMessage(transport::Connection& connection,
                                         const transport::SendBuffer& buffer, RpcHeader header,
                                         size_t body_size, OutgoingBulk bulk,
-                                        absl::Time deadline, BulkGate* gate) {
+                                        absl::Time deadline, BulkGate* gate, bool expose) {
   if (!bulk.empty()) {
-    if (bulk.size() > connection.peer_arena_size()) {
+    if (expose || bulk.size() > connection.peer_arena_size()) {
       // Too large for the peer's arena: the peer pulls it.
       return SendPulled(connection, buffer, header, body_size, std::move(bulk), deadline, gate);
     }

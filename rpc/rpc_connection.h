@@ -151,6 +151,12 @@ struct ExposedPayload {
 // token while the payload may still be waiting, for Withdraw. Thread-safe.
 class BulkGate {
  public:
+  // `held`: something is held from the start (a request payload). A gate for a response
+  // destination starts empty and holds only while a READ lands there (Begin).
+  explicit BulkGate(bool held = true) : released_(!held) {}
+  // Holds again (a READ into the call's destination starts), unless the call has ended: false
+  // then, and nothing may land there any more.
+  bool Begin();
   // The payload was released: runs the parked ending, if any, on this thread.
   void Released();
   // Runs `then` now if the payload was released, else when it is.
@@ -165,7 +171,7 @@ class BulkGate {
  private:
   friend class RpcConnection;
   absl::Mutex mu_;
-  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> then_ ABSL_GUARDED_BY(mu_);
   uint64_t token_ ABSL_GUARDED_BY(mu_) = 0;  // zero-copy WRITE's token; 0 once released
@@ -219,10 +225,12 @@ class RpcConnection : public transport::ConnectionHandler {
   // time at the last moment, after the payload is staged, so the server's deadline is not late
   // by the staging. (Time spent waiting for credits in the transport is not subtracted.)
   // A client passes its call's `gate` (with the payload's release chained to it), for Withdraw.
+  // A server passes `expose` when the request asked for a pulled response (kRpcFlagPullResponse):
+  // the payload is then exposed whatever its size.
   absl::Status SendMessage(transport::Connection& connection, const transport::SendBuffer& buffer,
                            RpcHeader header, size_t body_size, OutgoingBulk bulk,
                            absl::Time deadline = absl::InfiniteFuture(),
-                           BulkGate* gate = nullptr);
+                           BulkGate* gate = nullptr, bool expose = false);
   // Takes back the payload of request `call_id`, whose gate is `gate`, if it has not left yet
   // (see the top of this file); its release runs here, on this thread. Nothing when it has.
   void Withdraw(transport::Connection& connection, uint64_t call_id, BulkGate& gate);
@@ -237,6 +245,7 @@ class RpcConnection : public transport::ConnectionHandler {
   // Large transfers under way on this connection: payloads this side is pulling, or has
   // exposed for the peer to pull. They move without a message for seconds, and what this side
   // sends meanwhile may queue behind them: liveness checks must not take that for silence.
+  uint32_t pulling() const { return pulling_.load(std::memory_order_relaxed); }
   bool Transferring() const {
     return pulling_.load(std::memory_order_relaxed) > 0 ||
            exposed_count_.load(std::memory_order_relaxed) > 0;
@@ -262,6 +271,11 @@ class RpcConnection : public transport::ConnectionHandler {
   // first: the message is discarded then). An error (the budget, memory, registration, a
   // closed connection): nothing was started, and the caller still owns the message.
   absl::Status StartPull(transport::Connection& connection, const IncomingMessage& message);
+  // The same into the caller's `destination` (registered on this device, large enough), with
+  // `landing` held (Begin) until the READ is done or flushed, after which it is Released.
+  absl::Status StartPullInto(transport::Connection& connection, const IncomingMessage& message,
+                             const BulkDestination& destination,
+                             std::shared_ptr<BulkGate> landing);
   virtual void OnPulled(transport::Connection& connection, IncomingMessage& message) = 0;
   // The peer has pulled the payload of response `call_id` (kPulled): stop exposing it.
   void Unexpose(uint64_t call_id);

@@ -181,7 +181,7 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
   const uint16_t status = transport::GetLe<uint16_t>(in + kStatusAt);
   const uint16_t reserved = transport::GetLe<uint16_t>(in + kReservedAt);
 
-  if ((h.flags & ~(kRpcFlagBulk | kRpcFlagPull)) != 0) {
+  if ((h.flags & ~(kRpcFlagBulk | kRpcFlagPull | kRpcFlagPullResponse)) != 0) {
     return Refuse("flags", absl::StrCat("0x", absl::Hex(h.flags), " has unknown bits set"));
   }
   if (reserved != 0) {
@@ -206,6 +206,9 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
       return Refuse("bulk_size", absl::StrCat("is ", h.bulk_size, " without the bulk flag"));
     }
     if (h.pulls() && !h.has_bulk()) return Refuse("flags", "ask to pull without the bulk flag");
+    if (h.kind != RpcKind::kRequest && (h.flags & kRpcFlagPullResponse) != 0) {
+      return Refuse("flags", "ask for a pulled response outside a request");
+    }
     if (h.pulls() && body < PullDescriptor::kSize) {
       return Refuse("body", absl::StrCat("has ", body, " bytes, too few for the ",
                                          PullDescriptor::kSize, "-byte pull descriptor"));

@@ -57,6 +57,9 @@ inline constexpr uint8_t kRpcFlagBulk = 0x01;
 // flags, with kRpcFlagBulk: the payload was not written into the receiver's arena; the receiver
 // pulls it by RDMA READ from the range the PullDescriptor at the end of the body names.
 inline constexpr uint8_t kRpcFlagPull = 0x02;
+// flags, requests only: the caller wants the response's payload exposed for pulling whatever its
+// size (it lands in memory the caller chose: CallOptions::response_destination).
+inline constexpr uint8_t kRpcFlagPullResponse = 0x04;
 
 // Where a payload to pull lies in the sender's memory, exposed for RDMA READ for this call only:
 // the last kSize bytes of the body of a message with kRpcFlagPull. The payload's length is the

@@ -102,8 +102,11 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
   if (status.ok()) {
     const transport::SendBuffer buffer = *std::exchange(response_buffer_, {});
     const size_t bulk_size = response_bulk.size();
+    // A caller that gave its payload a destination pulls it there, whatever its size.
+    const bool expose = (request_.header.flags & kRpcFlagPullResponse) != 0;
     status = owner_->SendMessage(*connection_, buffer, RpcHeader::Response(call_id()),
-                                 response->size, std::move(response_bulk));
+                                 response->size, std::move(response_bulk),
+                                 absl::InfiniteFuture(), nullptr, expose);
     if (status.ok()) {
       metrics_.AddMessageBytes(response->size, 0);
       metrics_.AddBulkBytes(bulk_size, 0);

@@ -27,7 +27,7 @@ namespace {
 using fuzz::ReadLe;
 
 constexpr uint8_t kRequest = 1, kResponse = 2, kError = 3, kCancel = 4, kPulled = 5;
-constexpr uint8_t kPullFlag = 0x02;
+constexpr uint8_t kPullFlag = 0x02, kPullResponseFlag = 0x04;
 constexpr uint64_t kLastStatusCode = 16;  // kUnauthenticated: absl's codes are 0..16
 
 bool Acceptable(const uint8_t* in, size_t size) {
@@ -39,7 +39,10 @@ bool Acceptable(const uint8_t* in, size_t size) {
   const uint64_t call_id = ReadLe(in + 8, 8), timeout = ReadLe(in + 16, 8);
   const uint64_t bulk_size = ReadLe(in + 24, 4), status = ReadLe(in + 28, 2);
   if (kind < kRequest || kind > kPulled) return false;
-  if ((flags & ~(kRpcFlagBulk | kPullFlag)) != 0 || ReadLe(in + 30, 2) != 0) return false;
+  if ((flags & ~(kRpcFlagBulk | kPullFlag | kPullResponseFlag)) != 0 || ReadLe(in + 30, 2) != 0) {
+    return false;
+  }
+  if (kind != kRequest && (flags & kPullResponseFlag) != 0) return false;
   if (call_id == 0 || status > kLastStatusCode) return false;
   // Only a request names a method and carries a deadline.
   if (kind != kRequest && (service != 0 || method != 0 || timeout != 0)) return false;

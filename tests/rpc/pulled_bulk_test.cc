@@ -4,6 +4,7 @@
 // and with calls that end while their payload is exposed.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "proto/examples/object_store.zrpc.h"
 #include "rpc/channel.h"
 #include "rpc/registered_memory.h"
@@ -35,7 +37,8 @@ using zrpc::testing::kLong;
 using zrpc::testing::Served;
 using zrpc::testing::Within;
 
-// Get answers "<size>:<seed>" with a fresh pattern; Transform reverses.
+// Get answers "<size>:<seed>" with that pattern (made once per key, then answered from at
+// once); Transform reverses.
 class Store : public zrpc::testing::KeepingStore {
  public:
   absl::Status Get(zrpc::ServerContext&, const ObjectKey& key, ObjectInfo* info,
@@ -43,8 +46,19 @@ class Store : public zrpc::testing::KeepingStore {
     const size_t colon = key.name().find(':');
     const size_t size = std::stoul(key.name().substr(0, colon));
     const uint64_t seed = std::stoul(key.name().substr(colon + 1));
+    std::shared_ptr<const std::string> pattern;
+    {
+      absl::MutexLock lock(&patterns_mu_);
+      std::shared_ptr<const std::string>& cached = patterns_[key.name()];
+      if (cached == nullptr) {
+        // Seed 0: one repeated byte, quick to make at hundreds of MiB under emulation.
+        cached = std::make_shared<const std::string>(seed == 0 ? std::string(size, 'c')
+                                                               : Filled(size, seed));
+      }
+      pattern = cached;
+    }
     info->set_size(size);
-    *bulk = OutgoingBulk::Copy(Filled(size, seed));
+    *bulk = OutgoingBulk(pattern->data(), size, [pattern] {});
     return absl::OkStatus();
   }
   absl::Status Transform(zrpc::ServerContext&, const ObjectKey&, IncomingBulk bulk,
@@ -54,7 +68,22 @@ class Store : public zrpc::testing::KeepingStore {
     *out = OutgoingBulk::Copy(std::move(reversed));
     return absl::OkStatus();
   }
+
+ private:
+  absl::Mutex patterns_mu_;
+  std::map<std::string, std::shared_ptr<const std::string>> patterns_;
 };
+
+// Waits up to 30 s for `done`, polling.
+template <typename F>
+bool Eventually(F done) {
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (!done()) {
+    if (absl::Now() > until) return false;
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  return true;
+}
 
 // Where two strings first differ, for a readable failure.
 std::string FirstDifference(absl::string_view a, absl::string_view b) {
@@ -223,6 +252,177 @@ TEST_CASE("a call whose deadline passes while its payload is being pulled fails,
   // mix with the Zs written after the call returned.
   const std::string late = store.object("late");
   CHECK((late.empty() || late == Filled(kSize, 6)));
+}
+
+// A registered buffer with guard bands around the range a response lands in.
+struct Landing {
+  static constexpr size_t kGuard = 4096;
+  static constexpr uint8_t kGuardByte = 0xA5;
+  Landing(zrpc::ClientChannel& channel, size_t size) : bytes(size + 2 * kGuard, kGuardByte) {
+    absl::StatusOr<zrpc::RegisteredMemory> registered =
+        channel.RegisterMemory(bytes.data(), bytes.size());
+    REQUIRE(registered.ok());
+    memory = *std::move(registered);
+  }
+  zrpc::CallOptions Options(size_t size, absl::Duration timeout = kLong) {
+    zrpc::CallOptions options = Within(timeout);
+    absl::StatusOr<zrpc::BulkDestination> destination = memory.Destination(kGuard, size);
+    REQUIRE(destination.ok());
+    options.response_destination = *destination;
+    return options;
+  }
+  uint8_t* range() { return bytes.data() + kGuard; }
+  bool GuardsIntact(size_t size) const {
+    for (size_t i = 0; i < kGuard; ++i) {
+      if (bytes[i] != kGuardByte || bytes[kGuard + size + i] != kGuardByte) return false;
+    }
+    return true;
+  }
+  std::vector<uint8_t> bytes;
+  zrpc::RegisteredMemory memory;
+};
+
+TEST_CASE("a response payload lands straight in the caller's registered buffer, guard bands "
+          "untouched") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Store store;
+  Served served(config, {&store});
+  ObjectStore::Stub stub(served.channel.get());
+  // Below the arena (written there otherwise) and above it (pulled into fresh memory otherwise).
+  for (size_t size : {size_t{1}, size_t{100000}, size_t{4} << 20}) {
+    INFO("payload of " << size << " bytes");
+    Landing landing(*served.channel, size);
+    ObjectInfo info;
+    IncomingBulk got;
+    absl::Status s = stub.Get(Key(absl::StrCat(size, ":", 9)), &info, &got, landing.Options(size));
+    INFO(s);
+    REQUIRE(s.ok());
+    CHECK(got.data() == landing.range());  // where the caller said, not a copy
+    CHECK(got.size() == size);
+    CHECK(FirstDifference(Filled(size, 9), got.view()) == "equal");
+    CHECK(landing.GuardsIntact(size));
+    CHECK(served.channel->stats().pulled_bytes_held == 0);  // no memory of the runtime's
+    got.Reset();
+    CHECK(landing.range()[0] == static_cast<uint8_t>(Filled(1, 9)[0]));  // still the caller's
+  }
+  // A destination larger than the payload: the payload takes its start, the rest is untouched.
+  Landing roomy(*served.channel, 8192);
+  ObjectInfo info;
+  IncomingBulk got;
+  REQUIRE(stub.Get(Key("5000:4"), &info, &got, roomy.Options(8192)).ok());
+  CHECK(got.size() == 5000);
+  CHECK(got.view() == Filled(5000, 4));
+  CHECK(std::count(roomy.range() + 5000, roomy.range() + 8192 + Landing::kGuard,
+                   Landing::kGuardByte) == 3192 + static_cast<long>(Landing::kGuard));
+}
+
+TEST_CASE("a payload larger than the caller's destination fails the call and writes nothing") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Store store;
+  Served served(config, {&store});
+  ObjectStore::Stub stub(served.channel.get());
+  Landing landing(*served.channel, 1000);
+  ObjectInfo info;
+  IncomingBulk got;
+  absl::Status s = stub.Get(Key("1001:1"), &info, &got, landing.Options(1000));
+  INFO(s);
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(s.message(), "response_destination"));
+  CHECK(got.empty());
+  CHECK(std::count(landing.bytes.begin(), landing.bytes.end(), Landing::kGuardByte) ==
+        static_cast<long>(landing.bytes.size()));
+  // The limit itself fits; the connection served on.
+  CHECK(stub.Get(Key("1000:1"), &info, &got, landing.Options(1000)).ok());
+  CHECK(got.view() == Filled(1000, 1));
+  CHECK(served.channel->stats().connections_lost == 0);
+}
+
+TEST_CASE("a call that ends while its answer lands in the caller's buffer returns only once "
+          "nothing writes there any more") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Store store;
+  Served served(config, {&store});
+  ObjectStore::Stub stub(served.channel.get());
+  // Its READ lasts some milliseconds here (rxe copies in the kernel): the cancel lands in it.
+  constexpr size_t kSize = 64 << 20;
+  const std::string key = absl::StrCat(kSize, ":0");
+  Landing landing(*served.channel, kSize);
+  ObjectInfo info;
+  IncomingBulk got;
+  REQUIRE(stub.Get(Key(key), &info, &got, landing.Options(kSize)).ok());  // the server makes it
+  CHECK(std::count(got.data(), got.data() + kSize, uint8_t{'c'}) == static_cast<long>(kSize));
+  got.Reset();
+  constexpr size_t kTail = 64 << 10;
+
+  // Cancelled the moment the READ into the caller's buffer is under way.
+  zrpc::CallOptions options = landing.Options(kSize);
+  options.cancellation = std::make_shared<zrpc::Cancellation>();
+  absl::Notification done;
+  absl::Status status;
+  uint64_t reads_at_done = 0;
+  stub.AsyncGet(Key(key), &info, &got, options, [&](absl::Status s) {
+    // What the runtime still reads into the caller's buffer as the caller gets it back.
+    reads_at_done = served.channel->stats().bulk_reads_in_flight;
+    status = std::move(s);
+    done.Notify();
+  });
+  REQUIRE(Eventually([&] { return served.channel->stats().bulk_reads_in_flight > 0; }));
+  options.cancellation->Cancel();
+  const absl::Time cancelled = absl::Now();
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  // The caller reuses its buffer at once; nothing lands in it afterwards. Its end first: a READ
+  // still under way writes there last.
+  std::fill(landing.range() + kSize - kTail, landing.range() + kSize, uint8_t{'Z'});
+  INFO(status << ", " << absl::Now() - cancelled << " after the cancel");
+  CHECK((status.code() == absl::StatusCode::kCancelled || status.ok()));  // a READ may win
+  CHECK(reads_at_done == 0);  // done came after the READ
+  got.Reset();
+  absl::SleepFor(absl::Seconds(1));
+  CHECK(std::count(landing.range() + kSize - kTail, landing.range() + kSize, uint8_t{'Z'}) ==
+        static_cast<long>(kTail));
+  CHECK(landing.GuardsIntact(kSize));
+
+  // Deadlines, wherever they fall (before the answer, during the READ, after it): the same.
+  for (absl::Duration timeout : {absl::Milliseconds(300), absl::Seconds(1)}) {
+    absl::Status s = stub.Get(Key(key), &info, &got, landing.Options(kSize, timeout));
+    INFO(s);
+    CHECK((s.ok() || s.code() == absl::StatusCode::kDeadlineExceeded));
+    got.Reset();
+    std::fill(landing.range() + kSize - kTail, landing.range() + kSize, uint8_t{'Y'});
+    absl::SleepFor(absl::Seconds(1));
+    CHECK(std::count(landing.range() + kSize - kTail, landing.range() + kSize, uint8_t{'Y'}) ==
+          static_cast<long>(kTail));
+  }
+  CHECK(served.channel->stats().pulled_bytes_held == 0);
+  CHECK(served.channel->stats().connections_lost == 0);
+}
+
+TEST_CASE("a response destination is refused for a method without a response payload, and from "
+          "another device") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Store store;
+  Served served(config, {&store});
+  ObjectStore::Stub stub(served.channel.get());
+  Landing landing(*served.channel, 4096);
+  PutReply put;
+  const std::string bytes(10, 'x');
+  absl::Status s =
+      stub.Put(Key("x"), OutgoingBulk(bytes.data(), bytes.size()), &put, landing.Options(4096));
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(s.message(), "without response_bulk"));
+
+  zrpc::ChannelOptions other_options;
+  other_options.device = config;
+  other_options.slots.slot_count = 512;  // another device object: another protection domain
+  auto other = zrpc::CreateChannel(absl::StrCat(config.addr, ":", served.server->port()),
+                                   other_options);
+  REQUIRE(other.ok());
+  Landing foreign(**other, 4096);
+  ObjectInfo info;
+  IncomingBulk got;
+  s = stub.Get(Key("10:1"), &info, &got, foreign.Options(4096));
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(s.message(), "another device"));
 }
 
 }  // namespace
