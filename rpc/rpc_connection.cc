@@ -57,6 +57,23 @@ struct PendingPull {
 // The handle of a payload pulled into the caller's own memory: releasing it gives nothing back.
 constexpr uint64_t kDestinationHandle = uint64_t{1} << 61;
 
+// Posts the READ of `pending`'s payload into `sink`, counted in `pulling`. On failure nothing
+// was posted: `pending` is freed (its landing released) and the message is still the caller's.
+absl::Status PostPull(transport::Connection& connection, const transport::BulkSource& sink,
+                      PendingPull* pending, std::atomic<uint32_t>& pulling) {
+  const PullDescriptor& remote = *pending->message.pull;
+  pulling.fetch_add(1, std::memory_order_relaxed);
+  absl::Status read =
+      connection.ReadBulk(sink, transport::RemoteRange{remote.addr, remote.rkey},
+                          reinterpret_cast<uintptr_t>(pending) | kPullTag);
+  if (!read.ok()) {
+    pulling.fetch_sub(1, std::memory_order_relaxed);
+    if (pending->landing) pending->landing->Released();
+    delete pending;
+  }
+  return read;
+}
+
 // The most response payloads one connection may have exposed and not yet pulled: a client that
 // never says kPulled holds the server's memory registered only this far.
 constexpr size_t kMaxExposedPerConnection = 1024;
@@ -300,17 +317,8 @@ absl::Status RpcConnection::StartPull(transport::Connection& connection,
   }
   payload->region = *std::move(region);
   const transport::BulkSource sink{payload->data, size, payload->region->lkey()};
-  auto* pending = new PendingPull{message, std::move(payload), nullptr, nullptr};
-  pulling_.fetch_add(1, std::memory_order_relaxed);
-  absl::Status read =
-      connection.ReadBulk(sink, transport::RemoteRange{message.pull->addr, message.pull->rkey},
-                          reinterpret_cast<uintptr_t>(pending) | kPullTag);
-  if (!read.ok()) {
-    pulling_.fetch_sub(1, std::memory_order_relaxed);
-    pending->message = IncomingMessage{};  // still the caller's
-    delete pending;
-  }
-  return read;
+  return PostPull(connection, sink,
+                  new PendingPull{message, std::move(payload), nullptr, nullptr}, pulling_);
 }
 
 absl::Status RpcConnection::StartPullInto(transport::Connection& connection,
@@ -320,18 +328,9 @@ absl::Status RpcConnection::StartPullInto(transport::Connection& connection,
   const uint32_t size = message.header.bulk_size;
   const transport::BulkSource sink{destination.data(), size,
                                    BulkAccess::registration(destination)->lkey()};
-  auto* pending = new PendingPull{message, nullptr, destination.data(), landing};
-  pulling_.fetch_add(1, std::memory_order_relaxed);
-  absl::Status read =
-      connection.ReadBulk(sink, transport::RemoteRange{message.pull->addr, message.pull->rkey},
-                          reinterpret_cast<uintptr_t>(pending) | kPullTag);
-  if (!read.ok()) {
-    pulling_.fetch_sub(1, std::memory_order_relaxed);
-    pending->message = IncomingMessage{};  // still the caller's
-    delete pending;
-    landing->Released();  // nothing was posted
-  }
-  return read;
+  return PostPull(connection, sink,
+                  new PendingPull{message, nullptr, destination.data(), std::move(landing)},
+                  pulling_);
 }
 
 void RpcConnection::Unexpose(uint64_t call_id) {
