@@ -84,9 +84,10 @@ greeter() {
 }
 
 object_store() {
-  start_server object_store_server --listen "$host:0" || return
+  start_server object_store_server --listen "$host:0" --arena 1M --max-bulk 4M || return
   local size
-  # 1 MiB (the default), then exactly the server's arena (4 MiB, the default).
+  # 1 MiB (the default: exactly the server's arena, written there), then 4 MiB (pulled by the
+  # server, and exactly its --max-bulk).
   for size in 1M 4M; do
     run_client 0 object_store_client --connect "$host:$port" --size "$size"
     [[ "$(tail -n 1 "$tmp/client.out")" == ok ]] || junit_problem "object_store_client --size $size did not end with \"ok\""
@@ -94,13 +95,13 @@ object_store() {
       grep -q "^$step " "$tmp/client.out" || junit_problem "object_store_client --size $size printed no \"$step\" line"
     done
   done
-  # 64 bytes more than the server's arena: refused, and the client says why.
+  # 64 bytes more than the server's --max-bulk: refused, and the client says why.
   run_client 1 object_store_client --connect "$host:$port" --size $(((4 << 20) + 64)) --name too-big
-  grep -q 'INVALID_ARGUMENT' "$tmp/client.err" || junit_problem "a payload larger than the server's arena was not refused with INVALID_ARGUMENT"
+  grep -q 'RESOURCE_EXHAUSTED.*max_bulk_size' "$tmp/client.err" || junit_problem "a payload larger than the server's --max-bulk was not refused with RESOURCE_EXHAUSTED naming max_bulk_size"
   stop_server object_store_server
 }
 
 junit_scenario "greeter: a client's calls answered, SIGTERM stops the server, then the client fails with exit 1" greeter
-junit_scenario "object store: 1 MiB and arena-sized objects round trip byte for byte, a larger one is refused" object_store
+junit_scenario "object store: arena-sized and pulled objects round trip byte for byte, one past --max-bulk is refused" object_store
 
 junit_finish

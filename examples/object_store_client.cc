@@ -31,9 +31,9 @@ constexpr char kUsage[] =
     "usage: object_store_client --connect ADDR:PORT [--size BYTES] [--arena BYTES] [--name KEY]\n"
     "  --connect ADDR:PORT  the server (what object_store_server printed after \"listening on\")\n"
     "  --size BYTES         the object's size, up to 1G, with an optional K, M or G suffix\n"
-    "                       (default 1M); the server refuses one larger than its --arena\n"
-    "  --arena BYTES        this client's receive arena, which bounds the largest payload the\n"
-    "                       server can send back: a multiple of 64 up to 1G (default 4M)\n"
+    "                       (default 1M); the server refuses one larger than its --max-bulk\n"
+    "  --arena BYTES        this client's receive arena: answers' payloads up to it are written\n"
+    "                       there, larger ones pulled; a multiple of 64 up to 1G (default 4M)\n"
     "  --name KEY           the object's name (default \"example\")\n";
 
 // Generous for a large payload on an emulated device (Soft-RoCE moves tens of MiB/s).
@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
     size = *n;
   }
   zrpc::ChannelOptions options;
-  // The Get and Transform responses' payloads land in this arena: it must hold the object.
+  // The Get and Transform responses' payloads up to this arena land in it; larger ones are pulled.
   options.connection.arena_size = 4 << 20;
   if (const std::string* text = args.Find("arena")) {
     std::optional<uint64_t> arena = cli::ParseBytes(*text, 64, uint64_t{1} << 30);

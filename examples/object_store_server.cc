@@ -1,7 +1,7 @@
 // object_store_server: serves zrpc.examples.ObjectStore (proto/examples/object_store.proto),
 // asynchronous form, keeping the objects in memory.
 //
-//   object_store_server [--listen ADDR:PORT] [--threads N] [--arena BYTES]
+//   object_store_server [--listen ADDR:PORT] [--threads N] [--arena BYTES] [--max-bulk BYTES]
 //
 // Put, Get and Stat finish their call inside the handler; Transform hands its call to a worker
 // thread, which finishes it later: the shape of a handler that waits for I/O or another service.
@@ -32,12 +32,15 @@ using InfoCall = zrpc::PendingCall<ObjectKey, ObjectInfo>;
 
 constexpr char kUsage[] =
     "usage: object_store_server [--listen ADDR:PORT] [--threads N] [--arena BYTES]\n"
+    "                           [--max-bulk BYTES]\n"
     "  --listen ADDR:PORT  an address of the RDMA device and a port (0: any free one);\n"
     "                      default: the device's address (ZRPC_RDMA_ADDR), port 7471\n"
     "  --threads N         handler threads, 1 to 256 (default 4)\n"
-    "  --arena BYTES       each connection's receive arena, which bounds the largest payload a\n"
-    "                      client can Put or Transform: a multiple of 64 up to 1G, with an\n"
-    "                      optional K, M or G suffix (default 4M)\n";
+    "  --arena BYTES       each connection's receive arena: payloads up to it are written there,\n"
+    "                      larger ones pulled by RDMA READ; a multiple of 64 up to 1G, with an\n"
+    "                      optional K, M or G suffix (default 4M)\n"
+    "  --max-bulk BYTES    the largest payload a client can Put or Transform, up to 4G - 1\n"
+    "                      (default 1G): a larger one is refused with RESOURCE_EXHAUSTED\n";
 
 // Runs Transform calls on a thread of its own, one after the other.
 class TransformWorker {
@@ -165,16 +168,23 @@ class ObjectStoreImpl final : public ObjectStore::AsyncService {
 
 int main(int argc, char** argv) {
   zrpc::examples::cli::CommandLine args("object_store_server", kUsage);
-  if (!args.Parse(argc, argv, {"listen", "threads", "arena"})) return args.exit_code();
+  if (!args.Parse(argc, argv, {"listen", "threads", "arena", "max-bulk"})) {
+    return args.exit_code();
+  }
   zrpc::ServerOptions options;
   if (auto error = zrpc::examples::ApplyServerFlags(args, &options)) return args.UsageError(*error);
-  // Bulk payloads land in the receive arena of their connection: a larger one is refused with
-  // INVALID_ARGUMENT, so the arena bounds what a client can Put or Transform.
+  // Bulk payloads up to the arena are written into it by the client; larger ones, up to
+  // max_bulk_size, the server pulls by RDMA READ (rpc/WIRE.md).
   options.listener.connection.arena_size = 4 << 20;
   if (const std::string* text = args.Find("arena")) {
     std::optional<uint64_t> arena = zrpc::examples::cli::ParseBytes(*text, 64, uint64_t{1} << 30);
     if (!arena || *arena % 64 != 0) return args.UsageError("bad --arena " + *text);
     options.listener.connection.arena_size = static_cast<uint32_t>(*arena);
+  }
+  if (const std::string* text = args.Find("max-bulk")) {
+    std::optional<uint64_t> max = zrpc::examples::cli::ParseBytes(*text, 1, UINT32_MAX);
+    if (!max) return args.UsageError("bad --max-bulk " + *text);
+    options.max_bulk_size = *max;
   }
 
   // First, before any thread starts (the store's worker is one): every thread inherits the

@@ -48,6 +48,8 @@ done
 expect_usage 2 object_store_server --arena 100
 expect_usage 2 object_store_server --arena 2G
 expect_usage 2 object_store_server --arena 0
+expect_usage 2 object_store_server --max-bulk 0
+expect_usage 2 object_store_server --max-bulk 4G
 
 for client in greeter_client object_store_client; do
   expect_usage 2 "$client"

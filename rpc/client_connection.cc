@@ -237,7 +237,7 @@ void ClientConnection::OnMessage(transport::Connection& connection,
       static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
       if (std::optional<ClientCall> call = calls_.Take(id)) {
         call->End(absl::Status(pulling.code(),
-                               absl::StrCat(call->method->full_name, ": the response's ",
+                               absl::StrCat(call->method->full_name, ": response: ",
                                             pulling.message())));
       }
     }

@@ -214,7 +214,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     // Larger than this side's arena: pulled first, then served like any request (OnPulled).
     if (absl::Status pulling = StartPull(connection, request); !pulling.ok()) {
       return answer_error(absl::Status(
-          pulling.code(), absl::StrCat(method.full_name, ": the request's ", pulling.message())));
+          pulling.code(), absl::StrCat(method.full_name, ": request: ", pulling.message())));
     }
     return;
   }
