@@ -235,11 +235,6 @@ class CallTable {
     absl::MutexLock lock(&mu_);
     return index_.size();
   }
-  // Whether `id` is a call in flight now (it may end the moment after).
-  bool Contains(uint64_t id) const {
-    absl::MutexLock lock(&mu_);
-    return index_.Live(id);
-  }
   uint32_t capacity() const {
     absl::MutexLock lock(&mu_);
     return index_.capacity();

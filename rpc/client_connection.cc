@@ -16,19 +16,17 @@ namespace zrpc::internal {
 const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false};
 
 void ClientCall::End(absl::Status status) {
-  if (std::shared_ptr<BulkGate> payload = std::move(gate)) {
-    payload->End();  // a payload exposed for the server to pull is withdrawn first
-    payload->AfterRelease([call = std::move(*this), status = std::move(status)]() mutable {
-      call.End(std::move(status));
-    });
-    return;
-  }
-  if (std::shared_ptr<BulkGate> landing_gate = std::move(landing)) {
-    landing_gate->End();  // no READ into the destination starts from here on
-    landing_gate->AfterRelease([call = std::move(*this), status = std::move(status)]() mutable {
-      call.End(std::move(status));
-    });
-    return;
+  // The request payload's gate, then the destination's: End withdraws a payload exposed for the
+  // server to pull, and lets no READ into the destination start; the ending waits for what
+  // is still under way, then comes back here for the next gate.
+  for (std::shared_ptr<BulkGate>* pending : {&gate, &landing}) {
+    if (std::shared_ptr<BulkGate> held = std::move(*pending)) {
+      held->End();
+      held->AfterRelease([call = std::move(*this), status = std::move(status)]() mutable {
+        call.End(std::move(status));
+      });
+      return;
+    }
   }
   if (metrics != nullptr) metrics->OnFinish(status.code(), MonotonicNow() - start);
   done(std::move(status));
@@ -202,13 +200,6 @@ void ClientConnection::OnMessage(transport::Connection& connection,
   }
   if (incoming->pull) {
     const uint64_t id = incoming->header.call_id;
-    if (!calls_.Contains(id)) {
-      // Late: its call already ended. Nothing is pulled; the server stops exposing it.
-      owner_.CountLateResponse();
-      Discard(connection, *incoming);
-      static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
-      return;
-    }
     BulkDestination destination;
     std::shared_ptr<BulkGate> landing;
     const bool live = calls_.Visit(id, [&](ClientCall& call) {
@@ -217,7 +208,8 @@ void ClientConnection::OnMessage(transport::Connection& connection,
     });
     absl::Status pulling;
     if (!live || (landing && !landing->Begin())) {
-      // Ended meanwhile (its deadline, a cancel): late, as above.
+      // Late: its call already ended (deadline, cancel). Nothing is pulled; the server stops
+      // exposing it.
       owner_.CountLateResponse();
       Discard(connection, *incoming);
       static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));

@@ -372,6 +372,17 @@ uint64_t WireTimeout(absl::Time deadline) {
   return deadline == absl::InfiniteFuture() ? 0 : TimeoutToWire(deadline, MonotonicNow());
 }
 
+// Writes `header` into the send buffer at `out`, with `flags` and a payload of `bulk_size`
+// bytes, and (a request) the time left until `deadline`, taken now: every way a message goes
+// calls this last, after its payload is staged, registered or exposed.
+void EncodeForSend(RpcHeader header, uint8_t flags, uint32_t bulk_size, absl::Time deadline,
+                   uint8_t* out) {
+  header.flags |= flags;
+  header.bulk_size = bulk_size;
+  if (header.kind == RpcKind::kRequest) header.timeout_us = WireTimeout(deadline);
+  EncodeRpcHeader(header, out);
+}
+
 // The most staging one connection may hold: its peer's arena, rounded up to a staging buffer,
 // so any payload the peer can take fits when nothing else of the connection is staged.
 size_t StagingQuota(const transport::Connection& connection) {
@@ -382,12 +393,9 @@ size_t StagingQuota(const transport::Connection& connection) {
 struct SideOptions {
   const char* name;   // "client", "server"
   const char* slots;  // the option behind its receive (and send) slot size
-  const char* arena;  // the option behind its arena
 };
-constexpr SideOptions kClientSide = {"client", "ChannelOptions::slots.slot_size",
-                                     "ChannelOptions::connection.arena_size"};
-constexpr SideOptions kServerSide = {"server", "ServerOptions::slots.slot_size",
-                                     "ServerOptions::listener.connection.arena_size"};
+constexpr SideOptions kClientSide = {"client", "ChannelOptions::slots.slot_size"};
+constexpr SideOptions kServerSide = {"server", "ServerOptions::slots.slot_size"};
 
 }  // namespace
 
@@ -442,8 +450,7 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
     }
     return StageAndSend(connection, buffer, header, body_size, std::move(bulk), deadline);
   }
-  if (header.kind == RpcKind::kRequest) header.timeout_us = WireTimeout(deadline);
-  EncodeRpcHeader(header, buffer.data);
+  EncodeForSend(header, 0, 0, deadline, buffer.data);
   absl::MutexLock lock(&send_mu_);
   return connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size), 0);
 }
@@ -482,10 +489,7 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
   source->count = &exposed_count_;  // the connection outlives it: OnClosed drops what it holds
   exposed_count_.fetch_add(1, std::memory_order_relaxed);
   EncodePullDescriptor(descriptor, Body(buffer) + body_size);
-  header.flags |= kRpcFlagBulk | kRpcFlagPull;
-  header.bulk_size = size;
-  if (header.kind == RpcKind::kRequest) header.timeout_us = WireTimeout(deadline);
-  EncodeRpcHeader(header, buffer.data);
+  EncodeForSend(header, kRpcFlagBulk | kRpcFlagPull, size, deadline, buffer.data);
   if (gate != nullptr) {
     if (!gate->Hold(source)) {
       // The call ended while this was prepared: withdraw (source destroyed on return).
@@ -502,14 +506,14 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
     }
   }
   staging_.NoteZeroCopy(size);
-  absl::MutexLock lock(&send_mu_);
-  absl::Status sent = connection.Send(
-      buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size + PullDescriptor::kSize), 0);
-  if (!sent.ok() && gate == nullptr) {
-    absl::MutexLock exposed_lock(&exposed_mu_);
-    source = std::move(exposed_[header.call_id]);  // destroyed on return, outside the locks
-    exposed_.erase(header.call_id);
+  absl::Status sent;
+  {
+    absl::MutexLock lock(&send_mu_);
+    sent = connection.Send(
+        buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size + PullDescriptor::kSize), 0);
   }
+  // Never sent: nobody will pull it (a client's gate drops it when its call ends).
+  if (!sent.ok() && gate == nullptr) Unexpose(header.call_id);
   return sent;
 }
 
@@ -519,34 +523,41 @@ absl::Status RpcConnection::SendZeroCopy(transport::Connection& connection,
                                          absl::Time deadline, BulkGate* gate) {
   const transport::BulkSource source{bulk.data(), static_cast<uint32_t>(bulk.size()),
                                      BulkAccess::registration(bulk)->lkey()};
-  header.flags |= kRpcFlagBulk;
-  header.bulk_size = source.size;
-  if (header.kind == RpcKind::kRequest) header.timeout_us = WireTimeout(deadline);
-  EncodeRpcHeader(header, buffer.data);
+  EncodeForSend(header, kRpcFlagBulk, source.size, deadline, buffer.data);
   auto* record = new ZeroCopySend{std::move(bulk)};
   const uint64_t token = reinterpret_cast<uintptr_t>(record) | kZeroCopyTag;
-  absl::Status written;
+  bool written;
+  absl::Status sent;
   {
     absl::MutexLock lock(&send_mu_);
     if (gate != nullptr) {
       absl::MutexLock gate_lock(&gate->mu_);
       if (!gate->released_) gate->token_ = token;
     }
-    // From here the record is the transport's: OnSendDone frees it, also when the WRITE fails
-    // later or is flushed.
-    written = connection.WriteBulk(source, token);
-    if (written.ok()) {
-      absl::Status sent =
-          connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size), 0);
-      // The payload is posted and its message is not: the peer would pair the payload with
-      // the next message. Nothing on this connection can be trusted to pair any more.
-      if (!sent.ok()) connection.Close();
-      return sent;
-    }
+    // Once written, the record is the transport's: OnSendDone frees it, also when the WRITE
+    // fails later or is flushed.
+    sent = WriteThenSendLocked(connection, source, token, buffer, body_size, &written);
   }
-  connection.ReleaseSendBuffer(buffer);
-  delete record;  // outside the send lock: the release may end a call, whose callback may send
-  return written;
+  if (!written) {
+    connection.ReleaseSendBuffer(buffer);
+    delete record;  // outside the send lock: the release may end a call, whose callback sends
+  }
+  return sent;
+}
+
+absl::Status RpcConnection::WriteThenSendLocked(transport::Connection& connection,
+                                                const transport::BulkSource& source,
+                                                uint64_t token,
+                                                const transport::SendBuffer& buffer,
+                                                size_t body_size, bool* written) {
+  absl::Status status = connection.WriteBulk(source, token);
+  *written = status.ok();
+  if (!*written) return status;
+  status = connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size), 0);
+  // The payload is posted and its message is not: the peer would pair the payload with the
+  // next message. Nothing on this connection can be trusted to pair any more.
+  if (!status.ok()) connection.Close();
+  return status;
 }
 
 void RpcConnection::Withdraw(transport::Connection& connection, uint64_t call_id,
@@ -596,31 +607,25 @@ absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
   StagingPool::Buffer* staged = *acquired;
   std::memcpy(staged->data, bulk.data(), bulk.size());
   staging_.NoteStaged(bulk.size());
-  header.flags |= kRpcFlagBulk;
-  header.bulk_size = static_cast<uint32_t>(bulk.size());
+  const auto bulk_size = static_cast<uint32_t>(bulk.size());
   bulk.Reset();  // the bytes are in staging memory: the caller may reuse them from here on
   // A request's remaining time is taken now, after the staging, not when the call began.
-  if (header.kind == RpcKind::kRequest) header.timeout_us = WireTimeout(deadline);
-  EncodeRpcHeader(header, buffer.data);
+  EncodeForSend(header, kRpcFlagBulk, bulk_size, deadline, buffer.data);
 
-  absl::MutexLock lock(&send_mu_);
-  // From here the staging buffer is the transport's: OnSendDone gives it (and its quota) back,
-  // also when the WRITE fails later or is flushed.
-  absl::Status written = connection.WriteBulk(
-      transport::BulkSource{staged->data, header.bulk_size, staged->lkey},
-      reinterpret_cast<uintptr_t>(staged));
-  if (!written.ok()) {
+  bool written;
+  absl::Status sent;
+  {
+    absl::MutexLock lock(&send_mu_);
+    // Once written, the staging buffer is the transport's: OnSendDone gives it (and its quota)
+    // back, also when the WRITE fails later or is flushed.
+    sent = WriteThenSendLocked(connection,
+                               transport::BulkSource{staged->data, bulk_size, staged->lkey},
+                               reinterpret_cast<uintptr_t>(staged), buffer, body_size, &written);
+  }
+  if (!written) {
     staging_.Release(staged);
     ReturnQuota(capacity);
     connection.ReleaseSendBuffer(buffer);
-    return written;
-  }
-  absl::Status sent =
-      connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size), 0);
-  if (!sent.ok()) {
-    // The payload is posted and its message is not: the peer would pair the payload with the
-    // next message. Nothing on this connection can be trusted to pair any more.
-    connection.Close();
   }
   return sent;
 }

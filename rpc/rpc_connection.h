@@ -111,7 +111,7 @@ struct IncomingMessage {
 // it outlives its server or channel when they do.
 class PullBudget {
  public:
-  // `side` and the option names are for the errors ("ServerOptions::max_bulk_size").
+  // The option names are for the errors ("ServerOptions::max_bulk_size").
   PullBudget(uint64_t max_bulk_size, uint64_t budget, std::string max_option,
              std::string budget_option)
       : max_bulk_size_(max_bulk_size),
@@ -316,6 +316,14 @@ class RpcConnection : public transport::ConnectionHandler {
                             const transport::SendBuffer& buffer, RpcHeader header,
                             size_t body_size, OutgoingBulk bulk, absl::Time deadline,
                             BulkGate* gate);
+  // Posts a payload's WRITE (`token` for its OnSendDone) and then its message, under the send
+  // lock so nothing comes between them. `*written` false: the WRITE was refused and nothing was
+  // posted (the caller still owns the buffer and what the token names). A message refused after
+  // its payload closes the connection: the peer could not pair anything any more.
+  absl::Status WriteThenSendLocked(transport::Connection& connection,
+                                   const transport::BulkSource& source, uint64_t token,
+                                   const transport::SendBuffer& buffer, size_t body_size,
+                                   bool* written) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
   // Stages `bulk` (its quota already taken), then posts it and its message. Errors as
   // SendMessage's; the quota is given back on failure.
   absl::Status StageAndSend(transport::Connection& connection,

@@ -329,6 +329,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::Status PostReadLocked(const Waiting& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PostSendWrLocked(ibv_send_wr& wr, uint32_t slot, uint64_t token, bool report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when the connection is open and fewer than max_waiting operations wait; else why not.
+  absl::Status CanEnqueueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EnqueueLocked(const Waiting& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSendCreditFrameLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RepostRecvLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -96,14 +96,8 @@ absl::Status Connection::ReadBulk(const BulkSource& sink, const RemoteRange& rem
   if (sink.size == 0) return absl::InvalidArgumentError("ReadBulk: an empty sink");
   const uint32_t piece = std::max<uint32_t>(device_.selection().max_msg_size, 1u << 16);
   absl::MutexLock lock(&mu_);
-  if (state_ != State::kOpen) {
-    return absl::UnavailableError(absl::StrCat("connection to ", peer_address_, " is closed"));
-  }
   // One operation however many pieces it takes (they cannot outnumber its bytes by much).
-  if (waiting_.size() >= options_.max_waiting) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        options_.max_waiting, " operations already wait for credits on this connection"));
-  }
+  if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
   for (uint32_t offset = 0; offset < sink.size; offset += piece) {
     const uint32_t length = std::min(piece, sink.size - offset);
     Waiting op{Waiting::kRead, SlotPool::kNoSlot, 0,
@@ -135,7 +129,7 @@ bool Connection::WithdrawBulk(uint64_t token) {
   return false;
 }
 
-absl::Status Connection::EnqueueLocked(const Waiting& op) {
+absl::Status Connection::CanEnqueueLocked() const {
   if (state_ != State::kOpen) {
     return absl::UnavailableError(absl::StrCat(
         "connection to ", peer_address_, " is closed", error_.ok() ? "" : ": ",
@@ -145,6 +139,11 @@ absl::Status Connection::EnqueueLocked(const Waiting& op) {
     return absl::ResourceExhaustedError(absl::StrCat(
         options_.max_waiting, " operations already wait for credits on this connection"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Connection::EnqueueLocked(const Waiting& op) {
+  if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
   waiting_.push_back(op);
   PumpLocked();
   if (!waiting_.empty()) ++stats_.waited;  // this one could not go at once

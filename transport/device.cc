@@ -268,20 +268,23 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(const DeviceConfig& config,
 
 Device::~Device() = default;
 
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::Register(const void* data, size_t size,
+                                                               int access, const char* what) {
+  MrOwner mr(ibv_reg_mr(pd_.get(), const_cast<void*>(data), size, access));
+  if (mr == nullptr) {
+    return VerbsError(absl::StrCat("ibv_reg_mr(", size, " bytes", what, ")"), errno);
+  }
+  return std::unique_ptr<MemoryRegion>(new MemoryRegion(std::move(mr)));
+}
+
 absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::RegisterMemory(const void* data,
                                                                      size_t size) {
-  MrOwner mr(ibv_reg_mr(pd_.get(), const_cast<void*>(data), size, IBV_ACCESS_LOCAL_WRITE));
-  if (mr == nullptr) return VerbsError(absl::StrCat("ibv_reg_mr(", size, " bytes)"), errno);
-  return std::unique_ptr<MemoryRegion>(new MemoryRegion(std::move(mr)));
+  return Register(data, size, IBV_ACCESS_LOCAL_WRITE, "");
 }
 
 absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::RegisterForRemoteRead(const void* data,
                                                                             size_t size) {
-  MrOwner mr(ibv_reg_mr(pd_.get(), const_cast<void*>(data), size, IBV_ACCESS_REMOTE_READ));
-  if (mr == nullptr) {
-    return VerbsError(absl::StrCat("ibv_reg_mr(", size, " bytes, remote read)"), errno);
-  }
-  return std::unique_ptr<MemoryRegion>(new MemoryRegion(std::move(mr)));
+  return Register(data, size, IBV_ACCESS_REMOTE_READ, ", remote read");
 }
 
 }  // namespace zrpc::transport

@@ -95,6 +95,9 @@ class Device {
 
  private:
   Device() = default;
+  // ibv_reg_mr with `access`; `what` qualifies the call in the error (", remote read").
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(const void* data, size_t size,
+                                                         int access, const char* what);
   DeviceSelection selection_;
   DeviceListOwner devices_;
   ibv_context* context_ = nullptr;  // one of devices_, owned by librdmacm

@@ -22,6 +22,7 @@
 #include "proto/examples/object_store.zrpc.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
+#include "tests/eventually.h"
 #include "tests/rdma_device.h"
 #include "tests/rpc/sleepy_greeter.h"
 
@@ -234,16 +235,7 @@ class SinkStore : public zrpc::examples::ObjectStore::Service {
   }
 };
 
-// Waits up to `timeout` for `done`, polling.
-template <typename F>
-bool Eventually(F done, absl::Duration timeout) {
-  const absl::Time until = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > until) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
+using zrpc::testing::Eventually;
 
 TEST_CASE("a client process killed while the server pulls its payload: the server frees the "
           "pulled memory and serves another client") {

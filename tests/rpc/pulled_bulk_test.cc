@@ -19,6 +19,7 @@
 #include "rpc/channel.h"
 #include "rpc/registered_memory.h"
 #include "rpc/server.h"
+#include "tests/eventually.h"
 #include "tests/pattern.h"
 #include "tests/rdma_device.h"
 #include "tests/rpc/runtime_fixture.h"
@@ -31,6 +32,7 @@ using zrpc::examples::ObjectInfo;
 using zrpc::examples::ObjectKey;
 using zrpc::examples::ObjectStore;
 using zrpc::examples::PutReply;
+using zrpc::testing::Eventually;
 using zrpc::testing::Filled;
 using zrpc::testing::Key;
 using zrpc::testing::kLong;
@@ -73,17 +75,6 @@ class Store : public zrpc::testing::KeepingStore {
   absl::Mutex patterns_mu_;
   std::map<std::string, std::shared_ptr<const std::string>> patterns_;
 };
-
-// Waits up to 30 s for `done`, polling.
-template <typename F>
-bool Eventually(F done) {
-  const absl::Time until = absl::Now() + absl::Seconds(30);
-  while (!done()) {
-    if (absl::Now() > until) return false;
-    absl::SleepFor(absl::Microseconds(200));
-  }
-  return true;
-}
 
 // Where two strings first differ, for a readable failure.
 std::string FirstDifference(absl::string_view a, absl::string_view b) {
@@ -366,7 +357,9 @@ TEST_CASE("a call that ends while its answer lands in the caller's buffer return
     status = std::move(s);
     done.Notify();
   });
-  REQUIRE(Eventually([&] { return served.channel->stats().bulk_reads_in_flight > 0; }));
+  // Polled tightly: the READ lasts only milliseconds here.
+  REQUIRE(Eventually([&] { return served.channel->stats().bulk_reads_in_flight > 0; },
+                     absl::Seconds(30), absl::Microseconds(200)));
   options.cancellation->Cancel();
   const absl::Time cancelled = absl::Now();
   REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
