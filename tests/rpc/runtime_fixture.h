@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <chrono>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "proto/examples/greeter.zrpc.h"
 #include "proto/examples/object_store.zrpc.h"
 #include "rpc/channel.h"
@@ -61,7 +63,14 @@ class TestGreeter : public Greeter::Service {
       int ms = std::stoi(name.substr(6));
       // On the steady clock, so that a test stepping the wall clock does not cut it short.
       const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-      while (std::chrono::steady_clock::now() < until) absl::SleepFor(absl::Milliseconds(2));
+      // In slices of up to 20 ms: dozens of handlers waking every 2 ms starved the poller of
+      // a 2-vCPU emulated guest under ASan, so a 200 ms keepalive ping went unanswered
+      // (load_test's blocking-handlers case failed once that way).
+      for (auto now = std::chrono::steady_clock::now(); now < until;
+           now = std::chrono::steady_clock::now()) {
+        absl::SleepFor(absl::FromChrono(std::min<std::chrono::steady_clock::duration>(
+            until - now, std::chrono::milliseconds(20))));
+      }
       if (context.IsCancelled()) saw_cancelled_.fetch_add(1);
     }
     reply->set_message("Hello, " + name);
