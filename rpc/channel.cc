@@ -31,9 +31,13 @@ namespace {
 
 // What AcquireSendSlot hands to StartUnaryCall through SendSlot::token: the connection the slot
 // belongs to (a slot must be sent, or given back, on the connection it was taken from).
+// A request too large for the slot is serialized into `large` instead (the slot then carries
+// only the header: WIRE.md, "Messages larger than a slot").
 struct SlotTicket {
   std::shared_ptr<ClientConnection> connection;
   transport::SendBuffer buffer;
+  uint8_t* large = nullptr;  // malloc'd; freed by the OutgoingBulk it becomes, or the ticket
+  ~SlotTicket() { std::free(large); }
 };
 
 // Set on every channel's timer thread, where deadline and keepalive callbacks run.
@@ -132,7 +136,7 @@ class ChannelCore final : public ClientConnectionOwner {
 
   std::atomic<uint64_t> attempts_{0};
   std::atomic<uint64_t> failures_{0};
-  std::atomic<uint64_t> max_message_{0};       // ChannelStats::max_message_size
+  std::atomic<uint64_t> max_message_{0};       // ChannelStats::max_slot_message
   std::atomic<bool> slot_mismatch_said_{false};  // the slot-size warning, once per channel
   std::atomic<uint64_t> lost_{0};
   std::atomic<uint64_t> expired_{0};
@@ -145,9 +149,8 @@ absl::Status ChannelCore::Init() {
   if (!device.ok()) return device.status();
   device_ = *std::move(device);
   staging_ = std::make_unique<StagingPool>(*device_, options_.staging_bytes);
-  pulls_ = std::make_shared<PullBudget>(options_.max_bulk_size, options_.max_pulled_bytes,
-                                        "ChannelOptions::max_bulk_size",
-                                        "ChannelOptions::max_pulled_bytes");
+  pulls_ = std::make_shared<PullBudget>(options_.max_message_size, options_.max_bulk_size,
+                                        options_.max_pulled_bytes, "ChannelOptions");
   transport::PollerOptions poller_options;
   poller_options.mode = options_.poll_mode;
   for (int i = 0; i < options_.pollers; ++i) {
@@ -410,13 +413,14 @@ void ChannelCore::NoteMessageLimit(const transport::Connection& connection) {
   // an operator sees it before the first message that does not fit (whose error says it too).
   ZRPC_LOG(kWarning, "client", "connected to ", target_, ": its receive slots are ", peer,
            " bytes (ServerOptions::slots.slot_size), this channel's ", own,
-           " (ChannelOptions::slots.slot_size); messages carry at most ", max,
-           " bytes both ways, set by the smaller side: set both to the same size");
+           " (ChannelOptions::slots.slot_size); messages up to ", max,
+           " bytes go in a slot both ways, set by the smaller side, and larger ones as payloads "
+           "(slower): set both to the same size");
 }
 
 ChannelStats ChannelCore::stats() const {
   ChannelStats stats;
-  stats.max_message_size = max_message_.load(std::memory_order_relaxed);
+  stats.max_slot_message = max_message_.load(std::memory_order_relaxed);
   stats.connect_attempts = attempts_.load(std::memory_order_relaxed);
   stats.connect_failures = failures_.load(std::memory_order_relaxed);
   stats.connections_lost = lost_.load(std::memory_order_relaxed);
@@ -529,6 +533,12 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");
   }
+  if (options.max_message_size == 0 || options.max_message_size > INT32_MAX ||
+      options.max_pulled_bytes < options.max_message_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ChannelOptions::max_message_size is ", options.max_message_size, " and max_pulled_bytes ",
+        options.max_pulled_bytes, ": the first must be in [1, 2 GiB - 1] and at most the second"));
+  }
   if (options.max_bulk_size == 0 || options.max_bulk_size > UINT32_MAX ||
       options.max_pulled_bytes < options.max_bulk_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -557,7 +567,7 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
       core_->Pick(options.deadline);
   if (!connection.ok()) return connection.status();
   transport::Connection& c = (*connection)->connection();
-  if (absl::Status fits = (*connection)->CheckBodyFits(c, size, "request"); !fits.ok()) {
+  if (absl::Status fits = (*connection)->limits().CheckMessage(size, "request"); !fits.ok()) {
     return fits;
   }
   // A slot frees when an earlier message's send completes: wait for one, up to the deadline,
@@ -569,8 +579,19 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
   for (int attempt = 0;; ++attempt) {
     absl::StatusOr<transport::SendBuffer> buffer = c.AcquireSendBuffer();
     if (buffer.ok()) {
-      auto* ticket = new internal::SlotTicket{*std::move(connection), *buffer};
-      return SendSlot{internal::RpcConnection::Body(*buffer), size,
+      // Larger than a slot: the request goes at the front of a payload, from memory of its
+      // own, and the slot carries the header.
+      uint8_t* large = nullptr;
+      if (!internal::RpcConnection::FitsSlot(c, size)) {
+        large = static_cast<uint8_t*>(std::malloc(size));
+        if (large == nullptr) {
+          c.ReleaseSendBuffer(*buffer);
+          return absl::ResourceExhaustedError(
+              absl::StrCat("out of memory for a ", size, "-byte request"));
+        }
+      }
+      auto* ticket = new internal::SlotTicket{*std::move(connection), *buffer, large};
+      return SendSlot{large != nullptr ? large : internal::RpcConnection::Body(*buffer), size,
                       reinterpret_cast<uintptr_t>(ticket)};
     }
     if (buffer.status().code() != absl::StatusCode::kResourceExhausted ||
@@ -639,8 +660,14 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
     call.destination = options.response_destination;
     call.landing = std::make_shared<internal::BulkGate>(/*held=*/false);
   }
-  ticket->connection->Start(state.service_id, ticket->buffer, slot.size, std::move(request_bulk),
-                            std::move(call), options);
+  OutgoingBulk large_body;
+  size_t body_size = slot.size;
+  if (uint8_t* large = std::exchange(ticket->large, nullptr)) {
+    large_body = OutgoingBulk(large, slot.size, [large] { std::free(large); });
+    body_size = 0;
+  }
+  ticket->connection->Start(state.service_id, ticket->buffer, body_size, std::move(large_body),
+                            std::move(request_bulk), std::move(call), options);
 }
 
 absl::Status ClientChannel::Connect(absl::Time deadline) { return core_->ConnectAll(deadline); }

@@ -82,6 +82,13 @@ struct ChannelOptions {
   transport::SlotPoolOptions slots;
   // Registered memory for staging request payloads (rpc/staging.h).
   size_t staging_bytes = size_t{64} << 20;
+  // The largest request or response message (serialized protobuf bytes) this side sends or
+  // takes, at most 2 GiB - 1 (protobuf's own bound). One that does not fit a message slot
+  // travels at the front of a bulk payload, written into the peer's arena or pulled from this
+  // side's memory like one (rpc/WIRE.md, "Messages larger than a slot"), with no option to set
+  // on either side; past this limit the call fails with RESOURCE_EXHAUSTED naming the option,
+  // before any byte moves (a sender's own limit) or before the message is read (a receiver's).
+  uint64_t max_message_size = uint64_t{4} << 20;
   // Bulk payloads larger than the peer's arena are pulled by this side with RDMA READ into
   // memory it allocates and registers per payload (rpc/WIRE.md, "Pulled payloads"): one is at
   // most max_bulk_size bytes (at most 4 GiB - 1), and all those pulled and not yet released at
@@ -112,10 +119,11 @@ struct ChannelStats {
   uint64_t late_responses = 0;
   uint64_t protocol_violations = 0;  // connections closed because the server broke the protocol
   absl::Duration backoff = absl::ZeroDuration();  // the current reconnection delay, if failing
-  // The largest request or response (serialized bytes) a message carries on the connection made
-  // last: the smaller of this channel's and the server's receive slots, less 40 bytes of headers
-  // (a mismatch is logged once, at connect, as a warning). 0 before the first connection.
-  uint64_t max_message_size = 0;
+  // The largest request or response (serialized bytes) that goes in a message slot on the
+  // connection made last: the smaller of this channel's and the server's receive slots, less 40
+  // bytes of headers (a mismatch is logged once, at connect, as a warning). Larger messages, up
+  // to ChannelOptions::max_message_size, travel as payloads. 0 before the first connection.
+  uint64_t max_slot_message = 0;
   // Request payload bytes copied into staging memory (from unregistered bytes), and those the
   // NIC sent straight from memory registered with RegisterMemory: an application whose payloads
   // should be zero-copy sees it here. staging_bytes_registered is the staging memory registered

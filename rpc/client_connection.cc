@@ -40,24 +40,29 @@ void ClientConnection::Attach(std::shared_ptr<transport::Connection> connection)
 }
 
 void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& buffer,
-                             size_t body_size, OutgoingBulk bulk, ClientCall call,
-                             const CallOptions& options) {
+                             size_t body_size, OutgoingBulk large_body, OutgoingBulk bulk,
+                             ClientCall call, const CallOptions& options) {
   // From here on the call's times are monotonic (monotonic.h): its deadline is converted once.
   const absl::Time now = MonotonicNow();
   call.start = now;
   if (call.metrics != nullptr) {
     call.metrics->OnStart();
-    call.metrics->AddMessageBytes(body_size, 0);
+    call.metrics->AddMessageBytes(body_size + large_body.size(), 0);
     call.metrics->AddBulkBytes(bulk.size(), 0);
   }
-  if (!bulk.empty()) {
-    call.gate = std::make_shared<BulkGate>();
-    BulkAccess::ChainRelease(bulk, [gate = call.gate] { gate->Released(); });
+  // The call ends only once the runtime reads neither its payload nor its large body.
+  const int held = (bulk.empty() ? 0 : 1) + (large_body.empty() ? 0 : 1);
+  if (held > 0) {
+    call.gate = std::make_shared<BulkGate>(held);
+    for (OutgoingBulk* part : {&bulk, &large_body}) {
+      if (!part->empty()) BulkAccess::ChainRelease(*part, [gate = call.gate] { gate->Released(); });
+    }
   }
   BulkGate* const gate = call.gate.get();  // the call (in the table) keeps it alive
   auto fail = [&](absl::Status status) {
     connection_->ReleaseSendBuffer(buffer);
     bulk.Reset();  // before done: the caller may reuse the bytes once it runs
+    large_body.Reset();
     call.End(std::move(status));
   };
   const absl::Time deadline = ToMonotonic(options.deadline, now);
@@ -81,9 +86,8 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
   RpcHeader request_header = RpcHeader::Request(service_id, method_index, *id, 0);
   if (pull_response) request_header.flags |= kRpcFlagPullResponse;
   // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
-  absl::Status sent = SendMessage(*connection_, buffer,
-                                  request_header, body_size,
-                                  std::move(bulk), deadline, gate);
+  absl::Status sent = SendMessage(*connection_, buffer, request_header, body_size,
+                                  std::move(bulk), std::move(large_body), deadline, gate);
   if (sent.ok()) {
     if (options.cancellation != nullptr) {
       // A stale id makes a late Cancel() harmless: the call may end (and its slot be reused by
@@ -147,7 +151,8 @@ void ClientConnection::Keepalive(absl::Duration timeout) {
   };
   CallOptions options;
   options.deadline = absl::Now() + timeout;
-  Start(kKeepaliveServiceId, *buffer, 0, OutgoingBulk(), std::move(ping), options);
+  Start(kKeepaliveServiceId, *buffer, 0, OutgoingBulk(), OutgoingBulk(), std::move(ping),
+        options);
 }
 
 void ClientConnection::OnPingDone(const absl::Status& status, absl::Duration timeout) {
@@ -198,7 +203,7 @@ void ClientConnection::OnMessage(transport::Connection& connection,
                                               static_cast<int>(kind),
                                               "; a client takes responses and errors"));
   }
-  if (incoming->pull) {
+  if (incoming->pulls()) {
     const uint64_t id = incoming->header.call_id;
     BulkDestination destination;
     std::shared_ptr<BulkGate> landing;
@@ -206,7 +211,6 @@ void ClientConnection::OnMessage(transport::Connection& connection,
       destination = call.destination;
       landing = call.landing;
     });
-    absl::Status pulling;
     if (!live || (landing && !landing->Begin())) {
       // Late: its call already ended (deadline, cancel). Nothing is pulled; the server stops
       // exposing it.
@@ -214,13 +218,17 @@ void ClientConnection::OnMessage(transport::Connection& connection,
       Discard(connection, *incoming);
       static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
       return;
+    }
+    absl::Status pulling = limits().CheckMessage(incoming->body_size(), "response");
+    if (pulling.ok() && landing && incoming->bulk_size() > destination.size()) {
+      pulling = absl::ResourceExhaustedError(absl::StrCat(
+          "a ", incoming->bulk_size(), "-byte payload does not fit the ", destination.size(),
+          "-byte CallOptions::response_destination; nothing was written"));
+    }
+    if (!pulling.ok()) {
+      if (landing) landing->Released();
     } else if (!landing) {
       pulling = StartPull(connection, *incoming);
-    } else if (incoming->header.bulk_size > destination.size()) {
-      landing->Released();
-      pulling = absl::ResourceExhaustedError(absl::StrCat(
-          "a ", incoming->header.bulk_size, "-byte payload does not fit the ",
-          destination.size(), "-byte CallOptions::response_destination; nothing was written"));
     } else {
       pulling = StartPullInto(connection, *incoming, destination, landing);
     }
@@ -272,6 +280,10 @@ void ClientConnection::Complete(transport::Connection& connection, IncomingMessa
     status = absl::InternalError(absl::StrCat(call.method->full_name,
                                               ": the response carries a bulk payload the "
                                               "method does not have"));
+  } else if (absl::Status fits = limits().CheckMessage(message.body.size(), "response");
+             !fits.ok()) {
+    status = absl::Status(fits.code(),
+                          absl::StrCat(call.method->full_name, ": ", fits.message()));
   } else if (message.body.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
              !call.response->ParseFromArray(message.body.data(),
                                             static_cast<int>(message.body.size()))) {

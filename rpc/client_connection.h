@@ -120,9 +120,11 @@ class ClientConnection final : public RpcConnection,
   // OnClosed has begun: the calls are failing or failed.
   bool closed() const { return closed_.load(std::memory_order_acquire); }
 
-  // Sends the request built in `buffer` (`body_size` bytes) for `call`; `call.done` runs once.
+  // Sends the request built in `buffer` (`body_size` bytes), or in `large_body` when it did not
+  // fit a slot (body_size 0 then), for `call`; `call.done` runs once.
   void Start(uint32_t service_id, const transport::SendBuffer& buffer, size_t body_size,
-             OutgoingBulk bulk, ClientCall call, const CallOptions& options);
+             OutgoingBulk large_body, OutgoingBulk bulk, ClientCall call,
+             const CallOptions& options);
   // Ends call `id` with CANCELLED and tells the server; nothing when the call already ended.
   void CancelCall(uint64_t id);
   // One keepalive pass (see the top of this file).

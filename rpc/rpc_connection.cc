@@ -47,25 +47,32 @@ struct PulledPayload {
   }
 };
 
-// A READ in flight: the message whose payload it pulls, and where the payload lands.
+// A READ in flight: the message whose payload it pulls, and where the payload lands: all of it
+// in `payload`, or (into the caller's destination) its large body, if any, in `payload` and its
+// bulk payload at `destination`.
 struct PendingPull {
   IncomingMessage message;
-  std::unique_ptr<PulledPayload> payload;  // null: into the caller's destination
+  std::unique_ptr<PulledPayload> payload;
   uint8_t* destination = nullptr;
-  std::shared_ptr<BulkGate> landing;       // released when the READ is done
+  std::shared_ptr<BulkGate> landing;  // released when the READ is done
 };
 // The handle of a payload pulled into the caller's own memory: releasing it gives nothing back.
 constexpr uint64_t kDestinationHandle = uint64_t{1} << 61;
 
-// Posts the READ of `pending`'s payload into `sink`, counted in `pulling`. On failure nothing
-// was posted: `pending` is freed (its landing released) and the message is still the caller's.
-absl::Status PostPull(transport::Connection& connection, const transport::BulkSource& sink,
-                      PendingPull* pending, std::atomic<uint32_t>& pulling) {
-  const PullDescriptor& remote = *pending->message.pull;
+// Posts the READs of `pending`'s payload, one per range the message names, into the `sinks`
+// (as many), counted in `pulling`. On failure nothing was posted: `pending` is freed (its
+// landing released) and the message is still the caller's.
+absl::Status PostPull(transport::Connection& connection,
+                      absl::Span<const transport::BulkSource> sinks, PendingPull* pending,
+                      std::atomic<uint32_t>& pulling) {
+  const MessageLayout& layout = pending->message.layout;
+  transport::Connection::ReadPart parts[2];
+  for (int i = 0; i < layout.pull_count; ++i) {
+    parts[i] = {sinks[i], transport::RemoteRange{layout.pulls[i].addr, layout.pulls[i].rkey}};
+  }
   pulling.fetch_add(1, std::memory_order_relaxed);
-  absl::Status read =
-      connection.ReadBulk(sink, transport::RemoteRange{remote.addr, remote.rkey},
-                          reinterpret_cast<uintptr_t>(pending) | kPullTag);
+  absl::Status read = connection.ReadBulk(absl::MakeConstSpan(parts, layout.pull_count),
+                                          reinterpret_cast<uintptr_t>(pending) | kPullTag);
   if (!read.ok()) {
     pulling.fetch_sub(1, std::memory_order_relaxed);
     if (pending->landing) pending->landing->Released();
@@ -82,13 +89,55 @@ ZeroCopySend* ZeroCopyRecord(uint64_t token) {
   return reinterpret_cast<ZeroCopySend*>(static_cast<uintptr_t>(token & ~kZeroCopyTag));
 }
 
+// Hands the parts of a message's payload, now in `payload` (written, or pulled whole), to the
+// message: the large body at its front, the bulk payload after it. The bulk payload holds the
+// memory when there is one (and with it the body, which is read first); else the body does.
+void SplitPayload(IncomingMessage& message, const transport::ReceivedBulk& payload) {
+  const uint32_t body = message.layout.payload_body;
+  if (body == 0) {
+    message.bulk = payload;
+    return;
+  }
+  message.body = absl::MakeConstSpan(payload.data, body);
+  if (payload.size > body) {
+    message.bulk = transport::ReceivedBulk{payload.data + body, payload.size - body, payload.handle};
+  } else {
+    message.body_payload = payload;
+  }
+}
+
+// Memory for a pulled payload of `size` bytes, registered on `device` and charged to `budget`
+// (which the caller took already: the record gives it back when it goes).
+absl::StatusOr<std::unique_ptr<PulledPayload>> AllocatePulled(
+    transport::Device& device, std::shared_ptr<PullBudget> budget, uint32_t size) {
+  auto payload = std::make_unique<PulledPayload>();
+  payload->budget = std::move(budget);  // from here its destructor gives the bytes back
+  payload->size = size;
+  constexpr size_t kPage = 4096;
+  const size_t pages = (size_t{size} + kPage - 1) / kPage;
+  payload->data = static_cast<uint8_t*>(std::aligned_alloc(kPage, pages * kPage));
+  if (payload->data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of memory for a ", size, "-byte payload"));
+  }
+  absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> region =
+      device.RegisterMemory(payload->data, size);
+  if (!region.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot receive a ", size,
+                                                     "-byte payload: ",
+                                                     region.status().message()));
+  }
+  payload->region = *std::move(region);
+  return payload;
+}
+
 }  // namespace
 
 void BulkGate::Released() {
   std::function<void()> then;
   {
     absl::MutexLock lock(&mu_);
-    released_ = true;
+    if (--held_ > 0) return;
     token_ = 0;
     then = std::move(then_);
   }
@@ -108,7 +157,7 @@ void BulkGate::End() {
 bool BulkGate::Begin() {
   absl::MutexLock lock(&mu_);
   if (ended_) return false;
-  released_ = false;
+  held_ = 1;
   return true;
 }
 
@@ -119,18 +168,25 @@ bool BulkGate::Hold(std::unique_ptr<ExposedPayload>& source) {
   return true;
 }
 
-absl::Status PullBudget::Take(uint64_t bytes) {
-  if (bytes > max_bulk_size_) {
+absl::Status PullBudget::CheckMessage(uint64_t size, absl::string_view what) const {
+  if (size <= max_message_size_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("a ", size, "-byte ", what, " exceeds the ",
+                                                   max_message_size_, " bytes ", side_,
+                                                   "::max_message_size allows"));
+}
+
+absl::Status PullBudget::Take(uint64_t bytes, uint64_t bulk_bytes) {
+  if (bulk_bytes > max_bulk_size_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "a ", bytes, "-byte bulk payload exceeds the ", max_bulk_size_, " bytes ", max_option_,
-        " allows"));
+        "a ", bulk_bytes, "-byte bulk payload exceeds the ", max_bulk_size_, " bytes ", side_,
+        "::max_bulk_size allows"));
   }
   uint64_t used = in_use_.load(std::memory_order_relaxed);
   do {
     if (used + bytes > budget_) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "no memory for a ", bytes, "-byte bulk payload: ", used, " of the ", budget_,
-          " bytes ", budget_option_, " allows are held by payloads pulled and not released"));
+          "no memory for a ", bytes, "-byte payload: ", used, " of the ", budget_, " bytes ",
+          side_, "::max_pulled_bytes allows are held by payloads pulled and not released"));
     }
   } while (!in_use_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
   return absl::OkStatus();
@@ -139,7 +195,7 @@ absl::Status PullBudget::Take(uint64_t bytes) {
 void BulkGate::AfterRelease(std::function<void()> then) {
   {
     absl::MutexLock lock(&mu_);
-    if (!released_) {
+    if (held_ > 0) {
       then_ = std::move(then);
       return;
     }
@@ -207,15 +263,21 @@ void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token
       return;
     }
     if (payload) {
-      message.bulk = transport::ReceivedBulk{payload->data, payload->size,
-                                             reinterpret_cast<uintptr_t>(payload.get()) |
-                                                 kPulledHandle};
+      const transport::ReceivedBulk pulled{
+          payload->data, payload->size,
+          reinterpret_cast<uintptr_t>(payload.get()) | kPulledHandle};
       payload.release();  // the handle owns it now
-    } else {
-      message.bulk =
-          transport::ReceivedBulk{destination, message.header.bulk_size, kDestinationHandle};
+      if (destination == nullptr) {
+        SplitPayload(message, pulled);
+      } else {
+        message.body = absl::MakeConstSpan(pulled.data, pulled.size);  // the large body alone
+        message.body_payload = pulled;
+      }
     }
-    message.pull.reset();
+    if (destination != nullptr && message.bulk_size() > 0) {
+      message.bulk = transport::ReceivedBulk{destination, message.bulk_size(), kDestinationHandle};
+    }
+    message.layout.pull_count = 0;
     OnPulled(connection, message);
     return;
   }
@@ -237,21 +299,17 @@ absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& co
       DecodeRpcHeader(absl::MakeConstSpan(message.data, message.size));
   std::optional<transport::ReceivedBulk> bulk = std::exchange(unpaired_, std::nullopt);
   absl::Status violation;
-  std::optional<PullDescriptor> pull;
+  absl::StatusOr<MessageLayout> layout;
+  if (header.ok()) layout = DecodeLayout(*header, absl::MakeConstSpan(message.data, message.size));
   if (!header.ok()) {
     violation = header.status();
+  } else if (!layout.ok()) {
+    violation = layout.status();
   } else if (header->pulls()) {
-    // The descriptor ends the body (DecodeRpcHeader checked it is there).
-    absl::StatusOr<PullDescriptor> descriptor = DecodePullDescriptor(absl::MakeConstSpan(
-        message.data + message.size - PullDescriptor::kSize, PullDescriptor::kSize));
-    if (!descriptor.ok()) {
-      violation = descriptor.status();
-    } else if (bulk) {
+    if (bulk) {
       violation = absl::FailedPreconditionError(
           absl::StrCat("a ", bulk->size, "-byte bulk payload was followed by call ",
                        header->call_id, ", which pulls its payload instead"));
-    } else {
-      pull = *descriptor;
     }
   } else if (header->has_bulk() && !bulk) {
     violation = absl::FailedPreconditionError(
@@ -274,12 +332,10 @@ absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& co
   }
   IncomingMessage incoming;
   incoming.header = *header;
-  incoming.body = absl::MakeConstSpan(
-      message.data + RpcHeader::kSize,
-      message.size - RpcHeader::kSize - (pull ? PullDescriptor::kSize : 0));
+  incoming.layout = *layout;
+  incoming.body = layout->body;
   incoming.handle = message.handle;
-  incoming.bulk = bulk;
-  incoming.pull = pull;
+  if (bulk) SplitPayload(incoming, *bulk);
   return incoming;
 }
 
@@ -293,43 +349,49 @@ void RpcConnection::Violation(transport::Connection& connection, absl::string_vi
 void RpcConnection::Discard(transport::Connection& connection, const IncomingMessage& message) {
   static_cast<void>(connection.Release(message.handle));
   if (message.bulk) ReleasePayload(connection, message.bulk->handle);
+  if (message.body_payload) ReleasePayload(connection, message.body_payload->handle);
 }
 
 absl::Status RpcConnection::StartPull(transport::Connection& connection,
                                       const IncomingMessage& message) {
   const uint32_t size = message.header.bulk_size;
-  if (absl::Status taken = pulls_->Take(size); !taken.ok()) return taken;
-  auto payload = std::make_unique<PulledPayload>();
-  payload->budget = pulls_;  // from here its destructor gives the bytes back
-  payload->size = size;
-  constexpr size_t kPage = 4096;
-  const size_t pages = (size_t{size} + kPage - 1) / kPage;
-  payload->data = static_cast<uint8_t*>(std::aligned_alloc(kPage, pages * kPage));
-  if (payload->data == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("out of memory for a ", size, "-byte bulk payload"));
-  }
-  absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> region =
-      device_->RegisterMemory(payload->data, size);
-  if (!region.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot receive a ", size, "-byte bulk payload: ", region.status().message()));
-  }
-  payload->region = *std::move(region);
-  const transport::BulkSource sink{payload->data, size, payload->region->lkey()};
-  return PostPull(connection, sink,
-                  new PendingPull{message, std::move(payload), nullptr, nullptr}, pulling_);
+  if (absl::Status taken = pulls_->Take(size, message.bulk_size()); !taken.ok()) return taken;
+  absl::StatusOr<std::unique_ptr<PulledPayload>> payload =
+      AllocatePulled(*device_, pulls_, size);
+  if (!payload.ok()) return payload.status();
+  // Two ranges (a large body and a bulk payload) land back to back, as one written payload.
+  const uint32_t lkey = (*payload)->region->lkey();
+  uint8_t* const data = (*payload)->data;
+  const uint32_t first = message.layout.pull_count == 2 ? message.layout.payload_body : size;
+  const transport::BulkSource sinks[2] = {{data, first, lkey},
+                                          {data + first, size - first, lkey}};
+  return PostPull(connection, sinks,
+                  new PendingPull{message, *std::move(payload), nullptr, nullptr}, pulling_);
 }
 
 absl::Status RpcConnection::StartPullInto(transport::Connection& connection,
                                           const IncomingMessage& message,
                                           const BulkDestination& destination,
                                           std::shared_ptr<BulkGate> landing) {
-  const uint32_t size = message.header.bulk_size;
-  const transport::BulkSource sink{destination.data(), size,
-                                   BulkAccess::registration(destination)->lkey()};
-  return PostPull(connection, sink,
-                  new PendingPull{message, nullptr, destination.data(), std::move(landing)},
+  // A large body lands in this side's memory, the bulk payload in the caller's.
+  std::unique_ptr<PulledPayload> body;
+  transport::BulkSource sinks[2];
+  int sink = 0;
+  if (const uint32_t body_size = message.layout.payload_body; body_size > 0) {
+    if (absl::Status taken = pulls_->Take(body_size, 0); !taken.ok()) return taken;
+    absl::StatusOr<std::unique_ptr<PulledPayload>> allocated =
+        AllocatePulled(*device_, pulls_, body_size);
+    if (!allocated.ok()) return allocated.status();
+    body = *std::move(allocated);
+    sinks[sink++] = {body->data, body_size, body->region->lkey()};
+  }
+  if (message.bulk_size() > 0) {
+    sinks[sink++] = {destination.data(), message.bulk_size(),
+                     BulkAccess::registration(destination)->lkey()};
+  }
+  return PostPull(connection, absl::MakeConstSpan(sinks, sink),
+                  new PendingPull{message, std::move(body), destination.data(),
+                                  std::move(landing)},
                   pulling_);
 }
 
@@ -356,6 +418,7 @@ void RpcConnection::DropPending(transport::Connection& connection) {
   for (Deferred& d : dropped) {
     connection.ReleaseSendBuffer(d.buffer);
     d.bulk.Reset();
+    d.large_body.Reset();
   }
   absl::flat_hash_map<uint64_t, std::unique_ptr<ExposedPayload>> exposed;
   {
@@ -389,44 +452,30 @@ size_t StagingQuota(const transport::Connection& connection) {
   return StagingPool::CapacityFor(std::max<size_t>(connection.peer_arena_size(), 1));
 }
 
-// The options that set each side's sizes, as a user writes them.
-struct SideOptions {
-  const char* name;   // "client", "server"
-  const char* slots;  // the option behind its receive (and send) slot size
-};
-constexpr SideOptions kClientSide = {"client", "ChannelOptions::slots.slot_size"};
-constexpr SideOptions kServerSide = {"server", "ServerOptions::slots.slot_size"};
-
 }  // namespace
-
-absl::Status RpcConnection::CheckBodyFits(const transport::Connection& connection, size_t size,
-                                          absl::string_view what) const {
-  const size_t max = MaxBody(connection);
-  if (size <= max) return absl::OkStatus();
-  const SideOptions& own = client_ ? kClientSide : kServerSide;
-  const SideOptions& peer = client_ ? kServerSide : kClientSide;
-  const size_t own_size = device_->slots().slot_size();
-  const size_t peer_size = connection.peer_recv_size();
-  const SideOptions& governs = own_size <= peer_size ? own : peer;
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "a %u-byte %s exceeds the %u bytes a message carries on this connection: the %s's "
-      "receive slots (%s, %u bytes less %u of headers) are the smaller side (the %s's are %u); "
-      "raise %s on both sides, or send the data as a bulk payload",
-      size, std::string(what), max, governs.name, governs.slots,
-      std::min(own_size, peer_size), RpcHeader::kSize + transport::FrameHeader::kSize,
-      (own_size <= peer_size ? peer : own).name, std::max(own_size, peer_size), governs.slots));
-}
 
 absl::Status RpcConnection::SendMessage(transport::Connection& connection,
                                         const transport::SendBuffer& buffer, RpcHeader header,
                                         size_t body_size, OutgoingBulk bulk,
-                                        absl::Time deadline, BulkGate* gate, bool expose) {
-  if (!bulk.empty()) {
-    if (expose || bulk.size() > connection.peer_arena_size()) {
+                                        OutgoingBulk large_body, absl::Time deadline,
+                                        BulkGate* gate, bool expose) {
+  const uint64_t total = uint64_t{bulk.size()} + large_body.size();
+  if (total > std::numeric_limits<uint32_t>::max()) {
+    connection.ReleaseSendBuffer(buffer);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", large_body.size(), "-byte message and a ", bulk.size(),
+        "-byte bulk payload: at most 4 GiB - 1 bytes of both go with one call"));
+  }
+  if (total > 0) {
+    if (expose || total > connection.peer_arena_size()) {
       // Too large for the peer's arena: the peer pulls it.
-      return SendPulled(connection, buffer, header, body_size, std::move(bulk), deadline, gate);
+      return SendPulled(connection, buffer, header, body_size, std::move(bulk),
+                        std::move(large_body), deadline, gate);
     }
-    if (const Registration* registration = BulkAccess::registration(bulk)) {
+    // A large body is staged, and a bulk payload beside it with it: one WRITE carries both.
+    const Registration* registration =
+        large_body.empty() ? BulkAccess::registration(bulk) : nullptr;
+    if (registration != nullptr) {
       if (registration->device() == device_.get()) {
         return SendZeroCopy(connection, buffer, header, body_size, std::move(bulk), deadline,
                             gate);
@@ -438,17 +487,19 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
                  "channel or server that sends it (logged once per connection)");
       }
     }
-    const size_t capacity = StagingPool::CapacityFor(bulk.size());
+    const size_t capacity = StagingPool::CapacityFor(total);
     {
       absl::MutexLock lock(&quota_mu_);
       if (!deferred_.empty() || staged_ + capacity > StagingQuota(connection)) {
         // Behind this connection's earlier payloads (see the top of rpc_connection.h).
-        deferred_.push_back(Deferred{buffer, header, body_size, std::move(bulk), deadline});
+        deferred_.push_back(Deferred{buffer, header, body_size, std::move(bulk),
+                                     std::move(large_body), deadline});
         return absl::OkStatus();
       }
       staged_ += capacity;
     }
-    return StageAndSend(connection, buffer, header, body_size, std::move(bulk), deadline);
+    return StageAndSend(connection, buffer, header, body_size, std::move(bulk),
+                        std::move(large_body), deadline);
   }
   EncodeForSend(header, 0, 0, deadline, buffer.data);
   absl::MutexLock lock(&send_mu_);
@@ -457,39 +508,53 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
 
 absl::Status RpcConnection::SendPulled(transport::Connection& connection,
                                        const transport::SendBuffer& buffer, RpcHeader header,
-                                       size_t body_size, OutgoingBulk bulk, absl::Time deadline,
+                                       size_t body_size, OutgoingBulk bulk,
+                                       OutgoingBulk large_body, absl::Time deadline,
                                        BulkGate* gate) {
   auto fail = [&](absl::Status status) {
     connection.ReleaseSendBuffer(buffer);
     return status;
   };
-  if (bulk.size() > std::numeric_limits<uint32_t>::max()) {
+  // The SEND carries the inline body, or a large body's trailer, then a descriptor per part.
+  const int parts = (large_body.empty() ? 0 : 1) + (bulk.empty() ? 0 : 1);
+  const size_t trailer =
+      (large_body.empty() ? 0 : LargeBody::kSize) + PullDescriptor::kSize * parts;
+  if (body_size + trailer > MaxBody(connection)) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
-        "a ", bulk.size(), "-byte bulk payload: at most 4 GiB - 1 bytes go with one call")));
-  }
-  if (body_size + PullDescriptor::kSize > MaxBody(connection)) {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-        "a ", body_size, "-byte message leaves no room for the ", PullDescriptor::kSize,
+        "a ", body_size, "-byte message leaves no room for the ", trailer,
         "-byte descriptor of its pulled bulk payload")));
   }
-  const uint32_t size = static_cast<uint32_t>(bulk.size());
-  // Exactly the payload's bytes, for remote READ only, for this call only.
-  absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> region =
-      device_->RegisterForRemoteRead(bulk.data(), size);
-  if (!region.ok()) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat(
-        "cannot expose a ", size, "-byte bulk payload: ", region.status().message())));
-  }
-  PullDescriptor descriptor;
-  descriptor.addr = reinterpret_cast<uintptr_t>(bulk.data());
-  descriptor.rkey = (*region)->rkey();
   auto source = std::make_unique<ExposedPayload>();
+  uint8_t* out = Body(buffer) + body_size;
+  if (!large_body.empty()) {
+    EncodeLargeBody(static_cast<uint32_t>(large_body.size()), out);
+    out += LargeBody::kSize;
+  }
+  // Exactly each part's bytes, for remote READ only, for this call only: the body first.
+  for (OutgoingBulk* part : {&large_body, &bulk}) {
+    if (part->empty()) continue;
+    absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> region =
+        device_->RegisterForRemoteRead(part->data(), part->size());
+    if (!region.ok()) {
+      return fail(absl::ResourceExhaustedError(absl::StrCat(
+          "cannot expose a ", part->size(), "-byte payload: ", region.status().message())));
+    }
+    PullDescriptor descriptor;
+    descriptor.addr = reinterpret_cast<uintptr_t>(part->data());
+    descriptor.rkey = (*region)->rkey();
+    EncodePullDescriptor(descriptor, out);
+    out += PullDescriptor::kSize;
+    (part == &bulk ? source->region : source->body_region) = *std::move(region);
+  }
+  const auto total = static_cast<uint32_t>(bulk.size() + large_body.size());
+  const uint32_t exposed_bulk = static_cast<uint32_t>(bulk.size());
   source->bulk = std::move(bulk);
-  source->region = *std::move(region);
+  source->body = std::move(large_body);
   source->count = &exposed_count_;  // the connection outlives it: OnClosed drops what it holds
   exposed_count_.fetch_add(1, std::memory_order_relaxed);
-  EncodePullDescriptor(descriptor, Body(buffer) + body_size);
-  EncodeForSend(header, kRpcFlagBulk | kRpcFlagPull, size, deadline, buffer.data);
+  EncodeForSend(header,
+                kRpcFlagBulk | kRpcFlagPull | (source->body.empty() ? 0 : kRpcFlagLargeBody),
+                total, deadline, buffer.data);
   if (gate != nullptr) {
     if (!gate->Hold(source)) {
       // The call ended while this was prepared: withdraw (source destroyed on return).
@@ -505,12 +570,12 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
       return fail(absl::InternalError("a second exposed payload for one call"));
     }
   }
-  staging_.NoteZeroCopy(size);
+  staging_.NoteZeroCopy(exposed_bulk);
   absl::Status sent;
   {
     absl::MutexLock lock(&send_mu_);
-    sent = connection.Send(
-        buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size + PullDescriptor::kSize), 0);
+    sent = connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size + trailer),
+                           0);
   }
   // Never sent: nobody will pull it (a client's gate drops it when its call ends).
   if (!sent.ok() && gate == nullptr) Unexpose(header.call_id);
@@ -532,7 +597,7 @@ absl::Status RpcConnection::SendZeroCopy(transport::Connection& connection,
     absl::MutexLock lock(&send_mu_);
     if (gate != nullptr) {
       absl::MutexLock gate_lock(&gate->mu_);
-      if (!gate->released_) gate->token_ = token;
+      if (gate->held_ > 0) gate->token_ = token;
     }
     // Once written, the record is the transport's: OnSendDone frees it, also when the WRITE
     // fails later or is flushed.
@@ -576,6 +641,7 @@ void RpcConnection::Withdraw(transport::Connection& connection, uint64_t call_id
   if (deferred) {
     connection.ReleaseSendBuffer(deferred->buffer);
     deferred->bulk.Reset();
+    deferred->large_body.Reset();
     return;
   }
   ZeroCopySend* withdrawn = nullptr;
@@ -596,21 +662,30 @@ void RpcConnection::Withdraw(transport::Connection& connection, uint64_t call_id
 absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
                                          const transport::SendBuffer& buffer, RpcHeader header,
                                          size_t body_size, OutgoingBulk bulk,
-                                         absl::Time deadline) {
-  const size_t capacity = StagingPool::CapacityFor(bulk.size());
-  absl::StatusOr<StagingPool::Buffer*> acquired = staging_.Acquire(bulk.size());
+                                         OutgoingBulk large_body, absl::Time deadline) {
+  const size_t total = large_body.size() + bulk.size();
+  const size_t capacity = StagingPool::CapacityFor(total);
+  absl::StatusOr<StagingPool::Buffer*> acquired = staging_.Acquire(total);
   if (!acquired.ok()) {
     ReturnQuota(capacity);
     connection.ReleaseSendBuffer(buffer);
     return acquired.status();
   }
   StagingPool::Buffer* staged = *acquired;
-  std::memcpy(staged->data, bulk.data(), bulk.size());
-  staging_.NoteStaged(bulk.size());
-  const auto bulk_size = static_cast<uint32_t>(bulk.size());
-  bulk.Reset();  // the bytes are in staging memory: the caller may reuse them from here on
+  uint8_t flags = kRpcFlagBulk;
+  if (!large_body.empty()) {
+    std::memcpy(staged->data, large_body.data(), large_body.size());
+    EncodeLargeBody(static_cast<uint32_t>(large_body.size()), Body(buffer) + body_size);
+    body_size += LargeBody::kSize;
+    flags |= kRpcFlagLargeBody;
+  }
+  if (!bulk.empty()) std::memcpy(staged->data + large_body.size(), bulk.data(), bulk.size());
+  staging_.NoteStaged(total);
+  // The bytes are in staging memory: the caller may reuse them from here on.
+  bulk.Reset();
+  large_body.Reset();
   // A request's remaining time is taken now, after the staging, not when the call began.
-  EncodeForSend(header, kRpcFlagBulk, bulk_size, deadline, buffer.data);
+  EncodeForSend(header, flags, static_cast<uint32_t>(total), deadline, buffer.data);
 
   bool written;
   absl::Status sent;
@@ -618,9 +693,9 @@ absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
     absl::MutexLock lock(&send_mu_);
     // Once written, the staging buffer is the transport's: OnSendDone gives it (and its quota)
     // back, also when the WRITE fails later or is flushed.
-    sent = WriteThenSendLocked(connection,
-                               transport::BulkSource{staged->data, bulk_size, staged->lkey},
-                               reinterpret_cast<uintptr_t>(staged), buffer, body_size, &written);
+    sent = WriteThenSendLocked(
+        connection, transport::BulkSource{staged->data, static_cast<uint32_t>(total), staged->lkey},
+        reinterpret_cast<uintptr_t>(staged), buffer, body_size, &written);
   }
   if (!written) {
     staging_.Release(staged);
@@ -642,15 +717,17 @@ void RpcConnection::SendDeferred(transport::Connection& connection) {
     {
       absl::MutexLock lock(&quota_mu_);
       if (deferred_.empty()) return;
-      const size_t capacity = StagingPool::CapacityFor(deferred_.front().bulk.size());
+      const size_t capacity = StagingPool::CapacityFor(deferred_.front().bulk.size() +
+                                                       deferred_.front().large_body.size());
       if (staged_ + capacity > StagingQuota(connection)) return;  // a later completion retries
       next = std::move(deferred_.front());
       deferred_.pop_front();
       staged_ += capacity;
     }
     const RpcHeader header = next.header;
-    absl::Status sent = StageAndSend(connection, next.buffer, next.header, next.body_size,
-                                     std::move(next.bulk), next.deadline);
+    absl::Status sent =
+        StageAndSend(connection, next.buffer, next.header, next.body_size, std::move(next.bulk),
+                     std::move(next.large_body), next.deadline);
     if (!sent.ok() && connection.open()) OnDeferredFailed(connection, header, sent);
   }
 }

@@ -97,50 +97,72 @@ class ReceiveReleaser final : public BulkReleaser {
 // A received message whose header has been checked, with its body and paired payload.
 struct IncomingMessage {
   RpcHeader header;
-  absl::Span<const uint8_t> body;  // without the pull descriptor, if there was one
-  uint64_t handle;                 // give back with Connection::Release
-  // The payload: written into the arena (paired) or pulled (after StartPull). Give it back with
-  // RpcConnection::ReleasePayload.
+  // The serialized message: in the SEND (without the descriptors), or at the front of the
+  // payload for a large body (set once the payload is here: paired, or pulled).
+  absl::Span<const uint8_t> body;
+  uint64_t handle;  // give back with Connection::Release
+  // The bulk payload the method carries, without the large body in front of it (if any):
+  // written into the arena (paired) or pulled (after StartPull). Give it back with
+  // RpcConnection::ReleasePayload; when a large body shares its memory, that holds the body too.
   std::optional<transport::ReceivedBulk> bulk;
-  std::optional<PullDescriptor> pull;  // a payload still to pull (header.pulls())
+  // The memory of a large body when no bulk payload holds it (a large body alone, or one pulled
+  // apart from the bulk payload): given back the same way.
+  std::optional<transport::ReceivedBulk> body_payload;
+  MessageLayout layout;  // where the parts are; layout.pull_count > 0: still to pull
+  bool pulls() const { return layout.pull_count > 0; }
+  // Bytes of the message itself, in the SEND or in the payload.
+  size_t body_size() const { return layout.payload_body > 0 ? layout.payload_body : body.size(); }
+  // Bytes of the method's bulk payload.
+  uint32_t bulk_size() const { return layout.bulk_size(header); }
 };
 
-// What payloads pulled from the peer may hold on one side (a server, or a channel): each at
-// most max_bulk_size bytes, all of them together at most `budget` bytes at once, counted from
-// the pull until the payload is released. Thread-safe; shared with the payloads themselves, so
-// it outlives its server or channel when they do.
+// What one side (a server, or a channel) takes from its peer: messages of at most
+// max_message_size bytes, bulk payloads of at most max_bulk_size, and payloads pulled from the
+// peer (with the large bodies among them) together at most `budget` bytes at once, counted
+// from the pull until the payload is released. Thread-safe; shared with the payloads
+// themselves, so it outlives its server or channel when they do.
 class PullBudget {
  public:
-  // The option names are for the errors ("ServerOptions::max_bulk_size").
-  PullBudget(uint64_t max_bulk_size, uint64_t budget, std::string max_option,
-             std::string budget_option)
-      : max_bulk_size_(max_bulk_size),
+  // `side` names the options in errors: "ServerOptions", "ChannelOptions".
+  PullBudget(uint64_t max_message_size, uint64_t max_bulk_size, uint64_t budget,
+             std::string side)
+      : max_message_size_(max_message_size),
+        max_bulk_size_(max_bulk_size),
         budget_(budget),
-        max_option_(std::move(max_option)),
-        budget_option_(std::move(budget_option)) {}
-  // Takes `bytes` for one payload; kResourceExhausted naming the option over its limit.
-  absl::Status Take(uint64_t bytes);
+        side_(std::move(side)) {}
+  // kResourceExhausted, naming the option, for a message larger than max_message_size.
+  // `what` names the message ("request", "response").
+  absl::Status CheckMessage(uint64_t size, absl::string_view what) const;
+  uint64_t max_message_size() const { return max_message_size_; }
+  // Takes `bytes` for one pulled payload, of which `bulk_bytes` are a bulk payload (the rest a
+  // large body: CheckMessage covers it); kResourceExhausted naming the option over its limit.
+  absl::Status Take(uint64_t bytes, uint64_t bulk_bytes);
   void Give(uint64_t bytes) { in_use_.fetch_sub(bytes, std::memory_order_relaxed); }
   uint64_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
 
  private:
+  const uint64_t max_message_size_;
   const uint64_t max_bulk_size_;
   const uint64_t budget_;
-  const std::string max_option_;
-  const std::string budget_option_;
+  const std::string side_;
   std::atomic<uint64_t> in_use_{0};
 };
 
 // A payload this side exposes for the peer to pull: the caller's bytes, registered for remote
 // READ exactly over their range for as long as this lives. The registration goes first (after
 // which the peer's NIC can read nothing more), then the bytes are released.
+// A large body (a message that did not fit a slot) is exposed beside it the same way.
 struct ExposedPayload {
   OutgoingBulk bulk;
+  OutgoingBulk body;
   std::unique_ptr<transport::MemoryRegion> region;
+  std::unique_ptr<transport::MemoryRegion> body_region;
   std::atomic<uint32_t>* count = nullptr;  // the connection's count of exposed payloads
   ~ExposedPayload() {
     region.reset();
+    body_region.reset();
     bulk.Reset();
+    body.Reset();
     if (count != nullptr) count->fetch_sub(1, std::memory_order_relaxed);
   }
 };
@@ -151,13 +173,14 @@ struct ExposedPayload {
 // token while the payload may still be waiting, for Withdraw. Thread-safe.
 class BulkGate {
  public:
-  // `held`: something is held from the start (a request payload). A gate for a response
-  // destination starts empty and holds only while a READ lands there (Begin).
-  explicit BulkGate(bool held = true) : released_(!held) {}
+  // `held`: how many things are held from the start (a request payload, a large request body:
+  // each is released once). A gate for a response destination starts with none and holds only
+  // while a READ lands there (Begin).
+  explicit BulkGate(int held = 1) : held_(held) {}
   // Holds again (a READ into the call's destination starts), unless the call has ended: false
   // then, and nothing may land there any more.
   bool Begin();
-  // The payload was released: runs the parked ending, if any, on this thread.
+  // One thing held was released: the last runs the parked ending, if any, on this thread.
   void Released();
   // Runs `then` now if the payload was released, else when it is.
   void AfterRelease(std::function<void()> then);
@@ -171,7 +194,7 @@ class BulkGate {
  private:
   friend class RpcConnection;
   absl::Mutex mu_;
-  bool released_ ABSL_GUARDED_BY(mu_);
+  int held_ ABSL_GUARDED_BY(mu_);  // released when 0
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void()> then_ ABSL_GUARDED_BY(mu_);
   uint64_t token_ ABSL_GUARDED_BY(mu_) = 0;  // zero-copy WRITE's token; 0 once released
@@ -186,7 +209,6 @@ class RpcConnection : public transport::ConnectionHandler {
                 std::shared_ptr<transport::Device> device,
                 std::shared_ptr<transport::Poller> poller)
       : side_(side),
-        client_(absl::string_view(side) == "client"),
         staging_(staging),
         pulls_(std::move(pulls)),
         device_(std::move(device)),
@@ -209,18 +231,20 @@ class RpcConnection : public transport::ConnectionHandler {
     return max > RpcHeader::kSize ? max - RpcHeader::kSize : 0;
   }
 
-  // OK when a message body of `size` bytes fits on `connection`; otherwise why not, naming the
-  // side whose setting governs (the smaller of this side's slots and the peer's receives) and
-  // that setting's option. `what` names the message ("request", "response").
-  absl::Status CheckBodyFits(const transport::Connection& connection, size_t size,
-                             absl::string_view what) const;
+  // Whether a message of `size` bytes goes in a slot on `connection` (else: as a large body).
+  static bool FitsSlot(const transport::Connection& connection, size_t size) {
+    return size <= MaxBody(connection);
+  }
+  const PullBudget& limits() const { return *pulls_; }
 
   // Sends `header` and the `body_size` bytes already at Body(buffer) (taking the buffer), with
-  // `bulk` beside it (released here, on every path; its size goes into the header). A payload
-  // that fits the peer's arena is written there (zero-copy or staged); a larger one is exposed
-  // for the peer to pull. Errors: kInvalidArgument for a payload of 4 GiB or more, or a body
-  // that leaves no room for the pull descriptor; kResourceExhausted when no staging memory is
-  // free or registration fails; kUnavailable when the connection is closed or failing.
+  // `bulk` beside it (released here, on every path; its size goes into the header). A message
+  // too large for a slot comes as `large_body` instead (body_size 0) and travels at the front of
+  // the payload (WIRE.md, "Messages larger than a slot"). A payload that fits the peer's arena is
+  // written there (zero-copy, or staged: always with a large body); a larger one is exposed for
+  // the peer to pull. Errors: kInvalidArgument for a payload of 4 GiB or more, or a body that
+  // leaves no room for the pull descriptor; kResourceExhausted when no staging memory is free or
+  // registration fails; kUnavailable when the connection is closed or failing.
   // A request's `deadline` (monotonic.h; InfiniteFuture for none) becomes its header's remaining
   // time at the last moment, after the payload is staged, so the server's deadline is not late
   // by the staging. (Time spent waiting for credits in the transport is not subtracted.)
@@ -229,6 +253,7 @@ class RpcConnection : public transport::ConnectionHandler {
   // the payload is then exposed whatever its size.
   absl::Status SendMessage(transport::Connection& connection, const transport::SendBuffer& buffer,
                            RpcHeader header, size_t body_size, OutgoingBulk bulk,
+                           OutgoingBulk large_body = OutgoingBulk(),
                            absl::Time deadline = absl::InfiniteFuture(),
                            BulkGate* gate = nullptr, bool expose = false);
   // Takes back the payload of request `call_id`, whose gate is `gate`, if it has not left yet
@@ -265,14 +290,15 @@ class RpcConnection : public transport::ConnectionHandler {
   void Violation(transport::Connection& connection, absl::string_view what);
   // Gives back what arrived with a message nobody will use.
   static void Discard(transport::Connection& connection, const IncomingMessage& message);
-  // Starts pulling the payload of `message` (message.pull) into memory this side allocates and
+  // Starts pulling the payload of `message` (message.layout.pulls) into memory this side allocates and
   // registers, within the PullBudget. OK: the message is the pull's now, and OnPulled gets it
   // back, with message.bulk, once the payload has landed (nothing, if the connection fails
   // first: the message is discarded then). An error (the budget, memory, registration, a
   // closed connection): nothing was started, and the caller still owns the message.
   absl::Status StartPull(transport::Connection& connection, const IncomingMessage& message);
-  // The same into the caller's `destination` (registered on this device, large enough), with
-  // `landing` held (Begin) until the READ is done or flushed, after which it is Released.
+  // The same with the bulk payload into the caller's `destination` (registered on this device,
+  // large enough; a large body still lands in memory of this side's), with `landing` held
+  // (Begin) until the READs are done or flushed, after which it is Released.
   absl::Status StartPullInto(transport::Connection& connection, const IncomingMessage& message,
                              const BulkDestination& destination,
                              std::shared_ptr<BulkGate> landing);
@@ -289,7 +315,6 @@ class RpcConnection : public transport::ConnectionHandler {
  private:
   friend class ReceiveReleaser;
   const char* side_;
-  const bool client_;  // side_ is "client": which options govern what (CheckBodyFits)
   StagingPool& staging_;
   const std::shared_ptr<PullBudget> pulls_;
   const std::shared_ptr<transport::Device> device_;
@@ -302,6 +327,7 @@ class RpcConnection : public transport::ConnectionHandler {
     RpcHeader header;
     size_t body_size;
     OutgoingBulk bulk;
+    OutgoingBulk large_body;
     absl::Time deadline;
   };
   // Exposes `bulk` for the peer to pull (it is larger than the peer's arena) and sends its
@@ -309,7 +335,7 @@ class RpcConnection : public transport::ConnectionHandler {
   // ends; a server's until the client says it pulled it (kPulled) or the connection closes.
   absl::Status SendPulled(transport::Connection& connection, const transport::SendBuffer& buffer,
                           RpcHeader header, size_t body_size, OutgoingBulk bulk,
-                          absl::Time deadline, BulkGate* gate);
+                          OutgoingBulk large_body, absl::Time deadline, BulkGate* gate);
   // Posts `bulk`, which lies in memory registered on this device, straight from the caller's
   // bytes, then its message. Errors as SendMessage's.
   absl::Status SendZeroCopy(transport::Connection& connection,
@@ -324,11 +350,12 @@ class RpcConnection : public transport::ConnectionHandler {
                                    const transport::BulkSource& source, uint64_t token,
                                    const transport::SendBuffer& buffer, size_t body_size,
                                    bool* written) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
-  // Stages `bulk` (its quota already taken), then posts it and its message. Errors as
-  // SendMessage's; the quota is given back on failure.
+  // Stages `large_body` and `bulk` (their quota already taken), one after the other, then
+  // posts them and their message. Errors as SendMessage's; the quota is given back on failure.
   absl::Status StageAndSend(transport::Connection& connection,
                             const transport::SendBuffer& buffer, RpcHeader header,
-                            size_t body_size, OutgoingBulk bulk, absl::Time deadline);
+                            size_t body_size, OutgoingBulk bulk, OutgoingBulk large_body,
+                            absl::Time deadline);
   // Gives `capacity` of staging quota back; true when deferred messages wait for it.
   bool ReturnQuota(size_t capacity);
   // Sends the deferred messages whose payloads fit the quota now, in order.

@@ -10,10 +10,10 @@
 
 namespace zrpc {
 
-// This layout is version 2 of the wire, which the transport's Hello negotiates (version 2 added
-// pulled payloads: kRpcFlagPull and kPulled); when the transport's version moves, decide here
-// whether the RPC header moved with it.
-static_assert(transport::kWireVersion == 2, "rpc_header.h describes wire version 2");
+// This layout is version 3 of the wire, which the transport's Hello negotiates (version 2 added
+// pulled payloads: kRpcFlagPull and kPulled; version 3 large bodies: kRpcFlagLargeBody); when
+// the transport's version moves, decide here whether the RPC header moved with it.
+static_assert(transport::kWireVersion == 3, "rpc_header.h describes wire version 3");
 
 namespace {
 
@@ -146,6 +146,54 @@ absl::StatusOr<PullDescriptor> DecodePullDescriptor(absl::Span<const uint8_t> by
   return d;
 }
 
+void EncodeLargeBody(uint32_t body_size, uint8_t* out) {
+  transport::PutLe<uint32_t>(out, body_size);
+  transport::PutLe<uint32_t>(out + 4, 0);
+}
+
+uint32_t MessageLayout::bulk_size(const RpcHeader& header) const {
+  return header.bulk_size - payload_body;
+}
+
+absl::StatusOr<MessageLayout> DecodeLayout(const RpcHeader& header,
+                                           absl::Span<const uint8_t> message) {
+  MessageLayout layout;
+  absl::Span<const uint8_t> body = message.subspan(RpcHeader::kSize);
+  size_t trailer = 0;  // bytes after the inline body
+  if (header.large_body()) {
+    const uint8_t* in = body.data();  // DecodeRpcHeader checked the trailer is there
+    layout.payload_body = transport::GetLe<uint32_t>(in);
+    if (transport::GetLe<uint32_t>(in + 4) != 0) {
+      return Refuse("large body", "has its reserved bytes set");
+    }
+    if (layout.payload_body == 0 || layout.payload_body > header.bulk_size) {
+      return Refuse("large body", absl::StrCat("claims ", layout.payload_body, " bytes of a ",
+                                               header.bulk_size, "-byte payload"));
+    }
+    trailer = LargeBody::kSize;
+  }
+  if (header.pulls()) {
+    // One range for the payload, or two when a large body and a bulk payload lie apart.
+    layout.pull_count =
+        header.large_body() && layout.payload_body < header.bulk_size ? 2 : 1;
+    trailer += PullDescriptor::kSize * layout.pull_count;
+  }
+  if (body.size() < trailer || (header.large_body() && body.size() != trailer)) {
+    return Refuse("body", absl::StrCat("has ", body.size(), " bytes; its flags call for ",
+                                       header.large_body() ? "exactly " : "at least ", trailer));
+  }
+  const size_t descriptors = body.size() - PullDescriptor::kSize * layout.pull_count;
+  for (int i = 0; i < layout.pull_count; ++i) {
+    absl::StatusOr<PullDescriptor> d =
+        DecodePullDescriptor(body.subspan(descriptors + PullDescriptor::kSize * i,
+                                          PullDescriptor::kSize));
+    if (!d.ok()) return d.status();
+    layout.pulls[i] = *d;
+  }
+  if (!header.large_body()) layout.body = body.subspan(0, body.size() - trailer);
+  return layout;
+}
+
 void EncodeRpcHeader(const RpcHeader& h, uint8_t* out) {
   out[kKindAt] = static_cast<uint8_t>(h.kind);
   out[kFlagsAt] = h.flags;
@@ -181,7 +229,8 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
   const uint16_t status = transport::GetLe<uint16_t>(in + kStatusAt);
   const uint16_t reserved = transport::GetLe<uint16_t>(in + kReservedAt);
 
-  if ((h.flags & ~(kRpcFlagBulk | kRpcFlagPull | kRpcFlagPullResponse)) != 0) {
+  if ((h.flags & ~(kRpcFlagBulk | kRpcFlagPull | kRpcFlagPullResponse | kRpcFlagLargeBody)) !=
+      0) {
     return Refuse("flags", absl::StrCat("0x", absl::Hex(h.flags), " has unknown bits set"));
   }
   if (reserved != 0) {
@@ -206,6 +255,13 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
       return Refuse("bulk_size", absl::StrCat("is ", h.bulk_size, " without the bulk flag"));
     }
     if (h.pulls() && !h.has_bulk()) return Refuse("flags", "ask to pull without the bulk flag");
+    if (h.large_body() && !h.has_bulk()) {
+      return Refuse("flags", "put the body in a payload without the bulk flag");
+    }
+    if (h.large_body() && body < LargeBody::kSize) {
+      return Refuse("body", absl::StrCat("has ", body, " bytes, too few for the ",
+                                         LargeBody::kSize, "-byte large-body trailer"));
+    }
     if (h.kind != RpcKind::kRequest && (h.flags & kRpcFlagPullResponse) != 0) {
       return Refuse("flags", "ask for a pulled response outside a request");
     }

@@ -61,6 +61,18 @@ inline constexpr uint8_t kRpcFlagPull = 0x02;
 // size (it lands in memory the caller chose: CallOptions::response_destination).
 inline constexpr uint8_t kRpcFlagPullResponse = 0x04;
 
+// flags, with kRpcFlagBulk, requests and responses: the message's body did not fit a receive
+// slot and travels at the front of the payload instead (WIRE.md, "Messages larger than a slot").
+// The SEND's body is then a LargeBody trailer (and the pull descriptors, if pulled).
+inline constexpr uint8_t kRpcFlagLargeBody = 0x08;
+
+// With kRpcFlagLargeBody: how many of the payload's bulk_size bytes are the message's body (the
+// rest, if any, is the bulk payload the method carries).
+struct LargeBody {
+  static constexpr size_t kSize = 8;  // size (4 bytes), 4 reserved bytes (zero)
+};
+void EncodeLargeBody(uint32_t body_size, uint8_t* out);
+
 // Where a payload to pull lies in the sender's memory, exposed for RDMA READ for this call only:
 // the last kSize bytes of the body of a message with kRpcFlagPull. The payload's length is the
 // header's bulk_size.
@@ -103,6 +115,7 @@ struct RpcHeader {
 
   bool has_bulk() const { return (flags & kRpcFlagBulk) != 0; }
   bool pulls() const { return (flags & kRpcFlagPull) != 0; }
+  bool large_body() const { return (flags & kRpcFlagLargeBody) != 0; }
   bool operator==(const RpcHeader& other) const;
   bool operator!=(const RpcHeader& other) const { return !(*this == other); }
 
@@ -128,6 +141,26 @@ void EncodeRpcHeader(const RpcHeader& header, uint8_t* out);
 // service and method exist, that a paired payload exists and has bulk_size bytes, and that the
 // method takes a payload.
 absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message);
+
+// Where the parts of a request or response are (WIRE.md): the body in the SEND or at the
+// front of the payload, and the payload written into the arena or to pull from the ranges
+// named, in the payload's order (with a large body and a bulk payload, the body's range and the
+// bulk's: they lie apart in the sender's memory).
+struct MessageLayout {
+  absl::Span<const uint8_t> body;  // the body inside the SEND; empty with a large body
+  uint32_t payload_body = 0;       // bytes of body at the front of the payload
+  PullDescriptor pulls[2];
+  int pull_count = 0;
+  // Bytes of the bulk payload the method carries (the payload less the body in it).
+  uint32_t bulk_size(const RpcHeader& header) const;
+};
+
+// The layout of the body of `message`, whose header DecodeRpcHeader returned as `header`.
+// kFailedPrecondition when a large body's trailer is malformed (reserved bytes set, a size of 0
+// or past bulk_size), the body is not exactly the trailer and descriptors the flags call for,
+// or a descriptor's reserved bytes are set.
+absl::StatusOr<MessageLayout> DecodeLayout(const RpcHeader& header,
+                                           absl::Span<const uint8_t> message);
 
 // The body of an error message: `message` itself when it fits in `limit` bytes (at most
 // kMaxErrorMessage; a larger limit counts as kMaxErrorMessage), otherwise its start, cut on a

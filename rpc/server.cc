@@ -23,6 +23,12 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
                                                    options.handler_threads,
                                                    "; it must be in [1, 1024]"));
   }
+  if (options.max_message_size == 0 || options.max_message_size > INT32_MAX ||
+      options.max_pulled_bytes < options.max_message_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions::max_message_size is ", options.max_message_size, " and max_pulled_bytes ",
+        options.max_pulled_bytes, ": the first must be in [1, 2 GiB - 1] and at most the second"));
+  }
   if (options.max_bulk_size == 0 || options.max_bulk_size > UINT32_MAX ||
       options.max_pulled_bytes < options.max_bulk_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -40,9 +46,8 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
   if (!device.ok()) return device.status();
   core->device_ = *std::move(device);
   core->staging_ = std::make_unique<StagingPool>(*core->device_, options.staging_bytes);
-  core->pulls_ = std::make_shared<PullBudget>(options.max_bulk_size, options.max_pulled_bytes,
-                                              "ServerOptions::max_bulk_size",
-                                              "ServerOptions::max_pulled_bytes");
+  core->pulls_ = std::make_shared<PullBudget>(options.max_message_size, options.max_bulk_size,
+                                              options.max_pulled_bytes, "ServerOptions");
   transport::PollerOptions poller_options;
   poller_options.mode = options.poll_mode;
   for (int i = 0; i < options.pollers; ++i) {

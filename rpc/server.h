@@ -81,6 +81,13 @@ struct ServerOptions {
   // Registered memory for staging response payloads (rpc/staging.h). One connection stages at
   // most what its client's arena holds; answers beyond wait for that connection's earlier ones.
   size_t staging_bytes = size_t{64} << 20;
+  // The largest request or response message (serialized protobuf bytes) this side sends or
+  // takes, at most 2 GiB - 1 (protobuf's own bound). One that does not fit a message slot
+  // travels at the front of a bulk payload, written into the peer's arena or pulled from this
+  // side's memory like one (rpc/WIRE.md, "Messages larger than a slot"), with no option to set
+  // on either side; past this limit the call fails with RESOURCE_EXHAUSTED naming the option,
+  // before any byte moves (a sender's own limit) or before the message is read (a receiver's).
+  uint64_t max_message_size = uint64_t{4} << 20;
   // Bulk payloads larger than the peer's arena are pulled by this side with RDMA READ into
   // memory it allocates and registers per payload (rpc/WIRE.md, "Pulled payloads"): one is at
   // most max_bulk_size bytes (at most 4 GiB - 1), and all those pulled and not yet released at

@@ -52,14 +52,24 @@ IncomingBulk ServerCallImpl::TakeRequestBulk() {
 }
 
 absl::StatusOr<SendSlot> ServerCallImpl::AcquireResponseSlot(size_t size) {
-  if (absl::Status fits = owner_->CheckBodyFits(*connection_, size, "response"); !fits.ok()) {
+  if (absl::Status fits = owner_->limits().CheckMessage(size, "response"); !fits.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(method_.full_name, ": ", fits.message()));
   }
   if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
+  large_response_.reset();
   absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
   if (!buffer.ok()) return buffer.status();
   response_buffer_ = *buffer;
-  return SendSlot{RpcConnection::Body(*buffer), size, buffer->slot};
+  if (RpcConnection::FitsSlot(*connection_, size)) {
+    return SendSlot{RpcConnection::Body(*buffer), size, buffer->slot};
+  }
+  // Larger than a slot: serialized into memory of its own, sent at the front of the payload.
+  large_response_.reset(static_cast<uint8_t*>(std::malloc(size)));
+  if (large_response_ == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat(method_.full_name, ": out of memory for a ",
+                                                     size, "-byte response"));
+  }
+  return SendSlot{large_response_.get(), size, buffer->slot};
 }
 
 void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) {
@@ -73,6 +83,9 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
   if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
   static_cast<void>(connection_->Release(request_.handle));
   if (request_.bulk) RpcConnection::ReleasePayload(*connection_, request_.bulk->handle);
+  if (request_.body_payload) {
+    RpcConnection::ReleasePayload(*connection_, request_.body_payload->handle);
+  }
   owner_->Forget(call_id());
   ServerCore& core = owner_->core();
   delete this;
@@ -104,8 +117,14 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
     const size_t bulk_size = response_bulk.size();
     // A caller that gave its payload a destination pulls it there, whatever its size.
     const bool expose = (request_.header.flags & kRpcFlagPullResponse) != 0;
-    status = owner_->SendMessage(*connection_, buffer, RpcHeader::Response(call_id()),
-                                 response->size, std::move(response_bulk),
+    OutgoingBulk large_body;
+    size_t body_size = response->size;
+    if (uint8_t* large = large_response_.release()) {
+      large_body = OutgoingBulk(large, response->size, [large] { std::free(large); });
+      body_size = 0;
+    }
+    status = owner_->SendMessage(*connection_, buffer, RpcHeader::Response(call_id()), body_size,
+                                 std::move(response_bulk), std::move(large_body),
                                  absl::InfiniteFuture(), nullptr, expose);
     if (status.ok()) {
       metrics_.AddMessageBytes(response->size, 0);
@@ -205,12 +224,16 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
                      " on this server (it has ", info.method_count, ")")));
   }
   const MethodInfo& method = info.methods[header.method_index];
-  if (header.has_bulk() && !method.request_bulk) {
+  if (request.bulk_size() > 0 && !method.request_bulk) {
     Discard(connection, request);
     return Violation(connection, absl::StrCat("call ", header.call_id, " to ", method.full_name,
                                               " carries a bulk payload the method does not take"));
   }
-  if (request.pull) {
+  if (absl::Status fits = limits().CheckMessage(request.body_size(), "request"); !fits.ok()) {
+    return answer_error(
+        absl::Status(fits.code(), absl::StrCat(method.full_name, ": ", fits.message())));
+  }
+  if (request.pulls()) {
     // Larger than this side's arena: pulled first, then served like any request (OnPulled).
     if (absl::Status pulling = StartPull(connection, request); !pulling.ok()) {
       return answer_error(absl::Status(

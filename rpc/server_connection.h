@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 
@@ -76,6 +77,9 @@ class ServerCallImpl final : public ServerCall, public PoolTask {
   IncomingMessage request_;
   ServerContext context_;
   std::optional<transport::SendBuffer> response_buffer_;
+  // A response too large for the slot, serialized here instead (malloc'd; the slot then carries
+  // only the header): it goes at the front of the payload.
+  std::unique_ptr<uint8_t, decltype(&std::free)> large_response_{nullptr, &std::free};
   std::atomic<bool> answered_{false};
   bool handler_ran_ = false;  // set before Dispatch; read by Finish, which the handler calls
 };

@@ -60,6 +60,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "transport/arena.h"
 #include "transport/credits.h"
 #include "transport/device.h"
@@ -216,7 +217,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // it has landed (or failed: a bad key or range the peer gave fails the connection, as any
   // failed work request does). Queued in order with sends and writes. Errors as for Send, and
   // kInvalidArgument for an empty sink.
-  absl::Status ReadBulk(const BulkSource& sink, const RemoteRange& remote, uint64_t token);
+  absl::Status ReadBulk(const BulkSource& sink, const RemoteRange& remote, uint64_t token) {
+    const ReadPart part{sink, remote};
+    return ReadBulk(absl::MakeConstSpan(&part, 1), token);
+  }
+  // The same for several ranges as one transfer (a message whose body and payload lie apart in
+  // the peer's memory): each part lands in its own sink, and OnSendDone(token) follows once,
+  // after the last. Parts may be empty, but not all of them.
+  struct ReadPart {
+    BulkSource sink;
+    RemoteRange remote;
+  };
+  absl::Status ReadBulk(absl::Span<const ReadPart> parts, uint64_t token);
 
   // Takes back the bulk write with `token` if it still waits (for credits, arena space or a
   // send-queue entry) and has not been posted, together with the message queued right behind

@@ -91,22 +91,29 @@ absl::Status Connection::WriteBulk(const BulkSource& source, uint64_t token) {
   return EnqueueLocked(Waiting{Waiting::kWrite, SlotPool::kNoSlot, 0, source, token});
 }
 
-absl::Status Connection::ReadBulk(const BulkSource& sink, const RemoteRange& remote,
-                                  uint64_t token) {
-  if (sink.size == 0) return absl::InvalidArgumentError("ReadBulk: an empty sink");
+absl::Status Connection::ReadBulk(absl::Span<const ReadPart> parts, uint64_t token) {
+  size_t last = parts.size();  // the part whose last piece reports
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].sink.size > 0) last = i;
+  }
+  if (last == parts.size()) return absl::InvalidArgumentError("ReadBulk: an empty sink");
   const uint32_t piece = std::max<uint32_t>(device_.selection().max_msg_size, 1u << 16);
   absl::MutexLock lock(&mu_);
   // One operation however many pieces it takes (they cannot outnumber its bytes by much).
   if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
-  for (uint32_t offset = 0; offset < sink.size; offset += piece) {
-    const uint32_t length = std::min(piece, sink.size - offset);
-    Waiting op{Waiting::kRead, SlotPool::kNoSlot, 0,
-               BulkSource{static_cast<const uint8_t*>(sink.data) + offset, length, sink.lkey},
-               token};
-    op.remote = RemoteRange{remote.addr + offset, remote.rkey};
-    op.report = length == sink.size - offset;
-    waiting_.push_back(op);
-    if (length == sink.size - offset) break;  // offset + piece may wrap past 4 GiB
+  for (size_t i = 0; i <= last; ++i) {
+    const BulkSource& sink = parts[i].sink;
+    for (uint32_t offset = 0; offset < sink.size; offset += piece) {
+      const uint32_t length = std::min(piece, sink.size - offset);
+      const bool final_piece = length == sink.size - offset;
+      Waiting op{Waiting::kRead, SlotPool::kNoSlot, 0,
+                 BulkSource{static_cast<const uint8_t*>(sink.data) + offset, length, sink.lkey},
+                 token};
+      op.remote = RemoteRange{parts[i].remote.addr + offset, parts[i].remote.rkey};
+      op.report = final_piece && i == last;
+      waiting_.push_back(op);
+      if (final_piece) break;  // offset + piece may wrap past 4 GiB
+    }
   }
   PumpLocked();
   return absl::OkStatus();

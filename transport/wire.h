@@ -48,7 +48,7 @@ namespace zrpc::transport {
 
 inline constexpr uint32_t kWireMagic = 0x5a525043;  // "ZRPC"
 // 2: the RPC layer's pulled payloads (rpc/WIRE.md); the transport's own format is unchanged.
-inline constexpr uint16_t kWireVersion = 2;
+inline constexpr uint16_t kWireVersion = 3;
 // What librdmacm lets a connect request carry (RDMA_PS_TCP over the IB CM).
 inline constexpr size_t kMaxConnectPrivateData = 56;
 

@@ -21,7 +21,7 @@ MAX_ERROR_MESSAGE = 1024
 U64_MAX = (1 << 64) - 1
 
 
-def hello(magic=WIRE_MAGIC, version=2, flags=0, credits=64, recv_size=4096,
+def hello(magic=WIRE_MAGIC, version=3, flags=0, credits=64, recv_size=4096,
           addr=0x7F0000001000, rkey=0x1234, arena=1 << 20):
     return struct.pack("<IHHIIQII", magic, version, flags, credits, recv_size, addr, rkey, arena)
 
@@ -109,7 +109,18 @@ def rpc_header_seeds():
         "pulled": rpc(PULLED, call_id=5),
         "pulled_with_body": rpc(PULLED, call_id=5) + b"?",
         "kind_6_stream": rpc(6),
-        "unknown_flag": rpc(REQ, flags=8, service=greeter),
+        "unknown_flag": rpc(REQ, flags=0x10, service=greeter),
+        # A large body: the trailer (size, reserved), then descriptors when pulled.
+        "request_large_body": rpc(REQ, flags=9, service=greeter, call_id=2, bulk=5000)
+        + struct.pack("<II", 5000, 0),
+        "response_large_body_with_bulk_pulled": rpc(RESP, flags=0xB, call_id=3, bulk=1 << 20)
+        + struct.pack("<II", 5000, 0) + b"d" * 12 + b"\0" * 4 + b"e" * 12 + b"\0" * 4,
+        "large_body_one_descriptor_short": rpc(RESP, flags=0xB, call_id=3, bulk=1 << 20)
+        + struct.pack("<II", 5000, 0) + b"d" * 12 + b"\0" * 4,
+        "large_body_past_payload": rpc(REQ, flags=9, service=greeter, call_id=2, bulk=10)
+        + struct.pack("<II", 11, 0),
+        "large_body_without_bulk": rpc(REQ, flags=8, service=greeter, call_id=2)
+        + struct.pack("<II", 1, 0),
         "request_pull": rpc(REQ, flags=3, service=greeter, call_id=2, bulk=1 << 30) + b"d" * 16,
         "response_pull_short_body": rpc(RESP, flags=3, call_id=3, bulk=1 << 20) + b"d" * 15,
         "pull_without_bulk": rpc(RESP, flags=2, call_id=3) + b"d" * 16,

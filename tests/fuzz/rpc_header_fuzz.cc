@@ -27,7 +27,7 @@ namespace {
 using fuzz::ReadLe;
 
 constexpr uint8_t kRequest = 1, kResponse = 2, kError = 3, kCancel = 4, kPulled = 5;
-constexpr uint8_t kPullFlag = 0x02, kPullResponseFlag = 0x04;
+constexpr uint8_t kPullFlag = 0x02, kPullResponseFlag = 0x04, kLargeBodyFlag = 0x08;
 constexpr uint64_t kLastStatusCode = 16;  // kUnauthenticated: absl's codes are 0..16
 
 bool Acceptable(const uint8_t* in, size_t size) {
@@ -39,7 +39,8 @@ bool Acceptable(const uint8_t* in, size_t size) {
   const uint64_t call_id = ReadLe(in + 8, 8), timeout = ReadLe(in + 16, 8);
   const uint64_t bulk_size = ReadLe(in + 24, 4), status = ReadLe(in + 28, 2);
   if (kind < kRequest || kind > kPulled) return false;
-  if ((flags & ~(kRpcFlagBulk | kPullFlag | kPullResponseFlag)) != 0 || ReadLe(in + 30, 2) != 0) {
+  if ((flags & ~(kRpcFlagBulk | kPullFlag | kPullResponseFlag | kLargeBodyFlag)) != 0 ||
+      ReadLe(in + 30, 2) != 0) {
     return false;
   }
   if (kind != kRequest && (flags & kPullResponseFlag) != 0) return false;
@@ -52,6 +53,8 @@ bool Acceptable(const uint8_t* in, size_t size) {
     if (bulk_flag != (bulk_size != 0)) return false;
     // A pulled payload: with the bulk flag, and a body that holds the 16-byte descriptor.
     if (pull_flag && (!bulk_flag || body < 16)) return false;
+    // A large body: with the bulk flag, and a body that holds the 8-byte trailer.
+    if ((flags & kLargeBodyFlag) != 0 && (!bulk_flag || body < 8)) return false;
   } else if (flags != 0 || bulk_size != 0) {
     return false;
   }
@@ -61,6 +64,32 @@ bool Acceptable(const uint8_t* in, size_t size) {
     return false;
   }
   return (kind != kCancel && kind != kPulled) || body == 0;
+}
+
+// DecodeLayout on an accepted request or response, restated from WIRE.md: with a large body,
+// the body is exactly the trailer (a size in 1..bulk_size, 4 zero bytes) and then one
+// descriptor when pulled, two when the body is smaller than the payload; without, the
+// descriptor ends the body. Descriptors' last 4 bytes are zero.
+bool LayoutAcceptable(const uint8_t* in, size_t size) {
+  const uint8_t flags = in[1];
+  const uint64_t bulk_size = ReadLe(in + 24, 4);
+  const uint8_t* body = in + RpcHeader::kSize;
+  const size_t length = size - RpcHeader::kSize;
+  const bool large = (flags & kLargeBodyFlag) != 0;
+  size_t descriptors = (flags & kPullFlag) != 0 ? 1 : 0;
+  size_t trailer = 0;
+  if (large) {
+    const uint64_t body_size = ReadLe(body, 4);
+    if (ReadLe(body + 4, 4) != 0 || body_size == 0 || body_size > bulk_size) return false;
+    if (descriptors == 1 && body_size < bulk_size) descriptors = 2;
+    trailer = 8;
+  }
+  trailer += 16 * descriptors;
+  if (large ? length != trailer : length < trailer) return false;
+  for (size_t i = 0; i < descriptors; ++i) {
+    if (ReadLe(body + length - 16 * (descriptors - i) + 12, 4) != 0) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -78,6 +107,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   EncodeRpcHeader(*header, encoded);
   FUZZ_CHECK(std::memcmp(encoded, data, RpcHeader::kSize) == 0);
 
+  if (header->kind == RpcKind::kRequest || header->kind == RpcKind::kResponse) {
+    const absl::StatusOr<MessageLayout> layout =
+        DecodeLayout(*header, absl::MakeConstSpan(data, size));
+    FUZZ_CHECK(layout.ok() == LayoutAcceptable(data, size));
+    if (layout.ok()) {
+      FUZZ_CHECK(layout->bulk_size(*header) <= header->bulk_size);
+      FUZZ_CHECK(layout->body.size() + RpcHeader::kSize <= size);
+    }
+  }
   const absl::Span<const uint8_t> body(data + RpcHeader::kSize, size - RpcHeader::kSize);
   absl::Status peer;
   const absl::Status decoded = DecodeErrorBody(*header, body, &peer);

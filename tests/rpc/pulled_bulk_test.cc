@@ -34,6 +34,7 @@ using zrpc::examples::ObjectStore;
 using zrpc::examples::PutReply;
 using zrpc::testing::Eventually;
 using zrpc::testing::Filled;
+using zrpc::testing::FirstDifference;
 using zrpc::testing::Key;
 using zrpc::testing::kLong;
 using zrpc::testing::Served;
@@ -75,16 +76,6 @@ class Store : public zrpc::testing::KeepingStore {
   absl::Mutex patterns_mu_;
   std::map<std::string, std::shared_ptr<const std::string>> patterns_;
 };
-
-// Where two strings first differ, for a readable failure.
-std::string FirstDifference(absl::string_view a, absl::string_view b) {
-  if (a == b) return "equal";  // memcmp: the byte loop below is slow under emulation
-  if (a.size() != b.size()) return absl::StrCat("sizes ", a.size(), " and ", b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] != b[i]) return absl::StrCat("first difference at byte ", i);
-  }
-  return "equal";
-}
 
 TEST_CASE("payloads past the arena are pulled, both ways, byte-checked") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);

@@ -127,7 +127,9 @@ TEST_CASE("each invalid field is refused with its name", "[rpc_header]") {
       {"kind 0", request, 0, 0, "kind"},
       {"kind 6 (a stream kind, later)", request, 0, 6, "kind"},
       {"kind 255", request, 0, 255, "kind"},
-      {"unknown flag bit", request, 1, 0x08, "flags"},
+      {"unknown flag bit", request, 1, 0x10, "flags"},
+      {"large-body flag without the bulk flag", request, 1, 0x08, "flags"},
+      {"large-body flag in a cancel", cancel, 1, 0x08, "flags"},
       {"pull-response flag in a response", response, 1, 0x04, "flags"},
       {"pull-response flag in a cancel", cancel, 1, 0x04, "flags"},
       {"pull flag without the bulk flag", request, 1, 0x02, "flags"},
@@ -182,6 +184,11 @@ TEST_CASE("each invalid field is refused with its name", "[rpc_header]") {
   pull.flags |= zrpc::kRpcFlagPull;
   CHECK(Refused(Message(pull, zrpc::PullDescriptor::kSize - 1), "body"));
   CHECK(DecodeRpcHeader(Message(pull, zrpc::PullDescriptor::kSize)).ok());
+  // A large body's message must hold its trailer.
+  RpcHeader large = RpcHeader::Request(7, 1, kId, 0, 5000);
+  large.flags |= zrpc::kRpcFlagLargeBody;
+  CHECK(Refused(Message(large, zrpc::LargeBody::kSize - 1), "body"));
+  CHECK(DecodeRpcHeader(Message(large, zrpc::LargeBody::kSize)).ok());
   CHECK(Refused(Message(error, kMaxErrorMessage + 1), "body"));
   CHECK(DecodeRpcHeader(Message(error, kMaxErrorMessage)).ok());
   CHECK(DecodeRpcHeader(Message(error, 0)).ok());
@@ -325,4 +332,104 @@ TEST_CASE("a pull descriptor round-trips and refuses reserved bytes and other si
   CHECK(zrpc::DecodePullDescriptor(bytes).status().code() ==
         absl::StatusCode::kFailedPrecondition);
   CHECK_FALSE(zrpc::DecodePullDescriptor(absl::MakeConstSpan(bytes, 15)).ok());
+}
+
+namespace {
+
+// A request of `bulk_size` payload bytes with `flags`, whose body after the header is `body`.
+std::vector<uint8_t> WithBody(uint8_t flags, uint32_t bulk_size, std::vector<uint8_t> body) {
+  RpcHeader h = RpcHeader::Request(7, 1, kId, 0, bulk_size);
+  h.flags |= flags;
+  std::vector<uint8_t> bytes(RpcHeader::kSize);
+  zrpc::EncodeRpcHeader(h, bytes.data());
+  bytes.insert(bytes.end(), body.begin(), body.end());
+  return bytes;
+}
+
+std::vector<uint8_t> Trailer(uint32_t body_size) {
+  std::vector<uint8_t> out(zrpc::LargeBody::kSize);
+  zrpc::EncodeLargeBody(body_size, out.data());
+  return out;
+}
+
+std::vector<uint8_t> Descriptor(uint64_t addr, uint32_t rkey) {
+  std::vector<uint8_t> out(zrpc::PullDescriptor::kSize);
+  zrpc::PullDescriptor d;
+  d.addr = addr;
+  d.rkey = rkey;
+  zrpc::EncodePullDescriptor(d, out.data());
+  return out;
+}
+
+std::vector<uint8_t> Concat(std::initializer_list<std::vector<uint8_t>> parts) {
+  std::vector<uint8_t> out;
+  for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+absl::StatusOr<zrpc::MessageLayout> Layout(const std::vector<uint8_t>& bytes) {
+  absl::StatusOr<RpcHeader> h = DecodeRpcHeader(bytes);
+  if (!h.ok()) return h.status();
+  return zrpc::DecodeLayout(*h, bytes);
+}
+
+}  // namespace
+
+TEST_CASE("a message's layout: inline body, large body, one or two ranges to pull",
+          "[rpc_header]") {
+  using zrpc::kRpcFlagBulk;
+  using zrpc::kRpcFlagLargeBody;
+  using zrpc::kRpcFlagPull;
+  // Inline body with an arena payload: the whole body is the message's.
+  auto plain = Layout(WithBody(kRpcFlagBulk, 100, std::vector<uint8_t>(40, 1)));
+  REQUIRE(plain.ok());
+  CHECK(plain->body.size() == 40);
+  CHECK(plain->payload_body == 0);
+  CHECK(plain->pull_count == 0);
+  // Inline body, pulled payload: the descriptor ends the body.
+  auto pulled = Layout(WithBody(kRpcFlagBulk | kRpcFlagPull, 1 << 20,
+                                Concat({std::vector<uint8_t>(10, 2), Descriptor(0x1000, 9)})));
+  REQUIRE(pulled.ok());
+  CHECK(pulled->body.size() == 10);
+  REQUIRE(pulled->pull_count == 1);
+  CHECK(pulled->pulls[0].addr == 0x1000);
+  CHECK(pulled->bulk_size(RpcHeader::Request(7, 1, kId, 0, 1 << 20)) == 1u << 20);
+  // A large body written into the arena, with 100 bytes of bulk behind it.
+  auto written = Layout(WithBody(kRpcFlagBulk | kRpcFlagLargeBody, 5100, Trailer(5000)));
+  REQUIRE(written.ok());
+  CHECK(written->body.empty());
+  CHECK(written->payload_body == 5000);
+  CHECK(written->bulk_size(RpcHeader::Request(7, 1, kId, 0, 5100)) == 100);
+  // A large body alone, pulled: one range. With a bulk payload: two, body first.
+  auto alone = Layout(WithBody(kRpcFlagBulk | kRpcFlagPull | kRpcFlagLargeBody, 5000,
+                               Concat({Trailer(5000), Descriptor(0x2000, 3)})));
+  REQUIRE(alone.ok());
+  CHECK(alone->pull_count == 1);
+  auto both = Layout(WithBody(kRpcFlagBulk | kRpcFlagPull | kRpcFlagLargeBody, 5100,
+                              Concat({Trailer(5000), Descriptor(0x2000, 3),
+                                      Descriptor(0x9000, 4)})));
+  REQUIRE(both.ok());
+  REQUIRE(both->pull_count == 2);
+  CHECK(both->pulls[0].addr == 0x2000);
+  CHECK(both->pulls[1].rkey == 4);
+
+  auto refused = [](const std::vector<uint8_t>& bytes) {
+    absl::StatusOr<zrpc::MessageLayout> layout = Layout(bytes);
+    return !layout.ok() && layout.status().code() == absl::StatusCode::kFailedPrecondition;
+  };
+  const uint8_t large = kRpcFlagBulk | kRpcFlagLargeBody;
+  const uint8_t large_pulled = large | kRpcFlagPull;
+  CHECK(refused(WithBody(large, 5000, Trailer(0))));       // no body
+  CHECK(refused(WithBody(large, 5000, Trailer(5001))));    // past the payload
+  CHECK(refused(WithBody(large, 5000, Concat({Trailer(5000), {1}}))));  // inline bytes too
+  std::vector<uint8_t> reserved = Trailer(10);
+  reserved[7] = 1;
+  CHECK(refused(WithBody(large, 5000, reserved)));
+  // The number of descriptors follows the sizes: two needed, one given, and the reverse.
+  CHECK(refused(WithBody(large_pulled, 5100, Concat({Trailer(5000), Descriptor(1, 1)}))));
+  CHECK(refused(WithBody(large_pulled, 5000,
+                         Concat({Trailer(5000), Descriptor(1, 1), Descriptor(2, 2)}))));
+  std::vector<uint8_t> bad_descriptor = Descriptor(1, 1);
+  bad_descriptor[12] = 1;
+  CHECK(refused(WithBody(large_pulled, 5000, Concat({Trailer(5000), bad_descriptor}))));
 }

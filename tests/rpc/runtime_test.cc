@@ -220,40 +220,60 @@ TEST_CASE("bulk payloads both ways, byte-checked, from 0 B to the arena size") {
 
 // Before: "exceeds the 4056 bytes a message carries", naming neither side nor option, so a
 // user who raised the server's slot size saw nothing change (the client's smaller one governed).
-TEST_CASE("a message over the limit fails naming the side and the option that set it") {
+// Since messages larger than a slot travel as payloads, slots only decide which path a message
+// takes; max_message_size, on each side, is the limit, and an error over it names the option.
+TEST_CASE("slot sizes that differ are negotiated; a message past max_message_size fails naming "
+          "the side and the option that set it") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ServerOptions server_options;
+  server_options.max_message_size = 5500;
   zrpc::ChannelOptions channel_options;
   channel_options.slots.slot_size = 8192;  // the server keeps 4096: it governs both ways
+  channel_options.max_message_size = 6000;
   zrpc::testing::LogCapture log(zrpc::LogLevel::kWarning);
-  Runtime rt(config, {}, channel_options);
+  Runtime rt(config, server_options, channel_options);
   Greeter::Stub stub(rt.channel.get());
   HelloRequest request;
   HelloReply reply;
-  CHECK(rt.channel->stats().max_message_size == 0);  // not connected yet
+  CHECK(rt.channel->stats().max_slot_message == 0);  // not connected yet
   REQUIRE(rt.channel->Connect(absl::Now() + kLong).ok());
-  CHECK(rt.channel->stats().max_message_size == 4096 - 40);
+  CHECK(rt.channel->stats().max_slot_message == 4096 - 40);
   // Said at connect, once, naming both options.
   REQUIRE(log.Count(zrpc::LogLevel::kWarning, "client", "its receive slots are 4096 bytes "
                                                         "(ServerOptions::slots.slot_size), this "
                                                         "channel's 8192") == 1);
-  CHECK(log.Count(zrpc::LogLevel::kWarning, "client", "messages carry at most 4056 bytes") == 1);
+  CHECK(log.Count(zrpc::LogLevel::kWarning, "client", "messages up to 4056 bytes go in a slot") ==
+        1);
 
+  // Past the smaller slot both ways: a 5003-byte request, a 5010-byte answer.
   request.set_name(std::string(5000, 'r'));
   absl::Status s = stub.SayHello(request, &reply, Within(kLong));
-  INFO(s);
-  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-  CHECK(absl::StrContains(s.message(), "5003-byte request exceeds the 4056 bytes"));
-  CHECK(absl::StrContains(s.message(), "the server's receive slots (ServerOptions::slots.slot_size, "
-                                       "4096 bytes less 40 of headers)"));
-  CHECK(absl::StrContains(s.message(), "(the client's are 8192)"));
+  REQUIRE(s.ok());
+  CHECK(reply.message() == "Hello, " + request.name());
 
-  // A request that fits, whose answer ("Hello, " and the name) does not: the server says so.
-  request.set_name(std::string(4050, 'a'));
+  // Over the channel's limit (6003 > 6000): refused before anything is sent.
+  const int hellos = rt.greeter.hellos.load();
+  request.set_name(std::string(6000, 'c'));
   s = stub.SayHello(request, &reply, Within(kLong));
   INFO(s);
   CHECK(s.code() == absl::StatusCode::kResourceExhausted);
-  CHECK(absl::StrContains(s.message(), "zrpc.examples.Greeter/SayHello: a 4060-byte response"));
-  CHECK(absl::StrContains(s.message(), "ServerOptions::slots.slot_size"));
+  CHECK(absl::StrContains(
+      s.message(), "a 6003-byte request exceeds the 6000 bytes ChannelOptions::max_message_size"));
+  // Within the channel's, over the server's (5603 > 5500): the server says so, unserved.
+  request.set_name(std::string(5600, 's'));
+  s = stub.SayHello(request, &reply, Within(kLong));
+  INFO(s);
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(s.message(), "zrpc.examples.Greeter/SayHello: a 5603-byte request "
+                                       "exceeds the 5500 bytes ServerOptions::max_message_size"));
+  CHECK(rt.greeter.hellos.load() == hellos);
+  // A request that fits (5498 bytes), whose answer (5505) does not: the server says so.
+  request.set_name(std::string(5495, 'a'));
+  s = stub.SayHello(request, &reply, Within(kLong));
+  INFO(s);
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(s.message(), "zrpc.examples.Greeter/SayHello: a 5505-byte response "
+                                       "exceeds the 5500 bytes ServerOptions::max_message_size"));
 
   request.set_name("fits");
   REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());

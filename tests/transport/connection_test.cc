@@ -315,6 +315,31 @@ TEST_CASE("ReadBulk pulls a range the peer exposed, in pieces of the port's larg
   CHECK(pair.client->ReadBulk(BulkSource{sink.data(), 0, (*local)->lkey()}, range, 8).code() ==
         absl::StatusCode::kInvalidArgument);
 
+  // Several ranges as one transfer: the tail, an empty part, then the head, each into its own
+  // sink (in one buffer here, swapped), and one report after the last.
+  std::fill(sink.begin(), sink.end(), 0xEE);
+  const uint32_t head = 1000;
+  const uint32_t tail = size - head;
+  const Connection::ReadPart parts[] = {
+      {BulkSource{sink.data(), tail, (*local)->lkey()},
+       RemoteRange{range.addr + head, range.rkey}},
+      {BulkSource{sink.data() + tail, 0, (*local)->lkey()}, range},
+      {BulkSource{sink.data() + tail, head, (*local)->lkey()}, range},
+  };
+  REQUIRE(pair.client->ReadBulk(absl::MakeConstSpan(parts), 10).ok());
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.done.count(10) == 1; }));
+  {
+    absl::MutexLock lock(&client_handler.mu);
+    CHECK(client_handler.done.size() == 2);
+    CHECK(client_handler.done[10].ok());
+  }
+  CHECK(std::memcmp(sink.data(), exposed.data() + head, tail) == 0);
+  CHECK(std::memcmp(sink.data() + tail, exposed.data(), head) == 0);
+  CHECK(std::count(sink.begin() + size, sink.end(), 0xEE) == 128);
+  const Connection::ReadPart empty[] = {{BulkSource{sink.data(), 0, (*local)->lkey()}, range}};
+  CHECK(pair.client->ReadBulk(absl::MakeConstSpan(empty), 11).code() ==
+        absl::StatusCode::kInvalidArgument);
+
   // Deregistered: the peer's NIC refuses the READ and the reading connection fails.
   remote->reset();
   REQUIRE(pair.client->ReadBulk(BulkSource{sink.data(), 4096, (*local)->lkey()}, range, 9).ok());
@@ -510,7 +535,7 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
   truncated.resize(12);
   std::vector<Case> cases = {
       {"bad magic", HelloBytes(0x55, kWireVersion), "not zrpc"},
-      {"bad version", HelloBytes(0, kWireVersion + 1), "version 3"},  // kWireVersion + 1
+      {"bad version", HelloBytes(0, kWireVersion + 1), "version 4"},  // kWireVersion + 1
       {"garbage", std::vector<uint8_t>{1, 2, 3}, "not zrpc"},
       // The IB CM pads private data with zeros to its fixed size, so a short Hello reads as one
       // whose later fields are zero: refused for them.
