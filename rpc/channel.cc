@@ -533,11 +533,10 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");
   }
-  if (options.max_message_size == 0 || options.max_message_size > INT32_MAX ||
-      options.max_pulled_bytes < options.max_message_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ChannelOptions::max_message_size is ", options.max_message_size, " and max_pulled_bytes ",
-        options.max_pulled_bytes, ": the first must be in [1, 2 GiB - 1] and at most the second"));
+  if (options.max_message_size == 0 || options.max_message_size > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("ChannelOptions::max_message_size is ",
+                                                   options.max_message_size,
+                                                   "; it must be in [1, 2 GiB - 1]"));
   }
   if (options.max_bulk_size == 0 || options.max_bulk_size > UINT32_MAX ||
       options.max_pulled_bytes < options.max_bulk_size) {

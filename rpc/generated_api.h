@@ -145,9 +145,10 @@ class Channel {
  public:
   virtual ~Channel() = default;
 
-  // Reserves a registered slot of exactly `size` bytes for a request. Fails with
-  // kResourceExhausted when no slot frees up before `options.deadline`, kInvalidArgument
-  // when `size` exceeds the largest message the channel carries.
+  // Reserves memory of exactly `size` bytes for a request: a registered slot, or for a message
+  // larger than a slot memory the runtime sends at the front of a payload (rpc/WIRE.md). Fails
+  // with kResourceExhausted when `size` exceeds ChannelOptions::max_message_size (naming it) or
+  // no slot frees up before `options.deadline`.
   virtual ::absl::StatusOr<SendSlot> AcquireSendSlot(size_t size, const CallOptions& options) = 0;
 
   // Sends the request in `slot` (taking it back) to `method`, with `request_bulk` beside it
@@ -223,7 +224,9 @@ class ServerCall {
   // refuses a request that carries one anyway). A payload nobody takes is released at Finish.
   // One taken may outlive Finish and the ServerCall: its releaser is the runtime's, not this.
   virtual IncomingBulk TakeRequestBulk() = 0;
-  // A registered slot of exactly `size` bytes for the response.
+  // Memory of exactly `size` bytes for the response (a registered slot, or for a larger message
+  // memory sent at the front of a payload); kResourceExhausted past
+  // ServerOptions::max_message_size.
   virtual ::absl::StatusOr<SendSlot> AcquireResponseSlot(size_t size) = 0;
   // Ends the call: with `status` OK, sends the response in `*response` and `response_bulk`
   // beside it (empty unless the method has response_bulk); otherwise sends the error (and

@@ -23,11 +23,10 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
                                                    options.handler_threads,
                                                    "; it must be in [1, 1024]"));
   }
-  if (options.max_message_size == 0 || options.max_message_size > INT32_MAX ||
-      options.max_pulled_bytes < options.max_message_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ServerOptions::max_message_size is ", options.max_message_size, " and max_pulled_bytes ",
-        options.max_pulled_bytes, ": the first must be in [1, 2 GiB - 1] and at most the second"));
+  if (options.max_message_size == 0 || options.max_message_size > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("ServerOptions::max_message_size is ",
+                                                   options.max_message_size,
+                                                   "; it must be in [1, 2 GiB - 1]"));
   }
   if (options.max_bulk_size == 0 || options.max_bulk_size > UINT32_MAX ||
       options.max_pulled_bytes < options.max_bulk_size) {
