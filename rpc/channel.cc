@@ -255,8 +255,13 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
   attempts_.fetch_add(1, std::memory_order_relaxed);
   const std::shared_ptr<transport::Poller>& poller =
       pollers_[(&sub - subchannels_.data()) % pollers_.size()];
-  auto connection = std::make_shared<ClientConnection>(*this, options_.max_calls_per_connection,
-                                                       device_, poller);
+  // A payload the server may be pulling when its call ends stays exposed this long at most: as
+  // long as a ping may go unanswered.
+  const absl::Duration pull_grace = options_.keepalive_timeout > absl::ZeroDuration()
+                                        ? options_.keepalive_timeout
+                                        : absl::Seconds(2);
+  auto connection = std::make_shared<ClientConnection>(
+      *this, options_.max_calls_per_connection, pull_grace, device_, poller);
   // Outside the lock: callers with shorter deadlines give up at theirs instead of waiting for
   // this attempt's.
   sub.connecting = true;

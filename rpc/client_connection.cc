@@ -1,5 +1,6 @@
 #include "rpc/client_connection.h"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <utility>
@@ -83,6 +84,16 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
         absl::StrCat(method_name, ": ", id.status().message(), " (max_calls_per_connection)")));
   }
   if (deadline != absl::InfiniteFuture()) owner_.DeadlineAdded(deadline);
+  if (gate != nullptr) {
+    // A payload the server may be pulling when the call ends stays exposed until it is done.
+    std::weak_ptr<ClientConnection> weak = weak_from_this();
+    const uint64_t call_id = *id;
+    gate->SetRetire([weak, call_id](std::unique_ptr<ExposedPayload> payload) {
+      if (std::shared_ptr<ClientConnection> self = weak.lock()) {
+        self->Retire(call_id, std::move(payload));
+      }
+    });
+  }
   RpcHeader request_header = RpcHeader::Request(service_id, method_index, *id, 0);
   if (pull_response) request_header.flags |= kRpcFlagPullResponse;
   // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
@@ -179,7 +190,61 @@ void ClientConnection::Close(absl::string_view reason) {
   connection_->Close();
 }
 
+void ClientConnection::Retire(uint64_t call_id, std::unique_ptr<ExposedPayload> payload) {
+  const absl::Time until = MonotonicNow() + pull_grace_;
+  {
+    absl::MutexLock lock(&retired_mu_);
+    // OnClosed sets closed_ before it empties the map under this lock: kept only while open.
+    if (!closed()) {
+      retired_[call_id] = Retired{std::move(payload), until};
+      payload = nullptr;
+    }
+  }
+  // Closed: nobody pulls it any more, and it goes now (its release may end the call: outside
+  // the lock). Kept: the timer withdraws it at `until` at the latest.
+  if (payload == nullptr) owner_.DeadlineAdded(until);
+}
+
+absl::Time ClientConnection::NextDeadline() {
+  absl::Time next = calls_.NextDeadline();
+  absl::MutexLock lock(&retired_mu_);
+  for (const auto& [id, retired] : retired_) next = std::min(next, retired.until);
+  return next;
+}
+
+void ClientConnection::ServerPulled(uint64_t call_id) {
+  std::shared_ptr<BulkGate> gate;
+  if (calls_.Visit(call_id, [&](ClientCall& call) { gate = call.gate; })) {
+    if (gate) gate->Pulled();  // released before the call ends: the server has the bytes
+    return;
+  }
+  std::unique_ptr<ExposedPayload> done;
+  {
+    absl::MutexLock lock(&retired_mu_);
+    auto it = retired_.find(call_id);
+    if (it == retired_.end()) return;
+    done = std::move(it->second.payload);
+    retired_.erase(it);
+  }
+  // Destroyed outside the lock: its release ends the call, whose callback may do anything.
+}
+
 int ClientConnection::Expire(absl::Time now) {
+  std::vector<std::unique_ptr<ExposedPayload>> overdue;
+  {
+    absl::MutexLock lock(&retired_mu_);
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      if (it->second.until > now) {
+        ++it;
+        continue;
+      }
+      // The server neither pulled it nor answered within the grace: withdrawn, and a READ of
+      // it still under way fails the server's connection.
+      overdue.push_back(std::move(it->second.payload));
+      retired_.erase(it++);
+    }
+  }
+  overdue.clear();
   std::vector<TakenCall<ClientCall>> expired = calls_.TakeExpired(now);
   for (TakenCall<ClientCall>& taken : expired) {
     if (taken.call.gate) Withdraw(*connection_, taken.id, *taken.call.gate);
@@ -197,6 +262,12 @@ void ClientConnection::OnMessage(transport::Connection& connection,
   absl::StatusOr<IncomingMessage> incoming = Receive(connection, message);
   if (!incoming.ok()) return;
   const RpcKind kind = incoming->header.kind;
+  if (kind == RpcKind::kPulled) {
+    // The server has READ the request's payload: no longer exposed.
+    Discard(connection, *incoming);
+    ServerPulled(incoming->header.call_id);
+    return;
+  }
   if (kind != RpcKind::kResponse && kind != RpcKind::kError) {
     Discard(connection, *incoming);
     return Violation(connection, absl::StrCat("a server sent message kind ",
@@ -217,6 +288,7 @@ void ClientConnection::OnMessage(transport::Connection& connection,
       owner_.CountLateResponse();
       Discard(connection, *incoming);
       static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
+      ServerPulled(id);  // answered: the server is done with the request's payload too
       return;
     }
     absl::Status pulling = limits().CheckMessage(incoming->body_size(), "response");
@@ -259,6 +331,7 @@ void ClientConnection::Deliver(transport::Connection& connection, IncomingMessag
     // so the server's later messages and payloads do not queue behind it.
     owner_.CountLateResponse();
     Discard(connection, message);
+    ServerPulled(message.header.call_id);  // answered: done with the request's payload
     return;
   }
   Complete(connection, message, *call);
@@ -321,6 +394,12 @@ void ClientConnection::OnClosed(transport::Connection& connection, const absl::S
     self = std::move(self_);
   }
   DropPending(connection);
+  absl::flat_hash_map<uint64_t, Retired> retired;
+  {
+    absl::MutexLock lock(&retired_mu_);
+    retired.swap(retired_);
+  }
+  retired.clear();  // nobody pulls them any more: their calls end
   absl::Status reason = why;
   {
     absl::MutexLock lock(&reason_mu_);

@@ -11,7 +11,10 @@
 //   timer thread: Expire -> TakeExpired -> done(DEADLINE_EXCEEDED), and a cancel to the server.
 //   any thread: Cancellation::Cancel -> CancelCall -> Take -> done(CANCELLED), and a cancel.
 //   Either of those first withdraws a request payload that has not left (RpcConnection::
-//   Withdraw); `done` runs once the payload is released (ClientCall::End).
+//   Withdraw); `done` runs once the payload is released (ClientCall::End). A payload the server
+//   may be pulling is not withdrawn under its READ: it stays exposed until the server says
+//   pulled (or answers), for at most pull_grace (Retire).
+//   poller thread, kind pulled: the server has the request's payload: released (ServerPulled).
 //   OnClosed: TakeAll -> done(UNAVAILABLE, or CANCELLED when the channel is being destroyed).
 // Every call leaves the table exactly once, so `done` runs exactly once whoever wins.
 //
@@ -43,6 +46,7 @@
 
 #include <google/protobuf/empty.pb.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -105,13 +109,16 @@ extern const MethodInfo kKeepalivePing;  // of kKeepaliveService (rpc_connection
 class ClientConnection final : public RpcConnection,
                                public std::enable_shared_from_this<ClientConnection> {
  public:
-  ClientConnection(ClientConnectionOwner& owner, uint32_t max_calls,
+  // `pull_grace`: how long a request payload stays exposed after its call ended while the
+  // server may still be pulling it (see Retire).
+  ClientConnection(ClientConnectionOwner& owner, uint32_t max_calls, absl::Duration pull_grace,
                    std::shared_ptr<transport::Device> device,
                    std::shared_ptr<transport::Poller> poller)
       : RpcConnection("client", owner.staging(), owner.pulls(), std::move(device),
                       std::move(poller)),
         owner_(owner),
-        calls_(max_calls) {}
+        calls_(max_calls),
+        pull_grace_(pull_grace) {}
 
   // Takes the connection Connect made; the ClientConnection keeps itself alive until OnClosed.
   void Attach(std::shared_ptr<transport::Connection> connection);
@@ -129,9 +136,11 @@ class ClientConnection final : public RpcConnection,
   void CancelCall(uint64_t id);
   // One keepalive pass (see the top of this file).
   void Keepalive(absl::Duration timeout);
-  // Fails the calls whose deadline has passed, and tells the server; returns how many.
+  // Fails the calls whose deadline has passed, and tells the server; returns how many. Also
+  // withdraws retired payloads whose grace has passed.
   int Expire(absl::Time now);
-  absl::Time NextDeadline() { return calls_.NextDeadline(); }
+  // The earliest call deadline or retired payload's grace end.
+  absl::Time NextDeadline();
   size_t calls_in_flight() const { return calls_.size(); }
   // Closes the connection; its calls fail with `reason` (UNAVAILABLE).
   void Close(absl::string_view reason);
@@ -151,9 +160,24 @@ class ClientConnection final : public RpcConnection,
   // This side's messages wait for credits or arena space, or its application holds received
   // payloads: a ping now would wait behind them (see the top of this file).
   bool WindowHeld();
+  // A call whose request payload the server may still be pulling has ended (deadline, cancel):
+  // the payload stays exposed until the server says it pulled it, or answers the call (it
+  // answers only after its READ), or pull_grace passes, whichever comes first. Withdrawing it
+  // at once would fail the server's READ, and that fails the connection and every other call on
+  // it. The call's `done` waits for it, as for any payload the NIC may still read.
+  void Retire(uint64_t call_id, std::unique_ptr<ExposedPayload> payload);
+  // The server is done with call `call_id`'s payload (it said pulled, or answered).
+  void ServerPulled(uint64_t call_id);
 
   ClientConnectionOwner& owner_;
   CallTable<ClientCall> calls_;
+  const absl::Duration pull_grace_;
+  struct Retired {
+    std::unique_ptr<ExposedPayload> payload;
+    absl::Time until;  // monotonic
+  };
+  absl::Mutex retired_mu_;
+  absl::flat_hash_map<uint64_t, Retired> retired_ ABSL_GUARDED_BY(retired_mu_);
   std::shared_ptr<transport::Connection> connection_;
   absl::Mutex self_mu_;
   std::shared_ptr<ClientConnection> self_ ABSL_GUARDED_BY(self_mu_);  // until OnClosed

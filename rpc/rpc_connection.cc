@@ -146,12 +146,29 @@ void BulkGate::Released() {
 
 void BulkGate::End() {
   std::unique_ptr<ExposedPayload> source;
+  std::function<void(std::unique_ptr<ExposedPayload>)> retire;
   {
     absl::MutexLock lock(&mu_);
     ended_ = true;
     source = std::move(source_);
+    retire = std::move(retire_);
   }
-  // Destroyed outside the lock: its release opens this gate (Released).
+  // Outside the lock: its release opens this gate (Released).
+  if (source != nullptr && retire) retire(std::move(source));
+}
+
+void BulkGate::SetRetire(std::function<void(std::unique_ptr<ExposedPayload>)> retire) {
+  absl::MutexLock lock(&mu_);
+  retire_ = std::move(retire);
+}
+
+void BulkGate::Pulled() {
+  std::unique_ptr<ExposedPayload> source;
+  {
+    absl::MutexLock lock(&mu_);
+    source = std::move(source_);
+  }
+  // Destroyed outside the lock, as in End.
 }
 
 bool BulkGate::Begin() {

@@ -184,12 +184,19 @@ class BulkGate {
   void Released();
   // Runs `then` now if the payload was released, else when it is.
   void AfterRelease(std::function<void()> then);
-  // The call ended: a payload exposed for the server to pull is withdrawn now (its registration
-  // removed, so the server's NIC can read no more of it, then its bytes released).
+  // The call ended: a payload exposed for the server to pull, and not pulled yet, goes to the
+  // retire hook if there is one (the server may be reading it: withdrawing it under its READ
+  // would fail the server's connection), else is withdrawn now (its registration removed, so
+  // the server's NIC can read no more of it, then its bytes released).
   void End();
-  // Keeps `source`, the call's payload exposed for pulling, until End. False (and `source`
-  // left with the caller, who destroys it and sends nothing) when the call has ended already.
+  // Keeps `source`, the call's payload exposed for pulling, until the server says it pulled it
+  // (Pulled) or End. False (and `source` left with the caller, who destroys it and sends
+  // nothing) when the call has ended already.
   bool Hold(std::unique_ptr<ExposedPayload>& source);
+  // Where End hands a payload still exposed.
+  void SetRetire(std::function<void(std::unique_ptr<ExposedPayload>)> retire);
+  // The server has pulled the payload: withdrawn and released now, before the call ends.
+  void Pulled();
 
  private:
   friend class RpcConnection;
@@ -199,6 +206,7 @@ class BulkGate {
   std::function<void()> then_ ABSL_GUARDED_BY(mu_);
   uint64_t token_ ABSL_GUARDED_BY(mu_) = 0;  // zero-copy WRITE's token; 0 once released
   std::unique_ptr<ExposedPayload> source_ ABSL_GUARDED_BY(mu_);
+  std::function<void(std::unique_ptr<ExposedPayload>)> retire_ ABSL_GUARDED_BY(mu_);
 };
 
 class RpcConnection : public transport::ConnectionHandler {

@@ -266,6 +266,9 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
 }
 
 void ServerConnection::OnPulled(transport::Connection& connection, IncomingMessage& message) {
+  // The client may stop exposing the payload now (its call may have ended meanwhile: it kept
+  // the payload exposed for this READ, and waits for this word).
+  static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(message.header.call_id)));
   HandleRequest(connection, message);
 }
 

@@ -203,18 +203,66 @@ TEST_CASE("max_pulled_bytes bounds what pulled payloads hold at once") {
   CHECK(store.object("b") == object);
 }
 
-TEST_CASE("a call whose deadline passes while its payload is being pulled fails, and its bytes "
-          "are the caller's at once") {
+// Before: the call's end withdrew the payload under the server's READ, which failed, and with it
+// the server's connection and every other call on it. Now the payload stays exposed until the
+// server says it pulled it (or answers), within the channel's keepalive_timeout.
+TEST_CASE("a call given up while the server pulls its payload fails, its bytes are the caller's "
+          "once it returns, and the connection survives") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Store store;
-  Served served(config, {&store});
+  zrpc::ChannelOptions channel_options;
+  channel_options.keepalive_timeout = absl::Seconds(60);  // the grace: longer than any pull here
+  Served served(config, {&store}, {}, channel_options);
   ObjectStore::Stub stub(served.channel.get());
   constexpr size_t kSize = 64 << 20;
   std::string bytes = Filled(kSize, 6);
   PutReply put;
-  // Far less than a 64 MiB READ takes under emulation.
-  absl::Status s =
-      stub.Put(Key("late"), OutgoingBulk(bytes.data(), kSize), &put, Within(absl::Milliseconds(5)));
+  // Given up once the server is pulling it (it has taken memory for the payload), which under
+  // emulation is far sooner than a 64 MiB READ ends. A cancel: a deadline might pass before
+  // the payload is even exposed, and test nothing.
+  zrpc::CallOptions options = Within(kLong);
+  options.cancellation = std::make_shared<zrpc::Cancellation>();
+  absl::Notification done;
+  absl::Status s;
+  stub.AsyncPut(Key("late"), OutgoingBulk(bytes.data(), kSize), &put, options,
+                [&](absl::Status status) {
+                  s = std::move(status);
+                  done.Notify();
+                });
+  REQUIRE(Eventually([&] { return served.server->stats().pulled_bytes_held > 0; }));
+  options.cancellation->Cancel();
+  done.WaitForNotification();
+  INFO(s);
+  CHECK(s.code() == absl::StatusCode::kCancelled);
+  // Returned: the server has read all of it, and reads no more.
+  std::fill(bytes.begin(), bytes.end(), 'Z');
+  absl::Status after =
+      stub.Put(Key("after"), OutgoingBulk(bytes.data(), 1000), &put, Within(kLong));
+  INFO(after);
+  CHECK(after.ok());
+  CHECK(store.object("after") == std::string(1000, 'Z'));
+  CHECK(served.channel->stats().connections_lost == 0);
+  // The server's Put of "late" runs after its READ, with what was read before the call
+  // returned: never a mix with the Zs written after (it may be skipped as cancelled, too).
+  CHECK(Eventually([&] { return served.server->stats().pulled_bytes_held == 0; }));
+  const std::string late = store.object("late");
+  CHECK((late.empty() || late == Filled(kSize, 6)));
+}
+
+TEST_CASE("a payload the server has not pulled within the grace is withdrawn anyway: the "
+          "server's READ fails with its connection, and the channel serves again") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Store store;
+  zrpc::ChannelOptions channel_options;
+  channel_options.keepalive_interval = absl::Seconds(30);  // no pings in the way
+  channel_options.keepalive_timeout = absl::Milliseconds(50);  // the grace: shorter than the pull
+  Served served(config, {&store}, {}, channel_options);
+  ObjectStore::Stub stub(served.channel.get());
+  constexpr size_t kSize = 64 << 20;
+  std::string bytes = Filled(kSize, 7);
+  PutReply put;
+  absl::Status s = stub.Put(Key("late"), OutgoingBulk(bytes.data(), kSize), &put,
+                            Within(absl::Milliseconds(50)));
   INFO(s);
   CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
   // Returned: the registration is gone, so the server's NIC reads nothing more of these bytes.
@@ -233,7 +281,7 @@ TEST_CASE("a call whose deadline passes while its payload is being pulled fails,
   // Whatever the server got of "late" (nothing, or the whole of it if the READ won), never a
   // mix with the Zs written after the call returned.
   const std::string late = store.object("late");
-  CHECK((late.empty() || late == Filled(kSize, 6)));
+  CHECK((late.empty() || late == Filled(kSize, 7)));
 }
 
 // A registered buffer with guard bands around the range a response lands in.
