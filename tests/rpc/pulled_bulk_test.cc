@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,11 +19,14 @@
 #include "proto/examples/object_store.zrpc.h"
 #include "rpc/channel.h"
 #include "rpc/registered_memory.h"
+#include "rpc/rpc_connection.h"
+#include "rpc/rpc_header.h"
 #include "rpc/server.h"
 #include "tests/eventually.h"
 #include "tests/pattern.h"
 #include "tests/rdma_device.h"
 #include "tests/rpc/runtime_fixture.h"
+#include "tests/transport/recorder.h"
 
 namespace {
 
@@ -455,6 +459,97 @@ TEST_CASE("a response destination is refused for a method without a response pay
   s = stub.Get(Key("10:1"), &info, &got, foreign.Options(4096));
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   CHECK(absl::StrContains(s.message(), "another device"));
+}
+
+// A client that keeps a response payload's key after it said pulled, and READs through it: the
+// server's NIC refuses (the registration was for that call only), the rogue's connection fails,
+// and everyone else is served as before.
+TEST_CASE("a peer that READs an exposed payload after saying it pulled it gets a remote access "
+          "error and loses its connection; other clients are unaffected") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Store store;
+  Served served(config, {&store});
+  ObjectStore::Stub stub(served.channel.get());
+  zrpc::testing::TransportPeer peer(config);
+  zrpc::testing::Recorder rogue;
+  auto connection = peer.Connect(config.addr, served.server->port(), &rogue);
+  REQUIRE(connection.ok());
+  auto send = [&](zrpc::RpcHeader header, const std::string& body) {
+    auto buffer = (*connection)->AcquireSendBuffer();
+    REQUIRE(buffer.ok());
+    zrpc::EncodeRpcHeader(header, buffer->data);
+    std::memcpy(buffer->data + zrpc::RpcHeader::kSize, body.data(), body.size());
+    REQUIRE((*connection)
+                ->Send(*buffer, static_cast<uint32_t>(zrpc::RpcHeader::kSize + body.size()), 0)
+                .ok());
+  };
+  // A Get (method 1) asking for its response payload exposed (as a response_destination does).
+  constexpr size_t kSize = 8192;
+  zrpc::RpcHeader get = zrpc::RpcHeader::Request(
+      zrpc::ServiceId(ObjectStore::service_info().full_name), 1, /*call_id=*/1, 0);
+  get.flags |= zrpc::kRpcFlagPullResponse;
+  send(get, Key(absl::StrCat(kSize, ":", 31)).SerializeAsString());
+  REQUIRE(rogue.WaitFor([&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) {
+    return rogue.messages.size() == 1;
+  }));
+  std::string answer;
+  {
+    absl::MutexLock lock(&rogue.mu);
+    answer = rogue.messages[0];
+  }
+  const auto bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(answer.data()),
+                                         answer.size());
+  absl::StatusOr<zrpc::RpcHeader> header = zrpc::DecodeRpcHeader(bytes);
+  REQUIRE(header.ok());
+  REQUIRE(header->kind == zrpc::RpcKind::kResponse);
+  REQUIRE(header->pulls());
+  absl::StatusOr<zrpc::MessageLayout> layout = zrpc::DecodeLayout(*header, bytes);
+  REQUIRE(layout.ok());
+  REQUIRE(layout->pull_count == 1);
+  const zrpc::transport::RemoteRange range{layout->pulls[0].addr, layout->pulls[0].rkey};
+
+  std::vector<uint8_t> sink(kSize);
+  auto local = peer.device->RegisterMemory(sink.data(), sink.size());
+  REQUIRE(local.ok());
+  const zrpc::transport::BulkSource into{sink.data(), static_cast<uint32_t>(kSize),
+                                         (*local)->lkey()};
+  // While exposed, the key is good: the payload is the one asked for.
+  REQUIRE((*connection)->ReadBulk(into, range, 100).ok());
+  REQUIRE(rogue.WaitFor([&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) {
+    return rogue.done.count(100) == 1;
+  }));
+  {
+    absl::MutexLock lock(&rogue.mu);
+    REQUIRE(rogue.done[100].ok());
+  }
+  CHECK(FirstDifference(absl::string_view(reinterpret_cast<const char*>(sink.data()), kSize),
+                        Filled(kSize, 31)) == "equal");
+  // Pulled, then a keepalive ping: the server handles both in order, so once the ping is
+  // answered the payload's registration is gone.
+  send(zrpc::RpcHeader::Pulled(1), "");
+  send(zrpc::RpcHeader::Request(zrpc::internal::kKeepaliveServiceId, 0, /*call_id=*/2, 0), "");
+  REQUIRE(rogue.WaitFor([&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) {
+    return rogue.messages.size() == 2;
+  }));
+  REQUIRE((*connection)->ReadBulk(into, range, 101).ok());
+  REQUIRE(rogue.WaitFor([&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) {
+    return rogue.closed.has_value();
+  }));
+  {
+    absl::MutexLock lock(&rogue.mu);
+    INFO(rogue.done[101]);
+    CHECK_FALSE(rogue.done[101].ok());
+    INFO(*rogue.closed);
+    CHECK(absl::StrContains(rogue.closed->message(), "remote access error"));
+  }
+  // The server, and its other clients, carry on.
+  ObjectInfo info;
+  IncomingBulk got;
+  REQUIRE(stub.Get(Key("100:3"), &info, &got, Within(kLong)).ok());
+  CHECK(got.view() == Filled(100, 3));
+  CHECK(served.channel->stats().connections_lost == 0);
+  connection->reset();
+  peer.poller->Shutdown();
 }
 
 }  // namespace
