@@ -141,6 +141,15 @@ class BulkDestination {
   ::std::shared_ptr<const internal::Registration> registration_;
 };
 
+// Where a server puts a request payload it pulls (ServerOptions::place_request_payload): a
+// destination in memory the application registered on the server, and what to run once the
+// runtime is done with it (the handler's IncomingBulk released, or the call ended without it,
+// or the READ failed). `release` may be empty.
+struct PayloadPlacement {
+  BulkDestination destination;
+  ::std::function<void()> release;
+};
+
 // The runtime's side of an IncomingBulk: gives the receive memory back. ReleaseBulk may be called
 // from any thread (a handler's, a DoneCallback on a runtime thread, the application's), also
 // after the connection the payload came on has failed, so it must be thread-safe, must not

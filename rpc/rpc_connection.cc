@@ -47,6 +47,19 @@ struct PulledPayload {
   }
 };
 
+// A payload pulled into memory the application placed it in (ServerOptions::
+// place_request_payload): its registration kept while the NIC writes there, and the
+// application's release, run when this goes.
+struct PlacedPayload {
+  BulkDestination destination;
+  std::function<void()> release;
+  ~PlacedPayload() {
+    if (release) release();
+  }
+};
+// Set in the handle of a placed payload (PlacedPayload's address).
+constexpr uint64_t kPlacedHandle = uint64_t{1} << 60;
+
 // A READ in flight: the message whose payload it pulls, and where the payload lands: all of it
 // in `payload`, or (into the caller's destination) its large body, if any, in `payload` and its
 // bulk payload at `destination`.
@@ -54,7 +67,8 @@ struct PendingPull {
   IncomingMessage message;
   std::unique_ptr<PulledPayload> payload;
   uint8_t* destination = nullptr;
-  std::shared_ptr<BulkGate> landing;  // released when the READ is done
+  std::shared_ptr<BulkGate> landing;     // released when the READ is done
+  std::unique_ptr<PlacedPayload> placed;  // the handle of the payload at `destination`, if any
 };
 // The handle of a payload pulled into the caller's own memory: releasing it gives nothing back.
 constexpr uint64_t kDestinationHandle = uint64_t{1} << 61;
@@ -192,12 +206,15 @@ absl::Status PullBudget::CheckMessage(uint64_t size, absl::string_view what) con
                                                    "::max_message_size allows"));
 }
 
+absl::Status PullBudget::CheckBulk(uint64_t size) const {
+  if (size <= max_bulk_size_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("a ", size, "-byte bulk payload exceeds the ",
+                                                   max_bulk_size_, " bytes ", side_,
+                                                   "::max_bulk_size allows"));
+}
+
 absl::Status PullBudget::Take(uint64_t bytes, uint64_t bulk_bytes) {
-  if (bulk_bytes > max_bulk_size_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a ", bulk_bytes, "-byte bulk payload exceeds the ", max_bulk_size_, " bytes ", side_,
-        "::max_bulk_size allows"));
-  }
+  if (absl::Status fits = CheckBulk(bulk_bytes); !fits.ok()) return fits;
   uint64_t used = in_use_.load(std::memory_order_relaxed);
   do {
     if (used + bytes > budget_) {
@@ -242,6 +259,10 @@ void ReceiveReleaser::ReleaseBulk(uint64_t token) {
 
 void RpcConnection::ReleasePayload(transport::Connection& connection, uint64_t handle) {
   if (handle == kDestinationHandle) return;  // the caller's memory
+  if (handle & kPlacedHandle) {
+    delete reinterpret_cast<PlacedPayload*>(static_cast<uintptr_t>(handle & ~kPlacedHandle));
+    return;
+  }
   if (handle & kPulledHandle) {
     delete reinterpret_cast<PulledPayload*>(static_cast<uintptr_t>(handle & ~kPulledHandle));
     return;
@@ -270,6 +291,7 @@ void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token
     std::unique_ptr<PulledPayload> payload = std::move(pending->payload);
     uint8_t* const destination = pending->destination;
     std::shared_ptr<BulkGate> landing = std::move(pending->landing);
+    std::unique_ptr<PlacedPayload> placed = std::move(pending->placed);  // released on failure
     delete pending;
     pulling_.fetch_sub(1, std::memory_order_relaxed);
     // Done or flushed: the NIC writes no more into the payload's memory. A call that ended
@@ -292,7 +314,10 @@ void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token
       }
     }
     if (destination != nullptr && message.bulk_size() > 0) {
-      message.bulk = transport::ReceivedBulk{destination, message.bulk_size(), kDestinationHandle};
+      const uint64_t handle =
+          placed ? reinterpret_cast<uintptr_t>(placed.release()) | kPlacedHandle
+                 : kDestinationHandle;
+      message.bulk = transport::ReceivedBulk{destination, message.bulk_size(), handle};
     }
     message.layout.pull_count = 0;
     OnPulled(connection, message);
@@ -383,13 +408,17 @@ absl::Status RpcConnection::StartPull(transport::Connection& connection,
   const transport::BulkSource sinks[2] = {{data, first, lkey},
                                           {data + first, size - first, lkey}};
   return PostPull(connection, sinks,
-                  new PendingPull{message, *std::move(payload), nullptr, nullptr}, pulling_);
+                  new PendingPull{message, *std::move(payload), nullptr, nullptr, nullptr},
+                  pulling_);
 }
 
 absl::Status RpcConnection::StartPullInto(transport::Connection& connection,
                                           const IncomingMessage& message,
                                           const BulkDestination& destination,
-                                          std::shared_ptr<BulkGate> landing) {
+                                          std::shared_ptr<BulkGate> landing,
+                                          std::function<void()> release) {
+  std::unique_ptr<PlacedPayload> placed;
+  if (release) placed.reset(new PlacedPayload{destination, std::move(release)});
   // A large body lands in this side's memory, the bulk payload in the caller's.
   std::unique_ptr<PulledPayload> body;
   transport::BulkSource sinks[2];
@@ -408,7 +437,7 @@ absl::Status RpcConnection::StartPullInto(transport::Connection& connection,
   }
   return PostPull(connection, absl::MakeConstSpan(sinks, sink),
                   new PendingPull{message, std::move(body), destination.data(),
-                                  std::move(landing)},
+                                  std::move(landing), std::move(placed)},
                   pulling_);
 }
 

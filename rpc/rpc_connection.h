@@ -137,6 +137,8 @@ class PullBudget {
   // Takes `bytes` for one pulled payload, of which `bulk_bytes` are a bulk payload (the rest a
   // large body: CheckMessage covers it); kResourceExhausted naming the option over its limit.
   absl::Status Take(uint64_t bytes, uint64_t bulk_bytes);
+  // kResourceExhausted, naming the option, for a bulk payload larger than max_bulk_size.
+  absl::Status CheckBulk(uint64_t size) const;
   void Give(uint64_t bytes) { in_use_.fetch_sub(bytes, std::memory_order_relaxed); }
   uint64_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
 
@@ -305,11 +307,13 @@ class RpcConnection : public transport::ConnectionHandler {
   // closed connection): nothing was started, and the caller still owns the message.
   absl::Status StartPull(transport::Connection& connection, const IncomingMessage& message);
   // The same with the bulk payload into the caller's `destination` (registered on this device,
-  // large enough; a large body still lands in memory of this side's), with `landing` held
-  // (Begin) until the READs are done or flushed, after which it is Released.
+  // large enough; a large body still lands in memory of this side's), with `landing` (if any)
+  // held (Begin) until the READs are done or flushed, after which it is Released. `release`
+  // (if any) runs once the payload is given back (ReleasePayload), or at once on failure.
   absl::Status StartPullInto(transport::Connection& connection, const IncomingMessage& message,
                              const BulkDestination& destination,
-                             std::shared_ptr<BulkGate> landing);
+                             std::shared_ptr<BulkGate> landing,
+                             std::function<void()> release = nullptr);
   virtual void OnPulled(transport::Connection& connection, IncomingMessage& message) = 0;
   // The peer has pulled the payload of response `call_id` (kPulled): stop exposing it.
   void Unexpose(uint64_t call_id);

@@ -88,6 +88,19 @@ struct ServerOptions {
   // on either side; past this limit the call fails with RESOURCE_EXHAUSTED naming the option,
   // before any byte moves (a sender's own limit) or before the message is read (a receiver's).
   uint64_t max_message_size = uint64_t{4} << 20;
+  // Where request payloads this server pulls land (those larger than its arena: rpc/WIRE.md,
+  // "Pulled payloads"). Unset: memory the server allocates and registers per payload, within
+  // max_pulled_bytes. Set: called with the method and the payload's size, on a poller thread (it
+  // must not block), it returns memory the application registered on this server
+  // (Server::RegisterMemory), at least that large, and a release to run once the runtime is done
+  // with it. The payload is read straight there by this side's NIC, and the handler's
+  // IncomingBulk views it in place: a page cache, a tensor or a KV-cache block gets its bytes
+  // where it wants them, with no copy. An error fails the call with that status, nothing read;
+  // memory too small or registered elsewhere fails it too (RESOURCE_EXHAUSTED,
+  // FAILED_PRECONDITION). Payloads written into the arena (at most its size) are not placed:
+  // lower listener.connection.arena_size to place smaller ones.
+  std::function<absl::StatusOr<PayloadPlacement>(const MethodInfo& method, size_t size)>
+      place_request_payload;
   // Bulk payloads larger than the peer's arena are pulled by this side with RDMA READ into
   // memory it allocates and registers per payload (rpc/WIRE.md, "Pulled payloads"): one is at
   // most max_bulk_size bytes (at most 4 GiB - 1), and all those pulled and not yet released at

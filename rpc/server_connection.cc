@@ -235,7 +235,11 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   }
   if (request.pulls()) {
     // Larger than this side's arena: pulled first, then served like any request (OnPulled).
-    if (absl::Status pulling = StartPull(connection, request); !pulling.ok()) {
+    const auto& place = core_.options().place_request_payload;
+    absl::Status pulling = place && request.bulk_size() > 0
+                               ? PullPlaced(connection, request, method, place)
+                               : StartPull(connection, request);
+    if (!pulling.ok()) {
       return answer_error(absl::Status(
           pulling.code(), absl::StrCat(method.full_name, ": request: ", pulling.message())));
     }
@@ -263,6 +267,35 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   } else {
     core_.pool().Submit(pool_queue_, call);
   }
+}
+
+absl::Status ServerConnection::PullPlaced(
+    transport::Connection& connection, const IncomingMessage& request, const MethodInfo& method,
+    const std::function<absl::StatusOr<PayloadPlacement>(const MethodInfo&, size_t)>& place) {
+  const uint32_t size = request.bulk_size();
+  if (absl::Status fits = limits().CheckBulk(size); !fits.ok()) return fits;
+  absl::StatusOr<PayloadPlacement> placed = place(method, size);
+  if (!placed.ok()) return placed.status();
+  // Given back on every path from here: by the runtime once done, or now.
+  PayloadPlacement placement = *std::move(placed);
+  const BulkDestination& destination = placement.destination;
+  absl::Status refused;
+  if (destination.size() < size) {
+    refused = absl::ResourceExhaustedError(absl::StrCat(
+        "ServerOptions::place_request_payload gave ", destination.size(), " bytes for a ", size,
+        "-byte payload"));
+  } else if (BulkAccess::registration(destination) == nullptr ||
+             BulkAccess::registration(destination)->device() != core_.device().get()) {
+    refused = absl::FailedPreconditionError(
+        "ServerOptions::place_request_payload gave memory not registered on this server "
+        "(Server::RegisterMemory)");
+  }
+  if (!refused.ok()) {
+    if (placement.release) placement.release();
+    return refused;
+  }
+  return StartPullInto(connection, request, destination, nullptr,
+                       placement.release ? std::move(placement.release) : [] {});
 }
 
 void ServerConnection::OnPulled(transport::Connection& connection, IncomingMessage& message) {

@@ -96,6 +96,11 @@ class ServerConnection final : public RpcConnection,
   void OnDeferredFailed(transport::Connection& connection, const RpcHeader& header,
                         const absl::Status& status) override;
   void OnPulled(transport::Connection& connection, IncomingMessage& message) override;
+  // Pulls `request`'s payload into memory ServerOptions::place_request_payload (`place`) gives.
+  absl::Status PullPlaced(
+      transport::Connection& connection, const IncomingMessage& request,
+      const MethodInfo& method,
+      const std::function<absl::StatusOr<PayloadPlacement>(const MethodInfo&, size_t)>& place);
 
   // Remembers the connection once accepted (messages may come first: they carry it too), unless
   // it closed already: the reference is dropped at OnClosed, since the connection co-owns this

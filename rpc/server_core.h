@@ -73,6 +73,7 @@ class ServerCore final : public transport::AcceptHandler {
   StagingPool& staging() { return *staging_; }
   const std::shared_ptr<PullBudget>& pulls() const { return pulls_; }
   const std::shared_ptr<transport::Device>& device() const { return device_; }
+  const ServerOptions& options() const { return options_; }
   void CountUnimplemented() { unimplemented_.fetch_add(1, std::memory_order_relaxed); }
   void CountCancel() { cancels_.fetch_add(1, std::memory_order_relaxed); }
   void CountViolation() { closed_violations_.fetch_add(1, std::memory_order_relaxed); }

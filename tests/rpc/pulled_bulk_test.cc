@@ -552,4 +552,104 @@ TEST_CASE("a peer that READs an exposed payload after saying it pulled it gets a
   peer.poller->Shutdown();
 }
 
+// Mercury's "the handler's memory": a server that keeps objects in a region of its own has
+// request payloads past its arena READ straight there.
+class PlacingStore : public ObjectStore::Service {
+ public:
+  absl::Status Put(zrpc::ServerContext&, const ObjectKey& key, IncomingBulk bulk,
+                   PutReply* reply) override {
+    absl::MutexLock lock(&mu);
+    landed[key.name()] = bulk.data();
+    objects[key.name()] = std::string(bulk.view());
+    reply->set_stored_bytes(bulk.size());
+    return absl::OkStatus();  // `bulk` released on return: the placement's release runs
+  }
+  absl::Mutex mu;
+  std::map<std::string, const uint8_t*> landed;
+  std::map<std::string, std::string> objects;
+};
+
+TEST_CASE("a server places request payloads it pulls in memory it chose, read in place there; "
+          "a refusal, memory too small or from elsewhere fail the call, and every placement is "
+          "released") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  PlacingStore store;
+  constexpr size_t kRegion = 8 << 20;
+  std::vector<uint8_t> region(kRegion);
+  std::atomic<int> placed{0}, released{0};
+  std::atomic<size_t> next_offset{0};
+  std::atomic<int> mode{0};  // 0: place; 1: refuse; 2: too small; 3: another device's memory
+  std::unique_ptr<zrpc::RegisteredMemory> memory;
+  std::unique_ptr<zrpc::RegisteredMemory> foreign;
+  zrpc::ServerOptions options;
+  options.place_request_payload =
+      [&](const zrpc::MethodInfo& method,
+          size_t size) -> absl::StatusOr<zrpc::PayloadPlacement> {
+    CHECK(std::string(method.full_name) == "zrpc.examples.ObjectStore/Put");
+    if (mode == 1) return absl::PermissionDeniedError("no room for you");
+    placed.fetch_add(1);
+    zrpc::PayloadPlacement placement;
+    placement.release = [&] { released.fetch_add(1); };
+    absl::StatusOr<zrpc::BulkDestination> destination =
+        mode == 3 ? foreign->Destination(0, size)
+                  : memory->Destination(next_offset.fetch_add(size), mode == 2 ? size - 1 : size);
+    if (!destination.ok()) return destination.status();
+    placement.destination = *destination;
+    return placement;
+  };
+  zrpc::ChannelOptions channel_options;
+  channel_options.slots.slot_size = 8192;  // other slots: the channel's own device (and PD)
+  Served served(config, {&store}, options, channel_options);
+  absl::StatusOr<zrpc::RegisteredMemory> registered =
+      served.server->RegisterMemory(region.data(), region.size());
+  REQUIRE(registered.ok());
+  memory = std::make_unique<zrpc::RegisteredMemory>(*std::move(registered));
+  // Registered by the channel, on its own device: the server's NIC cannot write there.
+  std::vector<uint8_t> elsewhere(kRegion);
+  absl::StatusOr<zrpc::RegisteredMemory> other =
+      served.channel->RegisterMemory(elsewhere.data(), elsewhere.size());
+  REQUIRE(other.ok());
+  foreign = std::make_unique<zrpc::RegisteredMemory>(*std::move(other));
+  ObjectStore::Stub stub(served.channel.get());
+  PutReply put;
+
+  // Past the arena: placed, and read in place there.
+  const std::string big = Filled(1 << 20, 41);
+  REQUIRE(stub.Put(Key("big"), OutgoingBulk::Copy(big), &put, Within(kLong)).ok());
+  {
+    absl::MutexLock lock(&store.mu);
+    CHECK(store.landed["big"] == region.data());
+    CHECK(FirstDifference(store.objects["big"], big) == "equal");
+  }
+  CHECK(std::memcmp(region.data(), big.data(), big.size()) == 0);
+  CHECK(Eventually([&] { return released == 1; }));
+  CHECK(served.server->stats().pulled_bytes_held == 0);  // none of the runtime's memory
+  // Within the arena: written there, not placed.
+  REQUIRE(stub.Put(Key("small"), OutgoingBulk::Copy(Filled(1000, 42)), &put, Within(kLong)).ok());
+  CHECK(placed == 1);
+
+  struct Refusal {
+    int mode;
+    absl::StatusCode code;
+    const char* says;
+  };
+  for (const Refusal& r : {Refusal{1, absl::StatusCode::kPermissionDenied, "no room for you"},
+                           Refusal{2, absl::StatusCode::kResourceExhausted, "gave 1048575 bytes"},
+                           Refusal{3, absl::StatusCode::kFailedPrecondition,
+                                   "not registered on this server"}}) {
+    INFO("mode " << r.mode);
+    mode = r.mode;
+    absl::Status s = stub.Put(Key("refused"), OutgoingBulk::Copy(big), &put, Within(kLong));
+    INFO(s);
+    CHECK(s.code() == r.code);
+    CHECK(absl::StrContains(s.message(), r.says));
+  }
+  // Every placement handed out was given back (the refused ones at once).
+  CHECK(Eventually([&] { return released == placed; }));
+  mode = 0;
+  REQUIRE(stub.Put(Key("again"), OutgoingBulk::Copy(big), &put, Within(kLong)).ok());
+  CHECK(Eventually([&] { return released == placed; }));
+  CHECK(served.channel->stats().connections_lost == 0);
+}
+
 }  // namespace
