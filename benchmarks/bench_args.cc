@@ -72,7 +72,7 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& flag = args[i];
     // A client flag given to a server (or the reverse) is a mistake, not a no-op.
-    const bool server_only = flag == "--listen" || flag == "--max-bulk";
+    const bool server_only = flag == "--listen" || flag == "--max-bulk" || flag == "--arena";
     const bool client_only = flag == "--connect" || flag == "--workload" || flag == "--size" ||
                              flag == "--in-flight" || flag == "--connections" ||
                              flag == "--threads" || flag == "--calls" || flag == "--duration" ||
@@ -98,6 +98,11 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
       parsed.listen = value;
     } else if (flag == "--max-bulk") {
       s = ParseOne(flag, value, uint64_t{1}, kMaxSize, &parsed.max_bulk);
+    } else if (flag == "--arena") {
+      s = ParseOne(flag, value, uint64_t{64}, uint64_t{1} << 30, &parsed.arena);
+      if (s.ok() && parsed.arena % 64 != 0) {
+        s = absl::InvalidArgumentError(absl::StrCat("--arena ", value, " is not a multiple of 64"));
+      }
     } else if (flag == "--pollers") {
       s = ParseOne(flag, value, 1, 64, &parsed.pollers);
     } else if (flag == "--event") {

@@ -1,11 +1,15 @@
 // zrpc_bench's command line, parsed and checked apart from main so tests can feed it anything.
 //
 //   zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event] [--max-bulk BYTES]
+//                     [--arena BYTES]
 //   zrpc_bench client --connect ADDR:PORT [--workload echo|put|get] [--size B[,B...]]
 //                     [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]
 //                     [--calls N | --duration SECONDS] [--warmup N] [--round N]
 //                     [--json FILE] [--event] [--sweep] [--registered]
 //
+// --arena (server): the receive arena each client may write payloads into; larger ones are
+// pulled by the server (rpc/WIRE.md). Default: the larger of --max-bulk and 256 KiB, so that
+// every payload is written. A small arena measures the pulled path at the same sizes.
 // --registered (put only): payloads come from memory the client registered once
 // (rpc/registered_memory.h) and are sent with no copy; the row is named put_registered, and the
 // run fails if any of its bytes were staged after all.
@@ -33,6 +37,7 @@ struct BenchArgs {
   // Server.
   std::string listen;  // empty: the device's address, port 7471
   uint64_t max_bulk = 16u << 20;
+  uint64_t arena = 0;  // 0: ArenaFor(max_bulk)
   // Both.
   int pollers = 1;
   bool event = false;  // event-mode pollers instead of busy polling
@@ -60,6 +65,7 @@ inline constexpr uint64_t kSweepBulkBytes = uint64_t{64} << 20;
 
 inline constexpr char kBenchUsage[] =
     "usage: zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event] [--max-bulk BYTES]\n"
+    "                         [--arena BYTES]\n"
     "       zrpc_bench client --connect ADDR:PORT [--workload echo|put|get] [--size B[,B...]]\n"
     "                         [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]\n"
     "                         [--calls N | --duration SECONDS] [--warmup N] [--round N]\n"

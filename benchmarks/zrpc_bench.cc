@@ -53,7 +53,8 @@ int Serve(const BenchArgs& args) {
   options.poll_mode = args.event ? transport::PollMode::kEvent : transport::PollMode::kBusy;
   options.inline_by_default = true;
   options.slots.slot_size = kSlotSize;
-  options.listener.connection.arena_size = ArenaFor(args.max_bulk);
+  options.listener.connection.arena_size =
+      args.arena != 0 ? static_cast<uint32_t>(args.arena) : ArenaFor(args.max_bulk);
   options.staging_bytes = std::max<size_t>(size_t{64} << 20, 4 * args.max_bulk);
   BenchService service(args.max_bulk);
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options);

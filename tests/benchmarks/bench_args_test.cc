@@ -30,6 +30,10 @@ TEST_CASE("zrpc_bench arguments: servers and clients, lists, defaults") {
   CHECK(server->listen == "10.0.0.1:7471");
   CHECK(server->pollers == 2);
   CHECK(server->event);
+  CHECK(server->arena == 0);  // as large as --max-bulk: every payload written
+  auto small_arena = Parse({"server", "--arena", "4096"});
+  REQUIRE(small_arena.ok());
+  CHECK(small_arena->arena == 4096);
 
   auto client = Parse({"client", "--connect", "10.0.0.1:7471", "--workload", "put", "--size",
                        "4096,1048576", "--in-flight", "1,16", "--threads", "1", "--calls",
@@ -88,6 +92,9 @@ TEST_CASE("zrpc_bench arguments: every mistake is refused by name") {
   Refused({"server", "--connect", "x:1"}, "client flag");
   Refused({"server", "--frobnicate"}, "unknown flag");
   Refused({"server", "--pollers", "65"}, "--pollers");
+  Refused({"server", "--arena", "100"}, "not a multiple of 64");
+  Refused({"server", "--arena", "0"}, "--arena");
+  Refused({"client", "--connect", "h:1", "--arena", "4096"}, "server flag");
   Refused({"client", "--connect", "h:1", "--threads", "1,2"}, "takes one number");
 }
 
