@@ -409,7 +409,7 @@ absl::Status ChannelCore::CloseStatus(const std::string& peer, const absl::Statu
 }
 
 void ChannelCore::NoteMessageLimit(const transport::Connection& connection) {
-  const size_t max = RpcConnection::MaxBody(connection);
+  const size_t max = RpcConnection::MaxInlineBody(connection);
   max_message_.store(max, std::memory_order_relaxed);
   const size_t own = device_->slots().slot_size();
   const size_t peer = connection.peer_recv_size();

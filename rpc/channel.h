@@ -121,7 +121,8 @@ struct ChannelStats {
   absl::Duration backoff = absl::ZeroDuration();  // the current reconnection delay, if failing
   // The largest request or response (serialized bytes) that goes in a message slot on the
   // connection made last: the smaller of this channel's and the server's receive slots, less 40
-  // bytes of headers (a mismatch is logged once, at connect, as a warning). Larger messages, up
+  // bytes of headers and 16 kept for a pull descriptor (a mismatch is logged once, at connect,
+  // as a warning). Larger messages, up
   // to ChannelOptions::max_message_size, travel as payloads. 0 before the first connection.
   uint64_t max_slot_message = 0;
   // Request payload bytes copied into staging memory (from unregistered bytes), and those the

@@ -60,6 +60,7 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
     }
   }
   BulkGate* const gate = call.gate.get();  // the call (in the table) keeps it alive
+  const std::shared_ptr<BulkGate> gate_ref = call.gate;
   auto fail = [&](absl::Status status) {
     connection_->ReleaseSendBuffer(buffer);
     bulk.Reset();  // before done: the caller may reuse the bytes once it runs
@@ -86,13 +87,23 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
   if (deadline != absl::InfiniteFuture()) owner_.DeadlineAdded(deadline);
   if (gate != nullptr) {
     // A payload the server may be pulling when the call ends stays exposed until it is done.
-    std::weak_ptr<ClientConnection> weak = weak_from_this();
     const uint64_t call_id = *id;
-    gate->SetRetire([weak, call_id](std::unique_ptr<ExposedPayload> payload) {
+    {
+      absl::MutexLock lock(&exposed_mu_);
+      if (!closed()) {
+        exposed_requests_[call_id] = ExposedRequest{gate_ref};
+        exposed_entries_.store(exposed_requests_.size(), std::memory_order_relaxed);
+      }
+    }
+    std::weak_ptr<ClientConnection> weak = weak_from_this();
+    const bool hooked = gate->SetRetire([weak, call_id](BulkGate& ended, bool exposed) {
       if (std::shared_ptr<ClientConnection> self = weak.lock()) {
-        self->Retire(call_id, std::move(payload));
+        self->CallEnded(call_id, ended, exposed);
+      } else if (exposed) {
+        ended.Withdraw(/*orphan=*/true);  // nobody pulls it from a connection that is gone
       }
     });
+    if (!hooked) ServerPulled(call_id);  // ended already (its deadline): nothing was exposed
   }
   RpcHeader request_header = RpcHeader::Request(service_id, method_index, *id, 0);
   if (pull_response) request_header.flags |= kRpcFlagPullResponse;
@@ -190,61 +201,72 @@ void ClientConnection::Close(absl::string_view reason) {
   connection_->Close();
 }
 
-void ClientConnection::Retire(uint64_t call_id, std::unique_ptr<ExposedPayload> payload) {
+void ClientConnection::CallEnded(uint64_t call_id, BulkGate& gate, bool exposed) {
+  std::shared_ptr<BulkGate> dropped;  // released outside the lock
+  bool withdraw = false;
   const absl::Time until = MonotonicNow() + pull_grace_;
   {
-    absl::MutexLock lock(&retired_mu_);
-    // OnClosed sets closed_ before it empties the map under this lock: kept only while open.
-    if (!closed()) {
-      retired_[call_id] = Retired{std::move(payload), until};
-      payload = nullptr;
+    absl::MutexLock lock(&exposed_mu_);
+    auto it = exposed_requests_.find(call_id);
+    if (exposed && it != exposed_requests_.end() && !closed()) {
+      it->second.until = until;  // the timer withdraws it then at the latest
+    } else {
+      // Nothing exposed, or nobody left to pull it (the server said pulled, or answered, or the
+      // connection closed): no entry any more, and a payload still exposed goes now.
+      if (it != exposed_requests_.end()) {
+        dropped = std::move(it->second.gate);
+        exposed_requests_.erase(it);
+        exposed_entries_.store(exposed_requests_.size(), std::memory_order_relaxed);
+      }
+      withdraw = exposed;
     }
   }
-  // Closed: nobody pulls it any more, and it goes now (its release may end the call: outside
-  // the lock). Kept: the timer withdraws it at `until` at the latest.
-  if (payload == nullptr) owner_.DeadlineAdded(until);
+  if (withdraw) {
+    gate.Withdraw();
+  } else if (exposed) {
+    owner_.DeadlineAdded(until);
+  }
 }
 
 absl::Time ClientConnection::NextDeadline() {
   absl::Time next = calls_.NextDeadline();
-  absl::MutexLock lock(&retired_mu_);
-  for (const auto& [id, retired] : retired_) next = std::min(next, retired.until);
+  absl::MutexLock lock(&exposed_mu_);
+  for (const auto& [id, request] : exposed_requests_) next = std::min(next, request.until);
   return next;
 }
 
 void ClientConnection::ServerPulled(uint64_t call_id) {
+  if (exposed_entries_.load(std::memory_order_relaxed) == 0) return;  // the common case
   std::shared_ptr<BulkGate> gate;
-  if (calls_.Visit(call_id, [&](ClientCall& call) { gate = call.gate; })) {
-    if (gate) gate->Pulled();  // released before the call ends: the server has the bytes
-    return;
-  }
-  std::unique_ptr<ExposedPayload> done;
   {
-    absl::MutexLock lock(&retired_mu_);
-    auto it = retired_.find(call_id);
-    if (it == retired_.end()) return;
-    done = std::move(it->second.payload);
-    retired_.erase(it);
+    absl::MutexLock lock(&exposed_mu_);
+    auto it = exposed_requests_.find(call_id);
+    if (it == exposed_requests_.end()) return;
+    gate = std::move(it->second.gate);
+    exposed_requests_.erase(it);
+    exposed_entries_.store(exposed_requests_.size(), std::memory_order_relaxed);
   }
-  // Destroyed outside the lock: its release ends the call, whose callback may do anything.
+  // Outside the lock: the payload's release may end the call, whose callback may do anything.
+  gate->Withdraw();
 }
 
 int ClientConnection::Expire(absl::Time now) {
-  std::vector<std::unique_ptr<ExposedPayload>> overdue;
+  std::vector<std::shared_ptr<BulkGate>> overdue;
   {
-    absl::MutexLock lock(&retired_mu_);
-    for (auto it = retired_.begin(); it != retired_.end();) {
+    absl::MutexLock lock(&exposed_mu_);
+    for (auto it = exposed_requests_.begin(); it != exposed_requests_.end();) {
       if (it->second.until > now) {
         ++it;
         continue;
       }
       // The server neither pulled it nor answered within the grace: withdrawn, and a READ of
       // it still under way fails the server's connection.
-      overdue.push_back(std::move(it->second.payload));
-      retired_.erase(it++);
+      overdue.push_back(std::move(it->second.gate));
+      exposed_requests_.erase(it++);
     }
+    exposed_entries_.store(exposed_requests_.size(), std::memory_order_relaxed);
   }
-  overdue.clear();
+  for (const std::shared_ptr<BulkGate>& gate : overdue) gate->Withdraw();
   std::vector<TakenCall<ClientCall>> expired = calls_.TakeExpired(now);
   for (TakenCall<ClientCall>& taken : expired) {
     if (taken.call.gate) Withdraw(*connection_, taken.id, *taken.call.gate);
@@ -274,6 +296,9 @@ void ClientConnection::OnMessage(transport::Connection& connection,
                                               static_cast<int>(kind),
                                               "; a client takes responses and errors"));
   }
+  // Answered: the server is done with the request's payload (it answers only after its READ,
+  // or without one), whether the call is still waiting or not.
+  ServerPulled(incoming->header.call_id);
   if (incoming->pulls()) {
     const uint64_t id = incoming->header.call_id;
     BulkDestination destination;
@@ -288,7 +313,6 @@ void ClientConnection::OnMessage(transport::Connection& connection,
       owner_.CountLateResponse();
       Discard(connection, *incoming);
       static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
-      ServerPulled(id);  // answered: the server is done with the request's payload too
       return;
     }
     absl::Status pulling = limits().CheckMessage(incoming->body_size(), "response");
@@ -331,7 +355,6 @@ void ClientConnection::Deliver(transport::Connection& connection, IncomingMessag
     // so the server's later messages and payloads do not queue behind it.
     owner_.CountLateResponse();
     Discard(connection, message);
-    ServerPulled(message.header.call_id);  // answered: done with the request's payload
     return;
   }
   Complete(connection, message, *call);
@@ -394,12 +417,15 @@ void ClientConnection::OnClosed(transport::Connection& connection, const absl::S
     self = std::move(self_);
   }
   DropPending(connection);
-  absl::flat_hash_map<uint64_t, Retired> retired;
+  absl::flat_hash_map<uint64_t, ExposedRequest> exposed;
   {
-    absl::MutexLock lock(&retired_mu_);
-    retired.swap(retired_);
+    absl::MutexLock lock(&exposed_mu_);  // closed_ is set: nothing is added any more
+    exposed.swap(exposed_requests_);
+    exposed_entries_.store(0, std::memory_order_relaxed);
   }
-  retired.clear();  // nobody pulls them any more: their calls end
+  // Nobody pulls them any more: withdrawn, so that their calls (ending below) can end.
+  for (auto& [id, request] : exposed) request.gate->Withdraw();
+  exposed.clear();
   absl::Status reason = why;
   {
     absl::MutexLock lock(&reason_mu_);

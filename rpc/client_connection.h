@@ -13,7 +13,7 @@
 //   Either of those first withdraws a request payload that has not left (RpcConnection::
 //   Withdraw); `done` runs once the payload is released (ClientCall::End). A payload the server
 //   may be pulling is not withdrawn under its READ: it stays exposed until the server says
-//   pulled (or answers), for at most pull_grace (Retire).
+//   pulled (or answers), for at most pull_grace (CallEnded).
 //   poller thread, kind pulled: the server has the request's payload: released (ServerPulled).
 //   OnClosed: TakeAll -> done(UNAVAILABLE, or CANCELLED when the channel is being destroyed).
 // Every call leaves the table exactly once, so `done` runs exactly once whoever wins.
@@ -110,7 +110,7 @@ class ClientConnection final : public RpcConnection,
                                public std::enable_shared_from_this<ClientConnection> {
  public:
   // `pull_grace`: how long a request payload stays exposed after its call ended while the
-  // server may still be pulling it (see Retire).
+  // server may still be pulling it (see CallEnded).
   ClientConnection(ClientConnectionOwner& owner, uint32_t max_calls, absl::Duration pull_grace,
                    std::shared_ptr<transport::Device> device,
                    std::shared_ptr<transport::Poller> poller)
@@ -137,9 +137,9 @@ class ClientConnection final : public RpcConnection,
   // One keepalive pass (see the top of this file).
   void Keepalive(absl::Duration timeout);
   // Fails the calls whose deadline has passed, and tells the server; returns how many. Also
-  // withdraws retired payloads whose grace has passed.
+  // withdraws exposed request payloads whose grace has passed.
   int Expire(absl::Time now);
-  // The earliest call deadline or retired payload's grace end.
+  // The earliest call deadline or exposed request payload's grace end.
   absl::Time NextDeadline();
   size_t calls_in_flight() const { return calls_.size(); }
   // Closes the connection; its calls fail with `reason` (UNAVAILABLE).
@@ -160,24 +160,30 @@ class ClientConnection final : public RpcConnection,
   // This side's messages wait for credits or arena space, or its application holds received
   // payloads: a ping now would wait behind them (see the top of this file).
   bool WindowHeld();
-  // A call whose request payload the server may still be pulling has ended (deadline, cancel):
-  // the payload stays exposed until the server says it pulled it, or answers the call (it
-  // answers only after its READ), or pull_grace passes, whichever comes first. Withdrawing it
-  // at once would fail the server's READ, and that fails the connection and every other call on
-  // it. The call's `done` waits for it, as for any payload the NIC may still read.
-  void Retire(uint64_t call_id, std::unique_ptr<ExposedPayload> payload);
-  // The server is done with call `call_id`'s payload (it said pulled, or answered).
+  // Call `call_id`, with a request payload behind `gate`, has ended (answered, deadline,
+  // cancel, failure). A payload still exposed then (`exposed`) stays so until the server says
+  // it pulled it, or answers the call (it answers only after its READ), or pull_grace passes,
+  // whichever comes first: withdrawing it at once would fail the server's READ, and that fails
+  // the connection and every other call on it. The call's `done` waits for it, as for any
+  // payload the NIC may still read.
+  void CallEnded(uint64_t call_id, BulkGate& gate, bool exposed);
+  // The server is done with call `call_id`'s request payload (it said pulled, or answered):
+  // withdrawn now, whether the call has ended or not.
   void ServerPulled(uint64_t call_id);
 
   ClientConnectionOwner& owner_;
   CallTable<ClientCall> calls_;
   const absl::Duration pull_grace_;
-  struct Retired {
-    std::unique_ptr<ExposedPayload> payload;
-    absl::Time until;  // monotonic
+  // Calls whose request payload may be exposed for the server, from the call's start until the
+  // server is done with it or the grace after the call's end passes (CallEnded). Looked up by
+  // id, not through the call table: a call leaves the table before its ending runs.
+  struct ExposedRequest {
+    std::shared_ptr<BulkGate> gate;
+    absl::Time until = absl::InfiniteFuture();  // monotonic; set when the call ends
   };
-  absl::Mutex retired_mu_;
-  absl::flat_hash_map<uint64_t, Retired> retired_ ABSL_GUARDED_BY(retired_mu_);
+  absl::Mutex exposed_mu_;
+  absl::flat_hash_map<uint64_t, ExposedRequest> exposed_requests_ ABSL_GUARDED_BY(exposed_mu_);
+  std::atomic<size_t> exposed_entries_{0};  // its size, read without the lock
   std::shared_ptr<transport::Connection> connection_;
   absl::Mutex self_mu_;
   std::shared_ptr<ClientConnection> self_ ABSL_GUARDED_BY(self_mu_);  // until OnClosed

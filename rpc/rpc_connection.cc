@@ -160,28 +160,34 @@ void BulkGate::Released() {
 
 void BulkGate::End() {
   std::unique_ptr<ExposedPayload> source;
-  std::function<void(std::unique_ptr<ExposedPayload>)> retire;
+  std::function<void(BulkGate&, bool)> retire;
+  bool exposed;
   {
     absl::MutexLock lock(&mu_);
     ended_ = true;
-    source = std::move(source_);
     retire = std::move(retire_);
+    exposed = source_ != nullptr;
+    if (!retire) source = std::move(source_);
   }
-  // Outside the lock: its release opens this gate (Released).
-  if (source != nullptr && retire) retire(std::move(source));
+  // Outside the lock: a payload's release opens this gate (Released), and the hook may
+  // withdraw it (Withdraw takes the lock).
+  if (retire) retire(*this, exposed);
 }
 
-void BulkGate::SetRetire(std::function<void(std::unique_ptr<ExposedPayload>)> retire) {
+bool BulkGate::SetRetire(std::function<void(BulkGate&, bool)> retire) {
   absl::MutexLock lock(&mu_);
+  if (ended_) return false;
   retire_ = std::move(retire);
+  return true;
 }
 
-void BulkGate::Pulled() {
+void BulkGate::Withdraw(bool orphan) {
   std::unique_ptr<ExposedPayload> source;
   {
     absl::MutexLock lock(&mu_);
     source = std::move(source_);
   }
+  if (source != nullptr && orphan) source->count = nullptr;
   // Destroyed outside the lock, as in End.
 }
 
@@ -419,15 +425,21 @@ absl::Status RpcConnection::StartPullInto(transport::Connection& connection,
                                           std::function<void()> release) {
   std::unique_ptr<PlacedPayload> placed;
   if (release) placed.reset(new PlacedPayload{destination, std::move(release)});
+  // Nothing started: the landing opens again (PostPull does the same when the READ is refused),
+  // and `placed` gives the destination back as it goes.
+  auto fail = [&](absl::Status status) {
+    if (landing) landing->Released();
+    return status;
+  };
   // A large body lands in this side's memory, the bulk payload in the caller's.
   std::unique_ptr<PulledPayload> body;
   transport::BulkSource sinks[2];
   int sink = 0;
   if (const uint32_t body_size = message.layout.payload_body; body_size > 0) {
-    if (absl::Status taken = pulls_->Take(body_size, 0); !taken.ok()) return taken;
+    if (absl::Status taken = pulls_->Take(body_size, 0); !taken.ok()) return fail(taken);
     absl::StatusOr<std::unique_ptr<PulledPayload>> allocated =
         AllocatePulled(*device_, pulls_, body_size);
-    if (!allocated.ok()) return allocated.status();
+    if (!allocated.ok()) return fail(allocated.status());
     body = *std::move(allocated);
     sinks[sink++] = {body->data, body_size, body->region->lkey()};
   }
@@ -623,8 +635,14 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
     sent = connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size + trailer),
                            0);
   }
-  // Never sent: nobody will pull it (a client's gate drops it when its call ends).
-  if (!sent.ok() && gate == nullptr) Unexpose(header.call_id);
+  // Never sent: nobody will pull it.
+  if (!sent.ok()) {
+    if (gate != nullptr) {
+      gate->Withdraw();
+    } else {
+      Unexpose(header.call_id);
+    }
+  }
   return sent;
 }
 

@@ -186,19 +186,23 @@ class BulkGate {
   void Released();
   // Runs `then` now if the payload was released, else when it is.
   void AfterRelease(std::function<void()> then);
-  // The call ended: a payload exposed for the server to pull, and not pulled yet, goes to the
-  // retire hook if there is one (the server may be reading it: withdrawing it under its READ
-  // would fail the server's connection), else is withdrawn now (its registration removed, so
-  // the server's NIC can read no more of it, then its bytes released).
+  // The call ended. A payload exposed for the server to pull, and not pulled yet, stays exposed
+  // when there is a retire hook (the server may be reading it: withdrawing it under its READ
+  // would fail the server's connection), and the hook is told so; without one it is withdrawn
+  // now (its registration removed, so the server's NIC can read no more of it, then its bytes
+  // released).
   void End();
-  // Keeps `source`, the call's payload exposed for pulling, until the server says it pulled it
-  // (Pulled) or End. False (and `source` left with the caller, who destroys it and sends
-  // nothing) when the call has ended already.
+  // Keeps `source`, the call's payload exposed for pulling, until Withdraw (the server pulled
+  // it, or answered, or gave up) or End without a retire hook. False (and `source` left with the
+  // caller, who destroys it and sends nothing) when the call has ended already.
   bool Hold(std::unique_ptr<ExposedPayload>& source);
-  // Where End hands a payload still exposed.
-  void SetRetire(std::function<void(std::unique_ptr<ExposedPayload>)> retire);
-  // The server has pulled the payload: withdrawn and released now, before the call ends.
-  void Pulled();
+  // Told at End whether a payload is still exposed (true) or not (false). Runs outside the lock.
+  // False (and not set) when the call has ended already.
+  bool SetRetire(std::function<void(BulkGate& gate, bool exposed)> retire);
+  // Withdraws the payload exposed, if any: its registration removed, then its bytes released
+  // (which ends a call that ended meanwhile). `orphan`: the connection that counts exposed
+  // payloads is gone, so the payload must not count itself out of it.
+  void Withdraw(bool orphan = false);
 
  private:
   friend class RpcConnection;
@@ -208,7 +212,7 @@ class BulkGate {
   std::function<void()> then_ ABSL_GUARDED_BY(mu_);
   uint64_t token_ ABSL_GUARDED_BY(mu_) = 0;  // zero-copy WRITE's token; 0 once released
   std::unique_ptr<ExposedPayload> source_ ABSL_GUARDED_BY(mu_);
-  std::function<void(std::unique_ptr<ExposedPayload>)> retire_ ABSL_GUARDED_BY(mu_);
+  std::function<void(BulkGate&, bool)> retire_ ABSL_GUARDED_BY(mu_);
 };
 
 class RpcConnection : public transport::ConnectionHandler {
@@ -241,9 +245,13 @@ class RpcConnection : public transport::ConnectionHandler {
     return max > RpcHeader::kSize ? max - RpcHeader::kSize : 0;
   }
 
-  // Whether a message of `size` bytes goes in a slot on `connection` (else: as a large body).
+  // Whether a message of `size` bytes goes in a slot on `connection` (else: as a large body),
+  // with room left for the descriptor of a pulled payload beside it.
+  static size_t MaxInlineBody(const transport::Connection& connection) {
+    return MaxBody(connection) - PullDescriptor::kSize;  // MaxBody >= 256 (kMinRpcMessage)
+  }
   static bool FitsSlot(const transport::Connection& connection, size_t size) {
-    return size <= MaxBody(connection);
+    return size <= MaxInlineBody(connection);
   }
   const PullBudget& limits() const { return *pulls_; }
 

@@ -348,4 +348,72 @@ TEST_CASE("a call given up while the server pulls its large request fails, and i
       [&] { return served.server->stats().pulled_bytes_held == 0; }));
 }
 
+// Before: a large answer's body past the channel's max_pulled_bytes, beside a destination,
+// failed to start its READ and never released the destination's landing: the call hung.
+TEST_CASE("a large answer beside a destination that the channel has no memory for fails the "
+          "call, and never hangs it") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  LargeService service;
+  zrpc::ChannelOptions channel_options;
+  channel_options.max_bulk_size = 64 * 1024;
+  channel_options.max_pulled_bytes = 64 * 1024;
+  Served served(config, {&service}, {}, channel_options);
+  Large::Stub stub(served.channel.get());
+  std::vector<uint8_t> bytes(8192);
+  absl::StatusOr<zrpc::RegisteredMemory> memory =
+      served.channel->RegisterMemory(bytes.data(), bytes.size());
+  REQUIRE(memory.ok());
+  zrpc::CallOptions options = Within(kLong);
+  options.response_destination = *memory->Destination(0, bytes.size());
+  Blob request;
+  request.set_reply_size(300 * 1024);  // a body past the 64 KiB the channel may pull
+  Blob reply;
+  IncomingBulk got;
+  absl::Notification done;
+  absl::Status s;
+  stub.AsyncEchoBulk(request, OutgoingBulk::Copy("payload"), &reply, &got, options,
+                     [&](absl::Status status) {
+                       s = std::move(status);
+                       done.Notify();
+                     });
+  REQUIRE(done.WaitForNotificationWithTimeout(kLong));
+  INFO(s);
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(s.message(), "ChannelOptions::max_pulled_bytes"));
+  request.set_reply_size(10);
+  REQUIRE(stub.EchoBulk(request, OutgoingBulk::Copy("x"), &reply, &got, options).ok());
+  CHECK(got.view() == "x");
+}
+
+// Before: a body that filled its slot to the last 16 bytes stayed inline, and when its payload
+// was pulled (always, beside a destination) it left no room for the descriptor: the answer
+// failed INVALID_ARGUMENT.
+TEST_CASE("an answer that fills its slot, beside a pulled payload, still goes") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  LargeService service;
+  Served served(config, {&service});
+  Large::Stub stub(served.channel.get());
+  std::vector<uint8_t> bytes(4096);
+  absl::StatusOr<zrpc::RegisteredMemory> memory =
+      served.channel->RegisterMemory(bytes.data(), bytes.size());
+  REQUIRE(memory.ok());
+  zrpc::CallOptions options = Within(kLong);
+  options.response_destination = *memory->Destination(0, bytes.size());
+  // Serialized answers from 16 bytes under a slot's body (4056) to 8 past it.
+  for (size_t serialized = 4056 - 24; serialized <= 4056 + 8; ++serialized) {
+    INFO(serialized << "-byte answer");
+    Blob request;
+    request.set_reply_size(OfSerializedSize(serialized).data().size());
+    request.set_reply_seed(serialized);
+    Blob reply;
+    IncomingBulk got;
+    absl::Status s = stub.EchoBulk(request, OutgoingBulk::Copy("beside"), &reply, &got, options);
+    INFO(s);
+    REQUIRE(s.ok());
+    CHECK(reply.ByteSizeLong() == serialized);
+    CHECK(reply.data() == Filled(reply.data().size(), serialized));
+    CHECK(got.view() == "beside");
+  }
+}
+
 }  // namespace

@@ -652,4 +652,35 @@ TEST_CASE("a server places request payloads it pulls in memory it chose, read in
   CHECK(served.channel->stats().connections_lost == 0);
 }
 
+// Before: an answer (here a refusal before any READ) did not withdraw the request's exposed
+// payload; the call ended only when the grace (keepalive_timeout, 60 s here) ran out.
+TEST_CASE("a call whose pulled request the server refuses ends with the answer, not after the "
+          "grace") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Store store;
+  zrpc::ServerOptions server_options;
+  server_options.max_bulk_size = 1 << 20;
+  zrpc::ChannelOptions channel_options;
+  channel_options.keepalive_timeout = absl::Seconds(60);
+  Served served(config, {&store}, server_options, channel_options);
+  ObjectStore::Stub stub(served.channel.get());
+  const std::string object = Filled(2 << 20, 8);
+  PutReply put;
+  absl::Notification done;
+  absl::Status s;
+  bool released = false;
+  stub.AsyncPut(Key("refused"),
+                OutgoingBulk(object.data(), object.size(), [&] { released = true; }), &put,
+                Within(absl::Seconds(120)), [&](absl::Status status) {
+                  s = std::move(status);
+                  done.Notify();
+                });
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  INFO(s);
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(s.message(), "ServerOptions::max_bulk_size"));
+  CHECK(released);
+  CHECK(served.channel->stats().connections_lost == 0);
+}
+
 }  // namespace

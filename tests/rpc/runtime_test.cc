@@ -237,12 +237,12 @@ TEST_CASE("slot sizes that differ are negotiated; a message past max_message_siz
   HelloReply reply;
   CHECK(rt.channel->stats().max_slot_message == 0);  // not connected yet
   REQUIRE(rt.channel->Connect(absl::Now() + kLong).ok());
-  CHECK(rt.channel->stats().max_slot_message == 4096 - 40);
+  CHECK(rt.channel->stats().max_slot_message == 4096 - 40 - 16);  // room for a descriptor
   // Said at connect, once, naming both options.
   REQUIRE(log.Count(zrpc::LogLevel::kWarning, "client", "its receive slots are 4096 bytes "
                                                         "(ServerOptions::slots.slot_size), this "
                                                         "channel's 8192") == 1);
-  CHECK(log.Count(zrpc::LogLevel::kWarning, "client", "messages up to 4056 bytes go in a slot") ==
+  CHECK(log.Count(zrpc::LogLevel::kWarning, "client", "messages up to 4040 bytes go in a slot") ==
         1);
 
   // Past the smaller slot both ways: a 5003-byte request, a 5010-byte answer.
