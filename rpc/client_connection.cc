@@ -145,7 +145,9 @@ void ClientConnection::CancelCall(uint64_t id) {
 bool ClientConnection::WindowHeld() {
   if (Transferring()) return true;  // a large payload moves: pings would queue behind it
   const transport::ConnectionStats stats = connection_->stats();
-  return stats.waiting > 0 || stats.arena_in_use > 0;
+  // A bulk WRITE or READ still moving (64 MiB took 2 s under emulation) holds the send queue:
+  // a ping posted now waits behind it.
+  return stats.waiting > 0 || stats.arena_in_use > 0 || stats.transfer_bytes_in_flight > 0;
 }
 
 void ClientConnection::Keepalive(absl::Duration timeout) {

@@ -31,7 +31,8 @@
 // A ping never waits on the application's window. When this side's messages wait for credits
 // (the server's handlers hold every receive this side may fill: slow calls, not a dead server)
 // or the server's answers wait for arena space this side's application holds, or a large
-// payload is being pulled either way (READs of megabytes that may hold the queues for seconds),
+// payload is being pulled either way or is still being written (READs and WRITEs of megabytes
+// that may hold the send queue for seconds),
 // a ping would queue behind them and its silence would prove nothing. Then the pass probes the
 // server's NIC instead (transport::Connection::Probe: a zero-length RDMA WRITE, no credit): a
 // vanished host fails it after the transport's retries and the connection fails with it; a live

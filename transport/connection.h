@@ -182,6 +182,9 @@ struct ConnectionStats {
   // Of those, the ones not posted yet: waiting for credits (the peer holds this side's window),
   // arena space or a send-queue entry.
   uint32_t waiting = 0;
+  // Bytes of bulk WRITEs and READs posted and not yet completed: what a message posted now
+  // waits behind (RC keeps the send queue in order), for seconds when they are large.
+  uint64_t transfer_bytes_in_flight = 0;
   uint64_t probes_sent = 0;  // Probe()s that posted a work request
 };
 
@@ -282,6 +285,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     uint32_t slot;  // pool slot to free when retired, or SlotPool::kNoSlot
     uint64_t token;
     bool report;    // OnSendDone owed
+    uint32_t transfer;  // bytes a bulk WRITE or READ moves; 0 for messages and probes
   };
   // An operation waiting for credits, arena space or a send-queue entry.
   struct Waiting {
@@ -400,6 +404,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t recvs_posted_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<ibv_wc> early_ ABSL_GUARDED_BY(mu_);
   std::deque<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
+  uint64_t transfer_bytes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // sum of InFlight::transfer
   std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t unsignaled_ ABSL_GUARDED_BY(mu_) = 0;

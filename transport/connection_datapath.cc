@@ -35,6 +35,7 @@ ConnectionStats Connection::stats() const {
   stats.arena_in_use = arena_reader_.in_use();
   stats.sends_outstanding = static_cast<uint32_t>(waiting_.size() + in_flight_.size());
   stats.waiting = static_cast<uint32_t>(waiting_.size());
+  stats.transfer_bytes_in_flight = transfer_bytes_in_flight_;
   return stats;
 }
 
@@ -258,7 +259,11 @@ absl::Status Connection::PostSendWrLocked(ibv_send_wr& wr, uint32_t slot, uint64
   if (int rc = ibv_post_send(qp_->qp, &wr, &bad); rc != 0) {
     return VerbsError("ibv_post_send", rc);
   }
-  in_flight_.push_back(InFlight{sequence, slot, token, report});
+  const bool transfer = (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+                         wr.opcode == IBV_WR_RDMA_READ) && wr.num_sge > 0;
+  const uint32_t bytes = transfer ? wr.sg_list[0].length : 0;
+  in_flight_.push_back(InFlight{sequence, slot, token, report, bytes});
+  transfer_bytes_in_flight_ += bytes;
   unsignaled_ = (wr.send_flags & IBV_SEND_SIGNALED) ? 0 : unsignaled_ + 1;
   stats_.max_credits_in_use = std::max(stats_.max_credits_in_use, credits_.in_flight());
   return absl::OkStatus();
@@ -461,6 +466,7 @@ void Connection::RetireLocked(uint64_t up_to, const absl::Status& status, Events
     const InFlight& f = in_flight_.front();
     if (f.sequence == control_sequence_) control_busy_ = false;
     if (f.slot != SlotPool::kNoSlot) FreeSendSlot(f.slot);
+    transfer_bytes_in_flight_ -= f.transfer;
     if (f.report) {
       Event e(Event::kSendDone);
       e.handle_or_token = f.token;
