@@ -60,7 +60,6 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
     }
   }
   BulkGate* const gate = call.gate.get();  // the call (in the table) keeps it alive
-  const std::shared_ptr<BulkGate> gate_ref = call.gate;
   auto fail = [&](absl::Status status) {
     connection_->ReleaseSendBuffer(buffer);
     bulk.Reset();  // before done: the caller may reuse the bytes once it runs
@@ -85,26 +84,6 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
         absl::StrCat(method_name, ": ", id.status().message(), " (max_calls_per_connection)")));
   }
   if (deadline != absl::InfiniteFuture()) owner_.DeadlineAdded(deadline);
-  if (gate != nullptr) {
-    // A payload the server may be pulling when the call ends stays exposed until it is done.
-    const uint64_t call_id = *id;
-    {
-      absl::MutexLock lock(&exposed_mu_);
-      if (!closed()) {
-        exposed_requests_[call_id] = ExposedRequest{gate_ref};
-        exposed_entries_.store(exposed_requests_.size(), std::memory_order_relaxed);
-      }
-    }
-    std::weak_ptr<ClientConnection> weak = weak_from_this();
-    const bool hooked = gate->SetRetire([weak, call_id](BulkGate& ended, bool exposed) {
-      if (std::shared_ptr<ClientConnection> self = weak.lock()) {
-        self->CallEnded(call_id, ended, exposed);
-      } else if (exposed) {
-        ended.Withdraw(/*orphan=*/true);  // nobody pulls it from a connection that is gone
-      }
-    });
-    if (!hooked) ServerPulled(call_id);  // ended already (its deadline): nothing was exposed
-  }
   RpcHeader request_header = RpcHeader::Request(service_id, method_index, *id, 0);
   if (pull_response) request_header.flags |= kRpcFlagPullResponse;
   // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
@@ -201,6 +180,30 @@ void ClientConnection::Close(absl::string_view reason) {
   ZRPC_LOG(kWarning, "client", "closing the connection to ", connection_->peer_address(), ": ",
            reason);
   connection_->Close();
+}
+
+bool ClientConnection::PrepareExposure(uint64_t call_id, BulkGate& gate) {
+  // The call's own reference to its gate, for the entry: none once the call left the table,
+  // and then its ending is under way and nothing should be exposed any more.
+  std::shared_ptr<BulkGate> held;
+  calls_.Visit(call_id, [&](ClientCall& call) { held = call.gate; });
+  if (held.get() != &gate) return false;
+  {
+    absl::MutexLock lock(&exposed_mu_);
+    if (closed()) return false;
+    exposed_requests_[call_id] = ExposedRequest{std::move(held)};
+    exposed_entries_.store(exposed_requests_.size(), std::memory_order_relaxed);
+  }
+  std::weak_ptr<ClientConnection> weak = weak_from_this();
+  const bool hooked = gate.SetRetire([weak, call_id](BulkGate& ended, bool exposed) {
+    if (std::shared_ptr<ClientConnection> self = weak.lock()) {
+      self->CallEnded(call_id, ended, exposed);
+    } else if (exposed) {
+      ended.Withdraw(/*orphan=*/true);  // nobody pulls it from a connection that is gone
+    }
+  });
+  if (!hooked) ServerPulled(call_id);  // ended meanwhile: the entry goes, nothing is exposed
+  return hooked;
 }
 
 void ClientConnection::CallEnded(uint64_t call_id, BulkGate& gate, bool exposed) {

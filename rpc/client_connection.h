@@ -152,6 +152,7 @@ class ClientConnection final : public RpcConnection,
   void OnDeferredFailed(transport::Connection& connection, const RpcHeader& header,
                         const absl::Status& status) override;
   void OnPulled(transport::Connection& connection, IncomingMessage& message) override;
+  bool PrepareExposure(uint64_t call_id, BulkGate& gate) override;
 
  private:
   // A response or error whose payload (if any) is here: to its call, or dropped as late.
@@ -175,9 +176,10 @@ class ClientConnection final : public RpcConnection,
   ClientConnectionOwner& owner_;
   CallTable<ClientCall> calls_;
   const absl::Duration pull_grace_;
-  // Calls whose request payload may be exposed for the server, from the call's start until the
-  // server is done with it or the grace after the call's end passes (CallEnded). Looked up by
-  // id, not through the call table: a call leaves the table before its ending runs.
+  // Calls whose request payload is exposed for the server, from just before it is exposed
+  // (PrepareExposure) until the server is done with it or the grace after the call's end passes
+  // (CallEnded). Looked up by id, not through the call table: a call leaves the table before its
+  // ending runs. Requests whose payload is written, not pulled, never enter it.
   struct ExposedRequest {
     std::shared_ptr<BulkGate> gate;
     absl::Time until = absl::InfiniteFuture();  // monotonic; set when the call ends

@@ -614,7 +614,7 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
                 kRpcFlagBulk | kRpcFlagPull | (source->body.empty() ? 0 : kRpcFlagLargeBody),
                 total, deadline, buffer.data);
   if (gate != nullptr) {
-    if (!gate->Hold(source)) {
+    if (!PrepareExposure(header.call_id, *gate) || !gate->Hold(source)) {
       // The call ended while this was prepared: withdraw (source destroyed on return).
       return fail(absl::CancelledError("the call ended before its payload was exposed"));
     }

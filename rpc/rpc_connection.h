@@ -323,6 +323,10 @@ class RpcConnection : public transport::ConnectionHandler {
                              std::shared_ptr<BulkGate> landing,
                              std::function<void()> release = nullptr);
   virtual void OnPulled(transport::Connection& connection, IncomingMessage& message) = 0;
+  // A client's request payload, behind `gate`, is about to be exposed for the peer to pull:
+  // whatever must outlive the call's end for it is set up now. False when the call is ending
+  // already (nothing is exposed then).
+  virtual bool PrepareExposure(uint64_t /*call_id*/, BulkGate& /*gate*/) { return true; }
   // The peer has pulled the payload of response `call_id` (kPulled): stop exposing it.
   void Unexpose(uint64_t call_id);
   // Gives back a payload still waiting for its message, the messages still deferred and the
