@@ -99,7 +99,7 @@ absl::Status SendMessage(Connection& connection, uint32_t length, uint32_t lane)
   }
   std::memset(buffer->data, 0x5a, length);
   std::memcpy(buffer->data, &lane, sizeof(lane));
-  return connection.Send(*buffer, length, lane);
+  return connection.Send(*buffer, length);  // no OnSendDone: a failure shows in OnClosed
 }
 
 // The server's side: every message comes straight back.
@@ -123,7 +123,7 @@ class Echoer final : public ConnectionHandler, public transport::AcceptHandler {
     absl::StatusOr<transport::SendBuffer> buffer = connection.AcquireSendBuffer();
     if (buffer.ok() && message.size <= buffer->capacity) {
       std::memcpy(buffer->data, message.data, message.size);
-      (void)connection.Send(*buffer, message.size, 0);  // a failure closes the connection
+      (void)connection.Send(*buffer, message.size);  // a failure closes the connection
     } else if (buffer.ok()) {
       connection.ReleaseSendBuffer(*buffer);
     }

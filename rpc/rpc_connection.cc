@@ -288,8 +288,8 @@ void RpcConnection::OnBulk(transport::Connection& connection,
 
 void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token,
                                const absl::Status& status) {
-  // Messages carry token 0; a bulk WRITE carries its record or its staging buffer, free once the
-  // NIC is done with it (completed or flushed: either way it reads no more).
+  // Messages are sent without a token (no OnSendDone); a bulk WRITE carries its record or its
+  // staging buffer, free once the NIC is done with it (completed or flushed: it reads no more).
   if (token == 0) return;
   if (token & kPullTag) {
     auto* pending = reinterpret_cast<PendingPull*>(static_cast<uintptr_t>(token & ~kPullTag));
@@ -561,7 +561,7 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
   }
   EncodeForSend(header, 0, 0, deadline, buffer.data);
   absl::MutexLock lock(&send_mu_);
-  return connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size), 0);
+  return connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size));
 }
 
 absl::Status RpcConnection::SendPulled(transport::Connection& connection,
@@ -632,8 +632,7 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
   absl::Status sent;
   {
     absl::MutexLock lock(&send_mu_);
-    sent = connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size + trailer),
-                           0);
+    sent = connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size + trailer));
   }
   // Never sent: nobody will pull it.
   if (!sent.ok()) {
@@ -682,7 +681,7 @@ absl::Status RpcConnection::WriteThenSendLocked(transport::Connection& connectio
   absl::Status status = connection.WriteBulk(source, token);
   *written = status.ok();
   if (!*written) return status;
-  status = connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size), 0);
+  status = connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size));
   // The payload is posted and its message is not: the peer would pair the payload with the
   // next message. Nothing on this connection can be trusted to pair any more.
   if (!status.ok()) connection.Close();

@@ -372,8 +372,13 @@ bool ServerConnection::SendsDrained() {
     absl::MutexLock lock(&mu_);
     connection = connection_;
   }
-  return connection == nullptr || !connection->open() ||
-         (deferred() == 0 && connection->stats().sends_outstanding == 0);
+  if (connection == nullptr || !connection->open()) return true;
+  if (deferred() > 0) return false;
+  if (connection->stats().sends_outstanding == 0) return true;
+  // The last answers may have gone unsignalled (transport::Connection::Send without a token):
+  // ask for a completion behind them, or they would stay counted until traffic that never comes.
+  static_cast<void>(connection->Flush());
+  return false;
 }
 
 void ServerConnection::Close() {

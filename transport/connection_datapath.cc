@@ -22,6 +22,9 @@ constexpr uint64_t kMarkerBit = uint64_t{1} << 62;
 // Handles of bulk payloads carry this bit; handles of messages are receive indices.
 constexpr uint64_t kBulkHandle = uint64_t{1} << 63;
 
+// The connection whose completion batch this thread is dispatching (DispatchCorked), if any.
+thread_local const Connection* corked_connection = nullptr;
+
 }  // namespace
 
 bool Connection::open() const {
@@ -74,14 +77,33 @@ void Connection::FreeSendSlot(uint32_t slot) {
   send_slots_held_.fetch_sub(1, std::memory_order_relaxed);
 }
 
+namespace {
+absl::Status TooLong(uint32_t length, uint32_t max) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("a ", length, "-byte message exceeds the ", max, " bytes a SEND carries here"));
+}
+}  // namespace
+
 absl::Status Connection::Send(const SendBuffer& buffer, uint32_t length, uint64_t token) {
   if (length > max_message_) {
     ReleaseSendBuffer(buffer);
-    return absl::InvalidArgumentError(absl::StrCat("a ", length, "-byte message exceeds the ",
-                                                   max_message_, " bytes a SEND carries here"));
+    return TooLong(length, max_message_);
   }
   absl::MutexLock lock(&mu_);
   absl::Status s = EnqueueLocked(Waiting{Waiting::kMessage, buffer.slot, length, {}, token});
+  if (!s.ok()) ReleaseSendBuffer(buffer);
+  return s;
+}
+
+absl::Status Connection::Send(const SendBuffer& buffer, uint32_t length) {
+  if (length > max_message_) {
+    ReleaseSendBuffer(buffer);
+    return TooLong(length, max_message_);
+  }
+  Waiting op{Waiting::kMessage, buffer.slot, length, {}, 0};
+  op.report = false;
+  absl::MutexLock lock(&mu_);
+  absl::Status s = EnqueueLocked(op);
   if (!s.ok()) ReleaseSendBuffer(buffer);
   return s;
 }
@@ -153,49 +175,63 @@ absl::Status Connection::CanEnqueueLocked() const {
 absl::Status Connection::EnqueueLocked(const Waiting& op) {
   if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
   waiting_.push_back(op);
+  if (CorkedLocked()) {
+    cork_pending_ = true;  // posted with the others after the batch (DispatchCorked)
+    return absl::OkStatus();
+  }
   PumpLocked();
   if (!waiting_.empty()) ++stats_.waited;  // this one could not go at once
   return absl::OkStatus();
 }
 
-// Posts waiting operations in order while credits, arena space and send-queue entries last.
+bool Connection::CorkedLocked() const { return corked_connection == this; }
+
+// Posts waiting operations in order while credits, arena space and send-queue entries last, as
+// one chain (one doorbell per kPostBatch work requests).
 void Connection::PumpLocked() {
+  if (CorkedLocked()) {
+    cork_pending_ = true;
+    return;
+  }
   while (!waiting_.empty() && state_ == State::kOpen) {
     if (in_flight_.size() >= options_.send_queue_depth) break;
     Waiting& op = waiting_.front();
-    absl::Status posted;
     if (op.kind == Waiting::kRead) {
-      posted = PostReadLocked(op);  // no credit: the peer's NIC answers, nothing is received
+      PostReadLocked(op);  // no credit: the peer's NIC answers, nothing is received
     } else if (!credits_.CanSpendForData()) {
       break;  // the last credit is for credit frames
     } else if (op.kind == Waiting::kWrite) {
       std::optional<ArenaSpot> spot = arena_writer_.TryReserve(op.source.size);  // WriteBulk
       if (!spot) break;                                                      // checked CheckFits
       credits_.TrySpendForData();
-      posted = PostBulkLocked(op.source, *spot, op.token);
+      PostBulkLocked(op.source, *spot, op.token);
     } else {
       credits_.TrySpendForData();
-      // Signal when due, and whenever the next operation might not follow at once (nothing
-      // waits, or it may lack a credit, a queue entry or arena space): an unsignalled work
-      // request with nothing behind it would leave its OnSendDone waiting on future traffic.
-      bool next_may_stall = waiting_.size() == 1 || waiting_[1].kind != Waiting::kMessage ||
-                            !credits_.CanSpendForData() ||
-                            in_flight_.size() + 1 >= options_.send_queue_depth;
-      bool signal = unsignaled_ + 1 >= kSignalInterval || next_may_stall;
-      posted = PostMessageLocked(op.slot, op.length, FrameKind::kData, op.token, true, signal);
-    }
-    if (!posted.ok()) {
-      // The operation stays waiting; the drain reports it (and frees its slot) with the error.
-      FailLocked(posted);
-      return;
+      // A completion is wanted when something waits on it (OnSendDone, or the slot of a message
+      // too long to inline) and the next operation might not follow at once (nothing waits, or
+      // it may lack a credit, a queue entry or arena space): an unsignalled work request with
+      // nothing behind it would leave that waiting on future traffic. Otherwise only the
+      // interval asks for one, to keep the send queue retiring.
+      const bool inlined = FrameHeader::kSize + op.length <= max_inline_;
+      const bool awaited = op.report || !inlined;
+      const bool next_may_stall = waiting_.size() == 1 || waiting_[1].kind != Waiting::kMessage ||
+                                  !credits_.CanSpendForData() ||
+                                  in_flight_.size() + 1 >= options_.send_queue_depth;
+      const bool signal = unsignaled_ + 1 >= kSignalInterval || (awaited && next_may_stall);
+      PostMessageLocked(op.slot, op.length, FrameKind::kData, op.token, op.report, signal);
     }
     waiting_.pop_front();
+    if (chain_length_ == kPostBatch) {
+      PostChainLocked();
+      if (state_ != State::kOpen) return;
+    }
   }
   MaybeSendCreditFrameLocked();
+  PostChainLocked();
 }
 
-absl::Status Connection::PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kind,
-                                           uint64_t token, bool report, bool signal) {
+void Connection::PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kind,
+                                   uint64_t token, bool report, bool signal) {
   const bool control = kind == FrameKind::kCredit;  // in the connection's own control slot
   uint8_t* frame = device_.slots().data(slot);
   FrameHeader header;
@@ -205,17 +241,13 @@ absl::Status Connection::PostMessageLocked(uint32_t slot, uint32_t length, Frame
   EncodeFrameHeader(header, frame);
   arena_reader_.MarkReported();
   uint32_t total = FrameHeader::kSize + length;
-  send_sge_.addr = reinterpret_cast<uintptr_t>(frame);
-  send_sge_.length = total;
-  send_sge_.lkey = device_.slots().lkey(slot);
-  // Inline: the bytes are copied into the work request now, so the slot is free at once.
-  bool inlined = total <= max_inline_;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(frame), total, device_.slots().lkey(slot)};
+  // Inline: the bytes are copied into the work request when it is posted, and the slot is free
+  // then (PostChainLocked). The control slot is the connection's own: never freed.
+  const bool inlined = total <= max_inline_;
   send_wr_.send_flags = (signal ? IBV_SEND_SIGNALED : 0) | (inlined ? IBV_SEND_INLINE : 0);
-  uint32_t held = inlined || control ? SlotPool::kNoSlot : slot;
-  absl::Status s = PostSendWrLocked(send_wr_, held, token, report);
-  // On failure the slot stays with the caller (the waiting operation the drain reports).
-  if (!control && inlined && s.ok()) FreeSendSlot(slot);
-  if (!s.ok()) return s;
+  AppendLocked(send_wr_, sge, control ? SlotPool::kNoSlot : slot, token, report,
+               inlined && !control);
   if (control) {
     control_busy_ = !inlined;  // until its completion retires it
     control_sequence_ = next_sequence_ - 1;
@@ -223,50 +255,73 @@ absl::Status Connection::PostMessageLocked(uint32_t slot, uint32_t length, Frame
   } else {
     ++stats_.messages_sent;
   }
-  return s;
 }
 
-absl::Status Connection::PostBulkLocked(const BulkSource& source, const ArenaSpot& spot,
-                                        uint64_t token) {
-  send_sge_.addr = reinterpret_cast<uintptr_t>(source.data);
-  send_sge_.length = source.size;
-  send_sge_.lkey = source.lkey;
+void Connection::PostBulkLocked(const BulkSource& source, const ArenaSpot& spot,
+                                uint64_t token) {
   write_wr_.imm_data = htonl(spot.imm);
   write_wr_.wr.rdma.remote_addr = peer_.arena_addr + spot.offset;
-  absl::Status s = PostSendWrLocked(write_wr_, SlotPool::kNoSlot, token, true);
-  if (s.ok()) ++stats_.bulk_sent;
-  return s;
+  AppendLocked(write_wr_, ibv_sge{reinterpret_cast<uintptr_t>(source.data), source.size,
+                                  source.lkey},
+               SlotPool::kNoSlot, token, true, false);
+  ++stats_.bulk_sent;
 }
 
-absl::Status Connection::PostReadLocked(const Waiting& op) {
-  send_sge_.addr = reinterpret_cast<uintptr_t>(op.source.data);
-  send_sge_.length = op.source.size;
-  send_sge_.lkey = op.source.lkey;
+void Connection::PostReadLocked(const Waiting& op) {
   read_wr_.wr.rdma.remote_addr = op.remote.addr;
   read_wr_.wr.rdma.rkey = op.remote.rkey;
   // Signalled when it reports (the destination is the caller's once it completes), and on the
   // usual interval so the send queue keeps freeing.
   const bool signal = op.report || unsignaled_ + 1 >= kSignalInterval;
   read_wr_.send_flags = signal ? IBV_SEND_SIGNALED : 0;
-  return PostSendWrLocked(read_wr_, SlotPool::kNoSlot, op.token, op.report);
+  AppendLocked(read_wr_,
+               ibv_sge{reinterpret_cast<uintptr_t>(op.source.data), op.source.size,
+                       op.source.lkey},
+               SlotPool::kNoSlot, op.token, op.report, false);
 }
 
-absl::Status Connection::PostSendWrLocked(ibv_send_wr& wr, uint32_t slot, uint64_t token,
-                                          bool report) {
-  uint64_t sequence = next_sequence_++;
-  wr.wr_id = sequence;
-  ibv_send_wr* bad = nullptr;
-  if (int rc = ibv_post_send(qp_->qp, &wr, &bad); rc != 0) {
-    return VerbsError("ibv_post_send", rc);
-  }
-  const bool transfer = (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
-                         wr.opcode == IBV_WR_RDMA_READ) && wr.num_sge > 0;
-  const uint32_t bytes = transfer ? wr.sg_list[0].length : 0;
-  in_flight_.push_back(InFlight{sequence, slot, token, report, bytes});
+void Connection::AppendLocked(const ibv_send_wr& wr, const ibv_sge& sge, uint32_t slot,
+                              uint64_t token, bool report, bool inlined) {
+  const uint32_t i = chain_length_++;
+  chain_sges_[i] = sge;
+  ibv_send_wr& link = chain_wrs_[i];
+  link = wr;
+  link.wr_id = next_sequence_++;
+  link.sg_list = &chain_sges_[i];
+  link.num_sge = 1;
+  link.next = nullptr;
+  if (i > 0) chain_wrs_[i - 1].next = &link;
+  const bool transfer = wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr.opcode == IBV_WR_RDMA_READ;
+  const uint32_t bytes = transfer ? sge.length : 0;
+  in_flight_.push_back(InFlight{link.wr_id, slot, token, report, bytes, inlined});
   transfer_bytes_in_flight_ += bytes;
-  unsignaled_ = (wr.send_flags & IBV_SEND_SIGNALED) ? 0 : unsignaled_ + 1;
+  const bool signalled = (wr.send_flags & IBV_SEND_SIGNALED) != 0;
+  unsignaled_ = signalled ? 0 : unsignaled_ + 1;
+  ++stats_.work_requests;
+  if (signalled) ++stats_.signalled;
   stats_.max_credits_in_use = std::max(stats_.max_credits_in_use, credits_.in_flight());
-  return absl::OkStatus();
+}
+
+void Connection::PostChainLocked() {
+  const uint32_t length = chain_length_;
+  if (length == 0) return;
+  chain_length_ = 0;
+  ibv_send_wr* bad = nullptr;
+  const int rc = ibv_post_send(qp_->qp, &chain_wrs_[0], &bad);
+  ++stats_.doorbells;
+  // Work requests before `bad` were posted; from it on, none was (they stay in flight, with their
+  // slots, until the drain reports them with the error).
+  uint32_t posted = length;
+  if (rc != 0) posted = bad == nullptr ? 0 : static_cast<uint32_t>(bad - &chain_wrs_[0]);
+  // The chain's entries are the last `length` of in_flight_; the inlined ones free their slots.
+  auto entry = in_flight_.end() - length;
+  for (uint32_t i = 0; i < posted; ++i, ++entry) {
+    if (!entry->inlined) continue;
+    FreeSendSlot(entry->slot);
+    entry->slot = SlotPool::kNoSlot;
+    entry->inlined = false;
+  }
+  if (rc != 0) FailLocked(VerbsError("ibv_post_send", rc));
 }
 
 // An explicit credit frame, when credits or arena space are owed and no data frame carried them.
@@ -280,9 +335,7 @@ void Connection::MaybeSendCreditFrameLocked() {
   // a pool emptied by waiting messages must not stop credits from coming back.
   if (in_flight_.size() >= options_.send_queue_depth || control_busy_) return;
   if (!credits_.TrySpendForUpdate()) return;
-  absl::Status s =
-      PostMessageLocked(control_slot_, 0, FrameKind::kCredit, 0, false, /*signal=*/true);
-  if (!s.ok()) FailLocked(s);
+  PostMessageLocked(control_slot_, 0, FrameKind::kCredit, 0, false, /*signal=*/true);
 }
 
 absl::Status Connection::RepostRecvLocked(uint32_t index) {
@@ -309,7 +362,7 @@ absl::Status Connection::Release(uint64_t handle) {
   absl::MutexLock lock(&mu_);
   if (handle & kBulkHandle) {
     if (auto s = arena_reader_.Release(handle & ~kBulkHandle); !s.ok()) return s;
-    MaybeSendCreditFrameLocked();
+    PumpLocked();  // the release rides on waiting data, or goes in a credit frame
     return absl::OkStatus();
   }
   if (handle >= recv_slots_.size() || recv_state_[handle] != RecvState::kHeld) {
@@ -330,23 +383,36 @@ absl::Status Connection::Release(uint64_t handle) {
 
 absl::Status Connection::Probe() {
   absl::MutexLock lock(&mu_);
+  return PostTailSignalLocked(/*probe=*/true);
+}
+
+absl::Status Connection::Flush() {
+  absl::MutexLock lock(&mu_);
+  return PostTailSignalLocked(/*probe=*/false);
+}
+
+absl::Status Connection::PostTailSignalLocked(bool probe) {
   if (state_ != State::kOpen) {
     return absl::UnavailableError(absl::StrCat("connection to ", peer_address_, " is closed"));
   }
-  if (!in_flight_.empty()) return absl::OkStatus();  // they are the probe
+  // A signalled work request at the tail will complete or fail: it is the probe, and it retires
+  // everything before it. An unsignalled one may have completed silently already. With nothing
+  // in flight, a probe posts and a flush has nothing to do.
+  if (in_flight_.empty() ? !probe : unsignaled_ == 0) return absl::OkStatus();
+  // The send queue is full: its signalled entries will make room, and the next pump signals.
+  if (in_flight_.size() >= options_.send_queue_depth) return absl::OkStatus();
   // Zero bytes at the base of the peer's arena: nothing is written, and the address and rkey
   // are valid anyway (IB C9-88 lets a zero-length WRITE skip the check; not every device does).
   ibv_send_wr wr{};
   wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.num_sge = 0;
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.wr.rdma.remote_addr = peer_.arena_addr;
   wr.wr.rdma.rkey = peer_.arena_rkey;
-  if (absl::Status s = PostSendWrLocked(wr, SlotPool::kNoSlot, 0, /*report=*/false); !s.ok()) {
-    FailLocked(s);
-    return s;
-  }
-  ++stats_.probes_sent;
+  AppendLocked(wr, ibv_sge{}, SlotPool::kNoSlot, 0, /*report=*/false, false);
+  chain_wrs_[chain_length_ - 1].num_sge = 0;
+  PostChainLocked();
+  if (state_ != State::kOpen) return error_;
+  if (probe) ++stats_.probes_sent;
   return absl::OkStatus();
 }
 
@@ -355,17 +421,32 @@ void Connection::Close() {
   FailLocked(absl::CancelledError("connection closed by this side"));
 }
 
-void Connection::OnCompletion(const ibv_wc& wc) {
+void Connection::OnCompletions(absl::Span<const ibv_wc> wcs) {
   Events events;
   {
     absl::MutexLock lock(&mu_);
-    if (state_ == State::kConnecting || !early_.empty()) {
-      early_.push_back(wc);  // ReplayEarly takes them in order once the handshake is done
-      return;
+    for (const ibv_wc& wc : wcs) {
+      if (state_ == State::kConnecting || !early_.empty()) {
+        early_.push_back(wc);  // ReplayEarly takes them in order once the handshake is done
+      } else {
+        HandleCompletionLocked(wc, events);
+      }
     }
-    HandleCompletionLocked(wc, events);
+    PumpLocked();  // credits, arena space or send-queue entries may have come back
   }
+  if (!events.empty()) DispatchCorked(events);
+}
+
+void Connection::DispatchCorked(Events& events) {
+  const Connection* outer = corked_connection;  // a handler of another connection's batch
+  corked_connection = this;
   Dispatch(events);
+  corked_connection = outer;
+  if (!cork_pending_) return;
+  cork_pending_ = false;
+  absl::MutexLock lock(&mu_);
+  PumpLocked();
+  if (!waiting_.empty()) ++stats_.waited;
 }
 
 void Connection::ReplayEarly() {
@@ -377,6 +458,7 @@ void Connection::ReplayEarly() {
       ibv_wc wc = early_.front();
       early_.pop_front();
       HandleCompletionLocked(wc, events);
+      PumpLocked();
     }
     Dispatch(events);
   }
@@ -407,7 +489,6 @@ void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
     RetireLocked(wc.wr_id, absl::OkStatus(), events);
   }
   if (state_ == State::kDraining && DrainedLocked()) FinishDrainLocked(events);
-  PumpLocked();  // credits, arena space or send-queue entries may have come back
 }
 
 void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
@@ -515,7 +596,7 @@ void Connection::FinishDrainLocked(Events& events) {
   RetireLocked(~uint64_t{0}, error_, events);
   for (const Waiting& op : waiting_) {
     if (op.kind == Waiting::kMessage) FreeSendSlot(op.slot);
-    if (op.kind == Waiting::kRead && !op.report) continue;  // its last piece reports
+    if (!op.report) continue;  // sent without a token, or a READ whose last piece reports
     Event e(Event::kSendDone);
     e.handle_or_token = op.token;
     e.status = error_;

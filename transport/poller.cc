@@ -17,7 +17,7 @@ namespace zrpc::transport {
 namespace {
 
 // Completions read per ibv_poll_cq call.
-constexpr int kBatch = 16;
+constexpr int kBatch = 32;
 // Empty busy passes between looks at the cm channel (a system call each).
 constexpr uint32_t kCmCheckInterval = 1024;
 // CQ events acknowledged together (ibv_ack_cq_events takes a mutex).
@@ -206,17 +206,18 @@ int Poller::PollCq() {
     ZRPC_LOG(kError, "transport", "ibv_poll_cq failed (", n, ")");
     return 0;
   }
-  // Completions of one connection tend to come together: look it up once per run.
-  std::shared_ptr<Connection> connection;
-  uint32_t current = 0;
-  for (int i = 0; i < n; ++i) {
-    if (connection == nullptr || wcs[i].qp_num != current) {
-      current = wcs[i].qp_num;
-      connection = Find(current);
-    }
+  // Completions of one connection tend to come together: each run of them is looked up once and
+  // handled under one lock of the connection (Connection::OnCompletions).
+  for (int i = 0; i < n;) {
+    const uint32_t qp_num = wcs[i].qp_num;
+    int end = i + 1;
+    while (end < n && wcs[end].qp_num == qp_num) ++end;
     // A completion of a connection already gone (flushed after it was unregistered) is dropped:
     // the connection freed its slots when it was destroyed.
-    if (connection != nullptr) connection->OnCompletion(wcs[i]);
+    if (std::shared_ptr<Connection> connection = Find(qp_num)) {
+      connection->OnCompletions(absl::MakeConstSpan(&wcs[i], static_cast<size_t>(end - i)));
+    }
+    i = end;
   }
   return n;
 }

@@ -1,0 +1,190 @@
+// The send queue's economy on a real device (tag "rdma"): messages nobody waits on cost no send
+// completion, sends made while a completion batch is dispatched leave in one doorbell, a window
+// released by returning credits leaves in chains, and Flush/Probe still find the peer behind an
+// unsignalled tail. Counted with the connection's own stats (work requests, signalled,
+// doorbells), which count what was handed to ibv_post_send.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+
+#include "tests/pattern.h"
+#include "tests/rdma_device.h"
+#include "tests/transport/connected_pair.h"
+#include "tests/transport/recorder.h"
+#include "transport/connection.h"
+
+namespace {
+
+using namespace zrpc::transport;  // NOLINT: a test of this namespace
+using zrpc::testing::ConnectPair;
+using zrpc::testing::Filled;
+using zrpc::testing::kTimeout;
+using zrpc::testing::Pair;
+using zrpc::testing::Recorder;
+using zrpc::testing::Setup;
+
+// Answers every message with `replies` copies of it, sent without a token from the handler (on
+// the poller thread, inside the completion batch), then releases it.
+class Replier : public Recorder {
+ public:
+  explicit Replier(int replies) : replies_(replies) {}
+  void OnMessage(Connection& c, const ReceivedMessage& m) override {
+    for (int i = 0; i < replies_; ++i) {
+      auto buffer = c.AcquireSendBuffer();
+      if (!buffer.ok()) {
+        ++failures;
+        continue;
+      }
+      std::memcpy(buffer->data, m.data, m.size);
+      if (!c.Send(*buffer, m.size).ok()) ++failures;
+    }
+    Recorder::OnMessage(c, m);
+  }
+  std::atomic<int> failures{0};
+
+ private:
+  const int replies_;
+};
+
+absl::Status SendUnreported(Connection& c, const std::string& payload) {
+  auto buffer = c.AcquireSendBuffer();
+  if (!buffer.ok()) return buffer.status();
+  std::memcpy(buffer->data, payload.data(), payload.size());
+  return c.Send(*buffer, static_cast<uint32_t>(payload.size()));
+}
+
+// Waits until `c` has nothing outstanding.
+bool Drains(Connection& c) {
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (absl::Now() < deadline) {
+    if (c.stats().sends_outstanding == 0) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a ping-pong of messages sent without a token signals one in kSignalInterval, and "
+          "Flush and Probe still get a completion behind the unsignalled tail",
+          "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  constexpr int kRounds = 200;
+  constexpr uint32_t kSize = 64;
+  Replier server_handler(1);
+  Recorder client_handler;
+  client_handler.keep_bytes = false;
+  Setup setup(config);
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  const ConnectionStats client_before = pair.client->stats();
+  const ConnectionStats server_before = pair.server->stats();
+  for (int i = 0; i < kRounds; ++i) {
+    REQUIRE(SendUnreported(*pair.client, Filled(kSize, i)).ok());
+    REQUIRE(client_handler.WaitFor([&] { return client_handler.message_count == uint64_t(i + 1); }));
+  }
+  CHECK(server_handler.failures == 0);
+  const ConnectionStats client = pair.client->stats();
+  const ConnectionStats server = pair.server->stats();
+  for (const auto& [name, before, after] :
+       {std::tuple{"client", client_before, client}, std::tuple{"server", server_before, server}}) {
+    const uint64_t wrs = after.work_requests - before.work_requests;
+    const uint64_t signalled = after.signalled - before.signalled;
+    INFO(name << ": " << wrs << " work requests, " << signalled << " signalled");
+    CHECK(after.messages_sent - before.messages_sent == kRounds);
+    CHECK(wrs >= kRounds);  // and any credit frames
+    // Every kSignalInterval-th, and the credit frames (signalled: their slot is shared).
+    const uint64_t credit_frames = after.credit_frames_sent - before.credit_frames_sent;
+    CHECK(signalled <= kRounds / kSignalInterval + credit_frames + 1);
+  }
+  {
+    absl::MutexLock lock(&client_handler.mu);
+    CHECK(client_handler.done.empty());  // no OnSendDone for messages sent without a token
+  }
+  // The tail is unsignalled now (200 is not a multiple of 16): Flush asks for a completion and
+  // everything retires; a Probe behind an unsignalled tail posts.
+  const uint64_t probes = pair.client->stats().probes_sent;
+  REQUIRE(SendUnreported(*pair.client, Filled(kSize, 1)).ok());
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.message_count == kRounds + 1; }));
+  REQUIRE(pair.client->Probe().ok());
+  CHECK(pair.client->stats().probes_sent == probes + 1);
+  REQUIRE(SendUnreported(*pair.server, Filled(kSize, 2)).ok());
+  REQUIRE(pair.server->Flush().ok());
+  CHECK(Drains(*pair.server));
+  CHECK(Drains(*pair.client));
+  // With nothing in flight a Flush posts nothing, a Probe does.
+  const uint64_t wrs = pair.server->stats().work_requests;
+  REQUIRE(pair.server->Flush().ok());
+  CHECK(pair.server->stats().work_requests == wrs);
+  REQUIRE(pair.server->Probe().ok());
+  CHECK(pair.server->stats().work_requests == wrs + 1);
+}
+
+TEST_CASE("sends made by handlers during a completion batch leave in one doorbell",
+          "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  constexpr int kReplies = 12;
+  Replier server_handler(kReplies);
+  Recorder client_handler;
+  Setup setup(config);
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  for (int round = 0; round < 5; ++round) {
+    const ConnectionStats before = pair.server->stats();
+    REQUIRE(SendUnreported(*pair.client, Filled(100, round)).ok());
+    REQUIRE(client_handler.WaitFor(
+        [&] { return client_handler.message_count == uint64_t((round + 1) * kReplies); }));
+    const ConnectionStats after = pair.server->stats();
+    INFO("round " << round << ": " << after.doorbells - before.doorbells << " doorbells for "
+                  << after.messages_sent - before.messages_sent << " messages");
+    CHECK(after.messages_sent - before.messages_sent == kReplies);
+    // The twelve replies, and at most a credit frame for the request's receive on its own.
+    CHECK(after.doorbells - before.doorbells <= 2);
+  }
+  CHECK(server_handler.failures == 0);
+  absl::MutexLock lock(&client_handler.mu);
+  REQUIRE(client_handler.messages.size() == 5 * kReplies);
+  for (int round = 0; round < 5; ++round) {
+    for (int i = 0; i < kReplies; ++i) {
+      CHECK(client_handler.messages[round * kReplies + i] == Filled(100, round));
+    }
+  }
+}
+
+TEST_CASE("a window that waited for credits leaves in chains as they come back, in order",
+          "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  constexpr int kMessages = 96;
+  Recorder server_handler, client_handler;
+  server_handler.hold = true;  // the server's application holds every receive: no credits back
+  Setup setup(config);
+  ConnectionOptions server_options;
+  server_options.recv_credits = 32;
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler, server_options);
+  for (int i = 0; i < kMessages; ++i) {
+    REQUIRE(SendUnreported(*pair.client, Filled(200, i)).ok());
+  }
+  // 31 went (the last credit is kept for credit frames); the rest wait.
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.message_count == 31; }));
+  CHECK(pair.client->stats().waiting == kMessages - 31);
+  const ConnectionStats before = pair.client->stats();
+  // Released all at once, as a server's handlers finishing a burst would: the credits come back
+  // together and the waiting window leaves in chains, not one doorbell per message.
+  for (;;) {
+    std::vector<uint64_t> held;
+    {
+      absl::MutexLock lock(&server_handler.mu);
+      held.swap(server_handler.held);
+      if (held.empty() && server_handler.message_count == kMessages) break;
+    }
+    for (uint64_t handle : held) REQUIRE(pair.server->Release(handle).ok());
+    if (held.empty()) absl::SleepFor(absl::Milliseconds(1));
+  }
+  const ConnectionStats after = pair.client->stats();
+  const uint64_t doorbells = after.doorbells - before.doorbells;
+  INFO(doorbells << " doorbells for " << kMessages - 31 << " waiting messages");
+  CHECK(doorbells < (kMessages - 31) / 2);
+  absl::MutexLock lock(&server_handler.mu);
+  REQUIRE(server_handler.messages.size() == kMessages);
+  for (int i = 0; i < kMessages; ++i) CHECK(server_handler.messages[i] == Filled(200, i));
+}
