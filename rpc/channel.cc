@@ -40,6 +40,40 @@ struct SlotTicket {
   ~SlotTicket() { std::free(large); }
 };
 
+// Ticket memory, recycled per thread: AsyncUnaryCall runs AcquireSendSlot and StartUnaryCall one
+// after the other on the caller's thread, so the block one call gives back is the one the
+// thread's next call takes: no lock and no allocation per call. A ticket is destroyed before
+// its memory is kept (its connection is not held by a cache).
+class TicketMemory {
+ public:
+  ~TicketMemory() {
+    for (size_t i = 0; i < count_; ++i) ::operator delete(blocks_[i]);
+  }
+  void* Take() {
+    return count_ > 0 ? blocks_[--count_] : ::operator new(sizeof(SlotTicket));
+  }
+  void Give(void* block) {
+    if (count_ < kKept) {
+      blocks_[count_++] = block;
+    } else {
+      ::operator delete(block);
+    }
+  }
+
+ private:
+  static constexpr size_t kKept = 8;  // slots one thread holds at once, acquired and unsent
+  void* blocks_[kKept];
+  size_t count_ = 0;
+};
+thread_local TicketMemory ticket_memory;
+
+struct TicketDeleter {
+  void operator()(SlotTicket* ticket) const {
+    ticket->~SlotTicket();
+    ticket_memory.Give(ticket);
+  }
+};
+
 // Set on every channel's timer thread, where deadline and keepalive callbacks run.
 thread_local bool on_timer_thread = false;
 
@@ -594,7 +628,8 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
               absl::StrCat("out of memory for a ", size, "-byte request"));
         }
       }
-      auto* ticket = new internal::SlotTicket{*std::move(connection), *buffer, large};
+      auto* ticket = new (internal::ticket_memory.Take())
+          internal::SlotTicket{*std::move(connection), *buffer, large};
       return SendSlot{large != nullptr ? large : internal::RpcConnection::Body(*buffer), size,
                       reinterpret_cast<uintptr_t>(ticket)};
     }
@@ -625,7 +660,7 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
                                    ::google::protobuf::MessageLite* response,
                                    IncomingBulk* response_bulk, const CallOptions& options,
                                    DoneCallback done) {
-  std::unique_ptr<internal::SlotTicket> ticket(
+  std::unique_ptr<internal::SlotTicket, internal::TicketDeleter> ticket(
       reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token)));
   if (!request_bulk.empty() && !method.request_bulk) {
     ticket->connection->connection().ReleaseSendBuffer(ticket->buffer);

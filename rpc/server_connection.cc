@@ -86,9 +86,14 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
   if (request_.body_payload) {
     RpcConnection::ReleasePayload(*connection_, request_.body_payload->handle);
   }
-  owner_->Forget(call_id());
-  ServerCore& core = owner_->core();
-  delete this;
+  // Destroyed in place; its memory goes back to the connection for the next call (Retire). The
+  // connection may go with the last reference, which this frame holds until the end.
+  std::shared_ptr<ServerConnection> owner = owner_;
+  const uint64_t id = call_id();
+  ServerCore& core = owner->core();
+  this->~ServerCallImpl();
+  owner->Retire(id, this);
+  owner.reset();
   core.CallDone();
 }
 
@@ -249,9 +254,16 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   {
     absl::MutexLock lock(&mu_);
     if (!calls_.contains(header.call_id)) {
-      call = new ServerCallImpl(shared_from_this(), connection.shared_from_this(),
-                                entry->service, method, *entry->metrics[method.index], request,
-                                MonotonicNow());
+      void* memory;
+      if (call_memory_.empty()) {
+        memory = ::operator new(sizeof(ServerCallImpl));
+      } else {
+        memory = call_memory_.back();
+        call_memory_.pop_back();
+      }
+      call = new (memory) ServerCallImpl(shared_from_this(), connection.shared_from_this(),
+                                         entry->service, method, *entry->metrics[method.index],
+                                         request, MonotonicNow());
       calls_.emplace(header.call_id, call);
     }
   }
@@ -315,9 +327,15 @@ void ServerConnection::HandleCancel(transport::Connection& connection,
   if (it != calls_.end()) it->second->context().Cancel();
 }
 
-void ServerConnection::Forget(uint64_t call_id) {
+void ServerConnection::Retire(uint64_t call_id, void* call_memory) {
   absl::MutexLock lock(&mu_);
   calls_.erase(call_id);
+  call_memory_.push_back(call_memory);
+}
+
+ServerConnection::~ServerConnection() {
+  absl::MutexLock lock(&mu_);
+  for (void* memory : call_memory_) ::operator delete(memory);
 }
 
 void ServerConnection::OnDeferredFailed(transport::Connection& connection,

@@ -75,6 +75,7 @@
 #include "transport/arena.h"
 #include "transport/credits.h"
 #include "transport/device.h"
+#include "transport/ring.h"
 #include "transport/verbs_owners.h"
 #include "transport/wire.h"
 
@@ -442,9 +443,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<RecvState> recv_state_ ABSL_GUARDED_BY(mu_);
   uint32_t recvs_posted_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<ibv_wc> early_ ABSL_GUARDED_BY(mu_);
-  std::deque<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
+  Ring<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
   uint64_t transfer_bytes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // sum of InFlight::transfer
-  std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+  Ring<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t unsignaled_ ABSL_GUARDED_BY(mu_) = 0;
   bool sq_drained_ ABSL_GUARDED_BY(mu_) = false;

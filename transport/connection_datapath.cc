@@ -145,14 +145,14 @@ absl::Status Connection::ReadBulk(absl::Span<const ReadPart> parts, uint64_t tok
 bool Connection::WithdrawBulk(uint64_t token) {
   absl::MutexLock lock(&mu_);
   if (state_ != State::kOpen) return false;
-  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-    if (it->kind != Waiting::kWrite || it->token != token) continue;
-    auto end = std::next(it);
-    if (end != waiting_.end() && end->kind == Waiting::kMessage) {
-      FreeSendSlot(end->slot);
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    if (waiting_[i].kind != Waiting::kWrite || waiting_[i].token != token) continue;
+    size_t end = i + 1;
+    if (end < waiting_.size() && waiting_[end].kind == Waiting::kMessage) {
+      FreeSendSlot(waiting_[end].slot);
       ++end;
     }
-    waiting_.erase(it, end);
+    waiting_.erase(i, end);
     PumpLocked();  // what waited behind it may go now
     return true;
   }
@@ -314,12 +314,13 @@ void Connection::PostChainLocked() {
   uint32_t posted = length;
   if (rc != 0) posted = bad == nullptr ? 0 : static_cast<uint32_t>(bad - &chain_wrs_[0]);
   // The chain's entries are the last `length` of in_flight_; the inlined ones free their slots.
-  auto entry = in_flight_.end() - length;
-  for (uint32_t i = 0; i < posted; ++i, ++entry) {
-    if (!entry->inlined) continue;
-    FreeSendSlot(entry->slot);
-    entry->slot = SlotPool::kNoSlot;
-    entry->inlined = false;
+  const size_t first = in_flight_.size() - length;
+  for (uint32_t i = 0; i < posted; ++i) {
+    InFlight& entry = in_flight_[first + i];
+    if (!entry.inlined) continue;
+    FreeSendSlot(entry.slot);
+    entry.slot = SlotPool::kNoSlot;
+    entry.inlined = false;
   }
   if (rc != 0) FailLocked(VerbsError("ibv_post_send", rc));
 }
@@ -594,7 +595,8 @@ void Connection::FinishDrainLocked(Events& events) {
   if (state_ == State::kClosed) return;
   state_ = State::kClosed;
   RetireLocked(~uint64_t{0}, error_, events);
-  for (const Waiting& op : waiting_) {
+  for (size_t i = 0; i < waiting_.size(); ++i) {
+    const Waiting& op = waiting_[i];
     if (op.kind == Waiting::kMessage) FreeSendSlot(op.slot);
     if (!op.report) continue;  // sent without a token, or a READ whose last piece reports
     Event e(Event::kSendDone);

@@ -72,11 +72,11 @@ Connection::~Connection() {
   {
     absl::MutexLock lock(&mu_);
     // Slots still owned here: receives (posted or held) and sends never retired or never posted.
-    for (const InFlight& f : in_flight_) {
-      if (f.slot != SlotPool::kNoSlot) FreeSendSlot(f.slot);
+    for (size_t i = 0; i < in_flight_.size(); ++i) {
+      if (in_flight_[i].slot != SlotPool::kNoSlot) FreeSendSlot(in_flight_[i].slot);
     }
-    for (const Waiting& w : waiting_) {
-      if (w.kind == Waiting::kMessage) FreeSendSlot(w.slot);
+    for (size_t i = 0; i < waiting_.size(); ++i) {
+      if (waiting_[i].kind == Waiting::kMessage) FreeSendSlot(waiting_[i].slot);
     }
   }
   for (uint32_t slot : recv_slots_) static_cast<void>(device_.slots().Free(slot));
