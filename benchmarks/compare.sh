@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # zrpc's RPCs next to perftest and gRPC on one device, in alternating rounds (tools/bench runs it
-# inside tools/softroce). Each round runs, in turn: perftest ib_send_lat, ib_send_bw and
-# ib_write_bw; zrpc_bench echo with one call in flight (round trip), echo with many in flight
+# inside tools/softroce). Each round runs, in turn: perftest ib_send_lat (busy-polling, and with
+# -e: sleeping on completion events), ib_send_bw and ib_write_bw; zrpc_bench echo with one call
+# in flight (round trip; also with both sides in event mode, the default users get, as
+# "echo_event" next to perftest's "send_lat_event"), echo with many in flight
 # (call rate) and bulk put (goodput), from ordinary memory (staged) and from registered memory
 # (zero-copy), at --bulk-size, or with --bulk-sweep at 4 KiB to 64 MiB each next to ib_write_bw
 # at the same size and depth (the depth shrinks with the size: at most 64 MiB in flight); transport_bench echo, one and many in flight (zrpc's
@@ -20,7 +22,7 @@
 set -euo pipefail
 zrpc_bench=$1 transport_bench=$2 grpc_bench=$3 bench_report=$4 out=$5
 shift 5
-rounds=3 size=64 bulk_size=$((1 << 20)) calls=5000 in_flight=32 sweep=0 bulk_sweep=0
+rounds=5 size=64 bulk_size=$((1 << 20)) calls=5000 in_flight=32 sweep=0 bulk_sweep=0
 while (($#)); do
   case "$1" in
     --sweep) sweep=1; shift; continue ;;
@@ -94,38 +96,15 @@ data_line() { awk '/^ *#bytes/ { h = 1; next } h && $1 ~ /^[0-9]+$/ { print; exi
 perftest_json() {
   local workload=$1 in_flight=$2 line=$3
   case "$workload" in
-    send_lat)  # bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
-      awk -v r="$round" -v f="$in_flight" '{ printf "{\"system\":\"perftest\",\"workload\":\"send_lat\",\"size\":%d,\"in_flight\":%d,\"threads\":1,\"connections\":1,\"round\":%d,\"calls\":%d,\"seconds\":0,\"p50_us\":%s,\"p90_us\":null,\"p99_us\":%s,\"p999_us\":%s,\"max_us\":%s,\"calls_per_sec\":0,\"goodput_mib_per_sec\":0,\"client_cpu_us_per_call\":-1,\"server_cpu_us_per_call\":-1,\"cdf_us\":[],\"note\":\"one-way latency (t_typical as p50)\"}\n", $1, f, r, $2, $5, $8, $9, $4 }' <<<"$line" ;;
+    send_lat*)  # bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
+      awk -v r="$round" -v f="$in_flight" -v w="$workload" '{ printf "{\"system\":\"perftest\",\"workload\":\"%s\",\"size\":%d,\"in_flight\":%d,\"threads\":1,\"connections\":1,\"round\":%d,\"calls\":%d,\"seconds\":0,\"p50_us\":%s,\"p90_us\":null,\"p99_us\":%s,\"p999_us\":%s,\"max_us\":%s,\"calls_per_sec\":0,\"goodput_mib_per_sec\":0,\"client_cpu_us_per_call\":-1,\"server_cpu_us_per_call\":-1,\"cdf_us\":[],\"note\":\"one-way latency (t_typical as p50)\"}\n", w, $1, f, r, $2, $5, $8, $9, $4 }' <<<"$line" ;;
     *)  # bytes iters bw_peak bw_avg[MiB/s] msg_rate[Mpps]
       awk -v r="$round" -v f="$in_flight" -v w="$workload" '{ printf "{\"system\":\"perftest\",\"workload\":\"%s\",\"size\":%d,\"in_flight\":%d,\"threads\":1,\"connections\":1,\"round\":%d,\"calls\":%d,\"seconds\":0,\"p50_us\":null,\"p90_us\":null,\"p99_us\":null,\"p999_us\":null,\"max_us\":null,\"calls_per_sec\":%.0f,\"goodput_mib_per_sec\":%s,\"client_cpu_us_per_call\":-1,\"server_cpu_us_per_call\":-1,\"cdf_us\":[],\"note\":\"\"}\n", w, $1, f, r, $2, $5 * 1e6, $4 }' <<<"$line" ;;
   esac
 }
 
-# Each system's server is up only while its client runs: zrpc's busy-polling poller takes a
-# core, and perftest's clock calibration fails on a guest with a core spinning (it then prints
-# inf or zeros); gRPC's threads would disturb the others too.
-server=""
-trap '[[ -z "$server" ]] || kill "$server" 2>/dev/null || true' EXIT
-# start_server NAME PROGRAM ARGS...: sets $server and $target ("listening ADDR:PORT").
-start_server() {
-  local name=$1
-  shift
-  "$@" >"$logs/$name.out" 2>"$logs/$name.err" &
-  server=$!
-  local i
-  for ((i = 0; i < 600; i++)); do
-    grep -q '^listening ' "$logs/$name.out" && break
-    kill -0 "$server" 2>/dev/null || { cat "$logs/$name.err" >&2; exit 1; }
-    sleep 0.1
-  done
-  target=$(awk '/^listening / { print $2; exit }' "$logs/$name.out")
-  [[ -n "$target" ]] || { echo "compare.sh: $name did not start" >&2; exit 1; }
-}
-stop_server() {
-  kill -TERM "$server"
-  wait "$server" || { echo "compare.sh: $1 failed" >&2; cat "$logs/$1.err" >&2; exit 1; }
-  server=""
-}
+# Servers: up only while their client runs (bench_lib.sh says why).
+source "$(dirname "$0")/bench_lib.sh"
 
 if ((sweep)); then
   : >"$out/sweep.jsonl"
@@ -146,6 +125,8 @@ for ((round = 1; round <= rounds; round++)); do
   echo "== round $round of $rounds"
   perftest_run ib_send_lat send_lat -s "$size" -n "$calls"
   perftest_json send_lat 1 "$(data_line "$logs/send_lat.client")" >>"$results"
+  perftest_run ib_send_lat send_lat_event -s "$size" -n "$calls" -e
+  perftest_json send_lat_event 1 "$(data_line "$logs/send_lat_event.client")" >>"$results"
   perftest_run ib_send_bw send_bw -s "$size" -n "$calls" -t "$in_flight"
   perftest_json send_bw "$in_flight" "$(data_line "$logs/send_bw.client")" >>"$results"
   for bulk in "${bulk_sizes[@]}"; do
@@ -162,6 +143,11 @@ for ((round = 1; round <= rounds; round++)); do
         --calls "$bulk_calls" --warmup 10 $registered
     done
   done
+  stop_server zrpc_server
+  # Event mode on both sides (the default users get), next to perftest's -e.
+  start_server zrpc_server "$zrpc_bench" server --listen "$ZRPC_RDMA_ADDR:0" --event
+  "$zrpc_bench" client --connect "$target" --round "$round" --json "$results" --event \
+    --workload echo --size "$size" --in-flight 1 --calls "$calls" --warmup 500
   stop_server zrpc_server
   start_server transport_server "$transport_bench" server --listen "$ZRPC_RDMA_ADDR:0"
   common=(client --connect "$target" --round "$round" --json "$results")

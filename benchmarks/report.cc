@@ -241,6 +241,9 @@ Aggregate AggregateGroup(const std::vector<const WorkloadResult*>& runs) {
     }
   }
   m.note = absl::StrJoin(notes, "; ");
+  for (const WorkloadResult* r : runs) a.runs.push_back(*r);
+  std::sort(a.runs.begin(), a.runs.end(),
+            [](const WorkloadResult& x, const WorkloadResult& y) { return x.round < y.round; });
   return a;
 }
 

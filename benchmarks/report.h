@@ -187,6 +187,7 @@ absl::StatusOr<std::vector<WorkloadResult>> ParseJsonLines(absl::string_view tex
 struct Aggregate {
   WorkloadResult median;
   int rounds = 0;
+  std::vector<WorkloadResult> runs;  // each round's result, by round
 };
 
 // Groups and takes medians. The output is ordered by system (zrpc, transport, grpc, perftest,
@@ -215,8 +216,13 @@ struct Ratio {
   double target = 0;
   bool higher_is_better = false;  // target is a minimum (>=) rather than a maximum (<=)
   bool available = false;
-  double value = 0;      // when available
-  bool met = false;      // when available
+  // When available: the median over the rounds both sides ran of the ratio within each round
+  // (figures of one round share the guest's mood; across rounds it moves by +-30 % under
+  // emulation), and its spread. `rounds` 0: no round in common, value is the medians' ratio.
+  double value = 0;
+  int rounds = 0;
+  double min = 0, max = 0;
+  bool met = false;      // when available: the median meets the target
   std::string missing;   // when not: "no perftest rows for send_lat 64 B, in_flight 1, 1x1"
 };
 

@@ -590,6 +590,14 @@ std::string ToJsonDocument(const std::vector<Aggregate>& aggregates,
     } else {
       out += "null";
     }
+    absl::StrAppend(&out, ",\"rounds\":", r.rounds, ",\"min\":");
+    if (r.available && r.rounds > 0) {
+      AppendJsonNumber(r.min, out);
+      out += ",\"max\":";
+      AppendJsonNumber(r.max, out);
+    } else {
+      out += "null,\"max\":null";
+    }
     absl::StrAppend(&out, ",\"met\":",
                     !r.available || !r.has_target ? "null" : r.met ? "true" : "false",
                     ",\"missing\":");

@@ -1,4 +1,5 @@
 // ComputeRatios, FormatTable and FormatRatios: what bench_report prints.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <tuple>
@@ -16,27 +17,33 @@ enum class Depth { kOne, kLargest };
 
 // The rows of system/workload that a ratio may use: those at in_flight 1 (kOne), or per
 // (size, threads, connections) the one with the largest in_flight (kLargest).
-std::vector<const WorkloadResult*> Rows(const std::vector<Aggregate>& aggregates,
-                                        absl::string_view system, absl::string_view workload,
-                                        Depth depth) {
-  std::vector<const WorkloadResult*> rows;
+std::vector<const Aggregate*> Rows(const std::vector<Aggregate>& aggregates,
+                                   absl::string_view system, absl::string_view workload,
+                                   Depth depth) {
+  std::vector<const Aggregate*> rows;
   std::map<std::tuple<uint64_t, int, int>, size_t> deepest;  // config -> index in rows
   for (const Aggregate& a : aggregates) {
     const WorkloadResult& r = a.median;
     if (r.system != system || r.workload != workload) continue;
     if (depth == Depth::kOne) {
-      if (r.in_flight == 1) rows.push_back(&r);
+      if (r.in_flight == 1) rows.push_back(&a);
       continue;
     }
     const auto [it, inserted] =
         deepest.emplace(std::make_tuple(r.size, r.threads, r.connections), rows.size());
     if (inserted) {
-      rows.push_back(&r);
-    } else if (r.in_flight > rows[it->second]->in_flight) {
-      rows[it->second] = &r;
+      rows.push_back(&a);
+    } else if (r.in_flight > rows[it->second]->median.in_flight) {
+      rows[it->second] = &a;
     }
   }
   return rows;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
 struct Spec {
@@ -73,6 +80,11 @@ const Spec kSpecs[] = {
      [](const WorkloadResult& z, const WorkloadResult& o) {
        return z.calls_per_sec / o.calls_per_sec;
      }},
+    // What users get out of the box: both sides' pollers sleep in event mode (the default), so
+    // each message costs a completion interrupt and a wake-up, as in perftest's -e.
+    {"zrpc event echo p50 / (2 x perftest send_lat -e p50)", "zrpc", "echo_event", "perftest",
+     "send_lat_event", Depth::kOne, 1.3, false,
+     [](const WorkloadResult& z, const WorkloadResult& o) { return z.p50_us / (2 * o.p50_us); }},
     {"grpc echo p50 / zrpc echo p50", "zrpc", "echo", "grpc", "echo", Depth::kOne, 20, true,
      [](const WorkloadResult& z, const WorkloadResult& o) { return o.p50_us / z.p50_us; }},
 };
@@ -111,7 +123,7 @@ std::vector<Ratio> Compute(const std::vector<Aggregate>& aggregates, const Spec 
     base.has_target = !std::isnan(spec.target);
     base.target = base.has_target ? spec.target : 0;
     base.higher_is_better = spec.higher_is_better;
-    const std::vector<const WorkloadResult*> zrpc_rows =
+    const std::vector<const Aggregate*> zrpc_rows =
         Rows(aggregates, spec.subject_system, spec.zrpc_workload, spec.depth);
     if (zrpc_rows.empty()) {
       base.missing = absl::StrCat("no ", spec.subject_system, " rows for ", spec.zrpc_workload,
@@ -119,14 +131,18 @@ std::vector<Ratio> Compute(const std::vector<Aggregate>& aggregates, const Spec 
       ratios.push_back(base);
       continue;
     }
-    const std::vector<const WorkloadResult*> other_rows =
+    const std::vector<const Aggregate*> other_rows =
         Rows(aggregates, spec.other_system, spec.other_workload, spec.depth);
-    for (const WorkloadResult* z : zrpc_rows) {
+    for (const Aggregate* z_agg : zrpc_rows) {
+      const WorkloadResult* z = &z_agg->median;
       Ratio ratio = base;
       const WorkloadResult* other = nullptr;
-      for (const WorkloadResult* o : other_rows) {
+      const Aggregate* other_agg = nullptr;
+      for (const Aggregate* o_agg : other_rows) {
+        const WorkloadResult* o = &o_agg->median;
         if (o->size == z->size && o->threads == z->threads && o->connections == z->connections) {
           other = o;
+          other_agg = o_agg;
         }
       }
       if (other == nullptr) {
@@ -143,7 +159,22 @@ std::vector<Ratio> Compute(const std::vector<Aggregate>& aggregates, const Spec 
               ? absl::StrCat(z->size, " B, in_flight 1, ", Config(*z))
               : absl::StrCat(z->size, " B, in_flight ", z->in_flight, " vs ", other->in_flight,
                              ", ", Config(*z));
-      const double value = spec.value(*z, *other);
+      // The ratio within each round both sides ran, then its median and spread.
+      std::vector<double> per_round;
+      for (const WorkloadResult& zr : z_agg->runs) {
+        for (const WorkloadResult& orr : other_agg->runs) {
+          if (orr.round != zr.round) continue;
+          const double v = spec.value(zr, orr);
+          if (std::isfinite(v)) per_round.push_back(v);
+        }
+      }
+      double value = spec.value(*z, *other);
+      if (!per_round.empty()) {
+        value = Median(per_round);
+        ratio.rounds = static_cast<int>(per_round.size());
+        ratio.min = *std::min_element(per_round.begin(), per_round.end());
+        ratio.max = *std::max_element(per_round.begin(), per_round.end());
+      }
       if (!std::isfinite(value)) {
         ratio.missing = "a figure is zero or not a number";
       } else {
@@ -208,12 +239,16 @@ std::string FormatRatios(const std::vector<Ratio>& ratios) {
       absl::StrAppendFormat(&out, "%-45s %-37s n/a (%s)\n", r.name, where, r.missing);
       continue;
     }
+    // The spread across rounds: a change is real only when its medians differ by more.
+    const std::string spread =
+        r.rounds > 0 ? absl::StrFormat("(%.3f-%.3f, %d rd)", r.min, r.max, r.rounds)
+                     : std::string("(of medians)");
     if (!r.has_target) {
-      absl::StrAppendFormat(&out, "%-48s %-34s %8.3f\n", r.name, where, r.value);
+      absl::StrAppendFormat(&out, "%-48s %-34s %8.3f %-22s\n", r.name, where, r.value, spread);
       continue;
     }
-    absl::StrAppendFormat(&out, "%-45s %-37s %8.3f  target %s %.2f  %s\n", r.name, where,
-                          r.value, r.higher_is_better ? ">=" : "<=", r.target,
+    absl::StrAppendFormat(&out, "%-45s %-37s %8.3f %-22s target %s %.2f  %s\n", r.name, where,
+                          r.value, spread, r.higher_is_better ? ">=" : "<=", r.target,
                           r.met ? "met" : "MISSED");
   }
   return out;

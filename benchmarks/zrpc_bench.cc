@@ -126,8 +126,11 @@ int Client(const BenchArgs& args) {
                        in_flight, run.status().ToString().c_str());
           return 1;
         }
+        // Rows of an event-mode client (ChannelOptions::poll_mode kEvent, the default users
+        // get) are their own workload: "echo_event" beside busy-polled "echo".
         const std::string workload =
-            absl::StrCat(WorkloadName(args.workload), args.registered ? "_registered" : "");
+            absl::StrCat(WorkloadName(args.workload), args.registered ? "_registered" : "",
+                         args.event ? "_event" : "");
         rows->Write(MakeRow({"zrpc", workload, size, in_flight, args.threads, connections,
                              args.round},
                             *std::move(run)));

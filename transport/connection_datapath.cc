@@ -176,21 +176,31 @@ absl::Status Connection::EnqueueLocked(const Waiting& op) {
   if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
   waiting_.push_back(op);
   if (CorkedLocked()) {
-    cork_pending_ = true;  // posted with the others after the batch (DispatchCorked)
-    return absl::OkStatus();
+    if (!cork_opens_) {
+      cork_pending_ = true;  // posted with the others later in the batch (DispatchCorked)
+      return absl::OkStatus();
+    }
+    // The batch's last handler sends: what the others held goes with it, at once, and what
+    // this handler sends next goes as it comes.
+    cork_open_ = true;
+    cork_pending_ = false;
   }
   PumpLocked();
   if (!waiting_.empty()) ++stats_.waited;  // this one could not go at once
   return absl::OkStatus();
 }
 
-bool Connection::CorkedLocked() const { return corked_connection == this; }
+bool Connection::CorkedLocked() const { return corked_connection == this && !cork_open_; }
 
 // Posts waiting operations in order while credits, arena space and send-queue entries last, as
 // one chain (one doorbell per kPostBatch work requests).
 void Connection::PumpLocked() {
   if (CorkedLocked()) {
-    cork_pending_ = true;
+    // Only when there is something to post: a Release during the batch usually has nothing
+    // (its credit rides on the next data frame), and then the batch's end takes no lock.
+    if (!waiting_.empty() || credits_.ShouldSendUpdate() || arena_reader_.ShouldReport()) {
+      cork_pending_ = true;
+    }
     return;
   }
   while (!waiting_.empty() && state_ == State::kOpen) {
@@ -438,10 +448,22 @@ void Connection::OnCompletions(absl::Span<const ibv_wc> wcs) {
   if (!events.empty()) DispatchCorked(events);
 }
 
+// Sends of the batch's handlers are held until the last message's (or payload's) handler sends
+// its first: then all go as one chain. Holding them to the end of the batch instead would add the
+// last handler's remaining work (releases, metrics) to every round trip, even a batch of one.
 void Connection::DispatchCorked(Events& events) {
+  size_t last = events.size();  // the last message or payload
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i].kind == Event::kMessage || events[i].kind == Event::kBulk) last = i;
+  }
   const Connection* outer = corked_connection;  // a handler of another connection's batch
   corked_connection = this;
-  Dispatch(events);
+  cork_open_ = false;
+  cork_opens_ = false;
+  for (size_t i = 0; i < events.size(); ++i) {
+    cork_opens_ = i == last;
+    DispatchOne(events[i]);
+  }
   corked_connection = outer;
   if (!cork_pending_) return;
   cork_pending_ = false;
@@ -645,23 +667,25 @@ void Connection::RunOnClosed() {
 }
 
 void Connection::Dispatch(Events& events) {
-  for (Event& e : events) {
-    switch (e.kind) {
-      case Event::kMessage:
-        handler_->OnMessage(*this, ReceivedMessage{e.data, e.size, e.handle_or_token});
-        break;
-      case Event::kBulk:
-        handler_->OnBulk(*this, ReceivedBulk{e.data, e.size, e.handle_or_token});
-        break;
-      case Event::kSendDone:
-        handler_->OnSendDone(*this, e.handle_or_token, e.status);
-        break;
-      case Event::kClosed:
-        handler_->OnClosed(*this, e.status);
-        RunOnClosed();
-        poller_.Unregister(qp_num_);
-        break;
-    }
+  for (Event& e : events) DispatchOne(e);
+}
+
+void Connection::DispatchOne(Event& e) {
+  switch (e.kind) {
+    case Event::kMessage:
+      handler_->OnMessage(*this, ReceivedMessage{e.data, e.size, e.handle_or_token});
+      break;
+    case Event::kBulk:
+      handler_->OnBulk(*this, ReceivedBulk{e.data, e.size, e.handle_or_token});
+      break;
+    case Event::kSendDone:
+      handler_->OnSendDone(*this, e.handle_or_token, e.status);
+      break;
+    case Event::kClosed:
+      handler_->OnClosed(*this, e.status);
+      RunOnClosed();
+      poller_.Unregister(qp_num_);
+      break;
   }
 }
 

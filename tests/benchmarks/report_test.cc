@@ -240,12 +240,14 @@ TEST_CASE("ratios are computed like for like against their targets", "[report][r
       Row("zrpc", "echo", 64, 16, 0, 20),        // 800k calls/s
       Row("perftest", "send_bw", 64, 128, 0, 100),  // 1.28M msg/s: 0.625
       Row("zrpc", "put", 65536, 16, 0, 100),     // staged: a figure, no target
+      Row("zrpc", "echo_event", 64, 1, 0, 14),           // event mode, round trip 14 us
+      Row("perftest", "send_lat_event", 64, 1, 0, 5),  // one-way 5 us with -e: 1.4
   };
   rs[4].goodput_mib_per_sec = 970;
   rs[5].goodput_mib_per_sec = 1000;  // 0.97
   rs[8].goodput_mib_per_sec = 500;   // 0.5
   const std::vector<Ratio> ratios = ComputeRatios(MustAggregate(rs));
-  REQUIRE(ratios.size() == 5);
+  REQUIRE(ratios.size() == 6);
   CHECK(ratios[0].available);
   CHECK(ratios[0].value == Approx(1.1));
   CHECK(ratios[0].met);
@@ -257,11 +259,34 @@ TEST_CASE("ratios are computed like for like against their targets", "[report][r
   CHECK_FALSE(ratios[2].has_target);
   CHECK(ratios[3].value == Approx(0.625));
   CHECK_FALSE(ratios[3].met);
-  CHECK(ratios[4].value == Approx(30));
-  CHECK(ratios[4].met);
+  CHECK(ratios[4].value == Approx(1.4));
+  CHECK(ratios[4].name == "zrpc event echo p50 / (2 x perftest send_lat -e p50)");
+  CHECK_FALSE(ratios[4].met);  // target <= 1.3
+  CHECK(ratios[5].value == Approx(30));
+  CHECK(ratios[5].met);
+  CHECK(ratios[5].rounds == 1);
   const std::string text = FormatRatios(ratios);
   CHECK(text.find("MISSED") != std::string::npos);
   CHECK(text.find("target <= 1.15  met") != std::string::npos);
+}
+
+TEST_CASE("a ratio is the median of the ratios within each round, with their spread",
+          "[report][ratios]") {
+  // Round 1 ran fast for both, round 2 slow for both: the per-round ratios are 1.1, 1.2, 1.0,
+  // while the medians' ratio, 26 / (2 x 10) = 1.3, would mix rounds the guest ran at other speeds
+  // (and a round only one side ran).
+  const std::vector<Ratio> ratios = ComputeRatios(MustAggregate({
+      Row("zrpc", "echo", 64, 1, 0, 22), Row("perftest", "send_lat", 64, 1, 0, 10),
+      Row("zrpc", "echo", 64, 1, 1, 12), Row("perftest", "send_lat", 64, 1, 1, 5),
+      Row("zrpc", "echo", 64, 1, 2, 40), Row("perftest", "send_lat", 64, 1, 2, 20),
+      Row("zrpc", "echo", 64, 1, 3, 30),  // a round perftest did not run: not counted
+  }));
+  REQUIRE(ratios[0].available);
+  CHECK(ratios[0].rounds == 3);
+  CHECK(ratios[0].value == Approx(1.1));
+  CHECK(ratios[0].min == Approx(1.0));
+  CHECK(ratios[0].max == Approx(1.2));
+  CHECK(FormatRatios(ratios).find("1.100 (1.000-1.200, 3 rd)") != std::string::npos);
 }
 
 TEST_CASE("a ratio with a side missing is n/a and names what is missing", "[report][ratios]") {
@@ -269,13 +294,14 @@ TEST_CASE("a ratio with a side missing is n/a and names what is missing", "[repo
       Row("zrpc", "echo", 64, 1, 0, 11),
       Row("perftest", "send_lat", 4096, 1, 0, 5),  // another size: no counterpart
   }));
-  REQUIRE(ratios.size() == 5);
+  REQUIRE(ratios.size() == 6);
   CHECK_FALSE(ratios[0].available);
   CHECK(ratios[0].missing == "no perftest rows for send_lat 64 B, in_flight 1, 1x1");
   CHECK(ratios[1].missing == "no zrpc rows for put_registered");
   CHECK(ratios[2].missing == "no zrpc rows for put");
   CHECK(ratios[3].missing == "no perftest rows for send_bw 64 B, 1x1");
-  CHECK(ratios[4].missing == "no grpc rows for echo 64 B, in_flight 1, 1x1");
+  CHECK(ratios[4].missing == "no zrpc rows for echo_event with in_flight 1");
+  CHECK(ratios[5].missing == "no grpc rows for echo 64 B, in_flight 1, 1x1");
   const std::string text = FormatRatios(ratios);
   CHECK(text.find("n/a (no zrpc rows for put_registered)") != std::string::npos);
   CHECK(text.find("met") == std::string::npos);
