@@ -44,16 +44,24 @@ struct SlotTicket {
 // after the other on the caller's thread, so the block one call gives back is the one the
 // thread's next call takes: no lock and no allocation per call. A ticket is destroyed before
 // its memory is kept (its connection is not held by a cache).
+// After the cache is destroyed (a call made from another thread-local's destructor at thread
+// exit), blocks come from and go to the heap: `gone` is trivially destructible, so it stays
+// readable to the end.
+thread_local bool ticket_memory_gone = false;
+
 class TicketMemory {
  public:
   ~TicketMemory() {
     for (size_t i = 0; i < count_; ++i) ::operator delete(blocks_[i]);
+    count_ = 0;
+    ticket_memory_gone = true;
   }
   void* Take() {
-    return count_ > 0 ? blocks_[--count_] : ::operator new(sizeof(SlotTicket));
+    if (ticket_memory_gone || count_ == 0) return ::operator new(sizeof(SlotTicket));
+    return blocks_[--count_];
   }
   void Give(void* block) {
-    if (count_ < kKept) {
+    if (!ticket_memory_gone && count_ < kKept) {
       blocks_[count_++] = block;
     } else {
       ::operator delete(block);

@@ -86,13 +86,14 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
   if (request_.body_payload) {
     RpcConnection::ReleasePayload(*connection_, request_.body_payload->handle);
   }
-  // Destroyed in place; its memory goes back to the connection for the next call (Retire). The
-  // connection may go with the last reference, which this frame holds until the end.
-  std::shared_ptr<ServerConnection> owner = owner_;
-  const uint64_t id = call_id();
+  // The call leaves its connection's map and is destroyed in place under one lock (Retire), so
+  // a cancel or Shutdown's answer never finds it half gone; its memory stays for the next call.
+  // The references that may be the last (the connections) are dropped after that lock.
+  std::shared_ptr<ServerConnection> owner = std::move(owner_);
+  std::shared_ptr<transport::Connection> connection = std::move(connection_);
   ServerCore& core = owner->core();
-  this->~ServerCallImpl();
-  owner->Retire(id, this);
+  owner->Retire(this);
+  connection.reset();
   owner.reset();
   core.CallDone();
 }
@@ -327,10 +328,11 @@ void ServerConnection::HandleCancel(transport::Connection& connection,
   if (it != calls_.end()) it->second->context().Cancel();
 }
 
-void ServerConnection::Retire(uint64_t call_id, void* call_memory) {
+void ServerConnection::Retire(ServerCallImpl* call) {
   absl::MutexLock lock(&mu_);
-  calls_.erase(call_id);
-  call_memory_.push_back(call_memory);
+  calls_.erase(call->call_id());
+  call->~ServerCallImpl();
+  call_memory_.push_back(call);
 }
 
 ServerConnection::~ServerConnection() {
@@ -409,8 +411,8 @@ void ServerConnection::Close() {
 }
 
 int ServerConnection::AnswerAll(const absl::Status& status) {
-  // Under the lock: a call's Finish forgets its id (under the same lock) before it frees itself,
-  // so every call seen here is alive until the lock is dropped.
+  // Under the lock: a call's Finish forgets its id and destroys it under the same lock
+  // (Retire), so every call seen here is alive until the lock is dropped.
   absl::MutexLock lock(&mu_);
   int answered = 0;
   for (auto& [id, call] : calls_) answered += call->AnswerFor(status) ? 1 : 0;

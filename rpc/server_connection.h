@@ -63,6 +63,7 @@ class ServerCallImpl final : public ServerCall, public PoolTask {
   uint64_t call_id() const { return request_.header.call_id; }
 
  private:
+  friend class ServerConnection;  // Retire destroys it in place
   ~ServerCallImpl() override = default;
   // Sends the response or the error; returns the status the client gets.
   absl::Status SendResponse(absl::Status status, SendSlot* response, OutgoingBulk response_bulk);
@@ -114,8 +115,10 @@ class ServerConnection final : public RpcConnection,
   // Shutdown past its grace: answers every call still running with `status` and marks it
   // cancelled. Returns how many it answered.
   int AnswerAll(const absl::Status& status);
-  // A call finished and was destroyed: forget its id and keep its memory for the next call.
-  void Retire(uint64_t call_id, void* call_memory);
+  // A call finished: forgets its id and destroys it, under the lock the call map's readers take,
+  // and keeps its memory for the next call. The call must hold no reference to this or to its
+  // transport connection any more (Finish moves them out first).
+  void Retire(ServerCallImpl* call);
   // One liveness pass (the server's sweeper thread only; ServerOptions; `now` monotonic):
   // closes the connection when it held no calls and received nothing for `idle`, probes the
   // client's NIC when it holds calls and received nothing for `probe`. Counted in the stats.

@@ -450,6 +450,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Ring<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t unsignaled_ ABSL_GUARDED_BY(mu_) = 0;
+  // An unsignalled work request someone waits on (an OnSendDone, a held slot) has no signalled
+  // one behind it yet: the next message must be signalled before a pause.
+  bool owe_signal_ ABSL_GUARDED_BY(mu_) = false;
   bool sq_drained_ ABSL_GUARDED_BY(mu_) = false;
   ConnectionStats stats_ ABSL_GUARDED_BY(mu_);
   // Work-request templates: invariant fields filled once in CreateResources.

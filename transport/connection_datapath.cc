@@ -222,12 +222,15 @@ void Connection::PumpLocked() {
       // it may lack a credit, a queue entry or arena space): an unsignalled work request with
       // nothing behind it would leave that waiting on future traffic. Otherwise only the
       // interval asks for one, to keep the send queue retiring.
+      // An earlier message left unsignalled because this one followed hands its obligation on
+      // (owe_signal_): the completion that retires it must come from here or later.
       const bool inlined = FrameHeader::kSize + op.length <= max_inline_;
-      const bool awaited = op.report || !inlined;
+      const bool awaited = op.report || !inlined || owe_signal_;
       const bool next_may_stall = waiting_.size() == 1 || waiting_[1].kind != Waiting::kMessage ||
                                   !credits_.CanSpendForData() ||
                                   in_flight_.size() + 1 >= options_.send_queue_depth;
       const bool signal = unsignaled_ + 1 >= kSignalInterval || (awaited && next_may_stall);
+      owe_signal_ = awaited && !signal;
       PostMessageLocked(op.slot, op.length, FrameKind::kData, op.token, op.report, signal);
     }
     waiting_.pop_front();
@@ -307,6 +310,7 @@ void Connection::AppendLocked(const ibv_send_wr& wr, const ibv_sge& sge, uint32_
   transfer_bytes_in_flight_ += bytes;
   const bool signalled = (wr.send_flags & IBV_SEND_SIGNALED) != 0;
   unsignaled_ = signalled ? 0 : unsignaled_ + 1;
+  if (signalled) owe_signal_ = false;  // it retires everything before it
   ++stats_.work_requests;
   if (signalled) ++stats_.signalled;
   stats_.max_credits_in_use = std::max(stats_.max_credits_in_use, credits_.in_flight());

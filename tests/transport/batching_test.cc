@@ -236,3 +236,38 @@ TEST_CASE("a window that waited for credits leaves in chains as they come back, 
   REQUIRE(server_handler.messages.size() == kMessages);
   for (int i = 0; i < kMessages; ++i) CHECK(server_handler.messages[i] == Filled(200, i));
 }
+
+TEST_CASE("a message someone waits on, followed in one chain by one nobody waits on, still gets "
+          "its completion without more traffic",
+          "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Recorder server_handler, client_handler;
+  server_handler.hold = true;  // the server's application holds every receive: no credits back
+  Setup setup(config);
+  ConnectionOptions server_options;
+  server_options.recv_credits = 8;
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler, server_options);
+  // Seven go (the eighth credit is kept for credit frames), all without a token.
+  for (int i = 0; i < 7; ++i) REQUIRE(SendUnreported(*pair.client, Filled(100, i)).ok());
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.message_count == 7; }));
+  // These two wait for credits, then leave in one chain: the first reports (token 99), the
+  // second does not. The first must not be left unsignalled because the second follows it.
+  auto buffer = pair.client->AcquireSendBuffer();
+  REQUIRE(buffer.ok());
+  std::memcpy(buffer->data, Filled(100, 7).data(), 100);
+  REQUIRE(pair.client->Send(*buffer, 100, /*token=*/99).ok());
+  REQUIRE(SendUnreported(*pair.client, Filled(100, 8)).ok());
+  CHECK(pair.client->stats().waiting == 2);
+  std::vector<uint64_t> held;
+  {
+    absl::MutexLock lock(&server_handler.mu);
+    held.swap(server_handler.held);
+  }
+  for (uint64_t handle : held) REQUIRE(pair.server->Release(handle).ok());
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.message_count == 9; }));
+  // No traffic follows: OnSendDone(99) comes from the chain's own signalled completion, or never.
+  CHECK(client_handler.WaitFor([&] { return client_handler.done.count(99) == 1; },
+                               absl::Seconds(5)));
+  absl::MutexLock lock(&client_handler.mu);
+  CHECK(client_handler.done.size() == 1);
+}
