@@ -41,6 +41,31 @@ absl::Status ParseOne(const std::string& flag, const std::string& text, T min, T
   return absl::OkStatus();
 }
 
+// Byte counts: "4096", or with a binary suffix "64K", "1M", "1G" (examples/cli.h).
+absl::Status ParseBytesList(const std::string& flag, const std::string& text, uint64_t min,
+                            uint64_t max, std::vector<uint64_t>* out) {
+  out->clear();
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    std::optional<uint64_t> value = examples::cli::ParseBytes(part, min, max);
+    if (!value.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, ": \"", part, "\" is not a byte count in [", min, ", ", max,
+          "] (digits, or with a K, M or G suffix)"));
+    }
+    out->push_back(*value);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseOneBytes(const std::string& flag, const std::string& text, uint64_t min,
+                           uint64_t max, uint64_t* out) {
+  std::vector<uint64_t> values;
+  if (absl::Status s = ParseBytesList(flag, text, min, max, &values); !s.ok()) return s;
+  if (values.size() != 1) return absl::InvalidArgumentError(absl::StrCat(flag, " takes one size"));
+  *out = values[0];
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* WorkloadName(Workload workload) {
@@ -63,30 +88,39 @@ uint64_t MaxEchoPayload(uint64_t slot_size) {
 
 absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
   BenchArgs parsed;
-  if (args.empty() || (args[0] != "server" && args[0] != "client")) {
+  const examples::cli::Options options{
+      {"listen", "max-bulk", "arena", "pollers", "connect", "workload", "size", "in-flight",
+       "connections", "threads", "calls", "duration", "warmup", "round", "json"},
+      {"event", "sweep", "registered"},
+      /*positional=*/true};
+  absl::StatusOr<std::vector<examples::cli::Word>> words =
+      examples::cli::Tokenize(args, options, &parsed.help);
+  if (parsed.help) return parsed;
+  if (!words.ok()) return words.status();
+  if (words->empty() || !words->front().name.empty() ||
+      (words->front().value != "server" && words->front().value != "client")) {
     return absl::InvalidArgumentError("the first argument is the mode: server or client");
   }
-  parsed.server = args[0] == "server";
+  parsed.server = words->front().value == "server";
   bool sweep = false;
   bool calls_set = false;
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& flag = args[i];
+  std::vector<std::string> seen;
+  for (size_t i = 1; i < words->size(); ++i) {
+    const examples::cli::Word& word = (*words)[i];
+    if (word.name.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", word.value, "' (the mode comes first, once)"));
+    }
+    const std::string flag = "--" + word.name;
+    const std::string& value = word.value;
+    if (std::find(seen.begin(), seen.end(), flag) != seen.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " given twice"));
+    }
+    seen.push_back(flag);
     // A client flag given to a server (or the reverse) is a mistake, not a no-op.
     const bool server_only = flag == "--listen" || flag == "--max-bulk" || flag == "--arena";
-    const bool client_only = flag == "--connect" || flag == "--workload" || flag == "--size" ||
-                             flag == "--in-flight" || flag == "--connections" ||
-                             flag == "--threads" || flag == "--calls" || flag == "--duration" ||
-                             flag == "--warmup" || flag == "--round" || flag == "--json" ||
-                             flag == "--sweep" || flag == "--registered";
     const bool both = flag == "--pollers" || flag == "--event";
-    if (!server_only && !client_only && !both) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag \"", flag, "\""));
-    }
-    const bool takes_value = flag != "--event" && flag != "--sweep" && flag != "--registered";
-    if (takes_value && i + 1 >= args.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, " needs a value"));
-    }
-    const std::string value = takes_value ? args[++i] : "";
+    const bool client_only = !server_only && !both;
     if ((parsed.server && client_only) || (!parsed.server && server_only)) {
       return absl::InvalidArgumentError(absl::StrCat(flag, " is a ",
                                                      server_only ? "server" : "client",
@@ -97,9 +131,9 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
     if (flag == "--listen") {
       parsed.listen = value;
     } else if (flag == "--max-bulk") {
-      s = ParseOne(flag, value, uint64_t{1}, kMaxSize, &parsed.max_bulk);
+      s = ParseOneBytes(flag, value, 1, kMaxSize, &parsed.max_bulk);
     } else if (flag == "--arena") {
-      s = ParseOne(flag, value, uint64_t{64}, uint64_t{1} << 30, &parsed.arena);
+      s = ParseOneBytes(flag, value, 64, uint64_t{1} << 30, &parsed.arena);
       if (s.ok() && parsed.arena % 64 != 0) {
         s = absl::InvalidArgumentError(absl::StrCat("--arena ", value, " is not a multiple of 64"));
       }
@@ -121,7 +155,7 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
             absl::StrCat("--workload: \"", value, "\" is not echo, put or get"));
       }
     } else if (flag == "--size") {
-      s = ParseList(flag, value, uint64_t{0}, kMaxSize, &parsed.sizes);
+      s = ParseBytesList(flag, value, 0, kMaxSize, &parsed.sizes);
     } else if (flag == "--in-flight") {
       s = ParseList(flag, value, 1, 4096, &parsed.in_flight);
     } else if (flag == "--connections") {
@@ -204,6 +238,10 @@ int BenchMain(const char* program, const char* usage, int argc, char** argv,
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   const std::vector<std::string> args(argv + 1, argv + argc);
   absl::StatusOr<BenchArgs> parsed = ParseBenchArgs(args);
+  if (parsed.ok() && parsed->help) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
   absl::Status s = parsed.status();
   if (s.ok() && check != nullptr) s = check(*parsed);
   if (!s.ok()) {

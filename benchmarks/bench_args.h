@@ -33,6 +33,7 @@ enum class Workload { kEcho, kPut, kGet };
 const char* WorkloadName(Workload workload);
 
 struct BenchArgs {
+  bool help = false;  // --help or -h: print the usage, nothing else
   bool server = false;
   // Server.
   std::string listen;  // empty: the device's address, port 7471
@@ -69,7 +70,8 @@ inline constexpr char kBenchUsage[] =
     "       zrpc_bench client --connect ADDR:PORT [--workload echo|put|get] [--size B[,B...]]\n"
     "                         [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]\n"
     "                         [--calls N | --duration SECONDS] [--warmup N] [--round N]\n"
-    "                         [--json FILE] [--event] [--sweep] [--registered]\n";
+    "                         [--json FILE] [--event] [--sweep] [--registered]\n"
+    "Options take --name VALUE or --name=VALUE; byte counts take a K, M or G suffix (64K).\n";
 
 // kInvalidArgument naming the flag and what is wrong.
 absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args);

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -21,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "benchmarks/report.h"
+#include "examples/cli.h"
 
 namespace zrpc::bench {
 namespace {
@@ -30,7 +32,8 @@ constexpr char kUsage[] =
     "                    [--svg-size BYTES] FILE.jsonl...\n"
     "Prints the medians across rounds of every configuration in the files and the zrpc ratios\n"
     "against their targets; --json writes them as JSON, --svg plots the latency CDFs of\n"
-    "--svg-workload (default echo) at --svg-size (default 64).\n";
+    "--svg-workload (default echo) at --svg-size (default 64; K, M and G suffixes).\n"
+    "Options take --name VALUE or --name=VALUE; \"--\" ends them.\n";
 
 struct Args {
   std::string json_out;
@@ -41,39 +44,24 @@ struct Args {
   std::vector<std::string> inputs;
 };
 
-// Parses argv; on a usage error returns false with the message in *error.
-bool ParseArgs(int argc, char** argv, Args& args, std::string* error) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--") {
-      for (++i; i < argc; ++i) args.inputs.push_back(argv[i]);
-      break;
-    }
-    if (!absl::StartsWith(arg, "--")) {
-      args.inputs.push_back(arg);
+// Parses argv (examples/cli.h's Tokenize, as the benchmark programs); on a usage error returns
+// false with the message in *error. *help: --help or -h was given.
+bool ParseArgs(int argc, char** argv, Args& args, bool* help, std::string* error) {
+  absl::StatusOr<std::vector<examples::cli::Word>> words = examples::cli::Tokenize(
+      std::vector<std::string>(argv + 1, argv + argc),
+      examples::cli::Options{{"json", "svg", "svg-workload", "svg-size"}, {}, true}, help);
+  if (*help) return true;
+  if (!words.ok()) {
+    *error = std::string(words.status().message());
+    return false;
+  }
+  for (const examples::cli::Word& word : *words) {
+    if (word.name.empty()) {
+      args.inputs.push_back(word.value);
       continue;
     }
-    std::string value;
-    bool has_value = false;
-    const size_t eq = arg.find('=');
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    const bool known = arg == "--json" || arg == "--svg" || arg == "--svg-workload" ||
-                       arg == "--svg-size";
-    if (!known) {
-      *error = absl::StrCat("unknown option ", arg);
-      return false;
-    }
-    if (!has_value) {
-      if (i + 1 >= argc) {
-        *error = absl::StrCat(arg, " needs a value");
-        return false;
-      }
-      value = argv[++i];
-    }
+    const std::string arg = "--" + word.name;
+    const std::string& value = word.value;
     if (value.empty()) {
       *error = absl::StrCat(arg, " needs a non-empty value");
       return false;
@@ -85,10 +73,12 @@ bool ParseArgs(int argc, char** argv, Args& args, std::string* error) {
     } else if (arg == "--svg-workload") {
       args.svg_workload = value;
       args.svg_options_given = true;
-    } else if (!absl::SimpleAtoi(value, &args.svg_size)) {
+    } else if (std::optional<uint64_t> size = examples::cli::ParseBytes(value, 0, uint64_t{1} << 40);
+               !size.has_value()) {
       *error = absl::StrCat("--svg-size wants a size in bytes, got \"", value, "\"");
       return false;
     } else {
+      args.svg_size = *size;
       args.svg_options_given = true;
     }
   }
@@ -122,9 +112,14 @@ bool WriteFile(const std::string& path, const std::string& text) {
 int Main(int argc, char** argv) {
   Args args;
   std::string error;
-  if (!ParseArgs(argc, argv, args, &error)) {
+  bool help = false;
+  if (!ParseArgs(argc, argv, args, &help, &error)) {
     std::cerr << "bench_report: " << error << "\n" << kUsage;
     return 2;
+  }
+  if (help) {
+    std::cout << kUsage;
+    return 0;
   }
   std::vector<WorkloadResult> results;
   for (const std::string& path : args.inputs) {

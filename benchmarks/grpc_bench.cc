@@ -39,7 +39,8 @@ constexpr char kUsage[] =
     "       grpc_bench client --connect ADDR:PORT [--size B[,B...]] [--in-flight N[,N...]]\n"
     "                         [--calls N | --duration SECONDS] [--warmup N] [--round N]\n"
     "                         [--json FILE]\n"
-    "(zrpc_bench's flags; gRPC runs only the echo workload, one connection, one thread)\n";
+    "(zrpc_bench's flags; gRPC runs only the echo workload, one connection, one thread)\n"
+    "Options take --name VALUE or --name=VALUE; byte counts take a K, M or G suffix (64K).\n";
 
 // What zrpc_bench accepts but this baseline does not measure: an error naming the flag.
 absl::Status CheckSupported(const BenchArgs& args) {

@@ -50,7 +50,8 @@ constexpr char kUsage[] =
     "usage: transport_bench server --listen ADDR:PORT\n"
     "       transport_bench client --connect ADDR:PORT [--size B[,B...]] [--in-flight N[,N...]]\n"
     "                              [--calls N] [--warmup N] [--round N] [--json FILE]\n"
-    "(zrpc_bench's flags; the transport runs only echo, one connection, one thread)\n";
+    "(zrpc_bench's flags; the transport runs only echo, one connection, one thread)\n"
+    "Options take --name VALUE or --name=VALUE; byte counts take a K, M or G suffix (64K).\n";
 
 // Slots as zrpc_bench's, so the same sizes fit.
 constexpr size_t kSlotSize = 8192;

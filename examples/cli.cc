@@ -10,17 +10,29 @@
 
 namespace zrpc::examples::cli {
 
-bool CommandLine::Parse(int argc, char** argv, std::initializer_list<absl::string_view> known) {
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
+absl::StatusOr<std::vector<Word>> Tokenize(const std::vector<std::string>& args,
+                                           const Options& options, bool* help) {
+  *help = false;
+  std::vector<Word> words;
+  auto among = [](const std::vector<absl::string_view>& names, absl::string_view name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
     if (arg == "--help" || arg == "-h") {
-      std::fputs(usage_, stdout);
-      exit_code_ = 0;
-      return false;
+      *help = true;
+      return words;
+    }
+    if (arg == "--" && options.positional) {
+      for (++i; i < args.size(); ++i) words.push_back(Word{"", args[i], false});
+      break;
     }
     if (!absl::ConsumePrefix(&arg, "--") || arg.empty()) {
-      exit_code_ = UsageError(absl::StrCat("unexpected argument '", argv[i], "'"));
-      return false;
+      if (!options.positional) {
+        return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", args[i], "'"));
+      }
+      words.push_back(Word{"", args[i], false});
+      continue;
     }
     absl::string_view name = arg;
     std::optional<absl::string_view> value;
@@ -28,19 +40,43 @@ bool CommandLine::Parse(int argc, char** argv, std::initializer_list<absl::strin
       name = arg.substr(0, eq);
       value = arg.substr(eq + 1);
     }
-    std::string error;
-    if (std::find(known.begin(), known.end(), name) == known.end()) {
-      error = absl::StrCat("unknown option --", name);
-    } else if (!value.has_value() && i + 1 == argc) {
-      error = absl::StrCat("--", name, " needs a value");
-    } else if (!value.has_value()) {
-      value = argv[++i];
+    if (among(options.switches, name)) {
+      if (value.has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " takes no value"));
+      }
+      words.push_back(Word{std::string(name), "", /*is_switch=*/true});
+      continue;
     }
-    if (error.empty() && !values_.emplace(std::string(name), std::string(*value)).second) {
-      error = absl::StrCat("--", name, " given twice");
+    if (!among(options.with_value, name)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown option --", name));
     }
-    if (!error.empty()) {
-      exit_code_ = UsageError(error);
+    if (!value.has_value()) {
+      if (i + 1 == args.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      }
+      value = args[++i];
+    }
+    words.push_back(Word{std::string(name), std::string(*value), false});
+  }
+  return words;
+}
+
+bool CommandLine::Parse(int argc, char** argv, std::initializer_list<absl::string_view> known) {
+  bool help = false;
+  absl::StatusOr<std::vector<Word>> words =
+      Tokenize(std::vector<std::string>(argv + 1, argv + argc), Options{known, {}, false}, &help);
+  if (help) {
+    std::fputs(usage_, stdout);
+    exit_code_ = 0;
+    return false;
+  }
+  if (!words.ok()) {
+    exit_code_ = UsageError(words.status().message());
+    return false;
+  }
+  for (Word& word : *words) {
+    if (!values_.emplace(word.name, std::move(word.value)).second) {
+      exit_code_ = UsageError(absl::StrCat("--", word.name, " given twice"));
       return false;
     }
   }

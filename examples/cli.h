@@ -4,6 +4,8 @@
 // The examples take "--name VALUE" (or "--name=VALUE") options and nothing else, parsed here
 // without a flags library so a copy needs only what zrpc itself links. A bad command line ends
 // the program with exit code 2 and a message followed by the usage, never with a crash.
+// Tokenize is the one parser under it, which the benchmark programs and bench_report use too
+// (with switches and positional words).
 #ifndef ZRPC_EXAMPLES_CLI_H_
 #define ZRPC_EXAMPLES_CLI_H_
 
@@ -14,9 +16,33 @@
 #include <optional>
 #include <string>
 
+#include <vector>
+
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace zrpc::examples::cli {
+
+// One word of a command line, as Tokenize splits it.
+struct Word {
+  std::string name;        // an option's or a switch's name, without "--"; empty: positional
+  std::string value;       // the option's value, or the positional word
+  bool is_switch = false;  // a switch: given, no value
+};
+
+// What a program accepts.
+struct Options {
+  std::vector<absl::string_view> with_value;  // "--name VALUE" or "--name=VALUE"
+  std::vector<absl::string_view> switches;    // "--name"
+  bool positional = false;  // words that are not options (and all words after "--") are kept
+};
+
+// Splits `args` (argv without the program name) into words. "--help" or "-h" sets *help and
+// returns the words so far. kInvalidArgument naming the word: "unknown option --x", "--x needs
+// a value", "--x takes no value", "unexpected argument 'x'" (when positional words are not
+// accepted).
+absl::StatusOr<std::vector<Word>> Tokenize(const std::vector<std::string>& args,
+                                           const Options& options, bool* help);
 
 // One program's command line: "--name VALUE" / "--name=VALUE" options and "--help".
 //

@@ -90,12 +90,39 @@ TEST_CASE("zrpc_bench arguments: every mistake is refused by name") {
   Refused({"client", "--connect", "h:1", "--size", "2097152"}, "use put or get");
   Refused({"client", "--connect", "h:1", "--listen", "x:1"}, "server flag");
   Refused({"server", "--connect", "x:1"}, "client flag");
-  Refused({"server", "--frobnicate"}, "unknown flag");
+  Refused({"server", "--frobnicate"}, "unknown option --frobnicate");
+  Refused({"server", "--event=yes"}, "--event takes no value");
+  Refused({"client", "--connect", "h:1", "--size", "64", "--size", "128"}, "--size given twice");
+  Refused({"client", "extra", "--connect", "h:1"}, "unexpected argument 'extra'");
+  Refused({"client", "--connect", "h:1", "--size", "64Q"}, "--size: \"64Q\" is not a byte count");
+  Refused({"client", "--connect", "h:1", "--size", "2G"}, "--size: \"2G\"");  // past 1 GiB
+  Refused({"server", "--max-bulk=0"}, "--max-bulk");
   Refused({"server", "--pollers", "65"}, "--pollers");
   Refused({"server", "--arena", "100"}, "not a multiple of 64");
   Refused({"server", "--arena", "0"}, "--arena");
   Refused({"client", "--connect", "h:1", "--arena", "4096"}, "server flag");
   Refused({"client", "--connect", "h:1", "--threads", "1,2"}, "takes one number");
+}
+
+TEST_CASE("zrpc_bench arguments: --name=VALUE, size suffixes and --help, as the examples take") {
+  auto client = Parse({"client", "--connect=h:1", "--workload=put", "--size=64K,1M,1G",
+                       "--in-flight=1,8", "--registered"});
+  INFO(client.status());
+  REQUIRE(client.ok());
+  CHECK(client->connect == "h:1");
+  CHECK(client->sizes == std::vector<uint64_t>{64 << 10, 1 << 20, 1 << 30});
+  CHECK(client->in_flight == std::vector<int>{1, 8});
+  CHECK(client->registered);
+  auto server = Parse({"server", "--max-bulk", "16M", "--arena=64K"});
+  REQUIRE(server.ok());
+  CHECK(server->max_bulk == (16u << 20));
+  CHECK(server->arena == (64u << 10));
+  for (const std::vector<std::string>& help :
+       {std::vector<std::string>{"--help"}, {"client", "-h"}, {"server", "--help", "--bogus"}}) {
+    auto parsed = Parse(help);
+    REQUIRE(parsed.ok());  // --help before any mistake is read wins: the usage, exit 0
+    CHECK(parsed->help);
+  }
 }
 
 TEST_CASE("an echo payload's largest size leaves room for every header") {

@@ -38,6 +38,23 @@ TEST_CASE("bench_report refuses bad arguments with a message and exit status 2",
   }
 }
 
+TEST_CASE("bench_report --help prints the usage and exits 0; options take --name=VALUE and sizes "
+          "a suffix", "[bench_report]") {
+  std::string output;
+  CHECK(Run(Binary() + " --help", &output) == 0);
+  CHECK(absl::StartsWith(output, "usage: bench_report"));
+  output.clear();
+  const std::string svg = TmpDir() + "/suffix.svg";
+  CHECK(Run(Binary() + " --svg=" + svg + " --svg-workload=echo --svg-size=64 -- " +
+                Data("zrpc.jsonl"),
+            &output) == 0);
+  CHECK(absl::StrContains(ReadFile(svg), "<svg"));
+  // 1K is read as 1024 bytes: a size with nothing to plot (exit 1), not a usage error (exit 2).
+  output.clear();
+  CHECK(Run(Binary() + " --svg=" + svg + " --svg-size=1K " + Data("zrpc.jsonl"), &output) == 1);
+  CHECK(absl::StrContains(output, "no results for workload echo at size 1024"));
+}
+
 TEST_CASE("bench_report exits 1 with the parser's message on unreadable or malformed input",
           "[bench_report]") {
   std::string output;

@@ -54,6 +54,7 @@ echo_runs() {
 }
 
 argument_errors() {
+  expect_help "$bench" grpc_bench
   expect_usage_errors "$bench" grpc_bench "" "server" "server --listen nocolon" \
     "server --listen 127.0.0.1:0 --pollers 2" "client" \
     "client --connect 127.0.0.1:1 --workload put" "client --connect 127.0.0.1:1 --connections 2" \

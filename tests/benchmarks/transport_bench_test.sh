@@ -13,6 +13,7 @@ rm -rf "$tmp"
 mkdir -p "$tmp"
 
 argument_errors() {
+  expect_help "$bench" transport_bench
   expect_usage_errors "$bench" transport_bench "" "bogus" "server" "server --listen nocolon" \
     "server --listen 127.0.0.1:70000" "server --listen 127.0.0.1:0 --pollers 2" \
     "server --listen 127.0.0.1:0 --event" "server --listen 127.0.0.1:0 --max-bulk 4096" \

@@ -12,3 +12,13 @@ expect_usage_errors() {
     grep -q "^usage: $name" "$tmp/args.out" || junit_problem "\"$name $argv\" printed no usage"
   done
 }
+# expect_help PROGRAM NAME: "--help" and "-h" print the usage on stdout and exit 0.
+expect_help() {
+  local program=$1 name=$2 flag rc
+  for flag in --help -h; do
+    rc=0
+    "$program" "$flag" >"$tmp/help.out" 2>"$tmp/help.err" || rc=$?
+    ((rc == 0)) || junit_problem "\"$name $flag\" exited $rc, want 0: $(cat "$tmp/help.err")"
+    grep -q "^usage: $name" "$tmp/help.out" || junit_problem "\"$name $flag\" printed no usage"
+  done
+}
