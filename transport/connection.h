@@ -456,7 +456,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool sq_drained_ ABSL_GUARDED_BY(mu_) = false;
   ConnectionStats stats_ ABSL_GUARDED_BY(mu_);
   // Work-request templates: invariant fields filled once in CreateResources.
-  ibv_sge send_sge_ ABSL_GUARDED_BY(mu_){};
   ibv_send_wr send_wr_ ABSL_GUARDED_BY(mu_){};
   ibv_send_wr write_wr_ ABSL_GUARDED_BY(mu_){};
   ibv_send_wr read_wr_ ABSL_GUARDED_BY(mu_){};

@@ -122,15 +122,10 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
   id->context = reinterpret_cast<void*>(uintptr_t{qp_num_});
 
   absl::MutexLock lock(&mu_);
-  send_wr_.sg_list = &send_sge_;
-  send_wr_.num_sge = 1;
+  // Their scatter lists are the chain's (AppendLocked): one SGE each.
   send_wr_.opcode = IBV_WR_SEND;
-  write_wr_.sg_list = &send_sge_;
-  write_wr_.num_sge = 1;
   write_wr_.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   write_wr_.send_flags = IBV_SEND_SIGNALED;  // the source buffer is the caller's until done
-  read_wr_.sg_list = &send_sge_;
-  read_wr_.num_sge = 1;
   read_wr_.opcode = IBV_WR_RDMA_READ;
   recv_sge_.length = static_cast<uint32_t>(device_.slots().slot_size());
   recv_wr_.sg_list = &recv_sge_;
