@@ -21,6 +21,7 @@
 #include "proto/examples/object_store.zrpc.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
+#include "tests/eventually.h"
 #include "tests/pattern.h"
 #include "tests/rpc/runtime_fixture.h"
 #include "tests/rpc/prometheus_parse.h"
@@ -801,6 +802,14 @@ TEST_CASE("metrics: the Prometheus text parses and agrees with the calls made") 
   CHECK(stub.SayHello(request, &reply, Within(kLong)).code() ==
         absl::StatusCode::kPermissionDenied);
   const std::string sizes_request = HelloRequest().SerializeAsString();
+  // The server counts a call finished after its answer has gone, so the client may hold the
+  // last answer before the server's count of it: wait for the count, then read it all.
+  REQUIRE(zrpc::testing::Eventually([&] {
+    const std::string text = rt.server->metrics().PrometheusText();
+    const std::string method = "method=\"zrpc.examples.Greeter/SayHello\"";
+    return absl::StrContains(text, method + ",code=\"OK\"} 20\n") &&
+           absl::StrContains(text, method + ",code=\"PERMISSION_DENIED\"} 1\n");
+  }));
 
   for (bool server_side : {false, true}) {
     const std::string text =
@@ -849,6 +858,11 @@ TEST_CASE("metrics over HTTP: a server with metrics_address is scraped by curl a
   request.set_name("m");
   HelloReply reply;
   for (int i = 0; i < 5; ++i) REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  // Counted after the answer went (see the case above): wait for the last call's count.
+  REQUIRE(zrpc::testing::Eventually([&] {
+    return absl::StrContains(rt.server->metrics().PrometheusText(),
+                             "method=\"zrpc.examples.Greeter/SayHello\",code=\"OK\"} 5\n");
+  }));
 
   const std::string url =
       absl::StrCat("http://127.0.0.1:", rt.server->metrics_port(), "/metrics");
