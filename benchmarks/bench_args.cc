@@ -89,7 +89,7 @@ uint64_t MaxEchoPayload(uint64_t slot_size) {
 absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
   BenchArgs parsed;
   const examples::cli::Options options{
-      {"listen", "max-bulk", "arena", "pollers", "connect", "workload", "size", "in-flight",
+      {"listen", "max-bulk", "arena", "pollers", "spin", "connect", "workload", "size", "in-flight",
        "connections", "threads", "calls", "duration", "warmup", "round", "json"},
       {"event", "sweep", "registered"},
       /*positional=*/true};
@@ -119,7 +119,7 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
     seen.push_back(flag);
     // A client flag given to a server (or the reverse) is a mistake, not a no-op.
     const bool server_only = flag == "--listen" || flag == "--max-bulk" || flag == "--arena";
-    const bool both = flag == "--pollers" || flag == "--event";
+    const bool both = flag == "--pollers" || flag == "--event" || flag == "--spin";
     const bool client_only = !server_only && !both;
     if ((parsed.server && client_only) || (!parsed.server && server_only)) {
       return absl::InvalidArgumentError(absl::StrCat(flag, " is a ",
@@ -141,6 +141,14 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
       s = ParseOne(flag, value, 1, 64, &parsed.pollers);
     } else if (flag == "--event") {
       parsed.event = true;
+    } else if (flag == "--spin") {
+      absl::Duration spin;
+      if (!absl::ParseDuration(value, &spin) || spin < absl::ZeroDuration() ||
+          spin > absl::Seconds(1)) {
+        s = absl::InvalidArgumentError(absl::StrCat(
+            "--spin: \"", value, "\" is not a duration in [0, 1s] (50us, 1ms, 0)"));
+      }
+      parsed.spin = spin;
     } else if (flag == "--connect") {
       parsed.connect = value;
     } else if (flag == "--workload") {
@@ -184,6 +192,9 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
       parsed.registered = true;
     }
     if (!s.ok()) return s;
+  }
+  if (parsed.spin && !parsed.event) {
+    return absl::InvalidArgumentError("--spin: a busy poller never sleeps; it needs --event");
   }
   if (parsed.server) return parsed;
   if (parsed.connect.empty()) return absl::InvalidArgumentError("client: --connect is required");

@@ -1,12 +1,15 @@
 // zrpc_bench's command line, parsed and checked apart from main so tests can feed it anything.
 //
-//   zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event] [--max-bulk BYTES]
-//                     [--arena BYTES]
+//   zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event [--spin DURATION]]
+//                     [--max-bulk BYTES] [--arena BYTES]
 //   zrpc_bench client --connect ADDR:PORT [--workload echo|put|get] [--size B[,B...]]
 //                     [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]
 //                     [--calls N | --duration SECONDS] [--warmup N] [--round N]
-//                     [--json FILE] [--event] [--sweep] [--registered]
+//                     [--json FILE] [--event [--spin DURATION]] [--sweep] [--registered]
 //
+// --spin (event mode, both sides): how long a poller polls after its last completion before it
+// sleeps (ChannelOptions::spin, ServerOptions::spin), as "50us", "1ms" or "0"; default theirs
+// (50 us). A client row with another spin than the default is named for it: echo_event_spin0us.
 // --arena (server): the receive arena each client may write payloads into; larger ones are
 // pulled by the server (rpc/WIRE.md). Default: the larger of --max-bulk and 256 KiB, so that
 // every payload is written. A small arena measures the pulled path at the same sizes.
@@ -20,6 +23,7 @@
 #define ZRPC_BENCHMARKS_BENCH_ARGS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +46,7 @@ struct BenchArgs {
   // Both.
   int pollers = 1;
   bool event = false;  // event-mode pollers instead of busy polling
+  std::optional<absl::Duration> spin;  // --spin: the pollers' spin in event mode
   // Client.
   std::string connect;
   Workload workload = Workload::kEcho;
@@ -65,12 +70,12 @@ struct BenchArgs {
 inline constexpr uint64_t kSweepBulkBytes = uint64_t{64} << 20;
 
 inline constexpr char kBenchUsage[] =
-    "usage: zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event] [--max-bulk BYTES]\n"
-    "                         [--arena BYTES]\n"
+    "usage: zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event [--spin DURATION]]\n"
+    "                         [--max-bulk BYTES] [--arena BYTES]\n"
     "       zrpc_bench client --connect ADDR:PORT [--workload echo|put|get] [--size B[,B...]]\n"
     "                         [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]\n"
     "                         [--calls N | --duration SECONDS] [--warmup N] [--round N]\n"
-    "                         [--json FILE] [--event] [--sweep] [--registered]\n"
+    "                         [--json FILE] [--event [--spin DURATION]] [--sweep] [--registered]\n"
     "Options take --name VALUE or --name=VALUE; byte counts take a K, M or G suffix (64K).\n";
 
 // kInvalidArgument naming the flag and what is wrong.

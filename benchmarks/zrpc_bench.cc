@@ -51,6 +51,7 @@ int Serve(const BenchArgs& args) {
   }
   options.pollers = args.pollers;
   options.poll_mode = args.event ? transport::PollMode::kEvent : transport::PollMode::kBusy;
+  if (args.spin) options.spin = *args.spin;
   options.inline_by_default = true;
   options.slots.slot_size = kSlotSize;
   options.listener.connection.arena_size =
@@ -90,6 +91,7 @@ int Client(const BenchArgs& args) {
     options.connections = connections;
     options.pollers = std::min(connections, args.pollers);
     options.poll_mode = args.event ? transport::PollMode::kEvent : transport::PollMode::kBusy;
+    if (args.spin) options.spin = *args.spin;
     options.slots.slot_size = kSlotSize;
     options.connection.arena_size = ArenaFor(args.workload == Workload::kGet ? largest : 0);
     options.staging_bytes = std::max<size_t>(size_t{64} << 20, 4 * largest);
@@ -127,10 +129,18 @@ int Client(const BenchArgs& args) {
           return 1;
         }
         // Rows of an event-mode client (ChannelOptions::poll_mode kEvent, the default users
-        // get) are their own workload: "echo_event" beside busy-polled "echo".
-        const std::string workload =
+        // get) are their own workload: "echo_event" beside busy-polled "echo", and
+        // "echo_event_spin0us" for another spin than the default.
+        std::string workload =
             absl::StrCat(WorkloadName(args.workload), args.registered ? "_registered" : "",
                          args.event ? "_event" : "");
+        if (args.spin && *args.spin != ChannelOptions().spin) {
+          const absl::Duration spin = *args.spin;
+          absl::StrAppend(&workload, "_spin",
+                          spin % absl::Microseconds(1) == absl::ZeroDuration()
+                              ? absl::StrCat(absl::ToInt64Microseconds(spin), "us")
+                              : absl::StrCat(absl::ToInt64Nanoseconds(spin), "ns"));
+        }
         rows->Write(MakeRow({"zrpc", workload, size, in_flight, args.threads, connections,
                              args.round},
                             *std::move(run)));

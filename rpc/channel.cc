@@ -1,6 +1,8 @@
 #include "rpc/channel.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <limits>
@@ -13,6 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -173,7 +176,16 @@ class ChannelCore final : public ClientConnectionOwner {
   // Per-method metrics, and the MethodInfo -> MethodState cache in front of the registry's
   // by-name lookup (MethodInfo objects are static in generated code, so their address is a key).
   Metrics metrics_;
-  absl::Mutex methods_mu_;
+  // What each method called on this channel resolves to. Read on every call, so the first
+  // kMethodCache methods are also in an open-addressed table read without a lock: an entry's
+  // state is written before its key is published (release), and entries are never removed.
+  static constexpr size_t kMethodCache = 64;
+  struct CachedMethod {
+    std::atomic<const MethodInfo*> key{nullptr};
+    MethodState state{};
+  };
+  std::array<CachedMethod, kMethodCache> method_cache_;
+  absl::Mutex methods_mu_;  // writes to method_cache_, and methods_
   absl::flat_hash_map<const MethodInfo*, MethodState> methods_ ABSL_GUARDED_BY(methods_mu_);
 
   std::atomic<uint64_t> attempts_{0};
@@ -195,6 +207,7 @@ absl::Status ChannelCore::Init() {
                                         options_.max_pulled_bytes, "ChannelOptions");
   transport::PollerOptions poller_options;
   poller_options.mode = options_.poll_mode;
+  poller_options.spin = options_.spin;
   for (int i = 0; i < options_.pollers; ++i) {
     absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
         transport::Poller::Create(*device_, poller_options);
@@ -418,6 +431,13 @@ void ChannelCore::TimerLoop() {
 }
 
 ChannelCore::MethodState ChannelCore::MethodFor(const MethodInfo& method) {
+  const size_t home = absl::HashOf(&method) % kMethodCache;
+  for (size_t i = 0; i < kMethodCache; ++i) {
+    const CachedMethod& entry = method_cache_[(home + i) % kMethodCache];
+    const MethodInfo* key = entry.key.load(std::memory_order_acquire);
+    if (key == &method) return entry.state;
+    if (key == nullptr) break;
+  }
   {
     absl::ReaderMutexLock lock(&methods_mu_);
     auto it = methods_.find(&method);
@@ -427,7 +447,15 @@ ChannelCore::MethodState ChannelCore::MethodFor(const MethodInfo& method) {
   const MethodState state{&metrics_.ForMethod(MetricsSide::kClient, full_name),
                           ServiceId(full_name.substr(0, full_name.find('/')))};
   absl::MutexLock lock(&methods_mu_);
-  methods_.emplace(&method, state);
+  if (!methods_.emplace(&method, state).second) return state;  // another thread was first
+  for (size_t i = 0; i < kMethodCache; ++i) {
+    CachedMethod& entry = method_cache_[(home + i) % kMethodCache];
+    if (entry.key.load(std::memory_order_relaxed) == nullptr) {
+      entry.state = state;
+      entry.key.store(&method, std::memory_order_release);
+      break;
+    }
+  }
   return state;
 }
 
@@ -580,6 +608,11 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");
   }
+  if (options.spin < absl::ZeroDuration() || options.spin > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("ChannelOptions::spin is ",
+                                                   absl::FormatDuration(options.spin),
+                                                   "; it must be in [0, 1s]"));
+  }
   if (options.max_message_size == 0 || options.max_message_size > INT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("ChannelOptions::max_message_size is ",
                                                    options.max_message_size,
@@ -601,7 +634,8 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
 }
 
 ClientChannel::ClientChannel(std::unique_ptr<internal::ChannelCore> core)
-    : core_(std::move(core)) {}
+    : core_(std::move(core)),
+      blocking_spin_(absl::ToChronoNanoseconds(core_->options().spin)) {}
 ClientChannel::~ClientChannel() {
   // From a callback on one of the runtime's threads the teardown would join the thread it runs
   // on: hand it over, and return at once (channel.h).

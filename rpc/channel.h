@@ -37,6 +37,7 @@
 #ifndef ZRPC_RPC_CHANNEL_H_
 #define ZRPC_RPC_CHANNEL_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -66,6 +67,11 @@ struct ChannelOptions {
   int pollers = 1;
   // kEvent sleeps when idle; kBusy spins a core per poller for the lowest latency.
   transport::PollMode poll_mode = transport::PollMode::kEvent;
+  // How long a poller in kEvent keeps polling after its last completion before it sleeps, and
+  // how long a blocking call (the stub's synchronous form, either mode) polls for its answer
+  // before it sleeps: adaptive polling, an answer within it costs no wake-up (THREADING.md).
+  // Zero: sleep at once. In [0, 1s].
+  absl::Duration spin = absl::Microseconds(50);
   // Each connection's options (arena_size bounds the largest response payload it takes).
   transport::ConnectionOptions connection;
   // The device; unset: from the environment (ZRPC_RDMA_*), else the first active one.
@@ -148,6 +154,7 @@ class ClientChannel final : public Channel {
   void StartUnaryCall(const MethodInfo& method, SendSlot slot, OutgoingBulk request_bulk,
                       ::google::protobuf::MessageLite* response, IncomingBulk* response_bulk,
                       const CallOptions& options, DoneCallback done) override;
+  std::chrono::nanoseconds blocking_spin() const override { return blocking_spin_; }
 
   // Registers [data, data + size) on this channel's device, once, so that request payloads from
   // it are sent with no copy (rpc/registered_memory.h). The bytes must outlive the handle and
@@ -166,6 +173,7 @@ class ClientChannel final : public Channel {
       absl::string_view target, const ChannelOptions& options);
   explicit ClientChannel(std::unique_ptr<internal::ChannelCore> core);
   std::unique_ptr<internal::ChannelCore> core_;
+  const std::chrono::nanoseconds blocking_spin_;  // ChannelOptions::spin
 };
 
 // A channel to `target`, "host:port" (an IPv6 address in brackets: "[fe80::1]:7471"). Checks

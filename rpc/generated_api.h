@@ -52,10 +52,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "rpc/bulk.h"
+#include "rpc/call_waiter.h"
+#include "rpc/inline_function.h"
 
 namespace zrpc {
 
@@ -66,8 +67,11 @@ namespace zrpc {
 // that already ended does nothing. One Cancellation per call; any thread.
 class Cancellation {
  public:
+  // What Cancel() runs: kept inline (no allocation per call), as DoneCallback.
+  using Hook = internal::InlineFunction<void(), 48>;
+
   void Cancel() {
-    ::std::function<void()> hook;
+    Hook hook;
     {
       ::absl::MutexLock lock(&mu_);
       if (cancelled_) return;
@@ -82,7 +86,7 @@ class Cancellation {
   }
   // For the runtime: what Cancel() does to the call in flight. Runs `hook` at once (and returns
   // false) when Cancel() came first.
-  bool SetHook(::std::function<void()> hook) {
+  bool SetHook(Hook hook) {
     {
       ::absl::MutexLock lock(&mu_);
       if (!cancelled_) {
@@ -97,7 +101,7 @@ class Cancellation {
  private:
   mutable ::absl::Mutex mu_;
   bool cancelled_ = false;
-  ::std::function<void()> hook_;
+  Hook hook_;
 };
 
 // Per-call options.
@@ -117,7 +121,9 @@ struct CallOptions {
 };
 
 // Runs once when an asynchronous call ends: OK, or why it failed.
-using DoneCallback = ::std::function<void(::absl::Status)>;
+// A call's completion callback: any callable taking the status, kept inside the callback (no
+// heap allocation per call) when it captures up to 48 bytes. Move-only.
+using DoneCallback = internal::InlineFunction<void(::absl::Status), 48>;
 
 struct MethodInfo {
   const char* full_name;  // "package.Service/Method"
@@ -163,6 +169,11 @@ class Channel {
                               ::google::protobuf::MessageLite* response,
                               IncomingBulk* response_bulk, const CallOptions& options,
                               DoneCallback done) = 0;
+
+  // How long a blocking call (UnaryCall) polls for its answer before it sleeps (CallWaiter).
+  virtual ::std::chrono::nanoseconds blocking_spin() const {
+    return ::std::chrono::nanoseconds(0);
+  }
 };
 
 // What a handler sees of the call it serves; the runtime fills it in before the handler runs.
@@ -275,14 +286,17 @@ template <typename Request>
 ::absl::Status UnaryCall(Channel* channel, const MethodInfo& method, const Request& request,
                        OutgoingBulk request_bulk, ::google::protobuf::MessageLite* response,
                        IncomingBulk* response_bulk, const CallOptions& options) {
-  ::absl::Notification finished;
+  // Read before the call starts: once it has, the channel may be destroyed at any moment (its
+  // destruction ends this call, and the wait below needs nothing of it).
+  const ::std::chrono::nanoseconds spin = channel->blocking_spin();
+  CallWaiter finished;
   ::absl::Status result;
   AsyncUnaryCall(channel, method, request, ::std::move(request_bulk), response, response_bulk,
                  options, [&](::absl::Status status) {
                    result = ::std::move(status);
                    finished.Notify();
                  });
-  finished.WaitForNotification();
+  finished.Wait(spin);
   return result;
 }
 

@@ -148,7 +148,7 @@ absl::StatusOr<std::unique_ptr<PulledPayload>> AllocatePulled(
 }  // namespace
 
 void BulkGate::Released() {
-  std::function<void()> then;
+  InlineFunction<void(), 48> then;
   {
     absl::MutexLock lock(&mu_);
     if (--held_ > 0) return;
@@ -232,7 +232,7 @@ absl::Status PullBudget::Take(uint64_t bytes, uint64_t bulk_bytes) {
   return absl::OkStatus();
 }
 
-void BulkGate::AfterRelease(std::function<void()> then) {
+void BulkGate::AfterRelease(InlineFunction<void(), 48> then) {
   {
     absl::MutexLock lock(&mu_);
     if (held_ > 0) {

@@ -62,6 +62,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "rpc/bulk.h"
+#include "rpc/inline_function.h"
 #include "rpc/rpc_header.h"
 #include "rpc/staging.h"
 #include "transport/connection.h"
@@ -185,7 +186,8 @@ class BulkGate {
   // One thing held was released: the last runs the parked ending, if any, on this thread.
   void Released();
   // Runs `then` now if the payload was released, else when it is.
-  void AfterRelease(std::function<void()> then);
+  // (Move-only: it holds the call's ending, whose DoneCallback is.)
+  void AfterRelease(InlineFunction<void(), 48> then);
   // The call ended. A payload exposed for the server to pull, and not pulled yet, stays exposed
   // when there is a retire hook (the server may be reading it: withdrawing it under its READ
   // would fail the server's connection), and the hook is told so; without one it is withdrawn
@@ -209,7 +211,7 @@ class BulkGate {
   absl::Mutex mu_;
   int held_ ABSL_GUARDED_BY(mu_);  // released when 0
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
-  std::function<void()> then_ ABSL_GUARDED_BY(mu_);
+  InlineFunction<void(), 48> then_ ABSL_GUARDED_BY(mu_);
   uint64_t token_ ABSL_GUARDED_BY(mu_) = 0;  // zero-copy WRITE's token; 0 once released
   std::unique_ptr<ExposedPayload> source_ ABSL_GUARDED_BY(mu_);
   std::function<void(BulkGate&, bool)> retire_ ABSL_GUARDED_BY(mu_);

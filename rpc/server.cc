@@ -23,6 +23,10 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
                                                    options.handler_threads,
                                                    "; it must be in [1, 1024]"));
   }
+  if (options.spin < absl::ZeroDuration() || options.spin > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions::spin is ", absl::FormatDuration(options.spin), "; it must be in [0, 1s]"));
+  }
   if (options.max_message_size == 0 || options.max_message_size > INT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::max_message_size is ",
                                                    options.max_message_size,
@@ -49,6 +53,7 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
                                               options.max_pulled_bytes, "ServerOptions");
   transport::PollerOptions poller_options;
   poller_options.mode = options.poll_mode;
+  poller_options.spin = options.spin;
   for (int i = 0; i < options.pollers; ++i) {
     absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
         transport::Poller::Create(*core->device_, poller_options);

@@ -65,6 +65,10 @@ struct ServerOptions {
   int pollers = 1;
   // kEvent sleeps when idle; kBusy spins a core per poller for the lowest latency.
   transport::PollMode poll_mode = transport::PollMode::kEvent;
+  // kEvent: how long a poller keeps polling after its last completion before it sleeps
+  // (adaptive polling: a request within it costs no wake-up; THREADING.md). Zero: sleep at
+  // once. In [0, 1s].
+  absl::Duration spin = absl::Microseconds(50);
   // Threads of the handler pool (methods not marked inline run there).
   int handler_threads = 4;
   // Run every method inline on the poller thread unless overridden (SetInline).

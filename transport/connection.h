@@ -286,6 +286,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Starts an orderly close: disconnects, fails what waits, then OnClosed(kCancelled).
   void Close();
 
+  // Whether it is open now: a hint, as it may fail right after. Lock-free (every call asks).
   bool open() const;
   uint32_t max_inline() const { return max_inline_; }
   // Payload bytes a Send can carry: the slot and the peer's RECVs both bound it.
@@ -394,6 +395,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::Status RepostRecvLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireLocked(uint64_t up_to, const absl::Status& status, Events& events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetStateLocked(State state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishDrainLocked(Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Both queues are empty after a failure: the send-queue marker came back, and every posted
@@ -431,6 +433,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kConnecting;
+  // state_ == kOpen, for open() to read without the lock (every call asks): written with
+  // state_, by SetStateLocked.
+  std::atomic<bool> open_{false};
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   CreditAccount credits_ ABSL_GUARDED_BY(mu_){kMinCredits, kMinCredits};
   ArenaWriter arena_writer_ ABSL_GUARDED_BY(mu_){0};

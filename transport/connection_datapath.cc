@@ -27,9 +27,11 @@ thread_local const Connection* corked_connection = nullptr;
 
 }  // namespace
 
-bool Connection::open() const {
-  absl::MutexLock lock(&mu_);
-  return state_ == State::kOpen;
+bool Connection::open() const { return open_.load(std::memory_order_acquire); }
+
+void Connection::SetStateLocked(State state) {
+  state_ = state;
+  open_.store(state == State::kOpen, std::memory_order_release);
 }
 
 ConnectionStats Connection::stats() const {
@@ -591,7 +593,7 @@ void Connection::RetireLocked(uint64_t up_to, const absl::Status& status, Events
 void Connection::FailLocked(absl::Status why) {
   if (state_ == State::kDraining || state_ == State::kClosed) return;
   error_ = std::move(why);
-  state_ = State::kDraining;
+  SetStateLocked(State::kDraining);
   rdma_disconnect(id_.get());
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_ERR;
@@ -619,7 +621,7 @@ void Connection::FailLocked(absl::Status why) {
 
 void Connection::FinishDrainLocked(Events& events) {
   if (state_ == State::kClosed) return;
-  state_ = State::kClosed;
+  SetStateLocked(State::kClosed);
   RetireLocked(~uint64_t{0}, error_, events);
   for (size_t i = 0; i < waiting_.size(); ++i) {
     const Waiting& op = waiting_[i];

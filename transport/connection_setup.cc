@@ -176,7 +176,7 @@ void Connection::OnEstablished() {
   absl::MutexLock lock(&mu_);
   // The id already reports to the poller, which may have failed the connection (a disconnect
   // right after the handshake): then it stays failing.
-  if (state_ == State::kConnecting) state_ = State::kOpen;
+  if (state_ == State::kConnecting) SetStateLocked(State::kOpen);
   // The peer may have sent before this thread saw the handshake end: the poller handles those
   // completions now, in order, on its own thread.
   if (!early_.empty()) poller_.Defer(shared_from_this());

@@ -4,7 +4,9 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <ctime>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,10 +20,16 @@ namespace {
 
 // Completions read per ibv_poll_cq call.
 constexpr int kBatch = 32;
-// Empty busy passes between looks at the cm channel (a system call each).
+// Loop passes between looks at the cm channel (a system call each).
 constexpr uint32_t kCmCheckInterval = 1024;
 // CQ events acknowledged together (ibv_ack_cq_events takes a mutex).
 constexpr unsigned kAckBatch = 64;
+
+int64_t MonotonicNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
 
 }  // namespace
 
@@ -30,6 +38,11 @@ absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
   std::unique_ptr<Poller> poller(new Poller(options));
   poller->cq_capacity_ = std::min(options.cq_size, device.attr().max_cqe);
   if (poller->cq_capacity_ <= 0) return absl::InvalidArgumentError("cq_size must be positive");
+  if (options.spin < absl::ZeroDuration() || options.spin > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PollerOptions::spin is ", absl::FormatDuration(options.spin),
+                     "; it must be in [0, 1s]"));
+  }
   ibv_comp_channel* channel = nullptr;
   if (options.mode == PollMode::kEvent) {
     poller->comp_channel_.reset(ibv_create_comp_channel(device.context()));
@@ -112,6 +125,7 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
   }
   cqes_reserved_ += cqes;
   connections_[connection->qp_num()] = connection;
+  generation_.fetch_add(1, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -123,6 +137,7 @@ void Poller::Unregister(uint32_t qp_num) {
   cqes_reserved_ -= it->second->cq_entries();
   last = std::move(it->second);
   connections_.erase(it);
+  generation_.fetch_add(1, std::memory_order_release);
 }
 
 void Poller::Defer(std::shared_ptr<Connection> connection) {
@@ -151,6 +166,18 @@ std::shared_ptr<Connection> Poller::Find(uint32_t qp_num) {
   return it == connections_.end() ? nullptr : it->second;
 }
 
+std::shared_ptr<Connection> Poller::FindFromLoop(uint32_t qp_num) {
+  // Read before the lookup: a change after it makes the entry stale at the next look.
+  const uint64_t generation = generation_.load(std::memory_order_acquire);
+  CachedConnection& entry = found_[qp_num % kFoundCache];
+  if (entry.qp_num == qp_num && entry.generation == generation) {
+    if (std::shared_ptr<Connection> connection = entry.connection.lock()) return connection;
+  }
+  std::shared_ptr<Connection> connection = Find(qp_num);
+  entry = CachedConnection{qp_num, generation, connection};
+  return connection;
+}
+
 namespace {
 thread_local bool on_poller_thread = false;
 
@@ -169,20 +196,38 @@ bool Poller::OnPollerThread() { return on_poller_thread; }
 
 void Poller::Loop() {
   PollerThreadScope scope;
-  uint32_t empty = 0;
+  const bool event = options_.mode == PollMode::kEvent;
+  const int64_t spin_ns = std::max<int64_t>(0, absl::ToInt64Nanoseconds(options_.spin));
+  // Passes since the cm channel was last read: counted busy or not, so that a peer's
+  // disconnect is seen under steady traffic too, not only when the CQ runs dry.
+  uint32_t since_cm = 0;
+  // Event mode: until when empty passes keep polling; set at the first empty pass after a
+  // completion (0 until then).
+  int64_t spin_until = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     passes_.fetch_add(1, std::memory_order_relaxed);
     RunDeferred();
+    if (++since_cm >= kCmCheckInterval) {
+      since_cm = 0;
+      HandleCmEvents();
+    }
     if (PollCq() > 0) {
-      empty = 0;
+      spin_until = 0;
       continue;
     }
-    if (options_.mode == PollMode::kEvent) {
-      HandleCmEvents();
-      ArmAndWait(-1);
-    } else if (++empty % kCmCheckInterval == 0) {
-      HandleCmEvents();
+    if (!event) continue;
+    // Adaptive polling: an answer usually follows a completion within a round trip, and catching
+    // it by polling saves the interrupt, the wake-up and the re-arm that sleeping would cost.
+    if (spin_ns > 0) {
+      const int64_t now = MonotonicNanos();
+      if (spin_until == 0) spin_until = now + spin_ns;
+      if (now < spin_until) continue;
     }
+    HandleCmEvents();
+    since_cm = 0;
+    // A wake-up that brings no completion (a Wake, a cm event) does not restart the spin: only
+    // completions do (here, those the re-poll after arming found; above, the others).
+    if (ArmAndWait(-1)) spin_until = 0;
   }
 }
 
@@ -214,7 +259,7 @@ int Poller::PollCq() {
     while (end < n && wcs[end].qp_num == qp_num) ++end;
     // A completion of a connection already gone (flushed after it was unregistered) is dropped:
     // the connection freed its slots when it was destroyed.
-    if (std::shared_ptr<Connection> connection = Find(qp_num)) {
+    if (std::shared_ptr<Connection> connection = FindFromLoop(qp_num)) {
       connection->OnCompletions(absl::MakeConstSpan(&wcs[i], static_cast<size_t>(end - i)));
     }
     i = end;
@@ -235,17 +280,17 @@ void Poller::HandleCmEvents() {
   }
 }
 
-void Poller::ArmAndWait(int timeout_ms) {
+bool Poller::ArmAndWait(int timeout_ms) {
   if (int rc = ibv_req_notify_cq(cq_.get(), 0); rc != 0) {
     ZRPC_LOG(kError, "transport", "ibv_req_notify_cq failed (", rc, ")");
-    return;
+    return false;
   }
   // Anything that arrived before arming raised no event: look once more before sleeping.
-  if (PollCq() > 0) return;
+  if (PollCq() > 0) return true;
   pollfd fds[3] = {{comp_channel_->fd, POLLIN, 0},
                    {cm_channel_->fd, POLLIN, 0},
                    {wake_fd_, POLLIN, 0}};
-  if (poll(fds, 3, timeout_ms) <= 0) return;
+  if (poll(fds, 3, timeout_ms) <= 0) return false;
   wakeups_.fetch_add(1, std::memory_order_relaxed);
   if (fds[0].revents & POLLIN) {
     ibv_cq* cq = nullptr;
@@ -264,6 +309,7 @@ void Poller::ArmAndWait(int timeout_ms) {
     ssize_t got = read(wake_fd_, &count, sizeof(count));
     static_cast<void>(got);
   }
+  return false;
 }
 
 }  // namespace zrpc::transport

@@ -7,15 +7,18 @@
 // received, bulk payload arrived, send done, closed. It reads the cm channel too, so a peer's
 // disconnect reaches its connection without any traffic.
 //
-// The loop, one pass: poll the CQ; if it was empty, look at the cm channel (every pass in event
-// mode, every 1024 empty passes when busy-polling, since it costs a system call); then, in event
-// mode only, arm the CQ, poll once more (a completion may have slipped in before arming), and
-// sleep in poll(2) on the completion channel, the cm channel and a wake-up eventfd.
+// The loop, one pass: poll the CQ (and every 1024 passes, busy or not, the cm channel, since it
+// costs a system call; and before each sleep); then, in event mode only, once
+// the CQ has been empty for `spin` since the last completion, arm the CQ, poll once more (a
+// completion may have slipped in before arming), and sleep in poll(2) on the completion
+// channel, the cm channel and a wake-up eventfd.
 //  - kBusy spins: lowest latency, one core at 100% even when idle. For benchmark servers and
 //    latency-critical clients; one poller per core.
 //  - kEvent sleeps when idle and wakes on the completion interrupt: an idle process uses no
 //    CPU; each wake-up costs a few microseconds on hardware (brpc grew a polling mode because
-//    interrupt-only completions gave TCP-like latency: see rdma-pitfalls.md).
+//    interrupt-only completions gave TCP-like latency: see rdma-pitfalls.md). So after each
+//    burst of completions it polls for `spin` (50 us by default) before sleeping: traffic that
+//    keeps coming within that is served at busy-polling latency, and an idle poller sleeps.
 //
 // Capacity. A CQ that overflows breaks every QP on it, so each connection reserves its worst
 // case (send queue + receives + drain markers) when it registers, and registration fails
@@ -60,6 +63,12 @@ struct PollerOptions {
   // ConnectX); bounds the connections it serves, each reserving send_queue_depth +
   // recv_credits + 2 (98 with default options: 334 connections on rxe). A few MiB of memory.
   int cq_size = 65536;
+  // Event mode: how long the loop keeps polling after its last completion before it arms the CQ
+  // and sleeps (adaptive polling), in [0, 1s]. A reply that comes within it costs no interrupt and no
+  // wake-up; an idle poller still sleeps, after this long. Zero: sleep at the first empty pass.
+  // The default covers a hardware round trip (2-5 us) and a short handler many times over, and
+  // costs at most this much CPU per burst of traffic.
+  absl::Duration spin = absl::Microseconds(50);
 };
 
 class Poller {
@@ -106,14 +115,17 @@ class Poller {
   void Defer(std::shared_ptr<Connection> connection);
   void RunDeferred();
   std::shared_ptr<Connection> Find(uint32_t qp_num);
+  // Find for the loop's thread, through found_: no lock while no connection came or went.
+  std::shared_ptr<Connection> FindFromLoop(uint32_t qp_num);
   ibv_cq* cq() const { return cq_.get(); }
   rdma_event_channel* cm_channel() const { return cm_channel_.get(); }
 
   void Loop();
   int PollCq();
   void HandleCmEvents();
-  // Event mode: arms the CQ and sleeps until an event or `timeout_ms` (-1: forever).
-  void ArmAndWait(int timeout_ms);
+  // Event mode: arms the CQ and sleeps until an event or `timeout_ms` (-1: forever). True when
+  // the look after arming found completions (and handled them) instead of sleeping.
+  bool ArmAndWait(int timeout_ms);
   void Wake();
 
   const PollerOptions options_;
@@ -128,6 +140,18 @@ class Poller {
   absl::flat_hash_map<uint32_t, std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   uint32_t cqes_reserved_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::shared_ptr<Connection>> deferred_ ABSL_GUARDED_BY(mu_);
+  // Bumped (under mu_) whenever connections_ changes.
+  std::atomic<uint64_t> generation_{0};
+  // The loop thread's cache of lookups (FindFromLoop), direct-mapped by QP number: an entry
+  // counts while generation_ has not moved since it was filled. Weak, so that it keeps no
+  // connection alive.
+  struct CachedConnection {
+    uint32_t qp_num = 0;
+    uint64_t generation = ~uint64_t{0};
+    std::weak_ptr<Connection> connection;
+  };
+  static constexpr uint32_t kFoundCache = 16;
+  CachedConnection found_[kFoundCache];
   std::atomic<bool> has_deferred_{false};
   int cq_capacity_ = 0;
 

@@ -31,6 +31,16 @@ TEST_CASE("zrpc_bench arguments: servers and clients, lists, defaults") {
   CHECK(server->pollers == 2);
   CHECK(server->event);
   CHECK(server->arena == 0);  // as large as --max-bulk: every payload written
+  CHECK_FALSE(server->spin.has_value());  // the options' default
+  auto spinning = Parse({"server", "--event", "--spin=1ms"});
+  REQUIRE(spinning.ok());
+  CHECK(spinning->spin == absl::Milliseconds(1));
+  auto no_spin = Parse({"client", "--connect", "h:1", "--spin", "0", "--event"});
+  REQUIRE(no_spin.ok());
+  CHECK(no_spin->spin == absl::ZeroDuration());
+  auto at_limit = Parse({"client", "--connect", "h:1", "--event", "--spin", "1s"});
+  REQUIRE(at_limit.ok());
+  CHECK(at_limit->spin == absl::Seconds(1));
   auto small_arena = Parse({"server", "--arena", "4096"});
   REQUIRE(small_arena.ok());
   CHECK(small_arena->arena == 4096);
@@ -92,6 +102,10 @@ TEST_CASE("zrpc_bench arguments: every mistake is refused by name") {
   Refused({"server", "--connect", "x:1"}, "client flag");
   Refused({"server", "--frobnicate"}, "unknown option --frobnicate");
   Refused({"server", "--event=yes"}, "--event takes no value");
+  Refused({"server", "--spin", "50us"}, "--spin: a busy poller never sleeps; it needs --event");
+  Refused({"server", "--event", "--spin", "50"}, "--spin: \"50\" is not a duration");
+  Refused({"server", "--event", "--spin", "-1us"}, "--spin: \"-1us\"");
+  Refused({"client", "--connect", "h:1", "--event", "--spin", "1001ms"}, "--spin: \"1001ms\"");
   Refused({"client", "--connect", "h:1", "--size", "64", "--size", "128"}, "--size given twice");
   Refused({"client", "extra", "--connect", "h:1"}, "unexpected argument 'extra'");
   Refused({"client", "--connect", "h:1", "--size", "64Q"}, "--size: \"64Q\" is not a byte count");

@@ -80,7 +80,7 @@ class LoopbackCall : public ServerCall {
  public:
   // Runs once, at the end of the first Finish, on the finishing thread. It may end the client's
   // call, after which the channel, and this call with it, may be destroyed at any moment.
-  using FinishHook = std::function<void(LoopbackCall&)>;
+  using FinishHook = internal::InlineFunction<void(LoopbackCall&), 48>;  // move-only, as DoneCallback
 
   explicit LoopbackCall(std::string request, IncomingBulk request_bulk = IncomingBulk(),
                         FinishHook on_finish = nullptr)

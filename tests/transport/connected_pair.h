@@ -36,7 +36,9 @@ struct Setup : zrpc::testing::DevicePollers {
   std::unique_ptr<AcceptQueue> accepts;
   std::unique_ptr<Listener> listener;
 
-  explicit Setup(const DeviceConfig& config) : DevicePollers(config) {
+  explicit Setup(const DeviceConfig& config,
+                 const transport::PollerOptions& server = DevicePollers::EventMode())
+      : DevicePollers(config, server) {
     accepts = std::make_unique<AcceptQueue>(server_poller.get(), nullptr);
     Listen();
   }

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/pattern.h"
 #include "tests/transport/connected_pair.h"
@@ -34,6 +35,7 @@ namespace {
 using namespace zrpc::transport;  // NOLINT: a test of this namespace
 using zrpc::testing::AcceptQueue;
 using zrpc::testing::ConnectPair;
+using zrpc::testing::DevicePollers;
 using zrpc::testing::kTimeout;
 using zrpc::testing::Pair;
 using zrpc::testing::SendBytes;
@@ -617,6 +619,58 @@ TEST_CASE("an event-mode poller sleeps while idle and wakes on traffic", "[rdma]
   CHECK(setup.server_poller->wakeups() > wakeups);
   absl::MutexLock lock(&server_handler.mu);
   CHECK(server_handler.messages[4] == Filled(32, 4));
+}
+
+TEST_CASE("a poller refuses a spin out of [0, 1s]", "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  auto device = Device::Open(config);
+  REQUIRE(device.ok());
+  for (absl::Duration spin : {absl::Nanoseconds(-1), absl::Seconds(1) + absl::Nanoseconds(1),
+                              absl::InfiniteDuration()}) {
+    PollerOptions options = DevicePollers::EventMode();
+    options.spin = spin;
+    auto poller = Poller::Create(**device, options);
+    REQUIRE_FALSE(poller.ok());
+    CHECK(poller.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(poller.status().message(), "PollerOptions::spin"));
+  }
+}
+
+// Adaptive polling: after a completion an event-mode poller keeps polling for `spin` before it
+// arms the CQ and sleeps, so traffic that keeps coming within it costs no wake-up, and a poller
+// left idle past it sleeps. With no spin, each message after a pause wakes it.
+TEST_CASE("an event-mode poller polls for its spin after traffic, then sleeps",
+          "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  for (absl::Duration spin : {absl::ZeroDuration(), absl::Seconds(1)}) {
+    INFO("spin " << absl::FormatDuration(spin));
+    PollerOptions options = DevicePollers::EventMode();
+    options.spin = spin;
+    Recorder server_handler, client_handler;
+    Setup setup(config, options);
+    Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+    REQUIRE(SendBytes(*pair.client, "first", 0).ok());
+    REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == 1; }));
+    const uint64_t wakeups = setup.server_poller->wakeups();
+    for (uint64_t i = 1; i <= 5; ++i) {
+      absl::SleepFor(absl::Milliseconds(100));  // a pause: far longer than a round trip
+      REQUIRE(SendBytes(*pair.client, Filled(32, i), i).ok());
+      REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == i + 1; }));
+    }
+    const uint64_t woken = setup.server_poller->wakeups() - wakeups;
+    std::printf("spin %s: 5 messages 100 ms apart woke the poller %lu times\n",
+                absl::FormatDuration(spin).c_str(), static_cast<unsigned long>(woken));
+    if (spin == absl::ZeroDuration()) {
+      CHECK(woken >= 5);
+    } else {
+      CHECK(woken == 0);
+      // Idle past the spin, it sleeps: its passes stop.
+      absl::SleepFor(spin + absl::Milliseconds(500));
+      const uint64_t passes = setup.server_poller->passes();
+      absl::SleepFor(absl::Milliseconds(300));
+      CHECK(setup.server_poller->passes() - passes <= 2);
+    }
+  }
 }
 
 // Before: a RECV completed before the peer's disconnect, but polled after this side had handled

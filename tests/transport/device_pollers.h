@@ -1,5 +1,5 @@
 // The device and pollers most transport tests start from: the harness's device, a server poller
-// in event mode and a client poller busy-polling, both running.
+// in event mode (or with the options given) and a client poller busy-polling, both running.
 #ifndef ZRPC_TESTS_TRANSPORT_DEVICE_POLLERS_H_
 #define ZRPC_TESTS_TRANSPORT_DEVICE_POLLERS_H_
 
@@ -16,14 +16,19 @@ struct DevicePollers {
   std::unique_ptr<transport::Poller> server_poller;
   std::unique_ptr<transport::Poller> client_poller;
 
-  explicit DevicePollers(const transport::DeviceConfig& config) {
+  static transport::PollerOptions EventMode() {
+    transport::PollerOptions event;
+    event.mode = transport::PollMode::kEvent;
+    return event;
+  }
+
+  explicit DevicePollers(const transport::DeviceConfig& config,
+                         const transport::PollerOptions& server = EventMode()) {
     auto d = transport::Device::Open(config);
     INFO(d.status());
     REQUIRE(d.ok());
     device = std::move(*d);
-    transport::PollerOptions event;
-    event.mode = transport::PollMode::kEvent;
-    auto sp = transport::Poller::Create(*device, event);
+    auto sp = transport::Poller::Create(*device, server);
     auto cp = transport::Poller::Create(*device);
     REQUIRE(sp.ok());
     REQUIRE(cp.ok());
