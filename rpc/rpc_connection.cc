@@ -560,7 +560,8 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
                         std::move(large_body), deadline);
   }
   EncodeForSend(header, 0, 0, deadline, buffer.data);
-  absl::MutexLock lock(&send_mu_);
+  // No send lock: a payload and its message are queued together by the transport
+  // (WriteBulkThenSend), so a message alone cannot come between them.
   return connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size));
 }
 
@@ -678,13 +679,11 @@ absl::Status RpcConnection::WriteThenSendLocked(transport::Connection& connectio
                                                 uint64_t token,
                                                 const transport::SendBuffer& buffer,
                                                 size_t body_size, bool* written) {
-  absl::Status status = connection.WriteBulk(source, token);
+  // Both or neither, under the transport's lock: the peer pairs the payload with the message
+  // that follows it.
+  absl::Status status = connection.WriteBulkThenSend(
+      source, token, buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size));
   *written = status.ok();
-  if (!*written) return status;
-  status = connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size));
-  // The payload is posted and its message is not: the peer would pair the payload with the
-  // next message. Nothing on this connection can be trusted to pair any more.
-  if (!status.ok()) connection.Close();
   return status;
 }
 

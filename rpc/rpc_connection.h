@@ -9,11 +9,11 @@
 // subclass's OnClosed. Nothing a peer sends is used before it is checked.
 //
 // Sending (any thread). SendMessage writes the RPC header in front of a body already in the send
-// buffer and, for a message with a payload, posts WRITE_WITH_IMM and SEND back to back under the
-// connection's send lock, so no other message of the connection comes between a payload and its
-// message (the receiver pairs them by order). Messages alone take the same lock: it is what
-// keeps every other message out of a pair, and it is uncontended when one thread drives a
-// connection. A payload goes one of two ways:
+// buffer and, for a message with a payload, queues WRITE_WITH_IMM and SEND together in one
+// transport operation (WriteBulkThenSend), so no other message of the connection comes between
+// a payload and its message (the receiver pairs them by order). Messages alone therefore take
+// no lock of this layer; payloads take the connection's send lock, which orders them against
+// Withdraw. A payload goes one of two ways:
 //   - zero-copy, when it lies in memory the application registered on this connection's device
 //     (registered_memory.h): the WRITE reads the caller's bytes, and the payload (its release,
 //     its registration) is held by a record whose address is the WRITE's transport token, until
@@ -368,10 +368,10 @@ class RpcConnection : public transport::ConnectionHandler {
                             const transport::SendBuffer& buffer, RpcHeader header,
                             size_t body_size, OutgoingBulk bulk, absl::Time deadline,
                             BulkGate* gate);
-  // Posts a payload's WRITE (`token` for its OnSendDone) and then its message, under the send
-  // lock so nothing comes between them. `*written` false: the WRITE was refused and nothing was
-  // posted (the caller still owns the buffer and what the token names). A message refused after
-  // its payload closes the connection: the peer could not pair anything any more.
+  // Queues a payload's WRITE (`token` for its OnSendDone) and then its message, together
+  // (transport WriteBulkThenSend: nothing comes between them). `*written` false: neither was
+  // queued (the caller still owns the buffer and what the token names). Under the send lock,
+  // which orders payloads against Withdraw.
   absl::Status WriteThenSendLocked(transport::Connection& connection,
                                    const transport::BulkSource& source, uint64_t token,
                                    const transport::SendBuffer& buffer, size_t body_size,

@@ -236,6 +236,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Writes `source` into the peer's arena; the peer gets OnBulk. Errors as for Send, and
   // kInvalidArgument when the payload is empty or larger than the peer's arena (split it).
   absl::Status WriteBulk(const BulkSource& source, uint64_t token);
+  // WriteBulk, then Send(buffer, length) without a report, queued together under one lock so
+  // that no other message comes between them (the peer pairs a payload with the message that
+  // follows it). Both or neither: on error nothing is queued and `buffer` stays the caller's.
+  absl::Status WriteBulkThenSend(const BulkSource& source, uint64_t token,
+                                 const SendBuffer& buffer, uint32_t length);
 
   // Reads `sink.size` bytes from the peer's `remote` range into `sink` (registered here, local
   // write), by RDMA READ: no credit and no receive on the peer, whose NIC answers alone. Split
@@ -390,7 +395,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool CorkedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK when the connection is open and fewer than max_waiting operations wait; else why not.
   absl::Status CanEnqueueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status EnqueueLocked(const Waiting& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `op` and posts what can go; `checked`: the caller has run CanEnqueueLocked already.
+  absl::Status EnqueueLocked(const Waiting& op, bool checked = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeSendCreditFrameLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RepostRecvLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RetireLocked(uint64_t up_to, const absl::Status& status, Events& events)

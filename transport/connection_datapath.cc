@@ -116,6 +116,20 @@ absl::Status Connection::WriteBulk(const BulkSource& source, uint64_t token) {
   return EnqueueLocked(Waiting{Waiting::kWrite, SlotPool::kNoSlot, 0, source, token});
 }
 
+absl::Status Connection::WriteBulkThenSend(const BulkSource& source, uint64_t token,
+                                           const SendBuffer& buffer, uint32_t length) {
+  if (length > max_message_) return TooLong(length, max_message_);
+  Waiting message{Waiting::kMessage, buffer.slot, length, {}, 0};
+  message.report = false;
+  absl::MutexLock lock(&mu_);
+  if (auto s = arena_writer_.CheckFits(source.size); !s.ok()) return s;
+  if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
+  // Both or neither: pushed together under the lock, nothing can come between them; the
+  // second push may pass max_waiting by one.
+  waiting_.push_back(Waiting{Waiting::kWrite, SlotPool::kNoSlot, 0, source, token});
+  return EnqueueLocked(message, /*checked=*/true);
+}
+
 absl::Status Connection::ReadBulk(absl::Span<const ReadPart> parts, uint64_t token) {
   size_t last = parts.size();  // the part whose last piece reports
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -174,8 +188,10 @@ absl::Status Connection::CanEnqueueLocked() const {
   return absl::OkStatus();
 }
 
-absl::Status Connection::EnqueueLocked(const Waiting& op) {
-  if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
+absl::Status Connection::EnqueueLocked(const Waiting& op, bool checked) {
+  if (!checked) {
+    if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
+  }
   waiting_.push_back(op);
   if (CorkedLocked()) {
     if (!cork_opens_) {

@@ -790,6 +790,47 @@ TEST_CASE("async handlers finish calls later from another thread, inline or pool
   greeter.Stop();
 }
 
+// A payload and the message it belongs to are paired by order on the wire, so nothing may come
+// between them: plain messages (no lock of the RPC layer since the transport queues a payload
+// and its message together) race here with payloads, both ways, on one connection, from
+// several callers and the handler pool. A message slipped between a pair would give one call
+// another's payload, or fail the connection as a protocol violation.
+TEST_CASE("plain calls and payload calls racing on one connection keep every payload with its "
+          "call, both ways") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Runtime rt(config);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 150;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Greeter::Stub greeter(rt.channel.get());
+      ObjectStore::Stub store(rt.channel.get());
+      HelloRequest hello;
+      hello.set_name("racer");
+      HelloReply reply;
+      ObjectInfo info;
+      for (int i = 0; i < kRounds; ++i) {
+        if (!greeter.SayHello(hello, &reply, Within(kLong)).ok()) ++failures;
+        const std::string object =
+            Pattern(1 + (t * 977 + i * 131) % 4096, static_cast<uint32_t>(t * kRounds + i));
+        zrpc::IncomingBulk transformed;
+        const absl::Status s = store.Transform(
+            zrpc::testing::Key("k"), zrpc::OutgoingBulk(object.data(), object.size()), &info,
+            &transformed, Within(kLong));
+        if (!s.ok() || transformed.view() != std::string(object.rbegin(), object.rend())) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK(failures.load() == 0);
+  CHECK(rt.channel->stats().protocol_violations == 0);
+  CHECK(rt.server->stats().protocol_violations == 0);
+}
+
 TEST_CASE("metrics: the Prometheus text parses and agrees with the calls made") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Runtime rt(config);
