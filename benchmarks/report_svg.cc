@@ -1,8 +1,10 @@
 // RenderCdfSvg: latency CDFs as a hand-written SVG, one polyline per system.
 //
-// Layout (pixels, 800 x 500): the plot area is x in [70, 590], y in [50, 440]; the legend sits
-// to its right so it never hides a curve. Coordinates are written with two decimals through
-// std::to_chars, which ignores the locale (a "1,5" in a points list would break the file).
+// Layout (pixels, at least 800 x 500): the plot area is x in [70, 590], y in [50, 440]; the
+// legend sits to its right so it never hides a curve, and the picture widens (and deepens) to
+// hold its longest line and every entry (text width estimated at kCharEm per character).
+// Coordinates are written with two decimals through std::to_chars, which ignores the locale (a
+// "1,5" in a points list would break the file).
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -14,7 +16,10 @@
 namespace zrpc::bench {
 namespace {
 
-constexpr double kWidth = 800, kHeight = 500;
+constexpr double kMinWidth = 800, kMinHeight = 500;
+constexpr double kLegendX = 636;       // where the legend's text starts
+constexpr double kLegendPitch = 36;    // between entries
+constexpr double kCharEm = 0.62;       // a generous average glyph width of sans-serif, in em
 constexpr double kLeft = 70, kRight = 590, kTop = 50, kBottom = 440;
 constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c",
                                    "#ff7f0e", "#9467bd", "#8c564b"};
@@ -113,13 +118,22 @@ absl::StatusOr<std::string> RenderCdfSvg(const std::vector<Aggregate>& aggregate
     return kLeft + (l - lo) / (hi - lo) * (kRight - kLeft);
   };
   auto y_of = [](double fraction) { return kBottom - fraction * (kBottom - kTop); };
+  // Room for the legend: its widest line (label at 11 px, detail at 10 px) and every entry.
+  double legend_width = 0;
+  for (const Curve& c : curves) {
+    legend_width = std::max({legend_width, c.label.size() * 11 * kCharEm,
+                             c.detail.size() * 10 * kCharEm});
+  }
+  const double width = std::max(kMinWidth, std::ceil(kLegendX + legend_width + 12));
+  const double height =
+      std::max(kMinHeight, std::ceil(kTop + 10 + kLegendPitch * curves.size() + 12));
 
   std::string svg = absl::StrCat(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"",
-      kWidth, "\" height=\"", kHeight, "\" viewBox=\"0 0 ", kWidth, " ", kHeight,
+      width, "\" height=\"", height, "\" viewBox=\"0 0 ", width, " ", height,
       "\" font-family=\"sans-serif\" font-size=\"12\">\n",
-      "<rect x=\"0\" y=\"0\" width=\"", kWidth, "\" height=\"", kHeight, "\" fill=\"white\"/>\n",
+      "<rect x=\"0\" y=\"0\" width=\"", width, "\" height=\"", height, "\" fill=\"white\"/>\n",
       "<text x=\"", Num((kLeft + kRight) / 2), "\" y=\"28\" text-anchor=\"middle\" "
       "font-size=\"16\">Latency CDF: ",
       XmlEscape(workload), ", ", size, " B (medians of rounds; one round's CDF)</text>\n");
@@ -169,12 +183,13 @@ absl::StatusOr<std::string> RenderCdfSvg(const std::vector<Aggregate>& aggregate
       absl::StrAppend(&svg, "<polyline fill=\"none\" stroke=\"", color,
                       "\" stroke-width=\"2\" points=\"", points, "\"/>\n");
     }
-    const double ly = kTop + 10 + 36.0 * c;
+    const double ly = kTop + 10 + kLegendPitch * c;
     absl::StrAppend(&svg, "<line x1=\"605\" y1=\"", Num(ly), "\" x2=\"630\" y2=\"", Num(ly),
-                    "\" stroke=\"", color, "\" stroke-width=\"2\"/>\n", "<text x=\"636\" y=\"",
-                    Num(ly + 4), "\" font-size=\"11\">", XmlEscape(curves[c].label),
-                    "</text>\n", "<text x=\"636\" y=\"", Num(ly + 18), "\" font-size=\"10\">",
-                    XmlEscape(curves[c].detail), "</text>\n");
+                    "\" stroke=\"", color, "\" stroke-width=\"2\"/>\n", "<text x=\"",
+                    Num(kLegendX), "\" y=\"", Num(ly + 4), "\" font-size=\"11\">",
+                    XmlEscape(curves[c].label), "</text>\n", "<text x=\"", Num(kLegendX),
+                    "\" y=\"", Num(ly + 18), "\" font-size=\"10\">", XmlEscape(curves[c].detail),
+                    "</text>\n");
   }
   svg += "</svg>\n";
   return svg;

@@ -1,5 +1,6 @@
 // RenderCdfSvg (benchmarks/report.h): a standalone, well-formed SVG whose curves stay inside it.
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,48 @@ WorkloadResult Curve(const std::string& system, const std::string& workload,
   return r;
 }
 
+// The viewBox is at least 800 x 500, and every left-aligned text ends inside it: its x plus its
+// length at a generous 0.62 em per character (what the renderer budgets; sans-serif averages
+// about 0.55 em), its baseline above the bottom. An entity counts as one character.
+void CheckLegendFits(const std::string& svg, const std::vector<Element>& elements) {
+  const std::vector<std::string> box = absl::StrSplit(Attribute(elements[0], "viewBox"), ' ');
+  REQUIRE(box.size() == 4);
+  double width, height;
+  REQUIRE(absl::SimpleAtod(box[2], &width));
+  REQUIRE(absl::SimpleAtod(box[3], &height));
+  CHECK(width >= 800);
+  CHECK(height >= 500);
+  CHECK(Attribute(elements[0], "width") == box[2]);
+  CHECK(Attribute(elements[0], "height") == box[3]);
+  size_t pos = 0;
+  while ((pos = svg.find("<text ", pos)) != std::string::npos) {
+    const size_t open_end = svg.find('>', pos);
+    const size_t close = svg.find("</text>", open_end);
+    REQUIRE(close != std::string::npos);
+    const Element e{"text", svg.substr(pos + 6, open_end - pos - 6)};
+    std::string text = svg.substr(open_end + 1, close - open_end - 1);
+    pos = close;
+    const std::string anchor = Attribute(e, "text-anchor");
+    if (!Attribute(e, "transform").empty() || anchor == "middle" || anchor == "end") {
+      continue;  // axis titles and tick labels: centred or right-aligned on the plot
+    }
+    for (const char* entity : {"&amp;", "&lt;", "&gt;", "&quot;"}) {
+      for (size_t at; (at = text.find(entity)) != std::string::npos;) {
+        text.replace(at, std::strlen(entity), "_");
+      }
+    }
+    double x, y, font = 12;
+    REQUIRE(absl::SimpleAtod(Attribute(e, "x"), &x));
+    REQUIRE(absl::SimpleAtod(Attribute(e, "y"), &y));
+    if (!Attribute(e, "font-size").empty()) {
+      REQUIRE(absl::SimpleAtod(Attribute(e, "font-size"), &font));
+    }
+    INFO("text \"" << text << "\" at x " << x << ", y " << y);
+    CHECK(x + text.size() * 0.62 * font <= width);
+    CHECK(y <= height);
+  }
+}
+
 std::vector<Aggregate> Aggregates(const std::vector<WorkloadResult>& rs) {
   absl::StatusOr<std::vector<Aggregate>> agg = AggregateRounds(rs);
   REQUIRE(agg.ok());
@@ -110,7 +153,7 @@ TEST_CASE("the CDF SVG is well-formed, one polyline per system, inside the viewB
   REQUIRE(svg.ok());
   const std::vector<Element> elements = CheckWellFormed(*svg);
   CHECK(Attribute(elements[0], "xmlns") == "http://www.w3.org/2000/svg");
-  CHECK(Attribute(elements[0], "viewBox") == "0 0 800 500");
+  CheckLegendFits(*svg, elements);
 
   int polylines = 0;
   for (const Element& e : elements) {
@@ -144,6 +187,22 @@ TEST_CASE("the CDF SVG is well-formed, one polyline per system, inside the viewB
   CHECK(absl::StrContains(*svg, "Latency CDF: echo, 64 B"));
   CHECK(absl::StrContains(*svg, ">0.0<"));
   CHECK(absl::StrContains(*svg, ">1.0<"));
+}
+
+TEST_CASE("a long legend widens the picture and many entries deepen it: nothing is clipped",
+          "[report][svg]") {
+  std::vector<WorkloadResult> rows;
+  rows.push_back(Curve("a-system-with-a-rather-long-name-for-a-legend", "echo", {1, 2}));
+  for (int i = 1; i < 14; ++i) {
+    rows.push_back(Curve("s" + std::to_string(i), "echo", {1.0 + i, 2.0 + i}));
+  }
+  rows.push_back(Curve("perftest", "send_lat", {2, 3, 4}));
+  absl::StatusOr<std::string> svg = RenderCdfSvg(Aggregates(rows), "echo", 64);
+  REQUIRE(svg.ok());
+  const std::vector<Element> elements = CheckWellFormed(*svg);
+  CheckLegendFits(*svg, elements);
+  CHECK(Attribute(elements[0], "viewBox") != "0 0 800 500");
+  CHECK(absl::StrContains(*svg, "a-system-with-a-rather-long-name-for-a-legend echo"));
 }
 
 TEST_CASE("sub-microsecond decades are labelled as decimals", "[report][svg]") {
