@@ -92,12 +92,34 @@ perftest_run() {
 }
 data_line() { awk '/^ *#bytes/ { h = 1; next } h && $1 ~ /^[0-9]+$/ { print; exit }' "$1"; }
 
-# One JSON line for a perftest run. Latency: one-way, as perftest reports it (report.h).
+# perftest's latency distribution (-H): every iteration's one-way latency, sorted, one
+# "N, VALUE" line each under a "#, usec" header. Prints "P90 CDF" for perftest_json: the
+# nearest-rank p90 and up to 200 points at evenly spaced quantiles, picked as bench_report's
+# Summarize picks them (report.cc), or "null []" when the log has none.
+perftest_distribution() {
+  awk '/^#, / { h = 1; next } h && /^ *[0-9]+, *[0-9.eE+-]+ *$/ { split($0, f, ","); print f[2] + 0 }' "$1" |
+    sort -g |
+    awk '{ v[n++] = $1 }
+      END {
+        if (n == 0) { print "null []"; exit }
+        r = int((900 * n + 999) / 1000); if (r < 1) r = 1; if (r > n) r = n
+        m = n < 200 ? n : 200
+        out = "["
+        if (m == 1) out = out v[0]
+        else for (i = 0; i < m; i++) {
+          out = out (i ? "," : "") v[int((2 * i * (n - 1) + (m - 1)) / (2 * (m - 1)))]
+        }
+        print v[r - 1], out "]"
+      }'
+}
+
+# One JSON line for a perftest run. Latency: one-way, as perftest reports it (report.h). For
+# send_lat, $4 is perftest_distribution's output.
 perftest_json() {
-  local workload=$1 in_flight=$2 line=$3
+  local workload=$1 in_flight=$2 line=$3 distribution=${4:-null []}
   case "$workload" in
     send_lat*)  # bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
-      awk -v r="$round" -v f="$in_flight" -v w="$workload" '{ printf "{\"system\":\"perftest\",\"workload\":\"%s\",\"size\":%d,\"in_flight\":%d,\"threads\":1,\"connections\":1,\"round\":%d,\"calls\":%d,\"seconds\":0,\"p50_us\":%s,\"p90_us\":null,\"p99_us\":%s,\"p999_us\":%s,\"max_us\":%s,\"calls_per_sec\":0,\"goodput_mib_per_sec\":0,\"client_cpu_us_per_call\":-1,\"server_cpu_us_per_call\":-1,\"cdf_us\":[],\"note\":\"one-way latency (t_typical as p50)\"}\n", w, $1, f, r, $2, $5, $8, $9, $4 }' <<<"$line" ;;
+      awk -v r="$round" -v f="$in_flight" -v w="$workload" -v d="$distribution" 'BEGIN { split(d, dist, " ") } { printf "{\"system\":\"perftest\",\"workload\":\"%s\",\"size\":%d,\"in_flight\":%d,\"threads\":1,\"connections\":1,\"round\":%d,\"calls\":%d,\"seconds\":0,\"p50_us\":%s,\"p90_us\":%s,\"p99_us\":%s,\"p999_us\":%s,\"max_us\":%s,\"calls_per_sec\":0,\"goodput_mib_per_sec\":0,\"client_cpu_us_per_call\":-1,\"server_cpu_us_per_call\":-1,\"cdf_us\":%s,\"note\":\"one-way latency (t_typical as p50)\"}\n", w, $1, f, r, $2, $5, dist[1], $8, $9, $4, dist[2] }' <<<"$line" ;;
     *)  # bytes iters bw_peak bw_avg[MiB/s] msg_rate[Mpps]
       awk -v r="$round" -v f="$in_flight" -v w="$workload" '{ printf "{\"system\":\"perftest\",\"workload\":\"%s\",\"size\":%d,\"in_flight\":%d,\"threads\":1,\"connections\":1,\"round\":%d,\"calls\":%d,\"seconds\":0,\"p50_us\":null,\"p90_us\":null,\"p99_us\":null,\"p999_us\":null,\"max_us\":null,\"calls_per_sec\":%.0f,\"goodput_mib_per_sec\":%s,\"client_cpu_us_per_call\":-1,\"server_cpu_us_per_call\":-1,\"cdf_us\":[],\"note\":\"\"}\n", w, $1, f, r, $2, $5 * 1e6, $4 }' <<<"$line" ;;
   esac
@@ -123,10 +145,12 @@ fi
 
 for ((round = 1; round <= rounds; round++)); do
   echo "== round $round of $rounds"
-  perftest_run ib_send_lat send_lat -s "$size" -n "$calls"
-  perftest_json send_lat 1 "$(data_line "$logs/send_lat.client")" >>"$results"
-  perftest_run ib_send_lat send_lat_event -s "$size" -n "$calls" -e
-  perftest_json send_lat_event 1 "$(data_line "$logs/send_lat_event.client")" >>"$results"
+  perftest_run ib_send_lat send_lat -s "$size" -n "$calls" -H
+  perftest_json send_lat 1 "$(data_line "$logs/send_lat.client")" \
+    "$(perftest_distribution "$logs/send_lat.client")" >>"$results"
+  perftest_run ib_send_lat send_lat_event -s "$size" -n "$calls" -e -H
+  perftest_json send_lat_event 1 "$(data_line "$logs/send_lat_event.client")" \
+    "$(perftest_distribution "$logs/send_lat_event.client")" >>"$results"
   perftest_run ib_send_bw send_bw -s "$size" -n "$calls" -t "$in_flight"
   perftest_json send_bw "$in_flight" "$(data_line "$logs/send_bw.client")" >>"$results"
   for bulk in "${bulk_sizes[@]}"; do

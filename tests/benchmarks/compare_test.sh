@@ -36,6 +36,11 @@ one_round() {
     grep -q "\"system\":\"perftest\",\"workload\":\"$workload\"" "$out/results.jsonl" ||
       junit_problem "no perftest $workload row in results.jsonl"
   done
+  for workload in send_lat send_lat_event; do
+    grep "\"system\":\"perftest\",\"workload\":\"$workload\"" "$out/results.jsonl" |
+      grep -q '"p90_us":[0-9][^,]*,.*"cdf_us":\[[0-9]' ||
+      junit_problem "the perftest $workload row has no latency distribution (-H): p90_us, cdf_us"
+  done
   grep -q '^== ratios' "$out.log" || junit_problem "no ratios block"
   [[ $(grep -cE 'target (<=|>=) [0-9.]+ +(met|MISSED)|n/a \(' "$out.log") -ge 4 ]] ||
     junit_problem "fewer than 4 ratio lines with a verdict"
