@@ -608,10 +608,8 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");
   }
-  if (options.spin < absl::ZeroDuration() || options.spin > absl::Seconds(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("ChannelOptions::spin is ",
-                                                   absl::FormatDuration(options.spin),
-                                                   "; it must be in [0, 1s]"));
+  if (absl::Status s = transport::CheckSpin(options.spin, "ChannelOptions::spin"); !s.ok()) {
+    return s;
   }
   if (options.max_message_size == 0 || options.max_message_size > INT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("ChannelOptions::max_message_size is ",

@@ -23,9 +23,8 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
                                                    options.handler_threads,
                                                    "; it must be in [1, 1024]"));
   }
-  if (options.spin < absl::ZeroDuration() || options.spin > absl::Seconds(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ServerOptions::spin is ", absl::FormatDuration(options.spin), "; it must be in [0, 1s]"));
+  if (absl::Status s = transport::CheckSpin(options.spin, "ServerOptions::spin"); !s.ok()) {
+    return s;
   }
   if (options.max_message_size == 0 || options.max_message_size > INT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::max_message_size is ",

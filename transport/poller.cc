@@ -33,16 +33,18 @@ int64_t MonotonicNanos() {
 
 }  // namespace
 
+absl::Status CheckSpin(absl::Duration spin, absl::string_view option) {
+  if (spin >= absl::ZeroDuration() && spin <= absl::Seconds(1)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(option, " is ", absl::FormatDuration(spin), "; it must be in [0, 1s]"));
+}
+
 absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
                                                        const PollerOptions& options) {
   std::unique_ptr<Poller> poller(new Poller(options));
   poller->cq_capacity_ = std::min(options.cq_size, device.attr().max_cqe);
   if (poller->cq_capacity_ <= 0) return absl::InvalidArgumentError("cq_size must be positive");
-  if (options.spin < absl::ZeroDuration() || options.spin > absl::Seconds(1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PollerOptions::spin is ", absl::FormatDuration(options.spin),
-                     "; it must be in [0, 1s]"));
-  }
+  if (absl::Status s = CheckSpin(options.spin, "PollerOptions::spin"); !s.ok()) return s;
   ibv_comp_channel* channel = nullptr;
   if (options.mode == PollMode::kEvent) {
     poller->comp_channel_.reset(ibv_create_comp_channel(device.context()));
@@ -197,7 +199,7 @@ bool Poller::OnPollerThread() { return on_poller_thread; }
 void Poller::Loop() {
   PollerThreadScope scope;
   const bool event = options_.mode == PollMode::kEvent;
-  const int64_t spin_ns = std::max<int64_t>(0, absl::ToInt64Nanoseconds(options_.spin));
+  const int64_t spin_ns = absl::ToInt64Nanoseconds(options_.spin);  // in [0, 1s]: CheckSpin
   // Passes since the cm channel was last read: counted busy or not, so that a peer's
   // disconnect is seen under steady traffic too, not only when the CQ runs dry.
   uint32_t since_cm = 0;

@@ -46,6 +46,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "transport/device.h"
@@ -70,6 +71,10 @@ struct PollerOptions {
   // costs at most this much CPU per burst of traffic.
   absl::Duration spin = absl::Microseconds(50);
 };
+
+// OK when `spin` is within PollerOptions::spin's bounds, [0, 1s]; otherwise kInvalidArgument
+// naming `option` (the caller's name for it: "ChannelOptions::spin").
+absl::Status CheckSpin(absl::Duration spin, absl::string_view option);
 
 class Poller {
  public:

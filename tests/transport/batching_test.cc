@@ -68,6 +68,16 @@ bool Drains(Connection& c) {
   return false;
 }
 
+// A pair whose server application holds every message it receives (so no credit comes back
+// until the test releases them), granting the client `recv_credits`.
+Pair ConnectHolding(Setup& setup, Recorder& server_handler, Recorder& client_handler,
+                    uint32_t recv_credits) {
+  server_handler.hold = true;
+  ConnectionOptions server_options;
+  server_options.recv_credits = recv_credits;
+  return ConnectPair(setup, &server_handler, &client_handler, server_options);
+}
+
 }  // namespace
 
 TEST_CASE("a ping-pong of messages sent without a token signals one in kSignalInterval, and "
@@ -204,11 +214,8 @@ TEST_CASE("a window that waited for credits leaves in chains as they come back, 
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   constexpr int kMessages = 96;
   Recorder server_handler, client_handler;
-  server_handler.hold = true;  // the server's application holds every receive: no credits back
   Setup setup(config);
-  ConnectionOptions server_options;
-  server_options.recv_credits = 32;
-  Pair pair = ConnectPair(setup, &server_handler, &client_handler, server_options);
+  Pair pair = ConnectHolding(setup, server_handler, client_handler, 32);
   for (int i = 0; i < kMessages; ++i) {
     REQUIRE(SendUnreported(*pair.client, Filled(200, i)).ok());
   }
@@ -242,11 +249,8 @@ TEST_CASE("a message someone waits on, followed in one chain by one nobody waits
           "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Recorder server_handler, client_handler;
-  server_handler.hold = true;  // the server's application holds every receive: no credits back
   Setup setup(config);
-  ConnectionOptions server_options;
-  server_options.recv_credits = 8;
-  Pair pair = ConnectPair(setup, &server_handler, &client_handler, server_options);
+  Pair pair = ConnectHolding(setup, server_handler, client_handler, 8);
   // Seven go (the eighth credit is kept for credit frames), all without a token.
   for (int i = 0; i < 7; ++i) REQUIRE(SendUnreported(*pair.client, Filled(100, i)).ok());
   REQUIRE(server_handler.WaitFor([&] { return server_handler.message_count == 7; }));
