@@ -5,7 +5,8 @@
 // a wrapper around perftest's ib_* tools) run in alternating rounds. Each program appends one
 // WorkloadResult per run to a JSON Lines file; bench_report reads every file, groups the runs by
 // configuration, takes the median of each figure across rounds and prints how zrpc stands
-// against its targets. Everything here is device-independent and has no dependency but Abseil.
+// against its targets. Everything here is device-independent; it depends on Abseil and, for
+// the JSON (report_json.cc), on protobuf.
 //
 // Conventions every producer follows:
 //  - Latency figures are microseconds; p50_us..max_us of a zrpc or gRPC "echo" are ROUND TRIPS
@@ -158,21 +159,23 @@ struct WorkloadResult {
 // Fills result's latency figures and CDF from `summary` (nanoseconds to microseconds).
 void SetLatency(const Summary& summary, WorkloadResult& result);
 
-// One JSON object on one line, ending in '\n', keys in the struct's order. Strings are escaped
-// per RFC 8259 (", \ and control characters; bytes that are not valid UTF-8 become U+FFFD).
-// Numbers are written locale-independently in the shortest form that reads back to the same
-// double (std::to_chars). NaN and infinities have no JSON form: they are written as null,
-// which ParseJsonLines reads back as NaN.
+// One JSON object on one line, ending in '\n', keys in the struct's order, written by
+// protobuf's JSON printer from the message json::Row (report_row.proto). Bytes of a string that
+// are not UTF-8 become U+FFFD. Numbers are written in a form that reads back to the same double.
+// NaN and infinities have no JSON form: they are written as null, which ParseJsonLines reads
+// back as NaN. size and calls are JSON numbers, so at most 2^53 - 1 (beyond, the reader
+// refuses them). An empty cdf_us is left out.
 std::string ToJsonLine(const WorkloadResult& result);
 
-// Reads JSON Lines as ToJsonLine writes them. Lines that are empty or only whitespace are
-// skipped; every other line must be exactly one JSON object (RFC 8259, strict: no comments, no
-// trailing commas, no NaN literals, no leading zeros, valid UTF-8, nesting at most 64 deep).
-// Keys: every field of WorkloadResult is required except cdf_us and note (default empty);
-// integer fields must be integers in their type's range (size and calls non-negative); a double
-// field may be null (read as NaN); a key given twice is refused; unknown keys, of any JSON
-// type, are ignored so that newer producers can add fields. An error is kInvalidArgument
-// "line N, column C: what was wrong" (column for syntax errors, the key for schema errors).
+// Reads JSON Lines as ToJsonLine writes them (and as it wrote them before it used protobuf), with
+// protobuf's JSON parser. Lines that are empty or only whitespace are skipped; every other line
+// must be one JSON object. Keys: every field of WorkloadResult is required except cdf_us and note
+// (default empty); size and calls must be integers in [0, 2^53 - 1], the int fields integers in
+// their range; a double field may be null (read as NaN); unknown keys, of any JSON type, are
+// ignored so that newer producers can add fields. An error is kInvalidArgument "line N: what
+// was wrong", with protobuf's words and the text from where it stopped for a syntax error.
+// protobuf's parser is lenient where the hand-written one was not: it takes a trailing comma,
+// raw control characters in strings, and a number key given twice (the last wins).
 absl::StatusOr<std::vector<WorkloadResult>> ParseJsonLines(absl::string_view text);
 
 // ---------------------------------------------------------------------------------------------
