@@ -565,6 +565,14 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
   return connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size));
 }
 
+absl::Status RpcConnection::SendAnswer(transport::Connection& connection,
+                                       const transport::SendBuffer& buffer, RpcHeader header,
+                                       size_t body_size, uint64_t answered) {
+  EncodeForSend(header, 0, 0, absl::InfiniteFuture(), buffer.data);
+  return connection.ReleaseAndSend(answered, buffer,
+                                   static_cast<uint32_t>(RpcHeader::kSize + body_size));
+}
+
 absl::Status RpcConnection::SendPulled(transport::Connection& connection,
                                        const transport::SendBuffer& buffer, RpcHeader header,
                                        size_t body_size, OutgoingBulk bulk,

@@ -276,6 +276,11 @@ class RpcConnection : public transport::ConnectionHandler {
                            OutgoingBulk large_body = OutgoingBulk(),
                            absl::Time deadline = absl::InfiniteFuture(),
                            BulkGate* gate = nullptr, bool expose = false);
+  // SendMessage for a message without payload that answers the received message whose handle is
+  // `answered`: the transport gives that back and sends under one lock (ReleaseAndSend), so the
+  // answer carries its credit. The release happens whatever the outcome.
+  absl::Status SendAnswer(transport::Connection& connection, const transport::SendBuffer& buffer,
+                          RpcHeader header, size_t body_size, uint64_t answered);
   // Takes back the payload of request `call_id`, whose gate is `gate`, if it has not left yet
   // (see the top of this file); its release runs here, on this thread. Nothing when it has.
   void Withdraw(transport::Connection& connection, uint64_t call_id, BulkGate& gate);

@@ -81,7 +81,7 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
   }
   metrics_.OnFinish(code, MonotonicNow() - start_);
   if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
-  static_cast<void>(connection_->Release(request_.handle));
+  if (!request_released_) static_cast<void>(connection_->Release(request_.handle));
   if (request_.bulk) RpcConnection::ReleasePayload(*connection_, request_.bulk->handle);
   if (request_.body_payload) {
     RpcConnection::ReleasePayload(*connection_, request_.body_payload->handle);
@@ -129,9 +129,17 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
       large_body = OutgoingBulk(large, response->size, [large] { std::free(large); });
       body_size = 0;
     }
-    status = owner_->SendMessage(*connection_, buffer, RpcHeader::Response(call_id()), body_size,
-                                 std::move(response_bulk), std::move(large_body),
-                                 absl::InfiniteFuture(), nullptr, expose);
+    if (bulk_size == 0 && large_body.empty()) {
+      // The common answer: the request's slot goes back and the response goes out under one
+      // transport lock, the response carrying the slot's credit.
+      request_released_ = true;
+      status = owner_->SendAnswer(*connection_, buffer, RpcHeader::Response(call_id()),
+                                  body_size, request_.handle);
+    } else {
+      status = owner_->SendMessage(*connection_, buffer, RpcHeader::Response(call_id()),
+                                   body_size, std::move(response_bulk), std::move(large_body),
+                                   absl::InfiniteFuture(), nullptr, expose);
+    }
     if (status.ok()) {
       metrics_.AddMessageBytes(response->size, 0);
       metrics_.AddBulkBytes(bulk_size, 0);

@@ -83,6 +83,7 @@ class ServerCallImpl final : public ServerCall, public PoolTask {
   std::unique_ptr<uint8_t, decltype(&std::free)> large_response_{nullptr, &std::free};
   std::atomic<bool> answered_{false};
   bool handler_ran_ = false;  // set before Dispatch; read by Finish, which the handler calls
+  bool request_released_ = false;  // the answer gave the request's slot back (SendAnswer)
 };
 
 class ServerConnection final : public RpcConnection,

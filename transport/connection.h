@@ -272,6 +272,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Gives back a received message or bulk payload. Any thread, once per handle.
   absl::Status Release(uint64_t handle);
+  // Release(handle), then Send(buffer, length) without a report, under one lock: for an answer
+  // and the received message it answers (a server's response and its request). The release
+  // comes first, so the message carries the credit it returns. The release happens whatever
+  // the send's outcome; its own errors (a handle given back twice) are not reported. Errors as
+  // for Send, and `buffer` is taken even on error.
+  absl::Status ReleaseAndSend(uint64_t handle, const SendBuffer& buffer, uint32_t length);
 
   // Asks the peer's NIC for a sign of life without spending a credit, a slot or arena space: a
   // zero-length RDMA WRITE, signalled. RC acknowledges it or, when the peer's host is gone,
@@ -395,6 +401,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool CorkedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK when the connection is open and fewer than max_waiting operations wait; else why not.
   absl::Status CanEnqueueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Release's work but the pump.
+  absl::Status ReleaseLocked(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues `op` and posts what can go; `checked`: the caller has run CanEnqueueLocked already.
   absl::Status EnqueueLocked(const Waiting& op, bool checked = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -393,11 +393,29 @@ absl::Status Connection::RepostRecvLocked(uint32_t index) {
 
 absl::Status Connection::Release(uint64_t handle) {
   absl::MutexLock lock(&mu_);
-  if (handle & kBulkHandle) {
-    if (auto s = arena_reader_.Release(handle & ~kBulkHandle); !s.ok()) return s;
-    PumpLocked();  // the release rides on waiting data, or goes in a credit frame
-    return absl::OkStatus();
+  absl::Status s = ReleaseLocked(handle);
+  // The release rides on waiting data, or goes in a credit frame.
+  if (state_ == State::kOpen) PumpLocked();
+  return s;
+}
+
+absl::Status Connection::ReleaseAndSend(uint64_t handle, const SendBuffer& buffer,
+                                        uint32_t length) {
+  Waiting op{Waiting::kMessage, buffer.slot, length, {}, 0};
+  op.report = false;
+  absl::MutexLock lock(&mu_);
+  // First the release, so that the message carries the credit it returns.
+  static_cast<void>(ReleaseLocked(handle));
+  absl::Status s = length > max_message_ ? TooLong(length, max_message_) : EnqueueLocked(op);
+  if (!s.ok()) {
+    ReleaseSendBuffer(buffer);
+    if (state_ == State::kOpen) PumpLocked();  // the credit goes alone
   }
+  return s;
+}
+
+absl::Status Connection::ReleaseLocked(uint64_t handle) {
+  if (handle & kBulkHandle) return arena_reader_.Release(handle & ~kBulkHandle);
   if (handle >= recv_slots_.size() || recv_state_[handle] != RecvState::kHeld) {
     return absl::FailedPreconditionError(
         absl::StrCat("message ", handle, " released twice or never delivered"));
@@ -410,7 +428,6 @@ absl::Status Connection::Release(uint64_t handle) {
     return s;
   }
   credits_.OnDataRecvReposted();
-  PumpLocked();  // sends credits back on waiting data, or in a credit frame
   return absl::OkStatus();
 }
 

@@ -401,6 +401,73 @@ TEST_CASE("10,000 messages each way stay within credits, in order, with no RNR",
   }
 }
 
+TEST_CASE("an answer that gives back the message it answers carries that message's credit, "
+          "even when the answer is refused",
+          "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Recorder server_handler, client_handler;
+  server_handler.hold = true;  // the test answers, with ReleaseAndSend
+  Setup setup(config);
+  ConnectionOptions options;
+  options.recv_credits = 4;
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler, options, options);
+  // Ping-pong: each request spends one of the client's credits and its answer, which gives the
+  // request back first, returns it. So the client never has more than one credit in use. With the
+  // release after the answer, each answer returns the previous request's credit, and two are.
+  for (int round = 0; round < 10; ++round) {
+    REQUIRE(SendBytes(*pair.client, Filled(64, round), 0).ok());
+    REQUIRE(server_handler.WaitFor([&] { return server_handler.held.size() == 1; }));
+    uint64_t handle;
+    {
+      absl::MutexLock lock(&server_handler.mu);
+      handle = server_handler.held.at(0);
+      server_handler.held.clear();
+    }
+    absl::StatusOr<SendBuffer> buffer = pair.server->AcquireSendBuffer();
+    REQUIRE(buffer.ok());
+    Fill(buffer->data, 32, handle);
+    REQUIRE(pair.server->ReleaseAndSend(handle, *buffer, 32).ok());
+    CHECK(pair.server->Release(handle).code() == absl::StatusCode::kFailedPrecondition);
+    REQUIRE(client_handler.WaitFor([&] {
+      return client_handler.message_count == static_cast<uint64_t>(round + 1);
+    }));
+  }
+  CHECK(pair.client->stats().max_credits_in_use == 1);
+  CHECK(pair.server->stats().credit_frames_sent == 0);  // every credit rode on an answer
+  // Refused answers (too long, then on a closed connection) still give the message back, and
+  // the send buffer too.
+  REQUIRE(SendBytes(*pair.client, Filled(64, 99), 0).ok());
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.held.size() == 1; }));
+  uint64_t handle;
+  {
+    absl::MutexLock lock(&server_handler.mu);
+    handle = server_handler.held.at(0);
+    server_handler.held.clear();
+  }
+  const uint32_t slots_before = SlotsInUse(*setup.device);  // only the client's may go down
+  absl::StatusOr<SendBuffer> too_long = pair.server->AcquireSendBuffer();
+  REQUIRE(too_long.ok());
+  CHECK(pair.server->ReleaseAndSend(handle, *too_long, too_long->capacity + 1).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(pair.server->Release(handle).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(SlotsInUse(*setup.device) <= slots_before);  // the send buffer went back
+  REQUIRE(SendBytes(*pair.client, Filled(64, 100), 0).ok());
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.held.size() == 1; }));
+  {
+    absl::MutexLock lock(&server_handler.mu);
+    handle = server_handler.held.at(0);
+  }
+  pair.server->Close();
+  absl::StatusOr<SendBuffer> closed = pair.server->AcquireSendBuffer();
+  if (closed.ok()) {  // a closed connection may refuse the buffer already
+    CHECK(pair.server->ReleaseAndSend(handle, *closed, 8).code() ==
+          absl::StatusCode::kUnavailable);
+  } else {
+    static_cast<void>(pair.server->Release(handle));
+  }
+  CHECK(pair.server->Release(handle).code() == absl::StatusCode::kFailedPrecondition);
+}
+
 namespace {
 
 // A bare RC queue pair on `id`, owned by `pd`, `cq` and `qp`: enough for librdmacm to connect.
