@@ -100,7 +100,9 @@ struct ConnectionOptions {
   // from the peer. Registered per connection (count it against RLIMIT_MEMLOCK); it bounds the
   // largest bulk payload the peer can send.
   uint32_t arena_size = 256 << 10;
-  // Inline bytes requested; the device may grant less (see max_inline()).
+  // Inline bytes requested. A device that refuses it is asked for half as much, and so on down
+  // to none (below 16 bytes, nothing fits beside the frame header); max_inline() says what was
+  // granted.
   uint32_t max_inline = 220;
   // Operations allowed to wait for credits or space before Send/WriteBulk refuse more.
   uint32_t max_waiting = 4096;

@@ -14,6 +14,10 @@
 #include "transport/verbs_error.h"
 
 namespace zrpc::transport {
+namespace {
+// The smallest inline size worth asking for: a frame header and as much again.
+constexpr uint32_t kMinInlineRequest = 2 * FrameHeader::kSize;
+}  // namespace
 
 // Work-queue entries a connection may have outstanding, each a potential completion.
 absl::Status Connection::ValidateOptions(const ConnectionOptions& o, const Device& device) {
@@ -108,12 +112,16 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
   attr.cap.max_recv_wr = options_.recv_credits + 1;
   attr.cap.max_send_sge = 1;
   attr.cap.max_recv_sge = 1;
-  attr.cap.max_inline_data = options_.max_inline;
   attr.sq_sig_all = 0;
-  if (rdma_create_qp(id, device_.pd(), &attr) != 0) {
-    // Some devices refuse a large inline request rather than granting less: ask for none.
-    attr.cap.max_inline_data = 0;
-    if (rdma_create_qp(id, device_.pd(), &attr) != 0) return VerbsError("rdma_create_qp", errno);
+  // Devices refuse an inline request above their limit rather than granting less, and verbs
+  // reports no limit to ask for (rxe grants 512 bytes of a 1 MiB request so): halve the request
+  // until one is granted, down to none. rdma_create_qp leaves the attributes as they were when
+  // it fails, so only the inline size changes between attempts.
+  for (uint32_t inline_bytes = options_.max_inline;; inline_bytes /= 2) {
+    if (inline_bytes < kMinInlineRequest) inline_bytes = 0;
+    attr.cap.max_inline_data = inline_bytes;
+    if (rdma_create_qp(id, device_.pd(), &attr) == 0) break;
+    if (inline_bytes == 0) return VerbsError("rdma_create_qp", errno);
   }
   qp_.reset(id);
   max_inline_ = attr.cap.max_inline_data;
