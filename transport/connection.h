@@ -272,7 +272,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // its payload could leave (an RPC whose deadline passed while the peer's arena was full).
   bool WithdrawBulk(uint64_t token);
 
-  // Gives back a received message or bulk payload. Any thread, once per handle.
+  // Gives back a received message or bulk payload. Any thread, once per handle. From a handler
+  // of this connection's batch (on its poller thread), a message's slot goes back with the
+  // batch's next send, which carries its credit, or at the batch's end, under the lock taken
+  // then: a handle given back twice is then logged, not returned.
   absl::Status Release(uint64_t handle);
   // Release(handle), then Send(buffer, length) without a report, under one lock: for an answer
   // and the received message it answers (a server's response and its request). The release
@@ -405,6 +408,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::Status CanEnqueueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Release's work but the pump.
   absl::Status ReleaseLocked(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies deferred_releases_. Only on the thread dispatching this connection's batch.
+  void ApplyDeferredReleasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues `op` and posts what can go; `checked`: the caller has run CanEnqueueLocked already.
   absl::Status EnqueueLocked(const Waiting& op, bool checked = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -465,6 +470,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool control_busy_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t control_sequence_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};
   std::vector<RecvState> recv_state_ ABSL_GUARDED_BY(mu_);
+  // Receive slots a handler gave back during this connection's batch, on the poller thread,
+  // not yet applied (Release). Touched only by the thread dispatching the batch: pushed without
+  // the lock, applied under it (PumpLocked on that thread, and DispatchCorked's end). Reserved
+  // once, so Release never allocates: past the reserve it takes the lock.
+  std::vector<uint64_t> deferred_releases_;
   uint32_t recvs_posted_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<ibv_wc> early_ ABSL_GUARDED_BY(mu_);
   Ring<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);

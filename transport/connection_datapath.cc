@@ -8,6 +8,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "transport/connection.h"
+#include "transport/log.h"
 #include "transport/poller.h"
 #include "transport/verbs_error.h"
 
@@ -213,6 +214,7 @@ bool Connection::CorkedLocked() const { return corked_connection == this && !cor
 // Posts waiting operations in order while credits, arena space and send-queue entries last, as
 // one chain (one doorbell per kPostBatch work requests).
 void Connection::PumpLocked() {
+  if (corked_connection == this && !deferred_releases_.empty()) ApplyDeferredReleasesLocked();
   if (CorkedLocked()) {
     // Only when there is something to post: a Release during the batch usually has nothing
     // (its credit rides on the next data frame), and then the batch's end takes no lock.
@@ -392,6 +394,13 @@ absl::Status Connection::RepostRecvLocked(uint32_t index) {
 }
 
 absl::Status Connection::Release(uint64_t handle) {
+  if (corked_connection == this && (handle & kBulkHandle) == 0 &&
+      deferred_releases_.size() < deferred_releases_.capacity()) {
+    // A handler of this connection's batch, on the poller thread: the slot goes back under the
+    // lock the batch takes anyway, at its next send (which then carries the credit) or its end.
+    deferred_releases_.push_back(handle);
+    return absl::OkStatus();
+  }
   absl::MutexLock lock(&mu_);
   absl::Status s = ReleaseLocked(handle);
   // The release rides on waiting data, or goes in a credit frame.
@@ -412,6 +421,20 @@ absl::Status Connection::ReleaseAndSend(uint64_t handle, const SendBuffer& buffe
     if (state_ == State::kOpen) PumpLocked();  // the credit goes alone
   }
   return s;
+}
+
+void Connection::ApplyDeferredReleasesLocked() {
+  // One at a time from the back: a release that fails the connection pumps, and the pump may
+  // come back here.
+  while (!deferred_releases_.empty()) {
+    const uint64_t handle = deferred_releases_.back();
+    deferred_releases_.pop_back();
+    if (absl::Status s = ReleaseLocked(handle);
+        !s.ok() && s.code() == absl::StatusCode::kFailedPrecondition) {
+      // Release said OK already: a handle given back twice shows here.
+      ZRPC_LOG(kError, "transport", "connection to ", peer_address_, ": ", s.message());
+    }
+  }
 }
 
 absl::Status Connection::ReleaseLocked(uint64_t handle) {
@@ -504,11 +527,13 @@ void Connection::DispatchCorked(Events& events) {
     DispatchOne(events[i]);
   }
   corked_connection = outer;
-  if (!cork_pending_) return;
+  const bool pending = cork_pending_;
+  if (!pending && deferred_releases_.empty()) return;
   cork_pending_ = false;
   absl::MutexLock lock(&mu_);
+  ApplyDeferredReleasesLocked();
   PumpLocked();
-  if (!waiting_.empty()) ++stats_.waited;
+  if (pending && !waiting_.empty()) ++stats_.waited;
 }
 
 void Connection::ReplayEarly() {

@@ -151,6 +151,7 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
     recv_slots_.push_back(slot);
     recv_state_.push_back(RecvState::kIdle);
   }
+  deferred_releases_.reserve(options_.recv_credits);  // more are held only when given back twice
   for (uint32_t i = 0; i < options_.recv_credits; ++i) {
     if (auto s = RepostRecvLocked(i); !s.ok()) return s;
   }
