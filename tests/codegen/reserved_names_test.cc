@@ -1,0 +1,245 @@
+// The plugin's list of names zrpc's runtime declares in namespace zrpc (cpp_names.cc) against
+// what the headers really declare: a package zrpc.X becomes namespace zrpc::X, which collides
+// with a class, function or namespace X of the runtime. The list drifted once (Cancellation,
+// Server and others were added to the headers and not to it): this test reads every header of
+// rpc/ and transport/, finds what each declares directly in namespace zrpc, and checks the plugin
+// refuses each name as a package part.
+#include <catch2/catch.hpp>
+#include <cctype>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "codegen/cpp_names.h"
+#include "tests/codegen/tool_run.h"
+
+namespace {
+
+using zrpc::testing::ReadFile;
+using zrpc::testing::Runfile;
+
+// `text` without comments, string and character literals, and preprocessor lines (each replaced
+// by a space, so tokens stay apart).
+std::string StripNoise(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  bool line_start = true;
+  for (size_t i = 0; i < text.size();) {
+    const char c = text[i];
+    if (line_start && c == '#') {  // a directive, with its continuation lines
+      while (i < text.size() && !(text[i] == '\n' && text[i - 1] != '\\')) ++i;
+      out += ' ';
+      continue;
+    }
+    if (c == '/' && i + 1 < text.size() && text[i + 1] == '/') {
+      while (i < text.size() && text[i] != '\n') ++i;
+      out += ' ';
+      continue;
+    }
+    if (c == '/' && i + 1 < text.size() && text[i + 1] == '*') {
+      const size_t end = text.find("*/", i + 2);
+      i = end == std::string::npos ? text.size() : end + 2;
+      out += ' ';
+      continue;
+    }
+    if (c == 'R' && i + 1 < text.size() && text[i + 1] == '"') {  // R"delim( ... )delim"
+      const size_t open = text.find('(', i + 2);
+      const std::string close = ")" + text.substr(i + 2, open - i - 2) + "\"";
+      const size_t end = text.find(close, open);
+      i = end == std::string::npos ? text.size() : end + close.size();
+      out += ' ';
+      continue;
+    }
+    if (c == '"' || (c == '\'' && !(i > 0 && std::isxdigit(static_cast<unsigned char>(
+                                                  text[i - 1]))))) {  // not a digit separator
+      for (++i; i < text.size() && text[i] != c; ++i) {
+        if (text[i] == '\\') ++i;
+      }
+      ++i;
+      out += ' ';
+      continue;
+    }
+    if (c == '\n') line_start = true;
+    else if (!std::isspace(static_cast<unsigned char>(c))) line_start = false;
+    out += c;
+    ++i;
+  }
+  return out;
+}
+
+std::vector<std::string> Tokens(const std::string& code) {
+  std::vector<std::string> tokens;
+  for (size_t i = 0; i < code.size();) {
+    const unsigned char c = code[i];
+    if (std::isspace(c)) {
+      ++i;
+    } else if (std::isalnum(c) || c == '_') {
+      size_t j = i;
+      while (j < code.size() && (std::isalnum(static_cast<unsigned char>(code[j])) || code[j] == '_')) {
+        ++j;
+      }
+      tokens.push_back(code.substr(i, j - i));
+      i = j;
+    } else if (c == ':' && i + 1 < code.size() && code[i + 1] == ':') {
+      tokens.push_back("::");
+      i += 2;
+    } else {
+      tokens.push_back(std::string(1, static_cast<char>(c)));
+      ++i;
+    }
+  }
+  return tokens;
+}
+
+bool IsIdentifier(const std::string& t) {
+  return !t.empty() && (std::isalpha(static_cast<unsigned char>(t[0])) || t[0] == '_');
+}
+
+// The names a header declares directly in namespace zrpc: classes, structs, enums, aliases,
+// functions, variables and nested namespaces. Declarations inside classes, functions and other
+// namespaces are skipped by tracking braces; `namespace zrpc::x {` declares x.
+std::set<std::string> DeclaredInZrpc(const std::string& header) {
+  const std::vector<std::string> t = Tokens(StripNoise(header));
+  std::set<std::string> names;
+  // One entry per open brace: whether it opened namespace zrpc itself.
+  std::vector<bool> braces;
+  auto in_zrpc = [&] { return !braces.empty() && braces.back(); };
+  // Whether the current statement at zrpc scope has already given its name (the first
+  // identifier before '(' or '=' or ';' or '{' of a declaration; later ones are parameters).
+  bool named = false;
+  int angle = 0;  // template argument depth in the current statement
+  for (size_t i = 0; i < t.size(); ++i) {
+    const std::string& tok = t[i];
+    if (tok == "namespace") {
+      // namespace a::b::c {  -- opens the innermost; records it when the scope is zrpc.
+      std::vector<std::string> path;
+      size_t j = i + 1;
+      while (j < t.size() && t[j] != "{" && t[j] != "=") {
+        if (IsIdentifier(t[j])) path.push_back(t[j]);
+        ++j;
+      }
+      if (j < t.size() && t[j] == "{") {
+        if (in_zrpc() && !path.empty()) names.insert(path[0]);
+        if (braces.empty() || !braces.back()) {
+          // From the global scope: zrpc::x records x and opens x (not zrpc).
+          if (!path.empty() && path[0] == "zrpc" && path.size() > 1 && braces.empty()) {
+            names.insert(path[1]);
+          }
+        }
+        braces.push_back(braces.empty() && path.size() == 1 && path[0] == "zrpc");
+        i = j;
+        named = false;
+        continue;
+      }
+    }
+    if (tok == "{") {
+      braces.push_back(false);
+      continue;
+    }
+    if (tok == "}") {
+      if (!braces.empty()) braces.pop_back();
+      if (in_zrpc()) named = false;
+      continue;
+    }
+    if (!in_zrpc()) continue;
+    if (tok == ";") {
+      named = false;
+      angle = 0;
+      continue;
+    }
+    if (tok == "<") ++angle;
+    if (tok == ">" && angle > 0) --angle;
+    if (named || angle > 0) continue;
+    if (tok == "template") continue;
+    if ((tok == "class" || tok == "struct" || tok == "union" || tok == "enum") && i + 1 < t.size()) {
+      size_t j = i + 1;
+      if (t[j] == "class" || t[j] == "struct") ++j;  // enum class
+      while (j < t.size() && (t[j] == "final" || t[j] == "ABSL_MUST_USE_RESULT")) ++j;
+      if (j < t.size() && IsIdentifier(t[j])) names.insert(t[j]);
+      named = true;
+      continue;
+    }
+    if (tok == "using" && i + 2 < t.size() && IsIdentifier(t[i + 1]) && t[i + 2] == "=") {
+      names.insert(t[i + 1]);
+      named = true;
+      continue;
+    }
+    if (tok == "operator") {
+      named = true;
+      continue;
+    }
+    // A function or variable: the identifier right before '(' (function), or before '=', '{'
+    // or ';' (variable), not preceded by '::' (a qualified name declared elsewhere).
+    if (i + 1 < t.size() && IsIdentifier(tok) &&
+        (t[i + 1] == "(" || t[i + 1] == "=" || t[i + 1] == ";" || t[i + 1] == "[") &&
+        !(i > 0 && t[i - 1] == "::") && tok.rfind("ABSL_", 0) != 0) {
+      names.insert(tok);
+      named = true;
+    }
+  }
+  return names;
+}
+
+TEST_CASE("the scanner finds what a header declares directly in namespace zrpc") {
+  const std::string header = R"(
+    #include "x.h"
+    #define MACRO(a) \
+      int NotAName(a)
+    namespace zrpc {
+    // class Commented;
+    class Alpha final : public Base { void Member(); int field_ = 1; };
+    struct Beta;
+    enum class Gamma : int { kA };
+    template <typename T, int N = 3> class Delta;
+    using Epsilon = std::function<void(int)>;
+    absl::Status Zeta(const Alpha& a, int b = 2);
+    inline constexpr int kEta = 4;
+    std::ostream& operator<<(std::ostream& os, const Alpha& a);
+    void Alpha::Member() {}
+    const char* kTheta = "namespace Fake { class Iota; }";
+    namespace internal { class Hidden; }
+    }  // namespace zrpc
+    namespace zrpc::transport { class Kappa; }
+    namespace other { class Lambda; }
+  )";
+  CHECK(DeclaredInZrpc(header) ==
+        std::set<std::string>{"Alpha", "Beta", "Gamma", "Delta", "Epsilon", "Zeta", "kEta",
+                              "kTheta", "internal", "transport"});
+}
+
+TEST_CASE("every name the runtime declares in namespace zrpc is refused as a package part") {
+  const std::string list = ReadFile(Runfile("tests/codegen/runtime_headers.txt"));
+  REQUIRE_FALSE(list.empty());
+  std::set<std::string> all;
+  int headers = 0;
+  size_t start = 0;
+  while (start < list.size()) {
+    size_t end = list.find('\n', start);
+    if (end == std::string::npos) end = list.size();
+    const std::string path = list.substr(start, end - start);
+    start = end + 1;
+    if (path.empty()) continue;
+    const std::string text = ReadFile(Runfile(path));
+    INFO(path);
+    REQUIRE_FALSE(text.empty());
+    ++headers;
+    for (const std::string& name : DeclaredInZrpc(text)) all.insert(name);
+  }
+  CHECK(headers >= 10);
+  // Names every version of the runtime has declared: the scan must find them.
+  for (const char* known : {"Channel", "Service", "ServerCall", "Server", "Cancellation",
+                            "OutgoingBulk", "internal", "transport"}) {
+    INFO(known);
+    CHECK(all.count(known) == 1);
+  }
+  std::vector<std::string> missing;
+  for (const std::string& name : all) {
+    if (zrpc::codegen::ReservedPackageReason("zrpc." + name).empty()) missing.push_back(name);
+  }
+  INFO("declared in namespace zrpc by the runtime, but accepted as package zrpc.<name>: add "
+       "them to kRuntimeNames in codegen/cpp_names.cc");
+  for (const std::string& name : missing) UNSCOPED_INFO(name);
+  CHECK(missing.empty());
+}
+
+}  // namespace
