@@ -424,8 +424,8 @@ absl::Status Connection::ReleaseAndSend(uint64_t handle, const SendBuffer& buffe
 }
 
 void Connection::ApplyDeferredReleasesLocked() {
-  // One at a time from the back: a release that fails the connection pumps, and the pump may
-  // come back here.
+  // One at a time from the back, so that nothing depends on where the loop stood if a release
+  // fails the connection (its state then stops every later pump).
   while (!deferred_releases_.empty()) {
     const uint64_t handle = deferred_releases_.back();
     deferred_releases_.pop_back();
