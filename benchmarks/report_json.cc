@@ -141,7 +141,7 @@ std::string Print(const google::protobuf::Message& message) {
   std::string out;
   const auto status = google::protobuf::util::MessageToJsonString(message, &out, options);
   if (!status.ok()) {
-    return absl::StrCat("{\"error\":\"protobuf could not print the row\"}");
+    return "{\"error\":\"protobuf could not print the row\"}";
   }
   return out;
 }

@@ -406,6 +406,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool CorkedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK when the connection is open and fewer than max_waiting operations wait; else why not.
   absl::Status CanEnqueueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A message sent without a token: nobody waits on it, so it reports nothing.
+  static Waiting Unreported(const SendBuffer& buffer, uint32_t length);
   // Release's work but the pump.
   absl::Status ReleaseLocked(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies deferred_releases_. Only on the thread dispatching this connection's batch.

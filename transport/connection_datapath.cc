@@ -87,6 +87,12 @@ absl::Status TooLong(uint32_t length, uint32_t max) {
 }
 }  // namespace
 
+Connection::Waiting Connection::Unreported(const SendBuffer& buffer, uint32_t length) {
+  Waiting op{Waiting::kMessage, buffer.slot, length, {}, 0};
+  op.report = false;
+  return op;
+}
+
 absl::Status Connection::Send(const SendBuffer& buffer, uint32_t length, uint64_t token) {
   if (length > max_message_) {
     ReleaseSendBuffer(buffer);
@@ -103,10 +109,8 @@ absl::Status Connection::Send(const SendBuffer& buffer, uint32_t length) {
     ReleaseSendBuffer(buffer);
     return TooLong(length, max_message_);
   }
-  Waiting op{Waiting::kMessage, buffer.slot, length, {}, 0};
-  op.report = false;
   absl::MutexLock lock(&mu_);
-  absl::Status s = EnqueueLocked(op);
+  absl::Status s = EnqueueLocked(Unreported(buffer, length));
   if (!s.ok()) ReleaseSendBuffer(buffer);
   return s;
 }
@@ -120,15 +124,13 @@ absl::Status Connection::WriteBulk(const BulkSource& source, uint64_t token) {
 absl::Status Connection::WriteBulkThenSend(const BulkSource& source, uint64_t token,
                                            const SendBuffer& buffer, uint32_t length) {
   if (length > max_message_) return TooLong(length, max_message_);
-  Waiting message{Waiting::kMessage, buffer.slot, length, {}, 0};
-  message.report = false;
   absl::MutexLock lock(&mu_);
   if (auto s = arena_writer_.CheckFits(source.size); !s.ok()) return s;
   if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
   // Both or neither: pushed together under the lock, nothing can come between them; the
   // second push may pass max_waiting by one.
   waiting_.push_back(Waiting{Waiting::kWrite, SlotPool::kNoSlot, 0, source, token});
-  return EnqueueLocked(message, /*checked=*/true);
+  return EnqueueLocked(Unreported(buffer, length), /*checked=*/true);
 }
 
 absl::Status Connection::ReadBulk(absl::Span<const ReadPart> parts, uint64_t token) {
@@ -410,12 +412,11 @@ absl::Status Connection::Release(uint64_t handle) {
 
 absl::Status Connection::ReleaseAndSend(uint64_t handle, const SendBuffer& buffer,
                                         uint32_t length) {
-  Waiting op{Waiting::kMessage, buffer.slot, length, {}, 0};
-  op.report = false;
   absl::MutexLock lock(&mu_);
   // First the release, so that the message carries the credit it returns.
   static_cast<void>(ReleaseLocked(handle));
-  absl::Status s = length > max_message_ ? TooLong(length, max_message_) : EnqueueLocked(op);
+  absl::Status s = length > max_message_ ? TooLong(length, max_message_)
+                                          : EnqueueLocked(Unreported(buffer, length));
   if (!s.ok()) {
     ReleaseSendBuffer(buffer);
     if (state_ == State::kOpen) PumpLocked();  // the credit goes alone
