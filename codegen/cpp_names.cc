@@ -68,19 +68,19 @@ std::string ReservedPackageReason(const std::string& package) {
   static const std::set<std::string> kRuntimeNames = {
       "AppendPrometheusFamily", "BulkDestination", "BulkReleaser", "CallOptions", "CallTable",
       "Cancellation", "Channel", "ChannelOptions", "ChannelStats", "ClientChannel",
-      "CreateChannel", "DeadlineFromWire", "DecodeErrorBody", "DecodeLayout",
+      "ClientReader", "ClientReaderWriter", "ClientStreamCall", "ClientWriter", "CreateChannel", "DeadlineFromWire", "DecodeErrorBody", "DecodeLayout",
       "DecodePullDescriptor", "DecodeRpcHeader", "DoneCallback", "EncodeErrorBody",
       "EncodeLargeBody", "EncodePullDescriptor", "EncodeRpcHeader", "ErrorBodySize",
       "ExposedBuckets", "FormatLogRecord", "GetLogLevel", "IncomingBulk", "internal",
       "kMaxErrorMessage", "kNumStatusCodes", "kRpcFlagBulk", "kRpcFlagLargeBody", "kRpcFlagPull",
-      "kRpcFlagPullResponse", "kTruncatedMarker", "LargeBody", "LatencyHistogram",
+      "kRpcFlagPullResponse", "kRpcFlagStream", "kTruncatedMarker", "LargeBody", "LatencyHistogram",
       "LatencySnapshot", "LogLevel", "LogLevelName", "LogRecord", "LogSink", "MessageLayout",
       "method", "MethodInfo", "MethodMetrics", "MethodMetricsSnapshot", "MethodOptions", "Metrics",
       "MetricsHttpServer", "MetricsSide", "MetricsSideName", "OutgoingBulk", "ParseLogLevel",
       "PayloadPlacement", "PendingCall", "PullDescriptor", "RegisteredMemory", "RemainingFromWire",
       "RpcHeader", "RpcKind", "SendSlot", "Server", "ServerCall", "ServerContext", "ServerOptions",
-      "ServerStats", "Service", "ServiceId", "ServiceInfo", "SetLogLevel", "SetLogSink",
-      "StatusCodeLabel", "TakenCall", "TimeoutToWire", "transport"};
+      "ServerReader", "ServerReaderWriter", "ServerStats", "ServerWriter", "Service", "ServiceId", "ServiceInfo", "SetLogLevel", "SetLogSink",
+      "StatusCodeLabel", "StreamCall", "TakenCall", "TimeoutToWire", "transport"};
   if (parts[0] == "zrpc" && (parts.size() == 1 || kRuntimeNames.count(parts[1]) > 0)) {
     return "the namespace " + (parts.size() == 1 ? "zrpc" : "zrpc::" + parts[1]) +
            " belongs to zrpc's runtime, and the package's types would collide with its names; "

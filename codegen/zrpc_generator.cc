@@ -227,6 +227,11 @@ ServiceCode DescribeService(const ServiceDescriptor* service, const std::string&
     vars["full_name"] = service->full_name() + "/" + method->name();
     vars["index"] = std::to_string(method->index());
     vars["comments"] = Comments(method, "    ");
+    vars["client_streaming"] = method->client_streaming() ? "true" : "false";
+    vars["server_streaming"] = method->server_streaming() ? "true" : "false";
+    vars["kind"] = method->client_streaming()
+                       ? (method->server_streaming() ? "bidi" : "client")
+                       : (method->server_streaming() ? "server" : "unary");
     AddBulkVars(method->options().GetExtension(::zrpc::method), vars);
     code.methods.push_back(std::move(vars));
   }
@@ -255,10 +260,13 @@ bool CheckSupported(const FileDescriptor* file, std::string* error) {
     const ServiceDescriptor* service = file->service(s);
     for (int m = 0; m < service->method_count(); ++m) {
       const MethodDescriptor* method = service->method(m);
-      if (method->client_streaming() || method->server_streaming()) {
+      const ::zrpc::MethodOptions& options = method->options().GetExtension(::zrpc::method);
+      if ((method->client_streaming() || method->server_streaming()) &&
+          (options.request_bulk() || options.response_bulk())) {
         *error = "service " + service->name() + ", method " + method->name() +
-                 ": streaming rpcs are not supported yet (" +
-                 (method->client_streaming() ? "client" : "server") + " streaming)";
+                 ": (zrpc.method) request_bulk and response_bulk are for unary rpcs; a stream's "
+                 "messages carry no bulk payload yet (rpc/streaming.h): remove the option or the "
+                 "stream";
         return false;
       }
     }
@@ -275,7 +283,24 @@ void PrintServerClass(Printer& p, const std::vector<Vars>& methods, const char* 
       "   public:\n"
       "    const ::zrpc::ServiceInfo& service_info() const final;\n"
       "    void Dispatch(int method_index, ::zrpc::ServerCall* call) final;\n");
-  for (const Vars& vars : methods) p.Print(vars, handler);
+  for (const Vars& vars : methods) {
+    const std::string& kind = vars.at("kind");
+    if (kind == "unary") {
+      p.Print(vars, handler);
+    } else {
+      p.Print(vars,
+              "\n"
+              "$comments$"
+              "    // Streaming: runs on a thread of its own and returns the call's status\n"
+              "    // (rpc/streaming.h).\n");
+      p.Print(vars, kind == "server"   ? "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
+                                         "        const $Request$& request, ::zrpc::ServerWriter<$Response$>* writer);\n"
+                    : kind == "client" ? "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
+                                         "        ::zrpc::ServerReader<$Request$>* reader, $Response$* response);\n"
+                                       : "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
+                                         "        ::zrpc::ServerReaderWriter<$Response$, $Request$>* stream);\n");
+    }
+  }
   p.Print("  };\n\n");
 }
 
@@ -293,6 +318,36 @@ void PrintHeaderService(Printer& p, const ServiceCode& code) {
           "   public:\n"
           "    explicit Stub(::zrpc::Channel* channel) : channel_(channel) {}\n");
   for (const Vars& vars : methods) {
+    const std::string& kind = vars.at("kind");
+    if (kind == "server") {
+      p.Print(vars,
+              "\n"
+              "$comments$"
+              "    // Server streaming: Read the responses, then Finish (rpc/streaming.h).\n"
+              "    ::zrpc::ClientReader<$Response$> $Method$(const $Request$& request,\n"
+              "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n");
+      continue;
+    }
+    if (kind == "client") {
+      p.Print(vars,
+              "\n"
+              "$comments$"
+              "    // Client streaming: Write the requests, WritesDone, then Finish, after which\n"
+              "    // `*response` (alive until then) holds the answer (rpc/streaming.h).\n"
+              "    ::zrpc::ClientWriter<$Request$> $Method$($Response$* response,\n"
+              "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n");
+      continue;
+    }
+    if (kind == "bidi") {
+      p.Print(vars,
+              "\n"
+              "$comments$"
+              "    // Bidirectional streaming: Write and Read (one thread each at most), WritesDone,\n"
+              "    // then Finish (rpc/streaming.h).\n"
+              "    ::zrpc::ClientReaderWriter<$Request$, $Response$> $Method$(\n"
+              "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n");
+      continue;
+    }
     p.Print(vars,
             "\n"
             "$comments$"
@@ -368,7 +423,8 @@ void PrintSourceTables(Printer& p, const ServiceCode& code) {
     p.Print(svars, "const ::zrpc::MethodInfo $Service$::kMethods[] = {\n");
     for (const Vars& vars : methods) {
       p.Print(vars,
-              "    {\"$full_name$\", $index$, $request_bulk$, $response_bulk$},\n");
+              "    {\"$full_name$\", $index$, $request_bulk$, $response_bulk$, $client_streaming$,\n"
+              "     $server_streaming$},\n");
     }
     p.Print(svars,
             "};\n"
@@ -386,7 +442,38 @@ void PrintDispatch(Printer& p, const ServiceCode& code, const std::string& base,
   p.Print(svars,
           "void $Service$::$Base$::Dispatch(int method_index, ::zrpc::ServerCall* call) {\n"
           "  switch (method_index) {\n");
-  for (const Vars& vars : code.methods) p.Print(vars, case_code);
+  for (const Vars& vars : code.methods) {
+    const std::string& kind = vars.at("kind");
+    if (kind == "unary") {
+      p.Print(vars, case_code);
+      continue;
+    }
+    // Streaming methods are served alike in Service and AsyncService: by their one handler.
+    p.Print(vars, kind == "server"   ? "    case $index$:\n"
+                                       "      ::zrpc::internal::HandleServerStreaming<$Request$, $Response$>(\n"
+                                       "          call, $Qualified$::kMethods[$index$],\n"
+                                       "          [this](::zrpc::ServerContext& context, const $Request$& request,\n"
+                                       "                 ::zrpc::ServerWriter<$Response$>* writer) {\n"
+                                       "            return this->$Method$(context, request, writer);\n"
+                                       "          });\n"
+                                       "      return;\n"
+                  : kind == "client" ? "    case $index$:\n"
+                                       "      ::zrpc::internal::HandleClientStreaming<$Request$, $Response$>(\n"
+                                       "          call, $Qualified$::kMethods[$index$],\n"
+                                       "          [this](::zrpc::ServerContext& context,\n"
+                                       "                 ::zrpc::ServerReader<$Request$>* reader, $Response$* response) {\n"
+                                       "            return this->$Method$(context, reader, response);\n"
+                                       "          });\n"
+                                       "      return;\n"
+                                     : "    case $index$:\n"
+                                       "      ::zrpc::internal::HandleBidiStreaming<$Request$, $Response$>(\n"
+                                       "          call, $Qualified$::kMethods[$index$],\n"
+                                       "          [this](::zrpc::ServerContext& context,\n"
+                                       "                 ::zrpc::ServerReaderWriter<$Response$, $Request$>* stream) {\n"
+                                       "            return this->$Method$(context, stream);\n"
+                                       "          });\n"
+                                       "      return;\n");
+  }
   p.Print(svars,
           "  }\n"
           "  call->Finish(::absl::UnimplementedError(\n"
@@ -394,6 +481,50 @@ void PrintDispatch(Printer& p, const ServiceCode& code, const std::string& base,
           "                   ::std::to_string(method_index)),\n"
           "               nullptr, ::zrpc::OutgoingBulk());\n"
           "}\n\n");
+}
+
+// A streaming method's stub, and its handler's default in Service and AsyncService (they share
+// the one handler form).
+void PrintStreamingMembers(Printer& p, const Vars& vars) {
+  const std::string& kind = vars.at("kind");
+  if (kind == "server") {
+    p.Print(vars,
+            "::zrpc::ClientReader<$Response$> $Service$::Stub::$Method$(\n"
+            "    const $Request$& request, const ::zrpc::CallOptions& options) {\n"
+            "  return ::zrpc::ClientReader<$Response$>(\n"
+            "      ::zrpc::internal::OpenClientStream<$Response$>(\n"
+            "          channel_, $Qualified$::kMethods[$index$], &request, nullptr, options));\n"
+            "}\n\n");
+  } else if (kind == "client") {
+    p.Print(vars,
+            "::zrpc::ClientWriter<$Request$> $Service$::Stub::$Method$(\n"
+            "    $Response$* response, const ::zrpc::CallOptions& options) {\n"
+            "  return ::zrpc::ClientWriter<$Request$>(\n"
+            "      ::zrpc::internal::OpenClientStream<$Response$>(\n"
+            "          channel_, $Qualified$::kMethods[$index$], nullptr, response, options));\n"
+            "}\n\n");
+  } else {
+    p.Print(vars,
+            "::zrpc::ClientReaderWriter<$Request$, $Response$> $Service$::Stub::$Method$(\n"
+            "    const ::zrpc::CallOptions& options) {\n"
+            "  return ::zrpc::ClientReaderWriter<$Request$, $Response$>(\n"
+            "      ::zrpc::internal::OpenClientStream<$Response$>(\n"
+            "          channel_, $Qualified$::kMethods[$index$], nullptr, nullptr, options));\n"
+            "}\n\n");
+  }
+  const char* params = kind == "server"   ? "const $Request$&, ::zrpc::ServerWriter<$Response$>*"
+                       : kind == "client" ? "::zrpc::ServerReader<$Request$>*, $Response$*"
+                                          : "::zrpc::ServerReaderWriter<$Response$, $Request$>*";
+  for (const char* base : {"Service", "AsyncService"}) {
+    Vars with = vars;
+    with["Base"] = base;
+    p.Print(with, "::absl::Status $Service$::$Base$::$Method$(::zrpc::ServerContext&,\n    ");
+    p.Print(with, params);
+    p.Print(with,
+            ") {\n"
+            "  return ::absl::UnimplementedError(\"$full_name$ is not implemented\");\n"
+            "}\n\n");
+  }
 }
 
 void PrintSourceMembers(Printer& p, const ServiceCode& code) {
@@ -408,6 +539,11 @@ void PrintSourceMembers(Printer& p, const ServiceCode& code) {
           "  return $Qualified$::kInfo;\n"
           "}\n\n");
   for (const Vars& vars : methods) {
+    const std::string& kind = vars.at("kind");
+    if (kind != "unary") {
+      PrintStreamingMembers(p, vars);
+      continue;
+    }
     p.Print(vars,
             "::absl::Status $Service$::Stub::$Method$(const $Request$& request,$def_stub_in$\n"
             "    $Response$* response,$def_stub_out$ const ::zrpc::CallOptions& options) {\n"
@@ -498,11 +634,20 @@ bool ZrpcGenerator::Generate(const FileDescriptor* file, const std::string& para
     Printer p(out.get(), '$');
     PrintPreamble(p, file);
     const std::string guard = HeaderGuard(base + ".zrpc.h");
+    bool streaming = false;
+    for (int s = 0; s < file->service_count(); ++s) {
+      for (int m = 0; m < file->service(s)->method_count(); ++m) {
+        const MethodDescriptor* method = file->service(s)->method(m);
+        streaming = streaming || method->client_streaming() || method->server_streaming();
+      }
+    }
     p.Print({{"guard", guard}, {"base", base}},
             "#ifndef $guard$\n"
             "#define $guard$\n\n"
             "#include \"$base$.pb.h\"\n"
-            "#include \"rpc/generated_api.h\"\n\n");
+            "#include \"rpc/generated_api.h\"\n");
+    if (streaming) p.Print("#include \"rpc/streaming.h\"\n");
+    p.Print("\n");
     OpenNamespaces(p, namespaces);
     for (const ServiceCode& code : services) PrintHeaderService(p, code);
     CloseNamespaces(p, namespaces);

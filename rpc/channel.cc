@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "rpc/client_connection.h"
+#include "rpc/client_stream.h"
 #include "rpc/host_port.h"
 #include "rpc/monotonic.h"
 #include "rpc/rpc_header.h"
@@ -622,6 +623,9 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
         "ChannelOptions::max_bulk_size is ", options.max_bulk_size, " and max_pulled_bytes ",
         options.max_pulled_bytes, ": the first must be in [1, 4 GiB - 1] and at most the second"));
   }
+  if (options.stream_window == 0) {
+    return absl::InvalidArgumentError("ChannelOptions::stream_window is 0; it must be at least 1");
+  }
   ChannelOptions adjusted = options;
   adjusted.connection.min_message_size =
       std::max(adjusted.connection.min_message_size, internal::kMinRpcMessage);
@@ -747,6 +751,37 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
   }
   ticket->connection->Start(state.service_id, ticket->buffer, body_size, std::move(large_body),
                             std::move(request_bulk), std::move(call), options);
+}
+
+std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
+    const MethodInfo& method, SendSlot slot, const google::protobuf::MessageLite* read_prototype,
+    google::protobuf::MessageLite* response, const CallOptions& options) {
+  std::unique_ptr<internal::SlotTicket, internal::TicketDeleter> ticket(
+      reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token)));
+  if (!method.streaming()) {
+    ticket->connection->connection().ReleaseSendBuffer(ticket->buffer);
+    return std::make_unique<internal::FailedStream>(absl::InvalidArgumentError(
+        absl::StrCat(method.full_name, ": not a streaming method; call it as a unary one")));
+  }
+  const internal::ChannelCore::MethodState state = core_->MethodFor(method);
+  auto stream = std::make_shared<internal::StreamCore>(
+      read_prototype, core_->options().stream_window, /*send_credit=*/0);
+  internal::ClientCall call;
+  call.method = &method;
+  call.response = response;
+  call.metrics = state.metrics;
+  call.stream = stream;
+  call.done = [stream](absl::Status status) { stream->End(std::move(status)); };
+  OutgoingBulk large_body;
+  size_t body_size = slot.size;
+  if (uint8_t* large = std::exchange(ticket->large, nullptr)) {
+    large_body = OutgoingBulk(large, slot.size, [large] { std::free(large); });
+    body_size = 0;
+  }
+  const uint64_t id = ticket->connection->Start(
+      state.service_id, ticket->buffer, body_size, std::move(large_body), OutgoingBulk(),
+      std::move(call), options, core_->options().stream_window);
+  return std::make_unique<internal::ClientStream>(ticket->connection, id, std::move(stream));
 }
 
 absl::Status ClientChannel::Connect(absl::Time deadline) { return core_->ConnectAll(deadline); }

@@ -111,6 +111,9 @@ struct ChannelOptions {
   // keepalive_interval zero: no keepalives.
   absl::Duration keepalive_interval = absl::Seconds(1);
   absl::Duration keepalive_timeout = absl::Seconds(2);
+  // Messages of the server's a stream holds unread before the server must wait (per-stream
+  // flow control: rpc/stream_core.h); at least 1. Memory per stream: this many parsed messages.
+  uint16_t stream_window = 16;
 };
 
 struct ChannelStats {
@@ -155,6 +158,10 @@ class ClientChannel final : public Channel {
                       ::google::protobuf::MessageLite* response, IncomingBulk* response_bulk,
                       const CallOptions& options, DoneCallback done) override;
   std::chrono::nanoseconds blocking_spin() const override { return blocking_spin_; }
+  std::unique_ptr<ClientStreamCall> OpenStream(const MethodInfo& method, SendSlot slot,
+                                               const google::protobuf::MessageLite* read_prototype,
+                                               google::protobuf::MessageLite* response,
+                                               const CallOptions& options) override;
 
   // Registers [data, data + size) on this channel's device, once, so that request payloads from
   // it are sent with no copy (rpc/registered_memory.h). The bytes must outlive the handle and

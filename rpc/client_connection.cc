@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -14,7 +15,7 @@
 
 namespace zrpc::internal {
 
-const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false};
+const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false, false, false};
 
 void ClientCall::End(absl::Status status) {
   // The request payload's gate, then the destination's: End withdraws a payload exposed for the
@@ -40,9 +41,10 @@ void ClientConnection::Attach(std::shared_ptr<transport::Connection> connection)
   if (!closed()) self_ = shared_from_this();
 }
 
-void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& buffer,
-                             size_t body_size, OutgoingBulk large_body, OutgoingBulk bulk,
-                             ClientCall call, const CallOptions& options) {
+uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& buffer,
+                                 size_t body_size, OutgoingBulk large_body, OutgoingBulk bulk,
+                                 ClientCall call, const CallOptions& options,
+                                 uint16_t stream_window) {
   // From here on the call's times are monotonic (monotonic.h): its deadline is converted once.
   const absl::Time now = MonotonicNow();
   call.start = now;
@@ -65,6 +67,7 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
     bulk.Reset();  // before done: the caller may reuse the bytes once it runs
     large_body.Reset();
     call.End(std::move(status));
+    return uint64_t{0};
   };
   const absl::Time deadline = ToMonotonic(options.deadline, now);
   if (deadline <= now) {
@@ -84,7 +87,9 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
         absl::StrCat(method_name, ": ", id.status().message(), " (max_calls_per_connection)")));
   }
   if (deadline != absl::InfiniteFuture()) owner_.DeadlineAdded(deadline);
-  RpcHeader request_header = RpcHeader::Request(service_id, method_index, *id, 0);
+  RpcHeader request_header =
+      stream_window > 0 ? RpcHeader::StreamOpen(service_id, method_index, *id, 0, stream_window)
+                        : RpcHeader::Request(service_id, method_index, *id, 0);
   if (pull_response) request_header.flags |= kRpcFlagPullResponse;
   // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
   absl::Status sent = SendMessage(*connection_, buffer, request_header, body_size,
@@ -99,7 +104,7 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
         if (std::shared_ptr<ClientConnection> self = weak.lock()) self->CancelCall(call_id);
       });
     }
-    return;
+    return *id;
   }
   // Not sent: the call ends here, unless something else (its deadline, the connection closing)
   // took it from the table first and ends it there.
@@ -110,15 +115,58 @@ void ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& b
     }
     taken->End(absl::Status(sent.code(), absl::StrCat(method_name, ": ", sent.message())));
   }
+  return 0;
 }
 
 void ClientConnection::CancelCall(uint64_t id) {
+  AbortCall(id, absl::CancelledError("cancelled by the caller"));
+}
+
+void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
   std::optional<ClientCall> call = calls_.Take(id);
   if (!call) return;
   if (call->gate) Withdraw(*connection_, id, *call->gate);
   static_cast<void>(SendHeaderOnly(*connection_, RpcHeader::Cancel(id)));
-  call->End(absl::CancelledError(
-      absl::StrCat(call->method->full_name, ": cancelled by the caller")));
+  call->End(absl::Status(status.code(),
+                         absl::StrCat(call->method->full_name, ": ", status.message())));
+}
+
+bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
+                                    const google::protobuf::MessageLite* message,
+                                    StreamCore& stream) {
+  const size_t size = message == nullptr ? 0 : message->ByteSizeLong();
+  if (message != nullptr && !FitsSlot(*connection_, size)) {
+    AbortCall(id, absl::ResourceExhaustedError(absl::StrCat(
+        "a ", size, "-byte stream message does not fit a message slot (",
+        MaxInlineBody(*connection_), " bytes on this connection): larger stream messages are "
+        "not supported yet")));
+    return false;
+  }
+  const bool may_wait = !OnRuntimeThread();
+  for (int attempt = 0;; ++attempt) {
+    if (stream.ended()) return false;
+    absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
+    if (buffer.ok()) {
+      if (message != nullptr) message->SerializeWithCachedSizesToArray(Body(*buffer));
+      absl::Status sent = SendMessage(*connection_, *buffer, header, size, OutgoingBulk());
+      if (sent.ok()) return true;
+      AbortCall(id, absl::UnavailableError(sent.message()));
+      return false;
+    }
+    if (buffer.status().code() != absl::StatusCode::kResourceExhausted || !open() ||
+        !may_wait) {
+      AbortCall(id, buffer.status().code() == absl::StatusCode::kResourceExhausted
+                        ? buffer.status()
+                        : absl::UnavailableError(buffer.status().message()));
+      return false;
+    }
+    // Slots free as earlier sends complete: usually microseconds (as AcquireSendSlot waits).
+    if (attempt < 64) {
+      std::this_thread::yield();
+    } else {
+      absl::SleepFor(absl::Microseconds(100));
+    }
+  }
 }
 
 bool ClientConnection::WindowHeld() {
@@ -295,11 +343,15 @@ void ClientConnection::OnMessage(transport::Connection& connection,
     ServerPulled(incoming->header.call_id);
     return;
   }
+  if (kind == RpcKind::kStreamMessage || kind == RpcKind::kStreamCredit) {
+    return OnStreamFrame(connection, *incoming);
+  }
   if (kind != RpcKind::kResponse && kind != RpcKind::kError) {
     Discard(connection, *incoming);
     return Violation(connection, absl::StrCat("a server sent message kind ",
                                               static_cast<int>(kind),
-                                              "; a client takes responses and errors"));
+                                              "; a client takes responses, errors, pulled and "
+                                              "stream messages and credits"));
   }
   // Answered: the server is done with the request's payload (it answers only after its READ,
   // or without one), whether the call is still waiting or not.
@@ -347,6 +399,53 @@ void ClientConnection::OnMessage(transport::Connection& connection,
   Deliver(connection, *incoming);
 }
 
+void ClientConnection::OnStreamFrame(transport::Connection& connection,
+                                     IncomingMessage& message) {
+  const uint64_t id = message.header.call_id;
+  std::shared_ptr<StreamCore> stream;
+  bool live = false;
+  calls_.Visit(id, [&](ClientCall& call) {
+    live = true;
+    stream = call.stream;
+  });
+  if (!live) {
+    // Its call already ended (deadline, cancel): the server did not know yet.
+    if (message.header.kind == RpcKind::kStreamMessage) owner_.CountLateResponse();
+    Discard(connection, message);
+    return;
+  }
+  if (stream == nullptr || message.header.has_bulk()) {
+    Discard(connection, message);
+    return Violation(connection,
+                     absl::StrCat("call ", id, stream == nullptr
+                                                   ? ": a stream frame for a unary call"
+                                                   : ": a stream message with a payload"));
+  }
+  if (message.header.kind == RpcKind::kStreamCredit) {
+    Discard(connection, message);
+    if (absl::Status s = stream->OnCredit(message.header.window); !s.ok()) {
+      Violation(connection, absl::StrCat("call ", id, ": ", s.message()));
+    }
+    return;
+  }
+  // Parsed straight from the receive slot, which goes back right after (stream_core.h).
+  absl::StatusOr<uint16_t> grant = stream->OnMessage(message.body);
+  Discard(connection, message);
+  if (!grant.ok()) {
+    if (grant.status().code() == absl::StatusCode::kFailedPrecondition) {
+      return Violation(connection, absl::StrCat("call ", id, ": ", grant.status().message()));
+    }
+    return AbortCall(id, absl::InternalError(grant.status().message()));
+  }
+  if (*grant > 0) {
+    // The caller is finishing and no longer reads: what arrives is credited back at once.
+    if (!SendHeaderOnly(connection, RpcHeader::StreamCredit(id, *grant)).ok()) {
+      AbortCall(id, absl::ResourceExhaustedError(
+                        "no send slot for a stream credit while the stream drained"));
+    }
+  }
+}
+
 void ClientConnection::OnPulled(transport::Connection& connection, IncomingMessage& message) {
   // The payload is here: the server may stop exposing it.
   static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(message.header.call_id)));
@@ -385,6 +484,14 @@ void ClientConnection::Complete(transport::Connection& connection, IncomingMessa
              !fits.ok()) {
     status = absl::Status(fits.code(),
                           absl::StrCat(call.method->full_name, ": ", fits.message()));
+  } else if (call.response == nullptr) {
+    // A stream whose method has no single response (server streaming, bidirectional): its end
+    // is an empty response.
+    if (!message.body.empty() || message.bulk) {
+      violation = true;
+      status = absl::InternalError(absl::StrCat(call.method->full_name,
+                                                ": the stream's final response is not empty"));
+    }
   } else if (message.body.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
              !call.response->ParseFromArray(message.body.data(),
                                             static_cast<int>(message.body.size()))) {

@@ -55,6 +55,7 @@
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
 #include "rpc/rpc_connection.h"
+#include "rpc/stream_core.h"
 
 namespace zrpc::internal {
 
@@ -97,6 +98,8 @@ struct ClientCall {
   // response_destination): held while a READ writes there.
   BulkDestination destination;
   std::shared_ptr<BulkGate> landing;
+  // For a stream (rpc/streaming.h): its messages and flow control; `done` ends it.
+  std::shared_ptr<StreamCore> stream;
 
   // Records the outcome and runs `done`: the one way a call ends. With a request payload the
   // runtime still holds (its WRITE posted, or waiting), the ending waits for the payload's
@@ -129,12 +132,23 @@ class ClientConnection final : public RpcConnection,
   bool closed() const { return closed_.load(std::memory_order_acquire); }
 
   // Sends the request built in `buffer` (`body_size` bytes), or in `large_body` when it did not
-  // fit a slot (body_size 0 then), for `call`; `call.done` runs once.
-  void Start(uint32_t service_id, const transport::SendBuffer& buffer, size_t body_size,
-             OutgoingBulk large_body, OutgoingBulk bulk, ClientCall call,
-             const CallOptions& options);
+  // fit a slot (body_size 0 then), for `call`; `call.done` runs once. A call with a stream opens
+  // it, granting the server `stream_window` messages. Returns the call's id, or 0 when it ended
+  // here (its `done` has run).
+  uint64_t Start(uint32_t service_id, const transport::SendBuffer& buffer, size_t body_size,
+                 OutgoingBulk large_body, OutgoingBulk bulk, ClientCall call,
+                 const CallOptions& options, uint16_t stream_window = 0);
   // Ends call `id` with CANCELLED and tells the server; nothing when the call already ended.
   void CancelCall(uint64_t id);
+  // Ends call `id` with `status` and tells the server (a cancel); nothing when it already ended.
+  void AbortCall(uint64_t id, absl::Status status);
+  // Sends a stream's message or control frame (credit, half-close) in a send buffer of its own,
+  // waiting for one while every send slot is in flight, until the call ends. Never on a runtime
+  // thread (which would wait for itself): there it fails at once. The message, if any, is
+  // serialized straight into the buffer. false: not sent (the call has ended or is ended here
+  // with the reason).
+  bool SendOnStream(uint64_t id, const RpcHeader& header,
+                    const google::protobuf::MessageLite* message, StreamCore& stream);
   // One keepalive pass (see the top of this file).
   void Keepalive(absl::Duration timeout);
   // Fails the calls whose deadline has passed, and tells the server; returns how many. Also
@@ -159,6 +173,8 @@ class ClientConnection final : public RpcConnection,
   void Deliver(transport::Connection& connection, IncomingMessage& message);
   void Complete(transport::Connection& connection, IncomingMessage& message, ClientCall& call);
   void OnPingDone(const absl::Status& status, absl::Duration timeout);
+  // A stream message or credit from the server.
+  void OnStreamFrame(transport::Connection& connection, IncomingMessage& message);
   // This side's messages wait for credits or arena space, or its application holds received
   // payloads: a ping now would wait behind them (see the top of this file).
   bool WindowHeld();

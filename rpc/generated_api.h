@@ -130,12 +130,43 @@ struct MethodInfo {
   int index;              // position in the service's method table, as sent on the wire
   bool request_bulk;      // the request carries a bulk payload ((zrpc.method).request_bulk)
   bool response_bulk;     // the response carries one ((zrpc.method).response_bulk)
+  bool client_streaming;  // the client sends a stream of requests (rpc/streaming.h)
+  bool server_streaming;  // the server sends a stream of responses
+  bool streaming() const { return client_streaming || server_streaming; }
 };
 
 struct ServiceInfo {
   const char* full_name;      // "package.Service"
   const MethodInfo* methods;  // method_count entries, methods[i].index == i
   int method_count;
+};
+
+// One end of a stream in flight, implemented by the runtime; the typed readers and writers of
+// rpc/streaming.h wrap it. Blocking: at most one thread reads and one writes at a time.
+class StreamCall {
+ public:
+  virtual ~StreamCall() = default;
+  // Sends `message`, serialized straight into a registered send slot, once the peer has room
+  // for it (per-stream flow control: rpc/stream_core.h). False when the stream has ended (the
+  // final status says why), this side closed its writes, or the message could not go (then the
+  // stream fails with the reason).
+  virtual bool Write(const ::google::protobuf::MessageLite& message) = 0;
+  // The peer's next message, parsed when it arrived; valid until the next Read. Null once the
+  // peer sends no more (it half-closed or finished) or the stream ended.
+  virtual ::google::protobuf::MessageLite* Read() = 0;
+};
+
+// The client's end: also closes its writes and waits for the final status.
+class ClientStreamCall : public StreamCall {
+ public:
+  // Tells the server this side sends no more messages (half-close). False when the stream has
+  // ended or writes were closed already.
+  virtual bool WritesDone() = 0;
+  // Waits for the call's final status: the server's, or why the call ended here (deadline,
+  // cancel, connection lost). Messages not read by then are dropped. Once only.
+  virtual ::absl::Status Finish() = 0;
+  // Gives up on the call (CANCELLED), telling the server. Any thread; nothing once it ended.
+  virtual void Cancel() = 0;
 };
 
 // Registered memory for one outgoing message, owned by the runtime. `token` is the runtime's
@@ -174,7 +205,42 @@ class Channel {
   virtual ::std::chrono::nanoseconds blocking_spin() const {
     return ::std::chrono::nanoseconds(0);
   }
+
+  // Opens a stream to `method` (a streaming method: rpc/streaming.h), with the request in
+  // `slot` for a server-streaming method (an empty slot, AcquireSendSlot(0), for the others).
+  // The peer's messages are parsed as `read_prototype`'s type (null: the peer sends none); a
+  // client-streaming method's single response is parsed into `*response` (null for the others),
+  // which must stay alive until Finish returns. Never null: a stream that could not open has
+  // already ended, and its Finish says why. This default refuses (a channel without streams).
+  virtual ::std::unique_ptr<ClientStreamCall> OpenStream(
+      const MethodInfo& method, SendSlot slot, const ::google::protobuf::MessageLite* read_prototype,
+      ::google::protobuf::MessageLite* response, const CallOptions& options);
 };
+
+namespace internal {
+
+// A stream that ended before it opened: every read and write fails, and Finish says why.
+class FailedStream final : public ClientStreamCall {
+ public:
+  explicit FailedStream(::absl::Status status) : status_(::std::move(status)) {}
+  bool Write(const ::google::protobuf::MessageLite&) override { return false; }
+  ::google::protobuf::MessageLite* Read() override { return nullptr; }
+  bool WritesDone() override { return false; }
+  ::absl::Status Finish() override { return status_; }
+  void Cancel() override {}
+
+ private:
+  ::absl::Status status_;
+};
+
+}  // namespace internal
+
+inline ::std::unique_ptr<ClientStreamCall> Channel::OpenStream(
+    const MethodInfo& method, SendSlot, const ::google::protobuf::MessageLite*,
+    ::google::protobuf::MessageLite*, const CallOptions&) {
+  return ::std::make_unique<internal::FailedStream>(::absl::UnimplementedError(
+      ::std::string(method.full_name) + ": this channel does not open streams"));
+}
 
 // What a handler sees of the call it serves; the runtime fills it in before the handler runs.
 struct ServerContext {
@@ -243,6 +309,13 @@ class ServerCall {
   // beside it (empty unless the method has response_bulk); otherwise sends the error (and
   // `response` is null, `response_bulk` empty). Called exactly once.
   virtual void Finish(::absl::Status status, SendSlot* response, OutgoingBulk response_bulk) = 0;
+  // For a streaming method, once the request (if any) was parsed: the stream, valid until
+  // Finish. Gives the opening request's receive slot back and, when `read_prototype` is set
+  // (the client streams), grants the client its window. Null for a unary call, or a runtime
+  // without streams.
+  virtual StreamCall* OpenStream(const ::google::protobuf::MessageLite* /*read_prototype*/) {
+    return nullptr;
+  }
 };
 
 // What the runtime dispatches to: generated service base classes implement this.

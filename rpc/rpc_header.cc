@@ -10,10 +10,11 @@
 
 namespace zrpc {
 
-// This layout is version 3 of the wire, which the transport's Hello negotiates (version 2 added
-// pulled payloads: kRpcFlagPull and kPulled; version 3 large bodies: kRpcFlagLargeBody); when
-// the transport's version moves, decide here whether the RPC header moved with it.
-static_assert(transport::kWireVersion == 3, "rpc_header.h describes wire version 3");
+// This layout is version 4 of the wire, which the transport's Hello negotiates (version 2 added
+// pulled payloads: kRpcFlagPull and kPulled; version 3 large bodies: kRpcFlagLargeBody; version
+// 4 streams: kRpcFlagStream, kinds 6-8 and `window`); when the transport's version moves, decide
+// here whether the RPC header moved with it.
+static_assert(transport::kWireVersion == 4, "rpc_header.h describes wire version 4");
 
 namespace {
 
@@ -26,8 +27,8 @@ constexpr size_t kCallIdAt = 8;
 constexpr size_t kTimeoutAt = 16;
 constexpr size_t kBulkSizeAt = 24;
 constexpr size_t kStatusAt = 28;
-constexpr size_t kReservedAt = 30;
-static_assert(kReservedAt + 2 == RpcHeader::kSize, "the layout fills the header exactly");
+constexpr size_t kWindowAt = 30;
+static_assert(kWindowAt + 2 == RpcHeader::kSize, "the layout fills the header exactly");
 
 constexpr uint16_t kMaxStatusCode = static_cast<uint16_t>(absl::StatusCode::kUnauthenticated);
 
@@ -47,6 +48,12 @@ const char* KindName(RpcKind kind) {
       return "cancel";
     case RpcKind::kPulled:
       return "pulled";
+    case RpcKind::kStreamMessage:
+      return "stream message";
+    case RpcKind::kHalfClose:
+      return "half-close";
+    case RpcKind::kStreamCredit:
+      return "stream credit";
   }
   return "unknown";
 }
@@ -79,7 +86,7 @@ Cut CutErrorMessage(absl::string_view message, size_t limit) {
 bool RpcHeader::operator==(const RpcHeader& o) const {
   return kind == o.kind && flags == o.flags && method_index == o.method_index &&
          service_id == o.service_id && call_id == o.call_id && timeout_us == o.timeout_us &&
-         bulk_size == o.bulk_size && status_code == o.status_code;
+         bulk_size == o.bulk_size && status_code == o.status_code && window == o.window;
 }
 
 RpcHeader RpcHeader::Request(uint32_t service_id, uint16_t method_index, uint64_t call_id,
@@ -123,6 +130,36 @@ RpcHeader RpcHeader::Pulled(uint64_t call_id) {
   RpcHeader h;
   h.kind = RpcKind::kPulled;
   h.call_id = call_id;
+  return h;
+}
+
+RpcHeader RpcHeader::StreamOpen(uint32_t service_id, uint16_t method_index, uint64_t call_id,
+                                uint64_t timeout_us, uint16_t window) {
+  RpcHeader h = Request(service_id, method_index, call_id, timeout_us);
+  h.flags |= kRpcFlagStream;
+  h.window = window;
+  return h;
+}
+
+RpcHeader RpcHeader::StreamMessage(uint64_t call_id) {
+  RpcHeader h;
+  h.kind = RpcKind::kStreamMessage;
+  h.call_id = call_id;
+  return h;
+}
+
+RpcHeader RpcHeader::HalfClose(uint64_t call_id) {
+  RpcHeader h;
+  h.kind = RpcKind::kHalfClose;
+  h.call_id = call_id;
+  return h;
+}
+
+RpcHeader RpcHeader::StreamCredit(uint64_t call_id, uint16_t window) {
+  RpcHeader h;
+  h.kind = RpcKind::kStreamCredit;
+  h.call_id = call_id;
+  h.window = window;
   return h;
 }
 
@@ -203,7 +240,7 @@ void EncodeRpcHeader(const RpcHeader& h, uint8_t* out) {
   transport::PutLe<uint64_t>(out + kTimeoutAt, h.timeout_us);
   transport::PutLe<uint32_t>(out + kBulkSizeAt, h.bulk_size);
   transport::PutLe<uint16_t>(out + kStatusAt, static_cast<uint16_t>(h.status_code));
-  transport::PutLe<uint16_t>(out + kReservedAt, 0);
+  transport::PutLe<uint16_t>(out + kWindowAt, h.window);
 }
 
 absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
@@ -215,7 +252,7 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
   const size_t body = message.size() - RpcHeader::kSize;
   const uint8_t kind = in[kKindAt];
   if (kind < static_cast<uint8_t>(RpcKind::kRequest) ||
-      kind > static_cast<uint8_t>(RpcKind::kPulled)) {
+      kind > static_cast<uint8_t>(RpcKind::kStreamCredit)) {
     return Refuse("kind", absl::StrCat(static_cast<int>(kind), " is unknown"));
   }
   RpcHeader h;
@@ -227,14 +264,20 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
   h.timeout_us = transport::GetLe<uint64_t>(in + kTimeoutAt);
   h.bulk_size = transport::GetLe<uint32_t>(in + kBulkSizeAt);
   const uint16_t status = transport::GetLe<uint16_t>(in + kStatusAt);
-  const uint16_t reserved = transport::GetLe<uint16_t>(in + kReservedAt);
+  h.window = transport::GetLe<uint16_t>(in + kWindowAt);
 
-  if ((h.flags & ~(kRpcFlagBulk | kRpcFlagPull | kRpcFlagPullResponse | kRpcFlagLargeBody)) !=
-      0) {
+  if ((h.flags & ~(kRpcFlagBulk | kRpcFlagPull | kRpcFlagPullResponse | kRpcFlagLargeBody |
+                   kRpcFlagStream)) != 0) {
     return Refuse("flags", absl::StrCat("0x", absl::Hex(h.flags), " has unknown bits set"));
   }
-  if (reserved != 0) {
-    return Refuse("reserved", absl::StrCat("is 0x", absl::Hex(reserved), " (must be 0)"));
+  // Only stream opens and credits grant messages, and they grant at least one.
+  const bool grants = (h.kind == RpcKind::kRequest && h.opens_stream()) ||
+                      h.kind == RpcKind::kStreamCredit;
+  if (grants && h.window == 0) return Refuse("window", "is 0 where it grants messages");
+  if (!grants && h.window != 0) {
+    return Refuse("window", absl::StrCat("is ", h.window, " in a ", KindName(h.kind),
+                                         h.kind == RpcKind::kRequest ? " that opens no stream" : "",
+                                         " (must be 0)"));
   }
   if (h.call_id == 0) return Refuse("call_id", "is 0, which no call has");
   if (status > kMaxStatusCode) {
@@ -248,8 +291,10 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
     if (auto s = RequireZero("method_index", h.method_index, h.kind); !s.ok()) return s;
     if (auto s = RequireZero("timeout_us", h.timeout_us, h.kind); !s.ok()) return s;
   }
-  // Only requests and responses carry bulk payloads and bodies of the caller's choosing.
-  if (h.kind == RpcKind::kRequest || h.kind == RpcKind::kResponse) {
+  // Only requests, responses and stream messages carry bulk payloads and bodies of the caller's
+  // choosing.
+  if (h.kind == RpcKind::kRequest || h.kind == RpcKind::kResponse ||
+      h.kind == RpcKind::kStreamMessage) {
     if (h.has_bulk() && h.bulk_size == 0) return Refuse("bulk_size", "is 0 with the bulk flag set");
     if (!h.has_bulk() && h.bulk_size != 0) {
       return Refuse("bulk_size", absl::StrCat("is ", h.bulk_size, " without the bulk flag"));
@@ -264,6 +309,9 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
     }
     if (h.kind != RpcKind::kRequest && (h.flags & kRpcFlagPullResponse) != 0) {
       return Refuse("flags", "ask for a pulled response outside a request");
+    }
+    if (h.kind != RpcKind::kRequest && h.opens_stream()) {
+      return Refuse("flags", "open a stream outside a request");
     }
     if (h.pulls() && body < PullDescriptor::kSize) {
       return Refuse("body", absl::StrCat("has ", body, " bytes, too few for the ",
@@ -283,7 +331,9 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
   } else if (auto s = RequireZero("status_code", status, h.kind); !s.ok()) {
     return s;
   }
-  if ((h.kind == RpcKind::kCancel || h.kind == RpcKind::kPulled) && body != 0) {
+  if ((h.kind == RpcKind::kCancel || h.kind == RpcKind::kPulled ||
+       h.kind == RpcKind::kHalfClose || h.kind == RpcKind::kStreamCredit) &&
+      body != 0) {
     return Refuse("body", absl::StrCat("of a ", KindName(h.kind), " has ", body,
                                        " bytes (must be empty)"));
   }

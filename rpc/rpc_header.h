@@ -41,8 +41,9 @@
 
 namespace zrpc {
 
-// Values 6..15 are reserved for stream kinds (open, data, half-close, credit); a receiver
-// refuses them like any unknown kind.
+// Values 9..15 are reserved; a receiver refuses them like any unknown kind. A stream (WIRE.md,
+// "Streams") is opened by a request with kRpcFlagStream and ended by a response or an error,
+// like a unary call; kinds 6-8 travel in between.
 enum class RpcKind : uint8_t {
   kRequest = 1,   // client -> server: a call. Body: the serialized request.
   kResponse = 2,  // server -> client: the call succeeded. Body: the serialized response.
@@ -50,6 +51,9 @@ enum class RpcKind : uint8_t {
   kCancel = 4,    // client -> server: the caller gave up on the call (deadline, cancel). No body.
   kPulled = 5,    // client -> server: the response payload of the call was pulled (or never will
                   // be): the server may stop exposing it. No body.
+  kStreamMessage = 6,  // both ways, on an open stream: one message. Body: the serialized message.
+  kHalfClose = 7,      // client -> server: the client sends no more messages. No body.
+  kStreamCredit = 8,   // both ways: the sender may send `window` more messages. No body.
 };
 
 // flags: a bulk payload belongs to this message (WIRE.md, "Bulk payloads").
@@ -65,6 +69,9 @@ inline constexpr uint8_t kRpcFlagPullResponse = 0x04;
 // slot and travels at the front of the payload instead (WIRE.md, "Messages larger than a slot").
 // The SEND's body is then a LargeBody trailer (and the pull descriptors, if pulled).
 inline constexpr uint8_t kRpcFlagLargeBody = 0x08;
+// flags, requests only: the request opens a stream (a streaming method); `window` is how many
+// messages the client takes before it grants more (WIRE.md, "Streams").
+inline constexpr uint8_t kRpcFlagStream = 0x10;
 
 // With kRpcFlagLargeBody: how many of the payload's bulk_size bytes are the message's body (the
 // rest, if any, is the bulk payload the method carries).
@@ -110,12 +117,16 @@ struct RpcHeader {
   uint32_t bulk_size = 0;
   // Errors only (kOk otherwise, never kOk in an error).
   absl::StatusCode status_code = absl::StatusCode::kOk;
+  // Stream opens (requests with kRpcFlagStream) and credits only, never 0 there (0 otherwise):
+  // messages the receiver of this header may send on the stream, beyond those granted before.
+  uint16_t window = 0;
 
   static constexpr size_t kSize = 32;
 
   bool has_bulk() const { return (flags & kRpcFlagBulk) != 0; }
   bool pulls() const { return (flags & kRpcFlagPull) != 0; }
   bool large_body() const { return (flags & kRpcFlagLargeBody) != 0; }
+  bool opens_stream() const { return (flags & kRpcFlagStream) != 0; }
   bool operator==(const RpcHeader& other) const;
   bool operator!=(const RpcHeader& other) const { return !(*this == other); }
 
@@ -126,6 +137,11 @@ struct RpcHeader {
   static RpcHeader Error(uint64_t call_id, absl::StatusCode code);
   static RpcHeader Cancel(uint64_t call_id);
   static RpcHeader Pulled(uint64_t call_id);
+  static RpcHeader StreamOpen(uint32_t service_id, uint16_t method_index, uint64_t call_id,
+                              uint64_t timeout_us, uint16_t window);
+  static RpcHeader StreamMessage(uint64_t call_id);
+  static RpcHeader HalfClose(uint64_t call_id);
+  static RpcHeader StreamCredit(uint64_t call_id, uint16_t window);
 };
 
 // Writes `header` into `out`, which must hold RpcHeader::kSize bytes. The header is written as

@@ -37,6 +37,13 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
         "ServerOptions::max_bulk_size is ", options.max_bulk_size, " and max_pulled_bytes ",
         options.max_pulled_bytes, ": the first must be in [1, 4 GiB - 1] and at most the second"));
   }
+  if (options.max_streams_per_connection < 1 || options.max_streams < 1 ||
+      options.stream_window == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions::max_streams_per_connection is ", options.max_streams_per_connection,
+        ", max_streams ", options.max_streams, " and stream_window ", options.stream_window,
+        "; each must be at least 1"));
+  }
   ServerOptions adjusted = options;
   transport::ConnectionOptions& connection = adjusted.listener.connection;
   connection.min_message_size = std::max(connection.min_message_size, kMinRpcMessage);
@@ -102,6 +109,7 @@ absl::Status ServerCore::AddService(Service* service) {
   ServiceEntry entry{service, std::vector<bool>(info.method_count, options_.inline_by_default),
                      {}};
   for (int i = 0; i < info.method_count; ++i) {
+    if (info.methods[i].streaming()) entry.inline_methods[i] = false;
     entry.metrics.push_back(&metrics_.ForMethod(MetricsSide::kServer, info.methods[i].full_name));
   }
   services_.emplace(id, std::move(entry));
@@ -116,6 +124,11 @@ absl::Status ServerCore::SetInline(absl::string_view method, bool inline_handler
     const ServiceInfo& info = entry.service->service_info();
     for (int i = 0; i < info.method_count; ++i) {
       if (method == info.methods[i].full_name) {
+        if (inline_handler && info.methods[i].streaming()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              method, " is a streaming method: its handler runs on a thread of its own, never "
+                      "inline on a poller (it may block for as long as its stream lasts)"));
+        }
         entry.inline_methods[i] = inline_handler;
         return absl::OkStatus();
       }
@@ -296,6 +309,7 @@ void ServerCore::Shutdown(absl::Duration grace) {
     wait(all_closed, MonotonicNow() + absl::Seconds(5));
   }
   pool_->Shutdown();
+  stream_threads_.JoinAll();  // every stream's call finished above: its thread is returning
   // Closes and drains what is still registered; a payload a user still holds keeps its poller
   // object (and CQ) until released, with the loop stopped.
   for (auto& poller : pollers_) poller->Shutdown();
@@ -327,6 +341,9 @@ ServerStats ServerCore::stats() const {
   stats.answers_dropped = answers_dropped_.load(std::memory_order_relaxed);
   stats.connections_idle_closed = idle_closed_.load(std::memory_order_relaxed);
   stats.liveness_probes = probes_.load(std::memory_order_relaxed);
+  stats.streams_started = stream_threads_.started();
+  stats.streams_open = stream_threads_.running();
+  stats.streams_refused = streams_refused_.load(std::memory_order_relaxed);
   stats.bulk_bytes_staged = staging_->staged_bytes();
   stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
   stats.staging_bytes_registered = staging_->registered_bytes();

@@ -71,8 +71,17 @@ struct ServerOptions {
   absl::Duration spin = absl::Microseconds(50);
   // Threads of the handler pool (methods not marked inline run there).
   int handler_threads = 4;
-  // Run every method inline on the poller thread unless overridden (SetInline).
+  // Run every method inline on the poller thread unless overridden (SetInline). Streaming
+  // methods never run inline.
   bool inline_by_default = false;
+  // Streams (rpc/streaming.h): each streaming handler runs on a thread of its own, at most
+  // max_streams_per_connection per connection and max_streams in the whole server; a stream
+  // past either is refused with RESOURCE_EXHAUSTED naming the option. stream_window: messages of
+  // the client's a stream holds unread before the client must wait (per-stream flow control,
+  // rpc/stream_core.h). Each at least 1.
+  int max_streams_per_connection = 16;
+  int max_streams = 256;
+  uint16_t stream_window = 16;
   // Accepting: handshake deadline, admission limits, and every connection's options (its
   // arena_size bounds the largest request payload a client can send). The admission limits are
   // lowered to what the pollers' completion queues can hold (CqEntriesFor each connection), and
@@ -146,6 +155,9 @@ struct ServerStats {
   uint64_t answers_dropped = 0;
   uint64_t connections_idle_closed = 0;  // closed after idle_timeout without a word
   uint64_t liveness_probes = 0;          // probes of silent clients that hold calls
+  uint64_t streams_started = 0;          // streaming calls whose handler thread started
+  uint64_t streams_open = 0;             // of those, not finished yet
+  uint64_t streams_refused = 0;          // past max_streams_per_connection or max_streams
   // Response payload bytes copied into staging memory (from unregistered bytes), and those the
   // NIC sent straight from memory registered with RegisterMemory; the staging memory
   // registered now (at most ServerOptions::staging_bytes).

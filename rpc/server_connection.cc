@@ -1,5 +1,6 @@
 #include "rpc/server_connection.h"
 
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -14,7 +15,7 @@ ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
                                std::shared_ptr<transport::Connection> connection,
                                Service* service, const MethodInfo& method,
                                MethodMetrics& metrics, const IncomingMessage& request,
-                               absl::Time monotonic_now)
+                               absl::Time monotonic_now, uint16_t stream_window)
     : owner_(std::move(owner)),
       connection_(std::move(connection)),
       service_(service),
@@ -22,6 +23,11 @@ ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
       metrics_(metrics),
       start_(monotonic_now),
       request_(request) {
+  if (stream_window > 0) {
+    // The client granted request.header.window messages in its open; this side grants its own
+    // window once the handler reads (OpenStream).
+    stream_ = std::make_shared<StreamCore>(nullptr, stream_window, request.header.window);
+  }
   const absl::Duration remaining = RemainingFromWire(request.header.timeout_us);
   context_.SetRemaining(remaining);
   deadline_ = monotonic_now + remaining;
@@ -72,7 +78,108 @@ absl::StatusOr<SendSlot> ServerCallImpl::AcquireResponseSlot(size_t size) {
   return SendSlot{large_response_.get(), size, buffer->slot};
 }
 
+StreamCall* ServerCallImpl::OpenStream(const google::protobuf::MessageLite* read_prototype) {
+  if (stream_ == nullptr) return nullptr;
+  // The request was parsed: its receive slot goes back now, since a stream may last long and
+  // the connection's slots are every call's.
+  if (!request_released_) {
+    request_released_ = true;
+    static_cast<void>(connection_->Release(request_.handle));
+  }
+  if (request_.body_payload) {
+    RpcConnection::ReleasePayload(*connection_, request_.body_payload->handle);
+    request_.body_payload.reset();
+  }
+  request_.body = {};
+  if (read_prototype != nullptr) {
+    const uint16_t window = stream_->Grant(read_prototype);
+    SendOnStream(RpcHeader::StreamCredit(call_id(), window), nullptr);
+  }
+  return this;
+}
+
+bool ServerCallImpl::Write(const google::protobuf::MessageLite& message) {
+  if (stream_ == nullptr || !stream_->TakeSendCredit(deadline_)) return false;
+  return SendOnStream(RpcHeader::StreamMessage(call_id()), &message);
+}
+
+google::protobuf::MessageLite* ServerCallImpl::Read() {
+  if (stream_ == nullptr) return nullptr;
+  uint16_t grant = 0;
+  google::protobuf::MessageLite* message = stream_->Read(deadline_, &grant);
+  if (grant > 0) SendOnStream(RpcHeader::StreamCredit(call_id(), grant), nullptr);
+  if (message != nullptr) metrics_.AddMessageBytes(0, message->ByteSizeLong());
+  return message;
+}
+
+bool ServerCallImpl::SendOnStream(const RpcHeader& header,
+                                  const google::protobuf::MessageLite* message) {
+  const size_t size = message == nullptr ? 0 : message->ByteSizeLong();
+  if (message != nullptr && !RpcConnection::FitsSlot(*connection_, size)) {
+    FailStream(absl::ResourceExhaustedError(absl::StrCat(
+        method_.full_name, ": a ", size, "-byte stream message does not fit a message slot (",
+        RpcConnection::MaxInlineBody(*connection_),
+        " bytes on this connection): larger stream messages are not supported yet")));
+    return false;
+  }
+  for (int attempt = 0;; ++attempt) {
+    if (stream_->ended() || context_.IsCancelled()) return false;
+    absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
+    if (buffer.ok()) {
+      if (message != nullptr) {
+        message->SerializeWithCachedSizesToArray(RpcConnection::Body(*buffer));
+      }
+      absl::Status sent = owner_->SendMessage(*connection_, *buffer, header, size, OutgoingBulk());
+      if (!sent.ok()) {
+        // The connection is failing: its OnClosed gives the call up.
+        GiveUp();
+        return false;
+      }
+      if (message != nullptr) metrics_.AddMessageBytes(size, 0);
+      return true;
+    }
+    if (buffer.status().code() != absl::StatusCode::kResourceExhausted ||
+        !connection_->open()) {
+      GiveUp();
+      return false;
+    }
+    // Every send slot is in flight: they free as earlier sends complete.
+    if (attempt < 64) {
+      std::this_thread::yield();
+    } else {
+      absl::SleepFor(absl::Microseconds(100));
+    }
+  }
+}
+
+void ServerCallImpl::GiveUp() {
+  context_.Cancel();
+  if (stream_ != nullptr) stream_->End(absl::CancelledError("the caller gave up"));
+}
+
+void ServerCallImpl::FailStream(absl::Status status) {
+  {
+    absl::MutexLock lock(&failure_mu_);
+    if (stream_failure_.ok()) stream_failure_ = status;
+  }
+  if (stream_ != nullptr) stream_->End(std::move(status));
+}
+
 void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) {
+  if (stream_ != nullptr) {
+    absl::Status failure;
+    {
+      absl::MutexLock lock(&failure_mu_);
+      failure = stream_failure_;
+    }
+    if (!failure.ok()) {
+      // What broke the stream is what the client hears, whatever the handler returned.
+      status = std::move(failure);
+      response = nullptr;
+      response_bulk.Reset();
+    }
+    stream_->End(absl::OkStatus());  // messages arriving from now on are dropped
+  }
   absl::StatusCode code = absl::StatusCode::kUnavailable;  // what AnswerFor sent
   if (!answered_.exchange(true, std::memory_order_acq_rel)) {
     code = SendResponse(std::move(status), response, std::move(response_bulk)).code();
@@ -129,7 +236,7 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
       large_body = OutgoingBulk(large, response->size, [large] { std::free(large); });
       body_size = 0;
     }
-    if (bulk_size == 0 && large_body.empty()) {
+    if (bulk_size == 0 && large_body.empty() && !request_released_) {
       // The common answer: the request's slot goes back and the response goes out under one
       // transport lock, the response carrying the slot's credit.
       request_released_ = true;
@@ -162,7 +269,7 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
 }
 
 bool ServerCallImpl::AnswerFor(const absl::Status& status) {
-  context_.Cancel();
+  GiveUp();
   if (answered_.exchange(true, std::memory_order_acq_rel)) return false;
   if (!owner_->SendError(*connection_, call_id(), status).ok()) connection_->Close();
   return true;
@@ -192,11 +299,17 @@ void ServerConnection::OnMessage(transport::Connection& connection,
       Discard(connection, *incoming);
       Unexpose(incoming->header.call_id);
       return;
+    case RpcKind::kStreamMessage:
+    case RpcKind::kHalfClose:
+    case RpcKind::kStreamCredit:
+      HandleStreamFrame(connection, *incoming);
+      return;
     default:
       Discard(connection, *incoming);
       Violation(connection, absl::StrCat("a client sent message kind ",
                                          static_cast<int>(incoming->header.kind),
-                                         "; a server takes requests, cancels and pulled"));
+                                         "; a server takes requests, cancels, pulled and stream "
+                                         "messages, half-closes and credits"));
   }
 }
 
@@ -243,6 +356,16 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     return Violation(connection, absl::StrCat("call ", header.call_id, " to ", method.full_name,
                                               " carries a bulk payload the method does not take"));
   }
+  if (method.streaming() != header.opens_stream()) {
+    // A client built from another version of the .proto: not a violation, as for a method
+    // this server lacks.
+    core_.CountUnimplemented();
+    return answer_error(absl::UnimplementedError(absl::StrCat(
+        method.full_name, method.streaming()
+                              ? " is a streaming method on this server; the client called it "
+                                "as a unary one"
+                              : " is a unary method on this server; the client opened a stream")));
+  }
   if (absl::Status fits = limits().CheckMessage(request.body_size(), "request"); !fits.ok()) {
     return answer_error(
         absl::Status(fits.code(), absl::StrCat(method.full_name, ": ", fits.message())));
@@ -260,9 +383,15 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     return;
   }
   ServerCallImpl* call = nullptr;
+  bool duplicate = false;
+  const bool stream = header.opens_stream();
   {
     absl::MutexLock lock(&mu_);
-    if (!calls_.contains(header.call_id)) {
+    if (calls_.contains(header.call_id)) {
+      duplicate = true;
+    } else if (stream && streams_ >= core_.options().max_streams_per_connection) {
+      // Refused below, outside the lock.
+    } else {
       void* memory;
       if (call_memory_.empty()) {
         memory = ::operator new(sizeof(ServerCallImpl));
@@ -270,19 +399,37 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
         memory = call_memory_.back();
         call_memory_.pop_back();
       }
-      call = new (memory) ServerCallImpl(shared_from_this(), connection.shared_from_this(),
-                                         entry->service, method, *entry->metrics[method.index],
-                                         request, MonotonicNow());
+      call = new (memory) ServerCallImpl(
+          shared_from_this(), connection.shared_from_this(), entry->service, method,
+          *entry->metrics[method.index], request, MonotonicNow(),
+          stream ? core_.options().stream_window : uint16_t{0});
       calls_.emplace(header.call_id, call);
+      if (stream) ++streams_;
     }
   }
-  if (call == nullptr) {
+  if (duplicate) {
     // Answering either call would complete both on the client: refuse the peer.
     Discard(connection, request);
     return Violation(connection, absl::StrCat("call id ", header.call_id,
                                               " is already in flight on this connection"));
   }
+  if (call == nullptr) {
+    core_.CountStreamRefused();
+    return answer_error(absl::ResourceExhaustedError(absl::StrCat(
+        method.full_name, ": this connection has ", core_.options().max_streams_per_connection,
+        " streams open already (ServerOptions::max_streams_per_connection)")));
+  }
   core_.CallStarted();
+  if (stream) {
+    absl::Status started = core_.stream_threads().Start([call] { call->Run(); });
+    if (!started.ok()) {
+      core_.CountStreamRefused();
+      call->Finish(absl::Status(started.code(),
+                                absl::StrCat(method.full_name, ": ", started.message())),
+                   nullptr, OutgoingBulk());
+    }
+    return;
+  }
   if (entry->inline_methods[method.index]) {
     call->Run();
   } else {
@@ -333,12 +480,65 @@ void ServerConnection::HandleCancel(transport::Connection& connection,
   absl::MutexLock lock(&mu_);
   auto it = calls_.find(cancel.header.call_id);
   // Not found: the call finished while the cancel travelled. Nothing to do.
-  if (it != calls_.end()) it->second->context().Cancel();
+  if (it != calls_.end()) it->second->GiveUp();
+}
+
+void ServerConnection::HandleStreamFrame(transport::Connection& connection,
+                                         const IncomingMessage& frame) {
+  const uint64_t id = frame.header.call_id;
+  std::shared_ptr<StreamCore> stream;
+  bool found = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = calls_.find(id);
+    if (it != calls_.end()) {
+      found = true;
+      stream = it->second->stream();
+    }
+  }
+  if (!found) {
+    // The call finished while the frame travelled (the client learns with the call's status).
+    Discard(connection, frame);
+    return;
+  }
+  if (stream == nullptr || frame.header.has_bulk()) {
+    Discard(connection, frame);
+    return Violation(connection,
+                     absl::StrCat("call ", id, stream == nullptr
+                                                   ? ": a stream frame for a unary call"
+                                                   : ": a stream message with a payload"));
+  }
+  absl::Status status;
+  switch (frame.header.kind) {
+    case RpcKind::kStreamCredit:
+      status = stream->OnCredit(frame.header.window);
+      break;
+    case RpcKind::kHalfClose:
+      status = stream->OnHalfClose();
+      break;
+    default:
+      // Parsed straight from the receive slot, which goes back right after (stream_core.h).
+      status = stream->OnMessage(frame.body).status();
+      break;
+  }
+  Discard(connection, frame);
+  if (status.code() == absl::StatusCode::kFailedPrecondition) {
+    return Violation(connection, absl::StrCat("call ", id, ": ", status.message()));
+  }
+  if (!status.ok()) {
+    absl::MutexLock lock(&mu_);  // the call stays alive under it (Retire takes it)
+    auto it = calls_.find(id);
+    if (it != calls_.end()) {
+      it->second->FailStream(absl::InvalidArgumentError(
+          absl::StrCat(it->second->method_info().full_name, ": ", status.message())));
+    }
+  }
 }
 
 void ServerConnection::Retire(ServerCallImpl* call) {
   absl::MutexLock lock(&mu_);
   calls_.erase(call->call_id());
+  if (call->stream() != nullptr) --streams_;
   call->~ServerCallImpl();
   call_memory_.push_back(call);
 }
@@ -445,7 +645,7 @@ void ServerConnection::OnClosed(transport::Connection& connection, const absl::S
     attached = std::move(connection_);
     // The client is gone: its calls are no longer wanted. Their handlers still Finish them,
     // which gives their memory back (sends fail quietly on a closed connection).
-    for (auto& [id, call] : calls_) call->context().Cancel();
+    for (auto& [id, call] : calls_) call->GiveUp();
   }
   if (violations() > 0) core_.CountViolation();
   core_.ConnectionClosed(this);  // may destroy `this`: nothing after it

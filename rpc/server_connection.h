@@ -32,18 +32,24 @@
 #include "rpc/handler_pool.h"
 #include "rpc/metrics.h"
 #include "rpc/rpc_connection.h"
+#include "rpc/stream_core.h"
 
 namespace zrpc::internal {
 
 class ServerCore;
 class ServerConnection;
 
-class ServerCallImpl final : public ServerCall, public PoolTask {
+// A streaming call (rpc/streaming.h) is the same object with a StreamCore: the call is also
+// the handler's StreamCall, its opening request's slot goes back at OpenStream, its handler runs
+// on a thread of its own (StreamThreads), and its end is the same Finish.
+class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCall {
  public:
+  // `stream_window`: for a stream open, the window this side grants the client (0 otherwise).
   ServerCallImpl(std::shared_ptr<ServerConnection> owner,
                  std::shared_ptr<transport::Connection> connection, Service* service,
                  const MethodInfo& method, MethodMetrics& metrics, const IncomingMessage& request,
-                 absl::Time monotonic_now);  // MonotonicNow() at arrival
+                 absl::Time monotonic_now,  // MonotonicNow() at arrival
+                 uint16_t stream_window = 0);
 
   ServerContext& context() override { return context_; }
   const uint8_t* request_data() const override { return request_.body.data(); }
@@ -51,6 +57,20 @@ class ServerCallImpl final : public ServerCall, public PoolTask {
   IncomingBulk TakeRequestBulk() override;
   absl::StatusOr<SendSlot> AcquireResponseSlot(size_t size) override;
   void Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) override;
+  StreamCall* OpenStream(const google::protobuf::MessageLite* read_prototype) override;
+
+  // StreamCall: the handler's end of the stream. Waits end at the call's deadline.
+  bool Write(const google::protobuf::MessageLite& message) override;
+  google::protobuf::MessageLite* Read() override;
+
+  // The stream's messages and flow control, for the poller (null for a unary call).
+  const std::shared_ptr<StreamCore>& stream() const { return stream_; }
+  // The caller gave up (cancel, deadline, its connection, Shutdown): the context says so and
+  // the stream's reads and writes stop waiting.
+  void GiveUp();
+  // The stream failed here (a message that does not parse, one that cannot be sent): reads and
+  // writes stop, and the call answers `status` whatever its handler returns.
+  void FailStream(absl::Status status);
 
   // PoolTask (and the inline path): runs the handler, unless the caller already gave up (its
   // deadline passed or it cancelled while the call waited): then the call ends at once with
@@ -61,12 +81,16 @@ class ServerCallImpl final : public ServerCall, public PoolTask {
   // answered. The call stays the handler's until its Finish.
   bool AnswerFor(const absl::Status& status);
   uint64_t call_id() const { return request_.header.call_id; }
+  const MethodInfo& method_info() const { return method_; }
 
  private:
   friend class ServerConnection;  // Retire destroys it in place
   ~ServerCallImpl() override = default;
   // Sends the response or the error; returns the status the client gets.
   absl::Status SendResponse(absl::Status status, SendSlot* response, OutgoingBulk response_bulk);
+  // A stream message (or, with `message` null, a credit frame) in a send buffer of its own,
+  // waiting for one while all are in flight, until the call's deadline or end.
+  bool SendOnStream(const RpcHeader& header, const google::protobuf::MessageLite* message);
 
   std::shared_ptr<ServerConnection> owner_;
   std::shared_ptr<transport::Connection> connection_;
@@ -83,7 +107,10 @@ class ServerCallImpl final : public ServerCall, public PoolTask {
   std::unique_ptr<uint8_t, decltype(&std::free)> large_response_{nullptr, &std::free};
   std::atomic<bool> answered_{false};
   bool handler_ran_ = false;  // set before Dispatch; read by Finish, which the handler calls
-  bool request_released_ = false;  // the answer gave the request's slot back (SendAnswer)
+  bool request_released_ = false;  // the request's slot went back (SendAnswer, OpenStream)
+  std::shared_ptr<StreamCore> stream_;  // streaming calls only
+  absl::Mutex failure_mu_;
+  absl::Status stream_failure_ ABSL_GUARDED_BY(failure_mu_);
 };
 
 class ServerConnection final : public RpcConnection,
@@ -130,6 +157,8 @@ class ServerConnection final : public RpcConnection,
  private:
   void HandleRequest(transport::Connection& connection, const IncomingMessage& request);
   void HandleCancel(transport::Connection& connection, const IncomingMessage& cancel);
+  // A stream message, half-close or credit from the client.
+  void HandleStreamFrame(transport::Connection& connection, const IncomingMessage& frame);
 
   ServerCore& core_;
   PoolQueue pool_queue_;  // this connection's turn in the handler pool (handler_pool.h)
@@ -143,6 +172,7 @@ class ServerConnection final : public RpcConnection,
   std::shared_ptr<transport::Connection> connection_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<uint64_t, ServerCallImpl*> calls_ ABSL_GUARDED_BY(mu_);
+  int streams_ ABSL_GUARDED_BY(mu_) = 0;  // of those, streams (max_streams_per_connection)
   // Memory of finished calls, reused by the next ones: HandleRequest takes a block and Retire
   // gives it back, each under mu_, which they take anyway for calls_. So a call allocates
   // nothing in steady state; at most recv_credits calls are in flight, which bounds the blocks.

@@ -24,6 +24,7 @@
 #include "rpc/server.h"
 #include "rpc/server_connection.h"
 #include "rpc/staging.h"
+#include "rpc/stream_threads.h"
 #include "transport/device.h"
 #include "transport/listener.h"
 #include "transport/poller.h"
@@ -68,6 +69,8 @@ class ServerCore final : public transport::AcceptHandler {
   void CallDone();
   void ConnectionClosed(ServerConnection* connection);
   HandlerPool& pool() { return *pool_; }
+  StreamThreads& stream_threads() { return stream_threads_; }
+  void CountStreamRefused() { streams_refused_.fetch_add(1, std::memory_order_relaxed); }
   const Metrics& metrics() const { return metrics_; }
   void CountKeepalive() { keepalives_.fetch_add(1, std::memory_order_relaxed); }
   StagingPool& staging() { return *staging_; }
@@ -83,7 +86,8 @@ class ServerCore final : public transport::AcceptHandler {
   void CountAnswerDropped() { answers_dropped_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
-  explicit ServerCore(const ServerOptions& options) : options_(options) {}
+  explicit ServerCore(const ServerOptions& options)
+      : options_(options), stream_threads_(options.max_streams) {}
   // The liveness thread (ServerOptions::idle_timeout, liveness_probe_interval).
   void SweepLoop();
 
@@ -94,6 +98,7 @@ class ServerCore final : public transport::AcceptHandler {
   // Shared with received payloads users still hold (rpc_connection.h).
   std::vector<std::shared_ptr<transport::Poller>> pollers_;
   std::unique_ptr<HandlerPool> pool_;
+  StreamThreads stream_threads_;
   std::unique_ptr<transport::Listener> listener_;
 
   absl::flat_hash_map<uint32_t, ServiceEntry> services_;
@@ -121,6 +126,7 @@ class ServerCore final : public transport::AcceptHandler {
   std::atomic<uint64_t> idle_closed_{0};
   std::atomic<uint64_t> probes_{0};
   std::atomic<uint64_t> answers_dropped_{0};
+  std::atomic<uint64_t> streams_refused_{0};
 
   // std:: primitives so the sweep's waits run on the steady clock (monotonic.h).
   std::mutex sweep_mu_;

@@ -47,8 +47,9 @@
 namespace zrpc::transport {
 
 inline constexpr uint32_t kWireMagic = 0x5a525043;  // "ZRPC"
-// 2: the RPC layer's pulled payloads (rpc/WIRE.md); the transport's own format is unchanged.
-inline constexpr uint16_t kWireVersion = 3;
+// 2: the RPC layer's pulled payloads, 3: large bodies, 4: streams (rpc/WIRE.md); the
+// transport's own format is unchanged since 1.
+inline constexpr uint16_t kWireVersion = 4;
 // What librdmacm lets a connect request carry (RDMA_PS_TCP over the IB CM).
 inline constexpr size_t kMaxConnectPrivateData = 56;
 

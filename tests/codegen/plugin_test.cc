@@ -45,6 +45,7 @@ int Occurrences(const std::string& haystack, const std::string& needle) {
 TEST_CASE("generated code matches the golden files", "[codegen][golden]") {
   // The protos tools/update-goldens regenerates them from (keep the two lists the same).
   for (const char* proto : {"proto/examples/greeter", "proto/examples/object_store",
+                            "proto/examples/numbers",
                             "tests/codegen/file_options/generic_services"}) {
     const std::string stem = std::string(proto).substr(std::string(proto).rfind('/') + 1);
     for (const std::string& file : {stem + ".zrpc.h", stem + ".zrpc.cc"}) {
@@ -59,23 +60,15 @@ TEST_CASE("generated code matches the golden files", "[codegen][golden]") {
   }
 }
 
-TEST_CASE("a server-streaming rpc is refused, naming file, service and method",
+TEST_CASE("a streaming rpc marked bulk is refused, naming file, service and method",
           "[codegen][errors]") {
-  ProtocResult result = RunProtoc("tests/codegen/bad/streaming.proto");
+  ProtocResult result = RunProtoc("tests/codegen/bad/bulk_streaming.proto");
   INFO(result.output);
   CHECK(result.exit_code != 0);
   CHECK(Contains(result.output,
-                 "tests/codegen/bad/streaming.proto: service Streamer, method Watch: "
-                 "streaming rpcs are not supported yet (server streaming)"));
-  CHECK(Occurrences(result.output, "streaming.proto") == 1);
-}
-
-TEST_CASE("a client-streaming rpc is refused too", "[codegen][errors]") {
-  ProtocResult result = RunProtoc("tests/codegen/bad/client_streaming.proto");
-  INFO(result.output);
-  CHECK(result.exit_code != 0);
-  CHECK(Contains(result.output, "service Uploader, method Upload: streaming rpcs are not "
-                                "supported yet (client streaming)"));
+                 "tests/codegen/bad/bulk_streaming.proto: service Streamer, method Watch: "
+                 "(zrpc.method) request_bulk and response_bulk are for unary rpcs"));
+  CHECK(Occurrences(result.output, "bulk_streaming.proto") == 1);
 }
 
 TEST_CASE("a package named with a C++ keyword is refused with the reason", "[codegen][errors]") {

@@ -27,7 +27,9 @@ namespace {
 using fuzz::ReadLe;
 
 constexpr uint8_t kRequest = 1, kResponse = 2, kError = 3, kCancel = 4, kPulled = 5;
+constexpr uint8_t kStreamMessage = 6, kHalfClose = 7, kStreamCredit = 8;
 constexpr uint8_t kPullFlag = 0x02, kPullResponseFlag = 0x04, kLargeBodyFlag = 0x08;
+constexpr uint8_t kStreamFlag = 0x10;
 constexpr uint64_t kLastStatusCode = 16;  // kUnauthenticated: absl's codes are 0..16
 
 bool Acceptable(const uint8_t* in, size_t size) {
@@ -38,18 +40,22 @@ bool Acceptable(const uint8_t* in, size_t size) {
   const uint64_t method = ReadLe(in + 2, 2), service = ReadLe(in + 4, 4);
   const uint64_t call_id = ReadLe(in + 8, 8), timeout = ReadLe(in + 16, 8);
   const uint64_t bulk_size = ReadLe(in + 24, 4), status = ReadLe(in + 28, 2);
-  if (kind < kRequest || kind > kPulled) return false;
-  if ((flags & ~(kRpcFlagBulk | kPullFlag | kPullResponseFlag | kLargeBodyFlag)) != 0 ||
-      ReadLe(in + 30, 2) != 0) {
+  const uint64_t window = ReadLe(in + 30, 2);
+  if (kind < kRequest || kind > kStreamCredit) return false;
+  if ((flags & ~(kRpcFlagBulk | kPullFlag | kPullResponseFlag | kLargeBodyFlag | kStreamFlag)) !=
+      0) {
     return false;
   }
-  if (kind != kRequest && (flags & kPullResponseFlag) != 0) return false;
+  // A window exactly in stream opens and credits, and never 0 there.
+  const bool grants = (kind == kRequest && (flags & kStreamFlag) != 0) || kind == kStreamCredit;
+  if (grants != (window != 0)) return false;
+  if (kind != kRequest && (flags & (kPullResponseFlag | kStreamFlag)) != 0) return false;
   if (call_id == 0 || status > kLastStatusCode) return false;
   // Only a request names a method and carries a deadline.
   if (kind != kRequest && (service != 0 || method != 0 || timeout != 0)) return false;
   const bool bulk_flag = (flags & kRpcFlagBulk) != 0;
   const bool pull_flag = (flags & kPullFlag) != 0;
-  if (kind == kRequest || kind == kResponse) {
+  if (kind == kRequest || kind == kResponse || kind == kStreamMessage) {
     if (bulk_flag != (bulk_size != 0)) return false;
     // A pulled payload: with the bulk flag, and a body that holds the 16-byte descriptor.
     if (pull_flag && (!bulk_flag || body < 16)) return false;
@@ -63,7 +69,8 @@ bool Acceptable(const uint8_t* in, size_t size) {
   } else if (status != 0) {
     return false;
   }
-  return (kind != kCancel && kind != kPulled) || body == 0;
+  return (kind != kCancel && kind != kPulled && kind != kHalfClose && kind != kStreamCredit) ||
+         body == 0;
 }
 
 // DecodeLayout on an accepted request or response, restated from WIRE.md: with a large body,
@@ -107,7 +114,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   EncodeRpcHeader(*header, encoded);
   FUZZ_CHECK(std::memcmp(encoded, data, RpcHeader::kSize) == 0);
 
-  if (header->kind == RpcKind::kRequest || header->kind == RpcKind::kResponse) {
+  if (header->kind == RpcKind::kRequest || header->kind == RpcKind::kResponse ||
+      header->kind == RpcKind::kStreamMessage) {
     const absl::StatusOr<MessageLayout> layout =
         DecodeLayout(*header, absl::MakeConstSpan(data, size));
     FUZZ_CHECK(layout.ok() == LayoutAcceptable(data, size));

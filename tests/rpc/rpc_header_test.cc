@@ -50,7 +50,17 @@ std::vector<RpcHeader> OneOfEachKind() {
       RpcHeader::Error(kId, absl::StatusCode::kUnauthenticated),
       RpcHeader::Cancel(kId),
       RpcHeader::Pulled(kId),
+      RpcHeader::StreamOpen(zrpc::ServiceId("zrpc.test.Echo"), 2, kId, 0, 0xffff),
+      RpcHeader::StreamMessage(kId),
+      RpcHeader::HalfClose(kId),
+      RpcHeader::StreamCredit(~uint64_t{0}, 1),
   };
+}
+
+// Kinds whose body must be empty.
+bool HeaderOnly(RpcKind kind) {
+  return kind == RpcKind::kCancel || kind == RpcKind::kPulled || kind == RpcKind::kHalfClose ||
+         kind == RpcKind::kStreamCredit;
 }
 
 // FNV-1a 32, written independently of rpc_header.h: 64-bit arithmetic, masked.
@@ -64,7 +74,7 @@ uint32_t Fnv1a(const std::string& s) {
 
 TEST_CASE("every kind survives encode and decode, with bodies it may carry", "[rpc_header]") {
   for (const RpcHeader& h : OneOfEachKind()) {
-    const size_t body = h.kind == RpcKind::kCancel || h.kind == RpcKind::kPulled ? 0
+    const size_t body = HeaderOnly(h.kind) ? 0
                         : h.kind == RpcKind::kError ? kMaxErrorMessage
                                                     : 4000;
     std::vector<uint8_t> bytes = Message(h, body);
@@ -116,6 +126,10 @@ TEST_CASE("each invalid field is refused with its name", "[rpc_header]") {
   const RpcHeader error = RpcHeader::Error(kId, absl::StatusCode::kInternal);
   const RpcHeader cancel = RpcHeader::Cancel(kId);
   const RpcHeader pulled = RpcHeader::Pulled(kId);
+  const RpcHeader open = RpcHeader::StreamOpen(7, 1, kId, 0, 16);
+  const RpcHeader message = RpcHeader::StreamMessage(kId);
+  const RpcHeader half_close = RpcHeader::HalfClose(kId);
+  const RpcHeader credit = RpcHeader::StreamCredit(kId, 8);
   struct Case {
     const char* what;
     RpcHeader base;
@@ -125,9 +139,26 @@ TEST_CASE("each invalid field is refused with its name", "[rpc_header]") {
   };
   const Case cases[] = {
       {"kind 0", request, 0, 0, "kind"},
-      {"kind 6 (a stream kind, later)", request, 0, 6, "kind"},
+      {"kind 9 (reserved)", request, 0, 9, "kind"},
       {"kind 255", request, 0, 255, "kind"},
-      {"unknown flag bit", request, 1, 0x10, "flags"},
+      {"unknown flag bit", request, 1, 0x20, "flags"},
+      {"stream flag in a response", response, 1, 0x10, "flags"},
+      {"stream flag in a stream message", message, 1, 0x10, "flags"},
+      {"stream flag in a credit", credit, 1, 0x10, "flags"},
+      {"stream flag without a window", request, 1, 0x10, "window"},
+      {"a stream open without a window", open, 30, 0, "window"},
+      {"a credit of 0", credit, 30, 0, "window"},
+      {"a window in a plain request", request, 30, 1, "window"},
+      {"a window in a cancel", cancel, 31, 0x80, "window"},
+      {"a window in a stream message", message, 30, 1, "window"},
+      {"a window in a half-close", half_close, 30, 1, "window"},
+      {"a window in a response", response, 31, 1, "window"},
+      {"bulk flag in a half-close", half_close, 1, 0x01, "flags"},
+      {"bulk flag in a credit", credit, 1, 0x01, "flags"},
+      {"service id in a stream message", message, 4, 1, "service_id"},
+      {"timeout in a credit", credit, 16, 1, "timeout_us"},
+      {"status code in a stream message", message, 28, 1, "status_code"},
+      {"bulk flag without a size (stream message)", message, 1, 0x01, "bulk_size"},
       {"large-body flag without the bulk flag", request, 1, 0x08, "flags"},
       {"large-body flag in a cancel", cancel, 1, 0x08, "flags"},
       {"pull-response flag in a response", response, 1, 0x04, "flags"},
@@ -138,8 +169,6 @@ TEST_CASE("each invalid field is refused with its name", "[rpc_header]") {
       {"bulk size in a pulled", pulled, 24, 1, "bulk_size"},
       {"timeout in a pulled", pulled, 16, 1, "timeout_us"},
       {"high flag bit", response, 1, 0x81, "flags"},
-      {"reserved low byte", request, 30, 1, "reserved"},
-      {"reserved high byte", cancel, 31, 0x80, "reserved"},
       {"status code past absl's range", error, 28, 17, "status_code"},
       {"status code high byte", error, 29, 1, "status_code"},
       {"OK in an error", error, 28, 0, "status_code"},
@@ -179,6 +208,10 @@ TEST_CASE("each invalid field is refused with its name", "[rpc_header]") {
   // Bodies the kind does not allow.
   CHECK(Refused(Message(cancel, 1), "body"));
   CHECK(Refused(Message(pulled, 1), "body"));
+  CHECK(Refused(Message(half_close, 1), "body"));
+  CHECK(Refused(Message(credit, 1), "body"));
+  CHECK(DecodeRpcHeader(Message(message, 0)).ok());  // an empty message is a message
+  CHECK(DecodeRpcHeader(Message(open, 0)).ok());     // a client-streaming open has no body
   // A pulled payload's body must hold its descriptor.
   RpcHeader pull = RpcHeader::Response(kId, 1 << 30);
   pull.flags |= zrpc::kRpcFlagPull;
@@ -207,7 +240,7 @@ TEST_CASE("random bytes never crash: they are refused or re-encode identically",
     } else {
       // A valid message with a few bytes changed: reaches the checks past the kind.
       const RpcHeader& h = valid[rng() % valid.size()];
-      bytes = Message(h, h.kind == RpcKind::kCancel ? 0 : rng() % 64);
+      bytes = Message(h, HeaderOnly(h.kind) ? 0 : rng() % 64);
       for (int flips = 1 + rng() % 3; flips > 0; --flips) {
         bytes[rng() % RpcHeader::kSize] = static_cast<uint8_t>(rng() % 4 == 0 ? 0 : rng());
       }

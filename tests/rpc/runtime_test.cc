@@ -295,13 +295,13 @@ TEST_CASE("errors: a handler's status reaches the client intact; unknown service
   CHECK(s.message() == "no hello for you, \xc3\xa9l\xc3\xa8ve \xe2\x9c\x93");
 
   // A method index past the service's table.
-  static const zrpc::MethodInfo kMissing = {"zrpc.examples.Greeter/Missing", 7, false, false};
+  static const zrpc::MethodInfo kMissing = {"zrpc.examples.Greeter/Missing", 7, false, false, false, false};
   s = zrpc::internal::UnaryCall(rt.channel.get(), kMissing, request, zrpc::OutgoingBulk(),
                                 &reply, nullptr, Within(kLong));
   CHECK(s.code() == absl::StatusCode::kUnimplemented);
   CHECK(absl::StrContains(s.message(), "zrpc.examples.Greeter has no method with index 7"));
   // A service the server does not have.
-  static const zrpc::MethodInfo kNoService = {"zrpc.examples.Nobody/Call", 0, false, false};
+  static const zrpc::MethodInfo kNoService = {"zrpc.examples.Nobody/Call", 0, false, false, false, false};
   s = zrpc::internal::UnaryCall(rt.channel.get(), kNoService, request, zrpc::OutgoingBulk(),
                                 &reply, nullptr, Within(kLong));
   CHECK(s.code() == absl::StatusCode::kUnimplemented);

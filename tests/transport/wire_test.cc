@@ -47,7 +47,7 @@ TEST_CASE("a Hello survives encode and decode, and its bytes are little-endian",
   REQUIRE(bytes.size() <= zrpc::transport::kMaxConnectPrivateData);
   const uint8_t magic[] = {0x43, 0x50, 0x52, 0x5a};
   CHECK(std::memcmp(bytes.data(), magic, 4) == 0);
-  CHECK(bytes[4] == 3);  // version (kWireVersion)
+  CHECK(bytes[4] == 4);  // version (kWireVersion)
   CHECK(bytes[5] == 0);
   CHECK(bytes[24] == 0xef);  // rkey, least significant byte first
   auto decoded = DecodeHello(bytes);

@@ -1,0 +1,53 @@
+#include "rpc/client_stream.h"
+
+#include <utility>
+
+namespace zrpc::internal {
+
+ClientStream::~ClientStream() {
+  if (core_->ended()) return;
+  Cancel();
+  static_cast<void>(core_->WaitEnded());
+}
+
+bool ClientStream::Write(const google::protobuf::MessageLite& message) {
+  if (writes_done_ || id_ == 0) return false;
+  // The server grants room as its handler reads; the call's end (deadline, cancel, failure)
+  // wakes this wait.
+  if (!core_->TakeSendCredit(absl::InfiniteFuture())) return false;
+  return connection_->SendOnStream(id_, RpcHeader::StreamMessage(id_), &message, *core_);
+}
+
+google::protobuf::MessageLite* ClientStream::Read() {
+  uint16_t grant = 0;
+  google::protobuf::MessageLite* message = core_->Read(absl::InfiniteFuture(), &grant);
+  if (grant > 0) {
+    static_cast<void>(
+        connection_->SendOnStream(id_, RpcHeader::StreamCredit(id_, grant), nullptr, *core_));
+  }
+  return message;
+}
+
+bool ClientStream::WritesDone() {
+  if (writes_done_ || id_ == 0) return false;
+  writes_done_ = true;
+  return connection_->SendOnStream(id_, RpcHeader::HalfClose(id_), nullptr, *core_);
+}
+
+absl::Status ClientStream::Finish() {
+  if (!core_->ended() && id_ != 0) {
+    // Messages nobody will read are dropped and credited back, so a server still writing is
+    // not held on a full window while this waits for its status.
+    if (const uint16_t grant = core_->Drain(); grant > 0) {
+      static_cast<void>(
+          connection_->SendOnStream(id_, RpcHeader::StreamCredit(id_, grant), nullptr, *core_));
+    }
+  }
+  return core_->WaitEnded();
+}
+
+void ClientStream::Cancel() {
+  if (id_ != 0) connection_->CancelCall(id_);
+}
+
+}  // namespace zrpc::internal

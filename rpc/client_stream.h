@@ -1,0 +1,44 @@
+// ClientStream: the client's end of one stream (rpc/streaming.h), over the ClientConnection the
+// stream opened on. The call sits in the connection's call table like a unary call (so a
+// deadline, a cancel or the connection's loss ends it the same way, exactly once) with a
+// StreamCore beside it, which the poller fills with the server's messages and credits; the
+// call's ending ends the core, which wakes the application's reads and writes.
+#ifndef ZRPC_RPC_CLIENT_STREAM_H_
+#define ZRPC_RPC_CLIENT_STREAM_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "rpc/client_connection.h"
+#include "rpc/generated_api.h"
+#include "rpc/stream_core.h"
+
+namespace zrpc::internal {
+
+class ClientStream final : public ClientStreamCall {
+ public:
+  // `id` is the call's (0: it ended before it was sent, and `core` has ended).
+  ClientStream(std::shared_ptr<ClientConnection> connection, uint64_t id,
+               std::shared_ptr<StreamCore> core)
+      : connection_(std::move(connection)), id_(id), core_(std::move(core)) {}
+  // Cancels a call not finished, and waits for its end (its response, if any, is the caller's
+  // memory).
+  ~ClientStream() override;
+
+  bool Write(const google::protobuf::MessageLite& message) override;
+  google::protobuf::MessageLite* Read() override;
+  bool WritesDone() override;
+  absl::Status Finish() override;
+  void Cancel() override;
+
+ private:
+  const std::shared_ptr<ClientConnection> connection_;
+  const uint64_t id_;
+  const std::shared_ptr<StreamCore> core_;
+  bool writes_done_ = false;  // the writer's thread only
+};
+
+}  // namespace zrpc::internal
+
+#endif  // ZRPC_RPC_CLIENT_STREAM_H_

@@ -1,0 +1,268 @@
+// Streaming rpcs: the typed readers and writers generated code hands to callers and handlers,
+// and the templates its stubs and dispatch call. Wire format: rpc/WIRE.md, "Streams";
+// flow control: rpc/stream_core.h.
+//
+//   rpc ListFeatures(Rectangle) returns (stream Feature);     // server streaming
+//   rpc RecordRoute(stream Point) returns (RouteSummary);     // client streaming
+//   rpc RouteChat(stream RouteNote) returns (stream RouteNote);  // bidirectional
+//
+// Client (the stub's methods return these by value; each is one call):
+//
+//   zrpc::ClientReader<Feature> reader = stub.ListFeatures(rect, options);
+//   Feature f;
+//   while (reader.Read(&f)) Use(f);
+//   absl::Status status = reader.Finish();
+//
+//   RouteSummary summary;
+//   zrpc::ClientWriter<Point> writer = stub.RecordRoute(&summary, options);
+//   for (const Point& p : points) if (!writer.Write(p)) break;
+//   writer.WritesDone();
+//   absl::Status status = writer.Finish();  // summary is filled in when OK
+//
+//   zrpc::ClientReaderWriter<RouteNote, RouteNote> chat = stub.RouteChat(options);
+//   // one thread writes (Write, then WritesDone), another may read at the same time
+//   absl::Status status = chat.Finish();
+//
+// Server (Foo::Service's handler for each streaming method; it returns the final status):
+//
+//   absl::Status ListFeatures(zrpc::ServerContext&, const Rectangle& rect,
+//                             zrpc::ServerWriter<Feature>* writer) override;
+//   absl::Status RecordRoute(zrpc::ServerContext&, zrpc::ServerReader<Point>* reader,
+//                            RouteSummary* summary) override;
+//   absl::Status RouteChat(zrpc::ServerContext&,
+//                          zrpc::ServerReaderWriter<RouteNote, RouteNote>* stream) override;
+//
+// Semantics, as gRPC's: Write blocks while the peer's window is full and returns false once the
+// stream has ended (the peer finished, failed or gave up); Read blocks for the next message and
+// returns false once the peer sends no more. A call ends with its final status: the handler's
+// return value, or the deadline, a cancel, the connection's loss. Finish waits for it; a client
+// that destroys its reader or writer before Finish cancels the call. Each message is serialized
+// straight into a registered send slot and parsed straight from the receive slot it arrived in.
+// Limits of this first form: a stream message must fit a message slot (ChannelStats::
+// max_slot_message; 4,040 bytes by default), and carries no bulk payload; a larger one fails
+// the Write with RESOURCE_EXHAUSTED (and the stream with it).
+//
+// Threads: a server runs each streaming handler on a thread of its own (not the handler pool:
+// a stream may block for as long as its peer likes), at most ServerOptions::
+// max_streams_per_connection per connection. At most one thread reads and one writes a stream at
+// a time; on a client, never from a runtime thread (a DoneCallback): a blocking stream waits for
+// those threads.
+#ifndef ZRPC_RPC_STREAMING_H_
+#define ZRPC_RPC_STREAMING_H_
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "rpc/generated_api.h"
+
+namespace zrpc {
+
+namespace internal {
+
+// What the three client wrappers share: the call, and its cancel on destruction.
+class ClientStreamBase {
+ public:
+  ClientStreamBase(ClientStreamBase&&) noexcept = default;
+  ClientStreamBase& operator=(ClientStreamBase&& other) noexcept {
+    if (this != &other) {
+      CancelIfUnfinished();
+      call_ = ::std::move(other.call_);
+      finished_ = other.finished_;
+    }
+    return *this;
+  }
+  ~ClientStreamBase() { CancelIfUnfinished(); }
+
+  // Waits for the final status (see ClientStreamCall::Finish). Once only; a second call returns
+  // FAILED_PRECONDITION.
+  ::absl::Status Finish() {
+    if (finished_ || call_ == nullptr) {
+      return ::absl::FailedPreconditionError("Finish called twice on one stream");
+    }
+    finished_ = true;
+    return call_->Finish();
+  }
+  // Gives up on the call (any thread): reads and writes fail, Finish returns CANCELLED.
+  void Cancel() {
+    if (call_ != nullptr) call_->Cancel();
+  }
+
+ protected:
+  explicit ClientStreamBase(::std::unique_ptr<ClientStreamCall> call) : call_(::std::move(call)) {}
+  ClientStreamCall* call() const { return call_.get(); }
+
+ private:
+  void CancelIfUnfinished() {
+    if (call_ != nullptr && !finished_) {
+      call_->Cancel();
+      static_cast<void>(call_->Finish());
+    }
+  }
+  ::std::unique_ptr<ClientStreamCall> call_;
+  bool finished_ = false;
+};
+
+// Moves the stream's message into `*out` (a swap: no copy).
+template <typename Message>
+bool ReadInto(StreamCall* stream, Message* out) {
+  ::google::protobuf::MessageLite* next = stream->Read();
+  if (next == nullptr) return false;
+  out->Swap(static_cast<Message*>(next));
+  return true;
+}
+
+}  // namespace internal
+
+// A server-streaming call: reads the server's messages, then its status.
+template <typename Response>
+class ClientReader : public internal::ClientStreamBase {
+ public:
+  explicit ClientReader(::std::unique_ptr<ClientStreamCall> call)
+      : ClientStreamBase(::std::move(call)) {}
+  // The next message into `*response`; false once the server sends no more (then Finish).
+  bool Read(Response* response) { return internal::ReadInto(call(), response); }
+};
+
+// A client-streaming call: writes messages, half-closes, then waits for the one response (in
+// the message given when the call opened) and the status.
+template <typename Request>
+class ClientWriter : public internal::ClientStreamBase {
+ public:
+  explicit ClientWriter(::std::unique_ptr<ClientStreamCall> call)
+      : ClientStreamBase(::std::move(call)) {}
+  bool Write(const Request& request) { return call()->Write(request); }
+  bool WritesDone() { return call()->WritesDone(); }
+};
+
+// A bidirectional call: one thread may write while another reads.
+template <typename Request, typename Response>
+class ClientReaderWriter : public internal::ClientStreamBase {
+ public:
+  explicit ClientReaderWriter(::std::unique_ptr<ClientStreamCall> call)
+      : ClientStreamBase(::std::move(call)) {}
+  bool Write(const Request& request) { return call()->Write(request); }
+  bool WritesDone() { return call()->WritesDone(); }
+  bool Read(Response* response) { return internal::ReadInto(call(), response); }
+};
+
+// The server's end of a server-streaming call.
+template <typename Response>
+class ServerWriter {
+ public:
+  explicit ServerWriter(StreamCall* stream) : stream_(stream) {}
+  // False once the client is gone or gave up: stop writing and return.
+  bool Write(const Response& response) { return stream_->Write(response); }
+
+ private:
+  StreamCall* stream_;
+};
+
+// The server's end of a client-streaming call.
+template <typename Request>
+class ServerReader {
+ public:
+  explicit ServerReader(StreamCall* stream) : stream_(stream) {}
+  // The client's next message; false once it half-closed (or gave up).
+  bool Read(Request* request) { return internal::ReadInto(stream_, request); }
+
+ private:
+  StreamCall* stream_;
+};
+
+// The server's end of a bidirectional call (messages written first, as gRPC orders them).
+template <typename Response, typename Request>
+class ServerReaderWriter {
+ public:
+  explicit ServerReaderWriter(StreamCall* stream) : stream_(stream) {}
+  bool Write(const Response& response) { return stream_->Write(response); }
+  bool Read(Request* request) { return internal::ReadInto(stream_, request); }
+
+ private:
+  StreamCall* stream_;
+};
+
+namespace internal {
+
+// Opens a stream: for a server-streaming method, with `request` serialized straight into a
+// registered slot; otherwise with an empty opening message. `response` (client streaming only)
+// must outlive the call's Finish.
+template <typename Response>
+::std::unique_ptr<ClientStreamCall> OpenClientStream(
+    Channel* channel, const MethodInfo& method, const ::google::protobuf::MessageLite* request,
+    ::google::protobuf::MessageLite* response, const CallOptions& options) {
+  const size_t size = request == nullptr ? 0 : request->ByteSizeLong();
+  ::absl::StatusOr<SendSlot> slot = channel->AcquireSendSlot(size, options);
+  if (!slot.ok()) {
+    return ::std::make_unique<FailedStream>(::absl::Status(
+        slot.status().code(), ::std::string(method.full_name) + ": " +
+                                  ::std::string(slot.status().message())));
+  }
+  if (request != nullptr) request->SerializeWithCachedSizesToArray(slot->data);
+  const ::google::protobuf::MessageLite* read_prototype =
+      method.server_streaming ? &Response::default_instance() : nullptr;
+  return channel->OpenStream(method, *::std::move(slot), read_prototype, response, options);
+}
+
+// Finishes a stream whose handler returned `status`: OK ends it with an empty response.
+inline void FinishStream(ServerCall* call, ::absl::Status status) {
+  if (!status.ok()) {
+    call->Finish(::std::move(status), nullptr, OutgoingBulk());
+    return;
+  }
+  ::absl::StatusOr<SendSlot> slot = call->AcquireResponseSlot(0);
+  if (!slot.ok()) {
+    call->Finish(slot.status(), nullptr, OutgoingBulk());
+    return;
+  }
+  call->Finish(::absl::OkStatus(), &*slot, OutgoingBulk());
+}
+
+// Opens the server's end; null (and the call finished) for a runtime without streams.
+inline StreamCall* OpenServerStream(ServerCall* call, const MethodInfo& method,
+                                    const ::google::protobuf::MessageLite* read_prototype) {
+  StreamCall* stream = call->OpenStream(read_prototype);
+  if (stream == nullptr) {
+    call->Finish(::absl::UnimplementedError(::std::string(method.full_name) +
+                                            ": this server does not serve streams"),
+                 nullptr, OutgoingBulk());
+  }
+  return stream;
+}
+
+// Dispatch of a server-streaming method: handler(context, request, &writer) -> status.
+template <typename Request, typename Response, typename Handler>
+void HandleServerStreaming(ServerCall* call, const MethodInfo& method, Handler&& handler) {
+  Request request;
+  if (!ParseRequest(call, &request)) return;
+  StreamCall* stream = OpenServerStream(call, method, nullptr);
+  if (stream == nullptr) return;
+  ServerWriter<Response> writer(stream);
+  FinishStream(call, handler(call->context(), request, &writer));
+}
+
+// Dispatch of a client-streaming method: handler(context, &reader, &response) -> status.
+template <typename Request, typename Response, typename Handler>
+void HandleClientStreaming(ServerCall* call, const MethodInfo& method, Handler&& handler) {
+  StreamCall* stream = OpenServerStream(call, method, &Request::default_instance());
+  if (stream == nullptr) return;
+  ServerReader<Request> reader(stream);
+  Response response;
+  ::absl::Status status = handler(call->context(), &reader, &response);
+  FinishUnary(call, ::std::move(status), response, OutgoingBulk());
+}
+
+// Dispatch of a bidirectional method: handler(context, &stream) -> status.
+template <typename Request, typename Response, typename Handler>
+void HandleBidiStreaming(ServerCall* call, const MethodInfo& method, Handler&& handler) {
+  StreamCall* stream = OpenServerStream(call, method, &Request::default_instance());
+  if (stream == nullptr) return;
+  ServerReaderWriter<Response, Request> both(stream);
+  FinishStream(call, handler(call->context(), &both));
+}
+
+}  // namespace internal
+}  // namespace zrpc
+
+#endif  // ZRPC_RPC_STREAMING_H_

@@ -1,0 +1,349 @@
+// Streaming rpcs end to end on a device (tag "rdma"): each kind, order over 100,000 messages,
+// the final status both ways, cancel, deadline, per-stream flow control beside unary calls, the
+// stream limits, and messages past a slot.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proto/examples/numbers.zrpc.h"
+#include "rpc/channel.h"
+#include "rpc/server.h"
+#include "tests/eventually.h"
+#include "tests/rdma_device.h"
+
+namespace {
+
+using zrpc::CallOptions;
+using zrpc::examples::CountRequest;
+using zrpc::examples::Number;
+using zrpc::examples::Numbers;
+using zrpc::examples::Total;
+
+constexpr absl::Duration kLong = absl::Seconds(60);
+
+class TestNumbers : public Numbers::Service {
+ public:
+  absl::Status Count(zrpc::ServerContext& context, const CountRequest& request,
+                     zrpc::ServerWriter<Number>* writer) override {
+    Number number;
+    number.set_pad(std::string(request.pad_bytes(), 'p'));
+    for (uint64_t i = 0; i < request.count(); ++i) {
+      if (request.fail_after() > 0 && i == static_cast<uint64_t>(request.fail_after())) {
+        return absl::AbortedError(absl::StrCat("failed after ", i, " numbers"));
+      }
+      if (request.delay_us() > 0) absl::SleepFor(absl::Microseconds(request.delay_us()));
+      number.set_value(request.start() + i);
+      if (!writer->Write(number)) {
+        stopped.fetch_add(1);
+        return absl::CancelledError(context.IsCancelled() ? "gone" : "write failed");
+      }
+      written.fetch_add(1);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Sum(zrpc::ServerContext&, zrpc::ServerReader<Number>* reader,
+                   Total* total) override {
+    Number number;
+    uint64_t expected = 1;
+    while (reader->Read(&number)) {
+      if (number.value() != expected++) return absl::DataLossError("out of order");
+      total->set_sum(total->sum() + number.value());
+      total->set_count(total->count() + 1);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Double(zrpc::ServerContext&,
+                      zrpc::ServerReaderWriter<Number, Number>* stream) override {
+    Number number;
+    while (stream->Read(&number)) {
+      number.set_value(number.value() * 2);
+      if (!stream->Write(number)) return absl::CancelledError("write failed");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Square(zrpc::ServerContext&, const Number& request, Number* reply) override {
+    reply->set_value(request.value() * request.value());
+    return absl::OkStatus();
+  }
+
+  std::atomic<uint64_t> written{0};
+  std::atomic<int> stopped{0};
+};
+
+struct Fixture {
+  TestNumbers service;
+  std::unique_ptr<zrpc::Server> server;
+  std::unique_ptr<zrpc::ClientChannel> channel;
+
+  explicit Fixture(const zrpc::transport::DeviceConfig& config, zrpc::ServerOptions options = {},
+                   zrpc::ChannelOptions channel_options = {}) {
+    options.device = config;
+    auto s = zrpc::Server::Create(options);
+    REQUIRE(s.ok());
+    server = std::move(*s);
+    REQUIRE(server->AddService(&service).ok());
+    REQUIRE(server->Start().ok());
+    channel_options.device = config;
+    const std::string host =
+        config.addr.find(':') != std::string::npos ? "[" + config.addr + "]" : config.addr;
+    auto c = zrpc::CreateChannel(absl::StrCat(host, ":", server->port()), channel_options);
+    REQUIRE(c.ok());
+    channel = std::move(*c);
+  }
+};
+
+CountRequest Counting(uint64_t count) {
+  CountRequest request;
+  request.set_start(1);
+  request.set_count(count);
+  return request;
+}
+
+TEST_CASE("server streaming: 100,000 numbers arrive in order, then OK", "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  Numbers::Stub stub(f.channel.get());
+  zrpc::ClientReader<Number> reader =
+      stub.Count(Counting(100'000), CallOptions::Timeout(absl::Minutes(5)));
+  Number number;
+  uint64_t next = 1;
+  uint64_t out_of_order = 0;
+  while (reader.Read(&number)) out_of_order += number.value() != next++ ? 1 : 0;
+  const absl::Status status = reader.Finish();
+  INFO(status);
+  CHECK(status.ok());
+  CHECK(next - 1 == 100'000);
+  CHECK(out_of_order == 0);
+  CHECK(f.server->stats().streams_started == 1);
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
+}
+
+TEST_CASE("client streaming: the sum of what was written, after the half-close", "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  Numbers::Stub stub(f.channel.get());
+  for (uint64_t n : {0u, 1u, 16u, 17u, 5000u}) {  // none, one, a window, one past, many windows
+    INFO(n);
+    Total total;
+    zrpc::ClientWriter<Number> writer = stub.Sum(&total, CallOptions::Timeout(kLong));
+    Number number;
+    for (uint64_t i = 1; i <= n; ++i) {
+      number.set_value(i);
+      REQUIRE(writer.Write(number));
+    }
+    CHECK(writer.WritesDone());
+    CHECK_FALSE(writer.WritesDone());  // once
+    CHECK_FALSE(writer.Write(number));  // closed
+    const absl::Status status = writer.Finish();
+    INFO(status);
+    CHECK(status.ok());
+    CHECK(total.count() == n);
+    CHECK(total.sum() == n * (n + 1) / 2);
+  }
+}
+
+TEST_CASE("bidirectional: a writer and a reader thread on one stream", "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  Numbers::Stub stub(f.channel.get());
+  zrpc::ClientReaderWriter<Number, Number> stream = stub.Double(CallOptions::Timeout(kLong));
+  constexpr uint64_t kCount = 3000;
+  std::thread writer([&] {
+    Number number;
+    for (uint64_t i = 1; i <= kCount; ++i) {
+      number.set_value(i);
+      if (!stream.Write(number)) break;
+    }
+    stream.WritesDone();
+  });
+  Number number;
+  uint64_t next = 1;
+  uint64_t wrong = 0;
+  while (stream.Read(&number)) wrong += number.value() != 2 * next++ ? 1 : 0;
+  writer.join();
+  const absl::Status status = stream.Finish();
+  INFO(status);
+  CHECK(status.ok());
+  CHECK(next - 1 == kCount);
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("a server that fails mid-stream: its status reaches the reader", "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  Numbers::Stub stub(f.channel.get());
+  CountRequest request = Counting(100);
+  request.set_fail_after(10);
+  zrpc::ClientReader<Number> reader = stub.Count(request, CallOptions::Timeout(kLong));
+  Number number;
+  int read = 0;
+  while (reader.Read(&number)) ++read;
+  const absl::Status status = reader.Finish();
+  CHECK(read == 10);
+  CHECK(status.code() == absl::StatusCode::kAborted);
+  CHECK(status.message() == "failed after 10 numbers");
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
+}
+
+TEST_CASE("a client that cancels mid-stream: both ends stop and free the stream",
+          "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  Numbers::Stub stub(f.channel.get());
+  CountRequest request = Counting(1'000'000);
+  request.set_delay_us(200);
+  SECTION("Cancel, then Finish") {
+    zrpc::ClientReader<Number> reader = stub.Count(request, CallOptions::Timeout(kLong));
+    Number number;
+    for (int i = 0; i < 5; ++i) REQUIRE(reader.Read(&number));
+    reader.Cancel();
+    const absl::Status status = reader.Finish();
+    CHECK(status.code() == absl::StatusCode::kCancelled);
+  }
+  SECTION("the reader destroyed unfinished") {
+    {
+      zrpc::ClientReader<Number> reader = stub.Count(request, CallOptions::Timeout(kLong));
+      Number number;
+      for (int i = 0; i < 5; ++i) REQUIRE(reader.Read(&number));
+    }
+  }
+  // The server's handler sees its Write fail and returns; its thread and call go.
+  CHECK(zrpc::testing::Eventually([&] { return f.service.stopped.load() == 1; }));
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().calls_in_flight == 0; }));
+  CHECK(f.channel->stats().calls_in_flight == 0);
+}
+
+TEST_CASE("a deadline during a stream ends it on both sides", "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  Numbers::Stub stub(f.channel.get());
+  SECTION("server streaming, the server slow") {
+    CountRequest request = Counting(1000);
+    request.set_delay_us(20'000);
+    zrpc::ClientReader<Number> reader =
+        stub.Count(request, CallOptions::Timeout(absl::Milliseconds(300)));
+    Number number;
+    while (reader.Read(&number)) {
+    }
+    CHECK(reader.Finish().code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(zrpc::testing::Eventually([&] { return f.service.stopped.load() == 1; }));
+  }
+  SECTION("client streaming, the client silent: the server's Read ends") {
+    Total total;
+    zrpc::ClientWriter<Number> writer =
+        stub.Sum(&total, CallOptions::Timeout(absl::Milliseconds(300)));
+    Number number;
+    number.set_value(1);
+    REQUIRE(writer.Write(number));
+    CHECK(writer.Finish().code() == absl::StatusCode::kDeadlineExceeded);
+  }
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
+}
+
+TEST_CASE("a reader that stops holds back its own stream, not unary calls beside it",
+          "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ChannelOptions channel_options;
+  channel_options.stream_window = 8;
+  Fixture f(config, {}, channel_options);
+  Numbers::Stub stub(f.channel.get());
+  zrpc::ClientReader<Number> reader = stub.Count(Counting(10'000), CallOptions::Timeout(kLong));
+  Number number;
+  REQUIRE(reader.Read(&number));
+  // Unread, the stream stops at its window; the connection's other calls go on.
+  for (int i = 0; i < 200; ++i) {
+    Number request;
+    request.set_value(i);
+    Number reply;
+    const absl::Status status = stub.Square(request, &reply, CallOptions::Timeout(kLong));
+    REQUIRE(status.ok());
+    REQUIRE(reply.value() == static_cast<uint64_t>(i * i));
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  // One read, one window of 8 unread: the server wrote at most 9 and waits for credit.
+  CHECK(f.service.written.load() <= 9);
+  CHECK(f.service.written.load() >= 8);
+  uint64_t count = 1;
+  while (reader.Read(&number)) ++count;
+  CHECK(reader.Finish().ok());
+  CHECK(count == 10'000);
+}
+
+TEST_CASE("streams past max_streams_per_connection are refused, naming the option",
+          "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ServerOptions options;
+  options.max_streams_per_connection = 2;
+  Fixture f(config, options);
+  Numbers::Stub stub(f.channel.get());
+  std::vector<zrpc::ClientReaderWriter<Number, Number>> open;
+  for (int i = 0; i < 2; ++i) open.push_back(stub.Double(CallOptions::Timeout(kLong)));
+  // Each is open once it echoes.
+  for (auto& stream : open) {
+    Number number;
+    number.set_value(1);
+    REQUIRE(stream.Write(number));
+    REQUIRE(stream.Read(&number));
+  }
+  zrpc::ClientReaderWriter<Number, Number> third = stub.Double(CallOptions::Timeout(kLong));
+  const absl::Status refused = third.Finish();
+  CHECK(refused.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(refused.message(), "max_streams_per_connection"));
+  CHECK(f.server->stats().streams_refused == 1);
+  for (auto& stream : open) {
+    stream.WritesDone();
+    CHECK(stream.Finish().ok());
+  }
+  // Room again.
+  zrpc::ClientReaderWriter<Number, Number> again = stub.Double(CallOptions::Timeout(kLong));
+  Number number;
+  number.set_value(21);
+  REQUIRE(again.Write(number));
+  REQUIRE(again.Read(&number));
+  CHECK(number.value() == 42);
+  again.WritesDone();
+  CHECK(again.Finish().ok());
+}
+
+TEST_CASE("a stream message larger than a slot fails the stream with RESOURCE_EXHAUSTED",
+          "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  Numbers::Stub stub(f.channel.get());
+  SECTION("from the server") {
+    CountRequest request = Counting(3);
+    request.set_pad_bytes(8000);
+    zrpc::ClientReader<Number> reader = stub.Count(request, CallOptions::Timeout(kLong));
+    Number number;
+    CHECK_FALSE(reader.Read(&number));
+    const absl::Status status = reader.Finish();
+    INFO(status);
+    CHECK(status.code() == absl::StatusCode::kResourceExhausted);
+    CHECK(absl::StrContains(status.message(), "does not fit a message slot"));
+  }
+  SECTION("from the client") {
+    Total total;
+    zrpc::ClientWriter<Number> writer = stub.Sum(&total, CallOptions::Timeout(kLong));
+    Number number;
+    number.set_pad(std::string(8000, 'x'));
+    CHECK_FALSE(writer.Write(number));
+    const absl::Status status = writer.Finish();
+    INFO(status);
+    CHECK(status.code() == absl::StatusCode::kResourceExhausted);
+  }
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
+  CHECK(f.server->stats().protocol_violations == 0);
+}
+
+}  // namespace
