@@ -781,7 +781,8 @@ std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
   const uint64_t id = ticket->connection->Start(
       state.service_id, ticket->buffer, body_size, std::move(large_body), OutgoingBulk(),
       std::move(call), options, core_->options().stream_window);
-  return std::make_unique<internal::ClientStream>(ticket->connection, id, std::move(stream));
+  return std::make_unique<internal::ClientStream>(ticket->connection, id, std::move(stream),
+                                                  method.client_streaming);
 }
 
 absl::Status ClientChannel::Connect(absl::Time deadline) { return core_->ConnectAll(deadline); }

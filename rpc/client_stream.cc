@@ -11,7 +11,7 @@ ClientStream::~ClientStream() {
 }
 
 bool ClientStream::Write(const google::protobuf::MessageLite& message) {
-  if (writes_done_ || id_ == 0) return false;
+  if (writes_done_.load(std::memory_order_acquire) || id_ == 0) return false;
   // The server grants room as its handler reads; the call's end (deadline, cancel, failure)
   // wakes this wait.
   if (!core_->TakeSendCredit(absl::InfiniteFuture())) return false;
@@ -29,12 +29,14 @@ google::protobuf::MessageLite* ClientStream::Read() {
 }
 
 bool ClientStream::WritesDone() {
-  if (writes_done_ || id_ == 0) return false;
-  writes_done_ = true;
+  if (id_ == 0 || writes_done_.exchange(true, std::memory_order_acq_rel)) return false;
   return connection_->SendOnStream(id_, RpcHeader::HalfClose(id_), nullptr, *core_);
 }
 
 absl::Status ClientStream::Finish() {
+  // A server reading the client's messages waits for the half-close: one that was not sent
+  // goes now rather than leaving both ends waiting for the deadline.
+  if (!writes_done_.load(std::memory_order_acquire)) static_cast<void>(WritesDone());
   if (!core_->ended() && id_ != 0) {
     // Messages nobody will read are dropped and credited back, so a server still writing is
     // not held on a full window while this waits for its status.

@@ -6,6 +6,7 @@
 #ifndef ZRPC_RPC_CLIENT_STREAM_H_
 #define ZRPC_RPC_CLIENT_STREAM_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -18,10 +19,12 @@ namespace zrpc::internal {
 
 class ClientStream final : public ClientStreamCall {
  public:
-  // `id` is the call's (0: it ended before it was sent, and `core` has ended).
+  // `id` is the call's (0: it ended before it was sent, and `core` has ended). `writes`: the
+  // client streams (its writes are closed by WritesDone, or by Finish if it did not).
   ClientStream(std::shared_ptr<ClientConnection> connection, uint64_t id,
-               std::shared_ptr<StreamCore> core)
-      : connection_(std::move(connection)), id_(id), core_(std::move(core)) {}
+               std::shared_ptr<StreamCore> core, bool writes)
+      : connection_(std::move(connection)), id_(id), core_(std::move(core)),
+        writes_done_(!writes) {}
   // Cancels a call not finished, and waits for its end (its response, if any, is the caller's
   // memory).
   ~ClientStream() override;
@@ -36,7 +39,7 @@ class ClientStream final : public ClientStreamCall {
   const std::shared_ptr<ClientConnection> connection_;
   const uint64_t id_;
   const std::shared_ptr<StreamCore> core_;
-  bool writes_done_ = false;  // the writer's thread only
+  std::atomic<bool> writes_done_;  // WritesDone, or Finish in its place
 };
 
 }  // namespace zrpc::internal

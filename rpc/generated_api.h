@@ -163,7 +163,8 @@ class ClientStreamCall : public StreamCall {
   // ended or writes were closed already.
   virtual bool WritesDone() = 0;
   // Waits for the call's final status: the server's, or why the call ended here (deadline,
-  // cancel, connection lost). Messages not read by then are dropped. Once only.
+  // cancel, connection lost). Closes this side's writes first if WritesDone was not called.
+  // Messages not read by then are dropped. Once only.
   virtual ::absl::Status Finish() = 0;
   // Gives up on the call (CANCELLED), telling the server. Any thread; nothing once it ended.
   virtual void Cancel() = 0;

@@ -152,6 +152,26 @@ TEST_CASE("client streaming: the sum of what was written, after the half-close",
   }
 }
 
+// Before: a Finish without WritesDone left the server's Read waiting, and the call ended only
+// at its deadline.
+TEST_CASE("client streaming: Finish without WritesDone closes the writes itself", "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  Numbers::Stub stub(f.channel.get());
+  Total total;
+  zrpc::ClientWriter<Number> writer = stub.Sum(&total, CallOptions::Timeout(kLong));
+  Number number;
+  for (uint64_t i = 1; i <= 3; ++i) {
+    number.set_value(i);
+    REQUIRE(writer.Write(number));
+  }
+  const absl::Status status = writer.Finish();  // without the half-close: DEADLINE_EXCEEDED
+  INFO(status);
+  CHECK(status.ok());
+  CHECK(total.count() == 3);
+  CHECK(total.sum() == 6);
+}
+
 TEST_CASE("bidirectional: a writer and a reader thread on one stream", "[streaming]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Fixture f(config);
@@ -246,6 +266,8 @@ TEST_CASE("a deadline during a stream ends it on both sides", "[streaming]") {
     Number number;
     number.set_value(1);
     REQUIRE(writer.Write(number));
+    // Silent past the deadline (Finish would close the writes and let the server answer).
+    CHECK(zrpc::testing::Eventually([&] { return f.channel->stats().calls_in_flight == 0; }));
     CHECK(writer.Finish().code() == absl::StatusCode::kDeadlineExceeded);
   }
   CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
