@@ -135,11 +135,8 @@ bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
                                     const google::protobuf::MessageLite* message,
                                     StreamCore& stream) {
   const size_t size = message == nullptr ? 0 : message->ByteSizeLong();
-  if (message != nullptr && !FitsSlot(*connection_, size)) {
-    AbortCall(id, absl::ResourceExhaustedError(absl::StrCat(
-        "a ", size, "-byte stream message does not fit a message slot (",
-        MaxInlineBody(*connection_), " bytes on this connection): larger stream messages are "
-        "not supported yet")));
+  if (absl::Status fits = limits().CheckMessage(size, "stream message"); !fits.ok()) {
+    AbortCall(id, fits);
     return false;
   }
   const bool may_wait = !OnRuntimeThread();
@@ -147,10 +144,21 @@ bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
     if (stream.ended()) return false;
     absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
     if (buffer.ok()) {
-      if (message != nullptr) message->SerializeWithCachedSizesToArray(Body(*buffer));
-      absl::Status sent = SendMessage(*connection_, *buffer, header, size, OutgoingBulk());
+      absl::StatusOr<OutgoingBulk> large = SerializeStreamMessage(*connection_, *buffer, message);
+      if (!large.ok()) {
+        connection_->ReleaseSendBuffer(*buffer);
+        AbortCall(id, large.status());
+        return false;
+      }
+      const size_t body_size = large->empty() ? size : 0;
+      absl::Status sent = SendStreamMessage(*connection_, *buffer, header, body_size,
+                                            *std::move(large), [&] { return stream.ended(); });
       if (sent.ok()) return true;
-      AbortCall(id, absl::UnavailableError(sent.message()));
+      if (sent.code() != absl::StatusCode::kCancelled) {
+        AbortCall(id, sent.code() == absl::StatusCode::kResourceExhausted
+                          ? sent
+                          : absl::UnavailableError(sent.message()));
+      }
       return false;
     }
     if (buffer.status().code() != absl::StatusCode::kResourceExhausted || !open() ||
@@ -414,12 +422,18 @@ void ClientConnection::OnStreamFrame(transport::Connection& connection,
     Discard(connection, message);
     return;
   }
-  if (stream == nullptr || message.header.has_bulk()) {
+  if (stream == nullptr || message.bulk || message.pulls()) {
     Discard(connection, message);
     return Violation(connection,
                      absl::StrCat("call ", id, stream == nullptr
                                                    ? ": a stream frame for a unary call"
-                                                   : ": a stream message with a payload"));
+                                                   : ": a stream message with a bulk payload "
+                                                     "or pulled"));
+  }
+  if (absl::Status fits = limits().CheckMessage(message.body.size(), "stream message");
+      !fits.ok()) {
+    Discard(connection, message);
+    return AbortCall(id, fits);
   }
   if (message.header.kind == RpcKind::kStreamCredit) {
     Discard(connection, message);

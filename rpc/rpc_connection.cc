@@ -1,5 +1,6 @@
 #include "rpc/rpc_connection.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -565,6 +566,54 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
   return connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size));
 }
 
+absl::StatusOr<OutgoingBulk> RpcConnection::SerializeStreamMessage(
+    const transport::Connection& connection, const transport::SendBuffer& buffer,
+    const google::protobuf::MessageLite* message) {
+  if (message == nullptr) return OutgoingBulk();
+  const size_t size = message->ByteSizeLong();  // cached: the caller sized it
+  if (FitsSlot(connection, size)) {
+    message->SerializeWithCachedSizesToArray(Body(buffer));
+    return OutgoingBulk();
+  }
+  auto* large = static_cast<uint8_t*>(std::malloc(size));
+  if (large == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of memory for a ", size, "-byte stream message"));
+  }
+  message->SerializeWithCachedSizesToArray(large);
+  return OutgoingBulk(large, size, [large] { std::free(large); });
+}
+
+absl::Status RpcConnection::SendStreamMessage(transport::Connection& connection,
+                                              const transport::SendBuffer& buffer,
+                                              const RpcHeader& header, size_t body_size,
+                                              OutgoingBulk large_body,
+                                              const std::function<bool()>& give_up) {
+  if (large_body.empty()) return SendMessage(connection, buffer, header, body_size, OutgoingBulk());
+  if (large_body.size() > connection.peer_arena_size()) {
+    connection.ReleaseSendBuffer(buffer);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a ", large_body.size(), "-byte stream message is larger than the peer's arena (",
+        connection.peer_arena_size(), " bytes), which a stream's messages are written into; "
+        "larger ones are not supported yet"));
+  }
+  const size_t capacity = StagingPool::CapacityFor(large_body.size());
+  {
+    absl::MutexLock lock(&quota_mu_);
+    // Behind this connection's other staged payloads, but never queued with them (see above).
+    while (staged_ + capacity > StagingQuota(connection)) {
+      if (give_up() || !connection.open()) {
+        connection.ReleaseSendBuffer(buffer);
+        return absl::CancelledError("the stream ended while its message waited for staging");
+      }
+      quota_freed_.WaitWithTimeout(&quota_mu_, absl::Milliseconds(10));
+    }
+    staged_ += capacity;
+  }
+  return StageAndSend(connection, buffer, header, 0, OutgoingBulk(), std::move(large_body),
+                      absl::InfiniteFuture());
+}
+
 absl::Status RpcConnection::SendAnswer(transport::Connection& connection,
                                        const transport::SendBuffer& buffer, RpcHeader header,
                                        size_t body_size, uint64_t answered) {
@@ -778,6 +827,7 @@ absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
 bool RpcConnection::ReturnQuota(size_t capacity) {
   absl::MutexLock lock(&quota_mu_);
   staged_ -= capacity;
+  quota_freed_.SignalAll();
   return !deferred_.empty();
 }
 

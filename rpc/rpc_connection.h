@@ -45,6 +45,8 @@
 #ifndef ZRPC_RPC_RPC_CONNECTION_H_
 #define ZRPC_RPC_RPC_CONNECTION_H_
 
+#include <google/protobuf/message_lite.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <atomic>
@@ -281,6 +283,24 @@ class RpcConnection : public transport::ConnectionHandler {
   // answer carries its credit. The release happens whatever the outcome.
   absl::Status SendAnswer(transport::Connection& connection, const transport::SendBuffer& buffer,
                           RpcHeader header, size_t body_size, uint64_t answered);
+  // Serializes a stream's `message` (null: a frame without one) straight into Body(buffer)
+  // when it fits a slot (an empty result), else into memory of its own, returned to go at the
+  // front of a payload (kResourceExhausted when none can be had).
+  static absl::StatusOr<OutgoingBulk> SerializeStreamMessage(
+      const transport::Connection& connection, const transport::SendBuffer& buffer,
+      const google::protobuf::MessageLite* message);
+  // A stream's message (rpc/streaming.h) of `body_size` bytes already at Body(buffer), or, when
+  // it did not fit a slot, `large_body` (body_size 0): written into the peer's arena at the front
+  // of a payload, as a large request's. Never deferred behind the staging quota, as SendMessage
+  // defers payloads: a stream's next small frame would overtake it. It waits for the quota here
+  // instead, while `give_up` returns false (the stream is still on) and the connection is open.
+  // kResourceExhausted for a body larger than the peer's arena (it would be pulled, and a pulled
+  // stream message would be overtaken by the stream's next frames at the receiver); else as
+  // SendMessage. Takes the buffer on every path.
+  absl::Status SendStreamMessage(transport::Connection& connection,
+                                 const transport::SendBuffer& buffer, const RpcHeader& header,
+                                 size_t body_size, OutgoingBulk large_body,
+                                 const std::function<bool()>& give_up);
   // Takes back the payload of request `call_id`, whose gate is `gate`, if it has not left yet
   // (see the top of this file); its release runs here, on this thread. Nothing when it has.
   void Withdraw(transport::Connection& connection, uint64_t call_id, BulkGate& gate);
@@ -394,6 +414,7 @@ class RpcConnection : public transport::ConnectionHandler {
 
   absl::Mutex send_mu_;
   absl::Mutex quota_mu_;
+  absl::CondVar quota_freed_;  // stream messages waiting for the quota (SendStreamMessage)
   size_t staged_ ABSL_GUARDED_BY(quota_mu_) = 0;  // staging capacity held by this connection
   std::deque<Deferred> deferred_ ABSL_GUARDED_BY(quota_mu_);
   std::atomic<uint64_t> violations_{0};

@@ -115,23 +115,32 @@ google::protobuf::MessageLite* ServerCallImpl::Read() {
 bool ServerCallImpl::SendOnStream(const RpcHeader& header,
                                   const google::protobuf::MessageLite* message) {
   const size_t size = message == nullptr ? 0 : message->ByteSizeLong();
-  if (message != nullptr && !RpcConnection::FitsSlot(*connection_, size)) {
-    FailStream(absl::ResourceExhaustedError(absl::StrCat(
-        method_.full_name, ": a ", size, "-byte stream message does not fit a message slot (",
-        RpcConnection::MaxInlineBody(*connection_),
-        " bytes on this connection): larger stream messages are not supported yet")));
+  if (absl::Status fits = owner_->limits().CheckMessage(size, "stream message"); !fits.ok()) {
+    FailStream(absl::Status(fits.code(), absl::StrCat(method_.full_name, ": ", fits.message())));
     return false;
   }
   for (int attempt = 0;; ++attempt) {
     if (stream_->ended() || context_.IsCancelled()) return false;
     absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
     if (buffer.ok()) {
-      if (message != nullptr) {
-        message->SerializeWithCachedSizesToArray(RpcConnection::Body(*buffer));
+      absl::StatusOr<OutgoingBulk> large =
+          RpcConnection::SerializeStreamMessage(*connection_, *buffer, message);
+      if (!large.ok()) {
+        connection_->ReleaseSendBuffer(*buffer);
+        FailStream(large.status());
+        return false;
       }
-      absl::Status sent = owner_->SendMessage(*connection_, *buffer, header, size, OutgoingBulk());
+      const size_t body_size = large->empty() ? size : 0;
+      absl::Status sent = owner_->SendStreamMessage(
+          *connection_, *buffer, header, body_size, *std::move(large),
+          [this] { return stream_->ended() || context_.IsCancelled(); });
+      if (sent.code() == absl::StatusCode::kResourceExhausted) {
+        FailStream(absl::Status(sent.code(), absl::StrCat(method_.full_name, ": ", sent.message())));
+        return false;
+      }
       if (!sent.ok()) {
-        // The connection is failing: its OnClosed gives the call up.
+        // The stream ended meanwhile, or the connection is failing (its OnClosed gives the
+        // call up).
         GiveUp();
         return false;
       }
@@ -501,14 +510,25 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
     Discard(connection, frame);
     return;
   }
-  if (stream == nullptr || frame.header.has_bulk()) {
+  if (stream == nullptr || frame.bulk || frame.pulls()) {
     Discard(connection, frame);
     return Violation(connection,
                      absl::StrCat("call ", id, stream == nullptr
                                                    ? ": a stream frame for a unary call"
-                                                   : ": a stream message with a payload"));
+                                                   : ": a stream message with a bulk payload "
+                                                     "or pulled"));
   }
-  absl::Status status;
+  absl::Status status = limits().CheckMessage(frame.body.size(), "stream message");
+  if (!status.ok()) {
+    Discard(connection, frame);
+    absl::MutexLock lock(&mu_);
+    auto it = calls_.find(id);
+    if (it != calls_.end()) {
+      it->second->FailStream(absl::Status(
+          status.code(), absl::StrCat(it->second->method_info().full_name, ": ", status.message())));
+    }
+    return;
+  }
   switch (frame.header.kind) {
     case RpcKind::kStreamCredit:
       status = stream->OnCredit(frame.header.window);

@@ -38,9 +38,12 @@
 // return value, or the deadline, a cancel, the connection's loss. Finish waits for it; a client
 // that destroys its reader or writer before Finish cancels the call. Each message is serialized
 // straight into a registered send slot and parsed straight from the receive slot it arrived in.
-// Limits of this first form: a stream message must fit a message slot (ChannelStats::
-// max_slot_message; 4,040 bytes by default), and carries no bulk payload; a larger one fails
-// the Write with RESOURCE_EXHAUSTED (and the stream with it).
+// Sizes: a message that fits a message slot (ChannelStats::max_slot_message; 4,040 bytes by
+// default) goes in a SEND; a larger one, up to the peer's arena (256 KiB by default) and
+// max_message_size, is staged and written into the peer's arena ahead of its SEND, as a large
+// unary message is (WIRE.md). Past either the Write fails with RESOURCE_EXHAUSTED, and the
+// stream with it. Limits of this first form: no message past the arena (it would have to be
+// pulled), and no bulk payload per message.
 //
 // Threads: a server runs each streaming handler on a thread of its own (not the handler pool:
 // a stream may block for as long as its peer likes), at most ServerOptions::

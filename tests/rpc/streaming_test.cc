@@ -338,34 +338,78 @@ TEST_CASE("streams past max_streams_per_connection are refused, naming the optio
   CHECK(again.Finish().ok());
 }
 
-TEST_CASE("a stream message larger than a slot fails the stream with RESOURCE_EXHAUSTED",
+TEST_CASE("stream messages at and past each size limit: a slot, the peer's arena",
           "[streaming]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Fixture f(config);
   Numbers::Stub stub(f.channel.get());
-  SECTION("from the server") {
+  const uint32_t arena = zrpc::transport::ConnectionOptions().arena_size;
+  SECTION("both ways, up to the arena: echoed whole") {
+    zrpc::ClientReaderWriter<Number, Number> stream = stub.Double(CallOptions::Timeout(kLong));
+    Number number;
+    number.set_value(1);
+    REQUIRE(stream.Write(number));  // connects: the slot's size is known from here on
+    REQUIRE(stream.Read(&number));
+    const uint64_t slot = f.channel->stats().max_slot_message;
+    REQUIRE(slot > 16);
+    // A Number of pad p (and a value of 2 varint bytes) is p + 6 bytes: p = slot - 6 fills the
+    // slot exactly, slot - 5 is the first that travels as a large body.
+    for (uint64_t size : {slot - 7, slot - 6, slot - 5, slot, uint64_t{64} << 10,
+                          uint64_t{arena} - 8}) {
+      INFO(size);
+      number.set_value(size);
+      number.set_pad(std::string(size, static_cast<char>('a' + size % 26)));
+      REQUIRE(stream.Write(number));
+      Number back;
+      REQUIRE(stream.Read(&back));
+      CHECK(back.value() == 2 * size);
+      CHECK(back.pad() == number.pad());
+    }
+    // One past the arena: refused at the sender, and the stream ends with the reason.
+    number.set_pad(std::string(arena + 1, 'x'));
+    CHECK_FALSE(stream.Write(number));
+    const absl::Status status = stream.Finish();
+    INFO(status);
+    CHECK(status.code() == absl::StatusCode::kResourceExhausted);
+    CHECK(absl::StrContains(status.message(), "arena"));
+  }
+  SECTION("from the server, past the client's arena") {
     CountRequest request = Counting(3);
-    request.set_pad_bytes(8000);
+    request.set_pad_bytes(arena + 1);
     zrpc::ClientReader<Number> reader = stub.Count(request, CallOptions::Timeout(kLong));
     Number number;
     CHECK_FALSE(reader.Read(&number));
     const absl::Status status = reader.Finish();
     INFO(status);
     CHECK(status.code() == absl::StatusCode::kResourceExhausted);
-    CHECK(absl::StrContains(status.message(), "does not fit a message slot"));
-  }
-  SECTION("from the client") {
-    Total total;
-    zrpc::ClientWriter<Number> writer = stub.Sum(&total, CallOptions::Timeout(kLong));
-    Number number;
-    number.set_pad(std::string(8000, 'x'));
-    CHECK_FALSE(writer.Write(number));
-    const absl::Status status = writer.Finish();
-    INFO(status);
-    CHECK(status.code() == absl::StatusCode::kResourceExhausted);
+    CHECK(absl::StrContains(status.message(), "arena"));
   }
   CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
   CHECK(f.server->stats().protocol_violations == 0);
+  CHECK(f.channel->stats().protocol_violations == 0);
+}
+
+TEST_CASE("a 256 MiB stream of 64 KiB messages arrives whole and in order", "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  Numbers::Stub stub(f.channel.get());
+  CountRequest request = Counting(4096);
+  request.set_pad_bytes(64 << 10);
+  zrpc::ClientReader<Number> reader = stub.Count(request, CallOptions::Timeout(absl::Minutes(10)));
+  Number number;
+  uint64_t next = 1;
+  uint64_t wrong = 0;
+  uint64_t bytes = 0;
+  while (reader.Read(&number)) {
+    wrong += number.value() != next++ || number.pad().size() != (64 << 10) ? 1 : 0;
+    bytes += number.pad().size();
+  }
+  const absl::Status status = reader.Finish();
+  INFO(status);
+  CHECK(status.ok());
+  CHECK(next - 1 == 4096);
+  CHECK(wrong == 0);
+  CHECK(bytes == uint64_t{256} << 20);
 }
 
 }  // namespace
