@@ -76,6 +76,8 @@ const char* WorkloadName(Workload workload) {
       return "put";
     case Workload::kGet:
       return "get";
+    case Workload::kStream:
+      return "stream";
   }
   return "?";
 }
@@ -158,9 +160,11 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
         parsed.workload = Workload::kPut;
       } else if (value == "get") {
         parsed.workload = Workload::kGet;
+      } else if (value == "stream") {
+        parsed.workload = Workload::kStream;
       } else {
         s = absl::InvalidArgumentError(
-            absl::StrCat("--workload: \"", value, "\" is not echo, put or get"));
+            absl::StrCat("--workload: \"", value, "\" is not echo, put, get or stream"));
       }
     } else if (flag == "--size") {
       s = ParseBytesList(flag, value, 0, kMaxSize, &parsed.sizes);
@@ -220,6 +224,23 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--in-flight ", in_flight, " is less than --threads ", parsed.threads,
           ": every thread keeps at least one call in flight"));
+    }
+  }
+  if (parsed.workload == Workload::kStream) {
+    if (sweep || parsed.threads != 1 || parsed.connections != std::vector<int>{1} ||
+        parsed.duration > absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          "--workload stream: one stream on one connection, of --calls messages (no --sweep, "
+          "--threads, --connections or --duration)");
+    }
+    if (parsed.in_flight.size() != 1) {
+      return absl::InvalidArgumentError("--workload stream: one --in-flight (the window)");
+    }
+    for (uint64_t size : parsed.sizes) {
+      if (size > (uint64_t{256} << 10)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--size ", size, ": a stream's messages are at most 256 KiB (the client's arena)"));
+      }
     }
   }
   if (parsed.workload == Workload::kEcho) {

@@ -2,7 +2,7 @@
 //
 //   zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event [--spin DURATION]]
 //                     [--max-bulk BYTES] [--arena BYTES]
-//   zrpc_bench client --connect ADDR:PORT [--workload echo|put|get] [--size B[,B...]]
+//   zrpc_bench client --connect ADDR:PORT [--workload echo|put|get|stream] [--size B[,B...]]
 //                     [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]
 //                     [--calls N | --duration SECONDS] [--warmup N] [--round N]
 //                     [--json FILE] [--event [--spin DURATION]] [--sweep] [--registered]
@@ -16,6 +16,10 @@
 // --registered (put only): payloads come from memory the client registered once
 // (rpc/registered_memory.h) and are sent with no copy; the row is named put_registered, and the
 // run fails if any of its bytes were staged after all.
+// --workload stream: one server-streaming call of --calls messages of --size bytes each (after
+// a stream of --warmup), read as they come; --in-flight is the stream's window (the messages
+// the client holds unread: ChannelOptions::stream_window), a row's "calls" are messages and
+// its latency the wait per Read. One thread, one connection; sizes up to 256 KiB.
 // Lists (sizes, calls in flight, connections) run every combination, in that nesting order;
 // --sweep sets the lists to a standard walk for the workload. Every figure is checked here:
 // a benchmark that silently measured something else than asked would be worse than none.
@@ -33,7 +37,7 @@
 
 namespace zrpc::bench {
 
-enum class Workload { kEcho, kPut, kGet };
+enum class Workload { kEcho, kPut, kGet, kStream };
 const char* WorkloadName(Workload workload);
 
 struct BenchArgs {
@@ -72,7 +76,8 @@ inline constexpr uint64_t kSweepBulkBytes = uint64_t{64} << 20;
 inline constexpr char kBenchUsage[] =
     "usage: zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event [--spin DURATION]]\n"
     "                         [--max-bulk BYTES] [--arena BYTES]\n"
-    "       zrpc_bench client --connect ADDR:PORT [--workload echo|put|get] [--size B[,B...]]\n"
+    "       zrpc_bench client --connect ADDR:PORT [--workload echo|put|get|stream]\n"
+    "                         [--size B[,B...]]\n"
     "                         [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]\n"
     "                         [--calls N | --duration SECONDS] [--warmup N] [--round N]\n"
     "                         [--json FILE] [--event [--spin DURATION]] [--sweep] [--registered]\n"

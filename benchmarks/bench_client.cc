@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "benchmarks/bench.zrpc.h"
+#include "rpc/streaming.h"
 #include "benchmarks/bench_service.h"
 #include "rpc/registered_memory.h"
 
@@ -194,6 +195,8 @@ class Runner {
         stub_.AsyncGet(slot.bulk_request, &slot.bulk_reply, &slot.incoming, options,
                        std::move(done));
         return;
+      case Workload::kStream:  // RunStream's, never issued here
+        return;
     }
   }
 
@@ -203,9 +206,68 @@ class Runner {
   const RegisteredMemory* memory_;  // null: payloads from ordinary memory (staged)
 };
 
+// One stream of `count` messages; each Read's wait into `samples` (when given).
+absl::Status ReadStream(Bench::Stub& stub, uint64_t count, uint64_t size,
+                        std::vector<int64_t>* samples) {
+  StreamRequest request;
+  request.set_count(count);
+  request.set_size(size);
+  ClientReader<EchoMessage> reader = stub.Stream(request, CallOptions::Timeout(absl::Hours(1)));
+  EchoMessage message;
+  uint64_t read = 0;
+  for (;;) {
+    const absl::Time before = absl::Now();
+    if (!reader.Read(&message)) break;
+    if (samples != nullptr) samples->push_back(absl::ToInt64Nanoseconds(absl::Now() - before));
+    if (message.payload().size() != size) {
+      reader.Cancel();
+      static_cast<void>(reader.Finish());
+      return absl::DataLossError(absl::StrCat("stream message ", read, " has ",
+                                              message.payload().size(), " bytes, not ", size));
+    }
+    ++read;
+  }
+  absl::Status status = reader.Finish();
+  if (status.ok() && read != count) {
+    status = absl::DataLossError(absl::StrCat("the stream ended after ", read, " of ", count,
+                                              " messages"));
+  }
+  return status;
+}
+
+// The stream workload: see bench_args.h.
+absl::StatusOr<RunMeasurement> RunStream(ClientChannel& channel, const RunSpec& spec) {
+  Bench::Stub stub(&channel);
+  if (spec.warmup > 0) {
+    if (absl::Status s = ReadStream(stub, spec.warmup, spec.size, nullptr); !s.ok()) return s;
+  }
+  CpuRequest cpu_request;
+  CpuReply before, after;
+  const bool server_cpu =
+      stub.Cpu(cpu_request, &before, CallOptions::Timeout(absl::Seconds(30))).ok();
+  RunMeasurement result;
+  result.latencies_ns.reserve(spec.calls);
+  const uint64_t client_before = ProcessCpuNanos();
+  const absl::Time start = absl::Now();
+  absl::Status s = ReadStream(stub, spec.calls, spec.size, &result.latencies_ns);
+  result.elapsed = absl::Now() - start;
+  const uint64_t client_after = ProcessCpuNanos();
+  if (!s.ok()) return s;
+  result.payload_bytes = spec.calls * spec.size;
+  result.client_cpu_ns = static_cast<double>(client_after - client_before);
+  result.note = "stream: calls are messages, latency the wait per Read";
+  if (server_cpu && stub.Cpu(cpu_request, &after, CallOptions::Timeout(absl::Seconds(30))).ok()) {
+    result.server_cpu_ns = static_cast<double>(after.cpu_ns() - before.cpu_ns());
+  } else {
+    result.note += "; server CPU not measured";
+  }
+  return result;
+}
+
 }  // namespace
 
 absl::StatusOr<RunMeasurement> RunWorkload(ClientChannel& channel, const RunSpec& spec) {
+  if (spec.workload == Workload::kStream) return RunStream(channel, spec);
   std::string payload(spec.workload == Workload::kGet ? 0 : spec.size, '\x42');
   std::optional<RegisteredMemory> memory;
   if (spec.registered && !payload.empty()) {

@@ -8,7 +8,9 @@
 # (zero-copy), at --bulk-size, or with --bulk-sweep at 4 KiB to 64 MiB each next to ib_write_bw
 # at the same size and depth (the depth shrinks with the size: at most 64 MiB in flight); transport_bench echo, one and many in flight (zrpc's
 # transport alone: the layer between perftest and zrpc's RPCs); grpc_bench echo (gRPC C++ over TCP on the same guest) with
-# one and many in flight; all at the same sizes. Every run appends one JSON line to results.jsonl;
+# one and many in flight; all at the same sizes. Beside those, one zrpc stream of --stream-size
+# messages (4 KiB by default: zrpc_bench --workload stream, --in-flight its window) next to
+# ib_send_bw at that size and depth. Every run appends one JSON line to results.jsonl;
 # bench_report then takes the medians across rounds, prints the table and the ratios against
 # the targets, and writes the JSON summary and the latency CDF picture.
 #
@@ -17,12 +19,13 @@
 # each) and prints how latency and throughput grow with the work: sweep.jsonl, sweep.json.
 #
 # Usage: compare.sh ZRPC_BENCH TRANSPORT_BENCH GRPC_BENCH BENCH_REPORT OUT_DIR [--rounds N]
-#                   [--size B] [--bulk-size B] [--calls N] [--in-flight N] [--sweep]
-#                   [--bulk-sweep]
+#                   [--size B] [--bulk-size B] [--stream-size B] [--calls N] [--in-flight N]
+#                   [--sweep] [--bulk-sweep]
 set -euo pipefail
 zrpc_bench=$1 transport_bench=$2 grpc_bench=$3 bench_report=$4 out=$5
 shift 5
-rounds=5 size=64 bulk_size=$((1 << 20)) calls=5000 in_flight=32 sweep=0 bulk_sweep=0
+rounds=5 size=64 bulk_size=$((1 << 20)) stream_size=4096 calls=5000 in_flight=32 sweep=0
+bulk_sweep=0
 while (($#)); do
   case "$1" in
     --sweep) sweep=1; shift; continue ;;
@@ -30,6 +33,7 @@ while (($#)); do
     --rounds) rounds=${2-} ;;
     --size) size=${2-} ;;
     --bulk-size) bulk_size=${2-} ;;
+    --stream-size) stream_size=${2-} ;;
     --calls) calls=${2-} ;;
     --in-flight) in_flight=${2-} ;;
     *) echo "compare.sh: unknown flag $1" >&2; exit 2 ;;
@@ -37,7 +41,7 @@ while (($#)); do
   (($# >= 2)) || { echo "compare.sh: $1 needs a value" >&2; exit 2; }
   shift 2
 done
-for n in "$rounds" "$size" "$bulk_size" "$calls" "$in_flight"; do
+for n in "$rounds" "$size" "$bulk_size" "$stream_size" "$calls" "$in_flight"; do
   [[ "$n" =~ ^[0-9]+$ ]] || { echo "compare.sh: \"$n\" is not a number" >&2; exit 2; }
 done
 : "${ZRPC_RDMA_DEVICE:?run through tools/softroce}" "${ZRPC_RDMA_GID_INDEX:?}" "${ZRPC_RDMA_ADDR:?}"
@@ -162,6 +166,8 @@ for ((round = 1; round <= rounds; round++)); do
     "$(perftest_distribution "$logs/send_lat_event.client")" >>"$results"
   perftest_run ib_send_bw send_bw -s "$size" -n "$calls" -t "$in_flight"
   perftest_json send_bw "$in_flight" "$(data_line "$logs/send_bw.client")" >>"$results"
+  perftest_run ib_send_bw send_bw_stream -s "$stream_size" -n "$calls" -t "$in_flight"
+  perftest_json send_bw "$in_flight" "$(data_line "$logs/send_bw_stream.client")" >>"$results"
   for bulk in "${bulk_sizes[@]}"; do
     perftest_run ib_write_bw write_bw -s "$bulk" -n "$bulk_calls" -t "$(bulk_depth "$bulk")"
     perftest_json write_bw "$(bulk_depth "$bulk")" "$(data_line "$logs/write_bw.client")" >>"$results"
@@ -170,6 +176,8 @@ for ((round = 1; round <= rounds; round++)); do
   common=(client --connect "$target" --round "$round" --json "$results")
   "$zrpc_bench" "${common[@]}" --workload echo --size "$size" --in-flight 1 --calls "$calls" --warmup 500
   "$zrpc_bench" "${common[@]}" --workload echo --size "$size" --in-flight "$in_flight" --calls "$calls" --warmup 500
+  "$zrpc_bench" "${common[@]}" --workload stream --size "$stream_size" --in-flight "$in_flight" \
+    --calls "$calls" --warmup 500
   for bulk in "${bulk_sizes[@]}"; do
     for registered in "" --registered; do
       "$zrpc_bench" "${common[@]}" --workload put --size "$bulk" --in-flight "$(bulk_depth "$bulk")" \

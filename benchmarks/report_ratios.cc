@@ -85,6 +85,13 @@ const Spec kSpecs[] = {
     {"zrpc event echo p50 / (2 x perftest send_lat -e p50)", "zrpc", "echo_event", "perftest",
      "send_lat_event", Depth::kOne, 1.3, false,
      [](const WorkloadResult& z, const WorkloadResult& o) { return z.p50_us / (2 * o.p50_us); }},
+    // One stream's messages against perftest's SENDs of the same size (a figure: the issue
+    // that added streams set no target).
+    {"zrpc stream msg/s / perftest send_bw msg/s", "zrpc", "stream", "perftest", "send_bw",
+     Depth::kLargest, NAN, true,
+     [](const WorkloadResult& z, const WorkloadResult& o) {
+       return z.calls_per_sec / o.calls_per_sec;
+     }},
     {"grpc echo p50 / zrpc echo p50", "zrpc", "echo", "grpc", "echo", Depth::kOne, 20, true,
      [](const WorkloadResult& z, const WorkloadResult& o) { return o.p50_us / z.p50_us; }},
 };

@@ -95,6 +95,10 @@ int Client(const BenchArgs& args) {
     options.slots.slot_size = kSlotSize;
     options.connection.arena_size = ArenaFor(args.workload == Workload::kGet ? largest : 0);
     options.staging_bytes = std::max<size_t>(size_t{64} << 20, 4 * largest);
+    // A stream's window is the channel's (bench_args.h): one --in-flight for stream.
+    if (args.workload == Workload::kStream) {
+      options.stream_window = static_cast<uint16_t>(args.in_flight.front());
+    }
     absl::StatusOr<std::unique_ptr<ClientChannel>> channel = CreateChannel(args.connect, options);
     absl::Status s = channel.ok() ? (*channel)->Connect(absl::Now() + absl::Seconds(30))
                                   : channel.status();

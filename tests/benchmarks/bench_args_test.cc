@@ -78,6 +78,13 @@ TEST_CASE("zrpc_bench arguments: servers and clients, lists, defaults") {
   auto timed = Parse({"client", "--connect", "h:1", "--duration", "2.5"});
   REQUIRE(timed.ok());
   CHECK(timed->duration == absl::Milliseconds(2500));
+
+  auto stream = Parse({"client", "--connect", "h:1", "--workload", "stream", "--size", "256K",
+                       "--in-flight", "4096"});
+  INFO(stream.status());
+  REQUIRE(stream.ok());
+  CHECK(stream->workload == Workload::kStream);
+  CHECK(std::string(zrpc::bench::WorkloadName(stream->workload)) == "stream");
 }
 
 TEST_CASE("zrpc_bench arguments: every mistake is refused by name") {
@@ -90,7 +97,16 @@ TEST_CASE("zrpc_bench arguments: every mistake is refused by name") {
   Refused({"client", "--connect", "h:1", "--in-flight", "0"}, "--in-flight");
   Refused({"client", "--connect", "h:1", "--threads", "4", "--in-flight", "2"},
           "less than --threads");
-  Refused({"client", "--connect", "h:1", "--workload", "scan"}, "not echo, put or get");
+  Refused({"client", "--connect", "h:1", "--workload", "scan"}, "not echo, put, get or stream");
+  // A stream's limits: one stream and one window, messages within the client's arena.
+  Refused({"client", "--connect", "h:1", "--workload", "stream", "--in-flight", "1,2"},
+          "one --in-flight");
+  Refused({"client", "--connect", "h:1", "--workload", "stream", "--size", "262145"},
+          "at most 256 KiB");
+  Refused({"client", "--connect", "h:1", "--workload", "stream", "--connections", "2"},
+          "one stream on one connection");
+  Refused({"client", "--connect", "h:1", "--workload", "stream", "--sweep"},
+          "one stream on one connection");
   Refused({"client", "--connect", "h:1", "--workload", "get", "--registered"},
           "only put sends a payload");
   Refused({"client", "--connect", "h:1", "--registered"}, "only put sends a payload");

@@ -20,12 +20,16 @@ one_round() {
   fi
   cat "$out.log"
   local workload
-  for workload in echo put put_registered; do
+  for workload in echo put put_registered stream; do
     grep -q "\"system\":\"zrpc\",\"workload\":\"$workload\"" "$out/results.jsonl" ||
       junit_problem "no zrpc $workload row in results.jsonl"
   done
   [[ $(grep -c '"system":"zrpc","workload":"echo"' "$out/results.jsonl") == 2 ]] ||
     junit_problem "want 2 zrpc echo rows (1 and 8 in flight)"
+  grep '"system":"perftest","workload":"send_bw"' "$out/results.jsonl" | grep -q '"size":4096,' ||
+    junit_problem "no perftest send_bw row at the stream's 4096 B"
+  grep -q 'zrpc stream msg/s / perftest send_bw msg/s .*[0-9]\.[0-9]' "$out.log" ||
+    junit_problem "no stream ratio with a value"
   [[ $(grep -c '"system":"grpc","workload":"echo"' "$out/results.jsonl") == 2 ]] ||
     junit_problem "want 2 grpc echo rows (1 and 8 in flight)"
   [[ $(grep -c '"system":"transport","workload":"echo"' "$out/results.jsonl") == 2 ]] ||

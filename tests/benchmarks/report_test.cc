@@ -242,12 +242,14 @@ TEST_CASE("ratios are computed like for like against their targets", "[report][r
       Row("zrpc", "put", 65536, 16, 0, 100),     // staged: a figure, no target
       Row("zrpc", "echo_event", 64, 1, 0, 14),           // event mode, round trip 14 us
       Row("perftest", "send_lat_event", 64, 1, 0, 5),  // one-way 5 us with -e: 1.4
+      Row("zrpc", "stream", 4096, 16, 0, 40),            // 400k msg/s
+      Row("perftest", "send_bw", 4096, 128, 0, 160),     // 800k msg/s: 0.5, beside 64 B's
   };
   rs[4].goodput_mib_per_sec = 970;
   rs[5].goodput_mib_per_sec = 1000;  // 0.97
   rs[8].goodput_mib_per_sec = 500;   // 0.5
   const std::vector<Ratio> ratios = ComputeRatios(MustAggregate(rs));
-  REQUIRE(ratios.size() == 6);
+  REQUIRE(ratios.size() == 7);
   CHECK(ratios[0].available);
   CHECK(ratios[0].value == Approx(1.1));
   CHECK(ratios[0].met);
@@ -262,9 +264,13 @@ TEST_CASE("ratios are computed like for like against their targets", "[report][r
   CHECK(ratios[4].value == Approx(1.4));
   CHECK(ratios[4].name == "zrpc event echo p50 / (2 x perftest send_lat -e p50)");
   CHECK_FALSE(ratios[4].met);  // target <= 1.3
-  CHECK(ratios[5].value == Approx(30));
-  CHECK(ratios[5].met);
-  CHECK(ratios[5].rounds == 1);
+  CHECK(ratios[5].name == "zrpc stream msg/s / perftest send_bw msg/s");
+  CHECK(ratios[5].value == Approx(0.5));
+  CHECK(ratios[5].where == "4096 B, in_flight 16 vs 128, 1x1");
+  CHECK_FALSE(ratios[5].has_target);
+  CHECK(ratios[6].value == Approx(30));
+  CHECK(ratios[6].met);
+  CHECK(ratios[6].rounds == 1);
   const std::string text = FormatRatios(ratios);
   CHECK(text.find("MISSED") != std::string::npos);
   CHECK(text.find("target <= 1.15  met") != std::string::npos);
@@ -294,14 +300,15 @@ TEST_CASE("a ratio with a side missing is n/a and names what is missing", "[repo
       Row("zrpc", "echo", 64, 1, 0, 11),
       Row("perftest", "send_lat", 4096, 1, 0, 5),  // another size: no counterpart
   }));
-  REQUIRE(ratios.size() == 6);
+  REQUIRE(ratios.size() == 7);
   CHECK_FALSE(ratios[0].available);
   CHECK(ratios[0].missing == "no perftest rows for send_lat 64 B, in_flight 1, 1x1");
   CHECK(ratios[1].missing == "no zrpc rows for put_registered");
   CHECK(ratios[2].missing == "no zrpc rows for put");
   CHECK(ratios[3].missing == "no perftest rows for send_bw 64 B, 1x1");
   CHECK(ratios[4].missing == "no zrpc rows for echo_event with in_flight 1");
-  CHECK(ratios[5].missing == "no grpc rows for echo 64 B, in_flight 1, 1x1");
+  CHECK(ratios[5].missing == "no zrpc rows for stream");
+  CHECK(ratios[6].missing == "no grpc rows for echo 64 B, in_flight 1, 1x1");
   const std::string text = FormatRatios(ratios);
   CHECK(text.find("n/a (no zrpc rows for put_registered)") != std::string::npos);
   CHECK(text.find("met") == std::string::npos);
