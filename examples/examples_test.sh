@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Both example pairs end to end on an RDMA device, as a user runs them: each server started with
+# The example pairs end to end on an RDMA device, as a user runs them: each server started with
 # --listen ADDR:0 in the background, its port read from its "listening on" line, the clients run
 # against it and their output checked, then SIGTERM, which must end the server with exit 0
 # within 10 s.
@@ -101,7 +101,17 @@ object_store() {
   stop_server object_store_server
 }
 
+numbers() {
+  start_server numbers_server --listen "$host:0" || return
+  run_client 0 numbers_client --connect "$host:$port" --count 3000
+  local want=$'Count: 3000 numbers in order\nSum: 3000 numbers, total 4501500\nDouble: 3000 numbers back doubled\nSquare: 7 * 7 = 49\nall calls ok'
+  [[ "$(cat "$tmp/client.out")" == "$want" ]] || junit_problem "numbers_client printed something else than its four calls and \"all calls ok\""
+  stop_server numbers_server
+}
+
 junit_scenario "greeter: a client's calls answered, SIGTERM stops the server, then the client fails with exit 1" greeter
 junit_scenario "object store: arena-sized and pulled objects round trip byte for byte, one past --max-bulk is refused" object_store
+
+junit_scenario "numbers: a stream of each kind and a unary call, then SIGTERM stops the server" numbers
 
 junit_finish

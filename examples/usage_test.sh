@@ -25,7 +25,8 @@ expect_usage() {
   fi
 }
 
-for program in greeter_server greeter_client object_store_server object_store_client; do
+for program in greeter_server greeter_client object_store_server object_store_client \
+    numbers_server numbers_client; do
   expect_usage 0 "$program" --help
   expect_usage 0 "$program" -h
   expect_usage 2 "$program" --bogus 1
@@ -34,7 +35,7 @@ for program in greeter_server greeter_client object_store_server object_store_cl
   expect_usage 2 "$program" --
 done
 
-for server in greeter_server object_store_server; do
+for server in greeter_server object_store_server numbers_server; do
   expect_usage 2 "$server" --listen
   expect_usage 2 "$server" --listen nonsense
   expect_usage 2 "$server" --listen 198.18.0.1:65536
@@ -51,7 +52,7 @@ expect_usage 2 object_store_server --arena 0
 expect_usage 2 object_store_server --max-bulk 0
 expect_usage 2 object_store_server --max-bulk 4G
 
-for client in greeter_client object_store_client; do
+for client in greeter_client object_store_client numbers_client; do
   expect_usage 2 "$client"
   expect_usage 2 "$client" --connect
   expect_usage 2 "$client" --connect 198.18.0.1
@@ -66,6 +67,8 @@ expect_usage 2 object_store_client --connect 198.18.0.1:7471 --size 2G
 expect_usage 2 object_store_client --connect 198.18.0.1:7471 --size 1.5M
 expect_usage 2 object_store_client --connect 198.18.0.1:7471 --arena 65
 expect_usage 2 object_store_client --connect 198.18.0.1:7471 --name
+expect_usage 2 numbers_client --connect 198.18.0.1:7471 --count 0
+expect_usage 2 numbers_client --connect 198.18.0.1:7471 --count 1000001
 
 if ((failures)); then
   echo "$failures failed"
