@@ -344,6 +344,15 @@ void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token
 
 absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& connection,
                                                        const transport::ReceivedMessage& message) {
+  if (violations_.load(std::memory_order_relaxed) > 0) {
+    // The connection is closing for breaking the protocol: what the peer sent after that is
+    // not used, only given back.
+    static_cast<void>(connection.Release(message.handle));
+    if (std::optional<transport::ReceivedBulk> bulk = std::exchange(unpaired_, std::nullopt)) {
+      static_cast<void>(connection.Release(bulk->handle));
+    }
+    return absl::FailedPreconditionError("the connection is closing for a protocol violation");
+  }
   absl::StatusOr<RpcHeader> header =
       DecodeRpcHeader(absl::MakeConstSpan(message.data, message.size));
   std::optional<transport::ReceivedBulk> bulk = std::exchange(unpaired_, std::nullopt);
@@ -389,9 +398,12 @@ absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& co
 }
 
 void RpcConnection::Violation(transport::Connection& connection, absl::string_view what) {
-  violations_.fetch_add(1, std::memory_order_relaxed);
-  ZRPC_LOG(kError, side_, "closing the connection to ", connection.peer_address(),
-           ": protocol violation: ", what);
+  // Logged once: the messages already received behind the first may break the rules too (a
+  // stream's sender past its window sends on), and one line says what the peer did.
+  if (violations_.fetch_add(1, std::memory_order_relaxed) == 0) {
+    ZRPC_LOG(kError, side_, "closing the connection to ", connection.peer_address(),
+             ": protocol violation: ", what);
+  }
   connection.Close();
 }
 

@@ -327,7 +327,13 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   const RpcHeader& header = request.header;
   auto answer_error = [&](const absl::Status& status) {
     Discard(connection, request);
-    if (!SendError(connection, header.call_id, status).ok()) connection.Close();
+    if (absl::Status sent = SendError(connection, header.call_id, status); !sent.ok()) {
+      // Refusals answered at once may outrun their way back (the client's credits): past the
+      // connection's send slots, it is cut off rather than left waiting without a word.
+      ZRPC_LOG(kError, "server", "cannot answer call ", header.call_id, " from ",
+               connection.peer_address(), " (", sent.ToString(), "); closing");
+      connection.Close();
+    }
   };
   if (header.service_id == kKeepaliveServiceId) {
     // Answered here, on the poller thread, so that busy handlers never delay it: a keepalive

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -11,12 +12,17 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "proto/examples/numbers.zrpc.h"
 #include "rpc/channel.h"
+#include "rpc/rpc_header.h"
 #include "rpc/server.h"
 #include "tests/eventually.h"
 #include "tests/rdma_device.h"
+#include "tests/rpc/runtime_fixture.h"
+#include "transport/connection.h"
 
 namespace {
 
@@ -410,6 +416,162 @@ TEST_CASE("a 256 MiB stream of 64 KiB messages arrives whole and in order", "[st
   CHECK(next - 1 == 4096);
   CHECK(wrong == 0);
   CHECK(bytes == uint64_t{256} << 20);
+}
+
+// A peer that speaks the transport and writes RPC headers by hand: what a hostile client can
+// send. It gives every receive back at once and records the headers of what it got.
+class RawClient : public zrpc::transport::ConnectionHandler {
+ public:
+  void OnMessage(zrpc::transport::Connection& c,
+                 const zrpc::transport::ReceivedMessage& m) override {
+    absl::StatusOr<zrpc::RpcHeader> header =
+        zrpc::DecodeRpcHeader(absl::MakeConstSpan(m.data, m.size));
+    static_cast<void>(c.Release(m.handle));
+    absl::MutexLock lock(&mu_);
+    if (header.ok()) received_.push_back(*header);
+  }
+  void OnBulk(zrpc::transport::Connection& c, const zrpc::transport::ReceivedBulk& b) override {
+    static_cast<void>(c.Release(b.handle));
+  }
+  void OnSendDone(zrpc::transport::Connection&, uint64_t, const absl::Status&) override {}
+  void OnClosed(zrpc::transport::Connection&, const absl::Status&) override { closed.Notify(); }
+
+  int received() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(received_.size());
+  }
+  // Messages of `kind` received (errors: with `code`).
+  int Count(zrpc::RpcKind kind, absl::StatusCode code = absl::StatusCode::kOk) {
+    absl::MutexLock lock(&mu_);
+    int n = 0;
+    for (const zrpc::RpcHeader& h : received_) n += h.kind == kind && h.status_code == code;
+    return n;
+  }
+
+  absl::Notification closed;
+
+ private:
+  absl::Mutex mu_;
+  std::vector<zrpc::RpcHeader> received_;
+};
+
+// Sends `header` and `body` on `connection`, waiting for a send slot or a place in its queue;
+// the error once it is closed.
+absl::Status SendRaw(zrpc::transport::Connection& connection, const zrpc::RpcHeader& header,
+                     const std::string& body = "") {
+  for (;;) {
+    absl::StatusOr<zrpc::transport::SendBuffer> buffer = connection.AcquireSendBuffer();
+    absl::Status status = buffer.status();
+    if (buffer.ok()) {
+      zrpc::EncodeRpcHeader(header, buffer->data);
+      std::memcpy(buffer->data + zrpc::RpcHeader::kSize, body.data(), body.size());
+      status =
+          connection.Send(*buffer, static_cast<uint32_t>(zrpc::RpcHeader::kSize + body.size()));
+      if (status.ok()) return status;
+    }
+    if (status.code() != absl::StatusCode::kResourceExhausted || !connection.open()) {
+      return status;
+    }
+    absl::SleepFor(absl::Microseconds(200));
+  }
+}
+
+constexpr uint32_t kNumbersId = zrpc::ServiceId("zrpc.examples.Numbers");
+constexpr uint16_t kCountIndex = 0, kDoubleIndex = 2;
+
+TEST_CASE("a peer past its stream's window, or writing where nobody reads, is cut off alone",
+          "[streaming][hostile]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  Numbers::Stub stub(f.channel.get());
+  zrpc::testing::TransportPeer peer(config);
+  RawClient raw;
+  auto connection = peer.Connect(config.addr, f.server->port(), &raw);
+  REQUIRE(connection.ok());
+  Number number;
+  number.set_value(1);
+  SECTION("messages past the window the server granted") {
+    // It grants the server one message; the handler echoes one, then waits for credit and
+    // stops reading, so the server's grant stops at its window (16) plus what it read.
+    REQUIRE(SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kDoubleIndex, 1, 0, 1))
+                .ok());
+    for (int i = 0; i < 300 && (*connection)->open(); ++i) {
+      static_cast<void>(
+          SendRaw(**connection, zrpc::RpcHeader::StreamMessage(1), number.SerializeAsString()));
+    }
+  }
+  SECTION("a stream message to a server-streaming call, whose server takes none") {
+    CountRequest request = Counting(10);
+    REQUIRE(SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kCountIndex, 1, 0, 1),
+                    request.SerializeAsString())
+                .ok());
+    static_cast<void>(
+        SendRaw(**connection, zrpc::RpcHeader::StreamMessage(1), number.SerializeAsString()));
+  }
+  SECTION("a second half-close") {
+    REQUIRE(SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kDoubleIndex, 1, 0, 1))
+                .ok());
+    static_cast<void>(SendRaw(**connection, zrpc::RpcHeader::HalfClose(1)));
+    static_cast<void>(SendRaw(**connection, zrpc::RpcHeader::HalfClose(1)));
+  }
+  CHECK(raw.closed.WaitForNotificationWithTimeout(kLong));
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().protocol_violations == 1; }));
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().calls_in_flight == 0; }));
+  // The server's other connections never noticed.
+  Number reply;
+  REQUIRE(stub.Square(number, &reply, CallOptions::Timeout(kLong)).ok());
+  CHECK(reply.value() == 1);
+}
+
+TEST_CASE("a peer that opens thousands of streams and never reads holds its 16, no more",
+          "[streaming][hostile]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  zrpc::testing::TransportPeer peer(config);
+  RawClient raw;
+  auto connection = peer.Connect(config.addr, f.server->port(), &raw);
+  REQUIRE(connection.ok());
+  constexpr int kOpens = 2000;
+  const int limit = zrpc::ServerOptions().max_streams_per_connection;
+  // Each asks for a million numbers and grants one: the server writes it and then waits for a
+  // credit that never comes. No deadline. At most 64 opens unanswered at a time: the server
+  // answers a refusal at once, and a peer whose refusals outrun the answers' way back (128 send
+  // slots queued) has its connection closed, which is another test's matter.
+  const std::string request = Counting(1'000'000).SerializeAsString();
+  for (uint64_t id = 1; id <= kOpens; ++id) {
+    REQUIRE(zrpc::testing::Eventually([&] { return id - raw.received() <= 64; }));
+    const absl::Status sent =
+        SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kCountIndex, id, 0, 1),
+                request);
+    INFO("open " << id << ": " << sent << "; " << (*connection)->DebugString()
+                  << (raw.closed.HasBeenNotified() ? "; closed" : ""));
+    REQUIRE(sent.ok());
+  }
+  CHECK(zrpc::testing::Eventually([&] {
+    return raw.Count(zrpc::RpcKind::kError, absl::StatusCode::kResourceExhausted) ==
+           kOpens - limit;
+  }));
+  CHECK(zrpc::testing::Eventually([&] {
+    return raw.Count(zrpc::RpcKind::kStreamMessage) == limit;
+  }));
+  CHECK(f.server->stats().streams_open == static_cast<uint64_t>(limit));
+  CHECK(f.server->stats().streams_refused == static_cast<uint64_t>(kOpens - limit));
+  // Another client on its own connection streams and calls as usual meanwhile.
+  Numbers::Stub stub(f.channel.get());
+  zrpc::ClientReader<Number> reader = stub.Count(Counting(100), CallOptions::Timeout(kLong));
+  Number number;
+  int read = 0;
+  while (reader.Read(&number)) ++read;
+  CHECK(reader.Finish().ok());
+  CHECK(read == 100);
+  // The peer goes away: its streams end, their threads return, nothing is left.
+  (*connection)->Close();
+  REQUIRE(raw.closed.WaitForNotificationWithTimeout(kLong));  // `raw` must outlive that
+  connection->reset();
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().calls_in_flight == 0; }));
+  CHECK(f.server->stats().protocol_violations == 0);
 }
 
 }  // namespace
