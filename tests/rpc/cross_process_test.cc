@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -19,9 +20,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "proto/examples/greeter.zrpc.h"
+#include "proto/examples/numbers.zrpc.h"
 #include "proto/examples/object_store.zrpc.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
+#include "rpc/streaming.h"
 #include "tests/eventually.h"
 #include "tests/rdma_device.h"
 #include "tests/rpc/sleepy_greeter.h"
@@ -223,6 +226,79 @@ TEST_CASE("a client process killed with calls in flight: the server frees them a
   HelloReply reply;
   REQUIRE(stub.SayHello(request, &reply, zrpc::CallOptions::Timeout(absl::Seconds(30))).ok());
   CHECK(reply.message() == "Hello, next");
+}
+
+// Serves Numbers' Double and Count (numbers.proto), counting handlers that end and why.
+class EndingNumbers : public zrpc::examples::Numbers::Service {
+ public:
+  absl::Status Count(zrpc::ServerContext& context, const zrpc::examples::CountRequest& request,
+                     zrpc::ServerWriter<zrpc::examples::Number>* writer) override {
+    zrpc::examples::Number number;
+    for (uint64_t i = 0; i < request.count(); ++i) {
+      number.set_value(i);
+      if (!writer->Write(number)) break;
+    }
+    ended.fetch_add(1);
+    if (context.IsCancelled()) cancelled.fetch_add(1);
+    return absl::CancelledError("the client went away");
+  }
+  absl::Status Double(zrpc::ServerContext& context,
+                      zrpc::ServerReaderWriter<zrpc::examples::Number, zrpc::examples::Number>*
+                          stream) override {
+    zrpc::examples::Number number;
+    while (stream->Read(&number)) {
+      number.set_value(2 * number.value());
+      if (!stream->Write(number)) break;
+    }
+    ended.fetch_add(1);
+    if (context.IsCancelled()) cancelled.fetch_add(1);
+    return absl::OkStatus();
+  }
+  std::atomic<int> ended{0};
+  std::atomic<int> cancelled{0};
+};
+
+TEST_CASE("a client process killed mid-stream: both of its streams end on the server, which "
+          "frees them and serves another client") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  EndingNumbers numbers;
+  zrpc::ServerOptions options;
+  options.device = config;
+  auto server = zrpc::Server::Create(options);
+  REQUIRE(server.ok());
+  REQUIRE((*server)->AddService(&numbers).ok());
+  REQUIRE((*server)->Start().ok());
+
+  Peer client({"streamer", absl::StrCat(config.addr, ":", (*server)->port())});
+  REQUIRE(client.ReadLine(absl::Seconds(60)) == "streaming");
+  CHECK((*server)->stats().streams_open == 2);
+  client.Kill();
+
+  // The kernel disconnects for the dead process: the blocked Read and Write end, the handlers
+  // return, their threads and calls go.
+  CHECK(zrpc::testing::Eventually([&] { return numbers.ended.load() == 2; }));
+  CHECK(numbers.cancelled.load() == 2);
+  CHECK(zrpc::testing::Eventually([&] {
+    const zrpc::ServerStats stats = (*server)->stats();
+    return stats.streams_open == 0 && stats.calls_in_flight == 0 && stats.connections_open == 0;
+  }));
+
+  zrpc::ChannelOptions channel_options;
+  channel_options.device = config;
+  auto channel = zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()),
+                                     channel_options);
+  REQUIRE(channel.ok());
+  zrpc::examples::Numbers::Stub stub(channel->get());
+  zrpc::examples::CountRequest request;
+  request.set_count(5);
+  zrpc::ClientReader<zrpc::examples::Number> reader =
+      stub.Count(request, zrpc::CallOptions::Timeout(absl::Seconds(30)));
+  zrpc::examples::Number number;
+  int read = 0;
+  while (reader.Read(&number)) ++read;
+  CHECK(read == 5);
+  // The handler above answers CANCELLED even when it wrote everything: that is its status.
+  CHECK(reader.Finish().code() == absl::StatusCode::kCancelled);
 }
 
 // Takes Puts and lets the payload go at once.

@@ -8,6 +8,9 @@
 //                                   "listening PORT"
 //   rpc_peer putter ADDR:PORT SIZE  Puts SIZE-byte payloads (pulled by the server past its
 //                                   arena) one after another forever; prints "putting" first
+//   rpc_peer streamer ADDR:PORT     opens a Numbers.Double stream and a Numbers.Count stream
+//                                   (proto/examples/numbers.proto), reads and writes a few
+//                                   messages on each, prints "streaming", then holds both open
 //
 // Both run until killed; that is the point.
 #include <cstdio>
@@ -20,9 +23,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "proto/examples/greeter.zrpc.h"
+#include "proto/examples/numbers.zrpc.h"
 #include "proto/examples/object_store.zrpc.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
+#include "rpc/streaming.h"
 #include "tests/rpc/sleepy_greeter.h"
 
 namespace {
@@ -86,6 +91,32 @@ int Putter(const std::string& target, size_t size) {
   }
 }
 
+int Streamer(const std::string& target) {
+  auto channel = zrpc::CreateChannel(target, zrpc::ChannelOptions{});
+  if (!channel.ok()) {
+    std::fprintf(stderr, "rpc_peer: %s\n", channel.status().ToString().c_str());
+    return 1;
+  }
+  zrpc::examples::Numbers::Stub stub(channel->get());
+  zrpc::ClientReaderWriter<zrpc::examples::Number, zrpc::examples::Number> both =
+      stub.Double(zrpc::CallOptions());
+  zrpc::examples::Number number;
+  for (int i = 1; i <= 3; ++i) {
+    number.set_value(i);
+    if (!both.Write(number) || !both.Read(&number)) return 1;
+  }
+  zrpc::examples::CountRequest request;
+  request.set_count(1'000'000);
+  zrpc::ClientReader<zrpc::examples::Number> reader = stub.Count(request, zrpc::CallOptions());
+  for (int i = 0; i < 3; ++i) {
+    if (!reader.Read(&number)) return 1;
+  }
+  // The server's Double handler waits in Read, its Count handler in Write (a full window).
+  std::printf("streaming\n");
+  std::fflush(stdout);
+  for (;;) absl::SleepFor(absl::Hours(1));
+}
+
 int Client(const std::string& target, int in_flight) {
   auto channel = zrpc::CreateChannel(target, zrpc::ChannelOptions{});
   if (!channel.ok()) {
@@ -143,8 +174,9 @@ int main(int argc, char** argv) {
   if (mode == "putter" && argc == 4 && absl::SimpleAtoi(argv[3], &number) && number > 0) {
     return Putter(argv[2], number);
   }
+  if (mode == "streamer" && argc == 3) return Streamer(argv[2]);
   std::fprintf(stderr,
                "usage: rpc_peer server PORT | rpc_peer client ADDR:PORT IN_FLIGHT | "
-               "rpc_peer store PORT | rpc_peer putter ADDR:PORT SIZE\n");
+               "rpc_peer store PORT | rpc_peer putter ADDR:PORT SIZE | rpc_peer streamer ADDR:PORT\n");
   return 2;
 }
