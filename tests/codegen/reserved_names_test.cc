@@ -6,6 +6,7 @@
 // refuses each name as a package part.
 #include <catch2/catch.hpp>
 #include <cctype>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -207,7 +208,8 @@ TEST_CASE("the scanner finds what a header declares directly in namespace zrpc")
                               "kTheta", "internal", "transport"});
 }
 
-TEST_CASE("every name the runtime declares in namespace zrpc is refused as a package part") {
+// Every name the runtime's headers declare directly in namespace zrpc.
+std::set<std::string> RuntimeNames() {
   const std::string list = ReadFile(Runfile("tests/codegen/runtime_headers.txt"));
   REQUIRE_FALSE(list.empty());
   std::set<std::string> all;
@@ -226,6 +228,11 @@ TEST_CASE("every name the runtime declares in namespace zrpc is refused as a pac
     for (const std::string& name : DeclaredInZrpc(text)) all.insert(name);
   }
   CHECK(headers >= 10);
+  return all;
+}
+
+TEST_CASE("every name the runtime declares in namespace zrpc is refused as a package part") {
+  const std::set<std::string> all = RuntimeNames();
   // Names every version of the runtime has declared: the scan must find them.
   for (const char* known : {"Channel", "Service", "ServerCall", "Server", "Cancellation",
                             "OutgoingBulk", "internal", "transport"}) {
@@ -240,6 +247,60 @@ TEST_CASE("every name the runtime declares in namespace zrpc is refused as a pac
        "them to kRuntimeNames in codegen/cpp_names.cc");
   for (const std::string& name : missing) UNSCOPED_INFO(name);
   CHECK(missing.empty());
+}
+
+// The other side of the refusal: a package named after any of those names, anywhere but
+// directly inside zrpc (where it is refused), is the application's own and must not collide with
+// the runtime. Before: `package Server;` compiled alone, and the issue that added this test also
+// found packages the generated code's own names broke. Every such package, at the top and
+// inside another package, in one translation unit with every generated file, the runtime's
+// public headers, unary and streaming rpcs.
+TEST_CASE("packages named after every public zrpc name generate code that compiles beside the "
+          "runtime") {
+  const std::set<std::string> names = RuntimeNames();
+  const std::string dir = zrpc::testing::TmpDir() + "/packages";
+  std::string out;
+  REQUIRE(zrpc::testing::Run("rm -rf " + dir + " && mkdir -p " + dir + "/gen", &out) == 0);
+  std::vector<std::string> protos;
+  std::string unit =
+      "#include \"rpc/channel.h\"\n#include \"rpc/server.h\"\n#include \"rpc/streaming.h\"\n";
+  int index = 0;
+  for (const std::string& name : names) {
+    for (const std::string& package : {name, "app.zrpc." + name}) {
+      const std::string file = "p" + std::to_string(index++) + ".proto";
+      std::ofstream proto(dir + "/" + file);
+      proto << "syntax = \"proto3\";\npackage " << package << ";\n"
+            << "message Msg { int32 value = 1; }\n"
+            << "service Svc {\n"
+            << "  rpc Call(Msg) returns (Msg);\n"
+            << "  rpc Watch(Msg) returns (stream Msg);\n"
+            << "  rpc Send(stream Msg) returns (Msg);\n"
+            << "  rpc Chat(stream Msg) returns (stream Msg);\n"
+            << "}\n";
+      protos.push_back(file);
+      const std::string stem = file.substr(0, file.size() - 6);
+      unit += "#include \"" + stem + ".zrpc.cc\"\n";
+    }
+  }
+  std::string command = "cd " + dir + " && /usr/bin/protoc --plugin=protoc-gen-zrpc=" +
+                        Runfile("codegen/protoc-gen-zrpc") + " --cpp_out=gen --zrpc_out=gen";
+  for (const std::string& proto : protos) command += " " + proto;
+  std::string protoc_output;
+  const int protoc = zrpc::testing::Run(command, &protoc_output);
+  INFO(protoc_output);
+  REQUIRE(protoc == 0);
+  {
+    std::ofstream file(dir + "/unit.cc");
+    file << unit;
+  }
+  std::string compiler_output;
+  const int compiled = zrpc::testing::Run(
+      "g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I" + dir + "/gen -I" + Runfile("") +
+          " " + dir + "/unit.cc",
+      &compiler_output);
+  INFO(compiler_output.substr(0, 4000));
+  CHECK(compiled == 0);
+  CHECK(protos.size() == 2 * names.size());
 }
 
 }  // namespace
