@@ -21,7 +21,7 @@ MAX_ERROR_MESSAGE = 1024
 U64_MAX = (1 << 64) - 1
 
 
-def hello(magic=WIRE_MAGIC, version=3, flags=0, credits=64, recv_size=4096,
+def hello(magic=WIRE_MAGIC, version=4, flags=0, credits=64, recv_size=4096,
           addr=0x7F0000001000, rkey=0x1234, arena=1 << 20):
     return struct.pack("<IHHIIQII", magic, version, flags, credits, recv_size, addr, rkey, arena)
 
@@ -40,7 +40,8 @@ def hello_seeds():
         "short_magic_only": valid[:3],
         "truncated_31": valid[:31],
         "wrong_magic": hello(magic=0x43505A52),
-        "version_3": hello(version=3),
+        "version_3": hello(version=3),  # a peer of the wire before streams
+        "version_5": hello(version=5),
         "flags_set": hello(flags=1),
         "credits_3": hello(credits=3),
         "credits_65536": hello(credits=65536),
@@ -76,12 +77,13 @@ def fnv1a32(text):
     return h
 
 
-def rpc(kind, flags=0, method=0, service=0, call_id=1, timeout=0, bulk=0, status=0, reserved=0):
+def rpc(kind, flags=0, method=0, service=0, call_id=1, timeout=0, bulk=0, status=0, window=0):
     return struct.pack("<BBHIQQIHH", kind, flags, method, service, call_id, timeout, bulk,
-                       status, reserved)
+                       status, window)
 
 
 REQ, RESP, ERR, CANCEL, PULLED = 1, 2, 3, 4, 5
+STREAM_MESSAGE, HALF_CLOSE, CREDIT = 6, 7, 8
 
 
 def rpc_header_seeds():
@@ -108,8 +110,22 @@ def rpc_header_seeds():
         "kind_0": rpc(0),
         "pulled": rpc(PULLED, call_id=5),
         "pulled_with_body": rpc(PULLED, call_id=5) + b"?",
-        "kind_6_stream": rpc(6),
-        "unknown_flag": rpc(REQ, flags=0x10, service=greeter),
+        # Streams (wire version 4): an open carries a window, as does a credit.
+        "stream_open": rpc(REQ, flags=0x10, service=greeter, call_id=9, window=16),
+        "stream_open_without_window": rpc(REQ, flags=0x10, service=greeter, call_id=9),
+        "stream_open_large_body": rpc(REQ, flags=0x19, service=greeter, call_id=9, bulk=5000,
+                                      window=1) + struct.pack("<II", 5000, 0),
+        "stream_message": rpc(STREAM_MESSAGE, call_id=9) + b"\x08\x01",
+        "stream_message_large_body": rpc(STREAM_MESSAGE, flags=9, call_id=9, bulk=8192)
+        + struct.pack("<II", 8192, 0),
+        "stream_message_with_window": rpc(STREAM_MESSAGE, call_id=9, window=1),
+        "half_close": rpc(HALF_CLOSE, call_id=9),
+        "half_close_with_body": rpc(HALF_CLOSE, call_id=9) + b"?",
+        "credit": rpc(CREDIT, call_id=9, window=0xFFFF),
+        "credit_of_0": rpc(CREDIT, call_id=9),
+        "window_in_request": rpc(REQ, service=greeter, window=1),
+        "kind_9": rpc(9),
+        "unknown_flag": rpc(REQ, flags=0x20, service=greeter),
         # A large body: the trailer (size, reserved), then descriptors when pulled.
         "request_large_body": rpc(REQ, flags=9, service=greeter, call_id=2, bulk=5000)
         + struct.pack("<II", 5000, 0),
@@ -126,7 +142,7 @@ def rpc_header_seeds():
         "pull_without_bulk": rpc(RESP, flags=2, call_id=3) + b"d" * 16,
         "request_pull_response": rpc(REQ, flags=4, service=greeter, call_id=2),
         "pull_response_in_response": rpc(RESP, flags=4, call_id=3),
-        "reserved_set": rpc(RESP, reserved=1),
+        "window_in_response": rpc(RESP, window=1),
         "status_in_request": rpc(REQ, service=greeter, status=1),
         "service_in_response": rpc(RESP, service=greeter),
         "timeout_in_cancel": rpc(CANCEL, timeout=10),
