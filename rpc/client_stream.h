@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "rpc/client_connection.h"
 #include "rpc/generated_api.h"
 #include "rpc/stream_core.h"
@@ -39,7 +40,15 @@ class ClientStream final : public ClientStreamCall {
   const std::shared_ptr<ClientConnection> connection_;
   const uint64_t id_;
   const std::shared_ptr<StreamCore> core_;
+  // Refuses a blocking stream operation on a runtime thread (poller, timer): it would wait for
+  // the very thread it runs on. The call ends FAILED_PRECONDITION, naming `what`.
+  bool RefusedOnRuntimeThread(const char* what);
+
   std::atomic<bool> writes_done_;  // WritesDone, or Finish in its place
+  // Orders a message's send against the half-close (a Write that waited for credit while another
+  // thread closed the writes must not send after the half-close: the server would take that for
+  // a protocol violation).
+  absl::Mutex send_mu_;
 };
 
 }  // namespace zrpc::internal

@@ -164,7 +164,8 @@ class ClientStreamCall : public StreamCall {
   virtual bool WritesDone() = 0;
   // Waits for the call's final status: the server's, or why the call ended here (deadline,
   // cancel, connection lost). Closes this side's writes first if WritesDone was not called.
-  // Messages not read by then are dropped. Once only.
+  // Messages not read by then are dropped and credited back as they come: to stop a server that
+  // would go on sending, Cancel first. Once only.
   virtual ::absl::Status Finish() = 0;
   // Gives up on the call (CANCELLED), telling the server. Any thread; nothing once it ended.
   virtual void Cancel() = 0;
@@ -212,10 +213,10 @@ class Channel {
   // The peer's messages are parsed as `read_prototype`'s type (null: the peer sends none); a
   // client-streaming method's single response is parsed into `*response` (null for the others),
   // which must stay alive until Finish returns. Never null: a stream that could not open has
-  // already ended, and its Finish says why. This default refuses (a channel without streams).
+  // already ended, and its Finish says why. Takes `slot` back on every path.
   virtual ::std::unique_ptr<ClientStreamCall> OpenStream(
       const MethodInfo& method, SendSlot slot, const ::google::protobuf::MessageLite* read_prototype,
-      ::google::protobuf::MessageLite* response, const CallOptions& options);
+      ::google::protobuf::MessageLite* response, const CallOptions& options) = 0;
 };
 
 namespace internal {
@@ -235,13 +236,6 @@ class FailedStream final : public ClientStreamCall {
 };
 
 }  // namespace internal
-
-inline ::std::unique_ptr<ClientStreamCall> Channel::OpenStream(
-    const MethodInfo& method, SendSlot, const ::google::protobuf::MessageLite*,
-    ::google::protobuf::MessageLite*, const CallOptions&) {
-  return ::std::make_unique<internal::FailedStream>(::absl::UnimplementedError(
-      ::std::string(method.full_name) + ": this channel does not open streams"));
-}
 
 // What a handler sees of the call it serves; the runtime fills it in before the handler runs.
 struct ServerContext {

@@ -25,7 +25,7 @@ ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
       request_(request) {
   if (stream_window > 0) {
     // The client granted request.header.window messages in its open; this side grants its own
-    // window once the handler reads (OpenStream).
+    // window when the handler starts (OpenStream).
     stream_ = std::make_shared<StreamCore>(nullptr, stream_window, request.header.window);
   }
   const absl::Duration remaining = RemainingFromWire(request.header.timeout_us);
@@ -134,14 +134,15 @@ bool ServerCallImpl::SendOnStream(const RpcHeader& header,
       absl::Status sent = owner_->SendStreamMessage(
           *connection_, *buffer, header, body_size, *std::move(large),
           [this] { return stream_->ended() || context_.IsCancelled(); });
-      if (sent.code() == absl::StatusCode::kResourceExhausted) {
-        FailStream(absl::Status(sent.code(), absl::StrCat(method_.full_name, ": ", sent.message())));
-        return false;
-      }
       if (!sent.ok()) {
-        // The stream ended meanwhile, or the connection is failing (its OnClosed gives the
-        // call up).
-        GiveUp();
+        // kCancelled: the stream ended while the message waited (its end says why). Otherwise
+        // the stream fails with the reason; a connection that is failing gives the call up
+        // through its OnClosed as well. Never GiveUp here: that would also drop the answer a
+        // failed stream owes its client.
+        if (sent.code() != absl::StatusCode::kCancelled) {
+          FailStream(
+              absl::Status(sent.code(), absl::StrCat(method_.full_name, ": ", sent.message())));
+        }
         return false;
       }
       if (message != nullptr) metrics_.AddMessageBytes(size, 0);
@@ -149,7 +150,8 @@ bool ServerCallImpl::SendOnStream(const RpcHeader& header,
     }
     if (buffer.status().code() != absl::StatusCode::kResourceExhausted ||
         !connection_->open()) {
-      GiveUp();
+      FailStream(absl::UnavailableError(
+          absl::StrCat(method_.full_name, ": ", buffer.status().message())));
       return false;
     }
     // Every send slot is in flight: they free as earlier sends complete.
@@ -203,12 +205,15 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
     RpcConnection::ReleasePayload(*connection_, request_.body_payload->handle);
   }
   // The call leaves its connection's map and is destroyed in place under one lock (Retire), so
-  // a cancel or Shutdown's answer never finds it half gone; its memory stays for the next call.
-  // The references that may be the last (the connections) are dropped after that lock.
-  std::shared_ptr<ServerConnection> owner = std::move(owner_);
-  std::shared_ptr<transport::Connection> connection = std::move(connection_);
-  ServerCore& core = owner->core();
-  owner->Retire(this);
+  // a cancel or Shutdown's answer (which uses owner_ and connection_ under that lock, and may
+  // run while this handler finishes: AnswerFor wakes a stream's handler) never finds it half
+  // gone; its memory stays for the next call. The references that may be the last (the
+  // connections) are dropped after that lock.
+  std::shared_ptr<ServerConnection> owner;
+  std::shared_ptr<transport::Connection> connection;
+  ServerConnection* const retiring = owner_.get();
+  ServerCore& core = retiring->core();
+  retiring->Retire(this, &owner, &connection);
   connection.reset();
   owner.reset();
   core.CallDone();
@@ -278,8 +283,11 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
 }
 
 bool ServerCallImpl::AnswerFor(const absl::Status& status) {
+  // Under the connection's lock (AnswerAll), so Finish cannot retire the call meanwhile; the
+  // answer is claimed before the handler is woken.
+  const bool answer = !answered_.exchange(true, std::memory_order_acq_rel);
   GiveUp();
-  if (answered_.exchange(true, std::memory_order_acq_rel)) return false;
+  if (!answer) return false;
   if (!owner_->SendError(*connection_, call_id(), status).ok()) connection_->Close();
   return true;
 }
@@ -561,8 +569,11 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
   }
 }
 
-void ServerConnection::Retire(ServerCallImpl* call) {
+void ServerConnection::Retire(ServerCallImpl* call, std::shared_ptr<ServerConnection>* owner,
+                              std::shared_ptr<transport::Connection>* connection) {
   absl::MutexLock lock(&mu_);
+  *owner = std::move(call->owner_);
+  *connection = std::move(call->connection_);
   calls_.erase(call->call_id());
   if (call->stream() != nullptr) --streams_;
   call->~ServerCallImpl();

@@ -143,10 +143,12 @@ class ServerConnection final : public RpcConnection,
   // Shutdown past its grace: answers every call still running with `status` and marks it
   // cancelled. Returns how many it answered.
   int AnswerAll(const absl::Status& status);
-  // A call finished: forgets its id and destroys it, under the lock the call map's readers take,
-  // and keeps its memory for the next call. The call must hold no reference to this or to its
-  // transport connection any more (Finish moves them out first).
-  void Retire(ServerCallImpl* call);
+  // A call finished: forgets its id, moves its references to this and to its transport
+  // connection into `*owner` and `*connection` (dropped by the caller after the lock: they may be
+  // the last), and destroys it, all under the lock the call map's readers take (AnswerAll uses
+  // those references under it), and keeps its memory for the next call.
+  void Retire(ServerCallImpl* call, std::shared_ptr<ServerConnection>* owner,
+              std::shared_ptr<transport::Connection>* connection);
   // One liveness pass (the server's sweeper thread only; ServerOptions; `now` monotonic):
   // closes the connection when it held no calls and received nothing for `idle`, probes the
   // client's NIC when it holds calls and received nothing for `probe`. Counted in the stats.

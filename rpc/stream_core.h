@@ -3,7 +3,7 @@
 // server's stream objects, which add the sending.
 //
 // Flow control, per stream, counted in messages. A receiver grants its peer a window of W
-// messages (the client in its stream open, the server in a credit frame once its handler reads)
+// messages (the client in its stream open, the server in a credit frame when its handler starts)
 // and grants more as its application reads: each message read frees one, and once W/2 are free
 // (at least 1) a credit frame gives them back. So a stream holds at most W unread messages on
 // the receiver, whatever the sender does, and a slow reader holds back its own stream's sender

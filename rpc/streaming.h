@@ -41,9 +41,12 @@
 // Sizes: a message that fits a message slot (ChannelStats::max_slot_message; 4,040 bytes by
 // default) goes in a SEND; a larger one, up to the peer's arena (256 KiB by default) and
 // max_message_size, is staged and written into the peer's arena ahead of its SEND, as a large
-// unary message is (WIRE.md). Past either the Write fails with RESOURCE_EXHAUSTED, and the
-// stream with it. Limits of this first form: no message past the arena (it would have to be
-// pulled), and no bulk payload per message.
+// unary message is (WIRE.md). Past the peer's arena or this side's max_message_size the Write
+// fails with RESOURCE_EXHAUSTED, and the stream with it; past the receiver's max_message_size the
+// receiver fails the stream (with the same code). Limits of this first form: no message past
+// the arena (it would have to be pulled), no bulk payload per message, no asynchronous form.
+// Finish drops (and credits back) what was not read: to stop a server that would go on
+// sending, Cancel first.
 //
 // Threads: a server runs each streaming handler on a thread of its own (not the handler pool:
 // a stream may block for as long as its peer likes), at most ServerOptions::

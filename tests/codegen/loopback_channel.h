@@ -168,6 +168,20 @@ class LoopbackChannel : public Channel {
     return SendSlot{reinterpret_cast<uint8_t*>(buffer.data()), size, token};
   }
 
+  // Streams are the runtime's (tests/rpc/streaming_test): this channel refuses them, giving the
+  // slot back.
+  std::unique_ptr<ClientStreamCall> OpenStream(const MethodInfo& method, SendSlot slot,
+                                               const google::protobuf::MessageLite*,
+                                               google::protobuf::MessageLite*,
+                                               const CallOptions&) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slots_.erase(slot.token);
+    }
+    return std::make_unique<internal::FailedStream>(absl::UnimplementedError(
+        std::string(method.full_name) + ": the loopback channel opens no streams"));
+  }
+
   void StartUnaryCall(const MethodInfo& method, SendSlot slot, OutgoingBulk request_bulk,
                       google::protobuf::MessageLite* response, IncomingBulk* response_bulk,
                       const CallOptions&, DoneCallback done) override {

@@ -204,6 +204,66 @@ TEST_CASE("bidirectional: a writer and a reader thread on one stream", "[streami
   CHECK(wrong == 0);
 }
 
+// Before: a Write waiting for credit while the reader's thread called Finish (which closes the
+// writes) sent its message after the half-close, and the server closed the connection for it.
+TEST_CASE("bidirectional: Finish from the reader while the writer waits for credit",
+          "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  Numbers::Stub stub(f.channel.get());
+  zrpc::ClientReaderWriter<Number, Number> stream = stub.Double(CallOptions::Timeout(kLong));
+  std::atomic<int> written{0};
+  std::thread writer([&] {
+    Number number;
+    for (int i = 1; i <= 100'000; ++i) {
+      number.set_value(i);
+      if (!stream.Write(number)) break;
+      written.fetch_add(1);
+    }
+  });
+  // Nothing is read: the server's echoes fill this side's window, it stops reading, and the
+  // writer waits for credit.
+  int seen = -1;
+  REQUIRE(zrpc::testing::Eventually([&] {
+    const int now = written.load();
+    const bool still = now == seen && now > 0;
+    seen = now;
+    if (!still) absl::SleepFor(absl::Milliseconds(200));
+    return still;
+  }));
+  const absl::Status status = stream.Finish();
+  writer.join();
+  INFO(status);
+  CHECK(status.ok());
+  CHECK(f.server->stats().protocol_violations == 0);
+  CHECK(f.channel->stats().protocol_violations == 0);
+}
+
+TEST_CASE("a blocking stream used from a DoneCallback fails instead of waiting for itself",
+          "[streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  Numbers::Stub stub(f.channel.get());
+  zrpc::ClientReader<Number> reader = stub.Count(Counting(1'000'000), CallOptions::Timeout(kLong));
+  Number one;
+  one.set_value(1);
+  Number squared;
+  absl::Notification done;
+  bool read = true;
+  absl::Status finished;
+  stub.AsyncSquare(one, &squared, CallOptions::Timeout(kLong), [&](absl::Status) {
+    Number number;
+    read = reader.Read(&number);  // on the poller: would wait for the poller itself
+    finished = reader.Finish();
+    done.Notify();
+  });
+  REQUIRE(done.WaitForNotificationWithTimeout(kLong));
+  CHECK_FALSE(read);
+  CHECK(finished.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(finished.message(), "runtime thread"));
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
+}
+
 TEST_CASE("a server that fails mid-stream: its status reaches the reader", "[streaming]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Fixture f(config);
