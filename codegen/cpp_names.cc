@@ -66,7 +66,8 @@ std::string ReservedPackageReason(const std::string& package) {
   // proto/zrpc/options.proto): a package zrpc.Channel would make a namespace of the same name.
   // tests/codegen:reserved_names_test reads the headers and fails naming any that is missing.
   static const std::set<std::string> kRuntimeNames = {
-      "AppendPrometheusFamily", "BulkDestination", "BulkReleaser", "CallOptions", "CallTable",
+      "AppendPrometheusFamily", "AsyncClientReader", "AsyncClientReaderWriter",
+      "AsyncClientWriter", "BulkDestination", "BulkReleaser", "CallOptions", "CallTable",
       "Cancellation", "Channel", "ChannelOptions", "ChannelStats", "ClientChannel",
       "ClientReader", "ClientReaderWriter", "ClientStreamCall", "ClientWriter", "CreateChannel", "DeadlineFromWire", "DecodeErrorBody", "DecodeLayout",
       "DecodePullDescriptor", "DecodeRpcHeader", "DoneCallback", "EncodeErrorBody",
@@ -80,7 +81,7 @@ std::string ReservedPackageReason(const std::string& package) {
       "PayloadPlacement", "PendingCall", "PullDescriptor", "RegisteredMemory", "RemainingFromWire",
       "RpcHeader", "RpcKind", "SendSlot", "Server", "ServerCall", "ServerContext", "ServerOptions",
       "ServerReader", "ServerReaderWriter", "ServerStats", "ServerWriter", "Service", "ServiceId", "ServiceInfo", "SetLogLevel", "SetLogSink",
-      "StatusCodeLabel", "StreamCall", "TakenCall", "TimeoutToWire", "transport"};
+      "StatusCodeLabel", "StreamCall", "StreamCallback", "TakenCall", "TimeoutToWire", "transport"};
   if (parts[0] == "zrpc" && (parts.size() == 1 || kRuntimeNames.count(parts[1]) > 0)) {
     return "the namespace " + (parts.size() == 1 ? "zrpc" : "zrpc::" + parts[1]) +
            " belongs to zrpc's runtime, and the package's types would collide with its names; "

@@ -325,6 +325,9 @@ void PrintHeaderService(Printer& p, const ServiceCode& code) {
               "$comments$"
               "    // Server streaming: Read the responses, then Finish (rpc/streaming.h).\n"
               "    ::zrpc::ClientReader<$Response$> $Method$(const $Request$& request,\n"
+              "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n"
+              "    // Asynchronous $Method$: Read and Finish report through callbacks.\n"
+              "    ::zrpc::AsyncClientReader<$Response$> $AsyncMethod$(const $Request$& request,\n"
               "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n");
       continue;
     }
@@ -335,6 +338,10 @@ void PrintHeaderService(Printer& p, const ServiceCode& code) {
               "    // Client streaming: Write the requests, WritesDone, then Finish, after which\n"
               "    // `*response` (alive until then) holds the answer (rpc/streaming.h).\n"
               "    ::zrpc::ClientWriter<$Request$> $Method$($Response$* response,\n"
+              "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n"
+              "    // Asynchronous $Method$: Write and Finish report through callbacks; `*response`\n"
+              "    // (alive until Finish's runs) holds the answer then.\n"
+              "    ::zrpc::AsyncClientWriter<$Request$> $AsyncMethod$($Response$* response,\n"
               "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n");
       continue;
     }
@@ -345,6 +352,9 @@ void PrintHeaderService(Printer& p, const ServiceCode& code) {
               "    // Bidirectional streaming: Write and Read (one thread each at most), WritesDone,\n"
               "    // then Finish (rpc/streaming.h).\n"
               "    ::zrpc::ClientReaderWriter<$Request$, $Response$> $Method$(\n"
+              "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n"
+              "    // Asynchronous $Method$: Write, Read and Finish report through callbacks.\n"
+              "    ::zrpc::AsyncClientReaderWriter<$Request$, $Response$> $AsyncMethod$(\n"
               "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n");
       continue;
     }
@@ -487,30 +497,36 @@ void PrintDispatch(Printer& p, const ServiceCode& code, const std::string& base,
 // the one handler form).
 void PrintStreamingMembers(Printer& p, const Vars& vars) {
   const std::string& kind = vars.at("kind");
-  if (kind == "server") {
-    p.Print(vars,
-            "::zrpc::ClientReader<$Response$> $Service$::Stub::$Method$(\n"
-            "    const $Request$& request, const ::zrpc::CallOptions& options) {\n"
-            "  return ::zrpc::ClientReader<$Response$>(\n"
-            "      ::zrpc::internal::OpenClientStream<$Response$>(\n"
-            "          channel_, $Qualified$::kMethods[$index$], &request, nullptr, options));\n"
-            "}\n\n");
-  } else if (kind == "client") {
-    p.Print(vars,
-            "::zrpc::ClientWriter<$Request$> $Service$::Stub::$Method$(\n"
-            "    $Response$* response, const ::zrpc::CallOptions& options) {\n"
-            "  return ::zrpc::ClientWriter<$Request$>(\n"
-            "      ::zrpc::internal::OpenClientStream<$Response$>(\n"
-            "          channel_, $Qualified$::kMethods[$index$], nullptr, response, options));\n"
-            "}\n\n");
-  } else {
-    p.Print(vars,
-            "::zrpc::ClientReaderWriter<$Request$, $Response$> $Service$::Stub::$Method$(\n"
-            "    const ::zrpc::CallOptions& options) {\n"
-            "  return ::zrpc::ClientReaderWriter<$Request$, $Response$>(\n"
-            "      ::zrpc::internal::OpenClientStream<$Response$>(\n"
-            "          channel_, $Qualified$::kMethods[$index$], nullptr, nullptr, options));\n"
-            "}\n\n");
+  // The blocking stub, then its asynchronous twin: the same open, another wrapper.
+  for (const char* form : {"", "Async"}) {
+    Vars with = vars;
+    with["Name"] = *form == '\0' ? vars.at("Method") : vars.at("AsyncMethod");
+    with["Form"] = form;
+    if (kind == "server") {
+      p.Print(with,
+              "::zrpc::$Form$ClientReader<$Response$> $Service$::Stub::$Name$(\n"
+              "    const $Request$& request, const ::zrpc::CallOptions& options) {\n"
+              "  return ::zrpc::$Form$ClientReader<$Response$>(\n"
+              "      ::zrpc::internal::OpenClientStream<$Response$>(\n"
+              "          channel_, $Qualified$::kMethods[$index$], &request, nullptr, options));\n"
+              "}\n\n");
+    } else if (kind == "client") {
+      p.Print(with,
+              "::zrpc::$Form$ClientWriter<$Request$> $Service$::Stub::$Name$(\n"
+              "    $Response$* response, const ::zrpc::CallOptions& options) {\n"
+              "  return ::zrpc::$Form$ClientWriter<$Request$>(\n"
+              "      ::zrpc::internal::OpenClientStream<$Response$>(\n"
+              "          channel_, $Qualified$::kMethods[$index$], nullptr, response, options));\n"
+              "}\n\n");
+    } else {
+      p.Print(with,
+              "::zrpc::$Form$ClientReaderWriter<$Request$, $Response$> $Service$::Stub::$Name$(\n"
+              "    const ::zrpc::CallOptions& options) {\n"
+              "  return ::zrpc::$Form$ClientReaderWriter<$Request$, $Response$>(\n"
+              "      ::zrpc::internal::OpenClientStream<$Response$>(\n"
+              "          channel_, $Qualified$::kMethods[$index$], nullptr, nullptr, options));\n"
+              "}\n\n");
+    }
   }
   const char* params = kind == "server"   ? "const $Request$&, ::zrpc::ServerWriter<$Response$>*"
                        : kind == "client" ? "::zrpc::ServerReader<$Request$>*, $Response$*"

@@ -652,51 +652,34 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
   if (absl::Status fits = (*connection)->limits().CheckMessage(size, "request"); !fits.ok()) {
     return fits;
   }
-  // A slot frees when an earlier message's send completes: wait for one, up to the deadline,
-  // yielding first (it is usually a matter of microseconds) and then sleeping, so a connection
-  // stalled by its peer does not cost a spinning core per waiting caller. Never on a poller or
-  // the timer: only those threads free slots, so a callback waiting there waits for itself
-  // (THREADING.md).
-  const bool may_wait = !internal::OnRuntimeThread();
-  for (int attempt = 0;; ++attempt) {
-    absl::StatusOr<transport::SendBuffer> buffer = c.AcquireSendBuffer();
-    if (buffer.ok()) {
-      // Larger than a slot: the request goes at the front of a payload, from memory of its
-      // own, and the slot carries the header.
-      uint8_t* large = nullptr;
-      if (!internal::RpcConnection::FitsSlot(c, size)) {
-        large = static_cast<uint8_t*>(std::malloc(size));
-        if (large == nullptr) {
-          c.ReleaseSendBuffer(*buffer);
-          return absl::ResourceExhaustedError(
-              absl::StrCat("out of memory for a ", size, "-byte request"));
+  // A slot frees when an earlier message's send completes: wait for one, up to the deadline.
+  // Never on a poller or the timer (THREADING.md).
+  internal::ClientConnection* client = connection->get();
+  absl::StatusOr<transport::SendBuffer> buffer = internal::RpcConnection::AcquireSendBufferWaiting(
+      c, !internal::OnRuntimeThread(), [&options, client]() -> absl::Status {
+        if (client->closed()) return absl::UnavailableError("the connection is closing");
+        if (absl::Now() >= options.deadline) {
+          return absl::DeadlineExceededError(
+              "the deadline passed while waiting for a send slot (every one is in flight)");
         }
-      }
-      auto* ticket = new (internal::ticket_memory.Take())
-          internal::SlotTicket{*std::move(connection), *buffer, large};
-      return SendSlot{large != nullptr ? large : internal::RpcConnection::Body(*buffer), size,
-                      reinterpret_cast<uintptr_t>(ticket)};
-    }
-    if (buffer.status().code() != absl::StatusCode::kResourceExhausted ||
-        !(*connection)->open()) {
-      return buffer.status();
-    }
-    if (!may_wait) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          buffer.status().message(), "; a callback on a runtime thread (poller or timer) does "
-          "not wait for a slot, since that thread is the one that frees them: start the call "
-          "from another thread, or raise ConnectionOptions::max_send_slots"));
-    }
-    if (absl::Now() >= options.deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the deadline passed while waiting for a send slot (", buffer.status().message(), ")"));
-    }
-    if (attempt < 64) {
-      std::this_thread::yield();
-    } else {
-      absl::SleepFor(absl::Microseconds(100));
+        return absl::OkStatus();
+      });
+  if (!buffer.ok()) return buffer.status();
+  // Larger than a slot: the request goes at the front of a payload, from memory of its own, and
+  // the slot carries the header.
+  uint8_t* large = nullptr;
+  if (!internal::RpcConnection::FitsSlot(c, size)) {
+    large = static_cast<uint8_t*>(std::malloc(size));
+    if (large == nullptr) {
+      c.ReleaseSendBuffer(*buffer);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("out of memory for a ", size, "-byte request"));
     }
   }
+  auto* ticket = new (internal::ticket_memory.Take())
+      internal::SlotTicket{*std::move(connection), *buffer, large};
+  return SendSlot{large != nullptr ? large : internal::RpcConnection::Body(*buffer), size,
+                  reinterpret_cast<uintptr_t>(ticket)};
 }
 
 void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,

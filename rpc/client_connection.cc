@@ -133,48 +133,48 @@ void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
 
 bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
                                     const google::protobuf::MessageLite* message,
-                                    StreamCore& stream) {
+                                    StreamCore& stream, bool quota_taken) {
   const size_t size = message == nullptr ? 0 : message->ByteSizeLong();
+  // Quota taken for a message that does not go goes back (SendStreamMessage gives it back
+  // itself once it has the message).
+  auto not_sent = [&] {
+    if (quota_taken) ReturnStreamQuota(size);
+    return false;
+  };
   if (absl::Status fits = limits().CheckMessage(size, "stream message"); !fits.ok()) {
     AbortCall(id, fits);
-    return false;
+    return not_sent();
   }
+  if (stream.ended()) return not_sent();
   const bool may_wait = !OnRuntimeThread();
-  for (int attempt = 0;; ++attempt) {
-    if (stream.ended()) return false;
-    absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
-    if (buffer.ok()) {
-      absl::StatusOr<OutgoingBulk> large = SerializeStreamMessage(*connection_, *buffer, message);
-      if (!large.ok()) {
-        connection_->ReleaseSendBuffer(*buffer);
-        AbortCall(id, large.status());
-        return false;
-      }
-      const size_t body_size = large->empty() ? size : 0;
-      absl::Status sent = SendStreamMessage(*connection_, *buffer, header, body_size,
-                                            *std::move(large), [&] { return stream.ended(); });
-      if (sent.ok()) return true;
-      if (sent.code() != absl::StatusCode::kCancelled) {
-        AbortCall(id, sent.code() == absl::StatusCode::kResourceExhausted
-                          ? sent
-                          : absl::UnavailableError(sent.message()));
-      }
-      return false;
-    }
-    if (buffer.status().code() != absl::StatusCode::kResourceExhausted || !open() ||
-        !may_wait) {
-      AbortCall(id, buffer.status().code() == absl::StatusCode::kResourceExhausted
-                        ? buffer.status()
-                        : absl::UnavailableError(buffer.status().message()));
-      return false;
-    }
-    // Slots free as earlier sends complete: usually microseconds (as AcquireSendSlot waits).
-    if (attempt < 64) {
-      std::this_thread::yield();
-    } else {
-      absl::SleepFor(absl::Microseconds(100));
-    }
+  absl::StatusOr<transport::SendBuffer> buffer = AcquireSendBufferWaiting(
+      *connection_, may_wait, [&stream]() -> absl::Status {
+        return stream.ended() ? absl::CancelledError("the stream ended") : absl::OkStatus();
+      });
+  if (!buffer.ok()) {
+    if (stream.ended()) return not_sent();  // its end says why
+    AbortCall(id, buffer.status().code() == absl::StatusCode::kResourceExhausted && open()
+                      ? buffer.status()
+                      : absl::UnavailableError(buffer.status().message()));
+    return not_sent();
   }
+  absl::StatusOr<OutgoingBulk> large = SerializeStreamMessage(*connection_, *buffer, message);
+  if (!large.ok()) {
+    connection_->ReleaseSendBuffer(*buffer);
+    AbortCall(id, large.status());
+    return not_sent();
+  }
+  const size_t body_size = large->empty() ? size : 0;
+  absl::Status sent = SendStreamMessage(*connection_, *buffer, header, body_size,
+                                        *std::move(large), may_wait,
+                                        [&] { return stream.ended(); }, quota_taken);
+  if (sent.ok()) return true;
+  if (sent.code() != absl::StatusCode::kCancelled) {
+    AbortCall(id, sent.code() == absl::StatusCode::kResourceExhausted
+                      ? sent
+                      : absl::UnavailableError(sent.message()));
+  }
+  return false;
 }
 
 bool ClientConnection::WindowHeld() {

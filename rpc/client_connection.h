@@ -146,9 +146,11 @@ class ClientConnection final : public RpcConnection,
   // waiting for one while every send slot is in flight, until the call ends. Never on a runtime
   // thread (which would wait for itself): there it fails at once. The message, if any, is
   // serialized straight into the buffer. false: not sent (the call has ended or is ended here
-  // with the reason).
+  // with the reason). `quota_taken`: the staging quota for a message larger than a slot is
+  // taken already (TakeQuotaOrWait); it is given back if the message does not go.
   bool SendOnStream(uint64_t id, const RpcHeader& header,
-                    const google::protobuf::MessageLite* message, StreamCore& stream);
+                    const google::protobuf::MessageLite* message, StreamCore& stream,
+                    bool quota_taken = false);
   // One keepalive pass (see the top of this file).
   void Keepalive(absl::Duration timeout);
   // Fails the calls whose deadline has passed, and tells the server; returns how many. Also

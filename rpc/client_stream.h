@@ -3,12 +3,25 @@
 // deadline, a cancel or the connection's loss ends it the same way, exactly once) with a
 // StreamCore beside it, which the poller fills with the server's messages and credits; the
 // call's ending ends the core, which wakes the application's reads and writes.
+//
+// The asynchronous form (StartRead, StartWrite, StartWritesDone, StartFinish) waits for nothing:
+// each operation is recorded and Pump carries out whatever is ready, on the thread that starts
+// an operation or on the one that brings what it waited for (the poller with a message or a
+// credit, whichever thread ends the call). One thread pumps a stream at a time, and an operation
+// started from a callback is carried out by the same loop after the callback returns, so
+// callbacks never nest and a stream read to its end takes no stack. A write waiting for the
+// server's room holds only a pointer to the message: it is serialized into a send slot when
+// the room comes, so a stalled stream holds no slot. What is sent from a runtime thread never
+// waits for a slot or the staging quota (that thread is the one that frees them): it fails the
+// stream with RESOURCE_EXHAUSTED instead, as an asynchronous unary call started there does.
 #ifndef ZRPC_RPC_CLIENT_STREAM_H_
 #define ZRPC_RPC_CLIENT_STREAM_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -36,7 +49,16 @@ class ClientStream final : public ClientStreamCall {
   absl::Status Finish() override;
   void Cancel() override;
 
+  void StartRead(ReadDone done) override;
+  void StartWrite(const google::protobuf::MessageLite& message, WriteDone done) override;
+  void StartWritesDone() override;
+  void StartFinish(DoneCallback done) override;
+
  private:
+  class Async;  // the asynchronous form's state; the core's listener
+  // The asynchronous form's state, listening to the core from its first use.
+  Async& async();
+
   const std::shared_ptr<ClientConnection> connection_;
   const uint64_t id_;
   const std::shared_ptr<StreamCore> core_;
@@ -49,6 +71,8 @@ class ClientStream final : public ClientStreamCall {
   // thread closed the writes must not send after the half-close: the server would take that for
   // a protocol violation).
   absl::Mutex send_mu_;
+  std::shared_ptr<Async> async_;  // shared with the loop that pumps it (which may outlive this)
+  std::once_flag async_once_;
 };
 
 }  // namespace zrpc::internal

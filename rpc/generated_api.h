@@ -125,6 +125,10 @@ struct CallOptions {
 // heap allocation per call) when it captures up to 48 bytes. Move-only.
 using DoneCallback = internal::InlineFunction<void(::absl::Status), 48>;
 
+// Runs once when an asynchronous stream's Read or Write completes: true when the message was
+// read or sent, false once the stream has no more (rpc/streaming.h). Move-only, as DoneCallback.
+using StreamCallback = internal::InlineFunction<void(bool), 48>;
+
 struct MethodInfo {
   const char* full_name;  // "package.Service/Method"
   int index;              // position in the service's method table, as sent on the wire
@@ -169,6 +173,25 @@ class ClientStreamCall : public StreamCall {
   virtual ::absl::Status Finish() = 0;
   // Gives up on the call (CANCELLED), telling the server. Any thread; nothing once it ended.
   virtual void Cancel() = 0;
+
+  // ---- The asynchronous form (rpc/streaming.h, "Asynchronous streams"). Each returns at once
+  // and its callback runs exactly once, later or before it returns; a stream's callbacks never
+  // run two at a time, nor one inside another. At most one read and one write outstanding (a
+  // second one's callback runs at once, on the calling thread, with null or false), and never
+  // mixed with the blocking calls above on one stream.
+  // The peer's next message (valid while the callback runs), or null once there are no more.
+  using ReadDone = internal::InlineFunction<void(::google::protobuf::MessageLite*), 64>;
+  virtual void StartRead(ReadDone done) = 0;
+  // Sends `message` (alive until `done` runs) once the peer has room: serialized into a send
+  // slot then, on the thread that starts it or on the runtime thread that brings the room.
+  using WriteDone = internal::InlineFunction<void(bool), 64>;
+  virtual void StartWrite(const ::google::protobuf::MessageLite& message, WriteDone done) = 0;
+  // Half-closes, after the write outstanding if there is one.
+  virtual void StartWritesDone() = 0;
+  // Closes the writes (StartWritesDone) if they are open, drops what comes unread from now on
+  // (credited back), and runs `done` with the final status once the call has ended and the
+  // outstanding read and write have completed. Once.
+  virtual void StartFinish(DoneCallback done) = 0;
 };
 
 // Registered memory for one outgoing message, owned by the runtime. `token` is the runtime's
@@ -230,6 +253,12 @@ class FailedStream final : public ClientStreamCall {
   bool WritesDone() override { return false; }
   ::absl::Status Finish() override { return status_; }
   void Cancel() override {}
+  void StartRead(ReadDone done) override { done(nullptr); }
+  void StartWrite(const ::google::protobuf::MessageLite&, WriteDone done) override {
+    done(false);
+  }
+  void StartWritesDone() override {}
+  void StartFinish(DoneCallback done) override { done(status_); }
 
  private:
   ::absl::Status status_;

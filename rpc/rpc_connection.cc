@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -340,6 +341,7 @@ void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token
   const size_t capacity = staged->capacity;
   staging_.Release(staged);
   if (ReturnQuota(capacity)) SendDeferred(connection);
+  WakeQuotaWaiters();
 }
 
 absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& connection,
@@ -578,6 +580,29 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
   return connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size));
 }
 
+absl::StatusOr<transport::SendBuffer> RpcConnection::AcquireSendBufferWaiting(
+    transport::Connection& connection, bool may_wait, const std::function<absl::Status()>& stop) {
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<transport::SendBuffer> buffer = connection.AcquireSendBuffer();
+    if (buffer.ok() || buffer.status().code() != absl::StatusCode::kResourceExhausted ||
+        !connection.open()) {
+      return buffer;
+    }
+    if (absl::Status stopped = stop(); !stopped.ok()) return stopped;
+    if (!may_wait) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          buffer.status().message(), "; a callback on a runtime thread (poller or timer) does "
+          "not wait for a slot, since that thread is the one that frees them: start the call "
+          "from another thread, or raise ConnectionOptions::max_send_slots"));
+    }
+    if (attempt < 64) {
+      std::this_thread::yield();
+    } else {
+      absl::SleepFor(absl::Microseconds(100));
+    }
+  }
+}
+
 absl::StatusOr<OutgoingBulk> RpcConnection::SerializeStreamMessage(
     const transport::Connection& connection, const transport::SendBuffer& buffer,
     const google::protobuf::MessageLite* message) {
@@ -599,10 +624,12 @@ absl::StatusOr<OutgoingBulk> RpcConnection::SerializeStreamMessage(
 absl::Status RpcConnection::SendStreamMessage(transport::Connection& connection,
                                               const transport::SendBuffer& buffer,
                                               const RpcHeader& header, size_t body_size,
-                                              OutgoingBulk large_body,
-                                              const std::function<bool()>& give_up) {
+                                              OutgoingBulk large_body, bool may_wait,
+                                              const std::function<bool()>& give_up,
+                                              bool quota_taken) {
   if (large_body.empty()) return SendMessage(connection, buffer, header, body_size, OutgoingBulk());
   if (large_body.size() > connection.peer_arena_size()) {
+    if (quota_taken) ReturnStreamQuota(large_body.size());
     connection.ReleaseSendBuffer(buffer);
     return absl::ResourceExhaustedError(absl::StrCat(
         "a ", large_body.size(), "-byte stream message is larger than the peer's arena (",
@@ -610,13 +637,21 @@ absl::Status RpcConnection::SendStreamMessage(transport::Connection& connection,
         "larger ones are not supported yet"));
   }
   const size_t capacity = StagingPool::CapacityFor(large_body.size());
-  {
+  if (!quota_taken) {
     absl::MutexLock lock(&quota_mu_);
     // Behind this connection's other staged payloads, but never queued with them (see above).
     while (staged_ + capacity > StagingQuota(connection)) {
       if (give_up() || !connection.open()) {
         connection.ReleaseSendBuffer(buffer);
         return absl::CancelledError("the stream ended while its message waited for staging");
+      }
+      if (!may_wait) {
+        connection.ReleaseSendBuffer(buffer);
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the connection's staging quota (", StagingQuota(connection), " bytes) is full, and "
+            "a ", large_body.size(), "-byte stream message sent from a runtime thread (poller "
+            "or timer) does not wait for it, since that thread is the one that frees it: write "
+            "large messages from another thread"));
       }
       quota_freed_.WaitWithTimeout(&quota_mu_, absl::Milliseconds(10));
     }
@@ -799,6 +834,7 @@ absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
   absl::StatusOr<StagingPool::Buffer*> acquired = staging_.Acquire(total);
   if (!acquired.ok()) {
     ReturnQuota(capacity);
+    WakeQuotaWaiters();
     connection.ReleaseSendBuffer(buffer);
     return acquired.status();
   }
@@ -831,6 +867,7 @@ absl::Status RpcConnection::StageAndSend(transport::Connection& connection,
   if (!written) {
     staging_.Release(staged);
     ReturnQuota(capacity);
+    WakeQuotaWaiters();
     connection.ReleaseSendBuffer(buffer);
   }
   return sent;
@@ -841,6 +878,37 @@ bool RpcConnection::ReturnQuota(size_t capacity) {
   staged_ -= capacity;
   quota_freed_.SignalAll();
   return !deferred_.empty();
+}
+
+void RpcConnection::WakeQuotaWaiters() {
+  std::vector<std::weak_ptr<StreamListener>> waiters;
+  {
+    absl::MutexLock lock(&quota_mu_);
+    if (quota_waiters_.empty()) return;
+    waiters.swap(quota_waiters_);
+  }
+  for (const std::weak_ptr<StreamListener>& weak : waiters) {
+    if (std::shared_ptr<StreamListener> waiter = weak.lock()) waiter->OnStreamEvent();
+  }
+}
+
+bool RpcConnection::TakeQuotaOrWait(const transport::Connection& connection, size_t size,
+                                    std::weak_ptr<StreamListener> waiter) {
+  const size_t capacity = StagingPool::CapacityFor(size);
+  absl::MutexLock lock(&quota_mu_);
+  // Behind deferred payloads, as a waiting SendStreamMessage is not: it must not wait forever
+  // behind a stream of them, and a callback's retry costs nothing while it waits.
+  if (staged_ + capacity <= StagingQuota(connection)) {
+    staged_ += capacity;
+    return true;
+  }
+  quota_waiters_.push_back(std::move(waiter));
+  return false;
+}
+
+void RpcConnection::ReturnStreamQuota(size_t size) {
+  static_cast<void>(ReturnQuota(StagingPool::CapacityFor(size)));
+  WakeQuotaWaiters();
 }
 
 void RpcConnection::SendDeferred(transport::Connection& connection) {

@@ -55,6 +55,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -67,6 +68,7 @@
 #include "rpc/inline_function.h"
 #include "rpc/rpc_header.h"
 #include "rpc/staging.h"
+#include "rpc/stream_core.h"
 #include "transport/connection.h"
 #include "transport/device.h"
 #include "transport/poller.h"
@@ -257,6 +259,18 @@ class RpcConnection : public transport::ConnectionHandler {
   static bool FitsSlot(const transport::Connection& connection, size_t size) {
     return size <= MaxInlineBody(connection);
   }
+
+  // A send buffer of `connection`, waiting while every one is in flight: they free as earlier
+  // sends complete, usually within microseconds, so it yields first and then sleeps 100 us at a
+  // time (a peer that stalls the connection must not cost a spinning core per waiter). Before
+  // each wait it asks `stop`, which returns OK to go on or the status to give up with (the
+  // caller's deadline, its stream's end). Never waits when `may_wait` is false (a poller or the
+  // timer: only those threads free slots, so waiting there would wait for itself): then
+  // kResourceExhausted at once, saying so. Other failures of the acquire (the connection is
+  // closing) are returned as they are.
+  static absl::StatusOr<transport::SendBuffer> AcquireSendBufferWaiting(
+      transport::Connection& connection, bool may_wait, const std::function<absl::Status()>& stop);
+
   const PullBudget& limits() const { return *pulls_; }
 
   // Sends `header` and the `body_size` bytes already at Body(buffer) (taking the buffer), with
@@ -293,14 +307,25 @@ class RpcConnection : public transport::ConnectionHandler {
   // it did not fit a slot, `large_body` (body_size 0): written into the peer's arena at the front
   // of a payload, as a large request's. Never deferred behind the staging quota, as SendMessage
   // defers payloads: a stream's next small frame would overtake it. It waits for the quota here
-  // instead, while `give_up` returns false (the stream is still on) and the connection is open.
+  // instead, while `give_up` returns false (the stream is still on) and the connection is open,
+  // unless `may_wait` is false (a runtime thread, which would wait for itself: the quota frees as
+  // the poller completes sends): then kResourceExhausted at once when the quota is full.
   // kResourceExhausted for a body larger than the peer's arena (it would be pulled, and a pulled
   // stream message would be overtaken by the stream's next frames at the receiver); else as
   // SendMessage. Takes the buffer on every path.
+  // `quota_taken`: the caller took the quota already (TakeQuotaOrWait).
   absl::Status SendStreamMessage(transport::Connection& connection,
                                  const transport::SendBuffer& buffer, const RpcHeader& header,
-                                 size_t body_size, OutgoingBulk large_body,
-                                 const std::function<bool()>& give_up);
+                                 size_t body_size, OutgoingBulk large_body, bool may_wait,
+                                 const std::function<bool()>& give_up, bool quota_taken = false);
+  // For an asynchronous stream's message of `size` bytes, larger than a slot, sent from a
+  // runtime thread (which must not wait for the quota: client_stream.h): takes the staging
+  // quota it needs when there is room (true); else (false) `waiter` is told once quota comes
+  // back, and tries again then. Quota taken for a message that then does not go is given back
+  // with ReturnStreamQuota.
+  bool TakeQuotaOrWait(const transport::Connection& connection, size_t size,
+                       std::weak_ptr<StreamListener> waiter);
+  void ReturnStreamQuota(size_t size);
   // Takes back the payload of request `call_id`, whose gate is `gate`, if it has not left yet
   // (see the top of this file); its release runs here, on this thread. Nothing when it has.
   void Withdraw(transport::Connection& connection, uint64_t call_id, BulkGate& gate);
@@ -409,6 +434,8 @@ class RpcConnection : public transport::ConnectionHandler {
                             absl::Time deadline);
   // Gives `capacity` of staging quota back; true when deferred messages wait for it.
   bool ReturnQuota(size_t capacity);
+  // Tells the streams waiting for quota (TakeQuotaOrWait) that some came back.
+  void WakeQuotaWaiters();
   // Sends the deferred messages whose payloads fit the quota now, in order.
   void SendDeferred(transport::Connection& connection);
 
@@ -417,6 +444,7 @@ class RpcConnection : public transport::ConnectionHandler {
   absl::CondVar quota_freed_;  // stream messages waiting for the quota (SendStreamMessage)
   size_t staged_ ABSL_GUARDED_BY(quota_mu_) = 0;  // staging capacity held by this connection
   std::deque<Deferred> deferred_ ABSL_GUARDED_BY(quota_mu_);
+  std::vector<std::weak_ptr<StreamListener>> quota_waiters_ ABSL_GUARDED_BY(quota_mu_);
   std::atomic<uint64_t> violations_{0};
   std::atomic<bool> warned_foreign_{false};
   std::atomic<uint32_t> pulling_{0};         // READs of pulled payloads under way

@@ -106,9 +106,10 @@ bool ServerCallImpl::Write(const google::protobuf::MessageLite& message) {
 google::protobuf::MessageLite* ServerCallImpl::Read() {
   if (stream_ == nullptr) return nullptr;
   uint16_t grant = 0;
-  google::protobuf::MessageLite* message = stream_->Read(deadline_, &grant);
+  size_t bytes = 0;
+  google::protobuf::MessageLite* message = stream_->Read(deadline_, &grant, &bytes);
   if (grant > 0) SendOnStream(RpcHeader::StreamCredit(call_id(), grant), nullptr);
-  if (message != nullptr) metrics_.AddMessageBytes(0, message->ByteSizeLong());
+  if (message != nullptr) metrics_.AddMessageBytes(0, bytes);
   return message;
 }
 
@@ -119,48 +120,45 @@ bool ServerCallImpl::SendOnStream(const RpcHeader& header,
     FailStream(absl::Status(fits.code(), absl::StrCat(method_.full_name, ": ", fits.message())));
     return false;
   }
-  for (int attempt = 0;; ++attempt) {
-    if (stream_->ended() || context_.IsCancelled()) return false;
-    absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
-    if (buffer.ok()) {
-      absl::StatusOr<OutgoingBulk> large =
-          RpcConnection::SerializeStreamMessage(*connection_, *buffer, message);
-      if (!large.ok()) {
-        connection_->ReleaseSendBuffer(*buffer);
-        FailStream(large.status());
-        return false;
-      }
-      const size_t body_size = large->empty() ? size : 0;
-      absl::Status sent = owner_->SendStreamMessage(
-          *connection_, *buffer, header, body_size, *std::move(large),
-          [this] { return stream_->ended() || context_.IsCancelled(); });
-      if (!sent.ok()) {
-        // kCancelled: the stream ended while the message waited (its end says why). Otherwise
-        // the stream fails with the reason; a connection that is failing gives the call up
-        // through its OnClosed as well. Never GiveUp here: that would also drop the answer a
-        // failed stream owes its client.
-        if (sent.code() != absl::StatusCode::kCancelled) {
-          FailStream(
-              absl::Status(sent.code(), absl::StrCat(method_.full_name, ": ", sent.message())));
-        }
-        return false;
-      }
-      if (message != nullptr) metrics_.AddMessageBytes(size, 0);
-      return true;
-    }
-    if (buffer.status().code() != absl::StatusCode::kResourceExhausted ||
-        !connection_->open()) {
-      FailStream(absl::UnavailableError(
-          absl::StrCat(method_.full_name, ": ", buffer.status().message())));
-      return false;
-    }
-    // Every send slot is in flight: they free as earlier sends complete.
-    if (attempt < 64) {
-      std::this_thread::yield();
-    } else {
-      absl::SleepFor(absl::Microseconds(100));
-    }
+  auto gone = [this] { return stream_->ended() || context_.IsCancelled(); };
+  if (gone()) return false;
+  // A stream thread waits for a slot; a poller never does (only it frees them).
+  const bool may_wait = !transport::Poller::OnPollerThread();
+  absl::StatusOr<transport::SendBuffer> buffer = RpcConnection::AcquireSendBufferWaiting(
+      *connection_, may_wait, [&gone]() -> absl::Status {
+        return gone() ? absl::CancelledError("the stream ended") : absl::OkStatus();
+      });
+  if (!buffer.ok()) {
+    if (gone()) return false;  // its end says why
+    FailStream(absl::Status(buffer.status().code() == absl::StatusCode::kResourceExhausted &&
+                                    connection_->open()
+                                ? absl::StatusCode::kResourceExhausted
+                                : absl::StatusCode::kUnavailable,
+                            absl::StrCat(method_.full_name, ": ", buffer.status().message())));
+    return false;
   }
+  absl::StatusOr<OutgoingBulk> large =
+      RpcConnection::SerializeStreamMessage(*connection_, *buffer, message);
+  if (!large.ok()) {
+    connection_->ReleaseSendBuffer(*buffer);
+    FailStream(large.status());
+    return false;
+  }
+  const size_t body_size = large->empty() ? size : 0;
+  absl::Status sent = owner_->SendStreamMessage(*connection_, *buffer, header, body_size,
+                                                *std::move(large), may_wait, gone);
+  if (!sent.ok()) {
+    // kCancelled: the stream ended while the message waited (its end says why). Otherwise the
+    // stream fails with the reason; a connection that is failing gives the call up through its
+    // OnClosed as well. Never GiveUp here: that would also drop the answer a failed stream owes
+    // its client.
+    if (sent.code() != absl::StatusCode::kCancelled) {
+      FailStream(absl::Status(sent.code(), absl::StrCat(method_.full_name, ": ", sent.message())));
+    }
+    return false;
+  }
+  if (message != nullptr) metrics_.AddMessageBytes(size, 0);
+  return true;
 }
 
 void ServerCallImpl::GiveUp() {

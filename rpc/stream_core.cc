@@ -45,8 +45,14 @@ uint16_t StreamCore::Consumed() {
   return grant;
 }
 
+std::shared_ptr<StreamListener> StreamCore::Changed() {
+  changed_.SignalAll();
+  return has_listener_ ? listener_.lock() : nullptr;
+}
+
 absl::StatusOr<uint16_t> StreamCore::OnMessage(absl::Span<const uint8_t> body) {
-  absl::MutexLock lock(&mu_);
+  std::shared_ptr<StreamListener> listener;
+  absl::ReleasableMutexLock lock(&mu_);
   if (prototype_ == nullptr) {
     return absl::FailedPreconditionError("a stream message on a stream that takes none");
   }
@@ -72,27 +78,37 @@ absl::StatusOr<uint16_t> StreamCore::OnMessage(absl::Span<const uint8_t> body) {
     return absl::InvalidArgumentError(absl::StrCat(
         "malformed stream message: it does not parse as ", prototype_->GetTypeName()));
   }
-  queue_.push_back(std::move(message));
-  changed_.SignalAll();
+  queue_.push_back(Queued{std::move(message), body.size()});
+  listener = Changed();
+  lock.Release();
+  Notify(listener);
   return 0;
 }
 
 absl::Status StreamCore::OnHalfClose() {
-  absl::MutexLock lock(&mu_);
-  if (peer_done_ && !ended_) return absl::FailedPreconditionError("a second half-close");
-  peer_done_ = true;
-  changed_.SignalAll();
+  std::shared_ptr<StreamListener> listener;
+  {
+    absl::MutexLock lock(&mu_);
+    if (peer_done_ && !ended_) return absl::FailedPreconditionError("a second half-close");
+    peer_done_ = true;
+    listener = Changed();
+  }
+  Notify(listener);
   return absl::OkStatus();
 }
 
 absl::Status StreamCore::OnCredit(uint16_t messages) {
-  absl::MutexLock lock(&mu_);
-  if (uint64_t{send_credit_} + messages > kMaxSendCredit) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("stream credit past 2^31 messages (", send_credit_, " + ", messages, ")"));
+  std::shared_ptr<StreamListener> listener;
+  {
+    absl::MutexLock lock(&mu_);
+    if (uint64_t{send_credit_} + messages > kMaxSendCredit) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("stream credit past 2^31 messages (", send_credit_, " + ", messages, ")"));
+    }
+    send_credit_ += messages;
+    listener = Changed();
   }
-  send_credit_ += messages;
-  changed_.SignalAll();
+  Notify(listener);
   return absl::OkStatus();
 }
 
@@ -110,14 +126,38 @@ absl::Status StreamCore::WaitEnded() {
 }
 
 void StreamCore::End(absl::Status status) {
-  absl::MutexLock lock(&mu_);
-  if (ended_) return;
-  ended_ = true;
-  status_ = std::move(status);
-  changed_.SignalAll();
+  std::shared_ptr<StreamListener> listener;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return;
+    ended_ = true;
+    status_ = std::move(status);
+    listener = Changed();
+  }
+  Notify(listener);
 }
 
-google::protobuf::MessageLite* StreamCore::Read(absl::Time deadline, uint16_t* grant) {
+void StreamCore::SetListener(std::weak_ptr<StreamListener> listener) {
+  std::shared_ptr<StreamListener> now;
+  {
+    absl::MutexLock lock(&mu_);
+    listener_ = std::move(listener);
+    has_listener_ = true;
+    now = listener_.lock();
+  }
+  Notify(now);
+}
+
+google::protobuf::MessageLite* StreamCore::PopFront(uint16_t* grant, size_t* bytes) {
+  current_ = std::move(queue_.front().message);
+  if (bytes != nullptr) *bytes = queue_.front().bytes;
+  queue_.pop_front();
+  if (!ended_) *grant = Consumed();
+  return current_.get();
+}
+
+google::protobuf::MessageLite* StreamCore::Read(absl::Time deadline, uint16_t* grant,
+                                                size_t* bytes) {
   *grant = 0;
   absl::MutexLock lock(&mu_);
   if (current_ != nullptr) spare_.push_back(std::move(current_));
@@ -125,10 +165,27 @@ google::protobuf::MessageLite* StreamCore::Read(absl::Time deadline, uint16_t* g
     if (ended_ || peer_done_) return nullptr;
     if (!WaitUntil(changed_, mu_, deadline)) return nullptr;
   }
-  current_ = std::move(queue_.front());
-  queue_.pop_front();
-  if (!ended_) *grant = Consumed();
-  return current_.get();
+  return PopFront(grant, bytes);
+}
+
+google::protobuf::MessageLite* StreamCore::TryRead(uint16_t* grant, bool* finished) {
+  *grant = 0;
+  absl::MutexLock lock(&mu_);
+  if (current_ != nullptr) spare_.push_back(std::move(current_));
+  if (queue_.empty()) {
+    *finished = ended_ || peer_done_;
+    return nullptr;
+  }
+  *finished = false;
+  return PopFront(grant, nullptr);
+}
+
+StreamCore::Credit StreamCore::TryTakeSendCredit() {
+  absl::MutexLock lock(&mu_);
+  if (ended_) return Credit::kEnded;
+  if (send_credit_ == 0) return Credit::kNone;
+  --send_credit_;
+  return Credit::kTaken;
 }
 
 bool StreamCore::TakeSendCredit(absl::Time deadline) {
@@ -147,7 +204,7 @@ uint16_t StreamCore::Drain() {
   draining_ = true;
   uint16_t grant = 0;
   while (!queue_.empty()) {
-    spare_.push_back(std::move(queue_.front()));
+    spare_.push_back(std::move(queue_.front().message));
     queue_.pop_front();
     if (!ended_) grant = static_cast<uint16_t>(std::min<uint32_t>(grant + Consumed(), 0xffff));
   }

@@ -21,7 +21,8 @@
 //
 // Threads: the poller delivers (OnMessage, OnHalfClose, OnCredit); the application reads and
 // writes, one reader and one writer at a time; End comes from whichever thread ends the call.
-// Every wait wakes on End.
+// Every wait wakes on End. The asynchronous form (client_stream.h) does not wait: it polls
+// (TryRead, TryTakeSendCredit) and is told of each event by its StreamListener.
 #ifndef ZRPC_RPC_STREAM_CORE_H_
 #define ZRPC_RPC_STREAM_CORE_H_
 
@@ -43,6 +44,14 @@ namespace zrpc::internal {
 
 // The window a receiver grants each stream unless told otherwise: messages it holds unread.
 inline constexpr uint16_t kDefaultStreamWindow = 16;
+
+// Told of each event an asynchronous user of a stream may be waiting for: a message queued, the
+// peer's half-close, a credit, the end. Called on the thread of the event, with no lock held.
+class StreamListener {
+ public:
+  virtual ~StreamListener() = default;
+  virtual void OnStreamEvent() = 0;
+};
 
 class StreamCore {
  public:
@@ -79,11 +88,22 @@ class StreamCore {
   absl::Status WaitEnded();
   // The next message, waiting for one until `deadline` (monotonic); null when the peer sends no
   // more, the stream ended with nothing queued, or the deadline passed. Valid until the next
-  // Read. `*grant` is the credit to send the peer now (0: none yet).
-  google::protobuf::MessageLite* Read(absl::Time deadline, uint16_t* grant);
+  // Read. `*grant` is the credit to send the peer now (0: none yet); `*bytes` (if not null)
+  // the message's size on the wire.
+  google::protobuf::MessageLite* Read(absl::Time deadline, uint16_t* grant,
+                                      size_t* bytes = nullptr);
+  // Read without waiting: the next message if one is queued; else null, with `*finished` true
+  // when none will come (the peer sent no more, or the stream ended) and false when one may.
+  google::protobuf::MessageLite* TryRead(uint16_t* grant, bool* finished);
   // Waits until this side may send one more message (taking that credit), until `deadline`
   // (monotonic); false when the stream ended or the deadline passed.
   bool TakeSendCredit(absl::Time deadline);
+  enum class Credit { kTaken, kNone, kEnded };
+  // TakeSendCredit without waiting.
+  Credit TryTakeSendCredit();
+  // From now on `listener` hears of every event (see StreamListener); it is told once now too,
+  // for what came before. Held weakly.
+  void SetListener(std::weak_ptr<StreamListener> listener);
   // From now on the peer's messages are dropped as they come, and credited back at once: the
   // application stopped reading (it finishes the call) but the peer may still be sending.
   // Returns the credit to send for those already queued.
@@ -98,12 +118,27 @@ class StreamCore {
  private:
   // A message consumed (read or dropped): the credit to send, if a frame's worth is owed.
   uint16_t Consumed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the front of the queue as current_ (the message Read returns).
+  google::protobuf::MessageLite* PopFront(uint16_t* grant, size_t* bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the waits, and returns the listener to tell once the lock is let go (Notify).
+  std::shared_ptr<StreamListener> Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Notify(const std::shared_ptr<StreamListener>& listener) {
+    if (listener != nullptr) listener->OnStreamEvent();
+  }
+
+  struct Queued {
+    std::unique_ptr<google::protobuf::MessageLite> message;
+    size_t bytes;  // on the wire
+  };
 
   const google::protobuf::MessageLite* prototype_ ABSL_GUARDED_BY(mu_);
   const uint16_t window_;
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
-  std::deque<std::unique_ptr<google::protobuf::MessageLite>> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  std::weak_ptr<StreamListener> listener_ ABSL_GUARDED_BY(mu_);
+  bool has_listener_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<google::protobuf::MessageLite>> spare_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<google::protobuf::MessageLite> current_ ABSL_GUARDED_BY(mu_);  // last Read
   uint32_t receivable_ ABSL_GUARDED_BY(mu_);  // granted to the peer and not yet received

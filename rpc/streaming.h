@@ -44,9 +44,38 @@
 // unary message is (WIRE.md). Past the peer's arena or this side's max_message_size the Write
 // fails with RESOURCE_EXHAUSTED, and the stream with it; past the receiver's max_message_size the
 // receiver fails the stream (with the same code). Limits of this first form: no message past
-// the arena (it would have to be pulled), no bulk payload per message, no asynchronous form.
+// the arena (it would have to be pulled), no bulk payload per message, and no asynchronous form on
+// the server (a streaming handler has a thread).
 // Finish drops (and credits back) what was not read: to stop a server that would go on
 // sending, Cancel first.
+//
+// Asynchronous streams (the stub's Async<Method>: AsyncClientReader, AsyncClientWriter,
+// AsyncClientReaderWriter) wait for nothing: Read, Write and Finish return at once and report
+// through a callback, which runs exactly once.
+//
+//   zrpc::AsyncClientReader<Feature> reader = stub.AsyncListFeatures(rect, options);
+//   // Read(&feature, on_read): on_read(true) with `feature` filled in, or on_read(false) once
+//   // the server sends no more; reading again from on_read is the usual loop.
+//   reader.Finish([](absl::Status status) { ... });
+//
+// - At most one Read and one Write outstanding per stream (a second one fails at once); the
+//   message a Write names and the message a Read fills stay alive until its callback runs.
+// - A stream's callbacks run one at a time, never one inside another: an operation started from
+//   a callback completes after that callback returns, whatever is queued, so reading a stream
+//   to its end from its callbacks takes no stack. They run on the thread that starts the
+//   operation when it can complete at once, else on the runtime thread that completes it (the
+//   poller that brings a message or the server's room, the thread that ends the call), so like
+//   a DoneCallback they must not block.
+// - A Write that waits for the server's room holds a pointer, not a send slot: the message is
+//   serialized straight into a slot when the room comes. Sent from a runtime thread it does not
+//   wait for a slot (or, larger than a slot, for the staging quota): it fails the stream with
+//   RESOURCE_EXHAUSTED instead, as an asynchronous unary call started there does.
+// - Finish closes the writes (after the outstanding Write) if WritesDone was not called, drops
+//   what comes unread from then on, and runs its callback with the final status once the call
+//   has ended and the outstanding Read and Write have completed (a client-streaming call's
+//   response is filled in by then). Destroying the stream cancels a call not finished and drops
+//   the callbacks that have not run; one running on another thread has returned when the
+//   destructor does.
 //
 // Threads: a server runs each streaming handler on a thread of its own (not the handler pool:
 // a stream may block for as long as its peer likes), at most ServerOptions::
@@ -110,6 +139,65 @@ class ClientStreamBase {
   bool finished_ = false;
 };
 
+// What the three asynchronous client wrappers share: the call, its cancel on destruction.
+class AsyncClientStreamBase {
+ public:
+  AsyncClientStreamBase(AsyncClientStreamBase&&) noexcept = default;
+  AsyncClientStreamBase& operator=(AsyncClientStreamBase&& other) noexcept {
+    if (this != &other) {
+      Drop();
+      call_ = ::std::move(other.call_);
+      finishing_ = other.finishing_;
+    }
+    return *this;
+  }
+  ~AsyncClientStreamBase() { Drop(); }
+
+  // Runs `done` with the final status (see ClientStreamCall::StartFinish). Once only; a second
+  // call's `done` gets FAILED_PRECONDITION at once.
+  void Finish(DoneCallback done) {
+    if (finishing_ || call_ == nullptr) {
+      done(::absl::FailedPreconditionError("Finish called twice on one stream"));
+      return;
+    }
+    finishing_ = true;
+    call_->StartFinish(::std::move(done));
+  }
+  // Gives up on the call (any thread): reads and writes fail, Finish reports CANCELLED.
+  void Cancel() {
+    if (call_ != nullptr) call_->Cancel();
+  }
+
+ protected:
+  explicit AsyncClientStreamBase(::std::unique_ptr<ClientStreamCall> call)
+      : call_(::std::move(call)) {}
+  ClientStreamCall* call() const { return call_.get(); }
+
+ private:
+  void Drop() {
+    // The call's destructor drops the callbacks not yet run, then cancels a call still going
+    // on (in that order: a cancel first would complete them).
+    call_.reset();
+  }
+  ::std::unique_ptr<ClientStreamCall> call_;
+  bool finishing_ = false;
+};
+
+// Starts an asynchronous read into `*out` (a swap with the parsed message: no copy).
+template <typename Message>
+void StartReadInto(ClientStreamCall* stream, Message* out, StreamCallback done) {
+  stream->StartRead([out, done = ::std::move(done)](::google::protobuf::MessageLite* next) mutable {
+    if (next != nullptr) out->Swap(static_cast<Message*>(next));
+    done(next != nullptr);
+  });
+}
+
+template <typename Message>
+void StartWriteOf(ClientStreamCall* stream, const Message& message, StreamCallback done) {
+  stream->StartWrite(message,
+                     [done = ::std::move(done)](bool sent) mutable { done(sent); });
+}
+
 // Moves the stream's message into `*out` (a swap: no copy).
 template <typename Message>
 bool ReadInto(StreamCall* stream, Message* out) {
@@ -151,6 +239,46 @@ class ClientReaderWriter : public internal::ClientStreamBase {
   bool Write(const Request& request) { return call()->Write(request); }
   bool WritesDone() { return call()->WritesDone(); }
   bool Read(Response* response) { return internal::ReadInto(call(), response); }
+};
+
+// The asynchronous forms (see "Asynchronous streams" above).
+template <typename Response>
+class AsyncClientReader : public internal::AsyncClientStreamBase {
+ public:
+  explicit AsyncClientReader(::std::unique_ptr<ClientStreamCall> call)
+      : AsyncClientStreamBase(::std::move(call)) {}
+  // The next message into `*response`: done(true), or done(false) once there are no more.
+  void Read(Response* response, StreamCallback done) {
+    internal::StartReadInto(call(), response, ::std::move(done));
+  }
+};
+
+template <typename Request>
+class AsyncClientWriter : public internal::AsyncClientStreamBase {
+ public:
+  explicit AsyncClientWriter(::std::unique_ptr<ClientStreamCall> call)
+      : AsyncClientStreamBase(::std::move(call)) {}
+  // Sends `request` (alive until `done` runs): done(true) once it has gone, done(false) when the
+  // stream has ended or the writes were closed.
+  void Write(const Request& request, StreamCallback done) {
+    internal::StartWriteOf(call(), request, ::std::move(done));
+  }
+  // Half-closes, after the outstanding Write if any.
+  void WritesDone() { call()->StartWritesDone(); }
+};
+
+template <typename Request, typename Response>
+class AsyncClientReaderWriter : public internal::AsyncClientStreamBase {
+ public:
+  explicit AsyncClientReaderWriter(::std::unique_ptr<ClientStreamCall> call)
+      : AsyncClientStreamBase(::std::move(call)) {}
+  void Write(const Request& request, StreamCallback done) {
+    internal::StartWriteOf(call(), request, ::std::move(done));
+  }
+  void WritesDone() { call()->StartWritesDone(); }
+  void Read(Response* response, StreamCallback done) {
+    internal::StartReadInto(call(), response, ::std::move(done));
+  }
 };
 
 // The server's end of a server-streaming call.
