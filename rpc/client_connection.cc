@@ -17,6 +17,12 @@ namespace zrpc::internal {
 
 const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false, false, false};
 
+namespace {
+// How soon the timer tries again to send cancels that found no send slot: slots free as sends
+// complete, within microseconds unless the server holds its credits back.
+constexpr absl::Duration kCancelRetry = absl::Milliseconds(1);
+}  // namespace
+
 void ClientCall::End(absl::Status status) {
   // The request payload's gate, then the destination's: End withdraws a payload exposed for the
   // server to pull, and lets no READ into the destination start; the ending waits for what
@@ -126,7 +132,7 @@ void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
   std::optional<ClientCall> call = calls_.Take(id);
   if (!call) return;
   if (call->gate) Withdraw(*connection_, id, *call->gate);
-  static_cast<void>(SendHeaderOnly(*connection_, RpcHeader::Cancel(id)));
+  SendCancel(id);
   call->End(absl::Status(status.code(),
                          absl::StrCat(call->method->full_name, ": ", status.message())));
 }
@@ -289,8 +295,45 @@ void ClientConnection::CallEnded(uint64_t call_id, BulkGate& gate, bool exposed)
   }
 }
 
+void ClientConnection::SendCancel(uint64_t id) {
+  if (!cancels_pending_.load(std::memory_order_acquire)) {
+    const absl::Status sent = SendHeaderOnly(*connection_, RpcHeader::Cancel(id));
+    // Closed or closing: the server ends the call itself when the connection goes.
+    if (sent.code() != absl::StatusCode::kResourceExhausted || !open()) return;
+  }
+  bool dropped = false;
+  {
+    absl::MutexLock lock(&cancels_mu_);
+    if (pending_cancels_.size() >= max_pending_cancels_) {
+      pending_cancels_.pop_front();
+      dropped = true;
+    }
+    pending_cancels_.push_back(id);
+    cancels_pending_.store(true, std::memory_order_release);
+  }
+  if (dropped) {
+    ZRPC_LOG(kWarning, "client", max_pending_cancels_, " cancels to ",
+             connection_->peer_address(), " wait for a send slot; the oldest is dropped");
+  }
+  owner_.DeadlineAdded(MonotonicNow() + kCancelRetry);  // the timer sends it (Expire)
+}
+
+void ClientConnection::FlushCancels() {
+  absl::MutexLock lock(&cancels_mu_);
+  while (!pending_cancels_.empty()) {
+    const absl::Status sent =
+        SendHeaderOnly(*connection_, RpcHeader::Cancel(pending_cancels_.front()));
+    if (sent.code() == absl::StatusCode::kResourceExhausted && open()) return;  // next pass
+    pending_cancels_.pop_front();
+  }
+  cancels_pending_.store(false, std::memory_order_release);
+}
+
 absl::Time ClientConnection::NextDeadline() {
   absl::Time next = calls_.NextDeadline();
+  if (cancels_pending_.load(std::memory_order_acquire)) {
+    next = std::min(next, MonotonicNow() + kCancelRetry);
+  }
   absl::MutexLock lock(&exposed_mu_);
   for (const auto& [id, request] : exposed_requests_) next = std::min(next, request.until);
   return next;
@@ -328,11 +371,11 @@ int ClientConnection::Expire(absl::Time now) {
     exposed_entries_.store(exposed_requests_.size(), std::memory_order_relaxed);
   }
   for (const std::shared_ptr<BulkGate>& gate : overdue) gate->Withdraw();
+  if (cancels_pending_.load(std::memory_order_acquire)) FlushCancels();
   std::vector<TakenCall<ClientCall>> expired = calls_.TakeExpired(now);
   for (TakenCall<ClientCall>& taken : expired) {
     if (taken.call.gate) Withdraw(*connection_, taken.id, *taken.call.gate);
-    // Best effort: a server that never hears of it finishes the call and its answer is dropped.
-    static_cast<void>(SendHeaderOnly(*connection_, RpcHeader::Cancel(taken.id)));
+    SendCancel(taken.id);
     taken.call.End(absl::DeadlineExceededError(
         absl::StrCat(taken.call.method->full_name, ": deadline exceeded")));
   }

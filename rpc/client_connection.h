@@ -41,6 +41,7 @@
 #define ZRPC_RPC_CLIENT_CONNECTION_H_
 
 #include <atomic>
+#include <deque>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -122,7 +123,8 @@ class ClientConnection final : public RpcConnection,
                       std::move(poller)),
         owner_(owner),
         calls_(max_calls),
-        pull_grace_(pull_grace) {}
+        pull_grace_(pull_grace),
+        max_pending_cancels_(max_calls) {}
 
   // Takes the connection Connect made; the ClientConnection keeps itself alive until OnClosed.
   void Attach(std::shared_ptr<transport::Connection> connection);
@@ -171,6 +173,11 @@ class ClientConnection final : public RpcConnection,
   bool PrepareExposure(uint64_t call_id, BulkGate& gate) override;
 
  private:
+  // Tells the server call `id` was given up (kCancel); queued for the timer when no send slot
+  // is free (see pending_cancels_).
+  void SendCancel(uint64_t id);
+  // Sends the queued cancels while slots are free (the timer's pass).
+  void FlushCancels();
   // A response or error whose payload (if any) is here: to its call, or dropped as late.
   void Deliver(transport::Connection& connection, IncomingMessage& message);
   void Complete(transport::Connection& connection, IncomingMessage& message, ClientCall& call);
@@ -218,6 +225,16 @@ class ClientConnection final : public RpcConnection,
   uint64_t received_at_last_pass_ = 0;  // timer thread only
   std::atomic<bool> ping_out_{false};
   google::protobuf::Empty ping_reply_;  // one ping at a time; parsed on the poller thread
+
+  // Cancels that found no send slot (every one waiting for the server's credits, say), sent
+  // again by the timer (Expire) until they go: a server that never hears of a cancel keeps the
+  // call, and a stream without a deadline keeps its handler's thread and one of its connection's
+  // stream places for as long as the connection lasts. At most max_calls (each call is
+  // cancelled once; past that, the oldest are dropped, logged).
+  absl::Mutex cancels_mu_;
+  std::deque<uint64_t> pending_cancels_ ABSL_GUARDED_BY(cancels_mu_);
+  std::atomic<bool> cancels_pending_{false};
+  const size_t max_pending_cancels_;
 };
 
 }  // namespace zrpc::internal

@@ -581,9 +581,10 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
 }
 
 absl::StatusOr<transport::SendBuffer> RpcConnection::AcquireSendBufferWaiting(
-    transport::Connection& connection, bool may_wait, const std::function<absl::Status()>& stop) {
+    transport::Connection& connection, bool may_wait, const std::function<absl::Status()>& stop,
+    uint32_t leave_free) {
   for (int attempt = 0;; ++attempt) {
-    absl::StatusOr<transport::SendBuffer> buffer = connection.AcquireSendBuffer();
+    absl::StatusOr<transport::SendBuffer> buffer = connection.AcquireSendBuffer(leave_free);
     if (buffer.ok() || buffer.status().code() != absl::StatusCode::kResourceExhausted ||
         !connection.open()) {
       return buffer;

@@ -267,9 +267,11 @@ class RpcConnection : public transport::ConnectionHandler {
   // caller's deadline, its stream's end). Never waits when `may_wait` is false (a poller or the
   // timer: only those threads free slots, so waiting there would wait for itself): then
   // kResourceExhausted at once, saying so. Other failures of the acquire (the connection is
-  // closing) are returned as they are.
+  // closing) are returned as they are. `leave_free`: as transport::Connection::
+  // AcquireSendBuffer's.
   static absl::StatusOr<transport::SendBuffer> AcquireSendBufferWaiting(
-      transport::Connection& connection, bool may_wait, const std::function<absl::Status()>& stop);
+      transport::Connection& connection, bool may_wait, const std::function<absl::Status()>& stop,
+      uint32_t leave_free = 0);
 
   const PullBudget& limits() const { return *pulls_; }
 

@@ -47,9 +47,11 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
   ServerOptions adjusted = options;
   transport::ConnectionOptions& connection = adjusted.listener.connection;
   connection.min_message_size = std::max(connection.min_message_size, kMinRpcMessage);
-  // Every call a connection may hold (one per receive credit) can hold its answer too, plus
-  // errors and keepalive answers: fewer send slots would make answers fail instead of wait.
-  connection.max_send_slots = std::max(connection.max_send_slots, connection.recv_credits + 4);
+  // Every call a connection may hold (one per receive credit) and every stream can hold its
+  // answer too, plus errors and keepalive answers: fewer send slots would make answers fail
+  // instead of wait. Stream frames leave those free, and have 8 at least of their own.
+  connection.max_send_slots =
+      std::max<uint32_t>(connection.max_send_slots, ServerCore::AnswerSlots(adjusted) + 8);
   std::unique_ptr<ServerCore> core(new ServerCore(adjusted));
   absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options.device, options.slots);
   if (!device.ok()) return device.status();

@@ -148,7 +148,7 @@ struct ServerStats {
   uint64_t cancels_received = 0;
   uint64_t keepalives_answered = 0;
   // Calls whose caller gave up (deadline passed, cancelled, connection gone) while they waited
-  // for a handler thread: ended without running the handler.
+  // for a handler thread, or while their request was pulled: ended without running the handler.
   uint64_t calls_skipped = 0;
   // Answers not sent because the caller had given up by the time the handler finished (no
   // payload staged or written for them).

@@ -124,10 +124,13 @@ bool ServerCallImpl::SendOnStream(const RpcHeader& header,
   if (gone()) return false;
   // A stream thread waits for a slot; a poller never does (only it frees them).
   const bool may_wait = !transport::Poller::OnPollerThread();
+  // Stream frames leave the slots answers need free (ServerCore::AnswerSlots).
   absl::StatusOr<transport::SendBuffer> buffer = RpcConnection::AcquireSendBufferWaiting(
-      *connection_, may_wait, [&gone]() -> absl::Status {
+      *connection_, may_wait,
+      [&gone]() -> absl::Status {
         return gone() ? absl::CancelledError("the stream ended") : absl::OkStatus();
-      });
+      },
+      owner_->core().answer_slots());
   if (!buffer.ok()) {
     if (gone()) return false;  // its end says why
     FailStream(absl::Status(buffer.status().code() == absl::StatusCode::kResourceExhausted &&
@@ -394,10 +397,18 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   if (request.pulls()) {
     // Larger than this side's arena: pulled first, then served like any request (OnPulled).
     const auto& place = core_.options().place_request_payload;
+    {
+      absl::MutexLock lock(&mu_);
+      pulling_[header.call_id] = false;
+    }
     absl::Status pulling = place && request.bulk_size() > 0
                                ? PullPlaced(connection, request, method, place)
                                : StartPull(connection, request);
     if (!pulling.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        pulling_.erase(header.call_id);
+      }
       return answer_error(absl::Status(
           pulling.code(), absl::StrCat(method.full_name, ": request: ", pulling.message())));
     }
@@ -491,6 +502,20 @@ void ServerConnection::OnPulled(transport::Connection& connection, IncomingMessa
   // The client may stop exposing the payload now (its call may have ended meanwhile: it kept
   // the payload exposed for this READ, and waits for this word).
   static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(message.header.call_id)));
+  bool cancelled = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pulling_.find(message.header.call_id);
+    if (it != pulling_.end()) {
+      cancelled = it->second;
+      pulling_.erase(it);
+    }
+  }
+  if (cancelled) {  // given up while it was pulled: never served, nothing to answer
+    core_.CountSkipped();
+    Discard(connection, message);
+    return;
+  }
   HandleRequest(connection, message);
 }
 
@@ -500,8 +525,15 @@ void ServerConnection::HandleCancel(transport::Connection& connection,
   core_.CountCancel();
   absl::MutexLock lock(&mu_);
   auto it = calls_.find(cancel.header.call_id);
-  // Not found: the call finished while the cancel travelled. Nothing to do.
-  if (it != calls_.end()) it->second->GiveUp();
+  if (it != calls_.end()) {
+    it->second->GiveUp();
+    return;
+  }
+  // Still being pulled: dropped when the pull is done. Otherwise the call finished while the
+  // cancel travelled: nothing to do.
+  if (auto pulled = pulling_.find(cancel.header.call_id); pulled != pulling_.end()) {
+    pulled->second = true;
+  }
 }
 
 void ServerConnection::HandleStreamFrame(transport::Connection& connection,

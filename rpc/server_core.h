@@ -77,6 +77,16 @@ class ServerCore final : public transport::AcceptHandler {
   const std::shared_ptr<PullBudget>& pulls() const { return pulls_; }
   const std::shared_ptr<transport::Device>& device() const { return device_; }
   const ServerOptions& options() const { return options_; }
+  // Send slots a connection's stream frames leave free (AcquireSendBuffer's leave_free): one
+  // for the answer of each call the connection may hold (a receive credit each) and each
+  // stream's final answer, and 4 for errors and keepalive answers. A stream's messages may wait
+  // for the client's transport credits, each in a slot; an answer never waits for one, so it
+  // must find one free.
+  static uint32_t AnswerSlots(const ServerOptions& options) {
+    return options.listener.connection.recv_credits +
+           static_cast<uint32_t>(options.max_streams_per_connection) + 4;
+  }
+  uint32_t answer_slots() const { return AnswerSlots(options_); }
   void CountUnimplemented() { unimplemented_.fetch_add(1, std::memory_order_relaxed); }
   void CountCancel() { cancels_.fetch_add(1, std::memory_order_relaxed); }
   void CountViolation() { closed_violations_.fetch_add(1, std::memory_order_relaxed); }

@@ -223,8 +223,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  // A slot for a message of up to capacity bytes; kResourceExhausted if the pool is empty.
-  absl::StatusOr<SendBuffer> AcquireSendBuffer();
+  // A slot for a message of up to capacity bytes; kResourceExhausted if the pool is empty, or
+  // if this connection holds max_send_slots, or all but `leave_free` of them (a kind of message
+  // that must leave room for another: a server's stream messages leave its answers theirs; at
+  // least one slot stays available to every kind).
+  absl::StatusOr<SendBuffer> AcquireSendBuffer(uint32_t leave_free = 0);
   void ReleaseSendBuffer(const SendBuffer& buffer);
 
   // Sends the first `length` bytes of `buffer` (taking it, even on error). OK means accepted:

@@ -55,14 +55,20 @@ std::string Connection::DebugString() const {
                       arena_reader_.in_use(), " (own)");
 }
 
-absl::StatusOr<SendBuffer> Connection::AcquireSendBuffer() {
+absl::StatusOr<SendBuffer> Connection::AcquireSendBuffer(uint32_t leave_free) {
   // The per-connection quota comes first: a peer that stops returning credits makes messages
   // wait, each in a slot of the device-wide pool, and must not drain it for everyone else.
-  if (send_slots_held_.fetch_add(1, std::memory_order_relaxed) >= options_.max_send_slots) {
+  const uint32_t limit =
+      options_.max_send_slots - std::min(leave_free, options_.max_send_slots - 1);
+  if (send_slots_held_.fetch_add(1, std::memory_order_relaxed) >= limit) {
     send_slots_held_.fetch_sub(1, std::memory_order_relaxed);
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the connection to ", peer_address_, " already holds ", options_.max_send_slots,
-        " messages being built, waiting for credits or in flight (max_send_slots)"));
+        "the connection to ", peer_address_, " already holds ", limit,
+        " messages being built, waiting for credits or in flight (max_send_slots ",
+        options_.max_send_slots, limit < options_.max_send_slots
+                                     ? absl::StrCat(", less ", options_.max_send_slots - limit,
+                                                    " kept for other messages)")
+                                     : std::string(")")));
   }
   SlotPool& pool = device_.slots();
   uint32_t slot = pool.Allocate();

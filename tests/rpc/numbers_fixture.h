@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "proto/examples/numbers.zrpc.h"
 #include "rpc/channel.h"
@@ -68,12 +69,15 @@ class TestNumbers : public Numbers::Service {
   }
 
   absl::Status Square(zrpc::ServerContext&, const Number& request, Number* reply) override {
+    if (square_gate != nullptr) square_gate->WaitForNotification();
     reply->set_value(request.value() * request.value());
     return absl::OkStatus();
   }
 
   std::atomic<uint64_t> written{0};
   std::atomic<int> stopped{0};
+  // Set: Square waits for it (calls the server holds, with their receive credits).
+  absl::Notification* square_gate = nullptr;
 };
 
 struct NumbersFixture {

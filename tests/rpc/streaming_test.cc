@@ -262,6 +262,89 @@ TEST_CASE("a deadline during a stream ends it on both sides", "[streaming]") {
   CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
 }
 
+TEST_CASE("a cancel that finds every send slot taken still reaches the server, later",
+          "[streaming]") {
+  // The server holds 32 unary calls (all its receive credits for the connection), so the
+  // client's next requests wait for credits in its send slots until all 40 are taken. A
+  // stream's cancel then finds no slot: it used to be dropped, and the stream's handler (no
+  // deadline near) stayed blocked for as long as the connection lasted.
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ChannelOptions channel_options;
+  channel_options.connection.max_send_slots = 40;
+  Fixture f(config, {}, channel_options);
+  absl::Notification gate;
+  f.service.square_gate = &gate;
+  struct Opener {  // on every way out, or the server's Shutdown waits for its handlers forever
+    absl::Notification* gate;
+    ~Opener() {
+      if (!gate->HasBeenNotified()) gate->Notify();
+    }
+  } opener{&gate};
+  Numbers::Stub stub(f.channel.get());
+  zrpc::ClientReader<Number> reader = stub.Count(Counting(1'000'000), CallOptions::Timeout(kLong));
+  // Unread: the handler writes its window and waits for credit.
+  REQUIRE(zrpc::testing::Eventually([&] { return f.service.written.load() >= 16; }));
+  constexpr int kCalls = 100;
+  std::vector<Number> replies(kCalls);
+  std::atomic<int> answered{0};
+  std::thread caller([&] {  // blocks for a slot once all are taken
+    Number request;
+    request.set_value(3);
+    for (int i = 0; i < kCalls; ++i) {
+      stub.AsyncSquare(request, &replies[i], CallOptions::Timeout(kLong),
+                       [&](absl::Status status) { answered.fetch_add(status.ok() ? 1 : 0); });
+    }
+  });
+  // Until the caller is stuck: no new call for 300 ms, with more than the 40 slots' worth out.
+  uint64_t in_flight = 0;
+  for (int stable = 0; stable < 6;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    const uint64_t now = f.channel->stats().calls_in_flight;
+    stable = now == in_flight ? stable + 1 : 0;
+    in_flight = now;
+  }
+  INFO("calls in flight: " << in_flight);
+  REQUIRE(in_flight > 40);
+  REQUIRE(in_flight < 1 + kCalls);
+  reader.Cancel();
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(f.service.stopped.load() == 0);  // the cancel waits for a slot
+  gate.Notify();
+  caller.join();
+  CHECK(zrpc::testing::Eventually([&] { return answered.load() == kCalls; }));
+  // The cancel went once slots came back: the handler's Write failed, and it returned.
+  CHECK(zrpc::testing::Eventually([&] { return f.service.stopped.load() == 1; }));
+  CHECK(reader.Finish().code() == absl::StatusCode::kCancelled);
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
+}
+
+TEST_CASE("a stream cancelled while the server pulls its large request is never served",
+          "[streaming]") {
+  // 32 MiB of request, past the server's arena: the server pulls it before the stream opens,
+  // and the cancel comes meanwhile. It used to find no call, and the stream opened afterwards
+  // wrote its window and waited for the gone client's credit for as long as the connection
+  // lasted.
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ServerOptions options;
+  options.max_message_size = uint64_t{64} << 20;
+  zrpc::ChannelOptions channel_options;
+  channel_options.max_message_size = uint64_t{64} << 20;
+  Fixture f(config, options, channel_options);
+  Numbers::Stub stub(f.channel.get());
+  CountRequest request = Counting(1'000'000);
+  request.set_ballast(std::string(32 << 20, 'b'));
+  zrpc::ClientReader<Number> reader = stub.Count(request);  // no deadline
+  reader.Cancel();
+  CHECK(reader.Finish().code() == absl::StatusCode::kCancelled);
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().calls_skipped == 1; }));
+  CHECK(f.server->stats().cancels_received == 1);
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(f.server->stats().streams_started == 0);
+  CHECK(f.service.written.load() == 0);
+  CHECK(f.server->stats().streams_open == 0);
+  CHECK(f.server->stats().calls_in_flight == 0);
+}
+
 TEST_CASE("a reader that stops holds back its own stream, not unary calls beside it",
           "[streaming]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
@@ -402,16 +485,28 @@ TEST_CASE("a 256 MiB stream of 64 KiB messages arrives whole and in order", "[st
 }
 
 // A peer that speaks the transport and writes RPC headers by hand: what a hostile client can
-// send. It gives every receive back at once and records the headers of what it got.
+// send. It gives every receive back at once (or, while `hold` is set, when told: a client whose
+// poller lags) and records the headers of what it got.
 class RawClient : public zrpc::transport::ConnectionHandler {
  public:
   void OnMessage(zrpc::transport::Connection& c,
                  const zrpc::transport::ReceivedMessage& m) override {
     absl::StatusOr<zrpc::RpcHeader> header =
         zrpc::DecodeRpcHeader(absl::MakeConstSpan(m.data, m.size));
-    static_cast<void>(c.Release(m.handle));
     absl::MutexLock lock(&mu_);
+    if (hold) {
+      held_.push_back(m.handle);
+    } else {
+      static_cast<void>(c.Release(m.handle));
+    }
     if (header.ok()) received_.push_back(*header);
+  }
+  // Gives back what `hold` kept, and everything from now on.
+  void Unhold(zrpc::transport::Connection& c) {
+    absl::MutexLock lock(&mu_);
+    hold = false;
+    for (const auto& handle : held_) static_cast<void>(c.Release(handle));
+    held_.clear();
   }
   void OnBulk(zrpc::transport::Connection& c, const zrpc::transport::ReceivedBulk& b) override {
     static_cast<void>(c.Release(b.handle));
@@ -432,10 +527,12 @@ class RawClient : public zrpc::transport::ConnectionHandler {
   }
 
   absl::Notification closed;
+  bool hold = false;  // set before the connection carries anything
 
  private:
   absl::Mutex mu_;
   std::vector<zrpc::RpcHeader> received_;
+  std::vector<uint64_t> held_;
 };
 
 // Sends `header` and `body` on `connection`, waiting for a send slot or a place in its queue;
@@ -460,7 +557,7 @@ absl::Status SendRaw(zrpc::transport::Connection& connection, const zrpc::RpcHea
 }
 
 constexpr uint32_t kNumbersId = zrpc::ServiceId("zrpc.examples.Numbers");
-constexpr uint16_t kCountIndex = 0, kDoubleIndex = 2;
+constexpr uint16_t kCountIndex = 0, kDoubleIndex = 2, kSquareIndex = 3;
 
 TEST_CASE("a peer past its stream's window, or writing where nobody reads, is cut off alone",
           "[streaming][hostile]") {
@@ -555,6 +652,52 @@ TEST_CASE("a peer that opens thousands of streams and never reads holds its 16, 
   CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
   CHECK(zrpc::testing::Eventually([&] { return f.server->stats().calls_in_flight == 0; }));
   CHECK(f.server->stats().protocol_violations == 0);
+}
+
+TEST_CASE("a client whose poller lags: stream messages leave the send slots answers need",
+          "[streaming][hostile]") {
+  // The client grants a window of 1,000 and stops giving its receives back for a while. The
+  // server's stream messages then wait for transport credits, each in a send slot; they must
+  // leave room for the answers of the calls the connection may hold (before: they took all 128
+  // slots, and a unary call's answer found none).
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config);
+  zrpc::testing::TransportPeer peer(config);
+  RawClient raw;
+  raw.hold = true;
+  auto connection = peer.Connect(config.addr, f.server->port(), &raw);
+  REQUIRE(connection.ok());
+  REQUIRE(SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kCountIndex, 1, 0, 1000),
+                  Counting(1'000).SerializeAsString())
+              .ok());
+  // Until the server's handler is stuck: no more numbers for 300 ms.
+  uint64_t written = 0;
+  for (int stable = 0; stable < 6;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    const uint64_t now = f.service.written.load();
+    stable = now == written ? stable + 1 : 0;
+    written = now;
+  }
+  INFO("written before the stall: " << written);
+  CHECK(written < 1'000);
+  Number number;
+  number.set_value(3);
+  REQUIRE(SendRaw(**connection, zrpc::RpcHeader::Request(kNumbersId, kSquareIndex, 2, 0),
+                  number.SerializeAsString())
+              .ok());
+  absl::SleepFor(absl::Milliseconds(200));  // the answer is built (and waits for credits)
+  raw.Unhold(**connection);
+  // The square's answer, and the stream's end (an empty response) once its 1,000 are out.
+  CHECK(zrpc::testing::Eventually([&] { return raw.Count(zrpc::RpcKind::kResponse) == 2; }));
+  CHECK(raw.Count(zrpc::RpcKind::kError, absl::StatusCode::kResourceExhausted) == 0);
+  CHECK(f.service.written.load() == 1'000);
+  CHECK(raw.Count(zrpc::RpcKind::kStreamMessage) == 1'000);
+  CHECK_FALSE(raw.closed.HasBeenNotified());
+  CHECK(f.server->stats().protocol_violations == 0);
+  (*connection)->Close();
+  REQUIRE(raw.closed.WaitForNotificationWithTimeout(kLong));  // `raw` must outlive that
+  connection->reset();
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
 }
 
 }  // namespace

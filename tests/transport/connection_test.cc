@@ -534,6 +534,42 @@ std::vector<uint8_t> HelloBytes(uint32_t magic_xor, uint16_t version) {
 
 }  // namespace
 
+TEST_CASE("AcquireSendBuffer's leave_free keeps that many of max_send_slots for other messages",
+          "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Recorder server_handler, client_handler;
+  Setup setup(config);
+  ConnectionOptions options;
+  options.max_send_slots = 10;
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler, options, options);
+  std::vector<SendBuffer> held;
+  // Leaving 4 free: 6, then no more of that kind, with the reason.
+  for (int i = 0; i < 6; ++i) {
+    absl::StatusOr<SendBuffer> buffer = pair.client->AcquireSendBuffer(4);
+    REQUIRE(buffer.ok());
+    held.push_back(*buffer);
+  }
+  absl::StatusOr<SendBuffer> refused = pair.client->AcquireSendBuffer(4);
+  CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(refused.status().message().find("less 4 kept for other messages") != std::string::npos);
+  // The other messages still find theirs, up to max_send_slots.
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<SendBuffer> buffer = pair.client->AcquireSendBuffer();
+    REQUIRE(buffer.ok());
+    held.push_back(*buffer);
+  }
+  CHECK(pair.client->AcquireSendBuffer().status().code() ==
+        absl::StatusCode::kResourceExhausted);
+  for (const SendBuffer& buffer : held) pair.client->ReleaseSendBuffer(buffer);
+  held.clear();
+  // Asking to leave everything free still leaves one slot to that kind.
+  absl::StatusOr<SendBuffer> one = pair.client->AcquireSendBuffer(1000);
+  REQUIRE(one.ok());
+  CHECK(pair.client->AcquireSendBuffer(1000).status().code() ==
+        absl::StatusCode::kResourceExhausted);
+  pair.client->ReleaseSendBuffer(*one);
+}
+
 TEST_CASE("a peer with another magic or version, or garbage, is refused on both sides",
           "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
