@@ -903,6 +903,10 @@ bool RpcConnection::TakeQuotaOrWait(const transport::Connection& connection, siz
     staged_ += capacity;
     return true;
   }
+  // Once each: a stream pumped again while it waits (a message came) asks again.
+  for (const std::weak_ptr<StreamListener>& known : quota_waiters_) {
+    if (!known.owner_before(waiter) && !waiter.owner_before(known)) return false;
+  }
   quota_waiters_.push_back(std::move(waiter));
   return false;
 }
