@@ -18,9 +18,10 @@ namespace zrpc::internal {
 const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false, false, false};
 
 namespace {
-// How soon the timer tries again to send cancels that found no send slot: slots free as sends
-// complete, within microseconds unless the server holds its credits back.
-constexpr absl::Duration kCancelRetry = absl::Milliseconds(1);
+// How soon the timer tries again to send cancels, and asynchronous streams' frames, that found
+// no send slot: slots free as sends complete, within microseconds unless the server holds its
+// credits back.
+constexpr absl::Duration kSlotRetry = absl::Milliseconds(1);
 }  // namespace
 
 void ClientCall::End(absl::Status status) {
@@ -139,7 +140,7 @@ void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
 
 bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
                                     const google::protobuf::MessageLite* message,
-                                    StreamCore& stream, bool quota_taken) {
+                                    StreamCore& stream, bool quota_taken, bool* no_slot) {
   const size_t size = message == nullptr ? 0 : message->ByteSizeLong();
   // Quota taken for a message that does not go goes back (SendStreamMessage gives it back
   // itself once it has the message).
@@ -159,6 +160,11 @@ bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
       });
   if (!buffer.ok()) {
     if (stream.ended()) return not_sent();  // its end says why
+    if (no_slot != nullptr && !may_wait && open() &&
+        buffer.status().code() == absl::StatusCode::kResourceExhausted) {
+      *no_slot = true;
+      return not_sent();
+    }
     AbortCall(id, buffer.status().code() == absl::StatusCode::kResourceExhausted && open()
                       ? buffer.status()
                       : absl::UnavailableError(buffer.status().message()));
@@ -315,7 +321,19 @@ void ClientConnection::SendCancel(uint64_t id) {
     ZRPC_LOG(kWarning, "client", max_pending_cancels_, " cancels to ",
              connection_->peer_address(), " wait for a send slot; the oldest is dropped");
   }
-  owner_.DeadlineAdded(MonotonicNow() + kCancelRetry);  // the timer sends it (Expire)
+  owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);  // the timer sends it (Expire)
+}
+
+void ClientConnection::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
+  {
+    absl::MutexLock lock(&slot_waiters_mu_);
+    for (const std::weak_ptr<StreamListener>& known : slot_waiters_) {
+      if (!known.owner_before(waiter) && !waiter.owner_before(known)) return;
+    }
+    slot_waiters_.push_back(std::move(waiter));
+    slot_waiters_pending_.store(true, std::memory_order_release);
+  }
+  owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);
 }
 
 void ClientConnection::FlushCancels() {
@@ -331,8 +349,9 @@ void ClientConnection::FlushCancels() {
 
 absl::Time ClientConnection::NextDeadline() {
   absl::Time next = calls_.NextDeadline();
-  if (cancels_pending_.load(std::memory_order_acquire)) {
-    next = std::min(next, MonotonicNow() + kCancelRetry);
+  if (cancels_pending_.load(std::memory_order_acquire) ||
+      slot_waiters_pending_.load(std::memory_order_acquire)) {
+    next = std::min(next, MonotonicNow() + kSlotRetry);
   }
   absl::MutexLock lock(&exposed_mu_);
   for (const auto& [id, request] : exposed_requests_) next = std::min(next, request.until);
@@ -372,6 +391,17 @@ int ClientConnection::Expire(absl::Time now) {
   }
   for (const std::shared_ptr<BulkGate>& gate : overdue) gate->Withdraw();
   if (cancels_pending_.load(std::memory_order_acquire)) FlushCancels();
+  if (slot_waiters_pending_.load(std::memory_order_acquire)) {
+    std::vector<std::weak_ptr<StreamListener>> waiters;
+    {
+      absl::MutexLock lock(&slot_waiters_mu_);
+      waiters.swap(slot_waiters_);
+      slot_waiters_pending_.store(false, std::memory_order_release);
+    }
+    for (const std::weak_ptr<StreamListener>& weak : waiters) {
+      if (std::shared_ptr<StreamListener> waiter = weak.lock()) waiter->OnStreamEvent();
+    }
+  }
   std::vector<TakenCall<ClientCall>> expired = calls_.TakeExpired(now);
   for (TakenCall<ClientCall>& taken : expired) {
     if (taken.call.gate) Withdraw(*connection_, taken.id, *taken.call.gate);

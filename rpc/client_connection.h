@@ -42,6 +42,7 @@
 
 #include <atomic>
 #include <deque>
+#include <vector>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -149,10 +150,15 @@ class ClientConnection final : public RpcConnection,
   // thread (which would wait for itself): there it fails at once. The message, if any, is
   // serialized straight into the buffer. false: not sent (the call has ended or is ended here
   // with the reason). `quota_taken`: the staging quota for a message larger than a slot is
-  // taken already (TakeQuotaOrWait); it is given back if the message does not go.
+  // taken already (TakeQuotaOrWait); it is given back if the message does not go. `no_slot`
+  // (not null: an asynchronous stream's pump): on a runtime thread that finds every slot taken,
+  // set, and the call goes on (the caller tries again later: WaitForSlot) instead of ending.
   bool SendOnStream(uint64_t id, const RpcHeader& header,
                     const google::protobuf::MessageLite* message, StreamCore& stream,
-                    bool quota_taken = false);
+                    bool quota_taken = false, bool* no_slot = nullptr);
+  // `waiter` is told at the timer's next pass (within a millisecond) that send slots may have
+  // come back: only the runtime's threads free them, and those do not wait for one.
+  void WaitForSlot(std::weak_ptr<StreamListener> waiter);
   // One keepalive pass (see the top of this file).
   void Keepalive(absl::Duration timeout);
   // Fails the calls whose deadline has passed, and tells the server; returns how many. Also
@@ -235,6 +241,10 @@ class ClientConnection final : public RpcConnection,
   std::deque<uint64_t> pending_cancels_ ABSL_GUARDED_BY(cancels_mu_);
   std::atomic<bool> cancels_pending_{false};
   const size_t max_pending_cancels_;
+  // Asynchronous streams whose frames found no send slot on a runtime thread (WaitForSlot).
+  absl::Mutex slot_waiters_mu_;
+  std::vector<std::weak_ptr<StreamListener>> slot_waiters_ ABSL_GUARDED_BY(slot_waiters_mu_);
+  std::atomic<bool> slot_waiters_pending_{false};
 };
 
 }  // namespace zrpc::internal

@@ -12,8 +12,12 @@
 // callbacks never nest and a stream read to its end takes no stack. A write waiting for the
 // server's room holds only a pointer to the message: it is serialized into a send slot when
 // the room comes, so a stalled stream holds no slot. What is sent from a runtime thread never
-// waits for a slot or the staging quota (that thread is the one that frees them): it fails the
-// stream with RESOURCE_EXHAUSTED instead, as an asynchronous unary call started there does.
+// waits for a slot or the staging quota (that thread is the one that frees them): a frame that
+// finds none stays, unsent, and is tried again when quota comes back (RpcConnection::
+// TakeQuotaOrWait) or at the channel timer's next pass (ClientConnection::WaitForSlot, every
+// millisecond while one waits). Destroying the stream marks it abandoned (no callback runs from
+// then on), cancels the call (which ends any wait of a send the pump is in) and then waits for
+// a pump running on another thread to stop.
 #ifndef ZRPC_RPC_CLIENT_STREAM_H_
 #define ZRPC_RPC_CLIENT_STREAM_H_
 

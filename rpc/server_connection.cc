@@ -399,7 +399,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     const auto& place = core_.options().place_request_payload;
     {
       absl::MutexLock lock(&mu_);
-      pulling_[header.call_id] = false;
+      pulled_requests_[header.call_id] = false;
     }
     absl::Status pulling = place && request.bulk_size() > 0
                                ? PullPlaced(connection, request, method, place)
@@ -407,7 +407,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     if (!pulling.ok()) {
       {
         absl::MutexLock lock(&mu_);
-        pulling_.erase(header.call_id);
+        pulled_requests_.erase(header.call_id);
       }
       return answer_error(absl::Status(
           pulling.code(), absl::StrCat(method.full_name, ": request: ", pulling.message())));
@@ -505,10 +505,10 @@ void ServerConnection::OnPulled(transport::Connection& connection, IncomingMessa
   bool cancelled = false;
   {
     absl::MutexLock lock(&mu_);
-    auto it = pulling_.find(message.header.call_id);
-    if (it != pulling_.end()) {
+    auto it = pulled_requests_.find(message.header.call_id);
+    if (it != pulled_requests_.end()) {
       cancelled = it->second;
-      pulling_.erase(it);
+      pulled_requests_.erase(it);
     }
   }
   if (cancelled) {  // given up while it was pulled: never served, nothing to answer
@@ -531,7 +531,7 @@ void ServerConnection::HandleCancel(transport::Connection& connection,
   }
   // Still being pulled: dropped when the pull is done. Otherwise the call finished while the
   // cancel travelled: nothing to do.
-  if (auto pulled = pulling_.find(cancel.header.call_id); pulled != pulling_.end()) {
+  if (auto pulled = pulled_requests_.find(cancel.header.call_id); pulled != pulled_requests_.end()) {
     pulled->second = true;
   }
 }

@@ -178,7 +178,7 @@ class ServerConnection final : public RpcConnection,
   // Requests being pulled (larger than the arena), not yet calls: whether a cancel came for
   // each meanwhile, so that OnPulled drops it instead of serving it. A stream served after its
   // client gave up would keep its handler waiting for credits that never come.
-  absl::flat_hash_map<uint64_t, bool> pulling_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, bool> pulled_requests_ ABSL_GUARDED_BY(mu_);
   // Memory of finished calls, reused by the next ones: HandleRequest takes a block and Retire
   // gives it back, each under mu_, which they take anyway for calls_. So a call allocates
   // nothing in steady state; at most recv_credits calls are in flight, which bounds the blocks.

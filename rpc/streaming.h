@@ -67,9 +67,11 @@
 //   poller that brings a message or the server's room, the thread that ends the call), so like
 //   a DoneCallback they must not block.
 // - A Write that waits for the server's room holds a pointer, not a send slot: the message is
-//   serialized straight into a slot when the room comes. Sent from a runtime thread it does not
-//   wait for a slot (or, larger than a slot, for the staging quota): it fails the stream with
-//   RESOURCE_EXHAUSTED instead, as an asynchronous unary call started there does.
+//   serialized straight into a slot when the room comes. On a runtime thread nothing waits for
+//   a send slot or the staging quota (that thread frees them): a frame that finds none waits,
+//   unsent, to be tried again when quota comes back or at the channel's next timer pass (within
+//   a millisecond). Started from a thread of the application, a Read, Write or Finish may wait
+//   there for a slot (as a blocking call would), never for the server.
 // - Finish closes the writes (after the outstanding Write) if WritesDone was not called, drops
 //   what comes unread from then on, and runs its callback with the final status once the call
 //   has ended and the outstanding Read and Write have completed (a client-streaming call's
@@ -175,9 +177,14 @@ class AsyncClientStreamBase {
 
  private:
   void Drop() {
-    // The call's destructor drops the callbacks not yet run, then cancels a call still going
-    // on (in that order: a cancel first would complete them).
-    call_.reset();
+    // The call's destructor drops the callbacks not yet run, cancels a call still going on (in
+    // that order: a cancel first would complete them), and waits for a callback running on
+    // another thread, which may still use this object (a read loop starting its next Read):
+    // call_ stays valid until then.
+    if (call_ != nullptr) {
+      delete call_.get();
+      static_cast<void>(call_.release());
+    }
   }
   ::std::unique_ptr<ClientStreamCall> call_;
   bool finishing_ = false;
@@ -186,6 +193,7 @@ class AsyncClientStreamBase {
 // Starts an asynchronous read into `*out` (a swap with the parsed message: no copy).
 template <typename Message>
 void StartReadInto(ClientStreamCall* stream, Message* out, StreamCallback done) {
+  if (stream == nullptr) return done(false);  // moved from
   stream->StartRead([out, done = ::std::move(done)](::google::protobuf::MessageLite* next) mutable {
     if (next != nullptr) out->Swap(static_cast<Message*>(next));
     done(next != nullptr);
@@ -194,6 +202,7 @@ void StartReadInto(ClientStreamCall* stream, Message* out, StreamCallback done) 
 
 template <typename Message>
 void StartWriteOf(ClientStreamCall* stream, const Message& message, StreamCallback done) {
+  if (stream == nullptr) return done(false);  // moved from
   stream->StartWrite(message,
                      [done = ::std::move(done)](bool sent) mutable { done(sent); });
 }
@@ -264,7 +273,9 @@ class AsyncClientWriter : public internal::AsyncClientStreamBase {
     internal::StartWriteOf(call(), request, ::std::move(done));
   }
   // Half-closes, after the outstanding Write if any.
-  void WritesDone() { call()->StartWritesDone(); }
+  void WritesDone() {
+    if (call() != nullptr) call()->StartWritesDone();
+  }
 };
 
 template <typename Request, typename Response>
@@ -275,7 +286,9 @@ class AsyncClientReaderWriter : public internal::AsyncClientStreamBase {
   void Write(const Request& request, StreamCallback done) {
     internal::StartWriteOf(call(), request, ::std::move(done));
   }
-  void WritesDone() { call()->StartWritesDone(); }
+  void WritesDone() {
+    if (call() != nullptr) call()->StartWritesDone();
+  }
   void Read(Response* response, StreamCallback done) {
     internal::StartReadInto(call(), response, ::std::move(done));
   }

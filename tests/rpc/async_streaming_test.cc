@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -386,6 +387,152 @@ TEST_CASE("async misuse fails at once: a second Read, a Write after WritesDone, 
   Finished again;
   stream.Finish(again.Callback());
   CHECK(again.Wait().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+// Takes every send slot of the channel's connection: the server holds its unary calls (all its
+// receive credits for the connection), so the next requests wait for credits in the client's
+// send slots until all `slots` are taken; a thread keeps asking for more meanwhile. Open() lets
+// everything go.
+class SlotFiller {
+ public:
+  SlotFiller(Fixture& f, Numbers::Stub& stub) : f_(f), stub_(stub) {
+    f_.service.square_gate = &gate_;
+  }
+  ~SlotFiller() {
+    Open();
+    if (caller_.joinable()) caller_.join();
+    // The calls' replies and callbacks are this object's: every call ends before it goes.
+    static_cast<void>(zrpc::testing::Eventually(
+        [this] { return ended_.load() == kCalls; }, kWait));
+    f_.service.square_gate = nullptr;
+  }
+  // Returns once the caller is stuck: no new call for 300 ms.
+  void Fill() {
+    caller_ = std::thread([this] {
+      Number request;
+      request.set_value(3);
+      for (Number& reply : replies_) {
+        stub_.AsyncSquare(request, &reply, CallOptions::Timeout(kLong),
+                          [this](absl::Status status) {
+                            answered_.fetch_add(status.ok());
+                            ended_.fetch_add(1);
+                          });
+      }
+    });
+    // More than the slots' worth out (a caller merely slow for 300 ms is not stuck).
+    uint64_t in_flight = 0;
+    const absl::Time give_up = absl::Now() + kWait;
+    for (int stable = 0; stable < 6 || in_flight <= 40;) {
+      REQUIRE(absl::Now() < give_up);
+      absl::SleepFor(absl::Milliseconds(50));
+      const uint64_t now = f_.channel->stats().calls_in_flight;
+      stable = now == in_flight ? stable + 1 : 0;
+      in_flight = now;
+    }
+    INFO("calls in flight: " << in_flight);
+    REQUIRE(in_flight < 1 + kCalls + 2);
+  }
+  void Open() {
+    if (!gate_.HasBeenNotified()) gate_.Notify();
+  }
+  int answered() const { return answered_.load(); }
+  static constexpr int kCalls = 100;
+
+ private:
+  Fixture& f_;
+  Numbers::Stub& stub_;
+  absl::Notification gate_;
+  std::vector<Number> replies_ = std::vector<Number>(kCalls);
+  std::atomic<int> answered_{0};
+  std::atomic<int> ended_{0};
+  std::thread caller_;
+};
+
+zrpc::ChannelOptions FortySlots() {
+  zrpc::ChannelOptions options;
+  options.connection.max_send_slots = 40;
+  return options;
+}
+
+TEST_CASE("credits a read loop owes wait for a send slot on the poller, then go",
+          "[async_streaming]") {
+  // The server trickles numbers; the loop reads each from its callback on the poller, which
+  // owes the server a credit every 8. Meanwhile every send slot is taken: the credit waits for
+  // one (before: the stream failed RESOURCE_EXHAUSTED), and goes once slots come back.
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config, {}, FortySlots());
+  Numbers::Stub stub(f.channel.get());
+  zrpc::examples::CountRequest trickle = Counting(200);
+  trickle.set_delay_us(20'000);
+  zrpc::AsyncClientReader<Number> reader = stub.AsyncCount(trickle, CallOptions::Timeout(kLong));
+  Serial serial;
+  ReadLoop loop;
+  loop.reader = &reader;
+  loop.serial = &serial;
+  loop.Start();  // nothing is there yet: the callbacks run on the poller as numbers come
+  {
+    SlotFiller filler(f, stub);
+    filler.Fill();
+    absl::SleepFor(absl::Milliseconds(500));  // credits come due while no slot is free
+    CHECK_FALSE(loop.ended.HasBeenNotified());
+    filler.Open();
+    CHECK(zrpc::testing::Eventually([&] { return filler.answered() == SlotFiller::kCalls; }));
+  }
+  REQUIRE(loop.ended.WaitForNotificationWithTimeout(kWait));
+  Finished finished;
+  reader.Finish(finished.Callback());
+  const absl::Status status = finished.Wait();
+  INFO(status);
+  CHECK(status.ok());
+  CHECK(loop.count == 200);
+  CHECK(loop.out_of_order == 0);
+  CHECK(serial.overlaps.load() == 0);
+}
+
+TEST_CASE("destroying a stream whose Write waits for a send slot returns at once",
+          "[async_streaming]") {
+  // The Write, started on a thread of the test, waits there for a slot; the stream is destroyed
+  // from another thread. The destructor used to wait for that Write to end, which waited for
+  // a slot that only the held calls would free.
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Fixture f(config, {}, FortySlots());
+  Numbers::Stub stub(f.channel.get());
+  Total total;
+  auto writer = std::make_unique<zrpc::AsyncClientWriter<Number>>(
+      stub.AsyncSum(&total, CallOptions::Timeout(kLong)));
+  Number first;
+  first.set_value(1);
+  absl::Notification written;
+  writer->Write(first, [&](bool ok) {
+    if (ok) written.Notify();
+  });
+  REQUIRE(written.WaitForNotificationWithTimeout(kWait));  // the server's window is here
+  SlotFiller filler(f, stub);
+  filler.Fill();
+  Number second;
+  second.set_value(2);
+  std::atomic<int> second_callbacks{0};
+  absl::Notification writing;
+  std::thread blocked([&] {
+    zrpc::AsyncClientWriter<Number>* w = writer.get();
+    writing.Notify();
+    w->Write(second, [&](bool) { second_callbacks.fetch_add(1); });
+  });
+  // The Write is under way (it must be inside before the destructor starts: calling into an
+  // object being destroyed is the test's own fault), and then waits for a slot.
+  REQUIRE(writing.WaitForNotificationWithTimeout(kWait));
+  absl::SleepFor(absl::Seconds(1));
+  absl::Notification destroyed;
+  std::thread destroyer([&] {
+    writer.reset();
+    destroyed.Notify();
+  });
+  const bool prompt = destroyed.WaitForNotificationWithTimeout(absl::Seconds(10));
+  filler.Open();  // in any case, or the threads below would wait for it
+  destroyer.join();
+  blocked.join();
+  CHECK(prompt);
+  CHECK(second_callbacks.load() == 0);
 }
 
 }  // namespace
