@@ -581,7 +581,7 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
 }
 
 absl::StatusOr<transport::SendBuffer> RpcConnection::AcquireSendBufferWaiting(
-    transport::Connection& connection, bool may_wait, const std::function<absl::Status()>& stop,
+    transport::Connection& connection, bool may_wait, absl::FunctionRef<absl::Status()> stop,
     uint32_t leave_free) {
   for (int attempt = 0;; ++attempt) {
     absl::StatusOr<transport::SendBuffer> buffer = connection.AcquireSendBuffer(leave_free);

@@ -59,6 +59,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -268,9 +269,10 @@ class RpcConnection : public transport::ConnectionHandler {
   // timer: only those threads free slots, so waiting there would wait for itself): then
   // kResourceExhausted at once, saying so. Other failures of the acquire (the connection is
   // closing) are returned as they are. `leave_free`: as transport::Connection::
-  // AcquireSendBuffer's.
+  // AcquireSendBuffer's. `stop` is a FunctionRef: every unary call comes here, and a
+  // std::function would be built per call.
   static absl::StatusOr<transport::SendBuffer> AcquireSendBufferWaiting(
-      transport::Connection& connection, bool may_wait, const std::function<absl::Status()>& stop,
+      transport::Connection& connection, bool may_wait, absl::FunctionRef<absl::Status()> stop,
       uint32_t leave_free = 0);
 
   const PullBudget& limits() const { return *pulls_; }

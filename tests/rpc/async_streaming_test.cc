@@ -419,16 +419,9 @@ class SlotFiller {
                           });
       }
     });
-    // More than the slots' worth out (a caller merely slow for 300 ms is not stuck).
-    uint64_t in_flight = 0;
-    const absl::Time give_up = absl::Now() + kWait;
-    for (int stable = 0; stable < 6 || in_flight <= 40;) {
-      REQUIRE(absl::Now() < give_up);
-      absl::SleepFor(absl::Milliseconds(50));
-      const uint64_t now = f_.channel->stats().calls_in_flight;
-      stable = now == in_flight ? stable + 1 : 0;
-      in_flight = now;
-    }
+    // More than the slots' worth out.
+    const uint64_t in_flight = zrpc_test::WaitUntilStuck(
+        [this] { return f_.channel->stats().calls_in_flight; }, 40, kWait);
     INFO("calls in flight: " << in_flight);
     REQUIRE(in_flight < 1 + kCalls + 2);
   }

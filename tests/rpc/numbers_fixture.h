@@ -102,6 +102,22 @@ struct NumbersFixture {
   }
 };
 
+// Waits until `count()` is above `floor` and has not moved for 300 ms: what the tests call
+// stuck (a thread merely slow for 300 ms is not, unless it is past the floor). Returns it.
+template <typename Count>
+uint64_t WaitUntilStuck(Count count, uint64_t floor, absl::Duration limit) {
+  uint64_t value = 0;
+  const absl::Time give_up = absl::Now() + limit;
+  for (int stable = 0; stable < 6 || value <= floor;) {
+    REQUIRE(absl::Now() < give_up);
+    absl::SleepFor(absl::Milliseconds(50));
+    const uint64_t now = count();
+    stable = now == value ? stable + 1 : 0;
+    value = now;
+  }
+  return value;
+}
+
 inline CountRequest Counting(uint64_t count) {
   CountRequest request;
   request.set_start(1);

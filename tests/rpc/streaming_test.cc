@@ -295,17 +295,9 @@ TEST_CASE("a cancel that finds every send slot taken still reaches the server, l
                        [&](absl::Status status) { answered.fetch_add(status.ok() ? 1 : 0); });
     }
   });
-  // Until the caller is stuck: no new call for 300 ms, with more than the 40 slots' worth out
-  // (a caller merely slow for 300 ms is not stuck).
-  uint64_t in_flight = 0;
-  const absl::Time give_up = absl::Now() + kLong;
-  for (int stable = 0; stable < 6 || in_flight <= 40;) {
-    REQUIRE(absl::Now() < give_up);
-    absl::SleepFor(absl::Milliseconds(50));
-    const uint64_t now = f.channel->stats().calls_in_flight;
-    stable = now == in_flight ? stable + 1 : 0;
-    in_flight = now;
-  }
+  // Until the caller is stuck, with more than the 40 slots' worth out.
+  const uint64_t in_flight = zrpc_test::WaitUntilStuck(
+      [&] { return f.channel->stats().calls_in_flight; }, 40, kLong);
   INFO("calls in flight: " << in_flight);
   REQUIRE(in_flight < 1 + kCalls);
   reader.Cancel();
@@ -672,17 +664,9 @@ TEST_CASE("a client whose poller lags: stream messages leave the send slots answ
   REQUIRE(SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kCountIndex, 1, 0, 1000),
                   Counting(1'000).SerializeAsString())
               .ok());
-  // Until the server's handler is stuck: no more numbers for 300 ms, past the client's receives
-  // (a handler merely slow for 300 ms is not stuck).
-  uint64_t written = 0;
-  const absl::Time give_up = absl::Now() + kLong;
-  for (int stable = 0; stable < 6 || written <= 40;) {
-    REQUIRE(absl::Now() < give_up);
-    absl::SleepFor(absl::Milliseconds(50));
-    const uint64_t now = f.service.written.load();
-    stable = now == written ? stable + 1 : 0;
-    written = now;
-  }
+  // Until the server's handler is stuck, past the client's receives.
+  const uint64_t written =
+      zrpc_test::WaitUntilStuck([&] { return f.service.written.load(); }, 40, kLong);
   INFO("written before the stall: " << written);
   CHECK(written < 1'000);
   Number number;
