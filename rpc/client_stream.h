@@ -32,6 +32,7 @@
 #include "rpc/client_connection.h"
 #include "rpc/generated_api.h"
 #include "rpc/stream_core.h"
+#include "rpc/stream_pump.h"
 
 namespace zrpc::internal {
 
@@ -59,9 +60,9 @@ class ClientStream final : public ClientStreamCall {
   void StartFinish(DoneCallback done) override;
 
  private:
-  class Async;  // the asynchronous form's state; the core's listener
+  class Side;  // the asynchronous form's sending
   // The asynchronous form's state, listening to the core from its first use.
-  Async& async();
+  StreamPump& async();
 
   const std::shared_ptr<ClientConnection> connection_;
   const uint64_t id_;
@@ -75,7 +76,7 @@ class ClientStream final : public ClientStreamCall {
   // thread closed the writes must not send after the half-close: the server would take that for
   // a protocol violation).
   absl::Mutex send_mu_;
-  std::shared_ptr<Async> async_;  // shared with the loop that pumps it (which may outlive this)
+  std::shared_ptr<StreamPump> async_;  // shared with the loop that pumps it (which may outlive this)
   std::once_flag async_once_;
 };
 

@@ -911,6 +911,19 @@ bool RpcConnection::TakeQuotaOrWait(const transport::Connection& connection, siz
   return false;
 }
 
+bool RpcConnection::StreamQuotaOrWait(const transport::Connection& connection, size_t size,
+                                      bool runtime_thread, std::weak_ptr<StreamListener> waiter,
+                                      bool* quota_taken) {
+  *quota_taken = false;
+  // A slot's worth goes in the slot; past the peer's arena SendStreamMessage refuses it; off a
+  // runtime thread SendStreamMessage waits for the quota itself.
+  if (!runtime_thread || FitsSlot(connection, size) || size > connection.peer_arena_size()) {
+    return true;
+  }
+  *quota_taken = TakeQuotaOrWait(connection, size, std::move(waiter));
+  return *quota_taken;
+}
+
 void RpcConnection::ReturnStreamQuota(size_t size) {
   static_cast<void>(ReturnQuota(StagingPool::CapacityFor(size)));
   WakeQuotaWaiters();

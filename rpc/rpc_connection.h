@@ -330,6 +330,12 @@ class RpcConnection : public transport::ConnectionHandler {
   bool TakeQuotaOrWait(const transport::Connection& connection, size_t size,
                        std::weak_ptr<StreamListener> waiter);
   void ReturnStreamQuota(size_t size);
+  // An asynchronous stream's check before it sends a message of `size` bytes: true to send it
+  // now, with `*quota_taken` when TakeQuotaOrWait took its quota (only a message larger than a
+  // slot, sent from a `runtime_thread`, needs that); false while it waits for `waiter` to be told.
+  bool StreamQuotaOrWait(const transport::Connection& connection, size_t size,
+                         bool runtime_thread, std::weak_ptr<StreamListener> waiter,
+                         bool* quota_taken);
   // Takes back the payload of request `call_id`, whose gate is `gate`, if it has not left yet
   // (see the top of this file); its release runs here, on this thread. Nothing when it has.
   void Withdraw(transport::Connection& connection, uint64_t call_id, BulkGate& gate);
