@@ -79,8 +79,10 @@ std::string ReservedPackageReason(const std::string& package) {
       "method", "MethodInfo", "MethodMetrics", "MethodMetricsSnapshot", "MethodOptions", "Metrics",
       "MetricsHttpServer", "MetricsSide", "MetricsSideName", "OutgoingBulk", "ParseLogLevel",
       "PayloadPlacement", "PendingCall", "PullDescriptor", "RegisteredMemory", "RemainingFromWire",
-      "RpcHeader", "RpcKind", "SendSlot", "Server", "ServerCall", "ServerContext", "ServerOptions",
-      "ServerReader", "ServerReaderWriter", "ServerStats", "ServerWriter", "Service", "ServiceId", "ServiceInfo", "SetLogLevel", "SetLogSink",
+      "RpcHeader", "RpcKind", "SendSlot", "Server", "ServerAsyncReader",
+      "ServerAsyncReaderWriter", "ServerAsyncStream", "ServerAsyncWriter", "ServerCall",
+      "ServerContext", "ServerOptions", "ServerReader", "ServerReaderWriter", "ServerStats",
+      "ServerWriter", "Service", "ServiceId", "ServiceInfo", "SetLogLevel", "SetLogSink",
       "StatusCodeLabel", "StreamCall", "StreamCallback", "TakenCall", "TimeoutToWire", "transport"};
   if (parts[0] == "zrpc" && (parts.size() == 1 || kRuntimeNames.count(parts[1]) > 0)) {
     return "the namespace " + (parts.size() == 1 ? "zrpc" : "zrpc::" + parts[1]) +

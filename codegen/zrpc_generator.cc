@@ -131,7 +131,8 @@ struct MethodNames {
 // trailing underscore, and so does any name that would collide with one already taken.
 std::vector<MethodNames> NameMethods(const ServiceDescriptor* service) {
   std::set<std::string> taken = {"Stub",         "Service",      "AsyncService",
-                                 "Dispatch",     "service_info", "channel_"};
+                                 "Dispatch",     "service_info", "channel_",
+                                 "serves_streams_async"};
   auto claim = [&taken](std::string name) {
     name = CppIdentifier(name);
     while (!taken.insert(name).second) name += "_";
@@ -274,25 +275,53 @@ bool CheckSupported(const FileDescriptor* file, std::string* error) {
   return true;
 }
 
+// The ServerAsync* class an AsyncService's streaming handler owns, for a method of `kind`.
+const char* AsyncStreamClass(const std::string& kind) {
+  return kind == "server"   ? "::zrpc::ServerAsyncWriter<$Request$, $Response$>"
+         : kind == "client" ? "::zrpc::ServerAsyncReader<$Request$, $Response$>"
+                            : "::zrpc::ServerAsyncReaderWriter<$Request$, $Response$>";
+}
+
+bool HasStreaming(const std::vector<Vars>& methods) {
+  for (const Vars& vars : methods) {
+    if (vars.at("kind") != "unary") return true;
+  }
+  return false;
+}
+
 // A server base class nested in the service class: `head` (its comment and first line), what
-// Service and AsyncService share, then `handler` printed with each rpc's vars.
+// Service and AsyncService share, then `handler` printed with each rpc's vars. `async`: the
+// streaming handlers are asynchronous too (AsyncService).
 void PrintServerClass(Printer& p, const std::vector<Vars>& methods, const char* head,
-                      const char* handler) {
+                      const char* handler, bool async) {
   p.Print(head);
   p.Print(
       "   public:\n"
       "    const ::zrpc::ServiceInfo& service_info() const final;\n"
       "    void Dispatch(int method_index, ::zrpc::ServerCall* call) final;\n");
+  if (async && HasStreaming(methods)) {
+    p.Print("    bool serves_streams_async() const final { return true; }\n");
+  }
   for (const Vars& vars : methods) {
     const std::string& kind = vars.at("kind");
     if (kind == "unary") {
       p.Print(vars, handler);
+    } else if (async) {
+      p.Print(vars,
+              "\n"
+              "$comments$"
+              "    // Streaming, asynchronous: owns the stream and returns at once; Read, Write\n"
+              "    // and Finish report through callbacks (rpc/streaming.h).\n"
+              "    virtual void $Method$(\n"
+              "        ::std::unique_ptr<");
+      p.Print(vars, AsyncStreamClass(kind));
+      p.Print("> call);\n");
     } else {
       p.Print(vars,
               "\n"
               "$comments$"
               "    // Streaming: runs on a thread of its own and returns the call's status\n"
-              "    // (rpc/streaming.h).\n");
+              "    // (rpc/streaming.h; AsyncService's form needs no thread).\n");
       p.Print(vars, kind == "server"   ? "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
                                          "        const $Request$& request, ::zrpc::ServerWriter<$Response$>* writer);\n"
                     : kind == "client" ? "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
@@ -395,21 +424,24 @@ void PrintHeaderService(Printer& p, const ServiceCode& code) {
       "    // $Method$, answered later (override this or the above, not both).\n"
       "$async_bulk_doc$"
       "    virtual void $AsyncMethod$(::std::unique_ptr<::zrpc::PendingCall<\n"
-      "        $Request$, $Response$>> call);\n");
+      "        $Request$, $Response$>> call);\n",
+      /*async=*/false);
   PrintServerClass(
       p, methods,
       "  // Asynchronous server base class: every method in the async form, under the rpc's own\n"
-      "  // name (Service offers both forms, per method). Each handler owns its call, a\n"
-      "  // ::zrpc::PendingCall with the request and the response to fill in, and finishes it when\n"
-      "  // the answer is ready, also after returning and from another thread; one dropped\n"
-      "  // unfinished fails with INTERNAL. Override the handlers the server implements; the\n"
-      "  // others answer UNIMPLEMENTED. Handlers may run on several threads at once.\n"
+      "  // name (Service offers both forms for unary methods). Each handler owns its call (a\n"
+      "  // ::zrpc::PendingCall, or for a streaming method a ::zrpc::ServerAsyncWriter, Reader or\n"
+      "  // ReaderWriter, which needs no thread of its own) and finishes it when the answer is\n"
+      "  // ready, also after returning and from another thread; one dropped unfinished fails\n"
+      "  // with INTERNAL. Override the handlers the server implements; the others answer\n"
+      "  // UNIMPLEMENTED. Handlers may run on several threads at once.\n"
       "  class AsyncService : public ::zrpc::Service {\n",
       "\n"
       "$comments$"
       "$async_bulk_doc$"
       "    virtual void $Method$(::std::unique_ptr<::zrpc::PendingCall<\n"
-      "        $Request$, $Response$>> call);\n");
+      "        $Request$, $Response$>> call);\n",
+      /*async=*/true);
   p.Print(" private:\n");
   if (!methods.empty()) {
     p.Print("  static const ::zrpc::MethodInfo kMethods[];  // index i is rpc i\n");
@@ -458,7 +490,20 @@ void PrintDispatch(Printer& p, const ServiceCode& code, const std::string& base,
       p.Print(vars, case_code);
       continue;
     }
-    // Streaming methods are served alike in Service and AsyncService: by their one handler.
+    if (base == "AsyncService") {
+      // The handler owns its stream (rpc/streaming.h, "Asynchronous server streams").
+      Vars with = vars;
+      with["Handle"] = kind == "server" ? "HandleServerStreamingLater"
+                       : kind == "client" ? "HandleClientStreamingLater"
+                                          : "HandleBidiStreamingLater";
+      p.Print(with,
+              "    case $index$:\n"
+              "      ::zrpc::internal::$Handle$<$Request$, $Response$>(\n"
+              "          call, $Qualified$::kMethods[$index$],\n"
+              "          [this](auto stream) { this->$Method$(::std::move(stream)); });\n"
+              "      return;\n");
+      continue;
+    }
     p.Print(vars, kind == "server"   ? "    case $index$:\n"
                                        "      ::zrpc::internal::HandleServerStreaming<$Request$, $Response$>(\n"
                                        "          call, $Qualified$::kMethods[$index$],\n"
@@ -493,8 +538,7 @@ void PrintDispatch(Printer& p, const ServiceCode& code, const std::string& base,
           "}\n\n");
 }
 
-// A streaming method's stub, and its handler's default in Service and AsyncService (they share
-// the one handler form).
+// A streaming method's stubs, and its handlers' defaults in Service (blocking) and AsyncService.
 void PrintStreamingMembers(Printer& p, const Vars& vars) {
   const std::string& kind = vars.at("kind");
   // The blocking stub, then its asynchronous twin: the same open, another wrapper.
@@ -531,16 +575,18 @@ void PrintStreamingMembers(Printer& p, const Vars& vars) {
   const char* params = kind == "server"   ? "const $Request$&, ::zrpc::ServerWriter<$Response$>*"
                        : kind == "client" ? "::zrpc::ServerReader<$Request$>*, $Response$*"
                                           : "::zrpc::ServerReaderWriter<$Response$, $Request$>*";
-  for (const char* base : {"Service", "AsyncService"}) {
-    Vars with = vars;
-    with["Base"] = base;
-    p.Print(with, "::absl::Status $Service$::$Base$::$Method$(::zrpc::ServerContext&,\n    ");
-    p.Print(with, params);
-    p.Print(with,
-            ") {\n"
-            "  return ::absl::UnimplementedError(\"$full_name$ is not implemented\");\n"
-            "}\n\n");
-  }
+  p.Print(vars, "::absl::Status $Service$::Service::$Method$(::zrpc::ServerContext&,\n    ");
+  p.Print(vars, params);
+  p.Print(vars,
+          ") {\n"
+          "  return ::absl::UnimplementedError(\"$full_name$ is not implemented\");\n"
+          "}\n\n");
+  p.Print(vars, "void $Service$::AsyncService::$Method$(\n    ::std::unique_ptr<");
+  p.Print(vars, AsyncStreamClass(kind));
+  p.Print(vars,
+          "> call) {\n"
+          "  call->Finish(::absl::UnimplementedError(\"$full_name$ is not implemented\"));\n"
+          "}\n\n");
 }
 
 void PrintSourceMembers(Printer& p, const ServiceCode& code) {

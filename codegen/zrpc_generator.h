@@ -19,7 +19,7 @@
 // - Inside it, `Stub` (client), `Service` (blocking server base) and `AsyncService`
 //   (asynchronous server base). An rpc keeps its name unless that is a keyword, a standard macro
 //   or a name the generated classes use themselves (Stub, Service, AsyncService, Dispatch,
-//   service_info, channel_), or two generated members would collide (rpc `Foo` makes
+//   service_info, channel_, serves_streams_async), or two generated members would collide (rpc `Foo` makes
 //   `AsyncFoo`); then it gets a trailing underscore, as protobuf does for fields. The method
 //   table keeps the .proto names. Handlers of Service and AsyncService share the rpc's name.
 // - Generated code names everything it uses fully qualified (::zrpc, ::absl, ::std, the

@@ -149,6 +149,12 @@ struct ServiceInfo {
 // rpc/streaming.h wrap it. Blocking: at most one thread reads and one writes at a time.
 class StreamCall {
  public:
+  // The asynchronous forms' completions (ClientStreamCall::StartRead, ServerAsyncStream): the
+  // peer's next message (valid while the callback runs), or null once there are no more; whether
+  // a message was sent.
+  using ReadDone = internal::InlineFunction<void(::google::protobuf::MessageLite*), 64>;
+  using WriteDone = internal::InlineFunction<void(bool), 64>;
+
   virtual ~StreamCall() = default;
   // Sends `message`, serialized straight into a registered send slot, once the peer has room
   // for it (per-stream flow control: rpc/stream_core.h). False when the stream has ended (the
@@ -180,11 +186,9 @@ class ClientStreamCall : public StreamCall {
   // second one's callback runs at once, on the calling thread, with null or false), and never
   // mixed with the blocking calls above on one stream.
   // The peer's next message (valid while the callback runs), or null once there are no more.
-  using ReadDone = internal::InlineFunction<void(::google::protobuf::MessageLite*), 64>;
   virtual void StartRead(ReadDone done) = 0;
   // Sends `message` (alive until `done` runs) once the peer has room: serialized into a send
   // slot then, on the thread that starts it or on the runtime thread that brings the room.
-  using WriteDone = internal::InlineFunction<void(bool), 64>;
   virtual void StartWrite(const ::google::protobuf::MessageLite& message, WriteDone done) = 0;
   // Half-closes, after the write outstanding if there is one.
   virtual void StartWritesDone() = 0;
@@ -200,6 +204,24 @@ struct SendSlot {
   uint8_t* data = nullptr;
   size_t size = 0;
   uint64_t token = 0;
+};
+
+// The server's end of a stream served asynchronously (an AsyncService's streaming handler; the
+// typed ServerAsyncReader, ServerAsyncWriter and ServerAsyncReaderWriter of rpc/streaming.h wrap
+// it), implemented by the runtime. StartRead and StartWrite behave as ClientStreamCall's. Its
+// owner is the handler's wrapper; destroying it drops the callbacks not yet run and the
+// outstanding write (its message may die with the owner), finishes a call not finished with
+// INTERNAL, and waits for a callback running on another thread to return.
+class ServerAsyncStream {
+ public:
+  virtual ~ServerAsyncStream() = default;
+  virtual void StartRead(StreamCall::ReadDone done) = 0;
+  virtual void StartWrite(const ::google::protobuf::MessageLite& message,
+                          StreamCall::WriteDone done) = 0;
+  // Ends the call once the outstanding write has completed: with `status` OK, answers with the
+  // response in `response` (from ServerCall::AcquireResponseSlot, taken before this); otherwise
+  // sends the error. A read outstanding then completes with null. Once; any thread.
+  virtual void StartFinish(::absl::Status status, ::std::optional<SendSlot> response) = 0;
 };
 
 // The client side of a connection, implemented by the runtime.
@@ -340,6 +362,12 @@ class ServerCall {
   virtual StreamCall* OpenStream(const ::google::protobuf::MessageLite* /*read_prototype*/) {
     return nullptr;
   }
+  // OpenStream's asynchronous form (an AsyncService's streaming handler), owned by the caller.
+  // Null for a unary call, or a runtime without asynchronous streams.
+  virtual ::std::unique_ptr<ServerAsyncStream> OpenAsyncStream(
+      const ::google::protobuf::MessageLite* /*read_prototype*/) {
+    return nullptr;
+  }
 };
 
 // What the runtime dispatches to: generated service base classes implement this.
@@ -349,6 +377,9 @@ class Service {
   virtual const ServiceInfo& service_info() const = 0;
   // `method_index` is in [0, service_info().method_count): the runtime checks it first.
   virtual void Dispatch(int method_index, ServerCall* call) = 0;
+  // Whether the streaming handlers are asynchronous (an AsyncService's: they return at once and
+  // own their stream), so the runtime gives them no thread of their own.
+  virtual bool serves_streams_async() const { return false; }
 };
 
 namespace internal {

@@ -109,7 +109,7 @@ absl::Status ServerCore::AddService(Service* service) {
     return absl::InvalidArgumentError("zrpc.Keepalive is reserved for the runtime's keepalives");
   }
   ServiceEntry entry{service, std::vector<bool>(info.method_count, options_.inline_by_default),
-                     {}};
+                     {}, service->serves_streams_async()};
   for (int i = 0; i < info.method_count; ++i) {
     if (info.methods[i].streaming()) entry.inline_methods[i] = false;
     entry.metrics.push_back(&metrics_.ForMethod(MetricsSide::kServer, info.methods[i].full_name));
@@ -152,15 +152,32 @@ absl::Status ServerCore::Start() {
   listener_ = *std::move(listener);
   port_ = listener_->port();
   started_ = true;
-  if (options_.idle_timeout > absl::ZeroDuration() ||
-      options_.liveness_probe_interval > absl::ZeroDuration()) {
-    sweeper_ = std::thread([this] { SweepLoop(); });
-  }
+  sweeper_ = std::thread([this] { SweepLoop(); });
   return absl::OkStatus();
 }
 
+namespace {
+thread_local bool on_sweeper = false;
+}  // namespace
+
+bool OnServerRuntimeThread() { return on_sweeper || transport::Poller::OnPollerThread(); }
+
+void ServerCore::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
+  {
+    std::lock_guard<std::mutex> lock(sweep_mu_);
+    for (const std::weak_ptr<StreamListener>& known : slot_waiters_) {
+      if (!known.owner_before(waiter) && !waiter.owner_before(known)) return;
+    }
+    slot_waiters_.push_back(std::move(waiter));
+  }
+  sweep_cv_.notify_one();
+}
+
 void ServerCore::SweepLoop() {
+  on_sweeper = true;
   // A pass at least every second, and often enough for short settings (tests).
+  const bool sweeps = options_.idle_timeout > absl::ZeroDuration() ||
+                      options_.liveness_probe_interval > absl::ZeroDuration();
   absl::Duration period = absl::Seconds(1);
   if (options_.idle_timeout > absl::ZeroDuration()) {
     period = std::min(period, options_.idle_timeout / 4);
@@ -169,12 +186,34 @@ void ServerCore::SweepLoop() {
     period = std::min(period, options_.liveness_probe_interval / 2);
   }
   period = std::max(period, absl::Milliseconds(10));
+  constexpr absl::Duration kSlotRetry = absl::Milliseconds(1);
+  absl::Time next_sweep = MonotonicNow() + period;
   for (;;) {
+    std::vector<std::weak_ptr<StreamListener>> retry;
     {
       std::unique_lock<std::mutex> lock(sweep_mu_);
-      sweep_cv_.wait_for(lock, absl::ToChronoNanoseconds(period), [this] { return sweep_stop_; });
+      if (slot_waiters_.empty()) {
+        // Asleep until the next sweep (none: until told) or a slot waiter.
+        const absl::Duration wait =
+            sweeps ? std::max(next_sweep - MonotonicNow(), absl::ZeroDuration()) : absl::Hours(1);
+        sweep_cv_.wait_for(lock, absl::ToChronoNanoseconds(wait), [this] {
+          return sweep_stop_ || !slot_waiters_.empty();
+        });
+      }
+      if (!sweep_stop_ && !slot_waiters_.empty()) {
+        // A millisecond for the pollers to free slots, then every waiter tries again.
+        sweep_cv_.wait_for(lock, absl::ToChronoNanoseconds(kSlotRetry),
+                           [this] { return sweep_stop_; });
+        retry.swap(slot_waiters_);
+      }
       if (sweep_stop_) return;
     }
+    // Outside the lock: a retry may find no slot again and ask for the next pass.
+    for (const std::weak_ptr<StreamListener>& weak : retry) {
+      if (std::shared_ptr<StreamListener> waiter = weak.lock()) waiter->OnStreamEvent();
+    }
+    if (!sweeps || MonotonicNow() < next_sweep) continue;
+    next_sweep = MonotonicNow() + period;
     std::vector<std::shared_ptr<ServerConnection>> open;
     {
       absl::MutexLock lock(&mu_);
@@ -254,14 +293,6 @@ void ServerCore::Shutdown(absl::Duration grace) {
   shut_down_ = true;
   const absl::Time grace_end = MonotonicNow() + grace;  // monotonic.h, like every time below
   draining_.store(true, std::memory_order_release);
-  if (sweeper_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(sweep_mu_);
-      sweep_stop_ = true;
-    }
-    sweep_cv_.notify_one();
-    sweeper_.join();
-  }
   listener_.reset();  // no new connections; unfinished handshakes are dropped
 
   // Waits under mu_ until `done` or `deadline`, looking again at least every 10 ms: a count
@@ -310,6 +341,16 @@ void ServerCore::Shutdown(absl::Duration grace) {
     };
     wait(all_closed, MonotonicNow() + absl::Seconds(5));
   }
+  // The sweeper is also the asynchronous streams' slot retry (WaitForSlot): it stops once every
+  // call has finished.
+  if (sweeper_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(sweep_mu_);
+      sweep_stop_ = true;
+    }
+    sweep_cv_.notify_one();
+    sweeper_.join();
+  }
   pool_->Shutdown();
   stream_threads_.JoinAll();  // every stream's call finished above: its thread is returning
   // Closes and drains what is still registered; a payload a user still holds keeps its poller
@@ -346,6 +387,7 @@ ServerStats ServerCore::stats() const {
   stats.streams_started = stream_threads_.started();
   stats.streams_open = stream_threads_.running();
   stats.streams_refused = streams_refused_.load(std::memory_order_relaxed);
+  stats.async_streams_started = async_streams_.load(std::memory_order_relaxed);
   stats.bulk_bytes_staged = staging_->staged_bytes();
   stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
   stats.staging_bytes_registered = staging_->registered_bytes();

@@ -158,6 +158,8 @@ struct ServerStats {
   uint64_t streams_started = 0;          // streaming calls whose handler thread started
   uint64_t streams_open = 0;             // of those, not finished yet
   uint64_t streams_refused = 0;          // past max_streams_per_connection or max_streams
+  // Streaming calls an AsyncService's handler took: no thread, so not in streams_started.
+  uint64_t async_streams_started = 0;
   // Response payload bytes copied into staging memory (from unregistered bytes), and those the
   // NIC sent straight from memory registered with RegisterMemory; the staging memory
   // registered now (at most ServerOptions::staging_bytes).

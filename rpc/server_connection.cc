@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "rpc/monotonic.h"
 #include "rpc/server_core.h"
+#include "rpc/stream_pump.h"
 #include "transport/log.h"
 
 namespace zrpc::internal {
@@ -113,17 +114,133 @@ google::protobuf::MessageLite* ServerCallImpl::Read() {
   return message;
 }
 
+// The asynchronous form's sending: through the call until its answer (CloseWrites), which
+// retires it. The pump runs one of these at a time, on one thread.
+class AsyncServerSide final : public StreamPump::Side {
+ public:
+  explicit AsyncServerSide(ServerCallImpl* call) : call_(call) {}
+
+  void set_pump(std::weak_ptr<StreamListener> pump) { pump_ = std::move(pump); }
+  // The owner is gone: a send waiting for a slot or the quota gives up.
+  void Abandon() { abandoned_.store(true, std::memory_order_release); }
+  // What CloseWrites answers; set before the pump is asked to close (its lock orders the two).
+  void SetAnswer(absl::Status status, std::optional<SendSlot> response) {
+    answer_ = std::move(status);
+    response_ = response;
+  }
+
+  StreamPump::Sent SendMessage(const google::protobuf::MessageLite& message,
+                               bool quota_taken) override {
+    return Send(RpcHeader::StreamMessage(call_->call_id()), &message, quota_taken);
+  }
+  StreamPump::Sent SendCredit(uint16_t messages) override {
+    return Send(RpcHeader::StreamCredit(call_->call_id(), messages), nullptr, false);
+  }
+  StreamPump::Sent CloseWrites() override {
+    ServerCallImpl* call = std::exchange(call_, nullptr);
+    call->Finish(std::move(answer_), response_ ? &*response_ : nullptr, OutgoingBulk());
+    return StreamPump::Sent::kSent;
+  }
+  bool CloseEndsCall() const override { return true; }
+  bool QuotaOrWait(size_t size, bool* quota_taken,
+                   std::weak_ptr<StreamListener> waiter) override {
+    return call_->owner_->StreamQuotaOrWait(*call_->connection_, size, OnServerRuntimeThread(),
+                                            std::move(waiter), quota_taken);
+  }
+
+ private:
+  StreamPump::Sent Send(const RpcHeader& header, const google::protobuf::MessageLite* message,
+                        bool quota_taken) {
+    bool no_slot = false;
+    if (call_->SendOnStream(header, message, quota_taken, &no_slot, &abandoned_)) {
+      return StreamPump::Sent::kSent;
+    }
+    if (!no_slot) return StreamPump::Sent::kFailed;
+    // Every send slot is taken and this is a runtime thread, which does not wait for one: the
+    // server's timer pumps again within a millisecond.
+    call_->owner_->core().WaitForSlot(pump_);
+    return StreamPump::Sent::kNoSlot;
+  }
+
+  ServerCallImpl* call_;  // null once answered (retired)
+  std::weak_ptr<StreamListener> pump_;
+  std::atomic<bool> abandoned_{false};
+  absl::Status answer_;
+  std::optional<SendSlot> response_;
+};
+
+namespace {
+
+class AsyncServerStream final : public ServerAsyncStream {
+ public:
+  AsyncServerStream(ServerCallImpl* call, std::shared_ptr<StreamCore> core) {
+    auto side = std::make_unique<AsyncServerSide>(call);
+    side_ = side.get();
+    method_ = call->method_info().full_name;
+    pump_ = std::make_shared<StreamPump>(std::move(side), core, /*writes=*/true);
+    side_->set_pump(pump_);
+    core->SetListener(pump_);
+  }
+  ~AsyncServerStream() override {
+    side_->Abandon();
+    if (!finished_) {
+      side_->SetAnswer(absl::InternalError(absl::StrCat(
+                           method_, ": handler dropped the stream without finishing it")),
+                       std::nullopt);
+      pump_->Finish(nullptr);
+    }
+    pump_->Abandon(/*close=*/true);  // the answer goes now, or from the loop running elsewhere
+    pump_->WaitIdle();
+  }
+
+  void StartRead(StreamCall::ReadDone done) override { pump_->Read(std::move(done)); }
+  void StartWrite(const google::protobuf::MessageLite& message,
+                  StreamCall::WriteDone done) override {
+    pump_->Write(message, std::move(done));
+  }
+  void StartFinish(absl::Status status, std::optional<SendSlot> response) override {
+    if (finished_) return;
+    finished_ = true;
+    side_->SetAnswer(std::move(status), response);
+    pump_->Finish(nullptr);
+  }
+
+ private:
+  AsyncServerSide* side_;  // the pump's
+  const char* method_;
+  std::shared_ptr<StreamPump> pump_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<ServerAsyncStream> ServerCallImpl::OpenAsyncStream(
+    const google::protobuf::MessageLite* read_prototype) {
+  if (OpenStream(read_prototype) == nullptr) return nullptr;
+  return std::make_unique<AsyncServerStream>(this, stream_);
+}
+
 bool ServerCallImpl::SendOnStream(const RpcHeader& header,
-                                  const google::protobuf::MessageLite* message) {
+                                  const google::protobuf::MessageLite* message, bool quota_taken,
+                                  bool* no_slot, const std::atomic<bool>* abandoned) {
   const size_t size = message == nullptr ? 0 : message->ByteSizeLong();
+  // Quota taken for a message that does not go goes back (SendStreamMessage gives it back
+  // itself once it has the message).
+  auto not_sent = [&] {
+    if (quota_taken) owner_->ReturnStreamQuota(size);
+    return false;
+  };
   if (absl::Status fits = owner_->limits().CheckMessage(size, "stream message"); !fits.ok()) {
     FailStream(absl::Status(fits.code(), absl::StrCat(method_.full_name, ": ", fits.message())));
-    return false;
+    return not_sent();
   }
-  auto gone = [this] { return stream_->ended() || context_.IsCancelled(); };
-  if (gone()) return false;
-  // A stream thread waits for a slot; a poller never does (only it frees them).
-  const bool may_wait = !transport::Poller::OnPollerThread();
+  auto gone = [this, abandoned] {
+    return stream_->ended() || context_.IsCancelled() ||
+           (abandoned != nullptr && abandoned->load(std::memory_order_acquire));
+  };
+  if (gone()) return not_sent();
+  // A stream thread waits for a slot; a poller or the timer never does (only pollers free them).
+  const bool may_wait = !OnServerRuntimeThread();
   // Stream frames leave the slots answers need free (ServerCore::AnswerSlots).
   absl::StatusOr<transport::SendBuffer> buffer = RpcConnection::AcquireSendBufferWaiting(
       *connection_, may_wait,
@@ -132,7 +249,13 @@ bool ServerCallImpl::SendOnStream(const RpcHeader& header,
       },
       owner_->core().answer_slots());
   if (!buffer.ok()) {
-    if (gone()) return false;  // its end says why
+    if (gone()) return not_sent();  // its end says why
+    if (no_slot != nullptr && !may_wait && connection_->open() &&
+        buffer.status().code() == absl::StatusCode::kResourceExhausted) {
+      *no_slot = true;
+      return not_sent();
+    }
+    not_sent();
     FailStream(absl::Status(buffer.status().code() == absl::StatusCode::kResourceExhausted &&
                                     connection_->open()
                                 ? absl::StatusCode::kResourceExhausted
@@ -145,11 +268,11 @@ bool ServerCallImpl::SendOnStream(const RpcHeader& header,
   if (!large.ok()) {
     connection_->ReleaseSendBuffer(*buffer);
     FailStream(large.status());
-    return false;
+    return not_sent();
   }
   const size_t body_size = large->empty() ? size : 0;
   absl::Status sent = owner_->SendStreamMessage(*connection_, *buffer, header, body_size,
-                                                *std::move(large), may_wait, gone);
+                                                *std::move(large), may_wait, gone, quota_taken);
   if (!sent.ok()) {
     // kCancelled: the stream ended while the message waited (its end says why). Otherwise the
     // stream fails with the reason; a connection that is failing gives the call up through its
@@ -164,17 +287,22 @@ bool ServerCallImpl::SendOnStream(const RpcHeader& header,
   return true;
 }
 
-void ServerCallImpl::GiveUp() {
+void ServerCallImpl::GiveUp(StreamEndings* later) {
   context_.Cancel();
-  if (stream_ != nullptr) stream_->End(absl::CancelledError("the caller gave up"));
+  if (stream_ == nullptr) return;
+  absl::Status why = absl::CancelledError("the caller gave up");
+  if (later == nullptr) return stream_->End(std::move(why));
+  later->push_back({stream_, std::move(why)});
 }
 
-void ServerCallImpl::FailStream(absl::Status status) {
+void ServerCallImpl::FailStream(absl::Status status, StreamEndings* later) {
   {
     absl::MutexLock lock(&failure_mu_);
     if (stream_failure_.ok()) stream_failure_ = status;
   }
-  if (stream_ != nullptr) stream_->End(std::move(status));
+  if (stream_ == nullptr) return;
+  if (later == nullptr) return stream_->End(std::move(status));
+  later->push_back({stream_, std::move(status)});
 }
 
 void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) {
@@ -283,11 +411,11 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
   return status;
 }
 
-bool ServerCallImpl::AnswerFor(const absl::Status& status) {
+bool ServerCallImpl::AnswerFor(const absl::Status& status, StreamEndings* later) {
   // Under the connection's lock (AnswerAll), so Finish cannot retire the call meanwhile; the
   // answer is claimed before the handler is woken.
   const bool answer = !answered_.exchange(true, std::memory_order_acq_rel);
-  GiveUp();
+  GiveUp(later);
   if (!answer) return false;
   if (!owner_->SendError(*connection_, call_id(), status).ok()) connection_->Close();
   return true;
@@ -452,6 +580,13 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
         " streams open already (ServerOptions::max_streams_per_connection)")));
   }
   core_.CallStarted();
+  if (stream && entry->async_streams) {
+    // An AsyncService's handler returns at once and owns the stream: no thread of its own, and
+    // never inline (it parses the request and may set up work of its own).
+    core_.CountAsyncStream();
+    core_.pool().Submit(pool_queue_, call);
+    return;
+  }
   if (stream) {
     absl::Status started = core_.stream_threads().Start([call] { call->Run(); });
     if (!started.ok()) {
@@ -523,17 +658,20 @@ void ServerConnection::HandleCancel(transport::Connection& connection,
                                     const IncomingMessage& cancel) {
   Discard(connection, cancel);
   core_.CountCancel();
-  absl::MutexLock lock(&mu_);
-  auto it = calls_.find(cancel.header.call_id);
-  if (it != calls_.end()) {
-    it->second->GiveUp();
-    return;
+  StreamEndings later;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = calls_.find(cancel.header.call_id);
+    if (it != calls_.end()) {
+      it->second->GiveUp(&later);
+    } else if (auto pulled = pulled_requests_.find(cancel.header.call_id);
+               pulled != pulled_requests_.end()) {
+      // Still being pulled: dropped when the pull is done. (Neither: the call finished while
+      // the cancel travelled, and there is nothing to do.)
+      pulled->second = true;
+    }
   }
-  // Still being pulled: dropped when the pull is done. Otherwise the call finished while the
-  // cancel travelled: nothing to do.
-  if (auto pulled = pulled_requests_.find(cancel.header.call_id); pulled != pulled_requests_.end()) {
-    pulled->second = true;
-  }
+  EndStreams(later);
 }
 
 void ServerConnection::HandleStreamFrame(transport::Connection& connection,
@@ -565,12 +703,18 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
   absl::Status status = limits().CheckMessage(frame.body.size(), "stream message");
   if (!status.ok()) {
     Discard(connection, frame);
-    absl::MutexLock lock(&mu_);
-    auto it = calls_.find(id);
-    if (it != calls_.end()) {
-      it->second->FailStream(absl::Status(
-          status.code(), absl::StrCat(it->second->method_info().full_name, ": ", status.message())));
+    StreamEndings later;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = calls_.find(id);
+      if (it != calls_.end()) {
+        it->second->FailStream(
+            absl::Status(status.code(), absl::StrCat(it->second->method_info().full_name, ": ",
+                                                     status.message())),
+            &later);
+      }
     }
+    EndStreams(later);
     return;
   }
   switch (frame.header.kind) {
@@ -590,12 +734,17 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
     return Violation(connection, absl::StrCat("call ", id, ": ", status.message()));
   }
   if (!status.ok()) {
-    absl::MutexLock lock(&mu_);  // the call stays alive under it (Retire takes it)
-    auto it = calls_.find(id);
-    if (it != calls_.end()) {
-      it->second->FailStream(absl::InvalidArgumentError(
-          absl::StrCat(it->second->method_info().full_name, ": ", status.message())));
+    StreamEndings later;
+    {
+      absl::MutexLock lock(&mu_);  // the call stays alive under it (Retire takes it)
+      auto it = calls_.find(id);
+      if (it != calls_.end()) {
+        it->second->FailStream(absl::InvalidArgumentError(absl::StrCat(
+                                   it->second->method_info().full_name, ": ", status.message())),
+                               &later);
+      }
     }
+    EndStreams(later);
   }
 }
 
@@ -688,9 +837,13 @@ void ServerConnection::Close() {
 int ServerConnection::AnswerAll(const absl::Status& status) {
   // Under the lock: a call's Finish forgets its id and destroys it under the same lock
   // (Retire), so every call seen here is alive until the lock is dropped.
-  absl::MutexLock lock(&mu_);
+  StreamEndings later;
   int answered = 0;
-  for (auto& [id, call] : calls_) answered += call->AnswerFor(status) ? 1 : 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, call] : calls_) answered += call->AnswerFor(status, &later) ? 1 : 0;
+  }
+  EndStreams(later);
   return answered;
 }
 
@@ -706,14 +859,16 @@ void ServerConnection::OnClosed(transport::Connection& connection, const absl::S
              why.ToString());
   }
   std::shared_ptr<transport::Connection> attached;  // dropped after the lock
+  StreamEndings later;
   {
     absl::MutexLock lock(&mu_);
     closed_ = true;
     attached = std::move(connection_);
     // The client is gone: its calls are no longer wanted. Their handlers still Finish them,
     // which gives their memory back (sends fail quietly on a closed connection).
-    for (auto& [id, call] : calls_) call->GiveUp();
+    for (auto& [id, call] : calls_) call->GiveUp(&later);
   }
+  EndStreams(later);
   if (violations() > 0) core_.CountViolation();
   core_.ConnectionClosed(this);  // may destroy `this`: nothing after it
 }

@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -39,9 +40,25 @@ namespace zrpc::internal {
 class ServerCore;
 class ServerConnection;
 
+// A stream to end once the connection's lock is let go. Ending a stream tells its asynchronous
+// form (StreamPump), whose callbacks may finish the call there and then, and a call's Finish
+// takes that lock (Retire): so what gives calls up under it (a cancel, the connection's close,
+// Shutdown's answers, a bad frame) collects their streams here and ends them after.
+struct StreamEnding {
+  std::shared_ptr<StreamCore> core;
+  absl::Status status;
+};
+using StreamEndings = std::vector<StreamEnding>;
+inline void EndStreams(StreamEndings& endings) {
+  for (StreamEnding& ending : endings) ending.core->End(std::move(ending.status));
+  endings.clear();
+}
+
 // A streaming call (rpc/streaming.h) is the same object with a StreamCore: the call is also
 // the handler's StreamCall, its opening request's slot goes back at OpenStream, its handler runs
-// on a thread of its own (StreamThreads), and its end is the same Finish.
+// on a thread of its own (StreamThreads), and its end is the same Finish. An AsyncService's
+// streaming handler runs on the handler pool instead and returns at once: its stream
+// (OpenAsyncStream) is a StreamPump over the same core, and its Finish the pump's last send.
 class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCall {
  public:
   // `stream_window`: for a stream open, the window this side grants the client (0 otherwise).
@@ -58,6 +75,10 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
   absl::StatusOr<SendSlot> AcquireResponseSlot(size_t size) override;
   void Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) override;
   StreamCall* OpenStream(const google::protobuf::MessageLite* read_prototype) override;
+  // The asynchronous form (an AsyncService's handler): no thread; the StreamPump of
+  // rpc/stream_pump.h sends through this call until its Finish.
+  std::unique_ptr<ServerAsyncStream> OpenAsyncStream(
+      const google::protobuf::MessageLite* read_prototype) override;
 
   // StreamCall: the handler's end of the stream. Waits end at the call's deadline.
   bool Write(const google::protobuf::MessageLite& message) override;
@@ -66,11 +87,13 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
   // The stream's messages and flow control, for the poller (null for a unary call).
   const std::shared_ptr<StreamCore>& stream() const { return stream_; }
   // The caller gave up (cancel, deadline, its connection, Shutdown): the context says so and
-  // the stream's reads and writes stop waiting.
-  void GiveUp();
+  // the stream's reads and writes stop waiting. Under the connection's lock, `later` takes the
+  // stream's end (see StreamEnding).
+  void GiveUp(StreamEndings* later = nullptr);
   // The stream failed here (a message that does not parse, one that cannot be sent): reads and
-  // writes stop, and the call answers `status` whatever its handler returns.
-  void FailStream(absl::Status status);
+  // writes stop, and the call answers `status` whatever its handler returns. `later`: as
+  // GiveUp's.
+  void FailStream(absl::Status status, StreamEndings* later = nullptr);
 
   // PoolTask (and the inline path): runs the handler, unless the caller already gave up (its
   // deadline passed or it cancelled while the call waited): then the call ends at once with
@@ -79,18 +102,25 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
 
   // The runtime answers for the handler (Shutdown past its grace); false when it had already
   // answered. The call stays the handler's until its Finish.
-  bool AnswerFor(const absl::Status& status);
+  bool AnswerFor(const absl::Status& status, StreamEndings* later);
   uint64_t call_id() const { return request_.header.call_id; }
   const MethodInfo& method_info() const { return method_; }
 
  private:
   friend class ServerConnection;  // Retire destroys it in place
+  friend class AsyncServerSide;   // the asynchronous form's sending
   ~ServerCallImpl() override = default;
   // Sends the response or the error; returns the status the client gets.
   absl::Status SendResponse(absl::Status status, SendSlot* response, OutgoingBulk response_bulk);
   // A stream message (or, with `message` null, a credit frame) in a send buffer of its own,
-  // waiting for one while all are in flight, until the call's deadline or end.
-  bool SendOnStream(const RpcHeader& header, const google::protobuf::MessageLite* message);
+  // waiting for one while all are in flight, until the call's deadline or end. A runtime thread
+  // (poller, timer) never waits: without `no_slot` the stream then fails; with it, `*no_slot`
+  // is set and the stream goes on (the caller tries again later). `quota_taken`: the staging
+  // quota a large message needs was taken (RpcConnection::StreamQuotaOrWait); given back if it
+  // does not go. `abandoned` (if set) ends a wait when it turns true.
+  bool SendOnStream(const RpcHeader& header, const google::protobuf::MessageLite* message,
+                    bool quota_taken = false, bool* no_slot = nullptr,
+                    const std::atomic<bool>* abandoned = nullptr);
 
   std::shared_ptr<ServerConnection> owner_;
   std::shared_ptr<transport::Connection> connection_;

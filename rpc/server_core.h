@@ -31,6 +31,10 @@
 
 namespace zrpc::internal {
 
+// Whether this thread is one of the server's runtime threads (a poller, or the sweeper that
+// doubles as its timer): those never wait for a send slot, since only pollers free them.
+bool OnServerRuntimeThread();
+
 class ServerCore final : public transport::AcceptHandler {
  public:
   // A service as dispatch sees it: the object, and per method whether it runs inline.
@@ -38,6 +42,7 @@ class ServerCore final : public transport::AcceptHandler {
     Service* service;
     std::vector<bool> inline_methods;
     std::vector<MethodMetrics*> metrics;  // by method index
+    bool async_streams = false;           // Service::serves_streams_async: no stream threads
   };
 
   static absl::StatusOr<std::unique_ptr<ServerCore>> Create(const ServerOptions& options);
@@ -71,6 +76,11 @@ class ServerCore final : public transport::AcceptHandler {
   HandlerPool& pool() { return *pool_; }
   StreamThreads& stream_threads() { return stream_threads_; }
   void CountStreamRefused() { streams_refused_.fetch_add(1, std::memory_order_relaxed); }
+  void CountAsyncStream() { async_streams_.fetch_add(1, std::memory_order_relaxed); }
+  // An asynchronous stream whose frame found no send slot on a runtime thread: `waiter` is
+  // pumped again at the timer's next pass, within a millisecond (the sweeper thread doubles as
+  // that timer). Once each, however often it asks before then.
+  void WaitForSlot(std::weak_ptr<StreamListener> waiter);
   const Metrics& metrics() const { return metrics_; }
   void CountKeepalive() { keepalives_.fetch_add(1, std::memory_order_relaxed); }
   StagingPool& staging() { return *staging_; }
@@ -137,11 +147,13 @@ class ServerCore final : public transport::AcceptHandler {
   std::atomic<uint64_t> probes_{0};
   std::atomic<uint64_t> answers_dropped_{0};
   std::atomic<uint64_t> streams_refused_{0};
+  std::atomic<uint64_t> async_streams_{0};
 
   // std:: primitives so the sweep's waits run on the steady clock (monotonic.h).
   std::mutex sweep_mu_;
   std::condition_variable sweep_cv_;
   bool sweep_stop_ = false;  // under sweep_mu_
+  std::vector<std::weak_ptr<StreamListener>> slot_waiters_;  // under sweep_mu_ (WaitForSlot)
   std::thread sweeper_;
 };
 

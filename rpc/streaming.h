@@ -87,7 +87,9 @@
 #ifndef ZRPC_RPC_STREAMING_H_
 #define ZRPC_RPC_STREAMING_H_
 
+#include <cassert>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -190,9 +192,10 @@ class AsyncClientStreamBase {
   bool finishing_ = false;
 };
 
-// Starts an asynchronous read into `*out` (a swap with the parsed message: no copy).
-template <typename Message>
-void StartReadInto(ClientStreamCall* stream, Message* out, StreamCallback done) {
+// Starts an asynchronous read into `*out` (a swap with the parsed message: no copy). `Stream`:
+// ClientStreamCall or ServerAsyncStream.
+template <typename Stream, typename Message>
+void StartReadInto(Stream* stream, Message* out, StreamCallback done) {
   if (stream == nullptr) return done(false);  // moved from
   stream->StartRead([out, done = ::std::move(done)](::google::protobuf::MessageLite* next) mutable {
     if (next != nullptr) out->Swap(static_cast<Message*>(next));
@@ -200,12 +203,63 @@ void StartReadInto(ClientStreamCall* stream, Message* out, StreamCallback done) 
   });
 }
 
-template <typename Message>
-void StartWriteOf(ClientStreamCall* stream, const Message& message, StreamCallback done) {
+template <typename Stream, typename Message>
+void StartWriteOf(Stream* stream, const Message& message, StreamCallback done) {
   if (stream == nullptr) return done(false);  // moved from
   stream->StartWrite(message,
                      [done = ::std::move(done)](bool sent) mutable { done(sent); });
 }
+
+// What the three asynchronous server streams share: the call until Finish, and the stream.
+class ServerAsyncStreamBase {
+ public:
+  ServerAsyncStreamBase(const ServerAsyncStreamBase&) = delete;
+  ServerAsyncStreamBase& operator=(const ServerAsyncStreamBase&) = delete;
+  // Drops the callbacks not yet run and the outstanding Write; finishes a call not finished with
+  // INTERNAL; waits for a callback running on another thread (rpc/streaming.h).
+  ~ServerAsyncStreamBase() = default;
+
+  // The call's deadline and what else the runtime tells a handler. Only before Finish.
+  ServerContext& context() {
+    assert(call_ != nullptr && "context() after Finish");
+    return call_->context();
+  }
+  const MethodInfo& method() const { return *method_; }
+
+ protected:
+  ServerAsyncStreamBase(ServerCall* call, const MethodInfo& method,
+                        ::std::unique_ptr<ServerAsyncStream> stream)
+      : call_(call), method_(&method), stream_(::std::move(stream)) {}
+  ServerAsyncStream* stream() const { return stream_.get(); }
+  // What destruction does (see above), first thing in each derived destructor: a callback
+  // running on another thread may still use the derived class's members until it returns.
+  void Drop() { stream_.reset(); }
+  // Ends the call (after the outstanding Write): with `status` OK answers `response` (null: an
+  // empty one), serialized now straight into a registered slot. Once (a second call asserts in
+  // debug builds and does nothing in release builds).
+  void FinishWith(::absl::Status status, const ::google::protobuf::MessageLite* response) {
+    assert(call_ != nullptr && "Finish called twice on one stream");
+    ServerCall* call = ::std::exchange(call_, nullptr);
+    if (call == nullptr) return;
+    ::std::optional<SendSlot> slot;
+    if (status.ok()) {
+      ::absl::StatusOr<SendSlot> acquired =
+          call->AcquireResponseSlot(response == nullptr ? 0 : response->ByteSizeLong());
+      if (acquired.ok()) {
+        if (response != nullptr) response->SerializeWithCachedSizesToArray(acquired->data);
+        slot = *acquired;
+      } else {
+        status = acquired.status();
+      }
+    }
+    stream_->StartFinish(::std::move(status), slot);
+  }
+
+ private:
+  ServerCall* call_;  // null once finished
+  const MethodInfo* method_;
+  ::std::unique_ptr<ServerAsyncStream> stream_;
+};
 
 // Moves the stream's message into `*out` (a swap: no copy).
 template <typename Message>
@@ -330,6 +384,70 @@ class ServerReaderWriter {
   StreamCall* stream_;
 };
 
+// The asynchronous server forms (an AsyncService's streaming handlers), owned by the handler
+// through the ::std::unique_ptr it is given; see "Asynchronous server streams" above. Template
+// arguments in PendingCall's order: the request type, then the response type.
+
+// A server-streaming call: the request, and the responses to write.
+template <typename Request, typename Response>
+class ServerAsyncWriter : public internal::ServerAsyncStreamBase {
+ public:
+  ServerAsyncWriter(ServerCall* call, const MethodInfo& method, Request request,
+                    ::std::unique_ptr<ServerAsyncStream> stream)
+      : ServerAsyncStreamBase(call, method, ::std::move(stream)), request_(::std::move(request)) {}
+  ~ServerAsyncWriter() { Drop(); }
+  const Request& request() const { return request_; }
+  // Sends `response` (alive until `done` runs) once the client has room: done(true) once it has
+  // gone, done(false) when the stream has ended (the client gave up, or it could not go).
+  void Write(const Response& response, StreamCallback done) {
+    internal::StartWriteOf(stream(), response, ::std::move(done));
+  }
+  // Ends the call with `status`, after the outstanding Write.
+  void Finish(::absl::Status status) { FinishWith(::std::move(status), nullptr); }
+
+ private:
+  Request request_;
+};
+
+// A client-streaming call: the requests to read, and the one response.
+template <typename Request, typename Response>
+class ServerAsyncReader : public internal::ServerAsyncStreamBase {
+ public:
+  ServerAsyncReader(ServerCall* call, const MethodInfo& method,
+                    ::std::unique_ptr<ServerAsyncStream> stream)
+      : ServerAsyncStreamBase(call, method, ::std::move(stream)) {}
+  ~ServerAsyncReader() { Drop(); }
+  // The client's next message into `*request` (alive until `done` runs): done(true), or
+  // done(false) once it half-closed (or gave up).
+  void Read(Request* request, StreamCallback done) {
+    internal::StartReadInto(stream(), request, ::std::move(done));
+  }
+  // What Finish(OK) sends: fill it in first.
+  Response* response() { return &response_; }
+  // Ends the call: with `status` OK answers *response(); otherwise sends the error.
+  void Finish(::absl::Status status) { FinishWith(::std::move(status), &response_); }
+
+ private:
+  Response response_;
+};
+
+// A bidirectional call: one Read and one Write may be outstanding at once.
+template <typename Request, typename Response>
+class ServerAsyncReaderWriter : public internal::ServerAsyncStreamBase {
+ public:
+  ServerAsyncReaderWriter(ServerCall* call, const MethodInfo& method,
+                          ::std::unique_ptr<ServerAsyncStream> stream)
+      : ServerAsyncStreamBase(call, method, ::std::move(stream)) {}
+  ~ServerAsyncReaderWriter() { Drop(); }
+  void Read(Request* request, StreamCallback done) {
+    internal::StartReadInto(stream(), request, ::std::move(done));
+  }
+  void Write(const Response& response, StreamCallback done) {
+    internal::StartWriteOf(stream(), response, ::std::move(done));
+  }
+  void Finish(::absl::Status status) { FinishWith(::std::move(status), nullptr); }
+};
+
 namespace internal {
 
 // Opens a stream: for a server-streaming method, with `request` serialized straight into a
@@ -376,6 +494,51 @@ inline StreamCall* OpenServerStream(ServerCall* call, const MethodInfo& method,
                  nullptr, OutgoingBulk());
   }
   return stream;
+}
+
+// Opens the server's end in the asynchronous form; null (and the call finished) for a runtime
+// without it.
+inline ::std::unique_ptr<ServerAsyncStream> OpenServerAsyncStream(
+    ServerCall* call, const MethodInfo& method,
+    const ::google::protobuf::MessageLite* read_prototype) {
+  ::std::unique_ptr<ServerAsyncStream> stream = call->OpenAsyncStream(read_prototype);
+  if (stream == nullptr) {
+    call->Finish(::absl::UnimplementedError(::std::string(method.full_name) +
+                                            ": this server does not serve asynchronous streams"),
+                 nullptr, OutgoingBulk());
+  }
+  return stream;
+}
+
+// The asynchronous dispatch of each streaming kind (an AsyncService's): the handler gets its
+// call's ServerAsync{Writer,Reader,ReaderWriter} and returns at once; the call ends at its
+// Finish (or its destruction).
+template <typename Request, typename Response, typename Handler>
+void HandleServerStreamingLater(ServerCall* call, const MethodInfo& method, Handler&& handler) {
+  Request request;
+  if (!ParseRequest(call, &request)) return;
+  ::std::unique_ptr<ServerAsyncStream> stream = OpenServerAsyncStream(call, method, nullptr);
+  if (stream == nullptr) return;
+  handler(::std::make_unique<ServerAsyncWriter<Request, Response>>(
+      call, method, ::std::move(request), ::std::move(stream)));
+}
+
+template <typename Request, typename Response, typename Handler>
+void HandleClientStreamingLater(ServerCall* call, const MethodInfo& method, Handler&& handler) {
+  ::std::unique_ptr<ServerAsyncStream> stream =
+      OpenServerAsyncStream(call, method, &Request::default_instance());
+  if (stream == nullptr) return;
+  handler(::std::make_unique<ServerAsyncReader<Request, Response>>(call, method,
+                                                                   ::std::move(stream)));
+}
+
+template <typename Request, typename Response, typename Handler>
+void HandleBidiStreamingLater(ServerCall* call, const MethodInfo& method, Handler&& handler) {
+  ::std::unique_ptr<ServerAsyncStream> stream =
+      OpenServerAsyncStream(call, method, &Request::default_instance());
+  if (stream == nullptr) return;
+  handler(::std::make_unique<ServerAsyncReaderWriter<Request, Response>>(call, method,
+                                                                         ::std::move(stream)));
 }
 
 // Dispatch of a server-streaming method: handler(context, request, &writer) -> status.

@@ -80,6 +80,25 @@ class TestNumbers : public Numbers::Service {
   absl::Notification* square_gate = nullptr;
 };
 
+// Serves `service` on `config`'s device and opens a channel to it.
+inline void ServeAndConnect(zrpc::Service* service, const zrpc::transport::DeviceConfig& config,
+                            zrpc::ServerOptions options, zrpc::ChannelOptions channel_options,
+                            std::unique_ptr<zrpc::Server>* server,
+                            std::unique_ptr<zrpc::ClientChannel>* channel) {
+  options.device = config;
+  auto s = zrpc::Server::Create(options);
+  REQUIRE(s.ok());
+  *server = std::move(*s);
+  REQUIRE((*server)->AddService(service).ok());
+  REQUIRE((*server)->Start().ok());
+  channel_options.device = config;
+  const std::string host =
+      config.addr.find(':') != std::string::npos ? "[" + config.addr + "]" : config.addr;
+  auto c = zrpc::CreateChannel(absl::StrCat(host, ":", (*server)->port()), channel_options);
+  REQUIRE(c.ok());
+  *channel = std::move(*c);
+}
+
 struct NumbersFixture {
   TestNumbers service;
   std::unique_ptr<zrpc::Server> server;
@@ -87,18 +106,8 @@ struct NumbersFixture {
 
   explicit NumbersFixture(const zrpc::transport::DeviceConfig& config, zrpc::ServerOptions options = {},
                    zrpc::ChannelOptions channel_options = {}) {
-    options.device = config;
-    auto s = zrpc::Server::Create(options);
-    REQUIRE(s.ok());
-    server = std::move(*s);
-    REQUIRE(server->AddService(&service).ok());
-    REQUIRE(server->Start().ok());
-    channel_options.device = config;
-    const std::string host =
-        config.addr.find(':') != std::string::npos ? "[" + config.addr + "]" : config.addr;
-    auto c = zrpc::CreateChannel(absl::StrCat(host, ":", server->port()), channel_options);
-    REQUIRE(c.ok());
-    channel = std::move(*c);
+    ServeAndConnect(&service, config, std::move(options), std::move(channel_options), &server,
+                    &channel);
   }
 };
 
