@@ -310,8 +310,8 @@ void PrintServerClass(Printer& p, const std::vector<Vars>& methods, const char* 
       p.Print(vars,
               "\n"
               "$comments$"
-              "    // Streaming, asynchronous: owns the stream and returns at once; Read, Write\n"
-              "    // and Finish report through callbacks (rpc/streaming.h).\n"
+              "    // Streaming, asynchronous: owns the stream and returns at once; Read and\n"
+              "    // Write report through callbacks, Finish ends the call (rpc/streaming.h).\n"
               "    virtual void $Method$(\n"
               "        ::std::unique_ptr<");
       p.Print(vars, AsyncStreamClass(kind));

@@ -86,12 +86,7 @@ struct TicketDeleter {
   }
 };
 
-// Set on every channel's timer thread, where deadline and keepalive callbacks run.
-thread_local bool on_timer_thread = false;
-
 }  // namespace
-
-bool OnRuntimeThread() { return on_timer_thread || transport::Poller::OnPollerThread(); }
 
 class ChannelCore final : public ClientConnectionOwner {
  public:
@@ -386,7 +381,7 @@ void ChannelCore::DeadlineAdded(absl::Time deadline) {
 }
 
 void ChannelCore::TimerLoop() {
-  on_timer_thread = true;
+  MarkRuntimeTimerThread();  // deadline and keepalive callbacks run here
   constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
   const bool keepalive = options_.keepalive_interval > absl::ZeroDuration();
   // Every time here is monotonic (monotonic.h), like the deadlines in the tables.

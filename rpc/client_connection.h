@@ -63,11 +63,6 @@ namespace zrpc::internal {
 
 class ClientConnection;
 
-// Whether the calling thread is one of the runtime's own: a poller (transport) or a channel's
-// timer. Callbacks run there, and nothing there may wait for what only those threads produce
-// (send slots, connections, answers).
-bool OnRuntimeThread();
-
 // What a connection needs from its channel.
 class ClientConnectionOwner {
  public:

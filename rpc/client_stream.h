@@ -5,19 +5,11 @@
 // call's ending ends the core, which wakes the application's reads and writes.
 //
 // The asynchronous form (StartRead, StartWrite, StartWritesDone, StartFinish) waits for nothing:
-// each operation is recorded and Pump carries out whatever is ready, on the thread that starts
-// an operation or on the one that brings what it waited for (the poller with a message or a
-// credit, whichever thread ends the call). One thread pumps a stream at a time, and an operation
-// started from a callback is carried out by the same loop after the callback returns, so
-// callbacks never nest and a stream read to its end takes no stack. A write waiting for the
-// server's room holds only a pointer to the message: it is serialized into a send slot when
-// the room comes, so a stalled stream holds no slot. What is sent from a runtime thread never
-// waits for a slot or the staging quota (that thread is the one that frees them): a frame that
-// finds none stays, unsent, and is tried again when quota comes back (RpcConnection::
-// TakeQuotaOrWait) or at the channel timer's next pass (ClientConnection::WaitForSlot, every
-// millisecond while one waits). Destroying the stream marks it abandoned (no callback runs from
-// then on), cancels the call (which ends any wait of a send the pump is in) and then waits for
-// a pump running on another thread to stop.
+// a StreamPump (stream_pump.h) carries it out, sending through this stream's connection; a
+// frame that finds no send slot on a runtime thread is tried again at the channel timer's next
+// pass (ClientConnection::WaitForSlot, every millisecond while one waits). Destroying the stream
+// drops the callbacks not run, cancels the call (which ends any wait of a send the pump is in)
+// and then waits for a pump running on another thread to stop.
 #ifndef ZRPC_RPC_CLIENT_STREAM_H_
 #define ZRPC_RPC_CLIENT_STREAM_H_
 

@@ -967,4 +967,11 @@ absl::Status RpcConnection::SendError(transport::Connection& connection, uint64_
                      OutgoingBulk());
 }
 
+namespace {
+thread_local bool on_runtime_timer = false;
+}  // namespace
+
+bool OnRuntimeThread() { return on_runtime_timer || transport::Poller::OnPollerThread(); }
+void MarkRuntimeTimerThread() { on_runtime_timer = true; }
+
 }  // namespace zrpc::internal

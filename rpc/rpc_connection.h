@@ -222,6 +222,13 @@ class BulkGate {
   std::function<void(BulkGate&, bool)> retire_ ABSL_GUARDED_BY(mu_);
 };
 
+// Whether the calling thread is one of the runtime's own: a poller (transport), a channel's
+// timer or a server's sweeper. Callbacks run there, and nothing there may wait for what only
+// those threads produce (send slots, staging quota, connections, answers).
+bool OnRuntimeThread();
+// Marks the calling thread as a runtime timer (a channel's timer, a server's sweeper).
+void MarkRuntimeTimerThread();
+
 class RpcConnection : public transport::ConnectionHandler {
  public:
   // `side` names this end in logs ("client", "server"); `staging` must outlive the connection.

@@ -157,10 +157,8 @@ absl::Status ServerCore::Start() {
 }
 
 namespace {
-thread_local bool on_sweeper = false;
+constexpr absl::Duration kSlotRetry = absl::Milliseconds(1);
 }  // namespace
-
-bool OnServerRuntimeThread() { return on_sweeper || transport::Poller::OnPollerThread(); }
 
 void ServerCore::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
   {
@@ -168,13 +166,33 @@ void ServerCore::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
     for (const std::weak_ptr<StreamListener>& known : slot_waiters_) {
       if (!known.owner_before(waiter) && !waiter.owner_before(known)) return;
     }
+    // A millisecond for the pollers to free slots, then every waiter tries again.
+    if (slot_waiters_.empty()) slot_retry_at_ = MonotonicNow() + kSlotRetry;
     slot_waiters_.push_back(std::move(waiter));
   }
   sweep_cv_.notify_one();
 }
 
+void ServerCore::WatchDeadline(absl::Time deadline, std::weak_ptr<StreamCore> stream) {
+  bool earliest;
+  {
+    std::lock_guard<std::mutex> lock(sweep_mu_);
+    // Streams that finished leave their entries until their deadlines: past twice what the last
+    // pruning left, those are dropped, so the map stays within twice the streams alive.
+    if (deadlines_.size() >= std::max<size_t>(1024, 2 * deadlines_pruned_)) {
+      for (auto it = deadlines_.begin(); it != deadlines_.end();) {
+        it = it->second.expired() ? deadlines_.erase(it) : std::next(it);
+      }
+      deadlines_pruned_ = deadlines_.size();
+    }
+    earliest = deadlines_.empty() || deadline < deadlines_.begin()->first;
+    deadlines_.emplace(deadline, std::move(stream));
+  }
+  if (earliest) sweep_cv_.notify_one();
+}
+
 void ServerCore::SweepLoop() {
-  on_sweeper = true;
+  MarkRuntimeTimerThread();  // stream callbacks run here (slot retries, deadlines)
   // A pass at least every second, and often enough for short settings (tests).
   const bool sweeps = options_.idle_timeout > absl::ZeroDuration() ||
                       options_.liveness_probe_interval > absl::ZeroDuration();
@@ -186,40 +204,46 @@ void ServerCore::SweepLoop() {
     period = std::min(period, options_.liveness_probe_interval / 2);
   }
   period = std::max(period, absl::Milliseconds(10));
-  constexpr absl::Duration kSlotRetry = absl::Milliseconds(1);
   absl::Time next_sweep = MonotonicNow() + period;
   for (;;) {
     std::vector<std::weak_ptr<StreamListener>> retry;
+    std::vector<std::shared_ptr<StreamCore>> overdue;
+    absl::Time now;
     {
       std::unique_lock<std::mutex> lock(sweep_mu_);
-      if (slot_waiters_.empty()) {
-        // Asleep until the next sweep (none: until told) or a slot waiter.
-        const absl::Duration wait =
-            sweeps ? std::max(next_sweep - MonotonicNow(), absl::ZeroDuration()) : absl::Hours(1);
-        sweep_cv_.wait_for(lock, absl::ToChronoNanoseconds(wait), [this] {
-          return sweep_stop_ || !slot_waiters_.empty();
-        });
+      // Asleep until the next sweep, slot retry or stream deadline, whichever is first; told of
+      // a new first one.
+      for (;;) {
+        if (sweep_stop_) return;
+        now = MonotonicNow();
+        absl::Time wake = sweeps ? next_sweep : now + absl::Hours(1);
+        if (!slot_waiters_.empty()) wake = std::min(wake, slot_retry_at_);
+        if (!deadlines_.empty()) wake = std::min(wake, deadlines_.begin()->first);
+        if (wake <= now) break;
+        sweep_cv_.wait_for(lock, absl::ToChronoNanoseconds(wake - now));
       }
-      if (!sweep_stop_ && !slot_waiters_.empty()) {
-        // A millisecond for the pollers to free slots, then every waiter tries again.
-        sweep_cv_.wait_for(lock, absl::ToChronoNanoseconds(kSlotRetry),
-                           [this] { return sweep_stop_; });
-        retry.swap(slot_waiters_);
+      if (!slot_waiters_.empty() && slot_retry_at_ <= now) retry.swap(slot_waiters_);
+      while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+        if (std::shared_ptr<StreamCore> stream = deadlines_.begin()->second.lock()) {
+          overdue.push_back(std::move(stream));
+        }
+        deadlines_.erase(deadlines_.begin());
       }
-      if (sweep_stop_) return;
     }
-    // Outside the lock: a retry may find no slot again and ask for the next pass.
+    // Outside the lock: these run stream callbacks, which may ask for the next retry.
+    for (const std::shared_ptr<StreamCore>& stream : overdue) {
+      stream->End(absl::DeadlineExceededError("the call's deadline passed"));
+    }
     for (const std::weak_ptr<StreamListener>& weak : retry) {
       if (std::shared_ptr<StreamListener> waiter = weak.lock()) waiter->OnStreamEvent();
     }
-    if (!sweeps || MonotonicNow() < next_sweep) continue;
-    next_sweep = MonotonicNow() + period;
+    if (!sweeps || now < next_sweep) continue;
+    next_sweep = now + period;
     std::vector<std::shared_ptr<ServerConnection>> open;
     {
       absl::MutexLock lock(&mu_);
       for (auto& [handler, connection] : connections_) open.push_back(connection);
     }
-    const absl::Time now = MonotonicNow();
     for (auto& connection : open) {
       connection->SweepPass(now, options_.idle_timeout, options_.liveness_probe_interval);
     }

@@ -74,9 +74,10 @@ struct ServerOptions {
   // Run every method inline on the poller thread unless overridden (SetInline). Streaming
   // methods never run inline.
   bool inline_by_default = false;
-  // Streams (rpc/streaming.h): each streaming handler runs on a thread of its own, at most
-  // max_streams_per_connection per connection and max_streams in the whole server; a stream
-  // past either is refused with RESOURCE_EXHAUSTED naming the option. stream_window: messages of
+  // Streams (rpc/streaming.h): each streaming handler of a Service runs on a thread of its own,
+  // at most max_streams_per_connection per connection and max_streams in the whole server; a
+  // stream past either is refused with RESOURCE_EXHAUSTED naming the option. An AsyncService's
+  // streaming handlers need no thread: they count against max_streams_per_connection only. stream_window: messages of
   // the client's a stream holds unread before the client must wait (per-stream flow control,
   // rpc/stream_core.h). Each at least 1.
   int max_streams_per_connection = 16;

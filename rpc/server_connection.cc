@@ -107,10 +107,8 @@ bool ServerCallImpl::Write(const google::protobuf::MessageLite& message) {
 google::protobuf::MessageLite* ServerCallImpl::Read() {
   if (stream_ == nullptr) return nullptr;
   uint16_t grant = 0;
-  size_t bytes = 0;
-  google::protobuf::MessageLite* message = stream_->Read(deadline_, &grant, &bytes);
+  google::protobuf::MessageLite* message = stream_->Read(deadline_, &grant);
   if (grant > 0) SendOnStream(RpcHeader::StreamCredit(call_id(), grant), nullptr);
-  if (message != nullptr) metrics_.AddMessageBytes(0, bytes);
   return message;
 }
 
@@ -118,15 +116,31 @@ google::protobuf::MessageLite* ServerCallImpl::Read() {
 // retires it. The pump runs one of these at a time, on one thread.
 class AsyncServerSide final : public StreamPump::Side {
  public:
-  explicit AsyncServerSide(ServerCallImpl* call) : call_(call) {}
+  explicit AsyncServerSide(ServerCallImpl* call)
+      : call_(call), method_(call->method_info().full_name) {}
 
   void set_pump(std::weak_ptr<StreamListener> pump) { pump_ = std::move(pump); }
   // The owner is gone: a send waiting for a slot or the quota gives up.
   void Abandon() { abandoned_.store(true, std::memory_order_release); }
-  // What CloseWrites answers; set before the pump is asked to close (its lock orders the two).
-  void SetAnswer(absl::Status status, std::optional<SendSlot> response) {
+  // What CloseWrites answers: the first one given (the handler's Finish, or the owner's
+  // destruction without one). False when one was given already.
+  bool SetAnswer(absl::Status status, std::optional<SendSlot> response) {
+    absl::MutexLock lock(&answer_mu_);
+    if (answer_set_) return false;
+    answer_set_ = true;
     answer_ = std::move(status);
     response_ = response;
+    return true;
+  }
+  // A Write the owner dropped (destroyed before its callback ran) was not sent: an OK answer
+  // would tell the client it has every message.
+  void OnWriteDropped() override {
+    absl::MutexLock lock(&answer_mu_);
+    if (answer_set_ && !answer_.ok()) return;
+    answer_set_ = true;
+    answer_ = absl::AbortedError(absl::StrCat(
+        method_, ": the handler dropped its stream with a Write outstanding, which was not sent"));
+    response_.reset();
   }
 
   StreamPump::Sent SendMessage(const google::protobuf::MessageLite& message,
@@ -137,14 +151,21 @@ class AsyncServerSide final : public StreamPump::Side {
     return Send(RpcHeader::StreamCredit(call_->call_id(), messages), nullptr, false);
   }
   StreamPump::Sent CloseWrites() override {
+    absl::Status answer;
+    std::optional<SendSlot> response;
+    {
+      absl::MutexLock lock(&answer_mu_);
+      answer = std::move(answer_);
+      response = response_;
+    }
     ServerCallImpl* call = std::exchange(call_, nullptr);
-    call->Finish(std::move(answer_), response_ ? &*response_ : nullptr, OutgoingBulk());
+    call->Finish(std::move(answer), response ? &*response : nullptr, OutgoingBulk());
     return StreamPump::Sent::kSent;
   }
   bool CloseEndsCall() const override { return true; }
   bool QuotaOrWait(size_t size, bool* quota_taken,
                    std::weak_ptr<StreamListener> waiter) override {
-    return call_->owner_->StreamQuotaOrWait(*call_->connection_, size, OnServerRuntimeThread(),
+    return call_->owner_->StreamQuotaOrWait(*call_->connection_, size, OnRuntimeThread(),
                                             std::move(waiter), quota_taken);
   }
 
@@ -157,16 +178,19 @@ class AsyncServerSide final : public StreamPump::Side {
     }
     if (!no_slot) return StreamPump::Sent::kFailed;
     // Every send slot is taken and this is a runtime thread, which does not wait for one: the
-    // server's timer pumps again within a millisecond.
+    // server's sweeper pumps again within a millisecond.
     call_->owner_->core().WaitForSlot(pump_);
     return StreamPump::Sent::kNoSlot;
   }
 
   ServerCallImpl* call_;  // null once answered (retired)
+  const char* const method_;
   std::weak_ptr<StreamListener> pump_;
   std::atomic<bool> abandoned_{false};
-  absl::Status answer_;
-  std::optional<SendSlot> response_;
+  absl::Mutex answer_mu_;  // a leaf: OnWriteDropped runs under the pump's lock
+  bool answer_set_ ABSL_GUARDED_BY(answer_mu_) = false;
+  absl::Status answer_ ABSL_GUARDED_BY(answer_mu_);
+  std::optional<SendSlot> response_ ABSL_GUARDED_BY(answer_mu_);
 };
 
 namespace {
@@ -181,15 +205,16 @@ class AsyncServerStream final : public ServerAsyncStream {
     side_->set_pump(pump_);
     core->SetListener(pump_);
   }
+  // In this order: the answer a dropped call gets (unless the handler gave one); no callback
+  // from now on, and an outstanding write dropped (its message may die with the owner) before
+  // anything could try it again; the close, now or from the loop running elsewhere; then the
+  // end of any wait of a send of that loop, and the wait for it.
   ~AsyncServerStream() override {
+    side_->SetAnswer(absl::InternalError(absl::StrCat(
+                         method_, ": handler dropped the stream without finishing it")),
+                     std::nullopt);
+    pump_->Abandon(/*close=*/true);
     side_->Abandon();
-    if (!finished_) {
-      side_->SetAnswer(absl::InternalError(absl::StrCat(
-                           method_, ": handler dropped the stream without finishing it")),
-                       std::nullopt);
-      pump_->Finish(nullptr);
-    }
-    pump_->Abandon(/*close=*/true);  // the answer goes now, or from the loop running elsewhere
     pump_->WaitIdle();
   }
 
@@ -199,17 +224,13 @@ class AsyncServerStream final : public ServerAsyncStream {
     pump_->Write(message, std::move(done));
   }
   void StartFinish(absl::Status status, std::optional<SendSlot> response) override {
-    if (finished_) return;
-    finished_ = true;
-    side_->SetAnswer(std::move(status), response);
-    pump_->Finish(nullptr);
+    if (side_->SetAnswer(std::move(status), response)) pump_->Finish(nullptr);
   }
 
  private:
   AsyncServerSide* side_;  // the pump's
   const char* method_;
   std::shared_ptr<StreamPump> pump_;
-  bool finished_ = false;
 };
 
 }  // namespace
@@ -217,6 +238,7 @@ class AsyncServerStream final : public ServerAsyncStream {
 std::unique_ptr<ServerAsyncStream> ServerCallImpl::OpenAsyncStream(
     const google::protobuf::MessageLite* read_prototype) {
   if (OpenStream(read_prototype) == nullptr) return nullptr;
+  if (deadline_ != absl::InfiniteFuture()) owner_->core().WatchDeadline(deadline_, stream_);
   return std::make_unique<AsyncServerStream>(this, stream_);
 }
 
@@ -240,7 +262,7 @@ bool ServerCallImpl::SendOnStream(const RpcHeader& header,
   };
   if (gone()) return not_sent();
   // A stream thread waits for a slot; a poller or the timer never does (only pollers free them).
-  const bool may_wait = !OnServerRuntimeThread();
+  const bool may_wait = !OnRuntimeThread();
   // Stream frames leave the slots answers need free (ServerCore::AnswerSlots).
   absl::StatusOr<transport::SendBuffer> buffer = RpcConnection::AcquireSendBufferWaiting(
       *connection_, may_wait,
@@ -678,6 +700,7 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
                                          const IncomingMessage& frame) {
   const uint64_t id = frame.header.call_id;
   std::shared_ptr<StreamCore> stream;
+  MethodMetrics* metrics = nullptr;  // the server's: outlives the call
   bool found = false;
   {
     absl::MutexLock lock(&mu_);
@@ -685,6 +708,7 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
     if (it != calls_.end()) {
       found = true;
       stream = it->second->stream();
+      metrics = &it->second->metrics_;
     }
   }
   if (!found) {
@@ -726,7 +750,9 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
       break;
     default:
       // Parsed straight from the receive slot, which goes back right after (stream_core.h).
+      // Counted on arrival, whichever form of handler reads it (or none: a drained stream).
       status = stream->OnMessage(frame.body).status();
+      if (status.ok()) metrics->AddMessageBytes(0, frame.body.size());
       break;
   }
   Discard(connection, frame);

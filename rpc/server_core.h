@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,10 +31,6 @@
 #include "transport/poller.h"
 
 namespace zrpc::internal {
-
-// Whether this thread is one of the server's runtime threads (a poller, or the sweeper that
-// doubles as its timer): those never wait for a send slot, since only pollers free them.
-bool OnServerRuntimeThread();
 
 class ServerCore final : public transport::AcceptHandler {
  public:
@@ -81,6 +78,10 @@ class ServerCore final : public transport::AcceptHandler {
   // pumped again at the timer's next pass, within a millisecond (the sweeper thread doubles as
   // that timer). Once each, however often it asks before then.
   void WaitForSlot(std::weak_ptr<StreamListener> waiter);
+  // Ends `stream` with DEADLINE_EXCEEDED at `deadline` (monotonic), on the sweeper: an
+  // asynchronous stream has no thread whose waits would end there, and a client's cancel may
+  // never come.
+  void WatchDeadline(absl::Time deadline, std::weak_ptr<StreamCore> stream);
   const Metrics& metrics() const { return metrics_; }
   void CountKeepalive() { keepalives_.fetch_add(1, std::memory_order_relaxed); }
   StagingPool& staging() { return *staging_; }
@@ -153,7 +154,11 @@ class ServerCore final : public transport::AcceptHandler {
   std::mutex sweep_mu_;
   std::condition_variable sweep_cv_;
   bool sweep_stop_ = false;  // under sweep_mu_
-  std::vector<std::weak_ptr<StreamListener>> slot_waiters_;  // under sweep_mu_ (WaitForSlot)
+  // Under sweep_mu_: the sweeper doubles as the asynchronous streams' timer.
+  std::vector<std::weak_ptr<StreamListener>> slot_waiters_;  // WaitForSlot
+  absl::Time slot_retry_at_;                                  // when they try again
+  std::multimap<absl::Time, std::weak_ptr<StreamCore>> deadlines_;  // WatchDeadline
+  size_t deadlines_pruned_ = 0;  // entries left by the last pruning
   std::thread sweeper_;
 };
 

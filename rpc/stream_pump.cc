@@ -46,10 +46,9 @@ void StreamPump::Finish(DoneCallback done) {
       close_writes_ = true;
       finish_ = std::move(done);
       // Messages nobody will read are dropped and credited back, so a peer still writing is not
-      // held on a full window while the call waits for its status. (A server's answer ends the
-      // call: nothing to credit then.)
-      const uint16_t grant = core_->Drain();
-      if (!side_->CloseEndsCall()) owed_credit_ += grant;
+      // held on a full window while the call waits for its status (or, on a server, while its
+      // answer waits for the outstanding write: the credit goes before the answer).
+      owed_credit_ += core_->Drain();
     } else if (!done) {
       return;
     }
@@ -66,6 +65,7 @@ void StreamPump::Abandon(bool close) {
   {
     absl::MutexLock lock(&mu_);
     abandoned_ = true;
+    if (write_) side_->OnWriteDropped();
     read = std::move(read_);
     write = std::move(write_);
     finish = std::move(finish_);

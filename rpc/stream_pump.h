@@ -62,6 +62,8 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
     // thread, which must not wait: `waiter` is told when it comes back).
     virtual bool QuotaOrWait(size_t size, bool* quota_taken,
                              std::weak_ptr<StreamListener> waiter) = 0;
+    // Abandon dropped a write not yet sent (called under the pump's lock: must not call back).
+    virtual void OnWriteDropped() {}
   };
 
   // `side`: its sending (its own until CloseWrites when that ends the call). `writes`: this side
@@ -86,6 +88,7 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
   // FAILED_PRECONDITION at once.
   void Finish(DoneCallback done);
   // No callback runs from now on (one running now finishes: WaitIdle); see the top of this file.
+  // A write still outstanding is dropped and the Side told (OnWriteDropped).
   void Abandon(bool close);
   // Returns once no thread but this one runs the pump: a callback running on another thread
   // has returned.

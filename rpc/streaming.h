@@ -43,9 +43,8 @@
 // max_message_size, is staged and written into the peer's arena ahead of its SEND, as a large
 // unary message is (WIRE.md). Past the peer's arena or this side's max_message_size the Write
 // fails with RESOURCE_EXHAUSTED, and the stream with it; past the receiver's max_message_size the
-// receiver fails the stream (with the same code). Limits of this first form: no message past
-// the arena (it would have to be pulled), no bulk payload per message, and no asynchronous form on
-// the server (a streaming handler has a thread).
+// receiver fails the stream (with the same code). Limits of this form: no message past the
+// arena (it would have to be pulled), and no bulk payload per message.
 // Finish drops (and credits back) what was not read: to stop a server that would go on
 // sending, Cancel first.
 //
@@ -79,8 +78,29 @@
 //   the callbacks that have not run; one running on another thread has returned when the
 //   destructor does.
 //
-// Threads: a server runs each streaming handler on a thread of its own (not the handler pool:
-// a stream may block for as long as its peer likes), at most ServerOptions::
+// Asynchronous server streams (Foo::AsyncService's streaming handlers) need no thread either:
+//
+//   void Count(::std::unique_ptr<zrpc::ServerAsyncWriter<CountRequest, Number>> call) override;
+//   void Sum(::std::unique_ptr<zrpc::ServerAsyncReader<Number, Total>> call) override;
+//   void Double(::std::unique_ptr<zrpc::ServerAsyncReaderWriter<Number, Number>> call) override;
+//
+// (template arguments in PendingCall's order: request, then response). The handler runs on the
+// handler pool, owns its call and returns at once. Read and Write behave as the client's
+// (callbacks once each, never nested or overlapping, at most one of each outstanding; the
+// message a Write names and the one a Read fills stay alive until its callback runs).
+// Finish(status) ends the call after the outstanding Write (a client-streaming call answers
+// *response() when OK); a Read outstanding then completes with false. It reports nothing: the
+// call is over for the handler. Callbacks run on the thread that starts an operation when it can
+// complete at once, else on the runtime thread that completes it (a poller with a message or
+// the client's room; the server's sweeper, which retries frames that found no send slot and ends
+// a stream at its deadline; the thread that ends the call), so they must not block. Destroying
+// the object drops the callbacks that have not run and waits for one running on another thread;
+// a call not finished then answers INTERNAL, and one finished with a Write still outstanding
+// answers ABORTED (that message was not sent): keep the object until the last Write's callback
+// has run. Such streams count against ServerOptions::max_streams_per_connection, not max_streams.
+//
+// Threads: a Foo::Service runs each streaming handler on a thread of its own (not the handler
+// pool: a stream may block for as long as its peer likes), at most ServerOptions::
 // max_streams_per_connection per connection. At most one thread reads and one writes a stream at
 // a time; on a client, never from a runtime thread (a DoneCallback): a blocking stream waits for
 // those threads.
@@ -232,8 +252,14 @@ class ServerAsyncStreamBase {
       : call_(call), method_(&method), stream_(::std::move(stream)) {}
   ServerAsyncStream* stream() const { return stream_.get(); }
   // What destruction does (see above), first thing in each derived destructor: a callback
-  // running on another thread may still use the derived class's members until it returns.
-  void Drop() { stream_.reset(); }
+  // running on another thread may still use the derived class's members, and this, until it
+  // returns, so stream_ stays valid while its destructor waits for that.
+  void Drop() {
+    if (stream_ != nullptr) {
+      delete stream_.get();
+      static_cast<void>(stream_.release());
+    }
+  }
   // Ends the call (after the outstanding Write): with `status` OK answers `response` (null: an
   // empty one), serialized now straight into a registered slot. Once (a second call asserts in
   // debug builds and does nothing in release builds).

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,6 +24,8 @@
 #include "tests/eventually.h"
 #include "tests/rdma_device.h"
 #include "tests/rpc/numbers_fixture.h"
+#include "tests/rpc/raw_client.h"
+#include "tests/rpc/runtime_fixture.h"
 
 namespace {
 
@@ -92,6 +95,7 @@ struct Doubler {
 class AsyncNumbers : public Numbers::AsyncService {
  public:
   void Count(std::unique_ptr<zrpc::ServerAsyncWriter<CountRequest, Number>> call) override {
+    if (take_count) return take_count(std::move(call));
     (new Counter(this, std::move(call)))->Next();
   }
   void Sum(std::unique_ptr<zrpc::ServerAsyncReader<Number, Total>> call) override {
@@ -101,6 +105,8 @@ class AsyncNumbers : public Numbers::AsyncService {
     (new Doubler(this, std::move(call)))->Next();
   }
 
+  // Set: Count hands its call here instead of serving it (before the server starts).
+  std::function<void(std::unique_ptr<zrpc::ServerAsyncWriter<CountRequest, Number>>)> take_count;
   std::atomic<uint64_t> written{0};
   std::atomic<int> stopped{0};   // a Write that failed: the client went or gave up
   std::atomic<int> ended{0};     // handlers done with their stream (finished or dropped)
@@ -263,8 +269,10 @@ TEST_CASE("async client streaming: 5,000 numbers read from callbacks, then the s
   Total total;
   zrpc::ClientWriter<Number> writer = stub.Sum(&total, CallOptions::Timeout(kLong));
   Number number;
+  uint64_t bytes = 0;
   for (uint64_t i = 1; i <= 5'000; ++i) {
     number.set_value(i);
+    bytes += number.ByteSizeLong();
     REQUIRE(writer.Write(number));
   }
   CHECK(writer.WritesDone());
@@ -272,6 +280,13 @@ TEST_CASE("async client streaming: 5,000 numbers read from callbacks, then the s
   CHECK(total.count() == 5'000);
   CHECK(total.sum() == 5'000ull * 5'001 / 2);
   f.RequireAllEnded(1);
+  // The server counts what the stream brought (on arrival: its handler has no Read of its own
+  // that could count them).
+  uint64_t received = 0;
+  for (const zrpc::MethodMetricsSnapshot& m : f.server->metrics().Snapshot()) {
+    if (m.method == "zrpc.examples.Numbers/Sum") received = m.message_bytes_received;
+  }
+  CHECK(received == bytes);
 }
 
 TEST_CASE("async bidirectional: 3,000 numbers doubled while the client writes and reads",
@@ -437,6 +452,139 @@ TEST_CASE("Shutdown during an async stream whose client stopped reading ends it"
   while (reader.Read(&number)) {
   }
   CHECK(!reader.Finish().ok());
+}
+
+// A Count call the test thread serves itself: it writes until the client's window is full and
+// one Write is left outstanding, then drops the writer (after Finish(OK) when `finish`). The
+// client reads what was sent and returns the final status.
+absl::Status DropWithWriteOutstanding(const zrpc::transport::DeviceConfig& config, bool finish) {
+  AsyncFixture f(config);
+  absl::Mutex mu;
+  std::unique_ptr<zrpc::ServerAsyncWriter<CountRequest, Number>> writer;
+  f.service.take_count = [&](auto call) {
+    absl::MutexLock lock(&mu);
+    writer = std::move(call);
+  };
+  Numbers::Stub stub(f.channel.get());
+  zrpc::ClientReader<Number> reader = stub.Count(Counting(1'000), CallOptions::Timeout(kLong));
+  REQUIRE(zrpc::testing::Eventually([&] {
+    absl::MutexLock lock(&mu);
+    return writer != nullptr;
+  }));
+  absl::MutexLock lock(&mu);
+  Number number;
+  std::atomic<int> completed{0};
+  // The client grants its window (16) at the open and reads nothing until the writer is gone:
+  // 16 Writes complete, the 17th waits for room.
+  constexpr int kWindow = 16;
+  for (int i = 1; i <= kWindow + 1; ++i) {
+    number.set_value(i);
+    writer->Write(number, [&completed](bool ok) { completed.fetch_add(ok ? 1 : 1000); });
+    if (i <= kWindow) {
+      REQUIRE(zrpc::testing::Eventually([&] { return completed.load() == i; }));
+    }
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  CHECK(completed.load() == kWindow);  // the last Write is outstanding
+  if (finish) writer->Finish(absl::OkStatus());
+  writer.reset();  // this thread is not the pump's: the destructor drops the Write
+  CHECK(completed.load() == kWindow);  // its callback never runs
+  int read = 0;
+  while (reader.Read(&number)) ++read;
+  CHECK(read == kWindow);
+  const absl::Status status = reader.Finish();
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().calls_in_flight == 0; }));
+  CHECK(completed.load() == kWindow);
+  return status;
+}
+
+TEST_CASE("an async writer dropped with a Write outstanding: after Finish(OK), ABORTED",
+          "[async_server_streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  const absl::Status status = DropWithWriteOutstanding(config, /*finish=*/true);
+  INFO(status);
+  CHECK(status.code() == absl::StatusCode::kAborted);
+  CHECK(std::string(status.message()).find("Write outstanding") != std::string::npos);
+}
+
+TEST_CASE("an async writer dropped unfinished with a Write outstanding: INTERNAL",
+          "[async_server_streaming]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  const absl::Status status = DropWithWriteOutstanding(config, /*finish=*/false);
+  INFO(status);
+  CHECK(status.code() == absl::StatusCode::kInternal);
+}
+
+TEST_CASE("an async stream whose client never cancels ends at its deadline",
+          "[async_server_streaming][hostile]") {
+  // A raw client opens a stream with a 300 ms deadline, takes one number and then neither
+  // grants more nor cancels: the handler's Write waits for room that never comes. With no
+  // thread whose wait ends at the deadline, the server's sweeper ends the stream then.
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  AsyncFixture f(config);
+  zrpc::testing::TransportPeer peer(config);
+  zrpc_test::RawClient raw;
+  auto connection = peer.Connect(config.addr, f.server->port(), &raw);
+  REQUIRE(connection.ok());
+  REQUIRE(zrpc_test::SendRaw(**connection,
+                             zrpc::RpcHeader::StreamOpen(zrpc_test::kNumbersId,
+                                                         zrpc_test::kCountIndex, 1, 300'000, 1),
+                             Counting(1'000'000).SerializeAsString())
+              .ok());
+  CHECK(zrpc::testing::Eventually(
+      [&] { return raw.Count(zrpc::RpcKind::kStreamMessage) == 1; }));
+  CHECK(zrpc::testing::Eventually([&] {
+    return f.service.stopped.load() == 1 && f.server->stats().calls_in_flight == 0;
+  }));
+  CHECK(f.service.ended.load() == 1);
+  CHECK_FALSE(raw.closed.HasBeenNotified());
+  (*connection)->Close();
+  REQUIRE(raw.closed.WaitForNotificationWithTimeout(kLong));  // `raw` must outlive that
+  connection->reset();
+}
+
+TEST_CASE("async bidirectional written from the poller while every send slot is taken",
+          "[async_server_streaming][hostile]") {
+  // A raw client that stops giving its receives back for a while (its poller lags): the
+  // server's doubled numbers, written from read callbacks on its poller, fill every send slot
+  // stream frames may use. A poller never waits for one: each frame waits, unsent, for the
+  // sweeper's next retry. Once the client catches up, every number arrives, in order.
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ServerOptions options;
+  options.stream_window = 1000;
+  AsyncFixture f(config, options);
+  zrpc::testing::TransportPeer peer(config);
+  zrpc_test::RawClient raw;
+  raw.hold = true;
+  auto connection = peer.Connect(config.addr, f.server->port(), &raw);
+  REQUIRE(connection.ok());
+  REQUIRE(zrpc_test::SendRaw(**connection,
+                             zrpc::RpcHeader::StreamOpen(zrpc_test::kNumbersId,
+                                                         zrpc_test::kDoubleIndex, 1, 0, 1000))
+              .ok());
+  // The server's grant of its window comes when the handler opens the stream.
+  REQUIRE(zrpc::testing::Eventually(
+      [&] { return raw.Count(zrpc::RpcKind::kStreamCredit) >= 1; }));
+  constexpr int kCount = 600;
+  Number number;
+  for (int i = 1; i <= kCount; ++i) {
+    number.set_value(i);
+    REQUIRE(zrpc_test::SendRaw(**connection, zrpc::RpcHeader::StreamMessage(1),
+                               number.SerializeAsString())
+                .ok());
+  }
+  REQUIRE(zrpc_test::SendRaw(**connection, zrpc::RpcHeader::HalfClose(1)).ok());
+  absl::SleepFor(absl::Milliseconds(300));  // the server's frames pile up meanwhile
+  raw.Unhold(**connection);
+  CHECK(zrpc::testing::Eventually([&] { return raw.Count(zrpc::RpcKind::kResponse) == 1; }));
+  CHECK(raw.Count(zrpc::RpcKind::kStreamMessage) == kCount);
+  CHECK(raw.Count(zrpc::RpcKind::kError, absl::StatusCode::kResourceExhausted) == 0);
+  CHECK_FALSE(raw.closed.HasBeenNotified());
+  CHECK(f.server->stats().protocol_violations == 0);
+  f.RequireAllEnded(1);
+  (*connection)->Close();
+  REQUIRE(raw.closed.WaitForNotificationWithTimeout(kLong));
+  connection->reset();
 }
 
 }  // namespace
