@@ -102,7 +102,7 @@ object_store() {
 }
 
 numbers() {
-  start_server numbers_server --listen "$host:0" || return
+  start_server numbers_server --listen "$host:0" "$@" || return
   run_client 0 numbers_client --connect "$host:$port" --count 3000
   local want=$'Count: 3000 numbers in order\nSum: 3000 numbers, total 4501500\nDouble: 3000 numbers back doubled\nSquare: 7 * 7 = 49\nall calls ok'
   [[ "$(cat "$tmp/client.out")" == "$want" ]] || junit_problem "numbers_client printed something else than its four calls and \"all calls ok\""
@@ -113,5 +113,6 @@ junit_scenario "greeter: a client's calls answered, SIGTERM stops the server, th
 junit_scenario "object store: arena-sized and pulled objects round trip byte for byte, one past --max-bulk is refused" object_store
 
 junit_scenario "numbers: a stream of each kind and a unary call, then SIGTERM stops the server" numbers
+junit_scenario "numbers, the async server (--form async): the same calls, no thread per stream" numbers --form async
 
 junit_finish

@@ -46,6 +46,8 @@ for server in greeter_server object_store_server numbers_server; do
   expect_usage 2 "$server" --threads -4
   expect_usage 2 "$server" --threads 99999999999999999999999
 done
+expect_usage 2 numbers_server --form bogus
+expect_usage 2 numbers_server --form
 expect_usage 2 object_store_server --arena 100
 expect_usage 2 object_store_server --arena 2G
 expect_usage 2 object_store_server --arena 0

@@ -61,7 +61,7 @@ junit_require_device() {
   exit 1
 }
 
-# junit_scenario NAME FUNCTION: runs FUNCTION, which calls junit_problem for each thing that went
+# junit_scenario NAME FUNCTION [ARGS...]: runs FUNCTION ARGS, which calls junit_problem for each thing that went
 # wrong, and records NAME as failed (with the problems) or passed.
 junit_problems=""
 junit_problem() {
@@ -72,7 +72,7 @@ junit_scenario() {
   echo "== $1"
   junit_problems=""
   local start=$SECONDS
-  "$2"
+  "${@:2}"
   if [[ -n "$junit_problems" ]]; then
     junit_record "$1" fail $((SECONDS - start)) "$junit_problems"
   else
