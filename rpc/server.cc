@@ -508,6 +508,14 @@ std::string Server::PrometheusText() const {
       {"zrpc_server_pulled_bytes_held", "gauge",
        "Memory held by request payloads pulled from clients and not yet released.",
        s.pulled_bytes_held},
+      {"zrpc_server_stream_threads_started_total", "counter",
+       "Streams whose (blocking) handler got a thread of its own.", s.streams_started},
+      {"zrpc_server_stream_threads_open", "gauge",
+       "Stream handler threads running now (ServerOptions::max_streams).", s.streams_open},
+      {"zrpc_server_async_streams_started_total", "counter",
+       "Streams an AsyncService's handler took, with no thread.", s.async_streams_started},
+      {"zrpc_server_streams_refused_total", "counter",
+       "Streams refused past max_streams_per_connection or max_streams.", s.streams_refused},
   };
   for (const Family& f : families) AppendPrometheusFamily(text, f.name, f.type, f.help, f.value);
   return text;

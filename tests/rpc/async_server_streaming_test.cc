@@ -346,6 +346,11 @@ TEST_CASE("async streams take no thread: 12 open at once on a server allowing 2 
   }
   CHECK(f.server->stats().streams_refused == 0);
   CHECK(f.server->stats().async_streams_started == kStreams);
+  // And in what /metrics serves.
+  const std::string text = f.server->PrometheusText();
+  CHECK(text.find(absl::StrCat("\nzrpc_server_async_streams_started_total ", kStreams, "\n")) !=
+        std::string::npos);
+  CHECK(text.find("\nzrpc_server_stream_threads_started_total 0\n") != std::string::npos);
   f.RequireAllEnded(kStreams);
 }
 
