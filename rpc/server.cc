@@ -229,6 +229,7 @@ void ServerCore::SweepLoop() {
         }
         deadlines_.erase(deadlines_.begin());
       }
+      deadlines_pruned_ = std::min(deadlines_pruned_, deadlines_.size());
     }
     // Outside the lock: these run stream callbacks, which may ask for the next retry.
     for (const std::shared_ptr<StreamCore>& stream : overdue) {

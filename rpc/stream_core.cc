@@ -65,7 +65,16 @@ absl::StatusOr<uint16_t> StreamCore::OnMessage(absl::Span<const uint8_t> body) {
   }
   --receivable_;
   if (ended_) return 0;  // nobody reads any more: dropped (the call's end made it moot)
-  if (draining_) return Consumed();
+  if (draining_) {
+    const uint16_t grant = Consumed();
+    if (!has_listener_ || grant == 0) return grant;
+    // The asynchronous form sends it (TakeDrainedCredit), from its pump.
+    drained_credit_ += grant;
+    listener = Changed();
+    lock.Release();
+    Notify(listener);
+    return 0;
+  }
   std::unique_ptr<google::protobuf::MessageLite> message;
   if (!spare_.empty()) {
     message = std::move(spare_.back());
@@ -209,6 +218,11 @@ uint16_t StreamCore::Drain() {
     if (!ended_) grant = static_cast<uint16_t>(std::min<uint32_t>(grant + Consumed(), 0xffff));
   }
   return grant;
+}
+
+uint32_t StreamCore::TakeDrainedCredit() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(drained_credit_, 0);
 }
 
 bool StreamCore::ended() const {

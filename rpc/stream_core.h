@@ -106,8 +106,12 @@ class StreamCore {
   void SetListener(std::weak_ptr<StreamListener> listener);
   // From now on the peer's messages are dropped as they come, and credited back at once: the
   // application stopped reading (it finishes the call) but the peer may still be sending.
-  // Returns the credit to send for those already queued.
+  // Returns the credit to send for those already queued. Those that come later are credited
+  // back by OnMessage's return, or, once a listener is set, kept for TakeDrainedCredit (the
+  // listener is told).
   uint16_t Drain();
+  // The credit owed for messages dropped while draining, for the asynchronous form to send.
+  uint32_t TakeDrainedCredit();
 
   bool ended() const;
   // Why it ended (OK while it has not, or when it finished normally).
@@ -146,6 +150,7 @@ class StreamCore {
   uint32_t send_credit_ ABSL_GUARDED_BY(mu_);
   bool peer_done_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t drained_credit_ ABSL_GUARDED_BY(mu_) = 0;  // TakeDrainedCredit's
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };

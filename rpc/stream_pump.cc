@@ -65,7 +65,8 @@ void StreamPump::Abandon(bool close) {
   {
     absl::MutexLock lock(&mu_);
     abandoned_ = true;
-    if (write_) side_->OnWriteDropped();
+    // A write being sent now is settled by the loop sending it (Step), once it knows.
+    if (write_ && !write_sending_) side_->OnWriteDropped();
     read = std::move(read_);
     write = std::move(write_);
     finish = std::move(finish_);
@@ -109,7 +110,11 @@ bool StreamPump::Step() {
     no_slot_ = false;
   }
   if (!abandoned_) {
-    if (owed_credit_ > 0 && !no_slot_ && !SideGone()) {
+    if (finish_started_) owed_credit_ += core_->TakeDrainedCredit();
+    // A server's answer ends the call: credit is worth sending before it only while a write
+    // still holds the answer back (the client may be blocked writing into a full window).
+    const bool answer_next = side_->CloseEndsCall() && close_writes_ && !write_;
+    if (owed_credit_ > 0 && !no_slot_ && !SideGone() && !answer_next) {
       const uint16_t grant = static_cast<uint16_t>(std::min<uint32_t>(owed_credit_, 0xffff));
       mu_.Unlock();
       const Sent sent = core_->ended() ? Sent::kFailed : side_->SendCredit(grant);
@@ -148,11 +153,18 @@ bool StreamPump::Step() {
       }
       if (go) {
         const google::protobuf::MessageLite* message = write_message_;
+        write_sending_ = true;
         mu_.Unlock();
         const Sent sent = credit == StreamCore::Credit::kTaken
                               ? side_->SendMessage(*message, quota_taken)
                               : Sent::kFailed;
         mu_.Lock();
+        write_sending_ = false;
+        if (!write_) {  // abandoned while it was sent: the owner is told only if it did not go
+          if (sent != Sent::kSent) side_->OnWriteDropped();
+          mu_.Unlock();
+          return true;
+        }
         if (sent == Sent::kNoSlot) {  // the write stays, its credit in hand
           no_slot_ = true;
           mu_.Unlock();

@@ -62,7 +62,8 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
     // thread, which must not wait: `waiter` is told when it comes back).
     virtual bool QuotaOrWait(size_t size, bool* quota_taken,
                              std::weak_ptr<StreamListener> waiter) = 0;
-    // Abandon dropped a write not yet sent (called under the pump's lock: must not call back).
+    // A write the owner dropped (Abandon) was not sent (called under the pump's lock: must not
+    // call back).
     virtual void OnWriteDropped() {}
   };
 
@@ -113,6 +114,7 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
   ClientStreamCall::WriteDone write_ ABSL_GUARDED_BY(mu_);
   const google::protobuf::MessageLite* write_message_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool write_credit_ ABSL_GUARDED_BY(mu_) = false;  // taken for write_, which waits for more
+  bool write_sending_ ABSL_GUARDED_BY(mu_) = false;  // write_ is in the Side's SendMessage
   uint32_t owed_credit_ ABSL_GUARDED_BY(mu_) = 0;   // read (or dropped), not yet granted back
   bool close_writes_ ABSL_GUARDED_BY(mu_) = false;  // asked for (CloseWrites, Finish)
   bool writes_closed_ ABSL_GUARDED_BY(mu_);         // done (or the stream has no writes)

@@ -102,11 +102,13 @@ class AsyncNumbers : public Numbers::AsyncService {
     (new Summer(this, std::move(call)))->Next();
   }
   void Double(std::unique_ptr<zrpc::ServerAsyncReaderWriter<Number, Number>> call) override {
+    if (take_double) return take_double(std::move(call));
     (new Doubler(this, std::move(call)))->Next();
   }
 
   // Set: Count hands its call here instead of serving it (before the server starts).
   std::function<void(std::unique_ptr<zrpc::ServerAsyncWriter<CountRequest, Number>>)> take_count;
+  std::function<void(std::unique_ptr<zrpc::ServerAsyncReaderWriter<Number, Number>>)> take_double;
   std::atomic<uint64_t> written{0};
   std::atomic<int> stopped{0};   // a Write that failed: the client went or gave up
   std::atomic<int> ended{0};     // handlers done with their stream (finished or dropped)
@@ -518,6 +520,69 @@ TEST_CASE("an async writer dropped unfinished with a Write outstanding: INTERNAL
   const absl::Status status = DropWithWriteOutstanding(config, /*finish=*/false);
   INFO(status);
   CHECK(status.code() == absl::StatusCode::kInternal);
+}
+
+TEST_CASE("an async Finish behind a Write credits back what the client goes on writing",
+          "[async_server_streaming]") {
+  // The client writes 200 numbers and reads only after its WritesDone; the handler (this
+  // thread) reads nothing, writes until one Write waits for the client's room, then finishes.
+  // Its answer waits for that Write, and the Write for the client, which is blocked writing:
+  // what the server drops unread must be credited back, also what arrives after the Finish,
+  // or both ends wait for the deadline.
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  AsyncFixture f(config);
+  absl::Mutex mu;
+  std::unique_ptr<zrpc::ServerAsyncReaderWriter<Number, Number>> handler;
+  f.service.take_double = [&](auto call) {
+    absl::MutexLock lock(&mu);
+    handler = std::move(call);
+  };
+  Numbers::Stub stub(f.channel.get());
+  zrpc::ClientReaderWriter<Number, Number> chat = stub.Double(CallOptions::Timeout(kLong));
+  constexpr int kWrites = 200;
+  std::atomic<int> written{0};
+  std::thread writer([&] {
+    Number n;
+    for (int i = 1; i <= kWrites; ++i) {
+      n.set_value(i);
+      if (!chat.Write(n)) break;
+      written.fetch_add(1);
+    }
+    chat.WritesDone();
+  });
+  REQUIRE(zrpc::testing::Eventually([&] {
+    absl::MutexLock lock(&mu);
+    return handler != nullptr;
+  }));
+  constexpr int kWindow = 16;  // the client's, granted at the open
+  Number out;
+  std::atomic<int> completed{0};
+  {
+    absl::MutexLock lock(&mu);
+    for (int i = 1; i <= kWindow + 1; ++i) {
+      out.set_value(i);
+      handler->Write(out, [&completed](bool ok) { completed.fetch_add(ok ? 1 : 1000); });
+      if (i <= kWindow) {
+        REQUIRE(zrpc::testing::Eventually([&] { return completed.load() == i; }));
+      }
+    }
+    handler->Finish(absl::OkStatus());  // behind the 17th Write
+  }
+  writer.join();
+  CHECK(written.load() == kWrites);
+  Number number;
+  int read = 0;
+  while (chat.Read(&number)) ++read;
+  const absl::Status status = chat.Finish();
+  INFO(status);
+  CHECK(status.ok());
+  CHECK(read == kWindow + 1);
+  CHECK(completed.load() == kWindow + 1);
+  {
+    absl::MutexLock lock(&mu);
+    handler.reset();
+  }
+  CHECK(zrpc::testing::Eventually([&] { return f.server->stats().calls_in_flight == 0; }));
 }
 
 TEST_CASE("an async stream whose client never cancels ends at its deadline",
