@@ -141,51 +141,14 @@ void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
 bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
                                     const google::protobuf::MessageLite* message,
                                     StreamCore& stream, bool quota_taken, bool* no_slot) {
-  const size_t size = message == nullptr ? 0 : message->ByteSizeLong();
-  // Quota taken for a message that does not go goes back (SendStreamMessage gives it back
-  // itself once it has the message).
-  auto not_sent = [&] {
-    if (quota_taken) ReturnStreamQuota(size);
-    return false;
-  };
-  if (absl::Status fits = limits().CheckMessage(size, "stream message"); !fits.ok()) {
-    AbortCall(id, fits);
-    return not_sent();
-  }
-  if (stream.ended()) return not_sent();
-  const bool may_wait = !OnRuntimeThread();
-  absl::StatusOr<transport::SendBuffer> buffer = AcquireSendBufferWaiting(
-      *connection_, may_wait, [&stream]() -> absl::Status {
-        return stream.ended() ? absl::CancelledError("the stream ended") : absl::OkStatus();
-      });
-  if (!buffer.ok()) {
-    if (stream.ended()) return not_sent();  // its end says why
-    if (no_slot != nullptr && !may_wait && open() &&
-        buffer.status().code() == absl::StatusCode::kResourceExhausted) {
-      *no_slot = true;
-      return not_sent();
-    }
-    AbortCall(id, buffer.status().code() == absl::StatusCode::kResourceExhausted && open()
-                      ? buffer.status()
-                      : absl::UnavailableError(buffer.status().message()));
-    return not_sent();
-  }
-  absl::StatusOr<OutgoingBulk> large = SerializeStreamMessage(*connection_, *buffer, message);
-  if (!large.ok()) {
-    connection_->ReleaseSendBuffer(*buffer);
-    AbortCall(id, large.status());
-    return not_sent();
-  }
-  const size_t body_size = large->empty() ? size : 0;
-  absl::Status sent = SendStreamMessage(*connection_, *buffer, header, body_size,
-                                        *std::move(large), may_wait,
-                                        [&] { return stream.ended(); }, quota_taken);
+  const absl::Status sent =
+      SendStreamFrame(*connection_, header, message, message == nullptr ? 0 : message->ByteSizeLong(),
+                      [&stream] { return stream.ended(); }, 0, quota_taken, no_slot);
   if (sent.ok()) return true;
-  if (sent.code() != absl::StatusCode::kCancelled) {
-    AbortCall(id, sent.code() == absl::StatusCode::kResourceExhausted
-                      ? sent
-                      : absl::UnavailableError(sent.message()));
+  if ((no_slot != nullptr && *no_slot) || sent.code() == absl::StatusCode::kCancelled) {
+    return false;  // tried again later; or the stream ended, and its end says why
   }
+  AbortCall(id, sent);
   return false;
 }
 
@@ -327,10 +290,7 @@ void ClientConnection::SendCancel(uint64_t id) {
 void ClientConnection::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
   {
     absl::MutexLock lock(&slot_waiters_mu_);
-    for (const std::weak_ptr<StreamListener>& known : slot_waiters_) {
-      if (!known.owner_before(waiter) && !waiter.owner_before(known)) return;
-    }
-    slot_waiters_.push_back(std::move(waiter));
+    if (!slot_waiters_.Add(std::move(waiter))) return;
     slot_waiters_pending_.store(true, std::memory_order_release);
   }
   owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);
@@ -395,12 +355,10 @@ int ClientConnection::Expire(absl::Time now) {
     std::vector<std::weak_ptr<StreamListener>> waiters;
     {
       absl::MutexLock lock(&slot_waiters_mu_);
-      waiters.swap(slot_waiters_);
+      waiters = slot_waiters_.Take();
       slot_waiters_pending_.store(false, std::memory_order_release);
     }
-    for (const std::weak_ptr<StreamListener>& weak : waiters) {
-      if (std::shared_ptr<StreamListener> waiter = weak.lock()) waiter->OnStreamEvent();
-    }
+    StreamWaiters::Tell(waiters);
   }
   std::vector<TakenCall<ClientCall>> expired = calls_.TakeExpired(now);
   for (TakenCall<ClientCall>& taken : expired) {

@@ -238,7 +238,7 @@ class ClientConnection final : public RpcConnection,
   const size_t max_pending_cancels_;
   // Asynchronous streams whose frames found no send slot on a runtime thread (WaitForSlot).
   absl::Mutex slot_waiters_mu_;
-  std::vector<std::weak_ptr<StreamListener>> slot_waiters_ ABSL_GUARDED_BY(slot_waiters_mu_);
+  StreamWaiters slot_waiters_ ABSL_GUARDED_BY(slot_waiters_mu_);
   std::atomic<bool> slot_waiters_pending_{false};
 };
 

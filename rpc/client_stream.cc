@@ -12,9 +12,6 @@ class ClientStream::Side final : public StreamPump::Side {
  public:
   Side(std::shared_ptr<ClientConnection> connection, uint64_t id, std::shared_ptr<StreamCore> core)
       : connection_(std::move(connection)), id_(id), core_(std::move(core)) {}
-  // Set once the pump exists: the timer's retry pumps it.
-  void set_pump(std::weak_ptr<StreamListener> pump) { pump_ = std::move(pump); }
-
   StreamPump::Sent SendMessage(const google::protobuf::MessageLite& message,
                                bool quota_taken) override {
     return Send(RpcHeader::StreamMessage(id_), &message, quota_taken);
@@ -29,6 +26,9 @@ class ClientStream::Side final : public StreamPump::Side {
     return connection_->StreamQuotaOrWait(connection_->connection(), size, OnRuntimeThread(),
                                           std::move(waiter), quota_taken);
   }
+  void RetryLater(std::weak_ptr<StreamListener> pump) override {
+    connection_->WaitForSlot(std::move(pump));
+  }
 
  private:
   StreamPump::Sent Send(const RpcHeader& header, const google::protobuf::MessageLite* message,
@@ -37,17 +37,13 @@ class ClientStream::Side final : public StreamPump::Side {
     if (connection_->SendOnStream(id_, header, message, *core_, quota_taken, &no_slot)) {
       return StreamPump::Sent::kSent;
     }
-    if (!no_slot) return StreamPump::Sent::kFailed;
-    // Every send slot is taken and this is a runtime thread, which does not wait for one: the
-    // timer's next pass (within a millisecond) pumps again.
-    connection_->WaitForSlot(pump_);
-    return StreamPump::Sent::kNoSlot;
+    // Every send slot is taken and this is a runtime thread, which does not wait for one.
+    return no_slot ? StreamPump::Sent::kNoSlot : StreamPump::Sent::kFailed;
   }
 
   const std::shared_ptr<ClientConnection> connection_;
   const uint64_t id_;
   const std::shared_ptr<StreamCore> core_;
-  std::weak_ptr<StreamListener> pump_;
 };
 
 ClientStream::~ClientStream() {
@@ -61,10 +57,8 @@ ClientStream::~ClientStream() {
 
 StreamPump& ClientStream::async() {
   std::call_once(async_once_, [this] {
-    auto side = std::make_unique<Side>(connection_, id_, core_);
-    Side* const raw = side.get();
-    async_ = std::make_shared<StreamPump>(std::move(side), core_, !writes_done_.load());
-    raw->set_pump(async_);
+    async_ = std::make_shared<StreamPump>(std::make_unique<Side>(connection_, id_, core_), core_,
+                                          !writes_done_.load());
     core_->SetListener(async_);
   });
   return *async_;

@@ -622,11 +622,53 @@ absl::StatusOr<OutgoingBulk> RpcConnection::SerializeStreamMessage(
   return OutgoingBulk(large, size, [large] { std::free(large); });
 }
 
+absl::Status RpcConnection::SendStreamFrame(transport::Connection& connection,
+                                            const RpcHeader& header,
+                                            const google::protobuf::MessageLite* message,
+                                            size_t size, absl::FunctionRef<bool()> gone,
+                                            uint32_t leave_free, bool quota_taken,
+                                            bool* no_slot) {
+  // Quota taken for a message that does not go goes back (SendStreamMessage gives it back
+  // itself once it has the message).
+  auto not_sent = [&](absl::Status why) {
+    if (quota_taken) ReturnStreamQuota(size);
+    return why;
+  };
+  if (absl::Status fits = limits().CheckMessage(size, "stream message"); !fits.ok()) {
+    return not_sent(std::move(fits));
+  }
+  const absl::Status ended = absl::CancelledError("the stream ended");
+  if (gone()) return not_sent(ended);
+  const bool may_wait = !OnRuntimeThread();
+  absl::StatusOr<transport::SendBuffer> buffer = AcquireSendBufferWaiting(
+      connection, may_wait, [&]() { return gone() ? ended : absl::OkStatus(); }, leave_free);
+  if (!buffer.ok()) {
+    if (gone()) return not_sent(ended);
+    const bool exhausted =
+        buffer.status().code() == absl::StatusCode::kResourceExhausted && connection.open();
+    if (exhausted && no_slot != nullptr && !may_wait) *no_slot = true;
+    return not_sent(exhausted ? buffer.status() : absl::UnavailableError(buffer.status().message()));
+  }
+  absl::StatusOr<OutgoingBulk> large = SerializeStreamMessage(connection, *buffer, message);
+  if (!large.ok()) {
+    connection.ReleaseSendBuffer(*buffer);
+    return not_sent(large.status());
+  }
+  const size_t body_size = large->empty() ? size : 0;
+  absl::Status sent = SendStreamMessage(connection, *buffer, header, body_size, *std::move(large),
+                                        may_wait, gone, quota_taken);
+  if (sent.ok() || sent.code() == absl::StatusCode::kCancelled ||
+      sent.code() == absl::StatusCode::kResourceExhausted) {
+    return sent;
+  }
+  return absl::UnavailableError(sent.message());
+}
+
 absl::Status RpcConnection::SendStreamMessage(transport::Connection& connection,
                                               const transport::SendBuffer& buffer,
                                               const RpcHeader& header, size_t body_size,
                                               OutgoingBulk large_body, bool may_wait,
-                                              const std::function<bool()>& give_up,
+                                              absl::FunctionRef<bool()> give_up,
                                               bool quota_taken) {
   if (large_body.empty()) return SendMessage(connection, buffer, header, body_size, OutgoingBulk());
   if (large_body.size() > connection.peer_arena_size()) {
@@ -886,11 +928,9 @@ void RpcConnection::WakeQuotaWaiters() {
   {
     absl::MutexLock lock(&quota_mu_);
     if (quota_waiters_.empty()) return;
-    waiters.swap(quota_waiters_);
+    waiters = quota_waiters_.Take();
   }
-  for (const std::weak_ptr<StreamListener>& weak : waiters) {
-    if (std::shared_ptr<StreamListener> waiter = weak.lock()) waiter->OnStreamEvent();
-  }
+  StreamWaiters::Tell(waiters);
 }
 
 bool RpcConnection::TakeQuotaOrWait(const transport::Connection& connection, size_t size,
@@ -903,11 +943,7 @@ bool RpcConnection::TakeQuotaOrWait(const transport::Connection& connection, siz
     staged_ += capacity;
     return true;
   }
-  // Once each: a stream pumped again while it waits (a message came) asks again.
-  for (const std::weak_ptr<StreamListener>& known : quota_waiters_) {
-    if (!known.owner_before(waiter) && !waiter.owner_before(known)) return false;
-  }
-  quota_waiters_.push_back(std::move(waiter));
+  quota_waiters_.Add(std::move(waiter));
   return false;
 }
 

@@ -328,7 +328,23 @@ class RpcConnection : public transport::ConnectionHandler {
   absl::Status SendStreamMessage(transport::Connection& connection,
                                  const transport::SendBuffer& buffer, const RpcHeader& header,
                                  size_t body_size, OutgoingBulk large_body, bool may_wait,
-                                 const std::function<bool()>& give_up, bool quota_taken = false);
+                                 absl::FunctionRef<bool()> give_up, bool quota_taken = false);
+  // One frame of a stream, either side's: `message` (null: a header alone, a credit or a
+  // half-close) of `size` bytes, within this side's max_message_size, in a send buffer of its
+  // own (leaving `leave_free` free: AcquireSendBuffer's), serialized straight into it or, past a
+  // slot, into memory sent at the front of a payload (SendStreamMessage). Waits for a buffer or
+  // the quota unless this is a runtime thread, and while `gone` is false. Returns:
+  //   OK: sent;
+  //   kCancelled: `gone` turned true (the stream's end says why);
+  //   with `no_slot`, set (and a kResourceExhausted status) when every send slot is taken on a
+  //     runtime thread, which must not wait (the caller tries again later);
+  //   kResourceExhausted (a limit, the quota, memory, or no slot without `no_slot`) or
+  //     kUnavailable (the connection is closing) otherwise: the stream fails with it.
+  // `quota_taken` (StreamQuotaOrWait took it) goes back on every path on which nothing is sent.
+  absl::Status SendStreamFrame(transport::Connection& connection, const RpcHeader& header,
+                               const google::protobuf::MessageLite* message, size_t size,
+                               absl::FunctionRef<bool()> gone, uint32_t leave_free,
+                               bool quota_taken, bool* no_slot);
   // For an asynchronous stream's message of `size` bytes, larger than a slot, sent from a
   // runtime thread (which must not wait for the quota: client_stream.h): takes the staging
   // quota it needs when there is room (true); else (false) `waiter` is told once quota comes
@@ -461,7 +477,7 @@ class RpcConnection : public transport::ConnectionHandler {
   absl::CondVar quota_freed_;  // stream messages waiting for the quota (SendStreamMessage)
   size_t staged_ ABSL_GUARDED_BY(quota_mu_) = 0;  // staging capacity held by this connection
   std::deque<Deferred> deferred_ ABSL_GUARDED_BY(quota_mu_);
-  std::vector<std::weak_ptr<StreamListener>> quota_waiters_ ABSL_GUARDED_BY(quota_mu_);
+  StreamWaiters quota_waiters_ ABSL_GUARDED_BY(quota_mu_);
   std::atomic<uint64_t> violations_{0};
   std::atomic<bool> warned_foreign_{false};
   std::atomic<uint32_t> pulling_{0};         // READs of pulled payloads under way

@@ -163,12 +163,9 @@ constexpr absl::Duration kSlotRetry = absl::Milliseconds(1);
 void ServerCore::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
   {
     std::lock_guard<std::mutex> lock(sweep_mu_);
-    for (const std::weak_ptr<StreamListener>& known : slot_waiters_) {
-      if (!known.owner_before(waiter) && !waiter.owner_before(known)) return;
-    }
     // A millisecond for the pollers to free slots, then every waiter tries again.
     if (slot_waiters_.empty()) slot_retry_at_ = MonotonicNow() + kSlotRetry;
-    slot_waiters_.push_back(std::move(waiter));
+    if (!slot_waiters_.Add(std::move(waiter))) return;
   }
   sweep_cv_.notify_one();
 }
@@ -222,7 +219,7 @@ void ServerCore::SweepLoop() {
         if (wake <= now) break;
         sweep_cv_.wait_for(lock, absl::ToChronoNanoseconds(wake - now));
       }
-      if (!slot_waiters_.empty() && slot_retry_at_ <= now) retry.swap(slot_waiters_);
+      if (!slot_waiters_.empty() && slot_retry_at_ <= now) retry = slot_waiters_.Take();
       while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
         if (std::shared_ptr<StreamCore> stream = deadlines_.begin()->second.lock()) {
           overdue.push_back(std::move(stream));
@@ -235,9 +232,7 @@ void ServerCore::SweepLoop() {
     for (const std::shared_ptr<StreamCore>& stream : overdue) {
       stream->End(absl::DeadlineExceededError("the call's deadline passed"));
     }
-    for (const std::weak_ptr<StreamListener>& weak : retry) {
-      if (std::shared_ptr<StreamListener> waiter = weak.lock()) waiter->OnStreamEvent();
-    }
+    StreamWaiters::Tell(retry);
     if (!sweeps || now < next_sweep) continue;
     next_sweep = now + period;
     std::vector<std::shared_ptr<ServerConnection>> open;

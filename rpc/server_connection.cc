@@ -119,7 +119,6 @@ class AsyncServerSide final : public StreamPump::Side {
   explicit AsyncServerSide(ServerCallImpl* call)
       : call_(call), method_(call->method_info().full_name) {}
 
-  void set_pump(std::weak_ptr<StreamListener> pump) { pump_ = std::move(pump); }
   // The owner is gone: a send waiting for a slot or the quota gives up.
   void Abandon() { abandoned_.store(true, std::memory_order_release); }
   // What CloseWrites answers: the first one given (the handler's Finish, or the owner's
@@ -131,6 +130,12 @@ class AsyncServerSide final : public StreamPump::Side {
     answer_ = std::move(status);
     response_ = response;
     return true;
+  }
+  // The owner was destroyed: its answer, unless it finished.
+  void AnswerDropped() {
+    SetAnswer(absl::InternalError(
+                  absl::StrCat(method_, ": handler dropped the stream without finishing it")),
+              std::nullopt);
   }
   // A Write the owner dropped (destroyed before its callback ran) was not sent: an OK answer
   // would tell the client it has every message.
@@ -168,6 +173,9 @@ class AsyncServerSide final : public StreamPump::Side {
     return call_->owner_->StreamQuotaOrWait(*call_->connection_, size, OnRuntimeThread(),
                                             std::move(waiter), quota_taken);
   }
+  void RetryLater(std::weak_ptr<StreamListener> pump) override {
+    call_->owner_->core().WaitForSlot(std::move(pump));
+  }
 
  private:
   StreamPump::Sent Send(const RpcHeader& header, const google::protobuf::MessageLite* message,
@@ -176,16 +184,12 @@ class AsyncServerSide final : public StreamPump::Side {
     if (call_->SendOnStream(header, message, quota_taken, &no_slot, &abandoned_)) {
       return StreamPump::Sent::kSent;
     }
-    if (!no_slot) return StreamPump::Sent::kFailed;
-    // Every send slot is taken and this is a runtime thread, which does not wait for one: the
-    // server's sweeper pumps again within a millisecond.
-    call_->owner_->core().WaitForSlot(pump_);
-    return StreamPump::Sent::kNoSlot;
+    // Every send slot is taken and this is a runtime thread, which does not wait for one.
+    return no_slot ? StreamPump::Sent::kNoSlot : StreamPump::Sent::kFailed;
   }
 
   ServerCallImpl* call_;  // null once answered (retired)
   const char* const method_;
-  std::weak_ptr<StreamListener> pump_;
   std::atomic<bool> abandoned_{false};
   absl::Mutex answer_mu_;  // a leaf: OnWriteDropped runs under the pump's lock
   bool answer_set_ ABSL_GUARDED_BY(answer_mu_) = false;
@@ -200,9 +204,7 @@ class AsyncServerStream final : public ServerAsyncStream {
   AsyncServerStream(ServerCallImpl* call, std::shared_ptr<StreamCore> core) {
     auto side = std::make_unique<AsyncServerSide>(call);
     side_ = side.get();
-    method_ = call->method_info().full_name;
     pump_ = std::make_shared<StreamPump>(std::move(side), core, /*writes=*/true);
-    side_->set_pump(pump_);
     core->SetListener(pump_);
   }
   // In this order: the answer a dropped call gets (unless the handler gave one); no callback
@@ -210,9 +212,7 @@ class AsyncServerStream final : public ServerAsyncStream {
   // anything could try it again; the close, now or from the loop running elsewhere; then the
   // end of any wait of a send of that loop, and the wait for it.
   ~AsyncServerStream() override {
-    side_->SetAnswer(absl::InternalError(absl::StrCat(
-                         method_, ": handler dropped the stream without finishing it")),
-                     std::nullopt);
+    side_->AnswerDropped();
     pump_->Abandon(/*close=*/true);
     side_->Abandon();
     pump_->WaitIdle();
@@ -229,7 +229,6 @@ class AsyncServerStream final : public ServerAsyncStream {
 
  private:
   AsyncServerSide* side_;  // the pump's
-  const char* method_;
   std::shared_ptr<StreamPump> pump_;
 };
 
@@ -246,75 +245,37 @@ bool ServerCallImpl::SendOnStream(const RpcHeader& header,
                                   const google::protobuf::MessageLite* message, bool quota_taken,
                                   bool* no_slot, const std::atomic<bool>* abandoned) {
   const size_t size = message == nullptr ? 0 : message->ByteSizeLong();
-  // Quota taken for a message that does not go goes back (SendStreamMessage gives it back
-  // itself once it has the message).
-  auto not_sent = [&] {
-    if (quota_taken) owner_->ReturnStreamQuota(size);
-    return false;
-  };
-  if (absl::Status fits = owner_->limits().CheckMessage(size, "stream message"); !fits.ok()) {
-    FailStream(absl::Status(fits.code(), absl::StrCat(method_.full_name, ": ", fits.message())));
-    return not_sent();
-  }
   auto gone = [this, abandoned] {
     return stream_->ended() || context_.IsCancelled() ||
            (abandoned != nullptr && abandoned->load(std::memory_order_acquire));
   };
-  if (gone()) return not_sent();
-  // A stream thread waits for a slot; a poller or the timer never does (only pollers free them).
-  const bool may_wait = !OnRuntimeThread();
   // Stream frames leave the slots answers need free (ServerCore::AnswerSlots).
-  absl::StatusOr<transport::SendBuffer> buffer = RpcConnection::AcquireSendBufferWaiting(
-      *connection_, may_wait,
-      [&gone]() -> absl::Status {
-        return gone() ? absl::CancelledError("the stream ended") : absl::OkStatus();
-      },
-      owner_->core().answer_slots());
-  if (!buffer.ok()) {
-    if (gone()) return not_sent();  // its end says why
-    if (no_slot != nullptr && !may_wait && connection_->open() &&
-        buffer.status().code() == absl::StatusCode::kResourceExhausted) {
-      *no_slot = true;
-      return not_sent();
-    }
-    not_sent();
-    FailStream(absl::Status(buffer.status().code() == absl::StatusCode::kResourceExhausted &&
-                                    connection_->open()
-                                ? absl::StatusCode::kResourceExhausted
-                                : absl::StatusCode::kUnavailable,
-                            absl::StrCat(method_.full_name, ": ", buffer.status().message())));
-    return false;
+  const absl::Status sent =
+      owner_->SendStreamFrame(*connection_, header, message, size, gone,
+                              owner_->core().answer_slots(), quota_taken, no_slot);
+  if (sent.ok()) {
+    if (message != nullptr) metrics_.AddMessageBytes(size, 0);
+    return true;
   }
-  absl::StatusOr<OutgoingBulk> large =
-      RpcConnection::SerializeStreamMessage(*connection_, *buffer, message);
-  if (!large.ok()) {
-    connection_->ReleaseSendBuffer(*buffer);
-    FailStream(large.status());
-    return not_sent();
+  if ((no_slot != nullptr && *no_slot) || sent.code() == absl::StatusCode::kCancelled) {
+    return false;  // tried again later; or the stream ended, and its end says why
   }
-  const size_t body_size = large->empty() ? size : 0;
-  absl::Status sent = owner_->SendStreamMessage(*connection_, *buffer, header, body_size,
-                                                *std::move(large), may_wait, gone, quota_taken);
-  if (!sent.ok()) {
-    // kCancelled: the stream ended while the message waited (its end says why). Otherwise the
-    // stream fails with the reason; a connection that is failing gives the call up through its
-    // OnClosed as well. Never GiveUp here: that would also drop the answer a failed stream owes
-    // its client.
-    if (sent.code() != absl::StatusCode::kCancelled) {
-      FailStream(absl::Status(sent.code(), absl::StrCat(method_.full_name, ": ", sent.message())));
-    }
-    return false;
-  }
-  if (message != nullptr) metrics_.AddMessageBytes(size, 0);
-  return true;
+  // The stream fails with the reason; a connection that is failing gives the call up through its
+  // OnClosed as well. Never GiveUp here: that would also drop the answer a failed stream owes its
+  // client.
+  FailStream(absl::Status(sent.code(), absl::StrCat(method_.full_name, ": ", sent.message())));
+  return false;
+}
+
+void ServerCallImpl::EndStream(absl::Status why, StreamEndings* later) {
+  if (stream_ == nullptr) return;
+  if (later == nullptr) return stream_->End(std::move(why));
+  later->push_back({stream_, std::move(why)});
 }
 
 void ServerCallImpl::GiveUp(StreamEndings* later) {
   context_.Cancel();
-  if (stream_ == nullptr) return;
-  absl::Status why = absl::CancelledError("the caller gave up");
-  if (later == nullptr) return stream_->End(std::move(why));
-  later->push_back({stream_, std::move(why)});
+  EndStream(absl::CancelledError("the caller gave up"), later);
 }
 
 void ServerCallImpl::FailStream(absl::Status status, StreamEndings* later) {
@@ -322,9 +283,7 @@ void ServerCallImpl::FailStream(absl::Status status, StreamEndings* later) {
     absl::MutexLock lock(&failure_mu_);
     if (stream_failure_.ok()) stream_failure_ = status;
   }
-  if (stream_ == nullptr) return;
-  if (later == nullptr) return stream_->End(std::move(status));
-  later->push_back({stream_, std::move(status)});
+  EndStream(std::move(status), later);
 }
 
 void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) {

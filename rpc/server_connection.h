@@ -110,6 +110,9 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
   friend class ServerConnection;  // Retire destroys it in place
   friend class AsyncServerSide;   // the asynchronous form's sending
   ~ServerCallImpl() override = default;
+  // Ends the stream (if any) with `why`, now or, with `later`, once the caller lets go of the
+  // connection's lock.
+  void EndStream(absl::Status why, StreamEndings* later);
   // Sends the response or the error; returns the status the client gets.
   absl::Status SendResponse(absl::Status status, SendSlot* response, OutgoingBulk response_bulk);
   // A stream message (or, with `message` null, a credit frame) in a send buffer of its own,

@@ -155,7 +155,7 @@ class ServerCore final : public transport::AcceptHandler {
   std::condition_variable sweep_cv_;
   bool sweep_stop_ = false;  // under sweep_mu_
   // Under sweep_mu_: the sweeper doubles as the asynchronous streams' timer.
-  std::vector<std::weak_ptr<StreamListener>> slot_waiters_;  // WaitForSlot
+  StreamWaiters slot_waiters_;                                // WaitForSlot
   absl::Time slot_retry_at_;                                  // when they try again
   std::multimap<absl::Time, std::weak_ptr<StreamCore>> deadlines_;  // WatchDeadline
   size_t deadlines_pruned_ = 0;  // entries left by the last pruning

@@ -87,7 +87,7 @@ absl::StatusOr<uint16_t> StreamCore::OnMessage(absl::Span<const uint8_t> body) {
     return absl::InvalidArgumentError(absl::StrCat(
         "malformed stream message: it does not parse as ", prototype_->GetTypeName()));
   }
-  queue_.push_back(Queued{std::move(message), body.size()});
+  queue_.push_back(std::move(message));
   listener = Changed();
   lock.Release();
   Notify(listener);
@@ -157,16 +157,14 @@ void StreamCore::SetListener(std::weak_ptr<StreamListener> listener) {
   Notify(now);
 }
 
-google::protobuf::MessageLite* StreamCore::PopFront(uint16_t* grant, size_t* bytes) {
-  current_ = std::move(queue_.front().message);
-  if (bytes != nullptr) *bytes = queue_.front().bytes;
+google::protobuf::MessageLite* StreamCore::PopFront(uint16_t* grant) {
+  current_ = std::move(queue_.front());
   queue_.pop_front();
   if (!ended_) *grant = Consumed();
   return current_.get();
 }
 
-google::protobuf::MessageLite* StreamCore::Read(absl::Time deadline, uint16_t* grant,
-                                                size_t* bytes) {
+google::protobuf::MessageLite* StreamCore::Read(absl::Time deadline, uint16_t* grant) {
   *grant = 0;
   absl::MutexLock lock(&mu_);
   if (current_ != nullptr) spare_.push_back(std::move(current_));
@@ -174,7 +172,7 @@ google::protobuf::MessageLite* StreamCore::Read(absl::Time deadline, uint16_t* g
     if (ended_ || peer_done_) return nullptr;
     if (!WaitUntil(changed_, mu_, deadline)) return nullptr;
   }
-  return PopFront(grant, bytes);
+  return PopFront(grant);
 }
 
 google::protobuf::MessageLite* StreamCore::TryRead(uint16_t* grant, bool* finished) {
@@ -186,7 +184,7 @@ google::protobuf::MessageLite* StreamCore::TryRead(uint16_t* grant, bool* finish
     return nullptr;
   }
   *finished = false;
-  return PopFront(grant, nullptr);
+  return PopFront(grant);
 }
 
 StreamCore::Credit StreamCore::TryTakeSendCredit() {
@@ -213,7 +211,7 @@ uint16_t StreamCore::Drain() {
   draining_ = true;
   uint16_t grant = 0;
   while (!queue_.empty()) {
-    spare_.push_back(std::move(queue_.front().message));
+    spare_.push_back(std::move(queue_.front()));
     queue_.pop_front();
     if (!ended_) grant = static_cast<uint16_t>(std::min<uint32_t>(grant + Consumed(), 0xffff));
   }

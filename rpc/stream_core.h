@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -51,6 +52,32 @@ class StreamListener {
  public:
   virtual ~StreamListener() = default;
   virtual void OnStreamEvent() = 0;
+};
+
+// Streams waiting to be told that something came back (a send slot, staging quota): each once,
+// however often it asks meanwhile (a stream pumped again while it waits asks again). Guarded by
+// its owner's lock; the waiters are told after that lock is let go (Take, then Tell).
+class StreamWaiters {
+ public:
+  // False when `waiter` waits already.
+  bool Add(std::weak_ptr<StreamListener> waiter) {
+    for (const std::weak_ptr<StreamListener>& known : waiters_) {
+      if (!known.owner_before(waiter) && !waiter.owner_before(known)) return false;
+    }
+    waiters_.push_back(std::move(waiter));
+    return true;
+  }
+  bool empty() const { return waiters_.empty(); }
+  std::vector<std::weak_ptr<StreamListener>> Take() { return std::exchange(waiters_, {}); }
+  // Tells those still alive.
+  static void Tell(const std::vector<std::weak_ptr<StreamListener>>& waiters) {
+    for (const std::weak_ptr<StreamListener>& weak : waiters) {
+      if (std::shared_ptr<StreamListener> waiter = weak.lock()) waiter->OnStreamEvent();
+    }
+  }
+
+ private:
+  std::vector<std::weak_ptr<StreamListener>> waiters_;
 };
 
 class StreamCore {
@@ -88,10 +115,8 @@ class StreamCore {
   absl::Status WaitEnded();
   // The next message, waiting for one until `deadline` (monotonic); null when the peer sends no
   // more, the stream ended with nothing queued, or the deadline passed. Valid until the next
-  // Read. `*grant` is the credit to send the peer now (0: none yet); `*bytes` (if not null)
-  // the message's size on the wire.
-  google::protobuf::MessageLite* Read(absl::Time deadline, uint16_t* grant,
-                                      size_t* bytes = nullptr);
+  // Read. `*grant` is the credit to send the peer now (0: none yet).
+  google::protobuf::MessageLite* Read(absl::Time deadline, uint16_t* grant);
   // Read without waiting: the next message if one is queued; else null, with `*finished` true
   // when none will come (the peer sent no more, or the stream ended) and false when one may.
   google::protobuf::MessageLite* TryRead(uint16_t* grant, bool* finished);
@@ -123,24 +148,18 @@ class StreamCore {
   // A message consumed (read or dropped): the credit to send, if a frame's worth is owed.
   uint16_t Consumed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the front of the queue as current_ (the message Read returns).
-  google::protobuf::MessageLite* PopFront(uint16_t* grant, size_t* bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  google::protobuf::MessageLite* PopFront(uint16_t* grant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the waits, and returns the listener to tell once the lock is let go (Notify).
   std::shared_ptr<StreamListener> Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Notify(const std::shared_ptr<StreamListener>& listener) {
     if (listener != nullptr) listener->OnStreamEvent();
   }
 
-  struct Queued {
-    std::unique_ptr<google::protobuf::MessageLite> message;
-    size_t bytes;  // on the wire
-  };
-
   const google::protobuf::MessageLite* prototype_ ABSL_GUARDED_BY(mu_);
   const uint16_t window_;
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
-  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<google::protobuf::MessageLite>> queue_ ABSL_GUARDED_BY(mu_);
   std::weak_ptr<StreamListener> listener_ ABSL_GUARDED_BY(mu_);
   bool has_listener_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<google::protobuf::MessageLite>> spare_ ABSL_GUARDED_BY(mu_);

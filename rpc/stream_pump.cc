@@ -117,7 +117,7 @@ bool StreamPump::Step() {
     if (owed_credit_ > 0 && !no_slot_ && !SideGone() && !answer_next) {
       const uint16_t grant = static_cast<uint16_t>(std::min<uint32_t>(owed_credit_, 0xffff));
       mu_.Unlock();
-      const Sent sent = core_->ended() ? Sent::kFailed : side_->SendCredit(grant);
+      const Sent sent = core_->ended() ? Sent::kFailed : Retried(side_->SendCredit(grant));
       absl::MutexLock lock(&mu_);
       if (sent == Sent::kNoSlot) {
         no_slot_ = true;
@@ -156,7 +156,7 @@ bool StreamPump::Step() {
         write_sending_ = true;
         mu_.Unlock();
         const Sent sent = credit == StreamCore::Credit::kTaken
-                              ? side_->SendMessage(*message, quota_taken)
+                              ? Retried(side_->SendMessage(*message, quota_taken))
                               : Sent::kFailed;
         mu_.Lock();
         write_sending_ = false;
@@ -185,7 +185,8 @@ bool StreamPump::Step() {
   if (close_writes_ && !writes_closed_ && !write_ && !no_slot_ && may_close) {
     const bool ends_call = side_->CloseEndsCall();
     mu_.Unlock();
-    const Sent sent = core_->ended() && !ends_call ? Sent::kFailed : side_->CloseWrites();
+    const Sent sent =
+        core_->ended() && !ends_call ? Sent::kFailed : Retried(side_->CloseWrites());
     absl::MutexLock lock(&mu_);
     if (sent == Sent::kNoSlot) {
       no_slot_ = true;

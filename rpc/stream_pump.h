@@ -11,8 +11,8 @@
 // only a pointer to the message: it is serialized into a send slot when the room comes, so a
 // stalled stream holds no slot. What is sent from a runtime thread never waits for a slot or the
 // staging quota (that thread is the one that frees them): a frame that finds none stays, unsent,
-// and the Side arranges for the pump to run again (when quota comes back, or at the timer's next
-// pass).
+// and the pump runs again when quota comes back (Side::QuotaOrWait) or at the timer's next pass
+// (Side::RetryLater).
 //
 // The two sides' ends differ:
 //  - a client closes its writes with a half-close frame and then waits (Finish) for the
@@ -41,7 +41,7 @@ namespace zrpc::internal {
 class StreamPump final : public StreamListener, public std::enable_shared_from_this<StreamPump> {
  public:
   // What one of the pump's sends came to. kNoSlot: every send slot is taken and this is a
-  // runtime thread; the Side has arranged for the pump to run again.
+  // runtime thread; the pump asks the Side to run it again later (RetryLater).
   enum class Sent { kSent, kNoSlot, kFailed };
 
   // One end's sending. Called by the pump's one running thread, never two at a time.
@@ -62,6 +62,9 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
     // thread, which must not wait: `waiter` is told when it comes back).
     virtual bool QuotaOrWait(size_t size, bool* quota_taken,
                              std::weak_ptr<StreamListener> waiter) = 0;
+    // A send found no slot (kNoSlot): `pump` runs again once one may have come back (the
+    // channel's timer, the server's sweeper: within a millisecond).
+    virtual void RetryLater(std::weak_ptr<StreamListener> pump) = 0;
     // A write the owner dropped (Abandon) was not sent (called under the pump's lock: must not
     // call back).
     virtual void OnWriteDropped() {}
@@ -100,6 +103,11 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
   void Pump();
   // One ready operation carried out (true), or the loop stopped (false).
   bool Step();
+  // `sent`, after asking for a retry when it found no slot. Without the lock.
+  Sent Retried(Sent sent) {
+    if (sent == Sent::kNoSlot) side_->RetryLater(weak_from_this());
+    return sent;
+  }
   // Writes are over for the Side (a server that answered): nothing more is sent.
   bool SideGone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return writes_closed_ && side_->CloseEndsCall();

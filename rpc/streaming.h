@@ -230,6 +230,17 @@ void StartWriteOf(Stream* stream, const Message& message, StreamCallback done) {
                      [done = ::std::move(done)](bool sent) mutable { done(sent); });
 }
 
+// A streaming call's final response, serialized straight into a registered slot (`response`
+// null: an empty one); the slot's error when none can be had. (FinishUnary does the same for
+// unary calls on the concrete type, which spares the virtual calls on their path.)
+inline ::absl::StatusOr<SendSlot> SerializeResponse(
+    ServerCall* call, const ::google::protobuf::MessageLite* response) {
+  ::absl::StatusOr<SendSlot> slot =
+      call->AcquireResponseSlot(response == nullptr ? 0 : response->ByteSizeLong());
+  if (slot.ok() && response != nullptr) response->SerializeWithCachedSizesToArray(slot->data);
+  return slot;
+}
+
 // What the three asynchronous server streams share: the call until Finish, and the stream.
 class ServerAsyncStreamBase {
  public:
@@ -269,13 +280,11 @@ class ServerAsyncStreamBase {
     if (call == nullptr) return;
     ::std::optional<SendSlot> slot;
     if (status.ok()) {
-      ::absl::StatusOr<SendSlot> acquired =
-          call->AcquireResponseSlot(response == nullptr ? 0 : response->ByteSizeLong());
-      if (acquired.ok()) {
-        if (response != nullptr) response->SerializeWithCachedSizesToArray(acquired->data);
-        slot = *acquired;
+      ::absl::StatusOr<SendSlot> serialized = SerializeResponse(call, response);
+      if (serialized.ok()) {
+        slot = *serialized;
       } else {
-        status = acquired.status();
+        status = serialized.status();
       }
     }
     stream_->StartFinish(::std::move(status), slot);
@@ -502,7 +511,7 @@ inline void FinishStream(ServerCall* call, ::absl::Status status) {
     call->Finish(::std::move(status), nullptr, OutgoingBulk());
     return;
   }
-  ::absl::StatusOr<SendSlot> slot = call->AcquireResponseSlot(0);
+  ::absl::StatusOr<SendSlot> slot = SerializeResponse(call, nullptr);
   if (!slot.ok()) {
     call->Finish(slot.status(), nullptr, OutgoingBulk());
     return;
