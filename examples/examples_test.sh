@@ -29,11 +29,12 @@ start_server() {
   # Removed before the fork, never left to the child's truncation: this shell's first look may
   # come before it and find the line of the server run before (benchmarks/bench_lib.sh).
   rm -f "$tmp/$program.out" "$tmp/$program.err"
+  : >"$tmp/$program.out"
   "$bin/$program" "$@" >"$tmp/$program.out" 2>"$tmp/$program.err" &
   server_pid=$!
   local line="" i
   for ((i = 0; i < 200; i++)); do
-    line=$(grep -m 1 '^listening on ' "$tmp/$program.out" 2>/dev/null)
+    line=$(grep -m 1 '^listening on ' "$tmp/$program.out")
     [[ -n "$line" ]] || ! kill -0 "$server_pid" 2>/dev/null && break
     sleep 0.1
   done

@@ -18,10 +18,10 @@ tmp="${TEST_TMPDIR:-/tmp}/bench_lib_test"
 rm -rf "$tmp"
 mkdir -p "$tmp"
 
-# in_script CMDS: runs CMDS in a fresh bash that has sourced the library, as compare.sh does;
-# prints its stdout and stderr, returns its status.
+# in_script CMDS: runs CMDS in a fresh bash that has sourced the library, under the options
+# compare.sh and ab.sh set; prints its stdout and stderr, returns its status.
 in_script() {
-  bash -c "logs='$tmp'; source '$lib'; $1" 2>&1
+  bash -c "set -euo pipefail; logs='$tmp'; source '$lib'; $1" 2>&1
 }
 
 late_server='sleep 0.2; echo "listening 10.0.0.1:7"; exec sleep 30'
