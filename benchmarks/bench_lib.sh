@@ -8,15 +8,14 @@ server=""
 trap '[[ -z "$server" ]] || kill "$server" 2>/dev/null || true' EXIT
 # start_server NAME PROGRAM ARGS...: sets $server and $target ("listening ADDR:PORT").
 #
-# The logs of an earlier server of the same NAME are replaced here, before the fork, by empty
-# files: the background child's own truncation of them may come after this shell's first look
+# The logs of an earlier server of the same NAME are emptied here, before the fork: the
+# background child's own truncation of them may come after this shell's first look
 # (it did, in CI, in a loaded guest over 9p), and that look then found the earlier server's line,
 # whose file was empty by the time it was read again. The line is found and parsed in one read
 # for the same reason. The callers run under `set -e`: no read here may fail.
 start_server() {
   local name=$1
   shift
-  rm -f "$logs/$name.out" "$logs/$name.err"
   : >"$logs/$name.out"
   : >"$logs/$name.err"
   "$@" >"$logs/$name.out" 2>"$logs/$name.err" &

@@ -26,10 +26,10 @@ trap '[[ -z "$server_pid" ]] || kill -KILL "$server_pid" 2>/dev/null' EXIT
 start_server() {
   local program=$1
   shift
-  # Removed before the fork, never left to the child's truncation: this shell's first look may
+  # Emptied before the fork, never left to the child's truncation: this shell's first look may
   # come before it and find the line of the server run before (benchmarks/bench_lib.sh).
-  rm -f "$tmp/$program.out" "$tmp/$program.err"
   : >"$tmp/$program.out"
+  : >"$tmp/$program.err"
   "$bin/$program" "$@" >"$tmp/$program.out" 2>"$tmp/$program.err" &
   server_pid=$!
   local line="" i

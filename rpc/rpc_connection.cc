@@ -637,13 +637,14 @@ absl::Status RpcConnection::SendStreamFrame(transport::Connection& connection,
   if (absl::Status fits = limits().CheckMessage(size, "stream message"); !fits.ok()) {
     return not_sent(std::move(fits));
   }
-  const absl::Status ended = absl::CancelledError("the stream ended");
-  if (gone()) return not_sent(ended);
+  // Built only when needed: a status with a message is an allocation, per frame otherwise.
+  auto ended = [] { return absl::CancelledError("the stream ended"); };
+  if (gone()) return not_sent(ended());
   const bool may_wait = !OnRuntimeThread();
   absl::StatusOr<transport::SendBuffer> buffer = AcquireSendBufferWaiting(
-      connection, may_wait, [&]() { return gone() ? ended : absl::OkStatus(); }, leave_free);
+      connection, may_wait, [&]() { return gone() ? ended() : absl::OkStatus(); }, leave_free);
   if (!buffer.ok()) {
-    if (gone()) return not_sent(ended);
+    if (gone()) return not_sent(ended());
     const bool exhausted =
         buffer.status().code() == absl::StatusCode::kResourceExhausted && connection.open();
     if (exhausted && no_slot != nullptr && !may_wait) *no_slot = true;
