@@ -65,7 +65,7 @@ struct BenchArgs {
   std::string json;  // append one JSON line per combination
   // Combinations whose payload bytes in flight (size x in_flight) pass this are skipped, with a
   // line saying so; 0 runs everything. --sweep sets it for put and get to kSweepBulkBytes, the
-  // staging both sides keep by default (rpc/staging.h): payloads from unregistered memory are
+  // staging both sides keep by default (rpc/bulk/staging.h): payloads from unregistered memory are
   // staged, and a call beyond the staging fails with RESOURCE_EXHAUSTED rather than wait.
   uint64_t max_bytes_in_flight = 0;
   bool registered = false;  // put from registered memory (zero-copy)

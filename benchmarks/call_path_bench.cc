@@ -19,10 +19,10 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "benchmarks/bench.pb.h"
-#include "rpc/call_table.h"
+#include "rpc/client/call_table.h"
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
-#include "rpc/rpc_header.h"
+#include "rpc/connection/rpc_header.h"
 
 namespace {
 

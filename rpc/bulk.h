@@ -15,7 +15,7 @@
 //                 Bytes in memory the caller registered in advance (rpc/registered_memory.h:
 //                 RegisteredMemory::Bulk) are sent by the NIC straight from where they are, with
 //                 no copy; any other bytes are copied once into the runtime's registered staging
-//                 memory (rpc/staging.h). The channel's and server's stats count both.
+//                 memory (rpc/bulk/staging.h). The channel's and server's stats count both.
 //   IncomingBulk  what a receiver gets: a read-only view of the payload where it landed. Holding
 //                 it holds that receive memory, and the peer's later payloads queue behind it (the
 //                 receive arena frees in ring order), so release it promptly: destroy it, Reset it,

@@ -47,74 +47,17 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "rpc/generated_api.h"
+#include "rpc/call_options.h"
+#include "rpc/impl/call_interfaces.h"
 #include "rpc/metrics.h"
+#include "rpc/options.h"
 #include "rpc/registered_memory.h"
-#include "transport/connection.h"
-#include "transport/device_config.h"
-#include "transport/poller.h"
 
 namespace zrpc {
 
 namespace internal {
 class ChannelCore;
 }
-
-struct ChannelOptions {
-  // Connections to the server; calls are spread over them round robin.
-  int connections = 1;
-  // Poller threads; connections are spread over them.
-  int pollers = 1;
-  // kEvent sleeps when idle; kBusy spins a core per poller for the lowest latency.
-  transport::PollMode poll_mode = transport::PollMode::kEvent;
-  // How long a poller in kEvent keeps polling after its last completion before it sleeps, and
-  // how long a blocking call (the stub's synchronous form, either mode) polls for its answer
-  // before it sleeps: adaptive polling, an answer within it costs no wake-up (THREADING.md).
-  // Zero: sleep at once. In [0, 1s].
-  absl::Duration spin = absl::Microseconds(50);
-  // Each connection's options (arena_size bounds the largest response payload it takes).
-  transport::ConnectionOptions connection;
-  // The device; unset: from the environment (ZRPC_RDMA_*), else the first active one.
-  std::optional<transport::DeviceConfig> device;
-  // One connection attempt, at most (the call's deadline may cut it shorter).
-  absl::Duration connect_timeout = absl::Seconds(3);
-  // Calls in flight per connection; more fail with RESOURCE_EXHAUSTED.
-  uint32_t max_calls_per_connection = 4096;
-  // Reconnection backoff (see the top of this file).
-  absl::Duration reconnect_backoff_initial = absl::Milliseconds(50);
-  absl::Duration reconnect_backoff_max = absl::Seconds(5);
-  // The device's registered message slots (see ServerOptions::slots): slot_size bounds the
-  // largest message and must match the server's.
-  transport::SlotPoolOptions slots;
-  // Registered memory for staging request payloads (rpc/staging.h).
-  size_t staging_bytes = size_t{64} << 20;
-  // The largest request or response message (serialized protobuf bytes) this side sends or
-  // takes, at most 2 GiB - 1 (protobuf's own bound). One that does not fit a message slot
-  // travels at the front of a bulk payload, written into the peer's arena or pulled from this
-  // side's memory like one (rpc/WIRE.md, "Messages larger than a slot"), with no option to set
-  // on either side; past this limit the call fails with RESOURCE_EXHAUSTED naming the option,
-  // before any byte moves (a sender's own limit) or before the message is read (a receiver's).
-  uint64_t max_message_size = uint64_t{4} << 20;
-  // Bulk payloads larger than the peer's arena are pulled by this side with RDMA READ into
-  // memory it allocates and registers per payload (rpc/WIRE.md, "Pulled payloads"): one is at
-  // most max_bulk_size bytes (at most 4 GiB - 1), and all those pulled and not yet released at
-  // most max_pulled_bytes together (a cap: nothing is allocated in advance). Past either, the
-  // call fails with RESOURCE_EXHAUSTED naming the option, before any byte moves.
-  uint64_t max_bulk_size = uint64_t{1} << 30;
-  uint64_t max_pulled_bytes = uint64_t{4} << 30;
-  // Liveness: a connection that received nothing for keepalive_interval sends a ping; a ping
-  // unanswered within keepalive_timeout closes the connection (its calls fail UNAVAILABLE). A
-  // server that vanished is noticed within about interval + timeout, idle or busy. A server
-  // whose handlers hold the whole window (slow calls) or whose answers wait for arena space this
-  // side holds (IncomingBulk not released) is busy, not dead: its NIC is probed instead, without
-  // a credit, and a vanished host fails that probe through the transport's retries (seconds).
-  // keepalive_interval zero: no keepalives.
-  absl::Duration keepalive_interval = absl::Seconds(1);
-  absl::Duration keepalive_timeout = absl::Seconds(2);
-  // Messages of the server's a stream holds unread before the server must wait (per-stream
-  // flow control: rpc/stream_core.h); at least 1. Memory per stream: this many parsed messages.
-  uint16_t stream_window = 16;
-};
 
 struct ChannelStats {
   uint64_t connect_attempts = 0;
@@ -153,16 +96,6 @@ class ClientChannel final : public Channel {
  public:
   ~ClientChannel() override;
 
-  absl::StatusOr<SendSlot> AcquireSendSlot(size_t size, const CallOptions& options) override;
-  void StartUnaryCall(const MethodInfo& method, SendSlot slot, OutgoingBulk request_bulk,
-                      ::google::protobuf::MessageLite* response, IncomingBulk* response_bulk,
-                      const CallOptions& options, DoneCallback done) override;
-  std::chrono::nanoseconds blocking_spin() const override { return blocking_spin_; }
-  std::unique_ptr<ClientStreamCall> OpenStream(const MethodInfo& method, SendSlot slot,
-                                               const google::protobuf::MessageLite* read_prototype,
-                                               google::protobuf::MessageLite* response,
-                                               const CallOptions& options) override;
-
   // Registers [data, data + size) on this channel's device, once, so that request payloads from
   // it are sent with no copy (rpc/registered_memory.h). The bytes must outlive the handle and
   // every payload made from it. Memory registered on one channel (or server) can be sent from
@@ -178,6 +111,18 @@ class ClientChannel final : public Channel {
  private:
   friend absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(
       absl::string_view target, const ChannelOptions& options);
+
+  // Channel's calls, for generated stubs (rpc/impl/call_interfaces.h says what each does).
+  absl::StatusOr<SendSlot> AcquireSendSlot(size_t size, const CallOptions& options) override;
+  void StartUnaryCall(const MethodInfo& method, SendSlot slot, OutgoingBulk request_bulk,
+                      ::google::protobuf::MessageLite* response, IncomingBulk* response_bulk,
+                      const CallOptions& options, DoneCallback done) override;
+  std::chrono::nanoseconds blocking_spin() const override { return blocking_spin_; }
+  std::unique_ptr<ClientStreamCall> OpenStream(const MethodInfo& method, SendSlot slot,
+                                               const google::protobuf::MessageLite* read_prototype,
+                                               google::protobuf::MessageLite* response,
+                                               const CallOptions& options) override;
+
   explicit ClientChannel(std::unique_ptr<internal::ChannelCore> core);
   std::unique_ptr<internal::ChannelCore> core_;
   const std::chrono::nanoseconds blocking_spin_;  // ChannelOptions::spin

@@ -8,7 +8,7 @@
 //   }
 //
 // Why register. The NIC reads only registered memory. An OutgoingBulk over ordinary bytes is
-// copied once into the runtime's staging memory (rpc/staging.h): cheap for kilobytes, most of
+// copied once into the runtime's staging memory (rpc/bulk/staging.h): cheap for kilobytes, most of
 // the cost for megabytes. Registering pins the pages and costs a system call (tens of
 // microseconds, more per gigabyte), so it is done once per buffer, not per call: the same buffer
 // sent a thousand times is registered once. Registration counts against RLIMIT_MEMLOCK for
@@ -16,7 +16,7 @@
 //
 // Where it works. A registration belongs to one device and protection domain: the one of the
 // channel or server that made it. Channels and servers with the same device configuration and
-// slot options share a device (rpc/shared_device.h), so memory registered on one can be sent
+// slot options share a device (rpc/common/shared_device.h), so memory registered on one can be sent
 // from the others. A payload from memory registered on another device is staged like any other
 // bytes, and a warning is logged once per connection: still correct, no longer zero-copy, and
 // visible in the stats (bulk_bytes_staged against bulk_bytes_zero_copy).
@@ -43,49 +43,16 @@
 
 #include "absl/status/statusor.h"
 #include "rpc/bulk.h"
-#include "transport/device.h"
 
 namespace zrpc {
 
+namespace transport {
+class Device;  // transport/device.h
+}
+
 namespace internal {
-
-// One registration of application memory: its memory region and the device (protection domain)
-// the region belongs to, destroyed in that order. Shared by the application's handle and every
-// payload in flight from it.
-class Registration {
- public:
-  Registration(std::shared_ptr<transport::Device> device,
-               std::unique_ptr<transport::MemoryRegion> region)
-      : device_(std::move(device)), region_(std::move(region)) {}
-
-  uint8_t* data() const { return const_cast<uint8_t*>(region_->data()); }
-  size_t size() const { return region_->size(); }
-  uint32_t lkey() const { return region_->lkey(); }
-  const transport::Device* device() const { return device_.get(); }
-
- private:
-  std::shared_ptr<transport::Device> device_;
-  std::unique_ptr<transport::MemoryRegion> region_;
-};
-
-// The runtime's access to what OutgoingBulk keeps private.
-class BulkAccess {
- public:
-  static const Registration* registration(const OutgoingBulk& bulk) {
-    return bulk.registration_.get();
-  }
-  // Makes `after` run right after the payload's own release (or alone, when it has none).
-  static void ChainRelease(OutgoingBulk& bulk, std::function<void()> after);
-  static OutgoingBulk Make(std::shared_ptr<const Registration> registration, const uint8_t* data,
-                           size_t size, std::function<void()> release);
-  static BulkDestination MakeDestination(std::shared_ptr<const Registration> registration,
-                                         uint8_t* data, size_t size);
-  static const Registration* registration(const BulkDestination& destination) {
-    return destination.registration_.get();
-  }
-};
-
-}  // namespace internal
+class Registration;  // rpc/bulk/registration.h
+}
 
 class RegisteredMemory {
  public:
@@ -101,8 +68,8 @@ class RegisteredMemory {
   static absl::StatusOr<RegisteredMemory> Register(std::shared_ptr<transport::Device> device,
                                                    void* data, size_t size);
 
-  uint8_t* data() const { return registration_ ? registration_->data() : nullptr; }
-  size_t size() const { return registration_ ? registration_->size() : 0; }
+  uint8_t* data() const;
+  size_t size() const;
   bool valid() const { return registration_ != nullptr; }
 
   // A payload of the `size` bytes at `offset`, sent with no copy; `release` (may be empty) runs
@@ -115,8 +82,7 @@ class RegisteredMemory {
   absl::StatusOr<BulkDestination> Destination(size_t offset, size_t size) const;
 
  private:
-  explicit RegisteredMemory(std::shared_ptr<const internal::Registration> registration)
-      : registration_(std::move(registration)) {}
+  explicit RegisteredMemory(std::shared_ptr<const internal::Registration> registration);
   std::shared_ptr<const internal::Registration> registration_;
 };
 

@@ -40,104 +40,18 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "rpc/generated_api.h"
+#include "rpc/bulk.h"
 #include "rpc/metrics.h"
 #include "rpc/metrics_http.h"
+#include "rpc/options.h"
 #include "rpc/registered_memory.h"
-#include "transport/device_config.h"
-#include "transport/listener.h"
-#include "transport/poller.h"
+#include "rpc/service.h"
 
 namespace zrpc {
 
 namespace internal {
 class ServerCore;
 }
-
-struct ServerOptions {
-  // Where to listen: an address of the RDMA device (empty: the device's own address) and a port
-  // (0: any free one; port() says which).
-  std::string address;
-  uint16_t port = 0;
-  // The device; unset: from the environment (ZRPC_RDMA_*), else the first active one.
-  std::optional<transport::DeviceConfig> device;
-  // Poller threads; connections are spread over them.
-  int pollers = 1;
-  // kEvent sleeps when idle; kBusy spins a core per poller for the lowest latency.
-  transport::PollMode poll_mode = transport::PollMode::kEvent;
-  // kEvent: how long a poller keeps polling after its last completion before it sleeps
-  // (adaptive polling: a request within it costs no wake-up; THREADING.md). Zero: sleep at
-  // once. In [0, 1s].
-  absl::Duration spin = absl::Microseconds(50);
-  // Threads of the handler pool (methods not marked inline run there).
-  int handler_threads = 4;
-  // Run every method inline on the poller thread unless overridden (SetInline). Streaming
-  // methods never run inline.
-  bool inline_by_default = false;
-  // Streams (rpc/streaming.h): each streaming handler of a Service runs on a thread of its own,
-  // at most max_streams_per_connection per connection and max_streams in the whole server; a
-  // stream past either is refused with RESOURCE_EXHAUSTED naming the option. An AsyncService's
-  // streaming handlers need no thread: they count against max_streams_per_connection only. stream_window: messages of
-  // the client's a stream holds unread before the client must wait (per-stream flow control,
-  // rpc/stream_core.h). Each at least 1.
-  int max_streams_per_connection = 16;
-  int max_streams = 256;
-  uint16_t stream_window = 16;
-  // Accepting: handshake deadline, admission limits, and every connection's options (its
-  // arena_size bounds the largest request payload a client can send). The admission limits are
-  // lowered to what the pollers' completion queues can hold (CqEntriesFor each connection), and
-  // max_connections_per_peer to half of that, so that one address can never fill the server.
-  transport::ListenerOptions listener;
-  // The device's registered message slots, shared with other servers and channels of the
-  // process that ask for the same: slot_size bounds the largest message (request or response,
-  // 40 bytes of headers included) and must match the clients'.
-  transport::SlotPoolOptions slots;
-  // Registered memory for staging response payloads (rpc/staging.h). One connection stages at
-  // most what its client's arena holds; answers beyond wait for that connection's earlier ones.
-  size_t staging_bytes = size_t{64} << 20;
-  // The largest request or response message (serialized protobuf bytes) this side sends or
-  // takes, at most 2 GiB - 1 (protobuf's own bound). One that does not fit a message slot
-  // travels at the front of a bulk payload, written into the peer's arena or pulled from this
-  // side's memory like one (rpc/WIRE.md, "Messages larger than a slot"), with no option to set
-  // on either side; past this limit the call fails with RESOURCE_EXHAUSTED naming the option,
-  // before any byte moves (a sender's own limit) or before the message is read (a receiver's).
-  uint64_t max_message_size = uint64_t{4} << 20;
-  // Where request payloads this server pulls land (those larger than its arena: rpc/WIRE.md,
-  // "Pulled payloads"). Unset: memory the server allocates and registers per payload, within
-  // max_pulled_bytes. Set: called with the method and the payload's size, on a poller thread (it
-  // must not block), it returns memory the application registered on this server
-  // (Server::RegisterMemory), at least that large, and a release to run once the runtime is done
-  // with it. The payload is read straight there by this side's NIC, and the handler's
-  // IncomingBulk views it in place: a page cache, a tensor or a KV-cache block gets its bytes
-  // where it wants them, with no copy. An error fails the call with that status, nothing read;
-  // memory too small or registered elsewhere fails it too (RESOURCE_EXHAUSTED,
-  // FAILED_PRECONDITION). Payloads written into the arena (at most its size) are not placed:
-  // lower listener.connection.arena_size to place smaller ones.
-  std::function<absl::StatusOr<PayloadPlacement>(const MethodInfo& method, size_t size)>
-      place_request_payload;
-  // Bulk payloads larger than the peer's arena are pulled by this side with RDMA READ into
-  // memory it allocates and registers per payload (rpc/WIRE.md, "Pulled payloads"): one is at
-  // most max_bulk_size bytes (at most 4 GiB - 1), and all those pulled and not yet released at
-  // most max_pulled_bytes together (a cap: nothing is allocated in advance). Past either, the
-  // call fails with RESOURCE_EXHAUSTED naming the option, before any byte moves.
-  uint64_t max_bulk_size = uint64_t{1} << 30;
-  uint64_t max_pulled_bytes = uint64_t{4} << 30;
-  // Liveness, checked every second or so by a thread of the server's:
-  //  - a connection that held no calls and received nothing for idle_timeout is closed (its
-  //    slots, arena and admission place go back): a peer that went away without a word, or
-  //    never said anything. A zrpc client with keepalives on is never idle (its pings count);
-  //    one with them off reconnects on its next call. Zero: never.
-  //  - a connection that holds calls and received nothing for liveness_probe_interval has its
-  //    client's NIC probed (a zero-length RDMA WRITE, no credit): a client host that vanished
-  //    fails the probe after the transport's retries, the connection fails, and its calls are
-  //    marked cancelled (ServerContext::IsCancelled) instead of running for nobody. Zero: never.
-  absl::Duration idle_timeout = absl::Minutes(5);
-  absl::Duration liveness_probe_interval = absl::Seconds(2);
-  // Serve PrometheusText() at http://<metrics_address>/metrics from Start to Shutdown: "host:port"
-  // on a plain TCP interface ("0.0.0.0:9464", "127.0.0.1:0" for any free port; metrics_port()
-  // says which). Empty: no endpoint. See rpc/metrics_http.h for what it answers and its bounds.
-  std::string metrics_address;
-};
 
 struct ServerStats {
   uint64_t connections_accepted = 0;

@@ -1,6 +1,6 @@
 // Streaming rpcs: the typed readers and writers generated code hands to callers and handlers,
 // and the templates its stubs and dispatch call. Wire format: rpc/WIRE.md, "Streams";
-// flow control: rpc/stream_core.h.
+// flow control: rpc/stream/stream_core.h.
 //
 //   rpc ListFeatures(Rectangle) returns (stream Feature);     // server streaming
 //   rpc RecordRoute(stream Point) returns (RouteSummary);     // client streaming
@@ -113,8 +113,15 @@
 #include <string>
 #include <utility>
 
+#include <google/protobuf/message_lite.h>
+
 #include "absl/status/status.h"
-#include "rpc/generated_api.h"
+#include "absl/status/statusor.h"
+#include "rpc/call_options.h"
+#include "rpc/impl/call_interfaces.h"
+#include "rpc/impl/server_unary.h"
+#include "rpc/server_context.h"
+#include "rpc/service.h"
 
 namespace zrpc {
 
@@ -493,7 +500,7 @@ template <typename Response>
     Channel* channel, const MethodInfo& method, const ::google::protobuf::MessageLite* request,
     ::google::protobuf::MessageLite* response, const CallOptions& options) {
   const size_t size = request == nullptr ? 0 : request->ByteSizeLong();
-  ::absl::StatusOr<SendSlot> slot = channel->AcquireSendSlot(size, options);
+  ::absl::StatusOr<SendSlot> slot = ChannelAccess::AcquireSendSlot(channel, size, options);
   if (!slot.ok()) {
     return ::std::make_unique<FailedStream>(::absl::Status(
         slot.status().code(), ::std::string(method.full_name) + ": " +
@@ -502,7 +509,8 @@ template <typename Response>
   if (request != nullptr) request->SerializeWithCachedSizesToArray(slot->data);
   const ::google::protobuf::MessageLite* read_prototype =
       method.server_streaming ? &Response::default_instance() : nullptr;
-  return channel->OpenStream(method, *::std::move(slot), read_prototype, response, options);
+  return ChannelAccess::OpenStream(channel, method, *::std::move(slot), read_prototype,
+                                   response, options);
 }
 
 // Finishes a stream whose handler returned `status`: OK ends it with an empty response.

@@ -76,6 +76,7 @@
 #include "transport/arena.h"
 #include "transport/credits.h"
 #include "transport/device.h"
+#include "transport/options.h"
 #include "transport/ring.h"
 #include "transport/verbs_owners.h"
 #include "transport/wire.h"
@@ -85,36 +86,6 @@ namespace zrpc::transport {
 class Connection;
 class Listener;
 class Poller;
-
-// The defaults size an idle connection at 33 pool slots (132 KiB with 4 KiB slots) plus its
-// arena (256 KiB), all registered, and 98 completion-queue entries on its poller: a server takes
-// hundreds of idle connections per poller with them (README.md has the figures).
-struct ConnectionOptions {
-  // RECVs kept posted for the peer: its credits, so the messages it may have in flight. At
-  // least kMinCredits. Each holds a pool slot for the connection's lifetime.
-  uint32_t recv_credits = 32;
-  // Send queue entries. Must be at least 2 * kSignalInterval so selective signalling frees
-  // entries before the queue fills.
-  uint32_t send_queue_depth = 64;
-  // Bytes the peer may RDMA WRITE into; a multiple of 64 up to 1 GiB, or 0 for no bulk payloads
-  // from the peer. Registered per connection (count it against RLIMIT_MEMLOCK); it bounds the
-  // largest bulk payload the peer can send.
-  uint32_t arena_size = 256 << 10;
-  // Inline bytes requested. A device that refuses it is asked for half as much, and so on down
-  // to none (below 16 bytes, nothing fits beside the frame header); max_inline() says what was
-  // granted.
-  uint32_t max_inline = 220;
-  // Operations allowed to wait for credits or space before Send/WriteBulk refuse more.
-  uint32_t max_waiting = 4096;
-  // The smallest message payload (bytes a Send carries) the layer above needs: a peer whose
-  // Hello offers RECVs too small for it is refused at the handshake, on either side, instead of
-  // leaving that layer to find out with its first message. The device's own slots must hold it.
-  uint32_t min_message_size = 0;
-  // Pool slots this connection's outgoing messages may hold at once (being built, waiting for
-  // credits, or in flight): a peer that stops returning credits stalls its own connection at
-  // this many, and the device-wide pool stays available to every other connection.
-  uint32_t max_send_slots = 128;
-};
 
 // Whether `why`, a connection's close reason (OnClosed), says the peer hung up or its process
 // died (its kernel hung up for it): the ordinary end of a connection, as opposed to a fault.

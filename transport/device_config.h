@@ -1,7 +1,7 @@
 // Which RDMA device, port, GID and address to use, as told by the environment.
 //
 // tools/softroce (and a user on a real fabric) describes the device with ZRPC_RDMA_DEVICE,
-// ZRPC_RDMA_PORT, ZRPC_RDMA_GID_INDEX and ZRPC_RDMA_ADDR; see README.md. Parsing is separate
+// ZRPC_RDMA_PORT, ZRPC_RDMA_GID_INDEX and ZRPC_RDMA_ADDR; see tools/SOFTROCE.md. Parsing is separate
 // from the environment so it can be tested with any input.
 #ifndef ZRPC_TRANSPORT_DEVICE_CONFIG_H_
 #define ZRPC_TRANSPORT_DEVICE_CONFIG_H_

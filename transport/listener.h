@@ -53,24 +53,12 @@
 #include "absl/time/time.h"
 #include "transport/connection.h"
 #include "transport/device.h"
+#include "transport/options.h"
 #include "transport/verbs_owners.h"
 
 namespace zrpc::transport {
 
 class Poller;
-
-struct ListenerOptions {
-  // Options of every accepted connection.
-  ConnectionOptions connection;
-  // Time a peer has from its connection request to the end of the handshake.
-  absl::Duration handshake_timeout = absl::Seconds(5);
-  // Connections open or handshaking at once; requests beyond are refused ("server full").
-  uint32_t max_connections = 1024;
-  // The same, from one IP address.
-  uint32_t max_connections_per_peer = 512;
-  // Connection requests the kernel queues while the listener thread is busy.
-  int backlog = 1024;
-};
 
 // Where an accepted connection goes: the poller its queue pair uses, and its handler. The poller
 // must outlive the connection. The handler must too, unless `owner` owns it: then the

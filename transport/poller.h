@@ -50,27 +50,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "transport/device.h"
+#include "transport/options.h"
 #include "transport/verbs_owners.h"
 
 namespace zrpc::transport {
 
 class Connection;
-
-enum class PollMode { kBusy, kEvent };
-
-struct PollerOptions {
-  PollMode mode = PollMode::kBusy;
-  // Completion queue entries (capped at the device's maximum: 32767 on rxe, millions on
-  // ConnectX); bounds the connections it serves, each reserving send_queue_depth +
-  // recv_credits + 2 (98 with default options: 334 connections on rxe). A few MiB of memory.
-  int cq_size = 65536;
-  // Event mode: how long the loop keeps polling after its last completion before it arms the CQ
-  // and sleeps (adaptive polling), in [0, 1s]. A reply that comes within it costs no interrupt and no
-  // wake-up; an idle poller still sleeps, after this long. Zero: sleep at the first empty pass.
-  // The default covers a hardware round trip (2-5 us) and a short handler many times over, and
-  // costs at most this much CPU per burst of traffic.
-  absl::Duration spin = absl::Microseconds(50);
-};
 
 // OK when `spin` is within PollerOptions::spin's bounds, [0, 1s]; otherwise kInvalidArgument
 // naming `option` (the caller's name for it: "ChannelOptions::spin").

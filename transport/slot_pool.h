@@ -88,27 +88,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/options.h"
 #include "transport/verbs_owners.h"
 
 namespace zrpc::transport {
-
-struct SlotPoolOptions {
-  // Bytes per slot, rounded up to a multiple of 64 (a cache line), at most 1 GiB. It bounds the
-  // largest SEND (frame header included) the transport accepts and is what each posted RECV
-  // holds.
-  size_t slot_size = 4096;
-  // Slots per chunk, rounded up to a power of two: the first chunk, registered at Create, and
-  // every chunk added later. Smaller pins less memory in a process with few connections; larger
-  // means fewer registrations (and fewer MRs for the NIC to cache) as a server grows. 256 slots
-  // of 4 KiB is 1 MiB: the RECVs of three connections with the default 64 credits, and their
-  // sends.
-  uint32_t slot_count = 256;
-  // The cap: the pool never holds more slots than this (the last chunk is cut short to fit). At
-  // least slot_count, at most 2^31. Set it equal to slot_count for a pool that never grows. At 4
-  // KiB slots the default is 256 MiB of registered memory when full: about 1000 server
-  // connections with 64 credits each, plus their sends (see RLIMIT_MEMLOCK above).
-  uint32_t max_slots = 65536;
-};
 
 class SlotPool {
  public:

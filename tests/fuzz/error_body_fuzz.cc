@@ -1,4 +1,4 @@
-// Fuzzes the error body codec (rpc/rpc_header.h): DecodeErrorBody, which turns the body of a
+// Fuzzes the error body codec (rpc/connection/rpc_header.h): DecodeErrorBody, which turns the body of a
 // peer's error message into the status the caller sees, and EncodeErrorBody / ErrorBodySize,
 // which cut a local status message (often quoting peer-controlled text) to fit a SEND.
 //
@@ -25,7 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "rpc/rpc_header.h"
+#include "rpc/connection/rpc_header.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/le.h"
 

@@ -1,4 +1,4 @@
-// Fuzzes DecodeRpcHeader (rpc/rpc_header.h): the 32-byte header of every RPC message a peer
+// Fuzzes DecodeRpcHeader (rpc/connection/rpc_header.h): the 32-byte header of every RPC message a peer
 // sends, and, for what decodes as an error, DecodeErrorBody on the body that follows it. The
 // input is one whole transport payload: header, then body.
 //
@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "rpc/rpc_header.h"
+#include "rpc/connection/rpc_header.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/le.h"
 

@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "rpc/call_waiter.h"
+#include "rpc/impl/call_waiter.h"
 
 #include "tests/counting_new.h"
 #include "tests/rdma_device.h"

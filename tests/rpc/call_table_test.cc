@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "rpc/call_table.h"
+#include "rpc/client/call_table.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // CallWaiter: the blocking call's wait, on the host (no device). Each path the waiter can take --
 // done before the wait, done while it polls, done after it went to sleep -- returns exactly once
 // the notifier's writes are visible.
-#include "rpc/call_waiter.h"
+#include "rpc/impl/call_waiter.h"
 
 #include <catch2/catch.hpp>
 

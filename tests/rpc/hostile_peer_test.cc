@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "rpc/rpc_connection.h"
-#include "rpc/rpc_header.h"
+#include "rpc/connection/rpc_connection.h"
+#include "rpc/connection/rpc_header.h"
 #include "tests/log_capture.h"
 #include "tests/rdma_device.h"
 #include "tests/rpc/runtime_fixture.h"

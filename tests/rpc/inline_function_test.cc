@@ -1,7 +1,7 @@
 // InlineFunction (DoneCallback's type), on the host: what fits stays inside with no allocation,
 // what does not goes to the heap and is freed, every callable is destroyed exactly once however
 // the function is moved, reset or assigned, and empty sources make empty functions.
-#include "rpc/inline_function.h"
+#include "rpc/impl/inline_function.h"
 
 #include <catch2/catch.hpp>
 

@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "rpc/rpc_header.h"
+#include "rpc/connection/rpc_header.h"
 #include "transport/connection.h"
 
 namespace zrpc_test {

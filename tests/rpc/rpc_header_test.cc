@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "rpc/rpc_header.h"
+#include "rpc/connection/rpc_header.h"
 
 namespace {
 

@@ -3,7 +3,7 @@
 // half-way. Checked: every call ends exactly once and with a status its kind allows; pinned
 // (registered) memory stays flat after the warm-up; LeakSanitizer finds nothing at exit (ASan
 // run). Figures are printed at the end. ZRPC_SOAK_SECONDS sets the length (default 30 s):
-//   tools/test --test_env=ZRPC_SOAK_SECONDS=600 --test_filter=...   (README, "Reliability")
+//   tools/test --test_env=ZRPC_SOAK_SECONDS=600 --test_filter=...   (tests/README.md, "Soak")
 #include <catch2/catch.hpp>
 
 #include <atomic>

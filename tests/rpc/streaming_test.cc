@@ -17,7 +17,7 @@
 #include "absl/time/clock.h"
 #include "proto/examples/numbers.zrpc.h"
 #include "rpc/channel.h"
-#include "rpc/rpc_header.h"
+#include "rpc/connection/rpc_header.h"
 #include "rpc/server.h"
 #include "tests/eventually.h"
 #include "tests/rdma_device.h"

@@ -1,0 +1,95 @@
+// What a caller sets per call and what tells it the call ended: CallOptions (deadline,
+// cancellation, where a response payload lands), Cancellation, and the callbacks of the
+// asynchronous forms (DoneCallback, StreamCallback).
+//
+// Contract: a CallOptions is read when the call starts and may be destroyed right after; the
+// Cancellation it points to is shared with the runtime until the call ends. A DoneCallback runs
+// exactly once, on a runtime thread, or inline on the caller's thread when the call fails
+// before it is sent; it must not block. Any thread may start calls.
+#ifndef ZRPC_RPC_CALL_OPTIONS_H_
+#define ZRPC_RPC_CALL_OPTIONS_H_
+
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "rpc/bulk.h"
+#include "rpc/impl/inline_function.h"
+
+namespace zrpc {
+
+// Lets a caller give up on a call before its deadline. Cancel() ends the call with kCancelled
+// (its DoneCallback runs, or the blocking call returns) and tells the server, whose handler sees
+// ServerContext::IsCancelled(); a response that arrives afterwards is dropped. A call started
+// with a Cancellation already cancelled fails at once without being sent. Cancelling a call
+// that already ended does nothing. One Cancellation per call; any thread.
+class Cancellation {
+ public:
+  // What Cancel() runs: kept inline (no allocation per call), as DoneCallback.
+  using Hook = internal::InlineFunction<void(), 48>;
+
+  void Cancel() {
+    Hook hook;
+    {
+      ::absl::MutexLock lock(&mu_);
+      if (cancelled_) return;
+      cancelled_ = true;
+      hook = ::std::move(hook_);
+    }
+    if (hook) hook();
+  }
+  bool cancelled() const {
+    ::absl::MutexLock lock(&mu_);
+    return cancelled_;
+  }
+  // For the runtime: what Cancel() does to the call in flight. Runs `hook` at once (and returns
+  // false) when Cancel() came first.
+  bool SetHook(Hook hook) {
+    {
+      ::absl::MutexLock lock(&mu_);
+      if (!cancelled_) {
+        hook_ = ::std::move(hook);
+        return true;
+      }
+    }
+    hook();
+    return false;
+  }
+
+ private:
+  mutable ::absl::Mutex mu_;
+  bool cancelled_ = false;
+  Hook hook_;
+};
+
+// Per-call options.
+struct CallOptions {
+  // The call fails with kDeadlineExceeded if no response has arrived by then.
+  ::absl::Time deadline = ::absl::InfiniteFuture();
+  // Optional: lets the caller cancel the call (see Cancellation).
+  ::std::shared_ptr<Cancellation> cancellation;
+  // Optional, for methods with a response payload: where it lands (bulk.h, BulkDestination).
+  BulkDestination response_destination;
+
+  static CallOptions Timeout(::absl::Duration timeout) {
+    CallOptions options;
+    options.deadline = ::absl::Now() + timeout;
+    return options;
+  }
+};
+
+// Runs once when an asynchronous call ends: OK, or why it failed.
+// A call's completion callback: any callable taking the status, kept inside the callback (no
+// heap allocation per call) when it captures up to 48 bytes. Move-only.
+using DoneCallback = internal::InlineFunction<void(::absl::Status), 48>;
+
+// Runs once when an asynchronous stream's Read or Write completes: true when the message was
+// read or sent, false once the stream has no more (rpc/streaming.h). Move-only, as DoneCallback.
+using StreamCallback = internal::InlineFunction<void(bool), 48>;
+
+}  // namespace zrpc
+
+#endif  // ZRPC_RPC_CALL_OPTIONS_H_

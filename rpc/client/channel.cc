@@ -1,0 +1,778 @@
+// ClientChannel (rpc/channel.h) and ChannelCore: target and options, connections made on demand
+// with backoff, the timer thread, and the Channel calls generated stubs make.
+
+#include "rpc/channel.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "rpc/bulk/registration.h"
+#include "rpc/client/client_connection.h"
+#include "rpc/client/client_stream.h"
+#include "rpc/common/host_port.h"
+#include "rpc/common/monotonic.h"
+#include "rpc/connection/rpc_header.h"
+#include "rpc/common/shared_device.h"
+#include "rpc/bulk/staging.h"
+#include "transport/log.h"
+
+namespace zrpc {
+namespace internal {
+namespace {
+
+// What AcquireSendSlot hands to StartUnaryCall through SendSlot::token: the connection the slot
+// belongs to (a slot must be sent, or given back, on the connection it was taken from).
+// A request too large for the slot is serialized into `large` instead (the slot then carries
+// only the header: WIRE.md, "Messages larger than a slot").
+struct SlotTicket {
+  std::shared_ptr<ClientConnection> connection;
+  transport::SendBuffer buffer;
+  uint8_t* large = nullptr;  // malloc'd; freed by the OutgoingBulk it becomes, or the ticket
+  ~SlotTicket() { std::free(large); }
+};
+
+// Ticket memory, recycled per thread: AsyncUnaryCall runs AcquireSendSlot and StartUnaryCall one
+// after the other on the caller's thread, so the block one call gives back is the one the
+// thread's next call takes: no lock and no allocation per call. A ticket is destroyed before
+// its memory is kept (its connection is not held by a cache).
+// After the cache is destroyed (a call made from another thread-local's destructor at thread
+// exit), blocks come from and go to the heap: `gone` is trivially destructible, so it stays
+// readable to the end.
+thread_local bool ticket_memory_gone = false;
+
+class TicketMemory {
+ public:
+  ~TicketMemory() {
+    for (size_t i = 0; i < count_; ++i) ::operator delete(blocks_[i]);
+    count_ = 0;
+    ticket_memory_gone = true;
+  }
+  void* Take() {
+    if (ticket_memory_gone || count_ == 0) return ::operator new(sizeof(SlotTicket));
+    return blocks_[--count_];
+  }
+  void Give(void* block) {
+    if (!ticket_memory_gone && count_ < kKept) {
+      blocks_[count_++] = block;
+    } else {
+      ::operator delete(block);
+    }
+  }
+
+ private:
+  static constexpr size_t kKept = 8;  // slots one thread holds at once, acquired and unsent
+  void* blocks_[kKept];
+  size_t count_ = 0;
+};
+thread_local TicketMemory ticket_memory;
+
+struct TicketDeleter {
+  void operator()(SlotTicket* ticket) const {
+    ticket->~SlotTicket();
+    ticket_memory.Give(ticket);
+  }
+};
+
+}  // namespace
+
+class ChannelCore final : public ClientConnectionOwner {
+ public:
+  ChannelCore(std::string target, std::string host, uint16_t port, const ChannelOptions& options)
+      : target_(std::move(target)), host_(std::move(host)), port_(port), options_(options),
+        subchannels_(options.connections) {}
+  ~ChannelCore();
+
+  absl::Status Init();
+  absl::StatusOr<std::shared_ptr<ClientConnection>> Pick(absl::Time deadline);
+  absl::Status ConnectAll(absl::Time deadline);
+  ChannelStats stats() const;
+  // Records the message limit of a new connection, and warns once when the server's receive
+  // slots differ from this channel's.
+  void NoteMessageLimit(const transport::Connection& connection);
+  const std::string& target() const { return target_; }
+  const ChannelOptions& options() const { return options_; }
+  const std::shared_ptr<transport::Device>& device() const { return device_; }
+
+  // ClientConnectionOwner.
+  StagingPool& staging() override { return *staging_; }
+  std::shared_ptr<PullBudget> pulls() override { return pulls_; }
+  void DeadlineAdded(absl::Time deadline) override;
+  void CountLateResponse() override { late_.fetch_add(1, std::memory_order_relaxed); }
+  void ConnectionClosed(ClientConnection* connection, bool violation) override;
+  absl::Status CloseStatus(const std::string& peer, const absl::Status& why) override;
+  // What a call to `method` needs besides the method itself, looked up once per method.
+  struct MethodState {
+    MethodMetrics* metrics;
+    uint32_t service_id;  // ServiceId of the part of the full name before '/'
+  };
+  MethodState MethodFor(const MethodInfo& method);
+  const Metrics& metrics() const { return metrics_; }
+
+ private:
+  // One of the channel's connections and its reconnection state.
+  struct Subchannel {
+    mutable absl::Mutex mu;
+    std::shared_ptr<ClientConnection> current ABSL_GUARDED_BY(mu);
+    // A caller is connecting (outside `mu`); others wait for it, each up to its own deadline.
+    bool connecting ABSL_GUARDED_BY(mu) = false;
+    int failures ABSL_GUARDED_BY(mu) = 0;
+    absl::Time next_attempt ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+    absl::Duration backoff ABSL_GUARDED_BY(mu);
+    absl::Status last_error ABSL_GUARDED_BY(mu);
+  };
+
+  absl::StatusOr<std::shared_ptr<ClientConnection>> Get(Subchannel& sub, absl::Time deadline);
+  void TimerLoop();
+
+  const std::string target_;
+  const std::string host_;
+  const uint16_t port_;
+  const ChannelOptions options_;
+  std::shared_ptr<transport::Device> device_;
+  std::unique_ptr<StagingPool> staging_;
+  std::shared_ptr<PullBudget> pulls_;
+  // Shared with received payloads users still hold (rpc_connection.h).
+  std::vector<std::shared_ptr<transport::Poller>> pollers_;
+  std::vector<Subchannel> subchannels_;
+  std::atomic<uint32_t> next_{0};
+  // Jitter for the reconnection backoff. Seeded per channel, so that clients restarted together
+  // do not retry in lockstep.
+  absl::Mutex random_mu_;
+  std::mt19937_64 random_ ABSL_GUARDED_BY(random_mu_){std::random_device{}()};
+
+  // Connections attached and not closed: what the timer scans, and what destruction waits for.
+  mutable absl::Mutex mu_;
+  std::vector<std::shared_ptr<ClientConnection>> live_ ABSL_GUARDED_BY(mu_);
+  bool destroying_ ABSL_GUARDED_BY(mu_) = false;
+
+  // The deadline timer: sleeps until wake_at_ (ns since the epoch; INT64_MAX: no deadline) or
+  // until a call with an earlier deadline starts.
+  // std:: primitives, not Abseil's: Abseil's timed waits end at an absolute time on the wall
+  // clock, so a step back would stall every deadline and keepalive by as much; a
+  // std::condition_variable waits on the steady clock.
+  std::mutex timer_mu_;
+  std::condition_variable timer_cv_;
+  bool timer_stop_ = false;  // under timer_mu_
+  std::atomic<int64_t> wake_at_{std::numeric_limits<int64_t>::max()};
+  std::thread timer_;
+
+  // Per-method metrics, and the MethodInfo -> MethodState cache in front of the registry's
+  // by-name lookup (MethodInfo objects are static in generated code, so their address is a key).
+  Metrics metrics_;
+  // What each method called on this channel resolves to. Read on every call, so the first
+  // kMethodCache methods are also in an open-addressed table read without a lock: an entry's
+  // state is written before its key is published (release), and entries are never removed.
+  static constexpr size_t kMethodCache = 64;
+  struct CachedMethod {
+    std::atomic<const MethodInfo*> key{nullptr};
+    MethodState state{};
+  };
+  std::array<CachedMethod, kMethodCache> method_cache_;
+  absl::Mutex methods_mu_;  // writes to method_cache_, and methods_
+  absl::flat_hash_map<const MethodInfo*, MethodState> methods_ ABSL_GUARDED_BY(methods_mu_);
+
+  std::atomic<uint64_t> attempts_{0};
+  std::atomic<uint64_t> failures_{0};
+  std::atomic<uint64_t> max_message_{0};       // ChannelStats::max_slot_message
+  std::atomic<bool> slot_mismatch_said_{false};  // the slot-size warning, once per channel
+  std::atomic<uint64_t> lost_{0};
+  std::atomic<uint64_t> expired_{0};
+  std::atomic<uint64_t> late_{0};
+  std::atomic<uint64_t> violations_{0};
+};
+
+absl::Status ChannelCore::Init() {
+  absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options_.device, options_.slots);
+  if (!device.ok()) return device.status();
+  device_ = *std::move(device);
+  staging_ = std::make_unique<StagingPool>(*device_, options_.staging_bytes);
+  pulls_ = std::make_shared<PullBudget>(options_.max_message_size, options_.max_bulk_size,
+                                        options_.max_pulled_bytes, "ChannelOptions");
+  transport::PollerOptions poller_options;
+  poller_options.mode = options_.poll_mode;
+  poller_options.spin = options_.spin;
+  for (int i = 0; i < options_.pollers; ++i) {
+    absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
+        transport::Poller::Create(*device_, poller_options);
+    if (!poller.ok()) return poller.status();
+    if (absl::Status s = (*poller)->Start(); !s.ok()) return s;
+    pollers_.push_back(*std::move(poller));
+  }
+  timer_ = std::thread([this] { TimerLoop(); });
+  return absl::OkStatus();
+}
+
+ChannelCore::~ChannelCore() {
+  if (timer_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(timer_mu_);
+      timer_stop_ = true;
+    }
+    timer_cv_.notify_one();
+    timer_.join();
+  }
+  std::vector<std::shared_ptr<ClientConnection>> live;
+  {
+    absl::MutexLock lock(&mu_);
+    destroying_ = true;
+    live = live_;
+  }
+  for (auto& connection : live) connection->connection().Close();
+  live.clear();
+  {
+    // Each OnClosed fails its calls (CANCELLED) and leaves live_; the poller drives it.
+    absl::MutexLock lock(&mu_);
+    auto closed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&closed), absl::Seconds(10));
+  }
+  for (Subchannel& sub : subchannels_) {
+    absl::MutexLock lock(&sub.mu);
+    sub.current.reset();
+  }
+  // Drains whatever is left; a payload a user still holds keeps its poller object (and CQ)
+  // until released, with the loop stopped.
+  for (auto& poller : pollers_) poller->Shutdown();
+  pollers_.clear();
+}
+
+absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Pick(absl::Time deadline) {
+  const size_t n = subchannels_.size();
+  const size_t first = next_.fetch_add(1, std::memory_order_relaxed) % n;
+  // Prefer an open connection over a subchannel that would have to connect or is backing off.
+  for (size_t i = 0; i < n && n > 1; ++i) {
+    Subchannel& sub = subchannels_[(first + i) % n];
+    absl::MutexLock lock(&sub.mu);
+    if (sub.current != nullptr && sub.current->open()) return sub.current;
+  }
+  return Get(subchannels_[first], deadline);
+}
+
+absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& sub,
+                                                                    absl::Time deadline) {
+  absl::MutexLock lock(&sub.mu);
+  auto usable = [&sub]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sub.mu) {
+    return sub.current != nullptr && sub.current->open();
+  };
+  if (usable()) return sub.current;
+  const bool runtime_thread = OnRuntimeThread();
+  if (sub.connecting) {
+    // Another caller is connecting: wait for its outcome, but never past this call's deadline,
+    // and never on a poller or the timer (they would wait for the very thread that connects).
+    auto not_connecting = [&sub]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sub.mu) {
+      return !sub.connecting;
+    };
+    if (runtime_thread ||
+        !sub.mu.AwaitWithDeadline(absl::Condition(&not_connecting), deadline)) {
+      return runtime_thread
+                 ? absl::UnavailableError(absl::StrCat(
+                       "a connection to ", target_, " is being made; a callback on a runtime "
+                       "thread does not wait for it"))
+                 : absl::DeadlineExceededError(absl::StrCat(
+                       "the deadline passed while a connection to ", target_, " was being made"));
+    }
+    if (usable()) return sub.current;
+  }
+  const absl::Time now = MonotonicNow();  // next_attempt is monotonic; `deadline` is the API's
+  if (now < sub.next_attempt) {
+    return absl::UnavailableError(absl::StrCat(
+        "not connected to ", target_, " (", sub.last_error.message(), "); next attempt in ",
+        absl::FormatDuration(absl::Ceil(sub.next_attempt - now, absl::Milliseconds(1)))));
+  }
+  if (runtime_thread) {
+    // Connecting takes up to connect_timeout; a poller or the timer waiting that long stops
+    // every connection and deadline it serves.
+    return absl::UnavailableError(absl::StrCat(
+        "not connected to ", target_, "; a callback on a runtime thread (poller or timer) does "
+        "not connect: call from another thread, or Connect() first"));
+  }
+  const absl::Duration timeout = std::min(options_.connect_timeout, deadline - absl::Now());
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the deadline passed before a connection to ", target_, " was made"));
+  }
+  attempts_.fetch_add(1, std::memory_order_relaxed);
+  const std::shared_ptr<transport::Poller>& poller =
+      pollers_[(&sub - subchannels_.data()) % pollers_.size()];
+  // A payload the server may be pulling when its call ends stays exposed this long at most: as
+  // long as a ping may go unanswered.
+  const absl::Duration pull_grace = options_.keepalive_timeout > absl::ZeroDuration()
+                                        ? options_.keepalive_timeout
+                                        : absl::Seconds(2);
+  auto connection = std::make_shared<ClientConnection>(
+      *this, options_.max_calls_per_connection, pull_grace, device_, poller);
+  // Outside the lock: callers with shorter deadlines give up at theirs instead of waiting for
+  // this attempt's.
+  sub.connecting = true;
+  sub.mu.Unlock();
+  absl::StatusOr<std::shared_ptr<transport::Connection>> made = transport::Connection::Connect(
+      *device_, *poller, host_, port_, connection.get(), options_.connection, timeout);
+  if (made.ok()) {
+    NoteMessageLimit(**made);
+    connection->Attach(*std::move(made));
+  }
+  sub.mu.Lock();
+  sub.connecting = false;
+  if (!made.ok() && timeout < options_.connect_timeout &&
+      made.status().code() == absl::StatusCode::kDeadlineExceeded) {
+    // This call's deadline cut the attempt short, not the server: no backoff for the calls
+    // that come next (a short-deadline call would otherwise keep a slow-to-connect subchannel
+    // down), and the call fails as what it is.
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the deadline passed while connecting to ", target_, " (", made.status().message(), ")"));
+  }
+  if (!made.ok()) {
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    ++sub.failures;
+    sub.backoff = std::min(options_.reconnect_backoff_max,
+                           options_.reconnect_backoff_initial *
+                               static_cast<double>(uint64_t{1} << std::min(sub.failures - 1, 30)));
+    double jitter;
+    {
+      absl::MutexLock random_lock(&random_mu_);
+      jitter = std::uniform_real_distribution<double>(0.5, 1.0)(random_);
+    }
+    sub.next_attempt = MonotonicNow() + sub.backoff * jitter;
+    sub.last_error = made.status();
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to ", target_, ": ", made.status().message()));
+  }
+  {
+    absl::MutexLock live_lock(&mu_);
+    if (!connection->closed()) live_.push_back(connection);
+  }
+  sub.failures = 0;
+  sub.backoff = absl::ZeroDuration();
+  sub.next_attempt = absl::InfinitePast();
+  sub.current = connection;
+  return connection;
+}
+
+absl::Status ChannelCore::ConnectAll(absl::Time deadline) {
+  absl::Status first;
+  for (Subchannel& sub : subchannels_) {
+    absl::StatusOr<std::shared_ptr<ClientConnection>> connection = Get(sub, deadline);
+    if (!connection.ok() && first.ok()) first = connection.status();
+  }
+  return first;
+}
+
+void ChannelCore::DeadlineAdded(absl::Time deadline) {
+  const int64_t at = absl::ToUnixNanos(deadline);
+  // The timer already wakes by then: nothing to do (the common case, one atomic load).
+  if (at >= wake_at_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(timer_mu_);
+  if (at < wake_at_.load(std::memory_order_relaxed)) {
+    wake_at_.store(at, std::memory_order_release);
+    timer_cv_.notify_one();
+  }
+}
+
+void ChannelCore::TimerLoop() {
+  MarkRuntimeTimerThread();  // deadline and keepalive callbacks run here
+  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  const bool keepalive = options_.keepalive_interval > absl::ZeroDuration();
+  // Every time here is monotonic (monotonic.h), like the deadlines in the tables.
+  absl::Time next_keepalive = MonotonicNow() + options_.keepalive_interval;
+  for (;;) {
+    bool keepalive_due = false;
+    {
+      std::unique_lock<std::mutex> lock(timer_mu_);
+      for (;;) {
+        if (timer_stop_) return;
+        const int64_t at = wake_at_.load(std::memory_order_acquire);
+        const absl::Time now = MonotonicNow();
+        keepalive_due = keepalive && now >= next_keepalive;
+        if (keepalive_due || (at != kNever && absl::ToUnixNanos(now) >= at)) break;
+        absl::Time wake = at == kNever ? absl::InfiniteFuture() : absl::FromUnixNanos(at);
+        if (keepalive) wake = std::min(wake, next_keepalive);
+        if (wake == absl::InfiniteFuture()) {
+          timer_cv_.wait(lock);
+        } else {
+          timer_cv_.wait_for(lock, absl::ToChronoNanoseconds(wake - now));
+        }
+      }
+      // "Never" until this pass says otherwise: a call starting during the pass sees it, and
+      // lowers it (and signals) itself, so its deadline is not lost.
+      wake_at_.store(kNever, std::memory_order_release);
+    }
+    // Outside the timer lock: callbacks run here.
+    std::vector<std::shared_ptr<ClientConnection>> live;
+    {
+      absl::MutexLock lock(&mu_);
+      live = live_;
+    }
+    const absl::Time now = MonotonicNow();
+    absl::Time next = absl::InfiniteFuture();
+    for (auto& connection : live) {
+      expired_.fetch_add(connection->Expire(now), std::memory_order_relaxed);
+      if (keepalive_due) connection->Keepalive(options_.keepalive_timeout);
+      next = std::min(next, connection->NextDeadline());
+    }
+    if (keepalive_due) next_keepalive = now + options_.keepalive_interval;
+    if (next != absl::InfiniteFuture()) DeadlineAdded(next);
+  }
+}
+
+ChannelCore::MethodState ChannelCore::MethodFor(const MethodInfo& method) {
+  const size_t home = absl::HashOf(&method) % kMethodCache;
+  for (size_t i = 0; i < kMethodCache; ++i) {
+    const CachedMethod& entry = method_cache_[(home + i) % kMethodCache];
+    const MethodInfo* key = entry.key.load(std::memory_order_acquire);
+    if (key == &method) return entry.state;
+    if (key == nullptr) break;
+  }
+  {
+    absl::ReaderMutexLock lock(&methods_mu_);
+    auto it = methods_.find(&method);
+    if (it != methods_.end()) return it->second;
+  }
+  const absl::string_view full_name(method.full_name);
+  const MethodState state{&metrics_.ForMethod(MetricsSide::kClient, full_name),
+                          ServiceId(full_name.substr(0, full_name.find('/')))};
+  absl::MutexLock lock(&methods_mu_);
+  if (!methods_.emplace(&method, state).second) return state;  // another thread was first
+  for (size_t i = 0; i < kMethodCache; ++i) {
+    CachedMethod& entry = method_cache_[(home + i) % kMethodCache];
+    if (entry.key.load(std::memory_order_relaxed) == nullptr) {
+      entry.state = state;
+      entry.key.store(&method, std::memory_order_release);
+      break;
+    }
+  }
+  return state;
+}
+
+void ChannelCore::ConnectionClosed(ClientConnection* connection, bool violation) {
+  if (violation) violations_.fetch_add(1, std::memory_order_relaxed);
+  std::shared_ptr<ClientConnection> removed;  // released after the lock
+  absl::MutexLock lock(&mu_);
+  auto it = std::find_if(live_.begin(), live_.end(),
+                         [&](const auto& live) { return live.get() == connection; });
+  if (it == live_.end()) return;
+  removed = std::move(*it);
+  live_.erase(it);
+  if (!destroying_) lost_.fetch_add(1, std::memory_order_relaxed);
+}
+
+absl::Status ChannelCore::CloseStatus(const std::string& peer, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  if (destroying_) return absl::CancelledError("the channel was destroyed");
+  return absl::UnavailableError(
+      absl::StrCat("the connection to ", peer, " failed: ", why.message()));
+}
+
+void ChannelCore::NoteMessageLimit(const transport::Connection& connection) {
+  const size_t max = RpcConnection::MaxInlineBody(connection);
+  max_message_.store(max, std::memory_order_relaxed);
+  const size_t own = device_->slots().slot_size();
+  const size_t peer = connection.peer_recv_size();
+  if (own == peer || slot_mismatch_said_.exchange(true)) return;
+  // Negotiated, not refused: the smaller side governs both ways. Said once, at connect, so that
+  // an operator sees it before the first message that does not fit (whose error says it too).
+  ZRPC_LOG(kWarning, "client", "connected to ", target_, ": its receive slots are ", peer,
+           " bytes (ServerOptions::slots.slot_size), this channel's ", own,
+           " (ChannelOptions::slots.slot_size); messages up to ", max,
+           " bytes go in a slot both ways, set by the smaller side, and larger ones as payloads "
+           "(slower): set both to the same size");
+}
+
+ChannelStats ChannelCore::stats() const {
+  ChannelStats stats;
+  stats.max_slot_message = max_message_.load(std::memory_order_relaxed);
+  stats.connect_attempts = attempts_.load(std::memory_order_relaxed);
+  stats.connect_failures = failures_.load(std::memory_order_relaxed);
+  stats.connections_lost = lost_.load(std::memory_order_relaxed);
+  stats.deadlines_exceeded = expired_.load(std::memory_order_relaxed);
+  stats.late_responses = late_.load(std::memory_order_relaxed);
+  stats.protocol_violations = violations_.load(std::memory_order_relaxed);
+  stats.bulk_bytes_staged = staging_->staged_bytes();
+  stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
+  stats.staging_bytes_registered = staging_->registered_bytes();
+  stats.pulled_bytes_held = pulls_->in_use();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& connection : live_) {
+      stats.calls_in_flight += connection->calls_in_flight();
+      stats.bulk_reads_in_flight += connection->pulling();
+    }
+  }
+  for (const Subchannel& sub : subchannels_) {
+    absl::MutexLock lock(&sub.mu);
+    stats.backoff = std::max(stats.backoff, sub.backoff);
+  }
+  return stats;
+}
+
+namespace {
+
+// Tears down channels destroyed on one of the runtime's own threads (a callback of the channel's
+// own calls, typically), where the teardown cannot run: it joins the timer and the pollers, one
+// of which is the thread asking. One thread for the process, started on first use; at exit it
+// finishes what it was given.
+class Reaper {
+ public:
+  static Reaper& Get() {
+    static Reaper reaper;
+    return reaper;
+  }
+  void Take(std::unique_ptr<ChannelCore> core) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(core));
+  }
+  ~Reaper() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+ private:
+  Reaper() : thread_([this] { Loop(); }) {}
+  void Loop() {
+    for (;;) {
+      std::unique_ptr<ChannelCore> core;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || !queue_.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;
+        core = std::move(queue_.front());
+        queue_.erase(queue_.begin());
+      }
+      core.reset();  // waits for the callback that destroyed the channel to return
+    }
+  }
+
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<ChannelCore>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+}  // namespace internal
+}  // namespace zrpc
+
+namespace zrpc {
+
+absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view target,
+                                                             const ChannelOptions& options) {
+  std::string host;
+  uint16_t port = 0;
+  if (absl::Status s = internal::ParseHostPort(target, "target", false, &host, &port); !s.ok()) {
+    return s;
+  }
+  if (options.connections < 1 || options.connections > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("ChannelOptions::connections is ",
+                                                   options.connections,
+                                                   "; it must be in [1, 1024]"));
+  }
+  if (options.pollers < 1 || options.pollers > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ChannelOptions::pollers is ", options.pollers, "; it must be in [1, 64]"));
+  }
+  if (options.reconnect_backoff_initial <= absl::ZeroDuration() ||
+      options.reconnect_backoff_max < options.reconnect_backoff_initial) {
+    return absl::InvalidArgumentError(
+        "ChannelOptions: reconnect_backoff_initial must be positive and at most "
+        "reconnect_backoff_max");
+  }
+  if (options.keepalive_interval < absl::ZeroDuration() ||
+      (options.keepalive_interval > absl::ZeroDuration() &&
+       options.keepalive_timeout <= absl::ZeroDuration())) {
+    return absl::InvalidArgumentError(
+        "ChannelOptions: keepalive_interval must be zero (off) or positive, with a positive "
+        "keepalive_timeout");
+  }
+  if (options.connect_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");
+  }
+  if (absl::Status s = transport::CheckSpin(options.spin, "ChannelOptions::spin"); !s.ok()) {
+    return s;
+  }
+  if (options.max_message_size == 0 || options.max_message_size > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("ChannelOptions::max_message_size is ",
+                                                   options.max_message_size,
+                                                   "; it must be in [1, 2 GiB - 1]"));
+  }
+  if (options.max_bulk_size == 0 || options.max_bulk_size > UINT32_MAX ||
+      options.max_pulled_bytes < options.max_bulk_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ChannelOptions::max_bulk_size is ", options.max_bulk_size, " and max_pulled_bytes ",
+        options.max_pulled_bytes, ": the first must be in [1, 4 GiB - 1] and at most the second"));
+  }
+  if (options.stream_window == 0) {
+    return absl::InvalidArgumentError("ChannelOptions::stream_window is 0; it must be at least 1");
+  }
+  ChannelOptions adjusted = options;
+  adjusted.connection.min_message_size =
+      std::max(adjusted.connection.min_message_size, internal::kMinRpcMessage);
+  auto core = std::make_unique<internal::ChannelCore>(std::string(target), std::move(host), port,
+                                                      adjusted);
+  if (absl::Status s = core->Init(); !s.ok()) return s;
+  return std::unique_ptr<ClientChannel>(new ClientChannel(std::move(core)));
+}
+
+ClientChannel::ClientChannel(std::unique_ptr<internal::ChannelCore> core)
+    : core_(std::move(core)),
+      blocking_spin_(absl::ToChronoNanoseconds(core_->options().spin)) {}
+ClientChannel::~ClientChannel() {
+  // From a callback on one of the runtime's threads the teardown would join the thread it runs
+  // on: hand it over, and return at once (channel.h).
+  if (internal::OnRuntimeThread()) internal::Reaper::Get().Take(std::move(core_));
+}
+
+absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallOptions& options) {
+  absl::StatusOr<std::shared_ptr<internal::ClientConnection>> connection =
+      core_->Pick(options.deadline);
+  if (!connection.ok()) return connection.status();
+  transport::Connection& c = (*connection)->connection();
+  if (absl::Status fits = (*connection)->limits().CheckMessage(size, "request"); !fits.ok()) {
+    return fits;
+  }
+  // A slot frees when an earlier message's send completes: wait for one, up to the deadline.
+  // Never on a poller or the timer (THREADING.md).
+  internal::ClientConnection* client = connection->get();
+  absl::StatusOr<transport::SendBuffer> buffer = internal::RpcConnection::AcquireSendBufferWaiting(
+      c, !internal::OnRuntimeThread(), [&options, client]() -> absl::Status {
+        if (client->closed()) return absl::UnavailableError("the connection is closing");
+        if (absl::Now() >= options.deadline) {
+          return absl::DeadlineExceededError(
+              "the deadline passed while waiting for a send slot (every one is in flight)");
+        }
+        return absl::OkStatus();
+      });
+  if (!buffer.ok()) return buffer.status();
+  // Larger than a slot: the request goes at the front of a payload, from memory of its own, and
+  // the slot carries the header.
+  uint8_t* large = nullptr;
+  if (!internal::RpcConnection::FitsSlot(c, size)) {
+    large = static_cast<uint8_t*>(std::malloc(size));
+    if (large == nullptr) {
+      c.ReleaseSendBuffer(*buffer);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("out of memory for a ", size, "-byte request"));
+    }
+  }
+  auto* ticket = new (internal::ticket_memory.Take())
+      internal::SlotTicket{*std::move(connection), *buffer, large};
+  return SendSlot{large != nullptr ? large : internal::RpcConnection::Body(*buffer), size,
+                  reinterpret_cast<uintptr_t>(ticket)};
+}
+
+void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
+                                   OutgoingBulk request_bulk,
+                                   ::google::protobuf::MessageLite* response,
+                                   IncomingBulk* response_bulk, const CallOptions& options,
+                                   DoneCallback done) {
+  std::unique_ptr<internal::SlotTicket, internal::TicketDeleter> ticket(
+      reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token)));
+  if (!request_bulk.empty() && !method.request_bulk) {
+    ticket->connection->connection().ReleaseSendBuffer(ticket->buffer);
+    request_bulk.Reset();
+    done(absl::InvalidArgumentError(absl::StrCat(
+        method.full_name, ": a request bulk payload for a method without request_bulk")));
+    return;
+  }
+  if (!options.response_destination.empty()) {
+    const internal::Registration* registration =
+        internal::BulkAccess::registration(options.response_destination);
+    absl::Status refused;
+    if (!method.response_bulk) {
+      refused = absl::InvalidArgumentError(absl::StrCat(
+          method.full_name, ": a response_destination for a method without response_bulk"));
+    } else if (registration->device() != core_->device().get()) {
+      refused = absl::InvalidArgumentError(absl::StrCat(
+          method.full_name, ": the response_destination is registered on another device; "
+                            "register it on this channel (ClientChannel::RegisterMemory)"));
+    }
+    if (!refused.ok()) {
+      ticket->connection->connection().ReleaseSendBuffer(ticket->buffer);
+      request_bulk.Reset();
+      done(std::move(refused));
+      return;
+    }
+  }
+  const internal::ChannelCore::MethodState state = core_->MethodFor(method);
+  internal::ClientCall call;
+  call.method = &method;
+  call.response = response;
+  call.response_bulk = response_bulk;
+  call.done = std::move(done);
+  call.metrics = state.metrics;
+  if (!options.response_destination.empty()) {
+    call.destination = options.response_destination;
+    call.landing = std::make_shared<internal::BulkGate>(/*held=*/false);
+  }
+  OutgoingBulk large_body;
+  size_t body_size = slot.size;
+  if (uint8_t* large = std::exchange(ticket->large, nullptr)) {
+    large_body = OutgoingBulk(large, slot.size, [large] { std::free(large); });
+    body_size = 0;
+  }
+  ticket->connection->Start(state.service_id, ticket->buffer, body_size, std::move(large_body),
+                            std::move(request_bulk), std::move(call), options);
+}
+
+std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
+    const MethodInfo& method, SendSlot slot, const google::protobuf::MessageLite* read_prototype,
+    google::protobuf::MessageLite* response, const CallOptions& options) {
+  std::unique_ptr<internal::SlotTicket, internal::TicketDeleter> ticket(
+      reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token)));
+  if (!method.streaming()) {
+    ticket->connection->connection().ReleaseSendBuffer(ticket->buffer);
+    return std::make_unique<internal::FailedStream>(absl::InvalidArgumentError(
+        absl::StrCat(method.full_name, ": not a streaming method; call it as a unary one")));
+  }
+  const internal::ChannelCore::MethodState state = core_->MethodFor(method);
+  auto stream = std::make_shared<internal::StreamCore>(
+      read_prototype, core_->options().stream_window, /*send_credit=*/0);
+  internal::ClientCall call;
+  call.method = &method;
+  call.response = response;
+  call.metrics = state.metrics;
+  call.stream = stream;
+  call.done = [stream](absl::Status status) { stream->End(std::move(status)); };
+  OutgoingBulk large_body;
+  size_t body_size = slot.size;
+  if (uint8_t* large = std::exchange(ticket->large, nullptr)) {
+    large_body = OutgoingBulk(large, slot.size, [large] { std::free(large); });
+    body_size = 0;
+  }
+  const uint64_t id = ticket->connection->Start(
+      state.service_id, ticket->buffer, body_size, std::move(large_body), OutgoingBulk(),
+      std::move(call), options, core_->options().stream_window);
+  return std::make_unique<internal::ClientStream>(ticket->connection, id, std::move(stream),
+                                                  method.client_streaming);
+}
+
+absl::Status ClientChannel::Connect(absl::Time deadline) { return core_->ConnectAll(deadline); }
+ChannelStats ClientChannel::stats() const { return core_->stats(); }
+absl::StatusOr<RegisteredMemory> ClientChannel::RegisterMemory(void* data, size_t size) {
+  return RegisteredMemory::Register(core_->device(), data, size);
+}
+const Metrics& ClientChannel::metrics() const { return core_->metrics(); }
+const std::string& ClientChannel::target() const { return core_->target(); }
+
+}  // namespace zrpc

@@ -1,0 +1,606 @@
+// ClientConnection: the client's side of one connection: sending requests, matching responses,
+// keepalives, failing calls.
+
+#include "rpc/client/client_connection.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/bulk/registration.h"
+#include "rpc/common/monotonic.h"
+#include "rpc/registered_memory.h"
+#include "rpc/connection/rpc_header.h"
+#include "transport/log.h"
+
+namespace zrpc::internal {
+
+const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false, false, false};
+
+namespace {
+// How soon the timer tries again to send cancels, and asynchronous streams' frames, that found
+// no send slot: slots free as sends complete, within microseconds unless the server holds its
+// credits back.
+constexpr absl::Duration kSlotRetry = absl::Milliseconds(1);
+}  // namespace
+
+void ClientCall::End(absl::Status status) {
+  // The request payload's gate, then the destination's: End withdraws a payload exposed for the
+  // server to pull, and lets no READ into the destination start; the ending waits for what
+  // is still under way, then comes back here for the next gate.
+  for (std::shared_ptr<BulkGate>* pending : {&gate, &landing}) {
+    if (std::shared_ptr<BulkGate> held = std::move(*pending)) {
+      held->End();
+      held->AfterRelease([call = std::move(*this), status = std::move(status)]() mutable {
+        call.End(std::move(status));
+      });
+      return;
+    }
+  }
+  if (metrics != nullptr) metrics->OnFinish(status.code(), MonotonicNow() - start);
+  done(std::move(status));
+}
+
+void ClientConnection::Attach(std::shared_ptr<transport::Connection> connection) {
+  connection_ = std::move(connection);
+  absl::MutexLock lock(&self_mu_);
+  // A connection that closed at once (OnClosed ran on the poller already) must not keep itself.
+  if (!closed()) self_ = shared_from_this();
+}
+
+uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& buffer,
+                                 size_t body_size, OutgoingBulk large_body, OutgoingBulk bulk,
+                                 ClientCall call, const CallOptions& options,
+                                 uint16_t stream_window) {
+  // From here on the call's times are monotonic (monotonic.h): its deadline is converted once.
+  const absl::Time now = MonotonicNow();
+  call.start = now;
+  if (call.metrics != nullptr) {
+    call.metrics->OnStart();
+    call.metrics->AddMessageBytes(body_size + large_body.size(), 0);
+    call.metrics->AddBulkBytes(bulk.size(), 0);
+  }
+  // The call ends only once the runtime reads neither its payload nor its large body.
+  const int held = (bulk.empty() ? 0 : 1) + (large_body.empty() ? 0 : 1);
+  if (held > 0) {
+    call.gate = std::make_shared<BulkGate>(held);
+    for (OutgoingBulk* part : {&bulk, &large_body}) {
+      if (!part->empty()) BulkAccess::ChainRelease(*part, [gate = call.gate] { gate->Released(); });
+    }
+  }
+  BulkGate* const gate = call.gate.get();  // the call (in the table) keeps it alive
+  auto fail = [&](absl::Status status) {
+    connection_->ReleaseSendBuffer(buffer);
+    bulk.Reset();  // before done: the caller may reuse the bytes once it runs
+    large_body.Reset();
+    call.End(std::move(status));
+    return uint64_t{0};
+  };
+  const absl::Time deadline = ToMonotonic(options.deadline, now);
+  if (deadline <= now) {
+    return fail(absl::DeadlineExceededError(
+        absl::StrCat(call.method->full_name, ": the deadline passed before the call was sent")));
+  }
+  if (options.cancellation != nullptr && options.cancellation->cancelled()) {
+    return fail(absl::CancelledError(
+        absl::StrCat(call.method->full_name, ": cancelled before it was sent")));
+  }
+  const uint16_t method_index = static_cast<uint16_t>(call.method->index);
+  const bool pull_response = call.landing != nullptr;
+  const char* method_name = call.method->full_name;
+  absl::StatusOr<uint64_t> id = calls_.Insert(std::move(call), deadline);
+  if (!id.ok()) {
+    return fail(absl::ResourceExhaustedError(
+        absl::StrCat(method_name, ": ", id.status().message(), " (max_calls_per_connection)")));
+  }
+  if (deadline != absl::InfiniteFuture()) owner_.DeadlineAdded(deadline);
+  RpcHeader request_header =
+      stream_window > 0 ? RpcHeader::StreamOpen(service_id, method_index, *id, 0, stream_window)
+                        : RpcHeader::Request(service_id, method_index, *id, 0);
+  if (pull_response) request_header.flags |= kRpcFlagPullResponse;
+  // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
+  absl::Status sent = SendMessage(*connection_, buffer, request_header, body_size,
+                                  std::move(bulk), std::move(large_body), deadline, gate);
+  if (sent.ok()) {
+    if (options.cancellation != nullptr) {
+      // A stale id makes a late Cancel() harmless: the call may end (and its slot be reused by
+      // another call with a newer generation) before the hook runs.
+      std::weak_ptr<ClientConnection> weak = weak_from_this();
+      const uint64_t call_id = *id;
+      options.cancellation->SetHook([weak, call_id] {
+        if (std::shared_ptr<ClientConnection> self = weak.lock()) self->CancelCall(call_id);
+      });
+    }
+    return *id;
+  }
+  // Not sent: the call ends here, unless something else (its deadline, the connection closing)
+  // took it from the table first and ends it there.
+  if (std::optional<ClientCall> taken = calls_.Take(*id)) {
+    if (sent.code() == absl::StatusCode::kFailedPrecondition ||
+        sent.code() == absl::StatusCode::kCancelled) {
+      sent = absl::UnavailableError(sent.message());
+    }
+    taken->End(absl::Status(sent.code(), absl::StrCat(method_name, ": ", sent.message())));
+  }
+  return 0;
+}
+
+void ClientConnection::CancelCall(uint64_t id) {
+  AbortCall(id, absl::CancelledError("cancelled by the caller"));
+}
+
+void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
+  std::optional<ClientCall> call = calls_.Take(id);
+  if (!call) return;
+  if (call->gate) Withdraw(*connection_, id, *call->gate);
+  SendCancel(id);
+  call->End(absl::Status(status.code(),
+                         absl::StrCat(call->method->full_name, ": ", status.message())));
+}
+
+bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
+                                    const google::protobuf::MessageLite* message,
+                                    StreamCore& stream, bool quota_taken, bool* no_slot) {
+  const absl::Status sent =
+      SendStreamFrame(*connection_, header, message, message == nullptr ? 0 : message->ByteSizeLong(),
+                      [&stream] { return stream.ended(); }, 0, quota_taken, no_slot);
+  if (sent.ok()) return true;
+  if ((no_slot != nullptr && *no_slot) || sent.code() == absl::StatusCode::kCancelled) {
+    return false;  // tried again later; or the stream ended, and its end says why
+  }
+  AbortCall(id, sent);
+  return false;
+}
+
+bool ClientConnection::WindowHeld() {
+  if (Transferring()) return true;  // a large payload moves: pings would queue behind it
+  const transport::ConnectionStats stats = connection_->stats();
+  // A bulk WRITE or READ still moving (64 MiB took 2 s under emulation) holds the send queue:
+  // a ping posted now waits behind it.
+  return stats.waiting > 0 || stats.arena_in_use > 0 || stats.transfer_bytes_in_flight > 0;
+}
+
+void ClientConnection::Keepalive(absl::Duration timeout) {
+  const uint64_t received = received_.load(std::memory_order_relaxed);
+  const bool idle = received == received_at_last_pass_;
+  received_at_last_pass_ = received;
+  if (!idle || closed() || ping_out_.load(std::memory_order_acquire)) return;
+  if (WindowHeld()) {
+    // A ping would wait behind the held window (see the top of client_connection.h).
+    static_cast<void>(connection_->Probe());
+    return;
+  }
+  if (ping_out_.exchange(true, std::memory_order_acq_rel)) return;
+  absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
+  if (!buffer.ok()) {
+    ping_out_.store(false, std::memory_order_release);
+    return;  // every slot is in flight: traffic is moving or about to fail on its own
+  }
+  ClientCall ping;
+  ping.method = &kKeepalivePing;
+  ping.response = &ping_reply_;
+  std::weak_ptr<ClientConnection> weak = weak_from_this();
+  ping.done = [weak, timeout](absl::Status status) {
+    if (std::shared_ptr<ClientConnection> self = weak.lock()) self->OnPingDone(status, timeout);
+  };
+  CallOptions options;
+  options.deadline = absl::Now() + timeout;
+  Start(kKeepaliveServiceId, *buffer, 0, OutgoingBulk(), OutgoingBulk(), std::move(ping),
+        options);
+}
+
+void ClientConnection::OnPingDone(const absl::Status& status, absl::Duration timeout) {
+  ping_out_.store(false, std::memory_order_release);
+  if (status.code() != absl::StatusCode::kDeadlineExceeded) return;
+  if (WindowHeld()) {
+    // The window filled while the ping was out, so it may be waiting behind it: not proof of a
+    // dead server. The NIC is asked instead.
+    static_cast<void>(connection_->Probe());
+    return;
+  }
+  // The flow-control state says whether the connection was stalled or the server silent.
+  Close(absl::StrCat("keepalive: no answer from the server within ",
+                     absl::FormatDuration(timeout), " (", connection_->DebugString(), ")"));
+}
+
+void ClientConnection::Close(absl::string_view reason) {
+  {
+    absl::MutexLock lock(&reason_mu_);
+    if (close_reason_.empty()) close_reason_ = std::string(reason);
+  }
+  ZRPC_LOG(kWarning, "client", "closing the connection to ", connection_->peer_address(), ": ",
+           reason);
+  connection_->Close();
+}
+
+bool ClientConnection::PrepareExposure(uint64_t call_id, BulkGate& gate) {
+  // The call's own reference to its gate, for the entry: none once the call left the table,
+  // and then its ending is under way and nothing should be exposed any more.
+  std::shared_ptr<BulkGate> held;
+  calls_.Visit(call_id, [&](ClientCall& call) { held = call.gate; });
+  if (held.get() != &gate) return false;
+  {
+    absl::MutexLock lock(&exposed_mu_);
+    if (closed()) return false;
+    exposed_requests_[call_id] = ExposedRequest{std::move(held)};
+    exposed_entries_.store(exposed_requests_.size(), std::memory_order_relaxed);
+  }
+  std::weak_ptr<ClientConnection> weak = weak_from_this();
+  const bool hooked = gate.SetRetire([weak, call_id](BulkGate& ended, bool exposed) {
+    if (std::shared_ptr<ClientConnection> self = weak.lock()) {
+      self->CallEnded(call_id, ended, exposed);
+    } else if (exposed) {
+      ended.Withdraw(/*orphan=*/true);  // nobody pulls it from a connection that is gone
+    }
+  });
+  if (!hooked) ServerPulled(call_id);  // ended meanwhile: the entry goes, nothing is exposed
+  return hooked;
+}
+
+void ClientConnection::CallEnded(uint64_t call_id, BulkGate& gate, bool exposed) {
+  std::shared_ptr<BulkGate> dropped;  // released outside the lock
+  bool withdraw = false;
+  const absl::Time until = MonotonicNow() + pull_grace_;
+  {
+    absl::MutexLock lock(&exposed_mu_);
+    auto it = exposed_requests_.find(call_id);
+    if (exposed && it != exposed_requests_.end() && !closed()) {
+      it->second.until = until;  // the timer withdraws it then at the latest
+    } else {
+      // Nothing exposed, or nobody left to pull it (the server said pulled, or answered, or the
+      // connection closed): no entry any more, and a payload still exposed goes now.
+      if (it != exposed_requests_.end()) {
+        dropped = std::move(it->second.gate);
+        exposed_requests_.erase(it);
+        exposed_entries_.store(exposed_requests_.size(), std::memory_order_relaxed);
+      }
+      withdraw = exposed;
+    }
+  }
+  if (withdraw) {
+    gate.Withdraw();
+  } else if (exposed) {
+    owner_.DeadlineAdded(until);
+  }
+}
+
+void ClientConnection::SendCancel(uint64_t id) {
+  if (!cancels_pending_.load(std::memory_order_acquire)) {
+    const absl::Status sent = SendHeaderOnly(*connection_, RpcHeader::Cancel(id));
+    // Closed or closing: the server ends the call itself when the connection goes.
+    if (sent.code() != absl::StatusCode::kResourceExhausted || !open()) return;
+  }
+  bool dropped = false;
+  {
+    absl::MutexLock lock(&cancels_mu_);
+    if (pending_cancels_.size() >= max_pending_cancels_) {
+      pending_cancels_.pop_front();
+      dropped = true;
+    }
+    pending_cancels_.push_back(id);
+    cancels_pending_.store(true, std::memory_order_release);
+  }
+  if (dropped) {
+    ZRPC_LOG(kWarning, "client", max_pending_cancels_, " cancels to ",
+             connection_->peer_address(), " wait for a send slot; the oldest is dropped");
+  }
+  owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);  // the timer sends it (Expire)
+}
+
+void ClientConnection::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
+  {
+    absl::MutexLock lock(&slot_waiters_mu_);
+    if (!slot_waiters_.Add(std::move(waiter))) return;
+    slot_waiters_pending_.store(true, std::memory_order_release);
+  }
+  owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);
+}
+
+void ClientConnection::FlushCancels() {
+  absl::MutexLock lock(&cancels_mu_);
+  while (!pending_cancels_.empty()) {
+    const absl::Status sent =
+        SendHeaderOnly(*connection_, RpcHeader::Cancel(pending_cancels_.front()));
+    if (sent.code() == absl::StatusCode::kResourceExhausted && open()) return;  // next pass
+    pending_cancels_.pop_front();
+  }
+  cancels_pending_.store(false, std::memory_order_release);
+}
+
+absl::Time ClientConnection::NextDeadline() {
+  absl::Time next = calls_.NextDeadline();
+  if (cancels_pending_.load(std::memory_order_acquire) ||
+      slot_waiters_pending_.load(std::memory_order_acquire)) {
+    next = std::min(next, MonotonicNow() + kSlotRetry);
+  }
+  absl::MutexLock lock(&exposed_mu_);
+  for (const auto& [id, request] : exposed_requests_) next = std::min(next, request.until);
+  return next;
+}
+
+void ClientConnection::ServerPulled(uint64_t call_id) {
+  if (exposed_entries_.load(std::memory_order_relaxed) == 0) return;  // the common case
+  std::shared_ptr<BulkGate> gate;
+  {
+    absl::MutexLock lock(&exposed_mu_);
+    auto it = exposed_requests_.find(call_id);
+    if (it == exposed_requests_.end()) return;
+    gate = std::move(it->second.gate);
+    exposed_requests_.erase(it);
+    exposed_entries_.store(exposed_requests_.size(), std::memory_order_relaxed);
+  }
+  // Outside the lock: the payload's release may end the call, whose callback may do anything.
+  gate->Withdraw();
+}
+
+int ClientConnection::Expire(absl::Time now) {
+  std::vector<std::shared_ptr<BulkGate>> overdue;
+  {
+    absl::MutexLock lock(&exposed_mu_);
+    for (auto it = exposed_requests_.begin(); it != exposed_requests_.end();) {
+      if (it->second.until > now) {
+        ++it;
+        continue;
+      }
+      // The server neither pulled it nor answered within the grace: withdrawn, and a READ of
+      // it still under way fails the server's connection.
+      overdue.push_back(std::move(it->second.gate));
+      exposed_requests_.erase(it++);
+    }
+    exposed_entries_.store(exposed_requests_.size(), std::memory_order_relaxed);
+  }
+  for (const std::shared_ptr<BulkGate>& gate : overdue) gate->Withdraw();
+  if (cancels_pending_.load(std::memory_order_acquire)) FlushCancels();
+  if (slot_waiters_pending_.load(std::memory_order_acquire)) {
+    std::vector<std::weak_ptr<StreamListener>> waiters;
+    {
+      absl::MutexLock lock(&slot_waiters_mu_);
+      waiters = slot_waiters_.Take();
+      slot_waiters_pending_.store(false, std::memory_order_release);
+    }
+    StreamWaiters::Tell(waiters);
+  }
+  std::vector<TakenCall<ClientCall>> expired = calls_.TakeExpired(now);
+  for (TakenCall<ClientCall>& taken : expired) {
+    if (taken.call.gate) Withdraw(*connection_, taken.id, *taken.call.gate);
+    SendCancel(taken.id);
+    taken.call.End(absl::DeadlineExceededError(
+        absl::StrCat(taken.call.method->full_name, ": deadline exceeded")));
+  }
+  return static_cast<int>(expired.size());
+}
+
+void ClientConnection::OnMessage(transport::Connection& connection,
+                                 const transport::ReceivedMessage& message) {
+  received_.fetch_add(1, std::memory_order_relaxed);
+  absl::StatusOr<IncomingMessage> incoming = Receive(connection, message);
+  if (!incoming.ok()) return;
+  const RpcKind kind = incoming->header.kind;
+  if (kind == RpcKind::kPulled) {
+    // The server has READ the request's payload: no longer exposed.
+    Discard(connection, *incoming);
+    ServerPulled(incoming->header.call_id);
+    return;
+  }
+  if (kind == RpcKind::kStreamMessage || kind == RpcKind::kStreamCredit) {
+    return OnStreamFrame(connection, *incoming);
+  }
+  if (kind != RpcKind::kResponse && kind != RpcKind::kError) {
+    Discard(connection, *incoming);
+    return Violation(connection, absl::StrCat("a server sent message kind ",
+                                              static_cast<int>(kind),
+                                              "; a client takes responses, errors, pulled and "
+                                              "stream messages and credits"));
+  }
+  // Answered: the server is done with the request's payload (it answers only after its READ,
+  // or without one), whether the call is still waiting or not.
+  ServerPulled(incoming->header.call_id);
+  if (incoming->pulls()) {
+    const uint64_t id = incoming->header.call_id;
+    BulkDestination destination;
+    std::shared_ptr<BulkGate> landing;
+    const bool live = calls_.Visit(id, [&](ClientCall& call) {
+      destination = call.destination;
+      landing = call.landing;
+    });
+    if (!live || (landing && !landing->Begin())) {
+      // Late: its call already ended (deadline, cancel). Nothing is pulled; the server stops
+      // exposing it.
+      owner_.CountLateResponse();
+      Discard(connection, *incoming);
+      static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
+      return;
+    }
+    absl::Status pulling = limits().CheckMessage(incoming->body_size(), "response");
+    if (pulling.ok() && landing && incoming->bulk_size() > destination.size()) {
+      pulling = absl::ResourceExhaustedError(absl::StrCat(
+          "a ", incoming->bulk_size(), "-byte payload does not fit the ", destination.size(),
+          "-byte CallOptions::response_destination; nothing was written"));
+    }
+    if (!pulling.ok()) {
+      if (landing) landing->Released();
+    } else if (!landing) {
+      pulling = StartPull(connection, *incoming);
+    } else {
+      pulling = StartPullInto(connection, *incoming, destination, landing);
+    }
+    if (!pulling.ok()) {
+      Discard(connection, *incoming);
+      static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
+      if (std::optional<ClientCall> call = calls_.Take(id)) {
+        call->End(absl::Status(pulling.code(),
+                               absl::StrCat(call->method->full_name, ": response: ",
+                                            pulling.message())));
+      }
+    }
+    return;  // OnPulled goes on
+  }
+  Deliver(connection, *incoming);
+}
+
+void ClientConnection::OnStreamFrame(transport::Connection& connection,
+                                     IncomingMessage& message) {
+  const uint64_t id = message.header.call_id;
+  std::shared_ptr<StreamCore> stream;
+  bool live = false;
+  calls_.Visit(id, [&](ClientCall& call) {
+    live = true;
+    stream = call.stream;
+  });
+  if (!live) {
+    // Its call already ended (deadline, cancel): the server did not know yet.
+    if (message.header.kind == RpcKind::kStreamMessage) owner_.CountLateResponse();
+    Discard(connection, message);
+    return;
+  }
+  if (stream == nullptr || message.bulk || message.pulls()) {
+    Discard(connection, message);
+    return Violation(connection,
+                     absl::StrCat("call ", id, stream == nullptr
+                                                   ? ": a stream frame for a unary call"
+                                                   : ": a stream message with a bulk payload "
+                                                     "or pulled"));
+  }
+  if (absl::Status fits = limits().CheckMessage(message.body.size(), "stream message");
+      !fits.ok()) {
+    Discard(connection, message);
+    return AbortCall(id, fits);
+  }
+  if (message.header.kind == RpcKind::kStreamCredit) {
+    Discard(connection, message);
+    if (absl::Status s = stream->OnCredit(message.header.window); !s.ok()) {
+      Violation(connection, absl::StrCat("call ", id, ": ", s.message()));
+    }
+    return;
+  }
+  // Parsed straight from the receive slot, which goes back right after (stream_core.h).
+  absl::StatusOr<uint16_t> grant = stream->OnMessage(message.body);
+  Discard(connection, message);
+  if (!grant.ok()) {
+    if (grant.status().code() == absl::StatusCode::kFailedPrecondition) {
+      return Violation(connection, absl::StrCat("call ", id, ": ", grant.status().message()));
+    }
+    return AbortCall(id, absl::InternalError(grant.status().message()));
+  }
+  if (*grant > 0) {
+    // The caller is finishing and no longer reads: what arrives is credited back at once.
+    if (!SendHeaderOnly(connection, RpcHeader::StreamCredit(id, *grant)).ok()) {
+      AbortCall(id, absl::ResourceExhaustedError(
+                        "no send slot for a stream credit while the stream drained"));
+    }
+  }
+}
+
+void ClientConnection::OnPulled(transport::Connection& connection, IncomingMessage& message) {
+  // The payload is here: the server may stop exposing it.
+  static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(message.header.call_id)));
+  Deliver(connection, message);
+}
+
+void ClientConnection::Deliver(transport::Connection& connection, IncomingMessage& message) {
+  std::optional<ClientCall> call = calls_.Take(message.header.call_id);
+  if (!call) {
+    // Its call already ended (deadline, failure) or never existed: give back what it holds now,
+    // so the server's later messages and payloads do not queue behind it.
+    owner_.CountLateResponse();
+    Discard(connection, message);
+    return;
+  }
+  Complete(connection, message, *call);
+}
+
+void ClientConnection::Complete(transport::Connection& connection, IncomingMessage& message,
+                                ClientCall& call) {
+  absl::Status status;
+  bool violation = false;
+  if (message.header.kind == RpcKind::kError) {
+    absl::Status decoded = DecodeErrorBody(message.header, message.body, &status);
+    if (!decoded.ok()) {
+      violation = true;
+      status = absl::InternalError(absl::StrCat("the server's error message is malformed: ",
+                                                decoded.message()));
+    }
+  } else if (message.bulk && !call.method->response_bulk) {
+    violation = true;
+    status = absl::InternalError(absl::StrCat(call.method->full_name,
+                                              ": the response carries a bulk payload the "
+                                              "method does not have"));
+  } else if (absl::Status fits = limits().CheckMessage(message.body.size(), "response");
+             !fits.ok()) {
+    status = absl::Status(fits.code(),
+                          absl::StrCat(call.method->full_name, ": ", fits.message()));
+  } else if (call.response == nullptr) {
+    // A stream whose method has no single response (server streaming, bidirectional): its end
+    // is an empty response.
+    if (!message.body.empty() || message.bulk) {
+      violation = true;
+      status = absl::InternalError(absl::StrCat(call.method->full_name,
+                                                ": the stream's final response is not empty"));
+    }
+  } else if (message.body.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+             !call.response->ParseFromArray(message.body.data(),
+                                            static_cast<int>(message.body.size()))) {
+    status = absl::InternalError(absl::StrCat(call.method->full_name,
+                                              ": malformed response: it does not parse as ",
+                                              call.response->GetTypeName()));
+  } else if (message.bulk) {
+    *call.response_bulk = ReceiveReleaser::Wrap(*this, connection.shared_from_this(), *message.bulk);
+    message.bulk.reset();  // the caller's now
+  }
+  if (call.metrics != nullptr && message.header.kind == RpcKind::kResponse) {
+    call.metrics->AddMessageBytes(0, message.body.size());  // responses only, like the server
+    if (call.response_bulk != nullptr) call.metrics->AddBulkBytes(0, call.response_bulk->size());
+  }
+  Discard(connection, message);
+  if (violation) Violation(connection, status.message());
+  call.End(std::move(status));
+}
+
+void ClientConnection::OnDeferredFailed(transport::Connection&, const RpcHeader& header,
+                                        const absl::Status& status) {
+  // A request whose payload waited for this connection's staging quota could not go when its
+  // turn came: its call ends here (unless its deadline or a cancel ended it first).
+  if (std::optional<ClientCall> call = calls_.Take(header.call_id)) {
+    call->End(absl::Status(status.code(),
+                           absl::StrCat(call->method->full_name, ": ", status.message())));
+  }
+}
+
+void ClientConnection::OnClosed(transport::Connection& connection, const absl::Status& why) {
+  std::shared_ptr<ClientConnection> self;  // may be the last reference: released on return
+  {
+    absl::MutexLock lock(&self_mu_);
+    closed_.store(true, std::memory_order_release);
+    self = std::move(self_);
+  }
+  DropPending(connection);
+  absl::flat_hash_map<uint64_t, ExposedRequest> exposed;
+  {
+    absl::MutexLock lock(&exposed_mu_);  // closed_ is set: nothing is added any more
+    exposed.swap(exposed_requests_);
+    exposed_entries_.store(0, std::memory_order_relaxed);
+  }
+  // Nobody pulls them any more: withdrawn, so that their calls (ending below) can end.
+  for (auto& [id, request] : exposed) request.gate->Withdraw();
+  exposed.clear();
+  absl::Status reason = why;
+  {
+    absl::MutexLock lock(&reason_mu_);
+    if (!close_reason_.empty()) reason = absl::UnavailableError(close_reason_);
+  }
+  const absl::Status status = owner_.CloseStatus(connection.peer_address(), reason);
+  // The channel hears first, so that a caller whose call fails below already sees the loss in
+  // the channel's stats (and the timer no longer scans this connection).
+  owner_.ConnectionClosed(this, violations() > 0);
+  for (TakenCall<ClientCall>& taken : calls_.TakeAll()) {
+    taken.call.End(
+        absl::Status(status.code(), absl::StrCat(taken.call.method->full_name, ": ",
+                                                 status.message())));
+  }
+}
+
+}  // namespace zrpc::internal

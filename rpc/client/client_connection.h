@@ -1,0 +1,247 @@
+// The client's side of one connection: its calls in flight (a CallTable), the requests it sends
+// and the responses it matches to them.
+//
+// A call's life:
+//   caller's thread: Channel::AcquireSendSlot picks a connection and a send slot; generated
+//     code serializes the request into it; StartUnaryCall -> Start: the call enters the table
+//     (id, deadline), the request goes out (payload staged and written first).
+//   poller thread: OnMessage -> Receive (header checked, payload paired) -> Take(id): the call,
+//     or nothing for a late response (dropped, its memory given back at once) -> response parsed
+//     in place into the caller's message, payload handed over as an IncomingBulk -> done.
+//   timer thread: Expire -> TakeExpired -> done(DEADLINE_EXCEEDED), and a cancel to the server.
+//   any thread: Cancellation::Cancel -> CancelCall -> Take -> done(CANCELLED), and a cancel.
+//   Either of those first withdraws a request payload that has not left (RpcConnection::
+//   Withdraw); `done` runs once the payload is released (ClientCall::End). A payload the server
+//   may be pulling is not withdrawn under its READ: it stays exposed until the server says
+//   pulled (or answers), for at most pull_grace (CallEnded).
+//   poller thread, kind pulled: the server has the request's payload: released (ServerPulled).
+//   OnClosed: TakeAll -> done(UNAVAILABLE, or CANCELLED when the channel is being destroyed).
+// Every call leaves the table exactly once, so `done` runs exactly once whoever wins.
+//
+// Keepalive. A connection can stay open to a host that is gone (power loss, a cable): RC
+// notices only when a work request exhausts its retries, and an idle connection posts none. So
+// the channel's timer calls Keepalive every keepalive_interval: when nothing arrived since the
+// last pass and no ping is out, the connection sends a ping (a request to the reserved service
+// "zrpc.Keepalive", which every server answers on its poller thread, never queued behind
+// handlers) with keepalive_timeout as its deadline. A ping that times out closes the
+// connection, failing its calls with UNAVAILABLE and the reason. A peer that died is thus
+// noticed within interval + timeout (plus one interval when traffic stopped just after a pass),
+// busy or idle.
+//
+// A ping never waits on the application's window. When this side's messages wait for credits
+// (the server's handlers hold every receive this side may fill: slow calls, not a dead server)
+// or the server's answers wait for arena space this side's application holds, or a large
+// payload is being pulled either way or is still being written (READs and WRITEs of megabytes
+// that may hold the send queue for seconds),
+// a ping would queue behind them and its silence would prove nothing. Then the pass probes the
+// server's NIC instead (transport::Connection::Probe: a zero-length RDMA WRITE, no credit): a
+// vanished host fails it after the transport's retries and the connection fails with it; a live
+// one acks, and the connection stays. A ping that timed out while such a wait began is treated the same.
+#ifndef ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_
+#define ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_
+
+#include <atomic>
+#include <deque>
+#include <vector>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <google/protobuf/empty.pb.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rpc/client/call_table.h"
+#include "rpc/generated_api.h"
+#include "rpc/metrics.h"
+#include "rpc/connection/rpc_connection.h"
+#include "rpc/stream/stream_core.h"
+
+namespace zrpc::internal {
+
+class ClientConnection;
+
+// What a connection needs from its channel.
+class ClientConnectionOwner {
+ public:
+  virtual StagingPool& staging() = 0;
+  virtual std::shared_ptr<PullBudget> pulls() = 0;
+  // A call with `deadline` entered a table: the timer may need to wake sooner.
+  virtual void DeadlineAdded(absl::Time deadline) = 0;
+  virtual void CountLateResponse() = 0;
+  // The connection closed (after failing its calls); `violation` when this side closed it
+  // because the server broke the protocol.
+  virtual void ConnectionClosed(ClientConnection* connection, bool violation) = 0;
+  // Why calls fail when their connection closes: UNAVAILABLE, or CANCELLED once the channel is
+  // being destroyed.
+  virtual absl::Status CloseStatus(const std::string& peer, const absl::Status& why) = 0;
+
+ protected:
+  ~ClientConnectionOwner() = default;
+};
+
+struct ClientCall {
+  const MethodInfo* method = nullptr;
+  ::google::protobuf::MessageLite* response = nullptr;
+  IncomingBulk* response_bulk = nullptr;
+  DoneCallback done;
+  MethodMetrics* metrics = nullptr;  // null for the runtime's own calls (keepalive)
+  absl::Time start;
+  // For a call with a request payload: the payload's release opens it (rpc_connection.h).
+  std::shared_ptr<BulkGate> gate;
+  // For a call whose response payload lands in the caller's memory (CallOptions::
+  // response_destination): held while a READ writes there.
+  BulkDestination destination;
+  std::shared_ptr<BulkGate> landing;
+  // For a stream (rpc/streaming.h): its messages and flow control; `done` ends it.
+  std::shared_ptr<StreamCore> stream;
+
+  // Records the outcome and runs `done`: the one way a call ends. With a request payload the
+  // runtime still holds (its WRITE posted, or waiting), the ending waits for the payload's
+  // release, and with a READ landing in the caller's destination, for that READ: the caller
+  // never gets `done` while the NIC may still read its bytes or write into its memory.
+  void End(absl::Status status);
+};
+
+extern const MethodInfo kKeepalivePing;  // of kKeepaliveService (rpc_connection.h)
+
+class ClientConnection final : public RpcConnection,
+                               public std::enable_shared_from_this<ClientConnection> {
+ public:
+  // `pull_grace`: how long a request payload stays exposed after its call ended while the
+  // server may still be pulling it (see CallEnded).
+  ClientConnection(ClientConnectionOwner& owner, uint32_t max_calls, absl::Duration pull_grace,
+                   std::shared_ptr<transport::Device> device,
+                   std::shared_ptr<transport::Poller> poller)
+      : RpcConnection("client", owner.staging(), owner.pulls(), std::move(device),
+                      std::move(poller)),
+        owner_(owner),
+        calls_(max_calls),
+        pull_grace_(pull_grace),
+        max_pending_cancels_(max_calls) {}
+
+  // Takes the connection Connect made; the ClientConnection keeps itself alive until OnClosed.
+  void Attach(std::shared_ptr<transport::Connection> connection);
+  transport::Connection& connection() { return *connection_; }
+  bool open() const { return !closed() && connection_->open(); }
+  // OnClosed has begun: the calls are failing or failed.
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+
+  // Sends the request built in `buffer` (`body_size` bytes), or in `large_body` when it did not
+  // fit a slot (body_size 0 then), for `call`; `call.done` runs once. A call with a stream opens
+  // it, granting the server `stream_window` messages. Returns the call's id, or 0 when it ended
+  // here (its `done` has run).
+  uint64_t Start(uint32_t service_id, const transport::SendBuffer& buffer, size_t body_size,
+                 OutgoingBulk large_body, OutgoingBulk bulk, ClientCall call,
+                 const CallOptions& options, uint16_t stream_window = 0);
+  // Ends call `id` with CANCELLED and tells the server; nothing when the call already ended.
+  void CancelCall(uint64_t id);
+  // Ends call `id` with `status` and tells the server (a cancel); nothing when it already ended.
+  void AbortCall(uint64_t id, absl::Status status);
+  // Sends a stream's message or control frame (credit, half-close) in a send buffer of its own,
+  // waiting for one while every send slot is in flight, until the call ends. Never on a runtime
+  // thread (which would wait for itself): there it fails at once. The message, if any, is
+  // serialized straight into the buffer. false: not sent (the call has ended or is ended here
+  // with the reason). `quota_taken`: the staging quota for a message larger than a slot is
+  // taken already (TakeQuotaOrWait); it is given back if the message does not go. `no_slot`
+  // (not null: an asynchronous stream's pump): on a runtime thread that finds every slot taken,
+  // set, and the call goes on (the caller tries again later: WaitForSlot) instead of ending.
+  bool SendOnStream(uint64_t id, const RpcHeader& header,
+                    const google::protobuf::MessageLite* message, StreamCore& stream,
+                    bool quota_taken = false, bool* no_slot = nullptr);
+  // `waiter` is told at the timer's next pass (within a millisecond) that send slots may have
+  // come back: only the runtime's threads free them, and those do not wait for one.
+  void WaitForSlot(std::weak_ptr<StreamListener> waiter);
+  // One keepalive pass (see the top of this file).
+  void Keepalive(absl::Duration timeout);
+  // Fails the calls whose deadline has passed, and tells the server; returns how many. Also
+  // withdraws exposed request payloads whose grace has passed.
+  int Expire(absl::Time now);
+  // The earliest call deadline or exposed request payload's grace end.
+  absl::Time NextDeadline();
+  size_t calls_in_flight() const { return calls_.size(); }
+  // Closes the connection; its calls fail with `reason` (UNAVAILABLE).
+  void Close(absl::string_view reason);
+
+  void OnMessage(transport::Connection& connection,
+                 const transport::ReceivedMessage& message) override;
+  void OnClosed(transport::Connection& connection, const absl::Status& why) override;
+  void OnDeferredFailed(transport::Connection& connection, const RpcHeader& header,
+                        const absl::Status& status) override;
+  void OnPulled(transport::Connection& connection, IncomingMessage& message) override;
+  bool PrepareExposure(uint64_t call_id, BulkGate& gate) override;
+
+ private:
+  // Tells the server call `id` was given up (kCancel); queued for the timer when no send slot
+  // is free (see pending_cancels_).
+  void SendCancel(uint64_t id);
+  // Sends the queued cancels while slots are free (the timer's pass).
+  void FlushCancels();
+  // A response or error whose payload (if any) is here: to its call, or dropped as late.
+  void Deliver(transport::Connection& connection, IncomingMessage& message);
+  void Complete(transport::Connection& connection, IncomingMessage& message, ClientCall& call);
+  void OnPingDone(const absl::Status& status, absl::Duration timeout);
+  // A stream message or credit from the server.
+  void OnStreamFrame(transport::Connection& connection, IncomingMessage& message);
+  // This side's messages wait for credits or arena space, or its application holds received
+  // payloads: a ping now would wait behind them (see the top of this file).
+  bool WindowHeld();
+  // Call `call_id`, with a request payload behind `gate`, has ended (answered, deadline,
+  // cancel, failure). A payload still exposed then (`exposed`) stays so until the server says
+  // it pulled it, or answers the call (it answers only after its READ), or pull_grace passes,
+  // whichever comes first: withdrawing it at once would fail the server's READ, and that fails
+  // the connection and every other call on it. The call's `done` waits for it, as for any
+  // payload the NIC may still read.
+  void CallEnded(uint64_t call_id, BulkGate& gate, bool exposed);
+  // The server is done with call `call_id`'s request payload (it said pulled, or answered):
+  // withdrawn now, whether the call has ended or not.
+  void ServerPulled(uint64_t call_id);
+
+  ClientConnectionOwner& owner_;
+  CallTable<ClientCall> calls_;
+  const absl::Duration pull_grace_;
+  // Calls whose request payload is exposed for the server, from just before it is exposed
+  // (PrepareExposure) until the server is done with it or the grace after the call's end passes
+  // (CallEnded). Looked up by id, not through the call table: a call leaves the table before its
+  // ending runs. Requests whose payload is written, not pulled, never enter it.
+  struct ExposedRequest {
+    std::shared_ptr<BulkGate> gate;
+    absl::Time until = absl::InfiniteFuture();  // monotonic; set when the call ends
+  };
+  absl::Mutex exposed_mu_;
+  absl::flat_hash_map<uint64_t, ExposedRequest> exposed_requests_ ABSL_GUARDED_BY(exposed_mu_);
+  std::atomic<size_t> exposed_entries_{0};  // its size, read without the lock
+  std::shared_ptr<transport::Connection> connection_;
+  absl::Mutex self_mu_;
+  std::shared_ptr<ClientConnection> self_ ABSL_GUARDED_BY(self_mu_);  // until OnClosed
+  std::atomic<bool> closed_{false};
+  absl::Mutex reason_mu_;
+  std::string close_reason_ ABSL_GUARDED_BY(reason_mu_);  // why this side closed, if it did
+
+  // Keepalive state: messages received (poller thread writes, timer reads), what the timer saw
+  // at its last pass, and whether a ping is out.
+  std::atomic<uint64_t> received_{0};
+  uint64_t received_at_last_pass_ = 0;  // timer thread only
+  std::atomic<bool> ping_out_{false};
+  google::protobuf::Empty ping_reply_;  // one ping at a time; parsed on the poller thread
+
+  // Cancels that found no send slot (every one waiting for the server's credits, say), sent
+  // again by the timer (Expire) until they go: a server that never hears of a cancel keeps the
+  // call, and a stream without a deadline keeps its handler's thread and one of its connection's
+  // stream places for as long as the connection lasts. At most max_calls (each call is
+  // cancelled once; past that, the oldest are dropped, logged).
+  absl::Mutex cancels_mu_;
+  std::deque<uint64_t> pending_cancels_ ABSL_GUARDED_BY(cancels_mu_);
+  std::atomic<bool> cancels_pending_{false};
+  const size_t max_pending_cancels_;
+  // Asynchronous streams whose frames found no send slot on a runtime thread (WaitForSlot).
+  absl::Mutex slot_waiters_mu_;
+  StreamWaiters slot_waiters_ ABSL_GUARDED_BY(slot_waiters_mu_);
+  std::atomic<bool> slot_waiters_pending_{false};
+};
+
+}  // namespace zrpc::internal
+
+#endif  // ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_

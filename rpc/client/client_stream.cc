@@ -1,0 +1,135 @@
+// ClientStream: the client's end of one stream, blocking and asynchronous.
+
+#include "rpc/client/client_stream.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace zrpc::internal {
+
+// The client's sending, for its asynchronous form.
+class ClientStream::Side final : public StreamPump::Side {
+ public:
+  Side(std::shared_ptr<ClientConnection> connection, uint64_t id, std::shared_ptr<StreamCore> core)
+      : connection_(std::move(connection)), id_(id), core_(std::move(core)) {}
+  StreamPump::Sent SendMessage(const google::protobuf::MessageLite& message,
+                               bool quota_taken) override {
+    return Send(RpcHeader::StreamMessage(id_), &message, quota_taken);
+  }
+  StreamPump::Sent SendCredit(uint16_t messages) override {
+    return Send(RpcHeader::StreamCredit(id_, messages), nullptr, false);
+  }
+  StreamPump::Sent CloseWrites() override { return Send(RpcHeader::HalfClose(id_), nullptr, false); }
+  bool CloseEndsCall() const override { return false; }
+  bool QuotaOrWait(size_t size, bool* quota_taken,
+                   std::weak_ptr<StreamListener> waiter) override {
+    return connection_->StreamQuotaOrWait(connection_->connection(), size, OnRuntimeThread(),
+                                          std::move(waiter), quota_taken);
+  }
+  void RetryLater(std::weak_ptr<StreamListener> pump) override {
+    connection_->WaitForSlot(std::move(pump));
+  }
+
+ private:
+  StreamPump::Sent Send(const RpcHeader& header, const google::protobuf::MessageLite* message,
+                        bool quota_taken) {
+    bool no_slot = false;
+    if (connection_->SendOnStream(id_, header, message, *core_, quota_taken, &no_slot)) {
+      return StreamPump::Sent::kSent;
+    }
+    // Every send slot is taken and this is a runtime thread, which does not wait for one.
+    return no_slot ? StreamPump::Sent::kNoSlot : StreamPump::Sent::kFailed;
+  }
+
+  const std::shared_ptr<ClientConnection> connection_;
+  const uint64_t id_;
+  const std::shared_ptr<StreamCore> core_;
+};
+
+ClientStream::~ClientStream() {
+  if (async_ != nullptr) async_->Abandon(/*close=*/false);  // no callback runs from here on
+  // On this thread: it ends the call here unless another thread is ending it, and with it any
+  // wait of a send (for a slot, or the quota) that a pump running elsewhere is in.
+  if (!core_->ended()) Cancel();
+  if (async_ != nullptr) async_->WaitIdle();
+  static_cast<void>(core_->WaitEnded());
+}
+
+StreamPump& ClientStream::async() {
+  std::call_once(async_once_, [this] {
+    async_ = std::make_shared<StreamPump>(std::make_unique<Side>(connection_, id_, core_), core_,
+                                          !writes_done_.load());
+    core_->SetListener(async_);
+  });
+  return *async_;
+}
+
+void ClientStream::StartRead(ReadDone done) { async().Read(std::move(done)); }
+void ClientStream::StartWrite(const google::protobuf::MessageLite& message, WriteDone done) {
+  async().Write(message, std::move(done));
+}
+void ClientStream::StartWritesDone() { async().CloseWrites(); }
+void ClientStream::StartFinish(DoneCallback done) { async().Finish(std::move(done)); }
+
+bool ClientStream::RefusedOnRuntimeThread(const char* what) {
+  if (!OnRuntimeThread()) return false;
+  if (id_ != 0) {
+    connection_->AbortCall(id_, absl::FailedPreconditionError(absl::StrCat(
+        what, " called on a runtime thread (a poller or the timer, in a DoneCallback): a "
+              "blocking stream waits for those threads; use it from a thread of your own")));
+  }
+  return true;
+}
+
+bool ClientStream::Write(const google::protobuf::MessageLite& message) {
+  if (writes_done_.load(std::memory_order_acquire) || id_ == 0) return false;
+  if (RefusedOnRuntimeThread("Write")) return false;
+  // The server grants room as its handler reads; the call's end (deadline, cancel, failure)
+  // wakes this wait.
+  if (!core_->TakeSendCredit(absl::InfiniteFuture())) return false;
+  absl::MutexLock lock(&send_mu_);
+  if (writes_done_.load(std::memory_order_acquire)) return false;  // closed while it waited
+  return connection_->SendOnStream(id_, RpcHeader::StreamMessage(id_), &message, *core_);
+}
+
+google::protobuf::MessageLite* ClientStream::Read() {
+  if (RefusedOnRuntimeThread("Read")) return nullptr;
+  uint16_t grant = 0;
+  google::protobuf::MessageLite* message = core_->Read(absl::InfiniteFuture(), &grant);
+  if (grant > 0) {
+    static_cast<void>(
+        connection_->SendOnStream(id_, RpcHeader::StreamCredit(id_, grant), nullptr, *core_));
+  }
+  return message;
+}
+
+bool ClientStream::WritesDone() {
+  if (id_ == 0 || RefusedOnRuntimeThread("WritesDone")) return false;
+  absl::MutexLock lock(&send_mu_);
+  if (writes_done_.exchange(true, std::memory_order_acq_rel)) return false;
+  return connection_->SendOnStream(id_, RpcHeader::HalfClose(id_), nullptr, *core_);
+}
+
+absl::Status ClientStream::Finish() {
+  RefusedOnRuntimeThread("Finish");  // ends the call: the wait below returns at once
+  // A server reading the client's messages waits for the half-close: one that was not sent
+  // goes now rather than leaving both ends waiting for the deadline.
+  if (!writes_done_.load(std::memory_order_acquire)) static_cast<void>(WritesDone());
+  if (!core_->ended() && id_ != 0) {
+    // Messages nobody will read are dropped and credited back, so a server still writing is
+    // not held on a full window while this waits for its status.
+    if (const uint16_t grant = core_->Drain(); grant > 0) {
+      static_cast<void>(
+          connection_->SendOnStream(id_, RpcHeader::StreamCredit(id_, grant), nullptr, *core_));
+    }
+  }
+  return core_->WaitEnded();
+}
+
+void ClientStream::Cancel() {
+  if (id_ != 0) connection_->CancelCall(id_);
+}
+
+}  // namespace zrpc::internal

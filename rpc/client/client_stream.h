@@ -1,0 +1,77 @@
+// ClientStream: the client's end of one stream (rpc/streaming.h), over the ClientConnection the
+// stream opened on. The call sits in the connection's call table like a unary call (so a
+// deadline, a cancel or the connection's loss ends it the same way, exactly once) with a
+// StreamCore beside it, which the poller fills with the server's messages and credits; the
+// call's ending ends the core, which wakes the application's reads and writes.
+//
+// The asynchronous form (StartRead, StartWrite, StartWritesDone, StartFinish) waits for nothing:
+// a StreamPump (stream_pump.h) carries it out, sending through this stream's connection; a
+// frame that finds no send slot on a runtime thread is tried again at the channel timer's next
+// pass (ClientConnection::WaitForSlot, every millisecond while one waits). Destroying the stream
+// drops the callbacks not run, cancels the call (which ends any wait of a send the pump is in)
+// and then waits for a pump running on another thread to stop.
+#ifndef ZRPC_RPC_CLIENT_CLIENT_STREAM_H_
+#define ZRPC_RPC_CLIENT_CLIENT_STREAM_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "rpc/client/client_connection.h"
+#include "rpc/generated_api.h"
+#include "rpc/stream/stream_core.h"
+#include "rpc/stream/stream_pump.h"
+
+namespace zrpc::internal {
+
+class ClientStream final : public ClientStreamCall {
+ public:
+  // `id` is the call's (0: it ended before it was sent, and `core` has ended). `writes`: the
+  // client streams (its writes are closed by WritesDone, or by Finish if it did not).
+  ClientStream(std::shared_ptr<ClientConnection> connection, uint64_t id,
+               std::shared_ptr<StreamCore> core, bool writes)
+      : connection_(std::move(connection)), id_(id), core_(std::move(core)),
+        writes_done_(!writes) {}
+  // Cancels a call not finished, and waits for its end (its response, if any, is the caller's
+  // memory).
+  ~ClientStream() override;
+
+  bool Write(const google::protobuf::MessageLite& message) override;
+  google::protobuf::MessageLite* Read() override;
+  bool WritesDone() override;
+  absl::Status Finish() override;
+  void Cancel() override;
+
+  void StartRead(ReadDone done) override;
+  void StartWrite(const google::protobuf::MessageLite& message, WriteDone done) override;
+  void StartWritesDone() override;
+  void StartFinish(DoneCallback done) override;
+
+ private:
+  class Side;  // the asynchronous form's sending
+  // The asynchronous form's state, listening to the core from its first use.
+  StreamPump& async();
+
+  const std::shared_ptr<ClientConnection> connection_;
+  const uint64_t id_;
+  const std::shared_ptr<StreamCore> core_;
+  // Refuses a blocking stream operation on a runtime thread (poller, timer): it would wait for
+  // the very thread it runs on. The call ends FAILED_PRECONDITION, naming `what`.
+  bool RefusedOnRuntimeThread(const char* what);
+
+  std::atomic<bool> writes_done_;  // WritesDone, or Finish in its place
+  // Orders a message's send against the half-close (a Write that waited for credit while another
+  // thread closed the writes must not send after the half-close: the server would take that for
+  // a protocol violation).
+  absl::Mutex send_mu_;
+  std::shared_ptr<StreamPump> async_;  // shared with the loop that pumps it (which may outlive this)
+  std::once_flag async_once_;
+};
+
+}  // namespace zrpc::internal
+
+#endif  // ZRPC_RPC_CLIENT_CLIENT_STREAM_H_

@@ -1,0 +1,38 @@
+// The runtime's own clock: monotonic, as absl::Time values on an arbitrary epoch (the host's
+// boot). Deadlines enter through the API on the wall clock (CallOptions::deadline) and are
+// converted once, when the call starts; from then on a step of the wall clock (NTP, a VM
+// resumed, an operator's `date`) neither fires nor extends them, as in gRPC. Never compare these
+// values with absl::Now(): only with each other and with durations.
+#ifndef ZRPC_RPC_COMMON_MONOTONIC_H_
+#define ZRPC_RPC_COMMON_MONOTONIC_H_
+
+#include <chrono>
+#include <cstdint>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace zrpc::internal {
+
+inline absl::Time MonotonicNow() {
+  return absl::FromUnixNanos(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count());
+}
+
+// `wall_deadline` (absl::Now()'s clock; InfiniteFuture for none) as a monotonic deadline, given
+// both clocks read now.
+inline absl::Time ToMonotonic(absl::Time wall_deadline, absl::Time monotonic_now,
+                              absl::Time wall_now) {
+  if (wall_deadline == absl::InfiniteFuture()) return absl::InfiniteFuture();
+  return monotonic_now + (wall_deadline - wall_now);
+}
+// The same, reading the wall clock only when there is a deadline.
+inline absl::Time ToMonotonic(absl::Time wall_deadline, absl::Time monotonic_now) {
+  if (wall_deadline == absl::InfiniteFuture()) return absl::InfiniteFuture();
+  return ToMonotonic(wall_deadline, monotonic_now, absl::Now());
+}
+
+}  // namespace zrpc::internal
+
+#endif  // ZRPC_RPC_COMMON_MONOTONIC_H_

@@ -1,0 +1,394 @@
+// The RPC header codec (rpc/WIRE.md): encode and decode, with every field a peer sends bounded.
+
+#include "rpc/connection/rpc_header.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "transport/byte_order.h"
+#include "transport/wire.h"
+
+namespace zrpc {
+
+// This layout is version 4 of the wire, which the transport's Hello negotiates (version 2 added
+// pulled payloads: kRpcFlagPull and kPulled; version 3 large bodies: kRpcFlagLargeBody; version
+// 4 streams: kRpcFlagStream, kinds 6-8 and `window`); when the transport's version moves, decide
+// here whether the RPC header moved with it.
+static_assert(transport::kWireVersion == 4, "rpc_header.h describes wire version 4");
+
+namespace {
+
+// Offsets (rpc/WIRE.md).
+constexpr size_t kKindAt = 0;
+constexpr size_t kFlagsAt = 1;
+constexpr size_t kMethodAt = 2;
+constexpr size_t kServiceAt = 4;
+constexpr size_t kCallIdAt = 8;
+constexpr size_t kTimeoutAt = 16;
+constexpr size_t kBulkSizeAt = 24;
+constexpr size_t kStatusAt = 28;
+constexpr size_t kWindowAt = 30;
+static_assert(kWindowAt + 2 == RpcHeader::kSize, "the layout fills the header exactly");
+
+constexpr uint16_t kMaxStatusCode = static_cast<uint16_t>(absl::StatusCode::kUnauthenticated);
+
+absl::Status Refuse(absl::string_view field, absl::string_view why) {
+  return absl::FailedPreconditionError(absl::StrCat("rpc header: ", field, " ", why));
+}
+
+const char* KindName(RpcKind kind) {
+  switch (kind) {
+    case RpcKind::kRequest:
+      return "request";
+    case RpcKind::kResponse:
+      return "response";
+    case RpcKind::kError:
+      return "error";
+    case RpcKind::kCancel:
+      return "cancel";
+    case RpcKind::kPulled:
+      return "pulled";
+    case RpcKind::kStreamMessage:
+      return "stream message";
+    case RpcKind::kHalfClose:
+      return "half-close";
+    case RpcKind::kStreamCredit:
+      return "stream credit";
+  }
+  return "unknown";
+}
+
+// A field that only requests (or only errors) use must be zero in the other kinds.
+absl::Status RequireZero(const char* field, uint64_t value, RpcKind kind) {
+  if (value == 0) return absl::OkStatus();
+  return Refuse(field, absl::StrCat("is ", value, " in a ", KindName(kind), " (must be 0)"));
+}
+
+// How much of `message` an error body keeps, and how much of the marker follows it.
+struct Cut {
+  size_t keep;
+  size_t marker;
+};
+
+Cut CutErrorMessage(absl::string_view message, size_t limit) {
+  limit = std::min(limit, kMaxErrorMessage);
+  if (message.size() <= limit) return {message.size(), 0};
+  const size_t marker = std::min(kTruncatedMarker.size(), limit);
+  size_t keep = limit - marker;
+  // message[keep] is the first byte dropped: if it continues a UTF-8 character, drop that
+  // character's leading bytes too, so the body stays valid UTF-8 when the message was.
+  while (keep > 0 && (static_cast<uint8_t>(message[keep]) & 0xc0) == 0x80) --keep;
+  return {keep, marker};
+}
+
+}  // namespace
+
+bool RpcHeader::operator==(const RpcHeader& o) const {
+  return kind == o.kind && flags == o.flags && method_index == o.method_index &&
+         service_id == o.service_id && call_id == o.call_id && timeout_us == o.timeout_us &&
+         bulk_size == o.bulk_size && status_code == o.status_code && window == o.window;
+}
+
+RpcHeader RpcHeader::Request(uint32_t service_id, uint16_t method_index, uint64_t call_id,
+                             uint64_t timeout_us, uint32_t bulk_size) {
+  RpcHeader h;
+  h.kind = RpcKind::kRequest;
+  h.flags = bulk_size > 0 ? kRpcFlagBulk : 0;
+  h.method_index = method_index;
+  h.service_id = service_id;
+  h.call_id = call_id;
+  h.timeout_us = timeout_us;
+  h.bulk_size = bulk_size;
+  return h;
+}
+
+RpcHeader RpcHeader::Response(uint64_t call_id, uint32_t bulk_size) {
+  RpcHeader h;
+  h.kind = RpcKind::kResponse;
+  h.flags = bulk_size > 0 ? kRpcFlagBulk : 0;
+  h.call_id = call_id;
+  h.bulk_size = bulk_size;
+  return h;
+}
+
+RpcHeader RpcHeader::Error(uint64_t call_id, absl::StatusCode code) {
+  RpcHeader h;
+  h.kind = RpcKind::kError;
+  h.call_id = call_id;
+  h.status_code = code;
+  return h;
+}
+
+RpcHeader RpcHeader::Cancel(uint64_t call_id) {
+  RpcHeader h;
+  h.kind = RpcKind::kCancel;
+  h.call_id = call_id;
+  return h;
+}
+
+RpcHeader RpcHeader::Pulled(uint64_t call_id) {
+  RpcHeader h;
+  h.kind = RpcKind::kPulled;
+  h.call_id = call_id;
+  return h;
+}
+
+RpcHeader RpcHeader::StreamOpen(uint32_t service_id, uint16_t method_index, uint64_t call_id,
+                                uint64_t timeout_us, uint16_t window) {
+  RpcHeader h = Request(service_id, method_index, call_id, timeout_us);
+  h.flags |= kRpcFlagStream;
+  h.window = window;
+  return h;
+}
+
+RpcHeader RpcHeader::StreamMessage(uint64_t call_id) {
+  RpcHeader h;
+  h.kind = RpcKind::kStreamMessage;
+  h.call_id = call_id;
+  return h;
+}
+
+RpcHeader RpcHeader::HalfClose(uint64_t call_id) {
+  RpcHeader h;
+  h.kind = RpcKind::kHalfClose;
+  h.call_id = call_id;
+  return h;
+}
+
+RpcHeader RpcHeader::StreamCredit(uint64_t call_id, uint16_t window) {
+  RpcHeader h;
+  h.kind = RpcKind::kStreamCredit;
+  h.call_id = call_id;
+  h.window = window;
+  return h;
+}
+
+void EncodePullDescriptor(const PullDescriptor& d, uint8_t* out) {
+  transport::PutLe<uint64_t>(out, d.addr);
+  transport::PutLe<uint32_t>(out + 8, d.rkey);
+  transport::PutLe<uint32_t>(out + 12, 0);
+}
+
+absl::StatusOr<PullDescriptor> DecodePullDescriptor(absl::Span<const uint8_t> bytes) {
+  if (bytes.size() != PullDescriptor::kSize) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pull descriptor: ", bytes.size(), " bytes (must be ", PullDescriptor::kSize, ")"));
+  }
+  if (transport::GetLe<uint32_t>(bytes.data() + 12) != 0) {
+    return absl::FailedPreconditionError("pull descriptor: reserved bytes are set");
+  }
+  PullDescriptor d;
+  d.addr = transport::GetLe<uint64_t>(bytes.data());
+  d.rkey = transport::GetLe<uint32_t>(bytes.data() + 8);
+  return d;
+}
+
+void EncodeLargeBody(uint32_t body_size, uint8_t* out) {
+  transport::PutLe<uint32_t>(out, body_size);
+  transport::PutLe<uint32_t>(out + 4, 0);
+}
+
+uint32_t MessageLayout::bulk_size(const RpcHeader& header) const {
+  return header.bulk_size - payload_body;
+}
+
+absl::StatusOr<MessageLayout> DecodeLayout(const RpcHeader& header,
+                                           absl::Span<const uint8_t> message) {
+  MessageLayout layout;
+  absl::Span<const uint8_t> body = message.subspan(RpcHeader::kSize);
+  size_t trailer = 0;  // bytes after the inline body
+  if (header.large_body()) {
+    const uint8_t* in = body.data();  // DecodeRpcHeader checked the trailer is there
+    layout.payload_body = transport::GetLe<uint32_t>(in);
+    if (transport::GetLe<uint32_t>(in + 4) != 0) {
+      return Refuse("large body", "has its reserved bytes set");
+    }
+    if (layout.payload_body == 0 || layout.payload_body > header.bulk_size) {
+      return Refuse("large body", absl::StrCat("claims ", layout.payload_body, " bytes of a ",
+                                               header.bulk_size, "-byte payload"));
+    }
+    trailer = LargeBody::kSize;
+  }
+  if (header.pulls()) {
+    // One range for the payload, or two when a large body and a bulk payload lie apart.
+    layout.pull_count =
+        header.large_body() && layout.payload_body < header.bulk_size ? 2 : 1;
+    trailer += PullDescriptor::kSize * layout.pull_count;
+  }
+  if (body.size() < trailer || (header.large_body() && body.size() != trailer)) {
+    return Refuse("body", absl::StrCat("has ", body.size(), " bytes; its flags call for ",
+                                       header.large_body() ? "exactly " : "at least ", trailer));
+  }
+  const size_t descriptors = body.size() - PullDescriptor::kSize * layout.pull_count;
+  for (int i = 0; i < layout.pull_count; ++i) {
+    absl::StatusOr<PullDescriptor> d =
+        DecodePullDescriptor(body.subspan(descriptors + PullDescriptor::kSize * i,
+                                          PullDescriptor::kSize));
+    if (!d.ok()) return d.status();
+    layout.pulls[i] = *d;
+  }
+  if (!header.large_body()) layout.body = body.subspan(0, body.size() - trailer);
+  return layout;
+}
+
+void EncodeRpcHeader(const RpcHeader& h, uint8_t* out) {
+  out[kKindAt] = static_cast<uint8_t>(h.kind);
+  out[kFlagsAt] = h.flags;
+  transport::PutLe<uint16_t>(out + kMethodAt, h.method_index);
+  transport::PutLe<uint32_t>(out + kServiceAt, h.service_id);
+  transport::PutLe<uint64_t>(out + kCallIdAt, h.call_id);
+  transport::PutLe<uint64_t>(out + kTimeoutAt, h.timeout_us);
+  transport::PutLe<uint32_t>(out + kBulkSizeAt, h.bulk_size);
+  transport::PutLe<uint16_t>(out + kStatusAt, static_cast<uint16_t>(h.status_code));
+  transport::PutLe<uint16_t>(out + kWindowAt, h.window);
+}
+
+absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
+  if (message.size() < RpcHeader::kSize) {
+    return Refuse("length", absl::StrCat("is ", message.size(), " bytes, shorter than the ",
+                                         RpcHeader::kSize, "-byte header"));
+  }
+  const uint8_t* in = message.data();
+  const size_t body = message.size() - RpcHeader::kSize;
+  const uint8_t kind = in[kKindAt];
+  if (kind < static_cast<uint8_t>(RpcKind::kRequest) ||
+      kind > static_cast<uint8_t>(RpcKind::kStreamCredit)) {
+    return Refuse("kind", absl::StrCat(static_cast<int>(kind), " is unknown"));
+  }
+  RpcHeader h;
+  h.kind = static_cast<RpcKind>(kind);
+  h.flags = in[kFlagsAt];
+  h.method_index = transport::GetLe<uint16_t>(in + kMethodAt);
+  h.service_id = transport::GetLe<uint32_t>(in + kServiceAt);
+  h.call_id = transport::GetLe<uint64_t>(in + kCallIdAt);
+  h.timeout_us = transport::GetLe<uint64_t>(in + kTimeoutAt);
+  h.bulk_size = transport::GetLe<uint32_t>(in + kBulkSizeAt);
+  const uint16_t status = transport::GetLe<uint16_t>(in + kStatusAt);
+  h.window = transport::GetLe<uint16_t>(in + kWindowAt);
+
+  if ((h.flags & ~(kRpcFlagBulk | kRpcFlagPull | kRpcFlagPullResponse | kRpcFlagLargeBody |
+                   kRpcFlagStream)) != 0) {
+    return Refuse("flags", absl::StrCat("0x", absl::Hex(h.flags), " has unknown bits set"));
+  }
+  // Only stream opens and credits grant messages, and they grant at least one.
+  const bool grants = (h.kind == RpcKind::kRequest && h.opens_stream()) ||
+                      h.kind == RpcKind::kStreamCredit;
+  if (grants && h.window == 0) return Refuse("window", "is 0 where it grants messages");
+  if (!grants && h.window != 0) {
+    return Refuse("window", absl::StrCat("is ", h.window, " in a ", KindName(h.kind),
+                                         h.kind == RpcKind::kRequest ? " that opens no stream" : "",
+                                         " (must be 0)"));
+  }
+  if (h.call_id == 0) return Refuse("call_id", "is 0, which no call has");
+  if (status > kMaxStatusCode) {
+    return Refuse("status_code", absl::StrCat(status, " is not an absl::StatusCode"));
+  }
+  h.status_code = static_cast<absl::StatusCode>(status);
+
+  // Only requests address a service and carry a deadline.
+  if (h.kind != RpcKind::kRequest) {
+    if (auto s = RequireZero("service_id", h.service_id, h.kind); !s.ok()) return s;
+    if (auto s = RequireZero("method_index", h.method_index, h.kind); !s.ok()) return s;
+    if (auto s = RequireZero("timeout_us", h.timeout_us, h.kind); !s.ok()) return s;
+  }
+  // Only requests, responses and stream messages carry bulk payloads and bodies of the caller's
+  // choosing.
+  if (h.kind == RpcKind::kRequest || h.kind == RpcKind::kResponse ||
+      h.kind == RpcKind::kStreamMessage) {
+    if (h.has_bulk() && h.bulk_size == 0) return Refuse("bulk_size", "is 0 with the bulk flag set");
+    if (!h.has_bulk() && h.bulk_size != 0) {
+      return Refuse("bulk_size", absl::StrCat("is ", h.bulk_size, " without the bulk flag"));
+    }
+    if (h.pulls() && !h.has_bulk()) return Refuse("flags", "ask to pull without the bulk flag");
+    if (h.large_body() && !h.has_bulk()) {
+      return Refuse("flags", "put the body in a payload without the bulk flag");
+    }
+    if (h.large_body() && body < LargeBody::kSize) {
+      return Refuse("body", absl::StrCat("has ", body, " bytes, too few for the ",
+                                         LargeBody::kSize, "-byte large-body trailer"));
+    }
+    if (h.kind != RpcKind::kRequest && (h.flags & kRpcFlagPullResponse) != 0) {
+      return Refuse("flags", "ask for a pulled response outside a request");
+    }
+    if (h.kind != RpcKind::kRequest && h.opens_stream()) {
+      return Refuse("flags", "open a stream outside a request");
+    }
+    if (h.pulls() && body < PullDescriptor::kSize) {
+      return Refuse("body", absl::StrCat("has ", body, " bytes, too few for the ",
+                                         PullDescriptor::kSize, "-byte pull descriptor"));
+    }
+  } else {
+    if (auto s = RequireZero("flags", h.flags, h.kind); !s.ok()) return s;
+    if (auto s = RequireZero("bulk_size", h.bulk_size, h.kind); !s.ok()) return s;
+  }
+  // Only errors carry a status, and it is never OK.
+  if (h.kind == RpcKind::kError) {
+    if (h.status_code == absl::StatusCode::kOk) return Refuse("status_code", "is OK in an error");
+    if (body > kMaxErrorMessage) {
+      return Refuse("body", absl::StrCat("of an error has ", body, " bytes, more than ",
+                                         kMaxErrorMessage));
+    }
+  } else if (auto s = RequireZero("status_code", status, h.kind); !s.ok()) {
+    return s;
+  }
+  if ((h.kind == RpcKind::kCancel || h.kind == RpcKind::kPulled ||
+       h.kind == RpcKind::kHalfClose || h.kind == RpcKind::kStreamCredit) &&
+      body != 0) {
+    return Refuse("body", absl::StrCat("of a ", KindName(h.kind), " has ", body,
+                                       " bytes (must be empty)"));
+  }
+  return h;
+}
+
+size_t ErrorBodySize(absl::string_view message, size_t limit) {
+  const Cut cut = CutErrorMessage(message, limit);
+  return cut.keep + cut.marker;
+}
+
+size_t EncodeErrorBody(absl::string_view message, uint8_t* out, size_t limit) {
+  const Cut cut = CutErrorMessage(message, limit);
+  if (cut.keep > 0) std::memcpy(out, message.data(), cut.keep);
+  if (cut.marker > 0) std::memcpy(out + cut.keep, kTruncatedMarker.data(), cut.marker);
+  return cut.keep + cut.marker;
+}
+
+absl::Status DecodeErrorBody(const RpcHeader& header, absl::Span<const uint8_t> body,
+                             absl::Status* peer) {
+  if (header.kind != RpcKind::kError || header.status_code == absl::StatusCode::kOk) {
+    return Refuse("kind", "is not an error with a status code");
+  }
+  if (body.size() > kMaxErrorMessage) {
+    return Refuse("body", absl::StrCat("of an error has ", body.size(), " bytes, more than ",
+                                       kMaxErrorMessage));
+  }
+  *peer = absl::Status(header.status_code,
+                       absl::string_view(reinterpret_cast<const char*>(body.data()), body.size()));
+  return absl::OkStatus();
+}
+
+uint64_t TimeoutToWire(absl::Time deadline, absl::Time now) {
+  if (deadline == absl::InfiniteFuture()) return 0;
+  const absl::Duration remaining = deadline - now;
+  if (remaining <= absl::ZeroDuration()) return 1;
+  // ToInt64Microseconds truncates and saturates at INT64_MAX (for an infinite remainder too).
+  int64_t us = absl::ToInt64Microseconds(remaining);
+  if (us < std::numeric_limits<int64_t>::max() && remaining > absl::Microseconds(us)) ++us;
+  return static_cast<uint64_t>(std::max<int64_t>(us, 1));
+}
+
+absl::Duration RemainingFromWire(uint64_t timeout_us) {
+  if (timeout_us == 0) return absl::InfiniteDuration();
+  if (timeout_us > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::InfiniteDuration();
+  }
+  return absl::Microseconds(static_cast<int64_t>(timeout_us));
+}
+
+absl::Time DeadlineFromWire(uint64_t timeout_us, absl::Time now) {
+  // absl::Time arithmetic saturates to InfiniteFuture on overflow (and with InfiniteDuration).
+  return now + RemainingFromWire(timeout_us);
+}
+
+}  // namespace zrpc

@@ -1,0 +1,172 @@
+// ChannelOptions and ServerOptions: everything an application sets on a channel or a server, and
+// the transport's options they hold (transport/options.h: connection, poller, slots, listener;
+// transport/device_config.h: which device).
+//
+// Contract: plain values, read once by CreateChannel or Server::Create, which check them and
+// answer kInvalidArgument naming the option that is out of range. Changing a copy afterwards
+// changes nothing. Including this header brings no verbs header: applications that only set
+// options compile without rdma-core's headers in their include path.
+#ifndef ZRPC_RPC_OPTIONS_H_
+#define ZRPC_RPC_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "rpc/bulk.h"
+#include "rpc/service.h"
+#include "transport/device_config.h"
+#include "transport/options.h"
+
+namespace zrpc {
+
+// A channel's options (rpc/channel.h).
+struct ChannelOptions {
+  // Connections to the server; calls are spread over them round robin.
+  int connections = 1;
+  // Poller threads; connections are spread over them.
+  int pollers = 1;
+  // kEvent sleeps when idle; kBusy spins a core per poller for the lowest latency.
+  transport::PollMode poll_mode = transport::PollMode::kEvent;
+  // How long a poller in kEvent keeps polling after its last completion before it sleeps, and
+  // how long a blocking call (the stub's synchronous form, either mode) polls for its answer
+  // before it sleeps: adaptive polling, an answer within it costs no wake-up (THREADING.md).
+  // Zero: sleep at once. In [0, 1s].
+  absl::Duration spin = absl::Microseconds(50);
+  // Each connection's options (arena_size bounds the largest response payload it takes).
+  transport::ConnectionOptions connection;
+  // The device; unset: from the environment (ZRPC_RDMA_*), else the first active one.
+  std::optional<transport::DeviceConfig> device;
+  // One connection attempt, at most (the call's deadline may cut it shorter).
+  absl::Duration connect_timeout = absl::Seconds(3);
+  // Calls in flight per connection; more fail with RESOURCE_EXHAUSTED.
+  uint32_t max_calls_per_connection = 4096;
+  // Reconnection backoff (see the top of this file).
+  absl::Duration reconnect_backoff_initial = absl::Milliseconds(50);
+  absl::Duration reconnect_backoff_max = absl::Seconds(5);
+  // The device's registered message slots (see ServerOptions::slots): slot_size bounds the
+  // largest message and must match the server's.
+  transport::SlotPoolOptions slots;
+  // Registered memory for staging request payloads (rpc/bulk/staging.h).
+  size_t staging_bytes = size_t{64} << 20;
+  // The largest request or response message (serialized protobuf bytes) this side sends or
+  // takes, at most 2 GiB - 1 (protobuf's own bound). One that does not fit a message slot
+  // travels at the front of a bulk payload, written into the peer's arena or pulled from this
+  // side's memory like one (rpc/WIRE.md, "Messages larger than a slot"), with no option to set
+  // on either side; past this limit the call fails with RESOURCE_EXHAUSTED naming the option,
+  // before any byte moves (a sender's own limit) or before the message is read (a receiver's).
+  uint64_t max_message_size = uint64_t{4} << 20;
+  // Bulk payloads larger than the peer's arena are pulled by this side with RDMA READ into
+  // memory it allocates and registers per payload (rpc/WIRE.md, "Pulled payloads"): one is at
+  // most max_bulk_size bytes (at most 4 GiB - 1), and all those pulled and not yet released at
+  // most max_pulled_bytes together (a cap: nothing is allocated in advance). Past either, the
+  // call fails with RESOURCE_EXHAUSTED naming the option, before any byte moves.
+  uint64_t max_bulk_size = uint64_t{1} << 30;
+  uint64_t max_pulled_bytes = uint64_t{4} << 30;
+  // Liveness: a connection that received nothing for keepalive_interval sends a ping; a ping
+  // unanswered within keepalive_timeout closes the connection (its calls fail UNAVAILABLE). A
+  // server that vanished is noticed within about interval + timeout, idle or busy. A server
+  // whose handlers hold the whole window (slow calls) or whose answers wait for arena space this
+  // side holds (IncomingBulk not released) is busy, not dead: its NIC is probed instead, without
+  // a credit, and a vanished host fails that probe through the transport's retries (seconds).
+  // keepalive_interval zero: no keepalives.
+  absl::Duration keepalive_interval = absl::Seconds(1);
+  absl::Duration keepalive_timeout = absl::Seconds(2);
+  // Messages of the server's a stream holds unread before the server must wait (per-stream
+  // flow control: rpc/stream/stream_core.h); at least 1. Memory per stream: this many parsed messages.
+  uint16_t stream_window = 16;
+};
+
+// A server's options (rpc/server.h).
+struct ServerOptions {
+  // Where to listen: an address of the RDMA device (empty: the device's own address) and a port
+  // (0: any free one; port() says which).
+  std::string address;
+  uint16_t port = 0;
+  // The device; unset: from the environment (ZRPC_RDMA_*), else the first active one.
+  std::optional<transport::DeviceConfig> device;
+  // Poller threads; connections are spread over them.
+  int pollers = 1;
+  // kEvent sleeps when idle; kBusy spins a core per poller for the lowest latency.
+  transport::PollMode poll_mode = transport::PollMode::kEvent;
+  // kEvent: how long a poller keeps polling after its last completion before it sleeps
+  // (adaptive polling: a request within it costs no wake-up; THREADING.md). Zero: sleep at
+  // once. In [0, 1s].
+  absl::Duration spin = absl::Microseconds(50);
+  // Threads of the handler pool (methods not marked inline run there).
+  int handler_threads = 4;
+  // Run every method inline on the poller thread unless overridden (SetInline). Streaming
+  // methods never run inline.
+  bool inline_by_default = false;
+  // Streams (rpc/streaming.h): each streaming handler of a Service runs on a thread of its own,
+  // at most max_streams_per_connection per connection and max_streams in the whole server; a
+  // stream past either is refused with RESOURCE_EXHAUSTED naming the option. An AsyncService's
+  // streaming handlers need no thread: they count against max_streams_per_connection only. stream_window: messages of
+  // the client's a stream holds unread before the client must wait (per-stream flow control,
+  // rpc/stream/stream_core.h). Each at least 1.
+  int max_streams_per_connection = 16;
+  int max_streams = 256;
+  uint16_t stream_window = 16;
+  // Accepting: handshake deadline, admission limits, and every connection's options (its
+  // arena_size bounds the largest request payload a client can send). The admission limits are
+  // lowered to what the pollers' completion queues can hold (CqEntriesFor each connection), and
+  // max_connections_per_peer to half of that, so that one address can never fill the server.
+  transport::ListenerOptions listener;
+  // The device's registered message slots, shared with other servers and channels of the
+  // process that ask for the same: slot_size bounds the largest message (request or response,
+  // 40 bytes of headers included) and must match the clients'.
+  transport::SlotPoolOptions slots;
+  // Registered memory for staging response payloads (rpc/bulk/staging.h). One connection stages at
+  // most what its client's arena holds; answers beyond wait for that connection's earlier ones.
+  size_t staging_bytes = size_t{64} << 20;
+  // The largest request or response message (serialized protobuf bytes) this side sends or
+  // takes, at most 2 GiB - 1 (protobuf's own bound). One that does not fit a message slot
+  // travels at the front of a bulk payload, written into the peer's arena or pulled from this
+  // side's memory like one (rpc/WIRE.md, "Messages larger than a slot"), with no option to set
+  // on either side; past this limit the call fails with RESOURCE_EXHAUSTED naming the option,
+  // before any byte moves (a sender's own limit) or before the message is read (a receiver's).
+  uint64_t max_message_size = uint64_t{4} << 20;
+  // Where request payloads this server pulls land (those larger than its arena: rpc/WIRE.md,
+  // "Pulled payloads"). Unset: memory the server allocates and registers per payload, within
+  // max_pulled_bytes. Set: called with the method and the payload's size, on a poller thread (it
+  // must not block), it returns memory the application registered on this server
+  // (Server::RegisterMemory), at least that large, and a release to run once the runtime is done
+  // with it. The payload is read straight there by this side's NIC, and the handler's
+  // IncomingBulk views it in place: a page cache, a tensor or a KV-cache block gets its bytes
+  // where it wants them, with no copy. An error fails the call with that status, nothing read;
+  // memory too small or registered elsewhere fails it too (RESOURCE_EXHAUSTED,
+  // FAILED_PRECONDITION). Payloads written into the arena (at most its size) are not placed:
+  // lower listener.connection.arena_size to place smaller ones.
+  std::function<absl::StatusOr<PayloadPlacement>(const MethodInfo& method, size_t size)>
+      place_request_payload;
+  // Bulk payloads larger than the peer's arena are pulled by this side with RDMA READ into
+  // memory it allocates and registers per payload (rpc/WIRE.md, "Pulled payloads"): one is at
+  // most max_bulk_size bytes (at most 4 GiB - 1), and all those pulled and not yet released at
+  // most max_pulled_bytes together (a cap: nothing is allocated in advance). Past either, the
+  // call fails with RESOURCE_EXHAUSTED naming the option, before any byte moves.
+  uint64_t max_bulk_size = uint64_t{1} << 30;
+  uint64_t max_pulled_bytes = uint64_t{4} << 30;
+  // Liveness, checked every second or so by a thread of the server's:
+  //  - a connection that held no calls and received nothing for idle_timeout is closed (its
+  //    slots, arena and admission place go back): a peer that went away without a word, or
+  //    never said anything. A zrpc client with keepalives on is never idle (its pings count);
+  //    one with them off reconnects on its next call. Zero: never.
+  //  - a connection that holds calls and received nothing for liveness_probe_interval has its
+  //    client's NIC probed (a zero-length RDMA WRITE, no credit): a client host that vanished
+  //    fails the probe after the transport's retries, the connection fails, and its calls are
+  //    marked cancelled (ServerContext::IsCancelled) instead of running for nobody. Zero: never.
+  absl::Duration idle_timeout = absl::Minutes(5);
+  absl::Duration liveness_probe_interval = absl::Seconds(2);
+  // Serve PrometheusText() at http://<metrics_address>/metrics from Start to Shutdown: "host:port"
+  // on a plain TCP interface ("0.0.0.0:9464", "127.0.0.1:0" for any free port; metrics_port()
+  // says which). Empty: no endpoint. See rpc/metrics_http.h for what it answers and its bounds.
+  std::string metrics_address;
+};
+
+}  // namespace zrpc
+
+#endif  // ZRPC_RPC_OPTIONS_H_

@@ -1,0 +1,530 @@
+// Server (rpc/server.h) and ServerCore: options, services, the listener, pollers, the sweeper
+// thread, Shutdown.
+
+#include "rpc/server.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "rpc/common/monotonic.h"
+#include "rpc/connection/rpc_header.h"
+#include "rpc/server/server_core.h"
+#include "rpc/common/shared_device.h"
+
+namespace zrpc {
+namespace internal {
+
+absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptions& options) {
+  if (options.pollers < 1 || options.pollers > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ServerOptions::pollers is ", options.pollers, "; it must be in [1, 64]"));
+  }
+  if (options.handler_threads < 1 || options.handler_threads > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("ServerOptions::handler_threads is ",
+                                                   options.handler_threads,
+                                                   "; it must be in [1, 1024]"));
+  }
+  if (absl::Status s = transport::CheckSpin(options.spin, "ServerOptions::spin"); !s.ok()) {
+    return s;
+  }
+  if (options.max_message_size == 0 || options.max_message_size > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("ServerOptions::max_message_size is ",
+                                                   options.max_message_size,
+                                                   "; it must be in [1, 2 GiB - 1]"));
+  }
+  if (options.max_bulk_size == 0 || options.max_bulk_size > UINT32_MAX ||
+      options.max_pulled_bytes < options.max_bulk_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions::max_bulk_size is ", options.max_bulk_size, " and max_pulled_bytes ",
+        options.max_pulled_bytes, ": the first must be in [1, 4 GiB - 1] and at most the second"));
+  }
+  if (options.max_streams_per_connection < 1 || options.max_streams < 1 ||
+      options.stream_window == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions::max_streams_per_connection is ", options.max_streams_per_connection,
+        ", max_streams ", options.max_streams, " and stream_window ", options.stream_window,
+        "; each must be at least 1"));
+  }
+  ServerOptions adjusted = options;
+  transport::ConnectionOptions& connection = adjusted.listener.connection;
+  connection.min_message_size = std::max(connection.min_message_size, kMinRpcMessage);
+  // Every call a connection may hold (one per receive credit) and every stream can hold its
+  // answer too, plus errors and keepalive answers: fewer send slots would make answers fail
+  // instead of wait. Stream frames leave those free, and have 8 at least of their own.
+  connection.max_send_slots =
+      std::max<uint32_t>(connection.max_send_slots, ServerCore::AnswerSlots(adjusted) + 8);
+  std::unique_ptr<ServerCore> core(new ServerCore(adjusted));
+  absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options.device, options.slots);
+  if (!device.ok()) return device.status();
+  core->device_ = *std::move(device);
+  core->staging_ = std::make_unique<StagingPool>(*core->device_, options.staging_bytes);
+  core->pulls_ = std::make_shared<PullBudget>(options.max_message_size, options.max_bulk_size,
+                                              options.max_pulled_bytes, "ServerOptions");
+  transport::PollerOptions poller_options;
+  poller_options.mode = options.poll_mode;
+  poller_options.spin = options.spin;
+  for (int i = 0; i < options.pollers; ++i) {
+    absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
+        transport::Poller::Create(*core->device_, poller_options);
+    if (!poller.ok()) return poller.status();
+    if (absl::Status s = (*poller)->Start(); !s.ok()) return s;
+    core->pollers_.push_back(*std::move(poller));
+  }
+  core->pool_ = std::make_unique<HandlerPool>(options.handler_threads);
+  // Admission within what the pollers can hold: a connection refused at the door ("server
+  // full") is better than one accepted and then refused its completion-queue entries, and no
+  // single address may take every place.
+  transport::ListenerOptions& listener = core->options_.listener;
+  uint64_t capacity = 0;
+  const uint32_t per_connection = transport::CqEntriesFor(listener.connection);
+  for (const auto& poller : core->pollers_) capacity += poller->cq_capacity() / per_connection;
+  listener.max_connections = static_cast<uint32_t>(
+      std::max<uint64_t>(1, std::min<uint64_t>(listener.max_connections, capacity)));
+  listener.max_connections_per_peer = std::max<uint32_t>(
+      1, std::min(listener.max_connections_per_peer, listener.max_connections / 2));
+  return core;
+}
+
+ServerCore::~ServerCore() { Shutdown(absl::ZeroDuration()); }
+
+absl::Status ServerCore::AddService(Service* service) {
+  if (started_ || shut_down_) {
+    return absl::FailedPreconditionError("AddService must come before Start");
+  }
+  const ServiceInfo& info = service->service_info();
+  const uint32_t id = ServiceId(info.full_name);
+  if (id == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(info.full_name, " hashes to service id 0, which the wire reserves"));
+  }
+  if (auto it = services_.find(id); it != services_.end()) {
+    const char* other = it->second.service->service_info().full_name;
+    return absl::AlreadyExistsError(
+        absl::string_view(other) == info.full_name
+            ? absl::StrCat(info.full_name, " is already served")
+            : absl::StrFormat("%s and %s have the same service id 0x%08x (FNV-1a of the full "
+                              "name); rename one",
+                              info.full_name, other, id));
+  }
+  if (id == kKeepaliveServiceId) {
+    return absl::InvalidArgumentError("zrpc.Keepalive is reserved for the runtime's keepalives");
+  }
+  ServiceEntry entry{service, std::vector<bool>(info.method_count, options_.inline_by_default),
+                     {}, service->serves_streams_async()};
+  for (int i = 0; i < info.method_count; ++i) {
+    if (info.methods[i].streaming()) entry.inline_methods[i] = false;
+    entry.metrics.push_back(&metrics_.ForMethod(MetricsSide::kServer, info.methods[i].full_name));
+  }
+  services_.emplace(id, std::move(entry));
+  return absl::OkStatus();
+}
+
+absl::Status ServerCore::SetInline(absl::string_view method, bool inline_handler) {
+  if (started_ || shut_down_) {
+    return absl::FailedPreconditionError("SetInline must come before Start");
+  }
+  for (auto& [id, entry] : services_) {
+    const ServiceInfo& info = entry.service->service_info();
+    for (int i = 0; i < info.method_count; ++i) {
+      if (method == info.methods[i].full_name) {
+        if (inline_handler && info.methods[i].streaming()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              method, " is a streaming method: its handler runs on a thread of its own, never "
+                      "inline on a poller (it may block for as long as its stream lasts)"));
+        }
+        entry.inline_methods[i] = inline_handler;
+        return absl::OkStatus();
+      }
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no method \"", method, "\" in the services added so far (a method is named "
+      "\"package.Service/Method\")"));
+}
+
+absl::Status ServerCore::Start() {
+  if (started_ || shut_down_) {
+    return absl::FailedPreconditionError(shut_down_ ? "the server was shut down"
+                                                    : "the server already started");
+  }
+  absl::StatusOr<std::unique_ptr<transport::Listener>> listener = transport::Listener::Create(
+      *device_, options_.address, options_.port, this, options_.listener);
+  if (!listener.ok()) return listener.status();
+  listener_ = *std::move(listener);
+  port_ = listener_->port();
+  started_ = true;
+  sweeper_ = std::thread([this] { SweepLoop(); });
+  return absl::OkStatus();
+}
+
+namespace {
+constexpr absl::Duration kSlotRetry = absl::Milliseconds(1);
+}  // namespace
+
+void ServerCore::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
+  {
+    std::lock_guard<std::mutex> lock(sweep_mu_);
+    // A millisecond for the pollers to free slots, then every waiter tries again.
+    if (slot_waiters_.empty()) slot_retry_at_ = MonotonicNow() + kSlotRetry;
+    if (!slot_waiters_.Add(std::move(waiter))) return;
+  }
+  sweep_cv_.notify_one();
+}
+
+void ServerCore::WatchDeadline(absl::Time deadline, std::weak_ptr<StreamCore> stream) {
+  bool earliest;
+  {
+    std::lock_guard<std::mutex> lock(sweep_mu_);
+    // Streams that finished leave their entries until their deadlines: past twice what the last
+    // pruning left, those are dropped, so the map stays within twice the streams alive.
+    if (deadlines_.size() >= std::max<size_t>(1024, 2 * deadlines_pruned_)) {
+      for (auto it = deadlines_.begin(); it != deadlines_.end();) {
+        it = it->second.expired() ? deadlines_.erase(it) : std::next(it);
+      }
+      deadlines_pruned_ = deadlines_.size();
+    }
+    earliest = deadlines_.empty() || deadline < deadlines_.begin()->first;
+    deadlines_.emplace(deadline, std::move(stream));
+  }
+  if (earliest) sweep_cv_.notify_one();
+}
+
+void ServerCore::SweepLoop() {
+  MarkRuntimeTimerThread();  // stream callbacks run here (slot retries, deadlines)
+  // A pass at least every second, and often enough for short settings (tests).
+  const bool sweeps = options_.idle_timeout > absl::ZeroDuration() ||
+                      options_.liveness_probe_interval > absl::ZeroDuration();
+  absl::Duration period = absl::Seconds(1);
+  if (options_.idle_timeout > absl::ZeroDuration()) {
+    period = std::min(period, options_.idle_timeout / 4);
+  }
+  if (options_.liveness_probe_interval > absl::ZeroDuration()) {
+    period = std::min(period, options_.liveness_probe_interval / 2);
+  }
+  period = std::max(period, absl::Milliseconds(10));
+  absl::Time next_sweep = MonotonicNow() + period;
+  for (;;) {
+    std::vector<std::weak_ptr<StreamListener>> retry;
+    std::vector<std::shared_ptr<StreamCore>> overdue;
+    absl::Time now;
+    {
+      std::unique_lock<std::mutex> lock(sweep_mu_);
+      // Asleep until the next sweep, slot retry or stream deadline, whichever is first; told of
+      // a new first one.
+      for (;;) {
+        if (sweep_stop_) return;
+        now = MonotonicNow();
+        absl::Time wake = sweeps ? next_sweep : now + absl::Hours(1);
+        if (!slot_waiters_.empty()) wake = std::min(wake, slot_retry_at_);
+        if (!deadlines_.empty()) wake = std::min(wake, deadlines_.begin()->first);
+        if (wake <= now) break;
+        sweep_cv_.wait_for(lock, absl::ToChronoNanoseconds(wake - now));
+      }
+      if (!slot_waiters_.empty() && slot_retry_at_ <= now) retry = slot_waiters_.Take();
+      while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+        if (std::shared_ptr<StreamCore> stream = deadlines_.begin()->second.lock()) {
+          overdue.push_back(std::move(stream));
+        }
+        deadlines_.erase(deadlines_.begin());
+      }
+      deadlines_pruned_ = std::min(deadlines_pruned_, deadlines_.size());
+    }
+    // Outside the lock: these run stream callbacks, which may ask for the next retry.
+    for (const std::shared_ptr<StreamCore>& stream : overdue) {
+      stream->End(absl::DeadlineExceededError("the call's deadline passed"));
+    }
+    StreamWaiters::Tell(retry);
+    if (!sweeps || now < next_sweep) continue;
+    next_sweep = now + period;
+    std::vector<std::shared_ptr<ServerConnection>> open;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [handler, connection] : connections_) open.push_back(connection);
+    }
+    for (auto& connection : open) {
+      connection->SweepPass(now, options_.idle_timeout, options_.liveness_probe_interval);
+    }
+  }
+}
+
+absl::StatusOr<transport::Placement> ServerCore::Place(const std::string&) {
+  if (draining()) return absl::UnavailableError("the server is shutting down");
+  const std::shared_ptr<transport::Poller>& poller =
+      pollers_[next_poller_.fetch_add(1, std::memory_order_relaxed) % pollers_.size()];
+  auto connection = std::make_shared<ServerConnection>(*this, poller);
+  ServerConnection* handler = connection.get();
+  {
+    absl::MutexLock lock(&mu_);
+    connections_.emplace(handler, connection);
+  }
+  // The transport connection co-owns its handler (listener.h): whichever of this thread's
+  // OnAccepted and the poller's OnClosed comes last, the handler is alive for both.
+  return transport::Placement{poller.get(), handler, std::move(connection)};
+}
+
+void ServerCore::OnAccepted(std::shared_ptr<transport::Connection> connection) {
+  accepted_.fetch_add(1, std::memory_order_relaxed);
+  // Alive: `connection` owns its handler (see Place), even when OnClosed already ran.
+  auto* handler = static_cast<ServerConnection*>(connection->handler());
+  handler->Attach(std::move(connection));
+}
+
+void ServerCore::OnRefused(const std::string&, transport::ConnectionHandler* placed,
+                           const absl::Status&) {
+  if (placed == nullptr) return;
+  std::shared_ptr<ServerConnection> dropped;  // released after the lock
+  absl::MutexLock lock(&mu_);
+  auto it = connections_.find(placed);
+  if (it == connections_.end()) return;
+  dropped = std::move(it->second);
+  connections_.erase(it);
+}
+
+void ServerCore::ConnectionClosed(ServerConnection* connection) {
+  std::shared_ptr<ServerConnection> closed;
+  absl::MutexLock lock(&mu_);
+  auto it = connections_.find(connection);
+  if (it == connections_.end()) return;
+  closed = std::move(it->second);
+  connections_.erase(it);
+  // `closed` is released after the lock; its calls, if any, still hold it.
+}
+
+void ServerCore::CallStarted() {
+  calls_alive_.fetch_add(1, std::memory_order_relaxed);
+  calls_started_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void ServerCore::CallDone() {
+  // The decrement is a call's last touch of the core: once the count reaches zero during
+  // Shutdown, Shutdown may return and the core be freed. So while draining it happens under
+  // mu_, whose release also wakes Shutdown; otherwise nothing waits, and nothing follows it.
+  // (A drain that begins between the check and the decrement is seen by Shutdown's next
+  // periodic look: it never waits on a wake-up alone.)
+  if (draining()) {
+    absl::MutexLock lock(&mu_);
+    calls_alive_.fetch_sub(1, std::memory_order_acq_rel);
+    return;
+  }
+  calls_alive_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void ServerCore::Shutdown(absl::Duration grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  const absl::Time grace_end = MonotonicNow() + grace;  // monotonic.h, like every time below
+  draining_.store(true, std::memory_order_release);
+  listener_.reset();  // no new connections; unfinished handshakes are dropped
+
+  // Waits under mu_ until `done` or `deadline`, looking again at least every 10 ms: a count
+  // may reach zero without a wake-up (CallDone).
+  auto wait = [this](bool (*done)(ServerCore*), absl::Time deadline)
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!done(this) && MonotonicNow() < deadline) {
+      mu_.AwaitWithTimeout(absl::Condition(done, this),
+                           std::min(absl::Milliseconds(10), deadline - MonotonicNow()));
+    }
+  };
+  auto no_calls_left = +[](ServerCore* core) {
+    return core->calls_alive_.load(std::memory_order_acquire) == 0;
+  };
+  std::vector<std::shared_ptr<ServerConnection>> open;
+  {
+    absl::MutexLock lock(&mu_);
+    wait(no_calls_left, grace_end);
+    for (auto& [handler, connection] : connections_) open.push_back(connection);
+  }
+  const absl::Status unavailable =
+      absl::UnavailableError("the server shut down before the call finished");
+  for (auto& connection : open) connection->AnswerAll(unavailable);
+  // Answers handed to the transport may still wait for credits or sit in the send queue:
+  // closing now would cut them off, and the client would see a disconnect instead of its
+  // answer. Wait until they reached the clients, up to the grace period's end but at least
+  // kAnswerFlush (so answers given past the grace go out too); a client that stops returning
+  // credits costs that much and no more.
+  constexpr absl::Duration kAnswerFlush = absl::Milliseconds(500);
+  const absl::Time flush_end = std::max(grace_end, MonotonicNow() + kAnswerFlush);
+  for (auto& connection : open) {
+    while (!connection->SendsDrained() && MonotonicNow() < flush_end) {
+      absl::SleepFor(absl::Microseconds(200));
+    }
+  }
+  for (auto& connection : open) connection->Close();
+  open.clear();
+  {
+    // Handlers still running hold their connections; each returns and finishes (its answer
+    // discarded). Nothing can be taken back from a handler that never returns: wait for it.
+    absl::MutexLock lock(&mu_);
+    wait(no_calls_left, absl::InfiniteFuture());
+    // Every connection's OnClosed comes from its poller; drained connections leave the map.
+    auto all_closed = +[](ServerCore* core) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return core->connections_.empty();
+    };
+    wait(all_closed, MonotonicNow() + absl::Seconds(5));
+  }
+  // The sweeper is also the asynchronous streams' slot retry (WaitForSlot): it stops once every
+  // call has finished.
+  if (sweeper_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(sweep_mu_);
+      sweep_stop_ = true;
+    }
+    sweep_cv_.notify_one();
+    sweeper_.join();
+  }
+  pool_->Shutdown();
+  stream_threads_.JoinAll();  // every stream's call finished above: its thread is returning
+  // Closes and drains what is still registered; a payload a user still holds keeps its poller
+  // object (and CQ) until released, with the loop stopped.
+  for (auto& poller : pollers_) poller->Shutdown();
+  pollers_.clear();
+  absl::MutexLock lock(&mu_);
+  connections_.clear();
+}
+
+uint16_t ServerCore::port() const { return port_; }
+
+std::string ServerCore::address() const {
+  return options_.address.empty() ? device_->selection().addr : options_.address;
+}
+
+ServerStats ServerCore::stats() const {
+  ServerStats stats;
+  stats.connections_accepted = accepted_.load(std::memory_order_relaxed);
+  {
+    absl::MutexLock lock(&mu_);
+    stats.connections_open = connections_.size();
+  }
+  stats.calls_started = calls_started_.load(std::memory_order_relaxed);
+  stats.calls_in_flight = calls_alive_.load(std::memory_order_relaxed);
+  stats.unimplemented = unimplemented_.load(std::memory_order_relaxed);
+  stats.protocol_violations = closed_violations_.load(std::memory_order_relaxed);
+  stats.cancels_received = cancels_.load(std::memory_order_relaxed);
+  stats.keepalives_answered = keepalives_.load(std::memory_order_relaxed);
+  stats.calls_skipped = skipped_.load(std::memory_order_relaxed);
+  stats.answers_dropped = answers_dropped_.load(std::memory_order_relaxed);
+  stats.connections_idle_closed = idle_closed_.load(std::memory_order_relaxed);
+  stats.liveness_probes = probes_.load(std::memory_order_relaxed);
+  stats.streams_started = stream_threads_.started();
+  stats.streams_open = stream_threads_.running();
+  stats.streams_refused = streams_refused_.load(std::memory_order_relaxed);
+  stats.async_streams_started = async_streams_.load(std::memory_order_relaxed);
+  stats.bulk_bytes_staged = staging_->staged_bytes();
+  stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
+  stats.staging_bytes_registered = staging_->registered_bytes();
+  stats.pulled_bytes_held = pulls_->in_use();
+  return stats;
+}
+
+}  // namespace internal
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
+  absl::StatusOr<std::unique_ptr<internal::ServerCore>> core = internal::ServerCore::Create(options);
+  if (!core.ok()) return core.status();
+  return std::unique_ptr<Server>(new Server(*std::move(core), options.metrics_address));
+}
+
+Server::Server(std::unique_ptr<internal::ServerCore> core, std::string metrics_address)
+    : core_(std::move(core)), metrics_address_(std::move(metrics_address)) {}
+Server::~Server() {
+  absl::MutexLock lock(&metrics_mu_);
+  metrics_http_.reset();  // no scrape renders from a core being destroyed
+}
+absl::Status Server::AddService(Service* service) { return core_->AddService(service); }
+absl::Status Server::SetInline(absl::string_view method, bool inline_handler) {
+  return core_->SetInline(method, inline_handler);
+}
+absl::Status Server::Start() {
+  // The metrics endpoint binds first, so that a taken metrics port fails Start before any
+  // client can connect; it is dropped again if the server itself cannot start.
+  std::unique_ptr<MetricsHttpServer> http;
+  absl::MutexLock lock(&metrics_mu_);
+  if (!metrics_address_.empty() && metrics_http_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
+        MetricsHttpServer::Start(metrics_address_, [this] { return PrometheusText(); });
+    if (!started.ok()) {
+      return absl::Status(started.status().code(),
+                          absl::StrCat("ServerOptions::metrics_address: ",
+                                       started.status().message()));
+    }
+    http = *std::move(started);
+  }
+  if (absl::Status s = core_->Start(); !s.ok()) return s;
+  if (http != nullptr) metrics_http_ = std::move(http);
+  return absl::OkStatus();
+}
+void Server::Shutdown(absl::Duration grace) {
+  core_->Shutdown(grace);
+  absl::MutexLock lock(&metrics_mu_);
+  metrics_http_.reset();
+}
+uint16_t Server::metrics_port() const {
+  absl::MutexLock lock(&metrics_mu_);
+  return metrics_http_ == nullptr ? 0 : metrics_http_->port();
+}
+
+std::string Server::PrometheusText() const {
+  std::string text = core_->metrics().PrometheusText();
+  const ServerStats s = stats();
+  struct Family {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t value;
+  };
+  const Family families[] = {
+      {"zrpc_server_connections_accepted_total", "counter", "Connections accepted.",
+       s.connections_accepted},
+      {"zrpc_server_connections_open", "gauge", "Connections open now.", s.connections_open},
+      {"zrpc_server_connections_idle_closed_total", "counter",
+       "Connections closed after ServerOptions::idle_timeout without a word.",
+       s.connections_idle_closed},
+      {"zrpc_server_calls_in_flight", "gauge", "Calls started and not yet finished.",
+       s.calls_in_flight},
+      {"zrpc_server_unimplemented_total", "counter",
+       "Requests for a service or method this server lacks.", s.unimplemented},
+      {"zrpc_server_protocol_violations_total", "counter",
+       "Connections closed for breaking the protocol.", s.protocol_violations},
+      {"zrpc_server_cancels_received_total", "counter", "Cancels received from clients.",
+       s.cancels_received},
+      {"zrpc_server_keepalives_answered_total", "counter", "Keepalive pings answered.",
+       s.keepalives_answered},
+      {"zrpc_server_calls_skipped_total", "counter",
+       "Calls whose caller gave up before a handler ran them.", s.calls_skipped},
+      {"zrpc_server_answers_dropped_total", "counter",
+       "Answers not sent because the caller had given up.", s.answers_dropped},
+      {"zrpc_server_liveness_probes_total", "counter",
+       "Probes of silent clients that hold calls.", s.liveness_probes},
+      {"zrpc_server_bulk_staged_bytes_total", "counter",
+       "Response payload bytes copied into staging memory before sending.", s.bulk_bytes_staged},
+      {"zrpc_server_bulk_zero_copy_bytes_total", "counter",
+       "Response payload bytes sent straight from registered application memory.",
+       s.bulk_bytes_zero_copy},
+      {"zrpc_server_staging_registered_bytes", "gauge", "Staging memory registered now.",
+       s.staging_bytes_registered},
+      {"zrpc_server_pulled_bytes_held", "gauge",
+       "Memory held by request payloads pulled from clients and not yet released.",
+       s.pulled_bytes_held},
+      {"zrpc_server_stream_threads_started_total", "counter",
+       "Streams whose (blocking) handler got a thread of its own.", s.streams_started},
+      {"zrpc_server_stream_threads_open", "gauge",
+       "Stream handler threads running now (ServerOptions::max_streams).", s.streams_open},
+      {"zrpc_server_async_streams_started_total", "counter",
+       "Streams an AsyncService's handler took, with no thread.", s.async_streams_started},
+      {"zrpc_server_streams_refused_total", "counter",
+       "Streams refused past max_streams_per_connection or max_streams.", s.streams_refused},
+  };
+  for (const Family& f : families) AppendPrometheusFamily(text, f.name, f.type, f.help, f.value);
+  return text;
+}
+uint16_t Server::port() const { return core_->port(); }
+std::string Server::address() const { return core_->address(); }
+ServerStats Server::stats() const { return core_->stats(); }
+absl::StatusOr<RegisteredMemory> Server::RegisterMemory(void* data, size_t size) {
+  return RegisteredMemory::Register(core_->device(), data, size);
+}
+const Metrics& Server::metrics() const { return core_->metrics(); }
+
+}  // namespace zrpc

@@ -1,0 +1,167 @@
+// ServerCore: the state behind zrpc::Server (server.h), shared with its connections and calls.
+// Owns, in creation order: the device (shared with other servers and channels of the process),
+// the staging pool, the pollers, the handler pool, the listener (destroyed in reverse).
+#ifndef ZRPC_RPC_SERVER_SERVER_CORE_H_
+#define ZRPC_RPC_SERVER_SERVER_CORE_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "rpc/generated_api.h"
+#include "rpc/server/handler_pool.h"
+#include "rpc/metrics.h"
+#include "rpc/server.h"
+#include "rpc/server/server_connection.h"
+#include "rpc/bulk/staging.h"
+#include "rpc/server/stream_threads.h"
+#include "transport/device.h"
+#include "transport/listener.h"
+#include "transport/poller.h"
+
+namespace zrpc::internal {
+
+class ServerCore final : public transport::AcceptHandler {
+ public:
+  // A service as dispatch sees it: the object, and per method whether it runs inline.
+  struct ServiceEntry {
+    Service* service;
+    std::vector<bool> inline_methods;
+    std::vector<MethodMetrics*> metrics;  // by method index
+    bool async_streams = false;           // Service::serves_streams_async: no stream threads
+  };
+
+  static absl::StatusOr<std::unique_ptr<ServerCore>> Create(const ServerOptions& options);
+  ~ServerCore() override;
+
+  absl::Status AddService(Service* service);
+  absl::Status SetInline(absl::string_view method, bool inline_handler);
+  absl::Status Start();
+  void Shutdown(absl::Duration grace);
+  uint16_t port() const;
+  std::string address() const;
+  ServerStats stats() const;
+
+  // transport::AcceptHandler (listener thread).
+  absl::StatusOr<transport::Placement> Place(const std::string& peer) override;
+  void OnAccepted(std::shared_ptr<transport::Connection> connection) override;
+  void OnRefused(const std::string& peer, transport::ConnectionHandler* placed,
+                 const absl::Status& why) override;
+
+  // For connections and calls.
+  // The service with `id`; null when none. Immutable once serving, so no lock.
+  const ServiceEntry* FindService(uint32_t id) const {
+    auto it = services_.find(id);
+    return it == services_.end() ? nullptr : &it->second;
+  }
+  // Not serving new calls any more (Shutdown has begun).
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
+  void CallStarted();
+  void CallDone();
+  void ConnectionClosed(ServerConnection* connection);
+  HandlerPool& pool() { return *pool_; }
+  StreamThreads& stream_threads() { return stream_threads_; }
+  void CountStreamRefused() { streams_refused_.fetch_add(1, std::memory_order_relaxed); }
+  void CountAsyncStream() { async_streams_.fetch_add(1, std::memory_order_relaxed); }
+  // An asynchronous stream whose frame found no send slot on a runtime thread: `waiter` is
+  // pumped again at the timer's next pass, within a millisecond (the sweeper thread doubles as
+  // that timer). Once each, however often it asks before then.
+  void WaitForSlot(std::weak_ptr<StreamListener> waiter);
+  // Ends `stream` with DEADLINE_EXCEEDED at `deadline` (monotonic), on the sweeper: an
+  // asynchronous stream has no thread whose waits would end there, and a client's cancel may
+  // never come.
+  void WatchDeadline(absl::Time deadline, std::weak_ptr<StreamCore> stream);
+  const Metrics& metrics() const { return metrics_; }
+  void CountKeepalive() { keepalives_.fetch_add(1, std::memory_order_relaxed); }
+  StagingPool& staging() { return *staging_; }
+  const std::shared_ptr<PullBudget>& pulls() const { return pulls_; }
+  const std::shared_ptr<transport::Device>& device() const { return device_; }
+  const ServerOptions& options() const { return options_; }
+  // Send slots a connection's stream frames leave free (AcquireSendBuffer's leave_free): one
+  // for the answer of each call the connection may hold (a receive credit each) and each
+  // stream's final answer, and 4 for errors and keepalive answers. A stream's messages may wait
+  // for the client's transport credits, each in a slot; an answer never waits for one, so it
+  // must find one free.
+  static uint32_t AnswerSlots(const ServerOptions& options) {
+    return options.listener.connection.recv_credits +
+           static_cast<uint32_t>(options.max_streams_per_connection) + 4;
+  }
+  uint32_t answer_slots() const { return AnswerSlots(options_); }
+  void CountUnimplemented() { unimplemented_.fetch_add(1, std::memory_order_relaxed); }
+  void CountCancel() { cancels_.fetch_add(1, std::memory_order_relaxed); }
+  void CountViolation() { closed_violations_.fetch_add(1, std::memory_order_relaxed); }
+  void CountSkipped() { skipped_.fetch_add(1, std::memory_order_relaxed); }
+  void CountIdleClosed() { idle_closed_.fetch_add(1, std::memory_order_relaxed); }
+  void CountProbe() { probes_.fetch_add(1, std::memory_order_relaxed); }
+  void CountAnswerDropped() { answers_dropped_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  explicit ServerCore(const ServerOptions& options)
+      : options_(options), stream_threads_(options.max_streams) {}
+  // The liveness thread (ServerOptions::idle_timeout, liveness_probe_interval).
+  void SweepLoop();
+
+  ServerOptions options_;  // as given, with the limits Create derives; fixed once created
+  std::shared_ptr<transport::Device> device_;
+  std::unique_ptr<StagingPool> staging_;
+  std::shared_ptr<PullBudget> pulls_;
+  // Shared with received payloads users still hold (rpc_connection.h).
+  std::vector<std::shared_ptr<transport::Poller>> pollers_;
+  std::unique_ptr<HandlerPool> pool_;
+  StreamThreads stream_threads_;
+  std::unique_ptr<transport::Listener> listener_;
+
+  absl::flat_hash_map<uint32_t, ServiceEntry> services_;
+  Metrics metrics_;
+  bool started_ = false;
+  uint16_t port_ = 0;
+  std::atomic<bool> draining_{false};
+  bool shut_down_ = false;
+  std::atomic<uint32_t> next_poller_{0};
+
+  // Every connection placed and not yet closed (or refused), for Shutdown and stats. Keyed by
+  // the handler as the transport names it, so a lookup never needs a cast.
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<const transport::ConnectionHandler*, std::shared_ptr<ServerConnection>>
+      connections_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> calls_alive_{0};
+
+  std::atomic<uint64_t> accepted_{0};
+  std::atomic<uint64_t> calls_started_{0};
+  std::atomic<uint64_t> unimplemented_{0};
+  std::atomic<uint64_t> cancels_{0};
+  std::atomic<uint64_t> keepalives_{0};
+  std::atomic<uint64_t> closed_violations_{0};
+  std::atomic<uint64_t> skipped_{0};
+  std::atomic<uint64_t> idle_closed_{0};
+  std::atomic<uint64_t> probes_{0};
+  std::atomic<uint64_t> answers_dropped_{0};
+  std::atomic<uint64_t> streams_refused_{0};
+  std::atomic<uint64_t> async_streams_{0};
+
+  // std:: primitives so the sweep's waits run on the steady clock (monotonic.h).
+  std::mutex sweep_mu_;
+  std::condition_variable sweep_cv_;
+  bool sweep_stop_ = false;  // under sweep_mu_
+  // Under sweep_mu_: the sweeper doubles as the asynchronous streams' timer.
+  StreamWaiters slot_waiters_;                                // WaitForSlot
+  absl::Time slot_retry_at_;                                  // when they try again
+  std::multimap<absl::Time, std::weak_ptr<StreamCore>> deadlines_;  // WatchDeadline
+  size_t deadlines_pruned_ = 0;  // entries left by the last pruning
+  std::thread sweeper_;
+};
+
+}  // namespace zrpc::internal
+
+#endif  // ZRPC_RPC_SERVER_SERVER_CORE_H_

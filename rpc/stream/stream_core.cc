@@ -1,0 +1,243 @@
+// StreamCore: one end of a stream: the peer's messages and per-stream flow control.
+
+#include "rpc/stream/stream_core.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/common/monotonic.h"
+
+namespace zrpc::internal {
+namespace {
+
+// Waits on `cv` until `deadline` (monotonic); false once it has passed.
+bool WaitUntil(absl::CondVar& cv, absl::Mutex& mu, absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) {
+    cv.Wait(&mu);
+    return true;
+  }
+  const absl::Duration left = deadline - MonotonicNow();
+  if (left <= absl::ZeroDuration()) return false;
+  cv.WaitWithTimeout(&mu, left);
+  return true;
+}
+
+constexpr uint32_t kMaxSendCredit = uint32_t{1} << 31;
+
+}  // namespace
+
+StreamCore::StreamCore(const google::protobuf::MessageLite* read_prototype, uint16_t window,
+                       uint32_t send_credit)
+    : prototype_(read_prototype),
+      window_(std::max<uint16_t>(window, 1)),
+      receivable_(read_prototype == nullptr ? 0 : window_),
+      send_credit_(send_credit) {}
+
+uint16_t StreamCore::Consumed() {
+  ++owed_;
+  // A frame per half window: few frames, and the sender never waits for one while it still
+  // has half a window to send.
+  const uint32_t threshold = std::max<uint32_t>(window_ / 2, 1);
+  if (owed_ < threshold) return 0;
+  const uint16_t grant = static_cast<uint16_t>(std::min<uint32_t>(owed_, 0xffff));
+  owed_ -= grant;
+  receivable_ += grant;
+  return grant;
+}
+
+std::shared_ptr<StreamListener> StreamCore::Changed() {
+  changed_.SignalAll();
+  return has_listener_ ? listener_.lock() : nullptr;
+}
+
+absl::StatusOr<uint16_t> StreamCore::OnMessage(absl::Span<const uint8_t> body) {
+  std::shared_ptr<StreamListener> listener;
+  absl::ReleasableMutexLock lock(&mu_);
+  if (prototype_ == nullptr) {
+    return absl::FailedPreconditionError("a stream message on a stream that takes none");
+  }
+  if (receivable_ == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a stream message past the window granted (", window_, " messages)"));
+  }
+  if (peer_done_ && !ended_) {
+    return absl::FailedPreconditionError("a stream message after the sender's half-close");
+  }
+  --receivable_;
+  if (ended_) return 0;  // nobody reads any more: dropped (the call's end made it moot)
+  if (draining_) {
+    const uint16_t grant = Consumed();
+    if (!has_listener_ || grant == 0) return grant;
+    // The asynchronous form sends it (TakeDrainedCredit), from its pump.
+    drained_credit_ += grant;
+    listener = Changed();
+    lock.Release();
+    Notify(listener);
+    return 0;
+  }
+  std::unique_ptr<google::protobuf::MessageLite> message;
+  if (!spare_.empty()) {
+    message = std::move(spare_.back());
+    spare_.pop_back();
+  } else {
+    message.reset(prototype_->New());
+  }
+  if (body.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+      !message->ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "malformed stream message: it does not parse as ", prototype_->GetTypeName()));
+  }
+  queue_.push_back(std::move(message));
+  listener = Changed();
+  lock.Release();
+  Notify(listener);
+  return 0;
+}
+
+absl::Status StreamCore::OnHalfClose() {
+  std::shared_ptr<StreamListener> listener;
+  {
+    absl::MutexLock lock(&mu_);
+    if (peer_done_ && !ended_) return absl::FailedPreconditionError("a second half-close");
+    peer_done_ = true;
+    listener = Changed();
+  }
+  Notify(listener);
+  return absl::OkStatus();
+}
+
+absl::Status StreamCore::OnCredit(uint16_t messages) {
+  std::shared_ptr<StreamListener> listener;
+  {
+    absl::MutexLock lock(&mu_);
+    if (uint64_t{send_credit_} + messages > kMaxSendCredit) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("stream credit past 2^31 messages (", send_credit_, " + ", messages, ")"));
+    }
+    send_credit_ += messages;
+    listener = Changed();
+  }
+  Notify(listener);
+  return absl::OkStatus();
+}
+
+uint16_t StreamCore::Grant(const google::protobuf::MessageLite* read_prototype) {
+  absl::MutexLock lock(&mu_);
+  prototype_ = read_prototype;
+  receivable_ += window_;
+  return window_;
+}
+
+absl::Status StreamCore::WaitEnded() {
+  absl::MutexLock lock(&mu_);
+  while (!ended_) changed_.Wait(&mu_);
+  return status_;
+}
+
+void StreamCore::End(absl::Status status) {
+  std::shared_ptr<StreamListener> listener;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return;
+    ended_ = true;
+    status_ = std::move(status);
+    listener = Changed();
+  }
+  Notify(listener);
+}
+
+void StreamCore::SetListener(std::weak_ptr<StreamListener> listener) {
+  std::shared_ptr<StreamListener> now;
+  {
+    absl::MutexLock lock(&mu_);
+    listener_ = std::move(listener);
+    has_listener_ = true;
+    now = listener_.lock();
+  }
+  Notify(now);
+}
+
+google::protobuf::MessageLite* StreamCore::PopFront(uint16_t* grant) {
+  current_ = std::move(queue_.front());
+  queue_.pop_front();
+  if (!ended_) *grant = Consumed();
+  return current_.get();
+}
+
+google::protobuf::MessageLite* StreamCore::Read(absl::Time deadline, uint16_t* grant) {
+  *grant = 0;
+  absl::MutexLock lock(&mu_);
+  if (current_ != nullptr) spare_.push_back(std::move(current_));
+  while (queue_.empty()) {
+    if (ended_ || peer_done_) return nullptr;
+    if (!WaitUntil(changed_, mu_, deadline)) return nullptr;
+  }
+  return PopFront(grant);
+}
+
+google::protobuf::MessageLite* StreamCore::TryRead(uint16_t* grant, bool* finished) {
+  *grant = 0;
+  absl::MutexLock lock(&mu_);
+  if (current_ != nullptr) spare_.push_back(std::move(current_));
+  if (queue_.empty()) {
+    *finished = ended_ || peer_done_;
+    return nullptr;
+  }
+  *finished = false;
+  return PopFront(grant);
+}
+
+StreamCore::Credit StreamCore::TryTakeSendCredit() {
+  absl::MutexLock lock(&mu_);
+  if (ended_) return Credit::kEnded;
+  if (send_credit_ == 0) return Credit::kNone;
+  --send_credit_;
+  return Credit::kTaken;
+}
+
+bool StreamCore::TakeSendCredit(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  while (send_credit_ == 0) {
+    if (ended_) return false;
+    if (!WaitUntil(changed_, mu_, deadline)) return false;
+  }
+  if (ended_) return false;
+  --send_credit_;
+  return true;
+}
+
+uint16_t StreamCore::Drain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+  uint16_t grant = 0;
+  while (!queue_.empty()) {
+    spare_.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+    if (!ended_) grant = static_cast<uint16_t>(std::min<uint32_t>(grant + Consumed(), 0xffff));
+  }
+  return grant;
+}
+
+uint32_t StreamCore::TakeDrainedCredit() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(drained_credit_, 0);
+}
+
+bool StreamCore::ended() const {
+  absl::MutexLock lock(&mu_);
+  return ended_;
+}
+
+absl::Status StreamCore::status() const {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+bool StreamCore::peer_done() const {
+  absl::MutexLock lock(&mu_);
+  return peer_done_ || ended_;
+}
+
+}  // namespace zrpc::internal

@@ -1,0 +1,96 @@
+// The options a user of zrpc sets for the transport: a connection's (credits, queue depths, its
+// receive arena), a poller's (busy or event mode), a listener's (admission limits) and the
+// registered slot pool's. They are plain values with no verbs types, so rpc/options.h can offer
+// them without bringing <infiniband/verbs.h> into an application; the transport's classes that
+// take them (Connection, Poller, Listener, SlotPool) say how each is used.
+#ifndef ZRPC_TRANSPORT_OPTIONS_H_
+#define ZRPC_TRANSPORT_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/time/time.h"
+
+namespace zrpc::transport {
+
+// The defaults size an idle connection at 33 pool slots (132 KiB with 4 KiB slots) plus its
+// arena (256 KiB), all registered, and 98 completion-queue entries on its poller: a server takes
+// hundreds of idle connections per poller with them (transport/README.md, "Capacity", has the figures).
+struct ConnectionOptions {
+  // RECVs kept posted for the peer: its credits, so the messages it may have in flight. At
+  // least kMinCredits. Each holds a pool slot for the connection's lifetime.
+  uint32_t recv_credits = 32;
+  // Send queue entries. Must be at least 2 * kSignalInterval so selective signalling frees
+  // entries before the queue fills.
+  uint32_t send_queue_depth = 64;
+  // Bytes the peer may RDMA WRITE into; a multiple of 64 up to 1 GiB, or 0 for no bulk payloads
+  // from the peer. Registered per connection (count it against RLIMIT_MEMLOCK); it bounds the
+  // largest bulk payload the peer can send.
+  uint32_t arena_size = 256 << 10;
+  // Inline bytes requested. A device that refuses it is asked for half as much, and so on down
+  // to none (below 16 bytes, nothing fits beside the frame header); max_inline() says what was
+  // granted.
+  uint32_t max_inline = 220;
+  // Operations allowed to wait for credits or space before Send/WriteBulk refuse more.
+  uint32_t max_waiting = 4096;
+  // The smallest message payload (bytes a Send carries) the layer above needs: a peer whose
+  // Hello offers RECVs too small for it is refused at the handshake, on either side, instead of
+  // leaving that layer to find out with its first message. The device's own slots must hold it.
+  uint32_t min_message_size = 0;
+  // Pool slots this connection's outgoing messages may hold at once (being built, waiting for
+  // credits, or in flight): a peer that stops returning credits stalls its own connection at
+  // this many, and the device-wide pool stays available to every other connection.
+  uint32_t max_send_slots = 128;
+};
+
+enum class PollMode { kBusy, kEvent };
+
+struct PollerOptions {
+  PollMode mode = PollMode::kBusy;
+  // Completion queue entries (capped at the device's maximum: 32767 on rxe, millions on
+  // ConnectX); bounds the connections it serves, each reserving send_queue_depth +
+  // recv_credits + 2 (98 with default options: 334 connections on rxe). A few MiB of memory.
+  int cq_size = 65536;
+  // Event mode: how long the loop keeps polling after its last completion before it arms the CQ
+  // and sleeps (adaptive polling), in [0, 1s]. A reply that comes within it costs no interrupt and no
+  // wake-up; an idle poller still sleeps, after this long. Zero: sleep at the first empty pass.
+  // The default covers a hardware round trip (2-5 us) and a short handler many times over, and
+  // costs at most this much CPU per burst of traffic.
+  absl::Duration spin = absl::Microseconds(50);
+};
+
+struct SlotPoolOptions {
+  // Bytes per slot, rounded up to a multiple of 64 (a cache line), at most 1 GiB. It bounds the
+  // largest SEND (frame header included) the transport accepts and is what each posted RECV
+  // holds.
+  size_t slot_size = 4096;
+  // Slots per chunk, rounded up to a power of two: the first chunk, registered at Create, and
+  // every chunk added later. Smaller pins less memory in a process with few connections; larger
+  // means fewer registrations (and fewer MRs for the NIC to cache) as a server grows. 256 slots
+  // of 4 KiB is 1 MiB: the RECVs of three connections with the default 64 credits, and their
+  // sends.
+  uint32_t slot_count = 256;
+  // The cap: the pool never holds more slots than this (the last chunk is cut short to fit). At
+  // least slot_count, at most 2^31. Set it equal to slot_count for a pool that never grows. At 4
+  // KiB slots the default is 256 MiB of registered memory when full: about 1000 server
+  // connections with 64 credits each, plus their sends (see RLIMIT_MEMLOCK above).
+  uint32_t max_slots = 65536;
+};
+
+// Admission limits of a Listener, and the options of the connections it accepts.
+struct ListenerOptions {
+  // Options of every accepted connection.
+  ConnectionOptions connection;
+  // Time a peer has from its connection request to the end of the handshake.
+  absl::Duration handshake_timeout = absl::Seconds(5);
+  // Connections open or handshaking at once; requests beyond are refused ("server full").
+  uint32_t max_connections = 1024;
+  // The same, from one IP address.
+  uint32_t max_connections_per_peer = 512;
+  // Connection requests the kernel queues while the listener thread is busy.
+  int backlog = 1024;
+};
+
+}  // namespace zrpc::transport
+
+#endif  // ZRPC_TRANSPORT_OPTIONS_H_
