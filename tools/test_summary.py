@@ -93,25 +93,30 @@ def main():
                 lines.append("%s %s: %s (%.3f s)" % (tag, label, case, seconds))
                 if outcome != "pass" and detail.strip():
                     lines.extend("          " + d for d in detail.strip().splitlines()[:8])
-    # tools/fuzz prints one verdict line per target: "FUZZ PASS name" or "FUZZ FAIL name".
-    fuzz_log = os.path.join(out_dir, "fuzz.log")
-    fuzz_failed = 0
-    if os.path.exists(fuzz_log):
-        with open(fuzz_log) as f:
+    # tools/fuzz prints one verdict line per target, "FUZZ PASS name" or "FUZZ FAIL name", and
+    # tools/check one per check, "CHECK PASS name" or "CHECK FAIL name".
+    verdict_failed = {}
+    for log, word, name in (("fuzz.log", "FUZZ", "fuzz"), ("checks.log", "CHECK", "checks")):
+        path = os.path.join(out_dir, log)
+        verdict_failed[name] = 0
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
             for line in f:
                 words = line.split()
-                if len(words) == 3 and words[0] == "FUZZ" and words[1] in ("PASS", "FAIL"):
+                if len(words) == 3 and words[0] == word and words[1] in ("PASS", "FAIL"):
                     outcome = "pass" if words[1] == "PASS" else "fail"
                     counts[outcome] += 1
-                    fuzz_failed += outcome == "fail"
-                    lines.append("%s fuzz: %s" % ("PASSED " if outcome == "pass" else "FAILED ",
-                                                  words[2]))
+                    verdict_failed[name] += outcome == "fail"
+                    lines.append("%s %s: %s" % ("PASSED " if outcome == "pass" else "FAILED ",
+                                                name, words[2]))
     for status in statuses:
         name, _, code = status.partition("=")
-        if name == "fuzz":
-            if code != "0" and not fuzz_failed:  # it failed before any target's verdict
+        if name in verdict_failed:
+            if code != "0" and not verdict_failed[name]:  # it failed before any verdict
                 counts["fail"] += 1
-                lines.append("FAILED  tools/fuzz did not complete: %s" % code)
+                lines.append("FAILED  tools/%s did not complete: %s" %
+                             ("fuzz" if name == "fuzz" else "check", code))
             continue
         if code not in ("0", "3", "4"):
             counts["fail"] += 1
