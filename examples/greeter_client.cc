@@ -3,7 +3,7 @@
 //   greeter_client --connect ADDR:PORT [--name NAME] [--calls N]
 //
 // Makes N blocking calls one after the other, each with a 5 s deadline, and prints each reply
-// and then "N calls ok" (exit 0), or the first error (exit 1). See README.md, "Examples".
+// and then "N calls ok" (exit 0), or the first error (exit 1). See examples/README.md.
 #include <cstdio>
 #include <string>
 

@@ -3,7 +3,7 @@
 //   greeter_server [--listen ADDR:PORT] [--threads N]
 //
 // Prints "listening on ADDR:PORT" once it accepts calls, then serves until SIGINT or SIGTERM,
-// gives the calls in flight 5 s to finish, and exits 0 (serve.h). See README.md, "Examples".
+// gives the calls in flight 5 s to finish, and exits 0 (serve.h). See examples/README.md.
 #include "absl/status/status.h"
 #include "examples/cli.h"
 #include "examples/serve.h"

@@ -5,7 +5,7 @@
 // Runs, each with a 30 s deadline: Count (server streaming: N numbers read as they come), Sum
 // (client streaming: N numbers written, one total back), Double (bidirectional: a writer thread
 // and this one reading), Square (unary). Prints one line per call and then "all calls ok"
-// (exit 0), or the first error (exit 1). See README.md, "Examples".
+// (exit 0), or the first error (exit 1). See examples/README.md.
 #include <cstdint>
 #include <cstdio>
 #include <string>

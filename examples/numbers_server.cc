@@ -8,7 +8,7 @@
 // streams").
 //
 // Prints "listening on ADDR:PORT" once it accepts calls, then serves until SIGINT or SIGTERM,
-// gives the calls in flight 5 s to finish, and exits 0 (serve.h). See README.md, "Examples".
+// gives the calls in flight 5 s to finish, and exits 0 (serve.h). See examples/README.md.
 #include <cstdint>
 #include <memory>
 #include <string>

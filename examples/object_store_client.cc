@@ -5,8 +5,8 @@
 //
 // Puts a pattern-filled payload, Stats it, Gets it back and compares it byte for byte, has the
 // server Transform it (reverse it) and checks the result, printing sizes and timings, then
-// "ok" (exit 0); on the first error or mismatch, says what went wrong (exit 1). See README.md,
-// "Examples".
+// "ok" (exit 0); on the first error or mismatch, says what went wrong (exit 1). See
+// examples/README.md.
 #include <cstdio>
 #include <string>
 

@@ -6,7 +6,7 @@
 // Put, Get and Stat finish their call inside the handler; Transform hands its call to a worker
 // thread, which finishes it later: the shape of a handler that waits for I/O or another service.
 // Prints "listening on ADDR:PORT" once it accepts calls, serves until SIGINT or SIGTERM, gives
-// the calls in flight 5 s to finish, and exits 0 (serve.h). See README.md, "Examples".
+// the calls in flight 5 s to finish, and exits 0 (serve.h). See examples/README.md.
 #include <deque>
 #include <map>
 #include <memory>
