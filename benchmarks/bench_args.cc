@@ -21,9 +21,8 @@ absl::Status ParseList(const std::string& flag, const std::string& text, T min, 
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     T value{};
     if (!absl::SimpleAtoi(part, &value) || value < min || value > max) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, ": \"", part,
-                                                     "\" is not a number in [", min, ", ", max,
-                                                     "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": \"", part, "\" is not a number in [", min, ", ", max, "]"));
     }
     out->push_back(value);
   }
@@ -48,9 +47,9 @@ absl::Status ParseBytesList(const std::string& flag, const std::string& text, ui
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     std::optional<uint64_t> value = examples::cli::ParseBytes(part, min, max);
     if (!value.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          flag, ": \"", part, "\" is not a byte count in [", min, ", ", max,
-          "] (digits, or with a K, M or G suffix)"));
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": \"", part,
+                                                     "\" is not a byte count in [", min, ", ", max,
+                                                     "] (digits, or with a K, M or G suffix)"));
     }
     out->push_back(*value);
   }
@@ -124,10 +123,9 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
     const bool both = flag == "--pollers" || flag == "--event" || flag == "--spin";
     const bool client_only = !server_only && !both;
     if ((parsed.server && client_only) || (!parsed.server && server_only)) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, " is a ",
-                                                     server_only ? "server" : "client",
-                                                     " flag, not a ",
-                                                     parsed.server ? "server" : "client", " one"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " is a ", server_only ? "server" : "client", " flag, not a ",
+                       parsed.server ? "server" : "client", " one"));
     }
     absl::Status s;
     if (flag == "--listen") {
@@ -147,8 +145,8 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
       absl::Duration spin;
       if (!absl::ParseDuration(value, &spin) || spin < absl::ZeroDuration() ||
           spin > absl::Seconds(1)) {
-        s = absl::InvalidArgumentError(absl::StrCat(
-            "--spin: \"", value, "\" is not a duration in [0, 1s] (50us, 1ms, 0)"));
+        s = absl::InvalidArgumentError(
+            absl::StrCat("--spin: \"", value, "\" is not a duration in [0, 1s] (50us, 1ms, 0)"));
       }
       parsed.spin = spin;
     } else if (flag == "--connect") {
@@ -221,9 +219,9 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
   }
   for (int in_flight : parsed.in_flight) {
     if (in_flight < parsed.threads) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--in-flight ", in_flight, " is less than --threads ", parsed.threads,
-          ": every thread keeps at least one call in flight"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--in-flight ", in_flight, " is less than --threads ", parsed.threads,
+                       ": every thread keeps at least one call in flight"));
     }
   }
   if (parsed.workload == Workload::kStream) {
@@ -246,9 +244,10 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
   if (parsed.workload == Workload::kEcho) {
     for (uint64_t size : parsed.sizes) {
       if (size > (uint64_t{1} << 20)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--size ", size, ": echo carries its payload in the message; use put or get for "
-            "payloads over 1 MiB"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--size ", size,
+                         ": echo carries its payload in the message; use put or get for "
+                         "payloads over 1 MiB"));
       }
     }
   }

@@ -49,7 +49,7 @@ struct BenchArgs {
   uint64_t arena = 0;  // 0: ArenaFor(max_bulk)
   // Both.
   int pollers = 1;
-  bool event = false;  // event-mode pollers instead of busy polling
+  bool event = false;                  // event-mode pollers instead of busy polling
   std::optional<absl::Duration> spin;  // --spin: the pollers' spin in event mode
   // Client.
   std::string connect;
@@ -58,7 +58,7 @@ struct BenchArgs {
   std::vector<int> in_flight = {1};
   std::vector<int> connections = {1};
   int threads = 1;
-  uint64_t calls = 10000;                      // measured calls per combination
+  uint64_t calls = 10000;                          // measured calls per combination
   absl::Duration duration = absl::ZeroDuration();  // instead of calls, when set
   uint64_t warmup = 1000;
   int round = 0;

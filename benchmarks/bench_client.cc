@@ -2,18 +2,18 @@
 
 #include <algorithm>
 #include <atomic>
-#include <utility>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "benchmarks/bench.zrpc.h"
-#include "rpc/streaming.h"
 #include "benchmarks/bench_service.h"
 #include "rpc/registered_memory.h"
+#include "rpc/streaming.h"
 
 namespace zrpc::bench {
 namespace {
@@ -66,8 +66,7 @@ class Runner {
                    std::vector<std::unique_ptr<Caller>>& callers) {
     std::vector<std::thread> threads;
     for (auto& caller : callers) {
-      threads.emplace_back(
-          [&, c = caller.get()] { Loop(*c, calls_per_thread, until, record); });
+      threads.emplace_back([&, c = caller.get()] { Loop(*c, calls_per_thread, until, record); });
     }
     for (std::thread& thread : threads) thread.join();
     for (auto& caller : callers) {
@@ -95,9 +94,8 @@ class Runner {
       {
         absl::MutexLock lock(&caller.mu);
         caller.mu.Await(absl::Condition(
-            +[](Caller* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              return !c->free.empty() || !c->error.ok();
-            },
+            +[](Caller* c)
+                 ABSL_NO_THREAD_SAFETY_ANALYSIS { return !c->free.empty() || !c->error.ok(); },
             &caller));
         if (!caller.error.ok()) break;
         slot = caller.free.back();
@@ -109,9 +107,8 @@ class Runner {
     std::pair<Caller*, uint64_t> all_done{&caller, issued};
     absl::MutexLock lock(&caller.mu);
     caller.mu.Await(absl::Condition(
-        +[](std::pair<Caller*, uint64_t>* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return p->first->completed == p->second;
-        },
+        +[](std::pair<Caller*, uint64_t>* p)
+             ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->first->completed == p->second; },
         &all_done));
     if (record) caller.samples.resize(issued);
   }
@@ -167,8 +164,8 @@ class Runner {
         // last one to the end of the run, and the calls behind it would never finish).
         zrpc::IncomingBulk& payload = caller.slots[slot_index].incoming;
         if (status.ok() && payload.size() != spec_.size) {
-          status = absl::DataLossError(absl::StrCat("Get returned ", payload.size(),
-                                                    " bytes for ", spec_.size));
+          status = absl::DataLossError(
+              absl::StrCat("Get returned ", payload.size(), " bytes for ", spec_.size));
         }
         payload.Reset();
       }
@@ -229,8 +226,8 @@ absl::Status ReadStream(Bench::Stub& stub, uint64_t count, uint64_t size,
   }
   absl::Status status = reader.Finish();
   if (status.ok() && read != count) {
-    status = absl::DataLossError(absl::StrCat("the stream ended after ", read, " of ", count,
-                                              " messages"));
+    status = absl::DataLossError(
+        absl::StrCat("the stream ended after ", read, " of ", count, " messages"));
   }
   return status;
 }
@@ -307,10 +304,10 @@ absl::StatusOr<RunMeasurement> RunWorkload(ClientChannel& channel, const RunSpec
       stub.Cpu(cpu_request, &before, CallOptions::Timeout(absl::Seconds(30))).ok();
   const uint64_t client_before = ProcessCpuNanos();
   const absl::Time start = absl::Now();
-  absl::Status s = runner.Run(per_thread,
-                              spec.duration > absl::ZeroDuration() ? start + spec.duration
-                                                                   : absl::InfiniteFuture(),
-                              true, callers);
+  absl::Status s = runner.Run(
+      per_thread,
+      spec.duration > absl::ZeroDuration() ? start + spec.duration : absl::InfiniteFuture(), true,
+      callers);
   const absl::Time end = absl::Now();
   const uint64_t client_after = ProcessCpuNanos();
   if (!s.ok()) return s;
@@ -325,9 +322,9 @@ absl::StatusOr<RunMeasurement> RunWorkload(ClientChannel& channel, const RunSpec
   const uint64_t calls = result.latencies_ns.size();
   if (calls == 0) return absl::InternalError("no call was measured");
   if (memory && channel.stats().bulk_bytes_staged != staged_before) {
-    return absl::InternalError(absl::StrCat(
-        "a registered run staged ", channel.stats().bulk_bytes_staged - staged_before,
-        " payload bytes: it did not measure zero-copy sends"));
+    return absl::InternalError(absl::StrCat("a registered run staged ",
+                                            channel.stats().bulk_bytes_staged - staged_before,
+                                            " payload bytes: it did not measure zero-copy sends"));
   }
   result.elapsed = end - start;
   result.payload_bytes = calls * spec.size * (spec.workload == Workload::kEcho ? 2 : 1);

@@ -12,8 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -73,7 +73,8 @@ bool ParseArgs(int argc, char** argv, Args& args, bool* help, std::string* error
     } else if (arg == "--svg-workload") {
       args.svg_workload = value;
       args.svg_options_given = true;
-    } else if (std::optional<uint64_t> size = examples::cli::ParseBytes(value, 0, uint64_t{1} << 40);
+    } else if (std::optional<uint64_t> size =
+                   examples::cli::ParseBytes(value, 0, uint64_t{1} << 40);
                !size.has_value()) {
       *error = absl::StrCat("--svg-size wants a size in bytes, got \"", value, "\"");
       return false;

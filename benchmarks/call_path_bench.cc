@@ -20,9 +20,9 @@
 #include "absl/time/clock.h"
 #include "benchmarks/bench.pb.h"
 #include "rpc/client/call_table.h"
+#include "rpc/connection/rpc_header.h"
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
-#include "rpc/connection/rpc_header.h"
 
 namespace {
 

@@ -57,8 +57,8 @@ absl::Status CheckSupported(const BenchArgs& args) {
     return ParseAddress("--listen", args.listen, true).status();
   }
   if (args.workload != Workload::kEcho) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--workload ", WorkloadName(args.workload), ": gRPC runs only the echo workload"));
+    return absl::InvalidArgumentError(absl::StrCat("--workload ", WorkloadName(args.workload),
+                                                   ": gRPC runs only the echo workload"));
   }
   if (args.connections != defaults.connections) {
     return absl::InvalidArgumentError("--connections/--sweep: gRPC runs one connection only");
@@ -71,8 +71,7 @@ absl::Status CheckSupported(const BenchArgs& args) {
 
 class EchoService final : public Bench::Service {
  public:
-  grpc::Status Echo(grpc::ServerContext*, const EchoMessage* request,
-                    EchoMessage* reply) override {
+  grpc::Status Echo(grpc::ServerContext*, const EchoMessage* request, EchoMessage* reply) override {
     reply->set_payload(request->payload());
     return grpc::Status::OK;
   }
@@ -172,7 +171,7 @@ absl::Status EchoLoop(Bench::Stub& stub, grpc::CompletionQueue& cq, const EchoMe
 }
 
 absl::StatusOr<RunMeasurement> RunEcho(Bench::Stub& stub, const BenchArgs& args, uint64_t size,
-                                  int in_flight) {
+                                       int in_flight) {
   EchoMessage request;
   request.set_payload(std::string(size, '\x5a'));
   grpc::CompletionQueue cq;
@@ -213,8 +212,8 @@ int Client(const BenchArgs& args) {
   // Any payload zrpc_bench's echo takes (up to 1 MiB, bench_args.cc) plus its framing.
   channel_args.SetMaxReceiveMessageSize(4 << 20);
   channel_args.SetMaxSendMessageSize(4 << 20);
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      args.connect, grpc::InsecureChannelCredentials(), channel_args);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(args.connect, grpc::InsecureChannelCredentials(), channel_args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(30))) {
     std::fprintf(stderr, "grpc_bench client: cannot connect to %s\n", args.connect.c_str());
     return 1;

@@ -204,17 +204,19 @@ Aggregate AggregateGroup(const std::vector<const WorkloadResult*>& runs) {
   auto median = [&](double WorkloadResult::*field) {
     std::vector<double> v;
     for (const WorkloadResult* r : runs) v.push_back(r->*field);
-    return MedianOf(v, [](double) { return true; }, std::nan(""));
+    return MedianOf(
+        v, [](double) { return true; }, std::nan(""));
   };
   auto median_measured = [&](double WorkloadResult::*field) {
     std::vector<double> v;
     for (const WorkloadResult* r : runs) v.push_back(r->*field);
-    return MedianOf(v, [](double x) { return x >= 0; }, -1);
+    return MedianOf(
+        v, [](double x) { return x >= 0; }, -1);
   };
   std::vector<double> calls;
   for (const WorkloadResult* r : runs) calls.push_back(static_cast<double>(r->calls));
-  m.calls = static_cast<uint64_t>(
-      std::llround(MedianOf(calls, [](double) { return true; }, 0)));
+  m.calls = static_cast<uint64_t>(std::llround(MedianOf(
+      calls, [](double) { return true; }, 0)));
   m.seconds = median(&WorkloadResult::seconds);
   m.p50_us = median(&WorkloadResult::p50_us);
   m.p90_us = median(&WorkloadResult::p90_us);
@@ -228,10 +230,9 @@ Aggregate AggregateGroup(const std::vector<const WorkloadResult*>& runs) {
 
   // The CDF of the round with the lower-median p50 (nearest rank 50 of the rounds' p50s).
   std::vector<const WorkloadResult*> by_p50 = runs;
-  std::stable_sort(by_p50.begin(), by_p50.end(),
-                   [](const WorkloadResult* x, const WorkloadResult* y) {
-                     return x->p50_us < y->p50_us;
-                   });
+  std::stable_sort(
+      by_p50.begin(), by_p50.end(),
+      [](const WorkloadResult* x, const WorkloadResult* y) { return x->p50_us < y->p50_us; });
   m.cdf_us = by_p50[(by_p50.size() + 1) / 2 - 1]->cdf_us;
 
   std::vector<std::string> notes;
@@ -249,17 +250,16 @@ Aggregate AggregateGroup(const std::vector<const WorkloadResult*>& runs) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<Aggregate>> AggregateRounds(
-    const std::vector<WorkloadResult>& results) {
+absl::StatusOr<std::vector<Aggregate>> AggregateRounds(const std::vector<WorkloadResult>& results) {
   std::map<Key, std::vector<const WorkloadResult*>> groups;
   for (const WorkloadResult& r : results) {
     std::vector<const WorkloadResult*>& runs = groups[KeyOf(r)];
     for (const WorkloadResult* seen : runs) {
       if (seen->round == r.round) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "two results for ", r.system, " ", r.workload, " size ", r.size, " in_flight ",
-            r.in_flight, " threads ", r.threads, " connections ", r.connections, " round ",
-            r.round, " (a file given twice?)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("two results for ", r.system, " ", r.workload, " size ", r.size,
+                         " in_flight ", r.in_flight, " threads ", r.threads, " connections ",
+                         r.connections, " round ", r.round, " (a file given twice?)"));
       }
     }
     runs.push_back(&r);

@@ -143,13 +143,13 @@ struct WorkloadResult {
   int in_flight = 1;     // calls outstanding at once (perftest: its tx depth; 1 for send_lat)
   int threads = 1;
   int connections = 1;
-  int round = 0;         // which alternating round produced it
-  uint64_t calls = 0;    // calls (messages) measured
-  double seconds = 0;    // wall time of the measured phase
+  int round = 0;       // which alternating round produced it
+  uint64_t calls = 0;  // calls (messages) measured
+  double seconds = 0;  // wall time of the measured phase
   // Latency in microseconds: round trip for zrpc and gRPC, one-way for perftest send_lat.
   double p50_us = 0, p90_us = 0, p99_us = 0, p999_us = 0, max_us = 0;
   double calls_per_sec = 0;
-  double goodput_mib_per_sec = 0;  // payload MiB/s (2^20 bytes)
+  double goodput_mib_per_sec = 0;      // payload MiB/s (2^20 bytes)
   double client_cpu_us_per_call = -1;  // negative = not measured
   double server_cpu_us_per_call = -1;  // negative = not measured
   std::vector<double> cdf_us;  // latency at evenly spaced quantiles, as in Summary::cdf_nanos
@@ -213,8 +213,8 @@ absl::StatusOr<std::vector<Aggregate>> AggregateRounds(const std::vector<Workloa
 // Ratio saying which rows are missing; when zrpc has no qualifying rows at all, one unavailable
 // Ratio says so. A value is never estimated.
 struct Ratio {
-  std::string name;    // e.g. "zrpc echo p50 / (2 x perftest send_lat p50)"
-  std::string where;   // the configuration, e.g. "64 B, in_flight 1, 1x1"
+  std::string name;        // e.g. "zrpc echo p50 / (2 x perftest send_lat p50)"
+  std::string where;       // the configuration, e.g. "64 B, in_flight 1, 1x1"
   bool has_target = true;  // false: a layer figure (ComputeLayerRatios), no target, never "met"
   double target = 0;
   bool higher_is_better = false;  // target is a minimum (>=) rather than a maximum (<=)
@@ -225,8 +225,8 @@ struct Ratio {
   double value = 0;
   int rounds = 0;
   double min = 0, max = 0;
-  bool met = false;      // when available: the median meets the target
-  std::string missing;   // when not: "no perftest rows for send_lat 64 B, in_flight 1, 1x1"
+  bool met = false;     // when available: the median meets the target
+  std::string missing;  // when not: "no perftest rows for send_lat 64 B, in_flight 1, 1x1"
 };
 
 std::vector<Ratio> ComputeRatios(const std::vector<Aggregate>& aggregates);

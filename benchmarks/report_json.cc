@@ -151,13 +151,20 @@ std::string Print(const google::protobuf::Message& message) {
 
 const char* KindName(const Value& v) {
   switch (v.kind_case()) {
-    case Value::kNullValue: return "null";
-    case Value::kNumberValue: return "a number";
-    case Value::kStringValue: return "a string";
-    case Value::kBoolValue: return "a boolean";
-    case Value::kStructValue: return "an object";
-    case Value::kListValue: return "an array";
-    case Value::KIND_NOT_SET: break;
+    case Value::kNullValue:
+      return "null";
+    case Value::kNumberValue:
+      return "a number";
+    case Value::kStringValue:
+      return "a string";
+    case Value::kBoolValue:
+      return "a boolean";
+    case Value::kStructValue:
+      return "an object";
+    case Value::kListValue:
+      return "an array";
+    case Value::KIND_NOT_SET:
+      break;
   }
   return "nothing";
 }
@@ -169,17 +176,17 @@ absl::Status Missing(absl::string_view key) {
 absl::Status ReadInteger(absl::string_view key, bool present, const Value& v, uint64_t& out) {
   if (!present) return Missing(key);
   if (v.kind_case() != Value::kNumberValue) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key \"", key, "\": expected a non-negative integer, got ", KindName(v)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("key \"", key, "\": expected a non-negative integer, got ", KindName(v)));
   }
   const double d = v.number_value();
   if (d < 0 || d != std::floor(d)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "key \"%s\": expected a non-negative integer, got %.17g", key, d));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("key \"%s\": expected a non-negative integer, got %.17g", key, d));
   }
   if (d > kMaxJsonInteger) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "key \"%s\": integer %.17g is out of range (at most 2^53 - 1)", key, d));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("key \"%s\": integer %.17g is out of range (at most 2^53 - 1)", key, d));
   }
   out = static_cast<uint64_t>(d);
   return absl::OkStatus();
@@ -235,10 +242,10 @@ absl::Status FromRow(const json::Row& row, WorkloadResult& r) {
       {"calls_per_sec", row.has_calls_per_sec(), row.calls_per_sec(), r.calls_per_sec},
       {"goodput_mib_per_sec", row.has_goodput_mib_per_sec(), row.goodput_mib_per_sec(),
        r.goodput_mib_per_sec},
-      {"client_cpu_us_per_call", row.has_client_cpu_us_per_call(),
-       row.client_cpu_us_per_call(), r.client_cpu_us_per_call},
-      {"server_cpu_us_per_call", row.has_server_cpu_us_per_call(),
-       row.server_cpu_us_per_call(), r.server_cpu_us_per_call},
+      {"client_cpu_us_per_call", row.has_client_cpu_us_per_call(), row.client_cpu_us_per_call(),
+       r.client_cpu_us_per_call},
+      {"server_cpu_us_per_call", row.has_server_cpu_us_per_call(), row.server_cpu_us_per_call(),
+       r.server_cpu_us_per_call},
   };
   for (const auto& d : doubles) {
     if (!d.present) return Missing(d.key);
@@ -286,8 +293,8 @@ absl::StatusOr<std::vector<WorkloadResult>> ParseJsonLines(absl::string_view tex
     const auto parsed = google::protobuf::util::JsonStringToMessage(
         google::protobuf::StringPiece(line.data(), line.size()), &row, options);
     if (!parsed.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "line ", line_number, ": ", OneLineError(std::string(parsed.message()))));
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", line_number, ": ", OneLineError(std::string(parsed.message()))));
     }
     WorkloadResult r;
     if (absl::Status st = FromRow(row, r); !st.ok()) {

@@ -103,8 +103,7 @@ const Spec kLayerSpecs[] = {
      "send_lat", Depth::kOne, NAN, false,
      [](const WorkloadResult& t, const WorkloadResult& o) { return t.p50_us / (2 * o.p50_us); }},
     {"zrpc echo p50 / transport echo p50", "zrpc", "echo", "transport", "echo", Depth::kOne, NAN,
-     false,
-     [](const WorkloadResult& z, const WorkloadResult& t) { return z.p50_us / t.p50_us; }},
+     false, [](const WorkloadResult& z, const WorkloadResult& t) { return z.p50_us / t.p50_us; }},
     {"transport echo msg/s / perftest send_bw msg/s", "transport", "echo", "perftest", "send_bw",
      Depth::kLargest, NAN, true,
      [](const WorkloadResult& t, const WorkloadResult& o) {
@@ -117,9 +116,7 @@ const Spec kLayerSpecs[] = {
      }},
 };
 
-std::string Config(const WorkloadResult& r) {
-  return absl::StrCat(r.threads, "x", r.connections);
-}
+std::string Config(const WorkloadResult& r) { return absl::StrCat(r.threads, "x", r.connections); }
 
 template <size_t N>
 std::vector<Ratio> Compute(const std::vector<Aggregate>& aggregates, const Spec (&specs)[N]) {
@@ -154,18 +151,16 @@ std::vector<Ratio> Compute(const std::vector<Aggregate>& aggregates, const Spec 
       }
       if (other == nullptr) {
         ratio.where = absl::StrCat(z->size, " B, in_flight ", z->in_flight, ", ", Config(*z));
-        ratio.missing = absl::StrCat("no ", spec.other_system, " rows for ", spec.other_workload,
-                                     " ", z->size, " B",
-                                     spec.depth == Depth::kOne ? ", in_flight 1" : "", ", ",
-                                     Config(*z));
+        ratio.missing =
+            absl::StrCat("no ", spec.other_system, " rows for ", spec.other_workload, " ", z->size,
+                         " B", spec.depth == Depth::kOne ? ", in_flight 1" : "", ", ", Config(*z));
         ratios.push_back(ratio);
         continue;
       }
-      ratio.where =
-          spec.depth == Depth::kOne
-              ? absl::StrCat(z->size, " B, in_flight 1, ", Config(*z))
-              : absl::StrCat(z->size, " B, in_flight ", z->in_flight, " vs ", other->in_flight,
-                             ", ", Config(*z));
+      ratio.where = spec.depth == Depth::kOne
+                        ? absl::StrCat(z->size, " B, in_flight 1, ", Config(*z))
+                        : absl::StrCat(z->size, " B, in_flight ", z->in_flight, " vs ",
+                                       other->in_flight, ", ", Config(*z));
       // The ratio within each round both sides ran, then its median and spread.
       std::vector<double> per_round;
       for (const WorkloadResult& zr : z_agg->runs) {
@@ -210,11 +205,10 @@ std::vector<Ratio> ComputeLayerRatios(const std::vector<Aggregate>& aggregates) 
 }
 
 std::string FormatTable(const std::vector<Aggregate>& aggregates) {
-  constexpr char kRow[] =
-      "%-9s %-9s %8s %9s %7s %9s %9s %9s %9s %9s %11s %9s %15s %6s\n";
+  constexpr char kRow[] = "%-9s %-9s %8s %9s %7s %9s %9s %9s %9s %9s %11s %9s %15s %6s\n";
   std::string out = absl::StrFormat(kRow, "system", "workload", "size", "in_flight", "thr x c",
-                                    "p50_us", "p90_us", "p99_us", "p99.9_us", "max_us",
-                                    "calls/s", "MiB/s", "cpu_us cli/srv", "rounds");
+                                    "p50_us", "p90_us", "p99_us", "p99.9_us", "max_us", "calls/s",
+                                    "MiB/s", "cpu_us cli/srv", "rounds");
   // "-" for a figure not measured: a negative CPU figure, or NaN (null in the JSON) anywhere.
   auto cpu = [](double v) {
     return v < 0 || std::isnan(v) ? std::string("-") : absl::StrFormat("%.2f", v);
@@ -247,9 +241,9 @@ std::string FormatRatios(const std::vector<Ratio>& ratios) {
       continue;
     }
     // The spread across rounds: a change is real only when its medians differ by more.
-    const std::string spread =
-        r.rounds > 0 ? absl::StrFormat("(%.3f-%.3f, %d rd)", r.min, r.max, r.rounds)
-                     : std::string("(of medians)");
+    const std::string spread = r.rounds > 0
+                                   ? absl::StrFormat("(%.3f-%.3f, %d rd)", r.min, r.max, r.rounds)
+                                   : std::string("(of medians)");
     if (!r.has_target) {
       absl::StrAppendFormat(&out, "%-48s %-34s %8.3f %-22s\n", r.name, where, r.value, spread);
       continue;

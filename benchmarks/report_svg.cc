@@ -17,9 +17,9 @@ namespace zrpc::bench {
 namespace {
 
 constexpr double kMinWidth = 800, kMinHeight = 500;
-constexpr double kLegendX = 636;       // where the legend's text starts
-constexpr double kLegendPitch = 36;    // between entries
-constexpr double kCharEm = 0.62;       // a generous average glyph width of sans-serif, in em
+constexpr double kLegendX = 636;     // where the legend's text starts
+constexpr double kLegendPitch = 36;  // between entries
+constexpr double kCharEm = 0.62;     // a generous average glyph width of sans-serif, in em
 constexpr double kLeft = 70, kRight = 590, kTop = 50, kBottom = 440;
 constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c",
                                    "#ff7f0e", "#9467bd", "#8c564b"};
@@ -35,10 +35,18 @@ std::string XmlEscape(absl::string_view s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
       default:
         // XML 1.0 forbids control characters but tab and newline (a JSON string may hold any).
         out += static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' ? '?' : c;
@@ -54,22 +62,21 @@ std::string DecadeLabel(int k) {
 }
 
 struct Curve {
-  std::string label;   // legend, first line: system and workload
-  std::string detail;  // legend, second line: the configuration
+  std::string label;       // legend, first line: system and workload
+  std::string detail;      // legend, second line: the configuration
   std::vector<double> us;  // already scaled (perftest send_lat doubled for echo)
 };
 
 // Per system, the row to draw: smallest in_flight, then fewest threads x connections.
-std::vector<Curve> PickCurves(const std::vector<Aggregate>& aggregates,
-                              absl::string_view workload, uint64_t size) {
+std::vector<Curve> PickCurves(const std::vector<Aggregate>& aggregates, absl::string_view workload,
+                              uint64_t size) {
   std::vector<const WorkloadResult*> picked;
   for (const Aggregate& a : aggregates) {
     const WorkloadResult& r = a.median;
     const bool doubled = workload == "echo" && r.system == "perftest" && r.workload == "send_lat";
     if (r.size != size || (r.workload != workload && !doubled)) continue;
-    auto same = std::find_if(picked.begin(), picked.end(), [&](const WorkloadResult* p) {
-      return p->system == r.system;
-    });
+    auto same = std::find_if(picked.begin(), picked.end(),
+                             [&](const WorkloadResult* p) { return p->system == r.system; });
     if (same == picked.end()) {
       picked.push_back(&r);
     } else if (std::make_pair(r.in_flight, r.threads * r.connections) <
@@ -113,16 +120,16 @@ absl::StatusOr<std::string> RenderCdfSvg(const std::vector<Aggregate>& aggregate
     if (hi <= lo) hi = lo + 1;
   }
   auto x_of = [&](double us) {
-    const double l = us > 0 && std::isfinite(us) ? std::clamp(std::log10(us), 1.0 * lo, 1.0 * hi)
-                                                 : lo;
+    const double l =
+        us > 0 && std::isfinite(us) ? std::clamp(std::log10(us), 1.0 * lo, 1.0 * hi) : lo;
     return kLeft + (l - lo) / (hi - lo) * (kRight - kLeft);
   };
   auto y_of = [](double fraction) { return kBottom - fraction * (kBottom - kTop); };
   // Room for the legend: its widest line (label at 11 px, detail at 10 px) and every entry.
   double legend_width = 0;
   for (const Curve& c : curves) {
-    legend_width = std::max({legend_width, c.label.size() * 11 * kCharEm,
-                             c.detail.size() * 10 * kCharEm});
+    legend_width =
+        std::max({legend_width, c.label.size() * 11 * kCharEm, c.detail.size() * 10 * kCharEm});
   }
   const double width = std::max(kMinWidth, std::ceil(kLegendX + legend_width + 12));
   const double height =
@@ -132,9 +139,9 @@ absl::StatusOr<std::string> RenderCdfSvg(const std::vector<Aggregate>& aggregate
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"",
       width, "\" height=\"", height, "\" viewBox=\"0 0 ", width, " ", height,
-      "\" font-family=\"sans-serif\" font-size=\"12\">\n",
-      "<rect x=\"0\" y=\"0\" width=\"", width, "\" height=\"", height, "\" fill=\"white\"/>\n",
-      "<text x=\"", Num((kLeft + kRight) / 2), "\" y=\"28\" text-anchor=\"middle\" "
+      "\" font-family=\"sans-serif\" font-size=\"12\">\n", "<rect x=\"0\" y=\"0\" width=\"", width,
+      "\" height=\"", height, "\" fill=\"white\"/>\n", "<text x=\"", Num((kLeft + kRight) / 2),
+      "\" y=\"28\" text-anchor=\"middle\" "
       "font-size=\"16\">Latency CDF: ",
       XmlEscape(workload), ", ", size, " B (medians of rounds; one round's CDF)</text>\n");
 
@@ -153,22 +160,20 @@ absl::StatusOr<std::string> RenderCdfSvg(const std::vector<Aggregate>& aggregate
     const std::string x = Num(x_of(std::pow(10.0, k)));
     absl::StrAppend(&svg, "<line x1=\"", x, "\" y1=\"", Num(kTop), "\" x2=\"", x, "\" y2=\"",
                     Num(kBottom), "\" stroke=\"#bbbbbb\"/>\n", "<text x=\"", x, "\" y=\"",
-                    Num(kBottom + 18), "\" text-anchor=\"middle\">", DecadeLabel(k),
-                    "</text>\n");
+                    Num(kBottom + 18), "\" text-anchor=\"middle\">", DecadeLabel(k), "</text>\n");
     for (int m = 2; m <= 9 && k < hi; ++m) {
       const std::string xm = Num(x_of(m * std::pow(10.0, k)));
-      absl::StrAppend(&svg, "<line x1=\"", xm, "\" y1=\"", Num(kTop), "\" x2=\"", xm,
-                      "\" y2=\"", Num(kBottom), "\" stroke=\"#f0f0f0\"/>\n");
+      absl::StrAppend(&svg, "<line x1=\"", xm, "\" y1=\"", Num(kTop), "\" x2=\"", xm, "\" y2=\"",
+                      Num(kBottom), "\" stroke=\"#f0f0f0\"/>\n");
     }
   }
   absl::StrAppend(
       &svg, "<rect x=\"", Num(kLeft), "\" y=\"", Num(kTop), "\" width=\"", Num(kRight - kLeft),
-      "\" height=\"", Num(kBottom - kTop), "\" fill=\"none\" stroke=\"black\"/>\n",
-      "<text x=\"", Num((kLeft + kRight) / 2), "\" y=\"", Num(kBottom + 40),
-      "\" text-anchor=\"middle\">latency (us, log scale)</text>\n",
-      "<text x=\"20\" y=\"", Num((kTop + kBottom) / 2),
-      "\" text-anchor=\"middle\" transform=\"rotate(-90 20 ", Num((kTop + kBottom) / 2),
-      ")\">cumulative fraction of calls</text>\n");
+      "\" height=\"", Num(kBottom - kTop), "\" fill=\"none\" stroke=\"black\"/>\n", "<text x=\"",
+      Num((kLeft + kRight) / 2), "\" y=\"", Num(kBottom + 40),
+      "\" text-anchor=\"middle\">latency (us, log scale)</text>\n", "<text x=\"20\" y=\"",
+      Num((kTop + kBottom) / 2), "\" text-anchor=\"middle\" transform=\"rotate(-90 20 ",
+      Num((kTop + kBottom) / 2), ")\">cumulative fraction of calls</text>\n");
 
   // The curves: point i of m at cumulative fraction i / (m - 1), as Summary defines it.
   for (size_t c = 0; c < curves.size(); ++c) {
@@ -185,11 +190,10 @@ absl::StatusOr<std::string> RenderCdfSvg(const std::vector<Aggregate>& aggregate
     }
     const double ly = kTop + 10 + kLegendPitch * c;
     absl::StrAppend(&svg, "<line x1=\"605\" y1=\"", Num(ly), "\" x2=\"630\" y2=\"", Num(ly),
-                    "\" stroke=\"", color, "\" stroke-width=\"2\"/>\n", "<text x=\"",
-                    Num(kLegendX), "\" y=\"", Num(ly + 4), "\" font-size=\"11\">",
-                    XmlEscape(curves[c].label), "</text>\n", "<text x=\"", Num(kLegendX),
-                    "\" y=\"", Num(ly + 18), "\" font-size=\"10\">", XmlEscape(curves[c].detail),
-                    "</text>\n");
+                    "\" stroke=\"", color, "\" stroke-width=\"2\"/>\n", "<text x=\"", Num(kLegendX),
+                    "\" y=\"", Num(ly + 4), "\" font-size=\"11\">", XmlEscape(curves[c].label),
+                    "</text>\n", "<text x=\"", Num(kLegendX), "\" y=\"", Num(ly + 18),
+                    "\" font-size=\"10\">", XmlEscape(curves[c].detail), "</text>\n");
   }
   svg += "</svg>\n";
   return svg;

@@ -184,8 +184,7 @@ int Serve(const BenchArgs& args) {
     return 1;
   }
   echoer.set_poller(stack->poller.get());
-  auto listener =
-      transport::Listener::Create(*stack->device, where->address, where->port, &echoer);
+  auto listener = transport::Listener::Create(*stack->device, where->address, where->port, &echoer);
   if (!listener.ok()) {
     std::fprintf(stderr, "transport_bench server: %s\n", listener.status().ToString().c_str());
     return 1;
@@ -301,8 +300,8 @@ int Client(const BenchArgs& args) {
   Pinger pinger;  // declared first: the poller's teardown still reports to it
   absl::StatusOr<Stack> stack = OpenStack();
   absl::StatusOr<std::shared_ptr<Connection>> connection =
-      stack.ok() ? Connection::Connect(*stack->device, *stack->poller, where->address,
-                                       where->port, &pinger, {}, absl::Seconds(30))
+      stack.ok() ? Connection::Connect(*stack->device, *stack->poller, where->address, where->port,
+                                       &pinger, {}, absl::Seconds(30))
                  : absl::StatusOr<std::shared_ptr<Connection>>(stack.status());
   if (!connection.ok()) {
     std::fprintf(stderr, "transport_bench client: %s\n", connection.status().ToString().c_str());
@@ -329,7 +328,8 @@ int Client(const BenchArgs& args) {
       run.client_cpu_ns = static_cast<double>(ProcessCpuNanos() - cpu_before);
       run.payload_bytes = 2 * size * args.calls;
       run.note = "transport::Connection echo, no RPC layer";
-      rows->Write(MakeRow({"transport", "echo", size, in_flight, 1, 1, args.round}, std::move(run)));
+      rows->Write(
+          MakeRow({"transport", "echo", size, in_flight, 1, 1, args.round}, std::move(run)));
     }
   }
   (*connection)->Close();

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/numbers.h"
 #include "benchmarks/bench_args.h"
 #include "benchmarks/bench_client.h"
 #include "benchmarks/bench_service.h"
@@ -100,8 +100,8 @@ int Client(const BenchArgs& args) {
       options.stream_window = static_cast<uint16_t>(args.in_flight.front());
     }
     absl::StatusOr<std::unique_ptr<ClientChannel>> channel = CreateChannel(args.connect, options);
-    absl::Status s = channel.ok() ? (*channel)->Connect(absl::Now() + absl::Seconds(30))
-                                  : channel.status();
+    absl::Status s =
+        channel.ok() ? (*channel)->Connect(absl::Now() + absl::Seconds(30)) : channel.status();
     if (!s.ok()) {
       std::fprintf(stderr, "zrpc_bench client: %s\n", s.ToString().c_str());
       return 1;
@@ -110,9 +110,8 @@ int Client(const BenchArgs& args) {
       for (int in_flight : args.in_flight) {
         if (args.max_bytes_in_flight != 0 && size * in_flight > args.max_bytes_in_flight) {
           std::printf("%-6s %9llu %6d %5d  skipped: %llu bytes in flight pass the sweep's %llu\n",
-                      WorkloadName(args.workload), static_cast<unsigned long long>(size),
-                      in_flight, connections,
-                      static_cast<unsigned long long>(size * in_flight),
+                      WorkloadName(args.workload), static_cast<unsigned long long>(size), in_flight,
+                      connections, static_cast<unsigned long long>(size * in_flight),
                       static_cast<unsigned long long>(args.max_bytes_in_flight));
           continue;
         }
@@ -145,9 +144,9 @@ int Client(const BenchArgs& args) {
                               ? absl::StrCat(absl::ToInt64Microseconds(spin), "us")
                               : absl::StrCat(absl::ToInt64Nanoseconds(spin), "ns"));
         }
-        rows->Write(MakeRow({"zrpc", workload, size, in_flight, args.threads, connections,
-                             args.round},
-                            *std::move(run)));
+        rows->Write(
+            MakeRow({"zrpc", workload, size, in_flight, args.threads, connections, args.round},
+                    *std::move(run)));
       }
     }
   }

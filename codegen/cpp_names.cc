@@ -26,17 +26,17 @@ namespace {
 // is expanded, also as a namespace.
 const std::set<std::string>& ObjectLikeMacros() {
   static const std::set<std::string> kMacros = {
-      "NULL",         "EOF",          "errno",    "stdin",       "stdout", "stderr",
-      "BUFSIZ",       "FILENAME_MAX", "RAND_MAX", "EXIT_SUCCESS", "EXIT_FAILURE"};
+      "NULL",   "EOF",          "errno",    "stdin",        "stdout",      "stderr",
+      "BUFSIZ", "FILENAME_MAX", "RAND_MAX", "EXIT_SUCCESS", "EXIT_FAILURE"};
   return kMacros;
 }
 
 // Function-like macros (expanded only before a '(') and the macros GNU mode (-std=gnu++17)
 // predefines: harmless as a namespace under -std=c++17, not as a function or class name.
 const std::set<std::string>& OtherMacros() {
-  static const std::set<std::string> kMacros = {
-      "assert", "offsetof", "setjmp", "va_arg", "va_start", "va_end", "va_copy",
-      "unix",   "linux",    "i386"};
+  static const std::set<std::string> kMacros = {"assert",   "offsetof", "setjmp",  "va_arg",
+                                                "va_start", "va_end",   "va_copy", "unix",
+                                                "linux",    "i386"};
   return kMacros;
 }
 
@@ -45,7 +45,6 @@ const std::set<std::string>& OtherMacros() {
 bool IsStandardMacro(const std::string& name) {
   return ObjectLikeMacros().count(name) > 0 || OtherMacros().count(name) > 0;
 }
-
 
 std::string CppIdentifier(const std::string& name) {
   return IsCppKeyword(name) || IsStandardMacro(name) ? name + "_" : name;
@@ -65,25 +64,98 @@ std::string ReservedPackageReason(const std::string& package) {
   // What zrpc's headers declare directly in namespace zrpc (rpc/*.h, transport/*.h,
   // proto/zrpc/options.proto): a package zrpc.Channel would make a namespace of the same name.
   // tests/codegen:reserved_names_test reads the headers and fails naming any that is missing.
-  static const std::set<std::string> kRuntimeNames = {
-      "AppendPrometheusFamily", "AsyncClientReader", "AsyncClientReaderWriter",
-      "AsyncClientWriter", "BulkDestination", "BulkReleaser", "CallOptions", "CallTable",
-      "Cancellation", "Channel", "ChannelOptions", "ChannelStats", "ClientChannel",
-      "ClientReader", "ClientReaderWriter", "ClientStreamCall", "ClientWriter", "CreateChannel", "DeadlineFromWire", "DecodeErrorBody", "DecodeLayout",
-      "DecodePullDescriptor", "DecodeRpcHeader", "DoneCallback", "EncodeErrorBody",
-      "EncodeLargeBody", "EncodePullDescriptor", "EncodeRpcHeader", "ErrorBodySize",
-      "ExposedBuckets", "FormatLogRecord", "GetLogLevel", "IncomingBulk", "internal",
-      "kMaxErrorMessage", "kNumStatusCodes", "kRpcFlagBulk", "kRpcFlagLargeBody", "kRpcFlagPull",
-      "kRpcFlagPullResponse", "kRpcFlagStream", "kTruncatedMarker", "LargeBody", "LatencyHistogram",
-      "LatencySnapshot", "LogLevel", "LogLevelName", "LogRecord", "LogSink", "MessageLayout",
-      "method", "MethodInfo", "MethodMetrics", "MethodMetricsSnapshot", "MethodOptions", "Metrics",
-      "MetricsHttpServer", "MetricsSide", "MetricsSideName", "OutgoingBulk", "ParseLogLevel",
-      "PayloadPlacement", "PendingCall", "PullDescriptor", "RegisteredMemory", "RemainingFromWire",
-      "RpcHeader", "RpcKind", "SendSlot", "Server", "ServerAsyncReader",
-      "ServerAsyncReaderWriter", "ServerAsyncStream", "ServerAsyncWriter", "ServerCall",
-      "ServerContext", "ServerOptions", "ServerReader", "ServerReaderWriter", "ServerStats",
-      "ServerWriter", "Service", "ServiceId", "ServiceInfo", "SetLogLevel", "SetLogSink",
-      "StatusCodeLabel", "StreamCall", "StreamCallback", "TakenCall", "TimeoutToWire", "transport"};
+  static const std::set<std::string> kRuntimeNames = {"AppendPrometheusFamily",
+                                                      "AsyncClientReader",
+                                                      "AsyncClientReaderWriter",
+                                                      "AsyncClientWriter",
+                                                      "BulkDestination",
+                                                      "BulkReleaser",
+                                                      "CallOptions",
+                                                      "CallTable",
+                                                      "Cancellation",
+                                                      "Channel",
+                                                      "ChannelOptions",
+                                                      "ChannelStats",
+                                                      "ClientChannel",
+                                                      "ClientReader",
+                                                      "ClientReaderWriter",
+                                                      "ClientStreamCall",
+                                                      "ClientWriter",
+                                                      "CreateChannel",
+                                                      "DeadlineFromWire",
+                                                      "DecodeErrorBody",
+                                                      "DecodeLayout",
+                                                      "DecodePullDescriptor",
+                                                      "DecodeRpcHeader",
+                                                      "DoneCallback",
+                                                      "EncodeErrorBody",
+                                                      "EncodeLargeBody",
+                                                      "EncodePullDescriptor",
+                                                      "EncodeRpcHeader",
+                                                      "ErrorBodySize",
+                                                      "ExposedBuckets",
+                                                      "FormatLogRecord",
+                                                      "GetLogLevel",
+                                                      "IncomingBulk",
+                                                      "internal",
+                                                      "kMaxErrorMessage",
+                                                      "kNumStatusCodes",
+                                                      "kRpcFlagBulk",
+                                                      "kRpcFlagLargeBody",
+                                                      "kRpcFlagPull",
+                                                      "kRpcFlagPullResponse",
+                                                      "kRpcFlagStream",
+                                                      "kTruncatedMarker",
+                                                      "LargeBody",
+                                                      "LatencyHistogram",
+                                                      "LatencySnapshot",
+                                                      "LogLevel",
+                                                      "LogLevelName",
+                                                      "LogRecord",
+                                                      "LogSink",
+                                                      "MessageLayout",
+                                                      "method",
+                                                      "MethodInfo",
+                                                      "MethodMetrics",
+                                                      "MethodMetricsSnapshot",
+                                                      "MethodOptions",
+                                                      "Metrics",
+                                                      "MetricsHttpServer",
+                                                      "MetricsSide",
+                                                      "MetricsSideName",
+                                                      "OutgoingBulk",
+                                                      "ParseLogLevel",
+                                                      "PayloadPlacement",
+                                                      "PendingCall",
+                                                      "PullDescriptor",
+                                                      "RegisteredMemory",
+                                                      "RemainingFromWire",
+                                                      "RpcHeader",
+                                                      "RpcKind",
+                                                      "SendSlot",
+                                                      "Server",
+                                                      "ServerAsyncReader",
+                                                      "ServerAsyncReaderWriter",
+                                                      "ServerAsyncStream",
+                                                      "ServerAsyncWriter",
+                                                      "ServerCall",
+                                                      "ServerContext",
+                                                      "ServerOptions",
+                                                      "ServerReader",
+                                                      "ServerReaderWriter",
+                                                      "ServerStats",
+                                                      "ServerWriter",
+                                                      "Service",
+                                                      "ServiceId",
+                                                      "ServiceInfo",
+                                                      "SetLogLevel",
+                                                      "SetLogSink",
+                                                      "StatusCodeLabel",
+                                                      "StreamCall",
+                                                      "StreamCallback",
+                                                      "TakenCall",
+                                                      "TimeoutToWire",
+                                                      "transport"};
   if (parts[0] == "zrpc" && (parts.size() == 1 || kRuntimeNames.count(parts[1]) > 0)) {
     return "the namespace " + (parts.size() == 1 ? "zrpc" : "zrpc::" + parts[1]) +
            " belongs to zrpc's runtime, and the package's types would collide with its names; "

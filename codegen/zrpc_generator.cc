@@ -130,9 +130,8 @@ struct MethodNames {
 // Picks C++ names for a service's methods: keywords and names the generated classes use get a
 // trailing underscore, and so does any name that would collide with one already taken.
 std::vector<MethodNames> NameMethods(const ServiceDescriptor* service) {
-  std::set<std::string> taken = {"Stub",         "Service",      "AsyncService",
-                                 "Dispatch",     "service_info", "channel_",
-                                 "serves_streams_async"};
+  std::set<std::string> taken = {"Stub",         "Service",  "AsyncService",        "Dispatch",
+                                 "service_info", "channel_", "serves_streams_async"};
   auto claim = [&taken](std::string name) {
     name = CppIdentifier(name);
     while (!taken.insert(name).second) name += "_";
@@ -178,7 +177,8 @@ void AddBulkVars(const ::zrpc::MethodOptions& options, Vars& vars) {
     stub_doc += "    // `request_bulk` goes beside the request by RDMA WRITE; see rpc/bulk.h.\n";
     handler_doc += "    // `request_bulk` is read in place; release it promptly (rpc/bulk.h).\n";
     async_doc +=
-        "    // `call->TakeRequestBulk()` gives the request's bulk payload, read in place; release\n"
+        "    // `call->TakeRequestBulk()` gives the request's bulk payload, read in place; "
+        "release\n"
         "    // it promptly (rpc/bulk.h).\n";
   }
   if (out) {
@@ -230,9 +230,8 @@ ServiceCode DescribeService(const ServiceDescriptor* service, const std::string&
     vars["comments"] = Comments(method, "    ");
     vars["client_streaming"] = method->client_streaming() ? "true" : "false";
     vars["server_streaming"] = method->server_streaming() ? "true" : "false";
-    vars["kind"] = method->client_streaming()
-                       ? (method->server_streaming() ? "bidi" : "client")
-                       : (method->server_streaming() ? "server" : "unary");
+    vars["kind"] = method->client_streaming() ? (method->server_streaming() ? "bidi" : "client")
+                                              : (method->server_streaming() ? "server" : "unary");
     AddBulkVars(method->options().GetExtension(::zrpc::method), vars);
     code.methods.push_back(std::move(vars));
   }
@@ -322,12 +321,15 @@ void PrintServerClass(Printer& p, const std::vector<Vars>& methods, const char* 
               "$comments$"
               "    // Streaming: runs on a thread of its own and returns the call's status\n"
               "    // (rpc/streaming.h; AsyncService's form needs no thread).\n");
-      p.Print(vars, kind == "server"   ? "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
-                                         "        const $Request$& request, ::zrpc::ServerWriter<$Response$>* writer);\n"
-                    : kind == "client" ? "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
-                                         "        ::zrpc::ServerReader<$Request$>* reader, $Response$* response);\n"
-                                       : "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
-                                         "        ::zrpc::ServerReaderWriter<$Response$, $Request$>* stream);\n");
+      p.Print(vars,
+              kind == "server"
+                  ? "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
+                    "        const $Request$& request, ::zrpc::ServerWriter<$Response$>* writer);\n"
+              : kind == "client"
+                  ? "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
+                    "        ::zrpc::ServerReader<$Request$>* reader, $Response$* response);\n"
+                  : "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
+                    "        ::zrpc::ServerReaderWriter<$Response$, $Request$>* stream);\n");
     }
   }
   p.Print("  };\n\n");
@@ -361,30 +363,32 @@ void PrintHeaderService(Printer& p, const ServiceCode& code) {
       continue;
     }
     if (kind == "client") {
-      p.Print(vars,
-              "\n"
-              "$comments$"
-              "    // Client streaming: Write the requests, WritesDone, then Finish, after which\n"
-              "    // `*response` (alive until then) holds the answer (rpc/streaming.h).\n"
-              "    ::zrpc::ClientWriter<$Request$> $Method$($Response$* response,\n"
-              "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n"
-              "    // Asynchronous $Method$: Write and Finish report through callbacks; `*response`\n"
-              "    // (alive until Finish's runs) holds the answer then.\n"
-              "    ::zrpc::AsyncClientWriter<$Request$> $AsyncMethod$($Response$* response,\n"
-              "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n");
+      p.Print(
+          vars,
+          "\n"
+          "$comments$"
+          "    // Client streaming: Write the requests, WritesDone, then Finish, after which\n"
+          "    // `*response` (alive until then) holds the answer (rpc/streaming.h).\n"
+          "    ::zrpc::ClientWriter<$Request$> $Method$($Response$* response,\n"
+          "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n"
+          "    // Asynchronous $Method$: Write and Finish report through callbacks; `*response`\n"
+          "    // (alive until Finish's runs) holds the answer then.\n"
+          "    ::zrpc::AsyncClientWriter<$Request$> $AsyncMethod$($Response$* response,\n"
+          "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n");
       continue;
     }
     if (kind == "bidi") {
-      p.Print(vars,
-              "\n"
-              "$comments$"
-              "    // Bidirectional streaming: Write and Read (one thread each at most), WritesDone,\n"
-              "    // then Finish (rpc/streaming.h).\n"
-              "    ::zrpc::ClientReaderWriter<$Request$, $Response$> $Method$(\n"
-              "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n"
-              "    // Asynchronous $Method$: Write, Read and Finish report through callbacks.\n"
-              "    ::zrpc::AsyncClientReaderWriter<$Request$, $Response$> $AsyncMethod$(\n"
-              "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n");
+      p.Print(
+          vars,
+          "\n"
+          "$comments$"
+          "    // Bidirectional streaming: Write and Read (one thread each at most), WritesDone,\n"
+          "    // then Finish (rpc/streaming.h).\n"
+          "    ::zrpc::ClientReaderWriter<$Request$, $Response$> $Method$(\n"
+          "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n"
+          "    // Asynchronous $Method$: Write, Read and Finish report through callbacks.\n"
+          "    ::zrpc::AsyncClientReaderWriter<$Request$, $Response$> $AsyncMethod$(\n"
+          "        const ::zrpc::CallOptions& options = ::zrpc::CallOptions());\n");
       continue;
     }
     p.Print(vars,
@@ -464,9 +468,10 @@ void PrintSourceTables(Printer& p, const ServiceCode& code) {
   } else {
     p.Print(svars, "const ::zrpc::MethodInfo $Service$::kMethods[] = {\n");
     for (const Vars& vars : methods) {
-      p.Print(vars,
-              "    {\"$full_name$\", $index$, $request_bulk$, $response_bulk$, $client_streaming$,\n"
-              "     $server_streaming$},\n");
+      p.Print(
+          vars,
+          "    {\"$full_name$\", $index$, $request_bulk$, $response_bulk$, $client_streaming$,\n"
+          "     $server_streaming$},\n");
     }
     p.Print(svars,
             "};\n"
@@ -493,7 +498,7 @@ void PrintDispatch(Printer& p, const ServiceCode& code, const std::string& base,
     if (base == "AsyncService") {
       // The handler owns its stream (rpc/streaming.h, "Asynchronous server streams").
       Vars with = vars;
-      with["Handle"] = kind == "server" ? "HandleServerStreamingLater"
+      with["Handle"] = kind == "server"   ? "HandleServerStreamingLater"
                        : kind == "client" ? "HandleClientStreamingLater"
                                           : "HandleBidiStreamingLater";
       p.Print(with,
@@ -504,30 +509,34 @@ void PrintDispatch(Printer& p, const ServiceCode& code, const std::string& base,
               "      return;\n");
       continue;
     }
-    p.Print(vars, kind == "server"   ? "    case $index$:\n"
-                                       "      ::zrpc::internal::HandleServerStreaming<$Request$, $Response$>(\n"
-                                       "          call, $Qualified$::kMethods[$index$],\n"
-                                       "          [this](::zrpc::ServerContext& context, const $Request$& request,\n"
-                                       "                 ::zrpc::ServerWriter<$Response$>* writer) {\n"
-                                       "            return this->$Method$(context, request, writer);\n"
-                                       "          });\n"
-                                       "      return;\n"
-                  : kind == "client" ? "    case $index$:\n"
-                                       "      ::zrpc::internal::HandleClientStreaming<$Request$, $Response$>(\n"
-                                       "          call, $Qualified$::kMethods[$index$],\n"
-                                       "          [this](::zrpc::ServerContext& context,\n"
-                                       "                 ::zrpc::ServerReader<$Request$>* reader, $Response$* response) {\n"
-                                       "            return this->$Method$(context, reader, response);\n"
-                                       "          });\n"
-                                       "      return;\n"
-                                     : "    case $index$:\n"
-                                       "      ::zrpc::internal::HandleBidiStreaming<$Request$, $Response$>(\n"
-                                       "          call, $Qualified$::kMethods[$index$],\n"
-                                       "          [this](::zrpc::ServerContext& context,\n"
-                                       "                 ::zrpc::ServerReaderWriter<$Response$, $Request$>* stream) {\n"
-                                       "            return this->$Method$(context, stream);\n"
-                                       "          });\n"
-                                       "      return;\n");
+    p.Print(
+        vars,
+        kind == "server"
+            ? "    case $index$:\n"
+              "      ::zrpc::internal::HandleServerStreaming<$Request$, $Response$>(\n"
+              "          call, $Qualified$::kMethods[$index$],\n"
+              "          [this](::zrpc::ServerContext& context, const $Request$& request,\n"
+              "                 ::zrpc::ServerWriter<$Response$>* writer) {\n"
+              "            return this->$Method$(context, request, writer);\n"
+              "          });\n"
+              "      return;\n"
+        : kind == "client"
+            ? "    case $index$:\n"
+              "      ::zrpc::internal::HandleClientStreaming<$Request$, $Response$>(\n"
+              "          call, $Qualified$::kMethods[$index$],\n"
+              "          [this](::zrpc::ServerContext& context,\n"
+              "                 ::zrpc::ServerReader<$Request$>* reader, $Response$* response) {\n"
+              "            return this->$Method$(context, reader, response);\n"
+              "          });\n"
+              "      return;\n"
+            : "    case $index$:\n"
+              "      ::zrpc::internal::HandleBidiStreaming<$Request$, $Response$>(\n"
+              "          call, $Qualified$::kMethods[$index$],\n"
+              "          [this](::zrpc::ServerContext& context,\n"
+              "                 ::zrpc::ServerReaderWriter<$Response$, $Request$>* stream) {\n"
+              "            return this->$Method$(context, stream);\n"
+              "          });\n"
+              "      return;\n");
   }
   p.Print(svars,
           "  }\n"

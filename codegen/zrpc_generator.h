@@ -11,17 +11,18 @@
 //   cpp_names.h). In a file with `option cc_generic_services = true` (files written for brpc,
 //   sofa-pbrpc and other stacks on protobuf's generic services) that is every service's own
 //   name: protobuf declares its google::protobuf::Service Foo and Foo_Stub, so zrpc's class is
-//   Foo_, with Foo_::Stub, Foo_::Service and Foo_::AsyncService. Elsewhere it is rare (service Outer_Inner beside message
-//   Outer { message Inner }). A renamed service takes more underscores until it clashes with
-//   none of those names, no service's .proto name and no other service's class, so what
-//   protobuf generates under any file option (generic services, optimize_for = SPEED,
-//   CODE_SIZE, LITE_RUNTIME) never collides with it. Each renamed class says so in a comment.
+//   Foo_, with Foo_::Stub, Foo_::Service and Foo_::AsyncService. Elsewhere it is rare (service
+//   Outer_Inner beside message Outer { message Inner }). A renamed service takes more underscores
+//   until it clashes with none of those names, no service's .proto name and no other service's
+//   class, so what protobuf generates under any file option (generic services, optimize_for =
+//   SPEED, CODE_SIZE, LITE_RUNTIME) never collides with it. Each renamed class says so in a
+//   comment.
 // - Inside it, `Stub` (client), `Service` (blocking server base) and `AsyncService`
 //   (asynchronous server base). An rpc keeps its name unless that is a keyword, a standard macro
 //   or a name the generated classes use themselves (Stub, Service, AsyncService, Dispatch,
-//   service_info, channel_, serves_streams_async), or two generated members would collide (rpc `Foo` makes
-//   `AsyncFoo`); then it gets a trailing underscore, as protobuf does for fields. The method
-//   table keeps the .proto names. Handlers of Service and AsyncService share the rpc's name.
+//   service_info, channel_, serves_streams_async), or two generated members would collide (rpc
+//   `Foo` makes `AsyncFoo`); then it gets a trailing underscore, as protobuf does for fields. The
+//   method table keeps the .proto names. Handlers of Service and AsyncService share the rpc's name.
 // - Generated code names everything it uses fully qualified (::zrpc, ::absl, ::std, the
 //   service's own tables), so no .proto name can hide it.
 //

@@ -132,9 +132,12 @@ std::optional<uint64_t> ParseNumber(absl::string_view text, uint64_t min, uint64
 
 std::optional<uint64_t> ParseBytes(absl::string_view text, uint64_t min, uint64_t max) {
   int shift = 0;
-  if (absl::ConsumeSuffix(&text, "K")) shift = 10;
-  else if (absl::ConsumeSuffix(&text, "M")) shift = 20;
-  else if (absl::ConsumeSuffix(&text, "G")) shift = 30;
+  if (absl::ConsumeSuffix(&text, "K"))
+    shift = 10;
+  else if (absl::ConsumeSuffix(&text, "M"))
+    shift = 20;
+  else if (absl::ConsumeSuffix(&text, "G"))
+    shift = 30;
   // Bound the number before shifting so it cannot overflow.
   std::optional<uint64_t> value = ParseNumber(text, 0, max >> shift);
   if (!value.has_value() || (*value << shift) < min) return std::nullopt;

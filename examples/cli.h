@@ -15,7 +15,6 @@
 #include <map>
 #include <optional>
 #include <string>
-
 #include <vector>
 
 #include "absl/status/statusor.h"

@@ -1,7 +1,8 @@
 // The examples' command-line helpers and CRC-32C (host test).
+#include "examples/cli.h"
+
 #include <catch2/catch.hpp>
 
-#include "examples/cli.h"
 #include "examples/crc32c.h"
 
 namespace cli = zrpc::examples::cli;
@@ -36,7 +37,8 @@ TEST_CASE("byte counts take K, M and G suffixes and stay in range", "[examples]"
   CHECK(cli::ParseBytes("64K", 0, 1 << 30) == 64u << 10);
   CHECK(cli::ParseBytes("4M", 0, 1 << 30) == 4u << 20);
   CHECK(cli::ParseBytes("1G", 0, 1 << 30) == 1u << 30);
-  for (const char* bad : {"", "M", "2G", "1073741825", "-1", "1.5M", "4m", "99999999999999999999K"}) {
+  for (const char* bad :
+       {"", "M", "2G", "1073741825", "-1", "1.5M", "4m", "99999999999999999999K"}) {
     INFO(bad);
     CHECK_FALSE(cli::ParseBytes(bad, 0, 1 << 30).has_value());
   }

@@ -60,7 +60,8 @@ std::string Timing(size_t bytes, absl::Duration took) {
 
 // Where `got` first differs from `want`, for the failure message.
 std::string Mismatch(absl::string_view got, absl::string_view want) {
-  if (got.size() != want.size()) return absl::StrFormat("%u B instead of %u", got.size(), want.size());
+  if (got.size() != want.size())
+    return absl::StrFormat("%u B instead of %u", got.size(), want.size());
   size_t i = 0;
   while (i < got.size() && got[i] == want[i]) ++i;
   return absl::StrFormat("byte %u differs", i);
@@ -96,8 +97,8 @@ int Run(ObjectStore::Stub& stub, const std::string& name, const std::string& obj
                                 info.crc32c(), object.size(), crc));
   }
   std::printf("%s", absl::StrFormat("stat       %u B, CRC-32C %08x, in %.3f ms\n", info.size(),
-                                    info.crc32c(),
-                                    absl::ToDoubleMilliseconds(absl::Now() - start)).c_str());
+                                    info.crc32c(), absl::ToDoubleMilliseconds(absl::Now() - start))
+                        .c_str());
 
   // The response payload is read in place, in the channel's receive memory: release it (Reset
   // or destroy) promptly, the connection's later payloads wait for that memory.
@@ -106,7 +107,8 @@ int Run(ObjectStore::Stub& stub, const std::string& name, const std::string& obj
   s = stub.Get(key, &info, &got, zrpc::CallOptions::Timeout(kDeadline));
   if (!s.ok()) return Fail("get: " + s.ToString());
   const absl::Duration get_took = absl::Now() - start;
-  if (got.view() != object) return Fail("get: the object came back changed: " + Mismatch(got.view(), object));
+  if (got.view() != object)
+    return Fail("get: the object came back changed: " + Mismatch(got.view(), object));
   got.Reset();
   std::printf("get        %s, byte for byte as sent\n", Timing(object.size(), get_took).c_str());
 

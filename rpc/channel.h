@@ -62,7 +62,7 @@ class ChannelCore;
 struct ChannelStats {
   uint64_t connect_attempts = 0;
   uint64_t connect_failures = 0;
-  uint64_t connections_lost = 0;    // open connections that failed later
+  uint64_t connections_lost = 0;  // open connections that failed later
   uint64_t calls_in_flight = 0;
   uint64_t deadlines_exceeded = 0;
   // Answers the server sent, not knowing the call had ended here (its deadline passed while the

@@ -6,7 +6,8 @@
 // or, for a client program (or anything else that renders Prometheus text):
 //
 //   auto http = zrpc::MetricsHttpServer::Start("127.0.0.1:9464",
-//                                              [&] { return channel->metrics().PrometheusText(); });
+//                                              [&] { return channel->metrics().PrometheusText();
+//                                              });
 //
 // What it is. A deliberately small HTTP/1.1 server on a plain TCP socket (not the RDMA device):
 // one thread polling up to 16 connections at once, one request per connection

@@ -77,7 +77,8 @@ struct ChannelOptions {
   absl::Duration keepalive_interval = absl::Seconds(1);
   absl::Duration keepalive_timeout = absl::Seconds(2);
   // Messages of the server's a stream holds unread before the server must wait (per-stream
-  // flow control: rpc/stream/stream_core.h); at least 1. Memory per stream: this many parsed messages.
+  // flow control: rpc/stream/stream_core.h); at least 1. Memory per stream: this many parsed
+  // messages.
   uint16_t stream_window = 16;
 };
 
@@ -105,9 +106,9 @@ struct ServerOptions {
   // Streams (rpc/streaming.h): each streaming handler of a Service runs on a thread of its own,
   // at most max_streams_per_connection per connection and max_streams in the whole server; a
   // stream past either is refused with RESOURCE_EXHAUSTED naming the option. An AsyncService's
-  // streaming handlers need no thread: they count against max_streams_per_connection only. stream_window: messages of
-  // the client's a stream holds unread before the client must wait (per-stream flow control,
-  // rpc/stream/stream_core.h). Each at least 1.
+  // streaming handlers need no thread: they count against max_streams_per_connection only.
+  // stream_window: messages of the client's a stream holds unread before the client must wait
+  // (per-stream flow control, rpc/stream/stream_core.h). Each at least 1.
   int max_streams_per_connection = 16;
   int max_streams = 256;
   uint16_t stream_window = 16;

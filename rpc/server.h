@@ -22,8 +22,9 @@
 // grace period's end, at least 500 ms); close every connection; wait for the handlers still
 // running to return and for every call to be finished (a handler that never returns, or an
 // AsyncService that holds a PendingCall and never finishes or drops it, blocks Shutdown: the
-// server cannot take a thread or a held call back); stop the threads. After Shutdown returns no handler runs and nothing is left registered.
-// The destructor shuts down with no grace if Shutdown was not called.
+// server cannot take a thread or a held call back); stop the threads. After Shutdown returns no
+// handler runs and nothing is left registered. The destructor shuts down with no grace if Shutdown
+// was not called.
 //
 // Threads: AddService, SetInline and Start before serving, from one thread; Shutdown from any
 // thread but a handler's; the accessors from any thread.
@@ -58,7 +59,7 @@ struct ServerStats {
   uint64_t connections_open = 0;
   uint64_t calls_started = 0;
   uint64_t calls_in_flight = 0;
-  uint64_t unimplemented = 0;       // requests for a service or method this server lacks
+  uint64_t unimplemented = 0;        // requests for a service or method this server lacks
   uint64_t protocol_violations = 0;  // connections closed for breaking the protocol
   uint64_t cancels_received = 0;
   uint64_t keepalives_answered = 0;

@@ -107,13 +107,13 @@
 #ifndef ZRPC_RPC_STREAMING_H_
 #define ZRPC_RPC_STREAMING_H_
 
+#include <google/protobuf/message_lite.h>
+
 #include <cassert>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
-
-#include <google/protobuf/message_lite.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -233,8 +233,7 @@ void StartReadInto(Stream* stream, Message* out, StreamCallback done) {
 template <typename Stream, typename Message>
 void StartWriteOf(Stream* stream, const Message& message, StreamCallback done) {
   if (stream == nullptr) return done(false);  // moved from
-  stream->StartWrite(message,
-                     [done = ::std::move(done)](bool sent) mutable { done(sent); });
+  stream->StartWrite(message, [done = ::std::move(done)](bool sent) mutable { done(sent); });
 }
 
 // A streaming call's final response, serialized straight into a registered slot (`response`
@@ -496,21 +495,22 @@ namespace internal {
 // registered slot; otherwise with an empty opening message. `response` (client streaming only)
 // must outlive the call's Finish.
 template <typename Response>
-::std::unique_ptr<ClientStreamCall> OpenClientStream(
-    Channel* channel, const MethodInfo& method, const ::google::protobuf::MessageLite* request,
-    ::google::protobuf::MessageLite* response, const CallOptions& options) {
+::std::unique_ptr<ClientStreamCall> OpenClientStream(Channel* channel, const MethodInfo& method,
+                                                     const ::google::protobuf::MessageLite* request,
+                                                     ::google::protobuf::MessageLite* response,
+                                                     const CallOptions& options) {
   const size_t size = request == nullptr ? 0 : request->ByteSizeLong();
   ::absl::StatusOr<SendSlot> slot = ChannelAccess::AcquireSendSlot(channel, size, options);
   if (!slot.ok()) {
     return ::std::make_unique<FailedStream>(::absl::Status(
-        slot.status().code(), ::std::string(method.full_name) + ": " +
-                                  ::std::string(slot.status().message())));
+        slot.status().code(),
+        ::std::string(method.full_name) + ": " + ::std::string(slot.status().message())));
   }
   if (request != nullptr) request->SerializeWithCachedSizesToArray(slot->data);
   const ::google::protobuf::MessageLite* read_prototype =
       method.server_streaming ? &Response::default_instance() : nullptr;
-  return ChannelAccess::OpenStream(channel, method, *::std::move(slot), read_prototype,
-                                   response, options);
+  return ChannelAccess::OpenStream(channel, method, *::std::move(slot), read_prototype, response,
+                                   options);
 }
 
 // Finishes a stream whose handler returned `status`: OK ends it with an empty response.
@@ -571,8 +571,8 @@ void HandleClientStreamingLater(ServerCall* call, const MethodInfo& method, Hand
   ::std::unique_ptr<ServerAsyncStream> stream =
       OpenServerAsyncStream(call, method, &Request::default_instance());
   if (stream == nullptr) return;
-  handler(::std::make_unique<ServerAsyncReader<Request, Response>>(call, method,
-                                                                   ::std::move(stream)));
+  handler(
+      ::std::make_unique<ServerAsyncReader<Request, Response>>(call, method, ::std::move(stream)));
 }
 
 template <typename Request, typename Response, typename Handler>

@@ -9,7 +9,6 @@
 //    (a test binary that runs nothing must not look green).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -43,11 +42,21 @@ std::string XmlEscape(const std::string& in) {
   out.reserve(in.size());
   for (char c : in) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
       default:
         // XML 1.0 forbids most control characters; keep tab and newline.
         if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n') {
@@ -71,14 +80,13 @@ void WriteJunitXml(const char* path, const std::string& suite) {
   std::ofstream xml(path);
   xml << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites>\n"
       << "<testsuite name=\"" << XmlEscape(suite) << "\" tests=\"" << Results().size()
-      << "\" failures=\"" << failures << "\" skipped=\"" << skipped
-      << "\" errors=\"0\" time=\"" << total << "\">\n";
+      << "\" failures=\"" << failures << "\" skipped=\"" << skipped << "\" errors=\"0\" time=\""
+      << total << "\">\n";
   for (const auto& r : Results()) {
     xml << "  <testcase name=\"" << XmlEscape(r.name) << "\" classname=\"" << XmlEscape(suite)
         << "\" time=\"" << r.seconds << "\"";
     if (r.failed) {
-      xml << "><failure message=\"failed\">" << XmlEscape(r.failures)
-          << "</failure></testcase>\n";
+      xml << "><failure message=\"failed\">" << XmlEscape(r.failures) << "</failure></testcase>\n";
     } else if (r.skipped) {
       xml << "><skipped message=\"" << XmlEscape(r.skip_reason) << "\"/></testcase>\n";
     } else {

@@ -48,7 +48,8 @@ TEST_CASE("device config without an address is NotFound", "[transport][config]")
 
 TEST_CASE("device config rejects malformed numbers, naming the variable", "[transport][config]") {
   for (const char* bad : {"x", "0", "256", "1x", "-3", "99999999999"}) {
-    auto config = ParseDeviceConfig(Env({{"ZRPC_RDMA_ADDR", "198.18.0.1"}, {"ZRPC_RDMA_PORT", bad}}));
+    auto config =
+        ParseDeviceConfig(Env({{"ZRPC_RDMA_ADDR", "198.18.0.1"}, {"ZRPC_RDMA_PORT", bad}}));
     INFO("ZRPC_RDMA_PORT=" << bad);
     REQUIRE_FALSE(config.ok());
     CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);

@@ -16,10 +16,10 @@ void MarkSkipped(const std::string& reason);
 
 }  // namespace zrpc::testing
 
-#define ZRPC_SKIP(reason)                     \
-  do {                                        \
-    ::zrpc::testing::MarkSkipped(reason);     \
-    return;                                   \
+#define ZRPC_SKIP(reason)                 \
+  do {                                    \
+    ::zrpc::testing::MarkSkipped(reason); \
+    return;                               \
   } while (0)
 
 #endif  // ZRPC_TESTS_SKIP_H_

@@ -21,8 +21,9 @@ absl::Status ArenaWriter::CheckFits(uint32_t length) const {
   }
   if (length == 0) return absl::InvalidArgumentError("an empty bulk payload has nothing to place");
   if (length > size_ || RoundUp(length) > size_) {
-    return absl::InvalidArgumentError(absl::StrCat("a ", length, "-byte bulk payload exceeds the peer's ",
-                                                   size_, "-byte receive arena; split it"));
+    return absl::InvalidArgumentError(absl::StrCat("a ", length,
+                                                   "-byte bulk payload exceeds the peer's ", size_,
+                                                   "-byte receive arena; split it"));
   }
   return absl::OkStatus();
 }
@@ -90,8 +91,8 @@ absl::StatusOr<uint64_t> ArenaReader::OnArrival(uint32_t imm, uint32_t length) {
                                   ", where the ring puts them at ", expected_));
   }
   if (uint64_t{in_use()} + need > size_) {
-    return Violation(absl::StrCat("wrote ", need, " bytes into an arena with ", size_ - in_use(),
-                                  " free"));
+    return Violation(
+        absl::StrCat("wrote ", need, " bytes into an arena with ", size_ - in_use(), " free"));
   }
   arrivals_.push_back(Arrival{need, false});
   arrived_total_ += need;

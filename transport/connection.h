@@ -57,9 +57,9 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -158,8 +158,8 @@ struct ConnectionStats {
   uint64_t messages_received = 0;
   uint64_t bulk_received = 0;
   uint64_t credit_frames_sent = 0;
-  uint64_t waited = 0;               // operations that had to wait for credits, space or queue
-  uint32_t max_credits_in_use = 0;   // never above the peer's recv_credits
+  uint64_t waited = 0;              // operations that had to wait for credits, space or queue
+  uint32_t max_credits_in_use = 0;  // never above the peer's recv_credits
   uint32_t peer_recv_credits = 0;
   // Bytes of this side's arena held by payloads the application has not released yet: while
   // the peer's next payload does not fit, everything the peer sends after it waits.
@@ -186,9 +186,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Connects from the device's address to `addr`:`port` within `timeout`. The handler must
   // outlive the connection. Refused peers and bad handshakes give kUnavailable /
   // kFailedPrecondition with the peer's reason when it sent one.
-  static absl::StatusOr<std::shared_ptr<Connection>> Connect(
-      Device& device, Poller& poller, const std::string& addr, uint16_t port,
-      ConnectionHandler* handler, const ConnectionOptions& options, absl::Duration timeout);
+  static absl::StatusOr<std::shared_ptr<Connection>> Connect(Device& device, Poller& poller,
+                                                             const std::string& addr, uint16_t port,
+                                                             ConnectionHandler* handler,
+                                                             const ConnectionOptions& options,
+                                                             absl::Duration timeout);
 
   ~Connection();
   Connection(const Connection&) = delete;
@@ -215,8 +217,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // WriteBulk, then Send(buffer, length) without a report, queued together under one lock so
   // that no other message comes between them (the peer pairs a payload with the message that
   // follows it). Both or neither: on error nothing is queued and `buffer` stays the caller's.
-  absl::Status WriteBulkThenSend(const BulkSource& source, uint64_t token,
-                                 const SendBuffer& buffer, uint32_t length);
+  absl::Status WriteBulkThenSend(const BulkSource& source, uint64_t token, const SendBuffer& buffer,
+                                 uint32_t length);
 
   // Reads `sink.size` bytes from the peer's `remote` range into `sink` (registered here, local
   // write), by RDMA READ: no credit and no receive on the peer, whose NIC answers alone. Split
@@ -304,8 +306,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     uint64_t sequence;
     uint32_t slot;  // pool slot to free when retired, or SlotPool::kNoSlot
     uint64_t token;
-    bool report;    // OnSendDone owed
-    uint32_t transfer;  // bytes a bulk WRITE or READ moves; 0 for messages and probes
+    bool report;           // OnSendDone owed
+    uint32_t transfer;     // bytes a bulk WRITE or READ moves; 0 for messages and probes
     bool inlined = false;  // slot is freed as soon as the chain is posted (the NIC copied it)
   };
   // An operation waiting for credits, arena space or a send-queue entry.

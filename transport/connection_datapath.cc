@@ -47,12 +47,11 @@ ConnectionStats Connection::stats() const {
 
 std::string Connection::DebugString() const {
   absl::MutexLock lock(&mu_);
-  return absl::StrCat("state ", static_cast<int>(state_), ", credits available ",
-                      credits_.available(), " of ", peer_.recv_credits, ", owed ", credits_.owed(),
-                      ", waiting ", waiting_.size(), ", in flight ", in_flight_.size(),
-                      ", recvs posted ", recvs_posted_, ", early ", early_.size(),
-                      ", arena in use ", arena_writer_.in_use(), " (peer) / ",
-                      arena_reader_.in_use(), " (own)");
+  return absl::StrCat(
+      "state ", static_cast<int>(state_), ", credits available ", credits_.available(), " of ",
+      peer_.recv_credits, ", owed ", credits_.owed(), ", waiting ", waiting_.size(), ", in flight ",
+      in_flight_.size(), ", recvs posted ", recvs_posted_, ", early ", early_.size(),
+      ", arena in use ", arena_writer_.in_use(), " (peer) / ", arena_reader_.in_use(), " (own)");
 }
 
 absl::StatusOr<SendBuffer> Connection::AcquireSendBuffer(uint32_t leave_free) {
@@ -65,10 +64,10 @@ absl::StatusOr<SendBuffer> Connection::AcquireSendBuffer(uint32_t leave_free) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the connection to ", peer_address_, " already holds ", limit,
         " messages being built, waiting for credits or in flight (max_send_slots ",
-        options_.max_send_slots, limit < options_.max_send_slots
-                                     ? absl::StrCat(", less ", options_.max_send_slots - limit,
-                                                    " kept for other messages)")
-                                     : std::string(")")));
+        options_.max_send_slots,
+        limit < options_.max_send_slots
+            ? absl::StrCat(", less ", options_.max_send_slots - limit, " kept for other messages)")
+            : std::string(")")));
   }
   SlotPool& pool = device_.slots();
   uint32_t slot = pool.Allocate();
@@ -186,9 +185,8 @@ bool Connection::WithdrawBulk(uint64_t token) {
 
 absl::Status Connection::CanEnqueueLocked() const {
   if (state_ != State::kOpen) {
-    return absl::UnavailableError(absl::StrCat(
-        "connection to ", peer_address_, " is closed", error_.ok() ? "" : ": ",
-        error_.message()));
+    return absl::UnavailableError(absl::StrCat("connection to ", peer_address_, " is closed",
+                                               error_.ok() ? "" : ": ", error_.message()));
   }
   if (waiting_.size() >= options_.max_waiting) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -240,7 +238,7 @@ void Connection::PumpLocked() {
       break;  // the last credit is for credit frames
     } else if (op.kind == Waiting::kWrite) {
       std::optional<ArenaSpot> spot = arena_writer_.TryReserve(op.source.size);  // WriteBulk
-      if (!spot) break;                                                      // checked CheckFits
+      if (!spot) break;  // checked CheckFits
       credits_.TrySpendForData();
       PostBulkLocked(op.source, *spot, op.token);
     } else {
@@ -271,8 +269,8 @@ void Connection::PumpLocked() {
   PostChainLocked();
 }
 
-void Connection::PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kind,
-                                   uint64_t token, bool report, bool signal) {
+void Connection::PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kind, uint64_t token,
+                                   bool report, bool signal) {
   const bool control = kind == FrameKind::kCredit;  // in the connection's own control slot
   uint8_t* frame = device_.slots().data(slot);
   FrameHeader header;
@@ -298,12 +296,11 @@ void Connection::PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kin
   }
 }
 
-void Connection::PostBulkLocked(const BulkSource& source, const ArenaSpot& spot,
-                                uint64_t token) {
+void Connection::PostBulkLocked(const BulkSource& source, const ArenaSpot& spot, uint64_t token) {
   write_wr_.imm_data = htonl(spot.imm);
   write_wr_.wr.rdma.remote_addr = peer_.arena_addr + spot.offset;
-  AppendLocked(write_wr_, ibv_sge{reinterpret_cast<uintptr_t>(source.data), source.size,
-                                  source.lkey},
+  AppendLocked(write_wr_,
+               ibv_sge{reinterpret_cast<uintptr_t>(source.data), source.size, source.lkey},
                SlotPool::kNoSlot, token, true, false);
   ++stats_.bulk_sent;
 }
@@ -316,8 +313,7 @@ void Connection::PostReadLocked(const Waiting& op) {
   const bool signal = op.report || unsignaled_ + 1 >= kSignalInterval;
   read_wr_.send_flags = signal ? IBV_SEND_SIGNALED : 0;
   AppendLocked(read_wr_,
-               ibv_sge{reinterpret_cast<uintptr_t>(op.source.data), op.source.size,
-                       op.source.lkey},
+               ibv_sge{reinterpret_cast<uintptr_t>(op.source.data), op.source.size, op.source.lkey},
                SlotPool::kNoSlot, op.token, op.report, false);
 }
 
@@ -422,7 +418,7 @@ absl::Status Connection::ReleaseAndSend(uint64_t handle, const SendBuffer& buffe
   // First the release, so that the message carries the credit it returns.
   static_cast<void>(ReleaseLocked(handle));
   absl::Status s = length > max_message_ ? TooLong(length, max_message_)
-                                          : EnqueueLocked(Unreported(buffer, length));
+                                         : EnqueueLocked(Unreported(buffer, length));
   if (!s.ok()) {
     ReleaseSendBuffer(buffer);
     if (state_ == State::kOpen) PumpLocked();  // the credit goes alone

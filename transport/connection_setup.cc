@@ -23,8 +23,8 @@ constexpr uint32_t kMinInlineRequest = 2 * FrameHeader::kSize;
 absl::Status Connection::ValidateOptions(const ConnectionOptions& o, const Device& device) {
   auto max_wr = static_cast<uint32_t>(device.attr().max_qp_wr);
   if (o.recv_credits < kMinCredits || o.recv_credits >= max_wr || o.recv_credits > kMaxCredits) {
-    return absl::InvalidArgumentError(absl::StrCat("recv_credits ", o.recv_credits,
-                                                   " is not in [", kMinCredits, ", ",
+    return absl::InvalidArgumentError(absl::StrCat("recv_credits ", o.recv_credits, " is not in [",
+                                                   kMinCredits, ", ",
                                                    std::min(max_wr - 1, kMaxCredits), "]"));
   }
   if (o.send_queue_depth < 2 * kSignalInterval || o.send_queue_depth >= max_wr) {
@@ -146,7 +146,8 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
   for (uint32_t i = 0; i < options_.recv_credits; ++i) {
     uint32_t slot = pool.Allocate();
     if (slot == SlotPool::kNoSlot) {
-      return pool.ExhaustedError(absl::StrCat("for receive ", i + 1, " of ", options_.recv_credits));
+      return pool.ExhaustedError(
+          absl::StrCat("for receive ", i + 1, " of ", options_.recv_credits));
     }
     recv_slots_.push_back(slot);
     recv_state_.push_back(RecvState::kIdle);
@@ -200,8 +201,8 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   if (auto s = CreateCmChannelAndId(&c->setup_channel_, &c->id_); !s.ok()) return s;
   rdma_cm_id* id = c->id_.get();
 
-  if (auto s = ResolveRoute(c->setup_channel_.get(), id, device.selection().addr, addr, port,
-                            deadline);
+  if (auto s =
+          ResolveRoute(c->setup_channel_.get(), id, device.selection().addr, addr, port, deadline);
       !s.ok()) {
     return s;
   }
@@ -214,10 +215,10 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   uint8_t hello[Hello::kSize];
   EncodeHello(c->OwnHello(), hello);
   const ibv_device_attr& attr = device.attr();
-  rdma_conn_param param = ConnParam(
-      hello, Hello::kSize,
-      static_cast<uint8_t>(std::min<int>(kMaxReadsInFlight, attr.max_qp_init_rd_atom)),
-      static_cast<uint8_t>(std::min<int>(kMaxReadsInFlight, attr.max_qp_rd_atom)));
+  rdma_conn_param param =
+      ConnParam(hello, Hello::kSize,
+                static_cast<uint8_t>(std::min<int>(kMaxReadsInFlight, attr.max_qp_init_rd_atom)),
+                static_cast<uint8_t>(std::min<int>(kMaxReadsInFlight, attr.max_qp_rd_atom)));
   if (rdma_connect(id, &param) != 0) return VerbsError("rdma_connect", errno);
   auto event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();
@@ -226,9 +227,9 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   uint8_t rnr_retry = (*event)->param.conn.rnr_retry_count;
   rdma_ack_cm_event(*event);
   if (peer.ok() && rnr_retry > kRnrRetryCount) {
-    peer = absl::FailedPreconditionError(absl::StrCat(
-        "zrpc handshake: the server asks for RNR retry count ", rnr_retry,
-        " (7 retries forever); at most ", kRnrRetryCount, " is accepted"));
+    peer = absl::FailedPreconditionError(
+        absl::StrCat("zrpc handshake: the server asks for RNR retry count ", rnr_retry,
+                     " (7 retries forever); at most ", kRnrRetryCount, " is accepted"));
   }
   if (!peer.ok()) {
     rdma_disconnect(id);  // librdmacm cannot refuse an accept; hang up instead

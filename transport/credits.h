@@ -47,8 +47,10 @@ class CreditAccount {
  public:
   // `peer_window`: the peer's Hello.recv_credits. `own_window`: RECVs this side posts.
   CreditAccount(uint32_t peer_window, uint32_t own_window)
-      : peer_window_(peer_window), available_(peer_window),
-        threshold_(std::max<uint32_t>(1, own_window / 2)), granted_(own_window) {}
+      : peer_window_(peer_window),
+        available_(peer_window),
+        threshold_(std::max<uint32_t>(1, own_window / 2)),
+        granted_(own_window) {}
 
   // A data SEND or WRITE_WITH_IMM may go: two credits are left (the last is for credit frames).
   bool CanSpendForData() const { return available_ >= 2; }
@@ -68,8 +70,8 @@ class CreditAccount {
   // The peer returned `n` credits. A protocol error if that is more than were spent.
   absl::Status OnReturned(uint32_t n) {
     if (n > peer_window_ - available_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "peer returned ", n, " credits while only ", peer_window_ - available_, " were in use"));
+      return absl::FailedPreconditionError(absl::StrCat("peer returned ", n, " credits while only ",
+                                                        peer_window_ - available_, " were in use"));
     }
     available_ += n;
     return absl::OkStatus();
@@ -81,8 +83,8 @@ class CreditAccount {
   // RECVs re-posted before their credit went back, and hold this side to no window at all.
   absl::Status OnConsumed() {
     if (++consumed_ > granted_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "peer sent beyond its credits (", consumed_, " frames for ", granted_, " credits)"));
+      return absl::FailedPreconditionError(absl::StrCat("peer sent beyond its credits (", consumed_,
+                                                        " frames for ", granted_, " credits)"));
     }
     return absl::OkStatus();
   }

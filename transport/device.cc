@@ -119,7 +119,8 @@ absl::Status DescribePort(ibv_context* context, int port, int gid_index, bool ne
   sel->device = ibv_get_device_name(context->device);
   sel->port = port;
   ibv_port_attr attr{};
-  if (int rc = ibv_query_port(context, port, &attr); rc != 0) return VerbsError("ibv_query_port", rc);
+  if (int rc = ibv_query_port(context, port, &attr); rc != 0)
+    return VerbsError("ibv_query_port", rc);
   if (attr.state != IBV_PORT_ACTIVE) {
     return absl::FailedPreconditionError(
         absl::StrCat(sel->device, " port ", port, " is ", ibv_port_state_str(attr.state)));
@@ -139,20 +140,22 @@ absl::Status DescribePort(ibv_context* context, int port, int gid_index, bool ne
           return absl::OkStatus();
         }
       }
-      return absl::FailedPreconditionError(absl::StrCat(
-          sel->addr, " is on ", sel->device, " port ", port, " but no RoCE v2 GID holds it"));
+      return absl::FailedPreconditionError(absl::StrCat(sel->addr, " is on ", sel->device, " port ",
+                                                        port, " but no RoCE v2 GID holds it"));
     }
     return PickRoceGid(context, attr, gid_index, sel);
   }
   sel->lid = attr.lid;
   sel->gid_index = gid_index >= 0 ? gid_index : 0;
   ibv_gid_entry entry{};
-  if (ibv_query_gid_ex(context, port, sel->gid_index, &entry, 0) == 0) sel->gid = GidText(entry.gid);
+  if (ibv_query_gid_ex(context, port, sel->gid_index, &entry, 0) == 0)
+    sel->gid = GidText(entry.gid);
   if (!need_addr) return absl::OkStatus();
   if (entry.ndev_ifindex == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        sel->device, " port ", port, " (InfiniBand) has no IPoIB interface bound; set "
-        "ZRPC_RDMA_ADDR to the address librdmacm should use"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(sel->device, " port ", port,
+                     " (InfiniBand) has no IPoIB interface bound; set "
+                     "ZRPC_RDMA_ADDR to the address librdmacm should use"));
   }
   auto addr = InterfaceIpv4(entry.ndev_ifindex);
   if (!addr.ok()) return addr.status();
@@ -180,8 +183,8 @@ absl::Status SelectByAddress(const DeviceConfig& config, DeviceSelection* sel,
   }
   std::string name = ibv_get_device_name(raw->verbs->device);
   if (!config.device.empty() && config.device != name) {
-    return absl::FailedPreconditionError(absl::StrCat(config.addr, " belongs to ", name,
-                                                      ", not to the configured ", config.device));
+    return absl::FailedPreconditionError(
+        absl::StrCat(config.addr, " belongs to ", name, ", not to the configured ", config.device));
   }
   sel->addr = config.addr;
   *context = raw->verbs;

@@ -37,15 +37,15 @@
 namespace zrpc::transport {
 
 struct DeviceSelection {
-  std::string device;      // verbs device name, e.g. "mlx5_0" or "rxe0"
-  int port = 0;            // 1-based
-  bool infiniband = false;  // link layer: InfiniBand (true) or Ethernet / RoCE (false)
-  int gid_index = -1;      // RoCE: the RoCE v2 GID used; InfiniBand: 0
-  std::string gid;         // that GID, as an IPv6-style address
-  uint16_t lid = 0;        // InfiniBand only
-  int active_mtu = 0;      // bytes
+  std::string device;         // verbs device name, e.g. "mlx5_0" or "rxe0"
+  int port = 0;               // 1-based
+  bool infiniband = false;    // link layer: InfiniBand (true) or Ethernet / RoCE (false)
+  int gid_index = -1;         // RoCE: the RoCE v2 GID used; InfiniBand: 0
+  std::string gid;            // that GID, as an IPv6-style address
+  uint16_t lid = 0;           // InfiniBand only
+  int active_mtu = 0;         // bytes
   uint32_t max_msg_size = 0;  // the largest single RDMA operation the port takes (rxe: 8 MiB)
-  std::string addr;        // the IP address connections are made from and listened on
+  std::string addr;           // the IP address connections are made from and listened on
 
   std::string ToString() const;
 };
@@ -96,8 +96,8 @@ class Device {
  private:
   Device() = default;
   // ibv_reg_mr with `access`; `what` qualifies the call in the error (", remote read").
-  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(const void* data, size_t size,
-                                                         int access, const char* what);
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(const void* data, size_t size, int access,
+                                                         const char* what);
   DeviceSelection selection_;
   DeviceListOwner devices_;
   ibv_context* context_ = nullptr;  // one of devices_, owned by librdmacm

@@ -12,8 +12,8 @@ absl::Status ParseInt(const char* name, const char* value, int min, int max, int
   if (value == nullptr || *value == '\0') return absl::OkStatus();  // keep the default
   int parsed = 0;
   if (!absl::SimpleAtoi(value, &parsed) || parsed < min || parsed > max) {
-    return absl::InvalidArgumentError(absl::StrCat(name, "='", value, "' is not an integer in [",
-                                                   min, ", ", max, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "='", value, "' is not an integer in [", min, ", ", max, "]"));
   }
   *out = parsed;
   return absl::OkStatus();

@@ -122,9 +122,9 @@ void Listener::OnEvent(rdma_cm_event* event) {
     case RDMA_CM_EVENT_UNREACHABLE:
     case RDMA_CM_EVENT_DISCONNECTED:
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
-      Abandon(id, absl::UnavailableError(absl::StrCat("the handshake ended with ",
-                                                      rdma_event_str(type), " (status ", status,
-                                                      ")")));
+      Abandon(id,
+              absl::UnavailableError(absl::StrCat("the handshake ended with ", rdma_event_str(type),
+                                                  " (status ", status, ")")));
       break;
     default:  // TIMEWAIT_EXIT and the like: nothing to do
       break;
@@ -139,8 +139,8 @@ void Listener::OnRequest(rdma_cm_event* event) {
   // READs: this side answers at most as many as the peer will have outstanding, and issues at
   // most as many as the peer answers, each within what the device allows.
   const ibv_device_attr& attr = device_.attr();
-  const auto reads_in = static_cast<uint8_t>(std::min<int>(
-      {kMaxReadsInFlight, attr.max_qp_rd_atom, event->param.conn.initiator_depth}));
+  const auto reads_in = static_cast<uint8_t>(
+      std::min<int>({kMaxReadsInFlight, attr.max_qp_rd_atom, event->param.conn.initiator_depth}));
   const auto reads_out = static_cast<uint8_t>(std::min<int>(
       {kMaxReadsInFlight, attr.max_qp_init_rd_atom, event->param.conn.responder_resources}));
   rdma_ack_cm_event(event);
@@ -155,15 +155,15 @@ void Listener::OnRequest(rdma_cm_event* event) {
       handler_->OnRefused(peer, nullptr, why);
       return;
     }
-    c->poller_.Unregister(c->qp_num_);  // a no-op when it never registered
+    c->poller_.Unregister(c->qp_num_);            // a no-op when it never registered
     handler_->OnRefused(peer, c->handler_, why);  // while `c` (which may own the handler) lives
     c.reset();  // destroys the id and gives the admission place back
   };
   if (!hello.ok()) return refuse(hello.status());
   if (rnr_retry > kRnrRetryCount) {
-    return refuse(absl::FailedPreconditionError(absl::StrCat(
-        "zrpc handshake: peer asks for RNR retry count ", rnr_retry,
-        " (7 retries forever); at most ", kRnrRetryCount, " is accepted")));
+    return refuse(absl::FailedPreconditionError(
+        absl::StrCat("zrpc handshake: peer asks for RNR retry count ", rnr_retry,
+                     " (7 retries forever); at most ", kRnrRetryCount, " is accepted")));
   }
   if (auto s = Admit(ip); !s.ok()) return refuse(s);
   absl::StatusOr<Placement> placement = handler_->Place(peer);

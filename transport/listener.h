@@ -34,7 +34,8 @@
 //
 // Every placement ends in exactly one of: OnRefused (the connection never opened; its handler
 // hears nothing), or OnAccepted and, on the poller thread, the handler's OnClosed. Those two
-// race: OnClosed may run before OnAccepted (a peer that breaks the protocol at once). The Device and every poller Place returns must outlive the Listener.
+// race: OnClosed may run before OnAccepted (a peer that breaks the protocol at once). The Device
+// and every poller Place returns must outlive the Listener.
 #ifndef ZRPC_TRANSPORT_LISTENER_H_
 #define ZRPC_TRANSPORT_LISTENER_H_
 

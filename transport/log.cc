@@ -43,7 +43,9 @@ int CurrentLevel() {
 
 }  // namespace
 
-void SetLogLevel(LogLevel level) { level_.store(static_cast<int>(level), std::memory_order_relaxed); }
+void SetLogLevel(LogLevel level) {
+  level_.store(static_cast<int>(level), std::memory_order_relaxed);
+}
 
 LogLevel GetLogLevel() { return static_cast<LogLevel>(CurrentLevel()); }
 

@@ -15,7 +15,8 @@ namespace zrpc::transport {
 
 // The defaults size an idle connection at 33 pool slots (132 KiB with 4 KiB slots) plus its
 // arena (256 KiB), all registered, and 98 completion-queue entries on its poller: a server takes
-// hundreds of idle connections per poller with them (transport/README.md, "Capacity", has the figures).
+// hundreds of idle connections per poller with them (transport/README.md, "Capacity", has the
+// figures).
 struct ConnectionOptions {
   // RECVs kept posted for the peer: its credits, so the messages it may have in flight. At
   // least kMinCredits. Each holds a pool slot for the connection's lifetime.
@@ -52,8 +53,8 @@ struct PollerOptions {
   // recv_credits + 2 (98 with default options: 334 connections on rxe). A few MiB of memory.
   int cq_size = 65536;
   // Event mode: how long the loop keeps polling after its last completion before it arms the CQ
-  // and sleeps (adaptive polling), in [0, 1s]. A reply that comes within it costs no interrupt and no
-  // wake-up; an idle poller still sleeps, after this long. Zero: sleep at the first empty pass.
+  // and sleeps (adaptive polling), in [0, 1s]. A reply that comes within it costs no interrupt and
+  // no wake-up; an idle poller still sleeps, after this long. Zero: sleep at the first empty pass.
   // The default covers a hardware round trip (2-5 us) and a short handler many times over, and
   // costs at most this much CPU per burst of traffic.
   absl::Duration spin = absl::Microseconds(50);

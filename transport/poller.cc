@@ -121,9 +121,9 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
   uint32_t cqes = connection->cq_entries();
   absl::MutexLock lock(&mu_);
   if (cqes_reserved_ + uint64_t{cqes} > static_cast<uint64_t>(cq_capacity_)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the poller's completion queue (", cq_capacity_, " entries, ", cqes_reserved_,
-        " reserved) cannot take a connection needing ", cqes, "; use another poller"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the poller's completion queue (", cq_capacity_, " entries, ", cqes_reserved_,
+                     " reserved) cannot take a connection needing ", cqes, "; use another poller"));
   }
   cqes_reserved_ += cqes;
   connections_[connection->qp_num()] = connection;
@@ -289,9 +289,8 @@ bool Poller::ArmAndWait(int timeout_ms) {
   }
   // Anything that arrived before arming raised no event: look once more before sleeping.
   if (PollCq() > 0) return true;
-  pollfd fds[3] = {{comp_channel_->fd, POLLIN, 0},
-                   {cm_channel_->fd, POLLIN, 0},
-                   {wake_fd_, POLLIN, 0}};
+  pollfd fds[3] = {
+      {comp_channel_->fd, POLLIN, 0}, {cm_channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
   if (poll(fds, 3, timeout_ms) <= 0) return false;
   wakeups_.fetch_add(1, std::memory_order_relaxed);
   if (fds[0].revents & POLLIN) {

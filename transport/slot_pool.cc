@@ -36,8 +36,8 @@ absl::StatusOr<std::unique_ptr<SlotPool>> SlotPool::Create(ibv_pd* pd,
         absl::StrCat("SlotPoolOptions::slot_size ", options.slot_size, " is not in [1, 1 GiB]"));
   }
   if (options.max_slots == 0 || options.max_slots > kMaxSlots) {
-    return absl::InvalidArgumentError(absl::StrCat("SlotPoolOptions::max_slots ", options.max_slots,
-                                                   " is not in [1, 2^31]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SlotPoolOptions::max_slots ", options.max_slots, " is not in [1, 2^31]"));
   }
   if (options.slot_count == 0 || options.slot_count > options.max_slots) {
     return absl::InvalidArgumentError(
@@ -212,13 +212,13 @@ absl::Status SlotPool::ExhaustedError(const std::string& for_what) const {
   uint32_t count = slot_count();
   if (count < max_slots_) {
     absl::Status why = growth_error();
-    return absl::ResourceExhaustedError(absl::StrCat("no free slot ", for_what, ": all ", count,
-                                                     " slots are in use and adding more failed: ",
-                                                     why.message()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no free slot ", for_what, ": all ", count,
+                     " slots are in use and adding more failed: ", why.message()));
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "no free slot ", for_what, ": all ", count, " slots of ", slot_size_,
-      " bytes are in use (SlotPoolOptions::max_slots)"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("no free slot ", for_what, ": all ", count, " slots of ", slot_size_,
+                   " bytes are in use (SlotPoolOptions::max_slots)"));
 }
 
 uint32_t SlotPool::IndexOf(const void* p) const {

@@ -67,10 +67,10 @@ absl::Status CompletionError(const ibv_wc& wc) {
     default:
       code = absl::StatusCode::kInternal;
   }
-  return absl::Status(code, absl::StrCat("work completion ", wc.wr_id, ": ",
-                                         ibv_wc_status_str(wc.status), " (ibv_wc_status ",
-                                         static_cast<int>(wc.status), ", vendor_err ",
-                                         wc.vendor_err, ")"));
+  return absl::Status(code,
+                      absl::StrCat("work completion ", wc.wr_id, ": ", ibv_wc_status_str(wc.status),
+                                   " (ibv_wc_status ", static_cast<int>(wc.status), ", vendor_err ",
+                                   wc.vendor_err, ")"));
 }
 
 }  // namespace zrpc::transport

@@ -39,11 +39,13 @@ using ContextOwner = std::unique_ptr<ibv_context, internal::Deleter<ibv_context,
 using PdOwner = std::unique_ptr<ibv_pd, internal::Deleter<ibv_pd, ibv_dealloc_pd>>;
 using CqOwner = std::unique_ptr<ibv_cq, internal::Deleter<ibv_cq, ibv_destroy_cq>>;
 using CompChannelOwner =
-    std::unique_ptr<ibv_comp_channel, internal::Deleter<ibv_comp_channel, ibv_destroy_comp_channel>>;
+    std::unique_ptr<ibv_comp_channel,
+                    internal::Deleter<ibv_comp_channel, ibv_destroy_comp_channel>>;
 using MrOwner = std::unique_ptr<ibv_mr, internal::Deleter<ibv_mr, ibv_dereg_mr>>;
 using QpOwner = std::unique_ptr<ibv_qp, internal::Deleter<ibv_qp, ibv_destroy_qp>>;
-using CmChannelOwner = std::unique_ptr<rdma_event_channel,
-                                       internal::Deleter<rdma_event_channel, rdma_destroy_event_channel>>;
+using CmChannelOwner =
+    std::unique_ptr<rdma_event_channel,
+                    internal::Deleter<rdma_event_channel, rdma_destroy_event_channel>>;
 using CmIdOwner = std::unique_ptr<rdma_cm_id, internal::Deleter<rdma_cm_id, rdma_destroy_id>>;
 // librdmacm's list of opened devices (rdma_get_devices); the contexts in it belong to librdmacm.
 using DeviceListOwner = std::unique_ptr<ibv_context*, internal::DeviceListDeleter>;

@@ -53,8 +53,8 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
   h.arena_rkey = GetLe<uint32_t>(in + 24);
   h.arena_size = GetLe<uint32_t>(in + 28);
   if (h.version != kWireVersion) {
-    return Refuse(absl::StrCat("peer speaks wire version ", h.version, ", this build speaks ",
-                               kWireVersion));
+    return Refuse(
+        absl::StrCat("peer speaks wire version ", h.version, ", this build speaks ", kWireVersion));
   }
   if (h.flags != 0) return Refuse(absl::StrCat("peer sets unknown flags 0x", absl::Hex(h.flags)));
   // Fewer could deadlock the credit scheme (credits.h).
@@ -77,10 +77,9 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
 
 absl::Status CheckPeerReceives(const Hello& peer, uint32_t min_message_size) {
   if (peer.recv_size >= FrameHeader::kSize + uint64_t{min_message_size}) return absl::OkStatus();
-  return Refuse(absl::StrCat("the peer's receives of ", peer.recv_size,
-                             " bytes cannot carry the ", min_message_size,
-                             "-byte messages this side needs (plus the ", FrameHeader::kSize,
-                             "-byte frame header)"));
+  return Refuse(absl::StrCat("the peer's receives of ", peer.recv_size, " bytes cannot carry the ",
+                             min_message_size, "-byte messages this side needs (plus the ",
+                             FrameHeader::kSize, "-byte frame header)"));
 }
 
 void EncodeFrameHeader(const FrameHeader& header, uint8_t* out) {
@@ -92,8 +91,8 @@ void EncodeFrameHeader(const FrameHeader& header, uint8_t* out) {
 
 absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes) {
   if (bytes.size() < FrameHeader::kSize) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "peer sent a ", bytes.size(), "-byte message, shorter than the frame header"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("peer sent a ", bytes.size(), "-byte message, shorter than the frame header"));
   }
   FrameHeader header;
   header.arena_released = GetLe<uint32_t>(bytes.data());

@@ -33,8 +33,9 @@
 //
 // 3. Bulk payloads: an RDMA WRITE_WITH_IMM into the receiver's arena. The 32-bit immediate is
 //    the byte offset in the arena where the payload starts, with bit 31 set when the writer
-//    restarted the ring (arena.h); the completion's byte_len is its length. It consumes one RECV credit like a SEND. Offsets follow a ring discipline both
-//    sides compute (arena.h), so the receiver can check every offset the peer claims.
+//    restarted the ring (arena.h); the completion's byte_len is its length. It consumes one RECV
+//    credit like a SEND. Offsets follow a ring discipline both sides compute (arena.h), so the
+//    receiver can check every offset the peer claims.
 #ifndef ZRPC_TRANSPORT_WIRE_H_
 #define ZRPC_TRANSPORT_WIRE_H_
 

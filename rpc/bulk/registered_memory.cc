@@ -22,8 +22,8 @@ void BulkAccess::ChainRelease(OutgoingBulk& bulk, std::function<void()> after) {
   };
 }
 
-OutgoingBulk BulkAccess::Make(std::shared_ptr<const Registration> registration,
-                              const uint8_t* data, size_t size, std::function<void()> release) {
+OutgoingBulk BulkAccess::Make(std::shared_ptr<const Registration> registration, const uint8_t* data,
+                              size_t size, std::function<void()> release) {
   OutgoingBulk bulk(data, size, std::move(release));
   bulk.registration_ = std::move(registration);
   return bulk;
@@ -43,9 +43,7 @@ BulkDestination BulkAccess::MakeDestination(std::shared_ptr<const Registration> 
 RegisteredMemory::RegisteredMemory(std::shared_ptr<const internal::Registration> registration)
     : registration_(std::move(registration)) {}
 
-uint8_t* RegisteredMemory::data() const {
-  return registration_ ? registration_->data() : nullptr;
-}
+uint8_t* RegisteredMemory::data() const { return registration_ ? registration_->data() : nullptr; }
 
 size_t RegisteredMemory::size() const { return registration_ ? registration_->size() : 0; }
 
@@ -66,16 +64,18 @@ absl::StatusOr<RegisteredMemory> RegisteredMemory::Register(
 
 namespace {
 
-absl::Status CheckRange(const internal::Registration* registration, const char* what,
-                        size_t offset, size_t size) {
+absl::Status CheckRange(const internal::Registration* registration, const char* what, size_t offset,
+                        size_t size) {
   if (registration == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("RegisteredMemory::", what,
-                                                   " on an empty handle"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegisteredMemory::", what, " on an empty handle"));
   }
   if (size == 0 || offset > registration->size() || size > registration->size() - offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RegisteredMemory::", what, "(", offset, ", ", size, "): not a non-empty "
-                     "range inside the ", registration->size(), " registered bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("RegisteredMemory::", what, "(", offset, ", ",
+                                                   size,
+                                                   "): not a non-empty "
+                                                   "range inside the ",
+                                                   registration->size(), " registered bytes"));
   }
   return absl::OkStatus();
 }
@@ -93,8 +93,7 @@ absl::StatusOr<BulkDestination> RegisteredMemory::Destination(size_t offset, siz
   if (absl::Status s = CheckRange(registration_.get(), "Destination", offset, size); !s.ok()) {
     return s;
   }
-  return internal::BulkAccess::MakeDestination(registration_, registration_->data() + offset,
-                                               size);
+  return internal::BulkAccess::MakeDestination(registration_, registration_->data() + offset, size);
 }
 
 }  // namespace zrpc

@@ -42,8 +42,8 @@ absl::StatusOr<StagingPool::Buffer*> StagingPool::Acquire(size_t size) {
     EvictLocked(capacity);
     if (registered_ + capacity > max_bytes_) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "no registered memory to stage a ", size, "-byte bulk payload: ", registered_,
-          " of ", max_bytes_, " staging bytes are in use by payloads in flight"));
+          "no registered memory to stage a ", size, "-byte bulk payload: ", registered_, " of ",
+          max_bytes_, " staging bytes are in use by payloads in flight"));
     }
     registered_ += capacity;  // reserved now, registered below without the lock
     ++in_use_;
@@ -57,9 +57,8 @@ absl::StatusOr<StagingPool::Buffer*> StagingPool::Acquire(size_t size) {
     absl::MutexLock lock(&mu_);
     registered_ -= capacity;
     --in_use_;
-    return absl::ResourceExhaustedError(absl::StrCat("cannot stage a ", size,
-                                                     "-byte bulk payload: ",
-                                                     region.status().message()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot stage a ", size, "-byte bulk payload: ", region.status().message()));
   }
   buffer->region = std::move(*region);
   buffer->data = buffer->memory.get();

@@ -23,9 +23,9 @@
 #ifndef ZRPC_RPC_BULK_STAGING_H_
 #define ZRPC_RPC_BULK_STAGING_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -69,9 +69,7 @@ class StagingPool {
   // Payload bytes copied into staging, and payload bytes the NIC wrote straight from registered
   // application memory (counted when their WRITE completes), since the pool was made.
   void NoteStaged(size_t bytes) { staged_bytes_.fetch_add(bytes, std::memory_order_relaxed); }
-  void NoteZeroCopy(size_t bytes) {
-    zero_copy_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  }
+  void NoteZeroCopy(size_t bytes) { zero_copy_bytes_.fetch_add(bytes, std::memory_order_relaxed); }
   uint64_t staged_bytes() const { return staged_bytes_.load(std::memory_order_relaxed); }
   uint64_t zero_copy_bytes() const { return zero_copy_bytes_.load(std::memory_order_relaxed); }
 

@@ -50,11 +50,11 @@
 // "Ended" is not "reportable": a call whose request payload the runtime still reads (its WRITE
 // posted, or waiting for credits or arena space) must not run its DoneCallback (the caller would
 // reuse bytes the NIC may still read). That state lives outside the table, in the call's
-// BulkGate (rpc/connection/rpc_connection.h): the payload's release opens it, and a call taken from the
-// table before that parks its ending there; a payload that has not left yet is taken back
-// first (RpcConnection::Withdraw), so the ending never waits on the peer. The table's job ends
-// when the call leaves it; keeping taken calls in it would only delay freeing their slots, which
-// nothing needs: the stale id already protects the slot's next user.
+// BulkGate (rpc/connection/rpc_connection.h): the payload's release opens it, and a call taken from
+// the table before that parks its ending there; a payload that has not left yet is taken back first
+// (RpcConnection::Withdraw), so the ending never waits on the peer. The table's job ends when the
+// call leaves it; keeping taken calls in it would only delay freeing their slots, which nothing
+// needs: the stale id already protects the slot's next user.
 //
 // Threads. The table is internally synchronized (one absl::Mutex): client threads Insert (and
 // Take, to cancel) while the connection's poller thread Takes responses and TakeExpired, and
@@ -131,9 +131,7 @@ class CallIndex {
     uint64_t id;
   };
 
-  uint64_t IdOf(uint32_t index) const {
-    return slots_[index].generation << kIndexBits | index;
-  }
+  uint64_t IdOf(uint32_t index) const { return slots_[index].generation << kIndexBits | index; }
   void Free(uint32_t index);
   void PopHeap();
   // Rebuilds the heap from live calls when dead entries outnumber them.
@@ -142,7 +140,7 @@ class CallIndex {
   uint32_t capacity_;
   uint64_t first_generation_;
   std::vector<Slot> slots_;
-  std::vector<uint32_t> free_;  // LIFO
+  std::vector<uint32_t> free_;   // LIFO
   std::vector<HeapEntry> heap_;  // min-heap on (deadline, id)
   size_t live_ = 0;
   size_t live_in_heap_ = 0;
@@ -169,11 +167,12 @@ class CallTable {
 
   // Adds a call that ends at `deadline` (InfiniteFuture: only a response, cancel or failure
   // ends it) and returns its id, never 0. kResourceExhausted when `capacity` calls are in
-  // flight; `call` is then left as it was (not moved from), so the caller can still fail it. A deadline already past is accepted and comes out of the
-  // next TakeExpired; the runtime normally fails such a call before inserting it.
-  // If `earliest` is not null, it says whether this call's deadline is now the table's next
-  // one: a poller sleeping until NextDeadline() must then be woken. Decided under the table's
-  // lock, so no Insert racing another or the poller goes unnoticed.
+  // flight; `call` is then left as it was (not moved from), so the caller can still fail it. A
+  // deadline already past is accepted and comes out of the next TakeExpired; the runtime normally
+  // fails such a call before inserting it. If `earliest` is not null, it says whether this call's
+  // deadline is now the table's next one: a poller sleeping until NextDeadline() must then be
+  // woken. Decided under the table's lock, so no Insert racing another or the poller goes
+  // unnoticed.
   absl::StatusOr<uint64_t> Insert(T&& call, absl::Time deadline, bool* earliest = nullptr) {
     absl::MutexLock lock(&mu_);
     absl::StatusOr<uint64_t> id = index_.Acquire(deadline);

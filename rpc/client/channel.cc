@@ -24,13 +24,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "rpc/bulk/registration.h"
+#include "rpc/bulk/staging.h"
 #include "rpc/client/client_connection.h"
 #include "rpc/client/client_stream.h"
 #include "rpc/common/host_port.h"
 #include "rpc/common/monotonic.h"
-#include "rpc/connection/rpc_header.h"
 #include "rpc/common/shared_device.h"
-#include "rpc/bulk/staging.h"
+#include "rpc/connection/rpc_header.h"
 #include "transport/log.h"
 
 namespace zrpc {
@@ -95,7 +95,10 @@ struct TicketDeleter {
 class ChannelCore final : public ClientConnectionOwner {
  public:
   ChannelCore(std::string target, std::string host, uint16_t port, const ChannelOptions& options)
-      : target_(std::move(target)), host_(std::move(host)), port_(port), options_(options),
+      : target_(std::move(target)),
+        host_(std::move(host)),
+        port_(port),
+        options_(options),
         subchannels_(options.connections) {}
   ~ChannelCore();
 
@@ -190,7 +193,7 @@ class ChannelCore final : public ClientConnectionOwner {
 
   std::atomic<uint64_t> attempts_{0};
   std::atomic<uint64_t> failures_{0};
-  std::atomic<uint64_t> max_message_{0};       // ChannelStats::max_slot_message
+  std::atomic<uint64_t> max_message_{0};         // ChannelStats::max_slot_message
   std::atomic<bool> slot_mismatch_said_{false};  // the slot-size warning, once per channel
   std::atomic<uint64_t> lost_{0};
   std::atomic<uint64_t> expired_{0};
@@ -199,7 +202,8 @@ class ChannelCore final : public ClientConnectionOwner {
 };
 
 absl::Status ChannelCore::Init() {
-  absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options_.device, options_.slots);
+  absl::StatusOr<std::shared_ptr<transport::Device>> device =
+      SharedDevice(options_.device, options_.slots);
   if (!device.ok()) return device.status();
   device_ = *std::move(device);
   staging_ = std::make_unique<StagingPool>(*device_, options_.staging_bytes);
@@ -265,7 +269,7 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Pick(absl::Time d
 }
 
 absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& sub,
-                                                                    absl::Time deadline) {
+                                                                   absl::Time deadline) {
   absl::MutexLock lock(&sub.mu);
   auto usable = [&sub]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sub.mu) {
     return sub.current != nullptr && sub.current->open();
@@ -275,15 +279,13 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
   if (sub.connecting) {
     // Another caller is connecting: wait for its outcome, but never past this call's deadline,
     // and never on a poller or the timer (they would wait for the very thread that connects).
-    auto not_connecting = [&sub]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sub.mu) {
-      return !sub.connecting;
-    };
-    if (runtime_thread ||
-        !sub.mu.AwaitWithDeadline(absl::Condition(&not_connecting), deadline)) {
+    auto not_connecting = [&sub]()
+                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(sub.mu) { return !sub.connecting; };
+    if (runtime_thread || !sub.mu.AwaitWithDeadline(absl::Condition(&not_connecting), deadline)) {
       return runtime_thread
-                 ? absl::UnavailableError(absl::StrCat(
-                       "a connection to ", target_, " is being made; a callback on a runtime "
-                       "thread does not wait for it"))
+                 ? absl::UnavailableError(absl::StrCat("a connection to ", target_,
+                                                       " is being made; a callback on a runtime "
+                                                       "thread does not wait for it"))
                  : absl::DeadlineExceededError(absl::StrCat(
                        "the deadline passed while a connection to ", target_, " was being made"));
     }
@@ -298,9 +300,10 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
   if (runtime_thread) {
     // Connecting takes up to connect_timeout; a poller or the timer waiting that long stops
     // every connection and deadline it serves.
-    return absl::UnavailableError(absl::StrCat(
-        "not connected to ", target_, "; a callback on a runtime thread (poller or timer) does "
-        "not connect: call from another thread, or Connect() first"));
+    return absl::UnavailableError(
+        absl::StrCat("not connected to ", target_,
+                     "; a callback on a runtime thread (poller or timer) does "
+                     "not connect: call from another thread, or Connect() first"));
   }
   const absl::Duration timeout = std::min(options_.connect_timeout, deadline - absl::Now());
   if (timeout <= absl::ZeroDuration()) {
@@ -315,8 +318,8 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
   const absl::Duration pull_grace = options_.keepalive_timeout > absl::ZeroDuration()
                                         ? options_.keepalive_timeout
                                         : absl::Seconds(2);
-  auto connection = std::make_shared<ClientConnection>(
-      *this, options_.max_calls_per_connection, pull_grace, device_, poller);
+  auto connection = std::make_shared<ClientConnection>(*this, options_.max_calls_per_connection,
+                                                       pull_grace, device_, poller);
   // Outside the lock: callers with shorter deadlines give up at theirs instead of waiting for
   // this attempt's.
   sub.connecting = true;
@@ -334,8 +337,8 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
     // This call's deadline cut the attempt short, not the server: no backoff for the calls
     // that come next (a short-deadline call would otherwise keep a slow-to-connect subchannel
     // down), and the call fails as what it is.
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the deadline passed while connecting to ", target_, " (", made.status().message(), ")"));
+    return absl::DeadlineExceededError(absl::StrCat("the deadline passed while connecting to ",
+                                                    target_, " (", made.status().message(), ")"));
   }
   if (!made.ok()) {
     failures_.fetch_add(1, std::memory_order_relaxed);
@@ -551,9 +554,8 @@ class Reaper {
       std::unique_ptr<ChannelCore> core;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || !queue_.empty();
-        };
+        auto ready = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
         mu_.Await(absl::Condition(&ready));
         if (queue_.empty()) return;
         core = std::move(queue_.front());
@@ -584,9 +586,8 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
     return s;
   }
   if (options.connections < 1 || options.connections > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("ChannelOptions::connections is ",
-                                                   options.connections,
-                                                   "; it must be in [1, 1024]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ChannelOptions::connections is ", options.connections, "; it must be in [1, 1024]"));
   }
   if (options.pollers < 1 || options.pollers > 64) {
     return absl::InvalidArgumentError(
@@ -628,15 +629,14 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
   ChannelOptions adjusted = options;
   adjusted.connection.min_message_size =
       std::max(adjusted.connection.min_message_size, internal::kMinRpcMessage);
-  auto core = std::make_unique<internal::ChannelCore>(std::string(target), std::move(host), port,
-                                                      adjusted);
+  auto core =
+      std::make_unique<internal::ChannelCore>(std::string(target), std::move(host), port, adjusted);
   if (absl::Status s = core->Init(); !s.ok()) return s;
   return std::unique_ptr<ClientChannel>(new ClientChannel(std::move(core)));
 }
 
 ClientChannel::ClientChannel(std::unique_ptr<internal::ChannelCore> core)
-    : core_(std::move(core)),
-      blocking_spin_(absl::ToChronoNanoseconds(core_->options().spin)) {}
+    : core_(std::move(core)), blocking_spin_(absl::ToChronoNanoseconds(core_->options().spin)) {}
 ClientChannel::~ClientChannel() {
   // From a callback on one of the runtime's threads the teardown would join the thread it runs
   // on: hand it over, and return at once (channel.h).
@@ -703,9 +703,10 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
       refused = absl::InvalidArgumentError(absl::StrCat(
           method.full_name, ": a response_destination for a method without response_bulk"));
     } else if (registration->device() != core_->device().get()) {
-      refused = absl::InvalidArgumentError(absl::StrCat(
-          method.full_name, ": the response_destination is registered on another device; "
-                            "register it on this channel (ClientChannel::RegisterMemory)"));
+      refused = absl::InvalidArgumentError(
+          absl::StrCat(method.full_name,
+                       ": the response_destination is registered on another device; "
+                       "register it on this channel (ClientChannel::RegisterMemory)"));
     }
     if (!refused.ok()) {
       ticket->connection->connection().ReleaseSendBuffer(ticket->buffer);

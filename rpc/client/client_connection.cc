@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/bulk/registration.h"
 #include "rpc/common/monotonic.h"
-#include "rpc/registered_memory.h"
 #include "rpc/connection/rpc_header.h"
+#include "rpc/registered_memory.h"
 #include "transport/log.h"
 
 namespace zrpc::internal {
@@ -103,8 +103,8 @@ uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffe
                         : RpcHeader::Request(service_id, method_index, *id, 0);
   if (pull_response) request_header.flags |= kRpcFlagPullResponse;
   // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
-  absl::Status sent = SendMessage(*connection_, buffer, request_header, body_size,
-                                  std::move(bulk), std::move(large_body), deadline, gate);
+  absl::Status sent = SendMessage(*connection_, buffer, request_header, body_size, std::move(bulk),
+                                  std::move(large_body), deadline, gate);
   if (sent.ok()) {
     if (options.cancellation != nullptr) {
       // A stale id makes a late Cancel() harmless: the call may end (and its slot be reused by
@@ -138,16 +138,16 @@ void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
   if (!call) return;
   if (call->gate) Withdraw(*connection_, id, *call->gate);
   SendCancel(id);
-  call->End(absl::Status(status.code(),
-                         absl::StrCat(call->method->full_name, ": ", status.message())));
+  call->End(
+      absl::Status(status.code(), absl::StrCat(call->method->full_name, ": ", status.message())));
 }
 
 bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
                                     const google::protobuf::MessageLite* message,
                                     StreamCore& stream, bool quota_taken, bool* no_slot) {
-  const absl::Status sent =
-      SendStreamFrame(*connection_, header, message, message == nullptr ? 0 : message->ByteSizeLong(),
-                      [&stream] { return stream.ended(); }, 0, quota_taken, no_slot);
+  const absl::Status sent = SendStreamFrame(
+      *connection_, header, message, message == nullptr ? 0 : message->ByteSizeLong(),
+      [&stream] { return stream.ended(); }, 0, quota_taken, no_slot);
   if (sent.ok()) return true;
   if ((no_slot != nullptr && *no_slot) || sent.code() == absl::StatusCode::kCancelled) {
     return false;  // tried again later; or the stream ended, and its end says why
@@ -189,8 +189,7 @@ void ClientConnection::Keepalive(absl::Duration timeout) {
   };
   CallOptions options;
   options.deadline = absl::Now() + timeout;
-  Start(kKeepaliveServiceId, *buffer, 0, OutgoingBulk(), OutgoingBulk(), std::move(ping),
-        options);
+  Start(kKeepaliveServiceId, *buffer, 0, OutgoingBulk(), OutgoingBulk(), std::move(ping), options);
 }
 
 void ClientConnection::OnPingDone(const absl::Status& status, absl::Duration timeout) {
@@ -203,8 +202,8 @@ void ClientConnection::OnPingDone(const absl::Status& status, absl::Duration tim
     return;
   }
   // The flow-control state says whether the connection was stalled or the server silent.
-  Close(absl::StrCat("keepalive: no answer from the server within ",
-                     absl::FormatDuration(timeout), " (", connection_->DebugString(), ")"));
+  Close(absl::StrCat("keepalive: no answer from the server within ", absl::FormatDuration(timeout),
+                     " (", connection_->DebugString(), ")"));
 }
 
 void ClientConnection::Close(absl::string_view reason) {
@@ -285,8 +284,8 @@ void ClientConnection::SendCancel(uint64_t id) {
     cancels_pending_.store(true, std::memory_order_release);
   }
   if (dropped) {
-    ZRPC_LOG(kWarning, "client", max_pending_cancels_, " cancels to ",
-             connection_->peer_address(), " wait for a send slot; the oldest is dropped");
+    ZRPC_LOG(kWarning, "client", max_pending_cancels_, " cancels to ", connection_->peer_address(),
+             " wait for a send slot; the oldest is dropped");
   }
   owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);  // the timer sends it (Expire)
 }
@@ -391,8 +390,7 @@ void ClientConnection::OnMessage(transport::Connection& connection,
   }
   if (kind != RpcKind::kResponse && kind != RpcKind::kError) {
     Discard(connection, *incoming);
-    return Violation(connection, absl::StrCat("a server sent message kind ",
-                                              static_cast<int>(kind),
+    return Violation(connection, absl::StrCat("a server sent message kind ", static_cast<int>(kind),
                                               "; a client takes responses, errors, pulled and "
                                               "stream messages and credits"));
   }
@@ -432,9 +430,8 @@ void ClientConnection::OnMessage(transport::Connection& connection,
       Discard(connection, *incoming);
       static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
       if (std::optional<ClientCall> call = calls_.Take(id)) {
-        call->End(absl::Status(pulling.code(),
-                               absl::StrCat(call->method->full_name, ": response: ",
-                                            pulling.message())));
+        call->End(absl::Status(pulling.code(), absl::StrCat(call->method->full_name,
+                                                            ": response: ", pulling.message())));
       }
     }
     return;  // OnPulled goes on
@@ -442,8 +439,7 @@ void ClientConnection::OnMessage(transport::Connection& connection,
   Deliver(connection, *incoming);
 }
 
-void ClientConnection::OnStreamFrame(transport::Connection& connection,
-                                     IncomingMessage& message) {
+void ClientConnection::OnStreamFrame(transport::Connection& connection, IncomingMessage& message) {
   const uint64_t id = message.header.call_id;
   std::shared_ptr<StreamCore> stream;
   bool live = false;
@@ -460,10 +456,10 @@ void ClientConnection::OnStreamFrame(transport::Connection& connection,
   if (stream == nullptr || message.bulk || message.pulls()) {
     Discard(connection, message);
     return Violation(connection,
-                     absl::StrCat("call ", id, stream == nullptr
-                                                   ? ": a stream frame for a unary call"
-                                                   : ": a stream message with a bulk payload "
-                                                     "or pulled"));
+                     absl::StrCat("call ", id,
+                                  stream == nullptr ? ": a stream frame for a unary call"
+                                                    : ": a stream message with a bulk payload "
+                                                      "or pulled"));
   }
   if (absl::Status fits = limits().CheckMessage(message.body.size(), "stream message");
       !fits.ok()) {
@@ -521,8 +517,8 @@ void ClientConnection::Complete(transport::Connection& connection, IncomingMessa
     absl::Status decoded = DecodeErrorBody(message.header, message.body, &status);
     if (!decoded.ok()) {
       violation = true;
-      status = absl::InternalError(absl::StrCat("the server's error message is malformed: ",
-                                                decoded.message()));
+      status = absl::InternalError(
+          absl::StrCat("the server's error message is malformed: ", decoded.message()));
     }
   } else if (message.bulk && !call.method->response_bulk) {
     violation = true;
@@ -531,15 +527,14 @@ void ClientConnection::Complete(transport::Connection& connection, IncomingMessa
                                               "method does not have"));
   } else if (absl::Status fits = limits().CheckMessage(message.body.size(), "response");
              !fits.ok()) {
-    status = absl::Status(fits.code(),
-                          absl::StrCat(call.method->full_name, ": ", fits.message()));
+    status = absl::Status(fits.code(), absl::StrCat(call.method->full_name, ": ", fits.message()));
   } else if (call.response == nullptr) {
     // A stream whose method has no single response (server streaming, bidirectional): its end
     // is an empty response.
     if (!message.body.empty() || message.bulk) {
       violation = true;
-      status = absl::InternalError(absl::StrCat(call.method->full_name,
-                                                ": the stream's final response is not empty"));
+      status = absl::InternalError(
+          absl::StrCat(call.method->full_name, ": the stream's final response is not empty"));
     }
   } else if (message.body.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
              !call.response->ParseFromArray(message.body.data(),
@@ -548,7 +543,8 @@ void ClientConnection::Complete(transport::Connection& connection, IncomingMessa
                                               ": malformed response: it does not parse as ",
                                               call.response->GetTypeName()));
   } else if (message.bulk) {
-    *call.response_bulk = ReceiveReleaser::Wrap(*this, connection.shared_from_this(), *message.bulk);
+    *call.response_bulk =
+        ReceiveReleaser::Wrap(*this, connection.shared_from_this(), *message.bulk);
     message.bulk.reset();  // the caller's now
   }
   if (call.metrics != nullptr && message.header.kind == RpcKind::kResponse) {
@@ -565,8 +561,8 @@ void ClientConnection::OnDeferredFailed(transport::Connection&, const RpcHeader&
   // A request whose payload waited for this connection's staging quota could not go when its
   // turn came: its call ends here (unless its deadline or a cancel ended it first).
   if (std::optional<ClientCall> call = calls_.Take(header.call_id)) {
-    call->End(absl::Status(status.code(),
-                           absl::StrCat(call->method->full_name, ": ", status.message())));
+    call->End(
+        absl::Status(status.code(), absl::StrCat(call->method->full_name, ": ", status.message())));
   }
 }
 
@@ -597,9 +593,8 @@ void ClientConnection::OnClosed(transport::Connection& connection, const absl::S
   // the channel's stats (and the timer no longer scans this connection).
   owner_.ConnectionClosed(this, violations() > 0);
   for (TakenCall<ClientCall>& taken : calls_.TakeAll()) {
-    taken.call.End(
-        absl::Status(status.code(), absl::StrCat(taken.call.method->full_name, ": ",
-                                                 status.message())));
+    taken.call.End(absl::Status(
+        status.code(), absl::StrCat(taken.call.method->full_name, ": ", status.message())));
   }
 }
 

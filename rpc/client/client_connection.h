@@ -36,27 +36,28 @@
 // a ping would queue behind them and its silence would prove nothing. Then the pass probes the
 // server's NIC instead (transport::Connection::Probe: a zero-length RDMA WRITE, no credit): a
 // vanished host fails it after the transport's retries and the connection fails with it; a live
-// one acks, and the connection stays. A ping that timed out while such a wait began is treated the same.
+// one acks, and the connection stays. A ping that timed out while such a wait began is treated the
+// same.
 #ifndef ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_
 #define ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_
 
+#include <google/protobuf/empty.pb.h>
+
 #include <atomic>
-#include <deque>
-#include <vector>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
-
-#include <google/protobuf/empty.pb.h>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "rpc/client/call_table.h"
+#include "rpc/connection/rpc_connection.h"
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
-#include "rpc/connection/rpc_connection.h"
 #include "rpc/stream/stream_core.h"
 
 namespace zrpc::internal {

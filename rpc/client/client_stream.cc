@@ -21,10 +21,11 @@ class ClientStream::Side final : public StreamPump::Side {
   StreamPump::Sent SendCredit(uint16_t messages) override {
     return Send(RpcHeader::StreamCredit(id_, messages), nullptr, false);
   }
-  StreamPump::Sent CloseWrites() override { return Send(RpcHeader::HalfClose(id_), nullptr, false); }
+  StreamPump::Sent CloseWrites() override {
+    return Send(RpcHeader::HalfClose(id_), nullptr, false);
+  }
   bool CloseEndsCall() const override { return false; }
-  bool QuotaOrWait(size_t size, bool* quota_taken,
-                   std::weak_ptr<StreamListener> waiter) override {
+  bool QuotaOrWait(size_t size, bool* quota_taken, std::weak_ptr<StreamListener> waiter) override {
     return connection_->StreamQuotaOrWait(connection_->connection(), size, OnRuntimeThread(),
                                           std::move(waiter), quota_taken);
   }
@@ -76,9 +77,11 @@ void ClientStream::StartFinish(DoneCallback done) { async().Finish(std::move(don
 bool ClientStream::RefusedOnRuntimeThread(const char* what) {
   if (!OnRuntimeThread()) return false;
   if (id_ != 0) {
-    connection_->AbortCall(id_, absl::FailedPreconditionError(absl::StrCat(
-        what, " called on a runtime thread (a poller or the timer, in a DoneCallback): a "
-              "blocking stream waits for those threads; use it from a thread of your own")));
+    connection_->AbortCall(
+        id_, absl::FailedPreconditionError(absl::StrCat(
+                 what,
+                 " called on a runtime thread (a poller or the timer, in a DoneCallback): a "
+                 "blocking stream waits for those threads; use it from a thread of your own")));
   }
   return true;
 }

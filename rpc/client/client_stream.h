@@ -34,7 +34,9 @@ class ClientStream final : public ClientStreamCall {
   // client streams (its writes are closed by WritesDone, or by Finish if it did not).
   ClientStream(std::shared_ptr<ClientConnection> connection, uint64_t id,
                std::shared_ptr<StreamCore> core, bool writes)
-      : connection_(std::move(connection)), id_(id), core_(std::move(core)),
+      : connection_(std::move(connection)),
+        id_(id),
+        core_(std::move(core)),
         writes_done_(!writes) {}
   // Cancels a call not finished, and waits for its end (its response, if any, is the caller's
   // memory).
@@ -68,7 +70,8 @@ class ClientStream final : public ClientStreamCall {
   // thread closed the writes must not send after the half-close: the server would take that for
   // a protocol violation).
   absl::Mutex send_mu_;
-  std::shared_ptr<StreamPump> async_;  // shared with the loop that pumps it (which may outlive this)
+  std::shared_ptr<StreamPump>
+      async_;  // shared with the loop that pumps it (which may outlive this)
   std::once_flag async_once_;
 };
 

@@ -11,8 +11,7 @@ absl::Status ParseHostPort(absl::string_view text, absl::string_view what, bool 
                            std::string* host, uint16_t* port) {
   const size_t colon = text.rfind(':');
   if (colon == absl::string_view::npos || colon == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " \"", text, "\" is not \"host:port\""));
+    return absl::InvalidArgumentError(absl::StrCat(what, " \"", text, "\" is not \"host:port\""));
   }
   absl::string_view h = text.substr(0, colon);
   if (h.front() == '[') {
@@ -32,9 +31,8 @@ absl::Status ParseHostPort(absl::string_view text, absl::string_view what, bool 
   if (digits.empty() || digits.size() > 5 ||
       digits.find_first_not_of("0123456789") != absl::string_view::npos ||
       !absl::SimpleAtoi(digits, &p) || p < lowest || p > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " \"", text,
-                                                   "\": the port must be a number in [", lowest,
-                                                   ", 65535]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " \"", text, "\": the port must be a number in [", lowest, ", 65535]"));
   }
   *host = std::string(h);
   *port = static_cast<uint16_t>(p);

@@ -73,7 +73,7 @@ struct PendingPull {
   IncomingMessage message;
   std::unique_ptr<PulledPayload> payload;
   uint8_t* destination = nullptr;
-  std::shared_ptr<BulkGate> landing;     // released when the READ is done
+  std::shared_ptr<BulkGate> landing;      // released when the READ is done
   std::unique_ptr<PlacedPayload> placed;  // the handle of the payload at `destination`, if any
 };
 // The handle of a payload pulled into the caller's own memory: releasing it gives nothing back.
@@ -120,7 +120,8 @@ void SplitPayload(IncomingMessage& message, const transport::ReceivedBulk& paylo
   }
   message.body = absl::MakeConstSpan(payload.data, body);
   if (payload.size > body) {
-    message.bulk = transport::ReceivedBulk{payload.data + body, payload.size - body, payload.handle};
+    message.bulk =
+        transport::ReceivedBulk{payload.data + body, payload.size - body, payload.handle};
   } else {
     message.body_payload = payload;
   }
@@ -128,8 +129,9 @@ void SplitPayload(IncomingMessage& message, const transport::ReceivedBulk& paylo
 
 // Memory for a pulled payload of `size` bytes, registered on `device` and charged to `budget`
 // (which the caller took already: the record gives it back when it goes).
-absl::StatusOr<std::unique_ptr<PulledPayload>> AllocatePulled(
-    transport::Device& device, std::shared_ptr<PullBudget> budget, uint32_t size) {
+absl::StatusOr<std::unique_ptr<PulledPayload>> AllocatePulled(transport::Device& device,
+                                                              std::shared_ptr<PullBudget> budget,
+                                                              uint32_t size) {
   auto payload = std::make_unique<PulledPayload>();
   payload->budget = std::move(budget);  // from here its destructor gives the bytes back
   payload->size = size;
@@ -143,9 +145,8 @@ absl::StatusOr<std::unique_ptr<PulledPayload>> AllocatePulled(
   absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> region =
       device.RegisterMemory(payload->data, size);
   if (!region.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot receive a ", size,
-                                                     "-byte payload: ",
-                                                     region.status().message()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot receive a ", size, "-byte payload: ", region.status().message()));
   }
   payload->region = *std::move(region);
   return payload;
@@ -231,8 +232,8 @@ absl::Status PullBudget::Take(uint64_t bytes, uint64_t bulk_bytes) {
   do {
     if (used + bytes > budget_) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "no memory for a ", bytes, "-byte payload: ", used, " of the ", budget_, " bytes ",
-          side_, "::max_pulled_bytes allows are held by payloads pulled and not released"));
+          "no memory for a ", bytes, "-byte payload: ", used, " of the ", budget_, " bytes ", side_,
+          "::max_pulled_bytes allows are held by payloads pulled and not released"));
     }
   } while (!in_use_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
   return absl::OkStatus();
@@ -282,8 +283,7 @@ void RpcConnection::ReleasePayload(transport::Connection& connection, uint64_t h
   static_cast<void>(connection.Release(handle));
 }
 
-void RpcConnection::OnBulk(transport::Connection& connection,
-                           const transport::ReceivedBulk& bulk) {
+void RpcConnection::OnBulk(transport::Connection& connection, const transport::ReceivedBulk& bulk) {
   if (unpaired_) {
     static_cast<void>(connection.Release(bulk.handle));
     Violation(connection, "a second bulk payload arrived before the message of the first");
@@ -315,8 +315,7 @@ void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token
     }
     if (payload) {
       const transport::ReceivedBulk pulled{
-          payload->data, payload->size,
-          reinterpret_cast<uintptr_t>(payload.get()) | kPulledHandle};
+          payload->data, payload->size, reinterpret_cast<uintptr_t>(payload.get()) | kPulledHandle};
       payload.release();  // the handle owns it now
       if (destination == nullptr) {
         SplitPayload(message, pulled);
@@ -326,9 +325,8 @@ void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token
       }
     }
     if (destination != nullptr && message.bulk_size() > 0) {
-      const uint64_t handle =
-          placed ? reinterpret_cast<uintptr_t>(placed.release()) | kPlacedHandle
-                 : kDestinationHandle;
+      const uint64_t handle = placed ? reinterpret_cast<uintptr_t>(placed.release()) | kPlacedHandle
+                                     : kDestinationHandle;
       message.bulk = transport::ReceivedBulk{destination, message.bulk_size(), handle};
     }
     message.layout.pull_count = 0;
@@ -381,8 +379,8 @@ absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& co
                      "-byte bulk payload that did not arrive before it"));
   } else if (!header->has_bulk() && bulk) {
     violation = absl::FailedPreconditionError(
-        absl::StrCat("a ", bulk->size, "-byte bulk payload was followed by call ",
-                     header->call_id, ", which does not claim it"));
+        absl::StrCat("a ", bulk->size, "-byte bulk payload was followed by call ", header->call_id,
+                     ", which does not claim it"));
   } else if (bulk && bulk->size != header->bulk_size) {
     violation = absl::FailedPreconditionError(
         absl::StrCat("call ", header->call_id, " claims a ", header->bulk_size,
@@ -423,15 +421,13 @@ absl::Status RpcConnection::StartPull(transport::Connection& connection,
                                       const IncomingMessage& message) {
   const uint32_t size = message.header.bulk_size;
   if (absl::Status taken = pulls_->Take(size, message.bulk_size()); !taken.ok()) return taken;
-  absl::StatusOr<std::unique_ptr<PulledPayload>> payload =
-      AllocatePulled(*device_, pulls_, size);
+  absl::StatusOr<std::unique_ptr<PulledPayload>> payload = AllocatePulled(*device_, pulls_, size);
   if (!payload.ok()) return payload.status();
   // Two ranges (a large body and a bulk payload) land back to back, as one written payload.
   const uint32_t lkey = (*payload)->region->lkey();
   uint8_t* const data = (*payload)->data;
   const uint32_t first = message.layout.pull_count == 2 ? message.layout.payload_body : size;
-  const transport::BulkSource sinks[2] = {{data, first, lkey},
-                                          {data + first, size - first, lkey}};
+  const transport::BulkSource sinks[2] = {{data, first, lkey}, {data + first, size - first, lkey}};
   return PostPull(connection, sinks,
                   new PendingPull{message, *std::move(payload), nullptr, nullptr, nullptr},
                   pulling_);
@@ -467,8 +463,8 @@ absl::Status RpcConnection::StartPullInto(transport::Connection& connection,
                      BulkAccess::registration(destination)->lkey()};
   }
   return PostPull(connection, absl::MakeConstSpan(sinks, sink),
-                  new PendingPull{message, std::move(body), destination.data(),
-                                  std::move(landing), std::move(placed)},
+                  new PendingPull{message, std::move(body), destination.data(), std::move(landing),
+                                  std::move(placed)},
                   pulling_);
 }
 
@@ -539,9 +535,9 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
   const uint64_t total = uint64_t{bulk.size()} + large_body.size();
   if (total > std::numeric_limits<uint32_t>::max()) {
     connection.ReleaseSendBuffer(buffer);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a ", large_body.size(), "-byte message and a ", bulk.size(),
-        "-byte bulk payload: at most 4 GiB - 1 bytes of both go with one call"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a ", large_body.size(), "-byte message and a ", bulk.size(),
+                     "-byte bulk payload: at most 4 GiB - 1 bytes of both go with one call"));
   }
   if (total > 0) {
     if (expose || total > connection.peer_arena_size()) {
@@ -554,8 +550,7 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
         large_body.empty() ? BulkAccess::registration(bulk) : nullptr;
     if (registration != nullptr) {
       if (registration->device() == device_.get()) {
-        return SendZeroCopy(connection, buffer, header, body_size, std::move(bulk), deadline,
-                            gate);
+        return SendZeroCopy(connection, buffer, header, body_size, std::move(bulk), deadline, gate);
       }
       if (!warned_foreign_.exchange(true, std::memory_order_relaxed)) {
         ZRPC_LOG(kWarning, side_, "a bulk payload to ", connection.peer_address(),
@@ -569,8 +564,8 @@ absl::Status RpcConnection::SendMessage(transport::Connection& connection,
       absl::MutexLock lock(&quota_mu_);
       if (!deferred_.empty() || staged_ + capacity > StagingQuota(connection)) {
         // Behind this connection's earlier payloads (see the top of rpc_connection.h).
-        deferred_.push_back(Deferred{buffer, header, body_size, std::move(bulk),
-                                     std::move(large_body), deadline});
+        deferred_.push_back(
+            Deferred{buffer, header, body_size, std::move(bulk), std::move(large_body), deadline});
         return absl::OkStatus();
       }
       staged_ += capacity;
@@ -596,7 +591,8 @@ absl::StatusOr<transport::SendBuffer> RpcConnection::AcquireSendBufferWaiting(
     if (absl::Status stopped = stop(); !stopped.ok()) return stopped;
     if (!may_wait) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          buffer.status().message(), "; a callback on a runtime thread (poller or timer) does "
+          buffer.status().message(),
+          "; a callback on a runtime thread (poller or timer) does "
           "not wait for a slot, since that thread is the one that frees them: start the call "
           "from another thread, or raise ConnectionOptions::max_send_slots"));
     }
@@ -630,8 +626,7 @@ absl::Status RpcConnection::SendStreamFrame(transport::Connection& connection,
                                             const RpcHeader& header,
                                             const google::protobuf::MessageLite* message,
                                             size_t size, absl::FunctionRef<bool()> gone,
-                                            uint32_t leave_free, bool quota_taken,
-                                            bool* no_slot) {
+                                            uint32_t leave_free, bool quota_taken, bool* no_slot) {
   // Quota taken for a message that does not go goes back (SendStreamMessage gives it back
   // itself once it has the message).
   auto not_sent = [&](absl::Status why) {
@@ -652,7 +647,8 @@ absl::Status RpcConnection::SendStreamFrame(transport::Connection& connection,
     const bool exhausted =
         buffer.status().code() == absl::StatusCode::kResourceExhausted && connection.open();
     if (exhausted && no_slot != nullptr && !may_wait) *no_slot = true;
-    return not_sent(exhausted ? buffer.status() : absl::UnavailableError(buffer.status().message()));
+    return not_sent(exhausted ? buffer.status()
+                              : absl::UnavailableError(buffer.status().message()));
   }
   absl::StatusOr<OutgoingBulk> large = SerializeStreamMessage(connection, *buffer, message);
   if (!large.ok()) {
@@ -673,15 +669,15 @@ absl::Status RpcConnection::SendStreamMessage(transport::Connection& connection,
                                               const transport::SendBuffer& buffer,
                                               const RpcHeader& header, size_t body_size,
                                               OutgoingBulk large_body, bool may_wait,
-                                              absl::FunctionRef<bool()> give_up,
-                                              bool quota_taken) {
+                                              absl::FunctionRef<bool()> give_up, bool quota_taken) {
   if (large_body.empty()) return SendMessage(connection, buffer, header, body_size, OutgoingBulk());
   if (large_body.size() > connection.peer_arena_size()) {
     if (quota_taken) ReturnStreamQuota(large_body.size());
     connection.ReleaseSendBuffer(buffer);
     return absl::ResourceExhaustedError(absl::StrCat(
         "a ", large_body.size(), "-byte stream message is larger than the peer's arena (",
-        connection.peer_arena_size(), " bytes), which a stream's messages are written into; "
+        connection.peer_arena_size(),
+        " bytes), which a stream's messages are written into; "
         "larger ones are not supported yet"));
   }
   const size_t capacity = StagingPool::CapacityFor(large_body.size());
@@ -696,8 +692,11 @@ absl::Status RpcConnection::SendStreamMessage(transport::Connection& connection,
       if (!may_wait) {
         connection.ReleaseSendBuffer(buffer);
         return absl::ResourceExhaustedError(absl::StrCat(
-            "the connection's staging quota (", StagingQuota(connection), " bytes) is full, and "
-            "a ", large_body.size(), "-byte stream message sent from a runtime thread (poller "
+            "the connection's staging quota (", StagingQuota(connection),
+            " bytes) is full, and "
+            "a ",
+            large_body.size(),
+            "-byte stream message sent from a runtime thread (poller "
             "or timer) does not wait for it, since that thread is the one that frees it: write "
             "large messages from another thread"));
       }
@@ -719,9 +718,8 @@ absl::Status RpcConnection::SendAnswer(transport::Connection& connection,
 
 absl::Status RpcConnection::SendPulled(transport::Connection& connection,
                                        const transport::SendBuffer& buffer, RpcHeader header,
-                                       size_t body_size, OutgoingBulk bulk,
-                                       OutgoingBulk large_body, absl::Time deadline,
-                                       BulkGate* gate) {
+                                       size_t body_size, OutgoingBulk bulk, OutgoingBulk large_body,
+                                       absl::Time deadline, BulkGate* gate) {
   auto fail = [&](absl::Status status) {
     connection.ReleaseSendBuffer(buffer);
     return status;
@@ -731,9 +729,9 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
   const size_t trailer =
       (large_body.empty() ? 0 : LargeBody::kSize) + PullDescriptor::kSize * parts;
   if (body_size + trailer > MaxBody(connection)) {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-        "a ", body_size, "-byte message leaves no room for the ", trailer,
-        "-byte descriptor of its pulled bulk payload")));
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("a ", body_size, "-byte message leaves no room for the ", trailer,
+                     "-byte descriptor of its pulled bulk payload")));
   }
   auto source = std::make_unique<ExposedPayload>();
   uint8_t* out = Body(buffer) + body_size;
@@ -764,8 +762,8 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
   source->count = &exposed_count_;  // the connection outlives it: OnClosed drops what it holds
   exposed_count_.fetch_add(1, std::memory_order_relaxed);
   EncodeForSend(header,
-                kRpcFlagBulk | kRpcFlagPull | (source->body.empty() ? 0 : kRpcFlagLargeBody),
-                total, deadline, buffer.data);
+                kRpcFlagBulk | kRpcFlagPull | (source->body.empty() ? 0 : kRpcFlagLargeBody), total,
+                deadline, buffer.data);
   if (gate != nullptr) {
     if (!PrepareExposure(header.call_id, *gate) || !gate->Hold(source)) {
       // The call ended while this was prepared: withdraw (source destroyed on return).
@@ -800,8 +798,8 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
 
 absl::Status RpcConnection::SendZeroCopy(transport::Connection& connection,
                                          const transport::SendBuffer& buffer, RpcHeader header,
-                                         size_t body_size, OutgoingBulk bulk,
-                                         absl::Time deadline, BulkGate* gate) {
+                                         size_t body_size, OutgoingBulk bulk, absl::Time deadline,
+                                         BulkGate* gate) {
   const transport::BulkSource source{bulk.data(), static_cast<uint32_t>(bulk.size()),
                                      BulkAccess::registration(bulk)->lkey()};
   EncodeForSend(header, kRpcFlagBulk, source.size, deadline, buffer.data);
@@ -827,8 +825,7 @@ absl::Status RpcConnection::SendZeroCopy(transport::Connection& connection,
 }
 
 absl::Status RpcConnection::WriteThenSendLocked(transport::Connection& connection,
-                                                const transport::BulkSource& source,
-                                                uint64_t token,
+                                                const transport::BulkSource& source, uint64_t token,
                                                 const transport::SendBuffer& buffer,
                                                 size_t body_size, bool* written) {
   // Both or neither, under the transport's lock: the peer pairs the payload with the message
@@ -839,8 +836,7 @@ absl::Status RpcConnection::WriteThenSendLocked(transport::Connection& connectio
   return status;
 }
 
-void RpcConnection::Withdraw(transport::Connection& connection, uint64_t call_id,
-                             BulkGate& gate) {
+void RpcConnection::Withdraw(transport::Connection& connection, uint64_t call_id, BulkGate& gate) {
   std::optional<Deferred> deferred;
   {
     absl::MutexLock lock(&quota_mu_);

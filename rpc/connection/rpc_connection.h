@@ -47,9 +47,9 @@
 
 #include <google/protobuf/message_lite.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -66,9 +66,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "rpc/bulk.h"
-#include "rpc/impl/inline_function.h"
-#include "rpc/connection/rpc_header.h"
 #include "rpc/bulk/staging.h"
+#include "rpc/connection/rpc_header.h"
+#include "rpc/impl/inline_function.h"
 #include "rpc/stream/stream_core.h"
 #include "transport/connection.h"
 #include "transport/device.h"
@@ -130,8 +130,7 @@ struct IncomingMessage {
 class PullBudget {
  public:
   // `side` names the options in errors: "ServerOptions", "ChannelOptions".
-  PullBudget(uint64_t max_message_size, uint64_t max_bulk_size, uint64_t budget,
-             std::string side)
+  PullBudget(uint64_t max_message_size, uint64_t max_bulk_size, uint64_t budget, std::string side)
       : max_message_size_(max_message_size),
         max_bulk_size_(max_bulk_size),
         budget_(budget),
@@ -301,8 +300,8 @@ class RpcConnection : public transport::ConnectionHandler {
   absl::Status SendMessage(transport::Connection& connection, const transport::SendBuffer& buffer,
                            RpcHeader header, size_t body_size, OutgoingBulk bulk,
                            OutgoingBulk large_body = OutgoingBulk(),
-                           absl::Time deadline = absl::InfiniteFuture(),
-                           BulkGate* gate = nullptr, bool expose = false);
+                           absl::Time deadline = absl::InfiniteFuture(), BulkGate* gate = nullptr,
+                           bool expose = false);
   // SendMessage for a message without payload that answers the received message whose handle is
   // `answered`: the transport gives that back and sends under one lock (ReleaseAndSend), so the
   // answer carries its credit. The release happens whatever the outcome.
@@ -356,9 +355,8 @@ class RpcConnection : public transport::ConnectionHandler {
   // An asynchronous stream's check before it sends a message of `size` bytes: true to send it
   // now, with `*quota_taken` when TakeQuotaOrWait took its quota (only a message larger than a
   // slot, sent from a `runtime_thread`, needs that); false while it waits for `waiter` to be told.
-  bool StreamQuotaOrWait(const transport::Connection& connection, size_t size,
-                         bool runtime_thread, std::weak_ptr<StreamListener> waiter,
-                         bool* quota_taken);
+  bool StreamQuotaOrWait(const transport::Connection& connection, size_t size, bool runtime_thread,
+                         std::weak_ptr<StreamListener> waiter, bool* quota_taken);
   // Takes back the payload of request `call_id`, whose gate is `gate`, if it has not left yet
   // (see the top of this file); its release runs here, on this thread. Nothing when it has.
   void Withdraw(transport::Connection& connection, uint64_t call_id, BulkGate& gate);
@@ -393,8 +391,8 @@ class RpcConnection : public transport::ConnectionHandler {
   void Violation(transport::Connection& connection, absl::string_view what);
   // Gives back what arrived with a message nobody will use.
   static void Discard(transport::Connection& connection, const IncomingMessage& message);
-  // Starts pulling the payload of `message` (message.layout.pulls) into memory this side allocates and
-  // registers, within the PullBudget. OK: the message is the pull's now, and OnPulled gets it
+  // Starts pulling the payload of `message` (message.layout.pulls) into memory this side allocates
+  // and registers, within the PullBudget. OK: the message is the pull's now, and OnPulled gets it
   // back, with message.bulk, once the payload has landed (nothing, if the connection fails
   // first: the message is discarded then). An error (the budget, memory, registration, a
   // closed connection): nothing was started, and the caller still owns the message.
@@ -404,8 +402,7 @@ class RpcConnection : public transport::ConnectionHandler {
   // held (Begin) until the READs are done or flushed, after which it is Released. `release`
   // (if any) runs once the payload is given back (ReleasePayload), or at once on failure.
   absl::Status StartPullInto(transport::Connection& connection, const IncomingMessage& message,
-                             const BulkDestination& destination,
-                             std::shared_ptr<BulkGate> landing,
+                             const BulkDestination& destination, std::shared_ptr<BulkGate> landing,
                              std::function<void()> release = nullptr);
   virtual void OnPulled(transport::Connection& connection, IncomingMessage& message) = 0;
   // A client's request payload, behind `gate`, is about to be exposed for the peer to pull:
@@ -447,10 +444,9 @@ class RpcConnection : public transport::ConnectionHandler {
                           OutgoingBulk large_body, absl::Time deadline, BulkGate* gate);
   // Posts `bulk`, which lies in memory registered on this device, straight from the caller's
   // bytes, then its message. Errors as SendMessage's.
-  absl::Status SendZeroCopy(transport::Connection& connection,
-                            const transport::SendBuffer& buffer, RpcHeader header,
-                            size_t body_size, OutgoingBulk bulk, absl::Time deadline,
-                            BulkGate* gate);
+  absl::Status SendZeroCopy(transport::Connection& connection, const transport::SendBuffer& buffer,
+                            RpcHeader header, size_t body_size, OutgoingBulk bulk,
+                            absl::Time deadline, BulkGate* gate);
   // Queues a payload's WRITE (`token` for its OnSendDone) and then its message, together
   // (transport WriteBulkThenSend: nothing comes between them). `*written` false: neither was
   // queued (the caller still owns the buffer and what the token names). Under the send lock,
@@ -461,10 +457,9 @@ class RpcConnection : public transport::ConnectionHandler {
                                    bool* written) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
   // Stages `large_body` and `bulk` (their quota already taken), one after the other, then
   // posts them and their message. Errors as SendMessage's; the quota is given back on failure.
-  absl::Status StageAndSend(transport::Connection& connection,
-                            const transport::SendBuffer& buffer, RpcHeader header,
-                            size_t body_size, OutgoingBulk bulk, OutgoingBulk large_body,
-                            absl::Time deadline);
+  absl::Status StageAndSend(transport::Connection& connection, const transport::SendBuffer& buffer,
+                            RpcHeader header, size_t body_size, OutgoingBulk bulk,
+                            OutgoingBulk large_body, absl::Time deadline);
   // Gives `capacity` of staging quota back; true when deferred messages wait for it.
   bool ReturnQuota(size_t capacity);
   // Tells the streams waiting for quota (TakeQuotaOrWait) that some came back.
@@ -480,8 +475,8 @@ class RpcConnection : public transport::ConnectionHandler {
   StreamWaiters quota_waiters_ ABSL_GUARDED_BY(quota_mu_);
   std::atomic<uint64_t> violations_{0};
   std::atomic<bool> warned_foreign_{false};
-  std::atomic<uint32_t> pulling_{0};         // READs of pulled payloads under way
-  std::atomic<uint32_t> exposed_count_{0};   // payloads exposed for the peer to pull
+  std::atomic<uint32_t> pulling_{0};        // READs of pulled payloads under way
+  std::atomic<uint32_t> exposed_count_{0};  // payloads exposed for the peer to pull
   // Responses' payloads exposed for the client to pull, by call id (server side).
   absl::Mutex exposed_mu_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<ExposedPayload>> exposed_

@@ -213,8 +213,7 @@ absl::StatusOr<MessageLayout> DecodeLayout(const RpcHeader& header,
   }
   if (header.pulls()) {
     // One range for the payload, or two when a large body and a bulk payload lie apart.
-    layout.pull_count =
-        header.large_body() && layout.payload_body < header.bulk_size ? 2 : 1;
+    layout.pull_count = header.large_body() && layout.payload_body < header.bulk_size ? 2 : 1;
     trailer += PullDescriptor::kSize * layout.pull_count;
   }
   if (body.size() < trailer || (header.large_body() && body.size() != trailer)) {
@@ -223,9 +222,8 @@ absl::StatusOr<MessageLayout> DecodeLayout(const RpcHeader& header,
   }
   const size_t descriptors = body.size() - PullDescriptor::kSize * layout.pull_count;
   for (int i = 0; i < layout.pull_count; ++i) {
-    absl::StatusOr<PullDescriptor> d =
-        DecodePullDescriptor(body.subspan(descriptors + PullDescriptor::kSize * i,
-                                          PullDescriptor::kSize));
+    absl::StatusOr<PullDescriptor> d = DecodePullDescriptor(
+        body.subspan(descriptors + PullDescriptor::kSize * i, PullDescriptor::kSize));
     if (!d.ok()) return d.status();
     layout.pulls[i] = *d;
   }
@@ -273,8 +271,8 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
     return Refuse("flags", absl::StrCat("0x", absl::Hex(h.flags), " has unknown bits set"));
   }
   // Only stream opens and credits grant messages, and they grant at least one.
-  const bool grants = (h.kind == RpcKind::kRequest && h.opens_stream()) ||
-                      h.kind == RpcKind::kStreamCredit;
+  const bool grants =
+      (h.kind == RpcKind::kRequest && h.opens_stream()) || h.kind == RpcKind::kStreamCredit;
   if (grants && h.window == 0) return Refuse("window", "is 0 where it grants messages");
   if (!grants && h.window != 0) {
     return Refuse("window", absl::StrCat("is ", h.window, " in a ", KindName(h.kind),
@@ -306,8 +304,8 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
       return Refuse("flags", "put the body in a payload without the bulk flag");
     }
     if (h.large_body() && body < LargeBody::kSize) {
-      return Refuse("body", absl::StrCat("has ", body, " bytes, too few for the ",
-                                         LargeBody::kSize, "-byte large-body trailer"));
+      return Refuse("body", absl::StrCat("has ", body, " bytes, too few for the ", LargeBody::kSize,
+                                         "-byte large-body trailer"));
     }
     if (h.kind != RpcKind::kRequest && (h.flags & kRpcFlagPullResponse) != 0) {
       return Refuse("flags", "ask for a pulled response outside a request");
@@ -327,17 +325,17 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
   if (h.kind == RpcKind::kError) {
     if (h.status_code == absl::StatusCode::kOk) return Refuse("status_code", "is OK in an error");
     if (body > kMaxErrorMessage) {
-      return Refuse("body", absl::StrCat("of an error has ", body, " bytes, more than ",
-                                         kMaxErrorMessage));
+      return Refuse("body",
+                    absl::StrCat("of an error has ", body, " bytes, more than ", kMaxErrorMessage));
     }
   } else if (auto s = RequireZero("status_code", status, h.kind); !s.ok()) {
     return s;
   }
-  if ((h.kind == RpcKind::kCancel || h.kind == RpcKind::kPulled ||
-       h.kind == RpcKind::kHalfClose || h.kind == RpcKind::kStreamCredit) &&
+  if ((h.kind == RpcKind::kCancel || h.kind == RpcKind::kPulled || h.kind == RpcKind::kHalfClose ||
+       h.kind == RpcKind::kStreamCredit) &&
       body != 0) {
-    return Refuse("body", absl::StrCat("of a ", KindName(h.kind), " has ", body,
-                                       " bytes (must be empty)"));
+    return Refuse("body",
+                  absl::StrCat("of a ", KindName(h.kind), " has ", body, " bytes (must be empty)"));
   }
   return h;
 }

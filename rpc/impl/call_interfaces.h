@@ -38,8 +38,8 @@ class StreamCall {
 
   virtual ~StreamCall() = default;
   // Sends `message`, serialized straight into a registered send slot, once the peer has room
-  // for it (per-stream flow control: rpc/stream/stream_core.h). False when the stream has ended (the
-  // final status says why), this side closed its writes, or the message could not go (then the
+  // for it (per-stream flow control: rpc/stream/stream_core.h). False when the stream has ended
+  // (the final status says why), this side closed its writes, or the message could not go (then the
   // stream fails with the reason).
   virtual bool Write(const ::google::protobuf::MessageLite& message) = 0;
   // The peer's next message, parsed when it arrived; valid until the next Read. Null once the
@@ -139,9 +139,7 @@ class Channel {
                               DoneCallback done) = 0;
 
   // How long a blocking call (UnaryCall) polls for its answer before it sleeps (CallWaiter).
-  virtual ::std::chrono::nanoseconds blocking_spin() const {
-    return ::std::chrono::nanoseconds(0);
-  }
+  virtual ::std::chrono::nanoseconds blocking_spin() const { return ::std::chrono::nanoseconds(0); }
 
   // Opens a stream to `method` (a streaming method: rpc/streaming.h), with the request in
   // `slot` for a server-streaming method (an empty slot, AcquireSendSlot(0), for the others).
@@ -150,7 +148,8 @@ class Channel {
   // which must stay alive until Finish returns. Never null: a stream that could not open has
   // already ended, and its Finish says why. Takes `slot` back on every path.
   virtual ::std::unique_ptr<ClientStreamCall> OpenStream(
-      const MethodInfo& method, SendSlot slot, const ::google::protobuf::MessageLite* read_prototype,
+      const MethodInfo& method, SendSlot slot,
+      const ::google::protobuf::MessageLite* read_prototype,
       ::google::protobuf::MessageLite* response, const CallOptions& options) = 0;
 };
 
@@ -192,9 +191,7 @@ class FailedStream final : public ClientStreamCall {
   ::absl::Status Finish() override { return status_; }
   void Cancel() override {}
   void StartRead(ReadDone done) override { done(nullptr); }
-  void StartWrite(const ::google::protobuf::MessageLite&, WriteDone done) override {
-    done(false);
-  }
+  void StartWrite(const ::google::protobuf::MessageLite&, WriteDone done) override { done(false); }
   void StartWritesDone() override {}
   void StartFinish(DoneCallback done) override { done(status_); }
 

@@ -91,9 +91,9 @@ class InlineFunction<R(Args...), kInline> {
   struct IsStdFunction<std::function<S>> : std::true_type {};
 
   template <typename D>
-  static constexpr bool kFitsInline = sizeof(D) <= kInline &&
-                                      alignof(D) <= alignof(std::max_align_t) &&
-                                      std::is_nothrow_move_constructible_v<D>;
+  static constexpr bool kFitsInline =
+      sizeof(D) <= kInline &&
+      alignof(D) <= alignof(std::max_align_t) && std::is_nothrow_move_constructible_v<D>;
 
   // Calls `d`; with R void, a value it returns is discarded (as std::function does).
   template <typename D>
@@ -137,8 +137,8 @@ class InlineFunction<R(Args...), kInline> {
     if (ops_ != nullptr) std::exchange(ops_, nullptr)->destroy(storage_);
   }
 
-  alignas(std::max_align_t) unsigned char storage_[kInline < sizeof(void*) ? sizeof(void*)
-                                                                            : kInline];
+  alignas(
+      std::max_align_t) unsigned char storage_[kInline < sizeof(void*) ? sizeof(void*) : kInline];
   const Ops* ops_ = nullptr;
 };
 

@@ -28,7 +28,7 @@ bool ParseRequest(ServerCall* call, Request* request) {
   if (call->request_size() > static_cast<size_t>(::std::numeric_limits<int>::max()) ||
       !request->ParseFromArray(call->request_data(), static_cast<int>(call->request_size()))) {
     call->Finish(::absl::InvalidArgumentError("malformed request: it does not parse as " +
-                                            request->GetTypeName()),
+                                              request->GetTypeName()),
                  nullptr, OutgoingBulk());
     return false;
   }

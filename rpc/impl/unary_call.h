@@ -52,8 +52,8 @@ void AsyncUnaryCall(Channel* channel, const MethodInfo& method, const Request& r
 // The blocking form: waits for AsyncUnaryCall's callback.
 template <typename Request>
 ::absl::Status UnaryCall(Channel* channel, const MethodInfo& method, const Request& request,
-                       OutgoingBulk request_bulk, ::google::protobuf::MessageLite* response,
-                       IncomingBulk* response_bulk, const CallOptions& options) {
+                         OutgoingBulk request_bulk, ::google::protobuf::MessageLite* response,
+                         IncomingBulk* response_bulk, const CallOptions& options) {
   // Read before the call starts: once it has, the channel may be destroyed at any moment (its
   // destruction ends this call, and the wait below needs nothing of it).
   const ::std::chrono::nanoseconds spin = ChannelAccess::blocking_spin(channel);

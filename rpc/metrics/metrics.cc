@@ -94,10 +94,17 @@ std::string EscapeLabelValue(absl::string_view value) {
   out.reserve(value.size());
   for (char c : value) {
     switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '"': out += "\\\""; break;
-      case '\n': out += "\\n"; break;
-      default: out += c;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -146,8 +153,7 @@ void WriteHistogram(std::string& out, absl::string_view labels, const LatencySna
     cumulative += h.counts[i];
     if (buckets == ExposedBuckets::kCoarse && !IsCoarseBound(h.upper_bounds_nanos[i])) continue;
     Sample(out, "zrpc_call_latency_seconds_bucket", labels,
-           absl::StrCat("le=\"", Seconds(h.upper_bounds_nanos[i]), "\""),
-           absl::StrCat(cumulative));
+           absl::StrCat("le=\"", Seconds(h.upper_bounds_nanos[i]), "\""), absl::StrCat(cumulative));
   }
   Sample(out, "zrpc_call_latency_seconds_bucket", labels, "le=\"+Inf\"", absl::StrCat(h.count));
   Sample(out, "zrpc_call_latency_seconds_sum", labels, "", Seconds(h.sum_nanos));
@@ -175,8 +181,7 @@ void PerDirection(std::string& out, absl::string_view name,
   }
 }
 
-std::string Exposition(const std::vector<MethodMetricsSnapshot>& methods,
-                       ExposedBuckets buckets) {
+std::string Exposition(const std::vector<MethodMetricsSnapshot>& methods, ExposedBuckets buckets) {
   std::vector<std::string> labels;
   labels.reserve(methods.size());
   for (const MethodMetricsSnapshot& m : methods) labels.push_back(BaseLabels(m));
@@ -262,8 +267,7 @@ double LatencySnapshot::Percentile(double q) const {
       if (i >= upper_bounds_nanos.size()) break;  // overflow: no upper bound to interpolate to
       const double lo = i == 0 ? 0.0 : static_cast<double>(upper_bounds_nanos[i - 1]);
       const double hi = static_cast<double>(upper_bounds_nanos[i]);
-      const double fraction =
-          std::clamp((rank - static_cast<double>(below)) / counts[i], 0.0, 1.0);
+      const double fraction = std::clamp((rank - static_cast<double>(below)) / counts[i], 0.0, 1.0);
       return (lo + fraction * (hi - lo)) * 1e-9;
     }
     below += counts[i];

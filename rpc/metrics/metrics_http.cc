@@ -47,9 +47,8 @@ std::string Response(absl::string_view status, absl::string_view content_type,
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     absl::string_view address, Render render, absl::Duration io_timeout) {
   if (io_timeout <= absl::ZeroDuration() || io_timeout > absl::Hours(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("metrics endpoint: io_timeout ",
-                                                   absl::FormatDuration(io_timeout),
-                                                   " is not in (0, 1h]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics endpoint: io_timeout ", absl::FormatDuration(io_timeout), " is not in (0, 1h]"));
   }
   std::string host;
   uint16_t port = 0;
@@ -64,8 +63,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
   if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
-    return absl::UnavailableError(absl::StrCat("metrics address \"", address,
-                                               "\": cannot resolve: ", gai_strerror(rc)));
+    return absl::UnavailableError(
+        absl::StrCat("metrics address \"", address, "\": cannot resolve: ", gai_strerror(rc)));
   }
   int fd = -1;
   std::string why = "no address";
@@ -108,7 +107,10 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 
 MetricsHttpServer::MetricsHttpServer(int listen_fd, int wake_fd, uint16_t port, Render render,
                                      absl::Duration io_timeout)
-    : listen_fd_(listen_fd), wake_fd_(wake_fd), port_(port), render_(std::move(render)),
+    : listen_fd_(listen_fd),
+      wake_fd_(wake_fd),
+      port_(port),
+      render_(std::move(render)),
       io_timeout_(io_timeout) {}
 
 MetricsHttpServer::~MetricsHttpServer() {
@@ -147,8 +149,8 @@ void MetricsHttpServer::Loop() {
     fds.push_back({listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0});
     absl::Time next = paused ? accept_paused_until : absl::InfiniteFuture();
     for (const Client& c : clients) {
-      fds.push_back({c.fd, static_cast<short>(c.state == Client::State::kWriting ? POLLOUT : POLLIN),
-                     0});
+      fds.push_back(
+          {c.fd, static_cast<short>(c.state == Client::State::kWriting ? POLLOUT : POLLIN), 0});
       next = std::min(next, c.deadline);
     }
     const int n = poll(fds.data(), fds.size(), PollTimeoutMs(next, now));

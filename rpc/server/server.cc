@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/common/monotonic.h"
+#include "rpc/common/shared_device.h"
 #include "rpc/connection/rpc_header.h"
 #include "rpc/server/server_core.h"
-#include "rpc/common/shared_device.h"
 
 namespace zrpc {
 namespace internal {
@@ -42,10 +42,10 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
   }
   if (options.max_streams_per_connection < 1 || options.max_streams < 1 ||
       options.stream_window == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ServerOptions::max_streams_per_connection is ", options.max_streams_per_connection,
-        ", max_streams ", options.max_streams, " and stream_window ", options.stream_window,
-        "; each must be at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ServerOptions::max_streams_per_connection is ",
+                     options.max_streams_per_connection, ", max_streams ", options.max_streams,
+                     " and stream_window ", options.stream_window, "; each must be at least 1"));
   }
   ServerOptions adjusted = options;
   transport::ConnectionOptions& connection = adjusted.listener.connection;
@@ -56,7 +56,8 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
   connection.max_send_slots =
       std::max<uint32_t>(connection.max_send_slots, ServerCore::AnswerSlots(adjusted) + 8);
   std::unique_ptr<ServerCore> core(new ServerCore(adjusted));
-  absl::StatusOr<std::shared_ptr<transport::Device>> device = SharedDevice(options.device, options.slots);
+  absl::StatusOr<std::shared_ptr<transport::Device>> device =
+      SharedDevice(options.device, options.slots);
   if (!device.ok()) return device.status();
   core->device_ = *std::move(device);
   core->staging_ = std::make_unique<StagingPool>(*core->device_, options.staging_bytes);
@@ -111,8 +112,10 @@ absl::Status ServerCore::AddService(Service* service) {
   if (id == kKeepaliveServiceId) {
     return absl::InvalidArgumentError("zrpc.Keepalive is reserved for the runtime's keepalives");
   }
-  ServiceEntry entry{service, std::vector<bool>(info.method_count, options_.inline_by_default),
-                     {}, service->serves_streams_async()};
+  ServiceEntry entry{service,
+                     std::vector<bool>(info.method_count, options_.inline_by_default),
+                     {},
+                     service->serves_streams_async()};
   for (int i = 0; i < info.method_count; ++i) {
     if (info.methods[i].streaming()) entry.inline_methods[i] = false;
     entry.metrics.push_back(&metrics_.ForMethod(MetricsSide::kServer, info.methods[i].full_name));
@@ -130,18 +133,19 @@ absl::Status ServerCore::SetInline(absl::string_view method, bool inline_handler
     for (int i = 0; i < info.method_count; ++i) {
       if (method == info.methods[i].full_name) {
         if (inline_handler && info.methods[i].streaming()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              method, " is a streaming method: its handler runs on a thread of its own, never "
-                      "inline on a poller (it may block for as long as its stream lasts)"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(method,
+                           " is a streaming method: its handler runs on a thread of its own, never "
+                           "inline on a poller (it may block for as long as its stream lasts)"));
         }
         entry.inline_methods[i] = inline_handler;
         return absl::OkStatus();
       }
     }
   }
-  return absl::NotFoundError(absl::StrCat(
-      "no method \"", method, "\" in the services added so far (a method is named "
-      "\"package.Service/Method\")"));
+  return absl::NotFoundError(absl::StrCat("no method \"", method,
+                                          "\" in the services added so far (a method is named "
+                                          "\"package.Service/Method\")"));
 }
 
 absl::Status ServerCore::Start() {
@@ -320,16 +324,15 @@ void ServerCore::Shutdown(absl::Duration grace) {
 
   // Waits under mu_ until `done` or `deadline`, looking again at least every 10 ms: a count
   // may reach zero without a wake-up (CallDone).
-  auto wait = [this](bool (*done)(ServerCore*), absl::Time deadline)
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  auto wait = [this](bool (*done)(ServerCore*),
+                     absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (!done(this) && MonotonicNow() < deadline) {
       mu_.AwaitWithTimeout(absl::Condition(done, this),
                            std::min(absl::Milliseconds(10), deadline - MonotonicNow()));
     }
   };
-  auto no_calls_left = +[](ServerCore* core) {
-    return core->calls_alive_.load(std::memory_order_acquire) == 0;
-  };
+  auto no_calls_left =
+      +[](ServerCore* core) { return core->calls_alive_.load(std::memory_order_acquire) == 0; };
   std::vector<std::shared_ptr<ServerConnection>> open;
   {
     absl::MutexLock lock(&mu_);
@@ -359,9 +362,8 @@ void ServerCore::Shutdown(absl::Duration grace) {
     absl::MutexLock lock(&mu_);
     wait(no_calls_left, absl::InfiniteFuture());
     // Every connection's OnClosed comes from its poller; drained connections leave the map.
-    auto all_closed = +[](ServerCore* core) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return core->connections_.empty();
-    };
+    auto all_closed =
+        +[](ServerCore* core) ABSL_NO_THREAD_SAFETY_ANALYSIS { return core->connections_.empty(); };
     wait(all_closed, MonotonicNow() + absl::Seconds(5));
   }
   // The sweeper is also the asynchronous streams' slot retry (WaitForSlot): it stops once every
@@ -421,7 +423,8 @@ ServerStats ServerCore::stats() const {
 }  // namespace internal
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
-  absl::StatusOr<std::unique_ptr<internal::ServerCore>> core = internal::ServerCore::Create(options);
+  absl::StatusOr<std::unique_ptr<internal::ServerCore>> core =
+      internal::ServerCore::Create(options);
   if (!core.ok()) return core.status();
   return std::unique_ptr<Server>(new Server(*std::move(core), options.metrics_address));
 }
@@ -445,9 +448,8 @@ absl::Status Server::Start() {
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
         MetricsHttpServer::Start(metrics_address_, [this] { return PrometheusText(); });
     if (!started.ok()) {
-      return absl::Status(started.status().code(),
-                          absl::StrCat("ServerOptions::metrics_address: ",
-                                       started.status().message()));
+      return absl::Status(started.status().code(), absl::StrCat("ServerOptions::metrics_address: ",
+                                                                started.status().message()));
     }
     http = *std::move(started);
   }
@@ -495,8 +497,8 @@ std::string Server::PrometheusText() const {
        "Calls whose caller gave up before a handler ran them.", s.calls_skipped},
       {"zrpc_server_answers_dropped_total", "counter",
        "Answers not sent because the caller had given up.", s.answers_dropped},
-      {"zrpc_server_liveness_probes_total", "counter",
-       "Probes of silent clients that hold calls.", s.liveness_probes},
+      {"zrpc_server_liveness_probes_total", "counter", "Probes of silent clients that hold calls.",
+       s.liveness_probes},
       {"zrpc_server_bulk_staged_bytes_total", "counter",
        "Response payload bytes copied into staging memory before sending.", s.bulk_bytes_staged},
       {"zrpc_server_bulk_zero_copy_bytes_total", "counter",

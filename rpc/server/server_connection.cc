@@ -17,10 +17,10 @@
 namespace zrpc::internal {
 
 ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
-                               std::shared_ptr<transport::Connection> connection,
-                               Service* service, const MethodInfo& method,
-                               MethodMetrics& metrics, const IncomingMessage& request,
-                               absl::Time monotonic_now, uint16_t stream_window)
+                               std::shared_ptr<transport::Connection> connection, Service* service,
+                               const MethodInfo& method, MethodMetrics& metrics,
+                               const IncomingMessage& request, absl::Time monotonic_now,
+                               uint16_t stream_window)
     : owner_(std::move(owner)),
       connection_(std::move(connection)),
       service_(service),
@@ -47,8 +47,8 @@ void ServerCallImpl::Run() {
     owner_->core().CountSkipped();
     Finish(late ? absl::DeadlineExceededError(absl::StrCat(
                       method_.full_name, ": the deadline passed before the handler ran"))
-                : absl::CancelledError(absl::StrCat(
-                      method_.full_name, ": given up before the handler ran")),
+                : absl::CancelledError(
+                      absl::StrCat(method_.full_name, ": given up before the handler ran")),
            nullptr, OutgoingBulk());
     return;
   }
@@ -77,8 +77,8 @@ absl::StatusOr<SendSlot> ServerCallImpl::AcquireResponseSlot(size_t size) {
   // Larger than a slot: serialized into memory of its own, sent at the front of the payload.
   large_response_.reset(static_cast<uint8_t*>(std::malloc(size)));
   if (large_response_ == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat(method_.full_name, ": out of memory for a ",
-                                                     size, "-byte response"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(method_.full_name, ": out of memory for a ", size, "-byte response"));
   }
   return SendSlot{large_response_.get(), size, buffer->slot};
 }
@@ -172,8 +172,7 @@ class AsyncServerSide final : public StreamPump::Side {
     return StreamPump::Sent::kSent;
   }
   bool CloseEndsCall() const override { return true; }
-  bool QuotaOrWait(size_t size, bool* quota_taken,
-                   std::weak_ptr<StreamListener> waiter) override {
+  bool QuotaOrWait(size_t size, bool* quota_taken, std::weak_ptr<StreamListener> waiter) override {
     return call_->owner_->StreamQuotaOrWait(*call_->connection_, size, OnRuntimeThread(),
                                             std::move(waiter), quota_taken);
   }
@@ -340,18 +339,18 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
     // a cancel or will drop the answer as late): stage, write and send nothing.
     response_bulk.Reset();
     if (handler_ran_) owner_->core().CountAnswerDropped();
-    return MonotonicNow() >= deadline_
-               ? absl::DeadlineExceededError("the caller's deadline passed")
-               : absl::CancelledError("the caller gave up");
+    return MonotonicNow() >= deadline_ ? absl::DeadlineExceededError("the caller's deadline passed")
+                                       : absl::CancelledError("the caller gave up");
   }
   if (status.ok() && (response == nullptr || !response_buffer_)) {
-    status = absl::InternalError(absl::StrCat(method_.full_name,
-                                              ": finished OK without a response slot"));
+    status = absl::InternalError(
+        absl::StrCat(method_.full_name, ": finished OK without a response slot"));
   }
   if (status.ok() && !response_bulk.empty() && !method_.response_bulk) {
-    status = absl::InternalError(absl::StrCat(
-        method_.full_name, ": the handler set a response payload, but the method is not "
-                           "marked response_bulk"));
+    status = absl::InternalError(
+        absl::StrCat(method_.full_name,
+                     ": the handler set a response payload, but the method is not "
+                     "marked response_bulk"));
   }
   if (status.ok()) {
     const transport::SendBuffer buffer = *std::exchange(response_buffer_, {});
@@ -368,11 +367,11 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
       // The common answer: the request's slot goes back and the response goes out under one
       // transport lock, the response carrying the slot's credit.
       request_released_ = true;
-      status = owner_->SendAnswer(*connection_, buffer, RpcHeader::Response(call_id()),
-                                  body_size, request_.handle);
+      status = owner_->SendAnswer(*connection_, buffer, RpcHeader::Response(call_id()), body_size,
+                                  request_.handle);
     } else {
-      status = owner_->SendMessage(*connection_, buffer, RpcHeader::Response(call_id()),
-                                   body_size, std::move(response_bulk), std::move(large_body),
+      status = owner_->SendMessage(*connection_, buffer, RpcHeader::Response(call_id()), body_size,
+                                   std::move(response_bulk), std::move(large_body),
                                    absl::InfiniteFuture(), nullptr, expose);
     }
     if (status.ok()) {
@@ -437,10 +436,10 @@ void ServerConnection::OnMessage(transport::Connection& connection,
       return;
     default:
       Discard(connection, *incoming);
-      Violation(connection, absl::StrCat("a client sent message kind ",
-                                         static_cast<int>(incoming->header.kind),
-                                         "; a server takes requests, cancels, pulled and stream "
-                                         "messages, half-closes and credits"));
+      Violation(connection,
+                absl::StrCat("a client sent message kind ", static_cast<int>(incoming->header.kind),
+                             "; a server takes requests, cancels, pulled and stream "
+                             "messages, half-closes and credits"));
   }
 }
 
@@ -544,10 +543,10 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
         memory = call_memory_.back();
         call_memory_.pop_back();
       }
-      call = new (memory) ServerCallImpl(
-          shared_from_this(), connection.shared_from_this(), entry->service, method,
-          *entry->metrics[method.index], request, MonotonicNow(),
-          stream ? core_.options().stream_window : uint16_t{0});
+      call = new (memory)
+          ServerCallImpl(shared_from_this(), connection.shared_from_this(), entry->service, method,
+                         *entry->metrics[method.index], request, MonotonicNow(),
+                         stream ? core_.options().stream_window : uint16_t{0});
       calls_.emplace(header.call_id, call);
       if (stream) ++streams_;
     }
@@ -576,9 +575,9 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     absl::Status started = core_.stream_threads().Start([call] { call->Run(); });
     if (!started.ok()) {
       core_.CountStreamRefused();
-      call->Finish(absl::Status(started.code(),
-                                absl::StrCat(method.full_name, ": ", started.message())),
-                   nullptr, OutgoingBulk());
+      call->Finish(
+          absl::Status(started.code(), absl::StrCat(method.full_name, ": ", started.message())),
+          nullptr, OutgoingBulk());
     }
     return;
   }
@@ -601,9 +600,9 @@ absl::Status ServerConnection::PullPlaced(
   const BulkDestination& destination = placement.destination;
   absl::Status refused;
   if (destination.size() < size) {
-    refused = absl::ResourceExhaustedError(absl::StrCat(
-        "ServerOptions::place_request_payload gave ", destination.size(), " bytes for a ", size,
-        "-byte payload"));
+    refused = absl::ResourceExhaustedError(
+        absl::StrCat("ServerOptions::place_request_payload gave ", destination.size(),
+                     " bytes for a ", size, "-byte payload"));
   } else if (BulkAccess::registration(destination) == nullptr ||
              BulkAccess::registration(destination)->device() != core_.device().get()) {
     refused = absl::FailedPreconditionError(
@@ -614,8 +613,9 @@ absl::Status ServerConnection::PullPlaced(
     if (placement.release) placement.release();
     return refused;
   }
-  return StartPullInto(connection, request, destination, nullptr,
-                       placement.release ? std::move(placement.release) : [] {});
+  return StartPullInto(
+      connection, request, destination, nullptr,
+      placement.release ? std::move(placement.release) : [] {});
 }
 
 void ServerConnection::OnPulled(transport::Connection& connection, IncomingMessage& message) {
@@ -682,10 +682,10 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
   if (stream == nullptr || frame.bulk || frame.pulls()) {
     Discard(connection, frame);
     return Violation(connection,
-                     absl::StrCat("call ", id, stream == nullptr
-                                                   ? ": a stream frame for a unary call"
-                                                   : ": a stream message with a bulk payload "
-                                                     "or pulled"));
+                     absl::StrCat("call ", id,
+                                  stream == nullptr ? ": a stream frame for a unary call"
+                                                    : ": a stream message with a bulk payload "
+                                                      "or pulled"));
   }
   absl::Status status = limits().CheckMessage(frame.body.size(), "stream message");
   if (!status.ok()) {
@@ -696,8 +696,8 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
       auto it = calls_.find(id);
       if (it != calls_.end()) {
         it->second->FailStream(
-            absl::Status(status.code(), absl::StrCat(it->second->method_info().full_name, ": ",
-                                                     status.message())),
+            absl::Status(status.code(),
+                         absl::StrCat(it->second->method_info().full_name, ": ", status.message())),
             &later);
       }
     }
@@ -753,8 +753,8 @@ ServerConnection::~ServerConnection() {
   for (void* memory : call_memory_) ::operator delete(memory);
 }
 
-void ServerConnection::OnDeferredFailed(transport::Connection& connection,
-                                        const RpcHeader& header, const absl::Status& status) {
+void ServerConnection::OnDeferredFailed(transport::Connection& connection, const RpcHeader& header,
+                                        const absl::Status& status) {
   // An answer whose payload waited for this connection's staging quota could not go when its
   // turn came (no staging memory, say): the client hears why instead of waiting.
   if (!SendError(connection, header.call_id, status).ok()) connection.Close();
@@ -844,8 +844,8 @@ void ServerConnection::OnClosed(transport::Connection& connection, const absl::S
   // they were found; this side's own closes (kCancelled) need no word.
   if (why.code() != absl::StatusCode::kCancelled && !transport::IsPeerDisconnect(why) &&
       violations() == 0) {
-    ZRPC_LOG(kError, "server", "the connection to ", connection.peer_address(), " failed: ",
-             why.ToString());
+    ZRPC_LOG(kError, "server", "the connection to ", connection.peer_address(),
+             " failed: ", why.ToString());
   }
   std::shared_ptr<transport::Connection> attached;  // dropped after the lock
   StreamEndings later;

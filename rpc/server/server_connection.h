@@ -29,10 +29,10 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "rpc/generated_api.h"
-#include "rpc/server/handler_pool.h"
-#include "rpc/metrics.h"
 #include "rpc/connection/rpc_connection.h"
+#include "rpc/generated_api.h"
+#include "rpc/metrics.h"
+#include "rpc/server/handler_pool.h"
 #include "rpc/stream/stream_core.h"
 
 namespace zrpc::internal {
@@ -130,8 +130,8 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
   Service* service_;
   const MethodInfo& method_;
   MethodMetrics& metrics_;
-  const absl::Time start_;     // monotonic
-  absl::Time deadline_;        // monotonic; InfiniteFuture for none
+  const absl::Time start_;  // monotonic
+  absl::Time deadline_;     // monotonic; InfiniteFuture for none
   IncomingMessage request_;
   ServerContext context_;
   std::optional<transport::SendBuffer> response_buffer_;
@@ -139,7 +139,7 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
   // only the header): it goes at the front of the payload.
   std::unique_ptr<uint8_t, decltype(&std::free)> large_response_{nullptr, &std::free};
   std::atomic<bool> answered_{false};
-  bool handler_ran_ = false;  // set before Dispatch; read by Finish, which the handler calls
+  bool handler_ran_ = false;       // set before Dispatch; read by Finish, which the handler calls
   bool request_released_ = false;  // the request's slot went back (SendAnswer, OpenStream)
   std::shared_ptr<StreamCore> stream_;  // streaming calls only
   absl::Mutex failure_mu_;
@@ -161,8 +161,7 @@ class ServerConnection final : public RpcConnection,
   void OnPulled(transport::Connection& connection, IncomingMessage& message) override;
   // Pulls `request`'s payload into memory ServerOptions::place_request_payload (`place`) gives.
   absl::Status PullPlaced(
-      transport::Connection& connection, const IncomingMessage& request,
-      const MethodInfo& method,
+      transport::Connection& connection, const IncomingMessage& request, const MethodInfo& method,
       const std::function<absl::StatusOr<PayloadPlacement>(const MethodInfo&, size_t)>& place);
 
   // Remembers the connection once accepted (messages may come first: they carry it too), unless

@@ -19,12 +19,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "rpc/bulk/staging.h"
 #include "rpc/generated_api.h"
-#include "rpc/server/handler_pool.h"
 #include "rpc/metrics.h"
 #include "rpc/server.h"
+#include "rpc/server/handler_pool.h"
 #include "rpc/server/server_connection.h"
-#include "rpc/bulk/staging.h"
 #include "rpc/server/stream_threads.h"
 #include "transport/device.h"
 #include "transport/listener.h"
@@ -155,8 +155,8 @@ class ServerCore final : public transport::AcceptHandler {
   std::condition_variable sweep_cv_;
   bool sweep_stop_ = false;  // under sweep_mu_
   // Under sweep_mu_: the sweeper doubles as the asynchronous streams' timer.
-  StreamWaiters slot_waiters_;                                // WaitForSlot
-  absl::Time slot_retry_at_;                                  // when they try again
+  StreamWaiters slot_waiters_;                                      // WaitForSlot
+  absl::Time slot_retry_at_;                                        // when they try again
   std::multimap<absl::Time, std::weak_ptr<StreamCore>> deadlines_;  // WatchDeadline
   size_t deadlines_pruned_ = 0;  // entries left by the last pruning
   std::thread sweeper_;

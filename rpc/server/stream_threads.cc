@@ -28,8 +28,7 @@ absl::Status StreamThreads::Start(std::function<void()> body) {
                          }));
         ++started_;
       } catch (const std::system_error& e) {
-        status = absl::ResourceExhaustedError(
-            absl::StrCat("no thread for the stream: ", e.what()));
+        status = absl::ResourceExhaustedError(absl::StrCat("no thread for the stream: ", e.what()));
       }
     }
   }

@@ -86,8 +86,8 @@ absl::StatusOr<uint16_t> StreamCore::OnMessage(absl::Span<const uint8_t> body) {
   }
   if (body.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
       !message->ParseFromArray(body.data(), static_cast<int>(body.size()))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "malformed stream message: it does not parse as ", prototype_->GetTypeName()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed stream message: it does not parse as ", prototype_->GetTypeName()));
   }
   queue_.push_back(std::move(message));
   listener = Changed();

@@ -187,8 +187,7 @@ bool StreamPump::Step() {
   if (close_writes_ && !writes_closed_ && !write_ && !no_slot_ && may_close) {
     const bool ends_call = side_->CloseEndsCall();
     mu_.Unlock();
-    const Sent sent =
-        core_->ended() && !ends_call ? Sent::kFailed : Retried(side_->CloseWrites());
+    const Sent sent = core_->ended() && !ends_call ? Sent::kFailed : Retried(side_->CloseWrites());
     absl::MutexLock lock(&mu_);
     if (sent == Sent::kNoSlot) {
       no_slot_ = true;

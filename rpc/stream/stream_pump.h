@@ -121,11 +121,11 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
   ClientStreamCall::ReadDone read_ ABSL_GUARDED_BY(mu_);
   ClientStreamCall::WriteDone write_ ABSL_GUARDED_BY(mu_);
   const google::protobuf::MessageLite* write_message_ ABSL_GUARDED_BY(mu_) = nullptr;
-  bool write_credit_ ABSL_GUARDED_BY(mu_) = false;  // taken for write_, which waits for more
+  bool write_credit_ ABSL_GUARDED_BY(mu_) = false;   // taken for write_, which waits for more
   bool write_sending_ ABSL_GUARDED_BY(mu_) = false;  // write_ is in the Side's SendMessage
-  uint32_t owed_credit_ ABSL_GUARDED_BY(mu_) = 0;   // read (or dropped), not yet granted back
-  bool close_writes_ ABSL_GUARDED_BY(mu_) = false;  // asked for (CloseWrites, Finish)
-  bool writes_closed_ ABSL_GUARDED_BY(mu_);         // done (or the stream has no writes)
+  uint32_t owed_credit_ ABSL_GUARDED_BY(mu_) = 0;    // read (or dropped), not yet granted back
+  bool close_writes_ ABSL_GUARDED_BY(mu_) = false;   // asked for (CloseWrites, Finish)
+  bool writes_closed_ ABSL_GUARDED_BY(mu_);          // done (or the stream has no writes)
   DoneCallback finish_ ABSL_GUARDED_BY(mu_);
   bool finish_started_ ABSL_GUARDED_BY(mu_) = false;
   bool running_ ABSL_GUARDED_BY(mu_) = false;  // a thread is in Pump's loop

@@ -1,11 +1,11 @@
 // zrpc_bench's command line: what it accepts, and that every mistake is refused by name.
-#include <catch2/catch.hpp>
+#include "benchmarks/bench_args.h"
 
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "benchmarks/bench_args.h"
 
 namespace {
 
@@ -30,7 +30,7 @@ TEST_CASE("zrpc_bench arguments: servers and clients, lists, defaults") {
   CHECK(server->listen == "10.0.0.1:7471");
   CHECK(server->pollers == 2);
   CHECK(server->event);
-  CHECK(server->arena == 0);  // as large as --max-bulk: every payload written
+  CHECK(server->arena == 0);              // as large as --max-bulk: every payload written
   CHECK_FALSE(server->spin.has_value());  // the options' default
   auto spinning = Parse({"server", "--event", "--spin=1ms"});
   REQUIRE(spinning.ok());
@@ -46,8 +46,8 @@ TEST_CASE("zrpc_bench arguments: servers and clients, lists, defaults") {
   CHECK(small_arena->arena == 4096);
 
   auto client = Parse({"client", "--connect", "10.0.0.1:7471", "--workload", "put", "--size",
-                       "4096,1048576", "--in-flight", "1,16", "--threads", "1", "--calls",
-                       "500", "--warmup", "0", "--round", "2", "--json", "/tmp/x.jsonl"});
+                       "4096,1048576", "--in-flight", "1,16", "--threads", "1", "--calls", "500",
+                       "--warmup", "0", "--round", "2", "--json", "/tmp/x.jsonl"});
   INFO(client.status());
   REQUIRE(client.ok());
   CHECK_FALSE(client->server);

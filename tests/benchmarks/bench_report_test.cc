@@ -11,12 +11,9 @@ namespace zrpc::testing {
 namespace {
 
 std::string Binary() { return Runfile("benchmarks/bench_report"); }
-std::string Data(const std::string& name) {
-  return Runfile("tests/benchmarks/testdata/" + name);
-}
+std::string Data(const std::string& name) { return Runfile("tests/benchmarks/testdata/" + name); }
 
-TEST_CASE("bench_report refuses bad arguments with a message and exit status 2",
-          "[bench_report]") {
+TEST_CASE("bench_report refuses bad arguments with a message and exit status 2", "[bench_report]") {
   const std::string zrpc = Data("zrpc.jsonl");
   const struct {
     std::string args;
@@ -38,8 +35,10 @@ TEST_CASE("bench_report refuses bad arguments with a message and exit status 2",
   }
 }
 
-TEST_CASE("bench_report --help prints the usage and exits 0; options take --name=VALUE and sizes "
-          "a suffix", "[bench_report]") {
+TEST_CASE(
+    "bench_report --help prints the usage and exits 0; options take --name=VALUE and sizes "
+    "a suffix",
+    "[bench_report]") {
   std::string output;
   CHECK(Run(Binary() + " --help", &output) == 0);
   CHECK(absl::StartsWith(output, "usage: bench_report"));
@@ -63,15 +62,15 @@ TEST_CASE("bench_report exits 1 with the parser's message on unreadable or malfo
   output.clear();
   CHECK(Run(Binary() + " " + Data("malformed.jsonl"), &output) == 1);
   CHECK(absl::StrContains(
-      output, "malformed.jsonl: line 2: key \"calls\": expected a non-negative integer, got a "
-              "string\n"));
+      output,
+      "malformed.jsonl: line 2: key \"calls\": expected a non-negative integer, got a "
+      "string\n"));
   output.clear();
   CHECK(Run(Binary() + " " + Data("zrpc.jsonl") + " " + Data("zrpc.jsonl"), &output) == 1);
   CHECK(absl::StrContains(output, "(a file given twice?)"));
 }
 
-TEST_CASE("bench_report merges the files into a table, ratios, JSON and an SVG",
-          "[bench_report]") {
+TEST_CASE("bench_report merges the files into a table, ratios, JSON and an SVG", "[bench_report]") {
   const std::string json = TmpDir() + "/report.json";
   const std::string svg = TmpDir() + "/report.svg";
   std::string output;
@@ -86,8 +85,9 @@ TEST_CASE("bench_report merges the files into a table, ratios, JSON and an SVG",
   // Each ratio is the median of the ratios within each round, with their spread: the medians'
   // ratio (21 / 20 = 1.050 here) would mix rounds the guest ran at different speeds.
   CHECK(absl::StrContains(
-      output, "[64 B, in_flight 1, 1x1]                 1.045 (1.000-1.167, 3 rd)    target <= "
-              "1.15  met"));
+      output,
+      "[64 B, in_flight 1, 1x1]                 1.045 (1.000-1.167, 3 rd)    target <= "
+      "1.15  met"));
   CHECK(absl::StrContains(output, "0.966 (0.960-0.973, 3 rd)    target >= 0.95  met"));
   CHECK(absl::StrContains(output, "zrpc staged put MiB/s / perftest write_bw MiB/s"));
   CHECK(absl::StrContains(output, "0.837 (0.833-0.840, 3 rd)    target >= 0.90  MISSED"));

@@ -74,8 +74,10 @@ std::string LineWith(const std::string& key, const std::string& value) {
   for (; end < line.size(); ++end) {  // the end of the value
     const char c = line[end];
     if (in_string) {
-      if (c == '\\') ++end;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++end;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -113,9 +115,10 @@ TEST_CASE("a result survives a round trip exactly", "[report][json]") {
 
 TEST_CASE("the writer puts every key, in order, with numbers as numbers", "[report][json]") {
   const std::string line = ToJsonLine(Sample());
-  CHECK(absl::StartsWith(line, "{\"system\":\"zrpc\",\"workload\":\"echo\","
-                               "\"size\":9007199254740991,\"in_flight\":16,\"threads\":2,"
-                               "\"connections\":3,\"round\":4,\"calls\":123456789,"));
+  CHECK(absl::StartsWith(line,
+                         "{\"system\":\"zrpc\",\"workload\":\"echo\","
+                         "\"size\":9007199254740991,\"in_flight\":16,\"threads\":2,"
+                         "\"connections\":3,\"round\":4,\"calls\":123456789,"));
   CHECK(absl::StrContains(line, "\"server_cpu_us_per_call\":-1,\"cdf_us\":[1,2.5,"));
   CHECK(absl::StrContains(line, R"("note":"rxe0 \"quoted\" back\\slash\ttab\nnewline \u0001 caf)"));
   WorkloadResult zero;  // zeros and empty strings are written, not left out
@@ -128,11 +131,15 @@ TEST_CASE("the writer puts every key, in order, with numbers as numbers", "[repo
 
 TEST_CASE("bytes that are not UTF-8 become U+FFFD, one each", "[report][json]") {
   WorkloadResult bad = Sample();
-  bad.note = "a\xff" "b\xc3";
+  bad.note =
+      "a\xff"
+      "b\xc3";
   bad.system = "\xed\xa0\x80";  // an encoded surrogate is not UTF-8 either
   absl::StatusOr<std::vector<WorkloadResult>> parsed = ParseJsonLines(ToJsonLine(bad));
   REQUIRE(parsed.ok());
-  CHECK((*parsed)[0].note == "a\xef\xbf\xbd" "b\xef\xbf\xbd");
+  CHECK((*parsed)[0].note ==
+        "a\xef\xbf\xbd"
+        "b\xef\xbf\xbd");
   CHECK((*parsed)[0].system == "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
 }
 
@@ -188,15 +195,15 @@ TEST_CASE("files from the hand-written writer and from compare.sh still read", "
 TEST_CASE("the reader takes escapes, surrogate pairs, blank lines, whitespace and unknown keys",
           "[report][json]") {
   const std::string text = absl::StrCat(
-      "\n  \r\n", LineWith("note", R"("\u00e9\ud83d\ude00\/\b\f\r")"),
-      " \t", LineWith("system", R"("zrpc", "future": {"a": [1, -2.5e-3, true, false, null, {}]})"),
+      "\n  \r\n", LineWith("note", R"("\u00e9\ud83d\ude00\/\b\f\r")"), " \t",
+      LineWith("system", R"("zrpc", "future": {"a": [1, -2.5e-3, true, false, null, {}]})"),
       LineWith("cdf_us", ""), "\n");
   absl::StatusOr<std::vector<WorkloadResult>> parsed = ParseJsonLines(text);
   REQUIRE(parsed.ok());
   REQUIRE(parsed->size() == 3);
   CHECK((*parsed)[0].note == "\xc3\xa9\xf0\x9f\x98\x80/\b\f\r");
   CHECK((*parsed)[1].system == "zrpc");
-  CHECK((*parsed)[2].cdf_us.empty());  // optional
+  CHECK((*parsed)[2].cdf_us.empty());                // optional
   CHECK(ParseJsonLines(LineWith("note", "")).ok());  // optional
   CHECK(ParseJsonLines("").value().empty());
 }
@@ -253,8 +260,7 @@ TEST_CASE("schema errors name the line and the key", "[report][json]") {
   CHECK(absl::StartsWith(ErrorOf(LineWith("cdf_us", "{}")), "line 1: "));
   CHECK(ErrorOf(LineWith("cdf_us", "[1,\"2\"]")) ==
         "line 1: key \"cdf_us\": expected a number or null, got a string");
-  CHECK(ErrorOf(good + good + LineWith("calls", "")) ==
-        "line 3: missing required key \"calls\"");
+  CHECK(ErrorOf(good + good + LineWith("calls", "")) == "line 3: missing required key \"calls\"");
   CHECK(ErrorOf(LineWith("p999_us", "")) == "line 1: missing required key \"p999_us\"");
   CHECK(ErrorOf(LineWith("in_flight", "")) == "line 1: missing required key \"in_flight\"");
   CHECK(absl::StrContains(ErrorOf(LineWith("system", "\"a\",\"system\":\"b\"")), "system"));

@@ -33,7 +33,8 @@ std::vector<Element> CheckWellFormed(const std::string& xml) {
   int roots = 0;
   while (pos < xml.size()) {
     const size_t lt = xml.find('<', pos);
-    const std::string text = xml.substr(pos, lt == std::string::npos ? std::string::npos : lt - pos);
+    const std::string text =
+        xml.substr(pos, lt == std::string::npos ? std::string::npos : lt - pos);
     for (size_t amp = text.find('&'); amp != std::string::npos; amp = text.find('&', amp + 1)) {
       const std::string rest = text.substr(amp);
       CHECK((absl::StartsWith(rest, "&amp;") || absl::StartsWith(rest, "&lt;") ||
@@ -216,7 +217,8 @@ TEST_CASE("sub-microsecond decades are labelled as decimals", "[report][svg]") {
 }
 
 TEST_CASE("no matching rows is NotFound, not an empty plot", "[report][svg]") {
-  absl::StatusOr<std::string> svg = RenderCdfSvg(Aggregates({Curve("zrpc", "echo", {1})}), "echo", 4096);
+  absl::StatusOr<std::string> svg =
+      RenderCdfSvg(Aggregates({Curve("zrpc", "echo", {1})}), "echo", 4096);
   REQUIRE_FALSE(svg.ok());
   CHECK(svg.status().code() == absl::StatusCode::kNotFound);
 }

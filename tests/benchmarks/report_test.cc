@@ -1,6 +1,5 @@
 // LatencyRecorder, Summarize, AggregateRounds, ComputeRatios and the table (benchmarks/report.h).
 #include "benchmarks/report.h"
-#include "benchmarks/run_row.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -10,6 +9,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "benchmarks/run_row.h"
 
 namespace zrpc::bench {
 namespace {
@@ -34,8 +34,8 @@ TEST_CASE("nearest-rank percentiles of one sample are that sample", "[report][su
 TEST_CASE("nearest-rank percentiles of two samples: p50 the smaller, p90 up the larger",
           "[report][summary]") {
   const Summary s = Summarize(std::vector<int64_t>{200, 100});  // any order
-  CHECK(s.p50_nanos == 100);  // rank ceil(0.5 * 2) = 1
-  CHECK(s.p90_nanos == 200);  // rank ceil(1.8) = 2
+  CHECK(s.p50_nanos == 100);                                    // rank ceil(0.5 * 2) = 1
+  CHECK(s.p90_nanos == 200);                                    // rank ceil(1.8) = 2
   CHECK(s.p99_nanos == 200);
   CHECK(s.p999_nanos == 200);
   CHECK(s.min_nanos == 100);
@@ -91,7 +91,7 @@ TEST_CASE("the CDF is at most 200 points, evenly spaced, from min to max", "[rep
   REQUIRE(s.cdf_nanos.size() == 200);
   CHECK(s.cdf_nanos.front() == 0);
   CHECK(s.cdf_nanos.back() == 9999);
-  CHECK(s.cdf_nanos[1] == 50);     // round(1 * 9999 / 199) = round(50.246)
+  CHECK(s.cdf_nanos[1] == 50);      // round(1 * 9999 / 199) = round(50.246)
   CHECK(s.cdf_nanos[100] == 5025);  // round(100 * 9999 / 199) = round(5024.6)
   CHECK(std::is_sorted(s.cdf_nanos.begin(), s.cdf_nanos.end()));
   CHECK(Summarize(Iota(1, 50)).cdf_nanos == Iota(1, 50));  // fewer samples than points: all
@@ -208,8 +208,8 @@ TEST_CASE("rounds are grouped by configuration and each figure is its median",
   const Aggregate& z = (*agg)[0];
   CHECK(z.rounds == 4);
   CHECK(z.median.round == -1);
-  CHECK(z.median.p50_us == 11.5);  // mean of the two middle values of 10, 11, 12, 100
-  CHECK(z.median.client_cpu_us_per_call == 2);  // the unmeasured round left out
+  CHECK(z.median.p50_us == 11.5);                // mean of the two middle values of 10, 11, 12, 100
+  CHECK(z.median.client_cpu_us_per_call == 2);   // the unmeasured round left out
   CHECK(z.median.server_cpu_us_per_call == -1);  // no round measured it
   CHECK(z.median.cdf_us == std::vector<double>{1});  // the round with the lower-median p50 (11)
   CHECK(z.median.note == "rxe0");
@@ -231,19 +231,19 @@ std::vector<Aggregate> MustAggregate(const std::vector<WorkloadResult>& rs) {
 
 TEST_CASE("ratios are computed like for like against their targets", "[report][ratios]") {
   std::vector<WorkloadResult> rs = {
-      Row("zrpc", "echo", 64, 1, 0, 11),        // round trip 11 us
+      Row("zrpc", "echo", 64, 1, 0, 11),         // round trip 11 us
       Row("perftest", "send_lat", 64, 1, 0, 5),  // one-way 5 us: ratio 11 / 10 = 1.1
       Row("grpc", "echo", 64, 1, 0, 330),        // 330 / 11 = 30
       Row("zrpc", "put_registered", 65536, 4, 0, 100),
       Row("zrpc", "put_registered", 65536, 16, 0, 100),  // the deepest row is compared
       Row("perftest", "write_bw", 65536, 128, 0, 100),
-      Row("zrpc", "echo", 64, 16, 0, 20),        // 800k calls/s
-      Row("perftest", "send_bw", 64, 128, 0, 100),  // 1.28M msg/s: 0.625
-      Row("zrpc", "put", 65536, 16, 0, 100),     // staged: a figure, no target
-      Row("zrpc", "echo_event", 64, 1, 0, 14),           // event mode, round trip 14 us
+      Row("zrpc", "echo", 64, 16, 0, 20),              // 800k calls/s
+      Row("perftest", "send_bw", 64, 128, 0, 100),     // 1.28M msg/s: 0.625
+      Row("zrpc", "put", 65536, 16, 0, 100),           // staged: a figure, no target
+      Row("zrpc", "echo_event", 64, 1, 0, 14),         // event mode, round trip 14 us
       Row("perftest", "send_lat_event", 64, 1, 0, 5),  // one-way 5 us with -e: 1.4
-      Row("zrpc", "stream", 4096, 16, 0, 40),            // 400k msg/s
-      Row("perftest", "send_bw", 4096, 128, 0, 160),     // 800k msg/s: 0.5, beside 64 B's
+      Row("zrpc", "stream", 4096, 16, 0, 40),          // 400k msg/s
+      Row("perftest", "send_bw", 4096, 128, 0, 160),   // 800k msg/s: 0.5, beside 64 B's
   };
   rs[4].goodput_mib_per_sec = 970;
   rs[5].goodput_mib_per_sec = 1000;  // 0.97
@@ -378,7 +378,8 @@ TEST_CASE("a run becomes a row: configuration kept, figures derived per call", "
 TEST_CASE("the table has one fixed-width line per configuration", "[report][table]") {
   WorkloadResult r = Row("zrpc", "echo", 64, 1, 0, 11);
   r.client_cpu_us_per_call = 1.5;
-  const std::string table = FormatTable(MustAggregate({r, Row("perftest", "send_lat", 64, 1, 0, 5)}));
+  const std::string table =
+      FormatTable(MustAggregate({r, Row("perftest", "send_lat", 64, 1, 0, 5)}));
   std::vector<std::string> lines;
   for (size_t start = 0, end; (end = table.find('\n', start)) != std::string::npos;
        start = end + 1) {

@@ -1,6 +1,6 @@
 // Generated stubs and service base classes, run end to end through an in-process channel.
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cctype>
 #include <chrono>
 #include <condition_variable>
@@ -27,11 +27,11 @@
 
 namespace {
 
-using zrpc::testing::LoopbackCall;
-using zrpc::testing::LoopbackChannel;
 using zrpc::examples::Greeter;
 using zrpc::examples::HelloReply;
 using zrpc::examples::HelloRequest;
+using zrpc::testing::LoopbackCall;
+using zrpc::testing::LoopbackChannel;
 
 class GreeterImpl : public Greeter::Service {
  public:
@@ -160,8 +160,7 @@ class TrickyImpl : public tricky::Service__::Service {
     out->set_data("Stub:" + in.data());
     return absl::OkStatus();
   }
-  absl::Status Dispatch_(zrpc::ServerContext&, const google::protobuf::Empty&,
-                         Nothing*) override {
+  absl::Status Dispatch_(zrpc::ServerContext&, const google::protobuf::Empty&, Nothing*) override {
     return absl::OkStatus();
   }
   absl::Status Echo(zrpc::ServerContext&, const Payload& in, Payload* out) override {
@@ -220,8 +219,7 @@ TEST_CASE("services renamed for C++ yield to names the .proto gave", "[codegen][
   CHECK(std::string(tricky::Box_Item_::service_info().full_name) == "zrpc.test.tricky.Box_Item");
 }
 
-TEST_CASE("a service with no methods and one named like a keyword still work",
-          "[codegen][names]") {
+TEST_CASE("a service with no methods and one named like a keyword still work", "[codegen][names]") {
   CHECK(tricky::Idle::service_info().method_count == 0);
   CHECK(std::string(tricky::namespace_::service_info().full_name) == "zrpc.test.tricky.namespace");
   tricky::Idle::Service idle;
@@ -394,8 +392,8 @@ TEST_CASE("a response-bulk call without somewhere to put the payload is refused"
   bool released = false;
   bool released_before_done = false;
   absl::Status status;
-  stub.AsyncTransform(Key("t"), OutgoingBulk("x", 1, [&] { released = true; }), &info, nullptr,
-                      {}, [&](absl::Status s) {
+  stub.AsyncTransform(Key("t"), OutgoingBulk("x", 1, [&] { released = true; }), &info, nullptr, {},
+                      [&](absl::Status s) {
                         released_before_done = released;
                         status = s;
                       });
@@ -702,9 +700,7 @@ class Parked {
 
 using GreeterCall = PendingCall<HelloRequest, HelloReply>;
 
-void Greet(GreeterCall& call) {
-  call.response()->set_message("Hello, " + call.request().name());
-}
+void Greet(GreeterCall& call) { call.response()->set_message("Hello, " + call.request().name()); }
 
 // What happens to a SayHello call depends on the name it greets: "later..." is parked for the
 // test to finish, "error..." fails at once, "drop..." is dropped unfinished, any other name is
@@ -817,9 +813,8 @@ TEST_CASE("blocked clients whose calls are finished out of order each get their 
   std::vector<HelloReply> replies(kClients);
   std::vector<std::thread> clients;
   for (int i = 0; i < kClients; ++i) {
-    clients.emplace_back([&, i] {
-      statuses[i] = stub.SayHello(Named("later #" + std::to_string(i)), &replies[i]);
-    });
+    clients.emplace_back(
+        [&, i] { statuses[i] = stub.SayHello(Named("later #" + std::to_string(i)), &replies[i]); });
   }
   std::vector<std::unique_ptr<GreeterCall>> calls = impl.parked.Take(kClients);
   CHECK(calls.size() == static_cast<size_t>(kClients));
@@ -1206,8 +1201,9 @@ class MixedGreeter : public Greeter::Service {
     return absl::OkStatus();
   }
   // Ping answered later, from a thread of its own.
-  void AsyncPing(std::unique_ptr<zrpc::PendingCall<google::protobuf::Empty, google::protobuf::Empty>>
-                     call) override {
+  void AsyncPing(
+      std::unique_ptr<zrpc::PendingCall<google::protobuf::Empty, google::protobuf::Empty>> call)
+      override {
     pings.fetch_add(1);
     std::lock_guard<std::mutex> lock(mu);
     workers.emplace_back([call = std::move(call)]() mutable { call->Finish(absl::OkStatus()); });
@@ -1227,8 +1223,8 @@ class MixedStore : public ObjectStore::Service {
   ~MixedStore() override {
     for (std::thread& t : workers) t.join();
   }
-  void AsyncPut(std::unique_ptr<zrpc::PendingCall<ObjectKey, zrpc::examples::PutReply>> call)
-      override {
+  void AsyncPut(
+      std::unique_ptr<zrpc::PendingCall<ObjectKey, zrpc::examples::PutReply>> call) override {
     zrpc::IncomingBulk bulk = call->TakeRequestBulk();
     call->response()->set_stored_bytes(bulk.size());
     {
@@ -1273,8 +1269,10 @@ class BaseCallingGreeter : public Greeter::Service {
 
 }  // namespace
 
-TEST_CASE("one Service mixes forms per method: a blocking handler beside an async one finished "
-          "on another thread", "[codegen][mixed]") {
+TEST_CASE(
+    "one Service mixes forms per method: a blocking handler beside an async one finished "
+    "on another thread",
+    "[codegen][mixed]") {
   MixedGreeter impl;
   LoopbackChannel channel(&impl);
   Greeter::Stub stub(&channel);
@@ -1289,9 +1287,10 @@ TEST_CASE("one Service mixes forms per method: a blocking handler beside an asyn
   CHECK(channel.contract_violations() == 0);
 }
 
-TEST_CASE("mixed forms with payloads: an async handler takes the request payload in place, a "
-          "blocking one sends a response payload, an async one on a worker does both",
-          "[codegen][mixed][bulk]") {
+TEST_CASE(
+    "mixed forms with payloads: an async handler takes the request payload in place, a "
+    "blocking one sends a response payload, an async one on a worker does both",
+    "[codegen][mixed][bulk]") {
   MixedStore impl;
   LoopbackChannel channel(&impl);
   ObjectStore::Stub stub(&channel);
@@ -1327,8 +1326,10 @@ TEST_CASE("mixed forms with payloads: an async handler takes the request payload
   CHECK(channel.contract_violations() == 0);
 }
 
-TEST_CASE("a blocking handler that calls its base class answers UNIMPLEMENTED, and so does the "
-          "base class called outside a call", "[codegen][mixed]") {
+TEST_CASE(
+    "a blocking handler that calls its base class answers UNIMPLEMENTED, and so does the "
+    "base class called outside a call",
+    "[codegen][mixed]") {
   BaseCallingGreeter impl;
   LoopbackChannel channel(&impl);
   Greeter::Stub stub(&channel);
@@ -1374,14 +1375,15 @@ class FallbackGreeter : public Greeter::Service {
 
 }  // namespace
 
-TEST_CASE("a handler that asks a base-class default (its own, another method's, from another "
-          "thread) and answers itself keeps its answer", "[codegen][mixed]") {
+TEST_CASE(
+    "a handler that asks a base-class default (its own, another method's, from another "
+    "thread) and answers itself keeps its answer",
+    "[codegen][mixed]") {
   FallbackGreeter impl;
   LoopbackChannel channel(&impl);
   Greeter::Stub stub(&channel);
   HelloReply reply;
-  for (const auto& [name, want] :
-       std::vector<std::pair<std::string, std::string>>{
+  for (const auto& [name, want] : std::vector<std::pair<std::string, std::string>>{
            {"own-base", "fallback after UNIMPLEMENTED"},
            {"other-method", "ping said UNIMPLEMENTED"},
            {"thread", "thread said UNIMPLEMENTED"}}) {

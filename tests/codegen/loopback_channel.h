@@ -80,7 +80,8 @@ class LoopbackCall : public ServerCall {
  public:
   // Runs once, at the end of the first Finish, on the finishing thread. It may end the client's
   // call, after which the channel, and this call with it, may be destroyed at any moment.
-  using FinishHook = internal::InlineFunction<void(LoopbackCall&), 48>;  // move-only, as DoneCallback
+  using FinishHook =
+      internal::InlineFunction<void(LoopbackCall&), 48>;  // move-only, as DoneCallback
 
   explicit LoopbackCall(std::string request, IncomingBulk request_bulk = IncomingBulk(),
                         FinishHook on_finish = nullptr)
@@ -200,8 +201,8 @@ class LoopbackChannel : public Channel {
       done(absl::InvalidArgumentError("bulk payloads do not match the method table"));
       return;
     }
-    auto complete = [this, response, response_bulk, done = std::move(done)](
-                        LoopbackCall& finished) mutable {
+    auto complete = [this, response, response_bulk,
+                     done = std::move(done)](LoopbackCall& finished) mutable {
       Complete(finished, response, response_bulk, std::move(done));
     };
     auto owned = std::make_unique<LoopbackCall>(
@@ -236,7 +237,7 @@ class LoopbackChannel : public Channel {
 
   absl::Status acquire_error;  // when set, AcquireSendSlot fails with it
   std::atomic<int> calls{0};
-  std::string last_method;   // read these once the calls have returned
+  std::string last_method;  // read these once the calls have returned
   std::string last_request;
   LoopbackBulkMemory server_memory;  // where request payloads land
   LoopbackBulkMemory client_memory;  // where response payloads land

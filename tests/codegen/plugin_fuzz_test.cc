@@ -58,36 +58,42 @@ constexpr char kOptionsProto[] = "proto/zrpc/options.proto";
 
 // Names that have collided, or could collide, with something in generated C++.
 const std::vector<std::string> kNamePool = {
-    "Foo",           "Bar",          "Get",         "Put",          "Echo",         "AsyncEcho",
-    "AsyncFoo",      "Foo_",         "AsyncFoo_",   "Stub",         "Service",      "Service_",
-    "Dispatch",      "service_info", "channel_",    "request",      "response",     "options",
-    "done",          "context",      "call",        "method_index", "request_bulk", "response_bulk",
-    "class",         "delete",       "namespace",   "new",          "int",          "default",
-    "register",      "template",     "this",        "operator",     "auto",         "friend",
-    "final",         "override",     "std",         "zrpc",         "absl",         "google",
-    "internal",      "kFooInfo",     "kFooMethods", "kInfo",        "kMethods",     "Info",
-    "Methods",       "x1",           "UPPER",       "Empty",        "Channel",      "ServerCall",
-    "ServerContext", "MethodInfo",   "ServiceInfo", "CallOptions",  "OutgoingBulk", "IncomingBulk",
-    "DoneCallback",  "Status",       "string",      "move",         "size_t",       "uint8_t",
-    "int64_t",       "to_string",    "NULL",        "nullptr",      "main",         "errno",
-    "assert",        "EOF",          "TRUE",        "unix",         "linux",        "_Foo",
-    "__bar",         "index",        "status",       "AsyncService", "PendingCall",  "pending",
+    "Foo", "Bar", "Get", "Put", "Echo", "AsyncEcho", "AsyncFoo", "Foo_", "AsyncFoo_", "Stub",
+    "Service", "Service_", "Dispatch", "service_info", "channel_", "request", "response", "options",
+    "done", "context", "call", "method_index", "request_bulk", "response_bulk", "class", "delete",
+    "namespace", "new", "int", "default", "register", "template", "this", "operator", "auto",
+    "friend", "final", "override", "std", "zrpc", "absl", "google", "internal", "kFooInfo",
+    "kFooMethods", "kInfo", "kMethods", "Info", "Methods", "x1", "UPPER", "Empty", "Channel",
+    "ServerCall", "ServerContext", "MethodInfo", "ServiceInfo", "CallOptions", "OutgoingBulk",
+    "IncomingBulk", "DoneCallback", "Status", "string", "move", "size_t", "uint8_t", "int64_t",
+    "to_string", "NULL", "nullptr", "main", "errno", "assert", "EOF", "TRUE", "unix", "linux",
+    "_Foo", "__bar", "index", "status", "AsyncService", "PendingCall", "pending",
     // protobuf's globals for a package-less fuzz/input.proto.
     "TableStruct_fuzz_2finput_2eproto", "descriptor_table_fuzz_2finput_2eproto"};
 
 // How protobuf's C++ builds names at namespace scope from a class or enum name X (prefix, suffix):
 // a service named like one of them takes a name protobuf may declare.
 const std::vector<std::pair<std::string, std::string>> kProtobufPatterns = {
-    {"", ""},          {"", "_"},           {"", "_Stub"},       {"", "DefaultTypeInternal"},
-    {"", "_IsValid"},  {"", "_Name"},       {"", "_Parse"},      {"", "_descriptor"},
-    {"", "_MIN"},      {"", "_MAX"},        {"", "_ARRAYSIZE"},  {"", "_MEntry_DoNotUse"},
-    {"k", "FieldNumber"},                   {"_", "_default_instance_"}};
+    {"", ""},
+    {"", "_"},
+    {"", "_Stub"},
+    {"", "DefaultTypeInternal"},
+    {"", "_IsValid"},
+    {"", "_Name"},
+    {"", "_Parse"},
+    {"", "_descriptor"},
+    {"", "_MIN"},
+    {"", "_MAX"},
+    {"", "_ARRAYSIZE"},
+    {"", "_MEntry_DoNotUse"},
+    {"k", "FieldNumber"},
+    {"_", "_default_instance_"}};
 
 // Package parts; the keywords among them must be refused.
 const std::vector<std::string> kPackagePool = {
-    "a",     "b",    "pkg",      "v1",  "zrpc",    "examples", "Stub", "Service", "x1",
-    "class", "absl", "internal", "std", "Channel", "google",   "EOF",  "kInfo",   "method",
-    "PendingCall"};
+    "a",       "b",   "pkg",   "v1",     "zrpc",       "examples", "Stub",
+    "Service", "x1",  "class", "absl",   "internal",   "std",      "Channel",
+    "google",  "EOF", "kInfo", "method", "PendingCall"};
 
 // Comment lines, including ones that end in a backslash (a line continuation in C++).
 const std::vector<std::string> kCommentPool = {" plain words",
@@ -100,7 +106,9 @@ const std::vector<std::string> kCommentPool = {" plain words",
                                                " */ /* ",
                                                " \ttab and unicode \xc3\xa9",
                                                "",
-                                               " // nested", " carriage\rreturn", " form\ffeed"};
+                                               " // nested",
+                                               " carriage\rreturn",
+                                               " form\ffeed"};
 
 // protoc reports a file the pool refuses; here refusals are expected and counted, not printed.
 class QuietErrors : public DescriptorPool::ErrorCollector {

@@ -18,9 +18,9 @@ struct ProtocResult {
 
 // Runs the system protoc with the plugin on `proto` (a workspace-relative path).
 ProtocResult RunProtoc(const std::string& proto, const std::string& out_flag_prefix = "") {
-  std::string command = "/usr/bin/protoc --plugin=protoc-gen-zrpc=" +
-                        Runfile("codegen/protoc-gen-zrpc") + " --zrpc_out=" + out_flag_prefix +
-                        TmpDir() + " -I" + Runfile("") + " " + Runfile(proto);
+  std::string command =
+      "/usr/bin/protoc --plugin=protoc-gen-zrpc=" + Runfile("codegen/protoc-gen-zrpc") +
+      " --zrpc_out=" + out_flag_prefix + TmpDir() + " -I" + Runfile("") + " " + Runfile(proto);
   std::string output;
   int exit_code = Run(command, &output);
   return {exit_code, output};
@@ -44,9 +44,9 @@ int Occurrences(const std::string& haystack, const std::string& needle) {
 
 TEST_CASE("generated code matches the golden files", "[codegen][golden]") {
   // The protos tools/update-goldens regenerates them from (keep the two lists the same).
-  for (const char* proto : {"proto/examples/greeter", "proto/examples/object_store",
-                            "proto/examples/numbers",
-                            "tests/codegen/file_options/generic_services"}) {
+  for (const char* proto :
+       {"proto/examples/greeter", "proto/examples/object_store", "proto/examples/numbers",
+        "tests/codegen/file_options/generic_services"}) {
     const std::string stem = std::string(proto).substr(std::string(proto).rfind('/') + 1);
     for (const std::string& file : {stem + ".zrpc.h", stem + ".zrpc.cc"}) {
       INFO(file << " differs from tests/codegen/golden/" << file
@@ -83,8 +83,9 @@ TEST_CASE("a package inside the runtime's namespaces is refused with the reason"
   ProtocResult result = RunProtoc("tests/codegen/bad/runtime_package.proto");
   INFO(result.output);
   CHECK(result.exit_code != 0);
-  CHECK(Contains(result.output, "tests/codegen/bad/runtime_package.proto: package zrpc.Channel: "
-                                "the namespace zrpc::Channel belongs to zrpc's runtime"));
+  CHECK(Contains(result.output,
+                 "tests/codegen/bad/runtime_package.proto: package zrpc.Channel: "
+                 "the namespace zrpc::Channel belongs to zrpc's runtime"));
   CHECK(Occurrences(result.output, "runtime_package.proto") == 1);
 }
 
@@ -93,8 +94,9 @@ TEST_CASE("a package-less type named like a global the generated code needs is r
   ProtocResult result = RunProtoc("tests/codegen/bad/global_name.proto");
   INFO(result.output);
   CHECK(result.exit_code != 0);
-  CHECK(Contains(result.output, "tests/codegen/bad/global_name.proto: 'size_t' is declared "
-                                "without a package"));
+  CHECK(Contains(result.output,
+                 "tests/codegen/bad/global_name.proto: 'size_t' is declared "
+                 "without a package"));
   CHECK(Occurrences(result.output, "global_name.proto") == 1);
 }
 

@@ -52,7 +52,7 @@ std::string StripNoise(const std::string& text) {
       continue;
     }
     if (c == '"' || (c == '\'' && !(i > 0 && std::isxdigit(static_cast<unsigned char>(
-                                                  text[i - 1]))))) {  // not a digit separator
+                                                 text[i - 1]))))) {  // not a digit separator
       for (++i; i < text.size() && text[i] != c; ++i) {
         if (text[i] == '\\') ++i;
       }
@@ -60,8 +60,10 @@ std::string StripNoise(const std::string& text) {
       out += ' ';
       continue;
     }
-    if (c == '\n') line_start = true;
-    else if (!std::isspace(static_cast<unsigned char>(c))) line_start = false;
+    if (c == '\n')
+      line_start = true;
+    else if (!std::isspace(static_cast<unsigned char>(c)))
+      line_start = false;
     out += c;
     ++i;
   }
@@ -76,7 +78,8 @@ std::vector<std::string> Tokens(const std::string& code) {
       ++i;
     } else if (std::isalnum(c) || c == '_') {
       size_t j = i;
-      while (j < code.size() && (std::isalnum(static_cast<unsigned char>(code[j])) || code[j] == '_')) {
+      while (j < code.size() &&
+             (std::isalnum(static_cast<unsigned char>(code[j])) || code[j] == '_')) {
         ++j;
       }
       tokens.push_back(code.substr(i, j - i));
@@ -152,7 +155,8 @@ std::set<std::string> DeclaredInZrpc(const std::string& header) {
     if (tok == ">" && angle > 0) --angle;
     if (named || angle > 0) continue;
     if (tok == "template") continue;
-    if ((tok == "class" || tok == "struct" || tok == "union" || tok == "enum") && i + 1 < t.size()) {
+    if ((tok == "class" || tok == "struct" || tok == "union" || tok == "enum") &&
+        i + 1 < t.size()) {
       size_t j = i + 1;
       if (t[j] == "class" || t[j] == "struct") ++j;  // enum class
       while (j < t.size() && (t[j] == "final" || t[j] == "ABSL_MUST_USE_RESULT")) ++j;
@@ -203,9 +207,9 @@ TEST_CASE("the scanner finds what a header declares directly in namespace zrpc")
     namespace zrpc::transport { class Kappa; }
     namespace other { class Lambda; }
   )";
-  CHECK(DeclaredInZrpc(header) ==
-        std::set<std::string>{"Alpha", "Beta", "Gamma", "Delta", "Epsilon", "Zeta", "kEta",
-                              "kTheta", "internal", "transport"});
+  CHECK(DeclaredInZrpc(header) == std::set<std::string>{"Alpha", "Beta", "Gamma", "Delta",
+                                                        "Epsilon", "Zeta", "kEta", "kTheta",
+                                                        "internal", "transport"});
 }
 
 // Every name the runtime's headers declare directly in namespace zrpc.
@@ -243,8 +247,9 @@ TEST_CASE("every name the runtime declares in namespace zrpc is refused as a pac
   for (const std::string& name : all) {
     if (zrpc::codegen::ReservedPackageReason("zrpc." + name).empty()) missing.push_back(name);
   }
-  INFO("declared in namespace zrpc by the runtime, but accepted as package zrpc.<name>: add "
-       "them to kRuntimeNames in codegen/cpp_names.cc");
+  INFO(
+      "declared in namespace zrpc by the runtime, but accepted as package zrpc.<name>: add "
+      "them to kRuntimeNames in codegen/cpp_names.cc");
   for (const std::string& name : missing) UNSCOPED_INFO(name);
   CHECK(missing.empty());
 }
@@ -255,8 +260,9 @@ TEST_CASE("every name the runtime declares in namespace zrpc is refused as a pac
 // found packages the generated code's own names broke. Every such package, at the top and
 // inside another package, in one translation unit with every generated file, the runtime's
 // public headers, unary and streaming rpcs.
-TEST_CASE("packages named after every public zrpc name generate code that compiles beside the "
-          "runtime") {
+TEST_CASE(
+    "packages named after every public zrpc name generate code that compiles beside the "
+    "runtime") {
   const std::set<std::string> names = RuntimeNames();
   const std::string dir = zrpc::testing::TmpDir() + "/packages";
   std::string out;
@@ -294,10 +300,10 @@ TEST_CASE("packages named after every public zrpc name generate code that compil
     file << unit;
   }
   std::string compiler_output;
-  const int compiled = zrpc::testing::Run(
-      "g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I" + dir + "/gen -I" + Runfile("") +
-          " " + dir + "/unit.cc",
-      &compiler_output);
+  const int compiled =
+      zrpc::testing::Run("g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I" + dir + "/gen -I" +
+                             Runfile("") + " " + dir + "/unit.cc",
+                         &compiler_output);
   INFO(compiler_output.substr(0, 4000));
   CHECK(compiled == 0);
   CHECK(protos.size() == 2 * names.size());

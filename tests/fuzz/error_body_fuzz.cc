@@ -1,5 +1,5 @@
-// Fuzzes the error body codec (rpc/connection/rpc_header.h): DecodeErrorBody, which turns the body of a
-// peer's error message into the status the caller sees, and EncodeErrorBody / ErrorBodySize,
+// Fuzzes the error body codec (rpc/connection/rpc_header.h): DecodeErrorBody, which turns the body
+// of a peer's error message into the status the caller sees, and EncodeErrorBody / ErrorBodySize,
 // which cut a local status message (often quoting peer-controlled text) to fit a SEND.
 //
 // Input: [status code, u16 LE][kind selector, 1 B][limit, u64 LE][message: the rest]. A selector

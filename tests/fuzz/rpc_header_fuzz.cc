@@ -1,5 +1,5 @@
-// Fuzzes DecodeRpcHeader (rpc/connection/rpc_header.h): the 32-byte header of every RPC message a peer
-// sends, and, for what decodes as an error, DecodeErrorBody on the body that follows it. The
+// Fuzzes DecodeRpcHeader (rpc/connection/rpc_header.h): the 32-byte header of every RPC message a
+// peer sends, and, for what decodes as an error, DecodeErrorBody on the body that follows it. The
 // input is one whole transport payload: header, then body.
 //
 // Checks, besides "no crash":

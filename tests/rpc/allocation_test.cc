@@ -5,15 +5,13 @@
 // counted and divided by its length. The messages are google.protobuf.Empty, so the count is
 // the runtime's own: a message with string fields adds protobuf's allocations for them unless
 // the application reuses messages or uses an arena.
-#include <catch2/catch.hpp>
-
 #include <array>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <memory>
 #include <vector>
 
 #include "rpc/impl/call_waiter.h"
-
 #include "tests/counting_new.h"
 #include "tests/rdma_device.h"
 #include "tests/rpc/runtime_fixture.h"
@@ -92,10 +90,11 @@ TEST_CASE("an async call with a Cancellation and a six-word callback allocates n
   Runtime rt(config);
   const Counted counted = CountAsyncAllocations(rt);
   const double per_call = static_cast<double>(counted.during_calls) / kCounted;
-  std::printf("async, cancellation, 48-byte callback: %lu allocations over %d calls (%.3f per "
-              "call), %lu in as long idle\n",
-              static_cast<unsigned long>(counted.during_calls), kCounted, per_call,
-              static_cast<unsigned long>(counted.idle));
+  std::printf(
+      "async, cancellation, 48-byte callback: %lu allocations over %d calls (%.3f per "
+      "call), %lu in as long idle\n",
+      static_cast<unsigned long>(counted.during_calls), kCounted, per_call,
+      static_cast<unsigned long>(counted.idle));
   // Before DoneCallback and the cancel hook kept their callables inline: 2 per call.
   CHECK(per_call < 0.05);
 }
@@ -112,11 +111,11 @@ TEST_CASE("a blocking unary call allocates nothing in steady state, on either si
       with_deadline ? zrpc::CallOptions::Timeout(absl::Seconds(30)) : zrpc::CallOptions();
   const Counted counted = CountAllocations(rt, options);
   const double per_call = static_cast<double>(counted.during_calls) / kCounted;
-  std::printf("handlers %s, deadline %s: %lu allocations over %d calls (%.3f per call), %lu in "
-              "as long idle\n",
-              handlers, with_deadline ? "yes" : "no",
-              static_cast<unsigned long>(counted.during_calls), kCounted, per_call,
-              static_cast<unsigned long>(counted.idle));
+  std::printf(
+      "handlers %s, deadline %s: %lu allocations over %d calls (%.3f per call), %lu in "
+      "as long idle\n",
+      handlers, with_deadline ? "yes" : "no", static_cast<unsigned long>(counted.during_calls),
+      kCounted, per_call, static_cast<unsigned long>(counted.idle));
   INFO("handlers " << handlers << ", deadline " << with_deadline << ": " << per_call
                    << " allocations per call");
   // What remains is not per call: 14-26 allocations over the 2,000 calls in one run, and as

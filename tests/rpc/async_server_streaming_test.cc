@@ -5,9 +5,8 @@
 // poller (the staging quota waited for without blocking it), a handler that drops its stream
 // unfinished, a client that cancels, a Finish with a Read outstanding, and Shutdown during a
 // stream. Handlers record what they saw; the test thread checks it.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -110,14 +109,13 @@ class AsyncNumbers : public Numbers::AsyncService {
   std::function<void(std::unique_ptr<zrpc::ServerAsyncWriter<CountRequest, Number>>)> take_count;
   std::function<void(std::unique_ptr<zrpc::ServerAsyncReaderWriter<Number, Number>>)> take_double;
   std::atomic<uint64_t> written{0};
-  std::atomic<int> stopped{0};   // a Write that failed: the client went or gave up
-  std::atomic<int> ended{0};     // handlers done with their stream (finished or dropped)
-  std::atomic<int> overlaps{0};  // callbacks of one stream that nested or overlapped
+  std::atomic<int> stopped{0};     // a Write that failed: the client went or gave up
+  std::atomic<int> ended{0};       // handlers done with their stream (finished or dropped)
+  std::atomic<int> overlaps{0};    // callbacks of one stream that nested or overlapped
   std::atomic<int> late_reads{0};  // Reads outstanding at Finish that completed with false
 };
 
-Counter::Counter(AsyncNumbers* s,
-                 std::unique_ptr<zrpc::ServerAsyncWriter<CountRequest, Number>> c)
+Counter::Counter(AsyncNumbers* s, std::unique_ptr<zrpc::ServerAsyncWriter<CountRequest, Number>> c)
     : service(s), call(std::move(c)) {
   serial.overlaps = &s->overlaps;
   number.set_pad(std::string(call->request().pad_bytes(), 'p'));
@@ -128,8 +126,7 @@ Summer::Summer(AsyncNumbers* s, std::unique_ptr<zrpc::ServerAsyncReader<Number, 
   serial.overlaps = &s->overlaps;
 }
 
-Doubler::Doubler(AsyncNumbers* s,
-                 std::unique_ptr<zrpc::ServerAsyncReaderWriter<Number, Number>> c)
+Doubler::Doubler(AsyncNumbers* s, std::unique_ptr<zrpc::ServerAsyncReaderWriter<Number, Number>> c)
     : service(s), call(std::move(c)) {
   serial.overlaps = &s->overlaps;
 }
@@ -235,9 +232,8 @@ struct AsyncFixture {
   }
   // Every stream's handler is done and its call retired.
   void RequireAllEnded(int streams) {
-    CHECK(zrpc::testing::Eventually([&] {
-      return service.ended.load() == streams && server->stats().calls_in_flight == 0;
-    }));
+    CHECK(zrpc::testing::Eventually(
+        [&] { return service.ended.load() == streams && server->stats().calls_in_flight == 0; }));
     CHECK(service.overlaps.load() == 0);
     CHECK(server->stats().streams_started == 0);  // no stream had a thread
   }
@@ -601,11 +597,9 @@ TEST_CASE("an async stream whose client never cancels ends at its deadline",
                                                          zrpc_test::kCountIndex, 1, 300'000, 1),
                              Counting(1'000'000).SerializeAsString())
               .ok());
+  CHECK(zrpc::testing::Eventually([&] { return raw.Count(zrpc::RpcKind::kStreamMessage) == 1; }));
   CHECK(zrpc::testing::Eventually(
-      [&] { return raw.Count(zrpc::RpcKind::kStreamMessage) == 1; }));
-  CHECK(zrpc::testing::Eventually([&] {
-    return f.service.stopped.load() == 1 && f.server->stats().calls_in_flight == 0;
-  }));
+      [&] { return f.service.stopped.load() == 1 && f.server->stats().calls_in_flight == 0; }));
   CHECK(f.service.ended.load() == 1);
   CHECK_FALSE(raw.closed.HasBeenNotified());
   (*connection)->Close();
@@ -633,8 +627,7 @@ TEST_CASE("async bidirectional written from the poller while every send slot is 
                                                          zrpc_test::kDoubleIndex, 1, 0, 1000))
               .ok());
   // The server's grant of its window comes when the handler opens the stream.
-  REQUIRE(zrpc::testing::Eventually(
-      [&] { return raw.Count(zrpc::RpcKind::kStreamCredit) >= 1; }));
+  REQUIRE(zrpc::testing::Eventually([&] { return raw.Count(zrpc::RpcKind::kStreamCredit) >= 1; }));
   constexpr int kCount = 600;
   Number number;
   for (int i = 1; i <= kCount; ++i) {

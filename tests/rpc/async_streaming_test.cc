@@ -4,9 +4,8 @@
 // quota on a runtime thread, cancel, deadline, destruction with a callback outstanding or from
 // inside one, and misuse. Callbacks record what they saw; the test thread checks it (Catch2's
 // assertions are not for other threads).
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <functional>
 #include <memory>
 #include <string>
@@ -300,8 +299,7 @@ TEST_CASE("destroying an async stream cancels it and drops its callbacks; also f
   SECTION("a Read outstanding: its callback never runs") {
     std::atomic<int> callbacks{0};
     {
-      zrpc::AsyncClientReader<Number> reader =
-          stub.AsyncCount(slow, CallOptions::Timeout(kLong));
+      zrpc::AsyncClientReader<Number> reader = stub.AsyncCount(slow, CallOptions::Timeout(kLong));
       Number number;
       absl::Notification first;
       reader.Read(&number, [&](bool) { first.Notify(); });
@@ -402,8 +400,7 @@ class SlotFiller {
     Open();
     if (caller_.joinable()) caller_.join();
     // The calls' replies and callbacks are this object's: every call ends before it goes.
-    static_cast<void>(zrpc::testing::Eventually(
-        [this] { return ended_.load() == kCalls; }, kWait));
+    static_cast<void>(zrpc::testing::Eventually([this] { return ended_.load() == kCalls; }, kWait));
     f_.service.square_gate = nullptr;
   }
   // Returns once the caller is stuck: no new call for 300 ms.

@@ -1,15 +1,14 @@
 // The client call table, on the host: ids, generations against late responses, the capacity
 // bound, deadlines, and every call ending exactly once under concurrent use.
-#include <catch2/catch.hpp>
+#include "rpc/client/call_table.h"
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <memory>
 #include <random>
 #include <set>
 #include <thread>
 #include <vector>
-
-#include "rpc/client/call_table.h"
 
 namespace {
 
@@ -232,8 +231,8 @@ TEST_CASE("concurrent inserts, takes and expiry end every call exactly once", "[
       std::vector<uint64_t> mine;
       for (int i = 0; i < kCallsPerThread; ++i) {
         const int call = t * kCallsPerThread + i;
-        const absl::Time deadline = rng() % 4 == 0 ? absl::InfiniteFuture()
-                                                   : absl::Now() + absl::Microseconds(rng() % 200);
+        const absl::Time deadline =
+            rng() % 4 == 0 ? absl::InfiniteFuture() : absl::Now() + absl::Microseconds(rng() % 200);
         absl::StatusOr<uint64_t> id = table.Insert(int{call}, deadline);
         if (!id.ok()) {
           // Catch2's assertions are not thread-safe: count here, check after the join.

@@ -3,11 +3,10 @@
 // the notifier's writes are visible.
 #include "rpc/impl/call_waiter.h"
 
-#include <catch2/catch.hpp>
-
 #include <time.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <memory>
 #include <thread>

@@ -3,11 +3,11 @@
 // throw-away guest (as root, ZRPC_SOFTROCE_MODE=vm) and says SKIPPED anywhere else. Every wait
 // here polls with absl::SleepFor (a relative sleep): a timed wait on the wall clock would itself
 // be stretched by the step back.
-#include <catch2/catch.hpp>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>

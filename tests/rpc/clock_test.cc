@@ -1,11 +1,12 @@
-// The runtime's monotonic time (rpc/common/monotonic.h) and the handler's view of a deadline, on the
-// host: a step of the wall clock moves neither.
+// The runtime's monotonic time (rpc/common/monotonic.h) and the handler's view of a deadline, on
+// the host: a step of the wall clock moves neither.
+#include "absl/time/clock.h"
+
 #include <catch2/catch.hpp>
 
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "rpc/generated_api.h"
 #include "rpc/common/monotonic.h"
+#include "rpc/generated_api.h"
 
 namespace {
 

@@ -7,8 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -41,8 +41,8 @@ using zrpc::examples::HelloRequest;
 class Peer {
  public:
   explicit Peer(std::vector<std::string> args) {
-    std::string path = absl::StrCat(std::getenv("TEST_SRCDIR"), "/",
-                                    std::getenv("TEST_WORKSPACE"), "/tests/rpc/rpc_peer");
+    std::string path = absl::StrCat(std::getenv("TEST_SRCDIR"), "/", std::getenv("TEST_WORKSPACE"),
+                                    "/tests/rpc/rpc_peer");
     args.insert(args.begin(), path);
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
@@ -105,8 +105,9 @@ struct CallRecord {
   absl::Status status;
 };
 
-TEST_CASE("a server process killed mid-load: every call ends UNAVAILABLE within 1 s, none "
-          "hangs; restarted, the same channel reconnects and succeeds") {
+TEST_CASE(
+    "a server process killed mid-load: every call ends UNAVAILABLE within 1 s, none "
+    "hangs; restarted, the same channel reconnects and succeeds") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   auto server = std::make_unique<Peer>(std::vector<std::string>{"server", "0"});
   const uint16_t port = ListeningPort(*server);
@@ -132,8 +133,8 @@ TEST_CASE("a server process killed mid-load: every call ends UNAVAILABLE within 
       while (!stop.load()) {
         CallRecord record;
         record.start = absl::Now();
-        record.status = stub.SayHello(request, &reply,
-                                      zrpc::CallOptions::Timeout(absl::Seconds(60)));
+        record.status =
+            stub.SayHello(request, &reply, zrpc::CallOptions::Timeout(absl::Seconds(60)));
         record.end = absl::Now();
         if (record.status.ok()) ok.fetch_add(1);
         absl::MutexLock lock(&mu);
@@ -181,8 +182,9 @@ TEST_CASE("a server process killed mid-load: every call ends UNAVAILABLE within 
   CHECK((*channel)->stats().connections_lost >= 1);
 }
 
-TEST_CASE("a client process killed with calls in flight: the server frees them and serves "
-          "another client") {
+TEST_CASE(
+    "a client process killed with calls in flight: the server frees them and serves "
+    "another client") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::testing::SleepyGreeter greeter;
   zrpc::ServerOptions options;
@@ -194,8 +196,8 @@ TEST_CASE("a client process killed with calls in flight: the server frees them a
   REQUIRE((*server)->Start().ok());
 
   constexpr int kInFlight = 8;
-  Peer client({"client", absl::StrCat(config.addr, ":", (*server)->port()),
-               std::to_string(kInFlight)});
+  Peer client(
+      {"client", absl::StrCat(config.addr, ":", (*server)->port()), std::to_string(kInFlight)});
   REQUIRE(client.ReadLine(absl::Seconds(60)) == "calling");
   absl::Time until = absl::Now() + absl::Seconds(30);
   while ((*server)->stats().calls_in_flight < kInFlight && absl::Now() < until) {
@@ -217,8 +219,8 @@ TEST_CASE("a client process killed with calls in flight: the server frees them a
 
   zrpc::ChannelOptions channel_options;
   channel_options.device = config;
-  auto channel = zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()),
-                                     channel_options);
+  auto channel =
+      zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()), channel_options);
   REQUIRE(channel.ok());
   Greeter::Stub stub(channel->get());
   HelloRequest request;
@@ -242,9 +244,9 @@ class EndingNumbers : public zrpc::examples::Numbers::Service {
     if (context.IsCancelled()) cancelled.fetch_add(1);
     return absl::CancelledError("the client went away");
   }
-  absl::Status Double(zrpc::ServerContext& context,
-                      zrpc::ServerReaderWriter<zrpc::examples::Number, zrpc::examples::Number>*
-                          stream) override {
+  absl::Status Double(
+      zrpc::ServerContext& context,
+      zrpc::ServerReaderWriter<zrpc::examples::Number, zrpc::examples::Number>* stream) override {
     zrpc::examples::Number number;
     while (stream->Read(&number)) {
       number.set_value(2 * number.value());
@@ -258,8 +260,9 @@ class EndingNumbers : public zrpc::examples::Numbers::Service {
   std::atomic<int> cancelled{0};
 };
 
-TEST_CASE("a client process killed mid-stream: both of its streams end on the server, which "
-          "frees them and serves another client") {
+TEST_CASE(
+    "a client process killed mid-stream: both of its streams end on the server, which "
+    "frees them and serves another client") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   EndingNumbers numbers;
   zrpc::ServerOptions options;
@@ -285,8 +288,8 @@ TEST_CASE("a client process killed mid-stream: both of its streams end on the se
 
   zrpc::ChannelOptions channel_options;
   channel_options.device = config;
-  auto channel = zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()),
-                                     channel_options);
+  auto channel =
+      zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()), channel_options);
   REQUIRE(channel.ok());
   zrpc::examples::Numbers::Stub stub(channel->get());
   zrpc::examples::CountRequest request;
@@ -313,8 +316,9 @@ class SinkStore : public zrpc::examples::ObjectStore::Service {
 
 using zrpc::testing::Eventually;
 
-TEST_CASE("a client process killed while the server pulls its payload: the server frees the "
-          "pulled memory and serves another client") {
+TEST_CASE(
+    "a client process killed while the server pulls its payload: the server frees the "
+    "pulled memory and serves another client") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   SinkStore store;
   zrpc::ServerOptions options;
@@ -352,8 +356,9 @@ TEST_CASE("a client process killed while the server pulls its payload: the serve
   CHECK(reply.stored_bytes() == bytes.size());
 }
 
-TEST_CASE("a server process killed while the client pulls its answer: the call fails at once and "
-          "the client frees the pulled memory") {
+TEST_CASE(
+    "a server process killed while the client pulls its answer: the call fails at once and "
+    "the client frees the pulled memory") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Peer server({"store", "0"});
   const uint16_t port = ListeningPort(server);
@@ -373,8 +378,7 @@ TEST_CASE("a server process killed while the client pulls its answer: the call f
                   status = std::move(s);
                   done.Notify();
                 });
-  REQUIRE(Eventually([&] { return (*channel)->stats().pulled_bytes_held > 0; },
-                     absl::Seconds(60)));
+  REQUIRE(Eventually([&] { return (*channel)->stats().pulled_bytes_held > 0; }, absl::Seconds(60)));
   const absl::Time killed = absl::Now();
   server.Kill();
   REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));

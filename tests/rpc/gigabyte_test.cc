@@ -7,7 +7,6 @@
 // tools/softroce guest: ZRPC_SOFTROCE_MEMORY, 4 GiB by default) with less than 2.5 GiB available
 // SKIPS the case, saying so. Time under emulation: about a minute (a gigabyte at tens of MiB/s).
 #include <catch2/catch.hpp>
-
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -87,8 +86,9 @@ uint64_t AvailableBytes() {
   return 0;
 }
 
-TEST_CASE("a 1 GiB payload (the default max_bulk_size) arrives byte for byte; one byte more is "
-          "refused before any moves") {
+TEST_CASE(
+    "a 1 GiB payload (the default max_bulk_size) arrives byte for byte; one byte more is "
+    "refused before any moves") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   const uint64_t available = AvailableBytes();
   if (available < kGiB * 5 / 2) {
@@ -111,8 +111,9 @@ TEST_CASE("a 1 GiB payload (the default max_bulk_size) arrives byte for byte; on
   s = stub.Put(Key("7"), OutgoingBulk(bytes.get(), kGiB + 1), &put, Within(absl::Minutes(1)));
   INFO(s);
   CHECK(s.code() == absl::StatusCode::kResourceExhausted);
-  CHECK(absl::StrContains(s.message(), "a 1073741825-byte bulk payload exceeds the 1073741824 "
-                                       "bytes ServerOptions::max_bulk_size allows"));
+  CHECK(absl::StrContains(s.message(),
+                          "a 1073741825-byte bulk payload exceeds the 1073741824 "
+                          "bytes ServerOptions::max_bulk_size allows"));
   CHECK(served.server->stats().pulled_bytes_held == 0);
   CHECK(served.channel->stats().connections_lost == 0);
 }

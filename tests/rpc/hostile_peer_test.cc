@@ -2,7 +2,6 @@
 // that sends garbage the moment it is in, and peers whose Hello announces sizes the RPC layer
 // cannot work with. Each must cost the server that one connection and nothing else.
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <memory>
 #include <string>
@@ -49,8 +48,9 @@ bool Eventually(Done done, absl::Duration timeout = absl::Seconds(10)) {
 // was still on its way to OnAccepted for the same connection. Under ASan (tools/test --asan)
 // each round is a chance to touch freed memory; the server now co-owns the handler through
 // the connection, so there is none.
-TEST_CASE("peers sending garbage the moment they connect, 40 times over: each is cut off, "
-          "the server stays whole") {
+TEST_CASE(
+    "peers sending garbage the moment they connect, 40 times over: each is cut off, "
+    "the server stays whole") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   // At the default level: nothing for a server and a client going about their business, an
   // error (to the application's sink) for each peer that breaks the protocol.
@@ -100,8 +100,9 @@ std::vector<uint8_t> HelloBytes(uint32_t recv_size) {
 // Before: a Hello announcing receives of 8 bytes was taken, the largest response body became
 // (8 - 8) - 32 bytes, wrapped around to 2^64 - 32, and the next response was serialized past
 // the end of its slot into the device's shared pool.
-TEST_CASE("a peer announcing receives too small for the RPC layer is refused at the handshake; "
-          "at the minimum it is served within it") {
+TEST_CASE(
+    "a peer announcing receives too small for the RPC layer is refused at the handshake; "
+    "at the minimum it is served within it") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Runtime rt(config);
   constexpr uint32_t kMin = zrpc::transport::FrameHeader::kSize + zrpc::internal::kMinRpcMessage;
@@ -130,13 +131,12 @@ TEST_CASE("a peer announcing receives too small for the RPC layer is refused at 
   // A request body of 253 bytes fits in the 256 the server offers; its reply ("Hello, " and
   // the name) of 260 does not.
   request.set_name(std::string(250, 'x'));
-  const auto header = zrpc::RpcHeader::Request(
-      zrpc::ServiceId(Greeter::service_info().full_name), 0, 1, 0);
+  const auto header =
+      zrpc::RpcHeader::Request(zrpc::ServiceId(Greeter::service_info().full_name), 0, 1, 0);
   zrpc::EncodeRpcHeader(header, peer.payload());
   REQUIRE(request.SerializeToArray(peer.payload() + zrpc::RpcHeader::kSize,
                                    static_cast<int>(request.ByteSizeLong())));
-  const uint32_t length =
-      zrpc::RpcHeader::kSize + static_cast<uint32_t>(request.ByteSizeLong());
+  const uint32_t length = zrpc::RpcHeader::kSize + static_cast<uint32_t>(request.ByteSizeLong());
   REQUIRE(length <= zrpc::internal::kMinRpcMessage);  // within what the server offers
   REQUIRE(peer.Send(zrpc::transport::FrameKind::kData, 0, length).ok());
   REQUIRE(Eventually([&] {
@@ -174,7 +174,8 @@ TEST_CASE("Shutdown with handshakes left half-open does not wait for them") {
   std::vector<std::unique_ptr<RawPeer>> peers;
   for (int i = 0; i < 3; ++i) {
     peers.push_back(std::make_unique<RawPeer>());
-    REQUIRE(peers.back()->Connect(config.addr, rt.port_, RawPeer::Options{}, /*finish=*/false).ok());
+    REQUIRE(
+        peers.back()->Connect(config.addr, rt.port_, RawPeer::Options{}, /*finish=*/false).ok());
   }
   absl::SleepFor(absl::Milliseconds(200));  // the server has placed and answered them
   const absl::Time start = absl::Now();
@@ -187,8 +188,9 @@ TEST_CASE("Shutdown with handshakes left half-open does not wait for them") {
 
 // Before: a connection that never said anything kept its receive slots, arena and admission
 // place for as long as the server ran.
-TEST_CASE("silent connections are closed after idle_timeout; keepalive clients and clients "
-          "waiting on calls are not, the latter probed") {
+TEST_CASE(
+    "silent connections are closed after idle_timeout; keepalive clients and clients "
+    "waiting on calls are not, the latter probed") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ServerOptions server_options;
   server_options.idle_timeout = absl::Milliseconds(600);

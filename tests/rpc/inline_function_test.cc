@@ -3,9 +3,8 @@
 // the function is moved, reset or assigned, and empty sources make empty functions.
 #include "rpc/impl/inline_function.h"
 
-#include <catch2/catch.hpp>
-
 #include <array>
+#include <catch2/catch.hpp>
 #include <functional>
 #include <memory>
 #include <string>

@@ -4,11 +4,11 @@
 // Both ways, byte-checked, at and one past max_message_size on each side, beside bulk payloads
 // (staged and registered, written and pulled), into a caller's response_destination, and with a
 // call given up while the server pulls.
-#include <catch2/catch.hpp>
 #include <google/protobuf/io/coded_stream.h>
 
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -47,8 +47,8 @@ class LargeService : public Large::Service {
     Answer(request, reply);
     return absl::OkStatus();
   }
-  absl::Status EchoBulk(zrpc::ServerContext&, const Blob& request, IncomingBulk bulk,
-                        Blob* reply, OutgoingBulk* reply_bulk) override {
+  absl::Status EchoBulk(zrpc::ServerContext&, const Blob& request, IncomingBulk bulk, Blob* reply,
+                        OutgoingBulk* reply_bulk) override {
     echoes.fetch_add(1);
     Answer(request, reply);
     if (!bulk.empty()) *reply_bulk = OutgoingBulk::Copy(std::string(bulk.view()));
@@ -118,12 +118,12 @@ TEST_CASE("messages past a slot, past the arena and at 4 MiB travel both ways, b
   // Nothing held once the calls are over: pulled bodies are given back after parsing (the
   // client's) or when the call finishes (the server's, which may come after the answer).
   CHECK(served.channel->stats().pulled_bytes_held == 0);
-  CHECK(zrpc::testing::Eventually(
-      [&] { return served.server->stats().pulled_bytes_held == 0; }));
+  CHECK(zrpc::testing::Eventually([&] { return served.server->stats().pulled_bytes_held == 0; }));
 }
 
-TEST_CASE("max_message_size: at the limit both ways; one byte past it fails RESOURCE_EXHAUSTED "
-          "naming the side's option, on the sender before sending, on the receiver unread") {
+TEST_CASE(
+    "max_message_size: at the limit both ways; one byte past it fails RESOURCE_EXHAUSTED "
+    "naming the side's option, on the sender before sending, on the receiver unread") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   LargeService service;
   SECTION("the defaults (4 MiB): a sender's own limit") {
@@ -142,8 +142,9 @@ TEST_CASE("max_message_size: at the limit both ways; one byte past it fails RESO
     s = stub.Echo(request, &reply, Within(kLong));
     INFO(s);
     CHECK(s.code() == absl::StatusCode::kResourceExhausted);
-    CHECK(absl::StrContains(s.message(), "a 4194305-byte request exceeds the 4194304 bytes "
-                                         "ChannelOptions::max_message_size allows"));
+    CHECK(absl::StrContains(s.message(),
+                            "a 4194305-byte request exceeds the 4194304 bytes "
+                            "ChannelOptions::max_message_size allows"));
     CHECK(service.echoes.load() == echoes);  // never sent
 
     // An answer one past the server's limit: the server says so instead.
@@ -152,8 +153,9 @@ TEST_CASE("max_message_size: at the limit both ways; one byte past it fails RESO
     s = stub.Echo(small, &reply, Within(kLong));
     INFO(s);
     CHECK(s.code() == absl::StatusCode::kResourceExhausted);
-    CHECK(absl::StrContains(s.message(), "zrpc.testing.Large/Echo: a 4194305-byte response "
-                                         "exceeds the 4194304 bytes ServerOptions::max_message_size"));
+    CHECK(absl::StrContains(s.message(),
+                            "zrpc.testing.Large/Echo: a 4194305-byte response "
+                            "exceeds the 4194304 bytes ServerOptions::max_message_size"));
     CHECK(service.echoes.load() == echoes + 1);
   }
   SECTION("a limit of 0 or past protobuf's 2 GiB - 1 is refused, naming the option") {
@@ -186,8 +188,9 @@ TEST_CASE("max_message_size: at the limit both ways; one byte past it fails RESO
     absl::Status s = stub.Echo(OfSerializedSize(kMiB + 1), &reply, Within(kLong));
     INFO(s);
     CHECK(s.code() == absl::StatusCode::kResourceExhausted);
-    CHECK(absl::StrContains(s.message(), "a 1048577-byte request exceeds the 1048576 bytes "
-                                         "ServerOptions::max_message_size allows"));
+    CHECK(absl::StrContains(s.message(),
+                            "a 1048577-byte request exceeds the 1048576 bytes "
+                            "ServerOptions::max_message_size allows"));
     CHECK(service.echoes.load() == echoes);
     CHECK(served.server->stats().pulled_bytes_held == 0);  // refused before any was taken
   }
@@ -204,8 +207,9 @@ TEST_CASE("max_message_size: at the limit both ways; one byte past it fails RESO
     absl::Status s = stub.Echo(request, &reply, Within(kLong));
     INFO(s);
     CHECK(s.code() == absl::StatusCode::kResourceExhausted);
-    CHECK(absl::StrContains(s.message(), "a 1048577-byte response exceeds the 1048576 bytes "
-                                         "ChannelOptions::max_message_size allows"));
+    CHECK(absl::StrContains(s.message(),
+                            "a 1048577-byte response exceeds the 1048576 bytes "
+                            "ChannelOptions::max_message_size allows"));
     request.set_reply_size(10);
     REQUIRE(stub.Echo(request, &reply, Within(kLong)).ok());
     CHECK(served.channel->stats().connections_lost == 0);
@@ -213,8 +217,9 @@ TEST_CASE("max_message_size: at the limit both ways; one byte past it fails RESO
   }
 }
 
-TEST_CASE("a large message beside a bulk payload, both ways: written or pulled, from ordinary "
-          "or registered memory") {
+TEST_CASE(
+    "a large message beside a bulk payload, both ways: written or pulled, from ordinary "
+    "or registered memory") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   LargeService service;
   Served served(config, {&service});
@@ -225,8 +230,8 @@ TEST_CASE("a large message beside a bulk payload, both ways: written or pulled, 
   };
   // Body and payload together within the arena (one staged WRITE), and past it (two ranges,
   // pulled into one buffer); a large body alone for a method that takes a payload.
-  const Case cases[] = {{10 * 1024, 20 * 1024}, {300 * 1024, 64 * 1024}, {5000, 3 * kMiB},
-                        {300 * 1024, 0}};
+  const Case cases[] = {
+      {10 * 1024, 20 * 1024}, {300 * 1024, 64 * 1024}, {5000, 3 * kMiB}, {300 * 1024, 0}};
   std::vector<uint8_t> registered_bytes(4 * kMiB);
   absl::StatusOr<zrpc::RegisteredMemory> memory =
       served.channel->RegisterMemory(registered_bytes.data(), registered_bytes.size());
@@ -258,13 +263,13 @@ TEST_CASE("a large message beside a bulk payload, both ways: written or pulled, 
     }
   }
   CHECK(served.channel->stats().pulled_bytes_held == 0);
-  CHECK(zrpc::testing::Eventually(
-      [&] { return served.server->stats().pulled_bytes_held == 0; }));
+  CHECK(zrpc::testing::Eventually([&] { return served.server->stats().pulled_bytes_held == 0; }));
   CHECK(served.channel->stats().connections_lost == 0);
 }
 
-TEST_CASE("a large answer's payload lands in the caller's destination, its message in the "
-          "runtime's memory") {
+TEST_CASE(
+    "a large answer's payload lands in the caller's destination, its message in the "
+    "runtime's memory") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   LargeService service;
   Served served(config, {&service});
@@ -287,9 +292,9 @@ TEST_CASE("a large answer's payload lands in the caller's destination, its messa
     const std::string payload = Filled(bulk_size, 78);
     Blob reply;
     IncomingBulk got;
-    absl::Status s = stub.EchoBulk(
-        request, bulk_size > 0 ? OutgoingBulk::Copy(payload) : OutgoingBulk(), &reply, &got,
-        options);
+    absl::Status s =
+        stub.EchoBulk(request, bulk_size > 0 ? OutgoingBulk::Copy(payload) : OutgoingBulk(), &reply,
+                      &got, options);
     INFO(s);
     REQUIRE(s.ok());
     CHECK(FirstDifference(reply.data(), Filled(300 * 1024, 77)) == "equal");
@@ -307,8 +312,9 @@ TEST_CASE("a large answer's payload lands in the caller's destination, its messa
 
 // Before: the call's end withdrew the body under the server's READ, which failed, and with it
 // the connection and every other call on it.
-TEST_CASE("a call given up while the server pulls its large request fails, and its connection "
-          "serves the next") {
+TEST_CASE(
+    "a call given up while the server pulls its large request fails, and its connection "
+    "serves the next") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   LargeService service;
   zrpc::ServerOptions server_options;
@@ -332,8 +338,7 @@ TEST_CASE("a call given up while the server pulls its large request fails, and i
     s = std::move(status);
     done.Notify();
   });
-  REQUIRE(zrpc::testing::Eventually(
-      [&] { return served.server->stats().pulled_bytes_held > 0; }));
+  REQUIRE(zrpc::testing::Eventually([&] { return served.server->stats().pulled_bytes_held > 0; }));
   options.cancellation->Cancel();
   done.WaitForNotification();
   INFO(s);
@@ -344,14 +349,14 @@ TEST_CASE("a call given up while the server pulls its large request fails, and i
   CHECK(s.ok());
   CHECK(reply.data().size() == 1);
   CHECK(served.channel->stats().connections_lost == 0);
-  CHECK(zrpc::testing::Eventually(
-      [&] { return served.server->stats().pulled_bytes_held == 0; }));
+  CHECK(zrpc::testing::Eventually([&] { return served.server->stats().pulled_bytes_held == 0; }));
 }
 
 // Before: a large answer's body past the channel's max_pulled_bytes, beside a destination,
 // failed to start its READ and never released the destination's landing: the call hung.
-TEST_CASE("a large answer beside a destination that the channel has no memory for fails the "
-          "call, and never hangs it") {
+TEST_CASE(
+    "a large answer beside a destination that the channel has no memory for fails the "
+    "call, and never hangs it") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   LargeService service;
   zrpc::ChannelOptions channel_options;

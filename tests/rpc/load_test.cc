@@ -1,9 +1,8 @@
 // The runtime under load, on a real device (tag "rdma"): full windows, slow handlers, callbacks
 // that call again. Each case once failed: the comment above it says how.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <deque>
 #include <memory>
 #include <string>
@@ -44,8 +43,9 @@ zrpc::ChannelOptions FastKeepalives() {
 // Before: the ping was an ordinary SEND that waited for credits behind the calls the server
 // held, went unanswered, and closed the connection after interval + timeout: every call failed
 // UNAVAILABLE ("keepalive: no answer from the server within ... credits available 1 of 32").
-TEST_CASE("a server holding a window's worth of slow calls for many keepalive timeouts is not "
-          "declared dead (blocking handlers)") {
+TEST_CASE(
+    "a server holding a window's worth of slow calls for many keepalive timeouts is not "
+    "declared dead (blocking handlers)") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ServerOptions server_options;
   server_options.handler_threads = 40;  // enough for every call: the window is the limit
@@ -73,8 +73,9 @@ TEST_CASE("a server holding a window's worth of slow calls for many keepalive ti
   CHECK(rt.channel->stats().connections_lost == 0);
 }
 
-TEST_CASE("a server holding a window's worth of calls for many keepalive timeouts is not "
-          "declared dead (AsyncService)") {
+TEST_CASE(
+    "a server holding a window's worth of calls for many keepalive timeouts is not "
+    "declared dead (AsyncService)") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   HoldingGreeter greeter;
   Served served(config, {&greeter}, {}, FastKeepalives());
@@ -159,8 +160,9 @@ struct CallTree {
 // Before: AcquireSendSlot waited for a slot until the call's deadline, on the poller thread the
 // callback ran on, which is the only thread that frees slots: the poller (and every connection
 // on it) stopped until the deadline, forever with none.
-TEST_CASE("callbacks that each start two more calls with few send slots never block their "
-          "poller: a call that cannot get a slot there fails at once, saying why") {
+TEST_CASE(
+    "callbacks that each start two more calls with few send slots never block their "
+    "poller: a call that cannot get a slot there fails at once, saying why") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ServerOptions server_options;
   server_options.listener.connection.recv_credits = 4;  // two requests in flight, the rest wait
@@ -180,7 +182,7 @@ TEST_CASE("callbacks that each start two more calls with few send slots never bl
   CHECK(tree.started.load() == kCalls);
   for (const std::string& s : tree.unexpected) FAIL_CHECK(s);
   CHECK(tree.ok.load() + tree.refused_on_runtime_thread.load() == kCalls);
-  CHECK(tree.ok.load() >= 3);  // the root and its first children at least
+  CHECK(tree.ok.load() >= 3);                        // the root and its first children at least
   CHECK(tree.refused_on_runtime_thread.load() > 0);  // the case under test did happen
   // The poller is free: an ordinary blocking call goes through.
   HelloRequest request;
@@ -192,8 +194,9 @@ TEST_CASE("callbacks that each start two more calls with few send slots never bl
 // Before: a call whose deadline passed while it waited for a handler thread still ran its
 // handler, and an answer finished after the deadline was still staged and sent (to be dropped by
 // the client as late).
-TEST_CASE("calls given up while queued never run their handler; answers nobody waits for are "
-          "not sent") {
+TEST_CASE(
+    "calls given up while queued never run their handler; answers nobody waits for are "
+    "not sent") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ServerOptions server_options;
   server_options.handler_threads = 1;
@@ -247,8 +250,9 @@ TEST_CASE("calls given up while queued never run their handler; answers nobody w
 
 // Before: one FIFO for the whole pool, so a call from a second client waited behind every call
 // the first had queued: 30 x 30 ms here.
-TEST_CASE("a client flooding a one-thread server does not hold another client's calls behind "
-          "its flood") {
+TEST_CASE(
+    "a client flooding a one-thread server does not hold another client's calls behind "
+    "its flood") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ServerOptions server_options;
   server_options.handler_threads = 1;
@@ -284,8 +288,7 @@ TEST_CASE("a client flooding a one-thread server does not hold another client's 
     REQUIRE(polite.SayHello(request, &reply, Within(kLong)).ok());
     worst = std::max(worst, absl::Now() - start);
   }
-  INFO("worst polite call " << worst << "; the flood alone takes " << kFlood * kHandlerMs
-                            << " ms");
+  INFO("worst polite call " << worst << "; the flood alone takes " << kFlood * kHandlerMs << " ms");
   // Round robin: each polite call waits for about one flood call. In one FIFO it would wait
   // for what is left of the flood, most of 900 ms.
   CHECK(worst < absl::Milliseconds(kFlood * kHandlerMs / 2));
@@ -298,8 +301,9 @@ TEST_CASE("a client flooding a one-thread server does not hold another client's 
 // finished and held until their WRITE completed, which waits for the client's arena. A client
 // holding one received payload while asking for more pinned staging until every other client's
 // bulk answer failed RESOURCE_EXHAUSTED.
-TEST_CASE("a client that holds its received payloads and keeps asking for more does not starve "
-          "other clients of staging") {
+TEST_CASE(
+    "a client that holds its received payloads and keeps asking for more does not starve "
+    "other clients of staging") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   constexpr size_t kPayload = 64 << 10;
   zrpc::ServerOptions server_options;
@@ -317,8 +321,8 @@ TEST_CASE("a client that holds its received payloads and keeps asking for more d
   ObjectKey key;
   key.set_name("shared");
   PutReply put;
-  REQUIRE(other.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put, Within(kLong))
-              .ok());
+  REQUIRE(
+      other.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put, Within(kLong)).ok());
   ObjectInfo held_info;
   zrpc::IncomingBulk held;
   REQUIRE(hoarder.Get(key, &held_info, &held, Within(kLong)).ok());  // its arena is now full
@@ -375,8 +379,8 @@ TEST_CASE("a payload still being written when pings fall due is not taken for a 
   ObjectStore::Stub stub(served.channel.get());
   const std::string object(64 << 20, 'w');
   PutReply put;
-  absl::Status s = stub.Put(zrpc::testing::Key("big"), zrpc::OutgoingBulk(object.data(), object.size()),
-                            &put, Within(kLong));
+  absl::Status s = stub.Put(zrpc::testing::Key("big"),
+                            zrpc::OutgoingBulk(object.data(), object.size()), &put, Within(kLong));
   INFO(s);
   CHECK(s.ok());
   CHECK(put.stored_bytes() == object.size());

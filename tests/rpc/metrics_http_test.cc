@@ -1,7 +1,7 @@
 // The /metrics endpoint (rpc/metrics_http.h) as Prometheus and hostile clients meet it, over
 // loopback TCP: fetched by curl, checked by promtool and by the project's strict parser; wrong
 // paths, methods and malformed requests; a client that never speaks; a head over the limit.
-#include <catch2/catch.hpp>
+#include "rpc/metrics_http.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,7 +18,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "rpc/metrics.h"
-#include "rpc/metrics_http.h"
 #include "tests/rpc/prometheus_parse.h"
 #include "tests/rpc/scrape.h"
 #include "tests/skip.h"
@@ -85,8 +85,9 @@ struct Served {
 
 }  // namespace
 
-TEST_CASE("curl gets /metrics: 200, Prometheus' content type, the registry's text, which the "
-          "strict parser takes") {
+TEST_CASE(
+    "curl gets /metrics: 200, Prometheus' content type, the registry's text, which the "
+    "strict parser takes") {
   Served s;
   REQUIRE(s.http->port() != 0);
   zrpc::testing::HttpResponse r = zrpc::testing::Curl(Url(*s.http, "/metrics"));
@@ -99,9 +100,8 @@ TEST_CASE("curl gets /metrics: 200, Prometheus' content type, the registry's tex
   auto samples = zrpc::testing::ParsePrometheusText(r.body);
   INFO(samples.status());
   REQUIRE(samples.ok());
-  CHECK(samples->at(
-            "zrpc_calls_finished_total{side=\"server\",method=\"pkg.Store/Get\",code=\"NOT_FOUND\"}") ==
-        1);
+  CHECK(samples->at("zrpc_calls_finished_total{side=\"server\",method=\"pkg.Store/"
+                    "Get\",code=\"NOT_FOUND\"}") == 1);
   // Rendered afresh for each scrape.
   s.metrics.ForMethod(MetricsSide::kServer, "pkg.Store/Get").OnStart();
   r = zrpc::testing::Curl(Url(*s.http, "/metrics?debug=1"));
@@ -115,8 +115,9 @@ TEST_CASE("curl gets /metrics: 200, Prometheus' content type, the registry's tex
 TEST_CASE("promtool check metrics accepts what /metrics serves") {
   std::optional<std::string> promtool = zrpc::testing::FindPromtool();
   if (!promtool) {
-    ZRPC_SKIP("no promtool: run tools/install-deps (it extracts one) and tools/test, or put "
-              "promtool on PATH");
+    ZRPC_SKIP(
+        "no promtool: run tools/install-deps (it extracts one) and tools/test, or put "
+        "promtool on PATH");
   }
   Served s;
   zrpc::testing::HttpResponse r = zrpc::testing::Curl(Url(*s.http, "/metrics"));
@@ -135,7 +136,8 @@ TEST_CASE("other paths get 404, other methods 405, HEAD the headers alone") {
   Served s;
   CHECK(zrpc::testing::Curl(Url(*s.http, "/")).status == 404);
   CHECK(zrpc::testing::Curl(Url(*s.http, "/metricsx")).status == 404);
-  zrpc::testing::HttpResponse post = zrpc::testing::Curl(Url(*s.http, "/metrics"), "-X POST -d x=1");
+  zrpc::testing::HttpResponse post =
+      zrpc::testing::Curl(Url(*s.http, "/metrics"), "-X POST -d x=1");
   CHECK(post.status == 405);
   CHECK(absl::StrContains(post.headers, "Allow: GET, HEAD"));
   zrpc::testing::HttpResponse head = zrpc::testing::Curl(Url(*s.http, "/metrics"), "-I");
@@ -173,15 +175,16 @@ TEST_CASE("an answer is not lost to a reset: a request with a body, and a 64 KiB
       absl::StrCat("GET /metrics HTTP/1.1\r\nContent-Length: ", body.size(), "\r\n\r\n", body));
   CHECK(absl::StartsWith(reply, "HTTP/1.1 200 OK\r\n"));
   CHECK(absl::EndsWith(reply, s.metrics.PrometheusText()));
-  const std::string huge = "GET /metrics HTTP/1.1\r\nX-Pad: " + std::string(64 * 1024, 'a') + "\r\n\r\n";
+  const std::string huge =
+      "GET /metrics HTTP/1.1\r\nX-Pad: " + std::string(64 * 1024, 'a') + "\r\n\r\n";
   CHECK(absl::StartsWith(Exchange(s.http->port(), huge), "HTTP/1.1 400 "));
 }
 
 TEST_CASE("malformed requests get 400; a head over 8 KiB gets 400 without being read further") {
   Served s;
   CHECK(absl::StartsWith(Exchange(s.http->port(), "hello\r\n\r\n"), "HTTP/1.1 400 "));
-  CHECK(absl::StartsWith(Exchange(s.http->port(), "GET metrics HTTP/1.1\r\n\r\n"),
-                         "HTTP/1.1 400 "));
+  CHECK(
+      absl::StartsWith(Exchange(s.http->port(), "GET metrics HTTP/1.1\r\n\r\n"), "HTTP/1.1 400 "));
   CHECK(absl::StartsWith(Exchange(s.http->port(), "GET /metrics SPDY/3\r\n\r\n"), "HTTP/1.1 400 "));
   const std::string huge = "GET /metrics HTTP/1.1\r\nX-Pad: " +
                            std::string(MetricsHttpServer::kMaxRequestHead + 100, 'a') + "\r\n\r\n";

@@ -1,9 +1,10 @@
 // RPC metrics on the host: bucket placement at the bounds, percentiles within the documented
 // error, exact totals under concurrent recording, the in-flight gauge, the registry's stable
 // references, and the Prometheus text read back by a strict parser (tests/rpc/prometheus_parse.h).
-#include <catch2/catch.hpp>
+#include "rpc/metrics.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
 #include <string>
@@ -13,7 +14,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "rpc/metrics.h"
 #include "tests/rpc/prometheus_parse.h"
 
 namespace {
@@ -76,8 +76,8 @@ TEST_CASE("bucket bounds run from 1 us to 100 s, readable, at most 1.28 apart", 
   CHECK(bounds.front() == 1'000);
   CHECK(bounds.back() == 100'000'000'000);
   const std::vector<int64_t> first_decade(bounds.begin(), bounds.begin() + 11);
-  CHECK(first_decade == std::vector<int64_t>{1000, 1250, 1600, 2000, 2500, 3200, 4000, 5000, 6400,
-                                             8000, 10000});
+  CHECK(first_decade ==
+        std::vector<int64_t>{1000, 1250, 1600, 2000, 2500, 3200, 4000, 5000, 6400, 8000, 10000});
   for (size_t i = 1; i < bounds.size(); ++i) {
     INFO("bound " << i);
     CHECK(bounds[i] > bounds[i - 1]);
@@ -95,8 +95,8 @@ TEST_CASE("a latency lands in the first bucket whose bound it does not exceed", 
   }
   CHECK(LatencyHistogram::BucketFor(absl::ZeroDuration()) == 0);
   CHECK(LatencyHistogram::BucketFor(absl::Nanoseconds(-5)) == 0);
-  CHECK(LatencyHistogram::BucketFor(absl::Microseconds(3)) == 5);     // (2.5, 3.2] us
-  CHECK(LatencyHistogram::BucketFor(absl::Milliseconds(64)) == 48);   // exactly 64 ms
+  CHECK(LatencyHistogram::BucketFor(absl::Microseconds(3)) == 5);    // (2.5, 3.2] us
+  CHECK(LatencyHistogram::BucketFor(absl::Milliseconds(64)) == 48);  // exactly 64 ms
   CHECK(LatencyHistogram::BucketFor(absl::Seconds(100)) == kOverflow - 1);
   CHECK(LatencyHistogram::BucketFor(absl::Seconds(101)) == kOverflow);
   CHECK(LatencyHistogram::BucketFor(absl::InfiniteDuration()) == kOverflow);
@@ -105,11 +105,11 @@ TEST_CASE("a latency lands in the first bucket whose bound it does not exceed", 
 TEST_CASE("a histogram counts each latency once and sums them exactly", "[metrics]") {
   LatencyHistogram histogram;
   histogram.Record(absl::Nanoseconds(1));
-  histogram.Record(absl::Microseconds(1));        // bucket 0, inclusive bound
-  histogram.Record(absl::Nanoseconds(1001));      // bucket 1
-  histogram.Record(absl::Seconds(150));           // overflow
-  histogram.Record(absl::Nanoseconds(-7));        // as zero
-  histogram.Record(absl::InfiniteDuration());     // overflow; sums as 24 h
+  histogram.Record(absl::Microseconds(1));     // bucket 0, inclusive bound
+  histogram.Record(absl::Nanoseconds(1001));   // bucket 1
+  histogram.Record(absl::Seconds(150));        // overflow
+  histogram.Record(absl::Nanoseconds(-7));     // as zero
+  histogram.Record(absl::InfiniteDuration());  // overflow; sums as 24 h
   const LatencySnapshot s = histogram.Snapshot();
   CHECK(s.count == 6);
   CHECK(s.counts.size() == LatencyHistogram::kNumBuckets);
@@ -130,14 +130,14 @@ TEST_CASE("percentiles interpolate within the bucket", "[metrics]") {
   CHECK(s.Percentile(0.5) == Approx(1125e-9));
   CHECK(s.Percentile(1.0) == Approx(1250e-9));
   CHECK(s.Percentile(0.0) == Approx(1000e-9));
-  CHECK(s.Percentile(7.0) == s.Percentile(1.0));    // clamped
-  CHECK(s.Percentile(-1.0) == s.Percentile(0.0));   // clamped
+  CHECK(s.Percentile(7.0) == s.Percentile(1.0));   // clamped
+  CHECK(s.Percentile(-1.0) == s.Percentile(0.0));  // clamped
   CHECK(s.Percentile(std::nan("")) == s.Percentile(0.0));
   // One sample above 100 s: the top percentile is the last bound, a lower bound.
   histogram.Record(absl::Seconds(1000));
   s = histogram.Snapshot();
   CHECK(s.Percentile(1.0) == Approx(100.0));
-  CHECK(s.Percentile(0.5) == Approx(1156.25e-9));   // rank 2.5 of 4 in the first bucket
+  CHECK(s.Percentile(0.5) == Approx(1156.25e-9));  // rank 2.5 of 4 in the first bucket
 }
 
 TEST_CASE("percentiles of known distributions are within the documented error", "[metrics]") {
@@ -326,17 +326,20 @@ TEST_CASE("the Prometheus text parses back and agrees with the snapshot", "[metr
   CHECK(text.find("zrpc_calls_started_total{") < text.find("# HELP zrpc_calls_finished_total"));
 }
 
-TEST_CASE("by default the exposition shows the bounds 1, 2, 5 of each decade, with exact "
-          "cumulative counts", "[metrics]") {
+TEST_CASE(
+    "by default the exposition shows the bounds 1, 2, 5 of each decade, with exact "
+    "cumulative counts",
+    "[metrics]") {
   Metrics metrics;
   MethodMetrics& m = metrics.ForMethod(MetricsSide::kServer, "pkg.Svc/Get");
-  m.OnFinish(absl::StatusCode::kOk, absl::Nanoseconds(1250));   // in (1 us, 1.25 us]
-  m.OnFinish(absl::StatusCode::kOk, absl::Microseconds(2));     // on a shown bound
-  m.OnFinish(absl::StatusCode::kOk, absl::Microseconds(120));   // in (100 us, 125 us]
-  m.OnFinish(absl::StatusCode::kOk, absl::Seconds(200));        // above 100 s
+  m.OnFinish(absl::StatusCode::kOk, absl::Nanoseconds(1250));  // in (1 us, 1.25 us]
+  m.OnFinish(absl::StatusCode::kOk, absl::Microseconds(2));    // on a shown bound
+  m.OnFinish(absl::StatusCode::kOk, absl::Microseconds(120));  // in (100 us, 125 us]
+  m.OnFinish(absl::StatusCode::kOk, absl::Seconds(200));       // above 100 s
   const std::string text = metrics.PrometheusText();
   const std::map<std::string, double> samples = Parse(text);
-  const std::string bucket = "zrpc_call_latency_seconds_bucket{side=\"server\",method=\"pkg.Svc/Get\",le=";
+  const std::string bucket =
+      "zrpc_call_latency_seconds_bucket{side=\"server\",method=\"pkg.Svc/Get\",le=";
   CHECK(CountLines(text, bucket) == 26);  // 8 decades x 3, then 100 s, then +Inf
   CHECK(samples.count(bucket + "\"0.00000125\"}") == 0);
   CHECK(samples.at(bucket + "\"0.000001\"}") == 0);
@@ -348,7 +351,8 @@ TEST_CASE("by default the exposition shows the bounds 1, 2, 5 of each decade, wi
   CHECK(samples.at(bucket + "\"100\"}") == 3);
   CHECK(samples.at(bucket + "\"+Inf\"}") == 4);
   // The fine exposition agrees wherever both show a bound.
-  const std::map<std::string, double> fine = Parse(metrics.PrometheusText(zrpc::ExposedBuckets::kFine));
+  const std::map<std::string, double> fine =
+      Parse(metrics.PrometheusText(zrpc::ExposedBuckets::kFine));
   CHECK(CountLines(metrics.PrometheusText(zrpc::ExposedBuckets::kFine), bucket) == 82);
   for (const auto& [series, value] : samples) {
     INFO(series);

@@ -3,9 +3,8 @@
 #ifndef ZRPC_TESTS_RPC_NUMBERS_FIXTURE_H_
 #define ZRPC_TESTS_RPC_NUMBERS_FIXTURE_H_
 
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -104,8 +103,9 @@ struct NumbersFixture {
   std::unique_ptr<zrpc::Server> server;
   std::unique_ptr<zrpc::ClientChannel> channel;
 
-  explicit NumbersFixture(const zrpc::transport::DeviceConfig& config, zrpc::ServerOptions options = {},
-                   zrpc::ChannelOptions channel_options = {}) {
+  explicit NumbersFixture(const zrpc::transport::DeviceConfig& config,
+                          zrpc::ServerOptions options = {},
+                          zrpc::ChannelOptions channel_options = {}) {
     ServeAndConnect(&service, config, std::move(options), std::move(channel_options), &server,
                     &channel);
   }

@@ -11,8 +11,8 @@ namespace zrpc {
 namespace {
 
 TEST_CASE("spin out of [0, 1s] is refused by channels and servers, naming the option") {
-  for (absl::Duration spin :
-       {absl::Microseconds(-1), absl::Seconds(1) + absl::Nanoseconds(1), absl::InfiniteDuration()}) {
+  for (absl::Duration spin : {absl::Microseconds(-1), absl::Seconds(1) + absl::Nanoseconds(1),
+                              absl::InfiniteDuration()}) {
     ChannelOptions channel_options;
     channel_options.spin = spin;
     auto channel = CreateChannel("127.0.0.1:7471", channel_options);

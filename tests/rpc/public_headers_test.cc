@@ -3,8 +3,8 @@
 // into the code that includes it: the options users set come from verbs-free headers
 // (rpc/options.h, transport/options.h). The list of headers is rpc/'s top level as the build sees
 // it (//rpc:public_headers, a glob), so a header added there is checked without editing this.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -41,8 +41,7 @@ std::string UnitFor(const std::string& header) {
 }
 
 const std::string& Compiler() {
-  static const std::string gxx =
-      "g++ -std=c++17 -Wall -Wextra -Werror -I" + Runfile("") + " ";
+  static const std::string gxx = "g++ -std=c++17 -Wall -Wextra -Werror -I" + Runfile("") + " ";
   return gxx;
 }
 
@@ -95,6 +94,7 @@ TEST_CASE("no public header includes a verbs or librdmacm header", "[public_head
   REQUIRE(Run(Compiler() + "-E -dM " + UnitFor("rpc/zrpc.h") + " | wc -l", &zrpc_macros) == 0);
   REQUIRE(Run(Compiler() + "-E -dM " + UnitFor("google/protobuf/message_lite.h") + " | wc -l",
               &protobuf_macros) == 0);
-  WARN("macros defined after #include \"rpc/zrpc.h\": " << std::stol(zrpc_macros)
+  WARN("macros defined after #include \"rpc/zrpc.h\": "
+       << std::stol(zrpc_macros)
        << "; after <google/protobuf/message_lite.h>: " << std::stol(protobuf_macros));
 }

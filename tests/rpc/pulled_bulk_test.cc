@@ -2,10 +2,9 @@
 // WIRE.md, "Pulled payloads"), on a real device (tag "rdma"; tools/test runs it inside
 // tools/softroce): both ways, byte-checked, at and past the limits, within the memory budget,
 // and with calls that end while their payload is exposed.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -18,9 +17,9 @@
 #include "absl/synchronization/notification.h"
 #include "proto/examples/object_store.zrpc.h"
 #include "rpc/channel.h"
-#include "rpc/registered_memory.h"
 #include "rpc/connection/rpc_connection.h"
 #include "rpc/connection/rpc_header.h"
+#include "rpc/registered_memory.h"
 #include "rpc/server.h"
 #include "tests/eventually.h"
 #include "tests/pattern.h"
@@ -95,8 +94,7 @@ TEST_CASE("payloads past the arena are pulled, both ways, byte-checked") {
     const zrpc::CallOptions within = Within(size > (4u << 20) ? absl::Minutes(5) : kLong);
     const std::string object = Filled(size, size);
     PutReply put;
-    absl::Status s =
-        stub.Put(Key("p"), OutgoingBulk(object.data(), size), &put, within);
+    absl::Status s = stub.Put(Key("p"), OutgoingBulk(object.data(), size), &put, within);
     INFO(s);
     REQUIRE(s.ok());
     CHECK(put.stored_bytes() == size);
@@ -115,8 +113,7 @@ TEST_CASE("payloads past the arena are pulled, both ways, byte-checked") {
     s = stub.Transform(Key("t"), OutgoingBulk(object.data(), size), &info, &reversed, within);
     INFO(s);
     REQUIRE(s.ok());
-    CHECK(FirstDifference(std::string(object.rbegin(), object.rend()), reversed.view()) ==
-          "equal");
+    CHECK(FirstDifference(std::string(object.rbegin(), object.rend()), reversed.view()) == "equal");
   }
   // Pulled straight from the caller's bytes: nothing was staged for them.
   CHECK(served.channel->stats().bulk_bytes_staged == 0);
@@ -145,8 +142,9 @@ TEST_CASE("a registered buffer larger than the arena is pulled from where it is"
   CHECK(served.channel->stats().bulk_bytes_staged == 0);
 }
 
-TEST_CASE("max_bulk_size: the limit passes, the limit + 1 fails naming the option, before any "
-          "byte moves") {
+TEST_CASE(
+    "max_bulk_size: the limit passes, the limit + 1 fails naming the option, before any "
+    "byte moves") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   constexpr size_t kLimit = 1 << 20;
   Store store;
@@ -196,8 +194,7 @@ TEST_CASE("max_pulled_bytes bounds what pulled payloads hold at once") {
   ObjectStore::Stub stub(served.channel.get());
   const std::string object = Filled(2 << 20, 4);
   PutReply put;
-  REQUIRE(stub.Put(Key("hold:a"), OutgoingBulk(object.data(), 2 << 20), &put, Within(kLong))
-              .ok());
+  REQUIRE(stub.Put(Key("hold:a"), OutgoingBulk(object.data(), 2 << 20), &put, Within(kLong)).ok());
   // 2 MiB held: another 2 MiB does not fit in 3, 1 MiB does.
   absl::Status s = stub.Put(Key("b"), OutgoingBulk(object.data(), 2 << 20), &put, Within(kLong));
   INFO(s);
@@ -212,8 +209,9 @@ TEST_CASE("max_pulled_bytes bounds what pulled payloads hold at once") {
 // Before: the call's end withdrew the payload under the server's READ, which failed, and with it
 // the server's connection and every other call on it. Now the payload stays exposed until the
 // server says it pulled it (or answers), within the channel's keepalive_timeout.
-TEST_CASE("a call given up while the server pulls its payload fails, its bytes are the caller's "
-          "once it returns, and the connection survives") {
+TEST_CASE(
+    "a call given up while the server pulls its payload fails, its bytes are the caller's "
+    "once it returns, and the connection survives") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Store store;
   zrpc::ChannelOptions channel_options;
@@ -255,12 +253,13 @@ TEST_CASE("a call given up while the server pulls its payload fails, its bytes a
   CHECK((late.empty() || late == Filled(kSize, 6)));
 }
 
-TEST_CASE("a payload the server has not pulled within the grace is withdrawn anyway: the "
-          "server's READ fails with its connection, and the channel serves again") {
+TEST_CASE(
+    "a payload the server has not pulled within the grace is withdrawn anyway: the "
+    "server's READ fails with its connection, and the channel serves again") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Store store;
   zrpc::ChannelOptions channel_options;
-  channel_options.keepalive_interval = absl::Seconds(30);  // no pings in the way
+  channel_options.keepalive_interval = absl::Seconds(30);      // no pings in the way
   channel_options.keepalive_timeout = absl::Milliseconds(50);  // the grace: shorter than the pull
   Served served(config, {&store}, {}, channel_options);
   ObjectStore::Stub stub(served.channel.get());
@@ -318,8 +317,9 @@ struct Landing {
   zrpc::RegisteredMemory memory;
 };
 
-TEST_CASE("a response payload lands straight in the caller's registered buffer, guard bands "
-          "untouched") {
+TEST_CASE(
+    "a response payload lands straight in the caller's registered buffer, guard bands "
+    "untouched") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Store store;
   Served served(config, {&store});
@@ -373,8 +373,9 @@ TEST_CASE("a payload larger than the caller's destination fails the call and wri
   CHECK(served.channel->stats().connections_lost == 0);
 }
 
-TEST_CASE("a call that ends while its answer lands in the caller's buffer returns only once "
-          "nothing writes there any more") {
+TEST_CASE(
+    "a call that ends while its answer lands in the caller's buffer returns only once "
+    "nothing writes there any more") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Store store;
   Served served(config, {&store});
@@ -435,8 +436,9 @@ TEST_CASE("a call that ends while its answer lands in the caller's buffer return
   CHECK(served.channel->stats().connections_lost == 0);
 }
 
-TEST_CASE("a response destination is refused for a method without a response payload, and from "
-          "another device") {
+TEST_CASE(
+    "a response destination is refused for a method without a response payload, and from "
+    "another device") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Store store;
   Served served(config, {&store});
@@ -452,8 +454,8 @@ TEST_CASE("a response destination is refused for a method without a response pay
   zrpc::ChannelOptions other_options;
   other_options.device = config;
   other_options.slots.slot_count = 512;  // another device object: another protection domain
-  auto other = zrpc::CreateChannel(absl::StrCat(config.addr, ":", served.server->port()),
-                                   other_options);
+  auto other =
+      zrpc::CreateChannel(absl::StrCat(config.addr, ":", served.server->port()), other_options);
   REQUIRE(other.ok());
   Landing foreign(**other, 4096);
   ObjectInfo info;
@@ -466,8 +468,9 @@ TEST_CASE("a response destination is refused for a method without a response pay
 // A client that keeps a response payload's key after it said pulled, and READs through it: the
 // server's NIC refuses (the registration was for that call only), the rogue's connection fails,
 // and everyone else is served as before.
-TEST_CASE("a peer that READs an exposed payload after saying it pulled it gets a remote access "
-          "error and loses its connection; other clients are unaffected") {
+TEST_CASE(
+    "a peer that READs an exposed payload after saying it pulled it gets a remote access "
+    "error and loses its connection; other clients are unaffected") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Store store;
   Served served(config, {&store});
@@ -491,16 +494,15 @@ TEST_CASE("a peer that READs an exposed payload after saying it pulled it gets a
       zrpc::ServiceId(ObjectStore::service_info().full_name), 1, /*call_id=*/1, 0);
   get.flags |= zrpc::kRpcFlagPullResponse;
   send(get, Key(absl::StrCat(kSize, ":", 31)).SerializeAsString());
-  REQUIRE(rogue.WaitFor([&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) {
-    return rogue.messages.size() == 1;
-  }));
+  REQUIRE(rogue.WaitFor(
+      [&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) { return rogue.messages.size() == 1; }));
   std::string answer;
   {
     absl::MutexLock lock(&rogue.mu);
     answer = rogue.messages[0];
   }
-  const auto bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(answer.data()),
-                                         answer.size());
+  const auto bytes =
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(answer.data()), answer.size());
   absl::StatusOr<zrpc::RpcHeader> header = zrpc::DecodeRpcHeader(bytes);
   REQUIRE(header.ok());
   REQUIRE(header->kind == zrpc::RpcKind::kResponse);
@@ -517,9 +519,8 @@ TEST_CASE("a peer that READs an exposed payload after saying it pulled it gets a
                                          (*local)->lkey()};
   // While exposed, the key is good: the payload is the one asked for.
   REQUIRE((*connection)->ReadBulk(into, range, 100).ok());
-  REQUIRE(rogue.WaitFor([&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) {
-    return rogue.done.count(100) == 1;
-  }));
+  REQUIRE(rogue.WaitFor(
+      [&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) { return rogue.done.count(100) == 1; }));
   {
     absl::MutexLock lock(&rogue.mu);
     REQUIRE(rogue.done[100].ok());
@@ -530,13 +531,11 @@ TEST_CASE("a peer that READs an exposed payload after saying it pulled it gets a
   // answered the payload's registration is gone.
   send(zrpc::RpcHeader::Pulled(1), "");
   send(zrpc::RpcHeader::Request(zrpc::internal::kKeepaliveServiceId, 0, /*call_id=*/2, 0), "");
-  REQUIRE(rogue.WaitFor([&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) {
-    return rogue.messages.size() == 2;
-  }));
+  REQUIRE(rogue.WaitFor(
+      [&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) { return rogue.messages.size() == 2; }));
   REQUIRE((*connection)->ReadBulk(into, range, 101).ok());
-  REQUIRE(rogue.WaitFor([&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) {
-    return rogue.closed.has_value();
-  }));
+  REQUIRE(rogue.WaitFor(
+      [&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) { return rogue.closed.has_value(); }));
   {
     absl::MutexLock lock(&rogue.mu);
     INFO(rogue.done[101]);
@@ -571,9 +570,10 @@ class PlacingStore : public ObjectStore::Service {
   std::map<std::string, std::string> objects;
 };
 
-TEST_CASE("a server places request payloads it pulls in memory it chose, read in place there; "
-          "a refusal, memory too small or from elsewhere fail the call, and every placement is "
-          "released") {
+TEST_CASE(
+    "a server places request payloads it pulls in memory it chose, read in place there; "
+    "a refusal, memory too small or from elsewhere fail the call, and every placement is "
+    "released") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   PlacingStore store;
   constexpr size_t kRegion = 8 << 20;
@@ -584,9 +584,8 @@ TEST_CASE("a server places request payloads it pulls in memory it chose, read in
   std::unique_ptr<zrpc::RegisteredMemory> memory;
   std::unique_ptr<zrpc::RegisteredMemory> foreign;
   zrpc::ServerOptions options;
-  options.place_request_payload =
-      [&](const zrpc::MethodInfo& method,
-          size_t size) -> absl::StatusOr<zrpc::PayloadPlacement> {
+  options.place_request_payload = [&](const zrpc::MethodInfo& method,
+                                      size_t size) -> absl::StatusOr<zrpc::PayloadPlacement> {
     CHECK(std::string(method.full_name) == "zrpc.examples.ObjectStore/Put");
     if (mode == 1) return absl::PermissionDeniedError("no room for you");
     placed.fetch_add(1);
@@ -635,10 +634,10 @@ TEST_CASE("a server places request payloads it pulls in memory it chose, read in
     absl::StatusCode code;
     const char* says;
   };
-  for (const Refusal& r : {Refusal{1, absl::StatusCode::kPermissionDenied, "no room for you"},
-                           Refusal{2, absl::StatusCode::kResourceExhausted, "gave 1048575 bytes"},
-                           Refusal{3, absl::StatusCode::kFailedPrecondition,
-                                   "not registered on this server"}}) {
+  for (const Refusal& r :
+       {Refusal{1, absl::StatusCode::kPermissionDenied, "no room for you"},
+        Refusal{2, absl::StatusCode::kResourceExhausted, "gave 1048575 bytes"},
+        Refusal{3, absl::StatusCode::kFailedPrecondition, "not registered on this server"}}) {
     INFO("mode " << r.mode);
     mode = r.mode;
     absl::Status s = stub.Put(Key("refused"), OutgoingBulk::Copy(big), &put, Within(kLong));
@@ -656,8 +655,9 @@ TEST_CASE("a server places request payloads it pulls in memory it chose, read in
 
 // Before: an answer (here a refusal before any READ) did not withdraw the request's exposed
 // payload; the call ended only when the grace (keepalive_timeout, 60 s here) ran out.
-TEST_CASE("a call whose pulled request the server refuses ends with the answer, not after the "
-          "grace") {
+TEST_CASE(
+    "a call whose pulled request the server refuses ends with the answer, not after the "
+    "grace") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Store store;
   zrpc::ServerOptions server_options;

@@ -71,7 +71,7 @@ class RawClient : public zrpc::transport::ConnectionHandler {
 // Sends `header` and `body` on `connection`, waiting for a send slot or a place in its queue;
 // the error once it is closed.
 inline absl::Status SendRaw(zrpc::transport::Connection& connection, const zrpc::RpcHeader& header,
-                     const std::string& body = "") {
+                            const std::string& body = "") {
   for (;;) {
     absl::StatusOr<zrpc::transport::SendBuffer> buffer = connection.AcquireSendBuffer();
     absl::Status status = buffer.status();

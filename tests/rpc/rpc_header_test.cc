@@ -1,14 +1,13 @@
 // The RPC header codec, on the host: round trips of every kind, exact bytes, and every malformed
 // header a peer could send refused by name, without reading past what it was given.
-#include <catch2/catch.hpp>
+#include "rpc/connection/rpc_header.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
-
-#include "rpc/connection/rpc_header.h"
 
 namespace {
 
@@ -74,7 +73,7 @@ uint32_t Fnv1a(const std::string& s) {
 
 TEST_CASE("every kind survives encode and decode, with bodies it may carry", "[rpc_header]") {
   for (const RpcHeader& h : OneOfEachKind()) {
-    const size_t body = HeaderOnly(h.kind) ? 0
+    const size_t body = HeaderOnly(h.kind)          ? 0
                         : h.kind == RpcKind::kError ? kMaxErrorMessage
                                                     : 4000;
     std::vector<uint8_t> bytes = Message(h, body);
@@ -90,8 +89,8 @@ TEST_CASE("every kind survives encode and decode, with bodies it may carry", "[r
 }
 
 TEST_CASE("a request's bytes are the documented little-endian layout", "[rpc_header]") {
-  RpcHeader h = RpcHeader::Request(0x11223344, 0x5566, 0x0102030405060708, 0x1122334455667788,
-                                   0x99aabbcc);
+  RpcHeader h =
+      RpcHeader::Request(0x11223344, 0x5566, 0x0102030405060708, 0x1122334455667788, 0x99aabbcc);
   const std::vector<uint8_t> expected = {
       0x01,                                            // kind: request
       0x01,                                            // flags: bulk
@@ -298,9 +297,10 @@ TEST_CASE("error bodies are bounded, truncated with a marker, and refused past t
   const RpcHeader error = RpcHeader::Error(kId, absl::StatusCode::kPermissionDenied);
   const std::string text = "not yours";
   absl::Status peer;
-  REQUIRE(DecodeErrorBody(error, absl::Span<const uint8_t>(
-                                     reinterpret_cast<const uint8_t*>(text.data()), text.size()),
-                          &peer)
+  REQUIRE(DecodeErrorBody(
+              error,
+              absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()),
+              &peer)
               .ok());
   CHECK(peer == absl::PermissionDeniedError("not yours"));
   std::vector<uint8_t> too_long(kMaxErrorMessage + 1, 'a');
@@ -315,9 +315,12 @@ TEST_CASE("ServiceId is FNV-1a 32 of the full name", "[rpc_header]") {
   static_assert(zrpc::ServiceId("") == 0x811c9dc5u);
   static_assert(zrpc::ServiceId("a") == 0xe40c292cu);
   static_assert(zrpc::ServiceId("foobar") == 0xbf9cf968u);
-  const std::vector<std::string> names = {
-      "zrpc.test.Echo", "helloworld.Greeter", "a.b.C", "x",
-      "package.with.many.parts.AndAVeryLongServiceName", "bytes\xff\x80 high"};
+  const std::vector<std::string> names = {"zrpc.test.Echo",
+                                          "helloworld.Greeter",
+                                          "a.b.C",
+                                          "x",
+                                          "package.with.many.parts.AndAVeryLongServiceName",
+                                          "bytes\xff\x80 high"};
   for (const std::string& name : names) {
     INFO(name);
     CHECK(zrpc::ServiceId(name) == Fnv1a(name));
@@ -362,8 +365,7 @@ TEST_CASE("a pull descriptor round-trips and refuses reserved bytes and other si
   CHECK(back->addr == d.addr);
   CHECK(back->rkey == d.rkey);
   bytes[15] = 1;
-  CHECK(zrpc::DecodePullDescriptor(bytes).status().code() ==
-        absl::StatusCode::kFailedPrecondition);
+  CHECK(zrpc::DecodePullDescriptor(bytes).status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK_FALSE(zrpc::DecodePullDescriptor(absl::MakeConstSpan(bytes, 15)).ok());
 }
 
@@ -438,9 +440,9 @@ TEST_CASE("a message's layout: inline body, large body, one or two ranges to pul
                                Concat({Trailer(5000), Descriptor(0x2000, 3)})));
   REQUIRE(alone.ok());
   CHECK(alone->pull_count == 1);
-  auto both = Layout(WithBody(kRpcFlagBulk | kRpcFlagPull | kRpcFlagLargeBody, 5100,
-                              Concat({Trailer(5000), Descriptor(0x2000, 3),
-                                      Descriptor(0x9000, 4)})));
+  auto both =
+      Layout(WithBody(kRpcFlagBulk | kRpcFlagPull | kRpcFlagLargeBody, 5100,
+                      Concat({Trailer(5000), Descriptor(0x2000, 3), Descriptor(0x9000, 4)})));
   REQUIRE(both.ok());
   REQUIRE(both->pull_count == 2);
   CHECK(both->pulls[0].addr == 0x2000);
@@ -452,16 +454,16 @@ TEST_CASE("a message's layout: inline body, large body, one or two ranges to pul
   };
   const uint8_t large = kRpcFlagBulk | kRpcFlagLargeBody;
   const uint8_t large_pulled = large | kRpcFlagPull;
-  CHECK(refused(WithBody(large, 5000, Trailer(0))));       // no body
-  CHECK(refused(WithBody(large, 5000, Trailer(5001))));    // past the payload
+  CHECK(refused(WithBody(large, 5000, Trailer(0))));                    // no body
+  CHECK(refused(WithBody(large, 5000, Trailer(5001))));                 // past the payload
   CHECK(refused(WithBody(large, 5000, Concat({Trailer(5000), {1}}))));  // inline bytes too
   std::vector<uint8_t> reserved = Trailer(10);
   reserved[7] = 1;
   CHECK(refused(WithBody(large, 5000, reserved)));
   // The number of descriptors follows the sizes: two needed, one given, and the reverse.
   CHECK(refused(WithBody(large_pulled, 5100, Concat({Trailer(5000), Descriptor(1, 1)}))));
-  CHECK(refused(WithBody(large_pulled, 5000,
-                         Concat({Trailer(5000), Descriptor(1, 1), Descriptor(2, 2)}))));
+  CHECK(refused(
+      WithBody(large_pulled, 5000, Concat({Trailer(5000), Descriptor(1, 1), Descriptor(2, 2)}))));
   std::vector<uint8_t> bad_descriptor = Descriptor(1, 1);
   bad_descriptor[12] = 1;
   CHECK(refused(WithBody(large_pulled, 5000, Concat({Trailer(5000), bad_descriptor}))));

@@ -36,7 +36,6 @@ using zrpc::examples::Greeter;
 using zrpc::examples::HelloReply;
 using zrpc::examples::HelloRequest;
 
-
 // Answers Get("<size>") with that many bytes of one static buffer (no copy per call).
 class BigStore : public zrpc::examples::ObjectStore::Service {
  public:
@@ -175,8 +174,9 @@ int main(int argc, char** argv) {
     return Putter(argv[2], number);
   }
   if (mode == "streamer" && argc == 3) return Streamer(argv[2]);
-  std::fprintf(stderr,
-               "usage: rpc_peer server PORT | rpc_peer client ADDR:PORT IN_FLIGHT | "
-               "rpc_peer store PORT | rpc_peer putter ADDR:PORT SIZE | rpc_peer streamer ADDR:PORT\n");
+  std::fprintf(
+      stderr,
+      "usage: rpc_peer server PORT | rpc_peer client ADDR:PORT IN_FLIGHT | "
+      "rpc_peer store PORT | rpc_peer putter ADDR:PORT SIZE | rpc_peer streamer ADDR:PORT\n");
   return 2;
 }

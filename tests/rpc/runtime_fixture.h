@@ -4,12 +4,11 @@
 #ifndef ZRPC_TESTS_RPC_RUNTIME_FIXTURE_H_
 #define ZRPC_TESTS_RPC_RUNTIME_FIXTURE_H_
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
 #include <atomic>
-#include <deque>
+#include <catch2/catch.hpp>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -220,9 +219,9 @@ struct Runtime {
   }
 
   std::string target() const {
-    return absl::StrCat(config.addr.find(':') != std::string::npos ? "[" + config.addr + "]"
-                                                                    : config.addr,
-                        ":", port_);
+    return absl::StrCat(
+        config.addr.find(':') != std::string::npos ? "[" + config.addr + "]" : config.addr, ":",
+        port_);
   }
 
   std::vector<std::string> inline_methods;

@@ -1,12 +1,12 @@
 // The RPC runtime end to end on a real device (tag "rdma"; tools/test runs it inside
 // tools/softroce): generated stubs calling generated services through Server and ClientChannel,
 // in one process. Every response is checked, every payload byte-compared.
-#include <catch2/catch.hpp>
 #include <google/protobuf/wrappers.pb.h>
 
 #include <algorithm>
-#include <deque>
 #include <atomic>
+#include <catch2/catch.hpp>
+#include <deque>
 #include <memory>
 #include <set>
 #include <string>
@@ -22,12 +22,12 @@
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "tests/eventually.h"
-#include "tests/pattern.h"
-#include "tests/rpc/runtime_fixture.h"
-#include "tests/rpc/prometheus_parse.h"
-#include "tests/rpc/scrape.h"
 #include "tests/log_capture.h"
+#include "tests/pattern.h"
 #include "tests/rdma_device.h"
+#include "tests/rpc/prometheus_parse.h"
+#include "tests/rpc/runtime_fixture.h"
+#include "tests/rpc/scrape.h"
 #include "transport/connection.h"
 #include "transport/device.h"
 #include "transport/listener.h"
@@ -146,7 +146,8 @@ TEST_CASE("10,000 calls from 4 threads with 64 in flight, every response checked
         });
       }
       absl::MutexLock lock(&mu);
-      mu.Await(absl::Condition(+[](int* n) { return *n == kPerThread; }, &finished));
+      mu.Await(absl::Condition(
+          +[](int* n) { return *n == kPerThread; }, &finished));
     });
   }
   for (auto& thread : threads) thread.join();
@@ -173,8 +174,8 @@ TEST_CASE("bulk payloads both ways, byte-checked, from 0 B to the arena size") {
     ObjectKey key;
     key.set_name(absl::StrCat("object-", size));
     PutReply put;
-    absl::Status s = stub.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put,
-                              Within(kLong));
+    absl::Status s =
+        stub.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put, Within(kLong));
     INFO(s);
     REQUIRE(s.ok());
     CHECK(put.stored_bytes() == size);
@@ -190,14 +191,15 @@ TEST_CASE("bulk payloads both ways, byte-checked, from 0 B to the arena size") {
     got.Reset();
 
     zrpc::IncomingBulk transformed;
-    s = stub.Transform(key, zrpc::OutgoingBulk(object.data(), object.size()), &info,
-                       &transformed, Within(kLong));
+    s = stub.Transform(key, zrpc::OutgoingBulk(object.data(), object.size()), &info, &transformed,
+                       Within(kLong));
     INFO(s);
     REQUIRE(s.ok());
     REQUIRE(transformed.size() == size);
     const std::string expected(object.rbegin(), object.rend());
     const auto mismatch = std::mismatch(expected.begin(), expected.end(), transformed.data());
-    INFO("first difference at byte " << (mismatch.first - expected.begin()) << "; the payload "
+    INFO("first difference at byte "
+         << (mismatch.first - expected.begin()) << "; the payload "
          << (transformed.view() == object ? "came back unreversed" : "differs from both"));
     CHECK(transformed.view() == expected);
   }
@@ -207,8 +209,8 @@ TEST_CASE("bulk payloads both ways, byte-checked, from 0 B to the arena size") {
   ObjectKey key;
   key.set_name("arena-plus-one");
   PutReply put;
-  absl::Status s = stub.Put(key, zrpc::OutgoingBulk(too_big.data(), too_big.size()), &put,
-                            Within(kLong));
+  absl::Status s =
+      stub.Put(key, zrpc::OutgoingBulk(too_big.data(), too_big.size()), &put, Within(kLong));
   INFO(s);
   CHECK(s.ok());
   CHECK(put.stored_bytes() == kArena + 1);
@@ -223,8 +225,9 @@ TEST_CASE("bulk payloads both ways, byte-checked, from 0 B to the arena size") {
 // user who raised the server's slot size saw nothing change (the client's smaller one governed).
 // Since messages larger than a slot travel as payloads, slots only decide which path a message
 // takes; max_message_size, on each side, is the limit, and an error over it names the option.
-TEST_CASE("slot sizes that differ are negotiated; a message past max_message_size fails naming "
-          "the side and the option that set it") {
+TEST_CASE(
+    "slot sizes that differ are negotiated; a message past max_message_size fails naming "
+    "the side and the option that set it") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ServerOptions server_options;
   server_options.max_message_size = 5500;
@@ -240,9 +243,10 @@ TEST_CASE("slot sizes that differ are negotiated; a message past max_message_siz
   REQUIRE(rt.channel->Connect(absl::Now() + kLong).ok());
   CHECK(rt.channel->stats().max_slot_message == 4096 - 40 - 16);  // room for a descriptor
   // Said at connect, once, naming both options.
-  REQUIRE(log.Count(zrpc::LogLevel::kWarning, "client", "its receive slots are 4096 bytes "
-                                                        "(ServerOptions::slots.slot_size), this "
-                                                        "channel's 8192") == 1);
+  REQUIRE(log.Count(zrpc::LogLevel::kWarning, "client",
+                    "its receive slots are 4096 bytes "
+                    "(ServerOptions::slots.slot_size), this "
+                    "channel's 8192") == 1);
   CHECK(log.Count(zrpc::LogLevel::kWarning, "client", "messages up to 4040 bytes go in a slot") ==
         1);
 
@@ -265,24 +269,27 @@ TEST_CASE("slot sizes that differ are negotiated; a message past max_message_siz
   s = stub.SayHello(request, &reply, Within(kLong));
   INFO(s);
   CHECK(s.code() == absl::StatusCode::kResourceExhausted);
-  CHECK(absl::StrContains(s.message(), "zrpc.examples.Greeter/SayHello: a 5603-byte request "
-                                       "exceeds the 5500 bytes ServerOptions::max_message_size"));
+  CHECK(absl::StrContains(s.message(),
+                          "zrpc.examples.Greeter/SayHello: a 5603-byte request "
+                          "exceeds the 5500 bytes ServerOptions::max_message_size"));
   CHECK(rt.greeter.hellos.load() == hellos);
   // A request that fits (5498 bytes), whose answer (5505) does not: the server says so.
   request.set_name(std::string(5495, 'a'));
   s = stub.SayHello(request, &reply, Within(kLong));
   INFO(s);
   CHECK(s.code() == absl::StatusCode::kResourceExhausted);
-  CHECK(absl::StrContains(s.message(), "zrpc.examples.Greeter/SayHello: a 5505-byte response "
-                                       "exceeds the 5500 bytes ServerOptions::max_message_size"));
+  CHECK(absl::StrContains(s.message(),
+                          "zrpc.examples.Greeter/SayHello: a 5505-byte response "
+                          "exceeds the 5500 bytes ServerOptions::max_message_size"));
 
   request.set_name("fits");
   REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
   CHECK(log.records().size() == 1);  // once per channel, not per call
 }
 
-TEST_CASE("errors: a handler's status reaches the client intact; unknown services and methods "
-          "are UNIMPLEMENTED; a request that does not parse is INVALID_ARGUMENT") {
+TEST_CASE(
+    "errors: a handler's status reaches the client intact; unknown services and methods "
+    "are UNIMPLEMENTED; a request that does not parse is INVALID_ARGUMENT") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Runtime rt(config);
   Greeter::Stub stub(rt.channel.get());
@@ -295,15 +302,17 @@ TEST_CASE("errors: a handler's status reaches the client intact; unknown service
   CHECK(s.message() == "no hello for you, \xc3\xa9l\xc3\xa8ve \xe2\x9c\x93");
 
   // A method index past the service's table.
-  static const zrpc::MethodInfo kMissing = {"zrpc.examples.Greeter/Missing", 7, false, false, false, false};
-  s = zrpc::internal::UnaryCall(rt.channel.get(), kMissing, request, zrpc::OutgoingBulk(),
-                                &reply, nullptr, Within(kLong));
+  static const zrpc::MethodInfo kMissing = {
+      "zrpc.examples.Greeter/Missing", 7, false, false, false, false};
+  s = zrpc::internal::UnaryCall(rt.channel.get(), kMissing, request, zrpc::OutgoingBulk(), &reply,
+                                nullptr, Within(kLong));
   CHECK(s.code() == absl::StatusCode::kUnimplemented);
   CHECK(absl::StrContains(s.message(), "zrpc.examples.Greeter has no method with index 7"));
   // A service the server does not have.
-  static const zrpc::MethodInfo kNoService = {"zrpc.examples.Nobody/Call", 0, false, false, false, false};
-  s = zrpc::internal::UnaryCall(rt.channel.get(), kNoService, request, zrpc::OutgoingBulk(),
-                                &reply, nullptr, Within(kLong));
+  static const zrpc::MethodInfo kNoService = {
+      "zrpc.examples.Nobody/Call", 0, false, false, false, false};
+  s = zrpc::internal::UnaryCall(rt.channel.get(), kNoService, request, zrpc::OutgoingBulk(), &reply,
+                                nullptr, Within(kLong));
   CHECK(s.code() == absl::StatusCode::kUnimplemented);
   CHECK(absl::StrContains(s.message(), "no service with id"));
   CHECK(rt.server->stats().unimplemented == 2);
@@ -323,8 +332,9 @@ TEST_CASE("errors: a handler's status reaches the client intact; unknown service
   CHECK(rt.channel->stats().connections_lost == 0);
 }
 
-TEST_CASE("deadline exceeded while the server sleeps: the late response is dropped, the server "
-          "hears the cancel, later calls are unaffected") {
+TEST_CASE(
+    "deadline exceeded while the server sleeps: the late response is dropped, the server "
+    "hears the cancel, later calls are unaffected") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Runtime rt(config);
   Greeter::Stub stub(rt.channel.get());
@@ -388,8 +398,8 @@ TEST_CASE("handlers run inline on the poller thread or on the pool, per method")
   CHECK((*server)->AddService(&greeter).code() == absl::StatusCode::kFailedPrecondition);
   zrpc::ChannelOptions channel_options;
   channel_options.device = config;
-  auto channel = zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()),
-                                     channel_options);
+  auto channel =
+      zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()), channel_options);
   REQUIRE(channel.ok());
   Greeter::Stub stub(channel->get());
   google::protobuf::Empty empty;
@@ -408,8 +418,9 @@ TEST_CASE("handlers run inline on the poller thread or on the pool, per method")
   for (auto id : inline_threads) CHECK(pool_threads.count(id) == 0);
 }
 
-TEST_CASE("Shutdown: calls in flight finish within the grace period; past it they fail "
-          "UNAVAILABLE, and nothing runs after Shutdown returns") {
+TEST_CASE(
+    "Shutdown: calls in flight finish within the grace period; past it they fail "
+    "UNAVAILABLE, and nothing runs after Shutdown returns") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Runtime rt(config);
   Greeter::Stub stub(rt.channel.get());
@@ -484,8 +495,9 @@ TEST_CASE("Shutdown: calls in flight finish within the grace period; past it the
   CHECK(absl::Now() - before < absl::Seconds(5));
 }
 
-TEST_CASE("a server that goes away fails calls UNAVAILABLE; the same channel reconnects with "
-          "backoff when it is back") {
+TEST_CASE(
+    "a server that goes away fails calls UNAVAILABLE; the same channel reconnects with "
+    "backoff when it is back") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ChannelOptions channel_options;
   channel_options.reconnect_backoff_initial = absl::Milliseconds(20);
@@ -542,8 +554,8 @@ TEST_CASE("a client that breaks the protocol is disconnected; other clients keep
   REQUIRE(poller.ok());
   REQUIRE((*poller)->Start().ok());
   Quiet quiet;
-  auto connection = zrpc::transport::Connection::Connect(**device, **poller, config.addr,
-                                                         rt.port_, &quiet, {}, kLong);
+  auto connection = zrpc::transport::Connection::Connect(**device, **poller, config.addr, rt.port_,
+                                                         &quiet, {}, kLong);
   REQUIRE(connection.ok());
   // A request header with kind 9 (reserved) and call id 0.
   auto buffer = (*connection)->AcquireSendBuffer();
@@ -626,9 +638,8 @@ class LaterGreeter : public Greeter::AsyncService {
         {
           absl::MutexLock lock(&mu_);
           mu_.Await(absl::Condition(
-              +[](LaterGreeter* g) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                return !g->queue_.empty() || g->stop_;
-              },
+              +[](LaterGreeter* g)
+                   ABSL_NO_THREAD_SAFETY_ANALYSIS { return !g->queue_.empty() || g->stop_; },
               this));
           if (queue_.empty()) return;
           call = std::move(queue_.front());
@@ -691,8 +702,9 @@ class MixedGreeter : public Greeter::Service {
   std::vector<std::unique_ptr<PendingPing>> held ABSL_GUARDED_BY(mu);
 };
 
-TEST_CASE("a Service mixing forms per method: blocking calls are answered while the same "
-          "service holds async calls, which another thread finishes later") {
+TEST_CASE(
+    "a Service mixing forms per method: blocking calls are answered while the same "
+    "service holds async calls, which another thread finishes later") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   MixedGreeter greeter;
   zrpc::testing::Served served(config, {&greeter});
@@ -743,8 +755,8 @@ TEST_CASE("async handlers finish calls later from another thread, inline or pool
   REQUIRE((*server)->Start().ok());
   zrpc::ChannelOptions channel_options;
   channel_options.device = config;
-  auto channel = zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()),
-                                     channel_options);
+  auto channel =
+      zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()), channel_options);
   REQUIRE(channel.ok());
   Greeter::Stub stub(channel->get());
 
@@ -795,8 +807,9 @@ TEST_CASE("async handlers finish calls later from another thread, inline or pool
 // and its message together) race here with payloads, both ways, on one connection, from
 // several callers and the handler pool. A message slipped between a pair would give one call
 // another's payload, or fail the connection as a protocol violation.
-TEST_CASE("plain calls and payload calls racing on one connection keep every payload with its "
-          "call, both ways") {
+TEST_CASE(
+    "plain calls and payload calls racing on one connection keep every payload with its "
+    "call, both ways") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Runtime rt(config);
   constexpr int kThreads = 4;
@@ -816,9 +829,9 @@ TEST_CASE("plain calls and payload calls racing on one connection keep every pay
         const std::string object =
             Pattern(1 + (t * 977 + i * 131) % 4096, static_cast<uint32_t>(t * kRounds + i));
         zrpc::IncomingBulk transformed;
-        const absl::Status s = store.Transform(
-            zrpc::testing::Key("k"), zrpc::OutgoingBulk(object.data(), object.size()), &info,
-            &transformed, Within(kLong));
+        const absl::Status s = store.Transform(zrpc::testing::Key("k"),
+                                               zrpc::OutgoingBulk(object.data(), object.size()),
+                                               &info, &transformed, Within(kLong));
         if (!s.ok() || transformed.view() != std::string(object.rbegin(), object.rend())) {
           ++failures;
         }
@@ -853,18 +866,16 @@ TEST_CASE("metrics: the Prometheus text parses and agrees with the calls made") 
   }));
 
   for (bool server_side : {false, true}) {
-    const std::string text =
-        server_side ? rt.server->metrics().PrometheusText() : rt.channel->metrics().PrometheusText();
+    const std::string text = server_side ? rt.server->metrics().PrometheusText()
+                                         : rt.channel->metrics().PrometheusText();
     INFO(text);
     auto parsed = zrpc::testing::ParsePrometheusText(text);
     INFO(parsed.status());
     REQUIRE(parsed.ok());
-    const std::string labels =
-        absl::StrCat("side=\"", server_side ? "server" : "client",
-                     "\",method=\"zrpc.examples.Greeter/SayHello\"");
+    const std::string labels = absl::StrCat("side=\"", server_side ? "server" : "client",
+                                            "\",method=\"zrpc.examples.Greeter/SayHello\"");
     auto at = [&](const std::string& name, const std::string& extra = "") {
-      const std::string key =
-          absl::StrCat(name, "{", labels, extra.empty() ? "" : ",", extra, "}");
+      const std::string key = absl::StrCat(name, "{", labels, extra.empty() ? "" : ",", extra, "}");
       INFO(key);
       REQUIRE(parsed->count(key) == 1);
       return parsed->at(key);
@@ -887,8 +898,9 @@ TEST_CASE("metrics: the Prometheus text parses and agrees with the calls made") 
   static_cast<void>(sizes_request);
 }
 
-TEST_CASE("metrics over HTTP: a server with metrics_address is scraped by curl at /metrics, "
-          "method metrics and server stats, which promtool and the strict parser accept") {
+TEST_CASE(
+    "metrics over HTTP: a server with metrics_address is scraped by curl at /metrics, "
+    "method metrics and server stats, which promtool and the strict parser accept") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ServerOptions options;
   options.metrics_address = "127.0.0.1:0";
@@ -905,8 +917,7 @@ TEST_CASE("metrics over HTTP: a server with metrics_address is scraped by curl a
                              "method=\"zrpc.examples.Greeter/SayHello\",code=\"OK\"} 5\n");
   }));
 
-  const std::string url =
-      absl::StrCat("http://127.0.0.1:", rt.server->metrics_port(), "/metrics");
+  const std::string url = absl::StrCat("http://127.0.0.1:", rt.server->metrics_port(), "/metrics");
   zrpc::testing::HttpResponse r = zrpc::testing::Curl(url);
   INFO(r.headers);
   REQUIRE(r.curl_exit == 0);
@@ -967,8 +978,9 @@ class Mute : public zrpc::transport::AcceptHandler {
   std::vector<std::shared_ptr<zrpc::transport::Connection>> connections_;
 };
 
-TEST_CASE("keepalives: a server that stops answering fails the calls waiting on it, UNAVAILABLE, "
-          "within interval + timeout") {
+TEST_CASE(
+    "keepalives: a server that stops answering fails the calls waiting on it, UNAVAILABLE, "
+    "within interval + timeout") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   auto device = zrpc::transport::Device::Open(config);
   REQUIRE(device.ok());
@@ -983,8 +995,7 @@ TEST_CASE("keepalives: a server that stops answering fails the calls waiting on 
   options.device = config;
   options.keepalive_interval = absl::Milliseconds(200);
   options.keepalive_timeout = absl::Milliseconds(300);
-  auto channel =
-      zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*listener)->port()), options);
+  auto channel = zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*listener)->port()), options);
   REQUIRE(channel.ok());
   Greeter::Stub stub(channel->get());
   HelloRequest request;
@@ -1005,8 +1016,9 @@ TEST_CASE("keepalives: a server that stops answering fails the calls waiting on 
   (*poller)->Shutdown();
 }
 
-TEST_CASE("keepalives do not close a connection whose answers wait for arena space the client "
-          "holds") {
+TEST_CASE(
+    "keepalives do not close a connection whose answers wait for arena space the client "
+    "holds") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   constexpr size_t kPayload = 64 << 10;
   zrpc::ChannelOptions channel_options;
@@ -1019,8 +1031,8 @@ TEST_CASE("keepalives do not close a connection whose answers wait for arena spa
   ObjectKey key;
   key.set_name("held");
   PutReply put;
-  REQUIRE(stub.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put, Within(kLong))
-              .ok());
+  REQUIRE(
+      stub.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put, Within(kLong)).ok());
 
   ObjectInfo first_info;
   zrpc::IncomingBulk first;

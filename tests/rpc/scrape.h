@@ -32,8 +32,8 @@ inline CommandResult RunCommand(const std::string& command, const std::string& i
 
 struct HttpResponse {
   int curl_exit = -1;
-  int status = 0;         // the HTTP status code
-  std::string headers;    // as received
+  int status = 0;       // the HTTP status code
+  std::string headers;  // as received
   std::string body;
 };
 
@@ -41,8 +41,8 @@ struct HttpResponse {
 inline HttpResponse Curl(const std::string& url, const std::string& args = "") {
   const std::string head = TmpDir() + "/curl-head", body = TmpDir() + "/curl-body";
   HttpResponse r;
-  CommandResult run = RunCommand(absl::StrCat("curl -sS --max-time 10 ", args, " -D ", head,
-                                              " -o ", body, " -w '%{http_code}' '", url, "'"));
+  CommandResult run = RunCommand(absl::StrCat("curl -sS --max-time 10 ", args, " -D ", head, " -o ",
+                                              body, " -w '%{http_code}' '", url, "'"));
   r.curl_exit = run.exit_code;
   r.status = std::atoi(run.output.c_str());
   r.headers = ReadFile(head);

@@ -4,9 +4,8 @@
 // (registered) memory stays flat after the warm-up; LeakSanitizer finds nothing at exit (ASan
 // run). Figures are printed at the end. ZRPC_SOAK_SECONDS sets the length (default 30 s):
 //   tools/test --test_env=ZRPC_SOAK_SECONDS=600 --test_filter=...   (tests/README.md, "Soak")
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -280,8 +279,9 @@ class Soak {
   std::vector<std::unique_ptr<Record>> records_ ABSL_GUARDED_BY(mu_);
 };
 
-TEST_CASE("soak: mixed traffic with expiring deadlines, cancels and a server restart; every call "
-          "ends once, registered memory stays flat") {
+TEST_CASE(
+    "soak: mixed traffic with expiring deadlines, cancels and a server restart; every call "
+    "ends once, registered memory stays flat") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   int seconds = 30;
   if (const char* env = std::getenv("ZRPC_SOAK_SECONDS"); env != nullptr) {

@@ -1,9 +1,8 @@
 // Streaming rpcs end to end on a device (tag "rdma"): each kind, order over 100,000 messages,
 // the final status both ways, cancel, deadline, per-stream flow control beside unary calls, the
 // stream limits, and messages past a slot.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -72,7 +71,7 @@ TEST_CASE("client streaming: the sum of what was written, after the half-close",
       REQUIRE(writer.Write(number));
     }
     CHECK(writer.WritesDone());
-    CHECK_FALSE(writer.WritesDone());  // once
+    CHECK_FALSE(writer.WritesDone());   // once
     CHECK_FALSE(writer.Write(number));  // closed
     const absl::Status status = writer.Finish();
     INFO(status);
@@ -205,8 +204,7 @@ TEST_CASE("a server that fails mid-stream: its status reaches the reader", "[str
   CHECK(zrpc::testing::Eventually([&] { return f.server->stats().streams_open == 0; }));
 }
 
-TEST_CASE("a client that cancels mid-stream: both ends stop and free the stream",
-          "[streaming]") {
+TEST_CASE("a client that cancels mid-stream: both ends stop and free the stream", "[streaming]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Fixture f(config);
   Numbers::Stub stub(f.channel.get());
@@ -297,8 +295,8 @@ TEST_CASE("a cancel that finds every send slot taken still reaches the server, l
     }
   });
   // Until the caller is stuck, with more than the 40 slots' worth out.
-  const uint64_t in_flight = zrpc_test::WaitUntilStuck(
-      [&] { return f.channel->stats().calls_in_flight; }, 40, kLong);
+  const uint64_t in_flight =
+      zrpc_test::WaitUntilStuck([&] { return f.channel->stats().calls_in_flight; }, 40, kLong);
   INFO("calls in flight: " << in_flight);
   REQUIRE(in_flight < 1 + kCalls);
   reader.Cancel();
@@ -373,8 +371,7 @@ TEST_CASE("a reader that stops holds back its own stream, not unary calls beside
   CHECK(count == 10'000);
 }
 
-TEST_CASE("streams past max_streams_per_connection are refused, naming the option",
-          "[streaming]") {
+TEST_CASE("streams past max_streams_per_connection are refused, naming the option", "[streaming]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ServerOptions options;
   options.max_streams_per_connection = 2;
@@ -409,8 +406,7 @@ TEST_CASE("streams past max_streams_per_connection are refused, naming the optio
   CHECK(again.Finish().ok());
 }
 
-TEST_CASE("stream messages at and past each size limit: a slot, the peer's arena",
-          "[streaming]") {
+TEST_CASE("stream messages at and past each size limit: a slot, the peer's arena", "[streaming]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Fixture f(config);
   Numbers::Stub stub(f.channel.get());
@@ -425,8 +421,8 @@ TEST_CASE("stream messages at and past each size limit: a slot, the peer's arena
     REQUIRE(slot > 16);
     // A Number of pad p (and a value of 2 varint bytes) is p + 6 bytes: p = slot - 6 fills the
     // slot exactly, slot - 5 is the first that travels as a large body.
-    for (uint64_t size : {slot - 7, slot - 6, slot - 5, slot, uint64_t{64} << 10,
-                          uint64_t{arena} - 8}) {
+    for (uint64_t size :
+         {slot - 7, slot - 6, slot - 5, slot, uint64_t{64} << 10, uint64_t{arena} - 8}) {
       INFO(size);
       number.set_value(size);
       number.set_pad(std::string(size, static_cast<char>('a' + size % 26)));
@@ -504,8 +500,8 @@ TEST_CASE("a peer past its stream's window, or writing where nobody reads, is cu
   SECTION("messages past the window the server granted") {
     // It grants the server one message; the handler echoes one, then waits for credit and
     // stops reading, so the server's grant stops at its window (16) plus what it read.
-    REQUIRE(SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kDoubleIndex, 1, 0, 1))
-                .ok());
+    REQUIRE(
+        SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kDoubleIndex, 1, 0, 1)).ok());
     for (int i = 0; i < 300 && (*connection)->open(); ++i) {
       static_cast<void>(
           SendRaw(**connection, zrpc::RpcHeader::StreamMessage(1), number.SerializeAsString()));
@@ -520,8 +516,8 @@ TEST_CASE("a peer past its stream's window, or writing where nobody reads, is cu
         SendRaw(**connection, zrpc::RpcHeader::StreamMessage(1), number.SerializeAsString()));
   }
   SECTION("a second half-close") {
-    REQUIRE(SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kDoubleIndex, 1, 0, 1))
-                .ok());
+    REQUIRE(
+        SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kDoubleIndex, 1, 0, 1)).ok());
     static_cast<void>(SendRaw(**connection, zrpc::RpcHeader::HalfClose(1)));
     static_cast<void>(SendRaw(**connection, zrpc::RpcHeader::HalfClose(1)));
   }
@@ -552,20 +548,17 @@ TEST_CASE("a peer that opens thousands of streams and never reads holds its 16, 
   const std::string request = Counting(1'000'000).SerializeAsString();
   for (uint64_t id = 1; id <= kOpens; ++id) {
     REQUIRE(zrpc::testing::Eventually([&] { return id - raw.received() <= 64; }));
-    const absl::Status sent =
-        SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kCountIndex, id, 0, 1),
-                request);
+    const absl::Status sent = SendRaw(
+        **connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kCountIndex, id, 0, 1), request);
     INFO("open " << id << ": " << sent << "; " << (*connection)->DebugString()
-                  << (raw.closed.HasBeenNotified() ? "; closed" : ""));
+                 << (raw.closed.HasBeenNotified() ? "; closed" : ""));
     REQUIRE(sent.ok());
   }
   CHECK(zrpc::testing::Eventually([&] {
-    return raw.Count(zrpc::RpcKind::kError, absl::StatusCode::kResourceExhausted) ==
-           kOpens - limit;
+    return raw.Count(zrpc::RpcKind::kError, absl::StatusCode::kResourceExhausted) == kOpens - limit;
   }));
-  CHECK(zrpc::testing::Eventually([&] {
-    return raw.Count(zrpc::RpcKind::kStreamMessage) == limit;
-  }));
+  CHECK(
+      zrpc::testing::Eventually([&] { return raw.Count(zrpc::RpcKind::kStreamMessage) == limit; }));
   CHECK(f.server->stats().streams_open == static_cast<uint64_t>(limit));
   CHECK(f.server->stats().streams_refused == static_cast<uint64_t>(kOpens - limit));
   // Another client on its own connection streams and calls as usual meanwhile.

@@ -1,9 +1,8 @@
 // Teardown at its edges, on a real device (tag "rdma"; run under ASan by tools/test --asan,
 // which is what catches a touch of freed memory here): handles that outlive what made them,
 // channels destroyed from their own callbacks, calls finished while the server shuts down.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <deque>
 #include <memory>
 #include <string>
@@ -46,8 +45,8 @@ TEST_CASE("a response payload released after its channel and the server are dest
     ObjectKey key;
     key.set_name("kept");
     PutReply put;
-    REQUIRE(stub.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put, Within(kLong))
-                .ok());
+    REQUIRE(
+        stub.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put, Within(kLong)).ok());
     ObjectInfo info;
     REQUIRE(stub.Get(key, &info, &kept, Within(kLong)).ok());
     REQUIRE(kept.size() == object.size());
@@ -79,8 +78,8 @@ class KeepingStore : public ObjectStore::Service {
                    zrpc::OutgoingBulk*) override {
     return absl::UnimplementedError("Get");
   }
-  absl::Status Transform(zrpc::ServerContext&, const ObjectKey&, zrpc::IncomingBulk,
-                         ObjectInfo*, zrpc::OutgoingBulk*) override {
+  absl::Status Transform(zrpc::ServerContext&, const ObjectKey&, zrpc::IncomingBulk, ObjectInfo*,
+                         zrpc::OutgoingBulk*) override {
     return absl::UnimplementedError("Transform");
   }
   absl::Status Stat(zrpc::ServerContext&, const ObjectKey&, ObjectInfo*) override {
@@ -108,8 +107,7 @@ TEST_CASE("request payloads a handler kept, released after the server is destroy
       ObjectKey key;
       key.set_name(absl::StrCat("object ", i));
       PutReply put;
-      REQUIRE(stub.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put,
-                       Within(kLong))
+      REQUIRE(stub.Put(key, zrpc::OutgoingBulk(object.data(), object.size()), &put, Within(kLong))
                   .ok());
     }
     kept = store.Take();
@@ -123,8 +121,9 @@ TEST_CASE("request payloads a handler kept, released after the server is destroy
 }
 
 // Before: the destructor joined the thread it ran on (std::thread throws, the process aborts).
-TEST_CASE("a channel destroyed from one of its own callbacks: no abort, the other calls end "
-          "CANCELLED") {
+TEST_CASE(
+    "a channel destroyed from one of its own callbacks: no abort, the other calls end "
+    "CANCELLED") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Runtime rt(config);
   auto channel = std::move(rt.channel);
@@ -158,8 +157,9 @@ TEST_CASE("a channel destroyed from one of its own callbacks: no abort, the othe
 // Before: Finish deleted the call, then decremented the server's count of calls and then
 // locked the server's mutex to wake Shutdown; a Shutdown that saw the count reach zero could
 // return, and the server be destroyed, in between.
-TEST_CASE("calls finished from the service's own threads while Shutdown waits for them, then "
-          "the server destroyed at once, 10 rounds") {
+TEST_CASE(
+    "calls finished from the service's own threads while Shutdown waits for them, then "
+    "the server destroyed at once, 10 rounds") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   for (int round = 0; round < 10; ++round) {
     INFO("round " << round);

@@ -2,9 +2,8 @@
 // device (tag "rdma"; tools/test runs it inside tools/softroce): sent with no copy, counted
 // apart from staged bytes, byte-checked; and a call never ends while the runtime may still read
 // its payload, whether the payload was staged, deferred or zero-copy.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -137,8 +136,7 @@ TEST_CASE("unregistered bytes are staged, and counted as staged") {
   ObjectStore::Stub stub(served.channel.get());
   const std::string bytes = zrpc::testing::Filled(10000, 3);
   PutReply reply;
-  REQUIRE(stub.Put(Key("b"), OutgoingBulk(bytes.data(), bytes.size()), &reply, Within(kLong))
-              .ok());
+  REQUIRE(stub.Put(Key("b"), OutgoingBulk(bytes.data(), bytes.size()), &reply, Within(kLong)).ok());
   CHECK(store.object("b") == bytes);
   const zrpc::ChannelStats stats = served.channel->stats();
   CHECK(stats.bulk_bytes_staged == bytes.size());
@@ -162,15 +160,14 @@ TEST_CASE("a response payload from the server's registered memory is sent with n
   absl::Status s = stub.Get(Key(absl::StrCat(1000, ":", 150000)), &info, &got, Within(kLong));
   INFO(s);
   REQUIRE(s.ok());
-  CHECK(got.view() == absl::string_view(reinterpret_cast<const char*>(bytes.data()) + 1000,
-                                        150000));
+  CHECK(got.view() ==
+        absl::string_view(reinterpret_cast<const char*>(bytes.data()) + 1000, 150000));
   got.Reset();
   // The server counts the payload and releases it when its WRITE's completion reaches the
   // server's poller, which may be after the client has the answer (sent behind the WRITE, but
   // acknowledged on its own): wait for it.
   CHECK(zrpc::testing::Eventually([&] {
-    return served.server->stats().bulk_bytes_zero_copy == 150000 &&
-           store.get_releases.load() == 1;
+    return served.server->stats().bulk_bytes_zero_copy == 150000 && store.get_releases.load() == 1;
   }));
   const zrpc::ServerStats stats = served.server->stats();
   CHECK(stats.bulk_bytes_zero_copy == 150000);
@@ -192,8 +189,8 @@ TEST_CASE("RegisteredMemory::Bulk refuses ranges outside the registration") {
   std::vector<uint8_t> bytes(8192);
   absl::StatusOr<RegisteredMemory> memory = served.channel->RegisterMemory(bytes.data(), 8192);
   REQUIRE(memory.ok());
-  CHECK(memory->Bulk(0, 8192).ok());     // all of it
-  CHECK(memory->Bulk(8191, 1).ok());     // the last byte
+  CHECK(memory->Bulk(0, 8192).ok());  // all of it
+  CHECK(memory->Bulk(8191, 1).ok());  // the last byte
   for (auto [offset, size] : std::vector<std::pair<size_t, size_t>>{
            {0, 8193}, {8191, 2}, {8192, 1}, {0, 0}, {1, SIZE_MAX}, {SIZE_MAX, 2}}) {
     absl::StatusOr<OutgoingBulk> bulk = memory->Bulk(offset, size);
@@ -216,13 +213,12 @@ TEST_CASE("memory registered on another device is staged, with one warning") {
   zrpc::ChannelOptions other_options;
   other_options.device = config;
   other_options.slots.slot_count = 512;
-  absl::StatusOr<std::unique_ptr<zrpc::ClientChannel>> other = zrpc::CreateChannel(
-      absl::StrCat(config.addr, ":", served.server->port()), other_options);
+  absl::StatusOr<std::unique_ptr<zrpc::ClientChannel>> other =
+      zrpc::CreateChannel(absl::StrCat(config.addr, ":", served.server->port()), other_options);
   REQUIRE(other.ok());
   std::vector<uint8_t> bytes(5000);
   Fill(bytes.data(), bytes.size(), 5);
-  absl::StatusOr<RegisteredMemory> memory =
-      (*other)->RegisterMemory(bytes.data(), bytes.size());
+  absl::StatusOr<RegisteredMemory> memory = (*other)->RegisterMemory(bytes.data(), bytes.size());
   REQUIRE(memory.ok());
   zrpc::testing::LogCapture log(zrpc::LogLevel::kWarning);
   ObjectStore::Stub stub(served.channel.get());
@@ -299,8 +295,9 @@ zrpc::ServerOptions OneArenaServer() {
   return options;
 }
 
-TEST_CASE("a call whose zero-copy payload waits for the server's arena ends at its deadline, "
-          "payload taken back first") {
+TEST_CASE(
+    "a call whose zero-copy payload waits for the server's arena ends at its deadline, "
+    "payload taken back first") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Store store;
   Served served(config, {&store}, OneArenaServer());
@@ -339,16 +336,16 @@ TEST_CASE("a call whose zero-copy payload waits for the server's arena ends at i
   CHECK(served.channel->stats().bulk_bytes_zero_copy == 2 * kPayload);
 }
 
-TEST_CASE("a call whose staged payload waits behind the connection's quota ends at its "
-          "deadline, payload released first") {
+TEST_CASE(
+    "a call whose staged payload waits behind the connection's quota ends at its "
+    "deadline, payload released first") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Store store;
   Served served(config, {&store}, OneArenaServer());
   ObjectStore::Stub stub(served.channel.get());
   const std::string bytes = zrpc::testing::Filled(kPayload, 17);
   PutReply reply;
-  REQUIRE(stub.Put(Key("hold"), OutgoingBulk(bytes.data(), kPayload), &reply, Within(kLong))
-              .ok());
+  REQUIRE(stub.Put(Key("hold"), OutgoingBulk(bytes.data(), kPayload), &reply, Within(kLong)).ok());
   // The second is staged and its WRITE waits for the arena, holding the connection's staging
   // quota (one arena's worth); the third waits for the quota, its bytes still the caller's.
   Outcome second;

@@ -1,12 +1,12 @@
 // The receive-arena ring on the host: a writer and a reader run the same placement rule, the
 // reader refuses every placement the rule does not allow, releases in any order free space in
 // ring order, and payloads as large as the arena fit once it is empty.
+#include "transport/arena.h"
+
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <deque>
 #include <vector>
-
-#include "transport/arena.h"
 
 namespace {
 using zrpc::transport::ArenaReader;
@@ -129,9 +129,7 @@ TEST_CASE("the reader refuses placements the ring rule does not allow", "[arena]
     REQUIRE(r.OnArrival(0, 64).ok());
     CHECK(!r.OnArrival(0, 64).ok());
   }
-  SECTION("the reserved immediate bit") {
-    CHECK(!r.OnArrival(1u << 30, 64).ok());
-  }
+  SECTION("the reserved immediate bit") { CHECK(!r.OnArrival(1u << 30, 64).ok()); }
   SECTION("a refused arrival leaves the state as it was") {
     CHECK(!r.OnArrival(128, 64).ok());
     CHECK(r.OnArrival(0, 64).ok());

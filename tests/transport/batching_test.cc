@@ -3,9 +3,8 @@
 // released by returning credits leaves in chains, and Flush/Probe still find the peer behind an
 // unsignalled tail. Counted with the connection's own stats (work requests, signalled,
 // doorbells), which count what was handed to ibv_post_send.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -103,9 +102,10 @@ class DoubleReleaser : public ConnectionHandler {
   uint64_t next_ = 0;  // the poller's only
 };
 
-TEST_CASE("a message given back twice from its handler is logged and posted again once, and "
-          "traffic goes on intact",
-          "[rdma][transport]") {
+TEST_CASE(
+    "a message given back twice from its handler is logged and posted again once, and "
+    "traffic goes on intact",
+    "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::testing::LogCapture log(zrpc::LogLevel::kError);
   constexpr uint64_t kMessages = 200;
@@ -136,9 +136,10 @@ TEST_CASE("a message given back twice from its handler is logged and posted agai
 
 }  // namespace
 
-TEST_CASE("a ping-pong of messages sent without a token signals one in kSignalInterval, and "
-          "Flush and Probe still get a completion behind the unsignalled tail",
-          "[rdma][transport]") {
+TEST_CASE(
+    "a ping-pong of messages sent without a token signals one in kSignalInterval, and "
+    "Flush and Probe still get a completion behind the unsignalled tail",
+    "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   constexpr int kRounds = 200;
   constexpr uint32_t kSize = 64;
@@ -151,7 +152,8 @@ TEST_CASE("a ping-pong of messages sent without a token signals one in kSignalIn
   const ConnectionStats server_before = pair.server->stats();
   for (int i = 0; i < kRounds; ++i) {
     REQUIRE(SendUnreported(*pair.client, Filled(kSize, i)).ok());
-    REQUIRE(client_handler.WaitFor([&] { return client_handler.message_count == uint64_t(i + 1); }));
+    REQUIRE(
+        client_handler.WaitFor([&] { return client_handler.message_count == uint64_t(i + 1); }));
   }
   CHECK(server_handler.failures == 0);
   const ConnectionStats client = pair.client->stats();
@@ -207,9 +209,9 @@ TEST_CASE("the answers handlers send during a batch of requests leave in one doo
   std::thread driver([&] {
     while (!accepted) (*manual)->RunOnce(absl::Milliseconds(1));
   });
-  auto client = Connection::Connect(*setup.device, *setup.client_poller,
-                                    setup.device->selection().addr, setup.listener->port(),
-                                    &client_handler, {}, kTimeout);
+  auto client =
+      Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                          setup.listener->port(), &client_handler, {}, kTimeout);
   auto server = setup.accepts->Next(kTimeout);
   accepted = true;
   driver.join();
@@ -257,8 +259,10 @@ TEST_CASE("the answers handlers send during a batch of requests leave in one doo
     }
   }
   (*server)->Close();
-  for (int i = 0; i < 100 && !server_handler.WaitFor([&] { return server_handler.closed.has_value(); },
-                                                    absl::ZeroDuration()); ++i) {
+  for (int i = 0;
+       i < 100 && !server_handler.WaitFor([&] { return server_handler.closed.has_value(); },
+                                          absl::ZeroDuration());
+       ++i) {
     (*manual)->RunOnce(absl::Milliseconds(10));
   }
   server->reset();
@@ -300,9 +304,10 @@ TEST_CASE("a window that waited for credits leaves in chains as they come back, 
   for (int i = 0; i < kMessages; ++i) CHECK(server_handler.messages[i] == Filled(200, i));
 }
 
-TEST_CASE("a message someone waits on, followed in one chain by one nobody waits on, still gets "
-          "its completion without more traffic",
-          "[rdma][transport]") {
+TEST_CASE(
+    "a message someone waits on, followed in one chain by one nobody waits on, still gets "
+    "its completion without more traffic",
+    "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Recorder server_handler, client_handler;
   Setup setup(config);
@@ -326,8 +331,8 @@ TEST_CASE("a message someone waits on, followed in one chain by one nobody waits
   for (uint64_t handle : held) REQUIRE(pair.server->Release(handle).ok());
   REQUIRE(server_handler.WaitFor([&] { return server_handler.message_count == 9; }));
   // No traffic follows: OnSendDone(99) comes from the chain's own signalled completion, or never.
-  CHECK(client_handler.WaitFor([&] { return client_handler.done.count(99) == 1; },
-                               absl::Seconds(5)));
+  CHECK(
+      client_handler.WaitFor([&] { return client_handler.done.count(99) == 1; }, absl::Seconds(5)));
   absl::MutexLock lock(&client_handler.mu);
   CHECK(client_handler.done.size() == 1);
 }

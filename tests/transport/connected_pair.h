@@ -3,9 +3,8 @@
 #ifndef ZRPC_TESTS_TRANSPORT_CONNECTED_PAIR_H_
 #define ZRPC_TESTS_TRANSPORT_CONNECTED_PAIR_H_
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -66,9 +65,9 @@ inline Pair ConnectPair(Setup& setup, transport::ConnectionHandler* server_handl
   listen.connection = server_options;
   setup.Listen(listen);
   setup.accepts->Use(setup.server_poller.get(), server_handler);
-  auto client = Connection::Connect(*setup.device, *setup.client_poller,
-                                    setup.device->selection().addr, setup.listener->port(),
-                                    client_handler, client_options, kTimeout);
+  auto client =
+      Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                          setup.listener->port(), client_handler, client_options, kTimeout);
   INFO("client: " << client.status());
   REQUIRE(client.ok());
   auto server = setup.accepts->Next(kTimeout);
@@ -89,10 +88,10 @@ inline absl::Status SendBytes(Connection& c, const std::string& payload, uint64_
   for (;;) {
     if (absl::Now() > deadline) {
       ConnectionStats st = c.stats();
-      return absl::DeadlineExceededError(absl::StrCat(
-          "send stalled: sent ", st.messages_sent, ", received ", st.messages_received,
-          ", credit frames ", st.credit_frames_sent, ", waited ", st.waited, "; ",
-          c.DebugString()));
+      return absl::DeadlineExceededError(
+          absl::StrCat("send stalled: sent ", st.messages_sent, ", received ", st.messages_received,
+                       ", credit frames ", st.credit_frames_sent, ", waited ", st.waited, "; ",
+                       c.DebugString()));
     }
     auto buffer = c.AcquireSendBuffer();
     if (buffer.status().code() == absl::StatusCode::kResourceExhausted) {

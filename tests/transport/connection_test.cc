@@ -2,14 +2,15 @@
 // device selection, connect/accept, SEND and bulk WRITE_WITH_IMM with content checked, credits
 // under load with the NIC's RNR counters, handshake refusals, a peer killed mid-stream, and the
 // event-mode poller sleeping and waking.
+#include "transport/connection.h"
+
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 
-#include <catch2/catch.hpp>
-
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -18,11 +19,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/pattern.h"
-#include "tests/transport/connected_pair.h"
 #include "tests/rdma_device.h"
+#include "tests/transport/connected_pair.h"
 #include "tests/transport/recorder.h"
 #include "transport/cm_util.h"
-#include "transport/connection.h"
 #include "transport/device.h"
 #include "transport/listener.h"
 #include "transport/poller.h"
@@ -36,14 +36,14 @@ using namespace zrpc::transport;  // NOLINT: a test of this namespace
 using zrpc::testing::AcceptQueue;
 using zrpc::testing::ConnectPair;
 using zrpc::testing::DevicePollers;
+using zrpc::testing::Fill;
+using zrpc::testing::Filled;
 using zrpc::testing::kTimeout;
 using zrpc::testing::Pair;
+using zrpc::testing::Recorder;
 using zrpc::testing::SendBytes;
 using zrpc::testing::Setup;
 using zrpc::testing::SlotsInUse;
-using zrpc::testing::Fill;
-using zrpc::testing::Filled;
-using zrpc::testing::Recorder;
 
 // A counter of the device's port (hw_counters in sysfs); -1 if the device has none.
 int64_t PortCounter(const DeviceSelection& sel, const std::string& name) {
@@ -84,9 +84,10 @@ TEST_CASE("zero-config selection picks the harness's device, RoCE v2 GID and add
   CHECK(SelectDevice(missing).status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_CASE("SENDs of 0 B, 1 B, max-inline and slot size arrive intact, with the inline size "
-          "asked for and with one the device refuses",
-          "[rdma][transport]") {
+TEST_CASE(
+    "SENDs of 0 B, 1 B, max-inline and slot size arrive intact, with the inline size "
+    "asked for and with one the device refuses",
+    "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   // 1 MiB is past every device's inline limit: the request is halved until one is granted.
   const uint32_t requested = GENERATE(220u, 1u << 20);
@@ -168,8 +169,10 @@ TEST_CASE("bulk WRITE_WITH_IMM of 4 KiB, 1 MiB and a full arena lands intact",
         absl::StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("a bulk write still waiting for arena space is withdrawn with its message, and only "
-          "then", "[rdma][transport]") {
+TEST_CASE(
+    "a bulk write still waiting for arena space is withdrawn with its message, and only "
+    "then",
+    "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   constexpr uint32_t kArena = 64 * 1024;
   Recorder server_handler, client_handler;
@@ -225,8 +228,10 @@ TEST_CASE("a bulk write still waiting for arena space is withdrawn with its mess
   CHECK_FALSE(server_handler.closed.has_value());
 }
 
-TEST_CASE("ReadBulk pulls a range the peer exposed, in pieces of the port's largest message, "
-          "and a range no longer exposed fails the connection", "[rdma][transport]") {
+TEST_CASE(
+    "ReadBulk pulls a range the peer exposed, in pieces of the port's largest message, "
+    "and a range no longer exposed fails the connection",
+    "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Recorder server_handler, client_handler;
   Setup setup(config);
@@ -260,8 +265,7 @@ TEST_CASE("ReadBulk pulls a range the peer exposed, in pieces of the port's larg
   const uint32_t head = 1000;
   const uint32_t tail = size - head;
   const Connection::ReadPart parts[] = {
-      {BulkSource{sink.data(), tail, (*local)->lkey()},
-       RemoteRange{range.addr + head, range.rkey}},
+      {BulkSource{sink.data(), tail, (*local)->lkey()}, RemoteRange{range.addr + head, range.rkey}},
       {BulkSource{sink.data() + tail, 0, (*local)->lkey()}, range},
       {BulkSource{sink.data() + tail, head, (*local)->lkey()}, range},
   };
@@ -384,13 +388,14 @@ TEST_CASE("10,000 messages each way stay within credits, in order, with no RNR",
   }
   for (auto* c : {pair.client.get(), pair.server.get()}) {
     ConnectionStats stats = c->stats();
-    std::printf("stats: sent %lu, received %lu, credit frames %lu, waited %lu, "
-                "max credits in use %u of %u\n",
-                static_cast<unsigned long>(stats.messages_sent),
-                static_cast<unsigned long>(stats.messages_received),
-                static_cast<unsigned long>(stats.credit_frames_sent),
-                static_cast<unsigned long>(stats.waited), stats.max_credits_in_use,
-                stats.peer_recv_credits);
+    std::printf(
+        "stats: sent %lu, received %lu, credit frames %lu, waited %lu, "
+        "max credits in use %u of %u\n",
+        static_cast<unsigned long>(stats.messages_sent),
+        static_cast<unsigned long>(stats.messages_received),
+        static_cast<unsigned long>(stats.credit_frames_sent),
+        static_cast<unsigned long>(stats.waited), stats.max_credits_in_use,
+        stats.peer_recv_credits);
     CHECK(stats.messages_sent == kMessages);
     CHECK(stats.messages_received == kMessages);
     CHECK(stats.max_credits_in_use <= stats.peer_recv_credits);
@@ -409,9 +414,10 @@ TEST_CASE("10,000 messages each way stay within credits, in order, with no RNR",
   }
 }
 
-TEST_CASE("an answer that gives back the message it answers carries that message's credit, "
-          "even when the answer is refused",
-          "[rdma][transport]") {
+TEST_CASE(
+    "an answer that gives back the message it answers carries that message's credit, "
+    "even when the answer is refused",
+    "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Recorder server_handler, client_handler;
   server_handler.hold = true;  // the test answers, with ReleaseAndSend
@@ -437,9 +443,8 @@ TEST_CASE("an answer that gives back the message it answers carries that message
     Fill(buffer->data, 32, handle);
     REQUIRE(pair.server->ReleaseAndSend(handle, *buffer, 32).ok());
     CHECK(pair.server->Release(handle).code() == absl::StatusCode::kFailedPrecondition);
-    REQUIRE(client_handler.WaitFor([&] {
-      return client_handler.message_count == static_cast<uint64_t>(round + 1);
-    }));
+    REQUIRE(client_handler.WaitFor(
+        [&] { return client_handler.message_count == static_cast<uint64_t>(round + 1); }));
     // The client gives its answer back from this thread, before its next request, which then
     // carries the credit: released on the poller, the release would be applied at the end of
     // its batch and could miss that request, and two owed would make a credit frame.
@@ -476,8 +481,7 @@ TEST_CASE("an answer that gives back the message it answers carries that message
   pair.server->Close();
   absl::StatusOr<SendBuffer> closed = pair.server->AcquireSendBuffer();
   if (closed.ok()) {  // a closed connection may refuse the buffer already
-    CHECK(pair.server->ReleaseAndSend(handle, *closed, 8).code() ==
-          absl::StatusCode::kUnavailable);
+    CHECK(pair.server->ReleaseAndSend(handle, *closed, 8).code() == absl::StatusCode::kUnavailable);
   } else {
     static_cast<void>(pair.server->Release(handle));
   }
@@ -558,8 +562,7 @@ TEST_CASE("AcquireSendBuffer's leave_free keeps that many of max_send_slots for 
     REQUIRE(buffer.ok());
     held.push_back(*buffer);
   }
-  CHECK(pair.client->AcquireSendBuffer().status().code() ==
-        absl::StatusCode::kResourceExhausted);
+  CHECK(pair.client->AcquireSendBuffer().status().code() == absl::StatusCode::kResourceExhausted);
   for (const SendBuffer& buffer : held) pair.client->ReleaseSendBuffer(buffer);
   held.clear();
   // Asking to leave everything free still leaves one slot to that kind.
@@ -594,8 +597,8 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
   for (const Case& c : cases) {
     INFO(c.name);
     setup.accepts->Use(setup.server_poller.get(), &handler);
-    absl::Status client = RawConnect(setup.device->selection().addr, setup.listener->port(),
-                                     c.hello);
+    absl::Status client =
+        RawConnect(setup.device->selection().addr, setup.listener->port(), c.hello);
     auto accepted = setup.accepts->Next(kTimeout);
     std::printf("%s: server says \"%s\"; client sees \"%s\"\n", c.name,
                 std::string(accepted.status().message()).c_str(),
@@ -623,8 +626,8 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
     CqOwner cq;
     CmQpOwner qp;
     std::thread raw_server([&] {
-      auto request = ExpectCmEvent(channel.get(), RDMA_CM_EVENT_CONNECT_REQUEST,
-                                   absl::Now() + kTimeout);
+      auto request =
+          ExpectCmEvent(channel.get(), RDMA_CM_EVENT_CONNECT_REQUEST, absl::Now() + kTimeout);
       if (!request.ok()) return;
       rdma_cm_id* id = (*request)->id;
       rdma_ack_cm_event(*request);
@@ -633,9 +636,9 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
       rdma_conn_param param = ConnParam(bad.data(), static_cast<uint8_t>(bad.size()), 0, 0);
       rdma_accept(id, &param);
     });
-    auto client = Connection::Connect(*setup.device, *setup.client_poller,
-                                      setup.device->selection().addr, port, &client_handler, {},
-                                      kTimeout);
+    auto client =
+        Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                            port, &client_handler, {}, kTimeout);
     raw_server.join();
     std::printf("client refusing the server: %s\n", client.status().ToString().c_str());
     CHECK(client.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -651,8 +654,10 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
   }
 }
 
-TEST_CASE("a peer killed mid-stream fails its connection and every outstanding operation, "
-          "and other connections keep working", "[rdma][transport]") {
+TEST_CASE(
+    "a peer killed mid-stream fails its connection and every outstanding operation, "
+    "and other connections keep working",
+    "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Recorder handler, s2, c2;
   Setup setup(config);
@@ -744,8 +749,8 @@ TEST_CASE("a poller refuses a spin out of [0, 1s]", "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   auto device = Device::Open(config);
   REQUIRE(device.ok());
-  for (absl::Duration spin : {absl::Nanoseconds(-1), absl::Seconds(1) + absl::Nanoseconds(1),
-                              absl::InfiniteDuration()}) {
+  for (absl::Duration spin :
+       {absl::Nanoseconds(-1), absl::Seconds(1) + absl::Nanoseconds(1), absl::InfiniteDuration()}) {
     PollerOptions options = DevicePollers::EventMode();
     options.spin = spin;
     auto poller = Poller::Create(**device, options);
@@ -797,8 +802,10 @@ TEST_CASE("an event-mode poller polls for its spin after traffic, then sleeps",
 // lost by a client whose poller happened to see the hang-up first. The client's poller is
 // stopped here while the server sends more messages than one poll pass takes (16) and hangs
 // up; driven by hand afterwards, its first pass handles the disconnect after only 16 of them.
-TEST_CASE("messages that arrived before the peer's orderly disconnect are delivered, even when "
-          "the disconnect is seen first", "[rdma][transport]") {
+TEST_CASE(
+    "messages that arrived before the peer's orderly disconnect are delivered, even when "
+    "the disconnect is seen first",
+    "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Recorder server_handler, client_handler;
   Setup setup(config);
@@ -828,17 +835,20 @@ TEST_CASE("messages that arrived before the peer's orderly disconnect are delive
 // Before: a connect whose deadline ran out between resolving the address and the route passed
 // a timeout of 0 to rdma_resolve_route, which the kernel refuses with EINVAL, and the channel
 // took the deadline for a broken server (UNAVAILABLE, then backoff for every other call).
-TEST_CASE("a connect whose deadline passes while resolving fails DEADLINE_EXCEEDED, never with "
-          "the kernel's EINVAL", "[rdma][transport]") {
+TEST_CASE(
+    "a connect whose deadline passes while resolving fails DEADLINE_EXCEEDED, never with "
+    "the kernel's EINVAL",
+    "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Recorder server_handler, client_handler;
   Setup setup(config);
   setup.accepts->Use(setup.server_poller.get(), &server_handler);
-  for (absl::Duration timeout : {absl::Nanoseconds(1), absl::Microseconds(50), absl::Microseconds(200)}) {
+  for (absl::Duration timeout :
+       {absl::Nanoseconds(1), absl::Microseconds(50), absl::Microseconds(200)}) {
     INFO(absl::FormatDuration(timeout));
-    auto client = Connection::Connect(*setup.device, *setup.client_poller,
-                                      setup.device->selection().addr, setup.listener->port(),
-                                      &client_handler, {}, timeout);
+    auto client =
+        Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                            setup.listener->port(), &client_handler, {}, timeout);
     if (client.ok()) continue;  // fast enough after all
     INFO(client.status());
     CHECK(client.status().code() == absl::StatusCode::kDeadlineExceeded);

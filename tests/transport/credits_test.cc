@@ -1,9 +1,9 @@
 // Credit accounting on the host: the reserved credit, piggybacked and explicit returns, refusal of
 // a peer that returns more than it was given, and a simulated pair of peers that never deadlocks.
+#include "transport/credits.h"
+
 #include <catch2/catch.hpp>
 #include <deque>
-
-#include "transport/credits.h"
 
 using zrpc::transport::CreditAccount;
 
@@ -29,7 +29,8 @@ TEST_CASE("a peer returning credits it was never given is a protocol error", "[c
   CHECK(account.available() == 8);
 }
 
-TEST_CASE("owed credits ride on frames, and a credit frame is due at half the window", "[credits]") {
+TEST_CASE("owed credits ride on frames, and a credit frame is due at half the window",
+          "[credits]") {
   CreditAccount account(8, 8);
   for (int i = 0; i < 3; ++i) account.OnDataRecvReposted();
   CHECK_FALSE(account.ShouldSendUpdate());
@@ -81,7 +82,7 @@ namespace {
 struct Peer {
   CreditAccount credits;
   int to_send;
-  bool bulk;  // sends bulk writes: they consume credits but carry no credits back
+  bool bulk;               // sends bulk writes: they consume credits but carry no credits back
   std::deque<bool> inbox;  // true: data frame, false: credit frame; each carries returned credits
   std::deque<uint16_t> returned;
 };
@@ -124,8 +125,7 @@ bool RunPair(uint32_t window, int want_a, int want_b, bool a_bulk = false, bool 
 }
 }  // namespace
 
-TEST_CASE("two peers exchanging data one way or both ways never deadlock on credits",
-          "[credits]") {
+TEST_CASE("two peers exchanging data one way or both ways never deadlock on credits", "[credits]") {
   for (uint32_t window : {4u, 5u, 8u, 64u}) {
     INFO("window " << window);
     CHECK(RunPair(window, 10000, 0));

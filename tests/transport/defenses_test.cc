@@ -3,8 +3,8 @@
 // retries, a peer sending beyond its credits, a peer that never returns credits, hundreds of
 // idle connections, and the limits that refuse the rest. Each case ends by showing that a fresh
 // client is still served and that the server holds nothing for the peers that are gone.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -96,8 +96,7 @@ struct Server : zrpc::testing::DevicePollers {
   std::unique_ptr<Listener> listener;
   std::vector<std::shared_ptr<Connection>> accepted;
 
-  Server(const DeviceConfig& config, const ListenerOptions& options = {})
-      : DevicePollers(config) {
+  Server(const DeviceConfig& config, const ListenerOptions& options = {}) : DevicePollers(config) {
     accepts = std::make_unique<AcceptQueue>(server_poller.get(), echo.get());
     auto l = Listener::Create(*device, "", 0, accepts.get(), options);
     INFO(l.status());
@@ -112,9 +111,7 @@ struct Server : zrpc::testing::DevicePollers {
     client_poller.reset();
   }
 
-  uint32_t SlotsInUse() const {
-    return device->slots().slot_count() - device->slots().available();
-  }
+  uint32_t SlotsInUse() const { return device->slots().slot_count() - device->slots().available(); }
 
   // Waits until `done` holds, polling (the listener and pollers work on their own threads).
   static bool Eventually(const std::function<bool()>& done, absl::Duration timeout = kTimeout) {
@@ -192,10 +189,10 @@ TEST_CASE("peers that hang up during or right after the handshake leave nothing 
     return server.listener->connections() == 0 &&
            server.accepted.size() + server.accepts->refusals().size() == kPeers;
   }));
-  std::printf("hang-up storm: %zu accepted and closed, %zu refused or abandoned; "
-              "connections now %u\n",
-              server.accepted.size(), server.accepts->refusals().size(),
-              server.listener->connections());
+  std::printf(
+      "hang-up storm: %zu accepted and closed, %zu refused or abandoned; "
+      "connections now %u\n",
+      server.accepted.size(), server.accepts->refusals().size(), server.listener->connections());
   CHECK(server.accepted.size() + server.accepts->refusals().size() == kPeers);
   CHECK(server.echo->closed().size() == server.accepted.size());
   for (auto& c : server.accepted) CHECK_FALSE(c->open());
@@ -246,8 +243,8 @@ TEST_CASE("a peer asking for infinite RNR retries is refused with the reason",
   RawPeer greedy;
   RawPeer::Options options;
   options.rnr_retry = 7;
-  absl::Status s = greedy.Connect(server.device->selection().addr, server.listener->port(),
-                                  options);
+  absl::Status s =
+      greedy.Connect(server.device->selection().addr, server.listener->port(), options);
   std::printf("infinite RNR retries: %s\n", s.ToString().c_str());
   CHECK(s.code() == absl::StatusCode::kUnavailable);
   CHECK(s.message().find("RNR retry count 7") != absl::string_view::npos);
@@ -318,7 +315,8 @@ TEST_CASE("a peer that never returns credits holds at most max_send_slots of the
     REQUIRE(miser.Send(FrameKind::kData, give, 16).ok());
     peak = std::max(peak, server.SlotsInUse() - slots_before);
   }
-  REQUIRE(Server::Eventually([&] { return server.echo->messages() == static_cast<uint64_t>(sent); }));
+  REQUIRE(
+      Server::Eventually([&] { return server.echo->messages() == static_cast<uint64_t>(sent); }));
   std::printf("miser: %d messages, %lu echoes refused (%s); pool slots held at peak %u\n", sent,
               static_cast<unsigned long>(server.echo->send_errors()),
               server.echo->last_send_error().c_str(), peak);
@@ -347,9 +345,9 @@ TEST_CASE("a server with default options takes 256 idle connections and still se
   std::vector<std::shared_ptr<Connection>> clients;
   for (int i = 0; i < kIdle; ++i) {
     handlers.push_back(std::make_unique<Recorder>());
-    auto c = Connection::Connect(*server.device, *server.client_poller,
-                                 server.device->selection().addr, server.listener->port(),
-                                 handlers.back().get(), light, kTimeout);
+    auto c =
+        Connection::Connect(*server.device, *server.client_poller, server.device->selection().addr,
+                            server.listener->port(), handlers.back().get(), light, kTimeout);
     INFO("connection " << i << ": " << c.status());
     REQUIRE(c.ok());
     clients.push_back(*c);
@@ -363,11 +361,11 @@ TEST_CASE("a server with default options takes 256 idle connections and still se
   uint32_t client_slots = kIdle * (light.recv_credits + 1);
   double per_connection =
       static_cast<double>(server.SlotsInUse() - slots_before - client_slots) / kIdle;
-  std::printf("256 idle connections: %.1f server pool slots each (%zu KiB), pool %zu -> %zu MiB "
-              "registered, plus a %u KiB arena each\n",
-              per_connection, static_cast<size_t>(per_connection * 4), registered_before >> 20,
-              server.device->slots().registered_bytes() >> 20,
-              ConnectionOptions{}.arena_size >> 10);
+  std::printf(
+      "256 idle connections: %.1f server pool slots each (%zu KiB), pool %zu -> %zu MiB "
+      "registered, plus a %u KiB arena each\n",
+      per_connection, static_cast<size_t>(per_connection * 4), registered_before >> 20,
+      server.device->slots().registered_bytes() >> 20, ConnectionOptions{}.arena_size >> 10);
   CHECK(per_connection == Approx(ConnectionOptions{}.recv_credits + 1));
   // One more, that calls, is served; so are the first and the last of the idle ones.
   CHECK(server.FreshClientEcho().ok());
@@ -401,15 +399,15 @@ TEST_CASE("past max_connections and max_connections_per_peer a peer is refused: 
       REQUIRE(c.ok());
       clients.push_back(*c);
     }
-    auto refused = Connection::Connect(*server.device, *server.client_poller,
-                                       server.device->selection().addr, server.listener->port(),
-                                       &handler, {}, kTimeout);
+    auto refused =
+        Connection::Connect(*server.device, *server.client_poller, server.device->selection().addr,
+                            server.listener->port(), &handler, {}, kTimeout);
     std::printf("a fourth client: %s\n", refused.status().ToString().c_str());
     CHECK(refused.status().code() == absl::StatusCode::kUnavailable);
     CHECK(refused.status().message().find("server full") != absl::string_view::npos);
-    CHECK(refused.status().message().find(per_peer ? "max_connections_per_peer"
-                                                   : "(max_connections)") !=
-          absl::string_view::npos);
+    CHECK(refused.status().message().find(per_peer
+                                              ? "max_connections_per_peer"
+                                              : "(max_connections)") != absl::string_view::npos);
     // A place comes back when a connection closes.
     clients.back()->Close();
     clients.pop_back();

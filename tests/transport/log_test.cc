@@ -1,9 +1,10 @@
 // The library's log: levels, the application's sink, the default sink's line, ZRPC_LOG_LEVEL.
-#include <catch2/catch.hpp>
+#include "transport/log.h"
 
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -12,7 +13,6 @@
 #include <vector>
 
 #include "tests/log_capture.h"
-#include "transport/log.h"
 
 namespace {
 
@@ -43,8 +43,8 @@ std::string CaptureStderr(Fn fn) {
 }  // namespace
 
 TEST_CASE("level names parse in any case, and nothing else does") {
-  for (LogLevel level : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning, LogLevel::kError,
-                         LogLevel::kOff}) {
+  for (LogLevel level :
+       {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning, LogLevel::kError, LogLevel::kOff}) {
     std::string name(zrpc::LogLevelName(level));
     CHECK(zrpc::ParseLogLevel(name) == level);
     for (char& c : name) c = static_cast<char>(std::tolower(c));
@@ -79,8 +79,9 @@ TEST_CASE("quiet by default: only errors, from ZRPC_LOG_LEVEL when set, a bad va
   zrpc::SetLogLevel(LogLevel::kError);
 }
 
-TEST_CASE("the sink gets the records at and above the level, with their component; the text "
-          "of the others is never built") {
+TEST_CASE(
+    "the sink gets the records at and above the level, with their component; the text "
+    "of the others is never built") {
   LogCapture capture(LogLevel::kWarning);
   int built = 0;
   auto text = [&built](const char* s) {
@@ -121,8 +122,9 @@ TEST_CASE("the default sink writes one line per record to stderr; an empty sink 
   CHECK(err == "zrpc ERROR server: closing the connection to 10.0.0.1:7: bad frame\n");
 }
 
-TEST_CASE("records from many threads while the sink is replaced: each reaches one sink, none is "
-          "lost, and a replaced sink is never called after SetLogSink returns") {
+TEST_CASE(
+    "records from many threads while the sink is replaced: each reaches one sink, none is "
+    "lost, and a replaced sink is never called after SetLogSink returns") {
   zrpc::SetLogLevel(LogLevel::kInfo);
   std::atomic<int> delivered{0};
   std::atomic<int> retired{-1};  // every sink of a generation <= this was replaced

@@ -28,7 +28,7 @@ class RawPeer {
     uint32_t claimed_credits = 16;  // what its Hello claims
     uint32_t posted_recvs = 16;     // RECVs it really posts (and re-posts as they complete)
     uint8_t rnr_retry = transport::kRnrRetryCount;
-    std::vector<uint8_t> hello;     // sent as is instead of a Hello built from the above
+    std::vector<uint8_t> hello;  // sent as is instead of a Hello built from the above
   };
   static constexpr uint32_t kSlot = 4096;
 
@@ -85,9 +85,9 @@ class RawPeer {
     if (!finish) return absl::OkStatus();
     auto event = transport::ExpectCmEvent(channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
     if (!event.ok()) return event.status();
-    auto server = transport::DecodeHello(absl::MakeConstSpan(
-        static_cast<const uint8_t*>((*event)->param.conn.private_data),
-        (*event)->param.conn.private_data_len));
+    auto server = transport::DecodeHello(
+        absl::MakeConstSpan(static_cast<const uint8_t*>((*event)->param.conn.private_data),
+                            (*event)->param.conn.private_data_len));
     rdma_ack_cm_event(*event);
     established_ = true;
     if (!server.ok()) return server.status();
@@ -169,9 +169,9 @@ class RawPeer {
     }
   }
 
-  uint64_t credit_frames = 0;     // credit frames received
-  uint64_t data_frames = 0;       // data frames received
-  uint64_t credits_returned = 0;  // credits the other side returned in them
+  uint64_t credit_frames = 0;      // credit frames received
+  uint64_t data_frames = 0;        // data frames received
+  uint64_t credits_returned = 0;   // credits the other side returned in them
   std::vector<uint8_t> last_data;  // the payload of the last data frame received
 
  private:

@@ -22,9 +22,9 @@ using transport::Connection;
 // Records every report; releases what it receives at once unless `hold` is set.
 class Recorder : public transport::ConnectionHandler {
  public:
-  bool hold = false;            // keep received messages (handles in held) instead of releasing
-  bool hold_bulks = false;      // keep received bulk payloads (handles in held_bulks)
-  bool keep_bytes = true;       // copy each message's bytes into messages
+  bool hold = false;        // keep received messages (handles in held) instead of releasing
+  bool hold_bulks = false;  // keep received bulk payloads (handles in held_bulks)
+  bool keep_bytes = true;   // copy each message's bytes into messages
   // Called for each message, before it is released (for checks without copying).
   std::function<void(const uint8_t*, uint32_t)> on_message;
 

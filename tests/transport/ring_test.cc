@@ -3,7 +3,6 @@
 #include "transport/ring.h"
 
 #include <catch2/catch.hpp>
-
 #include <deque>
 
 #include "tests/counting_new.h"
@@ -45,7 +44,7 @@ TEST_CASE("a ring keeps FIFO order through growth and wrap-around, like a deque"
 TEST_CASE("erasing a range keeps the rest in order, also across the wrap") {
   Ring<Item> ring;
   for (uint64_t i = 0; i < 12; ++i) ring.push_back(Item{i});
-  for (int i = 0; i < 10; ++i) ring.pop_front();  // head near the end of 16 slots
+  for (int i = 0; i < 10; ++i) ring.pop_front();               // head near the end of 16 slots
   for (uint64_t i = 12; i < 20; ++i) ring.push_back(Item{i});  // wraps
   // 10..19; erase 13 and 14 (a write and its message).
   ring.erase(3, 5);

@@ -1,12 +1,14 @@
 // SlotPool on the host (no device, memory not registered, every lkey 0): O(1) allocation in
 // address order, growth in chunks up to the cap, exhaustion and failed growth reported, double
 // frees caught, and no slot handed to two owners under threads while the pool grows.
+#include "transport/slot_pool.h"
+
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -17,7 +19,6 @@
 #include <vector>
 
 #include "tests/skip.h"
-#include "transport/slot_pool.h"
 
 namespace {
 using zrpc::transport::SlotPool;
@@ -47,7 +48,7 @@ TEST_CASE("a slot pool hands out every slot once, then reports it is empty", "[s
   for (uint32_t i = 0; i < 8; ++i) {
     uint32_t slot = pool->Allocate();
     REQUIRE(slot != SlotPool::kNoSlot);
-    CHECK(slot == i);  // a fresh pool goes in address order
+    CHECK(slot == i);              // a fresh pool goes in address order
     CHECK(pool->lkey(slot) == 0);  // not registered without a protection domain
     seen.insert(slot);
     CHECK(pool->IndexOf(pool->data(slot) + 127) == slot);
@@ -242,13 +243,12 @@ TEST_CASE("a pool that fails to grow says why, and grows on a later try", "[slot
   CHECK(pool->growth_error().code() == absl::StatusCode::kResourceExhausted);  // kept
 }
 
-TEST_CASE("threads allocating and freeing while the pool grows never share a slot",
-          "[slot_pool]") {
+TEST_CASE("threads allocating and freeing while the pool grows never share a slot", "[slot_pool]") {
   constexpr int kThreads = 8;
-  constexpr uint32_t kHold = 32;                   // slots each thread holds at most
-  constexpr uint32_t kMax = kThreads * kHold;      // so Allocate may never fail
+  constexpr uint32_t kHold = 32;               // slots each thread holds at most
+  constexpr uint32_t kMax = kThreads * kHold;  // so Allocate may never fail
   constexpr int kRounds = 4000;
-  constexpr int kPools = 10;                       // fresh pools: growth races again each time
+  constexpr int kPools = 10;  // fresh pools: growth races again each time
   for (int round = 0; round < kPools; ++round) {
     auto pool = MakePool(64, 4, kMax);  // 64 chunks of 4 slots
     // owner[i]: the thread holding slot i, plus one; 0 when free. Each owner also stamps the

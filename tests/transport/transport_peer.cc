@@ -40,9 +40,9 @@ int main(int argc, char** argv) {
   Silent handler;
   ConnectionOptions options;
   options.recv_credits = static_cast<uint32_t>(std::atoi(argv[3]));
-  auto connection = Connection::Connect(**device, **poller, argv[1],
-                                        static_cast<uint16_t>(std::atoi(argv[2])), &handler,
-                                        options, absl::Seconds(60));
+  auto connection =
+      Connection::Connect(**device, **poller, argv[1], static_cast<uint16_t>(std::atoi(argv[2])),
+                          &handler, options, absl::Seconds(60));
   if (!connection.ok()) {
     std::fprintf(stderr, "transport_peer: %s\n", connection.status().ToString().c_str());
     return 1;

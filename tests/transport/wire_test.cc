@@ -1,10 +1,10 @@
 // The transport's wire format, on the host: round trips, exact bytes, and every malformed input
 // the decoder must refuse without reading past what it was given.
+#include "transport/wire.h"
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <vector>
-
-#include "transport/wire.h"
 
 namespace {
 

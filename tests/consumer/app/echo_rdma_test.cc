@@ -2,7 +2,6 @@
 // device, with nothing but the public API and default options: the device comes from the
 // environment (tools/softroce sets ZRPC_RDMA_*), the server listens on any free port.
 #include <catch2/catch.hpp>
-
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,8 +55,8 @@ TEST_CASE("a workspace using @zrpc serves and calls over the RDMA device", "[con
   REQUIRE((*server)->AddService(&impl).ok());
   REQUIRE((*server)->Start().ok());
 
-  auto channel = zrpc::CreateChannel(
-      (*server)->address() + ":" + std::to_string((*server)->port()), zrpc::ChannelOptions{});
+  auto channel = zrpc::CreateChannel((*server)->address() + ":" + std::to_string((*server)->port()),
+                                     zrpc::ChannelOptions{});
   INFO(channel.status());
   REQUIRE(channel.ok());
   consumer::Echo::Stub stub(channel->get());
