@@ -56,7 +56,7 @@
 namespace zrpc {
 
 namespace internal {
-class ChannelCore;
+class ChannelImpl;
 }
 
 struct ChannelStats {
@@ -123,8 +123,8 @@ class ClientChannel final : public Channel {
                                                google::protobuf::MessageLite* response,
                                                const CallOptions& options) override;
 
-  explicit ClientChannel(std::unique_ptr<internal::ChannelCore> core);
-  std::unique_ptr<internal::ChannelCore> core_;
+  explicit ClientChannel(std::unique_ptr<internal::ChannelImpl> core);
+  std::unique_ptr<internal::ChannelImpl> impl_;
   const std::chrono::nanoseconds blocking_spin_;  // ChannelOptions::spin
 };
 

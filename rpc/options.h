@@ -77,7 +77,7 @@ struct ChannelOptions {
   absl::Duration keepalive_interval = absl::Seconds(1);
   absl::Duration keepalive_timeout = absl::Seconds(2);
   // Messages of the server's a stream holds unread before the server must wait (per-stream
-  // flow control: rpc/stream/stream_core.h); at least 1. Memory per stream: this many parsed
+  // flow control: rpc/stream/stream_state.h); at least 1. Memory per stream: this many parsed
   // messages.
   uint16_t stream_window = 16;
 };
@@ -108,7 +108,7 @@ struct ServerOptions {
   // stream past either is refused with RESOURCE_EXHAUSTED naming the option. An AsyncService's
   // streaming handlers need no thread: they count against max_streams_per_connection only.
   // stream_window: messages of the client's a stream holds unread before the client must wait
-  // (per-stream flow control, rpc/stream/stream_core.h). Each at least 1.
+  // (per-stream flow control, rpc/stream/stream_state.h). Each at least 1.
   int max_streams_per_connection = 16;
   int max_streams = 256;
   uint16_t stream_window = 16;

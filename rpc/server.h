@@ -51,7 +51,7 @@
 namespace zrpc {
 
 namespace internal {
-class ServerCore;
+class ServerImpl;
 }
 
 struct ServerStats {
@@ -124,10 +124,10 @@ class Server {
   uint16_t metrics_port() const;
 
  private:
-  Server(std::unique_ptr<internal::ServerCore> core, std::string metrics_address);
-  std::unique_ptr<internal::ServerCore> core_;
+  Server(std::unique_ptr<internal::ServerImpl> core, std::string metrics_address);
+  std::unique_ptr<internal::ServerImpl> impl_;
   const std::string metrics_address_;
-  // After core_, so that it stops (and renders no more) before the core goes.
+  // After impl_, so that it stops (and renders no more) before the core goes.
   mutable absl::Mutex metrics_mu_;
   std::unique_ptr<MetricsHttpServer> metrics_http_ ABSL_GUARDED_BY(metrics_mu_);
 };

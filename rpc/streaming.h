@@ -1,6 +1,6 @@
 // Streaming rpcs: the typed readers and writers generated code hands to callers and handlers,
 // and the templates its stubs and dispatch call. Wire format: rpc/WIRE.md, "Streams";
-// flow control: rpc/stream/stream_core.h.
+// flow control: rpc/stream/stream_state.h.
 //
 //   rpc ListFeatures(Rectangle) returns (stream Feature);     // server streaming
 //   rpc RecordRoute(stream Point) returns (RouteSummary);     // client streaming

@@ -1,4 +1,4 @@
-// ClientChannel (rpc/channel.h) and ChannelCore: target and options, connections made on demand
+// ClientChannel (rpc/channel.h) and ChannelImpl: target and options, connections made on demand
 // with backoff, the timer thread, and the Channel calls generated stubs make.
 
 #include "rpc/channel.h"
@@ -92,15 +92,15 @@ struct TicketDeleter {
 
 }  // namespace
 
-class ChannelCore final : public ClientConnectionOwner {
+class ChannelImpl final : public ClientConnectionOwner {
  public:
-  ChannelCore(std::string target, std::string host, uint16_t port, const ChannelOptions& options)
+  ChannelImpl(std::string target, std::string host, uint16_t port, const ChannelOptions& options)
       : target_(std::move(target)),
         host_(std::move(host)),
         port_(port),
         options_(options),
         subchannels_(options.connections) {}
-  ~ChannelCore();
+  ~ChannelImpl();
 
   absl::Status Init();
   absl::StatusOr<std::shared_ptr<ClientConnection>> Pick(absl::Time deadline);
@@ -115,7 +115,7 @@ class ChannelCore final : public ClientConnectionOwner {
 
   // ClientConnectionOwner.
   StagingPool& staging() override { return *staging_; }
-  std::shared_ptr<PullBudget> pulls() override { return pulls_; }
+  std::shared_ptr<ReceiveLimits> receive_limits() override { return receive_limits_; }
   void DeadlineAdded(absl::Time deadline) override;
   void CountLateResponse() override { late_.fetch_add(1, std::memory_order_relaxed); }
   void ConnectionClosed(ClientConnection* connection, bool violation) override;
@@ -150,7 +150,7 @@ class ChannelCore final : public ClientConnectionOwner {
   const ChannelOptions options_;
   std::shared_ptr<transport::Device> device_;
   std::unique_ptr<StagingPool> staging_;
-  std::shared_ptr<PullBudget> pulls_;
+  std::shared_ptr<ReceiveLimits> receive_limits_;
   // Shared with received payloads users still hold (rpc_connection.h).
   std::vector<std::shared_ptr<transport::Poller>> pollers_;
   std::vector<Subchannel> subchannels_;
@@ -201,14 +201,15 @@ class ChannelCore final : public ClientConnectionOwner {
   std::atomic<uint64_t> violations_{0};
 };
 
-absl::Status ChannelCore::Init() {
+absl::Status ChannelImpl::Init() {
   absl::StatusOr<std::shared_ptr<transport::Device>> device =
       SharedDevice(options_.device, options_.slots);
   if (!device.ok()) return device.status();
   device_ = *std::move(device);
   staging_ = std::make_unique<StagingPool>(*device_, options_.staging_bytes);
-  pulls_ = std::make_shared<PullBudget>(options_.max_message_size, options_.max_bulk_size,
-                                        options_.max_pulled_bytes, "ChannelOptions");
+  receive_limits_ =
+      std::make_shared<ReceiveLimits>(options_.max_message_size, options_.max_bulk_size,
+                                      options_.max_pulled_bytes, "ChannelOptions");
   transport::PollerOptions poller_options;
   poller_options.mode = options_.poll_mode;
   poller_options.spin = options_.spin;
@@ -223,7 +224,7 @@ absl::Status ChannelCore::Init() {
   return absl::OkStatus();
 }
 
-ChannelCore::~ChannelCore() {
+ChannelImpl::~ChannelImpl() {
   if (timer_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(timer_mu_);
@@ -256,7 +257,7 @@ ChannelCore::~ChannelCore() {
   pollers_.clear();
 }
 
-absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Pick(absl::Time deadline) {
+absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelImpl::Pick(absl::Time deadline) {
   const size_t n = subchannels_.size();
   const size_t first = next_.fetch_add(1, std::memory_order_relaxed) % n;
   // Prefer an open connection over a subchannel that would have to connect or is backing off.
@@ -268,7 +269,7 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Pick(absl::Time d
   return Get(subchannels_[first], deadline);
 }
 
-absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& sub,
+absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelImpl::Get(Subchannel& sub,
                                                                    absl::Time deadline) {
   absl::MutexLock lock(&sub.mu);
   auto usable = [&sub]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sub.mu) {
@@ -367,7 +368,7 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelCore::Get(Subchannel& s
   return connection;
 }
 
-absl::Status ChannelCore::ConnectAll(absl::Time deadline) {
+absl::Status ChannelImpl::ConnectAll(absl::Time deadline) {
   absl::Status first;
   for (Subchannel& sub : subchannels_) {
     absl::StatusOr<std::shared_ptr<ClientConnection>> connection = Get(sub, deadline);
@@ -376,7 +377,7 @@ absl::Status ChannelCore::ConnectAll(absl::Time deadline) {
   return first;
 }
 
-void ChannelCore::DeadlineAdded(absl::Time deadline) {
+void ChannelImpl::DeadlineAdded(absl::Time deadline) {
   const int64_t at = absl::ToUnixNanos(deadline);
   // The timer already wakes by then: nothing to do (the common case, one atomic load).
   if (at >= wake_at_.load(std::memory_order_acquire)) return;
@@ -387,7 +388,7 @@ void ChannelCore::DeadlineAdded(absl::Time deadline) {
   }
 }
 
-void ChannelCore::TimerLoop() {
+void ChannelImpl::TimerLoop() {
   MarkRuntimeTimerThread();  // deadline and keepalive callbacks run here
   constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
   const bool keepalive = options_.keepalive_interval > absl::ZeroDuration();
@@ -433,7 +434,7 @@ void ChannelCore::TimerLoop() {
   }
 }
 
-ChannelCore::MethodState ChannelCore::MethodFor(const MethodInfo& method) {
+ChannelImpl::MethodState ChannelImpl::MethodFor(const MethodInfo& method) {
   const size_t home = absl::HashOf(&method) % kMethodCache;
   for (size_t i = 0; i < kMethodCache; ++i) {
     const CachedMethod& entry = method_cache_[(home + i) % kMethodCache];
@@ -462,7 +463,7 @@ ChannelCore::MethodState ChannelCore::MethodFor(const MethodInfo& method) {
   return state;
 }
 
-void ChannelCore::ConnectionClosed(ClientConnection* connection, bool violation) {
+void ChannelImpl::ConnectionClosed(ClientConnection* connection, bool violation) {
   if (violation) violations_.fetch_add(1, std::memory_order_relaxed);
   std::shared_ptr<ClientConnection> removed;  // released after the lock
   absl::MutexLock lock(&mu_);
@@ -474,14 +475,14 @@ void ChannelCore::ConnectionClosed(ClientConnection* connection, bool violation)
   if (!destroying_) lost_.fetch_add(1, std::memory_order_relaxed);
 }
 
-absl::Status ChannelCore::CloseStatus(const std::string& peer, const absl::Status& why) {
+absl::Status ChannelImpl::CloseStatus(const std::string& peer, const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   if (destroying_) return absl::CancelledError("the channel was destroyed");
   return absl::UnavailableError(
       absl::StrCat("the connection to ", peer, " failed: ", why.message()));
 }
 
-void ChannelCore::NoteMessageLimit(const transport::Connection& connection) {
+void ChannelImpl::NoteMessageLimit(const transport::Connection& connection) {
   const size_t max = RpcConnection::MaxInlineBody(connection);
   max_message_.store(max, std::memory_order_relaxed);
   const size_t own = device_->slots().slot_size();
@@ -496,7 +497,7 @@ void ChannelCore::NoteMessageLimit(const transport::Connection& connection) {
            "(slower): set both to the same size");
 }
 
-ChannelStats ChannelCore::stats() const {
+ChannelStats ChannelImpl::stats() const {
   ChannelStats stats;
   stats.max_slot_message = max_message_.load(std::memory_order_relaxed);
   stats.connect_attempts = attempts_.load(std::memory_order_relaxed);
@@ -508,7 +509,7 @@ ChannelStats ChannelCore::stats() const {
   stats.bulk_bytes_staged = staging_->staged_bytes();
   stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
   stats.staging_bytes_registered = staging_->registered_bytes();
-  stats.pulled_bytes_held = pulls_->in_use();
+  stats.pulled_bytes_held = receive_limits_->in_use();
   {
     absl::MutexLock lock(&mu_);
     for (const auto& connection : live_) {
@@ -535,7 +536,7 @@ class Reaper {
     static Reaper reaper;
     return reaper;
   }
-  void Take(std::unique_ptr<ChannelCore> core) {
+  void Take(std::unique_ptr<ChannelImpl> core) {
     absl::MutexLock lock(&mu_);
     queue_.push_back(std::move(core));
   }
@@ -551,7 +552,7 @@ class Reaper {
   Reaper() : thread_([this] { Loop(); }) {}
   void Loop() {
     for (;;) {
-      std::unique_ptr<ChannelCore> core;
+      std::unique_ptr<ChannelImpl> core;
       {
         absl::MutexLock lock(&mu_);
         auto ready = [this]()
@@ -566,7 +567,7 @@ class Reaper {
   }
 
   absl::Mutex mu_;
-  std::vector<std::unique_ptr<ChannelCore>> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<ChannelImpl>> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
@@ -630,22 +631,22 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
   adjusted.connection.min_message_size =
       std::max(adjusted.connection.min_message_size, internal::kMinRpcMessage);
   auto core =
-      std::make_unique<internal::ChannelCore>(std::string(target), std::move(host), port, adjusted);
+      std::make_unique<internal::ChannelImpl>(std::string(target), std::move(host), port, adjusted);
   if (absl::Status s = core->Init(); !s.ok()) return s;
   return std::unique_ptr<ClientChannel>(new ClientChannel(std::move(core)));
 }
 
-ClientChannel::ClientChannel(std::unique_ptr<internal::ChannelCore> core)
-    : core_(std::move(core)), blocking_spin_(absl::ToChronoNanoseconds(core_->options().spin)) {}
+ClientChannel::ClientChannel(std::unique_ptr<internal::ChannelImpl> core)
+    : impl_(std::move(core)), blocking_spin_(absl::ToChronoNanoseconds(impl_->options().spin)) {}
 ClientChannel::~ClientChannel() {
   // From a callback on one of the runtime's threads the teardown would join the thread it runs
   // on: hand it over, and return at once (channel.h).
-  if (internal::OnRuntimeThread()) internal::Reaper::Get().Take(std::move(core_));
+  if (internal::OnRuntimeThread()) internal::Reaper::Get().Take(std::move(impl_));
 }
 
 absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallOptions& options) {
   absl::StatusOr<std::shared_ptr<internal::ClientConnection>> connection =
-      core_->Pick(options.deadline);
+      impl_->Pick(options.deadline);
   if (!connection.ok()) return connection.status();
   transport::Connection& c = (*connection)->connection();
   if (absl::Status fits = (*connection)->limits().CheckMessage(size, "request"); !fits.ok()) {
@@ -702,7 +703,7 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
     if (!method.response_bulk) {
       refused = absl::InvalidArgumentError(absl::StrCat(
           method.full_name, ": a response_destination for a method without response_bulk"));
-    } else if (registration->device() != core_->device().get()) {
+    } else if (registration->device() != impl_->device().get()) {
       refused = absl::InvalidArgumentError(
           absl::StrCat(method.full_name,
                        ": the response_destination is registered on another device; "
@@ -715,7 +716,7 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
       return;
     }
   }
-  const internal::ChannelCore::MethodState state = core_->MethodFor(method);
+  const internal::ChannelImpl::MethodState state = impl_->MethodFor(method);
   internal::ClientCall call;
   call.method = &method;
   call.response = response;
@@ -746,9 +747,9 @@ std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
     return std::make_unique<internal::FailedStream>(absl::InvalidArgumentError(
         absl::StrCat(method.full_name, ": not a streaming method; call it as a unary one")));
   }
-  const internal::ChannelCore::MethodState state = core_->MethodFor(method);
-  auto stream = std::make_shared<internal::StreamCore>(
-      read_prototype, core_->options().stream_window, /*send_credit=*/0);
+  const internal::ChannelImpl::MethodState state = impl_->MethodFor(method);
+  auto stream = std::make_shared<internal::StreamState>(
+      read_prototype, impl_->options().stream_window, /*send_credit=*/0);
   internal::ClientCall call;
   call.method = &method;
   call.response = response;
@@ -763,17 +764,17 @@ std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
   }
   const uint64_t id = ticket->connection->Start(
       state.service_id, ticket->buffer, body_size, std::move(large_body), OutgoingBulk(),
-      std::move(call), options, core_->options().stream_window);
+      std::move(call), options, impl_->options().stream_window);
   return std::make_unique<internal::ClientStream>(ticket->connection, id, std::move(stream),
                                                   method.client_streaming);
 }
 
-absl::Status ClientChannel::Connect(absl::Time deadline) { return core_->ConnectAll(deadline); }
-ChannelStats ClientChannel::stats() const { return core_->stats(); }
+absl::Status ClientChannel::Connect(absl::Time deadline) { return impl_->ConnectAll(deadline); }
+ChannelStats ClientChannel::stats() const { return impl_->stats(); }
 absl::StatusOr<RegisteredMemory> ClientChannel::RegisterMemory(void* data, size_t size) {
-  return RegisteredMemory::Register(core_->device(), data, size);
+  return RegisteredMemory::Register(impl_->device(), data, size);
 }
-const Metrics& ClientChannel::metrics() const { return core_->metrics(); }
-const std::string& ClientChannel::target() const { return core_->target(); }
+const Metrics& ClientChannel::metrics() const { return impl_->metrics(); }
+const std::string& ClientChannel::target() const { return impl_->target(); }
 
 }  // namespace zrpc

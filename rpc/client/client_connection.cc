@@ -21,13 +21,6 @@ namespace zrpc::internal {
 
 const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false, false, false};
 
-namespace {
-// How soon the timer tries again to send cancels, and asynchronous streams' frames, that found
-// no send slot: slots free as sends complete, within microseconds unless the server holds its
-// credits back.
-constexpr absl::Duration kSlotRetry = absl::Milliseconds(1);
-}  // namespace
-
 void ClientCall::End(absl::Status status) {
   // The request payload's gate, then the destination's: End withdraws a payload exposed for the
   // server to pull, and lets no READ into the destination start; the ending waits for what
@@ -144,7 +137,7 @@ void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
 
 bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
                                     const google::protobuf::MessageLite* message,
-                                    StreamCore& stream, bool quota_taken, bool* no_slot) {
+                                    StreamState& stream, bool quota_taken, bool* no_slot) {
   const absl::Status sent = SendStreamFrame(
       *connection_, header, message, message == nullptr ? 0 : message->ByteSizeLong(),
       [&stream] { return stream.ended(); }, 0, quota_taken, no_slot);
@@ -441,7 +434,7 @@ void ClientConnection::OnMessage(transport::Connection& connection,
 
 void ClientConnection::OnStreamFrame(transport::Connection& connection, IncomingMessage& message) {
   const uint64_t id = message.header.call_id;
-  std::shared_ptr<StreamCore> stream;
+  std::shared_ptr<StreamState> stream;
   bool live = false;
   calls_.Visit(id, [&](ClientCall& call) {
     live = true;
@@ -473,7 +466,7 @@ void ClientConnection::OnStreamFrame(transport::Connection& connection, Incoming
     }
     return;
   }
-  // Parsed straight from the receive slot, which goes back right after (stream_core.h).
+  // Parsed straight from the receive slot, which goes back right after (stream_state.h).
   absl::StatusOr<uint16_t> grant = stream->OnMessage(message.body);
   Discard(connection, message);
   if (!grant.ok()) {

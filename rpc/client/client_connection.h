@@ -58,7 +58,7 @@
 #include "rpc/connection/rpc_connection.h"
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
-#include "rpc/stream/stream_core.h"
+#include "rpc/stream/stream_state.h"
 
 namespace zrpc::internal {
 
@@ -68,7 +68,7 @@ class ClientConnection;
 class ClientConnectionOwner {
  public:
   virtual StagingPool& staging() = 0;
-  virtual std::shared_ptr<PullBudget> pulls() = 0;
+  virtual std::shared_ptr<ReceiveLimits> receive_limits() = 0;
   // A call with `deadline` entered a table: the timer may need to wake sooner.
   virtual void DeadlineAdded(absl::Time deadline) = 0;
   virtual void CountLateResponse() = 0;
@@ -97,7 +97,7 @@ struct ClientCall {
   BulkDestination destination;
   std::shared_ptr<BulkGate> landing;
   // For a stream (rpc/streaming.h): its messages and flow control; `done` ends it.
-  std::shared_ptr<StreamCore> stream;
+  std::shared_ptr<StreamState> stream;
 
   // Records the outcome and runs `done`: the one way a call ends. With a request payload the
   // runtime still holds (its WRITE posted, or waiting), the ending waits for the payload's
@@ -116,7 +116,7 @@ class ClientConnection final : public RpcConnection,
   ClientConnection(ClientConnectionOwner& owner, uint32_t max_calls, absl::Duration pull_grace,
                    std::shared_ptr<transport::Device> device,
                    std::shared_ptr<transport::Poller> poller)
-      : RpcConnection("client", owner.staging(), owner.pulls(), std::move(device),
+      : RpcConnection("client", owner.staging(), owner.receive_limits(), std::move(device),
                       std::move(poller)),
         owner_(owner),
         calls_(max_calls),
@@ -150,7 +150,7 @@ class ClientConnection final : public RpcConnection,
   // (not null: an asynchronous stream's pump): on a runtime thread that finds every slot taken,
   // set, and the call goes on (the caller tries again later: WaitForSlot) instead of ending.
   bool SendOnStream(uint64_t id, const RpcHeader& header,
-                    const google::protobuf::MessageLite* message, StreamCore& stream,
+                    const google::protobuf::MessageLite* message, StreamState& stream,
                     bool quota_taken = false, bool* no_slot = nullptr);
   // `waiter` is told at the timer's next pass (within a millisecond) that send slots may have
   // come back: only the runtime's threads free them, and those do not wait for one.

@@ -10,10 +10,11 @@
 namespace zrpc::internal {
 
 // The client's sending, for its asynchronous form.
-class ClientStream::Side final : public StreamPump::Side {
+class ClientStream::Sender final : public StreamPump::Sender {
  public:
-  Side(std::shared_ptr<ClientConnection> connection, uint64_t id, std::shared_ptr<StreamCore> core)
-      : connection_(std::move(connection)), id_(id), core_(std::move(core)) {}
+  Sender(std::shared_ptr<ClientConnection> connection, uint64_t id,
+         std::shared_ptr<StreamState> state)
+      : connection_(std::move(connection)), id_(id), state_(std::move(state)) {}
   StreamPump::Sent SendMessage(const google::protobuf::MessageLite& message,
                                bool quota_taken) override {
     return Send(RpcHeader::StreamMessage(id_), &message, quota_taken);
@@ -37,7 +38,7 @@ class ClientStream::Side final : public StreamPump::Side {
   StreamPump::Sent Send(const RpcHeader& header, const google::protobuf::MessageLite* message,
                         bool quota_taken) {
     bool no_slot = false;
-    if (connection_->SendOnStream(id_, header, message, *core_, quota_taken, &no_slot)) {
+    if (connection_->SendOnStream(id_, header, message, *state_, quota_taken, &no_slot)) {
       return StreamPump::Sent::kSent;
     }
     // Every send slot is taken and this is a runtime thread, which does not wait for one.
@@ -46,23 +47,23 @@ class ClientStream::Side final : public StreamPump::Side {
 
   const std::shared_ptr<ClientConnection> connection_;
   const uint64_t id_;
-  const std::shared_ptr<StreamCore> core_;
+  const std::shared_ptr<StreamState> state_;
 };
 
 ClientStream::~ClientStream() {
   if (async_ != nullptr) async_->Abandon(/*close=*/false);  // no callback runs from here on
   // On this thread: it ends the call here unless another thread is ending it, and with it any
   // wait of a send (for a slot, or the quota) that a pump running elsewhere is in.
-  if (!core_->ended()) Cancel();
+  if (!state_->ended()) Cancel();
   if (async_ != nullptr) async_->WaitIdle();
-  static_cast<void>(core_->WaitEnded());
+  static_cast<void>(state_->WaitEnded());
 }
 
 StreamPump& ClientStream::async() {
   std::call_once(async_once_, [this] {
-    async_ = std::make_shared<StreamPump>(std::make_unique<Side>(connection_, id_, core_), core_,
-                                          !writes_done_.load());
-    core_->SetListener(async_);
+    async_ = std::make_shared<StreamPump>(std::make_unique<Sender>(connection_, id_, state_),
+                                          state_, !writes_done_.load());
+    state_->SetListener(async_);
   });
   return *async_;
 }
@@ -91,19 +92,19 @@ bool ClientStream::Write(const google::protobuf::MessageLite& message) {
   if (RefusedOnRuntimeThread("Write")) return false;
   // The server grants room as its handler reads; the call's end (deadline, cancel, failure)
   // wakes this wait.
-  if (!core_->TakeSendCredit(absl::InfiniteFuture())) return false;
+  if (!state_->TakeSendCredit(absl::InfiniteFuture())) return false;
   absl::MutexLock lock(&send_mu_);
   if (writes_done_.load(std::memory_order_acquire)) return false;  // closed while it waited
-  return connection_->SendOnStream(id_, RpcHeader::StreamMessage(id_), &message, *core_);
+  return connection_->SendOnStream(id_, RpcHeader::StreamMessage(id_), &message, *state_);
 }
 
 google::protobuf::MessageLite* ClientStream::Read() {
   if (RefusedOnRuntimeThread("Read")) return nullptr;
   uint16_t grant = 0;
-  google::protobuf::MessageLite* message = core_->Read(absl::InfiniteFuture(), &grant);
+  google::protobuf::MessageLite* message = state_->Read(absl::InfiniteFuture(), &grant);
   if (grant > 0) {
     static_cast<void>(
-        connection_->SendOnStream(id_, RpcHeader::StreamCredit(id_, grant), nullptr, *core_));
+        connection_->SendOnStream(id_, RpcHeader::StreamCredit(id_, grant), nullptr, *state_));
   }
   return message;
 }
@@ -112,7 +113,7 @@ bool ClientStream::WritesDone() {
   if (id_ == 0 || RefusedOnRuntimeThread("WritesDone")) return false;
   absl::MutexLock lock(&send_mu_);
   if (writes_done_.exchange(true, std::memory_order_acq_rel)) return false;
-  return connection_->SendOnStream(id_, RpcHeader::HalfClose(id_), nullptr, *core_);
+  return connection_->SendOnStream(id_, RpcHeader::HalfClose(id_), nullptr, *state_);
 }
 
 absl::Status ClientStream::Finish() {
@@ -120,15 +121,15 @@ absl::Status ClientStream::Finish() {
   // A server reading the client's messages waits for the half-close: one that was not sent
   // goes now rather than leaving both ends waiting for the deadline.
   if (!writes_done_.load(std::memory_order_acquire)) static_cast<void>(WritesDone());
-  if (!core_->ended() && id_ != 0) {
+  if (!state_->ended() && id_ != 0) {
     // Messages nobody will read are dropped and credited back, so a server still writing is
     // not held on a full window while this waits for its status.
-    if (const uint16_t grant = core_->Drain(); grant > 0) {
+    if (const uint16_t grant = state_->Drain(); grant > 0) {
       static_cast<void>(
-          connection_->SendOnStream(id_, RpcHeader::StreamCredit(id_, grant), nullptr, *core_));
+          connection_->SendOnStream(id_, RpcHeader::StreamCredit(id_, grant), nullptr, *state_));
     }
   }
-  return core_->WaitEnded();
+  return state_->WaitEnded();
 }
 
 void ClientStream::Cancel() {

@@ -1,8 +1,8 @@
 // ClientStream: the client's end of one stream (rpc/streaming.h), over the ClientConnection the
 // stream opened on. The call sits in the connection's call table like a unary call (so a
 // deadline, a cancel or the connection's loss ends it the same way, exactly once) with a
-// StreamCore beside it, which the poller fills with the server's messages and credits; the
-// call's ending ends the core, which wakes the application's reads and writes.
+// StreamState beside it, which the poller fills with the server's messages and credits; the
+// call's ending ends the state, which wakes the application's reads and writes.
 //
 // The asynchronous form (StartRead, StartWrite, StartWritesDone, StartFinish) waits for nothing:
 // a StreamPump (stream_pump.h) carries it out, sending through this stream's connection; a
@@ -23,20 +23,20 @@
 #include "absl/synchronization/mutex.h"
 #include "rpc/client/client_connection.h"
 #include "rpc/generated_api.h"
-#include "rpc/stream/stream_core.h"
 #include "rpc/stream/stream_pump.h"
+#include "rpc/stream/stream_state.h"
 
 namespace zrpc::internal {
 
 class ClientStream final : public ClientStreamCall {
  public:
-  // `id` is the call's (0: it ended before it was sent, and `core` has ended). `writes`: the
+  // `id` is the call's (0: it ended before it was sent, and `state` has ended). `writes`: the
   // client streams (its writes are closed by WritesDone, or by Finish if it did not).
   ClientStream(std::shared_ptr<ClientConnection> connection, uint64_t id,
-               std::shared_ptr<StreamCore> core, bool writes)
+               std::shared_ptr<StreamState> state, bool writes)
       : connection_(std::move(connection)),
         id_(id),
-        core_(std::move(core)),
+        state_(std::move(state)),
         writes_done_(!writes) {}
   // Cancels a call not finished, and waits for its end (its response, if any, is the caller's
   // memory).
@@ -54,13 +54,13 @@ class ClientStream final : public ClientStreamCall {
   void StartFinish(DoneCallback done) override;
 
  private:
-  class Side;  // the asynchronous form's sending
-  // The asynchronous form's state, listening to the core from its first use.
+  class Sender;  // the asynchronous form's sending
+  // The asynchronous form's state, listening to the state from its first use.
   StreamPump& async();
 
   const std::shared_ptr<ClientConnection> connection_;
   const uint64_t id_;
-  const std::shared_ptr<StreamCore> core_;
+  const std::shared_ptr<StreamState> state_;
   // Refuses a blocking stream operation on a runtime thread (poller, timer): it would wait for
   // the very thread it runs on. The call ends FAILED_PRECONDITION, naming `what`.
   bool RefusedOnRuntimeThread(const char* what);

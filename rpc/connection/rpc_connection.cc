@@ -42,7 +42,7 @@ constexpr uint64_t kPulledHandle = uint64_t{1} << 62;
 
 // Memory this side allocated and registered for one pulled payload, charged to its budget.
 struct PulledPayload {
-  std::shared_ptr<PullBudget> budget;
+  std::shared_ptr<ReceiveLimits> budget;
   uint32_t size = 0;
   uint8_t* data = nullptr;
   std::unique_ptr<transport::MemoryRegion> region;
@@ -130,7 +130,7 @@ void SplitPayload(IncomingMessage& message, const transport::ReceivedBulk& paylo
 // Memory for a pulled payload of `size` bytes, registered on `device` and charged to `budget`
 // (which the caller took already: the record gives it back when it goes).
 absl::StatusOr<std::unique_ptr<PulledPayload>> AllocatePulled(transport::Device& device,
-                                                              std::shared_ptr<PullBudget> budget,
+                                                              std::shared_ptr<ReceiveLimits> budget,
                                                               uint32_t size) {
   auto payload = std::make_unique<PulledPayload>();
   payload->budget = std::move(budget);  // from here its destructor gives the bytes back
@@ -212,21 +212,21 @@ bool BulkGate::Hold(std::unique_ptr<ExposedPayload>& source) {
   return true;
 }
 
-absl::Status PullBudget::CheckMessage(uint64_t size, absl::string_view what) const {
+absl::Status ReceiveLimits::CheckMessage(uint64_t size, absl::string_view what) const {
   if (size <= max_message_size_) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat("a ", size, "-byte ", what, " exceeds the ",
                                                    max_message_size_, " bytes ", side_,
                                                    "::max_message_size allows"));
 }
 
-absl::Status PullBudget::CheckBulk(uint64_t size) const {
+absl::Status ReceiveLimits::CheckBulk(uint64_t size) const {
   if (size <= max_bulk_size_) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat("a ", size, "-byte bulk payload exceeds the ",
                                                    max_bulk_size_, " bytes ", side_,
                                                    "::max_bulk_size allows"));
 }
 
-absl::Status PullBudget::Take(uint64_t bytes, uint64_t bulk_bytes) {
+absl::Status ReceiveLimits::Take(uint64_t bytes, uint64_t bulk_bytes) {
   if (absl::Status fits = CheckBulk(bulk_bytes); !fits.ok()) return fits;
   uint64_t used = in_use_.load(std::memory_order_relaxed);
   do {
@@ -420,8 +420,10 @@ void RpcConnection::Discard(transport::Connection& connection, const IncomingMes
 absl::Status RpcConnection::StartPull(transport::Connection& connection,
                                       const IncomingMessage& message) {
   const uint32_t size = message.header.bulk_size;
-  if (absl::Status taken = pulls_->Take(size, message.bulk_size()); !taken.ok()) return taken;
-  absl::StatusOr<std::unique_ptr<PulledPayload>> payload = AllocatePulled(*device_, pulls_, size);
+  if (absl::Status taken = receive_limits_->Take(size, message.bulk_size()); !taken.ok())
+    return taken;
+  absl::StatusOr<std::unique_ptr<PulledPayload>> payload =
+      AllocatePulled(*device_, receive_limits_, size);
   if (!payload.ok()) return payload.status();
   // Two ranges (a large body and a bulk payload) land back to back, as one written payload.
   const uint32_t lkey = (*payload)->region->lkey();
@@ -451,9 +453,9 @@ absl::Status RpcConnection::StartPullInto(transport::Connection& connection,
   transport::BulkSource sinks[2];
   int sink = 0;
   if (const uint32_t body_size = message.layout.payload_body; body_size > 0) {
-    if (absl::Status taken = pulls_->Take(body_size, 0); !taken.ok()) return fail(taken);
+    if (absl::Status taken = receive_limits_->Take(body_size, 0); !taken.ok()) return fail(taken);
     absl::StatusOr<std::unique_ptr<PulledPayload>> allocated =
-        AllocatePulled(*device_, pulls_, body_size);
+        AllocatePulled(*device_, receive_limits_, body_size);
     if (!allocated.ok()) return fail(allocated.status());
     body = *std::move(allocated);
     sinks[sink++] = {body->data, body_size, body->region->lkey()};

@@ -64,12 +64,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "rpc/bulk.h"
 #include "rpc/bulk/staging.h"
 #include "rpc/connection/rpc_header.h"
 #include "rpc/impl/inline_function.h"
-#include "rpc/stream/stream_core.h"
+#include "rpc/stream/stream_state.h"
 #include "transport/connection.h"
 #include "transport/device.h"
 #include "transport/poller.h"
@@ -84,6 +85,12 @@ inline constexpr uint32_t kKeepaliveServiceId = ServiceId(kKeepaliveService);
 // a useful message. Servers and channels set it as their connections' min_message_size, so a
 // peer announcing smaller receives is refused at the handshake and MaxBody never underflows.
 inline constexpr uint32_t kMinRpcMessage = RpcHeader::kSize + 256;
+
+// How soon a runtime thread tries again to send what found no send slot (a client's cancels and
+// asynchronous stream frames, a server's async stream frames): slots free as sends complete,
+// within microseconds unless the peer holds its credits back, so a millisecond costs little
+// latency and spares a busy loop. Both sides' timers use it.
+inline constexpr absl::Duration kSlotRetry = absl::Milliseconds(1);
 
 // Gives received payloads back to their connection, from any thread. Stateless: one for the
 // process, so it outlives every IncomingBulk (bulk.h asks that of a releaser).
@@ -127,10 +134,11 @@ struct IncomingMessage {
 // peer (with the large bodies among them) together at most `budget` bytes at once, counted
 // from the pull until the payload is released. Thread-safe; shared with the payloads
 // themselves, so it outlives its server or channel when they do.
-class PullBudget {
+class ReceiveLimits {
  public:
   // `side` names the options in errors: "ServerOptions", "ChannelOptions".
-  PullBudget(uint64_t max_message_size, uint64_t max_bulk_size, uint64_t budget, std::string side)
+  ReceiveLimits(uint64_t max_message_size, uint64_t max_bulk_size, uint64_t budget,
+                std::string side)
       : max_message_size_(max_message_size),
         max_bulk_size_(max_bulk_size),
         budget_(budget),
@@ -232,12 +240,12 @@ class RpcConnection : public transport::ConnectionHandler {
  public:
   // `side` names this end in logs ("client", "server"); `staging` must outlive the connection.
   // `device` and `poller` are the connection's: payloads handed to users hold them (Wrap).
-  RpcConnection(const char* side, StagingPool& staging, std::shared_ptr<PullBudget> pulls,
+  RpcConnection(const char* side, StagingPool& staging, std::shared_ptr<ReceiveLimits> limits,
                 std::shared_ptr<transport::Device> device,
                 std::shared_ptr<transport::Poller> poller)
       : side_(side),
         staging_(staging),
-        pulls_(std::move(pulls)),
+        receive_limits_(std::move(limits)),
         device_(std::move(device)),
         poller_(std::move(poller)) {}
 
@@ -281,7 +289,7 @@ class RpcConnection : public transport::ConnectionHandler {
       transport::Connection& connection, bool may_wait, absl::FunctionRef<absl::Status()> stop,
       uint32_t leave_free = 0);
 
-  const PullBudget& limits() const { return *pulls_; }
+  const ReceiveLimits& limits() const { return *receive_limits_; }
 
   // Sends `header` and the `body_size` bytes already at Body(buffer) (taking the buffer), with
   // `bulk` beside it (released here, on every path; its size goes into the header). A message
@@ -392,8 +400,8 @@ class RpcConnection : public transport::ConnectionHandler {
   // Gives back what arrived with a message nobody will use.
   static void Discard(transport::Connection& connection, const IncomingMessage& message);
   // Starts pulling the payload of `message` (message.layout.pulls) into memory this side allocates
-  // and registers, within the PullBudget. OK: the message is the pull's now, and OnPulled gets it
-  // back, with message.bulk, once the payload has landed (nothing, if the connection fails
+  // and registers, within the ReceiveLimits. OK: the message is the pull's now, and OnPulled gets
+  // it back, with message.bulk, once the payload has landed (nothing, if the connection fails
   // first: the message is discarded then). An error (the budget, memory, registration, a
   // closed connection): nothing was started, and the caller still owns the message.
   absl::Status StartPull(transport::Connection& connection, const IncomingMessage& message);
@@ -422,7 +430,7 @@ class RpcConnection : public transport::ConnectionHandler {
   friend class ReceiveReleaser;
   const char* side_;
   StagingPool& staging_;
-  const std::shared_ptr<PullBudget> pulls_;
+  const std::shared_ptr<ReceiveLimits> receive_limits_;
   const std::shared_ptr<transport::Device> device_;
   const std::shared_ptr<transport::Poller> poller_;
   // The payload waiting for its message; only the poller thread touches it.

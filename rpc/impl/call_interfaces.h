@@ -38,7 +38,7 @@ class StreamCall {
 
   virtual ~StreamCall() = default;
   // Sends `message`, serialized straight into a registered send slot, once the peer has room
-  // for it (per-stream flow control: rpc/stream/stream_core.h). False when the stream has ended
+  // for it (per-stream flow control: rpc/stream/stream_state.h). False when the stream has ended
   // (the final status says why), this side closed its writes, or the message could not go (then the
   // stream fails with the reason).
   virtual bool Write(const ::google::protobuf::MessageLite& message) = 0;

@@ -1,4 +1,4 @@
-// Server (rpc/server.h) and ServerCore: options, services, the listener, pollers, the sweeper
+// Server (rpc/server.h) and ServerImpl: options, services, the listener, pollers, the sweeper
 // thread, Shutdown.
 
 #include "rpc/server.h"
@@ -11,12 +11,12 @@
 #include "rpc/common/monotonic.h"
 #include "rpc/common/shared_device.h"
 #include "rpc/connection/rpc_header.h"
-#include "rpc/server/server_core.h"
+#include "rpc/server/server_impl.h"
 
 namespace zrpc {
 namespace internal {
 
-absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptions& options) {
+absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptions& options) {
   if (options.pollers < 1 || options.pollers > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("ServerOptions::pollers is ", options.pollers, "; it must be in [1, 64]"));
@@ -54,15 +54,15 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
   // answer too, plus errors and keepalive answers: fewer send slots would make answers fail
   // instead of wait. Stream frames leave those free, and have 8 at least of their own.
   connection.max_send_slots =
-      std::max<uint32_t>(connection.max_send_slots, ServerCore::AnswerSlots(adjusted) + 8);
-  std::unique_ptr<ServerCore> core(new ServerCore(adjusted));
+      std::max<uint32_t>(connection.max_send_slots, ServerImpl::AnswerSlots(adjusted) + 8);
+  std::unique_ptr<ServerImpl> core(new ServerImpl(adjusted));
   absl::StatusOr<std::shared_ptr<transport::Device>> device =
       SharedDevice(options.device, options.slots);
   if (!device.ok()) return device.status();
   core->device_ = *std::move(device);
   core->staging_ = std::make_unique<StagingPool>(*core->device_, options.staging_bytes);
-  core->pulls_ = std::make_shared<PullBudget>(options.max_message_size, options.max_bulk_size,
-                                              options.max_pulled_bytes, "ServerOptions");
+  core->receive_limits_ = std::make_shared<ReceiveLimits>(
+      options.max_message_size, options.max_bulk_size, options.max_pulled_bytes, "ServerOptions");
   transport::PollerOptions poller_options;
   poller_options.mode = options.poll_mode;
   poller_options.spin = options.spin;
@@ -88,9 +88,9 @@ absl::StatusOr<std::unique_ptr<ServerCore>> ServerCore::Create(const ServerOptio
   return core;
 }
 
-ServerCore::~ServerCore() { Shutdown(absl::ZeroDuration()); }
+ServerImpl::~ServerImpl() { Shutdown(absl::ZeroDuration()); }
 
-absl::Status ServerCore::AddService(Service* service) {
+absl::Status ServerImpl::AddService(Service* service) {
   if (started_ || shut_down_) {
     return absl::FailedPreconditionError("AddService must come before Start");
   }
@@ -124,7 +124,7 @@ absl::Status ServerCore::AddService(Service* service) {
   return absl::OkStatus();
 }
 
-absl::Status ServerCore::SetInline(absl::string_view method, bool inline_handler) {
+absl::Status ServerImpl::SetInline(absl::string_view method, bool inline_handler) {
   if (started_ || shut_down_) {
     return absl::FailedPreconditionError("SetInline must come before Start");
   }
@@ -148,7 +148,7 @@ absl::Status ServerCore::SetInline(absl::string_view method, bool inline_handler
                                           "\"package.Service/Method\")"));
 }
 
-absl::Status ServerCore::Start() {
+absl::Status ServerImpl::Start() {
   if (started_ || shut_down_) {
     return absl::FailedPreconditionError(shut_down_ ? "the server was shut down"
                                                     : "the server already started");
@@ -163,11 +163,7 @@ absl::Status ServerCore::Start() {
   return absl::OkStatus();
 }
 
-namespace {
-constexpr absl::Duration kSlotRetry = absl::Milliseconds(1);
-}  // namespace
-
-void ServerCore::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
+void ServerImpl::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
   {
     std::lock_guard<std::mutex> lock(sweep_mu_);
     // A millisecond for the pollers to free slots, then every waiter tries again.
@@ -177,7 +173,7 @@ void ServerCore::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
   sweep_cv_.notify_one();
 }
 
-void ServerCore::WatchDeadline(absl::Time deadline, std::weak_ptr<StreamCore> stream) {
+void ServerImpl::WatchDeadline(absl::Time deadline, std::weak_ptr<StreamState> stream) {
   bool earliest;
   {
     std::lock_guard<std::mutex> lock(sweep_mu_);
@@ -195,7 +191,7 @@ void ServerCore::WatchDeadline(absl::Time deadline, std::weak_ptr<StreamCore> st
   if (earliest) sweep_cv_.notify_one();
 }
 
-void ServerCore::SweepLoop() {
+void ServerImpl::SweepLoop() {
   MarkRuntimeTimerThread();  // stream callbacks run here (slot retries, deadlines)
   // A pass at least every second, and often enough for short settings (tests).
   const bool sweeps = options_.idle_timeout > absl::ZeroDuration() ||
@@ -211,7 +207,7 @@ void ServerCore::SweepLoop() {
   absl::Time next_sweep = MonotonicNow() + period;
   for (;;) {
     std::vector<std::weak_ptr<StreamListener>> retry;
-    std::vector<std::shared_ptr<StreamCore>> overdue;
+    std::vector<std::shared_ptr<StreamState>> overdue;
     absl::Time now;
     {
       std::unique_lock<std::mutex> lock(sweep_mu_);
@@ -228,7 +224,7 @@ void ServerCore::SweepLoop() {
       }
       if (!slot_waiters_.empty() && slot_retry_at_ <= now) retry = slot_waiters_.Take();
       while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
-        if (std::shared_ptr<StreamCore> stream = deadlines_.begin()->second.lock()) {
+        if (std::shared_ptr<StreamState> stream = deadlines_.begin()->second.lock()) {
           overdue.push_back(std::move(stream));
         }
         deadlines_.erase(deadlines_.begin());
@@ -236,7 +232,7 @@ void ServerCore::SweepLoop() {
       deadlines_pruned_ = std::min(deadlines_pruned_, deadlines_.size());
     }
     // Outside the lock: these run stream callbacks, which may ask for the next retry.
-    for (const std::shared_ptr<StreamCore>& stream : overdue) {
+    for (const std::shared_ptr<StreamState>& stream : overdue) {
       stream->End(absl::DeadlineExceededError("the call's deadline passed"));
     }
     StreamWaiters::Tell(retry);
@@ -253,7 +249,7 @@ void ServerCore::SweepLoop() {
   }
 }
 
-absl::StatusOr<transport::Placement> ServerCore::Place(const std::string&) {
+absl::StatusOr<transport::Placement> ServerImpl::Place(const std::string&) {
   if (draining()) return absl::UnavailableError("the server is shutting down");
   const std::shared_ptr<transport::Poller>& poller =
       pollers_[next_poller_.fetch_add(1, std::memory_order_relaxed) % pollers_.size()];
@@ -268,14 +264,14 @@ absl::StatusOr<transport::Placement> ServerCore::Place(const std::string&) {
   return transport::Placement{poller.get(), handler, std::move(connection)};
 }
 
-void ServerCore::OnAccepted(std::shared_ptr<transport::Connection> connection) {
+void ServerImpl::OnAccepted(std::shared_ptr<transport::Connection> connection) {
   accepted_.fetch_add(1, std::memory_order_relaxed);
   // Alive: `connection` owns its handler (see Place), even when OnClosed already ran.
   auto* handler = static_cast<ServerConnection*>(connection->handler());
   handler->Attach(std::move(connection));
 }
 
-void ServerCore::OnRefused(const std::string&, transport::ConnectionHandler* placed,
+void ServerImpl::OnRefused(const std::string&, transport::ConnectionHandler* placed,
                            const absl::Status&) {
   if (placed == nullptr) return;
   std::shared_ptr<ServerConnection> dropped;  // released after the lock
@@ -286,7 +282,7 @@ void ServerCore::OnRefused(const std::string&, transport::ConnectionHandler* pla
   connections_.erase(it);
 }
 
-void ServerCore::ConnectionClosed(ServerConnection* connection) {
+void ServerImpl::ConnectionClosed(ServerConnection* connection) {
   std::shared_ptr<ServerConnection> closed;
   absl::MutexLock lock(&mu_);
   auto it = connections_.find(connection);
@@ -296,12 +292,12 @@ void ServerCore::ConnectionClosed(ServerConnection* connection) {
   // `closed` is released after the lock; its calls, if any, still hold it.
 }
 
-void ServerCore::CallStarted() {
+void ServerImpl::CallStarted() {
   calls_alive_.fetch_add(1, std::memory_order_relaxed);
   calls_started_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void ServerCore::CallDone() {
+void ServerImpl::CallDone() {
   // The decrement is a call's last touch of the core: once the count reaches zero during
   // Shutdown, Shutdown may return and the core be freed. So while draining it happens under
   // mu_, whose release also wakes Shutdown; otherwise nothing waits, and nothing follows it.
@@ -315,7 +311,7 @@ void ServerCore::CallDone() {
   calls_alive_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
-void ServerCore::Shutdown(absl::Duration grace) {
+void ServerImpl::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
   const absl::Time grace_end = MonotonicNow() + grace;  // monotonic.h, like every time below
@@ -324,7 +320,7 @@ void ServerCore::Shutdown(absl::Duration grace) {
 
   // Waits under mu_ until `done` or `deadline`, looking again at least every 10 ms: a count
   // may reach zero without a wake-up (CallDone).
-  auto wait = [this](bool (*done)(ServerCore*),
+  auto wait = [this](bool (*done)(ServerImpl*),
                      absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (!done(this) && MonotonicNow() < deadline) {
       mu_.AwaitWithTimeout(absl::Condition(done, this),
@@ -332,7 +328,7 @@ void ServerCore::Shutdown(absl::Duration grace) {
     }
   };
   auto no_calls_left =
-      +[](ServerCore* core) { return core->calls_alive_.load(std::memory_order_acquire) == 0; };
+      +[](ServerImpl* core) { return core->calls_alive_.load(std::memory_order_acquire) == 0; };
   std::vector<std::shared_ptr<ServerConnection>> open;
   {
     absl::MutexLock lock(&mu_);
@@ -363,7 +359,7 @@ void ServerCore::Shutdown(absl::Duration grace) {
     wait(no_calls_left, absl::InfiniteFuture());
     // Every connection's OnClosed comes from its poller; drained connections leave the map.
     auto all_closed =
-        +[](ServerCore* core) ABSL_NO_THREAD_SAFETY_ANALYSIS { return core->connections_.empty(); };
+        +[](ServerImpl* core) ABSL_NO_THREAD_SAFETY_ANALYSIS { return core->connections_.empty(); };
     wait(all_closed, MonotonicNow() + absl::Seconds(5));
   }
   // The sweeper is also the asynchronous streams' slot retry (WaitForSlot): it stops once every
@@ -386,13 +382,13 @@ void ServerCore::Shutdown(absl::Duration grace) {
   connections_.clear();
 }
 
-uint16_t ServerCore::port() const { return port_; }
+uint16_t ServerImpl::port() const { return port_; }
 
-std::string ServerCore::address() const {
+std::string ServerImpl::address() const {
   return options_.address.empty() ? device_->selection().addr : options_.address;
 }
 
-ServerStats ServerCore::stats() const {
+ServerStats ServerImpl::stats() const {
   ServerStats stats;
   stats.connections_accepted = accepted_.load(std::memory_order_relaxed);
   {
@@ -416,28 +412,28 @@ ServerStats ServerCore::stats() const {
   stats.bulk_bytes_staged = staging_->staged_bytes();
   stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
   stats.staging_bytes_registered = staging_->registered_bytes();
-  stats.pulled_bytes_held = pulls_->in_use();
+  stats.pulled_bytes_held = receive_limits_->in_use();
   return stats;
 }
 
 }  // namespace internal
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
-  absl::StatusOr<std::unique_ptr<internal::ServerCore>> core =
-      internal::ServerCore::Create(options);
+  absl::StatusOr<std::unique_ptr<internal::ServerImpl>> core =
+      internal::ServerImpl::Create(options);
   if (!core.ok()) return core.status();
   return std::unique_ptr<Server>(new Server(*std::move(core), options.metrics_address));
 }
 
-Server::Server(std::unique_ptr<internal::ServerCore> core, std::string metrics_address)
-    : core_(std::move(core)), metrics_address_(std::move(metrics_address)) {}
+Server::Server(std::unique_ptr<internal::ServerImpl> core, std::string metrics_address)
+    : impl_(std::move(core)), metrics_address_(std::move(metrics_address)) {}
 Server::~Server() {
   absl::MutexLock lock(&metrics_mu_);
   metrics_http_.reset();  // no scrape renders from a core being destroyed
 }
-absl::Status Server::AddService(Service* service) { return core_->AddService(service); }
+absl::Status Server::AddService(Service* service) { return impl_->AddService(service); }
 absl::Status Server::SetInline(absl::string_view method, bool inline_handler) {
-  return core_->SetInline(method, inline_handler);
+  return impl_->SetInline(method, inline_handler);
 }
 absl::Status Server::Start() {
   // The metrics endpoint binds first, so that a taken metrics port fails Start before any
@@ -453,12 +449,12 @@ absl::Status Server::Start() {
     }
     http = *std::move(started);
   }
-  if (absl::Status s = core_->Start(); !s.ok()) return s;
+  if (absl::Status s = impl_->Start(); !s.ok()) return s;
   if (http != nullptr) metrics_http_ = std::move(http);
   return absl::OkStatus();
 }
 void Server::Shutdown(absl::Duration grace) {
-  core_->Shutdown(grace);
+  impl_->Shutdown(grace);
   absl::MutexLock lock(&metrics_mu_);
   metrics_http_.reset();
 }
@@ -468,7 +464,7 @@ uint16_t Server::metrics_port() const {
 }
 
 std::string Server::PrometheusText() const {
-  std::string text = core_->metrics().PrometheusText();
+  std::string text = impl_->metrics().PrometheusText();
   const ServerStats s = stats();
   struct Family {
     const char* name;
@@ -521,12 +517,12 @@ std::string Server::PrometheusText() const {
   for (const Family& f : families) AppendPrometheusFamily(text, f.name, f.type, f.help, f.value);
   return text;
 }
-uint16_t Server::port() const { return core_->port(); }
-std::string Server::address() const { return core_->address(); }
-ServerStats Server::stats() const { return core_->stats(); }
+uint16_t Server::port() const { return impl_->port(); }
+std::string Server::address() const { return impl_->address(); }
+ServerStats Server::stats() const { return impl_->stats(); }
 absl::StatusOr<RegisteredMemory> Server::RegisterMemory(void* data, size_t size) {
-  return RegisteredMemory::Register(core_->device(), data, size);
+  return RegisteredMemory::Register(impl_->device(), data, size);
 }
-const Metrics& Server::metrics() const { return core_->metrics(); }
+const Metrics& Server::metrics() const { return impl_->metrics(); }
 
 }  // namespace zrpc

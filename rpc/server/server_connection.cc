@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "rpc/bulk/registration.h"
 #include "rpc/common/monotonic.h"
-#include "rpc/server/server_core.h"
+#include "rpc/server/server_impl.h"
 #include "rpc/stream/stream_pump.h"
 #include "transport/log.h"
 
@@ -31,7 +31,7 @@ ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
   if (stream_window > 0) {
     // The client granted request.header.window messages in its open; this side grants its own
     // window when the handler starts (OpenStream).
-    stream_ = std::make_shared<StreamCore>(nullptr, stream_window, request.header.window);
+    stream_ = std::make_shared<StreamState>(nullptr, stream_window, request.header.window);
   }
   const absl::Duration remaining = RemainingFromWire(request.header.timeout_us);
   context_.SetRemaining(remaining);
@@ -44,7 +44,7 @@ ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
 void ServerCallImpl::Run() {
   if (context_.IsCancelled()) {
     const bool late = MonotonicNow() >= deadline_;
-    owner_->core().CountSkipped();
+    owner_->server().CountSkipped();
     Finish(late ? absl::DeadlineExceededError(absl::StrCat(
                       method_.full_name, ": the deadline passed before the handler ran"))
                 : absl::CancelledError(
@@ -118,9 +118,9 @@ google::protobuf::MessageLite* ServerCallImpl::Read() {
 
 // The asynchronous form's sending: through the call until its answer (CloseWrites), which
 // retires it. The pump runs one of these at a time, on one thread.
-class AsyncServerSide final : public StreamPump::Side {
+class AsyncServerSender final : public StreamPump::Sender {
  public:
-  explicit AsyncServerSide(ServerCallImpl* call)
+  explicit AsyncServerSender(ServerCallImpl* call)
       : call_(call), method_(call->method_info().full_name) {}
 
   // The owner is gone: a send waiting for a slot or the quota gives up.
@@ -177,7 +177,7 @@ class AsyncServerSide final : public StreamPump::Side {
                                             std::move(waiter), quota_taken);
   }
   void RetryLater(std::weak_ptr<StreamListener> pump) override {
-    call_->owner_->core().WaitForSlot(std::move(pump));
+    call_->owner_->server().WaitForSlot(std::move(pump));
   }
 
  private:
@@ -204,20 +204,20 @@ namespace {
 
 class AsyncServerStream final : public ServerAsyncStream {
  public:
-  AsyncServerStream(ServerCallImpl* call, std::shared_ptr<StreamCore> core) {
-    auto side = std::make_unique<AsyncServerSide>(call);
-    side_ = side.get();
-    pump_ = std::make_shared<StreamPump>(std::move(side), core, /*writes=*/true);
-    core->SetListener(pump_);
+  AsyncServerStream(ServerCallImpl* call, std::shared_ptr<StreamState> state) {
+    auto sender = std::make_unique<AsyncServerSender>(call);
+    sender_ = sender.get();
+    pump_ = std::make_shared<StreamPump>(std::move(sender), state, /*writes=*/true);
+    state->SetListener(pump_);
   }
   // In this order: the answer a dropped call gets (unless the handler gave one); no callback
   // from now on, and an outstanding write dropped (its message may die with the owner) before
   // anything could try it again; the close, now or from the loop running elsewhere; then the
   // end of any wait of a send of that loop, and the wait for it.
   ~AsyncServerStream() override {
-    side_->AnswerDropped();
+    sender_->AnswerDropped();
     pump_->Abandon(/*close=*/true);
-    side_->Abandon();
+    sender_->Abandon();
     pump_->WaitIdle();
   }
 
@@ -227,11 +227,11 @@ class AsyncServerStream final : public ServerAsyncStream {
     pump_->Write(message, std::move(done));
   }
   void StartFinish(absl::Status status, std::optional<SendSlot> response) override {
-    if (side_->SetAnswer(std::move(status), response)) pump_->Finish(nullptr);
+    if (sender_->SetAnswer(std::move(status), response)) pump_->Finish(nullptr);
   }
 
  private:
-  AsyncServerSide* side_;  // the pump's
+  AsyncServerSender* sender_;  // the pump's
   std::shared_ptr<StreamPump> pump_;
 };
 
@@ -240,7 +240,7 @@ class AsyncServerStream final : public ServerAsyncStream {
 std::unique_ptr<ServerAsyncStream> ServerCallImpl::OpenAsyncStream(
     const google::protobuf::MessageLite* read_prototype) {
   if (OpenStream(read_prototype) == nullptr) return nullptr;
-  if (deadline_ != absl::InfiniteFuture()) owner_->core().WatchDeadline(deadline_, stream_);
+  if (deadline_ != absl::InfiniteFuture()) owner_->server().WatchDeadline(deadline_, stream_);
   return std::make_unique<AsyncServerStream>(this, stream_);
 }
 
@@ -252,10 +252,10 @@ bool ServerCallImpl::SendOnStream(const RpcHeader& header,
     return stream_->ended() || context_.IsCancelled() ||
            (abandoned != nullptr && abandoned->load(std::memory_order_acquire));
   };
-  // Stream frames leave the slots answers need free (ServerCore::AnswerSlots).
+  // Stream frames leave the slots answers need free (ServerImpl::AnswerSlots).
   const absl::Status sent =
       owner_->SendStreamFrame(*connection_, header, message, size, gone,
-                              owner_->core().answer_slots(), quota_taken, no_slot);
+                              owner_->server().answer_slots(), quota_taken, no_slot);
   if (sent.ok()) {
     if (message != nullptr) metrics_.AddMessageBytes(size, 0);
     return true;
@@ -325,11 +325,11 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
   std::shared_ptr<ServerConnection> owner;
   std::shared_ptr<transport::Connection> connection;
   ServerConnection* const retiring = owner_.get();
-  ServerCore& core = retiring->core();
+  ServerImpl& server = retiring->server();
   retiring->Retire(this, &owner, &connection);
   connection.reset();
   owner.reset();
-  core.CallDone();
+  server.CallDone();
 }
 
 absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* response,
@@ -338,7 +338,7 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
     // Nobody waits for this answer (the client's deadline passed or it cancelled, and it sent
     // a cancel or will drop the answer as late): stage, write and send nothing.
     response_bulk.Reset();
-    if (handler_ran_) owner_->core().CountAnswerDropped();
+    if (handler_ran_) owner_->server().CountAnswerDropped();
     return MonotonicNow() >= deadline_ ? absl::DeadlineExceededError("the caller's deadline passed")
                                        : absl::CancelledError("the caller gave up");
   }
@@ -405,9 +405,10 @@ bool ServerCallImpl::AnswerFor(const absl::Status& status, StreamEndings* later)
   return true;
 }
 
-ServerConnection::ServerConnection(ServerCore& core, std::shared_ptr<transport::Poller> poller)
-    : RpcConnection("server", core.staging(), core.pulls(), core.device(), std::move(poller)),
-      core_(core) {}
+ServerConnection::ServerConnection(ServerImpl& server, std::shared_ptr<transport::Poller> poller)
+    : RpcConnection("server", server.staging(), server.receive_limits(), server.device(),
+                    std::move(poller)),
+      server_(server) {}
 
 void ServerConnection::Attach(std::shared_ptr<transport::Connection> connection) {
   absl::MutexLock lock(&mu_);
@@ -460,7 +461,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     // Answered here, on the poller thread, so that busy handlers never delay it: a keepalive
     // asks whether this process and its connection are alive, not whether it has spare threads.
     Discard(connection, request);
-    core_.CountKeepalive();
+    server_.CountKeepalive();
     absl::StatusOr<transport::SendBuffer> buffer = connection.AcquireSendBuffer();
     if (buffer.ok()) {
       static_cast<void>(
@@ -468,12 +469,12 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     }
     return;
   }
-  if (core_.draining()) {
+  if (server_.draining()) {
     return answer_error(absl::UnavailableError("the server is shutting down"));
   }
-  const ServerCore::ServiceEntry* entry = core_.FindService(header.service_id);
+  const ServerImpl::ServiceEntry* entry = server_.FindService(header.service_id);
   if (entry == nullptr) {
-    core_.CountUnimplemented();
+    server_.CountUnimplemented();
     return answer_error(absl::UnimplementedError(absl::StrFormat(
         "this server has no service with id 0x%08x (the FNV-1a hash of the service's full "
         "name): the client and server were built from different .proto files",
@@ -481,7 +482,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   }
   const ServiceInfo& info = entry->service->service_info();
   if (header.method_index >= info.method_count) {
-    core_.CountUnimplemented();
+    server_.CountUnimplemented();
     return answer_error(absl::UnimplementedError(
         absl::StrCat(info.full_name, " has no method with index ", header.method_index,
                      " on this server (it has ", info.method_count, ")")));
@@ -495,7 +496,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   if (method.streaming() != header.opens_stream()) {
     // A client built from another version of the .proto: not a violation, as for a method
     // this server lacks.
-    core_.CountUnimplemented();
+    server_.CountUnimplemented();
     return answer_error(absl::UnimplementedError(absl::StrCat(
         method.full_name, method.streaming()
                               ? " is a streaming method on this server; the client called it "
@@ -508,7 +509,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   }
   if (request.pulls()) {
     // Larger than this side's arena: pulled first, then served like any request (OnPulled).
-    const auto& place = core_.options().place_request_payload;
+    const auto& place = server_.options().place_request_payload;
     {
       absl::MutexLock lock(&mu_);
       pulled_requests_[header.call_id] = false;
@@ -533,7 +534,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     absl::MutexLock lock(&mu_);
     if (calls_.contains(header.call_id)) {
       duplicate = true;
-    } else if (stream && streams_ >= core_.options().max_streams_per_connection) {
+    } else if (stream && streams_ >= server_.options().max_streams_per_connection) {
       // Refused below, outside the lock.
     } else {
       void* memory;
@@ -546,7 +547,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
       call = new (memory)
           ServerCallImpl(shared_from_this(), connection.shared_from_this(), entry->service, method,
                          *entry->metrics[method.index], request, MonotonicNow(),
-                         stream ? core_.options().stream_window : uint16_t{0});
+                         stream ? server_.options().stream_window : uint16_t{0});
       calls_.emplace(header.call_id, call);
       if (stream) ++streams_;
     }
@@ -558,23 +559,23 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
                                               " is already in flight on this connection"));
   }
   if (call == nullptr) {
-    core_.CountStreamRefused();
+    server_.CountStreamRefused();
     return answer_error(absl::ResourceExhaustedError(absl::StrCat(
-        method.full_name, ": this connection has ", core_.options().max_streams_per_connection,
+        method.full_name, ": this connection has ", server_.options().max_streams_per_connection,
         " streams open already (ServerOptions::max_streams_per_connection)")));
   }
-  core_.CallStarted();
+  server_.CallStarted();
   if (stream && entry->async_streams) {
     // An AsyncService's handler returns at once and owns the stream: no thread of its own, and
     // never inline (it parses the request and may set up work of its own).
-    core_.CountAsyncStream();
-    core_.pool().Submit(pool_queue_, call);
+    server_.CountAsyncStream();
+    server_.pool().Submit(pool_queue_, call);
     return;
   }
   if (stream) {
-    absl::Status started = core_.stream_threads().Start([call] { call->Run(); });
+    absl::Status started = server_.stream_threads().Start([call] { call->Run(); });
     if (!started.ok()) {
-      core_.CountStreamRefused();
+      server_.CountStreamRefused();
       call->Finish(
           absl::Status(started.code(), absl::StrCat(method.full_name, ": ", started.message())),
           nullptr, OutgoingBulk());
@@ -584,7 +585,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   if (entry->inline_methods[method.index]) {
     call->Run();
   } else {
-    core_.pool().Submit(pool_queue_, call);
+    server_.pool().Submit(pool_queue_, call);
   }
 }
 
@@ -604,7 +605,7 @@ absl::Status ServerConnection::PullPlaced(
         absl::StrCat("ServerOptions::place_request_payload gave ", destination.size(),
                      " bytes for a ", size, "-byte payload"));
   } else if (BulkAccess::registration(destination) == nullptr ||
-             BulkAccess::registration(destination)->device() != core_.device().get()) {
+             BulkAccess::registration(destination)->device() != server_.device().get()) {
     refused = absl::FailedPreconditionError(
         "ServerOptions::place_request_payload gave memory not registered on this server "
         "(Server::RegisterMemory)");
@@ -632,7 +633,7 @@ void ServerConnection::OnPulled(transport::Connection& connection, IncomingMessa
     }
   }
   if (cancelled) {  // given up while it was pulled: never served, nothing to answer
-    core_.CountSkipped();
+    server_.CountSkipped();
     Discard(connection, message);
     return;
   }
@@ -642,7 +643,7 @@ void ServerConnection::OnPulled(transport::Connection& connection, IncomingMessa
 void ServerConnection::HandleCancel(transport::Connection& connection,
                                     const IncomingMessage& cancel) {
   Discard(connection, cancel);
-  core_.CountCancel();
+  server_.CountCancel();
   StreamEndings later;
   {
     absl::MutexLock lock(&mu_);
@@ -662,7 +663,7 @@ void ServerConnection::HandleCancel(transport::Connection& connection,
 void ServerConnection::HandleStreamFrame(transport::Connection& connection,
                                          const IncomingMessage& frame) {
   const uint64_t id = frame.header.call_id;
-  std::shared_ptr<StreamCore> stream;
+  std::shared_ptr<StreamState> stream;
   MethodMetrics* metrics = nullptr;  // the server's: outlives the call
   bool found = false;
   {
@@ -712,7 +713,7 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
       status = stream->OnHalfClose();
       break;
     default:
-      // Parsed straight from the receive slot, which goes back right after (stream_core.h).
+      // Parsed straight from the receive slot, which goes back right after (stream_state.h).
       // Counted on arrival, whichever form of handler reads it (or none: a drained stream).
       status = stream->OnMessage(frame.body).status();
       if (status.ok()) metrics->AddMessageBytes(0, frame.body.size());
@@ -786,13 +787,13 @@ void ServerConnection::SweepPass(absl::Time now, absl::Duration idle, absl::Dura
     idle_since_ = now;
     if (probe <= absl::ZeroDuration() || quiet < probe || now - last_probe_ < probe) return;
     last_probe_ = now;
-    core_.CountProbe();
+    server_.CountProbe();
     static_cast<void>(connection->Probe());
     return;
   }
   const absl::Duration idle_for = now - idle_since_;
   if (idle <= absl::ZeroDuration() || idle_for < idle) return;
-  core_.CountIdleClosed();  // before the close, which the peer may see at once
+  server_.CountIdleClosed();  // before the close, which the peer may see at once
   ZRPC_LOG(kInfo, "server", "closing the connection to ", connection->peer_address(),
            ": nothing received and no calls for ", absl::FormatDuration(idle_for),
            " (ServerOptions::idle_timeout)");
@@ -858,8 +859,8 @@ void ServerConnection::OnClosed(transport::Connection& connection, const absl::S
     for (auto& [id, call] : calls_) call->GiveUp(&later);
   }
   EndStreams(later);
-  if (violations() > 0) core_.CountViolation();
-  core_.ConnectionClosed(this);  // may destroy `this`: nothing after it
+  if (violations() > 0) server_.CountViolation();
+  server_.ConnectionClosed(this);  // may destroy `this`: nothing after it
 }
 
 }  // namespace zrpc::internal

@@ -33,11 +33,11 @@
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
 #include "rpc/server/handler_pool.h"
-#include "rpc/stream/stream_core.h"
+#include "rpc/stream/stream_state.h"
 
 namespace zrpc::internal {
 
-class ServerCore;
+class ServerImpl;
 class ServerConnection;
 
 // A stream to end once the connection's lock is let go. Ending a stream tells its asynchronous
@@ -45,20 +45,20 @@ class ServerConnection;
 // takes that lock (Retire): so what gives calls up under it (a cancel, the connection's close,
 // Shutdown's answers, a bad frame) collects their streams here and ends them after.
 struct StreamEnding {
-  std::shared_ptr<StreamCore> core;
+  std::shared_ptr<StreamState> state;
   absl::Status status;
 };
 using StreamEndings = std::vector<StreamEnding>;
 inline void EndStreams(StreamEndings& endings) {
-  for (StreamEnding& ending : endings) ending.core->End(std::move(ending.status));
+  for (StreamEnding& ending : endings) ending.state->End(std::move(ending.status));
   endings.clear();
 }
 
-// A streaming call (rpc/streaming.h) is the same object with a StreamCore: the call is also
+// A streaming call (rpc/streaming.h) is the same object with a StreamState: the call is also
 // the handler's StreamCall, its opening request's slot goes back at OpenStream, its handler runs
 // on a thread of its own (StreamThreads), and its end is the same Finish. An AsyncService's
 // streaming handler runs on the handler pool instead and returns at once: its stream
-// (OpenAsyncStream) is a StreamPump over the same core, and its Finish the pump's last send.
+// (OpenAsyncStream) is a StreamPump over the same state, and its Finish the pump's last send.
 class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCall {
  public:
   // `stream_window`: for a stream open, the window this side grants the client (0 otherwise).
@@ -85,7 +85,7 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
   google::protobuf::MessageLite* Read() override;
 
   // The stream's messages and flow control, for the poller (null for a unary call).
-  const std::shared_ptr<StreamCore>& stream() const { return stream_; }
+  const std::shared_ptr<StreamState>& stream() const { return stream_; }
   // The caller gave up (cancel, deadline, its connection, Shutdown): the context says so and
   // the stream's reads and writes stop waiting. Under the connection's lock, `later` takes the
   // stream's end (see StreamEnding).
@@ -107,8 +107,8 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
   const MethodInfo& method_info() const { return method_; }
 
  private:
-  friend class ServerConnection;  // Retire destroys it in place
-  friend class AsyncServerSide;   // the asynchronous form's sending
+  friend class ServerConnection;   // Retire destroys it in place
+  friend class AsyncServerSender;  // the asynchronous form's sending
   ~ServerCallImpl() override = default;
   // Ends the stream (if any) with `why`, now or, with `later`, once the caller lets go of the
   // connection's lock.
@@ -141,7 +141,7 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
   std::atomic<bool> answered_{false};
   bool handler_ran_ = false;       // set before Dispatch; read by Finish, which the handler calls
   bool request_released_ = false;  // the request's slot went back (SendAnswer, OpenStream)
-  std::shared_ptr<StreamCore> stream_;  // streaming calls only
+  std::shared_ptr<StreamState> stream_;  // streaming calls only
   absl::Mutex failure_mu_;
   absl::Status stream_failure_ ABSL_GUARDED_BY(failure_mu_);
 };
@@ -150,7 +150,7 @@ class ServerConnection final : public RpcConnection,
                                public std::enable_shared_from_this<ServerConnection> {
  public:
   // `poller` is the one the connection is placed on.
-  ServerConnection(ServerCore& core, std::shared_ptr<transport::Poller> poller);
+  ServerConnection(ServerImpl& server, std::shared_ptr<transport::Poller> poller);
   ~ServerConnection() override;
 
   void OnMessage(transport::Connection& connection,
@@ -186,7 +186,7 @@ class ServerConnection final : public RpcConnection,
   // client's NIC when it holds calls and received nothing for `probe`. Counted in the stats.
   void SweepPass(absl::Time now, absl::Duration idle, absl::Duration probe);
 
-  ServerCore& core() { return core_; }
+  ServerImpl& server() { return server_; }
 
  private:
   void HandleRequest(transport::Connection& connection, const IncomingMessage& request);
@@ -194,7 +194,7 @@ class ServerConnection final : public RpcConnection,
   // A stream message, half-close or credit from the client.
   void HandleStreamFrame(transport::Connection& connection, const IncomingMessage& frame);
 
-  ServerCore& core_;
+  ServerImpl& server_;
   PoolQueue pool_queue_;  // this connection's turn in the handler pool (handler_pool.h)
   // Liveness (SweepPass, sweeper thread only; monotonic times): arrivals seen at the last pass,
   // since when that count has not moved, and the last probe.

@@ -50,7 +50,7 @@ void StreamPump::Finish(DoneCallback done) {
       // Messages nobody will read are dropped and credited back, so a peer still writing is not
       // held on a full window while the call waits for its status (or, on a server, while its
       // answer waits for the outstanding write: the credit goes before the answer).
-      owed_credit_ += core_->Drain();
+      owed_credit_ += state_->Drain();
     } else if (!done) {
       return;
     }
@@ -68,7 +68,7 @@ void StreamPump::Abandon(bool close) {
     absl::MutexLock lock(&mu_);
     abandoned_ = true;
     // A write being sent now is settled by the loop sending it (Step), once it knows.
-    if (write_ && !write_sending_) side_->OnWriteDropped();
+    if (write_ && !write_sending_) sender_->OnWriteDropped();
     read = std::move(read_);
     write = std::move(write_);
     finish = std::move(finish_);
@@ -112,14 +112,14 @@ bool StreamPump::Step() {
     no_slot_ = false;
   }
   if (!abandoned_) {
-    if (finish_started_) owed_credit_ += core_->TakeDrainedCredit();
+    if (finish_started_) owed_credit_ += state_->TakeDrainedCredit();
     // A server's answer ends the call: credit is worth sending before it only while a write
     // still holds the answer back (the client may be blocked writing into a full window).
-    const bool answer_next = side_->CloseEndsCall() && close_writes_ && !write_;
+    const bool answer_next = sender_->CloseEndsCall() && close_writes_ && !write_;
     if (owed_credit_ > 0 && !no_slot_ && !SideGone() && !answer_next) {
       const uint16_t grant = static_cast<uint16_t>(std::min<uint32_t>(owed_credit_, 0xffff));
       mu_.Unlock();
-      const Sent sent = core_->ended() ? Sent::kFailed : Retried(side_->SendCredit(grant));
+      const Sent sent = state_->ended() ? Sent::kFailed : Retried(sender_->SendCredit(grant));
       absl::MutexLock lock(&mu_);
       if (sent == Sent::kNoSlot) {
         no_slot_ = true;
@@ -131,7 +131,7 @@ bool StreamPump::Step() {
     if (read_) {
       uint16_t grant = 0;
       bool finished = false;
-      google::protobuf::MessageLite* message = core_->TryRead(&grant, &finished);
+      google::protobuf::MessageLite* message = state_->TryRead(&grant, &finished);
       if (message != nullptr || finished) {
         ClientStreamCall::ReadDone done = std::move(read_);
         read_ = nullptr;
@@ -142,28 +142,28 @@ bool StreamPump::Step() {
       }
     }
     if (write_ && !no_slot_) {
-      const StreamCore::Credit credit =
-          write_credit_ ? StreamCore::Credit::kTaken : core_->TryTakeSendCredit();
-      bool go = credit == StreamCore::Credit::kEnded;
+      const StreamState::Credit credit =
+          write_credit_ ? StreamState::Credit::kTaken : state_->TryTakeSendCredit();
+      bool go = credit == StreamState::Credit::kEnded;
       bool quota_taken = false;
-      if (credit == StreamCore::Credit::kTaken) {
+      if (credit == StreamState::Credit::kTaken) {
         write_credit_ = true;
         // Larger than a slot, from a runtime thread: the staging quota is not waited for here
         // (only this kind of thread frees it); the write waits, its credit in hand, to be told.
-        go = core_->ended() ||
-             side_->QuotaOrWait(write_message_->ByteSizeLong(), &quota_taken, weak_from_this());
+        go = state_->ended() ||
+             sender_->QuotaOrWait(write_message_->ByteSizeLong(), &quota_taken, weak_from_this());
       }
       if (go) {
         const google::protobuf::MessageLite* message = write_message_;
         write_sending_ = true;
         mu_.Unlock();
-        const Sent sent = credit == StreamCore::Credit::kTaken
-                              ? Retried(side_->SendMessage(*message, quota_taken))
+        const Sent sent = credit == StreamState::Credit::kTaken
+                              ? Retried(sender_->SendMessage(*message, quota_taken))
                               : Sent::kFailed;
         mu_.Lock();
         write_sending_ = false;
         if (!write_) {  // abandoned while it was sent: the owner is told only if it did not go
-          if (sent != Sent::kSent) side_->OnWriteDropped();
+          if (sent != Sent::kSent) sender_->OnWriteDropped();
           mu_.Unlock();
           return true;
         }
@@ -183,11 +183,12 @@ bool StreamPump::Step() {
     }
   }
   // A dropped server call is still answered (Abandon with `close`): only that goes on.
-  const bool may_close = !abandoned_ || side_->CloseEndsCall();
+  const bool may_close = !abandoned_ || sender_->CloseEndsCall();
   if (close_writes_ && !writes_closed_ && !write_ && !no_slot_ && may_close) {
-    const bool ends_call = side_->CloseEndsCall();
+    const bool ends_call = sender_->CloseEndsCall();
     mu_.Unlock();
-    const Sent sent = core_->ended() && !ends_call ? Sent::kFailed : Retried(side_->CloseWrites());
+    const Sent sent =
+        state_->ended() && !ends_call ? Sent::kFailed : Retried(sender_->CloseWrites());
     absl::MutexLock lock(&mu_);
     if (sent == Sent::kNoSlot) {
       no_slot_ = true;
@@ -196,7 +197,7 @@ bool StreamPump::Step() {
     }
     return true;
   }
-  if (!abandoned_ && finish_ && !read_ && !write_ && writes_closed_ && core_->ended()) {
+  if (!abandoned_ && finish_ && !read_ && !write_ && writes_closed_ && state_->ended()) {
     DoneCallback done = std::move(finish_);
     finish_ = nullptr;
     mu_.Unlock();
@@ -206,7 +207,7 @@ bool StreamPump::Step() {
       absl::MutexLock lock(&mu_);
       live = !abandoned_;
     }
-    if (live) done(core_->status());
+    if (live) done(state_->status());
     return true;
   }
   running_ = false;

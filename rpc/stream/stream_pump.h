@@ -1,6 +1,7 @@
 // StreamPump: the asynchronous form of one end of a stream (rpc/streaming.h, "Asynchronous
 // streams"), shared by the client's streams (client_stream.h) and the server's (an AsyncService's
-// handlers: server_connection.h). Only the sending differs between the two, and a Side supplies it.
+// handlers: server_connection.h). Only the sending differs between the two, and a Sender supplies
+// it.
 //
 // Each operation (Read, Write, CloseWrites, Finish) is recorded, and Pump carries out whatever is
 // ready, on the thread that starts an operation or on the one that brings what it waited for
@@ -11,14 +12,14 @@
 // only a pointer to the message: it is serialized into a send slot when the room comes, so a
 // stalled stream holds no slot. What is sent from a runtime thread never waits for a slot or the
 // staging quota (that thread is the one that frees them): a frame that finds none stays, unsent,
-// and the pump runs again when quota comes back (Side::QuotaOrWait) or at the timer's next pass
-// (Side::RetryLater).
+// and the pump runs again when quota comes back (Sender::QuotaOrWait) or at the timer's next pass
+// (Sender::RetryLater).
 //
 // The two sides' ends differ:
 //  - a client closes its writes with a half-close frame and then waits (Finish) for the
-//    server's status, which ends the core;
+//    server's status, which ends the state;
 //  - a server's CloseWrites is its final answer (ServerCall::Finish): it ends the call and the
-//    core, after which the Side must not be used, and nothing more is sent.
+//    state, after which the Sender must not be used, and nothing more is sent.
 // Abandon (the owner's destruction) drops every callback not run and the outstanding write
 // (its message may die with the owner); with `close` the writes are closed still (the server
 // answers a dropped call), without it nothing more is sent (the client cancels instead).
@@ -34,27 +35,27 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "rpc/generated_api.h"
-#include "rpc/stream/stream_core.h"
+#include "rpc/stream/stream_state.h"
 
 namespace zrpc::internal {
 
 class StreamPump final : public StreamListener, public std::enable_shared_from_this<StreamPump> {
  public:
   // What one of the pump's sends came to. kNoSlot: every send slot is taken and this is a
-  // runtime thread; the pump asks the Side to run it again later (RetryLater).
+  // runtime thread; the pump asks the Sender to run it again later (RetryLater).
   enum class Sent { kSent, kNoSlot, kFailed };
 
   // One end's sending. Called by the pump's one running thread, never two at a time.
-  class Side {
+  class Sender {
    public:
-    virtual ~Side() = default;
+    virtual ~Sender() = default;
     // A stream message (`quota_taken`: QuotaOrWait took the staging quota it needs).
     virtual Sent SendMessage(const google::protobuf::MessageLite& message, bool quota_taken) = 0;
     // `messages` more the peer may send.
     virtual Sent SendCredit(uint16_t messages) = 0;
     // The end of this side's writes (see the top of this file).
     virtual Sent CloseWrites() = 0;
-    // Whether CloseWrites ends the call (the server): nothing is sent after it, and the Side is
+    // Whether CloseWrites ends the call (the server): nothing is sent after it, and the Sender is
     // not used again.
     virtual bool CloseEndsCall() const = 0;
     // Whether a message of `size` bytes may be sent now: true, with `*quota_taken` set when the
@@ -70,11 +71,11 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
     virtual void OnWriteDropped() {}
   };
 
-  // `side`: its sending (its own until CloseWrites when that ends the call). `writes`: this side
+  // `sender`: its sending (its own until CloseWrites when that ends the call). `writes`: this side
   // may write (else its writes count as closed from the start; a server's always pass true:
   // their CloseWrites is the answer).
-  StreamPump(std::unique_ptr<Side> side, std::shared_ptr<StreamCore> core, bool writes)
-      : side_(std::move(side)), core_(std::move(core)), writes_closed_(!writes) {}
+  StreamPump(std::unique_ptr<Sender> sender, std::shared_ptr<StreamState> state, bool writes)
+      : sender_(std::move(sender)), state_(std::move(state)), writes_closed_(!writes) {}
 
   void OnStreamEvent() override { Pump(); }
 
@@ -92,7 +93,7 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
   // FAILED_PRECONDITION at once.
   void Finish(DoneCallback done);
   // No callback runs from now on (one running now finishes: WaitIdle); see the top of this file.
-  // A write still outstanding is dropped and the Side told (OnWriteDropped).
+  // A write still outstanding is dropped and the Sender told (OnWriteDropped).
   void Abandon(bool close);
   // Returns once no thread but this one runs the pump: a callback running on another thread
   // has returned.
@@ -105,24 +106,24 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
   bool Step();
   // `sent`, after asking for a retry when it found no slot. Without the lock.
   Sent Retried(Sent sent) {
-    if (sent == Sent::kNoSlot) side_->RetryLater(weak_from_this());
+    if (sent == Sent::kNoSlot) sender_->RetryLater(weak_from_this());
     return sent;
   }
-  // Writes are over for the Side (a server that answered): nothing more is sent.
+  // Writes are over for the Sender (a server that answered): nothing more is sent.
   bool SideGone() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return writes_closed_ && side_->CloseEndsCall();
+    return writes_closed_ && sender_->CloseEndsCall();
   }
 
-  const std::unique_ptr<Side> side_;
-  const std::shared_ptr<StreamCore> core_;
+  const std::unique_ptr<Sender> sender_;
+  const std::shared_ptr<StreamState> state_;
 
-  absl::Mutex mu_;  // before the core's and the quota's (Step polls and takes under it)
+  absl::Mutex mu_;  // before the state's and the quota's (Step polls and takes under it)
   absl::CondVar idle_;
   ClientStreamCall::ReadDone read_ ABSL_GUARDED_BY(mu_);
   ClientStreamCall::WriteDone write_ ABSL_GUARDED_BY(mu_);
   const google::protobuf::MessageLite* write_message_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool write_credit_ ABSL_GUARDED_BY(mu_) = false;   // taken for write_, which waits for more
-  bool write_sending_ ABSL_GUARDED_BY(mu_) = false;  // write_ is in the Side's SendMessage
+  bool write_sending_ ABSL_GUARDED_BY(mu_) = false;  // write_ is in the Sender's SendMessage
   uint32_t owed_credit_ ABSL_GUARDED_BY(mu_) = 0;    // read (or dropped), not yet granted back
   bool close_writes_ ABSL_GUARDED_BY(mu_) = false;   // asked for (CloseWrites, Finish)
   bool writes_closed_ ABSL_GUARDED_BY(mu_);          // done (or the stream has no writes)

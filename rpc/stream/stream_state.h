@@ -1,4 +1,4 @@
-// StreamCore: one end of one stream (WIRE.md, "Streams"): the peer's messages waiting to be
+// StreamState: one end of one stream (WIRE.md, "Streams"): the peer's messages waiting to be
 // read, and the per-stream flow control in both directions. Shared by the client's and the
 // server's stream objects, which add the sending.
 //
@@ -23,8 +23,8 @@
 // writes, one reader and one writer at a time; End comes from whichever thread ends the call.
 // Every wait wakes on End. The asynchronous form (client_stream.h) does not wait: it polls
 // (TryRead, TryTakeSendCredit) and is told of each event by its StreamListener.
-#ifndef ZRPC_RPC_STREAM_STREAM_CORE_H_
-#define ZRPC_RPC_STREAM_STREAM_CORE_H_
+#ifndef ZRPC_RPC_STREAM_STREAM_STATE_H_
+#define ZRPC_RPC_STREAM_STREAM_STATE_H_
 
 #include <google/protobuf/message_lite.h>
 
@@ -42,9 +42,6 @@
 #include "absl/types/span.h"
 
 namespace zrpc::internal {
-
-// The window a receiver grants each stream unless told otherwise: messages it holds unread.
-inline constexpr uint16_t kDefaultStreamWindow = 16;
 
 // Told of each event an asynchronous user of a stream may be waiting for: a message queued, the
 // peer's half-close, a credit, the end. Called on the thread of the event, with no lock held.
@@ -80,16 +77,16 @@ class StreamWaiters {
   std::vector<std::weak_ptr<StreamListener>> waiters_;
 };
 
-class StreamCore {
+class StreamState {
  public:
   // `read_prototype`: the type of the peer's messages, granted a window at once (the client's
   // end: its stream open carries the grant); null when nothing is granted yet (the server's end:
   // see Grant). `window`: the window this side grants (>= 1). `send_credit`: messages this side
   // may send before the peer grants more.
-  StreamCore(const google::protobuf::MessageLite* read_prototype, uint16_t window,
-             uint32_t send_credit);
-  StreamCore(const StreamCore&) = delete;
-  StreamCore& operator=(const StreamCore&) = delete;
+  StreamState(const google::protobuf::MessageLite* read_prototype, uint16_t window,
+              uint32_t send_credit);
+  StreamState(const StreamState&) = delete;
+  StreamState& operator=(const StreamState&) = delete;
 
   // ---- The poller.
   // A message of the peer's arrived: parsed from `body` (which the caller gives back after).
@@ -176,4 +173,4 @@ class StreamCore {
 
 }  // namespace zrpc::internal
 
-#endif  // ZRPC_RPC_STREAM_STREAM_CORE_H_
+#endif  // ZRPC_RPC_STREAM_STREAM_STATE_H_

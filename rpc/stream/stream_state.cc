@@ -1,6 +1,6 @@
-// StreamCore: one end of a stream: the peer's messages and per-stream flow control.
+// StreamState: one end of a stream: the peer's messages and per-stream flow control.
 
-#include "rpc/stream/stream_core.h"
+#include "rpc/stream/stream_state.h"
 
 #include <algorithm>
 #include <limits>
@@ -28,14 +28,14 @@ constexpr uint32_t kMaxSendCredit = uint32_t{1} << 31;
 
 }  // namespace
 
-StreamCore::StreamCore(const google::protobuf::MessageLite* read_prototype, uint16_t window,
-                       uint32_t send_credit)
+StreamState::StreamState(const google::protobuf::MessageLite* read_prototype, uint16_t window,
+                         uint32_t send_credit)
     : prototype_(read_prototype),
       window_(std::max<uint16_t>(window, 1)),
       receivable_(read_prototype == nullptr ? 0 : window_),
       send_credit_(send_credit) {}
 
-uint16_t StreamCore::Consumed() {
+uint16_t StreamState::Consumed() {
   ++owed_;
   // A frame per half window: few frames, and the sender never waits for one while it still
   // has half a window to send.
@@ -47,12 +47,12 @@ uint16_t StreamCore::Consumed() {
   return grant;
 }
 
-std::shared_ptr<StreamListener> StreamCore::Changed() {
+std::shared_ptr<StreamListener> StreamState::Changed() {
   changed_.SignalAll();
   return has_listener_ ? listener_.lock() : nullptr;
 }
 
-absl::StatusOr<uint16_t> StreamCore::OnMessage(absl::Span<const uint8_t> body) {
+absl::StatusOr<uint16_t> StreamState::OnMessage(absl::Span<const uint8_t> body) {
   std::shared_ptr<StreamListener> listener;
   absl::ReleasableMutexLock lock(&mu_);
   if (prototype_ == nullptr) {
@@ -96,7 +96,7 @@ absl::StatusOr<uint16_t> StreamCore::OnMessage(absl::Span<const uint8_t> body) {
   return 0;
 }
 
-absl::Status StreamCore::OnHalfClose() {
+absl::Status StreamState::OnHalfClose() {
   std::shared_ptr<StreamListener> listener;
   {
     absl::MutexLock lock(&mu_);
@@ -108,7 +108,7 @@ absl::Status StreamCore::OnHalfClose() {
   return absl::OkStatus();
 }
 
-absl::Status StreamCore::OnCredit(uint16_t messages) {
+absl::Status StreamState::OnCredit(uint16_t messages) {
   std::shared_ptr<StreamListener> listener;
   {
     absl::MutexLock lock(&mu_);
@@ -123,20 +123,20 @@ absl::Status StreamCore::OnCredit(uint16_t messages) {
   return absl::OkStatus();
 }
 
-uint16_t StreamCore::Grant(const google::protobuf::MessageLite* read_prototype) {
+uint16_t StreamState::Grant(const google::protobuf::MessageLite* read_prototype) {
   absl::MutexLock lock(&mu_);
   prototype_ = read_prototype;
   receivable_ += window_;
   return window_;
 }
 
-absl::Status StreamCore::WaitEnded() {
+absl::Status StreamState::WaitEnded() {
   absl::MutexLock lock(&mu_);
   while (!ended_) changed_.Wait(&mu_);
   return status_;
 }
 
-void StreamCore::End(absl::Status status) {
+void StreamState::End(absl::Status status) {
   std::shared_ptr<StreamListener> listener;
   {
     absl::MutexLock lock(&mu_);
@@ -148,7 +148,7 @@ void StreamCore::End(absl::Status status) {
   Notify(listener);
 }
 
-void StreamCore::SetListener(std::weak_ptr<StreamListener> listener) {
+void StreamState::SetListener(std::weak_ptr<StreamListener> listener) {
   std::shared_ptr<StreamListener> now;
   {
     absl::MutexLock lock(&mu_);
@@ -159,14 +159,14 @@ void StreamCore::SetListener(std::weak_ptr<StreamListener> listener) {
   Notify(now);
 }
 
-google::protobuf::MessageLite* StreamCore::PopFront(uint16_t* grant) {
+google::protobuf::MessageLite* StreamState::PopFront(uint16_t* grant) {
   current_ = std::move(queue_.front());
   queue_.pop_front();
   if (!ended_) *grant = Consumed();
   return current_.get();
 }
 
-google::protobuf::MessageLite* StreamCore::Read(absl::Time deadline, uint16_t* grant) {
+google::protobuf::MessageLite* StreamState::Read(absl::Time deadline, uint16_t* grant) {
   *grant = 0;
   absl::MutexLock lock(&mu_);
   if (current_ != nullptr) spare_.push_back(std::move(current_));
@@ -177,7 +177,7 @@ google::protobuf::MessageLite* StreamCore::Read(absl::Time deadline, uint16_t* g
   return PopFront(grant);
 }
 
-google::protobuf::MessageLite* StreamCore::TryRead(uint16_t* grant, bool* finished) {
+google::protobuf::MessageLite* StreamState::TryRead(uint16_t* grant, bool* finished) {
   *grant = 0;
   absl::MutexLock lock(&mu_);
   if (current_ != nullptr) spare_.push_back(std::move(current_));
@@ -189,7 +189,7 @@ google::protobuf::MessageLite* StreamCore::TryRead(uint16_t* grant, bool* finish
   return PopFront(grant);
 }
 
-StreamCore::Credit StreamCore::TryTakeSendCredit() {
+StreamState::Credit StreamState::TryTakeSendCredit() {
   absl::MutexLock lock(&mu_);
   if (ended_) return Credit::kEnded;
   if (send_credit_ == 0) return Credit::kNone;
@@ -197,7 +197,7 @@ StreamCore::Credit StreamCore::TryTakeSendCredit() {
   return Credit::kTaken;
 }
 
-bool StreamCore::TakeSendCredit(absl::Time deadline) {
+bool StreamState::TakeSendCredit(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   while (send_credit_ == 0) {
     if (ended_) return false;
@@ -208,7 +208,7 @@ bool StreamCore::TakeSendCredit(absl::Time deadline) {
   return true;
 }
 
-uint16_t StreamCore::Drain() {
+uint16_t StreamState::Drain() {
   absl::MutexLock lock(&mu_);
   draining_ = true;
   uint16_t grant = 0;
@@ -220,22 +220,22 @@ uint16_t StreamCore::Drain() {
   return grant;
 }
 
-uint32_t StreamCore::TakeDrainedCredit() {
+uint32_t StreamState::TakeDrainedCredit() {
   absl::MutexLock lock(&mu_);
   return std::exchange(drained_credit_, 0);
 }
 
-bool StreamCore::ended() const {
+bool StreamState::ended() const {
   absl::MutexLock lock(&mu_);
   return ended_;
 }
 
-absl::Status StreamCore::status() const {
+absl::Status StreamState::status() const {
   absl::MutexLock lock(&mu_);
   return status_;
 }
 
-bool StreamCore::peer_done() const {
+bool StreamState::peer_done() const {
   absl::MutexLock lock(&mu_);
   return peer_done_ || ended_;
 }

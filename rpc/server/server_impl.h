@@ -1,8 +1,8 @@
-// ServerCore: the state behind zrpc::Server (server.h), shared with its connections and calls.
+// ServerImpl: the state behind zrpc::Server (server.h), shared with its connections and calls.
 // Owns, in creation order: the device (shared with other servers and channels of the process),
 // the staging pool, the pollers, the handler pool, the listener (destroyed in reverse).
-#ifndef ZRPC_RPC_SERVER_SERVER_CORE_H_
-#define ZRPC_RPC_SERVER_SERVER_CORE_H_
+#ifndef ZRPC_RPC_SERVER_SERVER_IMPL_H_
+#define ZRPC_RPC_SERVER_SERVER_IMPL_H_
 
 #include <atomic>
 #include <condition_variable>
@@ -32,7 +32,7 @@
 
 namespace zrpc::internal {
 
-class ServerCore final : public transport::AcceptHandler {
+class ServerImpl final : public transport::AcceptHandler {
  public:
   // A service as dispatch sees it: the object, and per method whether it runs inline.
   struct ServiceEntry {
@@ -42,8 +42,8 @@ class ServerCore final : public transport::AcceptHandler {
     bool async_streams = false;           // Service::serves_streams_async: no stream threads
   };
 
-  static absl::StatusOr<std::unique_ptr<ServerCore>> Create(const ServerOptions& options);
-  ~ServerCore() override;
+  static absl::StatusOr<std::unique_ptr<ServerImpl>> Create(const ServerOptions& options);
+  ~ServerImpl() override;
 
   absl::Status AddService(Service* service);
   absl::Status SetInline(absl::string_view method, bool inline_handler);
@@ -81,11 +81,11 @@ class ServerCore final : public transport::AcceptHandler {
   // Ends `stream` with DEADLINE_EXCEEDED at `deadline` (monotonic), on the sweeper: an
   // asynchronous stream has no thread whose waits would end there, and a client's cancel may
   // never come.
-  void WatchDeadline(absl::Time deadline, std::weak_ptr<StreamCore> stream);
+  void WatchDeadline(absl::Time deadline, std::weak_ptr<StreamState> stream);
   const Metrics& metrics() const { return metrics_; }
   void CountKeepalive() { keepalives_.fetch_add(1, std::memory_order_relaxed); }
   StagingPool& staging() { return *staging_; }
-  const std::shared_ptr<PullBudget>& pulls() const { return pulls_; }
+  const std::shared_ptr<ReceiveLimits>& receive_limits() const { return receive_limits_; }
   const std::shared_ptr<transport::Device>& device() const { return device_; }
   const ServerOptions& options() const { return options_; }
   // Send slots a connection's stream frames leave free (AcquireSendBuffer's leave_free): one
@@ -107,7 +107,7 @@ class ServerCore final : public transport::AcceptHandler {
   void CountAnswerDropped() { answers_dropped_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
-  explicit ServerCore(const ServerOptions& options)
+  explicit ServerImpl(const ServerOptions& options)
       : options_(options), stream_threads_(options.max_streams) {}
   // The liveness thread (ServerOptions::idle_timeout, liveness_probe_interval).
   void SweepLoop();
@@ -115,7 +115,7 @@ class ServerCore final : public transport::AcceptHandler {
   ServerOptions options_;  // as given, with the limits Create derives; fixed once created
   std::shared_ptr<transport::Device> device_;
   std::unique_ptr<StagingPool> staging_;
-  std::shared_ptr<PullBudget> pulls_;
+  std::shared_ptr<ReceiveLimits> receive_limits_;
   // Shared with received payloads users still hold (rpc_connection.h).
   std::vector<std::shared_ptr<transport::Poller>> pollers_;
   std::unique_ptr<HandlerPool> pool_;
@@ -155,13 +155,13 @@ class ServerCore final : public transport::AcceptHandler {
   std::condition_variable sweep_cv_;
   bool sweep_stop_ = false;  // under sweep_mu_
   // Under sweep_mu_: the sweeper doubles as the asynchronous streams' timer.
-  StreamWaiters slot_waiters_;                                      // WaitForSlot
-  absl::Time slot_retry_at_;                                        // when they try again
-  std::multimap<absl::Time, std::weak_ptr<StreamCore>> deadlines_;  // WatchDeadline
+  StreamWaiters slot_waiters_;                                       // WaitForSlot
+  absl::Time slot_retry_at_;                                         // when they try again
+  std::multimap<absl::Time, std::weak_ptr<StreamState>> deadlines_;  // WatchDeadline
   size_t deadlines_pruned_ = 0;  // entries left by the last pruning
   std::thread sweeper_;
 };
 
 }  // namespace zrpc::internal
 
-#endif  // ZRPC_RPC_SERVER_SERVER_CORE_H_
+#endif  // ZRPC_RPC_SERVER_SERVER_IMPL_H_
