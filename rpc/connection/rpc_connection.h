@@ -42,6 +42,13 @@
 // Received payloads given to users are IncomingBulk whose releaser is ReceiveReleaser: the token
 // is a small heap record holding the Connection (shared), so a payload released after the
 // connection failed, or after the handler went away, still finds its arena.
+//
+// The implementation, one file a phase (eRPC's rpc_impl/ split): rpc_connection_receive.cc
+// (the poller's callbacks, Receive, releasing payloads), rpc_connection_send.cc (SendMessage,
+// send slots, answers and errors, the staging quota and deferred list), rpc_connection_bulk.cc
+// (BulkGate, ReceiveLimits, pulls, exposure, zero-copy and staged WRITEs, Withdraw) and
+// rpc_connection_stream.cc (stream frames); rpc_connection_internal.h has the records they
+// share.
 #ifndef ZRPC_RPC_CONNECTION_RPC_CONNECTION_H_
 #define ZRPC_RPC_CONNECTION_RPC_CONNECTION_H_
 
