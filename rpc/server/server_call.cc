@@ -1,0 +1,203 @@
+// ServerCallImpl, a unary call: running its handler (or ending it unrun when the caller gave
+// up), its response slot, Finish and the response it sends, and the runtime answering for it.
+
+#include "rpc/server/server_call.h"
+
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "rpc/bulk/registration.h"
+#include "rpc/common/monotonic.h"
+#include "rpc/server/server_connection.h"
+#include "rpc/server/server_impl.h"
+#include "rpc/stream/stream_pump.h"
+#include "transport/log.h"
+
+namespace zrpc::internal {
+
+ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
+                               std::shared_ptr<transport::Connection> connection, Service* service,
+                               const MethodInfo& method, MethodMetrics& metrics,
+                               const IncomingMessage& request, absl::Time monotonic_now,
+                               uint16_t stream_window)
+    : owner_(std::move(owner)),
+      connection_(std::move(connection)),
+      service_(service),
+      method_(method),
+      metrics_(metrics),
+      start_(monotonic_now),
+      request_(request) {
+  if (stream_window > 0) {
+    // The client granted request.header.window messages in its open; this side grants its own
+    // window when the handler starts (OpenStream).
+    stream_ = std::make_shared<StreamState>(nullptr, stream_window, request.header.window);
+  }
+  const absl::Duration remaining = RemainingFromWire(request.header.timeout_us);
+  context_.SetRemaining(remaining);
+  deadline_ = monotonic_now + remaining;
+  metrics_.OnStart();
+  metrics_.AddMessageBytes(0, request.body.size());
+  metrics_.AddBulkBytes(0, request.bulk ? request.bulk->size : 0);
+}
+
+void ServerCallImpl::Run() {
+  if (context_.IsCancelled()) {
+    const bool late = MonotonicNow() >= deadline_;
+    owner_->server().CountSkipped();
+    Finish(late ? absl::DeadlineExceededError(absl::StrCat(
+                      method_.full_name, ": the deadline passed before the handler ran"))
+                : absl::CancelledError(
+                      absl::StrCat(method_.full_name, ": given up before the handler ran")),
+           nullptr, OutgoingBulk());
+    return;
+  }
+  handler_ran_ = true;
+  service_->Dispatch(method_.index, this);
+}
+
+IncomingBulk ServerCallImpl::TakeRequestBulk() {
+  if (!request_.bulk) return IncomingBulk();
+  transport::ReceivedBulk bulk = *std::exchange(request_.bulk, std::nullopt);
+  return ReceiveReleaser::Wrap(*owner_, connection_, bulk);
+}
+
+absl::StatusOr<SendSlot> ServerCallImpl::AcquireResponseSlot(size_t size) {
+  if (absl::Status fits = owner_->limits().CheckMessage(size, "response"); !fits.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(method_.full_name, ": ", fits.message()));
+  }
+  if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
+  large_response_.reset();
+  absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
+  if (!buffer.ok()) return buffer.status();
+  response_buffer_ = *buffer;
+  if (RpcConnection::FitsSlot(*connection_, size)) {
+    return SendSlot{RpcConnection::Body(*buffer), size, buffer->slot};
+  }
+  // Larger than a slot: serialized into memory of its own, sent at the front of the payload.
+  large_response_.reset(static_cast<uint8_t*>(std::malloc(size)));
+  if (large_response_ == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(method_.full_name, ": out of memory for a ", size, "-byte response"));
+  }
+  return SendSlot{large_response_.get(), size, buffer->slot};
+}
+
+void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) {
+  if (stream_ != nullptr) {
+    absl::Status failure;
+    {
+      absl::MutexLock lock(&failure_mu_);
+      failure = stream_failure_;
+    }
+    if (!failure.ok()) {
+      // What broke the stream is what the client hears, whatever the handler returned.
+      status = std::move(failure);
+      response = nullptr;
+      response_bulk.Reset();
+    }
+    stream_->End(absl::OkStatus());  // messages arriving from now on are dropped
+  }
+  absl::StatusCode code = absl::StatusCode::kUnavailable;  // what AnswerFor sent
+  if (!answered_.exchange(true, std::memory_order_acq_rel)) {
+    code = SendResponse(std::move(status), response, std::move(response_bulk)).code();
+  } else {
+    response_bulk.Reset();  // answered already (Shutdown): this answer is discarded
+  }
+  metrics_.OnFinish(code, MonotonicNow() - start_);
+  if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
+  if (!request_released_) static_cast<void>(connection_->Release(request_.handle));
+  if (request_.bulk) RpcConnection::ReleasePayload(*connection_, request_.bulk->handle);
+  if (request_.body_payload) {
+    RpcConnection::ReleasePayload(*connection_, request_.body_payload->handle);
+  }
+  // The call leaves its connection's map and is destroyed in place under one lock (Retire), so
+  // a cancel or Shutdown's answer (which uses owner_ and connection_ under that lock, and may
+  // run while this handler finishes: AnswerFor wakes a stream's handler) never finds it half
+  // gone; its memory stays for the next call. The references that may be the last (the
+  // connections) are dropped after that lock.
+  std::shared_ptr<ServerConnection> owner;
+  std::shared_ptr<transport::Connection> connection;
+  ServerConnection* const retiring = owner_.get();
+  ServerImpl& server = retiring->server();
+  retiring->Retire(this, &owner, &connection);
+  connection.reset();
+  owner.reset();
+  server.CallDone();
+}
+
+absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* response,
+                                          OutgoingBulk response_bulk) {
+  if (context_.IsCancelled()) {
+    // Nobody waits for this answer (the client's deadline passed or it cancelled, and it sent
+    // a cancel or will drop the answer as late): stage, write and send nothing.
+    response_bulk.Reset();
+    if (handler_ran_) owner_->server().CountAnswerDropped();
+    return MonotonicNow() >= deadline_ ? absl::DeadlineExceededError("the caller's deadline passed")
+                                       : absl::CancelledError("the caller gave up");
+  }
+  if (status.ok() && (response == nullptr || !response_buffer_)) {
+    status = absl::InternalError(
+        absl::StrCat(method_.full_name, ": finished OK without a response slot"));
+  }
+  if (status.ok() && !response_bulk.empty() && !method_.response_bulk) {
+    status = absl::InternalError(
+        absl::StrCat(method_.full_name,
+                     ": the handler set a response payload, but the method is not "
+                     "marked response_bulk"));
+  }
+  if (status.ok()) {
+    const transport::SendBuffer buffer = *std::exchange(response_buffer_, {});
+    const size_t bulk_size = response_bulk.size();
+    // A caller that gave its payload a destination pulls it there, whatever its size.
+    const bool expose = (request_.header.flags & kRpcFlagPullResponse) != 0;
+    OutgoingBulk large_body;
+    size_t body_size = response->size;
+    if (uint8_t* large = large_response_.release()) {
+      large_body = OutgoingBulk(large, response->size, [large] { std::free(large); });
+      body_size = 0;
+    }
+    if (bulk_size == 0 && large_body.empty() && !request_released_) {
+      // The common answer: the request's slot goes back and the response goes out under one
+      // transport lock, the response carrying the slot's credit.
+      request_released_ = true;
+      status = owner_->SendAnswer(*connection_, buffer, RpcHeader::Response(call_id()), body_size,
+                                  request_.handle);
+    } else {
+      status = owner_->SendMessage(*connection_, buffer, RpcHeader::Response(call_id()), body_size,
+                                   std::move(response_bulk), std::move(large_body),
+                                   absl::InfiniteFuture(), nullptr, expose);
+    }
+    if (status.ok()) {
+      metrics_.AddMessageBytes(response->size, 0);
+      metrics_.AddBulkBytes(bulk_size, 0);
+      return status;
+    }
+    if (!connection_->open()) return absl::UnavailableError(status.message());
+    // The response could not go (its payload is larger than the client's arena, or no staging
+    // memory): the client hears why instead of waiting for its deadline.
+  }
+  response_bulk.Reset();
+  if (absl::Status sent = owner_->SendError(*connection_, call_id(), status);
+      !sent.ok() && connection_->open()) {
+    // No send slot for the error: the client would wait for its deadline without a word. Fail
+    // its connection instead, which fails its calls at once.
+    ZRPC_LOG(kError, "server", "cannot answer call ", call_id(), " from ",
+             connection_->peer_address(), " (", sent.ToString(), "); closing");
+    connection_->Close();
+  }
+  return status;
+}
+
+bool ServerCallImpl::AnswerFor(const absl::Status& status, StreamEndings* later) {
+  // Under the connection's lock (AnswerAll), so Finish cannot retire the call meanwhile; the
+  // answer is claimed before the handler is woken.
+  const bool answer = !answered_.exchange(true, std::memory_order_acq_rel);
+  GiveUp(later);
+  if (!answer) return false;
+  if (!owner_->SendError(*connection_, call_id(), status).ok()) connection_->Close();
+  return true;
+}
+
+}  // namespace zrpc::internal

@@ -1,0 +1,144 @@
+// ServerCallImpl: the server's side of one call, unary or streaming: what generated code sees as
+// ServerCall (rpc/impl/call_interfaces.h), and a streaming handler's StreamCall.
+//
+// Files: server_call.cc (the unary call: run, respond, finish) and server_stream.cc (the
+// stream: reads, writes, the asynchronous form, and the connection's stream frames).
+//
+// Races a call can lose, each settled by one atomic exchange on `answered_`: the handler's Finish
+// against the runtime answering for it (Shutdown past its grace). The loser's response is
+// discarded, never sent twice. A cancel from the client or the connection's failure only marks
+// the call's context cancelled: the handler still owns the call and must still Finish it, and the
+// request's memory stays valid until it does.
+#ifndef ZRPC_RPC_SERVER_SERVER_CALL_H_
+#define ZRPC_RPC_SERVER_SERVER_CALL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rpc/connection/rpc_connection.h"
+#include "rpc/generated_api.h"
+#include "rpc/metrics.h"
+#include "rpc/server/handler_pool.h"
+#include "rpc/stream/stream_state.h"
+
+namespace zrpc::internal {
+
+class ServerConnection;
+
+// A stream to end once the connection's lock is let go. Ending a stream tells its asynchronous
+// form (StreamPump), whose callbacks may finish the call there and then, and a call's Finish
+// takes that lock (Retire): so what gives calls up under it (a cancel, the connection's close,
+// Shutdown's answers, a bad frame) collects their streams here and ends them after.
+struct StreamEnding {
+  std::shared_ptr<StreamState> state;
+  absl::Status status;
+};
+using StreamEndings = std::vector<StreamEnding>;
+inline void EndStreams(StreamEndings& endings) {
+  for (StreamEnding& ending : endings) ending.state->End(std::move(ending.status));
+  endings.clear();
+}
+
+// A streaming call (rpc/streaming.h) is the same object with a StreamState: the call is also
+// the handler's StreamCall, its opening request's slot goes back at OpenStream, its handler runs
+// on a thread of its own (StreamThreads), and its end is the same Finish. An AsyncService's
+// streaming handler runs on the handler pool instead and returns at once: its stream
+// (OpenAsyncStream) is a StreamPump over the same state, and its Finish the pump's last send.
+class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCall {
+ public:
+  // `stream_window`: for a stream open, the window this side grants the client (0 otherwise).
+  ServerCallImpl(std::shared_ptr<ServerConnection> owner,
+                 std::shared_ptr<transport::Connection> connection, Service* service,
+                 const MethodInfo& method, MethodMetrics& metrics, const IncomingMessage& request,
+                 absl::Time monotonic_now,  // MonotonicNow() at arrival
+                 uint16_t stream_window = 0);
+
+  ServerContext& context() override { return context_; }
+  const uint8_t* request_data() const override { return request_.body.data(); }
+  size_t request_size() const override { return request_.body.size(); }
+  IncomingBulk TakeRequestBulk() override;
+  absl::StatusOr<SendSlot> AcquireResponseSlot(size_t size) override;
+  void Finish(absl::Status status, SendSlot* response, OutgoingBulk response_bulk) override;
+  StreamCall* OpenStream(const google::protobuf::MessageLite* read_prototype) override;
+  // The asynchronous form (an AsyncService's handler): no thread; the StreamPump of
+  // rpc/stream/stream_pump.h sends through this call until its Finish.
+  std::unique_ptr<ServerAsyncStream> OpenAsyncStream(
+      const google::protobuf::MessageLite* read_prototype) override;
+
+  // StreamCall: the handler's end of the stream. Waits end at the call's deadline.
+  bool Write(const google::protobuf::MessageLite& message) override;
+  google::protobuf::MessageLite* Read() override;
+
+  // The stream's messages and flow control, for the poller (null for a unary call).
+  const std::shared_ptr<StreamState>& stream() const { return stream_; }
+  // The caller gave up (cancel, deadline, its connection, Shutdown): the context says so and
+  // the stream's reads and writes stop waiting. Under the connection's lock, `later` takes the
+  // stream's end (see StreamEnding).
+  void GiveUp(StreamEndings* later = nullptr);
+  // The stream failed here (a message that does not parse, one that cannot be sent): reads and
+  // writes stop, and the call answers `status` whatever its handler returns. `later`: as
+  // GiveUp's.
+  void FailStream(absl::Status status, StreamEndings* later = nullptr);
+
+  // PoolTask (and the inline path): runs the handler, unless the caller already gave up (its
+  // deadline passed or it cancelled while the call waited): then the call ends at once with
+  // DEADLINE_EXCEEDED or CANCELLED, and the handler never runs.
+  void Run() override;
+
+  // The runtime answers for the handler (Shutdown past its grace); false when it had already
+  // answered. The call stays the handler's until its Finish.
+  bool AnswerFor(const absl::Status& status, StreamEndings* later);
+  uint64_t call_id() const { return request_.header.call_id; }
+  const MethodInfo& method_info() const { return method_; }
+
+ private:
+  friend class ServerConnection;   // Retire destroys it in place
+  friend class AsyncServerSender;  // the asynchronous form's sending
+  ~ServerCallImpl() override = default;
+  // Ends the stream (if any) with `why`, now or, with `later`, once the caller lets go of the
+  // connection's lock.
+  void EndStream(absl::Status why, StreamEndings* later);
+  // Sends the response or the error; returns the status the client gets.
+  absl::Status SendResponse(absl::Status status, SendSlot* response, OutgoingBulk response_bulk);
+  // A stream message (or, with `message` null, a credit frame) in a send buffer of its own,
+  // waiting for one while all are in flight, until the call's deadline or end. A runtime thread
+  // (poller, timer) never waits: without `no_slot` the stream then fails; with it, `*no_slot`
+  // is set and the stream goes on (the caller tries again later). `quota_taken`: the staging
+  // quota a large message needs was taken (RpcConnection::StreamQuotaOrWait); given back if it
+  // does not go. `abandoned` (if set) ends a wait when it turns true.
+  bool SendOnStream(const RpcHeader& header, const google::protobuf::MessageLite* message,
+                    bool quota_taken = false, bool* no_slot = nullptr,
+                    const std::atomic<bool>* abandoned = nullptr);
+
+  std::shared_ptr<ServerConnection> owner_;
+  std::shared_ptr<transport::Connection> connection_;
+  Service* service_;
+  const MethodInfo& method_;
+  MethodMetrics& metrics_;
+  const absl::Time start_;  // monotonic
+  absl::Time deadline_;     // monotonic; InfiniteFuture for none
+  IncomingMessage request_;
+  ServerContext context_;
+  std::optional<transport::SendBuffer> response_buffer_;
+  // A response too large for the slot, serialized here instead (malloc'd; the slot then carries
+  // only the header): it goes at the front of the payload.
+  std::unique_ptr<uint8_t, decltype(&std::free)> large_response_{nullptr, &std::free};
+  std::atomic<bool> answered_{false};
+  bool handler_ran_ = false;       // set before Dispatch; read by Finish, which the handler calls
+  bool request_released_ = false;  // the request's slot went back (SendAnswer, OpenStream)
+  std::shared_ptr<StreamState> stream_;  // streaming calls only
+  absl::Mutex failure_mu_;
+  absl::Status stream_failure_ ABSL_GUARDED_BY(failure_mu_);
+};
+
+}  // namespace zrpc::internal
+
+#endif  // ZRPC_RPC_SERVER_SERVER_CALL_H_

@@ -1,0 +1,304 @@
+// A server's streams: ServerCallImpl as the handler's StreamCall (blocking Read and Write, on the
+// stream's own thread), its asynchronous form (AsyncServerStream over a StreamPump), giving up
+// and failing a stream, and the connection's handling of the client's stream frames.
+
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "rpc/bulk/registration.h"
+#include "rpc/common/monotonic.h"
+#include "rpc/server/server_call.h"
+#include "rpc/server/server_connection.h"
+#include "rpc/server/server_impl.h"
+#include "rpc/stream/stream_pump.h"
+#include "transport/log.h"
+
+namespace zrpc::internal {
+
+StreamCall* ServerCallImpl::OpenStream(const google::protobuf::MessageLite* read_prototype) {
+  if (stream_ == nullptr) return nullptr;
+  // The request was parsed: its receive slot goes back now, since a stream may last long and
+  // the connection's slots are every call's.
+  if (!request_released_) {
+    request_released_ = true;
+    static_cast<void>(connection_->Release(request_.handle));
+  }
+  if (request_.body_payload) {
+    RpcConnection::ReleasePayload(*connection_, request_.body_payload->handle);
+    request_.body_payload.reset();
+  }
+  request_.body = {};
+  if (read_prototype != nullptr) {
+    const uint16_t window = stream_->Grant(read_prototype);
+    SendOnStream(RpcHeader::StreamCredit(call_id(), window), nullptr);
+  }
+  return this;
+}
+
+bool ServerCallImpl::Write(const google::protobuf::MessageLite& message) {
+  if (stream_ == nullptr || !stream_->TakeSendCredit(deadline_)) return false;
+  return SendOnStream(RpcHeader::StreamMessage(call_id()), &message);
+}
+
+google::protobuf::MessageLite* ServerCallImpl::Read() {
+  if (stream_ == nullptr) return nullptr;
+  uint16_t grant = 0;
+  google::protobuf::MessageLite* message = stream_->Read(deadline_, &grant);
+  if (grant > 0) SendOnStream(RpcHeader::StreamCredit(call_id(), grant), nullptr);
+  return message;
+}
+
+// The asynchronous form's sending: through the call until its answer (CloseWrites), which
+// retires it. The pump runs one of these at a time, on one thread.
+class AsyncServerSender final : public StreamPump::Sender {
+ public:
+  explicit AsyncServerSender(ServerCallImpl* call)
+      : call_(call), method_(call->method_info().full_name) {}
+
+  // The owner is gone: a send waiting for a slot or the quota gives up.
+  void Abandon() { abandoned_.store(true, std::memory_order_release); }
+  // What CloseWrites answers: the first one given (the handler's Finish, or the owner's
+  // destruction without one). False when one was given already.
+  bool SetAnswer(absl::Status status, std::optional<SendSlot> response) {
+    absl::MutexLock lock(&answer_mu_);
+    if (answer_set_) return false;
+    answer_set_ = true;
+    answer_ = std::move(status);
+    response_ = response;
+    return true;
+  }
+  // The owner was destroyed: its answer, unless it finished.
+  void AnswerDropped() {
+    SetAnswer(absl::InternalError(
+                  absl::StrCat(method_, ": handler dropped the stream without finishing it")),
+              std::nullopt);
+  }
+  // A Write the owner dropped (destroyed before its callback ran) was not sent: an OK answer
+  // would tell the client it has every message.
+  void OnWriteDropped() override {
+    absl::MutexLock lock(&answer_mu_);
+    if (answer_set_ && !answer_.ok()) return;
+    answer_set_ = true;
+    answer_ = absl::AbortedError(absl::StrCat(
+        method_, ": the handler dropped its stream with a Write outstanding, which was not sent"));
+    response_.reset();
+  }
+
+  StreamPump::Sent SendMessage(const google::protobuf::MessageLite& message,
+                               bool quota_taken) override {
+    return Send(RpcHeader::StreamMessage(call_->call_id()), &message, quota_taken);
+  }
+  StreamPump::Sent SendCredit(uint16_t messages) override {
+    return Send(RpcHeader::StreamCredit(call_->call_id(), messages), nullptr, false);
+  }
+  StreamPump::Sent CloseWrites() override {
+    absl::Status answer;
+    std::optional<SendSlot> response;
+    {
+      absl::MutexLock lock(&answer_mu_);
+      answer = std::move(answer_);
+      response = response_;
+    }
+    ServerCallImpl* call = std::exchange(call_, nullptr);
+    call->Finish(std::move(answer), response ? &*response : nullptr, OutgoingBulk());
+    return StreamPump::Sent::kSent;
+  }
+  bool CloseEndsCall() const override { return true; }
+  bool QuotaOrWait(size_t size, bool* quota_taken, std::weak_ptr<StreamListener> waiter) override {
+    return call_->owner_->StreamQuotaOrWait(*call_->connection_, size, OnRuntimeThread(),
+                                            std::move(waiter), quota_taken);
+  }
+  void RetryLater(std::weak_ptr<StreamListener> pump) override {
+    call_->owner_->server().WaitForSlot(std::move(pump));
+  }
+
+ private:
+  StreamPump::Sent Send(const RpcHeader& header, const google::protobuf::MessageLite* message,
+                        bool quota_taken) {
+    bool no_slot = false;
+    if (call_->SendOnStream(header, message, quota_taken, &no_slot, &abandoned_)) {
+      return StreamPump::Sent::kSent;
+    }
+    // Every send slot is taken and this is a runtime thread, which does not wait for one.
+    return no_slot ? StreamPump::Sent::kNoSlot : StreamPump::Sent::kFailed;
+  }
+
+  ServerCallImpl* call_;  // null once answered (retired)
+  const char* const method_;
+  std::atomic<bool> abandoned_{false};
+  absl::Mutex answer_mu_;  // a leaf: OnWriteDropped runs under the pump's lock
+  bool answer_set_ ABSL_GUARDED_BY(answer_mu_) = false;
+  absl::Status answer_ ABSL_GUARDED_BY(answer_mu_);
+  std::optional<SendSlot> response_ ABSL_GUARDED_BY(answer_mu_);
+};
+
+namespace {
+
+class AsyncServerStream final : public ServerAsyncStream {
+ public:
+  AsyncServerStream(ServerCallImpl* call, std::shared_ptr<StreamState> state) {
+    auto sender = std::make_unique<AsyncServerSender>(call);
+    sender_ = sender.get();
+    pump_ = std::make_shared<StreamPump>(std::move(sender), state, /*writes=*/true);
+    state->SetListener(pump_);
+  }
+  // In this order: the answer a dropped call gets (unless the handler gave one); no callback
+  // from now on, and an outstanding write dropped (its message may die with the owner) before
+  // anything could try it again; the close, now or from the loop running elsewhere; then the
+  // end of any wait of a send of that loop, and the wait for it.
+  ~AsyncServerStream() override {
+    sender_->AnswerDropped();
+    pump_->Abandon(/*close=*/true);
+    sender_->Abandon();
+    pump_->WaitIdle();
+  }
+
+  void StartRead(StreamCall::ReadDone done) override { pump_->Read(std::move(done)); }
+  void StartWrite(const google::protobuf::MessageLite& message,
+                  StreamCall::WriteDone done) override {
+    pump_->Write(message, std::move(done));
+  }
+  void StartFinish(absl::Status status, std::optional<SendSlot> response) override {
+    if (sender_->SetAnswer(std::move(status), response)) pump_->Finish(nullptr);
+  }
+
+ private:
+  AsyncServerSender* sender_;  // the pump's
+  std::shared_ptr<StreamPump> pump_;
+};
+
+}  // namespace
+
+std::unique_ptr<ServerAsyncStream> ServerCallImpl::OpenAsyncStream(
+    const google::protobuf::MessageLite* read_prototype) {
+  if (OpenStream(read_prototype) == nullptr) return nullptr;
+  if (deadline_ != absl::InfiniteFuture()) owner_->server().WatchDeadline(deadline_, stream_);
+  return std::make_unique<AsyncServerStream>(this, stream_);
+}
+
+bool ServerCallImpl::SendOnStream(const RpcHeader& header,
+                                  const google::protobuf::MessageLite* message, bool quota_taken,
+                                  bool* no_slot, const std::atomic<bool>* abandoned) {
+  const size_t size = message == nullptr ? 0 : message->ByteSizeLong();
+  auto gone = [this, abandoned] {
+    return stream_->ended() || context_.IsCancelled() ||
+           (abandoned != nullptr && abandoned->load(std::memory_order_acquire));
+  };
+  // Stream frames leave the slots answers need free (ServerImpl::AnswerSlots).
+  const absl::Status sent =
+      owner_->SendStreamFrame(*connection_, header, message, size, gone,
+                              owner_->server().answer_slots(), quota_taken, no_slot);
+  if (sent.ok()) {
+    if (message != nullptr) metrics_.AddMessageBytes(size, 0);
+    return true;
+  }
+  if ((no_slot != nullptr && *no_slot) || sent.code() == absl::StatusCode::kCancelled) {
+    return false;  // tried again later; or the stream ended, and its end says why
+  }
+  // The stream fails with the reason; a connection that is failing gives the call up through its
+  // OnClosed as well. Never GiveUp here: that would also drop the answer a failed stream owes its
+  // client.
+  FailStream(absl::Status(sent.code(), absl::StrCat(method_.full_name, ": ", sent.message())));
+  return false;
+}
+
+void ServerCallImpl::EndStream(absl::Status why, StreamEndings* later) {
+  if (stream_ == nullptr) return;
+  if (later == nullptr) return stream_->End(std::move(why));
+  later->push_back({stream_, std::move(why)});
+}
+
+void ServerCallImpl::GiveUp(StreamEndings* later) {
+  context_.Cancel();
+  EndStream(absl::CancelledError("the caller gave up"), later);
+}
+
+void ServerCallImpl::FailStream(absl::Status status, StreamEndings* later) {
+  {
+    absl::MutexLock lock(&failure_mu_);
+    if (stream_failure_.ok()) stream_failure_ = status;
+  }
+  EndStream(std::move(status), later);
+}
+
+void ServerConnection::HandleStreamFrame(transport::Connection& connection,
+                                         const IncomingMessage& frame) {
+  const uint64_t id = frame.header.call_id;
+  std::shared_ptr<StreamState> stream;
+  MethodMetrics* metrics = nullptr;  // the server's: outlives the call
+  bool found = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = calls_.find(id);
+    if (it != calls_.end()) {
+      found = true;
+      stream = it->second->stream();
+      metrics = &it->second->metrics_;
+    }
+  }
+  if (!found) {
+    // The call finished while the frame travelled (the client learns with the call's status).
+    Discard(connection, frame);
+    return;
+  }
+  if (stream == nullptr || frame.bulk || frame.pulls()) {
+    Discard(connection, frame);
+    return Violation(connection,
+                     absl::StrCat("call ", id,
+                                  stream == nullptr ? ": a stream frame for a unary call"
+                                                    : ": a stream message with a bulk payload "
+                                                      "or pulled"));
+  }
+  absl::Status status = limits().CheckMessage(frame.body.size(), "stream message");
+  if (!status.ok()) {
+    Discard(connection, frame);
+    StreamEndings later;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = calls_.find(id);
+      if (it != calls_.end()) {
+        it->second->FailStream(
+            absl::Status(status.code(),
+                         absl::StrCat(it->second->method_info().full_name, ": ", status.message())),
+            &later);
+      }
+    }
+    EndStreams(later);
+    return;
+  }
+  switch (frame.header.kind) {
+    case RpcKind::kStreamCredit:
+      status = stream->OnCredit(frame.header.window);
+      break;
+    case RpcKind::kHalfClose:
+      status = stream->OnHalfClose();
+      break;
+    default:
+      // Parsed straight from the receive slot, which goes back right after (stream_state.h).
+      // Counted on arrival, whichever form of handler reads it (or none: a drained stream).
+      status = stream->OnMessage(frame.body).status();
+      if (status.ok()) metrics->AddMessageBytes(0, frame.body.size());
+      break;
+  }
+  Discard(connection, frame);
+  if (status.code() == absl::StatusCode::kFailedPrecondition) {
+    return Violation(connection, absl::StrCat("call ", id, ": ", status.message()));
+  }
+  if (!status.ok()) {
+    StreamEndings later;
+    {
+      absl::MutexLock lock(&mu_);  // the call stays alive under it (Retire takes it)
+      auto it = calls_.find(id);
+      if (it != calls_.end()) {
+        it->second->FailStream(absl::InvalidArgumentError(absl::StrCat(
+                                   it->second->method_info().full_name, ": ", status.message())),
+                               &later);
+      }
+    }
+    EndStreams(later);
+  }
+}
+
+}  // namespace zrpc::internal
