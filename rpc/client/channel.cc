@@ -1,5 +1,5 @@
-// ClientChannel (rpc/channel.h) and ChannelImpl: target and options, connections made on demand
-// with backoff, the timer thread, and the Channel calls generated stubs make.
+// ClientChannel (rpc/channel.h) and ChannelImpl: target and options, the subchannels calls are
+// spread over (subchannel.h), the timer thread, and the Channel calls generated stubs make.
 
 #include "rpc/channel.h"
 
@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <limits>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -27,6 +26,7 @@
 #include "rpc/bulk/staging.h"
 #include "rpc/client/client_connection.h"
 #include "rpc/client/client_stream.h"
+#include "rpc/client/subchannel.h"
 #include "rpc/common/host_port.h"
 #include "rpc/common/monotonic.h"
 #include "rpc/common/shared_device.h"
@@ -92,14 +92,10 @@ struct TicketDeleter {
 
 }  // namespace
 
-class ChannelImpl final : public ClientConnectionOwner {
+class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
  public:
   ChannelImpl(std::string target, std::string host, uint16_t port, const ChannelOptions& options)
-      : target_(std::move(target)),
-        host_(std::move(host)),
-        port_(port),
-        options_(options),
-        subchannels_(options.connections) {}
+      : target_(std::move(target)), host_(std::move(host)), port_(port), options_(options) {}
   ~ChannelImpl();
 
   absl::Status Init();
@@ -120,6 +116,12 @@ class ChannelImpl final : public ClientConnectionOwner {
   void CountLateResponse() override { late_.fetch_add(1, std::memory_order_relaxed); }
   void ConnectionClosed(ClientConnection* connection, bool violation) override;
   absl::Status CloseStatus(const std::string& peer, const absl::Status& why) override;
+
+  // SubchannelHost.
+  ClientConnectionOwner& connection_owner() override { return *this; }
+  void CountAttempt() override { attempts_.fetch_add(1, std::memory_order_relaxed); }
+  void CountFailure() override { failures_.fetch_add(1, std::memory_order_relaxed); }
+  void AddLive(std::shared_ptr<ClientConnection> connection) override;
   // What a call to `method` needs besides the method itself, looked up once per method.
   struct MethodState {
     MethodMetrics* metrics;
@@ -129,19 +131,6 @@ class ChannelImpl final : public ClientConnectionOwner {
   const Metrics& metrics() const { return metrics_; }
 
  private:
-  // One of the channel's connections and its reconnection state.
-  struct Subchannel {
-    mutable absl::Mutex mu;
-    std::shared_ptr<ClientConnection> current ABSL_GUARDED_BY(mu);
-    // A caller is connecting (outside `mu`); others wait for it, each up to its own deadline.
-    bool connecting ABSL_GUARDED_BY(mu) = false;
-    int failures ABSL_GUARDED_BY(mu) = 0;
-    absl::Time next_attempt ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-    absl::Duration backoff ABSL_GUARDED_BY(mu);
-    absl::Status last_error ABSL_GUARDED_BY(mu);
-  };
-
-  absl::StatusOr<std::shared_ptr<ClientConnection>> Get(Subchannel& sub, absl::Time deadline);
   void TimerLoop();
 
   const std::string target_;
@@ -153,12 +142,9 @@ class ChannelImpl final : public ClientConnectionOwner {
   std::shared_ptr<ReceiveLimits> receive_limits_;
   // Shared with received payloads users still hold (rpc_connection.h).
   std::vector<std::shared_ptr<transport::Poller>> pollers_;
-  std::vector<Subchannel> subchannels_;
+  // options.connections of them, each on a poller, round robin (subchannel.h).
+  std::vector<std::unique_ptr<Subchannel>> subchannels_;
   std::atomic<uint32_t> next_{0};
-  // Jitter for the reconnection backoff. Seeded per channel, so that clients restarted together
-  // do not retry in lockstep.
-  absl::Mutex random_mu_;
-  std::mt19937_64 random_ ABSL_GUARDED_BY(random_mu_){std::random_device{}()};
 
   // Connections attached and not closed: what the timer scans, and what destruction waits for.
   mutable absl::Mutex mu_;
@@ -220,6 +206,10 @@ absl::Status ChannelImpl::Init() {
     if (absl::Status s = (*poller)->Start(); !s.ok()) return s;
     pollers_.push_back(*std::move(poller));
   }
+  for (int i = 0; i < options_.connections; ++i) {
+    subchannels_.push_back(std::make_unique<Subchannel>(*this, target_, host_, port_, options_,
+                                                        device_, pollers_[i % pollers_.size()]));
+  }
   timer_ = std::thread([this] { TimerLoop(); });
   return absl::OkStatus();
 }
@@ -247,10 +237,7 @@ ChannelImpl::~ChannelImpl() {
     auto closed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_.empty(); };
     mu_.AwaitWithTimeout(absl::Condition(&closed), absl::Seconds(10));
   }
-  for (Subchannel& sub : subchannels_) {
-    absl::MutexLock lock(&sub.mu);
-    sub.current.reset();
-  }
+  for (auto& sub : subchannels_) sub->Reset();
   // Drains whatever is left; a payload a user still holds keeps its poller object (and CQ)
   // until released, with the loop stopped.
   for (auto& poller : pollers_) poller->Shutdown();
@@ -262,116 +249,22 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelImpl::Pick(absl::Time d
   const size_t first = next_.fetch_add(1, std::memory_order_relaxed) % n;
   // Prefer an open connection over a subchannel that would have to connect or is backing off.
   for (size_t i = 0; i < n && n > 1; ++i) {
-    Subchannel& sub = subchannels_[(first + i) % n];
-    absl::MutexLock lock(&sub.mu);
-    if (sub.current != nullptr && sub.current->open()) return sub.current;
+    if (std::shared_ptr<ClientConnection> ready = subchannels_[(first + i) % n]->Ready()) {
+      return ready;
+    }
   }
-  return Get(subchannels_[first], deadline);
+  return subchannels_[first]->Get(deadline);
 }
 
-absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelImpl::Get(Subchannel& sub,
-                                                                   absl::Time deadline) {
-  absl::MutexLock lock(&sub.mu);
-  auto usable = [&sub]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sub.mu) {
-    return sub.current != nullptr && sub.current->open();
-  };
-  if (usable()) return sub.current;
-  const bool runtime_thread = OnRuntimeThread();
-  if (sub.connecting) {
-    // Another caller is connecting: wait for its outcome, but never past this call's deadline,
-    // and never on a poller or the timer (they would wait for the very thread that connects).
-    auto not_connecting = [&sub]()
-                              ABSL_EXCLUSIVE_LOCKS_REQUIRED(sub.mu) { return !sub.connecting; };
-    if (runtime_thread || !sub.mu.AwaitWithDeadline(absl::Condition(&not_connecting), deadline)) {
-      return runtime_thread
-                 ? absl::UnavailableError(absl::StrCat("a connection to ", target_,
-                                                       " is being made; a callback on a runtime "
-                                                       "thread does not wait for it"))
-                 : absl::DeadlineExceededError(absl::StrCat(
-                       "the deadline passed while a connection to ", target_, " was being made"));
-    }
-    if (usable()) return sub.current;
-  }
-  const absl::Time now = MonotonicNow();  // next_attempt is monotonic; `deadline` is the API's
-  if (now < sub.next_attempt) {
-    return absl::UnavailableError(absl::StrCat(
-        "not connected to ", target_, " (", sub.last_error.message(), "); next attempt in ",
-        absl::FormatDuration(absl::Ceil(sub.next_attempt - now, absl::Milliseconds(1)))));
-  }
-  if (runtime_thread) {
-    // Connecting takes up to connect_timeout; a poller or the timer waiting that long stops
-    // every connection and deadline it serves.
-    return absl::UnavailableError(
-        absl::StrCat("not connected to ", target_,
-                     "; a callback on a runtime thread (poller or timer) does "
-                     "not connect: call from another thread, or Connect() first"));
-  }
-  const absl::Duration timeout = std::min(options_.connect_timeout, deadline - absl::Now());
-  if (timeout <= absl::ZeroDuration()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("the deadline passed before a connection to ", target_, " was made"));
-  }
-  attempts_.fetch_add(1, std::memory_order_relaxed);
-  const std::shared_ptr<transport::Poller>& poller =
-      pollers_[(&sub - subchannels_.data()) % pollers_.size()];
-  // A payload the server may be pulling when its call ends stays exposed this long at most: as
-  // long as a ping may go unanswered.
-  const absl::Duration pull_grace = options_.keepalive_timeout > absl::ZeroDuration()
-                                        ? options_.keepalive_timeout
-                                        : absl::Seconds(2);
-  auto connection = std::make_shared<ClientConnection>(*this, options_.max_calls_per_connection,
-                                                       pull_grace, device_, poller);
-  // Outside the lock: callers with shorter deadlines give up at theirs instead of waiting for
-  // this attempt's.
-  sub.connecting = true;
-  sub.mu.Unlock();
-  absl::StatusOr<std::shared_ptr<transport::Connection>> made = transport::Connection::Connect(
-      *device_, *poller, host_, port_, connection.get(), options_.connection, timeout);
-  if (made.ok()) {
-    NoteMessageLimit(**made);
-    connection->Attach(*std::move(made));
-  }
-  sub.mu.Lock();
-  sub.connecting = false;
-  if (!made.ok() && timeout < options_.connect_timeout &&
-      made.status().code() == absl::StatusCode::kDeadlineExceeded) {
-    // This call's deadline cut the attempt short, not the server: no backoff for the calls
-    // that come next (a short-deadline call would otherwise keep a slow-to-connect subchannel
-    // down), and the call fails as what it is.
-    return absl::DeadlineExceededError(absl::StrCat("the deadline passed while connecting to ",
-                                                    target_, " (", made.status().message(), ")"));
-  }
-  if (!made.ok()) {
-    failures_.fetch_add(1, std::memory_order_relaxed);
-    ++sub.failures;
-    sub.backoff = std::min(options_.reconnect_backoff_max,
-                           options_.reconnect_backoff_initial *
-                               static_cast<double>(uint64_t{1} << std::min(sub.failures - 1, 30)));
-    double jitter;
-    {
-      absl::MutexLock random_lock(&random_mu_);
-      jitter = std::uniform_real_distribution<double>(0.5, 1.0)(random_);
-    }
-    sub.next_attempt = MonotonicNow() + sub.backoff * jitter;
-    sub.last_error = made.status();
-    return absl::UnavailableError(
-        absl::StrCat("cannot connect to ", target_, ": ", made.status().message()));
-  }
-  {
-    absl::MutexLock live_lock(&mu_);
-    if (!connection->closed()) live_.push_back(connection);
-  }
-  sub.failures = 0;
-  sub.backoff = absl::ZeroDuration();
-  sub.next_attempt = absl::InfinitePast();
-  sub.current = connection;
-  return connection;
+void ChannelImpl::AddLive(std::shared_ptr<ClientConnection> connection) {
+  absl::MutexLock lock(&mu_);
+  if (!connection->closed()) live_.push_back(std::move(connection));
 }
 
 absl::Status ChannelImpl::ConnectAll(absl::Time deadline) {
   absl::Status first;
-  for (Subchannel& sub : subchannels_) {
-    absl::StatusOr<std::shared_ptr<ClientConnection>> connection = Get(sub, deadline);
+  for (auto& sub : subchannels_) {
+    absl::StatusOr<std::shared_ptr<ClientConnection>> connection = sub->Get(deadline);
     if (!connection.ok() && first.ok()) first = connection.status();
   }
   return first;
@@ -517,10 +410,7 @@ ChannelStats ChannelImpl::stats() const {
       stats.bulk_reads_in_flight += connection->pulling();
     }
   }
-  for (const Subchannel& sub : subchannels_) {
-    absl::MutexLock lock(&sub.mu);
-    stats.backoff = std::max(stats.backoff, sub.backoff);
-  }
+  for (const auto& sub : subchannels_) stats.backoff = std::max(stats.backoff, sub->backoff());
   return stats;
 }
 

@@ -1,0 +1,113 @@
+// Subchannel: one connection of a channel made on demand, its waiting callers, and its
+// reconnection backoff.
+
+#include "rpc/client/subchannel.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "rpc/common/monotonic.h"
+#include "rpc/connection/rpc_connection.h"
+
+namespace zrpc::internal {
+
+std::shared_ptr<ClientConnection> Subchannel::Ready() {
+  absl::MutexLock lock(&mu_);
+  return current_ != nullptr && current_->open() ? current_ : nullptr;
+}
+
+absl::Duration Subchannel::backoff() const {
+  absl::MutexLock lock(&mu_);
+  return backoff_.delay();
+}
+
+void Subchannel::Reset() {
+  absl::MutexLock lock(&mu_);
+  current_.reset();
+}
+
+absl::StatusOr<std::shared_ptr<ClientConnection>> Subchannel::Get(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto usable = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return current_ != nullptr && current_->open();
+  };
+  if (usable()) return current_;
+  const bool runtime_thread = OnRuntimeThread();
+  if (connecting_) {
+    // Another caller is connecting: wait for its outcome, but never past this call's deadline,
+    // and never on a poller or the timer (they would wait for the very thread that connects).
+    auto not_connecting = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !connecting_; };
+    if (runtime_thread || !mu_.AwaitWithDeadline(absl::Condition(&not_connecting), deadline)) {
+      return runtime_thread
+                 ? absl::UnavailableError(absl::StrCat("a connection to ", target_,
+                                                       " is being made; a callback on a runtime "
+                                                       "thread does not wait for it"))
+                 : absl::DeadlineExceededError(absl::StrCat(
+                       "the deadline passed while a connection to ", target_, " was being made"));
+    }
+    if (usable()) return current_;
+  }
+  const absl::Time now = MonotonicNow();  // next_attempt_ is monotonic; `deadline` is the API's
+  if (now < next_attempt_) {
+    return absl::UnavailableError(absl::StrCat(
+        "not connected to ", target_, " (", last_error_.message(), "); next attempt in ",
+        absl::FormatDuration(absl::Ceil(next_attempt_ - now, absl::Milliseconds(1)))));
+  }
+  if (runtime_thread) {
+    // Connecting takes up to connect_timeout; a poller or the timer waiting that long stops
+    // every connection and deadline it serves.
+    return absl::UnavailableError(
+        absl::StrCat("not connected to ", target_,
+                     "; a callback on a runtime thread (poller or timer) does "
+                     "not connect: call from another thread, or Connect() first"));
+  }
+  const absl::Duration timeout = std::min(options_.connect_timeout, deadline - absl::Now());
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the deadline passed before a connection to ", target_, " was made"));
+  }
+  host_.CountAttempt();
+  // A payload the server may be pulling when its call ends stays exposed this long at most: as
+  // long as a ping may go unanswered.
+  const absl::Duration pull_grace = options_.keepalive_timeout > absl::ZeroDuration()
+                                        ? options_.keepalive_timeout
+                                        : absl::Seconds(2);
+  auto connection = std::make_shared<ClientConnection>(
+      host_.connection_owner(), options_.max_calls_per_connection, pull_grace, device_, poller_);
+  // Outside the lock: callers with shorter deadlines give up at theirs instead of waiting for
+  // this attempt's.
+  connecting_ = true;
+  mu_.Unlock();
+  absl::StatusOr<std::shared_ptr<transport::Connection>> made = transport::Connection::Connect(
+      *device_, *poller_, address_, port_, connection.get(), options_.connection, timeout);
+  if (made.ok()) {
+    host_.NoteMessageLimit(**made);
+    connection->Attach(*std::move(made));
+  }
+  mu_.Lock();
+  connecting_ = false;
+  if (!made.ok() && timeout < options_.connect_timeout &&
+      made.status().code() == absl::StatusCode::kDeadlineExceeded) {
+    // This call's deadline cut the attempt short, not the server: no backoff for the calls
+    // that come next (a short-deadline call would otherwise keep a slow-to-connect subchannel
+    // down), and the call fails as what it is.
+    return absl::DeadlineExceededError(absl::StrCat("the deadline passed while connecting to ",
+                                                    target_, " (", made.status().message(), ")"));
+  }
+  if (!made.ok()) {
+    host_.CountFailure();
+    next_attempt_ = backoff_.Failed(MonotonicNow());
+    last_error_ = made.status();
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to ", target_, ": ", made.status().message()));
+  }
+  host_.AddLive(connection);
+  backoff_.Succeeded();
+  next_attempt_ = absl::InfinitePast();
+  current_ = connection;
+  return connection;
+}
+
+}  // namespace zrpc::internal

@@ -1,0 +1,96 @@
+// Subchannel: one of a channel's connections, to one address, made on demand, and its
+// reconnection state. The channel (ChannelImpl) spreads calls over its subchannels; each keeps
+// at most one connection at a time and makes a new one when a call finds none open.
+//
+// Connecting. The first call that finds no open connection connects, on its own thread, bounded
+// by ChannelOptions::connect_timeout and its deadline; calls that come meanwhile wait for that
+// attempt up to their own deadlines (a call never waits past its deadline for another's
+// attempt). A runtime thread (a poller, the timer) never connects nor waits: a callback gets
+// UNAVAILABLE at once. After a failed attempt calls fail fast with UNAVAILABLE, quoting the last
+// error, until the backoff (backoff.h) allows the next attempt; an attempt cut short by the
+// call's own deadline is that call's DEADLINE_EXCEEDED and sets no backoff.
+//
+// Threads: any. One lock per subchannel, never held across the connection attempt.
+#ifndef ZRPC_RPC_CLIENT_SUBCHANNEL_H_
+#define ZRPC_RPC_CLIENT_SUBCHANNEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rpc/client/backoff.h"
+#include "rpc/client/client_connection.h"
+#include "rpc/options.h"
+#include "transport/device.h"
+#include "transport/poller.h"
+
+namespace zrpc::internal {
+
+// What a subchannel needs of its channel.
+class SubchannelHost {
+ public:
+  // Every connection's owner (ClientConnection's).
+  virtual ClientConnectionOwner& connection_owner() = 0;
+  // An attempt started; it failed (ChannelStats::connect_attempts, connect_failures).
+  virtual void CountAttempt() = 0;
+  virtual void CountFailure() = 0;
+  // A connection was made, before it carries calls: its message limit is noted.
+  virtual void NoteMessageLimit(const transport::Connection& connection) = 0;
+  // A connection is ready for calls: the channel keeps it among its live ones (timer, teardown).
+  virtual void AddLive(std::shared_ptr<ClientConnection> connection) = 0;
+
+ protected:
+  ~SubchannelHost() = default;
+};
+
+class Subchannel {
+ public:
+  // `target` ("host:port") names the server in errors. `options` must outlive this; `poller` is
+  // the one its connections are placed on.
+  Subchannel(SubchannelHost& host, const std::string& target, std::string address, uint16_t port,
+             const ChannelOptions& options, std::shared_ptr<transport::Device> device,
+             std::shared_ptr<transport::Poller> poller)
+      : host_(host),
+        target_(target),
+        address_(std::move(address)),
+        port_(port),
+        options_(options),
+        device_(std::move(device)),
+        poller_(std::move(poller)),
+        backoff_(options.reconnect_backoff_initial, options.reconnect_backoff_max) {}
+
+  // The open connection, or null: no wait, no attempt.
+  std::shared_ptr<ClientConnection> Ready();
+  // The open connection, or one made now (see the top of this file), or why there is none.
+  absl::StatusOr<std::shared_ptr<ClientConnection>> Get(absl::Time deadline);
+  // The current reconnection delay (zero when not failing).
+  absl::Duration backoff() const;
+  // Forgets the connection (the channel's teardown, once it is closed).
+  void Reset();
+
+ private:
+  SubchannelHost& host_;
+  const std::string& target_;
+  const std::string address_;
+  const uint16_t port_;
+  const ChannelOptions& options_;
+  const std::shared_ptr<transport::Device> device_;
+  const std::shared_ptr<transport::Poller> poller_;
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<ClientConnection> current_ ABSL_GUARDED_BY(mu_);
+  // A caller is connecting (outside `mu_`); others wait for it, each up to its own deadline.
+  bool connecting_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time next_attempt_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // monotonic
+  ReconnectBackoff backoff_ ABSL_GUARDED_BY(mu_);
+  absl::Status last_error_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zrpc::internal
+
+#endif  // ZRPC_RPC_CLIENT_SUBCHANNEL_H_
