@@ -24,34 +24,28 @@
 
 namespace zrpc {
 
-// A channel's options (rpc/channel.h).
-struct ChannelOptions {
-  // Connections to the server; calls are spread over them round robin.
-  int connections = 1;
-  // Poller threads; connections are spread over them.
+// What a channel and a server both set: the device and its registered memory, the pollers, the
+// limits on what a peer may send, and streams' flow control. Each field means the same on both
+// sides; "this side" is the channel or the server the options are for.
+struct RuntimeOptions {
+  // The device; unset: from the environment (ZRPC_RDMA_*), else the first active one.
+  std::optional<transport::DeviceConfig> device;
+  // Poller threads; connections are spread over them. In [1, 64].
   int pollers = 1;
   // kEvent sleeps when idle; kBusy spins a core per poller for the lowest latency.
   transport::PollMode poll_mode = transport::PollMode::kEvent;
-  // How long a poller in kEvent keeps polling after its last completion before it sleeps, and
+  // How long a poller in kEvent keeps polling after its last completion before it sleeps
+  // (adaptive polling: a message within it costs no wake-up; THREADING.md), and, on a channel,
   // how long a blocking call (the stub's synchronous form, either mode) polls for its answer
-  // before it sleeps: adaptive polling, an answer within it costs no wake-up (THREADING.md).
-  // Zero: sleep at once. In [0, 1s].
+  // before it sleeps. Zero: sleep at once. In [0, 1s].
   absl::Duration spin = absl::Microseconds(50);
-  // Each connection's options (arena_size bounds the largest response payload it takes).
-  transport::ConnectionOptions connection;
-  // The device; unset: from the environment (ZRPC_RDMA_*), else the first active one.
-  std::optional<transport::DeviceConfig> device;
-  // One connection attempt, at most (the call's deadline may cut it shorter).
-  absl::Duration connect_timeout = absl::Seconds(3);
-  // Calls in flight per connection; more fail with RESOURCE_EXHAUSTED.
-  uint32_t max_calls_per_connection = 4096;
-  // Reconnection backoff (see the top of this file).
-  absl::Duration reconnect_backoff_initial = absl::Milliseconds(50);
-  absl::Duration reconnect_backoff_max = absl::Seconds(5);
-  // The device's registered message slots (see ServerOptions::slots): slot_size bounds the
-  // largest message and must match the server's.
+  // The device's registered message slots, shared with the process's other servers and
+  // channels that ask for the same: slot_size bounds the largest message (request or response,
+  // 40 bytes of headers included) and must match the peer's.
   transport::SlotPoolOptions slots;
-  // Registered memory for staging request payloads (rpc/bulk/staging.h).
+  // Registered memory for staging outgoing payloads from unregistered bytes
+  // (rpc/bulk/staging.h). One connection stages at most what its peer's arena holds; payloads
+  // beyond wait for that connection's earlier ones.
   size_t staging_bytes = size_t{64} << 20;
   // The largest request or response message (serialized protobuf bytes) this side sends or
   // takes, at most 2 GiB - 1 (protobuf's own bound). One that does not fit a message slot
@@ -67,6 +61,25 @@ struct ChannelOptions {
   // call fails with RESOURCE_EXHAUSTED naming the option, before any byte moves.
   uint64_t max_bulk_size = uint64_t{1} << 30;
   uint64_t max_pulled_bytes = uint64_t{4} << 30;
+  // Messages of the peer's a stream holds unread before the peer must wait (per-stream flow
+  // control: rpc/stream/stream_state.h); at least 1. Memory per stream: this many parsed
+  // messages.
+  uint16_t stream_window = 16;
+};
+
+// A channel's options (rpc/channel.h), beside the shared ones.
+struct ChannelOptions : RuntimeOptions {
+  // Connections to the server; calls are spread over them round robin. In [1, 1024].
+  int connections = 1;
+  // Each connection's options (arena_size bounds the largest response payload it takes).
+  transport::ConnectionOptions connection;
+  // One connection attempt, at most (the call's deadline may cut it shorter).
+  absl::Duration connect_timeout = absl::Seconds(3);
+  // Calls in flight per connection; more fail with RESOURCE_EXHAUSTED.
+  uint32_t max_calls_per_connection = 4096;
+  // Reconnection backoff (rpc/channel.h, "Connections").
+  absl::Duration reconnect_backoff_initial = absl::Milliseconds(50);
+  absl::Duration reconnect_backoff_max = absl::Seconds(5);
   // Liveness: a connection that received nothing for keepalive_interval sends a ping; a ping
   // unanswered within keepalive_timeout closes the connection (its calls fail UNAVAILABLE). A
   // server that vanished is noticed within about interval + timeout, idle or busy. A server
@@ -76,29 +89,15 @@ struct ChannelOptions {
   // keepalive_interval zero: no keepalives.
   absl::Duration keepalive_interval = absl::Seconds(1);
   absl::Duration keepalive_timeout = absl::Seconds(2);
-  // Messages of the server's a stream holds unread before the server must wait (per-stream
-  // flow control: rpc/stream/stream_state.h); at least 1. Memory per stream: this many parsed
-  // messages.
-  uint16_t stream_window = 16;
 };
 
-// A server's options (rpc/server.h).
-struct ServerOptions {
+// A server's options (rpc/server.h), beside the shared ones.
+struct ServerOptions : RuntimeOptions {
   // Where to listen: an address of the RDMA device (empty: the device's own address) and a port
   // (0: any free one; port() says which).
   std::string address;
   uint16_t port = 0;
-  // The device; unset: from the environment (ZRPC_RDMA_*), else the first active one.
-  std::optional<transport::DeviceConfig> device;
-  // Poller threads; connections are spread over them.
-  int pollers = 1;
-  // kEvent sleeps when idle; kBusy spins a core per poller for the lowest latency.
-  transport::PollMode poll_mode = transport::PollMode::kEvent;
-  // kEvent: how long a poller keeps polling after its last completion before it sleeps
-  // (adaptive polling: a request within it costs no wake-up; THREADING.md). Zero: sleep at
-  // once. In [0, 1s].
-  absl::Duration spin = absl::Microseconds(50);
-  // Threads of the handler pool (methods not marked inline run there).
+  // Threads of the handler pool (methods not marked inline run there). In [1, 1024].
   int handler_threads = 4;
   // Run every method inline on the poller thread unless overridden (SetInline). Streaming
   // methods never run inline.
@@ -107,30 +106,14 @@ struct ServerOptions {
   // at most max_streams_per_connection per connection and max_streams in the whole server; a
   // stream past either is refused with RESOURCE_EXHAUSTED naming the option. An AsyncService's
   // streaming handlers need no thread: they count against max_streams_per_connection only.
-  // stream_window: messages of the client's a stream holds unread before the client must wait
-  // (per-stream flow control, rpc/stream/stream_state.h). Each at least 1.
+  // Each at least 1.
   int max_streams_per_connection = 16;
   int max_streams = 256;
-  uint16_t stream_window = 16;
   // Accepting: handshake deadline, admission limits, and every connection's options (its
   // arena_size bounds the largest request payload a client can send). The admission limits are
   // lowered to what the pollers' completion queues can hold (CqEntriesFor each connection), and
   // max_connections_per_peer to half of that, so that one address can never fill the server.
   transport::ListenerOptions listener;
-  // The device's registered message slots, shared with other servers and channels of the
-  // process that ask for the same: slot_size bounds the largest message (request or response,
-  // 40 bytes of headers included) and must match the clients'.
-  transport::SlotPoolOptions slots;
-  // Registered memory for staging response payloads (rpc/bulk/staging.h). One connection stages at
-  // most what its client's arena holds; answers beyond wait for that connection's earlier ones.
-  size_t staging_bytes = size_t{64} << 20;
-  // The largest request or response message (serialized protobuf bytes) this side sends or
-  // takes, at most 2 GiB - 1 (protobuf's own bound). One that does not fit a message slot
-  // travels at the front of a bulk payload, written into the peer's arena or pulled from this
-  // side's memory like one (rpc/WIRE.md, "Messages larger than a slot"), with no option to set
-  // on either side; past this limit the call fails with RESOURCE_EXHAUSTED naming the option,
-  // before any byte moves (a sender's own limit) or before the message is read (a receiver's).
-  uint64_t max_message_size = uint64_t{4} << 20;
   // Where request payloads this server pulls land (those larger than its arena: rpc/WIRE.md,
   // "Pulled payloads"). Unset: memory the server allocates and registers per payload, within
   // max_pulled_bytes. Set: called with the method and the payload's size, on a poller thread (it
@@ -144,13 +127,6 @@ struct ServerOptions {
   // lower listener.connection.arena_size to place smaller ones.
   std::function<absl::StatusOr<PayloadPlacement>(const MethodInfo& method, size_t size)>
       place_request_payload;
-  // Bulk payloads larger than the peer's arena are pulled by this side with RDMA READ into
-  // memory it allocates and registers per payload (rpc/WIRE.md, "Pulled payloads"): one is at
-  // most max_bulk_size bytes (at most 4 GiB - 1), and all those pulled and not yet released at
-  // most max_pulled_bytes together (a cap: nothing is allocated in advance). Past either, the
-  // call fails with RESOURCE_EXHAUSTED naming the option, before any byte moves.
-  uint64_t max_bulk_size = uint64_t{1} << 30;
-  uint64_t max_pulled_bytes = uint64_t{4} << 30;
   // Liveness, checked every second or so by a thread of the server's:
   //  - a connection that held no calls and received nothing for idle_timeout is closed (its
   //    slots, arena and admission place go back): a peer that went away without a word, or

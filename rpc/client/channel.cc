@@ -29,7 +29,7 @@
 #include "rpc/client/subchannel.h"
 #include "rpc/common/host_port.h"
 #include "rpc/common/monotonic.h"
-#include "rpc/common/shared_device.h"
+#include "rpc/common/runtime.h"
 #include "rpc/connection/rpc_header.h"
 #include "transport/log.h"
 
@@ -188,24 +188,12 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
 };
 
 absl::Status ChannelImpl::Init() {
-  absl::StatusOr<std::shared_ptr<transport::Device>> device =
-      SharedDevice(options_.device, options_.slots);
-  if (!device.ok()) return device.status();
-  device_ = *std::move(device);
-  staging_ = std::make_unique<StagingPool>(*device_, options_.staging_bytes);
-  receive_limits_ =
-      std::make_shared<ReceiveLimits>(options_.max_message_size, options_.max_bulk_size,
-                                      options_.max_pulled_bytes, "ChannelOptions");
-  transport::PollerOptions poller_options;
-  poller_options.mode = options_.poll_mode;
-  poller_options.spin = options_.spin;
-  for (int i = 0; i < options_.pollers; ++i) {
-    absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
-        transport::Poller::Create(*device_, poller_options);
-    if (!poller.ok()) return poller.status();
-    if (absl::Status s = (*poller)->Start(); !s.ok()) return s;
-    pollers_.push_back(*std::move(poller));
-  }
+  absl::StatusOr<RuntimeParts> parts = OpenRuntime(options_, "ChannelOptions");
+  if (!parts.ok()) return parts.status();
+  device_ = std::move(parts->device);
+  staging_ = std::move(parts->staging);
+  receive_limits_ = std::move(parts->receive_limits);
+  pollers_ = std::move(parts->pollers);
   for (int i = 0; i < options_.connections; ++i) {
     subchannels_.push_back(std::make_unique<Subchannel>(*this, target_, host_, port_, options_,
                                                         device_, pollers_[i % pollers_.size()]));
@@ -480,10 +468,6 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
     return absl::InvalidArgumentError(absl::StrCat(
         "ChannelOptions::connections is ", options.connections, "; it must be in [1, 1024]"));
   }
-  if (options.pollers < 1 || options.pollers > 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ChannelOptions::pollers is ", options.pollers, "; it must be in [1, 64]"));
-  }
   if (options.reconnect_backoff_initial <= absl::ZeroDuration() ||
       options.reconnect_backoff_max < options.reconnect_backoff_initial) {
     return absl::InvalidArgumentError(
@@ -500,22 +484,8 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");
   }
-  if (absl::Status s = transport::CheckSpin(options.spin, "ChannelOptions::spin"); !s.ok()) {
+  if (absl::Status s = internal::CheckRuntimeOptions(options, "ChannelOptions"); !s.ok()) {
     return s;
-  }
-  if (options.max_message_size == 0 || options.max_message_size > INT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat("ChannelOptions::max_message_size is ",
-                                                   options.max_message_size,
-                                                   "; it must be in [1, 2 GiB - 1]"));
-  }
-  if (options.max_bulk_size == 0 || options.max_bulk_size > UINT32_MAX ||
-      options.max_pulled_bytes < options.max_bulk_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ChannelOptions::max_bulk_size is ", options.max_bulk_size, " and max_pulled_bytes ",
-        options.max_pulled_bytes, ": the first must be in [1, 4 GiB - 1] and at most the second"));
-  }
-  if (options.stream_window == 0) {
-    return absl::InvalidArgumentError("ChannelOptions::stream_window is 0; it must be at least 1");
   }
   ChannelOptions adjusted = options;
   adjusted.connection.min_message_size =

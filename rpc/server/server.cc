@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/common/monotonic.h"
-#include "rpc/common/shared_device.h"
+#include "rpc/common/runtime.h"
 #include "rpc/connection/rpc_header.h"
 #include "rpc/server/server_impl.h"
 
@@ -17,35 +17,16 @@ namespace zrpc {
 namespace internal {
 
 absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptions& options) {
-  if (options.pollers < 1 || options.pollers > 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ServerOptions::pollers is ", options.pollers, "; it must be in [1, 64]"));
-  }
+  if (absl::Status s = CheckRuntimeOptions(options, "ServerOptions"); !s.ok()) return s;
   if (options.handler_threads < 1 || options.handler_threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::handler_threads is ",
                                                    options.handler_threads,
                                                    "; it must be in [1, 1024]"));
   }
-  if (absl::Status s = transport::CheckSpin(options.spin, "ServerOptions::spin"); !s.ok()) {
-    return s;
-  }
-  if (options.max_message_size == 0 || options.max_message_size > INT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat("ServerOptions::max_message_size is ",
-                                                   options.max_message_size,
-                                                   "; it must be in [1, 2 GiB - 1]"));
-  }
-  if (options.max_bulk_size == 0 || options.max_bulk_size > UINT32_MAX ||
-      options.max_pulled_bytes < options.max_bulk_size) {
+  if (options.max_streams_per_connection < 1 || options.max_streams < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "ServerOptions::max_bulk_size is ", options.max_bulk_size, " and max_pulled_bytes ",
-        options.max_pulled_bytes, ": the first must be in [1, 4 GiB - 1] and at most the second"));
-  }
-  if (options.max_streams_per_connection < 1 || options.max_streams < 1 ||
-      options.stream_window == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ServerOptions::max_streams_per_connection is ",
-                     options.max_streams_per_connection, ", max_streams ", options.max_streams,
-                     " and stream_window ", options.stream_window, "; each must be at least 1"));
+        "ServerOptions::max_streams_per_connection is ", options.max_streams_per_connection,
+        " and max_streams ", options.max_streams, "; each must be at least 1"));
   }
   ServerOptions adjusted = options;
   transport::ConnectionOptions& connection = adjusted.listener.connection;
@@ -56,23 +37,12 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   connection.max_send_slots =
       std::max<uint32_t>(connection.max_send_slots, ServerImpl::AnswerSlots(adjusted) + 8);
   std::unique_ptr<ServerImpl> core(new ServerImpl(adjusted));
-  absl::StatusOr<std::shared_ptr<transport::Device>> device =
-      SharedDevice(options.device, options.slots);
-  if (!device.ok()) return device.status();
-  core->device_ = *std::move(device);
-  core->staging_ = std::make_unique<StagingPool>(*core->device_, options.staging_bytes);
-  core->receive_limits_ = std::make_shared<ReceiveLimits>(
-      options.max_message_size, options.max_bulk_size, options.max_pulled_bytes, "ServerOptions");
-  transport::PollerOptions poller_options;
-  poller_options.mode = options.poll_mode;
-  poller_options.spin = options.spin;
-  for (int i = 0; i < options.pollers; ++i) {
-    absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
-        transport::Poller::Create(*core->device_, poller_options);
-    if (!poller.ok()) return poller.status();
-    if (absl::Status s = (*poller)->Start(); !s.ok()) return s;
-    core->pollers_.push_back(*std::move(poller));
-  }
+  absl::StatusOr<RuntimeParts> parts = OpenRuntime(options, "ServerOptions");
+  if (!parts.ok()) return parts.status();
+  core->device_ = std::move(parts->device);
+  core->staging_ = std::move(parts->staging);
+  core->receive_limits_ = std::move(parts->receive_limits);
+  core->pollers_ = std::move(parts->pollers);
   core->pool_ = std::make_unique<HandlerPool>(options.handler_threads);
   // Admission within what the pollers can hold: a connection refused at the door ("server
   // full") is better than one accepted and then refused its completion-queue entries, and no

@@ -1,10 +1,13 @@
 // Options a Channel or Server refuses before touching a device: each refusal names the option
 // and its bounds (host test: validation runs before the device is opened).
 #include <catch2/catch.hpp>
+#include <cstdint>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "rpc/channel.h"
+#include "rpc/common/runtime.h"
 #include "rpc/server.h"
 
 namespace zrpc {
@@ -27,6 +30,59 @@ TEST_CASE("spin out of [0, 1s] is refused by channels and servers, naming the op
     CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(absl::StrContains(server.status().message(), "ServerOptions::spin"));
   }
+}
+
+// Each option both sides share (RuntimeOptions) is checked once, for both: a bad value is
+// refused by CreateChannel and by Server::Create alike, each naming its own struct's option.
+TEST_CASE("each shared option out of range is refused by channels and servers alike") {
+  struct Bad {
+    const char* option;
+    void (*spoil)(RuntimeOptions&);
+  };
+  const Bad cases[] = {
+      {"pollers", [](RuntimeOptions& o) { o.pollers = 0; }},
+      {"pollers", [](RuntimeOptions& o) { o.pollers = 65; }},
+      {"max_message_size", [](RuntimeOptions& o) { o.max_message_size = 0; }},
+      {"max_message_size", [](RuntimeOptions& o) { o.max_message_size = uint64_t{1} << 31; }},
+      {"max_bulk_size", [](RuntimeOptions& o) { o.max_bulk_size = 0; }},
+      {"max_bulk_size", [](RuntimeOptions& o) { o.max_bulk_size = uint64_t{1} << 32; }},
+      {"max_bulk_size", [](RuntimeOptions& o) { o.max_pulled_bytes = o.max_bulk_size - 1; }},
+      {"stream_window", [](RuntimeOptions& o) { o.stream_window = 0; }},
+  };
+  for (const Bad& bad : cases) {
+    INFO(bad.option);
+    ChannelOptions channel_options;
+    bad.spoil(channel_options);
+    auto channel = CreateChannel("127.0.0.1:7471", channel_options);
+    REQUIRE_FALSE(channel.ok());
+    CHECK(channel.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(channel.status().message(),
+                            std::string("ChannelOptions::") + bad.option));
+
+    ServerOptions server_options;
+    bad.spoil(server_options);
+    auto server = Server::Create(server_options);
+    REQUIRE_FALSE(server.ok());
+    CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(
+        absl::StrContains(server.status().message(), std::string("ServerOptions::") + bad.option));
+  }
+}
+
+TEST_CASE("the values at each shared option's bounds pass the checks") {
+  RuntimeOptions options;
+  options.pollers = 64;
+  options.max_message_size = (uint64_t{1} << 31) - 1;
+  options.max_bulk_size = (uint64_t{1} << 32) - 1;
+  options.max_pulled_bytes = options.max_bulk_size;
+  options.stream_window = 1;
+  options.spin = absl::Seconds(1);
+  CHECK(internal::CheckRuntimeOptions(options, "ChannelOptions").ok());
+  options.pollers = 1;
+  options.max_message_size = 1;
+  options.max_bulk_size = 1;
+  options.spin = absl::ZeroDuration();
+  CHECK(internal::CheckRuntimeOptions(options, "ServerOptions").ok());
 }
 
 }  // namespace

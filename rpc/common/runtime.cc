@@ -1,0 +1,62 @@
+// The setup a channel and a server share: their common options' checks, and the device,
+// staging, receive limits and pollers both run on.
+
+#include "rpc/common/runtime.h"
+
+#include <cstdint>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "rpc/common/shared_device.h"
+
+namespace zrpc::internal {
+
+absl::Status CheckRuntimeOptions(const RuntimeOptions& options, absl::string_view side) {
+  if (options.pollers < 1 || options.pollers > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(side, "::pollers is ", options.pollers, "; it must be in [1, 64]"));
+  }
+  if (absl::Status s = transport::CheckSpin(options.spin, absl::StrCat(side, "::spin")); !s.ok()) {
+    return s;
+  }
+  if (options.max_message_size == 0 || options.max_message_size > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(side, "::max_message_size is ",
+                                                   options.max_message_size,
+                                                   "; it must be in [1, 2 GiB - 1]"));
+  }
+  if (options.max_bulk_size == 0 || options.max_bulk_size > UINT32_MAX ||
+      options.max_pulled_bytes < options.max_bulk_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        side, "::max_bulk_size is ", options.max_bulk_size, " and max_pulled_bytes ",
+        options.max_pulled_bytes, ": the first must be in [1, 4 GiB - 1] and at most the second"));
+  }
+  if (options.stream_window == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(side, "::stream_window is 0; it must be at least 1"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const char* side) {
+  RuntimeParts parts;
+  absl::StatusOr<std::shared_ptr<transport::Device>> device =
+      SharedDevice(options.device, options.slots);
+  if (!device.ok()) return device.status();
+  parts.device = *std::move(device);
+  parts.staging = std::make_unique<StagingPool>(*parts.device, options.staging_bytes);
+  parts.receive_limits = std::make_shared<ReceiveLimits>(
+      options.max_message_size, options.max_bulk_size, options.max_pulled_bytes, side);
+  transport::PollerOptions poller_options;
+  poller_options.mode = options.poll_mode;
+  poller_options.spin = options.spin;
+  for (int i = 0; i < options.pollers; ++i) {
+    absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
+        transport::Poller::Create(*parts.device, poller_options);
+    if (!poller.ok()) return poller.status();
+    if (absl::Status s = (*poller)->Start(); !s.ok()) return s;
+    parts.pollers.push_back(*std::move(poller));
+  }
+  return parts;
+}
+
+}  // namespace zrpc::internal

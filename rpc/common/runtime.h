@@ -1,0 +1,42 @@
+// What a channel and a server share of their setup: checking the options both have
+// (RuntimeOptions, rpc/options.h) and opening what both run on: the process's shared device,
+// a staging pool, the limits on what the peer may send, and started pollers.
+#ifndef ZRPC_RPC_COMMON_RUNTIME_H_
+#define ZRPC_RPC_COMMON_RUNTIME_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "rpc/bulk/staging.h"
+#include "rpc/connection/rpc_connection.h"
+#include "rpc/options.h"
+#include "transport/device.h"
+#include "transport/poller.h"
+
+namespace zrpc::internal {
+
+// OK, or kInvalidArgument naming the first option out of range as `side` spells its struct
+// ("ChannelOptions", "ServerOptions").
+absl::Status CheckRuntimeOptions(const RuntimeOptions& options, absl::string_view side);
+
+// A channel's or a server's resources, in the order they are made (and destroyed in reverse by
+// their owner): pollers hold the device, staging and receive limits belong to it.
+struct RuntimeParts {
+  std::shared_ptr<transport::Device> device;
+  std::unique_ptr<StagingPool> staging;
+  std::shared_ptr<ReceiveLimits> receive_limits;
+  // Shared with received payloads users still hold (rpc_connection.h).
+  std::vector<std::shared_ptr<transport::Poller>> pollers;
+};
+
+// Opens the shared device for `options` (rpc/common/shared_device.h), its staging pool, the
+// receive limits (errors name `side`'s options) and `options.pollers` started pollers. On
+// error, what was made is destroyed before it returns.
+absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const char* side);
+
+}  // namespace zrpc::internal
+
+#endif  // ZRPC_RPC_COMMON_RUNTIME_H_
