@@ -59,7 +59,10 @@ struct ServerStats {
   uint64_t connections_open = 0;
   uint64_t calls_started = 0;
   uint64_t calls_in_flight = 0;
-  uint64_t unimplemented = 0;        // requests for a service or method this server lacks
+  // Calls answered UNIMPLEMENTED: for a service or method this server does not serve, for a
+  // method its service declares but does not implement (the generated default answered), or by
+  // a handler's own UNIMPLEMENTED.
+  uint64_t unimplemented = 0;
   uint64_t protocol_violations = 0;  // connections closed for breaking the protocol
   uint64_t cancels_received = 0;
   uint64_t keepalives_answered = 0;

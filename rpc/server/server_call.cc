@@ -101,6 +101,9 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
   }
   absl::StatusCode code = absl::StatusCode::kUnavailable;  // what AnswerFor sent
   if (!answered_.exchange(true, std::memory_order_acq_rel)) {
+    // A declared method the service left unimplemented (its generated default answered) counts
+    // as an unknown one does (ServerStats::unimplemented), as does a handler's own UNIMPLEMENTED.
+    if (status.code() == absl::StatusCode::kUnimplemented) owner_->server().CountUnimplemented();
     code = SendResponse(std::move(status), response, std::move(response_bulk)).code();
   } else {
     response_bulk.Reset();  // answered already (Shutdown): this answer is discarded

@@ -221,6 +221,45 @@ TEST_CASE("bulk payloads both ways, byte-checked, from 0 B to the arena size") {
   CHECK(info.size() == 1);
 }
 
+// Before: ServerStats::unimplemented counted requests for unknown services and methods only; a
+// method the .proto declares and the service left to its generated default answered
+// UNIMPLEMENTED to the client while the server's count stayed 0.
+TEST_CASE(
+    "a declared method the service does not implement is answered UNIMPLEMENTED and counted "
+    "in ServerStats::unimplemented, blocking and async alike") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  // Implements SayHello only: Ping stays the generated default.
+  class HelloOnly : public Greeter::Service {
+    absl::Status SayHello(zrpc::ServerContext&, const HelloRequest& request,
+                          HelloReply* reply) override {
+      reply->set_message("Hello, " + request.name());
+      return absl::OkStatus();
+    }
+  } hello_only;
+  // Implements nothing, in the async form.
+  class Nothing : public zrpc::examples::ObjectStore::AsyncService {
+  } nothing;
+  zrpc::testing::Served served(config, {&hello_only, &nothing});
+  Greeter::Stub stub(served.channel.get());
+  HelloRequest request;
+  request.set_name("x");
+  HelloReply reply;
+  REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  CHECK(served.server->stats().unimplemented == 0);
+  google::protobuf::Empty empty;
+  absl::Status s = stub.Ping(empty, &empty, Within(kLong));
+  CHECK(s.code() == absl::StatusCode::kUnimplemented);
+  CHECK(absl::StrContains(s.message(), "zrpc.examples.Greeter/Ping"));
+  CHECK(served.server->stats().unimplemented == 1);
+  ObjectStore::Stub store(served.channel.get());
+  ObjectKey key;
+  key.set_name("k");
+  ObjectInfo info;
+  s = store.Stat(key, &info, Within(kLong));
+  CHECK(s.code() == absl::StatusCode::kUnimplemented);
+  CHECK(served.server->stats().unimplemented == 2);
+}
+
 // Before: "exceeds the 4056 bytes a message carries", naming neither side nor option, so a
 // user who raised the server's slot size saw nothing change (the client's smaller one governed).
 // Since messages larger than a slot travel as payloads, slots only decide which path a message
