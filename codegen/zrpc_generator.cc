@@ -329,7 +329,7 @@ void PrintServerClass(Printer& p, const std::vector<Vars>& methods, const char* 
                   ? "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
                     "        ::zrpc::ServerReader<$Request$>* reader, $Response$* response);\n"
                   : "    virtual ::absl::Status $Method$(::zrpc::ServerContext& context,\n"
-                    "        ::zrpc::ServerReaderWriter<$Response$, $Request$>* stream);\n");
+                    "        ::zrpc::ServerReaderWriter<$Request$, $Response$>* stream);\n");
     }
   }
   p.Print("  };\n\n");
@@ -533,7 +533,7 @@ void PrintDispatch(Printer& p, const ServiceCode& code, const std::string& base,
               "      ::zrpc::internal::HandleBidiStreaming<$Request$, $Response$>(\n"
               "          call, $Qualified$::kMethods[$index$],\n"
               "          [this](::zrpc::ServerContext& context,\n"
-              "                 ::zrpc::ServerReaderWriter<$Response$, $Request$>* stream) {\n"
+              "                 ::zrpc::ServerReaderWriter<$Request$, $Response$>* stream) {\n"
               "            return this->$Method$(context, stream);\n"
               "          });\n"
               "      return;\n");
@@ -583,7 +583,7 @@ void PrintStreamingMembers(Printer& p, const Vars& vars) {
   }
   const char* params = kind == "server"   ? "const $Request$&, ::zrpc::ServerWriter<$Response$>*"
                        : kind == "client" ? "::zrpc::ServerReader<$Request$>*, $Response$*"
-                                          : "::zrpc::ServerReaderWriter<$Response$, $Request$>*";
+                                          : "::zrpc::ServerReaderWriter<$Request$, $Response$>*";
   p.Print(vars, "::absl::Status $Service$::Service::$Method$(::zrpc::ServerContext&,\n    ");
   p.Print(vars, params);
   p.Print(vars,

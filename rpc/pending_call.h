@@ -1,5 +1,6 @@
 // PendingCall: one call of an AsyncService handler, which the handler owns and finishes when its
-// answer is ready, from any thread.
+// answer is ready, from any thread. PendingCall<Request, Response> takes its template arguments
+// by zrpc's one rule (rpc/streaming.h states it): the rpc's request type, then its response type.
 #ifndef ZRPC_RPC_PENDING_CALL_H_
 #define ZRPC_RPC_PENDING_CALL_H_
 

@@ -2,6 +2,16 @@
 // and the templates its stubs and dispatch call. Wire format: rpc/WIRE.md, "Streams";
 // flow control: rpc/stream/stream_state.h.
 //
+// Template arguments, one rule for every zrpc type that names an rpc's messages (the streams
+// here, PendingCall in rpc/pending_call.h): they come as the .proto's rpc declares them, the
+// request type, then the response type; a type that handles only one of them takes that one.
+// For rpc Chat(stream Q) returns (stream A), the client's ends are ClientReaderWriter<Q, A> and
+// AsyncClientReaderWriter<Q, A> (written, read, as in gRPC), and the server's are
+// ServerReaderWriter<Q, A> and ServerAsyncReaderWriter<Q, A> (read, written). So the server's
+// blocking ServerReaderWriter takes its arguments in the opposite order to gRPC's
+// ServerReaderWriter<W, R>, on purpose: an rpc's types read the same in every zrpc type, client
+// or server, blocking or asynchronous.
+//
 //   rpc ListFeatures(Rectangle) returns (stream Feature);     // server streaming
 //   rpc RecordRoute(stream Point) returns (RouteSummary);     // client streaming
 //   rpc RouteChat(stream RouteNote) returns (stream RouteNote);  // bidirectional
@@ -84,7 +94,7 @@
 //   void Sum(::std::unique_ptr<zrpc::ServerAsyncReader<Number, Total>> call) override;
 //   void Double(::std::unique_ptr<zrpc::ServerAsyncReaderWriter<Number, Number>> call) override;
 //
-// (template arguments in PendingCall's order: request, then response). The handler runs on the
+// (template arguments in the rule's order: request, then response). The handler runs on the
 // handler pool, owns its call and returns at once. Read and Write behave as the client's
 // (callbacks once each, never nested or overlapping, at most one of each outstanding; the
 // message a Write names and the one a Read fills stay alive until its callback runs).
@@ -413,8 +423,9 @@ class ServerReader {
   StreamCall* stream_;
 };
 
-// The server's end of a bidirectional call (messages written first, as gRPC orders them).
-template <typename Response, typename Request>
+// The server's end of a bidirectional call. The request type (read) comes first, by the rule at
+// the top of this file: gRPC's ServerReaderWriter takes the written type first.
+template <typename Request, typename Response>
 class ServerReaderWriter {
  public:
   explicit ServerReaderWriter(StreamCall* stream) : stream_(stream) {}
@@ -427,7 +438,7 @@ class ServerReaderWriter {
 
 // The asynchronous server forms (an AsyncService's streaming handlers), owned by the handler
 // through the ::std::unique_ptr it is given; see "Asynchronous server streams" above. Template
-// arguments in PendingCall's order: the request type, then the response type.
+// arguments by the rule at the top: the request type, then the response type.
 
 // A server-streaming call: the request, and the responses to write.
 template <typename Request, typename Response>
@@ -611,7 +622,7 @@ template <typename Request, typename Response, typename Handler>
 void HandleBidiStreaming(ServerCall* call, const MethodInfo& method, Handler&& handler) {
   StreamCall* stream = OpenServerStream(call, method, &Request::default_instance());
   if (stream == nullptr) return;
-  ServerReaderWriter<Response, Request> both(stream);
+  ServerReaderWriter<Request, Response> both(stream);
   FinishStream(call, handler(call->context(), &both));
 }
 

@@ -23,6 +23,7 @@
 #include "tests/codegen/file_options/generic_services.zrpc.h"
 #include "tests/codegen/file_options/lite.zrpc.h"
 #include "tests/codegen/loopback_channel.h"
+#include "tests/codegen/order/order.zrpc.h"
 #include "tests/codegen/tricky/tricky.zrpc.h"
 
 namespace {
@@ -1398,4 +1399,197 @@ TEST_CASE(
   // Ping itself, never overridden, still answers UNIMPLEMENTED through its async default.
   google::protobuf::Empty empty;
   CHECK(stub.Ping(empty, &empty).code() == absl::StatusCode::kUnimplemented);
+}
+
+namespace {
+
+using zrpc::test::order::Answer;
+using zrpc::test::order::Question;
+using zrpc::test::order::Quiz;
+
+// zrpc's one rule for template arguments (rpc/streaming.h): the rpc's request type, then its
+// response type, in every type that names both, client or server, blocking or asynchronous.
+// Quiz's rpcs take a Question and answer an Answer, so a type with its arguments the wrong way
+// round would fail these.
+static_assert(
+    std::is_same_v<decltype(&Quiz::Service::Chat),
+                   absl::Status (Quiz::Service::*)(zrpc::ServerContext&,
+                                                   zrpc::ServerReaderWriter<Question, Answer>*)>);
+static_assert(std::is_same_v<decltype(&zrpc::ServerReaderWriter<Question, Answer>::Read),
+                             bool (zrpc::ServerReaderWriter<Question, Answer>::*)(Question*)>);
+static_assert(std::is_same_v<decltype(&zrpc::ServerReaderWriter<Question, Answer>::Write),
+                             bool (zrpc::ServerReaderWriter<Question, Answer>::*)(const Answer&)>);
+static_assert(
+    std::is_same_v<decltype(&Quiz::AsyncService::Chat),
+                   void (Quiz::AsyncService::*)(
+                       std::unique_ptr<zrpc::ServerAsyncReaderWriter<Question, Answer>>)>);
+static_assert(
+    std::is_same_v<decltype(&Quiz::Stub::Chat), zrpc::ClientReaderWriter<Question, Answer> (
+                                                    Quiz::Stub::*)(const zrpc::CallOptions&)>);
+static_assert(std::is_same_v<decltype(&Quiz::Stub::AsyncChat),
+                             zrpc::AsyncClientReaderWriter<Question, Answer> (Quiz::Stub::*)(
+                                 const zrpc::CallOptions&)>);
+// Client streaming and server streaming: the one-type readers and writers take the type they
+// handle; the asynchronous server forms take both, in the rule's order.
+static_assert(std::is_same_v<decltype(&Quiz::Service::Tell),
+                             absl::Status (Quiz::Service::*)(
+                                 zrpc::ServerContext&, zrpc::ServerReader<Question>*, Answer*)>);
+static_assert(std::is_same_v<decltype(&Quiz::AsyncService::Tell),
+                             void (Quiz::AsyncService::*)(
+                                 std::unique_ptr<zrpc::ServerAsyncReader<Question, Answer>>)>);
+static_assert(
+    std::is_same_v<decltype(&Quiz::Stub::Tell), zrpc::ClientWriter<Question> (Quiz::Stub::*)(
+                                                    Answer*, const zrpc::CallOptions&)>);
+static_assert(std::is_same_v<decltype(&Quiz::Service::Listen),
+                             absl::Status (Quiz::Service::*)(zrpc::ServerContext&, const Question&,
+                                                             zrpc::ServerWriter<Answer>*)>);
+static_assert(std::is_same_v<decltype(&Quiz::AsyncService::Listen),
+                             void (Quiz::AsyncService::*)(
+                                 std::unique_ptr<zrpc::ServerAsyncWriter<Question, Answer>>)>);
+static_assert(
+    std::is_same_v<decltype(&Quiz::Stub::Listen), zrpc::ClientReader<Answer> (Quiz::Stub::*)(
+                                                      const Question&, const zrpc::CallOptions&)>);
+static_assert(std::is_same_v<
+              decltype(&Quiz::AsyncService::Ask),
+              void (Quiz::AsyncService::*)(std::unique_ptr<zrpc::PendingCall<Question, Answer>>)>);
+
+// The server's end of a stream, scripted: Read hands out `incoming`, each parsed into the
+// prototype the dispatch opened the stream with; Write keeps each message's type and bytes.
+class ScriptedStream : public zrpc::StreamCall {
+ public:
+  ScriptedStream(const google::protobuf::MessageLite* prototype, std::vector<std::string> incoming)
+      : prototype_(prototype), incoming_(std::move(incoming)) {}
+
+  bool Write(const google::protobuf::MessageLite& message) override {
+    written.emplace_back(message.GetTypeName(), message.SerializeAsString());
+    return true;
+  }
+  google::protobuf::MessageLite* Read() override {
+    if (prototype_ == nullptr || next_ == incoming_.size()) return nullptr;
+    current_.reset(prototype_->New());
+    if (!current_->ParseFromString(incoming_[next_++])) return nullptr;
+    return current_.get();
+  }
+
+  std::vector<std::pair<std::string, std::string>> written;  // type name, serialization
+
+ private:
+  const google::protobuf::MessageLite* prototype_;
+  std::vector<std::string> incoming_;
+  size_t next_ = 0;
+  std::unique_ptr<google::protobuf::MessageLite> current_;
+};
+
+// A call that opens a ScriptedStream: what the blocking dispatch of a streaming method needs.
+class ScriptedStreamCall : public LoopbackCall {
+ public:
+  ScriptedStreamCall(std::string request, std::vector<std::string> incoming)
+      : LoopbackCall(std::move(request)), incoming_(std::move(incoming)) {}
+
+  zrpc::StreamCall* OpenStream(const google::protobuf::MessageLite* read_prototype) override {
+    read_type = read_prototype == nullptr ? "" : read_prototype->GetTypeName();
+    stream = std::make_unique<ScriptedStream>(read_prototype, incoming_);
+    return stream.get();
+  }
+
+  std::string read_type;  // the type the dispatch reads, "" when it reads none
+  std::unique_ptr<ScriptedStream> stream;
+
+ private:
+  std::vector<std::string> incoming_;
+};
+
+// Answers each question with its text and length: reads Questions, writes Answers.
+class QuizImpl : public Quiz::Service {
+ public:
+  absl::Status Chat(zrpc::ServerContext&,
+                    zrpc::ServerReaderWriter<Question, Answer>* stream) override {
+    Question question;
+    while (stream->Read(&question)) {
+      if (!stream->Write(AnswerTo(question))) break;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Listen(zrpc::ServerContext&, const Question& question,
+                      zrpc::ServerWriter<Answer>* writer) override {
+    for (int i = 0; i < 2; ++i) {
+      if (!writer->Write(AnswerTo(question))) break;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Tell(zrpc::ServerContext&, zrpc::ServerReader<Question>* reader,
+                    Answer* answer) override {
+    Question question;
+    std::string all;
+    while (reader->Read(&question)) all += question.text();
+    question.set_text(all);
+    *answer = AnswerTo(question);
+    return absl::OkStatus();
+  }
+
+  static Answer AnswerTo(const Question& question) {
+    Answer answer;
+    answer.set_text("re: " + question.text());
+    answer.set_length(static_cast<uint32_t>(question.text().size()));
+    return answer;
+  }
+};
+
+std::string Serialized(const std::string& text) {
+  Question question;
+  question.set_text(text);
+  return question.SerializeAsString();
+}
+
+int MethodIndex(const std::string& name) {
+  const zrpc::ServiceInfo& info = Quiz::service_info();
+  for (int i = 0; i < info.method_count; ++i) {
+    if (info.methods[i].full_name == "zrpc.test.order.Quiz/" + name) return i;
+  }
+  FAIL("no method " << name);
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a blocking bidirectional handler reads the request type and writes the response type "
+    "through ServerReaderWriter<Request, Response>",
+    "[codegen][streaming]") {
+  QuizImpl impl;
+  ScriptedStreamCall call("", {Serialized("why"), Serialized("how so")});
+  impl.Dispatch(MethodIndex("Chat"), &call);
+  REQUIRE(call.WaitForFinish());
+  CHECK(call.status().ok());
+  CHECK(call.read_type == "zrpc.test.order.Question");
+  REQUIRE(call.stream != nullptr);
+  REQUIRE(call.stream->written.size() == 2);
+  for (const auto& [type, bytes] : call.stream->written) CHECK(type == "zrpc.test.order.Answer");
+  Answer answer;
+  REQUIRE(answer.ParseFromString(call.stream->written[1].second));
+  CHECK(answer.text() == "re: how so");
+  CHECK(answer.length() == 6);
+}
+
+TEST_CASE("blocking server- and client-streaming handlers keep the request and response types",
+          "[codegen][streaming]") {
+  QuizImpl impl;
+  ScriptedStreamCall listen(Serialized("when"), {});
+  impl.Dispatch(MethodIndex("Listen"), &listen);
+  REQUIRE(listen.WaitForFinish());
+  CHECK(listen.status().ok());
+  CHECK(listen.read_type.empty());  // the one request came with the call
+  REQUIRE(listen.stream != nullptr);
+  REQUIRE(listen.stream->written.size() == 2);
+  CHECK(listen.stream->written[0].first == "zrpc.test.order.Answer");
+
+  ScriptedStreamCall tell("", {Serialized("a"), Serialized("bc")});
+  impl.Dispatch(MethodIndex("Tell"), &tell);
+  REQUIRE(tell.WaitForFinish());
+  CHECK(tell.status().ok());
+  CHECK(tell.read_type == "zrpc.test.order.Question");
+  Answer answer;
+  REQUIRE(answer.ParseFromString(tell.response()));
+  CHECK(answer.text() == "re: abc");
+  CHECK(answer.length() == 3);
 }
