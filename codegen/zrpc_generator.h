@@ -1,7 +1,13 @@
 // protoc-gen-zrpc's code generator: for each .proto it writes NAME.zrpc.h and NAME.zrpc.cc with,
-// per service, a client stub and two server base classes over rpc/generated_api.h: a blocking one
-// whose handlers return a Status, and an asynchronous one whose handlers take their call as a
-// ::zrpc::PendingCall and finish it later, from any thread.
+// per service, a client stub and two server base classes over rpc/generated_api.h (and
+// rpc/streaming.h in a file with a streaming rpc). Rpcs of every kind are generated: unary,
+// server streaming, client streaming and bidirectional, each with a blocking and an asynchronous
+// stub method. The blocking base class, Service, has handlers that answer by returning a Status
+// (a streaming one on a thread of its own) and, for each unary rpc, an Async<Method> twin that
+// takes its call as a ::zrpc::PendingCall; the asynchronous one, AsyncService, has only handlers
+// that own their call (a PendingCall, or for a streaming rpc a ::zrpc::ServerAsyncWriter, Reader
+// or ReaderWriter) and finish it later, from any thread. Every type is named with the rpc's
+// request type first, then its response type (rpc/streaming.h).
 //
 // Naming (tests/codegen/tricky, tests/codegen/file_options and plugin_fuzz_test hold the cases):
 // - The service class lives in the C++ namespace protobuf uses for the file's package, named as
@@ -27,10 +33,12 @@
 //   service's own tables), so no .proto name can hide it.
 //
 // Refused with an error, which protoc prints after the file's name, naming the service and method
-// where there is one: streaming rpcs (not supported yet); packages with a keyword or standard
-// macro as a part (protobuf's own C++ for them does not compile); packages inside the runtime's
-// namespaces (zrpc, zrpc.Channel, ..., std.*, absl.*); package-less types named like globals
-// generated code needs (zrpc, std, size_t, ...); plugin parameters (there are none).
+// where there is one: streaming rpcs marked (zrpc.method).request_bulk or response_bulk (a
+// stream's messages carry no bulk payload); packages with a keyword or an object-like standard
+// macro as a part (protobuf's own C++ for them does not compile); the package zrpc, zrpc.X for a
+// name X the runtime declares in namespace zrpc (zrpc.Channel, zrpc.internal, ...), and std, absl
+// and packages inside them; package-less types named like globals generated code needs (zrpc,
+// std, size_t, ...); plugin parameters (there are none).
 #ifndef ZRPC_CODEGEN_ZRPC_GENERATOR_H_
 #define ZRPC_CODEGEN_ZRPC_GENERATOR_H_
 
