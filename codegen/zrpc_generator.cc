@@ -6,7 +6,6 @@
 #include <google/protobuf/io/printer.h>
 #include <google/protobuf/io/zero_copy_stream.h>
 
-#include <cctype>
 #include <map>
 #include <memory>
 #include <set>
@@ -35,14 +34,27 @@ std::string StripProto(const std::string& path) {
   return path;
 }
 
-std::string HeaderGuard(const std::string& path) {
+// The include guard of the header generated for the .proto at `proto_path`: distinct paths give
+// distinct guards, so a program may include the headers of any two files. ASCII letters and
+// digits stay as they are (case too: a/B.proto and a/b.proto are two files) and every other byte,
+// '_' included, becomes '_' and its two hex digits, as protobuf escapes the paths in its own
+// guards (a/b_c.proto: a_2fb_5fc_2eproto). The fixed width makes the escaping one to one: writing
+// '_' for each, as this once did, gave guard/a_b.proto and guard_a/b.proto a single guard, and the
+// header included second vanished.
+std::string HeaderGuard(const std::string& proto_path) {
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string guard = "ZRPC_GENERATED_";
-  for (char c : path) {
-    guard += std::isalnum(static_cast<unsigned char>(c))
-                 ? static_cast<char>(std::toupper(static_cast<unsigned char>(c)))
-                 : '_';
+  for (const char c : proto_path) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) {
+      guard += c;
+    } else {
+      const unsigned char byte = static_cast<unsigned char>(c);
+      guard += '_';
+      guard += kHex[byte >> 4];
+      guard += kHex[byte & 0xf];
+    }
   }
-  return guard + "_";
+  return guard + "_ZRPC_H_";
 }
 
 // One line of a .proto comment as the text of a C++ // comment. A line that ends in a backslash
@@ -704,7 +716,7 @@ bool ZrpcGenerator::Generate(const FileDescriptor* file, const std::string& para
         context->Open(base + ".zrpc.h"));
     Printer p(out.get(), '$');
     PrintPreamble(p, file);
-    const std::string guard = HeaderGuard(base + ".zrpc.h");
+    const std::string guard = HeaderGuard(file->name());
     bool streaming = false;
     for (int s = 0; s < file->service_count(); ++s) {
       for (int m = 0; m < file->service(s)->method_count(); ++m) {

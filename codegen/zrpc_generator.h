@@ -31,6 +31,9 @@
 //   method table keeps the .proto names. Handlers of Service and AsyncService share the rpc's name.
 // - Generated code names everything it uses fully qualified (::zrpc, ::absl, ::std, the
 //   service's own tables), so no .proto name can hide it.
+// - The header's include guard is ZRPC_GENERATED_, the .proto's path escaped one to one (letters
+//   and digits kept, any other byte as _ and two hex digits), then _ZRPC_H_: distinct files,
+//   distinct guards, so any two headers may be included together.
 //
 // Refused with an error, which protoc prints after the file's name, naming the service and method
 // where there is one: streaming rpcs marked (zrpc.method).request_bulk or response_bulk (a

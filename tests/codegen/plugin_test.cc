@@ -1,6 +1,10 @@
-// protoc-gen-zrpc as protoc runs it: golden output, and clear errors for unsupported input.
+// protoc-gen-zrpc as protoc runs it: golden output, clear errors for unsupported input, and
+// header guards that keep the headers of distinct files apart.
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "tests/codegen/tool_run.h"
 
@@ -111,4 +115,84 @@ TEST_CASE("a valid file still generates after the refusals above", "[codegen][er
   ProtocResult result = RunProtoc("proto/examples/greeter.proto");
   INFO(result.output);
   CHECK(result.exit_code == 0);
+}
+
+namespace {
+
+// The first line of `header` that opens with `#ifndef `, without it ("" if none).
+std::string GuardOf(const std::string& header) {
+  const std::string directive = "#ifndef ";
+  const size_t at = header.find("\n" + directive);
+  if (at == std::string::npos) return "";
+  const size_t start = at + 1 + directive.size();
+  return header.substr(start, header.find('\n', start) - start);
+}
+
+}  // namespace
+
+// Before: each byte other than a letter or digit became '_', and letters were upper-cased, so
+// guard/a_b.proto and guard_a/b.proto (or guard/Ab.proto and guard/ab.proto) shared a guard and a
+// program including both headers silently lost the second one's services.
+TEST_CASE("files whose paths differ only in '_', '/' or case get distinct header guards",
+          "[codegen][guard]") {
+  const std::string dir = TmpDir() + "/guards";
+  std::string out;
+  REQUIRE(
+      Run("rm -rf " + dir + " && mkdir -p " + dir + "/guard " + dir + "/guard_a " + dir + "/gen",
+          &out) == 0);
+  struct File {
+    std::string path;     // below `dir`
+    std::string package;  // each its own, so that all four compile in one unit
+  };
+  const std::vector<File> files = {{"guard/a_b.proto", "guard.one"},
+                                   {"guard_a/b.proto", "guard.two"},
+                                   {"guard/Ab.proto", "guard.three"},
+                                   {"guard/ab.proto", "guard.four"}};
+  std::string protos;
+  std::string unit;
+  for (const File& file : files) {
+    std::ofstream proto(dir + "/" + file.path);
+    proto << "syntax = \"proto3\";\npackage " << file.package << ";\n"
+          << "message M {}\nservice S { rpc Get(M) returns (M); }\n";
+    protos += " " + file.path;
+    const std::string stem = file.path.substr(0, file.path.size() - 6);
+    unit += "#include \"" + stem + ".zrpc.h\"\n";
+  }
+  // Each service's stub, named: a header dropped by a shared guard leaves its name undeclared.
+  for (const File& file : files) {
+    std::string qualified = "::" + file.package;
+    for (size_t dot; (dot = qualified.find('.')) != std::string::npos;) {
+      qualified.replace(dot, 1, "::");
+    }
+    unit += "static_assert(sizeof(" + qualified + "::S::Stub) > 0);\n";
+  }
+  std::string protoc_output;
+  const int protoc =
+      Run("cd " + dir + " && /usr/bin/protoc --plugin=protoc-gen-zrpc=" +
+              Runfile("codegen/protoc-gen-zrpc") + " --cpp_out=gen --zrpc_out=gen" + protos,
+          &protoc_output);
+  INFO(protoc_output);
+  REQUIRE(protoc == 0);
+
+  std::set<std::string> guards;
+  for (const File& file : files) {
+    const std::string stem = file.path.substr(0, file.path.size() - 6);
+    const std::string guard = GuardOf(ReadFile(dir + "/gen/" + stem + ".zrpc.h"));
+    INFO(file.path << ": " << guard);
+    CHECK(guard.rfind("ZRPC_GENERATED_", 0) == 0);
+    CHECK(guards.insert(guard).second);
+  }
+  CHECK(guards.count("ZRPC_GENERATED_guard_2fa_5fb_2eproto_ZRPC_H_") == 1);
+
+  {
+    std::ofstream file(dir + "/unit.cc");
+    file << unit;
+  }
+  std::string compiler_output;
+  const int compiled = Run("g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I" + dir +
+                               "/gen -I" + Runfile("") + " " + dir + "/unit.cc",
+                           &compiler_output);
+  INFO(unit);
+  INFO(compiler_output.substr(0, 4000));
+  CHECK(compiled == 0);
 }
