@@ -3,6 +3,7 @@
 #include <google/protobuf/compiler/cpp/names.h>
 #include <google/protobuf/descriptor.pb.h>
 
+#include <map>
 #include <set>
 #include <string>
 
@@ -40,14 +41,56 @@ const std::set<std::string>& OtherMacros() {
   return kMacros;
 }
 
+enum MacroKind { kObjectLike, kFunctionLike };
+
+// The macros the headers around generated code define, by name (header_macros.inc says which).
+const std::map<std::string, MacroKind>& HeaderMacros() {
+  static const std::map<std::string, MacroKind> kMacros = [] {
+    struct Entry {
+      const char* name;
+      MacroKind kind;
+    };
+    static constexpr Entry kEntries[] = {
+#include "codegen/header_macros.inc"
+    };
+    std::map<std::string, MacroKind> macros;
+    for (const Entry& entry : kEntries) macros.emplace(entry.name, entry.kind);
+    return macros;
+  }();
+  return kMacros;
+}
+
+// The include guards of zrpc's headers, the runtime's and generated ones, as zrpc writes them:
+// ZRPC_, the path, _H_. A rule rather than a list, so that the runtime's headers may come and go
+// without the generator's names following them; one more '_' takes a name clear of every guard.
+bool IsZrpcHeaderGuard(const std::string& name) {
+  const std::string prefix = "ZRPC_";
+  const std::string suffix = "_H_";
+  return name.size() >= prefix.size() + suffix.size() && name.rfind(prefix, 0) == 0 &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool IsObjectLikeHeaderMacro(const std::string& name) {
+  const auto it = HeaderMacros().find(name);
+  return (it != HeaderMacros().end() && it->second == kObjectLike) || IsZrpcHeaderGuard(name);
+}
+
 }  // namespace
 
 bool IsStandardMacro(const std::string& name) {
   return ObjectLikeMacros().count(name) > 0 || OtherMacros().count(name) > 0;
 }
 
+bool IsHeaderMacro(const std::string& name) {
+  return HeaderMacros().count(name) > 0 || IsZrpcHeaderGuard(name);
+}
+
 std::string CppIdentifier(const std::string& name) {
-  return IsCppKeyword(name) || IsStandardMacro(name) ? name + "_" : name;
+  if (IsCppKeyword(name)) return name + "_";  // no keyword ends in '_'
+  // A loop, as a macro's name with one more '_' could be a macro too (no listed one is today).
+  std::string identifier = name;
+  while (IsStandardMacro(identifier) || IsHeaderMacro(identifier)) identifier += "_";
+  return identifier;
 }
 
 std::string ReservedPackageReason(const std::string& package) {
@@ -58,6 +101,13 @@ std::string ReservedPackageReason(const std::string& package) {
     if (IsCppKeyword(part) || ObjectLikeMacros().count(part) > 0) {
       return "'" + part + "' is a C++ " + (IsCppKeyword(part) ? "keyword" : "standard macro") +
              ", and C++ code for this package cannot compile; rename it";
+    }
+    // protobuf's C++ fails at `namespace NAN {` when its own headers define the macro (EPIPE),
+    // zrpc's generated header when the runtime's do (NAN).
+    if (IsObjectLikeHeaderMacro(part)) {
+      return "'" + part +
+             "' is a macro of the headers generated C++ includes (codegen/header_macros.inc), and "
+             "C++ code for this package cannot compile; rename it";
     }
   }
   if (parts.empty()) return "";

@@ -1,7 +1,8 @@
-// C++ spellings of .proto names. A service or method name that is a C++ keyword, or a macro the
-// standard headers define (EOF, errno, assert, ...), gets a trailing underscore (protobuf's rule
-// for fields); a package a.b.c becomes namespaces a, b, c, spelled as protobuf's C++ generator
-// spells them, i.e. unchanged. ProtobufCppNames says which names protobuf's own C++ takes.
+// C++ spellings of .proto names. A service or method name that is a C++ keyword, a macro the
+// standard headers define (EOF, errno, assert, ...) or a macro of the headers around generated
+// code (EPIPE, NAN, alloca, ...: IsHeaderMacro) gets a trailing underscore (protobuf's rule for
+// fields); a package a.b.c becomes namespaces a, b, c, spelled as protobuf's C++ generator spells
+// them, i.e. unchanged. ProtobufCppNames says which names protobuf's own C++ takes.
 #ifndef ZRPC_CODEGEN_CPP_NAMES_H_
 #define ZRPC_CODEGEN_CPP_NAMES_H_
 
@@ -19,12 +20,24 @@ bool IsCppKeyword(const std::string& name);
 // be expanded.
 bool IsStandardMacro(const std::string& name);
 
-// `name`, or `name` + "_" when it is a keyword or a standard macro (above).
+// A macro that code generated for any .proto can meet, so that an rpc or service named so would
+// be expanded: one the headers it includes (NAME.pb.h, rpc/generated_api.h, rpc/streaming.h,
+// <memory>, <string>, <utility>) or @zrpc's (rpc/zrpc.h, transport/log.h) define. Those are
+// listed in codegen/header_macros.inc (codegen/list_header_macros.sh finds them with the
+// preprocessor, tools/update-header-macros adds them; reserved_names_test fails when the headers
+// define one it lacks), bar two kinds: names C++ reserves for the implementation (_Foo, a__b),
+// and the include guards of zrpc's headers, runtime and generated, which are ZRPC_..._H_ and
+// count by that form. Macros of other headers an application includes are beyond its reach.
+bool IsHeaderMacro(const std::string& name);
+
+// `name`, or `name` with a trailing underscore when it is a keyword or one of the macros above
+// (with more underscores while it would still name such a macro).
 std::string CppIdentifier(const std::string& name);
 
 // Why generated C++ for `package` cannot work, or "" when it can: a part that is a keyword or an
-// object-like standard macro (EOF; `assert` or GNU's `linux` are fine as namespaces); the
-// namespace zrpc or one of the runtime's names right below it; a package inside std or absl.
+// object-like macro, standard (EOF) or of the headers around generated code (NAN, EPIPE,
+// ZRPC_..._H_); function-like ones (`assert`, `alloca`) and GNU's `linux` are fine as namespaces;
+// the namespace zrpc or one of the runtime's names right below it; a package inside std or absl.
 std::string ReservedPackageReason(const std::string& package);
 
 // A global name generated code relies on (::zrpc, ::absl, ::std, ::google, the <cstdint> and

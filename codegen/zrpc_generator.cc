@@ -126,7 +126,7 @@ std::vector<std::string> ServiceClassNames(const FileDescriptor* file) {
       if (name == member) name += "_";
     }
     if (name != original || protobuf_names.count(name) > 0) {
-      while (!taken.insert(name).second) name += "_";
+      while (!taken.insert(name).second) name = CppIdentifier(name + "_");
     }
     classes.push_back(name);
   }
@@ -139,14 +139,15 @@ struct MethodNames {
   std::string async_name;  // C++ name of the asynchronous stub method
 };
 
-// Picks C++ names for a service's methods: keywords and names the generated classes use get a
-// trailing underscore, and so does any name that would collide with one already taken.
+// Picks C++ names for a service's methods: keywords, macros (cpp_names.h) and names the
+// generated classes use get a trailing underscore, and so does any name that would collide with
+// one already taken.
 std::vector<MethodNames> NameMethods(const ServiceDescriptor* service) {
   std::set<std::string> taken = {"Stub",         "Service",  "AsyncService",        "Dispatch",
                                  "service_info", "channel_", "serves_streams_async"};
   auto claim = [&taken](std::string name) {
     name = CppIdentifier(name);
-    while (!taken.insert(name).second) name += "_";
+    while (!taken.insert(name).second) name = CppIdentifier(name + "_");
     return name;
   };
   std::vector<MethodNames> names;

@@ -67,6 +67,8 @@ const std::vector<std::string> kNamePool = {
     "ServerCall", "ServerContext", "MethodInfo", "ServiceInfo", "CallOptions", "OutgoingBulk",
     "IncomingBulk", "DoneCallback", "Status", "string", "move", "size_t", "uint8_t", "int64_t",
     "to_string", "NULL", "nullptr", "main", "errno", "assert", "EOF", "TRUE", "unix", "linux",
+    // Macros of the headers around generated code (codegen/header_macros.inc).
+    "EPIPE", "NAN", "alloca", "M_PI", "FUTEX_WAIT", "ABSL_CACHELINE_SIZE", "ZRPC_RPC_SERVER_H_",
     "_Foo", "__bar", "index", "status", "AsyncService", "PendingCall", "pending",
     // protobuf's globals for a package-less fuzz/input.proto.
     "TableStruct_fuzz_2finput_2eproto", "descriptor_table_fuzz_2finput_2eproto"};
@@ -89,11 +91,11 @@ const std::vector<std::pair<std::string, std::string>> kProtobufPatterns = {
     {"k", "FieldNumber"},
     {"_", "_default_instance_"}};
 
-// Package parts; the keywords among them must be refused.
+// Package parts; the keywords and object-like macros (EOF, NAN) among them must be refused.
 const std::vector<std::string> kPackagePool = {
-    "a",       "b",   "pkg",   "v1",     "zrpc",       "examples", "Stub",
-    "Service", "x1",  "class", "absl",   "internal",   "std",      "Channel",
-    "google",  "EOF", "kInfo", "method", "PendingCall"};
+    "a",       "b",   "pkg",   "v1",     "zrpc",        "examples", "Stub",
+    "Service", "x1",  "class", "absl",   "internal",    "std",      "Channel",
+    "google",  "EOF", "kInfo", "method", "PendingCall", "NAN"};
 
 // Comment lines, including ones that end in a backslash (a line continuation in C++).
 const std::vector<std::string> kCommentPool = {" plain words",
@@ -230,14 +232,15 @@ class RandomProtos {
     bool bulk = false;
     for (size_t s = Below(4); s > 0; --s) {
       auto* service = file.add_service();
-      service->set_name(Spellable(top, !protobuf_services, [&](std::set<std::string>& taken) {
-        return Chance(0.3) ? ProtobufLikeName(taken, cpp_bases) : Fresh(taken);
-      }));
+      service->set_name(
+          Spellable(top, !protobuf_services, false, [&](std::set<std::string>& taken) {
+            return Chance(0.3) ? ProtobufLikeName(taken, cpp_bases) : Fresh(taken);
+          }));
       cpp_bases.push_back(service->name());
       std::set<std::string> methods;
       for (size_t m = Below(5); m > 0; --m) {
         auto* method = service->add_method();
-        method->set_name(Spellable(methods, !protobuf_services, fresh));
+        method->set_name(Spellable(methods, !protobuf_services, false, fresh));
         method->set_input_type(types[Below(types.size())]);
         method->set_output_type(types[Below(types.size())]);
         if (Chance(0.15)) method->set_client_streaming(true);
@@ -290,16 +293,17 @@ class RandomProtos {
     }
   }
 
-  // A name `pick` adds to `taken`, for something protobuf's C++ spells: its code breaks on
-  // standard macros (message EOF), and where it spells the name unchanged (a service or rpc of a
-  // file with generic services) on keywords too, so those stay out: what is tested is what zrpc
-  // generates.
+  // A name `pick` adds to `taken`. Where protobuf's C++ spells it, that code breaks on macros
+  // (message EOF; message NAN, which zrpc's code names after the runtime's headers), and where it
+  // spells the name unchanged (a service or rpc of a file with generic services) on keywords too,
+  // so those stay out: what is tested is what zrpc generates. `zrpc_only`: only zrpc's code
+  // spells the name (a service or rpc elsewhere), which renames keywords and macros itself.
   template <typename Pick>
-  std::string Spellable(std::set<std::string>& taken, bool keywords_ok, Pick pick) {
+  std::string Spellable(std::set<std::string>& taken, bool zrpc_only, bool keywords_ok, Pick pick) {
     for (;;) {
       std::string name = pick(taken);
-      if (!zrpc::codegen::IsStandardMacro(name) &&
-          (keywords_ok || !zrpc::codegen::IsCppKeyword(name))) {
+      const bool macro = zrpc::codegen::IsStandardMacro(name) || zrpc::codegen::IsHeaderMacro(name);
+      if (zrpc_only || (!macro && (keywords_ok || !zrpc::codegen::IsCppKeyword(name)))) {
         return name;
       }
       taken.erase(name);
@@ -307,7 +311,7 @@ class RandomProtos {
   }
 
   std::string MessageName(std::set<std::string>& taken) {
-    return Spellable(taken, true, [this](std::set<std::string>& t) { return Fresh(t); });
+    return Spellable(taken, false, true, [this](std::set<std::string>& t) { return Fresh(t); });
   }
 
   void AddComments(FileDescriptorProto& file) {

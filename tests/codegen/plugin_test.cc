@@ -93,6 +93,17 @@ TEST_CASE("a package inside the runtime's namespaces is refused with the reason"
   CHECK(Occurrences(result.output, "runtime_package.proto") == 1);
 }
 
+TEST_CASE("a package named with an object-like macro of the runtime's headers is refused",
+          "[codegen][errors]") {
+  ProtocResult result = RunProtoc("tests/codegen/bad/macro_package.proto");
+  INFO(result.output);
+  CHECK(result.exit_code != 0);
+  CHECK(Contains(result.output,
+                 "tests/codegen/bad/macro_package.proto: package app.NAN: 'NAN' is a macro of "
+                 "the headers generated C++ includes"));
+  CHECK(Occurrences(result.output, "macro_package.proto") == 1);
+}
+
 TEST_CASE("a package-less type named like a global the generated code needs is refused",
           "[codegen][errors]") {
   ProtocResult result = RunProtoc("tests/codegen/bad/global_name.proto");

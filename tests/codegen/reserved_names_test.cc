@@ -3,7 +3,9 @@
 // with a class, function or namespace X of the runtime. The list drifted once (Cancellation,
 // Server and others were added to the headers and not to it): this test reads every header of
 // rpc/ and transport/, finds what each declares directly in namespace zrpc, and checks the plugin
-// refuses each name as a package part.
+// refuses each name as a package part. The same for macros: the plugin's list of the macros the
+// headers around generated code define (codegen/header_macros.inc), which it renames rpcs and
+// services away from, against what codegen/list_header_macros.sh finds the headers define.
 #include <catch2/catch.hpp>
 #include <cctype>
 #include <fstream>
@@ -310,3 +312,171 @@ TEST_CASE(
 }
 
 }  // namespace
+
+namespace {
+
+struct HeaderMacro {
+  std::string name;
+  bool object_like;
+};
+
+// The macros codegen/list_header_macros.sh finds in the headers around generated code, now.
+std::vector<HeaderMacro> MacrosNow() {
+  const std::string scratch = zrpc::testing::TmpDir() + "/macros";
+  std::string out;
+  REQUIRE(zrpc::testing::Run("rm -rf " + scratch + " && mkdir -p " + scratch, &out) == 0);
+  std::string listed;
+  const int status = zrpc::testing::Run(
+      Runfile("codegen/list_header_macros.sh") + " " + Runfile("") + " " + scratch, &listed);
+  INFO(listed.substr(0, 4000));
+  REQUIRE(status == 0);
+  std::vector<HeaderMacro> macros;
+  size_t start = 0;
+  while (start < listed.size()) {
+    size_t end = listed.find('\n', start);
+    if (end == std::string::npos) end = listed.size();
+    const std::string line = listed.substr(start, end - start);
+    start = end + 1;
+    const size_t space = line.find(' ');
+    INFO(line);
+    REQUIRE(space != std::string::npos);
+    const std::string kind = line.substr(0, space);
+    REQUIRE((kind == "object" || kind == "function"));
+    macros.push_back({line.substr(space + 1), kind == "object"});
+  }
+  return macros;
+}
+
+}  // namespace
+
+// An rpc or service named like a macro the headers around generated code define was expanded in
+// that code, which then did not compile (rpc EPIPE, NAN, alloca). The generator renames them from
+// a list (codegen/header_macros.inc); this checks the list against what the headers define today.
+TEST_CASE(
+    "every macro the headers around generated code define is renamed, and refused as a "
+    "package name when object-like") {
+  const std::vector<HeaderMacro> macros = MacrosNow();
+  CHECK(macros.size() > 500);
+  std::set<std::string> object_like, function_like;
+  for (const HeaderMacro& macro : macros) {
+    (macro.object_like ? object_like : function_like).insert(macro.name);
+  }
+  // Some from each source: glibc through protobuf (EPIPE, alloca), <cmath> through the runtime's
+  // Abseil (NAN), Linux's headers through the runtime (FUTEX_WAIT), Abseil, protobuf, zrpc.
+  for (const char* name : {"EPIPE", "NAN", "INFINITY", "errno", "EOF", "FUTEX_WAIT", "SYS_futex",
+                           "ABSL_CACHELINE_SIZE", "GOOGLE_PROTOBUF_VERSION"}) {
+    INFO(name);
+    CHECK(object_like.count(name) == 1);
+  }
+  for (const char* name : {"alloca", "assert", "offsetof", "timeradd", "ABSL_PREDICT_TRUE",
+                           "GOOGLE_CHECK", "ZRPC_LOG"}) {
+    INFO(name);
+    CHECK(function_like.count(name) == 1);
+  }
+  std::vector<std::string> missing;
+  for (const HeaderMacro& macro : macros) {
+    const bool renamed = zrpc::codegen::CppIdentifier(macro.name) != macro.name;
+    const bool refused = zrpc::codegen::ReservedPackageReason("app." + macro.name) != "";
+    if (!renamed || (macro.object_like && !refused)) missing.push_back(macro.name);
+  }
+  INFO(
+      "defined by the headers around generated code, but not renamed as an rpc or service name "
+      "(or, object-like, not refused as a package name): run tools/update-header-macros");
+  for (const std::string& name : missing) UNSCOPED_INFO(name);
+  CHECK(missing.empty());
+  // zrpc's own include guards go by their form, not the list.
+  for (const char* guard : {"ZRPC_RPC_SERVER_H_", "ZRPC_RPC_IMPL_NOT_YET_WRITTEN_H_",
+                            "ZRPC_GENERATED_a_2fb_2eproto_ZRPC_H_"}) {
+    INFO(guard);
+    CHECK(zrpc::codegen::CppIdentifier(guard) == std::string(guard) + "_");
+    CHECK(zrpc::codegen::ReservedPackageReason(guard) != "");
+  }
+  CHECK(zrpc::codegen::CppIdentifier("ZRPC_Ping") == "ZRPC_Ping");
+}
+
+// The renaming at work: rpcs named after EPIPE, NAN, alloca and a sample of the other macros
+// found (in each of the four kinds, in turn) and services named after some, compiled with
+// -Werror after rpc/zrpc.h, where each macro is defined. A handler and stub calls use the
+// renamed names.
+TEST_CASE(
+    "rpcs and services named like those macros generate code that compiles beside the "
+    "runtime") {
+  const std::vector<HeaderMacro> macros = MacrosNow();
+  const std::string dir = zrpc::testing::TmpDir() + "/macro_names";
+  std::string out;
+  REQUIRE(zrpc::testing::Run("rm -rf " + dir + " && mkdir -p " + dir + "/gen", &out) == 0);
+  {
+    std::ofstream proto(dir + "/rpcs.proto");
+    proto << "syntax = \"proto3\";\npackage app.macros;\nmessage Msg { int32 value = 1; }\n"
+          << "service Svc {\n";
+    // EPIPE, NAN and alloca unary (the code below calls and serves them), then every fifth
+    // macro of the list, of each kind in turn. (All of them compile too, in four times the time;
+    // the test above checks each is renamed.)
+    const std::set<std::string> unary = {"EPIPE", "NAN", "alloca"};
+    static const char* const kShapes[] = {"(Msg) returns (Msg)", "(Msg) returns (stream Msg)",
+                                          "(stream Msg) returns (Msg)",
+                                          "(stream Msg) returns (stream Msg)"};
+    for (const std::string& name : unary) proto << "  rpc " << name << kShapes[0] << ";\n";
+    for (size_t i = 0; i < macros.size(); i += 5) {
+      if (unary.count(macros[i].name) > 0) continue;
+      proto << "  rpc " << macros[i].name << kShapes[(i / 5) % 4] << ";\n";
+    }
+    proto << "}\n";
+    for (const char* service : {"EPIPE", "NAN", "alloca", "errno", "M_PI", "FUTEX_WAIT",
+                                "GOOGLE_PROTOBUF_VERSION", "ZRPC_LOG", "ZRPC_RPC_SERVER_H_"}) {
+      proto << "service " << service << " { rpc EPIPE(Msg) returns (Msg); }\n";
+    }
+  }
+  {
+    // A function-like macro is no harm as a namespace: such a package is accepted.
+    std::ofstream proto(dir + "/function_like.proto");
+    proto << "syntax = \"proto3\";\npackage app.alloca.timeradd;\n"
+          << "message Msg {}\nservice Svc { rpc alloca(Msg) returns (Msg); }\n";
+  }
+  std::string protoc_output;
+  const int protoc = zrpc::testing::Run(
+      "cd " + dir +
+          " && /usr/bin/protoc --plugin=protoc-gen-zrpc=" + Runfile("codegen/protoc-gen-zrpc") +
+          " --cpp_out=gen --zrpc_out=gen rpcs.proto " + "function_like.proto",
+      &protoc_output);
+  INFO(protoc_output.substr(0, 4000));
+  REQUIRE(protoc == 0);
+  {
+    std::ofstream unit(dir + "/unit.cc");
+    unit << "#include \"rpc/zrpc.h\"\n#include \"transport/log.h\"\n"
+         << "#include \"rpcs.zrpc.cc\"\n#include \"function_like.zrpc.cc\"\n"
+         << R"(
+namespace {
+class Impl : public app::macros::Svc::Service {
+ public:
+  // rpc EPIPE's blocking handler, renamed.
+  absl::Status EPIPE_(zrpc::ServerContext&, const app::macros::Msg&, app::macros::Msg*) override {
+    return absl::OkStatus();
+  }
+};
+}  // namespace
+
+void Use(zrpc::Channel* channel) {
+  Impl impl;
+  app::macros::Svc::Stub stub(channel);
+  app::macros::Msg msg;
+  (void)stub.EPIPE_(msg, &msg);
+  stub.AsyncEPIPE_(msg, &msg, zrpc::CallOptions(), [](absl::Status) {});
+  (void)&app::macros::Svc::Service::NAN_;
+  (void)&app::macros::Svc::Stub::alloca_;
+  app::macros::NAN_::Stub nan(channel);
+  app::macros::alloca_::Stub alloca_stub(channel);
+  app::macros::ZRPC_RPC_SERVER_H__::Stub guard(channel);
+  app::alloca::timeradd::Svc::Stub function_like(channel);
+  (void)nan.EPIPE_(msg, &msg);
+}
+)";
+  }
+  std::string compiler_output;
+  const int compiled =
+      zrpc::testing::Run("g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I" + dir + "/gen -I" +
+                             Runfile("") + " " + dir + "/unit.cc",
+                         &compiler_output);
+  INFO(compiler_output.substr(0, 4000));
+  CHECK(compiled == 0);
+}
