@@ -182,6 +182,7 @@ std::string ReservedPackageReason(const std::string& package) {
                                                       "RemainingFromWire",
                                                       "RpcHeader",
                                                       "RpcKind",
+                                                      "RuntimeOptions",
                                                       "SendSlot",
                                                       "Server",
                                                       "ServerAsyncReader",
