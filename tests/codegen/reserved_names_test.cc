@@ -97,6 +97,14 @@ std::vector<std::string> Tokens(const std::string& code) {
   return tokens;
 }
 
+// Compiles `dir`/unit.cc beside the generated code in `dir`/gen and the runtime's headers; the
+// compiler's exit code, its output appended to `*output`.
+int CompileUnit(const std::string& dir, std::string* output) {
+  return zrpc::testing::Run("g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I" + dir +
+                                "/gen -I" + Runfile("") + " " + dir + "/unit.cc",
+                            output);
+}
+
 bool IsIdentifier(const std::string& t) {
   return !t.empty() && (std::isalpha(static_cast<unsigned char>(t[0])) || t[0] == '_');
 }
@@ -302,10 +310,7 @@ TEST_CASE(
     file << unit;
   }
   std::string compiler_output;
-  const int compiled =
-      zrpc::testing::Run("g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I" + dir + "/gen -I" +
-                             Runfile("") + " " + dir + "/unit.cc",
-                         &compiler_output);
+  const int compiled = CompileUnit(dir, &compiler_output);
   INFO(compiler_output.substr(0, 4000));
   CHECK(compiled == 0);
   CHECK(protos.size() == 2 * names.size());
@@ -473,10 +478,7 @@ void Use(zrpc::Channel* channel) {
 )";
   }
   std::string compiler_output;
-  const int compiled =
-      zrpc::testing::Run("g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I" + dir + "/gen -I" +
-                             Runfile("") + " " + dir + "/unit.cc",
-                         &compiler_output);
+  const int compiled = CompileUnit(dir, &compiler_output);
   INFO(compiler_output.substr(0, 4000));
   CHECK(compiled == 0);
 }
