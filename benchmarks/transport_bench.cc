@@ -14,7 +14,6 @@
 // and workload "echo"; the server's CPU is not measured (-1).
 #include <algorithm>
 #include <atomic>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -32,6 +31,7 @@
 #include "benchmarks/bench_args.h"
 #include "benchmarks/report.h"
 #include "benchmarks/run_row.h"
+#include "benchmarks/stop_signal.h"
 #include "transport/connection.h"
 #include "transport/device.h"
 #include "transport/device_config.h"
@@ -147,9 +147,6 @@ class Echoer final : public ConnectionHandler, public transport::AcceptHandler {
   std::vector<std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
 };
 
-volatile std::sig_atomic_t signalled = 0;
-extern "C" void SetSignalled(int) { signalled = 1; }
-
 // What either side runs on: the device and one started busy poller (destroyed in that order
 // reversed, as they must be).
 struct Stack {
@@ -176,6 +173,7 @@ absl::StatusOr<Stack> OpenStack() {
 }
 
 int Serve(const BenchArgs& args) {
+  const StopSignal stop;  // before any thread starts
   auto where = ParseAddress("--listen", args.listen, true);
   Echoer echoer;  // declared first: the poller's teardown still reports to it
   absl::StatusOr<Stack> stack = OpenStack();
@@ -191,9 +189,7 @@ int Serve(const BenchArgs& args) {
   }
   std::printf("listening %s:%u\n", where->address.c_str(), (*listener)->port());
   std::fflush(stdout);
-  std::signal(SIGINT, SetSignalled);
-  std::signal(SIGTERM, SetSignalled);
-  while (!signalled) absl::SleepFor(absl::Milliseconds(50));
+  stop.Wait();
   listener->reset();
   for (const auto& connection : echoer.TakeAll()) connection->Close();
   stack->poller.reset();  // drives the closes, then stops

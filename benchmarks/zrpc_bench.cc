@@ -4,7 +4,6 @@
 // workloads (bench_client.h), prints a row per run and appends it to --json as JSON Lines
 // (report.h), which bench_report merges with gRPC's and perftest's rows.
 #include <algorithm>
-#include <csignal>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "benchmarks/bench_service.h"
 #include "benchmarks/report.h"
 #include "benchmarks/run_row.h"
+#include "benchmarks/stop_signal.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
 
@@ -32,11 +32,8 @@ uint32_t ArenaFor(uint64_t payload) {
   return static_cast<uint32_t>((arena + 63) / 64 * 64);
 }
 
-// Set by SIGINT/SIGTERM; the serving thread polls it (nothing else is async-signal-safe).
-volatile std::sig_atomic_t signalled = 0;
-extern "C" void SetSignalled(int) { signalled = 1; }
-
 int Serve(const BenchArgs& args) {
+  const StopSignal stop;  // before any thread starts
   ServerOptions options;
   options.port = 7471;
   if (!args.listen.empty()) {
@@ -67,9 +64,7 @@ int Serve(const BenchArgs& args) {
   }
   std::printf("listening %s:%u\n", (*server)->address().c_str(), (*server)->port());
   std::fflush(stdout);
-  std::signal(SIGINT, SetSignalled);
-  std::signal(SIGTERM, SetSignalled);
-  while (!signalled) absl::SleepFor(absl::Milliseconds(50));
+  stop.Wait();
   (*server)->Shutdown(absl::Seconds(2));
   return 0;
 }

@@ -20,8 +20,6 @@ namespace {
 
 // Completions read per ibv_poll_cq call.
 constexpr int kBatch = 32;
-// Loop passes between looks at the cm channel (a system call each).
-constexpr uint32_t kCmCheckInterval = 1024;
 // CQ events acknowledged together (ibv_ack_cq_events takes a mutex).
 constexpr unsigned kAckBatch = 64;
 
@@ -59,6 +57,8 @@ absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
   poller->cm_channel_ = std::move(*cm);
   poller->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (poller->wake_fd_ < 0) return VerbsError("eventfd", errno);
+  poller->cm_wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (poller->cm_wake_fd_ < 0) return VerbsError("eventfd", errno);
   return poller;
 }
 
@@ -66,6 +66,7 @@ Poller::~Poller() {
   Shutdown();
   if (unacked_cq_events_ > 0) ibv_ack_cq_events(cq_.get(), unacked_cq_events_);
   if (wake_fd_ >= 0) close(wake_fd_);
+  if (cm_wake_fd_ >= 0) close(cm_wake_fd_);
 }
 
 void Poller::Shutdown() {
@@ -98,6 +99,7 @@ void Poller::Shutdown() {
 absl::Status Poller::Start() {
   if (thread_.joinable()) return absl::FailedPreconditionError("poller already started");
   stop_.store(false);
+  cm_thread_ = std::thread([this] { CmLoop(); });
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
 }
@@ -106,6 +108,12 @@ void Poller::Stop() {
   stop_.store(true);
   Wake();
   if (thread_.joinable()) thread_.join();
+  if (cm_thread_.joinable()) {
+    uint64_t one = 1;
+    ssize_t written = write(cm_wake_fd_, &one, sizeof(one));  // fails only if one is pending
+    static_cast<void>(written);
+    cm_thread_.join();
+  }
 }
 
 void Poller::Wake() {
@@ -200,19 +208,12 @@ void Poller::Loop() {
   PollerThreadScope scope;
   const bool event = options_.mode == PollMode::kEvent;
   const int64_t spin_ns = absl::ToInt64Nanoseconds(options_.spin);  // in [0, 1s]: CheckSpin
-  // Passes since the cm channel was last read: counted busy or not, so that a peer's
-  // disconnect is seen under steady traffic too, not only when the CQ runs dry.
-  uint32_t since_cm = 0;
   // Event mode: until when empty passes keep polling; set at the first empty pass after a
   // completion (0 until then).
   int64_t spin_until = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
     passes_.fetch_add(1, std::memory_order_relaxed);
     RunDeferred();
-    if (++since_cm >= kCmCheckInterval) {
-      since_cm = 0;
-      HandleCmEvents();
-    }
     if (PollCq() > 0) {
       spin_until = 0;
       continue;
@@ -225,11 +226,24 @@ void Poller::Loop() {
       if (spin_until == 0) spin_until = now + spin_ns;
       if (now < spin_until) continue;
     }
-    HandleCmEvents();
-    since_cm = 0;
     // A wake-up that brings no completion (a Wake, a cm event) does not restart the spin: only
     // completions do (here, those the re-poll after arming found; above, the others).
-    if (ArmAndWait(-1)) spin_until = 0;
+    if (ArmAndWait(-1, /*with_cm=*/false)) spin_until = 0;
+  }
+}
+
+void Poller::CmLoop() {
+  // Sleeps until the cm channel has an event or Stop() writes cm_wake_fd_: no system call, no
+  // allocation while nothing happens (rdma_get_cm_event on an empty channel costs a malloc and a
+  // failing write(2), which the loop used to pay every 1024 passes).
+  pollfd fds[2] = {{cm_channel_->fd, POLLIN, 0}, {cm_wake_fd_, POLLIN, 0}};
+  while (!stop_.load(std::memory_order_relaxed)) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      ZRPC_LOG(kError, "transport", "poll on the cm channel failed (errno ", errno, ")");
+      return;
+    }
+    if (fds[0].revents & POLLIN) HandleCmEvents();
   }
 }
 
@@ -240,7 +254,7 @@ int Poller::RunOnce(absl::Duration wait) {
   int n = PollCq();
   HandleCmEvents();
   if (n == 0 && options_.mode == PollMode::kEvent && wait > absl::ZeroDuration()) {
-    ArmAndWait(static_cast<int>(absl::ToInt64Milliseconds(wait)));
+    ArmAndWait(static_cast<int>(absl::ToInt64Milliseconds(wait)), /*with_cm=*/true);
     n = PollCq();
   }
   return n;
@@ -282,7 +296,7 @@ void Poller::HandleCmEvents() {
   }
 }
 
-bool Poller::ArmAndWait(int timeout_ms) {
+bool Poller::ArmAndWait(int timeout_ms, bool with_cm) {
   if (int rc = ibv_req_notify_cq(cq_.get(), 0); rc != 0) {
     ZRPC_LOG(kError, "transport", "ibv_req_notify_cq failed (", rc, ")");
     return false;
@@ -290,21 +304,22 @@ bool Poller::ArmAndWait(int timeout_ms) {
   // Anything that arrived before arming raised no event: look once more before sleeping.
   if (PollCq() > 0) return true;
   pollfd fds[3] = {
-      {comp_channel_->fd, POLLIN, 0}, {cm_channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-  if (poll(fds, 3, timeout_ms) <= 0) return false;
+      {comp_channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}, {cm_channel_->fd, POLLIN, 0}};
+  if (poll(fds, with_cm ? 3 : 2, timeout_ms) <= 0) return false;
   wakeups_.fetch_add(1, std::memory_order_relaxed);
   if (fds[0].revents & POLLIN) {
+    // One read: the CQ was armed once, so it raised at most one event since. Reading until
+    // EAGAIN would cost a failing read(2) per wake-up.
     ibv_cq* cq = nullptr;
     void* context = nullptr;
-    while (ibv_get_cq_event(comp_channel_.get(), &cq, &context) == 0) {
-      if (++unacked_cq_events_ >= kAckBatch) {
-        ibv_ack_cq_events(cq_.get(), unacked_cq_events_);
-        unacked_cq_events_ = 0;
-      }
+    if (ibv_get_cq_event(comp_channel_.get(), &cq, &context) == 0 &&
+        ++unacked_cq_events_ >= kAckBatch) {
+      ibv_ack_cq_events(cq_.get(), unacked_cq_events_);
+      unacked_cq_events_ = 0;
     }
   }
-  if (fds[1].revents & POLLIN) HandleCmEvents();
-  if (fds[2].revents & POLLIN) {
+  if (with_cm && (fds[2].revents & POLLIN)) HandleCmEvents();
+  if (fds[1].revents & POLLIN) {
     uint64_t count = 0;
     // Nothing to do on failure: the eventfd is non-blocking and only its readiness matters.
     ssize_t got = read(wake_fd_, &count, sizeof(count));

@@ -7,11 +7,16 @@
 // received, bulk payload arrived, send done, closed. It reads the cm channel too, so a peer's
 // disconnect reaches its connection without any traffic.
 //
-// The loop, one pass: poll the CQ (and every 1024 passes, busy or not, the cm channel, since it
-// costs a system call; and before each sleep); then, in event mode only, once
-// the CQ has been empty for `spin` since the last completion, arm the CQ, poll once more (a
-// completion may have slipped in before arming), and sleep in poll(2) on the completion
-// channel, the cm channel and a wake-up eventfd.
+// The loop, one pass: poll the CQ; then, in event mode only, once the CQ has been empty for
+// `spin` since the last completion, arm the CQ, poll once more (a completion may have slipped in
+// before arming), and sleep in poll(2) on the completion channel and a wake-up eventfd. A wake-up
+// costs three system calls: the arm, the poll, one read of the completion event.
+//
+// The cm channel has a thread of its own while the loop runs (Start): it sleeps in poll(2) on
+// the channel and hands each event (a disconnect, a device removal) to its connection, which
+// may be failed from any thread. Reading an empty channel costs a malloc and a failing write(2)
+// in librdmacm, so the loop never looks: with nothing happening a busy loop makes no system call
+// and no allocation. RunOnce, with no such thread, reads the channel itself on every pass.
 //  - kBusy spins: lowest latency, one core at 100% even when idle. For benchmark servers and
 //    latency-critical clients; one poller per core.
 //  - kEvent sleeps when idle and wakes on the completion interrupt: an idle process uses no
@@ -111,11 +116,14 @@ class Poller {
   rdma_event_channel* cm_channel() const { return cm_channel_.get(); }
 
   void Loop();
+  // The cm thread's loop: sleeps in poll(2) on the cm channel, handles its events as they come.
+  void CmLoop();
   int PollCq();
   void HandleCmEvents();
-  // Event mode: arms the CQ and sleeps until an event or `timeout_ms` (-1: forever). True when
-  // the look after arming found completions (and handled them) instead of sleeping.
-  bool ArmAndWait(int timeout_ms);
+  // Event mode: arms the CQ and sleeps until an event or `timeout_ms` (-1: forever); with
+  // `with_cm` (RunOnce: no cm thread) it also wakes for, and handles, cm events. True when the
+  // look after arming found completions (and handled them) instead of sleeping.
+  bool ArmAndWait(int timeout_ms, bool with_cm);
   void Wake();
 
   const PollerOptions options_;
@@ -124,6 +132,7 @@ class Poller {
   CqOwner cq_;
   CmChannelOwner cm_channel_;
   int wake_fd_ = -1;
+  int cm_wake_fd_ = -1;  // Stop() wakes the cm thread through it
   unsigned unacked_cq_events_ = 0;
 
   absl::Mutex mu_;
@@ -146,6 +155,7 @@ class Poller {
   int cq_capacity_ = 0;
 
   std::thread thread_;
+  std::thread cm_thread_;  // runs CmLoop while the loop runs on thread_
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> passes_{0};
   std::atomic<uint64_t> wakeups_{0};
