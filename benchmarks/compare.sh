@@ -12,7 +12,9 @@
 # messages (4 KiB by default: zrpc_bench --workload stream, --in-flight its window) next to
 # ib_send_bw at that size and depth. Every run appends one JSON line to results.jsonl;
 # bench_report then takes the medians across rounds, prints the table and the ratios against
-# the targets, and writes the JSON summary and the latency CDF picture.
+# the targets, and writes the JSON summary and the latency CDF picture. With --counts
+# CALL_COUNTER_SO it then counts, per call and from outside each process, the allocations, read
+# and write system calls and context switches of zrpc's echo and perftest's (count_calls.sh).
 #
 # With --sweep it walks zrpc alone instead (zrpc_bench --sweep: echo at 0 B to 4 KiB, put and get
 # at 4 KiB to 16 MiB, each at 1 to 64 calls in flight over 1 and 2 connections, one second
@@ -20,14 +22,15 @@
 #
 # Usage: compare.sh ZRPC_BENCH TRANSPORT_BENCH GRPC_BENCH BENCH_REPORT OUT_DIR [--rounds N]
 #                   [--size B] [--bulk-size B] [--stream-size B] [--calls N] [--in-flight N]
-#                   [--sweep] [--bulk-sweep]
+#                   [--sweep] [--bulk-sweep] [--counts CALL_COUNTER_SO]
 set -euo pipefail
 zrpc_bench=$1 transport_bench=$2 grpc_bench=$3 bench_report=$4 out=$5
 shift 5
 rounds=5 size=64 bulk_size=$((1 << 20)) stream_size=4096 calls=5000 in_flight=32 sweep=0
-bulk_sweep=0
+bulk_sweep=0 counter=""
 while (($#)); do
   case "$1" in
+    --counts) counter=${2-} ;;
     --sweep) sweep=1; shift; continue ;;
     --bulk-sweep) bulk_sweep=1; shift; continue ;;
     --rounds) rounds=${2-} ;;
@@ -205,3 +208,9 @@ echo "== medians of $rounds rounds (device $ZRPC_RDMA_DEVICE, ${ZRPC_SOFTROCE_MO
 "$bench_report" --json "$out/summary.json" --svg "$out/latency_cdf.svg" --svg-workload echo \
   --svg-size "$size" "$results"
 echo "results: $results, summary: $out/summary.json, latency CDF: $out/latency_cdf.svg"
+# With --counts CALL_COUNTER_SO (tools/bench gives it): the per-call counts that do not move with
+# the noise, zrpc next to perftest (count_calls.sh).
+if [[ -n "$counter" ]]; then
+  echo "== per-call counts (benchmarks/count_calls.sh)"
+  "$(dirname "$(readlink -f "$0")")/count_calls.sh" "$zrpc_bench" "$counter" "$out" --size "$size"
+fi
