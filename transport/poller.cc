@@ -214,7 +214,11 @@ void Poller::Loop() {
   while (!stop_.load(std::memory_order_relaxed)) {
     passes_.fetch_add(1, std::memory_order_relaxed);
     RunDeferred();
-    if (PollCq() > 0) {
+    const int polled = PollCq();
+    // After the pass's completions: a failed completion says more than the disconnect that
+    // followed it (a peer that broke the protocol, then hung up).
+    RunCmEvents();
+    if (polled > 0) {
       spin_until = 0;
       continue;
     }
@@ -235,7 +239,8 @@ void Poller::Loop() {
 void Poller::CmLoop() {
   // Sleeps until the cm channel has an event or Stop() writes cm_wake_fd_: no system call, no
   // allocation while nothing happens (rdma_get_cm_event on an empty channel costs a malloc and a
-  // failing write(2), which the loop used to pay every 1024 passes).
+  // failing write(2), which the loop used to pay every 1024 passes). Events are queued for the
+  // loop, which applies them after its next look at the CQ (RunCmEvents).
   pollfd fds[2] = {{cm_channel_->fd, POLLIN, 0}, {cm_wake_fd_, POLLIN, 0}};
   while (!stop_.load(std::memory_order_relaxed)) {
     if (poll(fds, 2, -1) < 0) {
@@ -243,7 +248,20 @@ void Poller::CmLoop() {
       ZRPC_LOG(kError, "transport", "poll on the cm channel failed (errno ", errno, ")");
       return;
     }
-    if (fds[0].revents & POLLIN) HandleCmEvents();
+    if (fds[0].revents & POLLIN) HandleCmEvents(/*queue=*/true);
+  }
+}
+
+void Poller::RunCmEvents() {
+  if (!has_cm_events_.load(std::memory_order_acquire)) return;
+  std::vector<std::pair<uint32_t, rdma_cm_event_type>> events;
+  {
+    absl::MutexLock lock(&mu_);
+    events.swap(cm_events_);
+    has_cm_events_.store(false, std::memory_order_relaxed);
+  }
+  for (const auto& [qp_num, type] : events) {
+    if (auto connection = Find(qp_num)) connection->OnCmEvent(type);
   }
 }
 
@@ -252,7 +270,8 @@ int Poller::RunOnce(absl::Duration wait) {
   passes_.fetch_add(1, std::memory_order_relaxed);
   RunDeferred();
   int n = PollCq();
-  HandleCmEvents();
+  RunCmEvents();  // queued by the cm thread before it stopped
+  HandleCmEvents(/*queue=*/false);
   if (n == 0 && options_.mode == PollMode::kEvent && wait > absl::ZeroDuration()) {
     ArmAndWait(static_cast<int>(absl::ToInt64Milliseconds(wait)), /*with_cm=*/true);
     n = PollCq();
@@ -283,17 +302,26 @@ int Poller::PollCq() {
   return n;
 }
 
-void Poller::HandleCmEvents() {
+void Poller::HandleCmEvents(bool queue) {
+  bool queued = false;
   for (;;) {
     rdma_cm_event* event = nullptr;
-    if (rdma_get_cm_event(cm_channel_.get(), &event) != 0) return;  // EAGAIN: none
+    if (rdma_get_cm_event(cm_channel_.get(), &event) != 0) break;  // EAGAIN: none
     // id->context holds the QP number, set before the id moved here. Ack before acting: the
     // connection's destructor (rdma_destroy_id) waits for the ack of its events.
     auto qp_num = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(event->id->context));
     rdma_cm_event_type type = event->event;
     rdma_ack_cm_event(event);
-    if (auto connection = Find(qp_num)) connection->OnCmEvent(type);
+    if (!queue) {
+      if (auto connection = Find(qp_num)) connection->OnCmEvent(type);
+      continue;
+    }
+    absl::MutexLock lock(&mu_);
+    cm_events_.emplace_back(qp_num, type);
+    has_cm_events_.store(true, std::memory_order_release);
+    queued = true;
   }
+  if (queued) Wake();
 }
 
 bool Poller::ArmAndWait(int timeout_ms, bool with_cm) {
@@ -318,7 +346,7 @@ bool Poller::ArmAndWait(int timeout_ms, bool with_cm) {
       unacked_cq_events_ = 0;
     }
   }
-  if (with_cm && (fds[2].revents & POLLIN)) HandleCmEvents();
+  if (with_cm && (fds[2].revents & POLLIN)) HandleCmEvents(/*queue=*/false);
   if (fds[1].revents & POLLIN) {
     uint64_t count = 0;
     // Nothing to do on failure: the eventfd is non-blocking and only its readiness matters.

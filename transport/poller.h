@@ -13,8 +13,9 @@
 // costs three system calls: the arm, the poll, one read of the completion event.
 //
 // The cm channel has a thread of its own while the loop runs (Start): it sleeps in poll(2) on
-// the channel and hands each event (a disconnect, a device removal) to its connection, which
-// may be failed from any thread. Reading an empty channel costs a malloc and a failing write(2)
+// the channel and queues each event (a disconnect, a device removal) for the loop, which applies
+// it after its next look at the CQ, so that a failed completion's reason comes before the
+// disconnect that follows it. Reading an empty channel costs a malloc and a failing write(2)
 // in librdmacm, so the loop never looks: with nothing happening a busy loop makes no system call
 // and no allocation. RunOnce, with no such thread, reads the channel itself on every pass.
 //  - kBusy spins: lowest latency, one core at 100% even when idle. For benchmark servers and
@@ -45,6 +46,7 @@
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -119,7 +121,11 @@ class Poller {
   // The cm thread's loop: sleeps in poll(2) on the cm channel, handles its events as they come.
   void CmLoop();
   int PollCq();
-  void HandleCmEvents();
+  // Reads the cm channel until it is empty. Each event goes to its connection at once, or with
+  // `queue` (the cm thread) to cm_events_ for the loop, which is woken.
+  void HandleCmEvents(bool queue);
+  // The loop's side: applies the events the cm thread queued.
+  void RunCmEvents();
   // Event mode: arms the CQ and sleeps until an event or `timeout_ms` (-1: forever); with
   // `with_cm` (RunOnce: no cm thread) it also wakes for, and handles, cm events. True when the
   // look after arming found completions (and handled them) instead of sleeping.
@@ -152,6 +158,8 @@ class Poller {
   static constexpr uint32_t kFoundCache = 16;
   CachedConnection found_[kFoundCache];
   std::atomic<bool> has_deferred_{false};
+  std::vector<std::pair<uint32_t, rdma_cm_event_type>> cm_events_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> has_cm_events_{false};
   int cq_capacity_ = 0;
 
   std::thread thread_;
