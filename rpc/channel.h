@@ -90,6 +90,9 @@ struct ChannelStats {
   // Response payloads being pulled now (RDMA READs under way), into the runtime's memory or a
   // caller's response_destination.
   uint64_t bulk_reads_in_flight = 0;
+  // Calls started on a runtime thread (a callback) that found every send slot taken and waited
+  // in their connection's queue for one, instead of being refused (THREADING.md).
+  uint64_t calls_waited_for_slot = 0;
 };
 
 class ClientChannel final : public Channel {

@@ -150,6 +150,9 @@ class ConnectionHandler {
   // The connection is closed: after Close() (kCancelled) or a failure (the reason). Called
   // once, after every OnSendDone; nothing follows it.
   virtual void OnClosed(Connection& connection, const absl::Status& why) = 0;
+  // After NotifyWhenSendSlotFree: a completion batch left this connection below
+  // max_send_slots, so AcquireSendBuffer may succeed now. Once per request; never after OnClosed.
+  virtual void OnSendSlotFree(Connection& /*connection*/) {}
 };
 
 struct ConnectionStats {
@@ -210,6 +213,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The same without OnSendDone: for messages nobody waits on (the RPC layer's), which then cost
   // no send completion (see the header comment). A failure after acceptance shows as OnClosed.
   absl::Status Send(const SendBuffer& buffer, uint32_t length);
+  // Asks for one OnSendSlotFree, on the poller, after the next completion batch that leaves
+  // this connection holding fewer than max_send_slots: for a caller on the poller that found no
+  // slot and must not wait for one. Slots given back other than by completions
+  // (ReleaseSendBuffer) raise none, so such a caller also looks again on a timer.
+  void NotifyWhenSendSlotFree() { slot_notice_wanted_.store(true, std::memory_order_release); }
 
   // Writes `source` into the peer's arena; the peer gets OnBulk. Errors as for Send, and
   // kInvalidArgument when the payload is empty or larger than the peer's arena (split it).
@@ -323,7 +331,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   };
   // What a completion produced, dispatched after the lock is dropped.
   struct Event {
-    enum Kind { kMessage, kBulk, kSendDone, kClosed };
+    enum Kind { kMessage, kBulk, kSendDone, kSendSlotFree, kClosed };
     explicit Event(Kind k) : kind(k) {}
     Kind kind;
     const uint8_t* data = nullptr;
@@ -422,6 +430,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Pool slots held by outgoing messages (AcquireSendBuffer to retirement), against
   // options_.max_send_slots.
   std::atomic<uint32_t> send_slots_held_{0};
+  std::atomic<bool> slot_notice_wanted_{false};  // NotifyWhenSendSlotFree
 
   // Verbs objects, in creation order (destroyed in reverse): the id, the arena and its MR, the
   // QP. The id's events go to the poller's channel once the connection is open.

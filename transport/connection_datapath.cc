@@ -509,6 +509,11 @@ void Connection::OnCompletions(absl::Span<const ibv_wc> wcs) {
       }
     }
     PumpLocked();  // credits, arena space or send-queue entries may have come back
+    if (slot_notice_wanted_.load(std::memory_order_acquire) && state_ == State::kOpen &&
+        send_slots_held_.load(std::memory_order_relaxed) < options_.max_send_slots &&
+        slot_notice_wanted_.exchange(false, std::memory_order_acq_rel)) {
+      events.push_back(Event(Event::kSendSlotFree));
+    }
   }
   if (!events.empty()) DispatchCorked(events);
 }
@@ -747,6 +752,9 @@ void Connection::DispatchOne(Event& e) {
       break;
     case Event::kSendDone:
       handler_->OnSendDone(*this, e.handle_or_token, e.status);
+      break;
+    case Event::kSendSlotFree:
+      handler_->OnSendSlotFree(*this);
       break;
     case Event::kClosed:
       handler_->OnClosed(*this, e.status);

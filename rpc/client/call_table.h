@@ -194,6 +194,12 @@ class CallTable {
     return true;
   }
 
+  // Whether call `id` is still in the table.
+  bool Live(uint64_t id) {
+    absl::MutexLock lock(&mu_);
+    return index_.Live(id);
+  }
+
   // Removes and returns call `id`, for its response (or a cancel by the caller). nullopt when
   // the call already ended or never existed (a late, duplicate or forged id), counted in
   // stale_drops().

@@ -41,11 +41,19 @@ namespace {
 // belongs to (a slot must be sent, or given back, on the connection it was taken from).
 // A request too large for the slot is serialized into `large` instead (the slot then carries
 // only the header: WIRE.md, "Messages larger than a slot").
+// On a runtime thread that finds no free slot, the request is serialized into `large` whatever
+// its size and `waiting` is set: there is no slot, and the call waits in its connection's queue
+// (ClientConnection::StartWaiting).
 struct SlotTicket {
   std::shared_ptr<ClientConnection> connection;
   transport::SendBuffer buffer;
   uint8_t* large = nullptr;  // malloc'd; freed by the OutgoingBulk it becomes, or the ticket
+  bool waiting = false;
   ~SlotTicket() { std::free(large); }
+  // Gives the slot back (a call that ends before it is sent).
+  void ReleaseSlot() {
+    if (!waiting) connection->connection().ReleaseSendBuffer(buffer);
+  }
 };
 
 // Ticket memory, recycled per thread: AsyncUnaryCall runs AcquireSendSlot and StartUnaryCall one
@@ -114,6 +122,7 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   std::shared_ptr<ReceiveLimits> receive_limits() override { return receive_limits_; }
   void DeadlineAdded(absl::Time deadline) override;
   void CountLateResponse() override { late_.fetch_add(1, std::memory_order_relaxed); }
+  void CountWaitedForSlot() override { waited_for_slot_.fetch_add(1, std::memory_order_relaxed); }
   void ConnectionClosed(ClientConnection* connection, bool violation) override;
   absl::Status CloseStatus(const std::string& peer, const absl::Status& why) override;
 
@@ -184,6 +193,7 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   std::atomic<uint64_t> lost_{0};
   std::atomic<uint64_t> expired_{0};
   std::atomic<uint64_t> late_{0};
+  std::atomic<uint64_t> waited_for_slot_{0};
   std::atomic<uint64_t> violations_{0};
 };
 
@@ -386,6 +396,7 @@ ChannelStats ChannelImpl::stats() const {
   stats.connections_lost = lost_.load(std::memory_order_relaxed);
   stats.deadlines_exceeded = expired_.load(std::memory_order_relaxed);
   stats.late_responses = late_.load(std::memory_order_relaxed);
+  stats.calls_waited_for_slot = waited_for_slot_.load(std::memory_order_relaxed);
   stats.protocol_violations = violations_.load(std::memory_order_relaxed);
   stats.bulk_bytes_staged = staging_->staged_bytes();
   stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
@@ -513,17 +524,34 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
     return fits;
   }
   // A slot frees when an earlier message's send completes: wait for one, up to the deadline.
-  // Never on a poller or the timer (THREADING.md).
+  // Never on a poller or the timer (THREADING.md): there the call waits in the connection's
+  // queue instead, behind any call already waiting there.
   internal::ClientConnection* client = connection->get();
-  absl::StatusOr<transport::SendBuffer> buffer = internal::RpcConnection::AcquireSendBufferWaiting(
-      c, !internal::OnRuntimeThread(), [&options, client]() -> absl::Status {
-        if (client->closed()) return absl::UnavailableError("the connection is closing");
-        if (absl::Now() >= options.deadline) {
-          return absl::DeadlineExceededError(
-              "the deadline passed while waiting for a send slot (every one is in flight)");
-        }
-        return absl::OkStatus();
-      });
+  const bool runtime_thread = internal::OnRuntimeThread();
+  absl::StatusOr<transport::SendBuffer> buffer =
+      runtime_thread && client->requests_waiting() > 0
+          ? absl::ResourceExhaustedError("calls wait for a send slot")
+          : internal::RpcConnection::AcquireSendBufferWaiting(
+                c, !runtime_thread, [&options, client]() -> absl::Status {
+                  if (client->closed()) return absl::UnavailableError("the connection is closing");
+                  if (absl::Now() >= options.deadline) {
+                    return absl::DeadlineExceededError(
+                        "the deadline passed while waiting for a send slot (every one is in "
+                        "flight)");
+                  }
+                  return absl::OkStatus();
+                });
+  if (!buffer.ok() && runtime_thread &&
+      buffer.status().code() == absl::StatusCode::kResourceExhausted && client->open()) {
+    auto* body = static_cast<uint8_t*>(std::malloc(size > 0 ? size : 1));
+    if (body == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("out of memory for a ", size, "-byte request"));
+    }
+    auto* ticket = new (internal::ticket_memory.Take())
+        internal::SlotTicket{*std::move(connection), transport::SendBuffer{}, body, true};
+    return SendSlot{body, size, reinterpret_cast<uintptr_t>(ticket)};
+  }
   if (!buffer.ok()) return buffer.status();
   // Larger than a slot: the request goes at the front of a payload, from memory of its own, and
   // the slot carries the header.
@@ -537,7 +565,7 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
     }
   }
   auto* ticket = new (internal::ticket_memory.Take())
-      internal::SlotTicket{*std::move(connection), *buffer, large};
+      internal::SlotTicket{*std::move(connection), *buffer, large, false};
   return SendSlot{large != nullptr ? large : internal::RpcConnection::Body(*buffer), size,
                   reinterpret_cast<uintptr_t>(ticket)};
 }
@@ -550,7 +578,7 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
   std::unique_ptr<internal::SlotTicket, internal::TicketDeleter> ticket(
       reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token)));
   if (!request_bulk.empty() && !method.request_bulk) {
-    ticket->connection->connection().ReleaseSendBuffer(ticket->buffer);
+    ticket->ReleaseSlot();
     request_bulk.Reset();
     done(absl::InvalidArgumentError(absl::StrCat(
         method.full_name, ": a request bulk payload for a method without request_bulk")));
@@ -570,7 +598,7 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
                        "register it on this channel (ClientChannel::RegisterMemory)"));
     }
     if (!refused.ok()) {
-      ticket->connection->connection().ReleaseSendBuffer(ticket->buffer);
+      ticket->ReleaseSlot();
       request_bulk.Reset();
       done(std::move(refused));
       return;
@@ -586,6 +614,11 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
   if (!options.response_destination.empty()) {
     call.destination = options.response_destination;
     call.landing = std::make_shared<internal::BulkGate>(/*held=*/false);
+  }
+  if (ticket->waiting) {
+    ticket->connection->StartWaiting(state.service_id, std::exchange(ticket->large, nullptr),
+                                     slot.size, std::move(request_bulk), std::move(call), options);
+    return;
   }
   OutgoingBulk large_body;
   size_t body_size = slot.size;
@@ -603,7 +636,7 @@ std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
   std::unique_ptr<internal::SlotTicket, internal::TicketDeleter> ticket(
       reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token)));
   if (!method.streaming()) {
-    ticket->connection->connection().ReleaseSendBuffer(ticket->buffer);
+    ticket->ReleaseSlot();
     return std::make_unique<internal::FailedStream>(absl::InvalidArgumentError(
         absl::StrCat(method.full_name, ": not a streaming method; call it as a unary one")));
   }
@@ -615,6 +648,15 @@ std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
   call.response = response;
   call.metrics = state.metrics;
   call.stream = stream;
+  if (ticket->waiting) {
+    // A stream does not wait in the queue (its frames follow its opening in order, on slots of
+    // their own): opened on a runtime thread with no slot free, it fails at once, as before.
+    return std::make_unique<internal::FailedStream>(absl::ResourceExhaustedError(absl::StrCat(
+        method.full_name,
+        ": no send slot is free to open the stream, and a runtime thread (poller or timer) does "
+        "not wait for one: open it from another thread, or raise "
+        "ConnectionOptions::max_send_slots")));
+  }
   call.done = [stream](absl::Status status) { stream->End(std::move(status)); };
   OutgoingBulk large_body;
   size_t body_size = slot.size;

@@ -4,7 +4,10 @@
 #include "rpc/client/client_connection.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -49,6 +52,21 @@ uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffe
                                  size_t body_size, OutgoingBulk large_body, OutgoingBulk bulk,
                                  ClientCall call, const CallOptions& options,
                                  uint16_t stream_window) {
+  return Begin(service_id, &buffer, nullptr, body_size, std::move(large_body), std::move(bulk),
+               std::move(call), options, stream_window);
+}
+
+uint64_t ClientConnection::StartWaiting(uint32_t service_id, uint8_t* body, size_t body_size,
+                                        OutgoingBulk bulk, ClientCall call,
+                                        const CallOptions& options) {
+  return Begin(service_id, nullptr, body, body_size, OutgoingBulk(), std::move(bulk),
+               std::move(call), options, 0);
+}
+
+uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffer* buffer,
+                                 uint8_t* waiting_body, size_t body_size, OutgoingBulk large_body,
+                                 OutgoingBulk bulk, ClientCall call, const CallOptions& options,
+                                 uint16_t stream_window) {
   // From here on the call's times are monotonic (monotonic.h): its deadline is converted once.
   const absl::Time now = MonotonicNow();
   call.start = now;
@@ -67,7 +85,8 @@ uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffe
   }
   BulkGate* const gate = call.gate.get();  // the call (in the table) keeps it alive
   auto fail = [&](absl::Status status) {
-    connection_->ReleaseSendBuffer(buffer);
+    if (buffer != nullptr) connection_->ReleaseSendBuffer(*buffer);
+    std::free(waiting_body);
     bulk.Reset();  // before done: the caller may reuse the bytes once it runs
     large_body.Reset();
     call.End(std::move(status));
@@ -95,9 +114,32 @@ uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffe
       stream_window > 0 ? RpcHeader::StreamOpen(service_id, method_index, *id, 0, stream_window)
                         : RpcHeader::Request(service_id, method_index, *id, 0);
   if (pull_response) request_header.flags |= kRpcFlagPullResponse;
-  // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
-  absl::Status sent = SendMessage(*connection_, buffer, request_header, body_size, std::move(bulk),
-                                  std::move(large_body), deadline, gate);
+  absl::Status sent;
+  if (buffer != nullptr) {
+    // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
+    sent = SendMessage(*connection_, *buffer, request_header, body_size, std::move(bulk),
+                       std::move(large_body), deadline, gate);
+  } else {
+    absl::MutexLock lock(&waiting_mu_);
+    // OnClosed sets closed_ before it drops what waits (under this lock): nothing added after
+    // that is left behind.
+    if (closed()) {
+      sent = absl::UnavailableError("the connection is closing");
+    } else if (waiting_bytes_ + body_size > kMaxWaitingBytes) {
+      sent = absl::ResourceExhaustedError(absl::StrCat(
+          "the call waits for a send slot (every one is in flight, and a runtime thread does not "
+          "wait), behind ",
+          waiting_bytes_, " bytes of requests already waiting on this connection; at most ",
+          kMaxWaitingBytes, " wait"));
+    } else {
+      waiting_.push_back(WaitingRequest{*id, request_header, std::exchange(waiting_body, nullptr),
+                                        body_size, std::move(bulk), deadline, gate});
+      waiting_bytes_ += body_size;
+      waiting_count_.store(waiting_.size(), std::memory_order_release);
+      owner_.CountWaitedForSlot();
+    }
+    std::free(std::exchange(waiting_body, nullptr));  // not queued: the call ends below
+  }
   if (sent.ok()) {
     if (options.cancellation != nullptr) {
       // A stale id makes a late Cancel() harmless: the call may end (and its slot be reused by
@@ -107,6 +149,12 @@ uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffe
       options.cancellation->SetHook([weak, call_id] {
         if (std::shared_ptr<ClientConnection> self = weak.lock()) self->CancelCall(call_id);
       });
+    }
+    if (buffer == nullptr) {
+      // The timer's pass is the fallback for a slot given back without a completion.
+      connection_->NotifyWhenSendSlotFree();
+      owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);
+      SendWaiting();  // a slot may have come back since it was looked for
     }
     return *id;
   }
@@ -122,6 +170,104 @@ uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffe
   return 0;
 }
 
+void ClientConnection::SendWaiting() {
+  if (waiting_count_.load(std::memory_order_acquire) == 0) return;
+  {
+    absl::MutexLock lock(&waiting_mu_);
+    // One thread sends at a time, so that requests leave in order; another that comes meanwhile
+    // leaves the work to it (and never waits for it).
+    if (sending_waiting_) {
+      send_waiting_again_ = true;
+      return;
+    }
+    sending_waiting_ = true;
+  }
+  for (;;) {
+    std::vector<WaitingRequest> dropped;
+    std::optional<WaitingRequest> next;
+    transport::SendBuffer buffer;
+    bool finished = false;
+    {
+      absl::MutexLock lock(&waiting_mu_);
+      // Those whose calls ended meanwhile (deadline, cancel) go first, wherever they wait: a call
+      // with a payload ends only once its payload is released.
+      for (auto it = waiting_.begin(); it != waiting_.end();) {
+        if (calls_.Live(it->id)) {
+          ++it;
+          continue;
+        }
+        waiting_bytes_ -= it->body_size;
+        dropped.push_back(std::move(*it));
+        it = waiting_.erase(it);
+      }
+      if (!waiting_.empty()) {
+        absl::StatusOr<transport::SendBuffer> acquired = connection_->AcquireSendBuffer();
+        if (acquired.ok()) {
+          buffer = *acquired;
+          next.emplace(std::move(waiting_.front()));
+          waiting_.pop_front();
+          waiting_bytes_ -= next->body_size;
+        } else if (acquired.status().code() == absl::StatusCode::kResourceExhausted && open()) {
+          connection_->NotifyWhenSendSlotFree();
+          owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);
+        }  // else closing: OnClosed drops the rest
+      }
+      waiting_count_.store(waiting_.size(), std::memory_order_release);
+      if (!next) {
+        finished = !send_waiting_again_;
+        send_waiting_again_ = false;
+        if (finished) sending_waiting_ = false;
+      }
+    }
+    // Outside the lock: a payload's release may end its call, whose callback may start another.
+    for (WaitingRequest& request : dropped) {
+      std::free(request.body);
+      request.bulk.Reset();
+    }
+    if (finished) return;
+    if (!next) continue;
+    OutgoingBulk large_body;
+    size_t body_size = next->body_size;
+    if (FitsSlot(*connection_, body_size)) {
+      if (body_size > 0) std::memcpy(Body(buffer), next->body, body_size);
+      std::free(std::exchange(next->body, nullptr));
+    } else {
+      uint8_t* large = std::exchange(next->body, nullptr);
+      large_body = OutgoingBulk(large, body_size, [large] { std::free(large); });
+      body_size = 0;
+    }
+    absl::Status sent =
+        SendMessage(*connection_, buffer, next->header, body_size, std::move(next->bulk),
+                    std::move(large_body), next->deadline, next->gate);
+    if (sent.ok()) continue;
+    if (std::optional<ClientCall> taken = calls_.Take(next->id)) {
+      taken->End(absl::Status(sent.code() == absl::StatusCode::kFailedPrecondition
+                                  ? absl::StatusCode::kUnavailable
+                                  : sent.code(),
+                              absl::StrCat(taken->method->full_name, ": ", sent.message())));
+    }
+  }
+}
+
+void ClientConnection::DropWaiting() {
+  std::deque<WaitingRequest> dropped;
+  {
+    absl::MutexLock lock(&waiting_mu_);
+    dropped.swap(waiting_);
+    waiting_bytes_ = 0;
+    waiting_count_.store(0, std::memory_order_release);
+  }
+  for (WaitingRequest& request : dropped) {
+    std::free(request.body);
+    request.bulk.Reset();
+  }
+}
+
+void ClientConnection::OnSendSlotFree(transport::Connection&) {
+  SendWaiting();
+  if (cancels_pending_.load(std::memory_order_acquire)) FlushCancels();
+}
+
 void ClientConnection::CancelCall(uint64_t id) {
   AbortCall(id, absl::CancelledError("cancelled by the caller"));
 }
@@ -130,6 +276,7 @@ void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
   std::optional<ClientCall> call = calls_.Take(id);
   if (!call) return;
   if (call->gate) Withdraw(*connection_, id, *call->gate);
+  SendWaiting();  // a request still waiting for a slot is dropped, its payload released
   SendCancel(id);
   call->End(
       absl::Status(status.code(), absl::StrCat(call->method->full_name, ": ", status.message())));
@@ -306,7 +453,8 @@ void ClientConnection::FlushCancels() {
 absl::Time ClientConnection::NextDeadline() {
   absl::Time next = calls_.NextDeadline();
   if (cancels_pending_.load(std::memory_order_acquire) ||
-      slot_waiters_pending_.load(std::memory_order_acquire)) {
+      slot_waiters_pending_.load(std::memory_order_acquire) ||
+      waiting_count_.load(std::memory_order_acquire) > 0) {
     next = std::min(next, MonotonicNow() + kSlotRetry);
   }
   absl::MutexLock lock(&exposed_mu_);
@@ -347,6 +495,7 @@ int ClientConnection::Expire(absl::Time now) {
   }
   for (const std::shared_ptr<BulkGate>& gate : overdue) gate->Withdraw();
   if (cancels_pending_.load(std::memory_order_acquire)) FlushCancels();
+  SendWaiting();
   if (slot_waiters_pending_.load(std::memory_order_acquire)) {
     std::vector<std::weak_ptr<StreamListener>> waiters;
     {
@@ -567,6 +716,7 @@ void ClientConnection::OnClosed(transport::Connection& connection, const absl::S
     self = std::move(self_);
   }
   DropPending(connection);
+  DropWaiting();
   absl::flat_hash_map<uint64_t, ExposedRequest> exposed;
   {
     absl::MutexLock lock(&exposed_mu_);  // closed_ is set: nothing is added any more

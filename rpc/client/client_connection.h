@@ -72,6 +72,8 @@ class ClientConnectionOwner {
   // A call with `deadline` entered a table: the timer may need to wake sooner.
   virtual void DeadlineAdded(absl::Time deadline) = 0;
   virtual void CountLateResponse() = 0;
+  // A call waited in a connection's queue for a send slot (StartWaiting).
+  virtual void CountWaitedForSlot() = 0;
   // The connection closed (after failing its calls); `violation` when this side closed it
   // because the server broke the protocol.
   virtual void ConnectionClosed(ClientConnection* connection, bool violation) = 0;
@@ -137,6 +139,18 @@ class ClientConnection final : public RpcConnection,
   uint64_t Start(uint32_t service_id, const transport::SendBuffer& buffer, size_t body_size,
                  OutgoingBulk large_body, OutgoingBulk bulk, ClientCall call,
                  const CallOptions& options, uint16_t stream_window = 0);
+  // Start for a unary request that found no send slot on a runtime thread, which must not wait
+  // for one (THREADING.md): the request, serialized into `body` (malloc'd, `body_size` bytes,
+  // owned from here), waits in this connection's queue, in order, and goes when a slot frees
+  // (OnSendSlotFree, or the timer's pass). The call is in the table meanwhile: its deadline,
+  // a cancel or the connection's end take it as they take any call. Fails RESOURCE_EXHAUSTED
+  // past max_calls_per_connection (the table) or kMaxWaitingBytes of waiting requests.
+  uint64_t StartWaiting(uint32_t service_id, uint8_t* body, size_t body_size, OutgoingBulk bulk,
+                        ClientCall call, const CallOptions& options);
+  // Requests waiting for a send slot: a runtime thread's next call waits behind them, in order.
+  size_t requests_waiting() const { return waiting_count_.load(std::memory_order_acquire); }
+  // The most bytes of requests one connection keeps waiting for a send slot.
+  static constexpr size_t kMaxWaitingBytes = size_t{64} << 20;
   // Ends call `id` with CANCELLED and tells the server; nothing when the call already ended.
   void CancelCall(uint64_t id);
   // Ends call `id` with `status` and tells the server (a cancel); nothing when it already ended.
@@ -169,6 +183,7 @@ class ClientConnection final : public RpcConnection,
   void OnMessage(transport::Connection& connection,
                  const transport::ReceivedMessage& message) override;
   void OnClosed(transport::Connection& connection, const absl::Status& why) override;
+  void OnSendSlotFree(transport::Connection& connection) override;
   void OnDeferredFailed(transport::Connection& connection, const RpcHeader& header,
                         const absl::Status& status) override;
   void OnPulled(transport::Connection& connection, IncomingMessage& message) override;
@@ -180,6 +195,16 @@ class ClientConnection final : public RpcConnection,
   void SendCancel(uint64_t id);
   // Sends the queued cancels while slots are free (the timer's pass).
   void FlushCancels();
+  // Start's common part. With `buffer` the request is sent at once; otherwise `waiting_body`
+  // holds it and it waits for a slot (StartWaiting).
+  uint64_t Begin(uint32_t service_id, const transport::SendBuffer* buffer, uint8_t* waiting_body,
+                 size_t body_size, OutgoingBulk large_body, OutgoingBulk bulk, ClientCall call,
+                 const CallOptions& options, uint16_t stream_window);
+  // Drops the waiting requests whose calls have ended, then sends the others, in order, while
+  // send slots are free; asks the transport for a notice when they run out.
+  void SendWaiting();
+  // The connection closed: every waiting request is dropped (its call ends with the rest).
+  void DropWaiting();
   // A response or error whose payload (if any) is here: to its call, or dropped as late.
   void Deliver(transport::Connection& connection, IncomingMessage& message);
   void Complete(transport::Connection& connection, IncomingMessage& message, ClientCall& call);
@@ -241,6 +266,22 @@ class ClientConnection final : public RpcConnection,
   absl::Mutex slot_waiters_mu_;
   StreamWaiters slot_waiters_ ABSL_GUARDED_BY(slot_waiters_mu_);
   std::atomic<bool> slot_waiters_pending_{false};
+  // Unary requests that found no send slot on a runtime thread (StartWaiting), oldest first.
+  struct WaitingRequest {
+    uint64_t id;
+    RpcHeader header;
+    uint8_t* body;  // malloc'd; freed when sent (copied into the slot) or dropped
+    size_t body_size;
+    OutgoingBulk bulk;
+    absl::Time deadline;
+    BulkGate* gate;  // the call's, kept alive by the release chained to bulk
+  };
+  mutable absl::Mutex waiting_mu_;
+  std::deque<WaitingRequest> waiting_ ABSL_GUARDED_BY(waiting_mu_);
+  size_t waiting_bytes_ ABSL_GUARDED_BY(waiting_mu_) = 0;
+  bool sending_waiting_ ABSL_GUARDED_BY(waiting_mu_) = false;     // a SendWaiting is sending
+  bool send_waiting_again_ ABSL_GUARDED_BY(waiting_mu_) = false;  // and should look once more
+  std::atomic<size_t> waiting_count_{0};  // waiting_.size(), read without the lock
 };
 
 }  // namespace zrpc::internal
