@@ -92,7 +92,7 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
   const examples::cli::Options options{
       {"listen", "max-bulk", "arena", "pollers", "spin", "connect", "workload", "size", "in-flight",
        "connections", "threads", "calls", "duration", "warmup", "round", "json"},
-      {"event", "sweep", "registered"},
+      {"event", "sweep", "registered", "pool-handlers", "blocking"},
       /*positional=*/true};
   absl::StatusOr<std::vector<examples::cli::Word>> words =
       examples::cli::Tokenize(args, options, &parsed.help);
@@ -119,7 +119,8 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
     }
     seen.push_back(flag);
     // A client flag given to a server (or the reverse) is a mistake, not a no-op.
-    const bool server_only = flag == "--listen" || flag == "--max-bulk" || flag == "--arena";
+    const bool server_only = flag == "--listen" || flag == "--max-bulk" || flag == "--arena" ||
+                             flag == "--pool-handlers";
     const bool both = flag == "--pollers" || flag == "--event" || flag == "--spin";
     const bool client_only = !server_only && !both;
     if ((parsed.server && client_only) || (!parsed.server && server_only)) {
@@ -192,6 +193,10 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
       sweep = true;
     } else if (flag == "--registered") {
       parsed.registered = true;
+    } else if (flag == "--pool-handlers") {
+      parsed.pool_handlers = true;
+    } else if (flag == "--blocking") {
+      parsed.blocking = true;
     }
     if (!s.ok()) return s;
   }
@@ -206,6 +211,13 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
   if (parsed.registered && parsed.workload != Workload::kPut) {
     return absl::InvalidArgumentError(
         "--registered: only put sends a payload from the client's memory");
+  }
+  if (parsed.blocking &&
+      (parsed.workload != Workload::kEcho || sweep ||
+       parsed.in_flight != std::vector<int>{parsed.threads})) {
+    return absl::InvalidArgumentError(
+        "--blocking: echo only, one call in flight per thread (--in-flight equal to --threads), "
+        "no --sweep");
   }
   if (sweep) {
     if (parsed.workload == Workload::kEcho) {

@@ -1,11 +1,12 @@
 // zrpc_bench's command line, parsed and checked apart from main so tests can feed it anything.
 //
 //   zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event [--spin DURATION]]
-//                     [--max-bulk BYTES] [--arena BYTES]
+//                     [--max-bulk BYTES] [--arena BYTES] [--pool-handlers]
 //   zrpc_bench client --connect ADDR:PORT [--workload echo|put|get|stream] [--size B[,B...]]
 //                     [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]
 //                     [--calls N | --duration SECONDS] [--warmup N] [--round N]
 //                     [--json FILE] [--event [--spin DURATION]] [--sweep] [--registered]
+//                     [--blocking]
 //
 // --spin (event mode, both sides): how long a poller polls after its last completion before it
 // sleeps (ChannelOptions::spin, ServerOptions::spin), as "50us", "1ms" or "0"; default theirs
@@ -13,6 +14,11 @@
 // --arena (server): the receive arena each client may write payloads into; larger ones are
 // pulled by the server (rpc/WIRE.md). Default: the larger of --max-bulk and 256 KiB, so that
 // every payload is written. A small arena measures the pulled path at the same sizes.
+// --pool-handlers (server): handlers run on the server's handler pool, the default a server gets
+// (ServerOptions::inline_by_default false), not inline on the poller.
+// --blocking (client, echo only): each thread calls the blocking stub and waits, one call at a
+// time (--in-flight equal to --threads): the default a caller gets. Rows are "echo_blocking".
+// With --pool-handlers and --event on both sides it is the default configuration.
 // --registered (put only): payloads come from memory the client registered once
 // (rpc/registered_memory.h) and are sent with no copy; the row is named put_registered, and the
 // run fails if any of its bytes were staged after all.
@@ -47,6 +53,7 @@ struct BenchArgs {
   std::string listen;  // empty: the device's address, port 7471
   uint64_t max_bulk = 16u << 20;
   uint64_t arena = 0;  // 0: ArenaFor(max_bulk)
+  bool pool_handlers = false;  // handlers on the server's pool (the default users get), not inline
   // Both.
   int pollers = 1;
   bool event = false;                  // event-mode pollers instead of busy polling
@@ -69,18 +76,20 @@ struct BenchArgs {
   // staged, and a call beyond the staging fails with RESOURCE_EXHAUSTED rather than wait.
   uint64_t max_bytes_in_flight = 0;
   bool registered = false;  // put from registered memory (zero-copy)
+  bool blocking = false;    // echo through the blocking stub, one call per thread at a time
 };
 
 inline constexpr uint64_t kSweepBulkBytes = uint64_t{64} << 20;
 
 inline constexpr char kBenchUsage[] =
     "usage: zrpc_bench server [--listen ADDR:PORT] [--pollers N] [--event [--spin DURATION]]\n"
-    "                         [--max-bulk BYTES] [--arena BYTES]\n"
+    "                         [--max-bulk BYTES] [--arena BYTES] [--pool-handlers]\n"
     "       zrpc_bench client --connect ADDR:PORT [--workload echo|put|get|stream]\n"
     "                         [--size B[,B...]]\n"
     "                         [--in-flight N[,N...]] [--connections N[,N...]] [--threads N]\n"
     "                         [--calls N | --duration SECONDS] [--warmup N] [--round N]\n"
     "                         [--json FILE] [--event [--spin DURATION]] [--sweep] [--registered]\n"
+    "                         [--blocking]\n"
     "Options take --name VALUE or --name=VALUE; byte counts take a K, M or G suffix (64K).\n";
 
 // kInvalidArgument naming the flag and what is wrong.

@@ -78,6 +78,7 @@ class Runner {
 
  private:
   void Loop(Caller& caller, uint64_t calls, absl::Time until, bool record) {
+    if (spec_.blocking) return Blocking(caller, calls, until, record);
     const size_t window = caller.slots.size();
     if (window <= kMaxChainedWindow) return Chained(caller, calls, until, record);
     {
@@ -111,6 +112,26 @@ class Runner {
              ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->first->completed == p->second; },
         &all_done));
     if (record) caller.samples.resize(issued);
+  }
+
+  // Blocking mode: the blocking stub, one call at a time from this thread (its window is 1).
+  void Blocking(Caller& caller, uint64_t calls, absl::Time until, bool record) {
+    Caller::Slot& slot = caller.slots.front();
+    const bool timed = until != absl::InfiniteFuture();
+    const CallOptions options = CallOptions::Timeout(absl::Seconds(60));
+    uint64_t done = 0;
+    for (; done < calls; ++done) {
+      if (timed && (done & 63) == 0 && absl::Now() >= until) break;
+      const int64_t start = absl::GetCurrentTimeNanos();
+      const absl::Status status = stub_.Echo(slot.echo_request, &slot.echo_reply, options);
+      if (record) caller.samples[done] = absl::GetCurrentTimeNanos() - start;
+      if (!status.ok()) {
+        absl::MutexLock lock(&caller.mu);
+        if (caller.error.ok()) caller.error = status;
+        break;
+      }
+    }
+    if (record) caller.samples.resize(done);
   }
 
   void Chained(Caller& caller, uint64_t calls, absl::Time until, bool record) {

@@ -10,6 +10,9 @@
 // threads, which sleep while their window is full (a spinning caller would take the core a
 // busy-polling poller needs on a small machine, and measure the scheduler).
 //
+// Blocking (`blocking`, echo only): each thread calls the blocking stub and waits for its answer,
+// one call at a time: the default users get, where every answer wakes a sleeping caller.
+//
 // CPU: the client's own process CPU time over the measured phase, and the server's (read with
 // the Cpu rpc before and after), each divided by the calls measured.
 #ifndef ZRPC_BENCHMARKS_BENCH_CLIENT_H_
@@ -36,6 +39,7 @@ struct RunSpec {
   absl::Duration duration = absl::ZeroDuration();
   uint64_t warmup = 1000;
   bool registered = false;  // put: from memory registered on the channel, with no copy
+  bool blocking = false;    // echo: each thread calls the blocking stub, one call at a time
 };
 
 // Runs `spec` over `channel`. Any failed call fails the run with its status: a benchmark that

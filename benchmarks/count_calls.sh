@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # count_calls.sh: what a 64 B echo costs per call in counts that do not move with the emulator's
-# noise, for zrpc (busy-polled and event mode) and for perftest's ib_send_lat (busy and -e), each
-# counted the same way from outside the program: heap allocations, read and write system calls
-# and context switches, per process (server and client), per call.
+# noise, for zrpc (busy-polled and event mode, as zrpc_bench runs them; and the default
+# configuration: blocking caller, pool handler, event mode) and for perftest's ib_send_lat (busy
+# and -e), each counted the same way from outside the program: heap allocations, read and write
+# system calls and context switches, per process (server and client), per call.
 #
 #   count_calls.sh ZRPC_BENCH CALL_COUNTER_SO OUT_DIR [--calls N] [--size BYTES]
 #
@@ -43,16 +44,17 @@ source "$(dirname "$(readlink -f "$0")")/bench_lib.sh"
 # subshell, and stop_server's SIGTERM would end the subshell instead of the server.
 counted() { echo env ZRPC_COUNT_OUT="$1" LD_PRELOAD="$counter"; }
 
-# zrpc NAME N FLAGS...: zrpc_bench's server and one echo client of N calls at 1 in flight.
+# zrpc NAME N SERVER_FLAGS CLIENT_FLAGS: zrpc_bench's server and one echo client of N calls at 1
+# in flight (each FLAGS one word list, split on spaces).
 zrpc() {
-  local name=$1 n=$2
-  shift 2
+  local name=$1 n=$2 server_flags=$3 client_flags=$4
   rm -f "$logs/$name.$n.server" "$logs/$name.$n.client"
-  # shellcheck disable=SC2046 # counted's words hold no spaces: paths made here, $counter resolved
+  # shellcheck disable=SC2046,SC2086 # counted's words and the flags hold no spaces
   start_server "zrpc_$name" $(counted "$logs/$name.$n.server") "$zrpc_bench" server \
-    --listen "$ZRPC_RDMA_ADDR:0" "$@"
+    --listen "$ZRPC_RDMA_ADDR:0" $server_flags
+  # shellcheck disable=SC2046,SC2086
   $(counted "$logs/$name.$n.client") "$zrpc_bench" client --connect "$target" --workload echo \
-    --size "$size" --in-flight 1 --calls "$n" --warmup 200 "$@" >"$logs/zrpc_$name.$n.log"
+    --size "$size" --in-flight 1 --calls "$n" --warmup 200 $client_flags >"$logs/zrpc_$name.$n.log"
   stop_server "zrpc_$name"
 }
 
@@ -107,15 +109,17 @@ per_call() {
 }
 
 for n in "$calls" $((2 * calls)); do
-  zrpc busy "$n"
-  zrpc event "$n" --event
+  zrpc busy "$n" "" ""
+  zrpc event "$n" --event --event
+  # The default configuration users get: blocking caller, handler on the pool, event mode.
+  zrpc default "$n" "--event --pool-handlers" "--event --blocking"
   perftest perftest "$n"
   perftest perftest_e "$n" -e
 done
 
 tsv=$out/counts.tsv
 printf 'system\tside\tallocs\treads\twrites\tcsw\n' >"$tsv"
-for name in busy event perftest perftest_e; do
+for name in busy event default perftest perftest_e; do
   for side in server client; do
     read -r a r w c <<<"$(per_call "$name" "$side")"
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$side" "$a" "$r" "$w" "$c" >>"$tsv"
@@ -149,4 +153,7 @@ awk -F'\t' -v calls="$calls" -v size="$size" '
     plain("perftest -e, client", "perftest_e/client")
     row("zrpc event, server", "event/server", "perftest_e/server", 1)
     row("zrpc event, client", "event/client", "perftest_e/client", 1)
+    plain("zrpc default, server", "default/server")
+    plain("zrpc default, client", "default/client")
+    printf "  (default: blocking caller, handler on the pool, event mode; recorded, no target yet)\n"
   }' "$tsv"

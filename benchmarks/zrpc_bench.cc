@@ -1,6 +1,7 @@
 // zrpc_bench: zrpc's RPCs measured, server and client in one binary (see bench_args.h for the
 // command line). The server serves the Bench service (bench.proto) with every method inline on
-// busy-polling pollers, as a latency-minded deployment would; the client runs closed-loop
+// busy-polling pollers, as a latency-minded deployment would (--pool-handlers puts them on the
+// handler pool, the default users get, and --event the pollers in event mode); the client runs closed-loop
 // workloads (bench_client.h), prints a row per run and appends it to --json as JSON Lines
 // (report.h), which bench_report merges with gRPC's and perftest's rows.
 #include <algorithm>
@@ -49,7 +50,7 @@ int Serve(const BenchArgs& args) {
   options.pollers = args.pollers;
   options.poll_mode = args.event ? transport::PollMode::kEvent : transport::PollMode::kBusy;
   if (args.spin) options.spin = *args.spin;
-  options.inline_by_default = true;
+  options.inline_by_default = !args.pool_handlers;
   options.slots.slot_size = kSlotSize;
   options.listener.connection.arena_size =
       args.arena != 0 ? static_cast<uint32_t>(args.arena) : ArenaFor(args.max_bulk);
@@ -119,6 +120,7 @@ int Client(const BenchArgs& args) {
         spec.duration = args.duration;
         spec.warmup = args.warmup;
         spec.registered = args.registered;
+        spec.blocking = args.blocking;
         absl::StatusOr<RunMeasurement> run = RunWorkload(**channel, spec);
         if (!run.ok()) {
           std::fprintf(stderr, "zrpc_bench client: %s %llu B x%d: %s\n",
@@ -131,7 +133,7 @@ int Client(const BenchArgs& args) {
         // "echo_event_spin0us" for another spin than the default.
         std::string workload =
             absl::StrCat(WorkloadName(args.workload), args.registered ? "_registered" : "",
-                         args.event ? "_event" : "");
+                         args.blocking ? "_blocking" : "", args.event ? "_event" : "");
         if (args.spin && *args.spin != ChannelOptions().spin) {
           const absl::Duration spin = *args.spin;
           absl::StrAppend(&workload, "_spin",

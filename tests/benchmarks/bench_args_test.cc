@@ -63,6 +63,16 @@ TEST_CASE("zrpc_bench arguments: servers and clients, lists, defaults") {
   auto registered = Parse({"client", "--connect", "h:1", "--workload", "put", "--registered"});
   REQUIRE(registered.ok());
   CHECK(registered->registered);
+  // The default configuration users get: blocking callers, handlers on the server's pool.
+  CHECK_FALSE(client->blocking);
+  auto blocking = Parse({"client", "--connect", "h:1", "--blocking", "--threads", "2",
+                         "--in-flight", "2"});
+  REQUIRE(blocking.ok());
+  CHECK(blocking->blocking);
+  auto pool = Parse({"server", "--pool-handlers", "--event"});
+  REQUIRE(pool.ok());
+  CHECK(pool->pool_handlers);
+  CHECK_FALSE(Parse({"server"})->pool_handlers);
 
   auto sweep = Parse({"client", "--connect", "h:1", "--sweep"});
   REQUIRE(sweep.ok());
@@ -111,6 +121,11 @@ TEST_CASE("zrpc_bench arguments: every mistake is refused by name") {
           "only put sends a payload");
   Refused({"client", "--connect", "h:1", "--registered"}, "only put sends a payload");
   Refused({"server", "--registered"}, "--registered");
+  Refused({"client", "--connect", "h:1", "--blocking", "--workload", "put"}, "--blocking: echo only");
+  Refused({"client", "--connect", "h:1", "--blocking", "--in-flight", "2"}, "one call in flight");
+  Refused({"client", "--connect", "h:1", "--blocking", "--sweep"}, "no --sweep");
+  Refused({"client", "--pool-handlers", "--connect", "h:1"}, "--pool-handlers is a server flag");
+  Refused({"server", "--blocking"}, "--blocking is a client flag");
   Refused({"client", "--connect", "h:1", "--calls", "5", "--duration", "1"}, "exclude");
   Refused({"client", "--connect", "h:1", "--duration", "-1"}, "--duration");
   Refused({"client", "--connect", "h:1", "--size", "2097152"}, "use put or get");
