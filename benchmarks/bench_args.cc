@@ -212,9 +212,8 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
     return absl::InvalidArgumentError(
         "--registered: only put sends a payload from the client's memory");
   }
-  if (parsed.blocking &&
-      (parsed.workload != Workload::kEcho || sweep ||
-       parsed.in_flight != std::vector<int>{parsed.threads})) {
+  if (parsed.blocking && (parsed.workload != Workload::kEcho || sweep ||
+                          parsed.in_flight != std::vector<int>{parsed.threads})) {
     return absl::InvalidArgumentError(
         "--blocking: echo only, one call in flight per thread (--in-flight equal to --threads), "
         "no --sweep");

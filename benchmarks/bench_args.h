@@ -52,7 +52,7 @@ struct BenchArgs {
   // Server.
   std::string listen;  // empty: the device's address, port 7471
   uint64_t max_bulk = 16u << 20;
-  uint64_t arena = 0;  // 0: ArenaFor(max_bulk)
+  uint64_t arena = 0;          // 0: ArenaFor(max_bulk)
   bool pool_handlers = false;  // handlers on the server's pool (the default users get), not inline
   // Both.
   int pollers = 1;

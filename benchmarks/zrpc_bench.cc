@@ -1,9 +1,9 @@
 // zrpc_bench: zrpc's RPCs measured, server and client in one binary (see bench_args.h for the
 // command line). The server serves the Bench service (bench.proto) with every method inline on
 // busy-polling pollers, as a latency-minded deployment would (--pool-handlers puts them on the
-// handler pool, the default users get, and --event the pollers in event mode); the client runs closed-loop
-// workloads (bench_client.h), prints a row per run and appends it to --json as JSON Lines
-// (report.h), which bench_report merges with gRPC's and perftest's rows.
+// handler pool, the default users get, and --event the pollers in event mode); the client runs
+// closed-loop workloads (bench_client.h), prints a row per run and appends it to --json as JSON
+// Lines (report.h), which bench_report merges with gRPC's and perftest's rows.
 #include <algorithm>
 #include <cstdio>
 #include <string>

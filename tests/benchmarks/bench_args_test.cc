@@ -65,8 +65,8 @@ TEST_CASE("zrpc_bench arguments: servers and clients, lists, defaults") {
   CHECK(registered->registered);
   // The default configuration users get: blocking callers, handlers on the server's pool.
   CHECK_FALSE(client->blocking);
-  auto blocking = Parse({"client", "--connect", "h:1", "--blocking", "--threads", "2",
-                         "--in-flight", "2"});
+  auto blocking =
+      Parse({"client", "--connect", "h:1", "--blocking", "--threads", "2", "--in-flight", "2"});
   REQUIRE(blocking.ok());
   CHECK(blocking->blocking);
   auto pool = Parse({"server", "--pool-handlers", "--event"});
@@ -121,7 +121,8 @@ TEST_CASE("zrpc_bench arguments: every mistake is refused by name") {
           "only put sends a payload");
   Refused({"client", "--connect", "h:1", "--registered"}, "only put sends a payload");
   Refused({"server", "--registered"}, "--registered");
-  Refused({"client", "--connect", "h:1", "--blocking", "--workload", "put"}, "--blocking: echo only");
+  Refused({"client", "--connect", "h:1", "--blocking", "--workload", "put"},
+          "--blocking: echo only");
   Refused({"client", "--connect", "h:1", "--blocking", "--in-flight", "2"}, "one call in flight");
   Refused({"client", "--connect", "h:1", "--blocking", "--sweep"}, "no --sweep");
   Refused({"client", "--pool-handlers", "--connect", "h:1"}, "--pool-handlers is a server flag");
