@@ -59,7 +59,15 @@ uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffe
 uint64_t ClientConnection::StartWaiting(uint32_t service_id, uint8_t* body, size_t body_size,
                                         OutgoingBulk bulk, ClientCall call,
                                         const CallOptions& options) {
-  return Begin(service_id, nullptr, body, body_size, OutgoingBulk(), std::move(bulk),
+  // Larger than a slot: the request will go at the front of a payload, as Start's would (WIRE.md,
+  // "Messages larger than a slot"), so it is that payload from here on, behind the call's gate.
+  OutgoingBulk large_body;
+  if (!FitsSlot(*connection_, body_size)) {
+    large_body = OutgoingBulk(body, body_size, [body] { std::free(body); });
+    body = nullptr;
+    body_size = 0;
+  }
+  return Begin(service_id, nullptr, body, body_size, std::move(large_body), std::move(bulk),
                std::move(call), options, 0);
 }
 
@@ -125,16 +133,18 @@ uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffe
     // that is left behind.
     if (closed()) {
       sent = absl::UnavailableError("the connection is closing");
-    } else if (waiting_bytes_ + body_size > kMaxWaitingBytes) {
+    } else if (waiting_bytes_ + body_size + large_body.size() > kMaxWaitingBytes) {
       sent = absl::ResourceExhaustedError(absl::StrCat(
           "the call waits for a send slot (every one is in flight, and a runtime thread does not "
           "wait), behind ",
           waiting_bytes_, " bytes of requests already waiting on this connection; at most ",
           kMaxWaitingBytes, " wait"));
     } else {
+      const size_t bytes = body_size + large_body.size();
       waiting_.push_back(WaitingRequest{*id, request_header, std::exchange(waiting_body, nullptr),
-                                        body_size, std::move(bulk), deadline, gate});
-      waiting_bytes_ += body_size;
+                                        body_size, std::move(large_body), std::move(bulk), deadline,
+                                        gate, bytes});
+      waiting_bytes_ += bytes;
       waiting_count_.store(waiting_.size(), std::memory_order_release);
       owner_.CountWaitedForSlot();
     }
@@ -196,7 +206,7 @@ void ClientConnection::SendWaiting() {
           ++it;
           continue;
         }
-        waiting_bytes_ -= it->body_size;
+        waiting_bytes_ -= it->bytes;
         dropped.push_back(std::move(*it));
         it = waiting_.erase(it);
       }
@@ -206,7 +216,7 @@ void ClientConnection::SendWaiting() {
           buffer = *acquired;
           next.emplace(std::move(waiting_.front()));
           waiting_.pop_front();
-          waiting_bytes_ -= next->body_size;
+          waiting_bytes_ -= next->bytes;
         } else if (acquired.status().code() == absl::StatusCode::kResourceExhausted && open()) {
           connection_->NotifyWhenSendSlotFree();
           owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);
@@ -222,23 +232,16 @@ void ClientConnection::SendWaiting() {
     // Outside the lock: a payload's release may end its call, whose callback may start another.
     for (WaitingRequest& request : dropped) {
       std::free(request.body);
+      request.large_body.Reset();
       request.bulk.Reset();
     }
     if (finished) return;
     if (!next) continue;
-    OutgoingBulk large_body;
-    size_t body_size = next->body_size;
-    if (FitsSlot(*connection_, body_size)) {
-      if (body_size > 0) std::memcpy(Body(buffer), next->body, body_size);
-      std::free(std::exchange(next->body, nullptr));
-    } else {
-      uint8_t* large = std::exchange(next->body, nullptr);
-      large_body = OutgoingBulk(large, body_size, [large] { std::free(large); });
-      body_size = 0;
-    }
+    if (next->body_size > 0) std::memcpy(Body(buffer), next->body, next->body_size);
+    std::free(std::exchange(next->body, nullptr));
     absl::Status sent =
-        SendMessage(*connection_, buffer, next->header, body_size, std::move(next->bulk),
-                    std::move(large_body), next->deadline, next->gate);
+        SendMessage(*connection_, buffer, next->header, next->body_size, std::move(next->bulk),
+                    std::move(next->large_body), next->deadline, next->gate);
     if (sent.ok()) continue;
     if (std::optional<ClientCall> taken = calls_.Take(next->id)) {
       taken->End(absl::Status(sent.code() == absl::StatusCode::kFailedPrecondition
@@ -259,6 +262,7 @@ void ClientConnection::DropWaiting() {
   }
   for (WaitingRequest& request : dropped) {
     std::free(request.body);
+    request.large_body.Reset();
     request.bulk.Reset();
   }
 }

@@ -270,11 +270,13 @@ class ClientConnection final : public RpcConnection,
   struct WaitingRequest {
     uint64_t id;
     RpcHeader header;
-    uint8_t* body;  // malloc'd; freed when sent (copied into the slot) or dropped
+    uint8_t* body;  // malloc'd, null for a large body; freed when copied into a slot or dropped
     size_t body_size;
+    OutgoingBulk large_body;  // a request larger than a slot (StartWaiting)
     OutgoingBulk bulk;
     absl::Time deadline;
-    BulkGate* gate;  // the call's, kept alive by the release chained to bulk
+    BulkGate* gate;  // the call's, kept alive by the releases chained to the payloads
+    size_t bytes;    // body_size + large_body.size(): its share of waiting_bytes_
   };
   mutable absl::Mutex waiting_mu_;
   std::deque<WaitingRequest> waiting_ ABSL_GUARDED_BY(waiting_mu_);

@@ -235,6 +235,82 @@ TEST_CASE(
   CHECK(reply.message() == "Hello, after");
 }
 
+// A request larger than a slot, and larger than the server's receive arena, started from a
+// callback while every send slot is taken: it waits in memory of its own, then goes as a payload
+// the server pulls (rpc/WIRE.md), intact. From the moment it waits, its body is a payload behind
+// the call's gate, as Start's is: the call's `done` waits until the server has pulled it.
+TEST_CASE(
+    "a request larger than the server's arena, started from a callback while every send slot "
+    "is taken, waits, then arrives intact") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  HoldingGreeter greeter;
+  zrpc::ServerOptions server_options;
+  server_options.listener.connection.recv_credits = 4;
+  zrpc::ChannelOptions channel_options;
+  channel_options.connection.max_send_slots = 4;
+  Served served(config, {&greeter}, server_options, channel_options);
+  Greeter::Stub stub(served.channel.get());
+  // The server holds what its window lets through; the calls behind them wait for its credits,
+  // one in each send slot, and the filler's next call waits for a slot (an application thread
+  // may wait).
+  constexpr int kFill = 12;
+  std::vector<HelloRequest> fill_requests(kFill);
+  std::vector<HelloReply> fill_replies(kFill);
+  std::atomic<int> fill_ok{0}, fill_ended{0};
+  std::thread filler([&] {
+    for (int i = 0; i < kFill; ++i) {
+      fill_requests[i].set_name(absl::StrCat("fill ", i));
+      stub.AsyncSayHello(fill_requests[i], &fill_replies[i], Within(kLong), [&](absl::Status s) {
+        if (s.ok()) fill_ok.fetch_add(1);
+        fill_ended.fetch_add(1);
+      });
+    }
+  });
+  const absl::Time until = absl::Now() + kLong;
+  while (greeter.held() < 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  absl::SleepFor(absl::Milliseconds(300));  // the window fills; the filler blocks on a slot
+  REQUIRE(greeter.held() < kFill);          // some wait on this side
+  // A callback on another channel's poller (a runtime thread) starts the large call.
+  Runtime other(config);
+  Greeter::Stub other_stub(other.channel.get());
+  HelloRequest trigger;
+  trigger.set_name("trigger");
+  HelloReply trigger_reply;
+  // ASCII (a string field must be UTF-8), varied so that a misplaced byte shows.
+  std::string big(300 << 10, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>('a' + (i * 7 + i / 26) % 26);
+  HelloRequest large;
+  large.set_name(big);
+  HelloReply large_reply;
+  absl::Status large_status = absl::UnknownError("not ended");
+  absl::Notification large_done;
+  absl::Status trigger_status;
+  absl::Notification started;
+  other_stub.AsyncSayHello(trigger, &trigger_reply, Within(kLong), [&](absl::Status s) {
+    trigger_status = std::move(s);
+    stub.AsyncSayHello(large, &large_reply, Within(kLong), [&](absl::Status status) {
+      large_status = std::move(status);
+      large_done.Notify();
+    });
+    started.Notify();
+  });
+  // Nothing is released before the large call has started: it finds every slot taken.
+  REQUIRE(started.WaitForNotificationWithTimeout(kLong));
+  REQUIRE(trigger_status.ok());
+  CHECK(served.channel->stats().calls_waited_for_slot == 1);
+  // Answer everything, including what arrives as the window frees.
+  while (!(large_done.HasBeenNotified() && fill_ended.load() == kFill) && absl::Now() < until) {
+    greeter.Release();
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  filler.join();
+  REQUIRE(large_done.HasBeenNotified());
+  INFO(large_status);
+  CHECK(large_status.ok());
+  CHECK(large_reply.message() == "Hello, " + big);
+  CHECK(fill_ok.load() == kFill);
+}
+
 // Before: a call whose deadline passed while it waited for a handler thread still ran its
 // handler, and an answer finished after the deadline was still staged and sent (to be dropped by
 // the client as late).
