@@ -240,7 +240,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   if (rdma_migrate_id(id, poller.cm_channel()) != 0) return VerbsError("rdma_migrate_id", errno);
   // An event that arrived before the migration (the peer hung up at once) moved with the id but
   // woke nobody: have the poller look.
-  poller.Wake();
+  poller.LookAtCmChannel();
   c->OnEstablished();
   std::move(unregister).Cancel();
   return c;

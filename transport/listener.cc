@@ -234,7 +234,7 @@ void Listener::Complete(rdma_cm_id* id) {
   }
   // An event that arrived before the migration (the peer hung up at once) moved with the id but
   // woke nobody: have the poller look, or the connection would stay open with nobody behind it.
-  poller.Wake();
+  poller.LookAtCmChannel();
   c->OnEstablished();
   handler_->OnAccepted(std::move(c));
 }

@@ -109,11 +109,21 @@ void Poller::Stop() {
   Wake();
   if (thread_.joinable()) thread_.join();
   if (cm_thread_.joinable()) {
-    uint64_t one = 1;
-    ssize_t written = write(cm_wake_fd_, &one, sizeof(one));  // fails only if one is pending
-    static_cast<void>(written);
+    WakeCm();
     cm_thread_.join();
   }
+}
+
+void Poller::WakeCm() {
+  uint64_t one = 1;
+  // Fails only when the counter would overflow: a wake-up is pending anyway.
+  ssize_t written = write(cm_wake_fd_, &one, sizeof(one));
+  static_cast<void>(written);
+}
+
+void Poller::LookAtCmChannel() {
+  WakeCm();  // the cm thread, while the loop runs
+  Wake();    // RunOnce, which reads the channel itself
 }
 
 void Poller::Wake() {
@@ -248,7 +258,13 @@ void Poller::CmLoop() {
       ZRPC_LOG(kError, "transport", "poll on the cm channel failed (errno ", errno, ")");
       return;
     }
-    if (fds[0].revents & POLLIN) HandleCmEvents(/*queue=*/true);
+    if (fds[1].revents & POLLIN) {
+      // Stop, or LookAtCmChannel: an event that moved with a migrated id raises no POLLIN.
+      uint64_t count = 0;
+      ssize_t got = read(cm_wake_fd_, &count, sizeof(count));
+      static_cast<void>(got);
+    }
+    if (fds[0].revents & POLLIN || fds[1].revents & POLLIN) HandleCmEvents(/*queue=*/true);
   }
 }
 

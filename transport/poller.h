@@ -131,6 +131,10 @@ class Poller {
   // look after arming found completions (and handled them) instead of sleeping.
   bool ArmAndWait(int timeout_ms, bool with_cm);
   void Wake();
+  void WakeCm();
+  // Has the cm channel read now: after rdma_migrate_id, whose events moved to the channel
+  // without making it readable (a peer that hung up at once).
+  void LookAtCmChannel();
 
   const PollerOptions options_;
   // Created in this order, destroyed in reverse.

@@ -529,7 +529,7 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
   internal::ClientConnection* client = connection->get();
   const bool runtime_thread = internal::OnRuntimeThread();
   absl::StatusOr<transport::SendBuffer> buffer =
-      runtime_thread && client->requests_waiting() > 0
+      runtime_thread && client->requests_waiting() > 0 && client->open()
           ? absl::ResourceExhaustedError("calls wait for a send slot")
           : internal::RpcConnection::AcquireSendBufferWaiting(
                 c, !runtime_thread, [&options, client]() -> absl::Status {

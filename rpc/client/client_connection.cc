@@ -163,8 +163,8 @@ uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffe
     if (buffer == nullptr) {
       // The timer's pass is the fallback for a slot given back without a completion.
       connection_->NotifyWhenSendSlotFree();
+      // Not SendWaiting here: it may end other calls, and this thread runs a callback.
       owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);
-      SendWaiting();  // a slot may have come back since it was looked for
     }
     return *id;
   }
@@ -192,6 +192,7 @@ void ClientConnection::SendWaiting() {
     }
     sending_waiting_ = true;
   }
+  bool sweep = true;
   for (;;) {
     std::vector<WaitingRequest> dropped;
     std::optional<WaitingRequest> next;
@@ -199,10 +200,16 @@ void ClientConnection::SendWaiting() {
     bool finished = false;
     {
       absl::MutexLock lock(&waiting_mu_);
+      // This look covers what another thread asked for meanwhile.
+      sweep = sweep || send_waiting_again_;
+      send_waiting_again_ = false;
       // Those whose calls ended meanwhile (deadline, cancel) go first, wherever they wait: a call
-      // with a payload ends only once its payload is released.
+      // with a payload ends only once its payload is released. The whole queue once per pass
+      // (and again when another thread asked for a look), and otherwise up to the first live one,
+      // so that a request whose call ended is never sent.
       for (auto it = waiting_.begin(); it != waiting_.end();) {
         if (calls_.Live(it->id)) {
+          if (!sweep) break;
           ++it;
           continue;
         }
@@ -223,10 +230,10 @@ void ClientConnection::SendWaiting() {
         }  // else closing: OnClosed drops the rest
       }
       waiting_count_.store(waiting_.size(), std::memory_order_release);
+      sweep = false;
       if (!next) {
-        finished = !send_waiting_again_;
-        send_waiting_again_ = false;
-        if (finished) sending_waiting_ = false;
+        finished = true;
+        sending_waiting_ = false;
       }
     }
     // Outside the lock: a payload's release may end its call, whose callback may start another.
@@ -236,7 +243,6 @@ void ClientConnection::SendWaiting() {
       request.bulk.Reset();
     }
     if (finished) return;
-    if (!next) continue;
     if (next->body_size > 0) std::memcpy(Body(buffer), next->body, next->body_size);
     std::free(std::exchange(next->body, nullptr));
     absl::Status sent =
@@ -244,12 +250,34 @@ void ClientConnection::SendWaiting() {
                     std::move(next->large_body), next->deadline, next->gate);
     if (sent.ok()) continue;
     if (std::optional<ClientCall> taken = calls_.Take(next->id)) {
-      taken->End(absl::Status(sent.code() == absl::StatusCode::kFailedPrecondition
-                                  ? absl::StatusCode::kUnavailable
-                                  : sent.code(),
-                              absl::StrCat(taken->method->full_name, ": ", sent.message())));
+      // As Start's: the connection closing (or closed) is UNAVAILABLE.
+      const absl::StatusCode code = sent.code() == absl::StatusCode::kFailedPrecondition ||
+                                            sent.code() == absl::StatusCode::kCancelled
+                                        ? absl::StatusCode::kUnavailable
+                                        : sent.code();
+      taken->End(absl::Status(code, absl::StrCat(taken->method->full_name, ": ", sent.message())));
     }
   }
+}
+
+void ClientConnection::DropWaitingCall(uint64_t id) {
+  if (waiting_count_.load(std::memory_order_acquire) == 0) return;
+  std::optional<WaitingRequest> dropped;
+  {
+    absl::MutexLock lock(&waiting_mu_);
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+      if (it->id != id) continue;
+      waiting_bytes_ -= it->bytes;
+      dropped.emplace(std::move(*it));
+      waiting_.erase(it);
+      waiting_count_.store(waiting_.size(), std::memory_order_release);
+      break;
+    }
+  }
+  if (!dropped) return;
+  std::free(dropped->body);
+  dropped->large_body.Reset();
+  dropped->bulk.Reset();
 }
 
 void ClientConnection::DropWaiting() {
@@ -280,7 +308,7 @@ void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
   std::optional<ClientCall> call = calls_.Take(id);
   if (!call) return;
   if (call->gate) Withdraw(*connection_, id, *call->gate);
-  SendWaiting();  // a request still waiting for a slot is dropped, its payload released
+  DropWaitingCall(id);  // never sent now; its payload (if any) released, which may end it
   SendCancel(id);
   call->End(
       absl::Status(status.code(), absl::StrCat(call->method->full_name, ": ", status.message())));
@@ -499,7 +527,6 @@ int ClientConnection::Expire(absl::Time now) {
   }
   for (const std::shared_ptr<BulkGate>& gate : overdue) gate->Withdraw();
   if (cancels_pending_.load(std::memory_order_acquire)) FlushCancels();
-  SendWaiting();
   if (slot_waiters_pending_.load(std::memory_order_acquire)) {
     std::vector<std::weak_ptr<StreamListener>> waiters;
     {
@@ -516,6 +543,8 @@ int ClientConnection::Expire(absl::Time now) {
     taken.call.End(absl::DeadlineExceededError(
         absl::StrCat(taken.call.method->full_name, ": deadline exceeded")));
   }
+  // After the expired calls left the table: their waiting requests are dropped, never sent.
+  SendWaiting();
   return static_cast<int>(expired.size());
 }
 

@@ -205,6 +205,9 @@ class ClientConnection final : public RpcConnection,
   void SendWaiting();
   // The connection closed: every waiting request is dropped (its call ends with the rest).
   void DropWaiting();
+  // Call `id` was taken from the table by its canceller: its waiting request (if any) is dropped,
+  // and nothing else is done on the canceller's thread.
+  void DropWaitingCall(uint64_t id);
   // A response or error whose payload (if any) is here: to its call, or dropped as late.
   void Deliver(transport::Connection& connection, IncomingMessage& message);
   void Complete(transport::Connection& connection, IncomingMessage& message, ClientCall& call);
