@@ -237,11 +237,7 @@ void ClientConnection::SendWaiting() {
       }
     }
     // Outside the lock: a payload's release may end its call, whose callback may start another.
-    for (WaitingRequest& request : dropped) {
-      std::free(request.body);
-      request.large_body.Reset();
-      request.bulk.Reset();
-    }
+    for (WaitingRequest& request : dropped) request.Drop();
     if (finished) return;
     if (next->body_size > 0) std::memcpy(Body(buffer), next->body, next->body_size);
     std::free(std::exchange(next->body, nullptr));
@@ -275,9 +271,7 @@ void ClientConnection::DropWaitingCall(uint64_t id) {
     }
   }
   if (!dropped) return;
-  std::free(dropped->body);
-  dropped->large_body.Reset();
-  dropped->bulk.Reset();
+  dropped->Drop();
 }
 
 void ClientConnection::DropWaiting() {
@@ -288,11 +282,7 @@ void ClientConnection::DropWaiting() {
     waiting_bytes_ = 0;
     waiting_count_.store(0, std::memory_order_release);
   }
-  for (WaitingRequest& request : dropped) {
-    std::free(request.body);
-    request.large_body.Reset();
-    request.bulk.Reset();
-  }
+  for (WaitingRequest& request : dropped) request.Drop();
 }
 
 void ClientConnection::OnSendSlotFree(transport::Connection&) {

@@ -45,9 +45,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -280,6 +282,12 @@ class ClientConnection final : public RpcConnection,
     absl::Time deadline;
     BulkGate* gate;  // the call's, kept alive by the releases chained to the payloads
     size_t bytes;    // body_size + large_body.size(): its share of waiting_bytes_
+    // Frees the body and releases the payloads (which may end the call: never under a lock).
+    void Drop() {
+      std::free(std::exchange(body, nullptr));
+      large_body.Reset();
+      bulk.Reset();
+    }
   };
   mutable absl::Mutex waiting_mu_;
   std::deque<WaitingRequest> waiting_ ABSL_GUARDED_BY(waiting_mu_);
