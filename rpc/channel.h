@@ -104,7 +104,12 @@ class ClientChannel final : public Channel {
   // every payload made from it. Memory registered on one channel (or server) can be sent from
   // any channel or server with the same device options.
   absl::StatusOr<RegisteredMemory> RegisterMemory(void* data, size_t size);
-  // Connects every connection now instead of on the first calls; the first error, if any.
+  // Connects every connection now instead of on the first calls, trying again after each
+  // backoff until `deadline` while attempts fail for reasons that may pass (nothing listening
+  // yet, a handshake that timed out, a full server): a client started beside its server waits
+  // for it. An error that will not pass (an address that does not resolve, an incompatible
+  // server) returns at once. The first connection's error, if any; DEADLINE_EXCEEDED, quoting
+  // the last attempt's error, when the deadline comes first.
   absl::Status Connect(absl::Time deadline);
   ChannelStats stats() const;
   // Per-method client metrics (calls, status codes, bytes, latency); PrometheusText() for scrapes.

@@ -262,8 +262,8 @@ void ChannelImpl::AddLive(std::shared_ptr<ClientConnection> connection) {
 absl::Status ChannelImpl::ConnectAll(absl::Time deadline) {
   absl::Status first;
   for (auto& sub : subchannels_) {
-    absl::StatusOr<std::shared_ptr<ClientConnection>> connection = sub->Get(deadline);
-    if (!connection.ok() && first.ok()) first = connection.status();
+    absl::Status connected = sub->Connect(deadline);
+    if (!connected.ok() && first.ok()) first = connected;
   }
   return first;
 }

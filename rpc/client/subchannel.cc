@@ -110,4 +110,34 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> Subchannel::Get(absl::Time dea
   return connection;
 }
 
+absl::Status Subchannel::Connect(absl::Time deadline) {
+  for (;;) {
+    absl::StatusOr<std::shared_ptr<ClientConnection>> got = Get(deadline);
+    if (got.ok()) return absl::OkStatus();
+    // UNAVAILABLE is a failed attempt or its backoff; anything else (this call's deadline, a
+    // runtime thread) is final.
+    if (got.status().code() != absl::StatusCode::kUnavailable || OnRuntimeThread()) {
+      return got.status();
+    }
+    absl::Duration wait;
+    {
+      absl::MutexLock lock(&mu_);
+      // Reasons that may pass: nothing listening yet or a refusal (UNAVAILABLE), a handshake
+      // that timed out, a full server. A bad address or an incompatible server will not.
+      const absl::StatusCode why = last_error_.code();
+      if (why != absl::StatusCode::kUnavailable && why != absl::StatusCode::kDeadlineExceeded &&
+          why != absl::StatusCode::kResourceExhausted) {
+        return got.status();
+      }
+      wait = std::max(absl::ZeroDuration(), next_attempt_ - MonotonicNow());
+    }
+    if (absl::Now() + wait >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("not connected to ", target_,
+                       " by the deadline; the last attempt: ", got.status().message()));
+    }
+    absl::SleepFor(wait);
+  }
+}
+
 }  // namespace zrpc::internal

@@ -68,6 +68,9 @@ class Subchannel {
   std::shared_ptr<ClientConnection> Ready();
   // The open connection, or one made now (see the top of this file), or why there is none.
   absl::StatusOr<std::shared_ptr<ClientConnection>> Get(absl::Time deadline);
+  // An open connection by `deadline`, attempts repeated after their backoff (see the top of this
+  // file); DEADLINE_EXCEEDED quoting the last error when the deadline comes first.
+  absl::Status Connect(absl::Time deadline);
   // The current reconnection delay (zero when not failing).
   absl::Duration backoff() const;
   // Forgets the connection (the channel's teardown, once it is closed).

@@ -578,6 +578,57 @@ TEST_CASE(
   CHECK(rt.channel->stats().backoff == absl::ZeroDuration());
 }
 
+TEST_CASE(
+    "Connect waits out a server that is not up yet, and at its deadline names the last "
+    "attempt's error") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ChannelOptions channel_options;
+  channel_options.reconnect_backoff_initial = absl::Milliseconds(20);
+  channel_options.reconnect_backoff_max = absl::Milliseconds(200);
+  Runtime rt(config, {}, channel_options);
+  const uint16_t port = rt.port_;
+  rt.server.reset();  // the channel has not connected yet: nothing listens on `port` now
+
+  // Nobody comes: attempts are refused, repeated after their backoff, until the deadline.
+  absl::Time before = absl::Now();
+  absl::Status s = rt.channel->Connect(before + absl::Seconds(1));
+  INFO(s);
+  CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(absl::StrContains(s.message(), "the last attempt"));
+  CHECK(absl::Now() - before < absl::Seconds(5));
+  const uint64_t attempts = rt.channel->stats().connect_attempts;
+  CHECK(attempts >= 2);
+
+  // The server comes up 600 ms into a patient Connect: it connects, and calls go.
+  std::unique_ptr<zrpc::Server> later;
+  absl::Status started;
+  std::thread starter([&] {
+    absl::SleepFor(absl::Milliseconds(600));
+    zrpc::ServerOptions options;
+    options.device = config;
+    options.port = port;
+    absl::StatusOr<std::unique_ptr<zrpc::Server>> made = zrpc::Server::Create(options);
+    started = made.status();
+    if (!made.ok()) return;
+    later = *std::move(made);
+    started = later->AddService(&rt.greeter);
+    if (started.ok()) started = later->Start();
+  });
+  s = rt.channel->Connect(absl::Now() + kLong);
+  starter.join();
+  INFO(started);
+  REQUIRE(started.ok());
+  INFO(s);
+  REQUIRE(s.ok());
+  CHECK(rt.channel->stats().connect_attempts > attempts);
+  Greeter::Stub stub(rt.channel.get());
+  HelloRequest request;
+  request.set_name("patient");
+  HelloReply reply;
+  REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  CHECK(reply.message() == "Hello, patient");
+}
+
 TEST_CASE("a client that breaks the protocol is disconnected; other clients keep going") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Runtime rt(config);
