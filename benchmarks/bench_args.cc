@@ -67,6 +67,20 @@ absl::Status ParseOneBytes(const std::string& flag, const std::string& text, uin
 
 }  // namespace
 
+std::string RowWorkload(const BenchArgs& args, absl::Duration default_spin) {
+  std::string workload =
+      absl::StrCat(WorkloadName(args.workload), args.registered ? "_registered" : "",
+                   args.blocking ? "_blocking" : "", args.event ? "_event" : "");
+  if (args.spin && *args.spin != default_spin) {
+    const absl::Duration spin = *args.spin;
+    absl::StrAppend(&workload, "_spin",
+                    spin % absl::Microseconds(1) == absl::ZeroDuration()
+                        ? absl::StrCat(absl::ToInt64Microseconds(spin), "us")
+                        : absl::StrCat(absl::ToInt64Nanoseconds(spin), "ns"));
+  }
+  return workload;
+}
+
 const char* WorkloadName(Workload workload) {
   switch (workload) {
     case Workload::kEcho:

@@ -46,6 +46,11 @@ namespace zrpc::bench {
 enum class Workload { kEcho, kPut, kGet, kStream };
 const char* WorkloadName(Workload workload);
 
+struct BenchArgs;
+// The workload a client's rows are named for: the workload, then "_registered", "_blocking" and
+// "_event" as those flags ask, then "_spin0us" when --spin is not `default_spin` (the runtime's).
+std::string RowWorkload(const BenchArgs& args, absl::Duration default_spin);
+
 struct BenchArgs {
   bool help = false;  // --help or -h: print the usage, nothing else
   bool server = false;

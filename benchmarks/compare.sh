@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # zrpc's RPCs next to perftest and gRPC on one device, in alternating rounds (tools/bench runs it
 # inside tools/softroce). Each round runs, in turn: perftest ib_send_lat (busy-polling, and with
-# -e: sleeping on completion events), ib_send_bw and ib_write_bw; zrpc_bench echo with one call
-# in flight (round trip; also with both sides in event mode, the default users get, as
-# "echo_event" next to perftest's "send_lat_event"), echo with many in flight
+# -e: sleeping on completion events), ib_send_bw (one way, and -b: both ways, the yardstick of an
+# echo's rate) and ib_write_bw; zrpc_bench echo with one call in flight (round trip; also with
+# both sides in event mode as "echo_event" next to perftest's "send_lat_event", and in zrpc's
+# default configuration, a blocking caller and pool handlers in event mode, as
+# "echo_blocking_event"), echo with many in flight
 # (call rate) and bulk put (goodput), from ordinary memory (staged) and from registered memory
 # (zero-copy), at --bulk-size, or with --bulk-sweep at 4 KiB to 64 MiB each next to ib_write_bw
-# at the same size and depth (the depth shrinks with the size: at most 64 MiB in flight); transport_bench echo, one and many in flight (zrpc's
-# transport alone: the layer between perftest and zrpc's RPCs); grpc_bench echo (gRPC C++ over TCP on the same guest) with
+# at the same size and depth (the depth shrinks with the size: at most 64 MiB in flight); transport_bench echo, one and many in flight, and one in
+# flight in event mode (zrpc's transport alone: the layer between perftest and zrpc's RPCs); grpc_bench echo (gRPC C++ over TCP on the same guest) with
 # one and many in flight; all at the same sizes. Beside those, one zrpc stream of --stream-size
 # messages (4 KiB by default: zrpc_bench --workload stream, --in-flight its window) next to
 # ib_send_bw at that size and depth. Every run appends one JSON line to results.jsonl;
@@ -169,6 +171,9 @@ for ((round = 1; round <= rounds; round++)); do
     "$(perftest_distribution "$logs/send_lat_event.client")" >>"$results"
   perftest_run ib_send_bw send_bw -s "$size" -n "$calls" -t "$in_flight"
   perftest_json send_bw "$in_flight" "$(data_line "$logs/send_bw.client")" >>"$results"
+  # Both ways at once (-b: messages of both directions summed): what an echo's rate compares with.
+  perftest_run ib_send_bw send_bw_bidir -s "$size" -n "$calls" -t "$in_flight" -b
+  perftest_json send_bw_bidir "$in_flight" "$(data_line "$logs/send_bw_bidir.client")" >>"$results"
   perftest_run ib_send_bw send_bw_stream -s "$stream_size" -n "$calls" -t "$in_flight"
   perftest_json send_bw "$in_flight" "$(data_line "$logs/send_bw_stream.client")" >>"$results"
   for bulk in "${bulk_sizes[@]}"; do
@@ -193,10 +198,20 @@ for ((round = 1; round <= rounds; round++)); do
   "$zrpc_bench" client --connect "$target" --round "$round" --json "$results" --event \
     --workload echo --size "$size" --in-flight 1 --calls "$calls" --warmup 500
   stop_server zrpc_server
+  # zrpc's defaults, as a user's program gets them: handlers on the server's pool, a blocking
+  # caller, event mode on both sides ("echo_blocking_event").
+  start_server zrpc_server "$zrpc_bench" server --listen "$ZRPC_RDMA_ADDR:0" --event --pool-handlers
+  "$zrpc_bench" client --connect "$target" --round "$round" --json "$results" --event --blocking \
+    --workload echo --size "$size" --in-flight 1 --calls "$calls" --warmup 500
+  stop_server zrpc_server
   start_server transport_server "$transport_bench" server --listen "$ZRPC_RDMA_ADDR:0"
   common=(client --connect "$target" --round "$round" --json "$results")
   "$transport_bench" "${common[@]}" --size "$size" --in-flight 1 --calls "$calls" --warmup 500
   "$transport_bench" "${common[@]}" --size "$size" --in-flight "$in_flight" --calls "$calls" --warmup 500
+  stop_server transport_server
+  start_server transport_server "$transport_bench" server --listen "$ZRPC_RDMA_ADDR:0" --event
+  "$transport_bench" client --connect "$target" --round "$round" --json "$results" --event \
+    --size "$size" --in-flight 1 --calls "$calls" --warmup 500
   stop_server transport_server
   start_server grpc_server "$grpc_bench" server --listen "$ZRPC_RDMA_ADDR:0"
   common=(client --connect "$target" --round "$round" --json "$results")

@@ -2,16 +2,19 @@
 // zrpc_bench measures RPCs, so that one harness run can split zrpc's cost over perftest into
 // "what the transport adds" and "what the RPC layer adds" (benchmarks/CALL_PATH.md).
 //
-//   transport_bench server --listen ADDR:PORT
+//   transport_bench server --listen ADDR:PORT [--event [--spin DURATION]]
 //   transport_bench client --connect ADDR:PORT [--size B[,B...]] [--in-flight N[,N...]]
 //                          [--calls N] [--warmup N] [--round N] [--json FILE]
+//                          [--event [--spin DURATION]]
 //
 // The server echoes every message it receives: a pool slot, a copy, Send, Release. The client
 // keeps `in_flight` messages outstanding and sends the next one from the handler of each echo,
-// on its busy-polling poller thread: the structure of zrpc_bench's client (chained windows on
-// the channel's poller) without calls, headers, call table, metrics or protobuf. Latency is per
-// message, from Send to the echo's arrival. Rows go out as zrpc_bench's, with system "transport"
-// and workload "echo"; the server's CPU is not measured (-1).
+// on its poller thread: the structure of zrpc_bench's client (chained windows on the channel's
+// poller) without calls, headers, call table, metrics or protobuf. Latency is per message, from
+// Send to the echo's arrival. Rows go out as zrpc_bench's, with system "transport" and workload
+// "echo" ("echo_event" with --event: both sides' pollers sleep when idle after their spin, as
+// zrpc_bench --event's do, so event mode has a layer split too); the server's CPU is not
+// measured (-1).
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -47,9 +50,10 @@ using transport::ReceivedBulk;
 using transport::ReceivedMessage;
 
 constexpr char kUsage[] =
-    "usage: transport_bench server --listen ADDR:PORT\n"
+    "usage: transport_bench server --listen ADDR:PORT [--event [--spin DURATION]]\n"
     "       transport_bench client --connect ADDR:PORT [--size B[,B...]] [--in-flight N[,N...]]\n"
     "                              [--calls N] [--warmup N] [--round N] [--json FILE]\n"
+    "                              [--event [--spin DURATION]]\n"
     "(zrpc_bench's flags; the transport runs only echo, one connection, one thread)\n"
     "Options take --name VALUE or --name=VALUE; byte counts take a K, M or G suffix (64K).\n";
 
@@ -60,7 +64,6 @@ constexpr size_t kSlotSize = 8192;
 absl::Status CheckSupported(const BenchArgs& args) {
   const BenchArgs defaults;
   if (args.pollers != defaults.pollers) return absl::InvalidArgumentError("--pollers: one poller");
-  if (args.event) return absl::InvalidArgumentError("--event: the transport bench busy-polls");
   if (args.server) {
     if (args.max_bulk != defaults.max_bulk) {
       return absl::InvalidArgumentError("--max-bulk: the transport bench runs only echo");
@@ -77,6 +80,9 @@ absl::Status CheckSupported(const BenchArgs& args) {
   }
   if (args.threads != defaults.threads) {
     return absl::InvalidArgumentError("--threads: one client thread only");
+  }
+  if (args.blocking) {
+    return absl::InvalidArgumentError("--blocking: the transport bench sends from its poller");
   }
   if (args.duration > absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--duration: the transport bench runs --calls only");
@@ -147,14 +153,21 @@ class Echoer final : public ConnectionHandler, public transport::AcceptHandler {
   std::vector<std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
 };
 
-// What either side runs on: the device and one started busy poller (destroyed in that order
-// reversed, as they must be).
+// What either side runs on: the device and one started poller, busy or (--event) sleeping when
+// idle (destroyed in that order reversed, as they must be).
+transport::PollerOptions PollerOptionsFor(const BenchArgs& args) {
+  transport::PollerOptions options;
+  if (args.event) options.mode = transport::PollMode::kEvent;
+  if (args.spin) options.spin = *args.spin;
+  return options;
+}
+
 struct Stack {
   std::unique_ptr<transport::Device> device;
   std::unique_ptr<transport::Poller> poller;
 };
 
-absl::StatusOr<Stack> OpenStack() {
+absl::StatusOr<Stack> OpenStack(const BenchArgs& args) {
   absl::StatusOr<transport::DeviceConfig> config = transport::DeviceConfigFromEnv();
   if (!config.ok()) return config.status();
   transport::SlotPoolOptions slots;
@@ -165,7 +178,7 @@ absl::StatusOr<Stack> OpenStack() {
   if (!device.ok()) return device.status();
   stack.device = *std::move(device);
   absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
-      transport::Poller::Create(*stack.device);
+      transport::Poller::Create(*stack.device, PollerOptionsFor(args));
   if (!poller.ok()) return poller.status();
   stack.poller = *std::move(poller);
   if (absl::Status s = stack.poller->Start(); !s.ok()) return s;
@@ -176,7 +189,7 @@ int Serve(const BenchArgs& args) {
   const StopSignal stop;  // before any thread starts
   auto where = ParseAddress("--listen", args.listen, true);
   Echoer echoer;  // declared first: the poller's teardown still reports to it
-  absl::StatusOr<Stack> stack = OpenStack();
+  absl::StatusOr<Stack> stack = OpenStack(args);
   if (!stack.ok()) {
     std::fprintf(stderr, "transport_bench server: %s\n", stack.status().ToString().c_str());
     return 1;
@@ -294,7 +307,7 @@ int Client(const BenchArgs& args) {
     return 1;
   }
   Pinger pinger;  // declared first: the poller's teardown still reports to it
-  absl::StatusOr<Stack> stack = OpenStack();
+  absl::StatusOr<Stack> stack = OpenStack(args);
   absl::StatusOr<std::shared_ptr<Connection>> connection =
       stack.ok() ? Connection::Connect(*stack->device, *stack->poller, where->address, where->port,
                                        &pinger, {}, absl::Seconds(30))
@@ -303,6 +316,7 @@ int Client(const BenchArgs& args) {
     std::fprintf(stderr, "transport_bench client: %s\n", connection.status().ToString().c_str());
     return 1;
   }
+  const std::string workload = RowWorkload(args, transport::PollerOptions().spin);
   for (uint64_t size : args.sizes) {
     if (size > (*connection)->max_message_size()) {
       std::fprintf(stderr, "transport_bench: a message is at most %u bytes here\n",
@@ -325,7 +339,7 @@ int Client(const BenchArgs& args) {
       run.payload_bytes = 2 * size * args.calls;
       run.note = "transport::Connection echo, no RPC layer";
       rows->Write(
-          MakeRow({"transport", "echo", size, in_flight, 1, 1, args.round}, std::move(run)));
+          MakeRow({"transport", workload, size, in_flight, 1, 1, args.round}, std::move(run)));
     }
   }
   (*connection)->Close();

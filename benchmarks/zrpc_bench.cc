@@ -131,16 +131,7 @@ int Client(const BenchArgs& args) {
         // Rows of an event-mode client (ChannelOptions::poll_mode kEvent, the default users
         // get) are their own workload: "echo_event" beside busy-polled "echo", and
         // "echo_event_spin0us" for another spin than the default.
-        std::string workload =
-            absl::StrCat(WorkloadName(args.workload), args.registered ? "_registered" : "",
-                         args.blocking ? "_blocking" : "", args.event ? "_event" : "");
-        if (args.spin && *args.spin != ChannelOptions().spin) {
-          const absl::Duration spin = *args.spin;
-          absl::StrAppend(&workload, "_spin",
-                          spin % absl::Microseconds(1) == absl::ZeroDuration()
-                              ? absl::StrCat(absl::ToInt64Microseconds(spin), "us")
-                              : absl::StrCat(absl::ToInt64Nanoseconds(spin), "ns"));
-        }
+        const std::string workload = RowWorkload(args, ChannelOptions().spin);
         rows->Write(
             MakeRow({"zrpc", workload, size, in_flight, args.threads, connections, args.round},
                     *std::move(run)));

@@ -36,7 +36,13 @@ one_round() {
     junit_problem "want 2 transport echo rows (1 and 8 in flight)"
   grep -q '"system":"zrpc","workload":"echo_event"' "$out/results.jsonl" ||
     junit_problem "no zrpc echo_event row (event mode) in results.jsonl"
-  for workload in send_lat send_lat_event send_bw write_bw; do
+  grep -q '"system":"zrpc","workload":"echo_blocking_event"' "$out/results.jsonl" ||
+    junit_problem "no zrpc echo_blocking_event row (the default configuration) in results.jsonl"
+  grep -q '"system":"transport","workload":"echo_event"' "$out/results.jsonl" ||
+    junit_problem "no transport echo_event row (event mode) in results.jsonl"
+  grep -q 'zrpc default-config echo p50 / zrpc event echo p50 .*[0-9]\.[0-9]' "$out.log" ||
+    junit_problem "no default-configuration ratio with a value"
+  for workload in send_lat send_lat_event send_bw send_bw_bidir write_bw; do
     grep -q "\"system\":\"perftest\",\"workload\":\"$workload\"" "$out/results.jsonl" ||
       junit_problem "no perftest $workload row in results.jsonl"
   done
@@ -50,8 +56,8 @@ one_round() {
     junit_problem "fewer than 4 ratio lines with a verdict"
   grep -q "^== where zrpc's cost over perftest arises" "$out.log" ||
     junit_problem "no layer block (transport vs perftest, zrpc vs transport)"
-  [[ $(sed -n "/^== where zrpc's cost/,\$p" "$out.log" | grep -cE ' [0-9]+\.[0-9]{3} \([0-9.]+-[0-9.]+, 1 rd\)') == 4 ]] ||
-    junit_problem "want 4 layer ratios with a value"
+  [[ $(sed -n "/^== where zrpc's cost/,\$p" "$out.log" | grep -cE ' [0-9]+\.[0-9]{3} \([0-9.]+-[0-9.]+, 1 rd\)') == 6 ]] ||
+    junit_problem "want 6 layer ratios with a value (busy and event mode)"
   grep -q '"ratios"' "$out/summary.json" || junit_problem "summary.json has no ratios"
   grep -q '<svg' "$out/latency_cdf.svg" && grep -q '<polyline' "$out/latency_cdf.svg" ||
     junit_problem "latency_cdf.svg has no curve"

@@ -238,18 +238,19 @@ TEST_CASE("ratios are computed like for like against their targets", "[report][r
       Row("zrpc", "put_registered", 65536, 16, 0, 100),  // the deepest row is compared
       Row("perftest", "write_bw", 65536, 128, 0, 100),
       Row("zrpc", "echo", 64, 16, 0, 20),              // 800k calls/s
-      Row("perftest", "send_bw", 64, 128, 0, 100),     // 1.28M msg/s: 0.625
+      Row("perftest", "send_bw_bidir", 64, 128, 0, 50),  // 2.56M msg/s both ways: 0.625
       Row("zrpc", "put", 65536, 16, 0, 100),           // staged: a figure, no target
       Row("zrpc", "echo_event", 64, 1, 0, 14),         // event mode, round trip 14 us
       Row("perftest", "send_lat_event", 64, 1, 0, 5),  // one-way 5 us with -e: 1.4
       Row("zrpc", "stream", 4096, 16, 0, 40),          // 400k msg/s
       Row("perftest", "send_bw", 4096, 128, 0, 160),   // 800k msg/s: 0.5, beside 64 B's
+      Row("zrpc", "echo_blocking_event", 64, 1, 0, 28),  // the defaults: 28 / 14 = 2
   };
   rs[4].goodput_mib_per_sec = 970;
   rs[5].goodput_mib_per_sec = 1000;  // 0.97
   rs[8].goodput_mib_per_sec = 500;   // 0.5
   const std::vector<Ratio> ratios = ComputeRatios(MustAggregate(rs));
-  REQUIRE(ratios.size() == 7);
+  REQUIRE(ratios.size() == 8);
   CHECK(ratios[0].available);
   CHECK(ratios[0].value == Approx(1.1));
   CHECK(ratios[0].met);
@@ -260,17 +261,21 @@ TEST_CASE("ratios are computed like for like against their targets", "[report][r
   CHECK(ratios[2].value == Approx(0.5));
   CHECK_FALSE(ratios[2].has_target);
   CHECK(ratios[3].value == Approx(0.625));
+  CHECK(ratios[3].name == "zrpc echo calls/s / (perftest send_bw -b msg/s / 2)");
   CHECK_FALSE(ratios[3].met);
   CHECK(ratios[4].value == Approx(1.4));
   CHECK(ratios[4].name == "zrpc event echo p50 / (2 x perftest send_lat -e p50)");
   CHECK_FALSE(ratios[4].met);  // target <= 1.3
-  CHECK(ratios[5].name == "zrpc stream msg/s / perftest send_bw msg/s");
-  CHECK(ratios[5].value == Approx(0.5));
-  CHECK(ratios[5].where == "4096 B, in_flight 16 vs 128, 1x1");
-  CHECK_FALSE(ratios[5].has_target);
-  CHECK(ratios[6].value == Approx(30));
-  CHECK(ratios[6].met);
-  CHECK(ratios[6].rounds == 1);
+  CHECK(ratios[5].name == "zrpc default-config echo p50 / zrpc event echo p50");
+  CHECK(ratios[5].value == Approx(2));
+  CHECK_FALSE(ratios[5].met);  // target <= 1.5
+  CHECK(ratios[6].name == "zrpc stream msg/s / perftest send_bw msg/s");
+  CHECK(ratios[6].value == Approx(0.5));
+  CHECK(ratios[6].where == "4096 B, in_flight 16 vs 128, 1x1");
+  CHECK_FALSE(ratios[6].has_target);
+  CHECK(ratios[7].value == Approx(30));
+  CHECK(ratios[7].met);
+  CHECK(ratios[7].rounds == 1);
   const std::string text = FormatRatios(ratios);
   CHECK(text.find("MISSED") != std::string::npos);
   CHECK(text.find("target <= 1.15  met") != std::string::npos);
@@ -300,15 +305,16 @@ TEST_CASE("a ratio with a side missing is n/a and names what is missing", "[repo
       Row("zrpc", "echo", 64, 1, 0, 11),
       Row("perftest", "send_lat", 4096, 1, 0, 5),  // another size: no counterpart
   }));
-  REQUIRE(ratios.size() == 7);
+  REQUIRE(ratios.size() == 8);
   CHECK_FALSE(ratios[0].available);
   CHECK(ratios[0].missing == "no perftest rows for send_lat 64 B, in_flight 1, 1x1");
   CHECK(ratios[1].missing == "no zrpc rows for put_registered");
   CHECK(ratios[2].missing == "no zrpc rows for put");
-  CHECK(ratios[3].missing == "no perftest rows for send_bw 64 B, 1x1");
+  CHECK(ratios[3].missing == "no perftest rows for send_bw_bidir 64 B, 1x1");
   CHECK(ratios[4].missing == "no zrpc rows for echo_event with in_flight 1");
-  CHECK(ratios[5].missing == "no zrpc rows for stream");
-  CHECK(ratios[6].missing == "no grpc rows for echo 64 B, in_flight 1, 1x1");
+  CHECK(ratios[5].missing == "no zrpc rows for echo_blocking_event with in_flight 1");
+  CHECK(ratios[6].missing == "no zrpc rows for stream");
+  CHECK(ratios[7].missing == "no grpc rows for echo 64 B, in_flight 1, 1x1");
   const std::string text = FormatRatios(ratios);
   CHECK(text.find("n/a (no zrpc rows for put_registered)") != std::string::npos);
   CHECK(text.find("met") == std::string::npos);
@@ -324,18 +330,24 @@ TEST_CASE("layer ratios split zrpc's cost into transport and RPC layer, without 
       Row("perftest", "send_lat", 64, 1, 0, 5),   // one-way 5: the transport is 1.2x
       Row("zrpc", "echo", 64, 32, 0, 40),         // 800k calls/s
       Row("transport", "echo", 64, 32, 0, 20),    // 1.6M msg/s: 0.5
-      Row("perftest", "send_bw", 64, 32, 0, 16),  // 2M msg/s: 0.8
+      Row("perftest", "send_bw_bidir", 64, 32, 0, 8),  // 4M msg/s both ways: 0.8
+      Row("transport", "echo_event", 64, 1, 0, 40),       // event mode, round trip 40 us
+      Row("perftest", "send_lat_event", 64, 1, 0, 10),    // one-way 10 with -e: 2.0
+      Row("zrpc", "echo_event", 64, 1, 0, 60),            // 60 / 40 = 1.5
   };
   // No transport rows: no layer figures at all (the targets still show).
   CHECK(ComputeLayerRatios(MustAggregate({rs[0], rs[2]})).empty());
 
   const std::vector<Ratio> layers = ComputeLayerRatios(MustAggregate(rs));
-  REQUIRE(layers.size() == 4);
+  REQUIRE(layers.size() == 6);
   CHECK(layers[0].value == Approx(1.2));
   CHECK(layers[1].value == Approx(2.5));
   CHECK(layers[2].value == Approx(0.8));
   CHECK(layers[3].value == Approx(0.5));
   CHECK(layers[3].where == "64 B, in_flight 32 vs 32, 1x1");
+  CHECK(layers[4].value == Approx(2.0));
+  CHECK(layers[5].value == Approx(1.5));
+  CHECK(layers[5].name == "zrpc event echo p50 / transport event echo p50");
   for (const Ratio& r : layers) {
     CHECK(r.available);
     CHECK_FALSE(r.has_target);

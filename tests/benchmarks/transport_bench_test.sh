@@ -16,10 +16,11 @@ argument_errors() {
   expect_help "$bench" transport_bench
   expect_usage_errors "$bench" transport_bench "" "bogus" "server" "server --listen nocolon" \
     "server --listen 127.0.0.1:70000" "server --listen 127.0.0.1:0 --pollers 2" \
-    "server --listen 127.0.0.1:0 --event" "server --listen 127.0.0.1:0 --max-bulk 4096" \
+    "server --listen 127.0.0.1:0 --spin 1ms" "server --listen 127.0.0.1:0 --max-bulk 4096" \
     "client" "client --connect nocolon" "client --connect 127.0.0.1:1 --workload put" \
     "client --connect 127.0.0.1:1 --connections 2" "client --connect 127.0.0.1:1 --sweep" \
     "client --connect 127.0.0.1:1 --threads 2" "client --connect 127.0.0.1:1 --duration 1" \
+    "client --connect 127.0.0.1:1 --blocking" \
     "client --connect 127.0.0.1:1 --size 2" "client --connect 127.0.0.1:1 --size x" \
     "client --connect 127.0.0.1:1 --bogus 1"
 }
