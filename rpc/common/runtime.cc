@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/common/manual_pollers.h"
 #include "rpc/common/shared_device.h"
 
 namespace zrpc::internal {
@@ -53,8 +54,13 @@ absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const ch
     absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
         transport::Poller::Create(*parts.device, poller_options);
     if (!poller.ok()) return poller.status();
-    if (absl::Status s = (*poller)->Start(); !s.ok()) return s;
-    parts.pollers.push_back(*std::move(poller));
+    std::shared_ptr<transport::Poller> made = *std::move(poller);
+    if (ManualPollers()) {
+      AddManualPoller(made);  // driven by DriveManualPollersOnce (manual_pollers.h)
+    } else if (absl::Status s = made->Start(); !s.ok()) {
+      return s;
+    }
+    parts.pollers.push_back(std::move(made));
   }
   return parts;
 }

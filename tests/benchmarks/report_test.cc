@@ -237,13 +237,13 @@ TEST_CASE("ratios are computed like for like against their targets", "[report][r
       Row("zrpc", "put_registered", 65536, 4, 0, 100),
       Row("zrpc", "put_registered", 65536, 16, 0, 100),  // the deepest row is compared
       Row("perftest", "write_bw", 65536, 128, 0, 100),
-      Row("zrpc", "echo", 64, 16, 0, 20),              // 800k calls/s
+      Row("zrpc", "echo", 64, 16, 0, 20),                // 800k calls/s
       Row("perftest", "send_bw_bidir", 64, 128, 0, 50),  // 2.56M msg/s both ways: 0.625
-      Row("zrpc", "put", 65536, 16, 0, 100),           // staged: a figure, no target
-      Row("zrpc", "echo_event", 64, 1, 0, 14),         // event mode, round trip 14 us
-      Row("perftest", "send_lat_event", 64, 1, 0, 5),  // one-way 5 us with -e: 1.4
-      Row("zrpc", "stream", 4096, 16, 0, 40),          // 400k msg/s
-      Row("perftest", "send_bw", 4096, 128, 0, 160),   // 800k msg/s: 0.5, beside 64 B's
+      Row("zrpc", "put", 65536, 16, 0, 100),             // staged: a figure, no target
+      Row("zrpc", "echo_event", 64, 1, 0, 14),           // event mode, round trip 14 us
+      Row("perftest", "send_lat_event", 64, 1, 0, 5),    // one-way 5 us with -e: 1.4
+      Row("zrpc", "stream", 4096, 16, 0, 40),            // 400k msg/s
+      Row("perftest", "send_bw", 4096, 128, 0, 160),     // 800k msg/s: 0.5, beside 64 B's
       Row("zrpc", "echo_blocking_event", 64, 1, 0, 28),  // the defaults: 28 / 14 = 2
   };
   rs[4].goodput_mib_per_sec = 970;
@@ -325,15 +325,15 @@ TEST_CASE("a ratio with a side missing is n/a and names what is missing", "[repo
 TEST_CASE("layer ratios split zrpc's cost into transport and RPC layer, without targets",
           "[report][ratios]") {
   std::vector<WorkloadResult> rs = {
-      Row("zrpc", "echo", 64, 1, 0, 30),          // round trip 30 us
-      Row("transport", "echo", 64, 1, 0, 12),     // 12 us: the RPC layer is 2.5x
-      Row("perftest", "send_lat", 64, 1, 0, 5),   // one-way 5: the transport is 1.2x
-      Row("zrpc", "echo", 64, 32, 0, 40),         // 800k calls/s
-      Row("transport", "echo", 64, 32, 0, 20),    // 1.6M msg/s: 0.5
-      Row("perftest", "send_bw_bidir", 64, 32, 0, 8),  // 4M msg/s both ways: 0.8
-      Row("transport", "echo_event", 64, 1, 0, 40),       // event mode, round trip 40 us
-      Row("perftest", "send_lat_event", 64, 1, 0, 10),    // one-way 10 with -e: 2.0
-      Row("zrpc", "echo_event", 64, 1, 0, 60),            // 60 / 40 = 1.5
+      Row("zrpc", "echo", 64, 1, 0, 30),                // round trip 30 us
+      Row("transport", "echo", 64, 1, 0, 12),           // 12 us: the RPC layer is 2.5x
+      Row("perftest", "send_lat", 64, 1, 0, 5),         // one-way 5: the transport is 1.2x
+      Row("zrpc", "echo", 64, 32, 0, 40),               // 800k calls/s
+      Row("transport", "echo", 64, 32, 0, 20),          // 1.6M msg/s: 0.5
+      Row("perftest", "send_bw_bidir", 64, 32, 0, 8),   // 4M msg/s both ways: 0.8
+      Row("transport", "echo_event", 64, 1, 0, 40),     // event mode, round trip 40 us
+      Row("perftest", "send_lat_event", 64, 1, 0, 10),  // one-way 10 with -e: 2.0
+      Row("zrpc", "echo_event", 64, 1, 0, 60),          // 60 / 40 = 1.5
   };
   // No transport rows: no layer figures at all (the targets still show).
   CHECK(ComputeLayerRatios(MustAggregate({rs[0], rs[2]})).empty());

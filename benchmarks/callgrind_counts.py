@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Reads callgrind dumps of count_instructions' phases; prints what zrpc did per round trip.
+
+    callgrind_counts.py CALLS DUMP...
+
+Each DUMP is one phase of CALLS round trips, recorded with fakeverbs' entry points toggled out
+(count_instructions.sh): nothing the stand-in device does is in it. For each it prints one line
+of figures per round trip, tab-separated, after a header:
+
+  ir          instructions executed, all threads
+  allocs      calls to malloc, calloc, realloc, aligned_alloc, posix_memalign, memalign,
+              operator new (every allocating form; not placement new)
+  locks       mutex acquisitions: absl::Mutex (Lock, ReaderLock, TryLock) and
+              pthread_mutex_lock/trylock (std::mutex's)
+  clocks      clock reads: clock_gettime, gettimeofday, absl::Now / GetCurrentTimeNanos,
+              std::chrono's steady_clock / system_clock::now (one read each, however nested)
+  syscalls    system calls made through libc's syscall() (absl's futex waits and wakes)
+"""
+
+import re
+import sys
+
+# operator new in every allocating form; placement new (", void*)") allocates nothing.
+ALLOC = re.compile(
+    r"^(malloc|calloc|realloc|aligned_alloc|posix_memalign|memalign|"
+    r"operator new(\[\])?\(unsigned long(, std::align_val_t)?(, std::nothrow_t const&)?\))$")
+LOCK = re.compile(
+    r"^(absl::[a-z_0-9]+::Mutex::(Lock|ReaderLock|TryLock|ReaderTryLock)\(\)|"
+    r"pthread_mutex_lock|pthread_mutex_trylock|__pthread_mutex_lock|___pthread_mutex_lock|"
+    r"__pthread_mutex_trylock)$")
+CLOCK = re.compile(
+    r"^(clock_gettime|__clock_gettime|__clock_gettime64|gettimeofday|__gettimeofday|"
+    r"absl::[a-z_0-9]+::Now\(\)|absl::[a-z_0-9]+::GetCurrentTimeNanos\(\)|"
+    r"std::chrono::_V2::(steady|system)_clock::now\(\))$")
+SYSCALL = re.compile(r"^syscall$")
+
+
+def read(path):
+    totals = None
+    counts = {"allocs": 0, "locks": 0, "clocks": 0, "syscalls": 0}
+    caller = ""
+    callee = ""
+    names = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.startswith("fn="):
+                caller = resolve(line[3:], names)
+            elif line.startswith("cfn="):
+                callee = resolve(line[4:], names)
+            elif line.startswith("calls="):
+                n = int(line[6:].split()[0])
+                # One allocation is one count: operator new's own malloc is not another; one
+                # clock read is one count: absl::Now's clock_gettime is not another.
+                if (ALLOC.match(callee) and ALLOC.match(caller)) or (
+                        CLOCK.match(callee) and CLOCK.match(caller)):
+                    continue
+                if ALLOC.match(callee):
+                    counts["allocs"] += n
+                elif LOCK.match(callee):
+                    counts["locks"] += n
+                elif CLOCK.match(callee):
+                    counts["clocks"] += n
+                elif SYSCALL.match(callee):
+                    counts["syscalls"] += n
+            elif line.startswith("totals:") or line.startswith("summary:"):
+                totals = int(line.split()[1])
+    if totals is None:
+        sys.exit(f"callgrind_counts.py: {path} has no totals line")
+    return totals, counts
+
+
+def resolve(rest, names):
+    """Names with string compression: "(id) name" defines, "(id)" refers."""
+    rest = rest.strip()
+    m = re.match(r"^\((\d+)\)(?:\s+(.*))?$", rest)
+    if not m:
+        return strip_version(rest)
+    if m.group(2) is not None:
+        names[m.group(1)] = strip_version(m.group(2))
+        return names[m.group(1)]
+    return names.get(m.group(1), "")
+
+
+def strip_version(name):
+    """clock_gettime@@GLIBC_2.17 -> clock_gettime; C++ names keep their parentheses."""
+    return name.split("@", 1)[0] if "(" not in name else name
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    calls = int(sys.argv[1])
+    print("phase\tir\tallocs\tlocks\tclocks\tsyscalls")
+    for i, path in enumerate(sys.argv[2:], 1):
+        totals, counts = read(path)
+        print(f"{i}\t{totals / calls:.1f}\t"
+              f"{counts['allocs'] / calls:.3f}\t{counts['locks'] / calls:.3f}\t"
+              f"{counts['clocks'] / calls:.3f}\t{counts['syscalls'] / calls:.3f}")
+
+
+if __name__ == "__main__":
+    main()

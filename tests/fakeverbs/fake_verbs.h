@@ -1,0 +1,37 @@
+// fakeverbs: an in-memory stand-in for libibverbs and librdmacm, linked into a test binary in
+// their place, so that zrpc's real transport and RPC runtime run with no RDMA device, no kernel
+// and no emulator. It exists to count: with every transfer done at post time, in the poster's
+// thread, a round trip's work is the same every time, so instructions, locks and allocations per
+// call can be counted exactly (tests/benchmarks/README.md, "Counting without a device"). See
+// README.md beside this file for what it models and what it does not.
+//
+// Linking: a cc_test that depends on //tests/fakeverbs gets this library's definitions of every
+// ibv_* and rdma_* function zrpc's transport calls; the linker resolves the transport's calls to
+// them before it looks at libibverbs and librdmacm. The device is "fake0", port 1, RoCE v2,
+// address kAddress.
+#ifndef ZRPC_TESTS_FAKEVERBS_FAKE_VERBS_H_
+#define ZRPC_TESTS_FAKEVERBS_FAKE_VERBS_H_
+
+#include <cstdint>
+
+namespace zrpc::fakeverbs {
+
+// The one address of the fake device (a RoCE v2 GID at index 1 holds it).
+inline constexpr char kAddress[] = "127.0.0.1";
+
+// What the fake has done since the process started: its own work, to be told apart from the
+// transport's. Read while nothing posts.
+struct Counters {
+  uint64_t sends = 0;         // SEND work requests delivered
+  uint64_t writes = 0;        // RDMA WRITEs (with or without immediate) performed
+  uint64_t reads = 0;         // RDMA READs performed
+  uint64_t recvs_posted = 0;  // RECV work requests posted
+  uint64_t completions = 0;   // work completions made, successful or not
+  uint64_t cq_events = 0;     // completion-channel events raised (an armed CQ got a completion)
+  uint64_t errors = 0;        // work completions with an error status
+};
+Counters counters();
+
+}  // namespace zrpc::fakeverbs
+
+#endif  // ZRPC_TESTS_FAKEVERBS_FAKE_VERBS_H_
