@@ -34,18 +34,22 @@ struct ServerContext {
   }
   // For the runtime: marks the call given up. Any thread.
   void Cancel() { cancelled_.store(true, ::std::memory_order_relaxed); }
-  // For the runtime: the call has `remaining` left (InfiniteDuration: no deadline). Sets
-  // `deadline` and the monotonic deadline IsCancelled reads.
-  void SetRemaining(::absl::Duration remaining) {
+  // For the runtime: the call has `remaining` left (InfiniteDuration: no deadline), counted
+  // from `arrival` on the monotonic clock (the runtime read it when the request came: no second
+  // read here). Sets `deadline` and the monotonic deadline IsCancelled reads.
+  void SetRemaining(::absl::Duration remaining, ::std::chrono::steady_clock::time_point arrival) {
     if (remaining == ::absl::InfiniteDuration()) {
       deadline = ::absl::InfiniteFuture();
       monotonic_deadline_ = ::std::chrono::steady_clock::time_point::max();
       return;
     }
     deadline = ::absl::Now() + remaining;
-    monotonic_deadline_ = ::std::chrono::steady_clock::now() +
-                          ::std::chrono::duration_cast<::std::chrono::steady_clock::duration>(
-                              ::absl::ToChronoNanoseconds(remaining));
+    monotonic_deadline_ =
+        arrival + ::std::chrono::duration_cast<::std::chrono::steady_clock::duration>(
+                      ::absl::ToChronoNanoseconds(remaining));
+  }
+  void SetRemaining(::absl::Duration remaining) {
+    SetRemaining(remaining, ::std::chrono::steady_clock::now());
   }
 
  private:

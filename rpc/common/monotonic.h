@@ -20,6 +20,13 @@ inline absl::Time MonotonicNow() {
                                  .count());
 }
 
+// A MonotonicNow() value as the steady_clock reading it came from.
+inline std::chrono::steady_clock::time_point ToSteady(absl::Time monotonic) {
+  return std::chrono::steady_clock::time_point(
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::nanoseconds(absl::ToUnixNanos(monotonic))));
+}
+
 // `wall_deadline` (absl::Now()'s clock; InfiniteFuture for none) as a monotonic deadline, given
 // both clocks read now.
 inline absl::Time ToMonotonic(absl::Time wall_deadline, absl::Time monotonic_now,

@@ -35,7 +35,7 @@ ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
     stream_ = std::make_shared<StreamState>(nullptr, stream_window, request.header.window);
   }
   const absl::Duration remaining = RemainingFromWire(request.header.timeout_us);
-  context_.SetRemaining(remaining);
+  context_.SetRemaining(remaining, ToSteady(monotonic_now));  // no second clock read
   deadline_ = monotonic_now + remaining;
   metrics_.OnStart();
   metrics_.AddMessageBytes(0, request.body.size());

@@ -3,6 +3,7 @@
 #include "absl/time/clock.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
 
 #include "absl/time/time.h"
 #include "rpc/common/monotonic.h"
@@ -50,6 +51,16 @@ TEST_CASE("a handler's call is given up by its monotonic deadline, whatever the 
   CHECK_FALSE(short_one.IsCancelled());
   absl::SleepFor(absl::Milliseconds(40));
   CHECK(short_one.IsCancelled());
+
+  // Counted from the request's arrival, as the runtime reads it (no second clock read): a call
+  // that arrived 50 ms ago with 20 ms left is given up already; one with 1 s left is not.
+  const auto arrived = std::chrono::steady_clock::now() - std::chrono::milliseconds(50);
+  zrpc::ServerContext late;
+  late.SetRemaining(absl::Milliseconds(20), arrived);
+  CHECK(late.IsCancelled());
+  zrpc::ServerContext in_time;
+  in_time.SetRemaining(absl::Seconds(1), arrived);
+  CHECK_FALSE(in_time.IsCancelled());
 
   zrpc::ServerContext none;
   none.SetRemaining(absl::InfiniteDuration());
