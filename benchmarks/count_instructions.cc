@@ -17,6 +17,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -58,6 +59,23 @@ void PrintPhase(int phase, uint64_t calls, const fakeverbs::Counters& before) {
               static_cast<unsigned long long>(calls),
               static_cast<unsigned long long>(after.sends - before.sends),
               static_cast<unsigned long long>(after.completions - before.completions));
+}
+
+// The warm-up, then the two counted phases, each dumped (see the top of this file); false as soon
+// as `run` (N round trips) fails.
+bool RunPhases(const Args& args, const std::function<bool(uint64_t)>& run) {
+  if (!run(args.warmup)) return false;
+  for (int phase = 1; phase <= 2; ++phase) {
+    const fakeverbs::Counters before = fakeverbs::counters();
+    // Dumping zeroes every cost center; CALLGRIND_ZERO_STATS leaves some (its next dump was
+    // found to hold part of the warm-up). So the warm-up is dumped, and each phase after it.
+    if (phase == 1) CALLGRIND_DUMP_STATS_AT("setup and warm-up");
+    const bool ok = run(args.calls);
+    CALLGRIND_DUMP_STATS_AT(absl::StrCat("phase ", phase).c_str());
+    if (!ok) return false;
+    PrintPhase(phase, args.calls, before);
+  }
+  return true;
 }
 
 transport::DeviceConfig FakeDevice() {
@@ -158,20 +176,10 @@ int RunTransport(const Args& args) {
     }
     return client.error_.ok() && server.error_.ok();
   };
-  if (!run(args.warmup)) return 1;
-  for (int phase = 1; phase <= 2; ++phase) {
-    const fakeverbs::Counters before = fakeverbs::counters();
-    // Dumping zeroes every cost center; CALLGRIND_ZERO_STATS leaves some (its next dump was
-    // found to hold part of the warm-up). So the warm-up is dumped, and each phase after it.
-    if (phase == 1) CALLGRIND_DUMP_STATS_AT("setup and warm-up");
-    const bool ok = run(args.calls);
-    CALLGRIND_DUMP_STATS_AT(absl::StrCat("phase ", phase).c_str());
-    if (!ok) {
-      std::fprintf(stderr, "count_instructions: %s %s\n", client.error_.ToString().c_str(),
-                   server.error_.ToString().c_str());
-      return 1;
-    }
-    PrintPhase(phase, args.calls, before);
+  if (!RunPhases(args, run)) {
+    std::fprintf(stderr, "count_instructions: %s %s\n", client.error_.ToString().c_str(),
+                 server.error_.ToString().c_str());
+    return 1;
   }
   (*connection)->Close();
   for (int i = 0; i < 100; ++i) internal::DriveManualPollersOnce();
@@ -230,22 +238,9 @@ int RunRpc(const Args& args) {
     while (done_calls < target && error.ok()) internal::DriveManualPollersOnce();
     return error.ok();
   };
-  if (!run(args.warmup)) {
+  if (!RunPhases(args, run)) {
     std::fprintf(stderr, "count_instructions: %s\n", error.ToString().c_str());
     return 1;
-  }
-  for (int phase = 1; phase <= 2; ++phase) {
-    const fakeverbs::Counters before = fakeverbs::counters();
-    // Dumping zeroes every cost center; CALLGRIND_ZERO_STATS leaves some (its next dump was
-    // found to hold part of the warm-up). So the warm-up is dumped, and each phase after it.
-    if (phase == 1) CALLGRIND_DUMP_STATS_AT("setup and warm-up");
-    const bool ok = run(args.calls);
-    CALLGRIND_DUMP_STATS_AT(absl::StrCat("phase ", phase).c_str());
-    if (!ok) {
-      std::fprintf(stderr, "count_instructions: %s\n", error.ToString().c_str());
-      return 1;
-    }
-    PrintPhase(phase, args.calls, before);
   }
   // The pollers get their threads, so that the channel and the server close as they always do.
   internal::StartManualPollers();

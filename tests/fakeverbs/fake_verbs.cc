@@ -139,6 +139,29 @@ void Unsignal(int fd) {
 int MakeEventFd() { return eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC); }
 bool NonBlocking(int fd) { return (fcntl(fd, F_GETFL) & O_NONBLOCK) != 0; }
 
+// The oldest event of a channel (completion or cm) whose readiness is eventfd `fd`: at once, or
+// -1 with EAGAIN when there is none and `fd` is non-blocking, or after waiting for one.
+template <typename T>
+int TakeEvent(std::deque<T*>* events, int fd, T** out) {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!events->empty()) {
+        *out = events->front();
+        events->pop_front();
+        Unsignal(fd);
+        return 0;
+      }
+      if (NonBlocking(fd)) {
+        errno = EAGAIN;
+        return -1;
+      }
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    poll(&pfd, 1, -1);
+  }
+}
+
 void Complete(ibv_cq* cq, const ibv_wc& wc) {
   auto* fake = reinterpret_cast<FakeCq*>(cq);
   if (static_cast<int>(fake->wcs.size()) >= fake->capacity) Die("completion queue overrun");
@@ -719,26 +742,13 @@ int ibv_destroy_cq(ibv_cq* cq) {
 }
 
 int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
-  auto* fake = reinterpret_cast<FakeCompChannel*>(channel);
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!fake->events.empty()) {
-        FakeCq* got = fake->events.front();
-        fake->events.pop_front();
-        Unsignal(channel->fd);
-        *cq = &got->cq;
-        *cq_context = got->cq.cq_context;
-        return 0;
-      }
-      if (NonBlocking(channel->fd)) {
-        errno = EAGAIN;
-        return -1;
-      }
-    }
-    pollfd pfd{channel->fd, POLLIN, 0};
-    poll(&pfd, 1, -1);
+  FakeCq* got = nullptr;
+  if (TakeEvent(&reinterpret_cast<FakeCompChannel*>(channel)->events, channel->fd, &got) != 0) {
+    return -1;
   }
+  *cq = &got->cq;
+  *cq_context = got->cq.cq_context;
+  return 0;
 }
 void ibv_ack_cq_events(ibv_cq*, unsigned int) {}
 
@@ -1036,25 +1046,12 @@ int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
 }
 
 int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
-  auto* fake = reinterpret_cast<FakeEventChannel*>(channel);
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!fake->events.empty()) {
-        FakeEvent* e = fake->events.front();
-        fake->events.pop_front();
-        Unsignal(channel->fd);
-        *event = &e->event;
-        return 0;
-      }
-      if (NonBlocking(channel->fd)) {
-        errno = EAGAIN;
-        return -1;
-      }
-    }
-    pollfd pfd{channel->fd, POLLIN, 0};
-    poll(&pfd, 1, -1);
+  FakeEvent* got = nullptr;
+  if (TakeEvent(&reinterpret_cast<FakeEventChannel*>(channel)->events, channel->fd, &got) != 0) {
+    return -1;
   }
+  *event = &got->event;
+  return 0;
 }
 
 int rdma_ack_cm_event(rdma_cm_event* event) {
