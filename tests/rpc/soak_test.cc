@@ -164,7 +164,9 @@ class Soak {
   void Ended(Record* record, const absl::Status& status) {
     if (record->ends.fetch_add(1) != 0) twice_.fetch_add(1);
     if (status.ok() && !record->expected.empty() && record->payload.view() != record->expected) {
-      Note(record->kind, absl::DataLossError("payload bytes differ"));
+      Note(record->kind,
+           absl::DataLossError(absl::StrCat("payload bytes differ: ",
+                                            Describe(record->payload.view(), record->expected))));
     } else {
       Note(record->kind, status);
     }
@@ -254,6 +256,26 @@ class Soak {
           break;
       }
     }
+  }
+
+  // What a wrong payload is: where it differs from `expected`, how much of it does, and whether
+  // it is, whole, a payload some other call of the soak expects (a mix-up between calls, rather
+  // than bytes overwritten in place).
+  static std::string Describe(absl::string_view got, absl::string_view expected) {
+    std::string what = zrpc::testing::FirstDifference(got, expected);
+    if (got.size() == expected.size()) {
+      size_t differing = 0;
+      for (size_t i = 0; i < got.size(); ++i) differing += got[i] != expected[i] ? 1 : 0;
+      absl::StrAppend(&what, ", ", differing, " of ", got.size(), " bytes differ");
+    }
+    for (int w = 0; w < kWorkers; ++w) {
+      const std::string transform_object = Pattern(16 << 10, 100 + w);
+      const std::string reversed(transform_object.rbegin(), transform_object.rend());
+      if (got == reversed) absl::StrAppend(&what, "; it is worker ", w, "'s Transform answer");
+      if (got == transform_object) absl::StrAppend(&what, "; it is worker ", w, "'s request");
+      if (got == Pattern(32 << 10, w)) absl::StrAppend(&what, "; it is worker ", w, "'s object");
+    }
+    return what;
   }
 
   void WaitForAll() {
