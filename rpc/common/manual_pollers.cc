@@ -27,8 +27,7 @@ void AddManualPoller(const std::shared_ptr<transport::Poller>& poller) {
 int DriveManualPollersOnce() {
   // Taken out of the lock: a pass may open or close a runtime (a callback can), which adds here.
   // Kept between calls, so that a pass allocates nothing (it is counted with what it drives).
-  static thread_local std::vector<std::shared_ptr<transport::Poller>> alive;
-  alive.clear();
+  static thread_local std::vector<std::shared_ptr<transport::Poller>> alive;  // empty here
   {
     absl::MutexLock lock(&mu);
     if (pollers == nullptr) return 0;

@@ -197,6 +197,16 @@ void CompleteRequester(const Pending& p, ibv_wc_status status) {
                                                                           : IBV_WC_RDMA_WRITE));
 }
 
+// The peer's sends waiting at `qp` fail as a dead peer's do, and put their requester in error.
+void FailWaiting(FakeQp* qp) {
+  std::deque<Pending> waiting = std::move(qp->waiting);
+  qp->waiting.clear();
+  for (const Pending& p : waiting) {
+    CompleteRequester(p, IBV_WC_RETRY_EXC_ERR);
+    if (p.from != nullptr) ToError(p.from);
+  }
+}
+
 // Every posted RECV comes back flushed; the peer's sends waiting here fail as a dead peer's do.
 void ToError(FakeQp* qp) {
   if (qp->error) return;
@@ -206,12 +216,7 @@ void ToError(FakeQp* qp) {
     Complete(qp->qp.recv_cq, Wc(qp, qp->recvs.front().wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV));
     qp->recvs.pop_front();
   }
-  std::deque<Pending> waiting = std::move(qp->waiting);
-  qp->waiting.clear();
-  for (const Pending& p : waiting) {
-    CompleteRequester(p, IBV_WC_RETRY_EXC_ERR);
-    if (p.from != nullptr) ToError(p.from);
-  }
+  FailWaiting(qp);
   // This side's own sends waiting at the peer: flushed.
   if (qp->peer != nullptr) {
     auto& theirs = qp->peer->waiting;
@@ -387,17 +392,17 @@ void DropEvents(FakeEventChannel* channel, rdma_cm_id* id) {
   }
 }
 
+// Queues DISCONNECTED to a connected `id`, once.
+void TellDisconnected(FakeId* id) {
+  if (id == nullptr || !id->connected || id->disconnected) return;
+  id->disconnected = true;
+  Queue(id, RDMA_CM_EVENT_DISCONNECTED);
+}
+
 void Hangup(FakeId* id) {
   if (id->id.qp != nullptr) ToError(reinterpret_cast<FakeQp*>(id->id.qp));
-  FakeId* peer = id->peer;
-  if (peer != nullptr && peer->connected && !peer->disconnected) {
-    peer->disconnected = true;
-    Queue(peer, RDMA_CM_EVENT_DISCONNECTED);
-  }
-  if (id->connected && !id->disconnected) {
-    id->disconnected = true;
-    Queue(id, RDMA_CM_EVENT_DISCONNECTED);
-  }
+  TellDisconnected(id->peer);
+  TellDisconnected(id);
 }
 
 }  // namespace
@@ -796,11 +801,7 @@ void rdma_destroy_qp(rdma_cm_id* id) {
   auto* qp = reinterpret_cast<FakeQp*>(id->qp);
   if (qp == nullptr) return;
   // The peer's sends waiting here fail; this side's waiting there vanish with the QP.
-  std::deque<Pending> waiting = std::move(qp->waiting);
-  for (const Pending& p : waiting) {
-    CompleteRequester(p, IBV_WC_RETRY_EXC_ERR);
-    if (p.from != nullptr) ToError(p.from);
-  }
+  FailWaiting(qp);
   if (qp->peer != nullptr) {
     auto& theirs = qp->peer->waiting;
     theirs.erase(std::remove_if(theirs.begin(), theirs.end(),
@@ -854,10 +855,9 @@ int rdma_destroy_id(rdma_cm_id* id) {
   if (fake->listening) listeners.erase(fake->port);
   if (fake->peer != nullptr) {
     FakeId* peer = fake->peer;
-    if (fake->connected && !peer->disconnected && peer->connected) {
-      peer->disconnected = true;
-      Queue(peer, RDMA_CM_EVENT_DISCONNECTED);
-    } else if (fake->passive && !fake->connected) {
+    if (fake->connected) {
+      TellDisconnected(peer);
+    } else if (fake->passive) {
       // A connect request destroyed before it was answered: the caller hears it was rejected.
       Queue(peer, RDMA_CM_EVENT_REJECTED, 28);
     }
