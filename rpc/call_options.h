@@ -67,16 +67,24 @@ class Cancellation {
 
 // Per-call options.
 struct CallOptions {
-  // The call fails with kDeadlineExceeded if no response has arrived by then.
+  // The call fails with kDeadlineExceeded if no response has arrived by then (the wall clock,
+  // absl::Now(); read once, when the call starts, and counted on the monotonic clock from there).
   ::absl::Time deadline = ::absl::InfiniteFuture();
+  // The same, relative: the call fails with kDeadlineExceeded if no response has arrived this
+  // long after it started (the stub was called). Counted on the monotonic clock from the call's
+  // start, so one CallOptions serves any number of calls, each with the whole timeout. With
+  // both set, whichever ends first applies. A timeout costs no clock read of its own: the call
+  // reads the clock once when it starts, whatever it is given.
+  ::absl::Duration timeout = ::absl::InfiniteDuration();
   // Optional: lets the caller cancel the call (see Cancellation).
   ::std::shared_ptr<Cancellation> cancellation;
   // Optional, for methods with a response payload: where it lands (bulk.h, BulkDestination).
   BulkDestination response_destination;
 
+  // Options with `timeout` (relative to each call's start) and nothing else set.
   static CallOptions Timeout(::absl::Duration timeout) {
     CallOptions options;
-    options.deadline = ::absl::Now() + timeout;
+    options.timeout = timeout;
     return options;
   }
 };

@@ -2,11 +2,12 @@
 // gave up).
 //
 // Contract: the runtime fills it in before the handler runs and keeps it valid until the call is
-// finished. IsCancelled() may be called from any thread; Cancel() and SetRemaining() are the
-// runtime's.
+// finished. IsCancelled(), deadline() and remaining() may be called from any thread; Cancel()
+// and SetRemaining() are the runtime's (a test of a handler may call them on its own context).
 #ifndef ZRPC_RPC_SERVER_CONTEXT_H_
 #define ZRPC_RPC_SERVER_CONTEXT_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 
@@ -15,35 +16,50 @@
 
 namespace zrpc {
 
+namespace internal {
+class ServerCallImpl;
+}  // namespace internal
+
 // What a handler sees of the call it serves; the runtime fills it in before the handler runs.
-struct ServerContext {
-  // When the caller stops waiting, on this host's clock: the remaining time its request carried,
-  // counted from the request's arrival (InfiniteFuture when the caller set no deadline).
-  ::absl::Time deadline = ::absl::InfiniteFuture();
+class ServerContext {
+ public:
+  // When the caller stops waiting, on this host's wall clock (absl::Now()): the remaining time
+  // its request carried, counted from the request's arrival (InfiniteFuture when the caller set
+  // no deadline). Worked out when asked (a clock read each time: keep it, don't poll it); a
+  // handler passing it on to calls of its own may set CallOptions::timeout to remaining()
+  // instead, which a step of the wall clock cannot move.
+  ::absl::Time deadline() const {
+    if (monotonic_deadline_ == kNone) return ::absl::InfiniteFuture();
+    return ::absl::Now() +
+           ::absl::FromChrono(monotonic_deadline_ - ::std::chrono::steady_clock::now());
+  }
+  // How long until the caller stops waiting (InfiniteDuration: no deadline; at most zero once it
+  // passed), on the monotonic clock.
+  ::absl::Duration remaining() const {
+    if (monotonic_deadline_ == kNone) return ::absl::InfiniteDuration();
+    return ::std::max(::absl::ZeroDuration(),
+                      ::absl::FromChrono(monotonic_deadline_ - ::std::chrono::steady_clock::now()));
+  }
 
   // Whether the caller has given up on the call: it cancelled it, its deadline passed, its
   // connection failed, or the server's shutdown grace ran out. A handler doing long work should
-  // check and stop early; whatever it answers then is discarded. The deadline is read on the
-  // monotonic clock when the runtime set it (SetRemaining): a step of the wall clock does not
-  // move it.
+  // check and stop early; whatever it answers then is discarded. The deadline is kept on the
+  // monotonic clock: a step of the wall clock does not move it.
   bool IsCancelled() const {
     if (cancelled_.load(::std::memory_order_relaxed)) return true;
-    if (monotonic_deadline_ == kUnset) return ::absl::Now() >= deadline;
-    if (monotonic_deadline_ == ::std::chrono::steady_clock::time_point::max()) return false;
+    if (monotonic_deadline_ == kNone) return false;
     return ::std::chrono::steady_clock::now() >= monotonic_deadline_;
   }
   // For the runtime: marks the call given up. Any thread.
   void Cancel() { cancelled_.store(true, ::std::memory_order_relaxed); }
-  // For the runtime: the call has `remaining` left (InfiniteDuration: no deadline), counted
-  // from `arrival` on the monotonic clock (the runtime read it when the request came: no second
-  // read here). Sets `deadline` and the monotonic deadline IsCancelled reads.
+  // For the runtime (and tests of handlers): the call has `remaining` left (InfiniteDuration:
+  // no deadline), counted from `arrival` on the monotonic clock (the runtime read it when the
+  // request came: no second read here).
   void SetRemaining(::absl::Duration remaining, ::std::chrono::steady_clock::time_point arrival) {
     if (remaining == ::absl::InfiniteDuration()) {
-      deadline = ::absl::InfiniteFuture();
-      monotonic_deadline_ = ::std::chrono::steady_clock::time_point::max();
+      monotonic_deadline_ = kNone;
       return;
     }
-    deadline = ::absl::Now() + remaining;
     monotonic_deadline_ =
         arrival + ::std::chrono::duration_cast<::std::chrono::steady_clock::duration>(
                       ::absl::ToChronoNanoseconds(remaining));
@@ -53,9 +69,13 @@ struct ServerContext {
   }
 
  private:
-  static constexpr ::std::chrono::steady_clock::time_point kUnset{};
+  friend class internal::ServerCallImpl;  // reads the flag; checks the deadline on its own clock
+  static constexpr ::std::chrono::steady_clock::time_point kNone =
+      ::std::chrono::steady_clock::time_point::max();
+  bool cancel_requested() const { return cancelled_.load(::std::memory_order_relaxed); }
+
   ::std::atomic<bool> cancelled_{false};
-  ::std::chrono::steady_clock::time_point monotonic_deadline_ = kUnset;
+  ::std::chrono::steady_clock::time_point monotonic_deadline_ = kNone;
 };
 
 }  // namespace zrpc

@@ -200,6 +200,8 @@ std::shared_ptr<Connection> Poller::FindFromLoop(uint32_t qp_num) {
 
 namespace {
 thread_local bool on_poller_thread = false;
+thread_local uint64_t current_batch = 0;  // 0: not in a batch
+thread_local uint64_t batches = 0;        // this thread's batches so far
 
 // Marks the calling thread as a poller's for the scope's length.
 class PollerThreadScope {
@@ -213,6 +215,7 @@ class PollerThreadScope {
 }  // namespace
 
 bool Poller::OnPollerThread() { return on_poller_thread; }
+uint64_t Poller::CurrentBatch() { return current_batch; }
 
 void Poller::Loop() {
   PollerThreadScope scope;
@@ -304,6 +307,7 @@ int Poller::PollCq() {
   }
   // Completions of one connection tend to come together: each run of them is looked up once and
   // handled under one lock of the connection (Connection::OnCompletions).
+  if (n > 0) current_batch = ++batches;
   for (int i = 0; i < n;) {
     const uint32_t qp_num = wcs[i].qp_num;
     int end = i + 1;
@@ -315,6 +319,7 @@ int Poller::PollCq() {
     }
     i = end;
   }
+  current_batch = 0;
   return n;
 }
 

@@ -97,6 +97,12 @@ class Poller {
   // callbacks they run are. Code that would wait for something only a poller can produce (a
   // send slot, a completion) must not wait there: it would wait for itself.
   static bool OnPollerThread();
+  // The completion batch the calling thread is handing to its connections: a number that
+  // changes with every batch a poller's pass reads (on this thread), and 0 outside one (another
+  // thread, or a poller between batches: deferred tasks, cm events). What the handlers compute
+  // once per batch they may key on it; the RPC layer reads the clock once per batch this way
+  // (rpc/common/call_clock.h).
+  static uint64_t CurrentBatch();
   // Passes of the loop, and (event mode) times it woke from sleep: how tests see it sleeping.
   uint64_t passes() const { return passes_.load(std::memory_order_relaxed); }
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }

@@ -27,6 +27,7 @@
 #include "rpc/client/client_connection.h"
 #include "rpc/client/client_stream.h"
 #include "rpc/client/subchannel.h"
+#include "rpc/common/call_clock.h"
 #include "rpc/common/host_port.h"
 #include "rpc/common/monotonic.h"
 #include "rpc/common/runtime.h"
@@ -49,6 +50,7 @@ struct SlotTicket {
   transport::SendBuffer buffer;
   uint8_t* large = nullptr;  // malloc'd; freed by the OutgoingBulk it becomes, or the ticket
   bool waiting = false;
+  CallTiming timing;  // read when AcquireSendSlot began: the call's start
   ~SlotTicket() { std::free(large); }
   // Gives the slot back (a call that ends before it is sent).
   void ReleaseSlot() {
@@ -107,7 +109,8 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   ~ChannelImpl();
 
   absl::Status Init();
-  absl::StatusOr<std::shared_ptr<ClientConnection>> Pick(absl::Time deadline);
+  // `deadline` is monotonic; `waited` as Subchannel::Get's.
+  absl::StatusOr<std::shared_ptr<ClientConnection>> Pick(absl::Time deadline, bool* waited);
   absl::Status ConnectAll(absl::Time deadline);
   ChannelStats stats() const;
   // Records the message limit of a new connection, and warns once when the server's receive
@@ -242,7 +245,8 @@ ChannelImpl::~ChannelImpl() {
   pollers_.clear();
 }
 
-absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelImpl::Pick(absl::Time deadline) {
+absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelImpl::Pick(absl::Time deadline,
+                                                                    bool* waited) {
   const size_t n = subchannels_.size();
   const size_t first = next_.fetch_add(1, std::memory_order_relaxed) % n;
   // Prefer an open connection over a subchannel that would have to connect or is backing off.
@@ -251,7 +255,7 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelImpl::Pick(absl::Time d
       return ready;
     }
   }
-  return subchannels_[first]->Get(deadline);
+  return subchannels_[first]->Get(deadline, waited);
 }
 
 void ChannelImpl::AddLive(std::shared_ptr<ClientConnection> connection) {
@@ -516,9 +520,17 @@ ClientChannel::~ClientChannel() {
 }
 
 absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallOptions& options) {
+  // The call starts here: its one clock reading (the batch's, on a poller: call_clock.h) fixes
+  // its deadline, and waits below end there.
+  internal::CallTiming timing;
+  timing.start = timing.now = internal::CallClockNow();
+  timing.deadline = internal::CallDeadline(options, timing.start);
+  bool waited = false;
   absl::StatusOr<std::shared_ptr<internal::ClientConnection>> connection =
-      impl_->Pick(options.deadline);
+      impl_->Pick(timing.deadline, &waited);
   if (!connection.ok()) return connection.status();
+  // Connecting took time: the request's remaining time (the wire's) is counted from now.
+  if (waited) timing.now = internal::CallClockRefresh();
   transport::Connection& c = (*connection)->connection();
   if (absl::Status fits = (*connection)->limits().CheckMessage(size, "request"); !fits.ok()) {
     return fits;
@@ -532,9 +544,11 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
       runtime_thread && client->requests_waiting() > 0 && client->open()
           ? absl::ResourceExhaustedError("calls wait for a send slot")
           : internal::RpcConnection::AcquireSendBufferWaiting(
-                c, !runtime_thread, [&options, client]() -> absl::Status {
+                c, !runtime_thread, [&timing, client]() -> absl::Status {
                   if (client->closed()) return absl::UnavailableError("the connection is closing");
-                  if (absl::Now() >= options.deadline) {
+                  // Only a wait asks: the clock is read again only then.
+                  timing.now = internal::CallClockRefresh();
+                  if (timing.now >= timing.deadline) {
                     return absl::DeadlineExceededError(
                         "the deadline passed while waiting for a send slot (every one is in "
                         "flight)");
@@ -549,7 +563,7 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
           absl::StrCat("out of memory for a ", size, "-byte request"));
     }
     auto* ticket = new (internal::ticket_memory.Take())
-        internal::SlotTicket{*std::move(connection), transport::SendBuffer{}, body, true};
+        internal::SlotTicket{*std::move(connection), transport::SendBuffer{}, body, true, timing};
     return SendSlot{body, size, reinterpret_cast<uintptr_t>(ticket)};
   }
   if (!buffer.ok()) return buffer.status();
@@ -565,7 +579,7 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
     }
   }
   auto* ticket = new (internal::ticket_memory.Take())
-      internal::SlotTicket{*std::move(connection), *buffer, large, false};
+      internal::SlotTicket{*std::move(connection), *buffer, large, false, timing};
   return SendSlot{large != nullptr ? large : internal::RpcConnection::Body(*buffer), size,
                   reinterpret_cast<uintptr_t>(ticket)};
 }
@@ -617,7 +631,8 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
   }
   if (ticket->waiting) {
     ticket->connection->StartWaiting(state.service_id, std::exchange(ticket->large, nullptr),
-                                     slot.size, std::move(request_bulk), std::move(call), options);
+                                     slot.size, std::move(request_bulk), std::move(call), options,
+                                     ticket->timing);
     return;
   }
   OutgoingBulk large_body;
@@ -627,7 +642,7 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
     body_size = 0;
   }
   ticket->connection->Start(state.service_id, ticket->buffer, body_size, std::move(large_body),
-                            std::move(request_bulk), std::move(call), options);
+                            std::move(request_bulk), std::move(call), options, ticket->timing);
 }
 
 std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
@@ -666,12 +681,14 @@ std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
   }
   const uint64_t id = ticket->connection->Start(
       state.service_id, ticket->buffer, body_size, std::move(large_body), OutgoingBulk(),
-      std::move(call), options, impl_->options().stream_window);
+      std::move(call), options, ticket->timing, impl_->options().stream_window);
   return std::make_unique<internal::ClientStream>(ticket->connection, id, std::move(stream),
                                                   method.client_streaming);
 }
 
-absl::Status ClientChannel::Connect(absl::Time deadline) { return impl_->ConnectAll(deadline); }
+absl::Status ClientChannel::Connect(absl::Time deadline) {
+  return impl_->ConnectAll(internal::ToMonotonic(deadline, internal::MonotonicNow()));
+}
 ChannelStats ClientChannel::stats() const { return impl_->stats(); }
 absl::StatusOr<RegisteredMemory> ClientChannel::RegisterMemory(void* data, size_t size) {
   return RegisteredMemory::Register(impl_->device(), data, size);

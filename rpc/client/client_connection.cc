@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "rpc/bulk/registration.h"
+#include "rpc/common/call_clock.h"
 #include "rpc/common/monotonic.h"
 #include "rpc/connection/rpc_header.h"
 #include "rpc/registered_memory.h"
@@ -37,7 +38,7 @@ void ClientCall::End(absl::Status status) {
       return;
     }
   }
-  if (metrics != nullptr) metrics->OnFinish(status.code(), MonotonicNow() - start);
+  if (metrics != nullptr) metrics->OnFinish(status.code(), CallClockNow() - start);
   done(std::move(status));
 }
 
@@ -48,17 +49,28 @@ void ClientConnection::Attach(std::shared_ptr<transport::Connection> connection)
   if (!closed()) self_ = shared_from_this();
 }
 
+absl::Time CallDeadline(const CallOptions& options, absl::Time start) {
+  absl::Time deadline = absl::InfiniteFuture();
+  if (options.timeout != absl::InfiniteDuration()) {
+    deadline = start + std::max(options.timeout, absl::ZeroDuration());
+  }
+  if (options.deadline != absl::InfiniteFuture()) {
+    deadline = std::min(deadline, ToMonotonic(options.deadline, start));
+  }
+  return deadline;
+}
+
 uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& buffer,
                                  size_t body_size, OutgoingBulk large_body, OutgoingBulk bulk,
                                  ClientCall call, const CallOptions& options,
-                                 uint16_t stream_window) {
+                                 const CallTiming& timing, uint16_t stream_window) {
   return Begin(service_id, &buffer, nullptr, body_size, std::move(large_body), std::move(bulk),
-               std::move(call), options, stream_window);
+               std::move(call), options, timing, stream_window);
 }
 
 uint64_t ClientConnection::StartWaiting(uint32_t service_id, uint8_t* body, size_t body_size,
                                         OutgoingBulk bulk, ClientCall call,
-                                        const CallOptions& options) {
+                                        const CallOptions& options, const CallTiming& timing) {
   // Larger than a slot: the request will go at the front of a payload, as Start's would (WIRE.md,
   // "Messages larger than a slot"), so it is that payload from here on, behind the call's gate.
   OutgoingBulk large_body;
@@ -68,16 +80,18 @@ uint64_t ClientConnection::StartWaiting(uint32_t service_id, uint8_t* body, size
     body_size = 0;
   }
   return Begin(service_id, nullptr, body, body_size, std::move(large_body), std::move(bulk),
-               std::move(call), options, 0);
+               std::move(call), options, timing, 0);
 }
 
 uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffer* buffer,
                                  uint8_t* waiting_body, size_t body_size, OutgoingBulk large_body,
                                  OutgoingBulk bulk, ClientCall call, const CallOptions& options,
-                                 uint16_t stream_window) {
-  // From here on the call's times are monotonic (monotonic.h): its deadline is converted once.
-  const absl::Time now = MonotonicNow();
-  call.start = now;
+                                 const CallTiming& timing, uint16_t stream_window) {
+  // The call's times were fixed at its start (CallTiming): no clock read here, and the request's
+  // remaining time goes on the wire from the same reading (unless staging defers it).
+  const CallClockScope clock(timing.now);
+  const absl::Time now = timing.now;
+  call.start = timing.start;
   if (call.metrics != nullptr) {
     call.metrics->OnStart();
     call.metrics->AddMessageBytes(body_size + large_body.size(), 0);
@@ -100,7 +114,7 @@ uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffe
     call.End(std::move(status));
     return uint64_t{0};
   };
-  const absl::Time deadline = ToMonotonic(options.deadline, now);
+  const absl::Time deadline = timing.deadline;
   if (deadline <= now) {
     return fail(absl::DeadlineExceededError(
         absl::StrCat(call.method->full_name, ": the deadline passed before the call was sent")));
@@ -349,9 +363,11 @@ void ClientConnection::Keepalive(absl::Duration timeout) {
   ping.done = [weak, timeout](absl::Status status) {
     if (std::shared_ptr<ClientConnection> self = weak.lock()) self->OnPingDone(status, timeout);
   };
-  CallOptions options;
-  options.deadline = absl::Now() + timeout;
-  Start(kKeepaliveServiceId, *buffer, 0, OutgoingBulk(), OutgoingBulk(), std::move(ping), options);
+  CallTiming timing;
+  timing.start = timing.now = CallClockNow();
+  timing.deadline = timing.start + timeout;
+  Start(kKeepaliveServiceId, *buffer, 0, OutgoingBulk(), OutgoingBulk(), std::move(ping),
+        CallOptions(), timing);
 }
 
 void ClientConnection::OnPingDone(const absl::Status& status, absl::Duration timeout) {

@@ -112,6 +112,18 @@ struct ClientCall {
 
 extern const MethodInfo kKeepalivePing;  // of kKeepaliveService (rpc_connection.h)
 
+// A call's times, monotonic (monotonic.h), fixed where the call starts (the channel's
+// AcquireSendSlot): the one clock reading a call takes (rpc/common/call_clock.h).
+struct CallTiming {
+  absl::Time start;                              // the call began: its metrics count from here
+  absl::Time now;                                // the latest reading (after a wait, a new one)
+  absl::Time deadline = absl::InfiniteFuture();  // CallDeadline
+};
+
+// The monotonic deadline of a call that starts at `start`: CallOptions' deadline (converted
+// from the wall clock, read only when it is set) or timeout, whichever ends first.
+absl::Time CallDeadline(const CallOptions& options, absl::Time start);
+
 class ClientConnection final : public RpcConnection,
                                public std::enable_shared_from_this<ClientConnection> {
  public:
@@ -140,7 +152,7 @@ class ClientConnection final : public RpcConnection,
   // here (its `done` has run).
   uint64_t Start(uint32_t service_id, const transport::SendBuffer& buffer, size_t body_size,
                  OutgoingBulk large_body, OutgoingBulk bulk, ClientCall call,
-                 const CallOptions& options, uint16_t stream_window = 0);
+                 const CallOptions& options, const CallTiming& timing, uint16_t stream_window = 0);
   // Start for a unary request that found no send slot on a runtime thread, which must not wait
   // for one (THREADING.md): the request, serialized into `body` (malloc'd, `body_size` bytes,
   // owned from here), waits in this connection's queue, in order, and goes when a slot frees
@@ -148,7 +160,7 @@ class ClientConnection final : public RpcConnection,
   // a cancel or the connection's end take it as they take any call. Fails RESOURCE_EXHAUSTED
   // past max_calls_per_connection (the table) or kMaxWaitingBytes of waiting requests.
   uint64_t StartWaiting(uint32_t service_id, uint8_t* body, size_t body_size, OutgoingBulk bulk,
-                        ClientCall call, const CallOptions& options);
+                        ClientCall call, const CallOptions& options, const CallTiming& timing);
   // Requests waiting for a send slot: a runtime thread's next call waits behind them, in order.
   size_t requests_waiting() const { return waiting_count_.load(std::memory_order_acquire); }
   // The most bytes of requests one connection keeps waiting for a send slot.
@@ -201,7 +213,7 @@ class ClientConnection final : public RpcConnection,
   // holds it and it waits for a slot (StartWaiting).
   uint64_t Begin(uint32_t service_id, const transport::SendBuffer* buffer, uint8_t* waiting_body,
                  size_t body_size, OutgoingBulk large_body, OutgoingBulk bulk, ClientCall call,
-                 const CallOptions& options, uint16_t stream_window);
+                 const CallOptions& options, const CallTiming& timing, uint16_t stream_window);
   // Drops the waiting requests whose calls have ended, then sends the others, in order, while
   // send slots are free; asks the transport for a notice when they run out.
   void SendWaiting();

@@ -28,18 +28,21 @@ void Subchannel::Reset() {
   current_.reset();
 }
 
-absl::StatusOr<std::shared_ptr<ClientConnection>> Subchannel::Get(absl::Time deadline) {
+absl::StatusOr<std::shared_ptr<ClientConnection>> Subchannel::Get(absl::Time deadline,
+                                                                  bool* waited) {
   absl::MutexLock lock(&mu_);
   auto usable = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return current_ != nullptr && current_->open();
   };
   if (usable()) return current_;
+  if (waited != nullptr) *waited = true;
   const bool runtime_thread = OnRuntimeThread();
   if (connecting_) {
     // Another caller is connecting: wait for its outcome, but never past this call's deadline,
     // and never on a poller or the timer (they would wait for the very thread that connects).
     auto not_connecting = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !connecting_; };
-    if (runtime_thread || !mu_.AwaitWithDeadline(absl::Condition(&not_connecting), deadline)) {
+    if (runtime_thread ||
+        !mu_.AwaitWithTimeout(absl::Condition(&not_connecting), deadline - MonotonicNow())) {
       return runtime_thread
                  ? absl::UnavailableError(absl::StrCat("a connection to ", target_,
                                                        " is being made; a callback on a runtime "
@@ -49,7 +52,7 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> Subchannel::Get(absl::Time dea
     }
     if (usable()) return current_;
   }
-  const absl::Time now = MonotonicNow();  // next_attempt_ is monotonic; `deadline` is the API's
+  const absl::Time now = MonotonicNow();  // as next_attempt_ and `deadline` are
   if (now < next_attempt_) {
     return absl::UnavailableError(absl::StrCat(
         "not connected to ", target_, " (", last_error_.message(), "); next attempt in ",
@@ -63,7 +66,7 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> Subchannel::Get(absl::Time dea
                      "; a callback on a runtime thread (poller or timer) does "
                      "not connect: call from another thread, or Connect() first"));
   }
-  const absl::Duration timeout = std::min(options_.connect_timeout, deadline - absl::Now());
+  const absl::Duration timeout = std::min(options_.connect_timeout, deadline - now);
   if (timeout <= absl::ZeroDuration()) {
     return absl::DeadlineExceededError(
         absl::StrCat("the deadline passed before a connection to ", target_, " was made"));
@@ -131,7 +134,7 @@ absl::Status Subchannel::Connect(absl::Time deadline) {
       }
       wait = std::max(absl::ZeroDuration(), next_attempt_ - MonotonicNow());
     }
-    if (absl::Now() + wait >= deadline) {
+    if (MonotonicNow() + wait >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("not connected to ", target_,
                        " by the deadline; the last attempt: ", got.status().message()));

@@ -67,9 +67,12 @@ class Subchannel {
   // The open connection, or null: no wait, no attempt.
   std::shared_ptr<ClientConnection> Ready();
   // The open connection, or one made now (see the top of this file), or why there is none.
-  absl::StatusOr<std::shared_ptr<ClientConnection>> Get(absl::Time deadline);
-  // An open connection by `deadline`, attempts repeated after their backoff (see the top of this
-  // file); DEADLINE_EXCEEDED quoting the last error when the deadline comes first.
+  // `deadline` is monotonic (rpc/common/monotonic.h), as every deadline here. `waited` (if
+  // set) is set when there was no open connection at once (a wait, an attempt, or a failure).
+  absl::StatusOr<std::shared_ptr<ClientConnection>> Get(absl::Time deadline,
+                                                        bool* waited = nullptr);
+  // An open connection by `deadline` (monotonic), attempts repeated after their backoff (see the
+  // top of this file); DEADLINE_EXCEEDED quoting the last error when the deadline comes first.
   absl::Status Connect(absl::Time deadline);
   // The current reconnection delay (zero when not failing).
   absl::Duration backoff() const;

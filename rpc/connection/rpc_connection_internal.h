@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "rpc/bulk.h"
 #include "rpc/bulk/staging.h"
+#include "rpc/common/call_clock.h"
 #include "rpc/common/monotonic.h"
 #include "rpc/connection/rpc_connection.h"
 #include "rpc/connection/rpc_header.h"
@@ -78,10 +79,10 @@ inline ZeroCopySend* ZeroCopyRecord(uint64_t token) {
   return reinterpret_cast<ZeroCopySend*>(static_cast<uintptr_t>(token & ~kZeroCopyTag));
 }
 
-// A request's remaining time as the header carries it (0: none), read from the clock only when
-// there is a deadline.
+// A request's remaining time as the header carries it (0: none), from the call clock's reading
+// (call_clock.h: the batch's, or the starting call's) only when there is a deadline.
 inline uint64_t WireTimeout(absl::Time deadline) {
-  return deadline == absl::InfiniteFuture() ? 0 : TimeoutToWire(deadline, MonotonicNow());
+  return deadline == absl::InfiniteFuture() ? 0 : TimeoutToWire(deadline, CallClockNow());
 }
 
 // Writes `header` into the send buffer at `out`, with `flags` and a payload of `bulk_size`

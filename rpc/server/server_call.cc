@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/bulk/registration.h"
+#include "rpc/common/call_clock.h"
 #include "rpc/common/monotonic.h"
 #include "rpc/server/server_connection.h"
 #include "rpc/server/server_impl.h"
@@ -42,9 +43,14 @@ ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
   metrics_.AddBulkBytes(0, request.bulk ? request.bulk->size : 0);
 }
 
+bool ServerCallImpl::GivenUp() const {
+  return context_.cancel_requested() ||
+         (deadline_ != absl::InfiniteFuture() && CallClockNow() >= deadline_);
+}
+
 void ServerCallImpl::Run() {
-  if (context_.IsCancelled()) {
-    const bool late = MonotonicNow() >= deadline_;
+  if (GivenUp()) {
+    const bool late = CallClockNow() >= deadline_;
     owner_->server().CountSkipped();
     Finish(late ? absl::DeadlineExceededError(absl::StrCat(
                       method_.full_name, ": the deadline passed before the handler ran"))
@@ -108,7 +114,9 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
   } else {
     response_bulk.Reset();  // answered already (Shutdown): this answer is discarded
   }
-  metrics_.OnFinish(code, MonotonicNow() - start_);
+  // A fresh reading: the handler's time is the server's latency (call_clock.h), and the rest of
+  // the batch goes on from it.
+  metrics_.OnFinish(code, CallClockRefresh() - start_);
   if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
   if (!request_released_) static_cast<void>(connection_->Release(request_.handle));
   if (request_.bulk) RpcConnection::ReleasePayload(*connection_, request_.bulk->handle);
@@ -132,12 +140,12 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
 
 absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* response,
                                           OutgoingBulk response_bulk) {
-  if (context_.IsCancelled()) {
+  if (GivenUp()) {
     // Nobody waits for this answer (the client's deadline passed or it cancelled, and it sent
     // a cancel or will drop the answer as late): stage, write and send nothing.
     response_bulk.Reset();
     if (handler_ran_) owner_->server().CountAnswerDropped();
-    return MonotonicNow() >= deadline_ ? absl::DeadlineExceededError("the caller's deadline passed")
+    return CallClockNow() >= deadline_ ? absl::DeadlineExceededError("the caller's deadline passed")
                                        : absl::CancelledError("the caller gave up");
   }
   if (status.ok() && (response == nullptr || !response_buffer_)) {

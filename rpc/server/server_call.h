@@ -58,7 +58,7 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
   ServerCallImpl(std::shared_ptr<ServerConnection> owner,
                  std::shared_ptr<transport::Connection> connection, Service* service,
                  const MethodInfo& method, MethodMetrics& metrics, const IncomingMessage& request,
-                 absl::Time monotonic_now,  // MonotonicNow() at arrival
+                 absl::Time monotonic_now,  // CallClockNow() at arrival
                  uint16_t stream_window = 0);
 
   ServerContext& context() override { return context_; }
@@ -106,6 +106,8 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
   // Ends the stream (if any) with `why`, now or, with `later`, once the caller lets go of the
   // connection's lock.
   void EndStream(absl::Status why, StreamEndings* later);
+  // The caller gave up (a cancel, the deadline by the call clock's reading: call_clock.h).
+  bool GivenUp() const;
   // Sends the response or the error; returns the status the client gets.
   absl::Status SendResponse(absl::Status status, SendSlot* response, OutgoingBulk response_bulk);
   // A stream message (or, with `message` null, a credit frame) in a send buffer of its own,

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/bulk/registration.h"
+#include "rpc/common/call_clock.h"
 #include "rpc/common/monotonic.h"
 #include "rpc/server/server_impl.h"
 #include "rpc/stream/stream_pump.h"
@@ -158,7 +159,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
       }
       call = new (memory)
           ServerCallImpl(shared_from_this(), connection.shared_from_this(), entry->service, method,
-                         *entry->metrics[method.index], request, MonotonicNow(),
+                         *entry->metrics[method.index], request, CallClockNow(),
                          stream ? server_.options().stream_window : uint16_t{0});
       calls_.emplace(header.call_id, call);
       if (stream) ++streams_;

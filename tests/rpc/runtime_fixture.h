@@ -51,7 +51,7 @@ class TestGreeter : public Greeter::Service {
     hellos.fetch_add(1);
     {
       absl::MutexLock lock(&mu_);
-      last_deadline_ = context.deadline;
+      last_deadline_ = context.deadline();
       say_hello_threads_.insert(std::this_thread::get_id());
     }
     const std::string& name = request.name();

@@ -1,0 +1,57 @@
+#include "rpc/common/call_clock.h"
+
+#include <cstdint>
+
+#include "rpc/common/monotonic.h"
+#include "transport/poller.h"
+
+namespace zrpc::internal {
+namespace {
+
+struct ThreadClock {
+  uint64_t batch = 0;  // the poller batch `batch_now` was read in (0: none)
+  absl::Time batch_now;
+  bool scoped = false;  // inside a CallClockScope, whose reading is `scope_now`
+  absl::Time scope_now;
+};
+thread_local ThreadClock thread_clock;
+
+}  // namespace
+
+absl::Time CallClockNow() {
+  ThreadClock& c = thread_clock;
+  if (const uint64_t batch = transport::Poller::CurrentBatch(); batch != 0) {
+    if (c.batch != batch) {
+      c.batch = batch;
+      c.batch_now = MonotonicNow();
+    }
+    return c.batch_now;
+  }
+  if (c.scoped) return c.scope_now;
+  return MonotonicNow();
+}
+
+absl::Time CallClockRefresh() {
+  ThreadClock& c = thread_clock;
+  const absl::Time now = MonotonicNow();
+  if (const uint64_t batch = transport::Poller::CurrentBatch(); batch != 0) {
+    c.batch = batch;
+    c.batch_now = now;
+  } else if (c.scoped) {
+    c.scope_now = now;
+  }
+  return now;
+}
+
+CallClockScope::CallClockScope(absl::Time now) : outermost_(!thread_clock.scoped) {
+  if (outermost_) {
+    thread_clock.scoped = true;
+    thread_clock.scope_now = now;
+  }
+}
+
+CallClockScope::~CallClockScope() {
+  if (outermost_) thread_clock.scoped = false;
+}
+
+}  // namespace zrpc::internal

@@ -1,0 +1,118 @@
+// When a call's time starts and what it is counted on, through the whole runtime on the host:
+// the server and channel of runtime_fixture.h over fakeverbs (tests/fakeverbs), with their
+// poller threads, so this runs in the host phase and under ASan, no device needed. And the call
+// clock itself (rpc/common/call_clock.h): one reading per batch or call start.
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "rpc/common/call_clock.h"
+#include "rpc/common/monotonic.h"
+#include "tests/fakeverbs/fake_verbs.h"
+#include "tests/rpc/runtime_fixture.h"
+
+namespace {
+
+using zrpc::CallOptions;
+using zrpc::testing::Greeter;
+using zrpc::testing::HelloReply;
+using zrpc::testing::HelloRequest;
+using zrpc::testing::Runtime;
+
+zrpc::transport::DeviceConfig FakeDevice() {
+  zrpc::transport::DeviceConfig config;
+  config.addr = zrpc::fakeverbs::kAddress;
+  return config;
+}
+
+HelloRequest Named(const std::string& name) {
+  HelloRequest request;
+  request.set_name(name);
+  return request;
+}
+
+// Before: CallOptions::Timeout read the wall clock when the options were made, so options kept
+// for later calls (a member, a constant) carried a deadline that had passed, and every call
+// after the first timeout's length failed at once without being sent.
+TEST_CASE("one CallOptions::Timeout serves calls made after its length has passed, each whole",
+          "[call_timing]") {
+  Runtime rt(FakeDevice());
+  Greeter::Stub stub(rt.channel.get());
+  const CallOptions options = CallOptions::Timeout(absl::Milliseconds(300));
+  HelloReply reply;
+  REQUIRE(stub.SayHello(Named("first"), &reply, options).ok());
+  absl::SleepFor(absl::Milliseconds(400));
+  const absl::Status second = stub.SayHello(Named("second"), &reply, options);
+  INFO(second);
+  CHECK(second.ok());
+  CHECK(reply.message() == "Hello, second");
+  // The whole timeout again: a handler taking 200 ms of it still answers in time, and the
+  // handler was told about 300 ms.
+  const absl::Time before = absl::Now();
+  REQUIRE(stub.SayHello(Named("sleep:200"), &reply, options).ok());
+  const absl::Time seen = rt.greeter.last_deadline();
+  CHECK(seen > before + absl::Milliseconds(250));
+  CHECK(seen <= absl::Now() + absl::Milliseconds(300));
+}
+
+TEST_CASE("a timeout and a deadline set together: whichever ends first applies", "[call_timing]") {
+  Runtime rt(FakeDevice());
+  Greeter::Stub stub(rt.channel.get());
+  HelloReply reply;
+  CallOptions timeout_first;
+  timeout_first.timeout = absl::Milliseconds(50);
+  timeout_first.deadline = absl::Now() + absl::Hours(1);
+  CHECK(stub.SayHello(Named("sleep:400"), &reply, timeout_first).code() ==
+        absl::StatusCode::kDeadlineExceeded);
+  CallOptions deadline_first;
+  deadline_first.timeout = absl::Hours(1);
+  deadline_first.deadline = absl::Now() + absl::Milliseconds(50);
+  CHECK(stub.SayHello(Named("sleep:400"), &reply, deadline_first).code() ==
+        absl::StatusCode::kDeadlineExceeded);
+  // Neither passed: the call is answered, and the handler sees the earlier one.
+  CallOptions both;
+  both.timeout = absl::Seconds(20);
+  both.deadline = absl::Now() + absl::Seconds(40);
+  const absl::Time before = absl::Now();
+  REQUIRE(stub.SayHello(Named("both"), &reply, both).ok());
+  CHECK(rt.greeter.last_deadline() > before + absl::Seconds(19));
+  CHECK(rt.greeter.last_deadline() <= absl::Now() + absl::Seconds(20));
+  // A timeout of zero or less has passed when the call starts: nothing is sent.
+  const int hellos = rt.greeter.hellos.load();
+  CHECK(stub.SayHello(Named("none"), &reply, CallOptions::Timeout(absl::ZeroDuration())).code() ==
+        absl::StatusCode::kDeadlineExceeded);
+  CHECK(stub.SayHello(Named("none"), &reply, CallOptions::Timeout(-absl::Seconds(1))).code() ==
+        absl::StatusCode::kDeadlineExceeded);
+  CHECK(rt.greeter.hellos.load() == hellos);
+}
+
+TEST_CASE("the call clock: one reading per scope, a refresh moves it, none outside",
+          "[call_timing]") {
+  using zrpc::internal::CallClockNow;
+  using zrpc::internal::CallClockRefresh;
+  using zrpc::internal::CallClockScope;
+  using zrpc::internal::MonotonicNow;
+  // Outside a scope or batch every call reads.
+  const absl::Time a = CallClockNow();
+  absl::SleepFor(absl::Milliseconds(2));
+  CHECK(CallClockNow() > a);
+  {
+    const absl::Time seed = MonotonicNow() - absl::Seconds(5);
+    CallClockScope scope(seed);
+    CHECK(CallClockNow() == seed);
+    {
+      CallClockScope inner(seed + absl::Hours(1));  // the outer reading stays
+      CHECK(CallClockNow() == seed);
+    }
+    CHECK(CallClockNow() == seed);
+    const absl::Time fresh = CallClockRefresh();
+    CHECK(fresh > seed + absl::Seconds(4));
+    CHECK(CallClockNow() == fresh);
+  }
+  const absl::Time after = CallClockNow();
+  absl::SleepFor(absl::Milliseconds(2));
+  CHECK(CallClockNow() > after);
+}
+
+}  // namespace
