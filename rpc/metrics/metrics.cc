@@ -229,16 +229,43 @@ absl::string_view StatusCodeLabel(absl::StatusCode code) {
 
 absl::Span<const int64_t> LatencyHistogram::UpperBoundsNanos() { return kBounds; }
 
+namespace {
+
+// kFirstBoundFrom[k]: the first bucket whose bound is at least 2^k. A latency in [2^k, 2^(k+1))
+// lands at or after it, within the few bounds an octave holds (ten per decade: at most four), so
+// a lookup is a count of leading zeros and a short scan instead of a binary search over 81
+// bounds: every call records one (metrics.h).
+constexpr std::array<uint8_t, 64> MakeFirstBoundFrom() {
+  std::array<uint8_t, 64> first{};
+  for (int k = 0; k < 63; ++k) {
+    const int64_t at_least = int64_t{1} << k;
+    int i = 0;
+    while (i < LatencyHistogram::kNumBounds && kBounds[i] < at_least) ++i;
+    first[k] = static_cast<uint8_t>(i);
+  }
+  first[63] = LatencyHistogram::kNumBounds;
+  return first;
+}
+constexpr std::array<uint8_t, 64> kFirstBoundFrom = MakeFirstBoundFrom();
+
+int BucketForNanos(int64_t nanos) {
+  if (nanos <= kBounds[0]) return 0;
+  int i = kFirstBoundFrom[63 - __builtin_clzll(static_cast<uint64_t>(nanos))];
+  while (i < LatencyHistogram::kNumBounds && kBounds[i] < nanos) ++i;
+  return i;
+}
+
+}  // namespace
+
 int LatencyHistogram::BucketFor(absl::Duration latency) {
-  const int64_t nanos = NonNegativeNanos(latency);
-  return static_cast<int>(std::lower_bound(kBounds.begin(), kBounds.end(), nanos) -
-                          kBounds.begin());
+  return BucketForNanos(NonNegativeNanos(latency));
 }
 
 void LatencyHistogram::Record(absl::Duration latency) {
-  counts_[BucketFor(latency)].fetch_add(1, std::memory_order_relaxed);
-  const int64_t nanos = std::min(NonNegativeNanos(latency), kMaxSummedNanos);
-  sum_nanos_.fetch_add(static_cast<uint64_t>(nanos), std::memory_order_relaxed);
+  const int64_t nanos = NonNegativeNanos(latency);
+  counts_[BucketForNanos(nanos)].fetch_add(1, std::memory_order_relaxed);
+  sum_nanos_.fetch_add(static_cast<uint64_t>(std::min(nanos, kMaxSummedNanos)),
+                       std::memory_order_relaxed);
 }
 
 LatencySnapshot LatencyHistogram::Snapshot() const {

@@ -85,6 +85,31 @@ TEST_CASE("bucket bounds run from 1 us to 100 s, readable, at most 1.28 apart", 
   }
 }
 
+// BucketFor finds the bucket from the latency's power of two and a short scan; a binary search
+// over the bounds is the reference it must agree with, at every power of two and around it, and
+// at random latencies across the whole range.
+TEST_CASE("the bucket lookup agrees with a binary search over the bounds", "[metrics]") {
+  absl::Span<const int64_t> bounds = LatencyHistogram::UpperBoundsNanos();
+  auto reference = [&](int64_t nanos) {
+    return static_cast<int>(
+        std::lower_bound(bounds.begin(), bounds.end(), std::max<int64_t>(nanos, 0)) -
+        bounds.begin());
+  };
+  std::vector<int64_t> latencies = {0, 1, 999, 1000, 1001, INT64_MAX};
+  for (int k = 0; k < 63; ++k) {
+    const int64_t p = int64_t{1} << k;
+    for (int64_t d : {-1, 0, 1}) latencies.push_back(p + d);
+  }
+  std::mt19937_64 random(7);
+  for (int i = 0; i < 100000; ++i) {
+    latencies.push_back(static_cast<int64_t>(random() >> (1 + random() % 63)));
+  }
+  for (int64_t nanos : latencies) {
+    INFO(nanos << " ns");
+    REQUIRE(LatencyHistogram::BucketFor(absl::Nanoseconds(nanos)) == reference(nanos));
+  }
+}
+
 TEST_CASE("a latency lands in the first bucket whose bound it does not exceed", "[metrics]") {
   absl::Span<const int64_t> bounds = LatencyHistogram::UpperBoundsNanos();
   for (int i = 0; i < LatencyHistogram::kNumBounds; ++i) {
