@@ -15,9 +15,17 @@ of figures per round trip, tab-separated, after a header:
   clocks      clock reads: clock_gettime, gettimeofday, absl::Now / GetCurrentTimeNanos,
               std::chrono's steady_clock / system_clock::now (one read each, however nested)
   syscalls    system calls made through libc's syscall() (absl's futex waits and wakes)
+  atomics     atomic read-modify-write instructions executed: x86's lock-prefixed ones and
+              xchg with a memory operand (implicitly locked), found by disassembling each object
+              with objdump and summing callgrind's per-instruction counts (the dumps need
+              --dump-instr=yes); in every object, the mutexes' own included
+  atomics_zrpc  the part of `atomics` in the counted program's own binary: zrpc's code and what
+              it inlines (shared_ptr counts, std::atomic), not Abseil's or libc's libraries
 """
 
+import os
 import re
+import subprocess
 import sys
 
 # operator new in every allocating form; placement new (", void*)") allocates nothing.
@@ -35,20 +43,64 @@ CLOCK = re.compile(
 SYSCALL = re.compile(r"^syscall$")
 
 
-def read(path):
+# An x86 atomic read-modify-write in objdump's AT&T listing: a lock prefix, or xchg with memory.
+ATOMIC = re.compile(r"^\s*([0-9a-f]+):\s+(lock\b|xchg\w*\s+\S*\()")
+_atomic_addresses = {}
+
+
+def atomic_addresses(obj):
+    """Addresses (as callgrind dumps them: the file's own) of obj's atomic instructions."""
+    if obj not in _atomic_addresses:
+        found = set()
+        try:
+            listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", obj],
+                                     capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError) as e:
+            sys.exit(f"callgrind_counts.py: cannot disassemble {obj}: {e}")
+        for line in listing.splitlines():
+            m = ATOMIC.match(line)
+            if m:
+                found.add(int(m.group(1), 16))
+        _atomic_addresses[obj] = found
+    return _atomic_addresses[obj]
+
+
+def read(path, program=None):
     totals = None
-    counts = {"allocs": 0, "locks": 0, "clocks": 0, "syscalls": 0}
+    counts = {"allocs": 0, "locks": 0, "clocks": 0, "syscalls": 0, "atomics": 0,
+              "atomics_zrpc": 0}
     caller = ""
     callee = ""
     names = {}
+    objects = {}
+    obj = ""
+    atomic = set()
+    in_program = False
+    skip_cost_line = False  # the line after calls= is the call's inclusive cost, not an instruction
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             line = line.rstrip("\n")
-            if line.startswith("fn="):
+            if line.startswith("0x"):
+                if skip_cost_line:
+                    skip_cost_line = False
+                    continue
+                fields = line.split()
+                if atomic and int(fields[0], 16) in atomic:
+                    n = int(fields[-1])
+                    counts["atomics"] += n
+                    if in_program:
+                        counts["atomics_zrpc"] += n
+                continue
+            if line.startswith("ob="):
+                obj = resolve(line[3:], objects, keep_version=True)
+                atomic = atomic_addresses(obj) if obj and obj != "???" else set()
+                in_program = program is not None and same_file(obj, program)
+            elif line.startswith("fn="):
                 caller = resolve(line[3:], names)
             elif line.startswith("cfn="):
                 callee = resolve(line[4:], names)
             elif line.startswith("calls="):
+                skip_cost_line = True
                 n = int(line[6:].split()[0])
                 # One allocation is one count: operator new's own malloc is not another; one
                 # clock read is one count: absl::Now's clock_gettime is not another.
@@ -70,14 +122,15 @@ def read(path):
     return totals, counts
 
 
-def resolve(rest, names):
+def resolve(rest, names, keep_version=False):
     """Names with string compression: "(id) name" defines, "(id)" refers."""
     rest = rest.strip()
+    clean = (lambda name: name) if keep_version else strip_version
     m = re.match(r"^\((\d+)\)(?:\s+(.*))?$", rest)
     if not m:
-        return strip_version(rest)
+        return clean(rest)
     if m.group(2) is not None:
-        names[m.group(1)] = strip_version(m.group(2))
+        names[m.group(1)] = clean(m.group(2))
         return names[m.group(1)]
     return names.get(m.group(1), "")
 
@@ -87,16 +140,37 @@ def strip_version(name):
     return name.split("@", 1)[0] if "(" not in name else name
 
 
+def same_file(a, b):
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def program_of(path):
+    """The counted program, from the dump's cmd: line (its first word)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("cmd:"):
+                words = line[4:].split()
+                return words[0] if words else None
+            if line.startswith("fn="):
+                break
+    return None
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     calls = int(sys.argv[1])
-    print("phase\tir\tallocs\tlocks\tclocks\tsyscalls")
+    print("phase\tir\tallocs\tlocks\tclocks\tsyscalls\tatomics\tatomics_zrpc")
     for i, path in enumerate(sys.argv[2:], 1):
-        totals, counts = read(path)
+        program = program_of(path)
+        totals, counts = read(path, program)
         print(f"{i}\t{totals / calls:.1f}\t"
               f"{counts['allocs'] / calls:.3f}\t{counts['locks'] / calls:.3f}\t"
-              f"{counts['clocks'] / calls:.3f}\t{counts['syscalls'] / calls:.3f}")
+              f"{counts['clocks'] / calls:.3f}\t{counts['syscalls'] / calls:.3f}\t"
+              f"{counts['atomics'] / calls:.3f}\t{counts['atomics_zrpc'] / calls:.3f}")
 
 
 if __name__ == "__main__":

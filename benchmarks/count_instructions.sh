@@ -3,8 +3,9 @@
 # poller threads, this process driving both sides) under callgrind, the transport alone and
 # through the RPC runtime, two phases of --calls round trips each. Prints per round trip the
 # instructions zrpc executed, heap allocations, mutex acquisitions, clock reads and syscall()
-# calls, then the RPC layer's instructions over the transport's against the target, and writes
-# counts.tsv to OUT_DIR.
+# calls and atomic read-modify-write instructions (all, and those in zrpc's own code), then the
+# RPC layer's instructions over the transport's against the target, and writes counts.tsv to
+# OUT_DIR.
 #
 # What the stand-in device does is not zrpc's: callgrind stops collecting inside fakeverbs' data
 # path (its entry namespace, and the cm and completion-channel reads a poller pass makes) and
@@ -37,7 +38,7 @@ here=$(dirname "$(readlink -f "$0")")
 mkdir -p "$out"
 rm -f "$out"/callgrind.* "$out/counts.tsv"
 for mode in transport rpc; do
-  valgrind --tool=callgrind --compress-strings=no --compress-pos=no \
+  valgrind --tool=callgrind --dump-instr=yes --compress-strings=no --compress-pos=no \
     --toggle-collect='zrpc::fakeverbs::entry::*' --toggle-collect=rdma_get_cm_event \
     --toggle-collect=rdma_ack_cm_event --toggle-collect=ibv_get_cq_event \
     --toggle-collect=ibv_ack_cq_events --collect-atstart=yes \
@@ -66,15 +67,16 @@ awk -F'\t' '
   NR == 1 { next }
   { ir[$1, $2] = $3; row[$1, $2] = $0 }
   END {
-    printf "%-10s %6s %12s %8s %8s %8s %9s\n", "per call", "phase", "instructions", "allocs",
-      "locks", "clocks", "syscalls"
+    printf "%-10s %6s %12s %8s %8s %8s %9s %8s %13s\n", "per call", "phase", "instructions",
+      "allocs", "locks", "clocks", "syscalls", "atomics", "atomics(zrpc)"
     n = split("transport rpc", modes, " ")
     bad = 0
     for (i = 1; i <= n; i++) {
       m = modes[i]
       for (p = 1; p <= 2; p++) {
         split(row[m, p], f, "\t")
-        printf "%-10s %6d %12.1f %8.3f %8.3f %8.3f %9.3f\n", m, p, f[3], f[4], f[5], f[6], f[7]
+        printf "%-10s %6d %12.1f %8.3f %8.3f %8.3f %9.3f %8.3f %13.3f\n", m, p, f[3], f[4], f[5],
+          f[6], f[7], f[8], f[9]
       }
       d = ir[m, 1] - ir[m, 2]; if (d < 0) d = -d
       if (d > 0.005 * ir[m, 1]) {
