@@ -4,7 +4,9 @@
 #include "rpc/metrics.h"
 
 #include <algorithm>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -302,33 +304,110 @@ double LatencySnapshot::Percentile(double q) const {
   return static_cast<double>(upper_bounds_nanos.back()) * 1e-9;
 }
 
+// --- Shard indexes -----------------------------------------------------------------------------
+
+namespace internal {
+namespace {
+
+// The indexes no live thread holds. A std::mutex (TSan sees it, as the registry's): taken only
+// at a thread's first recording and at its exit.
+std::mutex index_mu;
+std::vector<int>& FreeIndexes() {
+  static std::vector<int>* free = [] {
+    auto* v = new std::vector<int>;  // never destroyed: threads may exit after static teardown
+    for (int i = MethodMetrics::kMaxShards - 1; i >= 0; --i) v->push_back(i);
+    return v;
+  }();
+  return *free;
+}
+
+// Gives the thread's index back when the thread exits. The mutex orders the old owner's last
+// writes before the next owner's first: a shard has one writer at a time.
+struct IndexHolder {
+  int index = -1;
+  ~IndexHolder() {
+    if (index < 0) return;
+    std::lock_guard<std::mutex> lock(index_mu);
+    FreeIndexes().push_back(index);
+  }
+};
+thread_local IndexHolder index_holder;
+
+}  // namespace
+
+int TakeMetricsThreadIndex() {
+  int index = -1;
+  {
+    std::lock_guard<std::mutex> lock(index_mu);
+    std::vector<int>& free = FreeIndexes();
+    if (!free.empty()) {
+      index = free.back();
+      free.pop_back();
+    }
+  }
+  index_holder.index = index;
+  metrics_thread_index = index;
+  return index;
+}
+
+}  // namespace internal
+
 // --- MethodMetrics -----------------------------------------------------------------------------
 
 MethodMetrics::MethodMetrics(MetricsSide side, std::string method)
     : side_(side), method_(std::move(method)) {}
 
+MethodMetrics::~MethodMetrics() {
+  for (std::atomic<Shard*>& shard : shards_) delete shard.load(std::memory_order_acquire);
+}
+
+MethodMetrics::Shard& MethodMetrics::NewShard(int index) {
+  // Only the thread holding `index` writes this entry (an earlier holder may have made it).
+  auto* shard = new Shard;
+  shards_[index].store(shard, std::memory_order_release);
+  return *shard;
+}
+
 void MethodMetrics::OnFinish(absl::StatusCode code, absl::Duration latency) {
-  finished_[CodeIndex(code)].fetch_add(1, std::memory_order_relaxed);
-  latency_.Record(latency);
+  Shard& shard = ThisThreadShard();
+  const int64_t nanos = NonNegativeNanos(latency);
+  Bump(shard, shard.finished[CodeIndex(code)], 1);
+  Bump(shard, shard.buckets[BucketForNanos(nanos)], 1);
+  Bump(shard, shard.sum_nanos, static_cast<uint64_t>(std::min(nanos, kMaxSummedNanos)));
 }
 
 MethodMetricsSnapshot MethodMetrics::Snapshot() const {
   MethodMetricsSnapshot s;
   s.side = side_;
   s.method = method_;
+  s.latency.upper_bounds_nanos = kBounds;
+  s.latency.counts.assign(LatencyHistogram::kNumBuckets, 0);
+  std::vector<const Shard*> shards = {&shared_};
+  for (const std::atomic<Shard*>& shard : shards_) {
+    if (const Shard* made = shard.load(std::memory_order_acquire)) shards.push_back(made);
+  }
+  auto load = [](const std::atomic<uint64_t>& counter) {
+    return counter.load(std::memory_order_relaxed);
+  };
   // Finished before started: a call is started before it finishes, so reading in this order
   // makes started >= finished the usual outcome while calls run (in_flight is clamped anyway).
-  for (int i = 0; i < kNumStatusCodes; ++i) {
-    s.finished[i] = finished_[i].load(std::memory_order_relaxed);
-    s.finished_total += s.finished[i];
+  for (const Shard* shard : shards) {
+    for (int i = 0; i < kNumStatusCodes; ++i) s.finished[i] += load(shard->finished[i]);
+    for (int i = 0; i < LatencyHistogram::kNumBuckets; ++i) {
+      s.latency.counts[i] += load(shard->buckets[i]);
+    }
+    s.latency.sum_nanos += load(shard->sum_nanos);
   }
-  s.latency = latency_.Snapshot();
-  s.started = started_.load(std::memory_order_relaxed);
+  for (const Shard* shard : shards) {
+    s.started += load(shard->started);
+    s.message_bytes_sent += load(shard->message_bytes_sent);
+    s.message_bytes_received += load(shard->message_bytes_received);
+    s.bulk_bytes_sent += load(shard->bulk_bytes_sent);
+    s.bulk_bytes_received += load(shard->bulk_bytes_received);
+  }
+  for (uint64_t finished : s.finished) s.finished_total += finished;
+  for (uint64_t count : s.latency.counts) s.latency.count += count;
   s.in_flight = s.started > s.finished_total ? s.started - s.finished_total : 0;
-  s.message_bytes_sent = message_bytes_sent_.load(std::memory_order_relaxed);
-  s.message_bytes_received = message_bytes_received_.load(std::memory_order_relaxed);
-  s.bulk_bytes_sent = bulk_bytes_sent_.load(std::memory_order_relaxed);
-  s.bulk_bytes_received = bulk_bytes_received_.load(std::memory_order_relaxed);
   return s;
 }
 
