@@ -327,6 +327,9 @@ struct IndexHolder {
   int index = -1;
   ~IndexHolder() {
     if (index < 0) return;
+    // What this thread records from here on (another thread_local's destructor may still end a
+    // call) goes to the shared shard: the index may have a new holder at once.
+    metrics_thread_index = -1;
     std::lock_guard<std::mutex> lock(index_mu);
     FreeIndexes().push_back(index);
   }
