@@ -522,9 +522,7 @@ ClientChannel::~ClientChannel() {
 absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallOptions& options) {
   // The call starts here: its one clock reading (the batch's, on a poller: call_clock.h) fixes
   // its deadline, and waits below end there.
-  internal::CallTiming timing;
-  timing.start = timing.now = internal::CallClockNow();
-  timing.deadline = internal::CallDeadline(options, timing.start);
+  internal::CallTiming timing = internal::StartTiming(options);
   bool waited = false;
   absl::StatusOr<std::shared_ptr<internal::ClientConnection>> connection =
       impl_->Pick(timing.deadline, &waited);

@@ -49,15 +49,16 @@ void ClientConnection::Attach(std::shared_ptr<transport::Connection> connection)
   if (!closed()) self_ = shared_from_this();
 }
 
-absl::Time CallDeadline(const CallOptions& options, absl::Time start) {
-  absl::Time deadline = absl::InfiniteFuture();
+CallTiming StartTiming(const CallOptions& options) {
+  CallTiming timing;
+  timing.start = timing.now = CallClockNow();
   if (options.timeout != absl::InfiniteDuration()) {
-    deadline = start + std::max(options.timeout, absl::ZeroDuration());
+    timing.deadline = timing.start + std::max(options.timeout, absl::ZeroDuration());
   }
   if (options.deadline != absl::InfiniteFuture()) {
-    deadline = std::min(deadline, ToMonotonic(options.deadline, start));
+    timing.deadline = std::min(timing.deadline, ToMonotonic(options.deadline, timing.start));
   }
-  return deadline;
+  return timing;
 }
 
 uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& buffer,
@@ -363,11 +364,9 @@ void ClientConnection::Keepalive(absl::Duration timeout) {
   ping.done = [weak, timeout](absl::Status status) {
     if (std::shared_ptr<ClientConnection> self = weak.lock()) self->OnPingDone(status, timeout);
   };
-  CallTiming timing;
-  timing.start = timing.now = CallClockNow();
-  timing.deadline = timing.start + timeout;
-  Start(kKeepaliveServiceId, *buffer, 0, OutgoingBulk(), OutgoingBulk(), std::move(ping),
-        CallOptions(), timing);
+  const CallOptions options = CallOptions::Timeout(timeout);
+  Start(kKeepaliveServiceId, *buffer, 0, OutgoingBulk(), OutgoingBulk(), std::move(ping), options,
+        StartTiming(options));
 }
 
 void ClientConnection::OnPingDone(const absl::Status& status, absl::Duration timeout) {

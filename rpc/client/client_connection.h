@@ -117,12 +117,13 @@ extern const MethodInfo kKeepalivePing;  // of kKeepaliveService (rpc_connection
 struct CallTiming {
   absl::Time start;                              // the call began: its metrics count from here
   absl::Time now;                                // the latest reading (after a wait, a new one)
-  absl::Time deadline = absl::InfiniteFuture();  // CallDeadline
+  absl::Time deadline = absl::InfiniteFuture();  // StartTiming
 };
 
-// The monotonic deadline of a call that starts at `start`: CallOptions' deadline (converted
-// from the wall clock, read only when it is set) or timeout, whichever ends first.
-absl::Time CallDeadline(const CallOptions& options, absl::Time start);
+// The times of a call starting now (the call clock's reading): its deadline is CallOptions'
+// deadline (converted from the wall clock, read only when it is set) or timeout, whichever ends
+// first.
+CallTiming StartTiming(const CallOptions& options);
 
 class ClientConnection final : public RpcConnection,
                                public std::enable_shared_from_this<ClientConnection> {

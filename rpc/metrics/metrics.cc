@@ -257,6 +257,16 @@ int BucketForNanos(int64_t nanos) {
   return i;
 }
 
+// Where a latency goes: its bucket, and what it adds to the sum (capped: kMaxSummedNanos).
+struct Placed {
+  int bucket;
+  uint64_t summed;
+};
+Placed Place(absl::Duration latency) {
+  const int64_t nanos = NonNegativeNanos(latency);
+  return {BucketForNanos(nanos), static_cast<uint64_t>(std::min(nanos, kMaxSummedNanos))};
+}
+
 }  // namespace
 
 int LatencyHistogram::BucketFor(absl::Duration latency) {
@@ -264,10 +274,9 @@ int LatencyHistogram::BucketFor(absl::Duration latency) {
 }
 
 void LatencyHistogram::Record(absl::Duration latency) {
-  const int64_t nanos = NonNegativeNanos(latency);
-  counts_[BucketForNanos(nanos)].fetch_add(1, std::memory_order_relaxed);
-  sum_nanos_.fetch_add(static_cast<uint64_t>(std::min(nanos, kMaxSummedNanos)),
-                       std::memory_order_relaxed);
+  const Placed placed = Place(latency);
+  counts_[placed.bucket].fetch_add(1, std::memory_order_relaxed);
+  sum_nanos_.fetch_add(placed.summed, std::memory_order_relaxed);
 }
 
 LatencySnapshot LatencyHistogram::Snapshot() const {
@@ -373,10 +382,10 @@ MethodMetrics::Shard& MethodMetrics::NewShard(int index) {
 
 void MethodMetrics::OnFinish(absl::StatusCode code, absl::Duration latency) {
   Shard& shard = ThisThreadShard();
-  const int64_t nanos = NonNegativeNanos(latency);
+  const Placed placed = Place(latency);
   Bump(shard, shard.finished[CodeIndex(code)], 1);
-  Bump(shard, shard.buckets[BucketForNanos(nanos)], 1);
-  Bump(shard, shard.sum_nanos, static_cast<uint64_t>(std::min(nanos, kMaxSummedNanos)));
+  Bump(shard, shard.buckets[placed.bucket], 1);
+  Bump(shard, shard.sum_nanos, placed.summed);
 }
 
 MethodMetricsSnapshot MethodMetrics::Snapshot() const {
