@@ -47,11 +47,24 @@ ConnectionStats Connection::stats() const {
 
 std::string Connection::DebugString() const {
   absl::MutexLock lock(&mu_);
+  // The queue pair as the device sees it: a transfer that never completes shows whether the
+  // device still thinks the queue pair can send.
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  const int rc = ibv_query_qp(
+      qp_->qp, &attr,
+      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC,
+      &init);
   return absl::StrCat(
       "state ", static_cast<int>(state_), ", credits available ", credits_.available(), " of ",
       peer_.recv_credits, ", owed ", credits_.owed(), ", waiting ", waiting_.size(), ", in flight ",
-      in_flight_.size(), ", recvs posted ", recvs_posted_, ", early ", early_.size(),
-      ", arena in use ", arena_writer_.in_use(), " (peer) / ", arena_reader_.in_use(), " (own)");
+      in_flight_.size(), " (oldest ", in_flight_.empty() ? 0 : in_flight_.front().sequence,
+      ", next ", next_sequence_, "), recvs posted ", recvs_posted_, ", early ", early_.size(),
+      ", arena in use ", arena_writer_.in_use(), " (peer) / ", arena_reader_.in_use(), " (own)",
+      rc != 0 ? absl::StrCat(", ibv_query_qp failed (", rc, ")")
+              : absl::StrCat(", qp state ", attr.qp_state, " timeout ", attr.timeout, " retry ",
+                             attr.retry_cnt, " rnr retry ", attr.rnr_retry, " reads ",
+                             attr.max_rd_atomic));
 }
 
 absl::StatusOr<SendBuffer> Connection::AcquireSendBuffer(uint32_t leave_free) {
