@@ -6,6 +6,7 @@
 # system calls and context switches, per process (server and client), per call.
 #
 #   count_calls.sh ZRPC_BENCH CALL_COUNTER_SO OUT_DIR [--calls N] [--size BYTES]
+#                  [--scaled-spin DURATION]
 #
 # Run inside tools/softroce (it needs ZRPC_RDMA_DEVICE, _GID_INDEX and _ADDR). Every program runs
 # with call_counter.so preloaded (benchmarks/call_counter.cc), which writes its process's totals
@@ -18,11 +19,12 @@
 set -euo pipefail
 zrpc_bench=$1 counter=$2 out=$3
 shift 3
-calls=2000 size=64
+calls=2000 size=64 scaled_spin=5ms
 while (($#)); do
   case "$1" in
     --calls) calls=${2-} ;;
     --size) size=${2-} ;;
+    --scaled-spin) scaled_spin=${2-} ;;
     *) echo "count_calls.sh: unknown flag $1" >&2; exit 2 ;;
   esac
   (($# >= 2)) || { echo "count_calls.sh: $1 needs a value" >&2; exit 2; }
@@ -113,13 +115,18 @@ for n in "$calls" $((2 * calls)); do
   zrpc event "$n" --event --event
   # The default configuration users get: blocking caller, handler on the pool, event mode.
   zrpc default "$n" "--event --pool-handlers" "--event --blocking"
+  # The same two with the spin's cap scaled to the emulator (a round trip here is 100-700 us,
+  # past the 50 us default): what adaptive polling saves when the cap covers the round trip.
+  zrpc event_spin "$n" "--event --spin $scaled_spin" "--event --spin $scaled_spin"
+  zrpc default_spin "$n" "--event --pool-handlers --spin $scaled_spin" \
+    "--event --blocking --spin $scaled_spin"
   perftest perftest "$n"
   perftest perftest_e "$n" -e
 done
 
 tsv=$out/counts.tsv
 printf 'system\tside\tallocs\treads\twrites\tcsw\n' >"$tsv"
-for name in busy event default perftest perftest_e; do
+for name in busy event default event_spin default_spin perftest perftest_e; do
   for side in server client; do
     read -r a r w c <<<"$(per_call "$name" "$side")"
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$side" "$a" "$r" "$w" "$c" >>"$tsv"
@@ -127,7 +134,7 @@ for name in busy event default perftest perftest_e; do
 done
 
 # The table: each zrpc row beside its target, taken from perftest's row in this same run.
-awk -F'\t' -v calls="$calls" -v size="$size" '
+awk -F'\t' -v calls="$calls" -v size="$size" -v spin="$scaled_spin" '
   NR == 1 { next }
   { key = $1 "/" $2; a[key] = $3; r[key] = $4; w[key] = $5; c[key] = $6 }
   # Context switches are printed, not judged: the scheduler decides them, and their differences
@@ -156,4 +163,9 @@ awk -F'\t' -v calls="$calls" -v size="$size" '
     plain("zrpc default, server", "default/server")
     plain("zrpc default, client", "default/client")
     printf "  (default: blocking caller, handler on the pool, event mode; recorded, no target yet)\n"
+    plain("zrpc event, spin " spin ", server", "event_spin/server")
+    plain("zrpc event, spin " spin ", client", "event_spin/client")
+    plain("zrpc default, spin " spin ", server", "default_spin/server")
+    plain("zrpc default, spin " spin ", client", "default_spin/client")
+    printf "  (spin %s: the cap scaled to the emulator, whose round trip is past the default 50 us)\n", spin
   }' "$tsv"

@@ -125,7 +125,7 @@ class ClientChannel final : public Channel {
   void StartUnaryCall(const MethodInfo& method, SendSlot slot, OutgoingBulk request_bulk,
                       ::google::protobuf::MessageLite* response, IncomingBulk* response_bulk,
                       const CallOptions& options, DoneCallback done) override;
-  std::chrono::nanoseconds blocking_spin() const override { return blocking_spin_; }
+  internal::BlockingWait blocking_wait() const override;
   std::unique_ptr<ClientStreamCall> OpenStream(const MethodInfo& method, SendSlot slot,
                                                const google::protobuf::MessageLite* read_prototype,
                                                google::protobuf::MessageLite* response,

@@ -34,10 +34,11 @@ struct RuntimeOptions {
   int pollers = 1;
   // kEvent sleeps when idle; kBusy spins a core per poller for the lowest latency.
   transport::PollMode poll_mode = transport::PollMode::kEvent;
-  // How long a poller in kEvent keeps polling after its last completion before it sleeps
-  // (adaptive polling: a message within it costs no wake-up; THREADING.md), and, on a channel,
-  // how long a blocking call (the stub's synchronous form, either mode) polls for its answer
-  // before it sleeps. Zero: sleep at once. In [0, 1s].
+  // The most a thread polls for its next work before it sleeps: a poller in kEvent after its
+  // last completion, on a channel a blocking call (the stub's synchronous form, either mode) for
+  // its answer, on a server an idle handler-pool worker for its next task. Within it each polls
+  // for about twice its recent waits, and not at all while they outlast it (adaptive polling: a
+  // message caught polling costs no wake-up; THREADING.md). Zero: sleep at once. In [0, 1s].
   absl::Duration spin = absl::Microseconds(50);
   // The device's registered message slots, shared with the process's other servers and
   // channels that ask for the same: slot_size bounds the largest message (request or response,

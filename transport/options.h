@@ -52,11 +52,11 @@ struct PollerOptions {
   // ConnectX); bounds the connections it serves, each reserving send_queue_depth +
   // recv_credits + 2 (98 with default options: 334 connections on rxe). A few MiB of memory.
   int cq_size = 65536;
-  // Event mode: how long the loop keeps polling after its last completion before it arms the CQ
-  // and sleeps (adaptive polling), in [0, 1s]. A reply that comes within it costs no interrupt and
-  // no wake-up; an idle poller still sleeps, after this long. Zero: sleep at the first empty pass.
-  // The default covers a hardware round trip (2-5 us) and a short handler many times over, and
-  // costs at most this much CPU per burst of traffic.
+  // Event mode: the most the loop keeps polling after its last completion before it arms the CQ
+  // and sleeps, in [0, 1s]. Within it the loop polls for about twice its recent idle stretches,
+  // and not at all once they outlast it (adaptive_spin.h). A reply that comes while it polls
+  // costs no interrupt and no wake-up; an idle poller sleeps. Zero: sleep at the first empty
+  // pass. The default covers a hardware round trip (2-5 us) and a short handler many times over.
   absl::Duration spin = absl::Microseconds(50);
 };
 

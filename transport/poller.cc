@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "transport/adaptive_spin.h"
 #include "transport/cm_util.h"
 #include "transport/connection.h"
 #include "transport/log.h"
@@ -220,10 +221,20 @@ uint64_t Poller::CurrentBatch() { return current_batch; }
 void Poller::Loop() {
   PollerThreadScope scope;
   const bool event = options_.mode == PollMode::kEvent;
-  const int64_t spin_ns = absl::ToInt64Nanoseconds(options_.spin);  // in [0, 1s]: CheckSpin
-  // Event mode: until when empty passes keep polling; set at the first empty pass after a
-  // completion (0 until then).
+  const int64_t cap_ns = absl::ToInt64Nanoseconds(options_.spin);  // in [0, 1s]: CheckSpin
+  // Event mode: the budget learns from how long the idle stretches between completions last
+  // (adaptive_spin.h). An idle stretch starts at the first empty pass after a completion and
+  // ends at the next completion, sleeping included: that is a round trip for a caller, the time
+  // between requests for a server.
+  AdaptiveSpin spin;
+  int64_t idle_since = 0;  // 0: the last pass found completions
   int64_t spin_until = 0;
+  bool after_traffic = false;  // the wait before the first completion is not a round trip
+  auto traffic = [&] {
+    if (idle_since != 0 && after_traffic) spin.Observe(MonotonicNanos() - idle_since, cap_ns);
+    idle_since = 0;
+    after_traffic = true;
+  };
   while (!stop_.load(std::memory_order_relaxed)) {
     passes_.fetch_add(1, std::memory_order_relaxed);
     RunDeferred();
@@ -231,21 +242,26 @@ void Poller::Loop() {
     // After the pass's completions: a failed completion says more than the disconnect that
     // followed it (a peer that broke the protocol, then hung up).
     RunCmEvents();
+    if (!event) continue;
     if (polled > 0) {
-      spin_until = 0;
+      if (cap_ns > 0) traffic();
       continue;
     }
-    if (!event) continue;
     // Adaptive polling: an answer usually follows a completion within a round trip, and catching
     // it by polling saves the interrupt, the wake-up and the re-arm that sleeping would cost.
-    if (spin_ns > 0) {
+    if (cap_ns > 0) {
       const int64_t now = MonotonicNanos();
-      if (spin_until == 0) spin_until = now + spin_ns;
+      if (idle_since == 0) {
+        idle_since = now;
+        const int64_t budget = spin.BudgetNanos(cap_ns);
+        spin_budget_ns_.store(budget, std::memory_order_relaxed);
+        spin_until = now + budget;
+      }
       if (now < spin_until) continue;
     }
-    // A wake-up that brings no completion (a Wake, a cm event) does not restart the spin: only
-    // completions do (here, those the re-poll after arming found; above, the others).
-    if (ArmAndWait(-1, /*with_cm=*/false)) spin_until = 0;
+    // A wake-up that brings no completion (a Wake, a cm event) does not end the idle stretch:
+    // only completions do (here, those the re-poll after arming found; above, the others).
+    if (ArmAndWait(-1, /*with_cm=*/false) && cap_ns > 0) traffic();
   }
 }
 

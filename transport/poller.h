@@ -7,10 +7,12 @@
 // received, bulk payload arrived, send done, closed. It reads the cm channel too, so a peer's
 // disconnect reaches its connection without any traffic.
 //
-// The loop, one pass: poll the CQ; then, in event mode only, once the CQ has been empty for
-// `spin` since the last completion, arm the CQ, poll once more (a completion may have slipped in
-// before arming), and sleep in poll(2) on the completion channel and a wake-up eventfd. A wake-up
-// costs three system calls: the arm, the poll, one read of the completion event.
+// The loop, one pass: poll the CQ; then, in event mode only, once the CQ has been empty for its
+// spin budget since the last completion, arm the CQ, poll once more (a completion may have
+// slipped in before arming), and sleep in poll(2) on the completion channel and a wake-up
+// eventfd. A wake-up costs three system calls: the arm, the poll, one read of the completion
+// event. The budget is learned (adaptive_spin.h): about twice the recent idle stretches between
+// completions while they end within `spin`, none once they do not.
 //
 // The cm channel has a thread of its own while the loop runs (Start): it sleeps in poll(2) on
 // the channel and queues each event (a disconnect, a device removal) for the loop, which applies
@@ -23,8 +25,9 @@
 //  - kEvent sleeps when idle and wakes on the completion interrupt: an idle process uses no
 //    CPU; each wake-up costs a few microseconds on hardware (brpc grew a polling mode because
 //    interrupt-only completions gave TCP-like latency: see rdma-pitfalls.md). So after each
-//    burst of completions it polls for `spin` (50 us by default) before sleeping: traffic that
-//    keeps coming within that is served at busy-polling latency, and an idle poller sleeps.
+//    burst of completions it polls for its budget (at most `spin`, 50 us by default) before
+//    sleeping: traffic that keeps coming within that is served at busy-polling latency, and
+//    sparser traffic or none meets a poller that sleeps at once.
 //
 // Capacity. A CQ that overflows breaks every QP on it, so each connection reserves its worst
 // case (send queue + receives + drain markers) when it registers, and registration fails
@@ -106,6 +109,12 @@ class Poller {
   // Passes of the loop, and (event mode) times it woke from sleep: how tests see it sleeping.
   uint64_t passes() const { return passes_.load(std::memory_order_relaxed); }
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
+  // Event mode: how long the loop polled, or will poll, in its latest idle stretch before
+  // sleeping (adaptive_spin.h; at most PollerOptions::spin, zero while traffic is sparser than
+  // it). Zero in busy mode and before the first idle stretch.
+  absl::Duration spin_budget() const {
+    return absl::Nanoseconds(spin_budget_ns_.load(std::memory_order_relaxed));
+  }
 
  private:
   friend class Connection;
@@ -177,6 +186,7 @@ class Poller {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> passes_{0};
   std::atomic<uint64_t> wakeups_{0};
+  std::atomic<int64_t> spin_budget_ns_{0};  // written by the loop only: spin_budget()
 };
 
 }  // namespace zrpc::transport

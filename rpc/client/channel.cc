@@ -32,6 +32,7 @@
 #include "rpc/common/monotonic.h"
 #include "rpc/common/runtime.h"
 #include "rpc/connection/rpc_header.h"
+#include "transport/adaptive_spin.h"
 #include "transport/log.h"
 
 namespace zrpc {
@@ -509,6 +510,21 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
       std::make_unique<internal::ChannelImpl>(std::string(target), std::move(host), port, adjusted);
   if (absl::Status s = core->Init(); !s.ok()) return s;
   return std::unique_ptr<ClientChannel>(new ClientChannel(std::move(core)));
+}
+
+namespace {
+// Each thread's blocking calls, whatever their channel (call_interfaces.h, BlockingWait).
+thread_local transport::AdaptiveSpin thread_spin;
+
+void LearnBlockingWait(std::chrono::nanoseconds waited, std::chrono::nanoseconds cap) {
+  thread_spin.Observe(waited.count(), cap.count());
+}
+}  // namespace
+
+internal::BlockingWait ClientChannel::blocking_wait() const {
+  if (blocking_spin_.count() == 0) return {};
+  return {std::chrono::nanoseconds(thread_spin.BudgetNanos(blocking_spin_.count())), blocking_spin_,
+          &LearnBlockingWait};
 }
 
 ClientChannel::ClientChannel(std::unique_ptr<internal::ChannelImpl> core)

@@ -107,7 +107,19 @@ class ServerAsyncStream {
 
 namespace internal {
 class ChannelAccess;
-}
+
+// How a blocking call waits for its answer (CallWaiter): it polls for `spin`, then sleeps, and
+// tells `learn` (when set) how long it waited, with `cap`. The runtime's channels learn per
+// calling thread (transport/adaptive_spin.h): `spin` is then about twice what that thread's
+// recent calls waited, up to `cap` (ChannelOptions::spin), and zero after a call that waited
+// longer than the cap. `learn` is a plain function of the runtime, not of the channel: the wait
+// ends after the call, when the channel may be gone.
+struct BlockingWait {
+  ::std::chrono::nanoseconds spin{0};
+  ::std::chrono::nanoseconds cap{0};
+  void (*learn)(::std::chrono::nanoseconds waited, ::std::chrono::nanoseconds cap) = nullptr;
+};
+}  // namespace internal
 
 // The client side of a connection, implemented by the runtime (ClientChannel). Applications hold
 // one and hand it to a generated Stub; the calls below are the stubs' alone, private as gRPC
@@ -138,8 +150,9 @@ class Channel {
                               IncomingBulk* response_bulk, const CallOptions& options,
                               DoneCallback done) = 0;
 
-  // How long a blocking call (UnaryCall) polls for its answer before it sleeps (CallWaiter).
-  virtual ::std::chrono::nanoseconds blocking_spin() const { return ::std::chrono::nanoseconds(0); }
+  // How a blocking call (UnaryCall) waits for its answer (CallWaiter): asked before the call
+  // starts. The default never polls.
+  virtual internal::BlockingWait blocking_wait() const { return {}; }
 
   // Opens a stream to `method` (a streaming method: rpc/streaming.h), with the request in
   // `slot` for a server-streaming method (an empty slot, AcquireSendSlot(0), for the others).
@@ -170,9 +183,7 @@ class ChannelAccess {
     channel->StartUnaryCall(method, slot, ::std::move(request_bulk), response, response_bulk,
                             options, ::std::move(done));
   }
-  static ::std::chrono::nanoseconds blocking_spin(const Channel* channel) {
-    return channel->blocking_spin();
-  }
+  static BlockingWait blocking_wait(const Channel* channel) { return channel->blocking_wait(); }
   static ::std::unique_ptr<ClientStreamCall> OpenStream(
       Channel* channel, const MethodInfo& method, SendSlot slot,
       const ::google::protobuf::MessageLite* read_prototype,

@@ -40,26 +40,36 @@ class CallWaiter {
     }
   }
 
-  // Returns once Notify has run: polls for up to `spin`, then sleeps.
-  void Wait(::std::chrono::nanoseconds spin) {
+  // Returns once Notify has run: polls for up to `spin`, then sleeps. With `measure`, returns
+  // how long it waited (for the caller's adaptive spin: transport/adaptive_spin.h), else zero.
+  ::std::chrono::nanoseconds Wait(::std::chrono::nanoseconds spin, bool measure = false) {
+    using Clock = ::std::chrono::steady_clock;
+    const bool timed = measure || spin.count() > 0;
+    const Clock::time_point start = timed ? Clock::now() : Clock::time_point();
+    auto waited = [&] {
+      return measure
+                 ? ::std::chrono::duration_cast<::std::chrono::nanoseconds>(Clock::now() - start)
+                 : ::std::chrono::nanoseconds(0);
+    };
     if (spin.count() > 0) {
-      const auto until = ::std::chrono::steady_clock::now() + spin;
+      const Clock::time_point until = start + spin;
       do {
         for (int i = 0; i < 64; ++i) {
-          if (state_.load(::std::memory_order_acquire) == kDone) return;
+          if (state_.load(::std::memory_order_acquire) == kDone) return waited();
           Relax();
         }
-      } while (::std::chrono::steady_clock::now() < until);
+      } while (Clock::now() < until);
     }
     uint32_t expected = kIdle;
     if (!state_.compare_exchange_strong(expected, kSleeping, ::std::memory_order_acq_rel)) {
-      return;  // done meanwhile
+      return waited();  // done meanwhile
     }
     // The kernel sleeps only while the word still reads kSleeping, so a Notify between the
     // exchange above and this call is not missed; the loop absorbs early wake-ups.
     while (state_.load(::std::memory_order_acquire) != kDone) {
       syscall(SYS_futex, &state_, FUTEX_WAIT_PRIVATE, kSleeping, nullptr, nullptr, 0);
     }
+    return waited();
   }
 
   bool done() const { return state_.load(::std::memory_order_acquire) == kDone; }

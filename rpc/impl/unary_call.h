@@ -56,7 +56,7 @@ template <typename Request>
                          IncomingBulk* response_bulk, const CallOptions& options) {
   // Read before the call starts: once it has, the channel may be destroyed at any moment (its
   // destruction ends this call, and the wait below needs nothing of it).
-  const ::std::chrono::nanoseconds spin = ChannelAccess::blocking_spin(channel);
+  const BlockingWait wait = ChannelAccess::blocking_wait(channel);
   CallWaiter finished;
   ::absl::Status result;
   AsyncUnaryCall(channel, method, request, ::std::move(request_bulk), response, response_bulk,
@@ -64,7 +64,8 @@ template <typename Request>
                    result = ::std::move(status);
                    finished.Notify();
                  });
-  finished.Wait(spin);
+  const ::std::chrono::nanoseconds waited = finished.Wait(wait.spin, wait.learn != nullptr);
+  if (wait.learn != nullptr) wait.learn(waited, wait.cap);
   return result;
 }
 

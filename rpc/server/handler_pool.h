@@ -15,15 +15,25 @@
 // arrived. Tasks and queues are intrusive (the call object is the task, the connection owns its
 // queue), so queueing allocates nothing; one mutex guards the ring. Shutdown runs every queued
 // task first (a queued call must still be answered), then joins the threads.
+//
+// Spin, then park. A worker that finds nothing to do sleeps on the mutex, and the next task then
+// costs a wake-up (a futex call by the submitter, a context switch): more than an RDMA round
+// trip. So one idle worker at a time (the spinner) polls for the next task before it parks, for
+// an adaptive budget (transport/adaptive_spin.h: about twice the gaps between its tasks, at most
+// ServerOptions::spin, none while tasks come sparser than that). The sleepers are not woken for
+// a task the spinner will take; only one spins, so idle workers never take the pollers' cores.
 #ifndef ZRPC_RPC_SERVER_HANDLER_POOL_H_
 #define ZRPC_RPC_SERVER_HANDLER_POOL_H_
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace zrpc::internal {
 
@@ -51,8 +61,9 @@ class PoolQueue {
 
 class HandlerPool {
  public:
-  // Starts `threads` (at least 1) threads.
-  explicit HandlerPool(int threads);
+  // Starts `threads` (at least 1) threads. `spin`: the most an idle worker polls before it
+  // parks (zero: park at once).
+  explicit HandlerPool(int threads, absl::Duration spin = absl::ZeroDuration());
   // Shutdown().
   ~HandlerPool();
   HandlerPool(const HandlerPool&) = delete;
@@ -66,6 +77,12 @@ class HandlerPool {
 
   size_t threads() const { return threads_.size(); }
 
+  struct Stats {
+    uint64_t tasks = 0;            // taken by a worker
+    uint64_t caught_spinning = 0;  // of those, by the spinner while it polled: no wake-up
+  };
+  Stats stats() const;
+
  private:
   void Loop();
   // Takes the next task, round robin over the queues; null when none.
@@ -73,11 +90,22 @@ class HandlerPool {
   // Puts `queue` at the back of the ring.
   void PushReadyLocked(PoolQueue* queue) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  absl::Mutex mu_;
+  // The spinner's poll, until `budget_ns` passes or there is work; whether there is.
+  bool PollForWork(int64_t budget_ns);
+
+  const int64_t spin_cap_ns_;
+  mutable absl::Mutex mu_;
   // Queues with tasks, in turn order.
   PoolQueue* ready_head_ ABSL_GUARDED_BY(mu_) = nullptr;
   PoolQueue* ready_tail_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Written under mu_ (the ring became non-empty or empty, or stopping): what the spinner polls
+  // without the lock.
+  std::atomic<bool> has_work_{false};
+  // Whether a worker spins. Claimed without the lock (exchange), given up under it: parked
+  // workers wait for `ready_head_ && !spinner_`, re-checked when the spinner's unlock follows.
+  std::atomic<bool> spinner_{false};
+  Stats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 };
 

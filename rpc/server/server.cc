@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   core->staging_ = std::move(parts->staging);
   core->receive_limits_ = std::move(parts->receive_limits);
   core->pollers_ = std::move(parts->pollers);
-  core->pool_ = std::make_unique<HandlerPool>(options.handler_threads);
+  core->pool_ = std::make_unique<HandlerPool>(options.handler_threads, options.spin);
   // Admission within what the pollers can hold: a connection refused at the door ("server
   // full") is better than one accepted and then refused its completion-queue entries, and no
   // single address may take every place.

@@ -116,3 +116,41 @@ TEST_CASE("the call clock: one reading per scope, a refresh moves it, none outsi
 }
 
 }  // namespace
+
+// A blocking caller's spin (call_interfaces.h, BlockingWait; transport/adaptive_spin.h): the cap
+// before it has waited, about twice its answers' time after quick ones, nothing after an answer
+// slower than the cap, and back once answers are quick again. Per thread.
+TEST_CASE("a blocking caller polls for about twice its recent answers' time, up to the spin",
+          "[call_timing]") {
+  zrpc::ChannelOptions options;
+  options.spin = absl::Milliseconds(100);
+  Runtime rt(FakeDevice(), {}, options);
+  Greeter::Stub stub(rt.channel.get());
+  zrpc::Channel* channel = rt.channel.get();
+  using zrpc::internal::ChannelAccess;
+  const std::chrono::nanoseconds cap = std::chrono::milliseconds(100);
+  auto budget = [&] { return ChannelAccess::blocking_wait(channel).spin; };
+  std::thread([&] {
+    // A thread that has not waited yet polls for the whole spin.
+    CHECK(budget() == cap);
+    CHECK(ChannelAccess::blocking_wait(channel).cap == cap);
+  }).join();
+  HelloReply reply;
+  for (int i = 0; i < 20; ++i) REQUIRE(stub.SayHello(Named("quick"), &reply).ok());
+  INFO("after quick calls: " << budget().count() << " ns");
+  CHECK(budget() > std::chrono::nanoseconds(0));
+  CHECK(budget() < cap);
+  // Slower than the cap: the next call sleeps at once.
+  REQUIRE(stub.SayHello(Named("sleep:150"), &reply).ok());
+  CHECK(budget() == std::chrono::nanoseconds(0));
+  // Within the cap again (sleeping included): polling is back.
+  REQUIRE(stub.SayHello(Named("quick"), &reply).ok());
+  CHECK(budget() > std::chrono::nanoseconds(0));
+  // A spin of zero never polls and learns nothing.
+  zrpc::ChannelOptions no_spin;
+  no_spin.spin = absl::ZeroDuration();
+  Runtime zero(FakeDevice(), {}, no_spin);
+  const zrpc::internal::BlockingWait wait = ChannelAccess::blocking_wait(zero.channel.get());
+  CHECK(wait.spin == std::chrono::nanoseconds(0));
+  CHECK(wait.learn == nullptr);
+}

@@ -800,10 +800,14 @@ TEST_CASE("a poller refuses a spin out of [0, 1s]", "[rdma][transport]") {
 // Adaptive polling: after a completion an event-mode poller keeps polling for `spin` before it
 // arms the CQ and sleeps, so traffic that keeps coming within it costs no wake-up, and a poller
 // left idle past it sleeps. With no spin, each message after a pause wakes it.
-TEST_CASE("an event-mode poller polls for its spin after traffic, then sleeps",
-          "[rdma][transport]") {
+// Before adaptive spin (transport/adaptive_spin.h), the 20 ms case polled for 20 ms after each
+// message, thousands of passes each, though the next message came only after 100 ms.
+TEST_CASE(
+    "an event-mode poller polls after traffic while the next completion comes within its spin, "
+    "then sleeps; sparser traffic it meets asleep",
+    "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
-  for (absl::Duration spin : {absl::ZeroDuration(), absl::Seconds(1)}) {
+  for (absl::Duration spin : {absl::ZeroDuration(), absl::Seconds(1), absl::Milliseconds(20)}) {
     INFO("spin " << absl::FormatDuration(spin));
     PollerOptions options = DevicePollers::EventMode();
     options.spin = spin;
@@ -813,23 +817,39 @@ TEST_CASE("an event-mode poller polls for its spin after traffic, then sleeps",
     REQUIRE(SendBytes(*pair.client, "first", 0).ok());
     REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == 1; }));
     const uint64_t wakeups = setup.server_poller->wakeups();
+    uint64_t passes_before = 0;  // from the third message on: the poller has seen two pauses
     for (uint64_t i = 1; i <= 5; ++i) {
+      if (i == 3) passes_before = setup.server_poller->passes();
       absl::SleepFor(absl::Milliseconds(100));  // a pause: far longer than a round trip
       REQUIRE(SendBytes(*pair.client, Filled(32, i), i).ok());
       REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == i + 1; }));
     }
     const uint64_t woken = setup.server_poller->wakeups() - wakeups;
-    std::printf("spin %s: 5 messages 100 ms apart woke the poller %lu times\n",
-                absl::FormatDuration(spin).c_str(), static_cast<unsigned long>(woken));
+    const uint64_t passes = setup.server_poller->passes() - passes_before;
+    std::printf(
+        "spin %s: 5 messages 100 ms apart woke the poller %lu times, %lu passes for the last "
+        "3; budget now %s\n",
+        absl::FormatDuration(spin).c_str(), static_cast<unsigned long>(woken),
+        static_cast<unsigned long>(passes),
+        absl::FormatDuration(setup.server_poller->spin_budget()).c_str());
     if (spin == absl::ZeroDuration()) {
       CHECK(woken >= 5);
+    } else if (spin == absl::Milliseconds(20)) {
+      // The first pause outlasts the spin, after which the poller sleeps at once: a few passes
+      // per message (the wake-up, the message, a look before arming; a credit frame's
+      // completion right after a message may buy a spin of twice its gap), not 20 ms of
+      // polling (thousands of passes) each time.
+      CHECK(woken >= 4);
+      CHECK(passes <= 3 * 500);
     } else {
       CHECK(woken == 0);
+      // About twice the gaps it saw (100 ms), not the whole second.
+      CHECK(setup.server_poller->spin_budget() < absl::Milliseconds(900));
       // Idle past the spin, it sleeps: its passes stop.
       absl::SleepFor(spin + absl::Milliseconds(500));
-      const uint64_t passes = setup.server_poller->passes();
+      const uint64_t idle_passes = setup.server_poller->passes();
       absl::SleepFor(absl::Milliseconds(300));
-      CHECK(setup.server_poller->passes() - passes <= 2);
+      CHECK(setup.server_poller->passes() - idle_passes <= 2);
     }
   }
 }
