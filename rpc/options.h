@@ -37,7 +37,7 @@ struct RuntimeOptions {
   // The most a thread polls for its next work before it sleeps: a poller in kEvent after its
   // last completion, on a channel a blocking call (the stub's synchronous form, either mode) for
   // its answer, on a server an idle handler-pool worker for its next task. Within it each polls
-  // for about twice its recent waits, and not at all while they outlast it (adaptive polling: a
+  // for about twice its recent waits, and hardly at all while they outlast it (adaptive polling: a
   // message caught polling costs no wake-up; THREADING.md). Zero: sleep at once. In [0, 1s].
   absl::Duration spin = absl::Microseconds(50);
   // The device's registered message slots, shared with the process's other servers and

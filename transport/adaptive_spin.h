@@ -12,7 +12,9 @@
 //    is caught by polling, with room for jitter;
 //  - after a wait longer than `cap` (traffic sparser than the cap, or idle), it does not poll at
 //    all: the next wait sleeps at once and costs no CPU. The first wait that ends within `cap`
-//    again (its length includes the wake-up) turns polling back on;
+//    again turns polling back on. A wait that slept is longer by the wake-up, so an exchange
+//    slightly shorter than the cap would look longer for ever; every kProbeInterval-th wait of
+//    a sparse run therefore polls for the whole cap again, to see;
 //  - before it has seen any wait it polls for `cap`, as a fixed spin did.
 // A cap of zero never polls. eRPC and UCX poll in the same spirit (their callers busy-poll a
 // bounded time); brpc grew a polling mode for the same reason (rdma-pitfalls.md).
@@ -31,10 +33,14 @@ class AdaptiveSpin {
  public:
   // The least a budget ever is while polling is on: a clock read and a few polls.
   static constexpr int64_t kFloorNanos = 1000;
+  // In a run of waits past the cap, every this many-th polls for the cap: a sparse run costs an
+  // eighth of what a fixed spin would.
+  static constexpr uint32_t kProbeInterval = 8;
 
   // How long to poll before sleeping, in [0, cap_ns].
   int64_t BudgetNanos(int64_t cap_ns) const {
-    if (cap_ns <= 0 || sparse_) return 0;
+    if (cap_ns <= 0) return 0;
+    if (sparse_run_ > 0) return sparse_run_ % kProbeInterval == 0 ? cap_ns : 0;
     if (estimate_ns_ < 0) return cap_ns;
     return std::min(cap_ns, std::max(2 * estimate_ns_, kFloorNanos));
   }
@@ -42,10 +48,10 @@ class AdaptiveSpin {
   // A wait ended `waited_ns` after it began (sleeping included, if it slept).
   void Observe(int64_t waited_ns, int64_t cap_ns) {
     if (waited_ns > cap_ns) {
-      sparse_ = true;  // the estimate stays: it is what the exchange took when it was steady
+      ++sparse_run_;  // the estimate stays: it is what the exchange took when it was steady
       return;
     }
-    sparse_ = false;
+    sparse_run_ = 0;
     waited_ns = std::max<int64_t>(waited_ns, 0);
     // An exponential average weighing the latest wait by 1/4: a few waits move it, one outlier
     // does not double it.
@@ -54,12 +60,13 @@ class AdaptiveSpin {
 
   // The smoothed length of the waits that ended within the cap; -1 before the first.
   int64_t estimate_ns() const { return estimate_ns_; }
-  // Whether the last wait took longer than the cap (polling is off until one does not).
-  bool sparse() const { return sparse_; }
+  // Whether the last wait took longer than the cap (polling is off, but for the probes, until
+  // one does not).
+  bool sparse() const { return sparse_run_ > 0; }
 
  private:
   int64_t estimate_ns_ = -1;
-  bool sparse_ = false;
+  uint32_t sparse_run_ = 0;  // waits past the cap in a row
 };
 
 }  // namespace zrpc::transport

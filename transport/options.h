@@ -54,7 +54,7 @@ struct PollerOptions {
   int cq_size = 65536;
   // Event mode: the most the loop keeps polling after its last completion before it arms the CQ
   // and sleeps, in [0, 1s]. Within it the loop polls for about twice its recent idle stretches,
-  // and not at all once they outlast it (adaptive_spin.h). A reply that comes while it polls
+  // and hardly at all once they outlast it (adaptive_spin.h). A reply that comes while it polls
   // costs no interrupt and no wake-up; an idle poller sleeps. Zero: sleep at the first empty
   // pass. The default covers a hardware round trip (2-5 us) and a short handler many times over.
   absl::Duration spin = absl::Microseconds(50);

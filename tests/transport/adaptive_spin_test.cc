@@ -66,3 +66,22 @@ TEST_CASE("the budget has a floor, and a cap of zero never polls", "[adaptive_sp
   never.Observe(10 * kMicro, 0);  // past a cap of zero: sparse, and zero anyway
   CHECK(never.BudgetNanos(0) == 0);
 }
+
+// Before the probe: an exchange a little shorter than the cap, once a wait had slept, measured
+// longer than the cap (the wake-up added) on every wait after, and never polled again.
+TEST_CASE("a sparse run polls for the whole cap every kProbeInterval-th wait, to see",
+          "[adaptive_spin]") {
+  AdaptiveSpin spin;
+  int probes = 0;
+  for (uint32_t i = 0; i < 3 * AdaptiveSpin::kProbeInterval; ++i) {
+    spin.Observe(kCap + 100 * kMicro, kCap);  // slept: the exchange plus a wake-up
+    const int64_t budget = spin.BudgetNanos(kCap);
+    CHECK((budget == 0 || budget == kCap));
+    probes += budget == kCap;
+  }
+  CHECK(probes == 3);
+  // A probe that catches the event within the cap ends the sparse run.
+  spin.Observe(kCap - 100 * kMicro, kCap);
+  CHECK_FALSE(spin.sparse());
+  CHECK(spin.BudgetNanos(kCap) == kCap);  // twice the 900 us estimate, capped
+}
