@@ -112,8 +112,9 @@ class ChannelAccess;
 // tells `learn` (when set) how long it waited, with `cap`. The runtime's channels learn per
 // calling thread (transport/adaptive_spin.h): `spin` is then about twice what that thread's
 // recent calls waited, up to `cap` (ChannelOptions::spin), and zero after a call that waited
-// longer than the cap. `learn` is a plain function of the runtime, not of the channel: the wait
-// ends after the call, when the channel may be gone.
+// longer than the cap (but for a probe of the whole cap every eighth such call). `learn` is a
+// plain function of the runtime, not of the channel: the wait ends after the call, when the
+// channel may be gone.
 struct BlockingWait {
   ::std::chrono::nanoseconds spin{0};
   ::std::chrono::nanoseconds cap{0};
