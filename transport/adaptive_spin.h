@@ -24,10 +24,28 @@
 #ifndef ZRPC_TRANSPORT_ADAPTIVE_SPIN_H_
 #define ZRPC_TRANSPORT_ADAPTIVE_SPIN_H_
 
+#include <time.h>
+
 #include <algorithm>
 #include <cstdint>
 
 namespace zrpc::transport {
+
+// The monotonic clock in nanoseconds, which the waiting threads time their waits with.
+inline int64_t SpinClockNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// One pause in a polling loop: lets a sibling hyperthread run and saves power.
+inline void SpinPause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 class AdaptiveSpin {
  public:

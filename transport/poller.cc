@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <ctime>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -23,12 +22,6 @@ namespace {
 constexpr int kBatch = 32;
 // CQ events acknowledged together (ibv_ack_cq_events takes a mutex).
 constexpr unsigned kAckBatch = 64;
-
-int64_t MonotonicNanos() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
 
 }  // namespace
 
@@ -231,7 +224,7 @@ void Poller::Loop() {
   int64_t spin_until = 0;
   bool after_traffic = false;  // the wait before the first completion is not a round trip
   auto traffic = [&] {
-    if (idle_since != 0 && after_traffic) spin.Observe(MonotonicNanos() - idle_since, cap_ns);
+    if (idle_since != 0 && after_traffic) spin.Observe(SpinClockNanos() - idle_since, cap_ns);
     idle_since = 0;
     after_traffic = true;
   };
@@ -250,7 +243,7 @@ void Poller::Loop() {
     // Adaptive polling: an answer usually follows a completion within a round trip, and catching
     // it by polling saves the interrupt, the wake-up and the re-arm that sleeping would cost.
     if (cap_ns > 0) {
-      const int64_t now = MonotonicNanos();
+      const int64_t now = SpinClockNanos();
       if (idle_since == 0) {
         idle_since = now;
         const int64_t budget = spin.BudgetNanos(cap_ns);

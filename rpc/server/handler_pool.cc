@@ -3,29 +3,10 @@
 #include "rpc/server/handler_pool.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "transport/adaptive_spin.h"
 
 namespace zrpc::internal {
-namespace {
-
-int64_t NowNanos() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-void Relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-}  // namespace
-
 HandlerPool::HandlerPool(int threads, absl::Duration spin)
     : spin_cap_ns_(std::clamp<int64_t>(absl::ToInt64Nanoseconds(spin), 0, 1'000'000'000)) {
   const int n = std::max(threads, 1);
@@ -100,13 +81,13 @@ HandlerPool::Stats HandlerPool::stats() const {
 }
 
 bool HandlerPool::PollForWork(int64_t budget_ns) {
-  const int64_t until = NowNanos() + budget_ns;
+  const int64_t until = transport::SpinClockNanos() + budget_ns;
   do {
     for (int i = 0; i < 64; ++i) {
       if (has_work_.load(std::memory_order_acquire)) return true;
-      Relax();
+      transport::SpinPause();
     }
-  } while (NowNanos() < until);
+  } while (transport::SpinClockNanos() < until);
   return has_work_.load(std::memory_order_acquire);
 }
 
@@ -143,10 +124,10 @@ void HandlerPool::Loop() {
       if (caught) ++stats_.caught_spinning;
     }
     if (spin_cap_ns_ > 0) {
-      if (idle_since != 0) spin.Observe(NowNanos() - idle_since, spin_cap_ns_);
+      if (idle_since != 0) spin.Observe(transport::SpinClockNanos() - idle_since, spin_cap_ns_);
     }
     task->Run();
-    if (spin_cap_ns_ > 0) idle_since = NowNanos();
+    if (spin_cap_ns_ > 0) idle_since = transport::SpinClockNanos();
   }
 }
 
