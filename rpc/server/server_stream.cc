@@ -198,8 +198,11 @@ bool ServerCallImpl::SendOnStream(const RpcHeader& header,
     return false;  // tried again later; or the stream ended, and its end says why
   }
   // The stream fails with the reason; a connection that is failing gives the call up through its
-  // OnClosed as well. Never GiveUp here: that would also drop the answer a failed stream owes its
+  // OnClosed as well, which may come a little later (the transport drains first): the call is
+  // given up already, so a handler that stops at this failed Write sees IsCancelled() as it would
+  // a moment later. Never GiveUp here: that would also drop the answer a failed stream owes its
   // client.
+  if (!connection_->open()) context_.Cancel();
   FailStream(absl::Status(sent.code(), absl::StrCat(method_.full_name, ": ", sent.message())));
   return false;
 }
