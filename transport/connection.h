@@ -45,12 +45,20 @@
 // connection to such a peer is noticed only once something is posted: Probe() does that without
 // a credit (the RPC layer's keepalives and liveness sweep use it).
 //
-// Threads. Handlers run on the poller thread, one completion at a time, without locks held, so
-// they may call Send, WriteBulk and Release (posted after the batch, see above). Send, WriteBulk,
-// Release and Close are thread-safe
-// (a per-connection mutex; uncontended when one thread drives a connection, as the RPC layer
-// does). A Connection is shared: the poller holds it while it is open; it is destroyed when the
-// last reference goes, which must be before its Poller and Device.
+// Threads: one serialization domain per connection (serial_domain.h). A connection's state
+// changes only inside its domain, which one thread holds at a time and no thread waits for. The
+// poller holds it for a whole completion batch: the handlers run inside it, so their Send,
+// WriteBulk and Release touch the state directly (posted after the batch, see above). Any other
+// thread's call enters the domain when it is free (a compare-and-swap in, one out: no lock),
+// and otherwise leaves its operation to the thread that holds it, which carries it out before it
+// lets go, and returns at once: such a call is checked as far as it can be without the state
+// (sizes; the connection open) and accepted, and a later failure is reported as for any accepted
+// operation (OnSendDone, OnClosed). Reports always come on the poller thread: completions and
+// events that another thread's exit produced are handed to the poller (Poller::Defer). stats()
+// and DebugString() are the exceptions that wait: diagnostics, they wait for the domain to be
+// free (never call them from a handler for another connection). A Connection is shared: the
+// poller holds it while it is open; it is destroyed when the last reference goes, which must be
+// before its Poller and Device.
 #ifndef ZRPC_TRANSPORT_CONNECTION_H_
 #define ZRPC_TRANSPORT_CONNECTION_H_
 
@@ -78,6 +86,7 @@
 #include "transport/device.h"
 #include "transport/options.h"
 #include "transport/ring.h"
+#include "transport/serial_domain.h"
 #include "transport/verbs_owners.h"
 #include "transport/wire.h"
 
@@ -249,19 +258,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Takes back the bulk write with `token` if it still waits (for credits, arena space or a
   // send-queue entry) and has not been posted, together with the message queued right behind
-  // it, if any (the message that refers to the payload: its slot is freed). True when
-  // withdrawn: neither reaches the peer and no OnSendDone follows for them; the caller owns the
-  // source again at once. False when the write was posted already (OnSendDone follows), or the
-  // connection is not open (the drain reports it). For a caller whose operation ended before
-  // its payload could leave (an RPC whose deadline passed while the peer's arena was full).
-  bool WithdrawBulk(uint64_t token);
+  // it, if any (the message that refers to the payload: its slot is freed): then neither reaches
+  // the peer and OnSendDone(token) reports kCancelled ("withdrawn"). A write posted already
+  // completes as it would have (OnSendDone follows either way, exactly once). For a caller whose
+  // operation ended before its payload could leave (an RPC whose deadline passed while the
+  // peer's arena was full): it gets its source back at OnSendDone, without waiting for the peer.
+  void WithdrawBulk(uint64_t token);
 
   // Gives back a received message or bulk payload. Any thread, once per handle. From a handler
-  // of this connection's batch (on its poller thread), a message's slot goes back with the
-  // batch's next send, which carries its credit, or at the batch's end, under the lock taken
-  // then: a handle given back twice is then logged, not returned.
+  // of this connection's batch (on its poller thread), its credit goes back with the batch's next
+  // send, or in a credit frame at the batch's end. From another thread while the domain is held,
+  // the release is left to the holder: a handle given back twice is then logged, not returned.
   absl::Status Release(uint64_t handle);
-  // Release(handle), then Send(buffer, length) without a report, under one lock: for an answer
+  // Release(handle), then Send(buffer, length) without a report, as one operation: for an answer
   // and the received message it answers (a server's response and its request). The release
   // comes first, so the message carries the credit it returns. The release happens whatever
   // the send's outcome; its own errors (a handle given back twice) are not reported. Errors as
@@ -306,6 +315,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
  private:
   friend class Listener;
   friend class Poller;
+  friend class ConnectionTestPeer;  // tests hold the domain to make other threads leave work
 
   enum class State { kConnecting, kOpen, kDraining, kClosed };
 
@@ -340,6 +350,35 @@ class Connection : public std::enable_shared_from_this<Connection> {
     absl::Status status;
   };
 
+  // An operation another thread left in the domain (serial_domain.h), carried out by the thread
+  // that holds it. Made only when the domain was held; taken from the connection's pool of them
+  // (NewLeftOp), so that the common ones (messages, releases) allocate nothing in steady state.
+  struct LeftOp : DomainOp {
+    enum Kind : uint8_t {
+      kEnqueue,   // ops (sends, writes, reads), in order; `release` first if has_release
+      kRelease,   // release
+      kWithdraw,  // token
+      kProbe,
+      kFlush,
+      kClose,
+      kCmEvent,  // cm_event
+    };
+    Kind kind = kEnqueue;
+    bool has_release = false;
+    uint64_t release = 0;
+    uint64_t token = 0;
+    rdma_cm_event_type cm_event{};
+    absl::InlinedVector<Waiting, 2> ops;
+    // In the pool: its index + 1 (0: from the heap), and the free list's link (an index + 1).
+    uint32_t pool_slot = 0;
+    std::atomic<uint32_t> pool_next{0};
+  };
+  // gate_: bit 0 is "open" (open()); the rest counts operations accepted to be left in the domain
+  // and not yet carried out (kLeftOne each). The drain does not report OnClosed while any is: it
+  // would otherwise owe them a report after OnClosed.
+  static constexpr uint32_t kGateOpen = 1;
+  static constexpr uint32_t kLeftOne = 2;
+
   Connection(Device& device, Poller& poller, ConnectionHandler* handler,
              const ConnectionOptions& options);
   static absl::Status ValidateOptions(const ConnectionOptions& options, const Device& device);
@@ -361,55 +400,106 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Datapath (connection_datapath.cc). Called by the poller for each completion of this QP.
   // One signalled completion can retire kSignalInterval sends: room for all of them inline.
   using Events = absl::InlinedVector<Event, 64>;  // a poll batch (32) and what it retires
-  // A run of completions of this connection from one poll, handled under one lock.
-  void OnCompletions(absl::Span<const ibv_wc> wcs);
-  // Dispatches with sends from this thread held, then posts them as one chain.
-  void DispatchCorked(Events& events);
-  void HandleCompletionLocked(const ibv_wc& wc, Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleRecvLocked(const ibv_wc& wc, Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Completions that arrived before the handshake finished, handled in order by the poller.
+  // A run of completions of this connection from one poll, handled in one turn of the domain.
+  // False when another thread holds the domain for a moment (one operation of its own): the
+  // completions are kept (stash_, the poller's alone) and handled before the next ones, and the
+  // poller calls RetryStashed on its next pass instead of waiting.
+  bool OnCompletions(absl::Span<const ibv_wc> wcs);
+  // The poller's next try for completions OnCompletions kept: false while still held.
+  bool RetryStashed();
+  void HandleCompletionLocked(const ibv_wc& wc, Events& events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  void HandleRecvLocked(const ibv_wc& wc, Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // The poller's turn after Poller::Defer: completions that arrived before the handshake
+  // finished (or a made-up flush), and events another thread's exit left for the poller.
   void ReplayEarly();
   void OnCmEvent(rdma_cm_event_type type);
-  void Dispatch(Events& events);
   void DispatchOne(Event& e);
-  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The domain (serial_domain.h). Whether this thread holds it for this connection's batch.
+  bool InBatch() const;
+  // A LeftOp of `kind`, reset: from the pool (a lock-free stack of indices, tagged against ABA;
+  // made on first need, max_send_slots + recv_credits of them: every message and receive release
+  // in flight), else from the heap. FreeLeftOp gives it back.
+  LeftOp* NewLeftOp(LeftOp::Kind kind);
+  void FreeLeftOp(LeftOp* op);
+  // Enters the domain or leaves `op` for its holder: true when left (the holder frees it). On
+  // false the caller holds the domain, `op` is still the caller's, and it must ExitLocked().
+  bool EnterOrLeave(LeftOp* op);
+  // An application thread's exit: carries out what was left, then lets go; hands the poller
+  // what only it may dispatch.
+  void ExitLocked() ABSL_UNLOCK_FUNCTION(domain_);
+  // The poller's batch, once it holds the domain: handles `wcs`, dispatches what they produced
+  // (with sends corked), carries out what was left meanwhile, and lets go.
+  void RunBatchLocked(absl::Span<const ibv_wc> wcs) ABSL_UNLOCK_FUNCTION(domain_);
+  // Dispatches `events` inside the domain, with this batch's sends held until its last message's
+  // handler sends, then posts them.
+  void DispatchBatchLocked(Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // On the batch's thread, before an operation of its own: what other threads left first.
+  void RunLeftInBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Carries out `left` (oldest first) and frees them; what they produce goes to `events`.
+  void RunLeftLocked(DomainOp* left, Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // After a change: credits may go, a slot notice may be owed, the drain may be complete.
+  void AfterChangeLocked(Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Accepts an operation to be left: false (and nothing counted) when the connection is not open.
+  bool AcceptLeft();
+  // One accepted operation was carried out (or refused after all).
+  void LeftDone() { gate_.fetch_sub(kLeftOne, std::memory_order_acq_rel); }
+  uint32_t LeftPending() const { return gate_.load(std::memory_order_acquire) / kLeftOne; }
+  // Queues `ops` in order, for an operation accepted earlier: in any state but closed (the drain
+  // reports them), past max_waiting if need be.
+  void EnqueueAcceptedLocked(absl::Span<const Waiting> ops, Events& events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // A left operation that queues `ops`.
+  LeftOp* LeftEnqueue(absl::Span<const Waiting> ops);
+  // An operation from outside: run() inside the domain (on this batch's thread, or entering it)
+  // and its status returned; or, when another thread holds the domain, make() left to it and OK
+  // returned. `gated`: it queues work whose report a drain would owe (AcceptLeft: kUnavailable
+  // when not open).
+  template <typename Run, typename Make>
+  absl::Status Submit(bool gated, Run run, Make make);
+  // Takes the write back if it still waits; its report goes to pending_events_.
+  void WithdrawLocked(uint64_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  void CmEventLocked(rdma_cm_event_type type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Waits for the domain (diagnostics only: stats, DebugString, setup and teardown).
+  void EnterWaiting() const ABSL_EXCLUSIVE_LOCK_FUNCTION(domain_);
+  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kind, uint64_t token,
-                         bool report, bool signal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                         bool report, bool signal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void PostBulkLocked(const BulkSource& source, const ArenaSpot& spot, uint64_t token)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void PostReadLocked(const Waiting& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  void PostReadLocked(const Waiting& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // Appends a copy of `wr` (one SGE, `sge`) to the chain posted by PostChainLocked.
   void AppendLocked(const ibv_send_wr& wr, const ibv_sge& sge, uint32_t slot, uint64_t token,
-                    bool report, bool inlined) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                    bool report, bool inlined) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // Rings the doorbell for the chain; a failure fails the connection (the drain reports what
   // was not posted).
-  void PostChainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PostChainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // Probe and Flush: a signalled zero-length WRITE unless the tail is signalled already.
-  absl::Status PostTailSignalLocked(bool probe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PostTailSignalLocked(bool probe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // Whether this thread is dispatching this connection's batch: sends wait for its end.
-  bool CorkedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CorkedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // OK when the connection is open and fewer than max_waiting operations wait; else why not.
-  absl::Status CanEnqueueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CanEnqueueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // A message sent without a token: nobody waits on it, so it reports nothing.
   static Waiting Unreported(const SendBuffer& buffer, uint32_t length);
   // Release's work but the pump.
-  absl::Status ReleaseLocked(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies deferred_releases_. Only on the thread dispatching this connection's batch.
-  void ApplyDeferredReleasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReleaseLocked(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // Queues `op` and posts what can go; `checked`: the caller has run CanEnqueueLocked already.
   absl::Status EnqueueLocked(const Waiting& op, bool checked = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeSendCreditFrameLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RepostRecvLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  void MaybeSendCreditFrameLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  absl::Status RepostRecvLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void RetireLocked(uint64_t up_to, const absl::Status& status, Events& events)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetStateLocked(State state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FailLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishDrainLocked(Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  void SetStateLocked(State state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  void FailLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  void FinishDrainLocked(Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // Both queues are empty after a failure: the send-queue marker came back, and every posted
-  // RECV did (nothing posts a RECV once the connection stops being open).
-  bool DrainedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return sq_drained_ && recvs_posted_ == 0;
+  // RECV did (nothing posts a RECV once the connection stops being open); and no operation
+  // accepted for the domain is still to be carried out (it would be owed a report).
+  bool DrainedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_) {
+    return sq_drained_ && recvs_posted_ == 0 && LeftPending() == 0;
   }
   uint32_t qp_num() const { return qp_num_; }
   uint32_t cq_entries() const { return CqEntriesFor(options_); }
@@ -440,52 +530,57 @@ class Connection : public std::enable_shared_from_this<Connection> {
   MrOwner arena_mr_;
   CmQpOwner qp_;
 
-  mutable absl::Mutex mu_;
-  State state_ ABSL_GUARDED_BY(mu_) = State::kConnecting;
-  // state_ == kOpen, for open() to read without the lock (every call asks): written with
-  // state_, by SetStateLocked.
-  std::atomic<bool> open_{false};
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-  CreditAccount credits_ ABSL_GUARDED_BY(mu_){kMinCredits, kMinCredits};
-  ArenaWriter arena_writer_ ABSL_GUARDED_BY(mu_){0};
-  ArenaReader arena_reader_ ABSL_GUARDED_BY(mu_){0};
+  mutable SerialDomain domain_;
+  // LeftOp pool (NewLeftOp): the array once made, and the free list's head (tag << 32 | index+1).
+  std::atomic<LeftOp*> op_pool_{nullptr};
+  std::atomic<uint64_t> op_free_{0};
+  // Completions the poller found the domain held for, in order, and whether the poller has this
+  // connection on its list to retry. Touched by the poller's thread only.
+  std::vector<ibv_wc> stash_;
+  bool stash_listed_ = false;
+  State state_ ABSL_GUARDED_BY(domain_) = State::kConnecting;
+  // kGateOpen while state_ == kOpen (written with state_, by SetStateLocked), for open() and for
+  // operations left in the domain, which are counted here until carried out.
+  std::atomic<uint32_t> gate_{0};
+  // Events that a thread other than the poller produced while it held the domain (completions
+  // the poller left it, a withdrawn write's report), for the poller to dispatch (ReplayEarly).
+  Events pending_events_ ABSL_GUARDED_BY(domain_);
+  absl::Status error_ ABSL_GUARDED_BY(domain_);
+  CreditAccount credits_ ABSL_GUARDED_BY(domain_){kMinCredits, kMinCredits};
+  ArenaWriter arena_writer_ ABSL_GUARDED_BY(domain_){0};
+  ArenaReader arena_reader_ ABSL_GUARDED_BY(domain_){0};
   // recv_slots_[i] is the pool slot of RECV i; recv_state_[i] where it is.
   enum class RecvState : uint8_t { kPosted, kHeld, kIdle };
   std::vector<uint32_t> recv_slots_;
   // A slot of the connection's own for credit frames, and whether one is in flight from it.
   uint32_t control_slot_ = SlotPool::kNoSlot;
-  bool control_busy_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t control_sequence_ ABSL_GUARDED_BY(mu_) = ~uint64_t{0};
-  std::vector<RecvState> recv_state_ ABSL_GUARDED_BY(mu_);
-  // Receive slots a handler gave back during this connection's batch, on the poller thread,
-  // not yet applied (Release). Touched only by the thread dispatching the batch: pushed without
-  // the lock, applied under it (PumpLocked on that thread, and DispatchCorked's end). Reserved
-  // once, so Release never allocates: past the reserve it takes the lock.
-  std::vector<uint64_t> deferred_releases_;
-  uint32_t recvs_posted_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<ibv_wc> early_ ABSL_GUARDED_BY(mu_);
-  Ring<InFlight> in_flight_ ABSL_GUARDED_BY(mu_);
-  uint64_t transfer_bytes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // sum of InFlight::transfer
-  Ring<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
-  uint32_t unsignaled_ ABSL_GUARDED_BY(mu_) = 0;
+  bool control_busy_ ABSL_GUARDED_BY(domain_) = false;
+  uint64_t control_sequence_ ABSL_GUARDED_BY(domain_) = ~uint64_t{0};
+  std::vector<RecvState> recv_state_ ABSL_GUARDED_BY(domain_);
+  uint32_t recvs_posted_ ABSL_GUARDED_BY(domain_) = 0;
+  std::deque<ibv_wc> early_ ABSL_GUARDED_BY(domain_);
+  Ring<InFlight> in_flight_ ABSL_GUARDED_BY(domain_);
+  uint64_t transfer_bytes_in_flight_ ABSL_GUARDED_BY(domain_) = 0;  // sum of InFlight::transfer
+  Ring<Waiting> waiting_ ABSL_GUARDED_BY(domain_);
+  uint64_t next_sequence_ ABSL_GUARDED_BY(domain_) = 0;
+  uint32_t unsignaled_ ABSL_GUARDED_BY(domain_) = 0;
   // An unsignalled work request someone waits on (an OnSendDone, a held slot) has no signalled
   // one behind it yet: the next message must be signalled before a pause.
-  bool owe_signal_ ABSL_GUARDED_BY(mu_) = false;
-  bool sq_drained_ ABSL_GUARDED_BY(mu_) = false;
-  ConnectionStats stats_ ABSL_GUARDED_BY(mu_);
+  bool owe_signal_ ABSL_GUARDED_BY(domain_) = false;
+  bool sq_drained_ ABSL_GUARDED_BY(domain_) = false;
+  ConnectionStats stats_ ABSL_GUARDED_BY(domain_);
   // Work-request templates: invariant fields filled once in CreateResources.
-  ibv_send_wr send_wr_ ABSL_GUARDED_BY(mu_){};
-  ibv_send_wr write_wr_ ABSL_GUARDED_BY(mu_){};
-  ibv_send_wr read_wr_ ABSL_GUARDED_BY(mu_){};
-  ibv_sge recv_sge_ ABSL_GUARDED_BY(mu_){};
-  ibv_recv_wr recv_wr_ ABSL_GUARDED_BY(mu_){};
+  ibv_send_wr send_wr_ ABSL_GUARDED_BY(domain_){};
+  ibv_send_wr write_wr_ ABSL_GUARDED_BY(domain_){};
+  ibv_send_wr read_wr_ ABSL_GUARDED_BY(domain_){};
+  ibv_sge recv_sge_ ABSL_GUARDED_BY(domain_){};
+  ibv_recv_wr recv_wr_ ABSL_GUARDED_BY(domain_){};
   // The chain being built (AppendLocked) and posted (PostChainLocked) within one locked section.
-  ibv_send_wr chain_wrs_[kPostBatch] ABSL_GUARDED_BY(mu_){};
-  ibv_sge chain_sges_[kPostBatch] ABSL_GUARDED_BY(mu_){};
-  uint32_t chain_length_ ABSL_GUARDED_BY(mu_) = 0;
-  // The cork (DispatchCorked), touched only by the thread dispatching this connection's batch: a
-  // pump skipped while corked; the last message's handler is running (its first send opens the
+  ibv_send_wr chain_wrs_[kPostBatch] ABSL_GUARDED_BY(domain_){};
+  ibv_sge chain_sges_[kPostBatch] ABSL_GUARDED_BY(domain_){};
+  uint32_t chain_length_ ABSL_GUARDED_BY(domain_) = 0;
+  // The cork (DispatchBatchLocked), touched only by the thread dispatching this connection's batch:
+  // a pump skipped while corked; the last message's handler is running (its first send opens the
   // cork); the cork is open.
   bool cork_pending_ = false;
   bool cork_opens_ = false;

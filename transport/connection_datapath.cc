@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <iterator>
+#include <memory>
+#include <thread>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -23,30 +25,282 @@ constexpr uint64_t kMarkerBit = uint64_t{1} << 62;
 // Handles of bulk payloads carry this bit; handles of messages are receive indices.
 constexpr uint64_t kBulkHandle = uint64_t{1} << 63;
 
-// The connection whose completion batch this thread is dispatching (DispatchCorked), if any.
-thread_local const Connection* corked_connection = nullptr;
+// The connection whose completion batch this thread is dispatching, holding its domain
+// (DispatchBatchLocked), if any.
+thread_local const Connection* batch_connection = nullptr;
+
+absl::Status Closed(const std::string& peer) {
+  return absl::UnavailableError(absl::StrCat("connection to ", peer, " is closed"));
+}
 
 }  // namespace
 
-bool Connection::open() const { return open_.load(std::memory_order_acquire); }
+bool Connection::open() const { return (gate_.load(std::memory_order_acquire) & kGateOpen) != 0; }
 
 void Connection::SetStateLocked(State state) {
+  if (state == State::kOpen) {
+    gate_.fetch_or(kGateOpen, std::memory_order_release);
+  } else if (state_ == State::kOpen) {
+    gate_.fetch_and(~kGateOpen, std::memory_order_release);
+  }
   state_ = state;
-  open_.store(state == State::kOpen, std::memory_order_release);
+}
+
+bool Connection::InBatch() const { return batch_connection == this; }
+
+void Connection::EnterWaiting() const {
+  while (!domain_.TryEnter()) std::this_thread::yield();
+}
+
+bool Connection::EnterOrLeave(LeftOp* op) { return domain_.LeaveOrEnter(op); }
+
+Connection::LeftOp* Connection::NewLeftOp(LeftOp::Kind kind) {
+  constexpr uint64_t kIndex = 0xffffffff;
+  LeftOp* pool = op_pool_.load(std::memory_order_acquire);
+  if (pool == nullptr) {
+    // First contention on this connection: make the pool, linked as the free list, and publish
+    // it. Idle connections never pay for one.
+    const uint32_t size = options_.max_send_slots + options_.recv_credits;
+    auto* fresh = new LeftOp[size];
+    for (uint32_t i = 0; i < size; ++i) {
+      fresh[i].pool_slot = i + 1;
+      fresh[i].pool_next.store(i + 1 < size ? i + 2 : 0, std::memory_order_relaxed);
+    }
+    if (op_pool_.compare_exchange_strong(pool, fresh, std::memory_order_acq_rel)) {
+      pool = fresh;
+      op_free_.store(1, std::memory_order_release);
+    } else {
+      delete[] fresh;  // another thread made it first (`pool` is its)
+    }
+  }
+  LeftOp* op = nullptr;
+  uint64_t head = op_free_.load(std::memory_order_acquire);
+  while ((head & kIndex) != 0) {
+    LeftOp& top = pool[(head & kIndex) - 1];
+    const uint64_t next = ((head >> 32) + 1) << 32 | top.pool_next.load(std::memory_order_relaxed);
+    if (op_free_.compare_exchange_weak(head, next, std::memory_order_acquire,
+                                       std::memory_order_acquire)) {
+      op = &top;
+      break;
+    }
+  }
+  if (op == nullptr) op = new LeftOp;  // all in use (bulk releases, probes): rare
+  op->kind = kind;
+  op->has_release = false;
+  op->release = 0;
+  op->token = 0;
+  op->ops.clear();
+  return op;
+}
+
+void Connection::FreeLeftOp(LeftOp* op) {
+  if (op->pool_slot == 0) {
+    delete op;
+    return;
+  }
+  uint64_t head = op_free_.load(std::memory_order_relaxed);
+  uint64_t next;
+  do {
+    op->pool_next.store(static_cast<uint32_t>(head & 0xffffffff), std::memory_order_relaxed);
+    next = ((head >> 32) + 1) << 32 | op->pool_slot;
+  } while (!op_free_.compare_exchange_weak(head, next, std::memory_order_release,
+                                           std::memory_order_relaxed));
+}
+
+bool Connection::AcceptLeft() {
+  if ((gate_.load(std::memory_order_relaxed) & kGateOpen) == 0) return false;
+  if ((gate_.fetch_add(kLeftOne, std::memory_order_acq_rel) & kGateOpen) != 0) return true;
+  // It closed in between: counted for nothing. A drain that waited for the count to fall may be
+  // complete now: have the poller look.
+  if (gate_.fetch_sub(kLeftOne, std::memory_order_acq_rel) == kLeftOne) {
+    poller_.Defer(shared_from_this());
+  }
+  return false;
+}
+
+template <typename Run, typename Make>
+absl::Status Connection::Submit(bool gated, Run run, Make make) {
+  if (InBatch()) {
+    domain_.AssertHeld();
+    // Operations take effect in the order they were asked for: one another thread left during
+    // this batch (a stream's earlier message, sent from the sweeper) goes before this one.
+    if (domain_.HasLeft()) RunLeftInBatchLocked();
+    return run();
+  }
+  if (domain_.TryEnter()) {
+    absl::Status s = run();
+    ExitLocked();
+    return s;
+  }
+  if (gated && !AcceptLeft()) return Closed(peer_address_);
+  LeftOp* op = make();
+  if (EnterOrLeave(op)) return absl::OkStatus();
+  // Free after all: carried out here, as if entered at once.
+  FreeLeftOp(op);
+  if (gated) LeftDone();
+  absl::Status s = run();
+  ExitLocked();
+  return s;
+}
+
+void Connection::ExitLocked() {
+  Events events;
+  bool changed = false;
+  for (;;) {
+    if (DomainOp* left = domain_.TakeLeft()) {
+      RunLeftLocked(left, events);
+      changed = true;
+      continue;
+    }
+    if (state_ != State::kConnecting && !early_.empty()) {
+      while (!early_.empty()) {
+        const ibv_wc wc = early_.front();
+        early_.pop_front();
+        HandleCompletionLocked(wc, events);
+      }
+      changed = true;
+    }
+    if (changed) {
+      AfterChangeLocked(events);
+      changed = false;
+    }
+    // Only the poller dispatches (ConnectionHandler): what was produced here goes to it.
+    for (Event& e : events) pending_events_.push_back(std::move(e));
+    events.clear();
+    const bool for_poller = !pending_events_.empty();
+    if (domain_.TryExit()) {
+      if (for_poller) poller_.Defer(shared_from_this());
+      return;
+    }
+  }
+}
+
+void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
+  Events events;
+  if (!pending_events_.empty()) events.swap(pending_events_);  // older: first
+  if (state_ != State::kConnecting) {
+    while (!early_.empty()) {
+      const ibv_wc wc = early_.front();
+      early_.pop_front();
+      HandleCompletionLocked(wc, events);
+    }
+  }
+  for (const ibv_wc& wc : wcs) {
+    if (state_ == State::kConnecting || !early_.empty()) {
+      early_.push_back(wc);  // handled in order once the handshake is done
+    } else {
+      HandleCompletionLocked(wc, events);
+    }
+  }
+  AfterChangeLocked(events);  // credits, arena space or send-queue entries may have come back
+  for (;;) {
+    if (!events.empty()) {
+      DispatchBatchLocked(events);
+      events.clear();
+    }
+    if (!pending_events_.empty()) {
+      events.swap(pending_events_);  // a withdrawal's report, made while dispatching
+      continue;
+    }
+    if (DomainOp* left = domain_.TakeLeft()) {
+      RunLeftLocked(left, events);
+      AfterChangeLocked(events);
+      continue;
+    }
+    if (domain_.TryExit()) return;
+  }
+}
+
+void Connection::AfterChangeLocked(Events& events) {
+  PumpLocked();
+  if (slot_notice_wanted_.load(std::memory_order_acquire) && state_ == State::kOpen &&
+      send_slots_held_.load(std::memory_order_relaxed) < options_.max_send_slots &&
+      slot_notice_wanted_.exchange(false, std::memory_order_acq_rel)) {
+    events.push_back(Event(Event::kSendSlotFree));
+  }
+  if (state_ == State::kDraining && DrainedLocked()) FinishDrainLocked(events);
+}
+
+void Connection::RunLeftInBatchLocked() {
+  Events events;
+  RunLeftLocked(domain_.TakeLeft(), events);
+  // Dispatched by the batch, after the events it is dispatching (RunBatchLocked's loop).
+  for (Event& e : events) pending_events_.push_back(std::move(e));
+}
+
+void Connection::RunLeftLocked(DomainOp* left, Events& events) {
+  while (left != nullptr) {
+    LeftOp* op = static_cast<LeftOp*>(left);
+    left = left->next;
+    switch (op->kind) {
+      case LeftOp::kEnqueue:
+        if (op->has_release) static_cast<void>(ReleaseLocked(op->release));
+        EnqueueAcceptedLocked(op->ops, events);
+        LeftDone();
+        break;
+      case LeftOp::kRelease:
+        if (absl::Status s = ReleaseLocked(op->release);
+            !s.ok() && s.code() == absl::StatusCode::kFailedPrecondition) {
+          // Release said OK already: a handle given back twice shows here.
+          ZRPC_LOG(kError, "transport", "connection to ", peer_address_, ": ", s.message());
+        }
+        break;
+      case LeftOp::kWithdraw:
+        WithdrawLocked(op->token);
+        break;
+      case LeftOp::kProbe:
+      case LeftOp::kFlush:
+        // Accepted: a failure shows as the connection's (OnClosed).
+        static_cast<void>(PostTailSignalLocked(op->kind == LeftOp::kProbe));
+        break;
+      case LeftOp::kClose:
+        FailLocked(absl::CancelledError("connection closed by this side"));
+        break;
+      case LeftOp::kCmEvent:
+        CmEventLocked(op->cm_event);
+        break;
+    }
+    FreeLeftOp(op);
+  }
+}
+
+void Connection::EnqueueAcceptedLocked(absl::Span<const Waiting> ops, Events& events) {
+  if (state_ == State::kClosed) {
+    // Not reached: the drain waits for accepted operations (DrainedLocked). Reported anyway.
+    for (const Waiting& op : ops) {
+      if (op.kind == Waiting::kMessage) FreeSendSlot(op.slot);
+      if (!op.report) continue;
+      Event e(Event::kSendDone);
+      e.handle_or_token = op.token;
+      e.status = error_;
+      events.push_back(std::move(e));
+    }
+    return;
+  }
+  // Open, or draining (the drain reports what waits): past max_waiting if need be, as it was
+  // accepted already.
+  for (const Waiting& op : ops) waiting_.push_back(op);
+  if (state_ == State::kOpen) {
+    PumpLocked();
+    if (!CorkedLocked() && !waiting_.empty()) ++stats_.waited;
+  }
 }
 
 ConnectionStats Connection::stats() const {
-  absl::MutexLock lock(&mu_);
+  const bool held = InBatch();
+  if (!held) EnterWaiting();
   ConnectionStats stats = stats_;
   stats.arena_in_use = arena_reader_.in_use();
   stats.sends_outstanding = static_cast<uint32_t>(waiting_.size() + in_flight_.size());
   stats.waiting = static_cast<uint32_t>(waiting_.size());
   stats.transfer_bytes_in_flight = transfer_bytes_in_flight_;
+  if (!held) const_cast<Connection*>(this)->ExitLocked();
   return stats;
 }
 
 std::string Connection::DebugString() const {
-  absl::MutexLock lock(&mu_);
+  const bool held = InBatch();
+  if (!held) EnterWaiting();
   // The queue pair as the device sees it: a transfer that never completes shows whether the
   // device still thinks the queue pair can send.
   ibv_qp_attr attr{};
@@ -55,16 +309,19 @@ std::string Connection::DebugString() const {
       qp_->qp, &attr,
       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC,
       &init);
-  return absl::StrCat(
+  std::string text = absl::StrCat(
       "state ", static_cast<int>(state_), ", credits available ", credits_.available(), " of ",
       peer_.recv_credits, ", owed ", credits_.owed(), ", waiting ", waiting_.size(), ", in flight ",
       in_flight_.size(), " (oldest ", in_flight_.empty() ? 0 : in_flight_.front().sequence,
       ", next ", next_sequence_, "), recvs posted ", recvs_posted_, ", early ", early_.size(),
-      ", arena in use ", arena_writer_.in_use(), " (peer) / ", arena_reader_.in_use(), " (own)",
+      ", left in the domain ", LeftPending(), ", arena in use ", arena_writer_.in_use(),
+      " (peer) / ", arena_reader_.in_use(), " (own)",
       rc != 0 ? absl::StrCat(", ibv_query_qp failed (", rc, ")")
               : absl::StrCat(", qp state ", attr.qp_state, " timeout ", attr.timeout, " retry ",
                              attr.retry_cnt, " rnr retry ", attr.rnr_retry, " reads ",
                              attr.max_rd_atomic));
+  if (!held) const_cast<Connection*>(this)->ExitLocked();
+  return text;
 }
 
 absl::StatusOr<SendBuffer> Connection::AcquireSendBuffer(uint32_t leave_free) {
@@ -111,13 +368,23 @@ Connection::Waiting Connection::Unreported(const SendBuffer& buffer, uint32_t le
   return op;
 }
 
+Connection::LeftOp* Connection::LeftEnqueue(absl::Span<const Waiting> ops) {
+  LeftOp* op = NewLeftOp(LeftOp::kEnqueue);
+  op->ops.assign(ops.begin(), ops.end());
+  return op;
+}
+
 absl::Status Connection::Send(const SendBuffer& buffer, uint32_t length, uint64_t token) {
   if (length > max_message_) {
     ReleaseSendBuffer(buffer);
     return TooLong(length, max_message_);
   }
-  absl::MutexLock lock(&mu_);
-  absl::Status s = EnqueueLocked(Waiting{Waiting::kMessage, buffer.slot, length, {}, token});
+  const Waiting op{Waiting::kMessage, buffer.slot, length, {}, token};
+  absl::Status s = Submit(
+      true, [&] { return EnqueueLocked(op); },
+      [&] {
+        return LeftEnqueue({&op, 1});
+      });
   if (!s.ok()) ReleaseSendBuffer(buffer);
   return s;
 }
@@ -127,28 +394,45 @@ absl::Status Connection::Send(const SendBuffer& buffer, uint32_t length) {
     ReleaseSendBuffer(buffer);
     return TooLong(length, max_message_);
   }
-  absl::MutexLock lock(&mu_);
-  absl::Status s = EnqueueLocked(Unreported(buffer, length));
+  const Waiting op = Unreported(buffer, length);
+  absl::Status s = Submit(
+      true, [&] { return EnqueueLocked(op); },
+      [&] {
+        return LeftEnqueue({&op, 1});
+      });
   if (!s.ok()) ReleaseSendBuffer(buffer);
   return s;
 }
 
 absl::Status Connection::WriteBulk(const BulkSource& source, uint64_t token) {
-  absl::MutexLock lock(&mu_);
+  if (!open()) return Closed(peer_address_);
+  // The arena's size is fixed once open: this check needs no domain.
   if (auto s = arena_writer_.CheckFits(source.size); !s.ok()) return s;
-  return EnqueueLocked(Waiting{Waiting::kWrite, SlotPool::kNoSlot, 0, source, token});
+  const Waiting op{Waiting::kWrite, SlotPool::kNoSlot, 0, source, token};
+  return Submit(
+      true, [&] { return EnqueueLocked(op); },
+      [&] {
+        return LeftEnqueue({&op, 1});
+      });
 }
 
 absl::Status Connection::WriteBulkThenSend(const BulkSource& source, uint64_t token,
                                            const SendBuffer& buffer, uint32_t length) {
   if (length > max_message_) return TooLong(length, max_message_);
-  absl::MutexLock lock(&mu_);
+  if (!open()) return Closed(peer_address_);
   if (auto s = arena_writer_.CheckFits(source.size); !s.ok()) return s;
-  if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
-  // Both or neither: pushed together under the lock, nothing can come between them; the
-  // second push may pass max_waiting by one.
-  waiting_.push_back(Waiting{Waiting::kWrite, SlotPool::kNoSlot, 0, source, token});
-  return EnqueueLocked(Unreported(buffer, length), /*checked=*/true);
+  const Waiting ops[2] = {Waiting{Waiting::kWrite, SlotPool::kNoSlot, 0, source, token},
+                          Unreported(buffer, length)};
+  return Submit(
+      true,
+      [&] {
+        if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
+        // Both or neither: pushed together in the domain, nothing can come between them; the
+        // second push may pass max_waiting by one.
+        waiting_.push_back(ops[0]);
+        return EnqueueLocked(ops[1], /*checked=*/true);
+      },
+      [&] { return LeftEnqueue(ops); });
 }
 
 absl::Status Connection::ReadBulk(absl::Span<const ReadPart> parts, uint64_t token) {
@@ -158,9 +442,7 @@ absl::Status Connection::ReadBulk(absl::Span<const ReadPart> parts, uint64_t tok
   }
   if (last == parts.size()) return absl::InvalidArgumentError("ReadBulk: an empty sink");
   const uint32_t piece = std::max<uint32_t>(device_.selection().max_msg_size, 1u << 16);
-  absl::MutexLock lock(&mu_);
-  // One operation however many pieces it takes (they cannot outnumber its bytes by much).
-  if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
+  absl::InlinedVector<Waiting, 2> ops;
   for (size_t i = 0; i <= last; ++i) {
     const BulkSource& sink = parts[i].sink;
     for (uint32_t offset = 0; offset < sink.size; offset += piece) {
@@ -171,17 +453,39 @@ absl::Status Connection::ReadBulk(absl::Span<const ReadPart> parts, uint64_t tok
                  token};
       op.remote = RemoteRange{parts[i].remote.addr + offset, parts[i].remote.rkey};
       op.report = final_piece && i == last;
-      waiting_.push_back(op);
+      ops.push_back(op);
       if (final_piece) break;  // offset + piece may wrap past 4 GiB
     }
   }
-  PumpLocked();
-  return absl::OkStatus();
+  return Submit(
+      true,
+      [&] {
+        // One operation however many pieces it takes (they cannot outnumber its bytes by much).
+        if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
+        for (const Waiting& op : ops) waiting_.push_back(op);
+        PumpLocked();
+        return absl::OkStatus();
+      },
+      [&] { return LeftEnqueue(ops); });
 }
 
-bool Connection::WithdrawBulk(uint64_t token) {
-  absl::MutexLock lock(&mu_);
-  if (state_ != State::kOpen) return false;
+void Connection::WithdrawBulk(uint64_t token) {
+  static_cast<void>(Submit(
+      false,
+      [&] {
+        WithdrawLocked(token);
+        return absl::OkStatus();
+      },
+      [&] {
+        LeftOp* op = NewLeftOp(LeftOp::kWithdraw);
+        op->token = token;
+        return op;
+      }));
+}
+
+void Connection::WithdrawLocked(uint64_t token) {
+  // Not open: the drain reports the write (flushed) if it is still here.
+  if (state_ != State::kOpen) return;
   for (size_t i = 0; i < waiting_.size(); ++i) {
     if (waiting_[i].kind != Waiting::kWrite || waiting_[i].token != token) continue;
     size_t end = i + 1;
@@ -190,10 +494,13 @@ bool Connection::WithdrawBulk(uint64_t token) {
       ++end;
     }
     waiting_.erase(i, end);
-    PumpLocked();  // what waited behind it may go now
-    return true;
+    Event e(Event::kSendDone);
+    e.handle_or_token = token;
+    e.status = absl::CancelledError("withdrawn before it was posted");
+    pending_events_.push_back(std::move(e));  // the poller reports it (RunBatchLocked, ExitLocked)
+    PumpLocked();                             // what waited behind it may go now
+    return;
   }
-  return false;
 }
 
 absl::Status Connection::CanEnqueueLocked() const {
@@ -228,12 +535,11 @@ absl::Status Connection::EnqueueLocked(const Waiting& op, bool checked) {
   return absl::OkStatus();
 }
 
-bool Connection::CorkedLocked() const { return corked_connection == this && !cork_open_; }
+bool Connection::CorkedLocked() const { return InBatch() && !cork_open_; }
 
 // Posts waiting operations in order while credits, arena space and send-queue entries last, as
 // one chain (one doorbell per kPostBatch work requests).
 void Connection::PumpLocked() {
-  if (corked_connection == this && !deferred_releases_.empty()) ApplyDeferredReleasesLocked();
   if (CorkedLocked()) {
     // Only when there is something to post: a Release during the batch usually has nothing
     // (its credit rides on the next data frame), and then the batch's end takes no lock.
@@ -411,46 +717,54 @@ absl::Status Connection::RepostRecvLocked(uint32_t index) {
 }
 
 absl::Status Connection::Release(uint64_t handle) {
-  if (corked_connection == this && (handle & kBulkHandle) == 0 &&
-      deferred_releases_.size() < deferred_releases_.capacity()) {
-    // A handler of this connection's batch, on the poller thread: the slot goes back under the
-    // lock the batch takes anyway, at its next send (which then carries the credit) or its end.
-    deferred_releases_.push_back(handle);
-    return absl::OkStatus();
-  }
-  absl::MutexLock lock(&mu_);
-  absl::Status s = ReleaseLocked(handle);
-  // The release rides on waiting data, or goes in a credit frame.
-  if (state_ == State::kOpen) PumpLocked();
-  return s;
+  return Submit(
+      false,
+      [&] {
+        absl::Status s = ReleaseLocked(handle);
+        // The release rides on waiting data, or goes in a credit frame (corked in a batch: with
+        // the batch's next send, or at its end).
+        if (state_ == State::kOpen) PumpLocked();
+        return s;
+      },
+      [&] {
+        LeftOp* op = NewLeftOp(LeftOp::kRelease);
+        op->release = handle;
+        return op;
+      });
 }
 
 absl::Status Connection::ReleaseAndSend(uint64_t handle, const SendBuffer& buffer,
                                         uint32_t length) {
-  absl::MutexLock lock(&mu_);
-  // First the release, so that the message carries the credit it returns.
-  static_cast<void>(ReleaseLocked(handle));
-  absl::Status s = length > max_message_ ? TooLong(length, max_message_)
-                                         : EnqueueLocked(Unreported(buffer, length));
+  if (length > max_message_) {
+    ReleaseSendBuffer(buffer);
+    static_cast<void>(Release(handle));  // the credit goes alone
+    return TooLong(length, max_message_);
+  }
+  const Waiting op = Unreported(buffer, length);
+  bool released = false;
+  absl::Status s = Submit(
+      true,
+      [&] {
+        // First the release, so that the message carries the credit it returns.
+        static_cast<void>(ReleaseLocked(handle));
+        released = true;
+        absl::Status s = EnqueueLocked(op);
+        if (!s.ok() && state_ == State::kOpen) PumpLocked();  // the credit goes alone
+        return s;
+      },
+      [&] {
+        LeftOp* left = LeftEnqueue({&op, 1});
+        left->has_release = true;
+        left->release = handle;
+        released = true;  // by the holder
+        return left;
+      });
   if (!s.ok()) {
     ReleaseSendBuffer(buffer);
-    if (state_ == State::kOpen) PumpLocked();  // the credit goes alone
+    // Refused before the domain was reached (closed): the receive still goes back.
+    if (!released) static_cast<void>(Release(handle));
   }
   return s;
-}
-
-void Connection::ApplyDeferredReleasesLocked() {
-  // One at a time from the back, so that nothing depends on where the loop stood if a release
-  // fails the connection (its state then stops every later pump).
-  while (!deferred_releases_.empty()) {
-    const uint64_t handle = deferred_releases_.back();
-    deferred_releases_.pop_back();
-    if (absl::Status s = ReleaseLocked(handle);
-        !s.ok() && s.code() == absl::StatusCode::kFailedPrecondition) {
-      // Release said OK already: a handle given back twice shows here.
-      ZRPC_LOG(kError, "transport", "connection to ", peer_address_, ": ", s.message());
-    }
-  }
 }
 
 absl::Status Connection::ReleaseLocked(uint64_t handle) {
@@ -471,13 +785,17 @@ absl::Status Connection::ReleaseLocked(uint64_t handle) {
 }
 
 absl::Status Connection::Probe() {
-  absl::MutexLock lock(&mu_);
-  return PostTailSignalLocked(/*probe=*/true);
+  if (!open()) return Closed(peer_address_);
+  return Submit(
+      false, [&] { return PostTailSignalLocked(/*probe=*/true); },
+      [&] { return NewLeftOp(LeftOp::kProbe); });
 }
 
 absl::Status Connection::Flush() {
-  absl::MutexLock lock(&mu_);
-  return PostTailSignalLocked(/*probe=*/false);
+  if (!open()) return Closed(peer_address_);
+  return Submit(
+      false, [&] { return PostTailSignalLocked(/*probe=*/false); },
+      [&] { return NewLeftOp(LeftOp::kFlush); });
 }
 
 absl::Status Connection::PostTailSignalLocked(bool probe) {
@@ -506,70 +824,66 @@ absl::Status Connection::PostTailSignalLocked(bool probe) {
 }
 
 void Connection::Close() {
-  absl::MutexLock lock(&mu_);
-  FailLocked(absl::CancelledError("connection closed by this side"));
+  static_cast<void>(Submit(
+      false,
+      [&] {
+        FailLocked(absl::CancelledError("connection closed by this side"));
+        return absl::OkStatus();
+      },
+      [&] { return NewLeftOp(LeftOp::kClose); }));
 }
 
-void Connection::OnCompletions(absl::Span<const ibv_wc> wcs) {
-  Events events;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const ibv_wc& wc : wcs) {
-      if (state_ == State::kConnecting || !early_.empty()) {
-        early_.push_back(wc);  // ReplayEarly takes them in order once the handshake is done
-      } else {
-        HandleCompletionLocked(wc, events);
-      }
-    }
-    PumpLocked();  // credits, arena space or send-queue entries may have come back
-    if (slot_notice_wanted_.load(std::memory_order_acquire) && state_ == State::kOpen &&
-        send_slots_held_.load(std::memory_order_relaxed) < options_.max_send_slots &&
-        slot_notice_wanted_.exchange(false, std::memory_order_acq_rel)) {
-      events.push_back(Event(Event::kSendSlotFree));
-    }
+bool Connection::OnCompletions(absl::Span<const ibv_wc> wcs) {
+  if (stash_.empty() && domain_.TryEnter()) {
+    RunBatchLocked(wcs);
+    return true;
   }
-  if (!events.empty()) DispatchCorked(events);
+  // Another thread is in the domain for a moment (one operation of its own, no user code): the
+  // poller does not wait for it. The completions wait here, after any kept before, and the
+  // poller tries again on its next pass (RetryStashed). Reserved once: a connection has at most
+  // cq_entries() completions outstanding, so this never grows in steady state.
+  if (stash_.capacity() == 0) stash_.reserve(cq_entries());
+  stash_.insert(stash_.end(), wcs.begin(), wcs.end());
+  return RetryStashed();
+}
+
+bool Connection::RetryStashed() {
+  if (!domain_.TryEnter()) return false;
+  // Handled in the order they came, before anything the poller reads later.
+  std::vector<ibv_wc> stash;
+  stash.swap(stash_);
+  RunBatchLocked(stash);
+  stash.clear();
+  if (stash_.empty()) stash_.swap(stash);  // keep the reserved buffer
+  return true;
 }
 
 // Sends of the batch's handlers are held until the last message's (or payload's) handler sends
 // its first: then all go as one chain. Holding them to the end of the batch instead would add the
 // last handler's remaining work (releases, metrics) to every round trip, even a batch of one.
-void Connection::DispatchCorked(Events& events) {
+void Connection::DispatchBatchLocked(Events& events) {
   size_t last = events.size();  // the last message or payload
   for (size_t i = 0; i < events.size(); ++i) {
     if (events[i].kind == Event::kMessage || events[i].kind == Event::kBulk) last = i;
   }
-  const Connection* outer = corked_connection;  // a handler of another connection's batch
-  corked_connection = this;
+  const Connection* outer = batch_connection;  // a handler of another connection's batch
+  batch_connection = this;
   cork_open_ = false;
   cork_opens_ = false;
   for (size_t i = 0; i < events.size(); ++i) {
     cork_opens_ = i == last;
     DispatchOne(events[i]);
   }
-  corked_connection = outer;
-  const bool pending = cork_pending_;
-  if (!pending && deferred_releases_.empty()) return;
+  batch_connection = outer;
+  if (!cork_pending_) return;
   cork_pending_ = false;
-  absl::MutexLock lock(&mu_);
-  ApplyDeferredReleasesLocked();
   PumpLocked();
-  if (pending && !waiting_.empty()) ++stats_.waited;
+  if (!waiting_.empty()) ++stats_.waited;
 }
 
 void Connection::ReplayEarly() {
-  for (;;) {
-    Events events;
-    {
-      absl::MutexLock lock(&mu_);
-      if (early_.empty()) return;
-      ibv_wc wc = early_.front();
-      early_.pop_front();
-      HandleCompletionLocked(wc, events);
-      PumpLocked();
-    }
-    Dispatch(events);
-  }
+  // Held by another thread: it hands the poller what is for it when it lets go (ExitLocked).
+  if (domain_.TryEnter()) RunBatchLocked({});
 }
 
 void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
@@ -727,7 +1041,20 @@ bool IsPeerDisconnect(const absl::Status& why) {
 }
 
 void Connection::OnCmEvent(rdma_cm_event_type type) {
-  absl::MutexLock lock(&mu_);
+  static_cast<void>(Submit(
+      false,
+      [&] {
+        CmEventLocked(type);
+        return absl::OkStatus();
+      },
+      [&] {
+        LeftOp* op = NewLeftOp(LeftOp::kCmEvent);
+        op->cm_event = type;
+        return op;
+      }));
+}
+
+void Connection::CmEventLocked(rdma_cm_event_type type) {
   switch (type) {
     case RDMA_CM_EVENT_DISCONNECTED: {
       absl::Status why = absl::UnavailableError(
@@ -749,10 +1076,6 @@ void Connection::RunOnClosed() {
   std::function<void()> hook = std::move(on_closed_);
   on_closed_ = nullptr;
   hook();
-}
-
-void Connection::Dispatch(Events& events) {
-  for (Event& e : events) DispatchOne(e);
 }
 
 void Connection::DispatchOne(Event& e) {

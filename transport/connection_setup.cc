@@ -65,16 +65,14 @@ Connection::Connection(Device& device, Poller& poller, ConnectionHandler* handle
 
 Connection::~Connection() {
   RunOnClosed();
-  bool disconnect;
-  {
-    absl::MutexLock lock(&mu_);
-    disconnect = state_ == State::kOpen;
-  }
+  // No other thread is left: nothing holds the domain, and nothing was left in it (a thread
+  // leaves an operation only while another holds the domain, and that one carries it out).
+  domain_.AssertHeld();
+  const bool disconnect = state_ == State::kOpen;
   if (disconnect && id_ != nullptr) rdma_disconnect(id_.get());
   // The QP goes first: once it is destroyed the NIC reads and writes none of the slots below.
   qp_.reset();
   {
-    absl::MutexLock lock(&mu_);
     // Slots still owned here: receives (posted or held) and sends never retired or never posted.
     for (size_t i = 0; i < in_flight_.size(); ++i) {
       if (in_flight_[i].slot != SlotPool::kNoSlot) FreeSendSlot(in_flight_[i].slot);
@@ -84,6 +82,7 @@ Connection::~Connection() {
     }
   }
   for (uint32_t slot : recv_slots_) static_cast<void>(device_.slots().Free(slot));
+  delete[] op_pool_.load(std::memory_order_acquire);
   if (control_slot_ != SlotPool::kNoSlot) static_cast<void>(device_.slots().Free(control_slot_));
 }
 
@@ -129,7 +128,8 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
   // The poller finds the connection of a cm event through this (see Poller::HandleCmEvents).
   id->context = reinterpret_cast<void*>(uintptr_t{qp_num_});
 
-  absl::MutexLock lock(&mu_);
+  // Not shared with any thread yet (the poller learns of it at Register, after this).
+  domain_.AssertHeld();
   // Their scatter lists are the chain's (AppendLocked): one SGE each.
   send_wr_.opcode = IBV_WR_SEND;
   write_wr_.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -152,7 +152,6 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
     recv_slots_.push_back(slot);
     recv_state_.push_back(RecvState::kIdle);
   }
-  deferred_releases_.reserve(options_.recv_credits);  // more are held only when given back twice
   for (uint32_t i = 0; i < options_.recv_credits; ++i) {
     if (auto s = RepostRecvLocked(i); !s.ok()) return s;
   }
@@ -172,7 +171,9 @@ Hello Connection::OwnHello() const {
 }
 
 void Connection::AcceptHello(const Hello& peer) {
-  absl::MutexLock lock(&mu_);
+  // Setup: the poller may be holding the domain for completions that came before the handshake
+  // finished (it only queues them then).
+  EnterWaiting();
   peer_ = peer;
   credits_ = CreditAccount(peer.recv_credits, options_.recv_credits);
   arena_writer_ = ArenaWriter(peer.arena_size);
@@ -180,16 +181,18 @@ void Connection::AcceptHello(const Hello& peer) {
   max_message_ = static_cast<uint32_t>(
       std::min<size_t>(device_.slots().slot_size(), peer.recv_size) - FrameHeader::kSize);
   write_wr_.wr.rdma.rkey = peer.arena_rkey;
+  ExitLocked();
 }
 
 void Connection::OnEstablished() {
-  absl::MutexLock lock(&mu_);
+  EnterWaiting();
   // The id already reports to the poller, which may have failed the connection (a disconnect
   // right after the handshake): then it stays failing.
   if (state_ == State::kConnecting) SetStateLocked(State::kOpen);
-  // The peer may have sent before this thread saw the handshake end: the poller handles those
-  // completions now, in order, on its own thread.
-  if (!early_.empty()) poller_.Defer(shared_from_this());
+  // The peer may have sent before this thread saw the handshake end: those completions are
+  // handled now, in order, as this thread lets the domain go, and what they produce goes to the
+  // poller (ExitLocked).
+  ExitLocked();
 }
 
 absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(

@@ -231,11 +231,13 @@ void Poller::Loop() {
   while (!stop_.load(std::memory_order_relaxed)) {
     passes_.fetch_add(1, std::memory_order_relaxed);
     RunDeferred();
+    // Completions that waited for a domain another thread held come before newer ones.
+    const bool stashed = RetryStashed();
     const int polled = PollCq();
     // After the pass's completions: a failed completion says more than the disconnect that
     // followed it (a peer that broke the protocol, then hung up).
     RunCmEvents();
-    if (!event) continue;
+    if (!event || stashed) continue;
     if (polled > 0) {
       if (cap_ns > 0) traffic();
       continue;
@@ -297,10 +299,11 @@ int Poller::RunOnce(absl::Duration wait) {
   PollerThreadScope scope;
   passes_.fetch_add(1, std::memory_order_relaxed);
   RunDeferred();
+  const bool stashed = RetryStashed();
   int n = PollCq();
   RunCmEvents();  // queued by the cm thread before it stopped
   HandleCmEvents(/*queue=*/false);
-  if (n == 0 && options_.mode == PollMode::kEvent && wait > absl::ZeroDuration()) {
+  if (n == 0 && !stashed && options_.mode == PollMode::kEvent && wait > absl::ZeroDuration()) {
     ArmAndWait(static_cast<int>(absl::ToInt64Milliseconds(wait)), /*with_cm=*/true);
     n = PollCq();
   }
@@ -324,7 +327,11 @@ int Poller::PollCq() {
     // A completion of a connection already gone (flushed after it was unregistered) is dropped:
     // the connection freed its slots when it was destroyed.
     if (std::shared_ptr<Connection> connection = FindFromLoop(qp_num)) {
-      connection->OnCompletions(absl::MakeConstSpan(&wcs[i], static_cast<size_t>(end - i)));
+      if (!connection->OnCompletions(absl::MakeConstSpan(&wcs[i], static_cast<size_t>(end - i))) &&
+          !connection->stash_listed_) {
+        connection->stash_listed_ = true;
+        stashed_.push_back(std::move(connection));
+      }
     }
     i = end;
   }
@@ -352,6 +359,20 @@ void Poller::HandleCmEvents(bool queue) {
     queued = true;
   }
   if (queued) Wake();
+}
+
+bool Poller::RetryStashed() {
+  if (stashed_.empty()) return false;
+  size_t kept = 0;
+  for (size_t i = 0; i < stashed_.size(); ++i) {
+    if (stashed_[i]->RetryStashed()) {
+      stashed_[i]->stash_listed_ = false;
+    } else {
+      stashed_[kept++] = std::move(stashed_[i]);
+    }
+  }
+  stashed_.resize(kept);
+  return kept > 0;
 }
 
 bool Poller::ArmAndWait(int timeout_ms, bool with_cm) {

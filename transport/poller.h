@@ -132,6 +132,10 @@ class Poller {
   ibv_cq* cq() const { return cq_.get(); }
   rdma_event_channel* cm_channel() const { return cm_channel_.get(); }
 
+  // Connections whose completions waited because another thread held their domain for a
+  // moment (Connection::OnCompletions): tried again on every pass. False when none is left.
+  bool RetryStashed();
+
   void Loop();
   // The cm thread's loop: sleeps in poll(2) on the cm channel, handles its events as they come.
   void CmLoop();
@@ -177,6 +181,8 @@ class Poller {
   static constexpr uint32_t kFoundCache = 16;
   CachedConnection found_[kFoundCache];
   std::atomic<bool> has_deferred_{false};
+  // Connections with stashed completions (Connection::OnCompletions), the loop's thread only.
+  std::vector<std::shared_ptr<Connection>> stashed_;
   std::vector<std::pair<uint32_t, rdma_cm_event_type>> cm_events_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> has_cm_events_{false};
   int cq_capacity_ = 0;

@@ -25,7 +25,8 @@
 // Taking a payload back. A client's call that ends (deadline, cancel) while its payload has not
 // left yet must not leave the caller's bytes with the runtime: Withdraw takes it back from the
 // deferred list below, or, for a zero-copy WRITE still waiting in the transport for credits or
-// arena space, from the transport's queue (with its message), so the call's ending (which waits
+// arena space, from the transport's queue (with its message; the transport then reports the
+// WRITE withdrawn, and its OnSendDone releases the payload), so the call's ending (which waits
 // for the payload's release: BulkGate) never waits on the peer. A WRITE already posted cannot
 // be taken back; it completes or is flushed within the transport's retry time.
 //

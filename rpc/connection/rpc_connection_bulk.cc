@@ -340,7 +340,7 @@ absl::Status RpcConnection::WriteThenSendLocked(transport::Connection& connectio
                                                 const transport::BulkSource& source, uint64_t token,
                                                 const transport::SendBuffer& buffer,
                                                 size_t body_size, bool* written) {
-  // Both or neither, under the transport's lock: the peer pairs the payload with the message
+  // Both or neither, as one transport operation: the peer pairs the payload with the message
   // that follows it.
   absl::Status status = connection.WriteBulkThenSend(
       source, token, buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size));
@@ -366,19 +366,19 @@ void RpcConnection::Withdraw(transport::Connection& connection, uint64_t call_id
     deferred->large_body.Reset();
     return;
   }
-  ZeroCopySend* withdrawn = nullptr;
+  // Under the send lock no payload is queued, so the token (read while its record lives: the
+  // record's release clears it) cannot name a newer record at a reused address; and the
+  // transport carries out operations in the order they were asked for, so a payload queued after
+  // this lock is let go is withdrawn from (never: a newer record) after this withdrawal. A
+  // withdrawn WRITE is reported like a flushed one (OnSendDone, kCancelled), which frees the
+  // record: the payload's release there may end the call.
+  absl::MutexLock lock(&send_mu_);
+  uint64_t token;
   {
-    // Under the send lock no payload is queued, so the token (read while its record lives: the
-    // record's release clears it) cannot name a newer record at a reused address.
-    absl::MutexLock lock(&send_mu_);
-    uint64_t token;
-    {
-      absl::MutexLock gate_lock(&gate.mu_);
-      token = gate.token_;
-    }
-    if (token != 0 && connection.WithdrawBulk(token)) withdrawn = ZeroCopyRecord(token);
+    absl::MutexLock gate_lock(&gate.mu_);
+    token = gate.token_;
   }
-  delete withdrawn;  // outside the send lock, as in SendZeroCopy
+  if (token != 0) connection.WithdrawBulk(token);
 }
 
 absl::Status RpcConnection::StageAndSend(transport::Connection& connection,

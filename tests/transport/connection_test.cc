@@ -198,8 +198,8 @@ TEST_CASE("bulk WRITE_WITH_IMM of 4 KiB, 1 MiB and a full arena lands intact",
 }
 
 TEST_CASE(
-    "a bulk write still waiting for arena space is withdrawn with its message, and only "
-    "then",
+    "a bulk write still waiting for arena space is withdrawn with its message, reported "
+    "cancelled, and only then",
     "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   constexpr uint32_t kArena = 64 * 1024;
@@ -218,19 +218,21 @@ TEST_CASE(
 
   REQUIRE(client.WriteBulk(BulkSource{source.data(), kArena, lkey}, 1).ok());
   REQUIRE(server_handler.WaitFor([&] { return server_handler.held_bulks.size() == 1; }));
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.done.count(1) == 1; }));
   // The arena is full: this payload, its message and the message after them wait.
   REQUIRE(client.WriteBulk(BulkSource{source.data() + kArena, kArena, lkey}, 2).ok());
   REQUIRE(SendBytes(client, "refers to payload 2", 3).ok());
   REQUIRE(SendBytes(client, "independent", 4).ok());
   CHECK(client.stats().waiting == 3);
 
-  CHECK_FALSE(client.WithdrawBulk(1));  // posted and done: not withdrawable
-  CHECK_FALSE(client.WithdrawBulk(3));  // a message, not a bulk write
-  CHECK(client.WithdrawBulk(2));
-  CHECK_FALSE(client.WithdrawBulk(2));  // once
+  client.WithdrawBulk(1);  // posted and done: nothing to take back, reported once already
+  client.WithdrawBulk(3);  // a message, not a bulk write: nothing happens
+  client.WithdrawBulk(2);
+  client.WithdrawBulk(2);  // once: the second finds nothing
   // What waited behind them goes at once: the independent message, alone.
   REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == 1; }));
   REQUIRE(client_handler.WaitFor([&] { return client_handler.done.count(4) == 1; }));
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.done.count(2) == 1; }));
   CHECK(client.stats().waiting == 0);
   {
     absl::MutexLock lock(&server_handler.mu);
@@ -239,8 +241,9 @@ TEST_CASE(
   }
   {
     absl::MutexLock lock(&client_handler.mu);
-    CHECK(client_handler.done.count(2) == 0);  // withdrawn: no OnSendDone
-    CHECK(client_handler.done.count(3) == 0);
+    CHECK(client_handler.done.at(2).code() == absl::StatusCode::kCancelled);  // withdrawn
+    CHECK(client_handler.done.count(3) == 0);  // its message: gone with it, never reported
+    CHECK(client_handler.duplicate_done == 0);
   }
   // The withdrawn source is the caller's again; the ring is intact for the next payload.
   Fill(source.data() + kArena, kArena, 78);

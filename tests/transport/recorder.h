@@ -51,6 +51,7 @@ class Recorder : public transport::ConnectionHandler {
   void OnSendDone(Connection&, uint64_t token, const absl::Status& status) override {
     absl::MutexLock lock(&mu);
     if (!done.emplace(token, status).second) ++duplicate_done;
+    if (closed.has_value()) ++done_after_closed;  // the contract: nothing follows OnClosed
   }
   void OnClosed(Connection&, const absl::Status& why) override {
     absl::MutexLock lock(&mu);
@@ -78,6 +79,7 @@ class Recorder : public transport::ConnectionHandler {
   int release_failures ABSL_GUARDED_BY(mu) = 0;
   int duplicate_done ABSL_GUARDED_BY(mu) = 0;
   int duplicate_closed ABSL_GUARDED_BY(mu) = 0;
+  int done_after_closed ABSL_GUARDED_BY(mu) = 0;
 };
 
 }  // namespace zrpc::testing

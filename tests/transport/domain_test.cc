@@ -1,0 +1,278 @@
+// A connection's serialization domain (transport/serial_domain.h, connection.h's "Threads"), on
+// the host over fakeverbs with the pollers on their own threads: while one thread holds a
+// connection's domain, other threads' operations return at once and are carried out, in the
+// order they were called, when it lets go; completions that arrive meanwhile wait for the
+// poller's next pass and are handled in order; a close left behind sends still reports each of
+// them once, before OnClosed; a receive given back twice by another thread is logged; a write
+// withdrawn that way is reported cancelled by the poller.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "tests/fakeverbs/fake_verbs.h"
+#include "tests/log_capture.h"
+#include "tests/transport/connected_pair.h"
+#include "tests/transport/recorder.h"
+#include "transport/connection.h"
+
+namespace zrpc::transport {
+
+// Holds a connection's domain as an application thread's operation would, for as long as a test
+// needs other threads to find it held.
+class ConnectionTestPeer {
+ public:
+  static void Hold(Connection& c) {
+    while (!c.domain_.TryEnter()) std::this_thread::yield();  // the poller's turn ends soon
+  }
+  static void Let(Connection& c) { c.ExitLocked(); }
+};
+
+}  // namespace zrpc::transport
+
+namespace {
+
+using zrpc::testing::ConnectPair;
+using zrpc::testing::Pair;
+using zrpc::testing::Recorder;
+using zrpc::testing::SendBytes;
+using zrpc::testing::Setup;
+using zrpc::transport::BulkSource;
+using zrpc::transport::Connection;
+using zrpc::transport::ConnectionOptions;
+using zrpc::transport::ConnectionTestPeer;
+using zrpc::transport::DeviceConfig;
+
+DeviceConfig Fake() {
+  DeviceConfig config;
+  config.addr = zrpc::fakeverbs::kAddress;
+  return config;
+}
+
+std::string Tagged(int thread, int i) { return absl::StrCat("t", thread, "-", i); }
+
+}  // namespace
+
+TEST_CASE(
+    "while a thread holds a connection's domain, other threads' sends return at once and go in "
+    "the order called, and completions wait for the poller's next pass",
+    "[domain]") {
+  Recorder server_handler, client_handler;
+  Setup setup(Fake());
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  constexpr int kThreads = 3;
+  constexpr int kEach = 40;  // 120 messages: past the client's 32 credits, so most wait
+  constexpr int kInbound = 20;
+
+  ConnectionTestPeer::Hold(*pair.server);
+  // Messages to the server arrive while its domain is held: their completions must wait.
+  for (int i = 0; i < kInbound; ++i) {
+    REQUIRE(SendBytes(*pair.client, Tagged(9, i), 1000 + i).ok());
+  }
+  // Other threads send from the server: each call returns (nothing waits for the holder).
+  std::vector<std::thread> senders;
+  std::atomic<int> refused{0};
+  for (int t = 0; t < kThreads; ++t) {
+    senders.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        auto buffer = pair.server->AcquireSendBuffer();
+        if (!buffer.ok()) {
+          ++refused;
+          continue;
+        }
+        const std::string bytes = Tagged(t, i);
+        std::memcpy(buffer->data, bytes.data(), bytes.size());
+        if (!pair.server->Send(*buffer, static_cast<uint32_t>(bytes.size()), t * 1000 + i).ok()) {
+          ++refused;
+        }
+      }
+    });
+  }
+  for (std::thread& sender : senders) sender.join();  // would hang if a Send waited
+  CHECK(refused == 0);
+  absl::SleepFor(absl::Milliseconds(100));
+  {
+    absl::MutexLock lock(&server_handler.mu);
+    CHECK(server_handler.messages.empty());  // held up with the domain
+  }
+  {
+    absl::MutexLock lock(&client_handler.mu);
+    CHECK(client_handler.messages.empty());  // left, not carried out yet
+  }
+  ConnectionTestPeer::Let(*pair.server);
+
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == kInbound; }));
+  REQUIRE(
+      client_handler.WaitFor([&] { return client_handler.messages.size() == kThreads * kEach; }));
+  REQUIRE(server_handler.WaitFor(
+      [&] { return server_handler.done.size() == static_cast<size_t>(kThreads * kEach); }));
+  {
+    absl::MutexLock lock(&server_handler.mu);
+    for (int i = 0; i < kInbound; ++i) CHECK(server_handler.messages[i] == Tagged(9, i));
+    for (auto& [token, status] : server_handler.done) CHECK(status.ok());
+    CHECK(server_handler.duplicate_done == 0);
+  }
+  absl::MutexLock lock(&client_handler.mu);
+  int next[kThreads] = {};
+  for (const std::string& m : client_handler.messages) {
+    int thread = m[1] - '0';
+    REQUIRE(thread >= 0);
+    REQUIRE(thread < kThreads);
+    CHECK(m == Tagged(thread, next[thread]));  // each thread's in the order it sent them
+    ++next[thread];
+  }
+}
+
+TEST_CASE(
+    "a close left behind sends in a held domain: each send is reported once, all before "
+    "OnClosed, and a send after it is refused or reported",
+    "[domain]") {
+  Recorder server_handler, client_handler;
+  Setup setup(Fake());
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  ConnectionTestPeer::Hold(*pair.client);
+  std::thread other([&] {
+    for (uint64_t i = 1; i <= 10; ++i) CHECK(SendBytes(*pair.client, "before", i).ok());
+    pair.client->Close();
+    // Accepted (the close has not been carried out: the connection still looks open) or
+    // refused; either way exactly one outcome.
+    const absl::Status after = SendBytes(*pair.client, "after", 11);
+    if (!after.ok()) {
+      absl::MutexLock lock(&client_handler.mu);
+      client_handler.done.emplace(11, after);
+    }
+  });
+  other.join();
+  ConnectionTestPeer::Let(*pair.client);
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.closed.has_value(); }));
+  absl::MutexLock lock(&client_handler.mu);
+  CHECK(client_handler.done.size() == 11);
+  for (uint64_t i = 1; i <= 10; ++i) {
+    INFO("token " << i);
+    REQUIRE(client_handler.done.count(i) == 1);
+  }
+  CHECK_FALSE(client_handler.done.at(11).ok());
+  CHECK(client_handler.duplicate_done == 0);
+  CHECK(client_handler.done_after_closed == 0);
+  CHECK(client_handler.duplicate_closed == 0);
+  CHECK(client_handler.closed->code() == absl::StatusCode::kCancelled);
+}
+
+TEST_CASE("a receive given back twice by another thread while the domain is held is logged",
+          "[domain]") {
+  zrpc::testing::LogCapture log(zrpc::LogLevel::kError);
+  Recorder server_handler, client_handler;
+  server_handler.hold = true;
+  Setup setup(Fake());
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  REQUIRE(SendBytes(*pair.client, "one", 1).ok());
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.held.size() == 1; }));
+  uint64_t handle;
+  {
+    absl::MutexLock lock(&server_handler.mu);
+    handle = server_handler.held[0];
+  }
+  ConnectionTestPeer::Hold(*pair.server);
+  std::thread other([&] {
+    CHECK(pair.server->Release(handle).ok());  // left: accepted
+    CHECK(pair.server->Release(handle).ok());  // left too: found out when carried out
+  });
+  other.join();
+  ConnectionTestPeer::Let(*pair.server);
+  CHECK(log.Count(zrpc::LogLevel::kError, "transport", "released twice") == 1);
+  // Posted again once: the connection goes on.
+  {
+    absl::MutexLock lock(&server_handler.mu);
+    server_handler.hold = false;
+  }
+  REQUIRE(SendBytes(*pair.client, "two", 2).ok());
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == 2; }));
+  CHECK(pair.server->open());
+}
+
+TEST_CASE(
+    "a write withdrawn while the domain is held is taken back with its message, and the poller "
+    "reports it cancelled",
+    "[domain]") {
+  constexpr uint32_t kArena = 64 * 1024;
+  Recorder server_handler, client_handler;
+  server_handler.hold_bulks = true;  // the first payload fills the arena and stays
+  Setup setup(Fake());
+  ConnectionOptions options;
+  options.arena_size = kArena;
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler, options, options);
+  std::vector<uint8_t> source(2 * kArena, 7);
+  auto region = setup.device->RegisterMemory(source.data(), source.size());
+  REQUIRE(region.ok());
+  const uint32_t lkey = (*region)->lkey();
+  REQUIRE(pair.client->WriteBulk(BulkSource{source.data(), kArena, lkey}, 1).ok());
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.held_bulks.size() == 1; }));
+
+  ConnectionTestPeer::Hold(*pair.client);
+  std::thread other([&] {
+    CHECK(pair.client->WriteBulk(BulkSource{source.data() + kArena, kArena, lkey}, 2).ok());
+    CHECK(SendBytes(*pair.client, "refers to payload 2", 3).ok());
+    pair.client->WithdrawBulk(2);
+    CHECK(SendBytes(*pair.client, "independent", 4).ok());
+  });
+  other.join();
+  ConnectionTestPeer::Let(*pair.client);
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.done.count(2) == 1; }));
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == 1; }));
+  {
+    absl::MutexLock lock(&client_handler.mu);
+    CHECK(client_handler.done.at(2).code() == absl::StatusCode::kCancelled);
+    CHECK(client_handler.done.count(3) == 0);  // its message went with it, unreported
+  }
+  absl::MutexLock lock(&server_handler.mu);
+  CHECK(server_handler.messages[0] == "independent");
+  CHECK(server_handler.bulks.size() == 1);
+}
+
+namespace {
+
+// Answers the first message from inside its handler, but only once the test lets it: the
+// poller's batch holds the domain all that time.
+class WaitingAnswerer : public zrpc::transport::ConnectionHandler {
+ public:
+  void OnMessage(Connection& c, const zrpc::transport::ReceivedMessage& m) override {
+    static_cast<void>(c.Release(m.handle));
+    in_handler.Notify();
+    go.WaitForNotification();
+    answered = SendBytes(c, "from the handler", 2);
+  }
+  void OnBulk(Connection&, const zrpc::transport::ReceivedBulk&) override {}
+  void OnSendDone(Connection&, uint64_t, const absl::Status&) override {}
+  void OnClosed(Connection&, const absl::Status&) override {}
+
+  absl::Notification in_handler, go;
+  absl::Status answered;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a send another thread left during a batch goes before one the batch's handler makes "
+    "after it",
+    "[domain]") {
+  WaitingAnswerer server_handler;
+  Recorder client_handler;
+  Setup setup(Fake());
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  REQUIRE(SendBytes(*pair.client, "go", 1).ok());
+  server_handler.in_handler.WaitForNotification();
+  // The server's poller is in its batch, holding the domain: this is left, and returns.
+  REQUIRE(SendBytes(*pair.server, "from another thread", 1).ok());
+  server_handler.go.Notify();
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.messages.size() == 2; }));
+  CHECK(server_handler.answered.ok());
+  absl::MutexLock lock(&client_handler.mu);
+  CHECK(client_handler.messages[0] == "from another thread");
+  CHECK(client_handler.messages[1] == "from the handler");
+}
