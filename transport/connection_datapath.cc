@@ -824,6 +824,9 @@ absl::Status Connection::PostTailSignalLocked(bool probe) {
 }
 
 void Connection::Close() {
+  // Closed for every caller from now on, even when the close itself is left to the domain's
+  // holder: an operation after Close() is refused at once, as it always was.
+  gate_.fetch_and(~kGateOpen, std::memory_order_acq_rel);
   static_cast<void>(Submit(
       false,
       [&] {

@@ -32,7 +32,10 @@ struct ConnectionOptions {
   // to none (below 16 bytes, nothing fits beside the frame header); max_inline() says what was
   // granted.
   uint32_t max_inline = 220;
-  // Operations allowed to wait for credits or space before Send/WriteBulk refuse more.
+  // Operations allowed to wait for credits or space before Send/WriteBulk refuse more. An
+  // operation left to the holder of the connection's domain (connection.h, "Threads") is
+  // checked only when carried out and queued past this bound then (it was accepted already);
+  // messages stay bounded by max_send_slots.
   uint32_t max_waiting = 4096;
   // The smallest message payload (bytes a Send carries) the layer above needs: a peer whose
   // Hello offers RECVs too small for it is refused at the handshake, on either side, instead of

@@ -20,6 +20,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "tests/eventually.h"
+#include "tests/log_capture.h"
 #include "tests/pattern.h"
 #include "tests/rdma_device.h"
 #include "tests/transport/connected_pair.h"
@@ -454,11 +456,32 @@ TEST_CASE("10,000 messages each way stay within credits, in order, with no RNR",
   }
 }
 
+namespace {
+
+// A second Release of `handle`, a caller's bug: refused at once when this thread finds the
+// connection's domain free, or, when another thread holds it (the poller finishing a batch), left
+// to the holder, which finds it out and logs it (connection.h). Either way the receive is posted
+// again only once.
+void CheckSecondRelease(Connection& c, uint64_t handle, zrpc::testing::LogCapture& log) {
+  const int logged = log.Count(zrpc::LogLevel::kError, "transport", "released twice");
+  const absl::Status again = c.Release(handle);
+  if (!again.ok()) {
+    CHECK(again.code() == absl::StatusCode::kFailedPrecondition);
+    return;
+  }
+  CHECK(zrpc::testing::Eventually([&] {
+    return log.Count(zrpc::LogLevel::kError, "transport", "released twice") == logged + 1;
+  }));
+}
+
+}  // namespace
+
 TEST_CASE(
     "an answer that gives back the message it answers carries that message's credit, "
     "even when the answer is refused",
     "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::testing::LogCapture log(zrpc::LogLevel::kError);
   Recorder server_handler, client_handler;
   server_handler.hold = true;  // the test answers, with ReleaseAndSend
   client_handler.hold = true;
@@ -482,7 +505,7 @@ TEST_CASE(
     REQUIRE(buffer.ok());
     Fill(buffer->data, 32, handle);
     REQUIRE(pair.server->ReleaseAndSend(handle, *buffer, 32).ok());
-    CHECK(pair.server->Release(handle).code() == absl::StatusCode::kFailedPrecondition);
+    CheckSecondRelease(*pair.server, handle, log);
     REQUIRE(client_handler.WaitFor(
         [&] { return client_handler.message_count == static_cast<uint64_t>(round + 1); }));
     // The client gives its answer back from this thread, before its next request, which then
@@ -510,7 +533,7 @@ TEST_CASE(
   REQUIRE(too_long.ok());
   CHECK(pair.server->ReleaseAndSend(handle, *too_long, too_long->capacity + 1).code() ==
         absl::StatusCode::kInvalidArgument);
-  CHECK(pair.server->Release(handle).code() == absl::StatusCode::kFailedPrecondition);
+  CheckSecondRelease(*pair.server, handle, log);
   CHECK(SlotsInUse(*setup.device) <= slots_before);  // the send buffer went back
   REQUIRE(SendBytes(*pair.client, Filled(64, 100), 0).ok());
   REQUIRE(server_handler.WaitFor([&] { return server_handler.held.size() == 1; }));
@@ -525,7 +548,7 @@ TEST_CASE(
   } else {
     static_cast<void>(pair.server->Release(handle));
   }
-  CHECK(pair.server->Release(handle).code() == absl::StatusCode::kFailedPrecondition);
+  CheckSecondRelease(*pair.server, handle, log);
 }
 
 namespace {
