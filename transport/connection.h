@@ -423,9 +423,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // in flight), else from the heap. FreeLeftOp gives it back.
   LeftOp* NewLeftOp(LeftOp::Kind kind);
   void FreeLeftOp(LeftOp* op);
-  // Enters the domain or leaves `op` for its holder: true when left (the holder frees it). On
-  // false the caller holds the domain, `op` is still the caller's, and it must ExitLocked().
-  bool EnterOrLeave(LeftOp* op);
   // An application thread's exit: carries out what was left, then lets go; hands the poller
   // what only it may dispatch.
   void ExitLocked() ABSL_UNLOCK_FUNCTION(domain_);

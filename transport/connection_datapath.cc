@@ -52,8 +52,6 @@ void Connection::EnterWaiting() const {
   while (!domain_.TryEnter()) std::this_thread::yield();
 }
 
-bool Connection::EnterOrLeave(LeftOp* op) { return domain_.LeaveOrEnter(op); }
-
 Connection::LeftOp* Connection::NewLeftOp(LeftOp::Kind kind) {
   constexpr uint64_t kIndex = 0xffffffff;
   LeftOp* pool = op_pool_.load(std::memory_order_acquire);
@@ -134,7 +132,7 @@ absl::Status Connection::Submit(bool gated, Run run, Make make) {
   }
   if (gated && !AcceptLeft()) return Closed(peer_address_);
   LeftOp* op = make();
-  if (EnterOrLeave(op)) return absl::OkStatus();
+  if (domain_.LeaveOrEnter(op)) return absl::OkStatus();  // the holder runs and frees it
   // Free after all: carried out here, as if entered at once.
   FreeLeftOp(op);
   if (gated) LeftDone();

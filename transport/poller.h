@@ -123,7 +123,8 @@ class Poller {
   explicit Poller(const PollerOptions& options) : options_(options) {}
   absl::Status Register(const std::shared_ptr<Connection>& connection);
   void Unregister(uint32_t qp_num);
-  // Has the loop call connection->ReplayEarly() on its thread soon.
+  // Has the loop call connection->ReplayEarly() on its thread soon: completions that came before
+  // the handshake ended, and events another thread produced in the connection's domain.
   void Defer(std::shared_ptr<Connection> connection);
   void RunDeferred();
   std::shared_ptr<Connection> Find(uint32_t qp_num);
