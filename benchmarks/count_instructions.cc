@@ -31,6 +31,7 @@
 #include "rpc/channel.h"
 #include "rpc/common/manual_pollers.h"
 #include "rpc/server.h"
+#include "tests/fakeverbs/fake_device.h"
 #include "tests/fakeverbs/fake_verbs.h"
 #include "transport/connection.h"
 #include "transport/device.h"
@@ -40,6 +41,8 @@
 
 namespace zrpc::bench {
 namespace {
+
+using fakeverbs::FakeDevice;
 
 constexpr char kUsage[] =
     "usage: count_instructions transport|rpc [--calls N] [--warmup N] [--size B]\n";
@@ -76,12 +79,6 @@ bool RunPhases(const Args& args, const std::function<bool(uint64_t)>& run) {
     PrintPhase(phase, args.calls, before);
   }
   return true;
-}
-
-transport::DeviceConfig FakeDevice() {
-  transport::DeviceConfig config;
-  config.addr = fakeverbs::kAddress;
-  return config;
 }
 
 // ---- transport ---------------------------------------------------------------------------------

@@ -147,6 +147,29 @@ struct RemoteRange {
   uint32_t rkey;
 };
 
+// Work of the layer above that must run inside a connection's domain: state that layer keeps
+// per connection (a server's calls, a client's table) then needs no lock of its own, because it
+// changes only where the connection's does. Connection::RunInDomain runs it. Intrusive: the
+// caller provides the memory (embed it in the object the work is about) and keeps it alive until
+// it has run; a task is never copied, queued twice or freed by the connection.
+class DomainTask : private DomainOp {
+ public:
+  DomainTask() { task = true; }
+  DomainTask(const DomainTask&) = delete;
+  DomainTask& operator=(const DomainTask&) = delete;
+
+  // Runs inside `connection`'s domain, on whichever thread holds it (the poller, or an
+  // application thread for a moment). It may call the connection's operations (they run at
+  // once) and give its own memory back; it must not block, nor wait for another domain.
+  virtual void RunInDomain(Connection& connection) = 0;
+
+ protected:
+  ~DomainTask() = default;
+
+ private:
+  friend class Connection;
+};
+
 // What a connection reports, on the poller thread. Implementations must not block for long:
 // every connection on the poller waits meanwhile.
 class ConnectionHandler {
@@ -295,6 +318,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Starts an orderly close: disconnects, fails what waits, then OnClosed(kCancelled).
   void Close();
 
+  // Runs `task` inside this connection's domain, open or closed: at once when this thread holds
+  // the domain (a handler in this connection's batch, another task) or finds it free; else it
+  // is left to the thread that holds it, which runs it before it lets go, and this returns at
+  // once. A left task runs on its own, never inside another operation (a handler's send), and in
+  // no set order with the connection's own operations. The caller must hold a reference to the
+  // connection until this returns; the thread running a left task holds one of its own.
+  void RunInDomain(DomainTask& task);
+  // Whether this thread holds this connection's domain: dispatching its batch, or running a
+  // task (RunInDomain).
+  bool InDomain() const;
+  // From inside the domain (InDomain): drops `reference` (to this connection) once this thread
+  // has let go of the domain. For the layer above to give up a reference that may be the
+  // connection's last from a task or handler, which must not destroy the connection under them.
+  void DropAfterExit(std::shared_ptr<Connection> reference);
+
   // Whether it is open now: a hint, as it may fail right after. Lock-free (every call asks).
   bool open() const;
   uint32_t max_inline() const { return max_inline_; }
@@ -434,8 +472,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void DispatchBatchLocked(Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // On the batch's thread, before an operation of its own: what other threads left first.
   void RunLeftInBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
-  // Carries out `left` (oldest first) and frees them; what they produce goes to `events`.
+  // Carries out `left` (oldest first) and frees them; what they produce goes to `events`. Tasks
+  // among them go to tasks_, for RunTasksLocked.
   void RunLeftLocked(DomainOp* left, Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Runs the tasks left (tasks_), oldest first, with this thread marked as the holder: on their
+  // own, from the holder's loop (ExitLocked, RunBatchLocked), never inside an operation.
+  void RunTasksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Moves drops_ to the holder's `drops`, which it destroys after letting go.
+  void TakeDropsLocked(std::vector<std::shared_ptr<Connection>>& drops)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Runs `task` with this thread marked as the domain's holder (InDomain).
+  void RunTaskLocked(DomainTask& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // After a change: credits may go, a slot notice may be owed, the drain may be complete.
   void AfterChangeLocked(Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // Accepts an operation to be left: false (and nothing counted) when the connection is not open.
@@ -535,6 +582,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // connection on its list to retry. Touched by the poller's thread only.
   std::vector<ibv_wc> stash_;
   bool stash_listed_ = false;
+  // References to drop once the holder has let go (DropAfterExit).
+  std::vector<std::shared_ptr<Connection>> drops_ ABSL_GUARDED_BY(domain_);
+  // Tasks left in the domain (RunInDomain), linked by DomainOp::next, oldest first.
+  DomainOp* tasks_head_ ABSL_GUARDED_BY(domain_) = nullptr;
+  DomainOp* tasks_tail_ ABSL_GUARDED_BY(domain_) = nullptr;
   State state_ ABSL_GUARDED_BY(domain_) = State::kConnecting;
   // kGateOpen while state_ == kOpen (written with state_, by SetStateLocked), for open() and for
   // operations left in the domain, which are counted here until carried out.

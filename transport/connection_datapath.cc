@@ -28,6 +28,8 @@ constexpr uint64_t kBulkHandle = uint64_t{1} << 63;
 // The connection whose completion batch this thread is dispatching, holding its domain
 // (DispatchBatchLocked), if any.
 thread_local const Connection* batch_connection = nullptr;
+// The connection whose domain this thread holds to run a task (RunTaskLocked).
+thread_local const Connection* task_connection = nullptr;
 
 absl::Status Closed(const std::string& peer) {
   return absl::UnavailableError(absl::StrCat("connection to ", peer, " is closed"));
@@ -47,6 +49,47 @@ void Connection::SetStateLocked(State state) {
 }
 
 bool Connection::InBatch() const { return batch_connection == this; }
+
+bool Connection::InDomain() const { return batch_connection == this || task_connection == this; }
+
+void Connection::RunInDomain(DomainTask& task) {
+  if (InDomain()) {
+    domain_.AssertHeld();
+    task.RunInDomain(*this);
+    return;
+  }
+  if (!domain_.TryEnter()) {
+    if (domain_.LeaveOrEnter(&task)) return;  // the holder runs it (RunTasksLocked)
+  }
+  RunTaskLocked(task);
+  ExitLocked();
+}
+
+void Connection::DropAfterExit(std::shared_ptr<Connection> reference) {
+  domain_.AssertHeld();
+  drops_.push_back(std::move(reference));
+}
+
+void Connection::RunTaskLocked(DomainTask& task) {
+  const Connection* outer = task_connection;  // a task of another connection's, running this
+  task_connection = this;
+  task.RunInDomain(*this);
+  task_connection = outer;
+}
+
+void Connection::TakeDropsLocked(std::vector<std::shared_ptr<Connection>>& drops) {
+  for (auto& reference : drops_) drops.push_back(std::move(reference));
+  drops_.clear();
+}
+
+void Connection::RunTasksLocked() {
+  while (tasks_head_ != nullptr) {
+    DomainOp* op = tasks_head_;
+    tasks_head_ = op->next;
+    if (tasks_head_ == nullptr) tasks_tail_ = nullptr;
+    RunTaskLocked(*static_cast<DomainTask*>(op));  // may free `op`
+  }
+}
 
 void Connection::EnterWaiting() const {
   while (!domain_.TryEnter()) std::this_thread::yield();
@@ -118,7 +161,7 @@ bool Connection::AcceptLeft() {
 
 template <typename Run, typename Make>
 absl::Status Connection::Submit(bool gated, Run run, Make make) {
-  if (InBatch()) {
+  if (InDomain()) {
     domain_.AssertHeld();
     // Operations take effect in the order they were asked for: one another thread left during
     // this batch (a stream's earlier message, sent from the sweeper) goes before this one.
@@ -142,11 +185,17 @@ absl::Status Connection::Submit(bool gated, Run run, Make make) {
 }
 
 void Connection::ExitLocked() {
+  std::vector<std::shared_ptr<Connection>> drops;  // dropped after the exit (DropAfterExit)
   Events events;
   bool changed = false;
   for (;;) {
     if (DomainOp* left = domain_.TakeLeft()) {
       RunLeftLocked(left, events);
+      changed = true;
+      continue;
+    }
+    if (tasks_head_ != nullptr) {
+      RunTasksLocked();
       changed = true;
       continue;
     }
@@ -166,6 +215,7 @@ void Connection::ExitLocked() {
     for (Event& e : events) pending_events_.push_back(std::move(e));
     events.clear();
     const bool for_poller = !pending_events_.empty();
+    if (!drops_.empty()) TakeDropsLocked(drops);
     if (domain_.TryExit()) {
       if (for_poller) poller_.Defer(shared_from_this());
       return;
@@ -174,6 +224,7 @@ void Connection::ExitLocked() {
 }
 
 void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
+  std::vector<std::shared_ptr<Connection>> drops;  // dropped after the exit (DropAfterExit)
   Events events;
   if (!pending_events_.empty()) events.swap(pending_events_);  // older: first
   if (state_ != State::kConnecting) {
@@ -205,6 +256,12 @@ void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
       AfterChangeLocked(events);
       continue;
     }
+    if (tasks_head_ != nullptr) {
+      RunTasksLocked();
+      AfterChangeLocked(events);
+      continue;
+    }
+    if (!drops_.empty()) TakeDropsLocked(drops);
     if (domain_.TryExit()) return;
   }
 }
@@ -228,8 +285,20 @@ void Connection::RunLeftInBatchLocked() {
 
 void Connection::RunLeftLocked(DomainOp* left, Events& events) {
   while (left != nullptr) {
-    LeftOp* op = static_cast<LeftOp*>(left);
+    DomainOp* const current = left;
     left = left->next;
+    if (current->task) {
+      // Run by the holder's loop, on its own (a task may send, which would nest here).
+      current->next = nullptr;
+      if (tasks_tail_ == nullptr) {
+        tasks_head_ = current;
+      } else {
+        tasks_tail_->next = current;
+      }
+      tasks_tail_ = current;
+      continue;
+    }
+    LeftOp* op = static_cast<LeftOp*>(current);
     switch (op->kind) {
       case LeftOp::kEnqueue:
         if (op->has_release) static_cast<void>(ReleaseLocked(op->release));
@@ -285,7 +354,7 @@ void Connection::EnqueueAcceptedLocked(absl::Span<const Waiting> ops, Events& ev
 }
 
 ConnectionStats Connection::stats() const {
-  const bool held = InBatch();
+  const bool held = InDomain();
   if (!held) EnterWaiting();
   ConnectionStats stats = stats_;
   stats.arena_in_use = arena_reader_.in_use();
@@ -297,7 +366,7 @@ ConnectionStats Connection::stats() const {
 }
 
 std::string Connection::DebugString() const {
-  const bool held = InBatch();
+  const bool held = InDomain();
   if (!held) EnterWaiting();
   // The queue pair as the device sees it: a transfer that never completes shows whether the
   // device still thinks the queue pair can send.

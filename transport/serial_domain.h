@@ -36,6 +36,9 @@ namespace zrpc::transport {
 // An operation left for a domain's owner. Intrusive: the leaver provides the memory.
 struct DomainOp {
   DomainOp* next = nullptr;
+  // For the domain's owner to tell kinds of operation apart (a connection's own, or a task of
+  // the layer above): set by whoever makes the operation, never changed by the domain.
+  bool task = false;
 };
 
 class ABSL_LOCKABLE SerialDomain {

@@ -18,13 +18,12 @@
 
 namespace zrpc::internal {
 
-ServerCallImpl::ServerCallImpl(std::shared_ptr<ServerConnection> owner,
-                               std::shared_ptr<transport::Connection> connection, Service* service,
-                               const MethodInfo& method, MethodMetrics& metrics,
+ServerCallImpl::ServerCallImpl(ServerConnection& owner, transport::Connection& connection,
+                               Service* service, const MethodInfo& method, MethodMetrics& metrics,
                                const IncomingMessage& request, absl::Time monotonic_now,
                                uint16_t stream_window)
-    : owner_(std::move(owner)),
-      connection_(std::move(connection)),
+    : owner_(&owner),
+      connection_(&connection),
       service_(service),
       method_(method),
       metrics_(metrics),
@@ -66,7 +65,7 @@ void ServerCallImpl::Run() {
 IncomingBulk ServerCallImpl::TakeRequestBulk() {
   if (!request_.bulk) return IncomingBulk();
   transport::ReceivedBulk bulk = *std::exchange(request_.bulk, std::nullopt);
-  return ReceiveReleaser::Wrap(*owner_, connection_, bulk);
+  return ReceiveReleaser::Wrap(*owner_, connection_->shared_from_this(), bulk);
 }
 
 absl::StatusOr<SendSlot> ServerCallImpl::AcquireResponseSlot(size_t size) {
@@ -123,18 +122,13 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
   if (request_.body_payload) {
     RpcConnection::ReleasePayload(*connection_, request_.body_payload->handle);
   }
-  // The call leaves its connection's map and is destroyed in place under one lock (Retire), so
-  // a cancel or Shutdown's answer (which uses owner_ and connection_ under that lock, and may
-  // run while this handler finishes: AnswerFor wakes a stream's handler) never finds it half
-  // gone; its memory stays for the next call. The references that may be the last (the
-  // connections) are dropped after that lock.
-  std::shared_ptr<ServerConnection> owner;
-  std::shared_ptr<transport::Connection> connection;
-  ServerConnection* const retiring = owner_.get();
-  ServerImpl& server = retiring->server();
-  retiring->Retire(this, &owner, &connection);
-  connection.reset();
-  owner.reset();
+  // The call leaves its connection's map and is destroyed in place, in the connection's domain
+  // (RunInDomain, Retire), where a cancel, the close or Shutdown's answers find it: never half
+  // gone; its memory stays for the next call. In the domain already (an inline handler, in its
+  // batch), that is now; else at once or, when another thread holds the domain, by that thread,
+  // and this returns. Nothing here touches the call after: it may be gone.
+  ServerImpl& server = owner_->server();
+  connection_->RunInDomain(*this);
   server.CallDone();
 }
 
@@ -201,8 +195,10 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
   return status;
 }
 
+void ServerCallImpl::RunInDomain(transport::Connection& /*connection*/) { owner_->Retire(this); }
+
 bool ServerCallImpl::AnswerFor(const absl::Status& status, StreamEndings* later) {
-  // Under the connection's lock (AnswerAll), so Finish cannot retire the call meanwhile; the
+  // In the connection's domain (AnswerAll), so Finish cannot retire the call meanwhile; the
   // answer is claimed before the handler is woken.
   const bool answer = !answered_.exchange(true, std::memory_order_acq_rel);
   GiveUp(later);

@@ -33,10 +33,11 @@ namespace zrpc::internal {
 
 class ServerConnection;
 
-// A stream to end once the connection's lock is let go. Ending a stream tells its asynchronous
-// form (StreamPump), whose callbacks may finish the call there and then, and a call's Finish
-// takes that lock (Retire): so what gives calls up under it (a cancel, the connection's close,
-// Shutdown's answers, a bad frame) collects their streams here and ends them after.
+// A stream to end once a walk over the connection's calls is done. Ending a stream tells its
+// asynchronous form (StreamPump), whose callbacks may finish the call there and then, and a
+// call's Finish inside the connection's domain retires it at once (Retire, removing it from the
+// map being walked): so what gives calls up (a cancel, the connection's close, Shutdown's
+// answers, a bad frame) collects their streams here and ends them after.
 struct StreamEnding {
   std::shared_ptr<StreamState> state;
   absl::Status status;
@@ -52,11 +53,18 @@ inline void EndStreams(StreamEndings& endings) {
 // on a thread of its own (StreamThreads), and its end is the same Finish. An AsyncService's
 // streaming handler runs on the handler pool instead and returns at once: its stream
 // (OpenAsyncStream) is a StreamPump over the same state, and its Finish the pump's last send.
-class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCall {
+//
+// A call holds plain pointers to its connection (ServerConnection) and transport connection: the
+// ServerConnection keeps the transport connection, which keeps it, alive until its last call is
+// retired (ServerConnection::hold_). Its retirement is a task in the transport connection's
+// domain (Finish), where the ServerConnection's map of calls lives.
+class ServerCallImpl final : public ServerCall,
+                             public PoolTask,
+                             public StreamCall,
+                             private transport::DomainTask {
  public:
   // `stream_window`: for a stream open, the window this side grants the client (0 otherwise).
-  ServerCallImpl(std::shared_ptr<ServerConnection> owner,
-                 std::shared_ptr<transport::Connection> connection, Service* service,
+  ServerCallImpl(ServerConnection& owner, transport::Connection& connection, Service* service,
                  const MethodInfo& method, MethodMetrics& metrics, const IncomingMessage& request,
                  absl::Time monotonic_now,  // CallClockNow() at arrival
                  uint16_t stream_window = 0);
@@ -93,8 +101,8 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
   // DEADLINE_EXCEEDED or CANCELLED, and the handler never runs.
   void Run() override;
 
-  // The runtime answers for the handler (Shutdown past its grace); false when it had already
-  // answered. The call stays the handler's until its Finish.
+  // The runtime answers for the handler (Shutdown past its grace; in the connection's domain);
+  // false when it had already answered. The call stays the handler's until its Finish.
   bool AnswerFor(const absl::Status& status, StreamEndings* later);
   uint64_t call_id() const { return request_.header.call_id; }
   const MethodInfo& method_info() const { return method_; }
@@ -103,6 +111,9 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
   friend class ServerConnection;   // Retire destroys it in place
   friend class AsyncServerSender;  // the asynchronous form's sending
   ~ServerCallImpl() override = default;
+  // DomainTask: Finish's last step, in the connection's domain: the call leaves the map and is
+  // destroyed (ServerConnection::Retire).
+  void RunInDomain(transport::Connection& connection) override;
   // Ends the stream (if any) with `why`, now or, with `later`, once the caller lets go of the
   // connection's lock.
   void EndStream(absl::Status why, StreamEndings* later);
@@ -120,8 +131,8 @@ class ServerCallImpl final : public ServerCall, public PoolTask, public StreamCa
                     bool quota_taken = false, bool* no_slot = nullptr,
                     const std::atomic<bool>* abandoned = nullptr);
 
-  std::shared_ptr<ServerConnection> owner_;
-  std::shared_ptr<transport::Connection> connection_;
+  ServerConnection* const owner_;
+  transport::Connection* const connection_;
   Service* service_;
   const MethodInfo& method_;
   MethodMetrics& metrics_;

@@ -123,18 +123,12 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   if (request.pulls()) {
     // Larger than this side's arena: pulled first, then served like any request (OnPulled).
     const auto& place = server_.options().place_request_payload;
-    {
-      absl::MutexLock lock(&mu_);
-      pulled_requests_[header.call_id] = false;
-    }
+    pulled_requests_[header.call_id] = false;
     absl::Status pulling = place && request.bulk_size() > 0
                                ? PullPlaced(connection, request, method, place)
                                : StartPull(connection, request);
     if (!pulling.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        pulled_requests_.erase(header.call_id);
-      }
+      pulled_requests_.erase(header.call_id);
       return answer_error(absl::Status(
           pulling.code(), absl::StrCat(method.full_name, ": request: ", pulling.message())));
     }
@@ -143,27 +137,26 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   ServerCallImpl* call = nullptr;
   bool duplicate = false;
   const bool stream = header.opens_stream();
-  {
-    absl::MutexLock lock(&mu_);
-    if (calls_.contains(header.call_id)) {
-      duplicate = true;
-    } else if (stream && streams_ >= server_.options().max_streams_per_connection) {
-      // Refused below, outside the lock.
+  if (calls_.contains(header.call_id)) {
+    duplicate = true;
+  } else if (stream && streams_ >= server_.options().max_streams_per_connection) {
+    // Refused below.
+  } else {
+    void* memory;
+    if (call_memory_.empty()) {
+      memory = ::operator new(sizeof(ServerCallImpl));
     } else {
-      void* memory;
-      if (call_memory_.empty()) {
-        memory = ::operator new(sizeof(ServerCallImpl));
-      } else {
-        memory = call_memory_.back();
-        call_memory_.pop_back();
-      }
-      call = new (memory)
-          ServerCallImpl(shared_from_this(), connection.shared_from_this(), entry->service, method,
-                         *entry->metrics[method.index], request, CallClockNow(),
-                         stream ? server_.options().stream_window : uint16_t{0});
-      calls_.emplace(header.call_id, call);
-      if (stream) ++streams_;
+      memory = call_memory_.back();
+      call_memory_.pop_back();
     }
+    // The connection outlives its calls (hold_, given up after the close and the last call).
+    if (hold_ == nullptr) hold_ = connection.shared_from_this();
+    call = new (memory) ServerCallImpl(*this, connection, entry->service, method,
+                                       *entry->metrics[method.index], request, CallClockNow(),
+                                       stream ? server_.options().stream_window : uint16_t{0});
+    calls_.emplace(header.call_id, call);
+    calls_count_.store(calls_.size(), std::memory_order_relaxed);
+    if (stream) ++streams_;
   }
   if (duplicate) {
     // Answering either call would complete both on the client: refuse the peer.
@@ -237,13 +230,9 @@ void ServerConnection::OnPulled(transport::Connection& connection, IncomingMessa
   // the payload exposed for this READ, and waits for this word).
   static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(message.header.call_id)));
   bool cancelled = false;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = pulled_requests_.find(message.header.call_id);
-    if (it != pulled_requests_.end()) {
-      cancelled = it->second;
-      pulled_requests_.erase(it);
-    }
+  if (auto it = pulled_requests_.find(message.header.call_id); it != pulled_requests_.end()) {
+    cancelled = it->second;
+    pulled_requests_.erase(it);
   }
   if (cancelled) {  // given up while it was pulled: never served, nothing to answer
     server_.CountSkipped();
@@ -258,34 +247,31 @@ void ServerConnection::HandleCancel(transport::Connection& connection,
   Discard(connection, cancel);
   server_.CountCancel();
   StreamEndings later;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = calls_.find(cancel.header.call_id);
-    if (it != calls_.end()) {
-      it->second->GiveUp(&later);
-    } else if (auto pulled = pulled_requests_.find(cancel.header.call_id);
-               pulled != pulled_requests_.end()) {
-      // Still being pulled: dropped when the pull is done. (Neither: the call finished while
-      // the cancel travelled, and there is nothing to do.)
-      pulled->second = true;
-    }
+  if (auto it = calls_.find(cancel.header.call_id); it != calls_.end()) {
+    it->second->GiveUp(&later);
+  } else if (auto pulled = pulled_requests_.find(cancel.header.call_id);
+             pulled != pulled_requests_.end()) {
+    // Still being pulled: dropped when the pull is done. (Neither: the call finished while the
+    // cancel travelled, and there is nothing to do.)
+    pulled->second = true;
   }
   EndStreams(later);
 }
 
-void ServerConnection::Retire(ServerCallImpl* call, std::shared_ptr<ServerConnection>* owner,
-                              std::shared_ptr<transport::Connection>* connection) {
-  absl::MutexLock lock(&mu_);
-  *owner = std::move(call->owner_);
-  *connection = std::move(call->connection_);
+void ServerConnection::Retire(ServerCallImpl* call) {
+  transport::Connection& connection = *call->connection_;
   calls_.erase(call->call_id());
+  calls_count_.store(calls_.size(), std::memory_order_relaxed);
   if (call->stream() != nullptr) --streams_;
   call->~ServerCallImpl();
   call_memory_.push_back(call);
+  // The last call after the close: the connection may go (this thread still holds its domain).
+  if (domain_closed_ && calls_.empty() && hold_ != nullptr) {
+    connection.DropAfterExit(std::move(hold_));
+  }
 }
 
 ServerConnection::~ServerConnection() {
-  absl::MutexLock lock(&mu_);
   for (void* memory : call_memory_) ::operator delete(memory);
 }
 
@@ -298,14 +284,13 @@ void ServerConnection::OnDeferredFailed(transport::Connection& connection, const
 
 void ServerConnection::SweepPass(absl::Time now, absl::Duration idle, absl::Duration probe) {
   std::shared_ptr<transport::Connection> connection;
-  bool holds_calls;
   {
     absl::MutexLock lock(&mu_);
     connection = connection_;
-    // A payload being pulled (before its call starts) or exposed (after its call answered) is
-    // work in progress too: probed if silent, never idle.
-    holds_calls = !calls_.empty() || Transferring();
   }
+  // A payload being pulled (before its call starts) or exposed (after its call answered) is
+  // work in progress too: probed if silent, never idle.
+  const bool holds_calls = calls_count_.load(std::memory_order_relaxed) > 0 || Transferring();
   if (connection == nullptr || !connection->open()) return;
   const transport::ConnectionStats stats = connection->stats();
   const uint64_t arrivals = stats.messages_received + stats.bulk_received;
@@ -359,17 +344,43 @@ void ServerConnection::Close() {
   if (connection != nullptr) connection->Close();
 }
 
-int ServerConnection::AnswerAll(const absl::Status& status) {
-  // Under the lock: a call's Finish forgets its id and destroys it under the same lock
-  // (Retire), so every call seen here is alive until the lock is dropped.
-  StreamEndings later;
-  int answered = 0;
+namespace {
+
+// Shutdown's answers, in the connection's domain: a call's Finish retires it there too, so every
+// call seen is alive while they are given. Deletes itself.
+class AnswerAllTask final : public transport::DomainTask {
+ public:
+  AnswerAllTask(ServerConnection& owner, absl::Status status)
+      : owner_(owner), status_(std::move(status)) {}
+  void RunInDomain(transport::Connection& /*connection*/) override {
+    owner_.AnswerAllInDomain(status_);
+    delete this;
+  }
+
+ private:
+  ServerConnection& owner_;
+  const absl::Status status_;
+};
+
+}  // namespace
+
+void ServerConnection::AnswerAll(const absl::Status& status) {
+  std::shared_ptr<transport::Connection> connection;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [id, call] : calls_) answered += call->AnswerFor(status, &later) ? 1 : 0;
+    connection = connection_;
   }
+  // Closed: its calls were given up at OnClosed, and no answer could go.
+  if (connection == nullptr) return;
+  // The connection keeps this alive while the task waits (the transport connection owns its
+  // handler, and whoever holds its domain holds a reference).
+  connection->RunInDomain(*new AnswerAllTask(*this, status));
+}
+
+void ServerConnection::AnswerAllInDomain(const absl::Status& status) {
+  StreamEndings later;
+  for (auto& [id, call] : calls_) call->AnswerFor(status, &later);
   EndStreams(later);
-  return answered;
 }
 
 void ServerConnection::OnClosed(transport::Connection& connection, const absl::Status& why) {
@@ -384,16 +395,20 @@ void ServerConnection::OnClosed(transport::Connection& connection, const absl::S
              " failed: ", why.ToString());
   }
   std::shared_ptr<transport::Connection> attached;  // dropped after the lock
-  StreamEndings later;
   {
     absl::MutexLock lock(&mu_);
     closed_ = true;
     attached = std::move(connection_);
-    // The client is gone: its calls are no longer wanted. Their handlers still Finish them,
-    // which gives their memory back (sends fail quietly on a closed connection).
-    for (auto& [id, call] : calls_) call->GiveUp(&later);
   }
+  if (attached != nullptr) connection.DropAfterExit(std::move(attached));
+  // The client is gone: its calls are no longer wanted. Their handlers still Finish them, which
+  // gives their memory back (sends fail quietly on a closed connection); the last lets go of
+  // hold_ (Retire).
+  domain_closed_ = true;
+  StreamEndings later;
+  for (auto& [id, call] : calls_) call->GiveUp(&later);
   EndStreams(later);
+  if (calls_.empty() && hold_ != nullptr) connection.DropAfterExit(std::move(hold_));
   if (violations() > 0) server_.CountViolation();
   server_.ConnectionClosed(this);  // may destroy `this`: nothing after it
 }

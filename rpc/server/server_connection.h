@@ -8,7 +8,13 @@
 //   handler: Service::Dispatch -> generated code parses the request in place, runs the user's
 //     handler, serializes the response into a registered slot -> Finish.
 //   Finish (any thread): sends the response (payload staged and written first) or the error,
-//     gives back the request's receive slot and payload, forgets the call id, and frees the call.
+//     gives back the request's receive slot and payload; then, in the connection's domain
+//     (transport/connection.h's DomainTask), forgets the call id and frees the call.
+//
+// Threads. The calls (calls_ and what goes with it) live in the transport connection's domain:
+// the poller's batch (requests, cancels, stream frames, pulls, the close) and Finish's retiring
+// task touch them with no lock; Shutdown's answers run as a task too. mu_ guards only the
+// reference to the transport connection that the sweeper and Shutdown use.
 #ifndef ZRPC_RPC_SERVER_SERVER_CONNECTION_H_
 #define ZRPC_RPC_SERVER_SERVER_CONNECTION_H_
 
@@ -62,14 +68,13 @@ class ServerConnection final : public RpcConnection,
   // Closes the connection (Shutdown); OnClosed follows.
   void Close();
   // Shutdown past its grace: answers every call still running with `status` and marks it
-  // cancelled. Returns how many it answered.
-  int AnswerAll(const absl::Status& status);
-  // A call finished: forgets its id, moves its references to this and to its transport
-  // connection into `*owner` and `*connection` (dropped by the caller after the lock: they may be
-  // the last), and destroys it, all under the lock the call map's readers take (AnswerAll uses
-  // those references under it), and keeps its memory for the next call.
-  void Retire(ServerCallImpl* call, std::shared_ptr<ServerConnection>* owner,
-              std::shared_ptr<transport::Connection>* connection);
+  // cancelled, in the connection's domain (at once, or by the thread that holds it).
+  void AnswerAll(const absl::Status& status);
+  // AnswerAll's work, in the domain.
+  void AnswerAllInDomain(const absl::Status& status);
+  // A call finished (in the domain: its Finish's task): forgets its id and destroys it, and
+  // keeps its memory for the next call. After the close, the last call lets go of hold_.
+  void Retire(ServerCallImpl* call);
   // One liveness pass (the server's sweeper thread only; ServerOptions; `now` monotonic):
   // closes the connection when it held no calls and received nothing for `idle`, probes the
   // client's NIC when it holds calls and received nothing for `probe`. Counted in the stats.
@@ -94,16 +99,25 @@ class ServerConnection final : public RpcConnection,
   absl::Mutex mu_;
   std::shared_ptr<transport::Connection> connection_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  absl::flat_hash_map<uint64_t, ServerCallImpl*> calls_ ABSL_GUARDED_BY(mu_);
-  int streams_ ABSL_GUARDED_BY(mu_) = 0;  // of those, streams (max_streams_per_connection)
+
+  // In the transport connection's domain (see the top), so no lock:
+  absl::flat_hash_map<uint64_t, ServerCallImpl*> calls_;
+  int streams_ = 0;  // of those, streams (max_streams_per_connection)
+  // The transport connection, from the first call until the close and the last call's end:
+  // calls point at it (and at this, which it keeps) without a reference each. Taken once per
+  // connection, not per call; given up by DropAfterExit.
+  std::shared_ptr<transport::Connection> hold_;
+  bool domain_closed_ = false;  // OnClosed ran
   // Requests being pulled (larger than the arena), not yet calls: whether a cancel came for
   // each meanwhile, so that OnPulled drops it instead of serving it. A stream served after its
   // client gave up would keep its handler waiting for credits that never come.
-  absl::flat_hash_map<uint64_t, bool> pulled_requests_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, bool> pulled_requests_;
   // Memory of finished calls, reused by the next ones: HandleRequest takes a block and Retire
-  // gives it back, each under mu_, which they take anyway for calls_. So a call allocates
-  // nothing in steady state; at most recv_credits calls are in flight, which bounds the blocks.
-  std::vector<void*> call_memory_ ABSL_GUARDED_BY(mu_);
+  // gives it back. So a call allocates nothing in steady state; at most recv_credits calls are
+  // in flight, which bounds the blocks.
+  std::vector<void*> call_memory_;
+  // calls_.size(), for the sweeper's look from its own thread.
+  std::atomic<size_t> calls_count_{0};
 };
 
 }  // namespace zrpc::internal

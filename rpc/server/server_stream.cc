@@ -232,14 +232,10 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
   std::shared_ptr<StreamState> stream;
   MethodMetrics* metrics = nullptr;  // the server's: outlives the call
   bool found = false;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = calls_.find(id);
-    if (it != calls_.end()) {
-      found = true;
-      stream = it->second->stream();
-      metrics = &it->second->metrics_;
-    }
+  if (auto it = calls_.find(id); it != calls_.end()) {  // in the domain: the poller's batch
+    found = true;
+    stream = it->second->stream();
+    metrics = &it->second->metrics_;
   }
   if (!found) {
     // The call finished while the frame travelled (the client learns with the call's status).
@@ -258,15 +254,11 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
   if (!status.ok()) {
     Discard(connection, frame);
     StreamEndings later;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = calls_.find(id);
-      if (it != calls_.end()) {
-        it->second->FailStream(
-            absl::Status(status.code(),
-                         absl::StrCat(it->second->method_info().full_name, ": ", status.message())),
-            &later);
-      }
+    if (auto it = calls_.find(id); it != calls_.end()) {
+      it->second->FailStream(
+          absl::Status(status.code(),
+                       absl::StrCat(it->second->method_info().full_name, ": ", status.message())),
+          &later);
     }
     EndStreams(later);
     return;
@@ -291,14 +283,12 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
   }
   if (!status.ok()) {
     StreamEndings later;
-    {
-      absl::MutexLock lock(&mu_);  // the call stays alive under it (Retire takes it)
-      auto it = calls_.find(id);
-      if (it != calls_.end()) {
-        it->second->FailStream(absl::InvalidArgumentError(absl::StrCat(
-                                   it->second->method_info().full_name, ": ", status.message())),
-                               &later);
-      }
+    // Found again: the stream's callbacks above may have finished the call (retired at once,
+    // in this domain).
+    if (auto it = calls_.find(id); it != calls_.end()) {
+      it->second->FailStream(absl::InvalidArgumentError(absl::StrCat(
+                                 it->second->method_info().full_name, ": ", status.message())),
+                             &later);
     }
     EndStreams(later);
   }

@@ -790,6 +790,7 @@ int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
   qp->max_recv_sge = attr->cap.max_recv_sge;
   qp->max_inline = attr->cap.max_inline_data;
   id->qp = &qp->qp;
+  ++stats.qps_alive;
   id->pd = pd;
   id->send_cq = attr->send_cq;
   id->recv_cq = attr->recv_cq;
@@ -810,6 +811,7 @@ void rdma_destroy_qp(rdma_cm_id* id) {
     qp->peer->peer = nullptr;
   }
   delete qp;
+  --stats.qps_alive;
   id->qp = nullptr;
 }
 

@@ -29,6 +29,7 @@ struct Counters {
   uint64_t completions = 0;   // work completions made, successful or not
   uint64_t cq_events = 0;     // completion-channel events raised (an armed CQ got a completion)
   uint64_t errors = 0;        // work completions with an error status
+  uint64_t qps_alive = 0;     // queue pairs created and not yet destroyed: connections alive
 };
 Counters counters();
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "tests/fakeverbs/fake_device.h"
 #include "tests/transport/connected_pair.h"
 #include "tests/transport/recorder.h"
 #include "transport/connection.h"
@@ -18,6 +19,8 @@
 
 namespace {
 
+using zrpc::fakeverbs::FakeDevice;
+
 using zrpc::testing::ConnectPair;
 using zrpc::testing::Pair;
 using zrpc::testing::Recorder;
@@ -25,12 +28,6 @@ using zrpc::testing::SendBytes;
 using zrpc::testing::Setup;
 using zrpc::transport::Connection;
 using zrpc::transport::DeviceConfig;
-
-DeviceConfig Fake() {
-  DeviceConfig config;
-  config.addr = zrpc::fakeverbs::kAddress;
-  return config;
-}
 
 std::string Bytes(size_t size, char seed) {
   std::string s(size, '\0');
@@ -40,7 +37,7 @@ std::string Bytes(size_t size, char seed) {
 
 TEST_CASE("the stand-in device is selected by its address, as RoCE v2, and by its name",
           "[fakeverbs]") {
-  auto by_address = zrpc::transport::SelectDevice(Fake());
+  auto by_address = zrpc::transport::SelectDevice(FakeDevice());
   INFO(by_address.status());
   REQUIRE(by_address.ok());
   CHECK(by_address->device == "fake0");
@@ -59,7 +56,7 @@ TEST_CASE("the stand-in device is selected by its address, as RoCE v2, and by it
 TEST_CASE("messages of 0 B to a slot and a bulk payload cross a connection intact, both ways",
           "[fakeverbs]") {
   Recorder server_handler, client_handler;
-  Setup setup(Fake());
+  Setup setup(FakeDevice());
   Pair pair = ConnectPair(setup, &server_handler, &client_handler);
   const zrpc::fakeverbs::Counters before = zrpc::fakeverbs::counters();
   const std::vector<uint32_t> sizes = {0, 1, 64, pair.client->max_message_size()};
@@ -103,7 +100,7 @@ TEST_CASE("messages of 0 B to a slot and a bulk payload cross a connection intac
 TEST_CASE("a closed connection tells both ends, and nothing listening refuses a connect",
           "[fakeverbs]") {
   Recorder server_handler, client_handler;
-  Setup setup(Fake());
+  Setup setup(FakeDevice());
   Pair pair = ConnectPair(setup, &server_handler, &client_handler);
   pair.client->Close();
   REQUIRE(client_handler.WaitFor([&] { return client_handler.closed.has_value(); }));

@@ -9,28 +9,20 @@
 #include "absl/time/time.h"
 #include "rpc/common/call_clock.h"
 #include "rpc/common/monotonic.h"
+#include "tests/fakeverbs/fake_device.h"
 #include "tests/fakeverbs/fake_verbs.h"
 #include "tests/rpc/runtime_fixture.h"
 
 namespace {
 
+using zrpc::fakeverbs::FakeDevice;
+
 using zrpc::CallOptions;
 using zrpc::testing::Greeter;
 using zrpc::testing::HelloReply;
 using zrpc::testing::HelloRequest;
+using zrpc::testing::Named;
 using zrpc::testing::Runtime;
-
-zrpc::transport::DeviceConfig FakeDevice() {
-  zrpc::transport::DeviceConfig config;
-  config.addr = zrpc::fakeverbs::kAddress;
-  return config;
-}
-
-HelloRequest Named(const std::string& name) {
-  HelloRequest request;
-  request.set_name(name);
-  return request;
-}
 
 // Before: CallOptions::Timeout read the wall clock when the options were made, so options kept
 // for later calls (a member, a constant) carried a deadline that had passed, and every call

@@ -230,6 +230,12 @@ struct Runtime {
 
 inline CallOptions Within(absl::Duration timeout) { return CallOptions::Timeout(timeout); }
 
+inline HelloRequest Named(const std::string& name) {
+  HelloRequest request;
+  request.set_name(name);
+  return request;
+}
+
 inline std::string Pattern(size_t size, uint32_t seed) {
   std::string bytes(size, '\0');
   zrpc::testing::Fill(reinterpret_cast<uint8_t*>(bytes.data()), size, seed);

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "tests/fakeverbs/fake_device.h"
 #include "tests/fakeverbs/fake_verbs.h"
 #include "tests/log_capture.h"
 #include "tests/transport/connected_pair.h"
@@ -38,6 +39,8 @@ class ConnectionTestPeer {
 
 namespace {
 
+using zrpc::fakeverbs::FakeDevice;
+
 using zrpc::testing::ConnectPair;
 using zrpc::testing::Pair;
 using zrpc::testing::Recorder;
@@ -49,12 +52,6 @@ using zrpc::transport::ConnectionOptions;
 using zrpc::transport::ConnectionTestPeer;
 using zrpc::transport::DeviceConfig;
 
-DeviceConfig Fake() {
-  DeviceConfig config;
-  config.addr = zrpc::fakeverbs::kAddress;
-  return config;
-}
-
 std::string Tagged(int thread, int i) { return absl::StrCat("t", thread, "-", i); }
 
 }  // namespace
@@ -64,7 +61,7 @@ TEST_CASE(
     "the order called, and completions wait for the poller's next pass",
     "[domain]") {
   Recorder server_handler, client_handler;
-  Setup setup(Fake());
+  Setup setup(FakeDevice());
   Pair pair = ConnectPair(setup, &server_handler, &client_handler);
   constexpr int kThreads = 3;
   constexpr int kEach = 40;  // 120 messages: past the client's 32 credits, so most wait
@@ -134,7 +131,7 @@ TEST_CASE(
     "OnClosed, and a send after it is refused or reported",
     "[domain]") {
   Recorder server_handler, client_handler;
-  Setup setup(Fake());
+  Setup setup(FakeDevice());
   Pair pair = ConnectPair(setup, &server_handler, &client_handler);
   ConnectionTestPeer::Hold(*pair.client);
   std::thread other([&] {
@@ -169,7 +166,7 @@ TEST_CASE("a receive given back twice by another thread while the domain is held
   zrpc::testing::LogCapture log(zrpc::LogLevel::kError);
   Recorder server_handler, client_handler;
   server_handler.hold = true;
-  Setup setup(Fake());
+  Setup setup(FakeDevice());
   Pair pair = ConnectPair(setup, &server_handler, &client_handler);
   REQUIRE(SendBytes(*pair.client, "one", 1).ok());
   REQUIRE(server_handler.WaitFor([&] { return server_handler.held.size() == 1; }));
@@ -203,7 +200,7 @@ TEST_CASE(
   constexpr uint32_t kArena = 64 * 1024;
   Recorder server_handler, client_handler;
   server_handler.hold_bulks = true;  // the first payload fills the arena and stays
-  Setup setup(Fake());
+  Setup setup(FakeDevice());
   ConnectionOptions options;
   options.arena_size = kArena;
   Pair pair = ConnectPair(setup, &server_handler, &client_handler, options, options);
@@ -263,7 +260,7 @@ TEST_CASE(
     "[domain]") {
   WaitingAnswerer server_handler;
   Recorder client_handler;
-  Setup setup(Fake());
+  Setup setup(FakeDevice());
   Pair pair = ConnectPair(setup, &server_handler, &client_handler);
   REQUIRE(SendBytes(*pair.client, "go", 1).ok());
   server_handler.in_handler.WaitForNotification();
@@ -275,4 +272,133 @@ TEST_CASE(
   absl::MutexLock lock(&client_handler.mu);
   CHECK(client_handler.messages[0] == "from another thread");
   CHECK(client_handler.messages[1] == "from the handler");
+}
+
+namespace {
+
+// A task that records where it ran and, when asked, sends from inside the domain.
+class RecordingTask : public zrpc::transport::DomainTask {
+ public:
+  void RunInDomain(Connection& c) override {
+    ran_on = std::this_thread::get_id();
+    in_domain = c.InDomain();
+    if (send) sent = SendBytes(c, send_bytes, 77);
+    inside_send = in_send.load();
+    ++runs;
+  }
+
+  bool send = false;
+  std::string send_bytes = "from a task";
+  std::thread::id ran_on;
+  bool in_domain = false;
+  bool inside_send = false;
+  absl::Status sent = absl::UnknownError("not sent");
+  std::atomic<int> runs{0};
+  // Set by a test while a handler of the same connection is inside a Send.
+  static std::atomic<bool> in_send;
+};
+std::atomic<bool> RecordingTask::in_send{false};
+
+// Runs a task from inside its handler (the batch holds the domain: at once), then waits for the
+// test, then sends: a task another thread left meanwhile must not run inside that send.
+class TaskHandler : public zrpc::transport::ConnectionHandler {
+ public:
+  void OnMessage(Connection& c, const zrpc::transport::ReceivedMessage& m) override {
+    static_cast<void>(c.Release(m.handle));
+    c.RunInDomain(own);
+    in_handler.Notify();
+    go.WaitForNotification();
+    RecordingTask::in_send = true;
+    answered = SendBytes(c, "from the handler", 2);
+    RecordingTask::in_send = false;
+  }
+  void OnBulk(Connection&, const zrpc::transport::ReceivedBulk&) override {}
+  void OnSendDone(Connection&, uint64_t, const absl::Status&) override {}
+  void OnClosed(Connection&, const absl::Status&) override {}
+
+  RecordingTask own;
+  absl::Notification in_handler, go;
+  absl::Status answered;
+};
+
+}  // namespace
+
+TEST_CASE("a task run in a free domain runs at once on the caller's thread, inside the domain",
+          "[domain][task]") {
+  Recorder server_handler, client_handler;
+  Setup setup(FakeDevice());
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  RecordingTask task;
+  task.send = true;
+  CHECK_FALSE(pair.client->InDomain());
+  pair.client->RunInDomain(task);
+  CHECK(task.runs == 1);
+  CHECK(task.ran_on == std::this_thread::get_id());
+  CHECK(task.in_domain);
+  CHECK(task.sent.ok());  // the send inside ran at once, not left to this thread itself
+  CHECK_FALSE(pair.client->InDomain());
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == 1; }));
+  absl::MutexLock lock(&server_handler.mu);
+  CHECK(server_handler.messages[0] == "from a task");
+}
+
+TEST_CASE(
+    "a task left in a held domain returns at once and runs when the holder lets go, on the "
+    "holder's thread; so does one on a closed connection",
+    "[domain][task]") {
+  Recorder server_handler, client_handler;
+  Setup setup(FakeDevice());
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  RecordingTask task;
+  task.send = true;
+  ConnectionTestPeer::Hold(*pair.client);
+  std::thread other([&] { pair.client->RunInDomain(task); });
+  other.join();  // would hang if RunInDomain waited
+  CHECK(task.runs == 0);
+  ConnectionTestPeer::Let(*pair.client);
+  CHECK(task.runs == 1);
+  CHECK(task.ran_on == std::this_thread::get_id());
+  CHECK(task.in_domain);
+  CHECK(task.sent.ok());
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == 1; }));
+
+  pair.client->Close();
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.closed.has_value(); }));
+  RecordingTask late;
+  late.send = true;
+  ConnectionTestPeer::Hold(*pair.client);
+  std::thread closed([&] { pair.client->RunInDomain(late); });
+  closed.join();
+  ConnectionTestPeer::Let(*pair.client);
+  CHECK(late.runs == 1);  // state to clean up still needs its turn after the close
+  CHECK(late.sent.code() == absl::StatusCode::kUnavailable);
+}
+
+TEST_CASE(
+    "in a batch, a handler's task runs at once and one another thread left runs after the "
+    "handler, never inside its send",
+    "[domain][task]") {
+  TaskHandler server_handler;
+  Recorder client_handler;
+  Setup setup(FakeDevice());
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  REQUIRE(SendBytes(*pair.client, "go", 1).ok());
+  server_handler.in_handler.WaitForNotification();
+  CHECK(server_handler.own.runs == 1);
+  CHECK(server_handler.own.in_domain);
+  RecordingTask left;
+  left.send = true;
+  left.send_bytes = "from a left task";
+  pair.server->RunInDomain(left);  // the batch holds the domain: left, returns
+  CHECK(left.runs == 0);
+  server_handler.go.Notify();
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.messages.size() == 2; }));
+  REQUIRE(left.runs == 1);
+  CHECK(left.in_domain);
+  CHECK_FALSE(left.inside_send);
+  CHECK(left.sent.ok());
+  CHECK(server_handler.answered.ok());
+  absl::MutexLock lock(&client_handler.mu);
+  CHECK(client_handler.messages[0] == "from the handler");
+  CHECK(client_handler.messages[1] == "from a left task");
 }

@@ -1,0 +1,162 @@
+// A server's calls live in their transport connection's domain (rpc/server/server_connection.h,
+// "Threads"): requests, cancels and the close change them on the poller, a handler's Finish
+// retires its call with a task there, and Shutdown's answers run as one. Over fakeverbs with the
+// pollers on their own threads, so this runs on the host and under ASan: calls finished on pool
+// threads after their client went away, the connection kept until the last of them; Shutdown
+// answering calls still running; pool and inline handlers finishing side by side on one
+// connection.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "tests/fakeverbs/fake_device.h"
+#include "tests/fakeverbs/fake_verbs.h"
+#include "tests/rpc/runtime_fixture.h"
+
+namespace {
+
+using zrpc::fakeverbs::FakeDevice;
+
+using zrpc::CallOptions;
+using zrpc::testing::Greeter;
+using zrpc::testing::HelloReply;
+using zrpc::testing::HelloRequest;
+using zrpc::testing::Named;
+using zrpc::testing::Runtime;
+
+// Waits up to `limit` for `done`.
+template <typename Done>
+bool WaitFor(Done done, absl::Duration limit = absl::Seconds(10)) {
+  const absl::Time end = absl::Now() + limit;
+  while (!done()) {
+    if (absl::Now() > end) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+// The outcomes of asynchronous calls, each recorded once.
+struct Outcomes {
+  absl::Mutex mu;
+  std::vector<absl::Status> statuses;
+  size_t size() {
+    absl::MutexLock lock(&mu);
+    return statuses.size();
+  }
+  void Add(absl::Status status) {
+    absl::MutexLock lock(&mu);
+    statuses.push_back(std::move(status));
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "calls finished on pool threads after their client went away retire, and their connection "
+    "goes only after the last",
+    "[server_domain]") {
+  const uint64_t qps_before = zrpc::fakeverbs::counters().qps_alive;
+  zrpc::ServerOptions server_options;
+  server_options.handler_threads = 8;  // every call's handler runs at once
+  Runtime rt(FakeDevice(), server_options);
+  Greeter::Stub stub(rt.channel.get());
+  HelloReply warm;
+  REQUIRE(stub.SayHello(Named("warm"), &warm, CallOptions::Timeout(absl::Seconds(10))).ok());
+  REQUIRE(zrpc::fakeverbs::counters().qps_alive == qps_before + 2);
+
+  constexpr int kCalls = 6;
+  Outcomes outcomes;
+  std::vector<HelloReply> replies(kCalls);
+  const int hellos_before = rt.greeter.hellos.load();
+  for (int i = 0; i < kCalls; ++i) {
+    stub.AsyncSayHello(Named("sleep:400"), &replies[i], CallOptions::Timeout(absl::Seconds(10)),
+                       [&outcomes](absl::Status status) { outcomes.Add(std::move(status)); });
+  }
+  // Every handler runs (the pool has threads for them): the calls are the server's now.
+  REQUIRE(WaitFor([&] { return rt.greeter.hellos.load() == hellos_before + kCalls; }));
+  rt.channel.reset();  // the client goes: its calls end here, its connection closes
+  REQUIRE(outcomes.size() == kCalls);
+  // The server's side closed, but its calls are still running: their connection stays.
+  REQUIRE(WaitFor([&] { return zrpc::fakeverbs::counters().qps_alive == qps_before + 1; }));
+  CHECK(rt.server->stats().calls_in_flight == kCalls);
+  // Their handlers finish on the pool: each call retires, and the last lets the connection go.
+  REQUIRE(WaitFor([&] { return rt.server->stats().calls_in_flight == 0; }));
+  REQUIRE(WaitFor([&] { return zrpc::fakeverbs::counters().qps_alive == qps_before; }));
+  CHECK(rt.greeter.saw_cancelled_.load() == kCalls);
+}
+
+TEST_CASE("Shutdown past its grace answers the calls still running, once each", "[server_domain]") {
+  Runtime rt(FakeDevice());
+  Greeter::Stub stub(rt.channel.get());
+  constexpr int kCalls = 4;
+  Outcomes outcomes;
+  std::vector<HelloReply> replies(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    stub.AsyncSayHello(Named("sleep:1500"), &replies[i], CallOptions::Timeout(absl::Seconds(20)),
+                       [&outcomes](absl::Status status) { outcomes.Add(std::move(status)); });
+  }
+  REQUIRE(WaitFor([&] { return rt.greeter.hellos.load() == kCalls; }));
+  const absl::Time before = absl::Now();
+  rt.server->Shutdown(absl::Milliseconds(50));
+  // Answered at the grace's end, not when the handlers returned: the answers came first.
+  REQUIRE(WaitFor([&] { return outcomes.size() == kCalls; }));
+  absl::MutexLock lock(&outcomes.mu);
+  for (const absl::Status& status : outcomes.statuses) {
+    INFO(status);
+    CHECK(status.code() == absl::StatusCode::kUnavailable);
+    CHECK(absl::StrContains(status.message(), "shut down before the call finished"));
+  }
+  CHECK(rt.greeter.saw_cancelled_.load() == kCalls);
+  CHECK(absl::Now() - before >= absl::Milliseconds(50));
+}
+
+TEST_CASE(
+    "pool and inline handlers finishing side by side on one connection: every call answered "
+    "once, nothing left",
+    "[server_domain]") {
+  zrpc::testing::TestGreeter greeter;
+  zrpc::ServerOptions options;
+  options.device = FakeDevice();
+  auto server = zrpc::Server::Create(options);
+  REQUIRE(server.ok());
+  REQUIRE((*server)->AddService(&greeter).ok());
+  REQUIRE((*server)->SetInline("zrpc.examples.Greeter/Ping", true).ok());
+  REQUIRE((*server)->Start().ok());
+  zrpc::ChannelOptions channel_options;
+  channel_options.device = FakeDevice();
+  auto channel = zrpc::CreateChannel(
+      absl::StrCat(zrpc::fakeverbs::kAddress, ":", (*server)->port()), channel_options);
+  REQUIRE(channel.ok());
+  Greeter::Stub stub(channel->get());
+  constexpr int kThreads = 4;
+  constexpr int kEach = 300;
+  std::atomic<int> failed{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kThreads; ++t) {
+    callers.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        absl::Status status;
+        if ((i + t) % 2 == 0) {
+          HelloReply reply;
+          status = stub.SayHello(Named("x"), &reply, CallOptions::Timeout(absl::Seconds(20)));
+        } else {
+          google::protobuf::Empty empty;
+          status = stub.Ping(empty, &empty, CallOptions::Timeout(absl::Seconds(20)));
+        }
+        if (!status.ok()) ++failed;
+      }
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  CHECK(failed == 0);
+  const zrpc::ServerStats stats = (*server)->stats();
+  CHECK(stats.calls_in_flight == 0);
+  CHECK(stats.calls_started >= uint64_t{kThreads * kEach});
+}
