@@ -11,24 +11,76 @@
 //
 // What a spare may hold is bounded by what was ever parsed or serialized into it: the memory it
 // keeps grew for those bytes. So each spare counts the wire bytes of its uses (the caller's hint:
-// the request's wire size, the serialized response's; no walk of the message) and is deleted
-// once they pass kMaxUsedBytes. A peer cannot grow a kept message call by call (a repeated
-// field with one large element more each time, whose wire size stays small), and a single large
-// request is not kept at all. A 64 B echo's messages are replaced once per ~500 calls.
+// the request's wire size, the serialized response's; no walk of the message), and once they
+// pass kMaxUsedBytes the bound is no longer good enough:
+//   - a message with reflection (the default, not optimize_for = LITE_RUNTIME) and no repeated
+//     string, bytes or message field and no map, at any depth, is measured then, cleared:
+//     SpaceUsedLong(), protobuf's own count of what it holds (cleared strings' capacity, a
+//     repeated number field's). Kept when that is within kMaxUsedBytes, counting from the
+//     measure; deleted otherwise. What it holds is never more than the measure plus the bytes of
+//     the uses since, so at most twice the bound. A 64 B echo's messages are never replaced;
+//   - any other message is deleted: a lite one cannot be measured, and SpaceUsedLong() leaves
+//     out the cleared elements a repeated string or message field keeps for reuse, the very
+//     memory a peer could grow.
+// A peer cannot grow a kept message call by call (a repeated field with one large element more
+// each time, whose wire size stays small): the measure sees it. A single use past the bound is
+// never kept.
 //
-// Why not SpaceUsedLong(): it needs reflection (not in lite messages) and walks every field on
-// every call.
+// Why not SpaceUsedLong() on every call: it walks every field. Once per kMaxUsedBytes of uses,
+// its cost is a few instructions per call.
 //
 // rpc/impl/ is for generated code and the runtime, not for applications: nothing here is a
 // stable API, and any of it may change in any release (rpc/impl/README.md).
 #ifndef ZRPC_RPC_IMPL_MESSAGE_POOL_H_
 #define ZRPC_RPC_IMPL_MESSAGE_POOL_H_
 
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+
 #include <cstddef>
+#include <type_traits>
+#include <vector>
 
 namespace zrpc {
 
 namespace internal {
+
+// Whether SpaceUsedLong() of a cleared message of this type counts all it holds: no repeated
+// string, bytes or message field and no map in it, at any depth (see the top).
+inline bool MeasurableWhenCleared(const google::protobuf::Descriptor* type,
+                                  std::vector<const google::protobuf::Descriptor*>& seen) {
+  for (const google::protobuf::Descriptor* done : seen) {
+    if (done == type) return true;  // a recursive type: its fields are being looked at
+  }
+  seen.push_back(type);
+  for (int i = 0; i < type->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = type->field(i);
+    const auto cpp_type = field->cpp_type();
+    const bool held_by_pointer = cpp_type == google::protobuf::FieldDescriptor::CPPTYPE_STRING ||
+                                 cpp_type == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE;
+    if (field->is_repeated() && held_by_pointer) return false;
+    if (cpp_type == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE &&
+        !MeasurableWhenCleared(field->message_type(), seen)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+template <typename Message>
+bool MeasurableWhenCleared() {
+  if constexpr (std::is_base_of_v<google::protobuf::Message, Message>) {
+    // Once per type; also makes protobuf build the type's reflection now, at its first message,
+    // rather than at the first measure.
+    static const bool measurable = [] {
+      std::vector<const google::protobuf::Descriptor*> seen;
+      return MeasurableWhenCleared(Message::descriptor(), seen);
+    }();
+    return measurable;
+  } else {
+    return false;
+  }
+}
 
 template <typename Message>
 class PooledMessage {
@@ -70,6 +122,7 @@ class PooledMessage {
     if (spares.count == 0) {
       message_ = new Message();
       used_ = 0;
+      static_cast<void>(MeasurableWhenCleared<Message>());
       return;
     }
     --spares.count;
@@ -79,12 +132,23 @@ class PooledMessage {
 
   void Give() {
     Spares& spares = ThreadSpares();
-    const size_t used = hint_ > kMaxUsedBytes ? hint_ : used_ + hint_;
-    if (used > kMaxUsedBytes || spares.count == kSpares) {
+    size_t used = hint_ > kMaxUsedBytes ? hint_ : used_ + hint_;
+    if (spares.count == kSpares || hint_ > kMaxUsedBytes) {
       delete message_;
       return;
     }
     message_->Clear();
+    if (used > kMaxUsedBytes) {
+      if constexpr (std::is_base_of_v<google::protobuf::Message, Message>) {
+        if (MeasurableWhenCleared<Message>()) {
+          used = message_->SpaceUsedLong();  // what it holds, cleared (see the top)
+        }
+      }
+      if (used > kMaxUsedBytes) {
+        delete message_;
+        return;
+      }
+    }
     spares.messages[spares.count] = message_;
     spares.used[spares.count] = used;
     ++spares.count;

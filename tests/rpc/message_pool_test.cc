@@ -1,8 +1,9 @@
 // PooledMessage (rpc/impl/message_pool.h): a thread's spare messages come back cleared with their
-// memory, are bounded in number, and are never kept once their uses' bytes pass the bound, so a
-// peer cannot grow what a server keeps call by call.
+// memory, are bounded in number, and once their uses' bytes pass the bound are kept only when a
+// measure finds them holding little, so a peer cannot grow what a server keeps call by call.
 #include "rpc/impl/message_pool.h"
 
+#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/wrappers.pb.h>
 
 #include <catch2/catch.hpp>
@@ -45,7 +46,7 @@ TEST_CASE("a message whose use was not sized (a failed call) is not kept") {
 }
 
 TEST_CASE(
-    "a message is replaced once its uses' bytes pass the bound, and one large use is never "
+    "past the bound, a message that holds little is measured and kept; one large use is never "
     "kept") {
   const size_t half = Pooled::kMaxUsedBytes / 2;
   {
@@ -61,17 +62,54 @@ TEST_CASE(
   {
     Pooled message;
     REQUIRE(Kept(message));    // exactly at the bound
-    message.set_size_hint(1);  // one byte past it
+    message.set_size_hint(1);  // one byte past it: measured, about 1 KB held
+  }
+  // A steady stream of uses, far past the bound in all: the same message, measured each time
+  // its count passes the bound, is never replaced (a server allocates nothing for it).
+  for (int i = 0; i < 200; ++i) {
+    Pooled message;
+    REQUIRE(Kept(message));
+    message->set_value(std::string(1000, 'x'));
+    message.set_size_hint(1003);
   }
   {
     Pooled message;
-    CHECK_FALSE(Kept(message));  // replaced
+    REQUIRE(Kept(message));
     message->set_value(std::string(1000, 'x'));
     message.set_size_hint(Pooled::kMaxUsedBytes + 1);  // a single use past the bound
   }
   Pooled message;
   CHECK_FALSE(Kept(message));
   message.set_size_hint(0);
+}
+
+// Cleared repeated elements stay allocated: a peer sending one large element more each call
+// grows what a kept message holds, by the bytes of each use, and SpaceUsedLong() would not see
+// them. So such a type is never measured: past the bound, it is replaced.
+TEST_CASE("a message with a repeated message field is replaced once its uses pass the bound") {
+  CHECK(zrpc::internal::MeasurableWhenCleared<google::protobuf::StringValue>());
+  CHECK_FALSE(zrpc::internal::MeasurableWhenCleared<google::protobuf::ListValue>());
+  using PooledList = zrpc::internal::PooledMessage<google::protobuf::ListValue>;
+  bool replaced = false;
+  int uses = 0;
+  for (; uses < 200; ++uses) {
+    PooledList message;
+    // A kept message still has room for its cleared elements; a new one none.
+    const bool fresh = message->values().Capacity() == 0;
+    if (uses > 0 && fresh) {
+      replaced = true;
+      message.set_size_hint(0);
+      break;
+    }
+    for (int i = 0; i < uses; ++i) message->add_values();
+    message->add_values()->set_string_value(std::string(1000, 'x'));
+    message.set_size_hint(message->ByteSizeLong());  // small: the earlier elements are empty
+  }
+  INFO("uses before the message was replaced: " << uses);
+  CHECK(replaced);
+  // Replaced when its uses' bytes (about 1000 each) passed the bound, not before.
+  CHECK(uses >= static_cast<int>(Pooled::kMaxUsedBytes / 1000) - 2);
+  CHECK(uses <= static_cast<int>(Pooled::kMaxUsedBytes / 1000) + 2);
 }
 
 TEST_CASE("each thread keeps at most kSpares messages, and nested uses take different ones") {
