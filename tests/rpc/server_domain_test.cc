@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "tests/eventually.h"
 #include "tests/fakeverbs/fake_device.h"
 #include "tests/fakeverbs/fake_verbs.h"
 #include "tests/rpc/runtime_fixture.h"
@@ -25,22 +26,12 @@ namespace {
 using zrpc::fakeverbs::FakeDevice;
 
 using zrpc::CallOptions;
+using zrpc::testing::Eventually;
 using zrpc::testing::Greeter;
 using zrpc::testing::HelloReply;
 using zrpc::testing::HelloRequest;
 using zrpc::testing::Named;
 using zrpc::testing::Runtime;
-
-// Waits up to `limit` for `done`.
-template <typename Done>
-bool WaitFor(Done done, absl::Duration limit = absl::Seconds(10)) {
-  const absl::Time end = absl::Now() + limit;
-  while (!done()) {
-    if (absl::Now() > end) return false;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return true;
-}
 
 // The outcomes of asynchronous calls, each recorded once.
 struct Outcomes {
@@ -80,15 +71,15 @@ TEST_CASE(
                        [&outcomes](absl::Status status) { outcomes.Add(std::move(status)); });
   }
   // Every handler runs (the pool has threads for them): the calls are the server's now.
-  REQUIRE(WaitFor([&] { return rt.greeter.hellos.load() == hellos_before + kCalls; }));
+  REQUIRE(Eventually([&] { return rt.greeter.hellos.load() == hellos_before + kCalls; }));
   rt.channel.reset();  // the client goes: its calls end here, its connection closes
   REQUIRE(outcomes.size() == kCalls);
   // The server's side closed, but its calls are still running: their connection stays.
-  REQUIRE(WaitFor([&] { return zrpc::fakeverbs::counters().qps_alive == qps_before + 1; }));
+  REQUIRE(Eventually([&] { return zrpc::fakeverbs::counters().qps_alive == qps_before + 1; }));
   CHECK(rt.server->stats().calls_in_flight == kCalls);
   // Their handlers finish on the pool: each call retires, and the last lets the connection go.
-  REQUIRE(WaitFor([&] { return rt.server->stats().calls_in_flight == 0; }));
-  REQUIRE(WaitFor([&] { return zrpc::fakeverbs::counters().qps_alive == qps_before; }));
+  REQUIRE(Eventually([&] { return rt.server->stats().calls_in_flight == 0; }));
+  REQUIRE(Eventually([&] { return zrpc::fakeverbs::counters().qps_alive == qps_before; }));
   CHECK(rt.greeter.saw_cancelled_.load() == kCalls);
 }
 
@@ -102,11 +93,11 @@ TEST_CASE("Shutdown past its grace answers the calls still running, once each", 
     stub.AsyncSayHello(Named("sleep:1500"), &replies[i], CallOptions::Timeout(absl::Seconds(20)),
                        [&outcomes](absl::Status status) { outcomes.Add(std::move(status)); });
   }
-  REQUIRE(WaitFor([&] { return rt.greeter.hellos.load() == kCalls; }));
+  REQUIRE(Eventually([&] { return rt.greeter.hellos.load() == kCalls; }));
   const absl::Time before = absl::Now();
   rt.server->Shutdown(absl::Milliseconds(50));
   // Answered at the grace's end, not when the handlers returned: the answers came first.
-  REQUIRE(WaitFor([&] { return outcomes.size() == kCalls; }));
+  REQUIRE(Eventually([&] { return outcomes.size() == kCalls; }));
   absl::MutexLock lock(&outcomes.mu);
   for (const absl::Status& status : outcomes.statuses) {
     INFO(status);
