@@ -58,6 +58,8 @@ struct ServerStats {
   uint64_t connections_accepted = 0;
   uint64_t connections_open = 0;
   uint64_t calls_started = 0;
+  // Calls started and not yet retired. A call retires just after its answer has left, so a
+  // client may hold its answer a moment before this count (and the method's metrics) drop.
   uint64_t calls_in_flight = 0;
   // Calls answered UNIMPLEMENTED: for a service or method this server does not serve, for a
   // method its service declares but does not implement (the generated default answered), or by
