@@ -70,12 +70,12 @@ void Poller::Shutdown() {
     absl::MutexLock lock(&mu_);
     for (auto& [qp_num, connection] : connections_) open.push_back(connection);
   }
-  if (open.empty()) return;
   // Close what is still open and drive the drains for a bounded time, so handlers hear of it.
   for (auto& connection : open) connection->Close();
+  const bool drain = !open.empty();
   open.clear();
   absl::Time deadline = absl::Now() + absl::Seconds(5);
-  for (;;) {
+  while (drain) {
     {
       absl::MutexLock lock(&mu_);
       if (connections_.empty()) break;
@@ -88,6 +88,11 @@ void Poller::Shutdown() {
     }
     RunOnce(absl::Milliseconds(10));
   }
+  // The loop has ended: what it kept for its passes goes now, and Unregister drops at once.
+  std::vector<std::shared_ptr<Connection>> released;
+  absl::MutexLock lock(&mu_);
+  loop_ended_ = true;
+  released.swap(retired_);
 }
 
 absl::Status Poller::Start() {
@@ -152,6 +157,24 @@ void Poller::Unregister(uint32_t qp_num) {
   last = std::move(it->second);
   connections_.erase(it);
   generation_.fetch_add(1, std::memory_order_release);
+  // Once the loop has ended no pass holds it, unless this is one (a RunOnce after Shutdown, or
+  // another poller's pass): `last` then goes after the lock.
+  if (loop_ended_ && !OnPollerThread()) return;
+  // A pass may be using it (FindFromLoop): the loop drops this reference after its pass.
+  retired_.push_back(std::move(last));
+  has_retired_.store(true, std::memory_order_release);
+  Wake();  // an idle loop in event mode releases it now, not at its next completion
+}
+
+void Poller::ReleaseRetired() {
+  if (!has_retired_.load(std::memory_order_acquire)) return;
+  std::vector<std::shared_ptr<Connection>> released;
+  {
+    absl::MutexLock lock(&mu_);
+    released.swap(retired_);
+    has_retired_.store(false, std::memory_order_relaxed);
+  }
+  // Destroyed here, outside the lock and between passes: a connection's destructor may take it.
 }
 
 void Poller::Defer(std::shared_ptr<Connection> connection) {
@@ -180,14 +203,14 @@ std::shared_ptr<Connection> Poller::Find(uint32_t qp_num) {
   return it == connections_.end() ? nullptr : it->second;
 }
 
-std::shared_ptr<Connection> Poller::FindFromLoop(uint32_t qp_num) {
+Connection* Poller::FindFromLoop(uint32_t qp_num) {
   // Read before the lookup: a change after it makes the entry stale at the next look.
   const uint64_t generation = generation_.load(std::memory_order_acquire);
   CachedConnection& entry = found_[qp_num % kFoundCache];
-  if (entry.qp_num == qp_num && entry.generation == generation) {
-    if (std::shared_ptr<Connection> connection = entry.connection.lock()) return connection;
-  }
-  std::shared_ptr<Connection> connection = Find(qp_num);
+  if (entry.qp_num == qp_num && entry.generation == generation) return entry.connection;
+  // The reference Find returns is not the last one: connections_ or retired_ holds another until
+  // this pass ends.
+  Connection* connection = Find(qp_num).get();
   entry = CachedConnection{qp_num, generation, connection};
   return connection;
 }
@@ -229,7 +252,8 @@ void Poller::Loop() {
     after_traffic = true;
   };
   while (!stop_.load(std::memory_order_relaxed)) {
-    passes_.fetch_add(1, std::memory_order_relaxed);
+    CountPass();
+    ReleaseRetired();
     RunDeferred();
     // Completions that waited for a domain another thread held come before newer ones.
     const bool stashed = RetryStashed();
@@ -297,7 +321,8 @@ void Poller::RunCmEvents() {
 
 int Poller::RunOnce(absl::Duration wait) {
   PollerThreadScope scope;
-  passes_.fetch_add(1, std::memory_order_relaxed);
+  CountPass();
+  ReleaseRetired();
   RunDeferred();
   const bool stashed = RetryStashed();
   int n = PollCq();
@@ -326,11 +351,11 @@ int Poller::PollCq() {
     while (end < n && wcs[end].qp_num == qp_num) ++end;
     // A completion of a connection already gone (flushed after it was unregistered) is dropped:
     // the connection freed its slots when it was destroyed.
-    if (std::shared_ptr<Connection> connection = FindFromLoop(qp_num)) {
+    if (Connection* connection = FindFromLoop(qp_num)) {
       if (!connection->OnCompletions(absl::MakeConstSpan(&wcs[i], static_cast<size_t>(end - i))) &&
           !connection->stash_listed_) {
         connection->stash_listed_ = true;
-        stashed_.push_back(std::move(connection));
+        stashed_.push_back(connection->shared_from_this());
       }
     }
     i = end;
@@ -385,7 +410,7 @@ bool Poller::ArmAndWait(int timeout_ms, bool with_cm) {
   pollfd fds[3] = {
       {comp_channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}, {cm_channel_->fd, POLLIN, 0}};
   if (poll(fds, with_cm ? 3 : 2, timeout_ms) <= 0) return false;
-  wakeups_.fetch_add(1, std::memory_order_relaxed);
+  wakeups_.store(wakeups_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (fds[0].revents & POLLIN) {
     // One read: the CQ was armed once, so it raised at most one event since. Reading until
     // EAGAIN would cost a failing read(2) per wake-up.

@@ -128,8 +128,9 @@ class Poller {
   void Defer(std::shared_ptr<Connection> connection);
   void RunDeferred();
   std::shared_ptr<Connection> Find(uint32_t qp_num);
-  // Find for the loop's thread, through found_: no lock while no connection came or went.
-  std::shared_ptr<Connection> FindFromLoop(uint32_t qp_num);
+  // Find for the loop's thread, through found_: no lock and no reference count while no
+  // connection came or went. The connection stays alive until the pass ends (retired_).
+  Connection* FindFromLoop(uint32_t qp_num);
   ibv_cq* cq() const { return cq_.get(); }
   rdma_event_channel* cm_channel() const { return cm_channel_.get(); }
 
@@ -169,15 +170,26 @@ class Poller {
   absl::flat_hash_map<uint32_t, std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   uint32_t cqes_reserved_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::shared_ptr<Connection>> deferred_ ABSL_GUARDED_BY(mu_);
+  // The references connections_ held to connections since unregistered. A pass of the loop may
+  // be using any of them by plain pointer (FindFromLoop), so they are dropped only between
+  // passes, by the loop's thread (ReleaseRetired), and by Shutdown once the loop has ended; after
+  // that (loop_ended_) Unregister drops its reference at once. So a connection whose owners let
+  // go during a pass is destroyed by its poller, never under a pass that uses it.
+  std::vector<std::shared_ptr<Connection>> retired_ ABSL_GUARDED_BY(mu_);
+  bool loop_ended_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> has_retired_{false};
+  void ReleaseRetired();
   // Bumped (under mu_) whenever connections_ changes.
   std::atomic<uint64_t> generation_{0};
   // The loop thread's cache of lookups (FindFromLoop), direct-mapped by QP number: an entry
-  // counts while generation_ has not moved since it was filled. Weak, so that it keeps no
-  // connection alive.
+  // counts while generation_ has not moved since it was filled, that is while the connection is
+  // still in connections_, which holds it. A plain pointer, so that a lookup touches no
+  // reference count: what keeps the connection alive for the rest of a pass that found it is
+  // retired_ below.
   struct CachedConnection {
     uint32_t qp_num = 0;
     uint64_t generation = ~uint64_t{0};
-    std::weak_ptr<Connection> connection;
+    Connection* connection = nullptr;
   };
   static constexpr uint32_t kFoundCache = 16;
   CachedConnection found_[kFoundCache];
@@ -191,8 +203,13 @@ class Poller {
   std::thread thread_;
   std::thread cm_thread_;  // runs CmLoop while the loop runs on thread_
   std::atomic<bool> stop_{false};
+  // Written by the loop's thread only (the one thread that runs passes), read by any: a load and
+  // a store, not a read-modify-write, which would be an atomic instruction on every pass.
+  void CountPass() {
+    passes_.store(passes_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
   std::atomic<uint64_t> passes_{0};
-  std::atomic<uint64_t> wakeups_{0};
+  std::atomic<uint64_t> wakeups_{0};        // likewise the loop's only
   std::atomic<int64_t> spin_budget_ns_{0};  // written by the loop only: spin_budget()
 };
 

@@ -46,6 +46,16 @@ int DriveManualPollersOnce() {
   return handled;
 }
 
+std::vector<std::shared_ptr<transport::Poller>> ManualPollersAlive() {
+  std::vector<std::shared_ptr<transport::Poller>> alive;
+  absl::MutexLock lock(&mu);
+  if (pollers == nullptr) return alive;
+  for (const auto& weak : *pollers) {
+    if (std::shared_ptr<transport::Poller> poller = weak.lock()) alive.push_back(std::move(poller));
+  }
+  return alive;
+}
+
 void StartManualPollers() {
   std::vector<std::weak_ptr<transport::Poller>> taken;
   {

@@ -16,6 +16,7 @@
 #define ZRPC_RPC_COMMON_MANUAL_POLLERS_H_
 
 #include <memory>
+#include <vector>
 
 #include "transport/poller.h"
 
@@ -30,6 +31,12 @@ void AddManualPoller(const std::shared_ptr<transport::Poller>& poller);
 // One pass of every manual poller still alive, in the order they were made; the completions
 // they handled.
 int DriveManualPollersOnce();
+// The manual pollers alive now, in the order they were made. For a driver that passes them
+// itself, many times over a set that does not change (count_instructions): DriveManualPollersOnce
+// looks the set up on every pass, a lock and a reference count per poller, which a counted pass
+// would then include though no poller thread pays it. The caller drops them before the runtimes
+// close (a runtime's teardown does not wait for references held elsewhere).
+std::vector<std::shared_ptr<transport::Poller>> ManualPollersAlive();
 // Starts the thread of every manual poller still alive (transport::Poller::Start) and forgets
 // them: from then on they run as a runtime's pollers always do. Not during a pass.
 void StartManualPollers();

@@ -36,12 +36,15 @@ mkdir -p "$out"
 # its mutex: the transport echo 4,110 -> 3,697 instructions and 7 -> 1 locks, the one left being
 # the test driver's; RPC locks 10 -> 6), 10,268 (a server's calls in the connection's domain, no
 # lock and no shared_ptr per call: RPC locks 6 -> 4; the transport echo 3,741 -> 3,787 for the
-# domain tasks' checks). The instruction ceilings leave about 5 % for glibc's choice of memcpy and
+# domain tasks' checks), 10,002 (the driver runs the pollers' passes itself instead of looking
+# them up each pass, a poller counts its passes without an atomic add, and its loop finds a
+# connection by plain pointer, no reference count: the transport echo 3,787 -> 3,513 and 1 -> 0
+# locks, RPC locks 4 -> 3). The instruction ceilings leave about 5 % for glibc's choice of memcpy and
 # friends by CPU.
-max_transport_ir=3880
-max_transport_locks=1
-max_rpc_ir=10780
-max_rpc_locks=4
+max_transport_ir=3690
+max_transport_locks=0
+max_rpc_ir=10500
+max_rpc_locks=3
 max_rpc_clocks=3
 # Atomic read-modify-writes per round trip (exact: callgrind's count of each lock-prefixed
 # instruction), measured with the figures above: transport 26 (24 in zrpc's code, the rest the
@@ -50,10 +53,13 @@ max_rpc_clocks=3
 # the server's call counts). Before the domains: 34 (20) and 52 (32): a mutex's two locked
 # instructions were Abseil's, a domain's two compare-and-swaps are zrpc's. 64 and 44 before the
 # metrics' per-thread shards. 40 (32) since a server's calls live in the connection's domain: its
-# mutex's pairs and the call's two shared_ptr copies are gone.
-max_transport_atomics=26
-max_rpc_atomics=40
-max_rpc_atomics_zrpc=32
+# mutex's pairs and the call's two shared_ptr copies are gone. 14 (14) and 28 (22) since the
+# driver stopped looking the pollers up on every pass (a mutex and two reference counts per
+# poller, which no poller thread pays), a pass is counted with a load and a store, and the loop's
+# lookup of a connection takes no reference (transport/poller.h, retired_).
+max_transport_atomics=14
+max_rpc_atomics=28
+max_rpc_atomics_zrpc=22
 
 # Under --config=asan the binary is not built at all (tests/benchmarks/BUILD.bazel).
 if [[ ! -x "$bin" ]] || ldd "$bin" 2>/dev/null | grep -q 'libasan'; then

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "tests/eventually.h"
 #include "tests/fakeverbs/fake_device.h"
 #include "tests/fakeverbs/fake_verbs.h"
 #include "tests/log_capture.h"
@@ -401,4 +402,48 @@ TEST_CASE(
   absl::MutexLock lock(&client_handler.mu);
   CHECK(client_handler.messages[0] == "from the handler");
   CHECK(client_handler.messages[1] == "from a left task");
+}
+
+namespace {
+
+// Holds its connection's last reference and lets go of it in OnClosed, from the poller's pass
+// that delivers the close: the connection's own code is still running on that thread, and goes
+// on to unregister the connection from its poller.
+class LastOwner : public Recorder {
+ public:
+  std::shared_ptr<Connection> connection;
+
+  void OnClosed(Connection& c, const absl::Status& why) override {
+    Recorder::OnClosed(c, why);
+    connection.reset();
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a connection whose last owner lets go during the pass that closes it lives until the pass "
+    "ends, then its poller destroys it",
+    "[domain][lifetime]") {
+  const uint64_t qps_before = zrpc::fakeverbs::counters().qps_alive;
+  LastOwner server_handler;
+  Recorder client_handler;
+  Setup setup(FakeDevice());
+  {
+    Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+    REQUIRE(SendBytes(*pair.client, "hello", 1).ok());
+    REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == 1; }));
+    server_handler.connection = std::move(pair.server);
+    // The poller's lookup holds the server's connection by plain pointer (Poller::FindFromLoop);
+    // only the poller's own reference, dropped between passes, keeps it alive to the pass's end.
+    // Under ASan a destruction inside the pass would be a use after free.
+    pair.client->Close();
+    REQUIRE(server_handler.WaitFor([&] { return server_handler.closed.has_value(); }));
+    REQUIRE(client_handler.WaitFor([&] { return client_handler.closed.has_value(); }));
+  }
+  // Both connections go: the server's on its poller's next pass, the client's when the pair's
+  // reference went and its poller let go of its own.
+  CHECK(zrpc::testing::Eventually(
+      [&] { return zrpc::fakeverbs::counters().qps_alive == qps_before; }));
+  CHECK(server_handler.duplicate_closed == 0);
 }
