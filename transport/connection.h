@@ -424,8 +424,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // (min_message_size).
   static absl::StatusOr<Hello> PeerHello(const rdma_cm_event& event,
                                          const ConnectionOptions& options);
-  // Frees a slot of an outgoing message and gives its place in max_send_slots back.
+  // Frees a slot of an outgoing message and gives its place in max_send_slots back: from any
+  // thread, and FreeSendSlotLocked with the domain held (its count, send_slots_in_domain_).
   void FreeSendSlot(uint32_t slot);
+  void FreeSendSlotLocked(uint32_t slot);
+  // A send slot, and a slot back: through the loop's cache (Poller::slot_cache) when this thread
+  // runs this connection's poller, else the pool's shared stack.
+  uint32_t TakeSlot();
+  void GiveSlot(uint32_t slot);
   // Runs on_closed_ once: when OnClosed is dispatched, or at destruction if it never was.
   void RunOnClosed();
 
@@ -562,8 +568,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Set by the Listener before the connection is shared: gives its admission place back.
   std::function<void()> on_closed_;
   // Pool slots held by outgoing messages (AcquireSendBuffer to retirement), against
-  // options_.max_send_slots.
-  std::atomic<uint32_t> send_slots_held_{0};
+  // options_.max_send_slots: the sum of two counts. The domain's holder changes the first with a
+  // load and a store (no atomic instruction on the hot path: a message built in a batch, the
+  // slot of a completed send); other threads change the second with read-modify-writes. Either
+  // may go below zero alone (a slot taken outside the domain and freed inside). The sum is exact
+  // for any one thread; when the holder and other threads take slots at the same instant, each
+  // may miss the others' last take, so the quota may be passed by as many slots as threads race
+  // for it there, and no further.
+  std::atomic<int32_t> send_slots_in_domain_{0};
+  std::atomic<int32_t> send_slots_outside_{0};
+  uint32_t SendSlotsHeld() const {
+    return static_cast<uint32_t>(send_slots_in_domain_.load(std::memory_order_relaxed) +
+                                 send_slots_outside_.load(std::memory_order_relaxed));
+  }
   std::atomic<bool> slot_notice_wanted_{false};  // NotifyWhenSendSlotFree
 
   // Verbs objects, in creation order (destroyed in reverse): the id, the arena and its MR, the

@@ -269,7 +269,7 @@ void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
 void Connection::AfterChangeLocked(Events& events) {
   PumpLocked();
   if (slot_notice_wanted_.load(std::memory_order_acquire) && state_ == State::kOpen &&
-      send_slots_held_.load(std::memory_order_relaxed) < options_.max_send_slots &&
+      SendSlotsHeld() < options_.max_send_slots &&
       slot_notice_wanted_.exchange(false, std::memory_order_acq_rel)) {
     events.push_back(Event(Event::kSendSlotFree));
   }
@@ -335,7 +335,7 @@ void Connection::EnqueueAcceptedLocked(absl::Span<const Waiting> ops, Events& ev
   if (state_ == State::kClosed) {
     // Not reached: the drain waits for accepted operations (DrainedLocked). Reported anyway.
     for (const Waiting& op : ops) {
-      if (op.kind == Waiting::kMessage) FreeSendSlot(op.slot);
+      if (op.kind == Waiting::kMessage) FreeSendSlotLocked(op.slot);
       if (!op.report) continue;
       Event e(Event::kSendDone);
       e.handle_or_token = op.token;
@@ -396,8 +396,17 @@ absl::StatusOr<SendBuffer> Connection::AcquireSendBuffer(uint32_t leave_free) {
   // wait, each in a slot of the device-wide pool, and must not drain it for everyone else.
   const uint32_t limit =
       options_.max_send_slots - std::min(leave_free, options_.max_send_slots - 1);
-  if (send_slots_held_.fetch_add(1, std::memory_order_relaxed) >= limit) {
-    send_slots_held_.fetch_sub(1, std::memory_order_relaxed);
+  // In the domain (a handler or task of this connection's) the holder's own count moves with a
+  // load and a store; elsewhere the other count, with a read-modify-write (connection.h,
+  // send_slots_in_domain_).
+  const bool in_domain = InDomain();
+  std::atomic<int32_t>& count = in_domain ? send_slots_in_domain_ : send_slots_outside_;
+  const int32_t other =
+      (in_domain ? send_slots_outside_ : send_slots_in_domain_).load(std::memory_order_relaxed);
+  const int32_t mine = in_domain ? count.load(std::memory_order_relaxed)
+                                 : count.fetch_add(1, std::memory_order_relaxed);
+  if (mine + other >= static_cast<int32_t>(limit)) {
+    if (!in_domain) count.fetch_sub(1, std::memory_order_relaxed);
     return absl::ResourceExhaustedError(absl::StrCat(
         "the connection to ", peer_address_, " already holds ", limit,
         " messages being built, waiting for credits or in flight (max_send_slots ",
@@ -406,20 +415,40 @@ absl::StatusOr<SendBuffer> Connection::AcquireSendBuffer(uint32_t leave_free) {
             ? absl::StrCat(", less ", options_.max_send_slots - limit, " kept for other messages)")
             : std::string(")")));
   }
-  SlotPool& pool = device_.slots();
-  uint32_t slot = pool.Allocate();
+  uint32_t slot = TakeSlot();
   if (slot == SlotPool::kNoSlot) {
-    send_slots_held_.fetch_sub(1, std::memory_order_relaxed);
-    return pool.ExhaustedError("for a message");
+    if (!in_domain) count.fetch_sub(1, std::memory_order_relaxed);
+    return device_.slots().ExhaustedError("for a message");
   }
-  return SendBuffer{pool.data(slot) + FrameHeader::kSize, max_message_, slot};
+  if (in_domain) count.store(mine + 1, std::memory_order_relaxed);
+  return SendBuffer{device_.slots().data(slot) + FrameHeader::kSize, max_message_, slot};
 }
 
 void Connection::ReleaseSendBuffer(const SendBuffer& buffer) { FreeSendSlot(buffer.slot); }
 
 void Connection::FreeSendSlot(uint32_t slot) {
-  static_cast<void>(device_.slots().Free(slot));
-  send_slots_held_.fetch_sub(1, std::memory_order_relaxed);
+  if (InDomain()) return FreeSendSlotLocked(slot);
+  GiveSlot(slot);
+  send_slots_outside_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void Connection::FreeSendSlotLocked(uint32_t slot) {
+  GiveSlot(slot);
+  send_slots_in_domain_.store(send_slots_in_domain_.load(std::memory_order_relaxed) - 1,
+                              std::memory_order_relaxed);
+}
+
+uint32_t Connection::TakeSlot() {
+  if (Poller::Current() == &poller_) return poller_.slot_cache().Allocate();
+  return device_.slots().Allocate();
+}
+
+void Connection::GiveSlot(uint32_t slot) {
+  if (Poller::Current() == &poller_) {
+    static_cast<void>(poller_.slot_cache().Free(slot));
+  } else {
+    static_cast<void>(device_.slots().Free(slot));
+  }
 }
 
 namespace {
@@ -557,7 +586,7 @@ void Connection::WithdrawLocked(uint64_t token) {
     if (waiting_[i].kind != Waiting::kWrite || waiting_[i].token != token) continue;
     size_t end = i + 1;
     if (end < waiting_.size() && waiting_[end].kind == Waiting::kMessage) {
-      FreeSendSlot(waiting_[end].slot);
+      FreeSendSlotLocked(waiting_[end].slot);
       ++end;
     }
     waiting_.erase(i, end);
@@ -742,7 +771,7 @@ void Connection::PostChainLocked() {
   for (uint32_t i = 0; i < posted; ++i) {
     InFlight& entry = in_flight_[first + i];
     if (!entry.inlined) continue;
-    FreeSendSlot(entry.slot);
+    FreeSendSlotLocked(entry.slot);
     entry.slot = SlotPool::kNoSlot;
     entry.inlined = false;
   }
@@ -1038,7 +1067,7 @@ void Connection::RetireLocked(uint64_t up_to, const absl::Status& status, Events
   while (!in_flight_.empty() && in_flight_.front().sequence <= up_to) {
     const InFlight& f = in_flight_.front();
     if (f.sequence == control_sequence_) control_busy_ = false;
-    if (f.slot != SlotPool::kNoSlot) FreeSendSlot(f.slot);
+    if (f.slot != SlotPool::kNoSlot) FreeSendSlotLocked(f.slot);
     transfer_bytes_in_flight_ -= f.transfer;
     if (f.report) {
       Event e(Event::kSendDone);
@@ -1088,7 +1117,7 @@ void Connection::FinishDrainLocked(Events& events) {
   RetireLocked(~uint64_t{0}, error_, events);
   for (size_t i = 0; i < waiting_.size(); ++i) {
     const Waiting& op = waiting_[i];
-    if (op.kind == Waiting::kMessage) FreeSendSlot(op.slot);
+    if (op.kind == Waiting::kMessage) FreeSendSlotLocked(op.slot);
     if (!op.report) continue;  // sent without a token, or a READ whose last piece reports
     Event e(Event::kSendDone);
     e.handle_or_token = op.token;

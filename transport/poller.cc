@@ -33,7 +33,7 @@ absl::Status CheckSpin(absl::Duration spin, absl::string_view option) {
 
 absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
                                                        const PollerOptions& options) {
-  std::unique_ptr<Poller> poller(new Poller(options));
+  std::unique_ptr<Poller> poller(new Poller(options, device.slots()));
   poller->cq_capacity_ = std::min(options.cq_size, device.attr().max_cqe);
   if (poller->cq_capacity_ <= 0) return absl::InvalidArgumentError("cq_size must be positive");
   if (absl::Status s = CheckSpin(options.spin, "PollerOptions::spin"); !s.ok()) return s;
@@ -89,6 +89,7 @@ void Poller::Shutdown() {
     RunOnce(absl::Milliseconds(10));
   }
   // The loop has ended: what it kept for its passes goes now, and Unregister drops at once.
+  slot_cache_.Flush();
   std::vector<std::shared_ptr<Connection>> released;
   absl::MutexLock lock(&mu_);
   loop_ended_ = true;
@@ -216,26 +217,27 @@ Connection* Poller::FindFromLoop(uint32_t qp_num) {
 }
 
 namespace {
-thread_local bool on_poller_thread = false;
-thread_local uint64_t current_batch = 0;  // 0: not in a batch
-thread_local uint64_t batches = 0;        // this thread's batches so far
+thread_local Poller* current_poller = nullptr;  // whose loop this thread runs now
+thread_local uint64_t current_batch = 0;        // 0: not in a batch
+thread_local uint64_t batches = 0;              // this thread's batches so far
 
-// Marks the calling thread as a poller's for the scope's length.
+// Marks the calling thread as running `poller`'s loop for the scope's length.
 class PollerThreadScope {
  public:
-  PollerThreadScope() : was_(on_poller_thread) { on_poller_thread = true; }
-  ~PollerThreadScope() { on_poller_thread = was_; }
+  explicit PollerThreadScope(Poller* poller) : was_(current_poller) { current_poller = poller; }
+  ~PollerThreadScope() { current_poller = was_; }
 
  private:
-  bool was_;
+  Poller* was_;
 };
 }  // namespace
 
-bool Poller::OnPollerThread() { return on_poller_thread; }
+bool Poller::OnPollerThread() { return current_poller != nullptr; }
+Poller* Poller::Current() { return current_poller; }
 uint64_t Poller::CurrentBatch() { return current_batch; }
 
 void Poller::Loop() {
-  PollerThreadScope scope;
+  PollerThreadScope scope(this);
   const bool event = options_.mode == PollMode::kEvent;
   const int64_t cap_ns = absl::ToInt64Nanoseconds(options_.spin);  // in [0, 1s]: CheckSpin
   // Event mode: the budget learns from how long the idle stretches between completions last
@@ -320,7 +322,7 @@ void Poller::RunCmEvents() {
 }
 
 int Poller::RunOnce(absl::Duration wait) {
-  PollerThreadScope scope;
+  PollerThreadScope scope(this);
   CountPass();
   ReleaseRetired();
   RunDeferred();

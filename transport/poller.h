@@ -61,6 +61,7 @@
 #include "absl/time/time.h"
 #include "transport/device.h"
 #include "transport/options.h"
+#include "transport/slot_pool.h"
 #include "transport/verbs_owners.h"
 
 namespace zrpc::transport {
@@ -100,6 +101,8 @@ class Poller {
   // callbacks they run are. Code that would wait for something only a poller can produce (a
   // send slot, a completion) must not wait there: it would wait for itself.
   static bool OnPollerThread();
+  // The poller whose loop (or RunOnce) the calling thread is running now, or null.
+  static Poller* Current();
   // The completion batch the calling thread is handing to its connections: a number that
   // changes with every batch a poller's pass reads (on this thread), and 0 outside one (another
   // thread, or a poller between batches: deferred tasks, cm events). What the handlers compute
@@ -120,7 +123,11 @@ class Poller {
   friend class Connection;
   friend class Listener;
 
-  explicit Poller(const PollerOptions& options) : options_(options) {}
+  Poller(const PollerOptions& options, SlotPool& slots) : options_(options), slot_cache_(slots) {}
+  // Free slots of the device's pool for the loop's thread alone (slot_pool.h, "Caches"): its
+  // connections' messages built in a batch, and the slots their completed sends free, take and
+  // give them without an atomic instruction (Connection::AcquireSendBuffer). Flushed by Shutdown.
+  SlotCache& slot_cache() { return slot_cache_; }
   absl::Status Register(const std::shared_ptr<Connection>& connection);
   void Unregister(uint32_t qp_num);
   // Has the loop call connection->ReplayEarly() on its thread soon: completions that came before
@@ -158,6 +165,7 @@ class Poller {
   void LookAtCmChannel();
 
   const PollerOptions options_;
+  SlotCache slot_cache_;  // the loop's thread only
   // Created in this order, destroyed in reverse.
   CompChannelOwner comp_channel_;  // event mode only
   CqOwner cq_;

@@ -183,17 +183,37 @@ absl::StatusOr<uint32_t> SlotPool::GrowLocked() {
 }
 
 absl::Status SlotPool::Free(uint32_t index) {
+  absl::Status marked = MarkFree(index, /*shared=*/true);
+  if (marked.ok()) Push(index, index);
+  return marked;
+}
+
+absl::Status SlotPool::MarkFree(uint32_t index, bool shared) {
   uint32_t count = slot_count();
   if (index >= count) {
     return absl::FailedPreconditionError(
         absl::StrCat("freeing slot ", index, " of a pool of ", count, " slots"));
   }
-  if (in_use_[index].exchange(0, std::memory_order_relaxed) != 1) {
+  // Shared: another thread may be freeing the same slot (a double free), and only one exchange
+  // sees the 1. For a cache, a load and a store: no atomic instruction on its hot path.
+  const bool was_in_use = shared ? in_use_[index].exchange(0, std::memory_order_relaxed) == 1
+                                 : in_use_[index].load(std::memory_order_relaxed) == 1;
+  if (!was_in_use) {
     return absl::FailedPreconditionError(
         absl::StrCat("freeing slot ", index, ", which is not allocated (freed twice?)"));
   }
-  Push(index, index);
+  if (!shared) in_use_[index].store(0, std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+void SlotCache::Flush() {
+  // Linked into one chain and pushed with one compare-and-swap.
+  if (count_ == 0) return;
+  for (uint32_t i = 0; i + 1 < count_; ++i) {
+    pool_.next_[slots_[i]].store(slots_[i + 1], std::memory_order_relaxed);
+  }
+  pool_.Push(slots_[0], slots_[count_ - 1]);
+  count_ = 0;
 }
 
 uint32_t SlotPool::available() const {

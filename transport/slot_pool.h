@@ -66,6 +66,13 @@
 // slot's bytes. Free checks the index against slot_count(), which grows only after the chunk's
 // bookkeeping is written.
 //
+// Caches. A thread that takes and gives back slots all the time -- a poller's loop, whose batch
+// builds messages and frees the slots of sends that completed -- keeps a few free slots of its own
+// in a SlotCache: taking one from it and giving one back are a plain load and store, where the
+// shared stack costs a compare-and-swap each way (and Free an exchange more). A cache holds at most
+// SlotCache::kCapacity slots; past that a freed slot goes to the stack, and an empty cache takes
+// from it. Slots in a cache count as free (available()): they are, only not to other threads.
+//
 // Ownership. A slot index belongs to exactly one owner between Allocate and Free: the caller
 // building a message, then the connection while the SEND is in flight, or the connection while a
 // RECV is posted, then the handler reading it. Free checks that the slot was allocated, so a
@@ -92,6 +99,8 @@
 #include "transport/verbs_owners.h"
 
 namespace zrpc::transport {
+
+class SlotCache;
 
 class SlotPool {
  public:
@@ -174,8 +183,14 @@ class SlotPool {
     MrOwner mr;
   };
 
+  friend class SlotCache;
+
   uint32_t Pop();
   void Push(uint32_t top, uint32_t bottom);  // a chain already linked from top to bottom
+  // Free's checks and marking, without the push. `shared`: with an exchange, so that of two
+  // threads freeing one slot only one succeeds. Without (a cache's): a load and a store, which
+  // catch a double free on the cache's thread but not one that races with another thread's.
+  absl::Status MarkFree(uint32_t index, bool shared);
   uint32_t AllocateSlow();
   // Adds a chunk and returns its first slot, allocated; its other slots go on the stack.
   absl::StatusOr<uint32_t> GrowLocked();  // with grow_mu_ held
@@ -205,6 +220,44 @@ class SlotPool {
   bool last_growth_failed_ = false;
 
   alignas(64) std::atomic<uint64_t> head_{Pack(kEnd, 0)};
+};
+
+// A few free slots of one pool, for one thread at a time (see "Caches" above): a poller's loop
+// keeps one (Poller), used by its thread only. Gives its slots back to the pool when destroyed
+// or flushed; the pool must outlive it.
+class SlotCache {
+ public:
+  static constexpr uint32_t kCapacity = 32;
+
+  explicit SlotCache(SlotPool& pool) : pool_(pool) {}
+  SlotCache(const SlotCache&) = delete;
+  SlotCache& operator=(const SlotCache&) = delete;
+  ~SlotCache() { Flush(); }
+
+  SlotPool& pool() const { return pool_; }
+  // A slot from the cache, else from the pool (SlotPool::Allocate, kNoSlot included).
+  uint32_t Allocate() {
+    if (count_ == 0) return pool_.Allocate();
+    const uint32_t index = slots_[--count_];
+    pool_.in_use_[index].store(1, std::memory_order_relaxed);
+    return index;
+  }
+  // Gives `index` back: to the cache while it has room, else to the pool. Fails as
+  // SlotPool::Free does for a slot that does not exist or is not allocated.
+  absl::Status Free(uint32_t index) {
+    if (count_ == kCapacity) return pool_.Free(index);
+    absl::Status marked = pool_.MarkFree(index, /*shared=*/false);
+    if (marked.ok()) slots_[count_++] = index;
+    return marked;
+  }
+  // Every cached slot back to the pool's stack.
+  void Flush();
+  uint32_t cached() const { return count_; }
+
+ private:
+  SlotPool& pool_;
+  uint32_t count_ = 0;
+  uint32_t slots_[kCapacity];
 };
 
 }  // namespace zrpc::transport

@@ -249,7 +249,11 @@ ChannelImpl::~ChannelImpl() {
 absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelImpl::Pick(absl::Time deadline,
                                                                     bool* waited) {
   const size_t n = subchannels_.size();
-  const size_t first = next_.fetch_add(1, std::memory_order_relaxed) % n;
+  // A load and a store, not an atomic add: callers that race may start from the same
+  // subchannel, which costs the rotation nothing a later call does not even out.
+  const uint32_t turn = next_.load(std::memory_order_relaxed);
+  next_.store(turn + 1, std::memory_order_relaxed);
+  const size_t first = turn % n;
   // Prefer an open connection over a subchannel that would have to connect or is backing off.
   for (size_t i = 0; i < n && n > 1; ++i) {
     if (std::shared_ptr<ClientConnection> ready = subchannels_[(first + i) % n]->Ready()) {

@@ -264,8 +264,8 @@ class ClientConnection final : public RpcConnection,
   absl::Mutex reason_mu_;
   std::string close_reason_ ABSL_GUARDED_BY(reason_mu_);  // why this side closed, if it did
 
-  // Keepalive state: messages received (poller thread writes, timer reads), what the timer saw
-  // at its last pass, and whether a ping is out.
+  // Keepalive state: messages received (the poller thread alone writes it, the timer reads), what
+  // the timer saw at its last pass, and whether a ping is out.
   std::atomic<uint64_t> received_{0};
   uint64_t received_at_last_pass_ = 0;  // timer thread only
   std::atomic<bool> ping_out_{false};

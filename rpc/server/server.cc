@@ -262,23 +262,20 @@ void ServerImpl::ConnectionClosed(ServerConnection* connection) {
   // `closed` is released after the lock; its calls, if any, still hold it.
 }
 
-void ServerImpl::CallStarted() {
-  calls_alive_.fetch_add(1, std::memory_order_relaxed);
-  calls_started_.fetch_add(1, std::memory_order_relaxed);
-}
+void ServerImpl::CallStarted() { calls_.Started(); }
 
 void ServerImpl::CallDone() {
-  // The decrement is a call's last touch of the core: once the count reaches zero during
-  // Shutdown, Shutdown may return and the core be freed. So while draining it happens under
-  // mu_, whose release also wakes Shutdown; otherwise nothing waits, and nothing follows it.
-  // (A drain that begins between the check and the decrement is seen by Shutdown's next
-  // periodic look: it never waits on a wake-up alone.)
+  // Counting the retirement is a call's last touch of the core: once no call is in flight
+  // during Shutdown, Shutdown may return and the core be freed. So while draining it happens
+  // under mu_, whose release also wakes Shutdown; otherwise nothing waits, and nothing follows
+  // it. (A drain that begins between the check and the count is seen by Shutdown's next
+  // periodic look: it never waits on a wake-up alone.) Per thread, no atomic add: call_counts.h.
   if (draining()) {
     absl::MutexLock lock(&mu_);
-    calls_alive_.fetch_sub(1, std::memory_order_acq_rel);
+    calls_.Retired();
     return;
   }
-  calls_alive_.fetch_sub(1, std::memory_order_acq_rel);
+  calls_.Retired();
 }
 
 void ServerImpl::Shutdown(absl::Duration grace) {
@@ -297,8 +294,7 @@ void ServerImpl::Shutdown(absl::Duration grace) {
                            std::min(absl::Milliseconds(10), deadline - MonotonicNow()));
     }
   };
-  auto no_calls_left =
-      +[](ServerImpl* core) { return core->calls_alive_.load(std::memory_order_acquire) == 0; };
+  auto no_calls_left = +[](ServerImpl* core) { return core->calls_.in_flight() == 0; };
   std::vector<std::shared_ptr<ServerConnection>> open;
   {
     absl::MutexLock lock(&mu_);
@@ -365,8 +361,8 @@ ServerStats ServerImpl::stats() const {
     absl::MutexLock lock(&mu_);
     stats.connections_open = connections_.size();
   }
-  stats.calls_started = calls_started_.load(std::memory_order_relaxed);
-  stats.calls_in_flight = calls_alive_.load(std::memory_order_relaxed);
+  stats.calls_started = calls_.started();
+  stats.calls_in_flight = calls_.in_flight();
   stats.unimplemented = unimplemented_.load(std::memory_order_relaxed);
   stats.protocol_violations = closed_violations_.load(std::memory_order_relaxed);
   stats.cancels_received = cancels_.load(std::memory_order_relaxed);

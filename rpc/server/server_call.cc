@@ -105,7 +105,7 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
     stream_->End(absl::OkStatus());  // messages arriving from now on are dropped
   }
   absl::StatusCode code = absl::StatusCode::kUnavailable;  // what AnswerFor sent
-  if (!answered_.exchange(true, std::memory_order_acq_rel)) {
+  if (ClaimAnswer()) {
     // A declared method the service left unimplemented (its generated default answered) counts
     // as an unknown one does (ServerStats::unimplemented), as does a handler's own UNIMPLEMENTED.
     if (status.code() == absl::StatusCode::kUnimplemented) owner_->server().CountUnimplemented();
@@ -196,6 +196,18 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
 }
 
 void ServerCallImpl::RunInDomain(transport::Connection& /*connection*/) { owner_->Retire(this); }
+
+bool ServerCallImpl::ClaimAnswer() {
+  // The other claimant, AnswerFor, runs only in the connection's domain. A Finish there too (an
+  // inline handler) cannot overlap it: a load and a store settle the race, no atomic exchange.
+  // A Finish elsewhere (a pool thread) may, and exchanges.
+  if (connection_->InDomain()) {
+    if (answered_.load(std::memory_order_relaxed)) return false;
+    answered_.store(true, std::memory_order_relaxed);
+    return true;
+  }
+  return !answered_.exchange(true, std::memory_order_acq_rel);
+}
 
 bool ServerCallImpl::AnswerFor(const absl::Status& status, StreamEndings* later) {
   // In the connection's domain (AnswerAll), so Finish cannot retire the call meanwhile; the

@@ -4,11 +4,12 @@
 // Files: server_call.cc (the unary call: run, respond, finish) and server_stream.cc (the
 // stream: reads, writes, the asynchronous form, and the connection's stream frames).
 //
-// Races a call can lose, each settled by one atomic exchange on `answered_`: the handler's Finish
-// against the runtime answering for it (Shutdown past its grace). The loser's response is
-// discarded, never sent twice. A cancel from the client or the connection's failure only marks
-// the call's context cancelled: the handler still owns the call and must still Finish it, and the
-// request's memory stays valid until it does.
+// Races a call can lose, each settled on `answered_`: the handler's Finish against the runtime
+// answering for it (Shutdown past its grace, in the connection's domain), by an atomic exchange,
+// or by a load and a store when the Finish runs in that domain too (ClaimAnswer). The loser's
+// response is discarded, never sent twice. A cancel from the client or the connection's failure
+// only marks the call's context cancelled: the handler still owns the call and must still Finish
+// it, and the request's memory stays valid until it does.
 #ifndef ZRPC_RPC_SERVER_SERVER_CALL_H_
 #define ZRPC_RPC_SERVER_SERVER_CALL_H_
 
@@ -108,6 +109,8 @@ class ServerCallImpl final : public ServerCall,
   const MethodInfo& method_info() const { return method_; }
 
  private:
+  // Finish's side of AnswerFor's race: true when the handler's answer is the one that goes.
+  bool ClaimAnswer();
   friend class ServerConnection;   // Retire destroys it in place
   friend class AsyncServerSender;  // the asynchronous form's sending
   ~ServerCallImpl() override = default;

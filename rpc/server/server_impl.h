@@ -23,6 +23,7 @@
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
 #include "rpc/server.h"
+#include "rpc/server/call_counts.h"
 #include "rpc/server/handler_pool.h"
 #include "rpc/server/server_connection.h"
 #include "rpc/server/stream_threads.h"
@@ -135,10 +136,9 @@ class ServerImpl final : public transport::AcceptHandler {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<const transport::ConnectionHandler*, std::shared_ptr<ServerConnection>>
       connections_ ABSL_GUARDED_BY(mu_);
-  std::atomic<uint64_t> calls_alive_{0};
+  CallCounts calls_;  // started and retired: ServerStats, and what Shutdown waits for
 
   std::atomic<uint64_t> accepted_{0};
-  std::atomic<uint64_t> calls_started_{0};
   std::atomic<uint64_t> unimplemented_{0};
   std::atomic<uint64_t> cancels_{0};
   std::atomic<uint64_t> keepalives_{0};

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -446,4 +447,68 @@ TEST_CASE(
   CHECK(zrpc::testing::Eventually(
       [&] { return zrpc::fakeverbs::counters().qps_alive == qps_before; }));
   CHECK(server_handler.duplicate_closed == 0);
+}
+
+namespace {
+
+// On its first message, takes send buffers in its handler (in the batch, inside the domain) until
+// the connection refuses one, and gives them all back.
+class GreedyHandler : public Recorder {
+ public:
+  void OnMessage(Connection& c, const zrpc::transport::ReceivedMessage& m) override {
+    Recorder::OnMessage(c, m);
+    std::vector<zrpc::transport::SendBuffer> taken;
+    for (;;) {
+      auto buffer = c.AcquireSendBuffer();
+      if (!buffer.ok()) {
+        refusal = buffer.status();
+        break;
+      }
+      taken.push_back(*buffer);
+    }
+    in_handler = static_cast<int>(taken.size());
+    for (const auto& buffer : taken) c.ReleaseSendBuffer(buffer);
+    done.Notify();
+  }
+  int in_handler = -1;
+  absl::Status refusal;
+  absl::Notification done;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "max_send_slots holds for buffers taken inside the domain and outside it together, and every "
+    "place comes back",
+    "[domain][slots]") {
+  GreedyHandler server_handler;
+  Recorder client_handler;
+  Setup setup(FakeDevice());
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  const uint32_t max = ConnectionOptions{}.max_send_slots;
+  const uint32_t slots_before = zrpc::testing::SlotsInUse(*setup.device);
+  // Three taken by this thread, outside the domain; the handler may take the rest, no more.
+  std::vector<zrpc::transport::SendBuffer> outside;
+  for (int i = 0; i < 3; ++i) {
+    auto buffer = pair.server->AcquireSendBuffer();
+    REQUIRE(buffer.ok());
+    outside.push_back(*buffer);
+  }
+  REQUIRE(SendBytes(*pair.client, "go", 1).ok());
+  server_handler.done.WaitForNotification();
+  CHECK(server_handler.in_handler == static_cast<int>(max) - 3);
+  CHECK(server_handler.refusal.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(server_handler.refusal.message(), "max_send_slots"));
+  // Given back outside the domain, the three that were taken outside it: all places are free.
+  for (const auto& buffer : outside) pair.server->ReleaseSendBuffer(buffer);
+  std::vector<zrpc::transport::SendBuffer> again;
+  for (;;) {
+    auto buffer = pair.server->AcquireSendBuffer();
+    if (!buffer.ok()) break;
+    again.push_back(*buffer);
+  }
+  CHECK(again.size() == max);
+  for (const auto& buffer : again) pair.server->ReleaseSendBuffer(buffer);
+  // No slot kept: the poller's cache counts as free.
+  CHECK(zrpc::testing::SlotsInUse(*setup.device) == slots_before);
 }

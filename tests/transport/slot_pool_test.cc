@@ -318,3 +318,55 @@ TEST_CASE("threads allocating and freeing while the pool grows never share a slo
     CHECK(pool->slot_count() == count);  // every existing slot came back: no growth needed
   }
 }
+
+TEST_CASE(
+    "a slot cache keeps up to its capacity of freed slots for its thread, counted free, and gives "
+    "them back when flushed or destroyed",
+    "[slot_pool][cache]") {
+  using zrpc::transport::SlotCache;
+  constexpr uint32_t kSlots = SlotCache::kCapacity + 8;
+  auto pool = MakePool(64, kSlots, kSlots);
+  std::vector<uint32_t> held;
+  {
+    SlotCache cache(*pool);
+    // Empty, the cache takes from the pool.
+    for (uint32_t i = 0; i < kSlots; ++i) {
+      uint32_t slot = cache.Allocate();
+      REQUIRE(slot != SlotPool::kNoSlot);
+      held.push_back(slot);
+    }
+    CHECK(cache.Allocate() == SlotPool::kNoSlot);  // the pool's exhaustion, passed on
+    CHECK(pool->available() == 0);
+    // Freed, the first kCapacity stay in the cache, the rest go to the pool's stack; all count
+    // free.
+    for (uint32_t slot : held) REQUIRE(cache.Free(slot).ok());
+    CHECK(cache.cached() == SlotCache::kCapacity);
+    CHECK(pool->available() == kSlots);
+    // Another thread's Allocate reaches only the stack: 8 slots, not the cached ones.
+    std::vector<uint32_t> from_pool;
+    for (uint32_t slot; (slot = pool->Allocate()) != SlotPool::kNoSlot;) from_pool.push_back(slot);
+    CHECK(from_pool.size() == kSlots - SlotCache::kCapacity);
+    // The cache hands out the last freed first, and marks it taken.
+    CHECK(cache.Allocate() == held[SlotCache::kCapacity - 1]);
+    CHECK(pool->available() == SlotCache::kCapacity - 1);
+    // Double frees are refused, the cache's and the pool's alike; the counts stay.
+    REQUIRE(cache.Free(held[SlotCache::kCapacity - 1]).ok());
+    CHECK_FALSE(cache.Free(held[SlotCache::kCapacity - 1]).ok());
+    CHECK_FALSE(pool->Free(held[0]).ok());  // cached: free already
+    CHECK_FALSE(cache.Free(kSlots).ok());   // no such slot
+    CHECK(cache.cached() == SlotCache::kCapacity);
+    for (uint32_t slot : from_pool) REQUIRE(pool->Free(slot).ok());
+    cache.Flush();
+    CHECK(cache.cached() == 0);
+    // Every slot is back on the stack, once.
+    std::set<uint32_t> all;
+    for (uint32_t slot; (slot = pool->Allocate()) != SlotPool::kNoSlot;) all.insert(slot);
+    CHECK(all.size() == kSlots);
+    for (uint32_t slot : all) REQUIRE(cache.Free(slot).ok());
+    CHECK(cache.cached() == SlotCache::kCapacity);
+  }
+  // Destroyed, the cache flushed itself.
+  std::set<uint32_t> all;
+  for (uint32_t slot; (slot = pool->Allocate()) != SlotPool::kNoSlot;) all.insert(slot);
+  CHECK(all.size() == kSlots);
+}
