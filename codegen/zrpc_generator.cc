@@ -143,8 +143,9 @@ struct MethodNames {
 // generated classes use get a trailing underscore, and so does any name that would collide with
 // one already taken.
 std::vector<MethodNames> NameMethods(const ServiceDescriptor* service) {
-  std::set<std::string> taken = {"Stub",         "Service",  "AsyncService",        "Dispatch",
-                                 "service_info", "channel_", "serves_streams_async"};
+  std::set<std::string> taken = {
+      "Stub",         "Service",  "AsyncService",         "Dispatch",
+      "service_info", "channel_", "serves_streams_async", "handlers_async"};
   auto claim = [&taken](std::string name) {
     name = CppIdentifier(name);
     while (!taken.insert(name).second) name = CppIdentifier(name + "_");
@@ -311,6 +312,7 @@ void PrintServerClass(Printer& p, const std::vector<Vars>& methods, const char* 
       "   public:\n"
       "    const ::zrpc::ServiceInfo& service_info() const final;\n"
       "    void Dispatch(int method_index, ::zrpc::ServerCall* call) final;\n");
+  if (async) p.Print("    bool handlers_async() const final { return true; }\n");
   if (async && HasStreaming(methods)) {
     p.Print("    bool serves_streams_async() const final { return true; }\n");
   }
@@ -451,7 +453,9 @@ void PrintHeaderService(Printer& p, const ServiceCode& code) {
       "  // ReaderWriter, which needs no thread of its own) and finishes it when the answer is\n"
       "  // ready, also after returning and from another thread; one dropped unfinished fails\n"
       "  // with INTERNAL. Override the handlers the server implements; the others answer\n"
-      "  // UNIMPLEMENTED. Handlers may run on several threads at once.\n"
+      "  // UNIMPLEMENTED. Handlers may run on several threads at once. Unary handlers run on\n"
+      "  // a poller thread by default and must return at once (::zrpc::Server::SetInline(\n"
+      "  // method, false) moves one that blocks to the handler pool).\n"
       "  class AsyncService : public ::zrpc::Service {\n",
       "\n"
       "$comments$"

@@ -28,9 +28,9 @@
 //   server base). An rpc keeps its name unless that is a keyword, a macro (as above: rpc EPIPE is
 //   served by EPIPE_ and called as EPIPE_ and AsyncEPIPE_) or a name the generated classes use
 //   themselves (Stub, Service, AsyncService, Dispatch, service_info, channel_,
-//   serves_streams_async), or two generated members would collide (rpc `Foo` makes `AsyncFoo`);
-//   then it gets a trailing underscore, as protobuf does for fields. The method table keeps the
-//   .proto names. Handlers of Service and AsyncService share the rpc's name.
+//   serves_streams_async, handlers_async), or two generated members would collide (rpc `Foo` makes
+//   `AsyncFoo`); then it gets a trailing underscore, as protobuf does for fields. The method table
+//   keeps the .proto names. Handlers of Service and AsyncService share the rpc's name.
 // - Generated code names everything it uses fully qualified (::zrpc, ::absl, ::std, the service's
 //   own tables), so no .proto name can hide it.
 // - The header's include guard is ZRPC_GENERATED_, the .proto's path escaped one to one (letters

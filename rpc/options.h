@@ -101,7 +101,8 @@ struct ServerOptions : RuntimeOptions {
   // Threads of the handler pool (methods not marked inline run there). In [1, 1024].
   int handler_threads = 4;
   // Run every method inline on the poller thread unless overridden (SetInline). Streaming
-  // methods never run inline.
+  // methods never run inline. An AsyncService's unary methods run inline whatever this says
+  // (their handlers return at once), unless SetInline(method, false) moves one to the pool.
   bool inline_by_default = false;
   // Streams (rpc/streaming.h): each streaming handler of a Service runs on a thread of its own,
   // at most max_streams_per_connection per connection and max_streams in the whole server; a

@@ -12,8 +12,9 @@
 // limits). Each connection is placed on one of `pollers` poller threads, round robin. A request
 // is dispatched by its service id (a hash of the service's full name, WIRE.md) and method index,
 // an array lookup after one hash-map probe, never by name; an unknown service or method is
-// answered UNIMPLEMENTED. Handlers run on the handler pool by default, or inline on the poller
-// thread for methods that opt in (SetInline): THREADING.md has the model.
+// answered UNIMPLEMENTED. A Service's handlers run on the handler pool by default, an
+// AsyncService's unary handlers (which return at once) inline on the poller thread, and SetInline
+// moves a method either way: THREADING.md has the model.
 //
 // Shutdown(grace), in order: stop accepting; answer new requests UNAVAILABLE; wait until the
 // calls in flight finish or `grace` passes; answer the calls still running UNAVAILABLE and mark
@@ -104,7 +105,9 @@ class Server {
   // service with the same full name or the same id (a hash collision) is already served.
   absl::Status AddService(Service* service);
   // Runs `method` ("package.Service/Method", of a service already added) inline on the poller
-  // thread (true) or on the handler pool (false). Before Start. kNotFound for an unknown method.
+  // thread (true) or on the handler pool (false). Before Start. kNotFound for an unknown method,
+  // kInvalidArgument for a streaming one asked to run inline (its handler has a thread of its
+  // own).
   absl::Status SetInline(absl::string_view method, bool inline_handler);
   // Starts listening. kFailedPrecondition when called twice or after Shutdown.
   absl::Status Start();

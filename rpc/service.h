@@ -40,6 +40,10 @@ class Service {
   // Whether the streaming handlers are asynchronous (an AsyncService's: they return at once and
   // own their stream), so the runtime gives them no thread of their own.
   virtual bool serves_streams_async() const { return false; }
+  // Whether every handler is asynchronous (an AsyncService's: it returns at once and owns its
+  // call), so a unary method runs inline on the poller thread unless the server is told
+  // otherwise (ServerOptions::inline_by_default, Server::SetInline).
+  virtual bool handlers_async() const { return false; }
 };
 
 }  // namespace zrpc

@@ -82,10 +82,13 @@ absl::Status ServerImpl::AddService(Service* service) {
   if (id == kKeepaliveServiceId) {
     return absl::InvalidArgumentError("zrpc.Keepalive is reserved for the runtime's keepalives");
   }
-  ServiceEntry entry{service,
-                     std::vector<bool>(info.method_count, options_.inline_by_default),
-                     {},
-                     service->serves_streams_async()};
+  // An AsyncService's handlers return at once, so its unary methods run inline by default: a
+  // hand-off to the pool would cost more than the handler (THREADING.md, "Server").
+  ServiceEntry entry{
+      service,
+      std::vector<bool>(info.method_count, options_.inline_by_default || service->handlers_async()),
+      {},
+      service->serves_streams_async()};
   for (int i = 0; i < info.method_count; ++i) {
     if (info.methods[i].streaming()) entry.inline_methods[i] = false;
     entry.metrics.push_back(&metrics_.ForMethod(MetricsSide::kServer, info.methods[i].full_name));

@@ -192,6 +192,9 @@ TEST_CASE("rpcs named like keywords or generated members get a trailing undersco
   Nothing nothing;
   CHECK(stub.Dispatch_(wkt, &nothing).ok());
   CHECK(stub.service_info_(empty, &empty).code() == absl::StatusCode::kUnimplemented);
+  CHECK(stub.handlers_async_(empty, &empty).code() == absl::StatusCode::kUnimplemented);
+  // The Service (blocking) base says its handlers may block; the AsyncService base says not.
+  CHECK_FALSE(impl.handlers_async());
 }
 
 TEST_CASE("rpc AsyncEcho keeps its name; Echo's async twin becomes AsyncEcho_",

@@ -183,6 +183,13 @@ class KeepingStore : public ObjectStore::Service {
   std::vector<zrpc::IncomingBulk> held_;
 };
 
+// "host:port" of a server on `device`'s address (an IPv6 one in brackets).
+inline std::string TargetOf(const zrpc::transport::DeviceConfig& device, uint16_t port) {
+  return absl::StrCat(
+      device.addr.find(':') != std::string::npos ? "[" + device.addr + "]" : device.addr, ":",
+      port);
+}
+
 struct Runtime {
   TestGreeter greeter;
   TestStore store;
@@ -218,11 +225,7 @@ struct Runtime {
     port_ = server->port();
   }
 
-  std::string target() const {
-    return absl::StrCat(
-        config.addr.find(':') != std::string::npos ? "[" + config.addr + "]" : config.addr, ":",
-        port_);
-  }
+  std::string target() const { return TargetOf(config, port_); }
 
   std::vector<std::string> inline_methods;
   uint16_t port_ = 0;
@@ -309,19 +312,21 @@ class HoldingGreeter : public Greeter::AsyncService {
 };
 
 // A server serving `services` (started) and a channel to it, over the harness's device: for
-// tests whose services are their own.
+// tests whose services are their own. `pool_methods` run on the handler pool (SetInline false).
 struct Served {
   Served(const transport::DeviceConfig& device, std::vector<Service*> services,
-         ServerOptions server_options = {}, ChannelOptions channel_options = {}) {
+         ServerOptions server_options = {}, ChannelOptions channel_options = {},
+         const std::vector<std::string>& pool_methods = {}) {
     server_options.device = device;
     auto s = Server::Create(server_options);
     INFO(s.status());
     REQUIRE(s.ok());
     server = std::move(*s);
     for (Service* service : services) REQUIRE(server->AddService(service).ok());
+    for (const std::string& method : pool_methods) REQUIRE(server->SetInline(method, false).ok());
     REQUIRE(server->Start().ok());
     channel_options.device = device;
-    auto c = CreateChannel(absl::StrCat(device.addr, ":", server->port()), channel_options);
+    auto c = CreateChannel(TargetOf(device, server->port()), channel_options);
     INFO(c.status());
     REQUIRE(c.ok());
     channel = std::move(*c);

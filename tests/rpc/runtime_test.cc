@@ -720,6 +720,7 @@ class LaterGreeter : public Greeter::AsyncService {
   using Pending = zrpc::PendingCall<HelloRequest, HelloReply>;
   ~LaterGreeter() override { Stop(); }
   void SayHello(std::unique_ptr<Pending> call) override {
+    ++(zrpc::transport::Poller::OnPollerThread() ? on_poller : off_poller);
     absl::MutexLock lock(&mu_);
     queue_.push_back(std::move(call));
   }
@@ -756,6 +757,8 @@ class LaterGreeter : public Greeter::AsyncService {
     }
     if (worker_.joinable()) worker_.join();
   }
+  // Where SayHello ran: inline on a poller, or on the handler pool.
+  std::atomic<int> on_poller{0}, off_poller{0};
 
  private:
   absl::Mutex mu_;
@@ -838,19 +841,13 @@ TEST_CASE("async handlers finish calls later from another thread, inline or pool
   INFO("inline dispatch: " << inline_dispatch);
   LaterGreeter greeter;
   greeter.Start();
-  zrpc::ServerOptions server_options;
-  server_options.device = config;
-  server_options.inline_by_default = inline_dispatch;
-  auto server = zrpc::Server::Create(server_options);
-  REQUIRE(server.ok());
-  REQUIRE((*server)->AddService(&greeter).ok());
-  REQUIRE((*server)->Start().ok());
-  zrpc::ChannelOptions channel_options;
-  channel_options.device = config;
-  auto channel =
-      zrpc::CreateChannel(absl::StrCat(config.addr, ":", (*server)->port()), channel_options);
-  REQUIRE(channel.ok());
-  Greeter::Stub stub(channel->get());
+  // An AsyncService's unary methods run inline by default: the pool's turn is asked for.
+  std::vector<std::string> pool_methods;
+  if (!inline_dispatch)
+    pool_methods = {"zrpc.examples.Greeter/SayHello", "zrpc.examples.Greeter/Ping"};
+  zrpc::testing::Served served(config, {&greeter}, {}, {}, pool_methods);
+  zrpc::Server* server = served.server.get();
+  Greeter::Stub stub(served.channel.get());
 
   // Many at once: all held by the worker, answered in turn.
   constexpr int kCalls = 200;
@@ -886,11 +883,13 @@ TEST_CASE("async handlers finish calls later from another thread, inline or pool
   // A call leaves the count just after its answer was handed over: the client may see the
   // answer first.
   const absl::Time settle = absl::Now() + absl::Seconds(10);
-  while ((*server)->stats().calls_in_flight != 0 && absl::Now() < settle) {
+  while (server->stats().calls_in_flight != 0 && absl::Now() < settle) {
     absl::SleepFor(absl::Milliseconds(1));
   }
-  CHECK((*server)->stats().calls_in_flight == 0);
-  (*server)->Shutdown(absl::Seconds(5));
+  CHECK(server->stats().calls_in_flight == 0);
+  CHECK(greeter.on_poller == (inline_dispatch ? kCalls + 2 : 0));
+  CHECK(greeter.off_poller == (inline_dispatch ? 0 : kCalls + 2));
+  server->Shutdown(absl::Seconds(5));
   greeter.Stop();
 }
 

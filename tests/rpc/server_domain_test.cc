@@ -4,9 +4,10 @@
 // pollers on their own threads, so this runs on the host and under ASan: calls finished on pool
 // threads after their client went away, the connection kept until the last of them; Shutdown
 // answering calls still running; pool and inline handlers finishing side by side on one
-// connection.
+// connection; where an AsyncService's handlers run.
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "tests/fakeverbs/fake_device.h"
 #include "tests/fakeverbs/fake_verbs.h"
 #include "tests/rpc/runtime_fixture.h"
+#include "transport/poller.h"
 
 namespace {
 
@@ -32,6 +34,7 @@ using zrpc::testing::HelloReply;
 using zrpc::testing::HelloRequest;
 using zrpc::testing::Named;
 using zrpc::testing::Runtime;
+using zrpc::testing::Served;
 
 // The outcomes of asynchronous calls, each recorded once.
 struct Outcomes {
@@ -151,4 +154,113 @@ TEST_CASE(
   // so the callers may hold their last answers a moment before the count drops.
   CHECK(Eventually([&] { return (*server)->stats().calls_in_flight == 0; }));
   CHECK((*server)->stats().calls_started >= uint64_t{kThreads * kEach});
+}
+
+namespace {
+
+using EmptyCall = zrpc::PendingCall<google::protobuf::Empty, google::protobuf::Empty>;
+using HelloCall = zrpc::PendingCall<HelloRequest, HelloReply>;
+
+// Counts where its handlers ran: on a poller thread (inline) or elsewhere (the pool). SayHello
+// answers at once, or for "later" is held for the test to finish from its own thread.
+class WhereGreeter : public Greeter::AsyncService {
+ public:
+  void SayHello(std::unique_ptr<HelloCall> call) override {
+    ++(zrpc::transport::Poller::OnPollerThread() ? hello_inline : hello_pool);
+    if (call->request().name() == "later") {
+      absl::MutexLock lock(&mu);
+      held.push_back(std::move(call));
+      return;
+    }
+    call->response()->set_message("Hello, " + call->request().name());
+    call->Finish(absl::OkStatus());
+  }
+  void Ping(std::unique_ptr<EmptyCall> call) override {
+    ++(zrpc::transport::Poller::OnPollerThread() ? ping_inline : ping_pool);
+    call->Finish(absl::OkStatus());
+  }
+  size_t Held() {
+    absl::MutexLock lock(&mu);
+    return held.size();
+  }
+  void FinishHeld() {
+    std::vector<std::unique_ptr<HelloCall>> calls;
+    {
+      absl::MutexLock lock(&mu);
+      calls.swap(held);
+    }
+    for (auto& call : calls) {
+      call->response()->set_message("Later");
+      call->Finish(absl::OkStatus());
+    }
+  }
+
+  std::atomic<int> hello_inline{0}, hello_pool{0}, ping_inline{0}, ping_pool{0};
+  absl::Mutex mu;
+  std::vector<std::unique_ptr<HelloCall>> held ABSL_GUARDED_BY(mu);
+};
+
+// The blocking form of the same service: its handlers may block, so they run on the pool.
+class BlockingWhereGreeter : public Greeter::Service {
+ public:
+  absl::Status SayHello(zrpc::ServerContext&, const HelloRequest&, HelloReply*) override {
+    ++(zrpc::transport::Poller::OnPollerThread() ? hello_inline : hello_pool);
+    return absl::OkStatus();
+  }
+  std::atomic<int> hello_inline{0}, hello_pool{0};
+};
+
+}  // namespace
+
+TEST_CASE(
+    "an AsyncService's unary handlers run inline on the poller by default, SetInline(false) "
+    "moves one to the pool, a Service's stay on the pool; calls held by an inline handler finish "
+    "from another thread",
+    "[server_domain][inline]") {
+  constexpr int kCalls = 20;
+  WhereGreeter async_greeter;
+  {
+    Served served(FakeDevice(), {&async_greeter}, {}, {}, {"zrpc.examples.Greeter/Ping"});
+    Greeter::Stub stub(served.channel.get());
+    // Held by the handler, which returned on the poller: the poller goes on serving.
+    Outcomes later;
+    HelloReply later_reply;
+    stub.AsyncSayHello(Named("later"), &later_reply, CallOptions::Timeout(absl::Seconds(20)),
+                       [&later](absl::Status status) { later.Add(std::move(status)); });
+    REQUIRE(Eventually([&] { return async_greeter.Held() == 1; }));
+    for (int i = 0; i < kCalls; ++i) {
+      HelloReply reply;
+      REQUIRE(stub.SayHello(Named("x"), &reply, CallOptions::Timeout(absl::Seconds(20))).ok());
+      CHECK(reply.message() == "Hello, x");
+      google::protobuf::Empty empty;
+      REQUIRE(stub.Ping(empty, &empty, CallOptions::Timeout(absl::Seconds(20))).ok());
+    }
+    CHECK(later.size() == 0);
+    async_greeter.FinishHeld();  // from this thread, not the poller's
+    REQUIRE(Eventually([&] { return later.size() == 1; }));
+    {
+      absl::MutexLock lock(&later.mu);
+      CHECK(later.statuses[0].ok());
+    }
+    CHECK(later_reply.message() == "Later");
+    CHECK(Eventually([&] { return served.server->stats().calls_in_flight == 0; }));
+  }
+  CHECK(async_greeter.hello_inline == kCalls + 1);
+  CHECK(async_greeter.hello_pool == 0);
+  CHECK(async_greeter.ping_inline == 0);
+  CHECK(async_greeter.ping_pool == kCalls);
+
+  BlockingWhereGreeter blocking_greeter;
+  {
+    Served served(FakeDevice(), {&blocking_greeter});
+    Greeter::Stub stub(served.channel.get());
+    for (int i = 0; i < kCalls; ++i) {
+      HelloReply reply;
+      REQUIRE(stub.SayHello(Named("x"), &reply, CallOptions::Timeout(absl::Seconds(20))).ok());
+    }
+  }
+  CHECK(blocking_greeter.hello_inline == 0);
+  CHECK(blocking_greeter.hello_pool == kCalls);
+  CHECK_FALSE(blocking_greeter.handlers_async());
+  CHECK(async_greeter.handlers_async());
 }
