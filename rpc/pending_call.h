@@ -5,12 +5,14 @@
 #define ZRPC_RPC_PENDING_CALL_H_
 
 #include <cassert>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "rpc/bulk.h"
+#include "rpc/impl/block_cache.h"
 #include "rpc/impl/call_interfaces.h"
 #include "rpc/impl/server_unary.h"
 #include "rpc/server_context.h"
@@ -77,6 +79,13 @@ class PendingCall {
   PendingCall(const PendingCall&) = delete;
   PendingCall& operator=(const PendingCall&) = delete;
   ~PendingCall() { FinishIfDropped(); }
+
+  // Made and destroyed once per call, usually on one thread (an inline handler that answers in
+  // place): its memory is the thread's to reuse, no malloc per call (rpc/impl/block_cache.h).
+  static void* operator new(::std::size_t size) { return internal::TakeBlock(size); }
+  static void operator delete(void* block, ::std::size_t size) noexcept {
+    internal::GiveBlock(block, size);
+  }
 
   // The call's deadline and what else the runtime tells a handler. Only before Finish.
   ServerContext& context() {
