@@ -365,6 +365,13 @@ ChannelImpl::MethodState ChannelImpl::MethodFor(const MethodInfo& method) {
 
 void ChannelImpl::ConnectionClosed(ClientConnection* connection, bool violation) {
   if (violation) violations_.fetch_add(1, std::memory_order_relaxed);
+  // Its subchannel lets go too, so that its registrations go back now, not at that subchannel's
+  // next connect, which may never come while another subchannel is open (Pick prefers those).
+  // The caller (OnClosed) still holds the connection: none of this is its last reference.
+  std::vector<std::shared_ptr<ClientConnection>> forgotten;
+  for (auto& sub : subchannels_) {
+    if (auto held = sub->Forget(connection)) forgotten.push_back(std::move(held));
+  }
   std::shared_ptr<ClientConnection> removed;  // released after the lock
   absl::MutexLock lock(&mu_);
   auto it = std::find_if(live_.begin(), live_.end(),

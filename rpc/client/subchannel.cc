@@ -28,6 +28,12 @@ void Subchannel::Reset() {
   current_.reset();
 }
 
+std::shared_ptr<ClientConnection> Subchannel::Forget(const ClientConnection* closed) {
+  absl::MutexLock lock(&mu_);
+  if (current_.get() != closed) return nullptr;
+  return std::move(current_);
+}
+
 absl::StatusOr<std::shared_ptr<ClientConnection>> Subchannel::Get(absl::Time deadline,
                                                                   bool* waited) {
   absl::MutexLock lock(&mu_);

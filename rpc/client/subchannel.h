@@ -78,6 +78,11 @@ class Subchannel {
   absl::Duration backoff() const;
   // Forgets the connection (the channel's teardown, once it is closed).
   void Reset();
+  // Forgets `closed` if it is this subchannel's connection: a closed connection keeps its
+  // registered memory (arena, receive slots) for as long as anything holds it, and a subchannel
+  // that gets no calls (the channel prefers open ones) would hold it until its next connect.
+  // Returns the reference, for the caller to drop outside its locks.
+  std::shared_ptr<ClientConnection> Forget(const ClientConnection* closed);
 
  private:
   SubchannelHost& host_;

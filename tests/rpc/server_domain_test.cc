@@ -4,7 +4,8 @@
 // pollers on their own threads, so this runs on the host and under ASan: calls finished on pool
 // threads after their client went away, the connection kept until the last of them; Shutdown
 // answering calls still running; pool and inline handlers finishing side by side on one
-// connection; where an AsyncService's handlers run.
+// connection; where an AsyncService's handlers run. And a channel's side of a server restart: a
+// closed connection given back by a subchannel that gets no calls.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <memory>
@@ -263,4 +264,37 @@ TEST_CASE(
   CHECK(blocking_greeter.hello_pool == kCalls);
   CHECK_FALSE(blocking_greeter.handlers_async());
   CHECK(async_greeter.handlers_async());
+}
+
+TEST_CASE(
+    "a channel gives back a closed connection's registrations while its subchannel gets no "
+    "calls (the channel prefers the open one)",
+    "[server_domain][channel]") {
+  const uint64_t qps_before = zrpc::fakeverbs::counters().qps_alive;
+  zrpc::ChannelOptions channel_options;
+  channel_options.connections = 2;
+  Runtime rt(FakeDevice(), zrpc::ServerOptions{}, channel_options);
+  Greeter::Stub stub(rt.channel.get());
+  auto hello = [&stub](absl::Duration timeout) {
+    HelloReply reply;
+    return stub.SayHello(Named("x"), &reply, CallOptions::Timeout(timeout));
+  };
+  // Both subchannels connect (a call alone connects one: the channel prefers open ones).
+  REQUIRE(rt.channel->Connect(absl::Now() + absl::Seconds(10)).ok());
+  for (int i = 0; i < 4; ++i) REQUIRE(hello(absl::Seconds(10)).ok());
+  REQUIRE(zrpc::fakeverbs::counters().qps_alive == qps_before + 4);
+  const uint16_t port = rt.port_;
+  rt.server->Shutdown(absl::Milliseconds(100));
+  rt.server.reset();
+  rt.StartServer(zrpc::ServerOptions{}, port);
+  // One subchannel connects again; from then on every call finds it open, and the other
+  // subchannel gets none. (A long timeout: a connect cut short by its call's deadline could leave
+  // the server a connection of its own, which is not what this counts.)
+  REQUIRE(Eventually([&] { return hello(absl::Seconds(10)).ok(); }));
+  for (int i = 0; i < 10; ++i) REQUIRE(hello(absl::Seconds(10)).ok());
+  // Two queue pairs, the new connection's ends: the closed one the idle subchannel had is gone.
+  INFO("queue pairs alive: " << zrpc::fakeverbs::counters().qps_alive - qps_before);
+  CHECK(Eventually([&] { return zrpc::fakeverbs::counters().qps_alive == qps_before + 2; },
+                   absl::Seconds(10)));
+  CHECK(rt.channel->stats().connections_lost == 2);
 }
