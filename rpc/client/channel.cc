@@ -32,6 +32,7 @@
 #include "rpc/common/monotonic.h"
 #include "rpc/common/runtime.h"
 #include "rpc/connection/rpc_header.h"
+#include "rpc/impl/block_cache.h"
 #include "transport/adaptive_spin.h"
 #include "transport/log.h"
 
@@ -59,45 +60,14 @@ struct SlotTicket {
   }
 };
 
-// Ticket memory, recycled per thread: AsyncUnaryCall runs AcquireSendSlot and StartUnaryCall one
-// after the other on the caller's thread, so the block one call gives back is the one the
-// thread's next call takes: no lock and no allocation per call. A ticket is destroyed before
-// its memory is kept (its connection is not held by a cache).
-// After the cache is destroyed (a call made from another thread-local's destructor at thread
-// exit), blocks come from and go to the heap: `gone` is trivially destructible, so it stays
-// readable to the end.
-thread_local bool ticket_memory_gone = false;
-
-class TicketMemory {
- public:
-  ~TicketMemory() {
-    for (size_t i = 0; i < count_; ++i) ::operator delete(blocks_[i]);
-    count_ = 0;
-    ticket_memory_gone = true;
-  }
-  void* Take() {
-    if (ticket_memory_gone || count_ == 0) return ::operator new(sizeof(SlotTicket));
-    return blocks_[--count_];
-  }
-  void Give(void* block) {
-    if (!ticket_memory_gone && count_ < kKept) {
-      blocks_[count_++] = block;
-    } else {
-      ::operator delete(block);
-    }
-  }
-
- private:
-  static constexpr size_t kKept = 8;  // slots one thread holds at once, acquired and unsent
-  void* blocks_[kKept];
-  size_t count_ = 0;
-};
-thread_local TicketMemory ticket_memory;
-
+// Ticket memory, recycled per thread (rpc/impl/block_cache.h): AsyncUnaryCall runs
+// AcquireSendSlot and StartUnaryCall one after the other on the caller's thread, so the block one
+// call gives back is the one the thread's next call takes: no lock and no allocation per call. A
+// ticket is destroyed before its memory is kept (its connection is not held by a cache).
 struct TicketDeleter {
   void operator()(SlotTicket* ticket) const {
     ticket->~SlotTicket();
-    ticket_memory.Give(ticket);
+    GiveBlock(ticket, sizeof(SlotTicket));
   }
 };
 
@@ -587,7 +557,7 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
       return absl::ResourceExhaustedError(
           absl::StrCat("out of memory for a ", size, "-byte request"));
     }
-    auto* ticket = new (internal::ticket_memory.Take())
+    auto* ticket = new (internal::TakeBlock(sizeof(internal::SlotTicket)))
         internal::SlotTicket{*std::move(connection), transport::SendBuffer{}, body, true, timing};
     return SendSlot{body, size, reinterpret_cast<uintptr_t>(ticket)};
   }
@@ -603,7 +573,7 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
           absl::StrCat("out of memory for a ", size, "-byte request"));
     }
   }
-  auto* ticket = new (internal::ticket_memory.Take())
+  auto* ticket = new (internal::TakeBlock(sizeof(internal::SlotTicket)))
       internal::SlotTicket{*std::move(connection), *buffer, large, false, timing};
   return SendSlot{large != nullptr ? large : internal::RpcConnection::Body(*buffer), size,
                   reinterpret_cast<uintptr_t>(ticket)};

@@ -4,7 +4,8 @@
 // What uses it. PendingCall (rpc/pending_call.h): an AsyncService's handler gets its call in a
 // std::unique_ptr, made on the poller thread that dispatched the call; a handler that answers in
 // place (inline, the default for an AsyncService's unary methods) destroys it on that thread, so
-// the block comes back to the cache the next call takes it from.
+// the block comes back to the cache the next call takes it from. And a client call's SlotTicket
+// (rpc/client/channel.cc), made and destroyed on the caller's thread as the call starts.
 //
 // Bounds. Up to kBlocks blocks per thread, of any sizes (a lookup compares sizes: a server's
 // async methods have a handful of PendingCall types). A thread that frees blocks another thread
@@ -71,7 +72,6 @@ class BlockCache {
     sizes_[count_] = size;
     ++count_;
   }
-  int cached() const { return count_; }
 
  private:
   void* blocks_[kBlocks];
