@@ -14,6 +14,7 @@
 #include "rpc/bulk.h"
 #include "rpc/impl/block_cache.h"
 #include "rpc/impl/call_interfaces.h"
+#include "rpc/impl/message_pool.h"
 #include "rpc/impl/server_unary.h"
 #include "rpc/server_context.h"
 #include "rpc/service.h"
@@ -49,12 +50,20 @@ class PendingCall {
   // from `call`, which this finishes; `method` (whose full name the drop error quotes) must
   // outlive this. `request_bulk`, when given, is the request's payload, already taken from
   // `call` (TakeRequestBulk returns it).
-  PendingCall(ServerCall* call, const MethodInfo& method, Request request,
+  PendingCall(ServerCall* call, const MethodInfo& method, internal::PooledMessage<Request> request,
               ::std::optional<IncomingBulk> request_bulk = ::std::nullopt)
       : call_(call),
         method_(&method),
         request_(::std::move(request)),
         request_bulk_(::std::move(request_bulk)) {}
+
+  // The same with a message of the caller's (tests, or a call finished outside the runtime):
+  // moved into a pooled one.
+  PendingCall(ServerCall* call, const MethodInfo& method, Request request,
+              ::std::optional<IncomingBulk> request_bulk = ::std::nullopt)
+      : PendingCall(call, method, internal::PooledMessage<Request>(), ::std::move(request_bulk)) {
+    *request_ = ::std::move(request);
+  }
 
   PendingCall(PendingCall&& other) noexcept
       : call_(::std::exchange(other.call_, nullptr)),
@@ -93,7 +102,7 @@ class PendingCall {
     return call_->context();
   }
   const MethodInfo& method() const { return *method_; }
-  const Request& request() const { return request_; }
+  const Request& request() const { return *request_; }
   // The request's bulk payload, read in place (empty for a method without request_bulk, and
   // after the first take). Release it promptly (rpc/bulk.h); it may outlive the call. One left
   // untaken is released at Finish. Only before Finish.
@@ -108,7 +117,7 @@ class PendingCall {
   }
   // What Finish(OK) sends: fill these in first. The response payload must stay alive until its
   // release callback runs (or, without one, until the server is destroyed; rpc/bulk.h).
-  Response* response() { return &response_; }
+  Response* response() { return response_.get(); }
   OutgoingBulk* response_bulk() { return &response_bulk_; }
 
   // Ends the call, from any thread: with `status` OK sends *response() and *response_bulk();
@@ -118,7 +127,11 @@ class PendingCall {
     ServerCall* call = ::std::exchange(call_, nullptr);
     if (call == nullptr) return;
     request_bulk_.reset();  // one left untaken is released at Finish, as the runtime's would be
-    internal::FinishUnary(call, ::std::move(status), response_, ::std::move(response_bulk_));
+    const bool ok = status.ok();
+    internal::FinishUnary(call, ::std::move(status), *response_, ::std::move(response_bulk_));
+    // As HandleUnary's: the serialized response's size is cached; an unsent one is sized here.
+    response_.set_size_hint(ok ? static_cast<size_t>(response_->GetCachedSize())
+                               : response_->ByteSizeLong());
   }
 
  private:
@@ -130,8 +143,10 @@ class PendingCall {
 
   ServerCall* call_;  // null once finished (or moved from)
   const MethodInfo* method_;
-  Request request_;
-  Response response_;
+  // The finishing thread's spares once this is destroyed (rpc/impl/message_pool.h): string and
+  // bytes fields keep their capacity from call to call.
+  internal::PooledMessage<Request> request_;
+  internal::PooledMessage<Response> response_;
   OutgoingBulk response_bulk_;
   ::std::optional<IncomingBulk> request_bulk_;  // taken before this was made (HandleUnary)
 };

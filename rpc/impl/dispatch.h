@@ -32,8 +32,9 @@ namespace internal {
 // `method` is the method's entry in the service's table.
 template <typename Request, typename Response, typename Handler>
 void HandleUnaryLater(ServerCall* call, const MethodInfo& method, Handler&& handler) {
-  Request request;
-  if (!ParseRequest(call, &request)) return;
+  PooledMessage<Request> request;
+  if (!ParseRequest(call, request.get())) return;
+  request.set_size_hint(call->request_size());
   handler(::std::make_unique<PendingCall<Request, Response>>(call, method, ::std::move(request)));
 }
 
@@ -101,8 +102,8 @@ void HandleUnary(ServerCall* call, const MethodInfo& method, Handler&& handler, 
   }
   if (slot.later && status.code() == ::absl::StatusCode::kUnimplemented) {
     response_bulk.Reset();
-    later(::std::make_unique<PendingCall<Request, Response>>(call, method, ::std::move(request),
-                                                             ::std::move(slot.request_bulk)));
+    later(::std::make_unique<PendingCall<Request, Response>>(
+        call, method, ::std::move(pooled_request), ::std::move(slot.request_bulk)));
     return;
   }
   const bool ok = status.ok();

@@ -1,6 +1,9 @@
-// PooledMessage: a request or response message of a blocking handler's call, taken from a
-// thread's spares of that type and given back cleared, so that a server in steady state
-// allocates nothing for its messages.
+// PooledMessage: a request or response message of a server's unary call, taken from a thread's
+// spares of that type and given back cleared, so that a server in steady state allocates nothing
+// for its messages. A blocking handler's are on HandleUnary's stack; an asynchronous handler's are
+// in its PendingCall, which may be finished and destroyed on another thread: the message then
+// joins that thread's spares (each thread keeps at most kSpares of a type, so a thread that only
+// finishes calls does not hoard them).
 //
 // A fresh message per call (as HandleUnary had on its stack) allocates every string and bytes
 // field it parses or is given, and every sub-message: two allocations per 64 B echo, the
@@ -39,6 +42,7 @@
 
 #include <cstddef>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace zrpc {
@@ -93,6 +97,20 @@ class PooledMessage {
   ~PooledMessage() { Give(); }
   PooledMessage(const PooledMessage&) = delete;
   PooledMessage& operator=(const PooledMessage&) = delete;
+  // The moved-from one holds nothing (get() is null) and gives nothing back.
+  PooledMessage(PooledMessage&& other) noexcept
+      : message_(other.message_), used_(other.used_), hint_(other.hint_) {
+    other.message_ = nullptr;
+  }
+  PooledMessage& operator=(PooledMessage&& other) noexcept {
+    if (this != &other) {
+      Give();
+      message_ = ::std::exchange(other.message_, nullptr);
+      used_ = other.used_;
+      hint_ = other.hint_;
+    }
+    return *this;
+  }
 
   Message& operator*() const { return *message_; }
   Message* operator->() const { return message_; }
@@ -109,6 +127,8 @@ class PooledMessage {
     int count = 0;
     ~Spares() {
       for (int i = 0; i < count; ++i) delete messages[i];
+      count = 0;
+      gone = true;
     }
   };
 
@@ -116,8 +136,17 @@ class PooledMessage {
     static thread_local Spares spares;
     return spares;
   }
+  // Set once the thread's spares are destroyed (thread exit): a message made or given back later
+  // (a PendingCall destroyed by another thread_local's destructor) is plain new and delete. Not
+  // a member of Spares: a trivially destructible thread_local is never destroyed.
+  static inline thread_local bool gone = false;
 
   void Take() {
+    if (gone) {
+      message_ = new Message();
+      used_ = 0;
+      return;
+    }
     Spares& spares = ThreadSpares();
     if (spares.count == 0) {
       message_ = new Message();
@@ -131,6 +160,11 @@ class PooledMessage {
   }
 
   void Give() {
+    if (message_ == nullptr) return;  // moved from
+    if (gone) {
+      delete message_;
+      return;
+    }
     Spares& spares = ThreadSpares();
     size_t used = hint_ > kMaxUsedBytes ? hint_ : used_ + hint_;
     if (spares.count == kSpares || hint_ > kMaxUsedBytes) {
