@@ -100,7 +100,9 @@ absl::Status StreamState::OnHalfClose() {
   std::shared_ptr<StreamListener> listener;
   {
     absl::MutexLock lock(&mu_);
-    if (peer_done_ && !ended_) return absl::FailedPreconditionError("a second half-close");
+    // Never legitimate, even after the end (a first half-close may race the end; a second may
+    // not), though once the call has retired its frames are dropped before they get here.
+    if (peer_done_) return absl::FailedPreconditionError("a second half-close");
     peer_done_ = true;
     listener = Changed();
   }

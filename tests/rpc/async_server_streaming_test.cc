@@ -588,8 +588,8 @@ TEST_CASE("an async stream whose client never cancels ends at its deadline",
   // thread whose wait ends at the deadline, the server's sweeper ends the stream then.
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   AsyncFixture f(config);
+  zrpc_test::RawClient raw;  // outlives the peer's poller, which reports its connection's close
   zrpc::testing::TransportPeer peer(config);
-  zrpc_test::RawClient raw;
   auto connection = peer.Connect(config.addr, f.server->port(), &raw);
   REQUIRE(connection.ok());
   REQUIRE(zrpc_test::SendRaw(**connection,
@@ -617,8 +617,8 @@ TEST_CASE("async bidirectional written from the poller while every send slot is 
   zrpc::ServerOptions options;
   options.stream_window = 1000;
   AsyncFixture f(config, options);
+  zrpc_test::RawClient raw;  // outlives the peer's poller, which reports its connection's close
   zrpc::testing::TransportPeer peer(config);
-  zrpc_test::RawClient raw;
   raw.hold = true;
   auto connection = peer.Connect(config.addr, f.server->port(), &raw);
   REQUIRE(connection.ok());
