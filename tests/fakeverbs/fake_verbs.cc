@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -95,9 +96,14 @@ struct FakeQp {
   std::deque<Pending> waiting;  // the peer's sends that found no RECV here
 };
 
+struct FakeId;
+
 struct FakeEvent {
   rdma_cm_event event{};  // first: an rdma_cm_event* is a FakeEvent*
   std::vector<uint8_t> private_data;
+  // The id whose destruction waits for this event's ack once it is fetched: the listening id
+  // for a connect request, else the event's id (librdmacm counts them the same way).
+  FakeId* owner = nullptr;
 };
 
 struct FakeEventChannel {
@@ -114,9 +120,15 @@ struct FakeId {
   bool disconnected = false;  // DISCONNECTED was queued to this id
   bool passive = false;       // made by a connect request, on the listening side
   uint16_t port = 0;          // host order
+  // Events fetched (rdma_get_cm_event) and acked (rdma_ack_cm_event): rdma_destroy_id waits
+  // until they are equal, as librdmacm's does, so a thread that fetched an event may read its id
+  // until it acks it.
+  uint64_t events_fetched = 0;
+  uint64_t events_acked = 0;
 };
 
 std::mutex mu;
+std::condition_variable acked;  // an event was acked (FakeId::events_acked), under mu
 Counters stats;
 ibv_device device{};
 ibv_context context{};
@@ -141,8 +153,9 @@ bool NonBlocking(int fd) { return (fcntl(fd, F_GETFL) & O_NONBLOCK) != 0; }
 
 // The oldest event of a channel (completion or cm) whose readiness is eventfd `fd`: at once, or
 // -1 with EAGAIN when there is none and `fd` is non-blocking, or after waiting for one.
-template <typename T>
-int TakeEvent(std::deque<T*>* events, int fd, T** out) {
+// `taken` runs on the event under the lock that took it.
+template <typename T, typename Taken>
+int TakeEvent(std::deque<T*>* events, int fd, T** out, Taken taken) {
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -150,6 +163,7 @@ int TakeEvent(std::deque<T*>* events, int fd, T** out) {
         *out = events->front();
         events->pop_front();
         Unsignal(fd);
+        taken(*out);
         return 0;
       }
       if (NonBlocking(fd)) {
@@ -365,6 +379,7 @@ void Queue(FakeId* id, rdma_cm_event_type type, int status = 0,
   auto* e = new FakeEvent;
   e->event.id = &id->id;
   e->event.listen_id = listen_id != nullptr ? &listen_id->id : nullptr;
+  e->owner = listen_id != nullptr ? listen_id : id;
   e->event.event = type;
   e->event.status = status;
   if (param != nullptr) {
@@ -378,16 +393,26 @@ void Queue(FakeId* id, rdma_cm_event_type type, int status = 0,
   Signal(channel->channel.fd);
 }
 
-// Drops the events `id` has not fetched from `channel`.
-void DropEvents(FakeEventChannel* channel, rdma_cm_id* id) {
+// Drops the events `id` has not fetched from `channel`. A connect request to a listening `id`
+// goes with its unaccepted id, and the caller hears it was rejected (as the kernel does).
+void DropEvents(FakeEventChannel* channel, FakeId* id) {
   if (channel == nullptr) return;
   for (auto it = channel->events.begin(); it != channel->events.end();) {
-    if ((*it)->event.id != id) {
+    FakeEvent* e = *it;
+    if (e->event.id != &id->id && e->owner != id) {
       ++it;
       continue;
     }
+    if (e->event.id != &id->id) {
+      auto* child = reinterpret_cast<FakeId*>(e->event.id);
+      if (child->peer != nullptr) {
+        Queue(child->peer, RDMA_CM_EVENT_REJECTED, 28);
+        child->peer->peer = nullptr;
+      }
+      delete child;
+    }
     Unsignal(channel->channel.fd);
-    delete *it;
+    delete e;
     it = channel->events.erase(it);
   }
 }
@@ -748,7 +773,8 @@ int ibv_destroy_cq(ibv_cq* cq) {
 
 int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
   FakeCq* got = nullptr;
-  if (TakeEvent(&reinterpret_cast<FakeCompChannel*>(channel)->events, channel->fd, &got) != 0) {
+  if (TakeEvent(&reinterpret_cast<FakeCompChannel*>(channel)->events, channel->fd, &got,
+                [](auto*) {}) != 0) {
     return -1;
   }
   *cq = &got->cq;
@@ -852,7 +878,7 @@ int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context,
 }
 
 int rdma_destroy_id(rdma_cm_id* id) {
-  std::lock_guard<std::mutex> lock(mu);
+  std::unique_lock<std::mutex> lock(mu);
   auto* fake = reinterpret_cast<FakeId*>(id);
   if (fake->listening) listeners.erase(fake->port);
   if (fake->peer != nullptr) {
@@ -865,7 +891,10 @@ int rdma_destroy_id(rdma_cm_id* id) {
     }
     peer->peer = nullptr;
   }
-  DropEvents(reinterpret_cast<FakeEventChannel*>(id->channel), id);
+  DropEvents(reinterpret_cast<FakeEventChannel*>(id->channel), fake);
+  // librdmacm frees the id only once every event fetched for it is acked: a thread reading a
+  // fetched event's id (Poller::HandleCmEvents) may do so until its ack.
+  acked.wait(lock, [&] { return fake->events_acked == fake->events_fetched; });
   delete fake;
   return 0;
 }
@@ -1049,7 +1078,8 @@ int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
 
 int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
   FakeEvent* got = nullptr;
-  if (TakeEvent(&reinterpret_cast<FakeEventChannel*>(channel)->events, channel->fd, &got) != 0) {
+  if (TakeEvent(&reinterpret_cast<FakeEventChannel*>(channel)->events, channel->fd, &got,
+                [](FakeEvent* e) { ++e->owner->events_fetched; }) != 0) {
     return -1;
   }
   *event = &got->event;
@@ -1057,7 +1087,13 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
 }
 
 int rdma_ack_cm_event(rdma_cm_event* event) {
-  delete reinterpret_cast<FakeEvent*>(event);
+  auto* fake = reinterpret_cast<FakeEvent*>(event);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ++fake->owner->events_acked;
+  }
+  acked.notify_all();
+  delete fake;
   return 0;
 }
 
