@@ -53,6 +53,7 @@ done
 mkdir -p "$out"
 results=$out/results.jsonl
 ((sweep)) || : >"$results"
+: >"$out/missing.txt"
 logs=$out/logs
 mkdir -p "$logs"
 bulk_calls=$((calls / 50 > 50 ? calls / 50 : 50))
@@ -71,44 +72,6 @@ bulk_depth() {
   echo "$depth"
 }
 
-# perftest: its server in the background, then its client, on this device and GID. Each side is
-# bounded in time: in a freshly booted guest, `ib_send_lat -e` has hung on both sides with
-# nothing printed, now and then, most often in its first run after a busy one (a completion
-# event lost in rxe or the guest, not seen on later runs); a hang must cost an attempt, not the
-# whole benchmark. A latency run takes seconds; bulk ones, at the sweep's 64 MiB, minutes.
-perftest_run() {
-  local tool=$1 name=$2
-  shift 2
-  local common=(-d "$ZRPC_RDMA_DEVICE" -x "$ZRPC_RDMA_GID_INDEX" -p 18515 -F "$@")
-  local limit=${PERFTEST_TIMEOUT:-300}
-  [[ $tool == ib_send_lat ]] && limit=${PERFTEST_LAT_TIMEOUT:-60}
-  local attempt i
-  for ((attempt = 0; attempt < 5; attempt++)); do
-    timeout -k 5 "$limit" "$tool" "${common[@]}" >"$logs/$name.server" 2>&1 &
-    local server=$!
-    for ((i = 0; i < 50; i++)); do
-      if timeout -k 5 "$limit" "$tool" "${common[@]}" "$ZRPC_RDMA_ADDR" \
-          >"$logs/$name.client" 2>&1; then
-        break
-      fi
-      grep -q "Couldn't connect" "$logs/$name.client" || break
-      sleep 0.2
-    done
-    wait "$server" || true
-    # Under emulation perftest's clock calibration sometimes fails: it then prints inf, nan, or
-    # zeros ("Correlation coefficient r^2 < 0.9"). Such a run is repeated, never used.
-    if data_line "$logs/$name.client" | grep -q '^ *[0-9]' &&
-       ! data_line "$logs/$name.client" | grep -q -e inf -e nan &&
-       data_line "$logs/$name.client" |
-         awk '{ for (i = 3; i <= NF; i++) if ($i + 0 > 0) ok = 1 } END { exit !ok }'; then
-      return 0
-    fi
-    echo "(perftest $tool $* gave no finite figures, or hung for $limit s; running it again)"
-  done
-  cat "$logs/$name.client" >&2
-  return 1
-}
-data_line() { awk '/^ *#bytes/ { h = 1; next } h && $1 ~ /^[0-9]+$/ { print; exit }' "$1"; }
 
 # perftest's latency distribution (-H): every iteration's one-way latency, sorted, one
 # "N, VALUE" line each under a "#, usec" header. Prints "P90 CDF" for perftest_json: the
@@ -223,6 +186,10 @@ echo "== medians of $rounds rounds (device $ZRPC_RDMA_DEVICE, ${ZRPC_SOFTROCE_MO
 "$bench_report" --json "$out/summary.json" --svg "$out/latency_cdf.svg" --svg-workload echo \
   --svg-size "$size" "$results"
 echo "results: $results, summary: $out/summary.json, latency CDF: $out/latency_cdf.svg"
+if [[ -s "$out/missing.txt" ]]; then
+  echo "== rows missing from some rounds (their medians are over fewer rounds):"
+  cat "$out/missing.txt"
+fi
 # With --counts CALL_COUNTER_SO (tools/bench gives it): the per-call counts that do not move with
 # the noise, zrpc next to perftest (count_calls.sh).
 if [[ -n "$counter" ]]; then

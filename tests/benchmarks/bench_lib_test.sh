@@ -67,8 +67,65 @@ failing_stop_reported() {
     "fake failed" "torn down badly"
 }
 
+# perftest_run with a stand-in perftest on PATH (a bash program named ib_send_lat): `fails_until`
+# holds how many more runs fail (print nothing and exit 1, as a hang cut by `timeout` does);
+# after that both sides print a result line.
+perftest_stand_in() {
+  mkdir -p "$tmp/bin"
+  cat >"$tmp/bin/ib_send_lat" <<'STAND_IN'
+#!/usr/bin/env bash
+# Both sides of a run count as one: only the client (the call with the address last) decides.
+[[ "${*: -1}" == 10.0.0.1 ]] || exit 0
+n=$(cat "$STAND_IN_STATE")
+if ((n > 0)); then
+  echo $((n - 1)) >"$STAND_IN_STATE"
+  exit 1
+fi
+printf ' #bytes #iterations t_min[usec] t_max[usec] t_typical[usec] t_avg[usec] t_stdev[usec] 99%% 99.9%%\n'
+printf ' 64 1000 5.00 90.00 6.50 7.00 1.00 20.00 80.00\n'
+STAND_IN
+  chmod +x "$tmp/bin/ib_send_lat"
+}
+
+# run_perftest FAILURES: perftest_run of the stand-in that fails FAILURES times first, then the
+# row perftest_json-style reading makes of its log: prints the script's output and "row=LINE".
+run_perftest() {
+  perftest_stand_in
+  echo "$1" >"$tmp/state"
+  rm -f "$tmp/missing.txt"
+  in_script "export PATH='$tmp/bin':\$PATH STAND_IN_STATE='$tmp/state' PERFTEST_LAT_TIMEOUT=5; \
+    ZRPC_RDMA_DEVICE=rxe0 ZRPC_RDMA_GID_INDEX=1 ZRPC_RDMA_ADDR=10.0.0.1 out='$tmp' round=3; \
+    perftest_run ib_send_lat send_lat -s 64 -n 1000; echo \"row=\$(data_line '$tmp/send_lat.client')\""
+}
+
+perftest_retried_then_used() {
+  local out
+  out=$(run_perftest 3)
+  [[ $(grep -c "running it again" <<<"$out") == 3 ]] || junit_problem "want 3 retries: $out"
+  grep -q "^row= 64 1000 5.00" <<<"$out" || junit_problem "the 4th run's line is not read: $out"
+  ! grep -q MISSING <<<"$out" || junit_problem "a row that came is called missing: $out"
+  [[ ! -s "$tmp/missing.txt" ]] || junit_problem "missing.txt written: $(cat "$tmp/missing.txt")"
+}
+
+# Five failures in a row (CI of 2026-11-29's tools/bench: ib_send_lat -e hung five times in one
+# round, and the whole run stopped): the round goes on without the row, and says so.
+perftest_missing_row_said_and_skipped() {
+  local out rc
+  out=$(run_perftest 5)
+  rc=$?
+  ((rc == 0)) || junit_problem "exit status $rc, expected the script to go on: $out"
+  [[ $(grep -c "running it again" <<<"$out") == 5 ]] || junit_problem "want 5 attempts: $out"
+  grep -q "== MISSING: perftest ib_send_lat .* failed 5 times in round 3: no send_lat row" <<<"$out" ||
+    junit_problem "no MISSING line: $out"
+  grep -qx "row=" <<<"$out" || junit_problem "a row was read from a failed run: $out"
+  grep -q "failed 5 times in round 3" "$tmp/missing.txt" 2>/dev/null ||
+    junit_problem "missing.txt does not say it"
+}
+
 junit_scenario "start_server never takes the address from an earlier server's log" stale_log_never_read
 junit_scenario "a server that dies before listening stops the script with its stderr" dead_server_reported
 junit_scenario "a listening line without a port stops the script with that line" malformed_line_refused
 junit_scenario "a server that fails on SIGTERM stops the script with its stderr" failing_stop_reported
+junit_scenario "perftest_run tries a failing perftest again and uses the first good run" perftest_retried_then_used
+junit_scenario "perftest_run after five failures leaves the row out, says so, and lets the round go on" perftest_missing_row_said_and_skipped
 junit_finish
