@@ -72,7 +72,6 @@ bulk_depth() {
   echo "$depth"
 }
 
-
 # perftest's latency distribution (-H): every iteration's one-way latency, sorted, one
 # "N, VALUE" line each under a "#, usec" header. Prints "P90 CDF" for perftest_json: the
 # nearest-rank p90 and up to 200 points at evenly spaced quantiles, picked as bench_report's
@@ -98,6 +97,8 @@ perftest_distribution() {
 # send_lat, $4 is perftest_distribution's output.
 perftest_json() {
   local workload=$1 in_flight=$2 line=$3 distribution=${4:-null []}
+  # No line (perftest_run gave up on the row): no row. awk would make one of an empty record.
+  [[ -n "$line" ]] || return 0
   case "$workload" in
     send_lat*)  # bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
       awk -v r="$round" -v f="$in_flight" -v w="$workload" -v d="$distribution" 'BEGIN { split(d, dist, " ") } { printf "{\"system\":\"perftest\",\"workload\":\"%s\",\"size\":%d,\"in_flight\":%d,\"threads\":1,\"connections\":1,\"round\":%d,\"calls\":%d,\"seconds\":0,\"p50_us\":%s,\"p90_us\":%s,\"p99_us\":%s,\"p999_us\":%s,\"max_us\":%s,\"calls_per_sec\":0,\"goodput_mib_per_sec\":0,\"client_cpu_us_per_call\":-1,\"server_cpu_us_per_call\":-1,\"cdf_us\":%s,\"note\":\"one-way latency (t_typical as p50)\"}\n", w, $1, f, r, $2, $5, dist[1], $8, $9, $4, dist[2] }' <<<"$line" ;;
