@@ -170,6 +170,28 @@ class DomainTask : private DomainOp {
   friend class Connection;
 };
 
+// Work of the layer above for after a thread lets go of a connection's domain: on the same thread,
+// outside the domain (Connection::RunAfterExit). For what must not run inside it on every thread
+// (a user's callback on an application thread, which may wait for this connection), and for
+// references whose last release must not come inside it. Intrusive, like DomainTask.
+class ExitTask {
+ public:
+  ExitTask() = default;
+  ExitTask(const ExitTask&) = delete;
+  ExitTask& operator=(const ExitTask&) = delete;
+
+  // Runs once the thread that held the domain when RunAfterExit was called has let go of it.
+  // The connection is alive while it runs; the task may free its own memory.
+  virtual void AfterExit() = 0;
+
+ protected:
+  ~ExitTask() = default;
+
+ private:
+  friend class Connection;
+  ExitTask* next_exit_ = nullptr;
+};
+
 // What a connection reports, on the poller thread. Implementations must not block for long:
 // every connection on the poller waits meanwhile.
 class ConnectionHandler {
@@ -332,6 +354,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // has let go of the domain. For the layer above to give up a reference that may be the
   // connection's last from a task or handler, which must not destroy the connection under them.
   void DropAfterExit(std::shared_ptr<Connection> reference);
+  // From inside the domain (InDomain): runs `task` on this thread once it has let go of the domain
+  // (after the batch it dispatches, or the task it runs, and whatever that holder carries out
+  // before it lets go), in the order asked. The caller keeps `task` alive until then.
+  void RunAfterExit(ExitTask& task);
 
   // Whether it is open now: a hint, as it may fail right after. Lock-free (every call asks).
   bool open() const;
@@ -484,9 +510,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Runs the tasks left (tasks_), oldest first, with this thread marked as the holder: on their
   // own, from the holder's loop (ExitLocked, RunBatchLocked), never inside an operation.
   void RunTasksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
-  // Moves drops_ to the holder's `drops`, which it destroys after letting go.
-  void TakeDropsLocked(std::vector<std::shared_ptr<Connection>>& drops)
+  // Moves drops_ to the holder's `drops`, which it destroys after letting go, and the exit tasks
+  // to the end of its list `exits`, which it runs after letting go (RunExits).
+  void TakeDropsLocked(std::vector<std::shared_ptr<Connection>>& drops, ExitTask*& exits)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Runs the exit tasks linked from `exits`, oldest first, outside the domain.
+  static void RunExits(ExitTask* exits);
   // Runs `task` with this thread marked as the domain's holder (InDomain).
   void RunTaskLocked(DomainTask& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // After a change: credits may go, a slot notice may be owed, the drain may be complete.
@@ -599,8 +628,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // connection on its list to retry. Touched by the poller's thread only.
   std::vector<ibv_wc> stash_;
   bool stash_listed_ = false;
-  // References to drop once the holder has let go (DropAfterExit).
+  // References to drop once the holder has let go (DropAfterExit), and tasks to run then
+  // (RunAfterExit), oldest first.
   std::vector<std::shared_ptr<Connection>> drops_ ABSL_GUARDED_BY(domain_);
+  ExitTask* exits_head_ ABSL_GUARDED_BY(domain_) = nullptr;
+  ExitTask* exits_tail_ ABSL_GUARDED_BY(domain_) = nullptr;
   // Tasks left in the domain (RunInDomain), linked by DomainOp::next, oldest first.
   DomainOp* tasks_head_ ABSL_GUARDED_BY(domain_) = nullptr;
   DomainOp* tasks_tail_ ABSL_GUARDED_BY(domain_) = nullptr;

@@ -77,9 +77,34 @@ void Connection::RunTaskLocked(DomainTask& task) {
   task_connection = outer;
 }
 
-void Connection::TakeDropsLocked(std::vector<std::shared_ptr<Connection>>& drops) {
+void Connection::RunAfterExit(ExitTask& task) {
+  domain_.AssertHeld();
+  task.next_exit_ = nullptr;
+  if (exits_tail_ == nullptr) {
+    exits_head_ = &task;
+  } else {
+    exits_tail_->next_exit_ = &task;
+  }
+  exits_tail_ = &task;
+}
+
+void Connection::TakeDropsLocked(std::vector<std::shared_ptr<Connection>>& drops,
+                                 ExitTask*& exits) {
   for (auto& reference : drops_) drops.push_back(std::move(reference));
   drops_.clear();
+  if (exits_head_ == nullptr) return;
+  ExitTask** end = &exits;
+  while (*end != nullptr) end = &(*end)->next_exit_;
+  *end = exits_head_;
+  exits_head_ = exits_tail_ = nullptr;
+}
+
+void Connection::RunExits(ExitTask* exits) {
+  while (exits != nullptr) {
+    ExitTask* next = exits->next_exit_;
+    exits->AfterExit();  // may free it
+    exits = next;
+  }
 }
 
 void Connection::RunTasksLocked() {
@@ -186,6 +211,7 @@ absl::Status Connection::Submit(bool gated, Run run, Make make) {
 
 void Connection::ExitLocked() {
   std::vector<std::shared_ptr<Connection>> drops;  // dropped after the exit (DropAfterExit)
+  ExitTask* exits = nullptr;                       // run after the exit (RunAfterExit)
   Events events;
   bool changed = false;
   for (;;) {
@@ -215,9 +241,10 @@ void Connection::ExitLocked() {
     for (Event& e : events) pending_events_.push_back(std::move(e));
     events.clear();
     const bool for_poller = !pending_events_.empty();
-    if (!drops_.empty()) TakeDropsLocked(drops);
+    if (!drops_.empty() || exits_head_ != nullptr) TakeDropsLocked(drops, exits);
     if (domain_.TryExit()) {
       if (for_poller) poller_.Defer(shared_from_this());
+      RunExits(exits);  // before `drops` go: the connection is alive meanwhile
       return;
     }
   }
@@ -225,6 +252,7 @@ void Connection::ExitLocked() {
 
 void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
   std::vector<std::shared_ptr<Connection>> drops;  // dropped after the exit (DropAfterExit)
+  ExitTask* exits = nullptr;                       // run after the exit (RunAfterExit)
   Events events;
   if (!pending_events_.empty()) events.swap(pending_events_);  // older: first
   if (state_ != State::kConnecting) {
@@ -261,8 +289,11 @@ void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
       AfterChangeLocked(events);
       continue;
     }
-    if (!drops_.empty()) TakeDropsLocked(drops);
-    if (domain_.TryExit()) return;
+    if (!drops_.empty() || exits_head_ != nullptr) TakeDropsLocked(drops, exits);
+    if (domain_.TryExit()) {
+      RunExits(exits);  // before `drops` go: the connection is alive meanwhile
+      return;
+    }
   }
 }
 

@@ -407,6 +407,100 @@ TEST_CASE(
 
 namespace {
 
+// Records where and when it ran: after its task's domain was let go, or not.
+class RecordingExit : public zrpc::transport::ExitTask {
+ public:
+  RecordingExit(Connection& c, std::vector<int>& order, int tag)
+      : connection(c), order(order), tag(tag) {}
+  void AfterExit() override {
+    ran_on = std::this_thread::get_id();
+    in_domain = connection.InDomain();
+    order.push_back(tag);
+    if (ran != nullptr) ran->Notify();
+  }
+  absl::Notification* ran = nullptr;  // told last
+  Connection& connection;
+  std::vector<int>& order;
+  const int tag;
+  std::thread::id ran_on;
+  bool in_domain = true;
+};
+
+// A task that asks for two exit tasks, and records that neither ran while it did.
+class ExitingTask : public zrpc::transport::DomainTask {
+ public:
+  ExitingTask(Connection& c, int first)
+      : first_exit(c, order, first), second_exit(c, order, first + 1) {}
+  void RunInDomain(Connection& c) override {
+    c.RunAfterExit(first_exit);
+    c.RunAfterExit(second_exit);
+    ran_before_exit = !order.empty();
+    ++runs;
+  }
+  std::vector<int> order;
+  RecordingExit first_exit, second_exit;
+  bool ran_before_exit = false;
+  int runs = 0;
+};
+
+// From inside its handler (the batch), asks for an exit task.
+class ExitHandler : public Recorder {
+ public:
+  void OnMessage(Connection& c, const zrpc::transport::ReceivedMessage& m) override {
+    exit_task = std::make_unique<RecordingExit>(c, order, 7);
+    exit_task->ran = &exited;
+    c.RunAfterExit(*exit_task);
+    ran_in_handler = !order.empty();
+    Recorder::OnMessage(c, m);
+  }
+  std::vector<int> order;
+  std::unique_ptr<RecordingExit> exit_task;
+  bool ran_in_handler = false;
+  absl::Notification exited;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "exit tasks run in order on the thread that let go of the domain, after it did: from a task "
+    "run at once, a task left for the holder, and a batch",
+    "[domain][task]") {
+  ExitHandler server_handler;
+  Recorder client_handler;
+  Setup setup(FakeDevice());
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+
+  ExitingTask at_once(*pair.client, 1);
+  pair.client->RunInDomain(at_once);  // a free domain: run here
+  REQUIRE(at_once.runs == 1);
+  CHECK_FALSE(at_once.ran_before_exit);
+  CHECK(at_once.order == std::vector<int>{1, 2});
+  CHECK(at_once.first_exit.ran_on == std::this_thread::get_id());
+  CHECK_FALSE(at_once.first_exit.in_domain);
+  CHECK_FALSE(at_once.second_exit.in_domain);
+
+  ExitingTask left(*pair.client, 3);
+  ConnectionTestPeer::Hold(*pair.client);
+  std::thread other([&] { pair.client->RunInDomain(left); });
+  other.join();
+  CHECK(left.runs == 0);
+  ConnectionTestPeer::Let(*pair.client);  // runs the task, lets go, then its exits
+  REQUIRE(left.runs == 1);
+  CHECK_FALSE(left.ran_before_exit);
+  CHECK(left.order == std::vector<int>{3, 4});
+  CHECK(left.second_exit.ran_on == std::this_thread::get_id());
+  CHECK_FALSE(left.second_exit.in_domain);
+
+  REQUIRE(SendBytes(*pair.client, "go", 1).ok());
+  REQUIRE(server_handler.exited.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK_FALSE(server_handler.ran_in_handler);
+  CHECK(server_handler.order == std::vector<int>{7});
+  CHECK_FALSE(server_handler.exit_task->in_domain);
+  CHECK(server_handler.exit_task->ran_on != std::this_thread::get_id());  // the poller's
+}
+
+namespace {
+
 // Holds its connection's last reference and lets go of it in OnClosed, from the poller's pass
 // that delivers the close: the connection's own code is still running on that thread, and goes
 // on to unregister the connection from its poller.
