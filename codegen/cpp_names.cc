@@ -121,6 +121,7 @@ std::string ReservedPackageReason(const std::string& package) {
                                                       "BulkDestination",
                                                       "BulkReleaser",
                                                       "CallOptions",
+                                                      "CallIds",
                                                       "CallTable",
                                                       "Cancellation",
                                                       "Channel",

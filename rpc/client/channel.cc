@@ -95,6 +95,7 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   StagingPool& staging() override { return *staging_; }
   std::shared_ptr<ReceiveLimits> receive_limits() override { return receive_limits_; }
   void DeadlineAdded(absl::Time deadline) override;
+  void CountExpired(size_t count) override { expired_.fetch_add(count, std::memory_order_relaxed); }
   void CountLateResponse() override { late_.fetch_add(1, std::memory_order_relaxed); }
   void CountWaitedForSlot() override { waited_for_slot_.fetch_add(1, std::memory_order_relaxed); }
   void ConnectionClosed(ClientConnection* connection, bool violation) override;
@@ -297,7 +298,7 @@ void ChannelImpl::TimerLoop() {
     const absl::Time now = MonotonicNow();
     absl::Time next = absl::InfiniteFuture();
     for (auto& connection : live) {
-      expired_.fetch_add(connection->Expire(now), std::memory_order_relaxed);
+      connection->Expire(now);
       if (keepalive_due) connection->Keepalive(options_.keepalive_timeout);
       next = std::min(next, connection->NextDeadline());
     }

@@ -18,6 +18,7 @@
 #include "rpc/common/call_clock.h"
 #include "rpc/common/monotonic.h"
 #include "rpc/connection/rpc_header.h"
+#include "rpc/impl/block_cache.h"
 #include "rpc/registered_memory.h"
 #include "transport/log.h"
 
@@ -84,13 +85,133 @@ uint64_t ClientConnection::StartWaiting(uint32_t service_id, uint8_t* body, size
                std::move(call), options, timing, 0);
 }
 
+// What StartInDomain works on, by reference: Begin's own locals when the caller is in the domain
+// already (a done-callback starting the next call: nothing moved or allocated), else a
+// StartCall's.
+struct ClientConnection::StartRequest {
+  uint64_t id;
+  uint32_t service_id;
+  const transport::SendBuffer* buffer;  // null: the request waits for a slot (waiting_body)
+  uint8_t*& waiting_body;               // StartWaiting's, malloc'd
+  size_t body_size;
+  OutgoingBulk& large_body;
+  OutgoingBulk& bulk;
+  ClientCall& call;
+  const std::shared_ptr<Cancellation>& cancellation;
+  absl::Time deadline;
+  absl::Time now;  // the call clock's reading at the call's start
+  uint16_t stream_window;
+};
+
+// A call's start carried into the domain from outside it: from the connection's pool (made on the
+// caller's thread, given back by whichever thread ran it: ObjectPool), run or left by RunInDomain,
+// and given back after the exit, with the reference that kept the connection alive while it was
+// left.
+struct ClientConnection::StartCall final : transport::DomainTask, transport::ExitTask {
+  void RunInDomain(transport::Connection& /*connection*/) override {
+    StartRequest request{id,           service_id, has_buffer ? &buffer : nullptr,
+                         waiting_body, body_size,  large_body,
+                         bulk,         call,       cancellation,
+                         deadline,     now,        stream_window};
+    hold->StartInDomain(request);
+    hold->connection_->RunAfterExit(*this);
+  }
+  void AfterExit() override {
+    // What it held goes now; the connection's reference last, after the object is given back
+    // (the pool is the connection's, and another thread may take the object at once).
+    std::shared_ptr<ClientConnection> self = std::move(hold);
+    cancellation.reset();
+    call = ClientCall();
+    if (self->start_pool_.Owns(this)) {
+      self->start_pool_.Give(this);
+    } else {
+      delete this;
+    }
+  }
+  static void* operator new(size_t size) { return TakeBlock(size); }
+  static void operator delete(void* block, size_t size) noexcept { GiveBlock(block, size); }
+
+  std::shared_ptr<ClientConnection> hold;  // keeps the connection while the start may be left
+  uint64_t id = 0;
+  uint32_t service_id = 0;
+  transport::SendBuffer buffer{};
+  bool has_buffer = false;
+  uint8_t* waiting_body = nullptr;  // StartWaiting's, malloc'd
+  size_t body_size = 0;
+  OutgoingBulk large_body;
+  OutgoingBulk bulk;
+  ClientCall call;
+  std::shared_ptr<Cancellation> cancellation;
+  absl::Time deadline;
+  absl::Time now;  // the call clock's reading at the call's start
+  uint16_t stream_window = 0;
+};
+
+ClientConnection::ClientConnection(ClientConnectionOwner& owner, uint32_t max_calls,
+                                   absl::Duration pull_grace,
+                                   std::shared_ptr<transport::Device> device,
+                                   std::shared_ptr<transport::Poller> poller)
+    : RpcConnection("client", owner.staging(), owner.receive_limits(), std::move(device),
+                    std::move(poller)),
+      owner_(owner),
+      calls_(max_calls),
+      expire_(*this),
+      pull_grace_(pull_grace),
+      max_pending_cancels_(max_calls) {}
+
+ClientConnection::~ClientConnection() = default;
+
+// A call to end in the domain (AbortCall, OnDeferredFailed) from a thread outside it.
+struct ClientConnection::EndCall final : transport::DomainTask, transport::ExitTask {
+  EndCall(std::shared_ptr<ClientConnection> c, uint64_t call_id, absl::Status why, bool tell)
+      : hold(std::move(c)), id(call_id), status(std::move(why)), tell_server(tell) {}
+  void RunInDomain(transport::Connection& /*connection*/) override {
+    hold->AbortInDomain(id, std::move(status), tell_server);
+    hold->connection_->RunAfterExit(*this);
+  }
+  void AfterExit() override { delete this; }
+  static void* operator new(size_t size) { return TakeBlock(size); }
+  static void operator delete(void* block, size_t size) noexcept { GiveBlock(block, size); }
+
+  std::shared_ptr<ClientConnection> hold;
+  const uint64_t id;
+  absl::Status status;
+  const bool tell_server;
+};
+
+// A call that ended in the domain on an application thread: its ending runs after the exit.
+struct ClientConnection::Ending final : transport::ExitTask {
+  Ending(ClientCall c, absl::Status why) : call(std::move(c)), status(std::move(why)) {}
+  void AfterExit() override {
+    call.End(std::move(status));
+    delete this;
+  }
+  static void* operator new(size_t size) { return TakeBlock(size); }
+  static void operator delete(void* block, size_t size) noexcept { GiveBlock(block, size); }
+
+  ClientCall call;
+  absl::Status status;
+};
+
+template <typename Task>
+void ClientConnection::RunTask(Task* task) {
+  connection_->RunInDomain(*task);
+}
+
+void ClientConnection::EndInDomain(ClientCall call, absl::Status status) {
+  if (OnRuntimeThread()) {
+    call.End(std::move(status));
+    return;
+  }
+  connection_->RunAfterExit(*new Ending(std::move(call), std::move(status)));
+}
+
 uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffer* buffer,
                                  uint8_t* waiting_body, size_t body_size, OutgoingBulk large_body,
                                  OutgoingBulk bulk, ClientCall call, const CallOptions& options,
                                  const CallTiming& timing, uint16_t stream_window) {
   // The call's times were fixed at its start (CallTiming): no clock read here, and the request's
   // remaining time goes on the wire from the same reading (unless staging defers it).
-  const CallClockScope clock(timing.now);
   const absl::Time now = timing.now;
   call.start = timing.start;
   if (call.metrics != nullptr) {
@@ -106,93 +227,140 @@ uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffe
       if (!part->empty()) BulkAccess::ChainRelease(*part, [gate = call.gate] { gate->Released(); });
     }
   }
-  BulkGate* const gate = call.gate.get();  // the call (in the table) keeps it alive
-  auto fail = [&](absl::Status status) {
+  // Refused before the domain, on the caller's thread, as a call that never started.
+  absl::Status refused;
+  if (timing.deadline <= now) {
+    refused = absl::DeadlineExceededError(
+        absl::StrCat(call.method->full_name, ": the deadline passed before the call was sent"));
+  } else if (options.cancellation != nullptr && options.cancellation->cancelled()) {
+    refused = absl::CancelledError(
+        absl::StrCat(call.method->full_name, ": cancelled before it was sent"));
+  }
+  if (!refused.ok()) {
     if (buffer != nullptr) connection_->ReleaseSendBuffer(*buffer);
     std::free(waiting_body);
     bulk.Reset();  // before done: the caller may reuse the bytes once it runs
     large_body.Reset();
-    call.End(std::move(status));
-    return uint64_t{0};
-  };
-  const absl::Time deadline = timing.deadline;
-  if (deadline <= now) {
-    return fail(absl::DeadlineExceededError(
-        absl::StrCat(call.method->full_name, ": the deadline passed before the call was sent")));
+    call.End(std::move(refused));
+    return 0;
   }
-  if (options.cancellation != nullptr && options.cancellation->cancelled()) {
-    return fail(absl::CancelledError(
-        absl::StrCat(call.method->full_name, ": cancelled before it was sent")));
+  if (connection_->InDomain()) {
+    // A done-callback starting the next call, in its batch: at once, nothing moved or allocated.
+    const uint64_t id = ids_.NextInDomain();
+    StartRequest request{id,         service_id,   buffer, waiting_body,         body_size,
+                         large_body, bulk,         call,   options.cancellation, timing.deadline,
+                         now,        stream_window};
+    StartInDomain(request);
+    return id;
+  }
+  const uint64_t id = ids_.NextShared();
+  StartCall* start = start_pool_.Take();
+  if (start == nullptr) start = new StartCall;  // more left at once than the pool holds
+  start->id = id;
+  start->service_id = service_id;
+  start->has_buffer = buffer != nullptr;
+  if (buffer != nullptr) start->buffer = *buffer;
+  start->waiting_body = waiting_body;
+  start->body_size = body_size;
+  start->large_body = std::move(large_body);
+  start->bulk = std::move(bulk);
+  start->call = std::move(call);
+  start->cancellation = options.cancellation;
+  start->deadline = timing.deadline;
+  start->now = now;
+  start->stream_window = stream_window;
+  start->hold = shared_from_this();
+  RunTask(start);
+  return id;
+}
+
+void ClientConnection::StartInDomain(StartRequest& start) {
+  const CallClockScope clock(start.now);
+  ClientCall& call = start.call;
+  const char* method_name = call.method->full_name;
+  BulkGate* const gate = call.gate.get();  // the call (in the table) keeps it alive
+  auto fail = [&](absl::Status status) {
+    if (start.buffer != nullptr) connection_->ReleaseSendBuffer(*start.buffer);
+    std::free(std::exchange(start.waiting_body, nullptr));
+    start.bulk.Reset();  // before done: the caller may reuse the bytes once it runs
+    start.large_body.Reset();
+    EndInDomain(std::move(call), std::move(status));
+  };
+  // OnClosed (in this domain) has failed every call in the table: one added now would never end.
+  if (closed()) {
+    // As the calls OnClosed failed: UNAVAILABLE, or CANCELLED when the channel is being destroyed.
+    const absl::Status why = owner_.CloseStatus(
+        connection_->peer_address(), absl::UnavailableError("the connection is closing"));
+    return fail(absl::Status(why.code(), absl::StrCat(method_name, ": ", why.message())));
   }
   const uint16_t method_index = static_cast<uint16_t>(call.method->index);
   const bool pull_response = call.landing != nullptr;
-  const char* method_name = call.method->full_name;
-  absl::StatusOr<uint64_t> id = calls_.Insert(std::move(call), deadline);
-  if (!id.ok()) {
+  const std::shared_ptr<StreamState> stream = call.stream;
+  const absl::Time deadline = start.deadline;
+  if (absl::Status inserted = calls_.Insert(start.id, std::move(call), deadline); !inserted.ok()) {
     return fail(absl::ResourceExhaustedError(
-        absl::StrCat(method_name, ": ", id.status().message(), " (max_calls_per_connection)")));
+        absl::StrCat(method_name, ": ", inserted.message(), " (max_calls_per_connection)")));
   }
   if (deadline != absl::InfiniteFuture()) owner_.DeadlineAdded(deadline);
+  const uint64_t id = start.id;
   RpcHeader request_header =
-      stream_window > 0 ? RpcHeader::StreamOpen(service_id, method_index, *id, 0, stream_window)
-                        : RpcHeader::Request(service_id, method_index, *id, 0);
+      start.stream_window > 0
+          ? RpcHeader::StreamOpen(start.service_id, method_index, id, 0, start.stream_window)
+          : RpcHeader::Request(start.service_id, method_index, id, 0);
   if (pull_response) request_header.flags |= kRpcFlagPullResponse;
   absl::Status sent;
-  if (buffer != nullptr) {
+  if (start.buffer != nullptr) {
     // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
-    sent = SendMessage(*connection_, *buffer, request_header, body_size, std::move(bulk),
-                       std::move(large_body), deadline, gate);
+    sent = SendMessage(*connection_, *start.buffer, request_header, start.body_size,
+                       std::move(start.bulk), std::move(start.large_body), deadline, gate);
   } else {
     absl::MutexLock lock(&waiting_mu_);
-    // OnClosed sets closed_ before it drops what waits (under this lock): nothing added after
-    // that is left behind.
-    if (closed()) {
-      sent = absl::UnavailableError("the connection is closing");
-    } else if (waiting_bytes_ + body_size + large_body.size() > kMaxWaitingBytes) {
+    const size_t bytes = start.body_size + start.large_body.size();
+    if (waiting_bytes_ + bytes > kMaxWaitingBytes) {
       sent = absl::ResourceExhaustedError(absl::StrCat(
           "the call waits for a send slot (every one is in flight, and a runtime thread does not "
           "wait), behind ",
           waiting_bytes_, " bytes of requests already waiting on this connection; at most ",
           kMaxWaitingBytes, " wait"));
     } else {
-      const size_t bytes = body_size + large_body.size();
-      waiting_.push_back(WaitingRequest{*id, request_header, std::exchange(waiting_body, nullptr),
-                                        body_size, std::move(large_body), std::move(bulk), deadline,
-                                        gate, bytes});
+      waiting_.push_back(WaitingRequest{
+          id, request_header, std::exchange(start.waiting_body, nullptr), start.body_size,
+          std::move(start.large_body), std::move(start.bulk), deadline, gate, bytes});
       waiting_bytes_ += bytes;
       waiting_count_.store(waiting_.size(), std::memory_order_release);
       owner_.CountWaitedForSlot();
     }
-    std::free(std::exchange(waiting_body, nullptr));  // not queued: the call ends below
+    std::free(std::exchange(start.waiting_body, nullptr));  // not queued: the call ends below
   }
   if (sent.ok()) {
-    if (options.cancellation != nullptr) {
-      // A stale id makes a late Cancel() harmless: the call may end (and its slot be reused by
-      // another call with a newer generation) before the hook runs.
+    if (stream != nullptr) stream->MarkOpened();  // its frames may follow now
+    if (start.cancellation != nullptr) {
+      // Set in the domain, after the call entered the table: a Cancel() that came first runs the
+      // hook at once (here, so AbortCall ends the call at once too). A stale id makes a late
+      // Cancel() harmless.
       std::weak_ptr<ClientConnection> weak = weak_from_this();
-      const uint64_t call_id = *id;
-      options.cancellation->SetHook([weak, call_id] {
-        if (std::shared_ptr<ClientConnection> self = weak.lock()) self->CancelCall(call_id);
+      start.cancellation->SetHook([weak, id] {
+        if (std::shared_ptr<ClientConnection> self = weak.lock()) self->CancelCall(id);
       });
     }
-    if (buffer == nullptr) {
+    if (start.buffer == nullptr) {
       // The timer's pass is the fallback for a slot given back without a completion.
       connection_->NotifyWhenSendSlotFree();
       // Not SendWaiting here: it may end other calls, and this thread runs a callback.
       owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);
     }
-    return *id;
+    return;
   }
-  // Not sent: the call ends here, unless something else (its deadline, the connection closing)
-  // took it from the table first and ends it there.
-  if (std::optional<ClientCall> taken = calls_.Take(*id)) {
+  // Not sent: the call ends here, unless something else took it from the table first (the
+  // connection failing under the send, whose OnClosed comes in this domain too).
+  if (std::optional<ClientCall> taken = calls_.Take(id)) {
     if (sent.code() == absl::StatusCode::kFailedPrecondition ||
         sent.code() == absl::StatusCode::kCancelled) {
       sent = absl::UnavailableError(sent.message());
     }
-    taken->End(absl::Status(sent.code(), absl::StrCat(method_name, ": ", sent.message())));
+    EndInDomain(std::move(*taken),
+                absl::Status(sent.code(), absl::StrCat(method_name, ": ", sent.message())));
   }
-  return 0;
 }
 
 void ClientConnection::SendWaiting() {
@@ -266,7 +434,9 @@ void ClientConnection::SendWaiting() {
                                             sent.code() == absl::StatusCode::kCancelled
                                         ? absl::StatusCode::kUnavailable
                                         : sent.code();
-      taken->End(absl::Status(code, absl::StrCat(taken->method->full_name, ": ", sent.message())));
+      const char* method_name = taken->method->full_name;
+      EndInDomain(std::move(*taken),
+                  absl::Status(code, absl::StrCat(method_name, ": ", sent.message())));
     }
   }
 }
@@ -310,18 +480,37 @@ void ClientConnection::CancelCall(uint64_t id) {
 }
 
 void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
+  if (connection_->InDomain()) return AbortInDomain(id, std::move(status), /*tell_server=*/true);
+  RunTask(new EndCall(shared_from_this(), id, std::move(status), /*tell_server=*/true));
+}
+
+void ClientConnection::AbortInDomain(uint64_t id, absl::Status status, bool tell_server) {
   std::optional<ClientCall> call = calls_.Take(id);
   if (!call) return;
-  if (call->gate) Withdraw(*connection_, id, *call->gate);
-  DropWaitingCall(id);  // never sent now; its payload (if any) released, which may end it
-  SendCancel(id);
-  call->End(
-      absl::Status(status.code(), absl::StrCat(call->method->full_name, ": ", status.message())));
+  if (tell_server) {
+    if (call->gate) Withdraw(*connection_, id, *call->gate);
+    DropWaitingCall(id);  // never sent now; its payload (if any) released, which may end it
+    SendCancel(id);
+  }
+  const char* method_name = call->method->full_name;
+  EndInDomain(std::move(*call),
+              absl::Status(status.code(), absl::StrCat(method_name, ": ", status.message())));
 }
 
 bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
                                     const google::protobuf::MessageLite* message,
                                     StreamState& stream, bool quota_taken, bool* no_slot) {
+  if (!stream.opened()) {
+    // The opening request was left in the domain and has not gone yet: nothing may overtake it.
+    if (OnRuntimeThread()) {
+      if (no_slot != nullptr) {
+        *no_slot = true;  // the pump tries again (it hears of the opening, or the timer's pass)
+        return false;
+      }
+    } else if (!stream.WaitOpened()) {
+      return false;  // ended before it opened: its end says why
+    }
+  }
   const absl::Status sent = SendStreamFrame(
       *connection_, header, message, message == nullptr ? 0 : message->ByteSizeLong(),
       [&stream] { return stream.ended(); }, 0, quota_taken, no_slot);
@@ -394,11 +583,10 @@ void ClientConnection::Close(absl::string_view reason) {
 }
 
 bool ClientConnection::PrepareExposure(uint64_t call_id, BulkGate& gate) {
-  // The call's own reference to its gate, for the entry: none once the call left the table,
-  // and then its ending is under way and nothing should be exposed any more.
-  std::shared_ptr<BulkGate> held;
-  calls_.Visit(call_id, [&](ClientCall& call) { held = call.gate; });
-  if (held.get() != &gate) return false;
+  // May run on any thread (a payload deferred for staging quota goes from whichever thread
+  // gives quota back), so not the table's business: a call that has ended shows in its gate
+  // (SetRetire below refuses, and the entry goes again).
+  std::shared_ptr<BulkGate> held = gate.shared_from_this();
   {
     absl::MutexLock lock(&exposed_mu_);
     if (closed()) return false;
@@ -488,7 +676,11 @@ void ClientConnection::FlushCancels() {
 }
 
 absl::Time ClientConnection::NextDeadline() {
-  absl::Time next = calls_.NextDeadline();
+  // While the table's part of a pass waits in the domain, the published deadline is the one it
+  // is about to take care of (already passed): look again shortly instead.
+  absl::Time next = expire_.pending.load(std::memory_order_acquire)
+                        ? MonotonicNow() + kSlotRetry
+                        : calls_.published_next_deadline();
   if (cancels_pending_.load(std::memory_order_acquire) ||
       slot_waiters_pending_.load(std::memory_order_acquire) ||
       waiting_count_.load(std::memory_order_acquire) > 0) {
@@ -514,7 +706,7 @@ void ClientConnection::ServerPulled(uint64_t call_id) {
   gate->Withdraw();
 }
 
-int ClientConnection::Expire(absl::Time now) {
+void ClientConnection::Expire(absl::Time now) {
   std::vector<std::shared_ptr<BulkGate>> overdue;
   {
     absl::MutexLock lock(&exposed_mu_);
@@ -541,16 +733,37 @@ int ClientConnection::Expire(absl::Time now) {
     }
     StreamWaiters::Tell(waiters);
   }
-  std::vector<TakenCall<ClientCall>> expired = calls_.TakeExpired(now);
-  for (TakenCall<ClientCall>& taken : expired) {
-    if (taken.call.gate) Withdraw(*connection_, taken.id, *taken.call.gate);
-    SendCancel(taken.id);
-    taken.call.End(absl::DeadlineExceededError(
-        absl::StrCat(taken.call.method->full_name, ": deadline exceeded")));
+  // The table's part, in the domain: only when a deadline may have passed or requests wait for
+  // a slot, and not while an earlier pass's is still left there (it covers this one's, but for
+  // deadlines passed since: the next pass takes those).
+  if ((calls_.published_next_deadline() <= now ||
+       waiting_count_.load(std::memory_order_acquire) > 0) &&
+      !expire_.pending.exchange(true, std::memory_order_acq_rel)) {
+    expire_.now = now;
+    expire_.hold = shared_from_this();
+    connection_->RunInDomain(expire_);
   }
+}
+
+void ClientConnection::ExpireCalls::RunInDomain(transport::Connection& connection) {
+  std::vector<TakenCall<ClientCall>> expired = self.calls_.TakeExpired(now);
+  for (TakenCall<ClientCall>& taken : expired) {
+    if (taken.call.gate) self.Withdraw(connection, taken.id, *taken.call.gate);
+    self.SendCancel(taken.id);
+    const char* method_name = taken.call.method->full_name;
+    self.EndInDomain(std::move(taken.call),
+                     absl::DeadlineExceededError(absl::StrCat(method_name, ": deadline exceeded")));
+  }
+  if (!expired.empty()) self.owner_.CountExpired(expired.size());
   // After the expired calls left the table: their waiting requests are dropped, never sent.
-  SendWaiting();
-  return static_cast<int>(expired.size());
+  self.SendWaiting();
+  connection.RunAfterExit(*this);
+}
+
+void ClientConnection::ExpireCalls::AfterExit() {
+  // The last reference may be this one: nothing of the connection is touched after it goes.
+  std::shared_ptr<ClientConnection> held = std::move(hold);
+  pending.store(false, std::memory_order_release);
 }
 
 void ClientConnection::OnMessage(transport::Connection& connection,
@@ -740,11 +953,12 @@ void ClientConnection::Complete(transport::Connection& connection, IncomingMessa
 void ClientConnection::OnDeferredFailed(transport::Connection&, const RpcHeader& header,
                                         const absl::Status& status) {
   // A request whose payload waited for this connection's staging quota could not go when its
-  // turn came: its call ends here (unless its deadline or a cancel ended it first).
-  if (std::optional<ClientCall> call = calls_.Take(header.call_id)) {
-    call->End(
-        absl::Status(status.code(), absl::StrCat(call->method->full_name, ": ", status.message())));
+  // turn came: its call ends (unless its deadline or a cancel ended it first), in the domain;
+  // this may be any thread that gave quota back.
+  if (connection_->InDomain()) {
+    return AbortInDomain(header.call_id, status, /*tell_server=*/false);
   }
+  RunTask(new EndCall(shared_from_this(), header.call_id, status, /*tell_server=*/false));
 }
 
 void ClientConnection::OnClosed(transport::Connection& connection, const absl::Status& why) {

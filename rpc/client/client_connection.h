@@ -1,15 +1,28 @@
 // The client's side of one connection: its calls in flight (a CallTable), the requests it sends
 // and the responses it matches to them.
 //
+// The calls in flight live in the transport connection's serialization domain
+// (transport/serial_domain.h): the table and the requests waiting for a send slot change only
+// there, with no lock. A thread inside the domain (the poller in its batch: a done-callback
+// starting the next call) works on them at once; any other thread enters the domain when it is
+// free, or leaves its work there as a task for the thread that holds it, and returns (a
+// DomainTask: StartCall, EndCall, ExpireCalls). A call that ends inside the domain on a thread
+// that is not the runtime's (an application thread that entered it, or ran what others left)
+// runs its DoneCallback after that thread has let go (EndInDomain): a callback there may wait
+// for this connection.
+//
 // A call's life:
 //   caller's thread: Channel::AcquireSendSlot picks a connection and a send slot; generated
-//     code serializes the request into it; StartUnaryCall -> Start: the call enters the table
-//     (id, deadline), the request goes out (payload staged and written first).
+//     code serializes the request into it; StartUnaryCall -> Start: an id (call_table.h), then
+//     in the domain: the call enters the table (id, deadline), the request goes out (payload
+//     staged and written first).
 //   poller thread: OnMessage -> Receive (header checked, payload paired) -> Take(id): the call,
 //     or nothing for a late response (dropped, its memory given back at once) -> response parsed
 //     in place into the caller's message, payload handed over as an IncomingBulk -> done.
-//   timer thread: Expire -> TakeExpired -> done(DEADLINE_EXCEEDED), and a cancel to the server.
-//   any thread: Cancellation::Cancel -> CancelCall -> Take -> done(CANCELLED), and a cancel.
+//   timer thread: Expire -> in the domain, TakeExpired -> done(DEADLINE_EXCEEDED), and a cancel
+//     to the server.
+//   any thread: Cancellation::Cancel -> CancelCall -> in the domain, Take -> done(CANCELLED),
+//     and a cancel.
 //   Either of those first withdraws a request payload that has not left (RpcConnection::
 //   Withdraw); `done` runs once the payload is released (ClientCall::End). A payload the server
 //   may be pulling is not withdrawn under its READ: it stays exposed until the server says
@@ -57,6 +70,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "rpc/client/call_table.h"
+#include "rpc/common/object_pool.h"
 #include "rpc/connection/rpc_connection.h"
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
@@ -69,6 +83,8 @@ class ClientConnection;
 // What a connection needs from its channel.
 class ClientConnectionOwner {
  public:
+  // `count` calls ended at their deadline (ChannelStats::deadlines_exceeded).
+  virtual void CountExpired(size_t count) = 0;
   virtual StagingPool& staging() = 0;
   virtual std::shared_ptr<ReceiveLimits> receive_limits() = 0;
   // A call with `deadline` entered a table: the timer may need to wake sooner.
@@ -130,15 +146,11 @@ class ClientConnection final : public RpcConnection,
  public:
   // `pull_grace`: how long a request payload stays exposed after its call ended while the
   // server may still be pulling it (see CallEnded).
+  // (Out of line, with the destructor: the start pool's objects are defined in the .cc.)
   ClientConnection(ClientConnectionOwner& owner, uint32_t max_calls, absl::Duration pull_grace,
                    std::shared_ptr<transport::Device> device,
-                   std::shared_ptr<transport::Poller> poller)
-      : RpcConnection("client", owner.staging(), owner.receive_limits(), std::move(device),
-                      std::move(poller)),
-        owner_(owner),
-        calls_(max_calls),
-        pull_grace_(pull_grace),
-        max_pending_cancels_(max_calls) {}
+                   std::shared_ptr<transport::Poller> poller);
+  ~ClientConnection() override;
 
   // Takes the connection Connect made; the ClientConnection keeps itself alive until OnClosed.
   void Attach(std::shared_ptr<transport::Connection> connection);
@@ -149,8 +161,10 @@ class ClientConnection final : public RpcConnection,
 
   // Sends the request built in `buffer` (`body_size` bytes), or in `large_body` when it did not
   // fit a slot (body_size 0 then), for `call`; `call.done` runs once. A call with a stream opens
-  // it, granting the server `stream_window` messages. Returns the call's id, or 0 when it ended
-  // here (its `done` has run).
+  // it, granting the server `stream_window` messages (the stream is marked opened once its
+  // request has gone to the transport: StreamState::MarkOpened). Returns the call's id, or 0 when
+  // it ended here, before the domain (its `done` has run). The start itself may be left in the
+  // domain for the thread that holds it: the call may end there too, later.
   uint64_t Start(uint32_t service_id, const transport::SendBuffer& buffer, size_t body_size,
                  OutgoingBulk large_body, OutgoingBulk bulk, ClientCall call,
                  const CallOptions& options, const CallTiming& timing, uint16_t stream_window = 0);
@@ -186,12 +200,14 @@ class ClientConnection final : public RpcConnection,
   void WaitForSlot(std::weak_ptr<StreamListener> waiter);
   // One keepalive pass (see the top of this file).
   void Keepalive(absl::Duration timeout);
-  // Fails the calls whose deadline has passed, and tells the server; returns how many. Also
-  // withdraws exposed request payloads whose grace has passed.
-  int Expire(absl::Time now);
-  // The earliest call deadline or exposed request payload's grace end.
+  // The timer's pass: fails the calls whose deadline has passed and tells the server (in the
+  // domain: at once, or left for its holder), withdraws exposed request payloads whose grace has
+  // passed, and sends what waits for a send slot.
+  void Expire(absl::Time now);
+  // The earliest call deadline or exposed request payload's grace end, as the timer should see
+  // it (a call's that ended since may come first: early, never late).
   absl::Time NextDeadline();
-  size_t calls_in_flight() const { return calls_.size(); }
+  size_t calls_in_flight() const { return calls_.published_size(); }
   // Closes the connection; its calls fail with `reason` (UNAVAILABLE).
   void Close(absl::string_view reason);
 
@@ -205,6 +221,31 @@ class ClientConnection final : public RpcConnection,
   bool PrepareExposure(uint64_t call_id, BulkGate& gate) override;
 
  private:
+  struct StartRequest;
+  struct StartCall;
+  struct EndCall;
+  struct Ending;
+  // The timer's work on the table (Expire), in the domain. One per connection: left at most once
+  // at a time (pending_), holding the connection while it is.
+  struct ExpireCalls final : transport::DomainTask, transport::ExitTask {
+    explicit ExpireCalls(ClientConnection& c) : self(c) {}
+    void RunInDomain(transport::Connection& connection) override;
+    void AfterExit() override;
+    ClientConnection& self;
+    absl::Time now;
+    std::shared_ptr<ClientConnection> hold;
+    std::atomic<bool> pending{false};
+  };
+
+  // In the domain: Start's part there (the table, the send), and AbortCall's.
+  void StartInDomain(StartRequest& start);
+  void AbortInDomain(uint64_t id, absl::Status status, bool tell_server);
+  // In the domain: ends `call` with `status`; on a thread that is not the runtime's, after it
+  // has let go of the domain (see the top of this file).
+  void EndInDomain(ClientCall call, absl::Status status);
+  // Runs `task` (a StartCall or an EndCall made for this call) in the domain.
+  template <typename Task>
+  void RunTask(Task* task);
   // Tells the server call `id` was given up (kCancel); queued for the timer when no send slot
   // is free (see pending_cancels_).
   void SendCancel(uint64_t id);
@@ -244,7 +285,14 @@ class ClientConnection final : public RpcConnection,
   void ServerPulled(uint64_t call_id);
 
   ClientConnectionOwner& owner_;
+  // In the domain (see the top of this file): the table; its size and next deadline are
+  // published for the timer and stats().
   CallTable<ClientCall> calls_;
+  CallIds ids_;
+  ExpireCalls expire_;
+  // Starts left in the domain by other threads (StartCall): reused, never a malloc in steady
+  // state. 64: application threads that start at once while the poller holds the domain.
+  ObjectPool<StartCall, 64> start_pool_;
   const absl::Duration pull_grace_;
   // Calls whose request payload is exposed for the server, from just before it is exposed
   // (PrepareExposure) until the server is done with it or the grace after the call's end passes

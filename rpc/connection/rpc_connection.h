@@ -194,7 +194,7 @@ struct ExposedPayload {
 // (bulk.h's promise to callers): the payload's release marks the gate, and a call that ends
 // before that parks its ending here until then. It also keeps the zero-copy WRITE's transport
 // token while the payload may still be waiting, for Withdraw. Thread-safe.
-class BulkGate {
+class BulkGate : public std::enable_shared_from_this<BulkGate> {
  public:
   // `held`: how many things are held from the start (a request payload, a large request body:
   // each is released once). A gate for a response destination starts with none and holds only

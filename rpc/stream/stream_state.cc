@@ -150,6 +150,26 @@ void StreamState::End(absl::Status status) {
   Notify(listener);
 }
 
+void StreamState::MarkOpened() {
+  std::shared_ptr<StreamListener> listener;
+  {
+    absl::MutexLock lock(&mu_);
+    opened_.store(true, std::memory_order_release);
+    listener = Changed();
+  }
+  Notify(listener);
+}
+
+bool StreamState::WaitOpened() {
+  if (opened()) return true;
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ended_ || opened_.load(std::memory_order_relaxed);
+  };
+  mu_.Await(absl::Condition(&done));
+  return opened_.load(std::memory_order_relaxed);
+}
+
 void StreamState::SetListener(std::weak_ptr<StreamListener> listener) {
   std::shared_ptr<StreamListener> now;
   {

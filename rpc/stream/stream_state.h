@@ -28,6 +28,7 @@
 
 #include <google/protobuf/message_lite.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -136,6 +137,13 @@ class StreamState {
   uint32_t TakeDrainedCredit();
 
   bool ended() const;
+  // ---- A client's stream: its opening request has been handed to the transport (in the
+  // connection's domain, perhaps by another thread: ClientConnection::Start). Its frames must
+  // not go before it. Set once; wakes WaitOpened and the listener.
+  void MarkOpened();
+  bool opened() const { return opened_.load(std::memory_order_acquire); }
+  // Waits until the stream is opened (true) or has ended (false).
+  bool WaitOpened();
   // Why it ended (OK while it has not, or when it finished normally).
   absl::Status status() const;
   // The peer said it sends no more (half-close), or the stream ended.
@@ -169,6 +177,7 @@ class StreamState {
   uint32_t drained_credit_ ABSL_GUARDED_BY(mu_) = 0;  // TakeDrainedCredit's
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> opened_{false};  // written under mu_, read without it
 };
 
 }  // namespace zrpc::internal
