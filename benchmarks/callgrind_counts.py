@@ -21,6 +21,10 @@ of figures per round trip, tab-separated, after a header:
               --dump-instr=yes); in every object, the mutexes' own included
   atomics_zrpc  the part of `atomics` in the counted program's own binary: zrpc's code and what
               it inlines (shared_ptr counts, std::atomic), not Abseil's or libc's libraries
+  entries     entries into a connection's serialization domain (transport/serial_domain.h): a
+              poller's completion batch (Connection::RunBatchLocked) and every other entry, which
+              lets go through Connection::ExitLocked; an operation run inside a domain already
+              held (a handler's send, a task in the batch) is not one
 """
 
 import os
@@ -41,6 +45,9 @@ CLOCK = re.compile(
     r"absl::[a-z_0-9]+::Now\(\)|absl::[a-z_0-9]+::GetCurrentTimeNanos\(\)|"
     r"std::chrono::_V2::(steady|system)_clock::now\(\))$")
 SYSCALL = re.compile(r"^syscall$")
+ENTRY = re.compile(
+    r"^zrpc::transport::Connection::(RunBatchLocked\(absl::[a-z_0-9]+::Span<ibv_wc const>\)|"
+    r"ExitLocked\(\))$")
 
 
 # An x86 atomic read-modify-write in objdump's AT&T listing: a lock prefix, or xchg with memory.
@@ -68,7 +75,7 @@ def atomic_addresses(obj):
 def read(path, program=None):
     totals = None
     counts = {"allocs": 0, "locks": 0, "clocks": 0, "syscalls": 0, "atomics": 0,
-              "atomics_zrpc": 0}
+              "atomics_zrpc": 0, "entries": 0}
     caller = ""
     callee = ""
     names = {}
@@ -115,6 +122,8 @@ def read(path, program=None):
                     counts["clocks"] += n
                 elif SYSCALL.match(callee):
                     counts["syscalls"] += n
+                elif ENTRY.match(callee):
+                    counts["entries"] += n
             elif line.startswith("totals:") or line.startswith("summary:"):
                 totals = int(line.split()[1])
     if totals is None:
@@ -163,14 +172,15 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     calls = int(sys.argv[1])
-    print("phase\tir\tallocs\tlocks\tclocks\tsyscalls\tatomics\tatomics_zrpc")
+    print("phase\tir\tallocs\tlocks\tclocks\tsyscalls\tatomics\tatomics_zrpc\tentries")
     for i, path in enumerate(sys.argv[2:], 1):
         program = program_of(path)
         totals, counts = read(path, program)
         print(f"{i}\t{totals / calls:.1f}\t"
               f"{counts['allocs'] / calls:.3f}\t{counts['locks'] / calls:.3f}\t"
               f"{counts['clocks'] / calls:.3f}\t{counts['syscalls'] / calls:.3f}\t"
-              f"{counts['atomics'] / calls:.3f}\t{counts['atomics_zrpc'] / calls:.3f}")
+              f"{counts['atomics'] / calls:.3f}\t{counts['atomics_zrpc'] / calls:.3f}\t"
+              f"{counts['entries'] / calls:.3f}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # poller threads, this process driving both sides) under callgrind, the transport alone and
 # through the RPC runtime, two phases of --calls round trips each. Prints per round trip the
 # instructions zrpc executed, heap allocations, mutex acquisitions, clock reads and syscall()
-# calls and atomic read-modify-write instructions (all, and those in zrpc's own code), then the
+# calls, atomic read-modify-write instructions (all, and those in zrpc's own code) and entries
+# into a connection's serialization domain, then the
 # RPC layer's instructions over the transport's against the target, and writes counts.tsv to
 # OUT_DIR.
 #
@@ -67,16 +68,16 @@ awk -F'\t' '
   NR == 1 { next }
   { ir[$1, $2] = $3; row[$1, $2] = $0 }
   END {
-    printf "%-10s %6s %12s %8s %8s %8s %9s %8s %13s\n", "per call", "phase", "instructions",
-      "allocs", "locks", "clocks", "syscalls", "atomics", "atomics(zrpc)"
+    printf "%-10s %6s %12s %8s %8s %8s %9s %8s %13s %8s\n", "per call", "phase", "instructions",
+      "allocs", "locks", "clocks", "syscalls", "atomics", "atomics(zrpc)", "entries"
     n = split("transport rpc", modes, " ")
     bad = 0
     for (i = 1; i <= n; i++) {
       m = modes[i]
       for (p = 1; p <= 2; p++) {
         split(row[m, p], f, "\t")
-        printf "%-10s %6d %12.1f %8.3f %8.3f %8.3f %9.3f %8.3f %13.3f\n", m, p, f[3], f[4], f[5],
-          f[6], f[7], f[8], f[9]
+        printf "%-10s %6d %12.1f %8.3f %8.3f %8.3f %9.3f %8.3f %13.3f %8.3f\n", m, p, f[3], f[4],
+          f[5], f[6], f[7], f[8], f[9], f[10]
       }
       d = ir[m, 1] - ir[m, 2]; if (d < 0) d = -d
       if (d > 0.005 * ir[m, 1]) {
