@@ -158,9 +158,10 @@ class DomainTask : private DomainOp {
   DomainTask(const DomainTask&) = delete;
   DomainTask& operator=(const DomainTask&) = delete;
 
-  // Runs inside `connection`'s domain, on whichever thread holds it (the poller, or an
-  // application thread for a moment). It may call the connection's operations (they run at
-  // once) and give its own memory back; it must not block, nor wait for another domain.
+  // Runs inside `connection`'s domain: on the caller's thread when it found the domain free (or
+  // held it), else on the connection's poller thread, in its pass (RunInDomain). It may call the
+  // connection's operations (they run at once) and give its own memory back; it must not block,
+  // nor wait for another domain.
   virtual void RunInDomain(Connection& connection) = 0;
 
  protected:
@@ -342,10 +343,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Runs `task` inside this connection's domain, open or closed: at once when this thread holds
   // the domain (a handler in this connection's batch, another task) or finds it free; else it
-  // is left to the thread that holds it, which runs it before it lets go, and this returns at
-  // once. A left task runs on its own, never inside another operation (a handler's send), and in
-  // no set order with the connection's own operations. The caller must hold a reference to the
-  // connection until this returns; the thread running a left task holds one of its own.
+  // is left, and this returns at once. A left task runs on the connection's poller thread: in the
+  // batch that holds the domain, after its handlers, or, when another thread holds it, in the
+  // poller's next pass (that thread hands it over as it lets go, as it hands over events). So a
+  // left task never runs on a stranger's thread, inside whatever that thread was doing: an
+  // operation of the layer above that holds its own locks (and may take them again in a task), or
+  // an application's call. Only once the poller's loop has ended does the thread letting go run
+  // left tasks itself. A left task runs on its own, never inside another operation (a handler's
+  // send), and in no set order with the connection's own operations. The caller must hold a
+  // reference to the connection until this returns; the poller holds one while it runs a task.
   void RunInDomain(DomainTask& task);
   // Whether this thread holds this connection's domain: dispatching its batch, or running a
   // task (RunInDomain).

@@ -59,7 +59,7 @@ void Connection::RunInDomain(DomainTask& task) {
     return;
   }
   if (!domain_.TryEnter()) {
-    if (domain_.LeaveOrEnter(&task)) return;  // the holder runs it (RunTasksLocked)
+    if (domain_.LeaveOrEnter(&task)) return;  // for the poller (RunBatchLocked, ExitLocked)
   }
   RunTaskLocked(task);
   ExitLocked();
@@ -220,7 +220,9 @@ void Connection::ExitLocked() {
       changed = true;
       continue;
     }
-    if (tasks_head_ != nullptr) {
+    // Left tasks are the poller's (RunInDomain): this thread may be inside an operation of the
+    // layer above that holds its locks. Unless no loop is left to run them.
+    if (tasks_head_ != nullptr && poller_.loop_ended()) {
       RunTasksLocked();
       changed = true;
       continue;
@@ -240,10 +242,11 @@ void Connection::ExitLocked() {
     // Only the poller dispatches (ConnectionHandler): what was produced here goes to it.
     for (Event& e : events) pending_events_.push_back(std::move(e));
     events.clear();
-    const bool for_poller = !pending_events_.empty();
+    const bool for_poller = !pending_events_.empty() || tasks_head_ != nullptr;
     if (!drops_.empty() || exits_head_ != nullptr) TakeDropsLocked(drops, exits);
     if (domain_.TryExit()) {
-      if (for_poller) poller_.Defer(shared_from_this());
+      // With no loop left, the tasks run here after all (ReplayEarly takes the domain again).
+      if (for_poller && !poller_.Defer(shared_from_this())) ReplayEarly();
       RunExits(exits);  // before `drops` go: the connection is alive meanwhile
       return;
     }

@@ -91,9 +91,17 @@ void Poller::Shutdown() {
   // The loop has ended: what it kept for its passes goes now, and Unregister drops at once.
   slot_cache_.Flush();
   std::vector<std::shared_ptr<Connection>> released;
-  absl::MutexLock lock(&mu_);
-  loop_ended_ = true;
-  released.swap(retired_);
+  std::vector<std::shared_ptr<Connection>> deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    loop_ended_ = true;
+    ended_.store(true, std::memory_order_release);
+    released.swap(retired_);
+    deferred.swap(deferred_);
+    has_deferred_.store(false, std::memory_order_relaxed);
+  }
+  // Deferred before the end: their tasks run here, as Defer's callers run them from now on.
+  for (auto& connection : deferred) connection->ReplayEarly();
 }
 
 absl::Status Poller::Start() {
@@ -178,13 +186,15 @@ void Poller::ReleaseRetired() {
   // Destroyed here, outside the lock and between passes: a connection's destructor may take it.
 }
 
-void Poller::Defer(std::shared_ptr<Connection> connection) {
+bool Poller::Defer(std::shared_ptr<Connection> connection) {
   {
     absl::MutexLock lock(&mu_);
+    if (loop_ended_) return false;
     deferred_.push_back(std::move(connection));
   }
   has_deferred_.store(true, std::memory_order_release);
   Wake();
+  return true;
 }
 
 void Poller::RunDeferred() {

@@ -101,6 +101,8 @@ class Poller {
   // callbacks they run are. Code that would wait for something only a poller can produce (a
   // send slot, a completion) must not wait there: it would wait for itself.
   static bool OnPollerThread();
+  // Whether its loop has ended (Shutdown): nothing deferred to it runs any more. Any thread.
+  bool loop_ended() const { return ended_.load(std::memory_order_acquire); }
   // The poller whose loop (or RunOnce) the calling thread is running now, or null.
   static Poller* Current();
   // The completion batch the calling thread is handing to its connections: a number that
@@ -131,8 +133,9 @@ class Poller {
   absl::Status Register(const std::shared_ptr<Connection>& connection);
   void Unregister(uint32_t qp_num);
   // Has the loop call connection->ReplayEarly() on its thread soon: completions that came before
-  // the handshake ended, and events another thread produced in the connection's domain.
-  void Defer(std::shared_ptr<Connection> connection);
+  // the handshake ended, and events and tasks another thread left in the connection's domain.
+  // False once the loop has ended (Shutdown): nothing will run it.
+  bool Defer(std::shared_ptr<Connection> connection);
   void RunDeferred();
   std::shared_ptr<Connection> Find(uint32_t qp_num);
   // Find for the loop's thread, through found_: no lock and no reference count while no
@@ -185,6 +188,7 @@ class Poller {
   // go during a pass is destroyed by its poller, never under a pass that uses it.
   std::vector<std::shared_ptr<Connection>> retired_ ABSL_GUARDED_BY(mu_);
   bool loop_ended_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> ended_{false};  // loop_ended_, for any thread (loop_ended())
   std::atomic<bool> has_retired_{false};
   void ReleaseRetired();
   // Bumped (under mu_) whenever connections_ changes.

@@ -165,7 +165,7 @@ class CallTable {
     if (it->second.deadline != absl::InfiniteFuture()) --live_in_heap_;
     calls_.erase(it);
     // The next deadline stays as published: at worst an ended call's, which wakes the timer
-    // early (NextDeadline and TakeExpired publish the true one).
+    // early, once: TakeExpired then publishes a live call's (or none).
     PublishSize();
     return call;
   }
@@ -183,6 +183,9 @@ class CallTable {
       --live_in_heap_;
       calls_.erase(it);
     }
+    // The deadline published next is a live call's: a dead top (a call answered since) would wake
+    // the timer again for nothing, once per answered call.
+    DropDeadTop();
     PublishSize();
     PublishNext();
     return taken;
@@ -204,7 +207,7 @@ class CallTable {
   // The earliest deadline among calls in flight (InfiniteFuture if none): when TakeExpired should
   // next run. Drops the dead entries it finds at the top of the heap.
   absl::Time NextDeadline() {
-    while (!heap_.empty() && !calls_.contains(heap_.front().id)) PopHeap();
+    DropDeadTop();
     PublishNext();
     return heap_.empty() ? absl::InfiniteFuture() : heap_.front().deadline;
   }
@@ -247,6 +250,10 @@ class CallTable {
   void PopHeap() {
     std::pop_heap(heap_.begin(), heap_.end(), Later());
     heap_.pop_back();
+  }
+  // Pops the entries of ended calls off the top, so that the top is a live call's (or none).
+  void DropDeadTop() {
+    while (!heap_.empty() && !calls_.contains(heap_.front().id)) PopHeap();
   }
 
   // Rebuilds the heap from the live calls when dead entries outnumber them.

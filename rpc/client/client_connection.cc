@@ -101,6 +101,9 @@ struct ClientConnection::StartRequest {
   absl::Time deadline;
   absl::Time now;  // the call clock's reading at the call's start
   uint16_t stream_window;
+  // Where an application thread's start puts its stream, to be marked opened after the exit
+  // (StartCall::AfterExit); null where it is marked at once (a runtime thread).
+  std::shared_ptr<StreamState>* open_after_exit;
 };
 
 // A call's start carried into the domain from outside it: from the connection's pool (made on the
@@ -112,16 +115,21 @@ struct ClientConnection::StartCall final : transport::DomainTask, transport::Exi
     StartRequest request{id,           service_id, has_buffer ? &buffer : nullptr,
                          waiting_body, body_size,  large_body,
                          bulk,         call,       cancellation,
-                         deadline,     now,        stream_window};
+                         deadline,     now,        stream_window,
+                         &opened};
     hold->StartInDomain(request);
     hold->connection_->RunAfterExit(*this);
   }
   void AfterExit() override {
+    // Outside the domain: the stream's listener (a pump) may send, and wait for room to.
+    if (opened != nullptr) std::exchange(opened, nullptr)->MarkOpened();
     // What it held goes now; the connection's reference last, after the object is given back
     // (the pool is the connection's, and another thread may take the object at once).
     std::shared_ptr<ClientConnection> self = std::move(hold);
     cancellation.reset();
     call = ClientCall();
+    large_body.Reset();  // empty unless a failure forgot them: never kept in the pool
+    bulk.Reset();
     if (self->start_pool_.Owns(this)) {
       self->start_pool_.Give(this);
     } else {
@@ -145,6 +153,7 @@ struct ClientConnection::StartCall final : transport::DomainTask, transport::Exi
   absl::Time deadline;
   absl::Time now;  // the call clock's reading at the call's start
   uint16_t stream_window = 0;
+  std::shared_ptr<StreamState> opened;  // to mark opened after the exit (StartRequest)
 };
 
 ClientConnection::ClientConnection(ClientConnectionOwner& owner, uint32_t max_calls,
@@ -247,9 +256,9 @@ uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffe
   if (connection_->InDomain()) {
     // A done-callback starting the next call, in its batch: at once, nothing moved or allocated.
     const uint64_t id = ids_.NextInDomain();
-    StartRequest request{id,         service_id,   buffer, waiting_body,         body_size,
-                         large_body, bulk,         call,   options.cancellation, timing.deadline,
-                         now,        stream_window};
+    StartRequest request{id,         service_id,    buffer, waiting_body,         body_size,
+                         large_body, bulk,          call,   options.cancellation, timing.deadline,
+                         now,        stream_window, nullptr};
     StartInDomain(request);
     return id;
   }
@@ -330,10 +339,23 @@ void ClientConnection::StartInDomain(StartRequest& start) {
       waiting_count_.store(waiting_.size(), std::memory_order_release);
       owner_.CountWaitedForSlot();
     }
-    std::free(std::exchange(start.waiting_body, nullptr));  // not queued: the call ends below
+    if (!sent.ok()) {
+      // Not queued: the call ends below, once its payloads are let go (its gate waits for them).
+      std::free(std::exchange(start.waiting_body, nullptr));
+      start.bulk.Reset();
+      start.large_body.Reset();
+    }
   }
   if (sent.ok()) {
-    if (stream != nullptr) stream->MarkOpened();  // its frames may follow now
+    // Its frames may follow now. On an application thread, after the exit: the stream's listener
+    // may send at once, and wait for room to, which must not happen inside the domain.
+    if (stream != nullptr) {
+      if (start.open_after_exit != nullptr && !OnRuntimeThread()) {
+        *start.open_after_exit = stream;
+      } else {
+        stream->MarkOpened();
+      }
+    }
     if (start.cancellation != nullptr) {
       // Set in the domain, after the call entered the table: a Cancel() that came first runs the
       // hook at once (here, so AbortCall ends the call at once too). A stale id makes a late

@@ -135,6 +135,26 @@ TEST_CASE("Insert says when a call's deadline becomes the next one", "[call_tabl
   CHECK(earliest);
 }
 
+// The timer sleeps until published_next_deadline() and runs TakeExpired then. Answered calls
+// leave dead entries in the heap; if a pass published one of them, the timer would wake once per
+// answered call (every few microseconds under load) for nothing.
+TEST_CASE("after TakeExpired the published deadline is a live call's, past answered ones",
+          "[call_table]") {
+  CallTable<int> table(64);
+  for (int i = 1; i <= 40; ++i) {
+    REQUIRE(table.Insert(uint64_t(i), int{i}, kT0 + absl::Milliseconds(i)).ok());
+  }
+  for (int i = 1; i <= 39; ++i) REQUIRE(table.Take(uint64_t(i)) == i);    // answered
+  CHECK(table.published_next_deadline() == kT0 + absl::Milliseconds(1));  // early, never late
+  // The timer wakes at 1 ms: nothing expired, and the next wake-up is the live call's 40 ms.
+  CHECK(table.TakeExpired(kT0 + absl::Milliseconds(1)).empty());
+  CHECK(table.published_next_deadline() == kT0 + absl::Milliseconds(40));
+  CHECK(table.heap_size() == 1);
+  REQUIRE(table.Take(40) == 40);
+  CHECK(table.TakeExpired(kT0 + absl::Milliseconds(2)).empty());
+  CHECK(table.published_next_deadline() == absl::InfiniteFuture());
+}
+
 TEST_CASE("calls expire in deadline order, and NextDeadline says when", "[call_table]") {
   CallTable<int> table(16);
   CHECK(table.NextDeadline() == absl::InfiniteFuture());
