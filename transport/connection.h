@@ -353,6 +353,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // send), and in no set order with the connection's own operations. The caller must hold a
   // reference to the connection until this returns; the poller holds one while it runs a task.
   void RunInDomain(DomainTask& task);
+  // Runs `task` inside the domain before it returns: at once, or after waiting for the thread
+  // that holds it to let go (a short wait: no thread waits inside a domain). For a caller that
+  // must see the task's effect at once and may be the connection's poller, to which a left task
+  // would go while it waited for it (a stream destroyed in a done-callback, cancelled and waited
+  // for; Shutdown's answers before it looks whether they have gone). Not from inside another
+  // task or batch of this connection's that this thread does not show as its own (InDomain).
+  void RunInDomainNow(DomainTask& task);
   // Whether this thread holds this connection's domain: dispatching its batch, or running a
   // task (RunInDomain).
   bool InDomain() const;

@@ -65,6 +65,17 @@ void Connection::RunInDomain(DomainTask& task) {
   ExitLocked();
 }
 
+void Connection::RunInDomainNow(DomainTask& task) {
+  if (InDomain()) {
+    domain_.AssertHeld();
+    task.RunInDomain(*this);
+    return;
+  }
+  EnterWaiting();
+  RunTaskLocked(task);
+  ExitLocked();
+}
+
 void Connection::DropAfterExit(std::shared_ptr<Connection> reference) {
   domain_.AssertHeld();
   drops_.push_back(std::move(reference));

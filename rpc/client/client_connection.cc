@@ -128,7 +128,8 @@ struct ClientConnection::StartCall final : transport::DomainTask, transport::Exi
     std::shared_ptr<ClientConnection> self = std::move(hold);
     cancellation.reset();
     call = ClientCall();
-    large_body.Reset();  // empty unless a failure forgot them: never kept in the pool
+    // A start refused for the waiting queue left them: the release ends the call (its gate).
+    large_body.Reset();
     bulk.Reset();
     if (self->start_pool_.Owns(this)) {
       self->start_pool_.Give(this);
@@ -339,12 +340,9 @@ void ClientConnection::StartInDomain(StartRequest& start) {
       waiting_count_.store(waiting_.size(), std::memory_order_release);
       owner_.CountWaitedForSlot();
     }
-    if (!sent.ok()) {
-      // Not queued: the call ends below, once its payloads are let go (its gate waits for them).
-      std::free(std::exchange(start.waiting_body, nullptr));
-      start.bulk.Reset();
-      start.large_body.Reset();
-    }
+    // Not queued: the call ends below, once its payloads are let go (its gate waits for them),
+    // after this thread leaves the domain (StartCall::AfterExit, or Begin's own locals).
+    if (!sent.ok()) std::free(std::exchange(start.waiting_body, nullptr));
   }
   if (sent.ok()) {
     // Its frames may follow now. On an application thread, after the exit: the stream's listener
@@ -503,7 +501,12 @@ void ClientConnection::CancelCall(uint64_t id) {
 
 void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
   if (connection_->InDomain()) return AbortInDomain(id, std::move(status), /*tell_server=*/true);
-  RunTask(new EndCall(shared_from_this(), id, std::move(status), /*tell_server=*/true));
+  auto* task = new EndCall(shared_from_this(), id, std::move(status), /*tell_server=*/true);
+  // A runtime thread may wait for the call's end right after (a stream destroyed in a
+  // done-callback waits for it): left, the task would go to this connection's poller, perhaps
+  // this very thread.
+  if (OnRuntimeThread()) return connection_->RunInDomainNow(*task);
+  RunTask(task);
 }
 
 void ClientConnection::AbortInDomain(uint64_t id, absl::Status status, bool tell_server) {

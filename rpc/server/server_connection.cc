@@ -372,9 +372,9 @@ void ServerConnection::AnswerAll(const absl::Status& status) {
   }
   // Closed: its calls were given up at OnClosed, and no answer could go.
   if (connection == nullptr) return;
-  // The connection keeps this alive while the task waits (the transport connection owns its
-  // handler, and whoever holds its domain holds a reference).
-  connection->RunInDomain(*new AnswerAllTask(*this, status));
+  // Before this returns: Shutdown then looks whether the answers have gone (SendsDrained), and a
+  // task left for the poller would not have queued them yet.
+  connection->RunInDomainNow(*new AnswerAllTask(*this, status));
 }
 
 void ServerConnection::AnswerAllInDomain(const absl::Status& status) {
