@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -430,6 +431,8 @@ void Hangup(FakeId* id) {
   TellDisconnected(id);
 }
 
+std::atomic<const std::function<void()>*> post_send_hook{nullptr};
+
 }  // namespace
 
 // The device's data path, reached through ibv_context::ops (verbs.h's inline ibv_post_send and
@@ -438,6 +441,9 @@ void Hangup(FakeId* id) {
 namespace entry {
 
 int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  if (const std::function<void()>* hook = post_send_hook.load(std::memory_order_acquire)) {
+    (*hook)();
+  }
   std::lock_guard<std::mutex> lock(mu);
   auto* qp = reinterpret_cast<FakeQp*>(ibqp);
   for (; wr != nullptr; wr = wr->next) {
@@ -603,6 +609,10 @@ int ReqNotifyCq(ibv_cq* cq, int) {
 }
 
 }  // namespace entry
+
+void SetPostSendHook(const std::function<void()>* hook) {
+  post_send_hook.store(hook, std::memory_order_release);
+}
 
 Counters counters() {
   std::lock_guard<std::mutex> lock(mu);

@@ -13,6 +13,7 @@
 #define ZRPC_TESTS_FAKEVERBS_FAKE_VERBS_H_
 
 #include <cstdint>
+#include <functional>
 
 namespace zrpc::fakeverbs {
 
@@ -32,6 +33,13 @@ struct Counters {
   uint64_t qps_alive = 0;     // queue pairs created and not yet destroyed: connections alive
 };
 Counters counters();
+
+// Runs `*hook` at the start of every ibv_post_send, on the posting thread, before the stand-in
+// does anything (outside its lock); nullptr: nothing. For a test that must hold a thread at a
+// known point of the transport: a send is posted inside the connection's domain, so a hook that
+// waits there keeps that thread holding it. The hook decides which threads it holds (by thread
+// id, say) and must outlive its installation and every post that may still be running it.
+void SetPostSendHook(const std::function<void()>* hook);
 
 }  // namespace zrpc::fakeverbs
 

@@ -3,15 +3,23 @@
 // still running) is left there and goes when the poller lets go, the starting thread never
 // waiting; a stream's frames never overtake its opening left that way; a call that fails inside
 // the domain on an application thread runs its callback after that thread lets go, so the
-// callback may make a blocking call on the same connection. Over fakeverbs with the pollers on
-// their own threads: on the host and under ASan.
+// callback may make a blocking call on the same connection; a stream destroyed on its own poller
+// while an application thread holds the domain does not stall that poller; requests started on a
+// runtime thread past the waiting queue's bound are refused at once, once each; an asynchronous
+// stream's pump sends what waited for its opening. Over fakeverbs with the pollers on their own
+// threads: on the host and under ASan.
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -19,6 +27,7 @@
 #include "proto/examples/numbers.zrpc.h"
 #include "tests/eventually.h"
 #include "tests/fakeverbs/fake_device.h"
+#include "tests/fakeverbs/fake_verbs.h"
 #include "tests/rpc/numbers_fixture.h"
 #include "tests/rpc/runtime_fixture.h"
 
@@ -180,4 +189,242 @@ TEST_CASE(
   CHECK(more.Finish().ok());
   CHECK(total.count() == kCount);
   CHECK(total.sum() == kCount * (kCount + 1) / 2);
+}
+
+namespace {
+
+// A second channel to `served`'s server: its callbacks run on a runtime thread that is outside
+// the first channel's connection's domain.
+std::unique_ptr<zrpc::ClientChannel> OtherChannel(const Served& served,
+                                                  zrpc::ChannelOptions options = {}) {
+  options.device = FakeDevice();
+  auto channel =
+      zrpc::CreateChannel(zrpc::testing::TargetOf(FakeDevice(), served.server->port()), options);
+  INFO(channel.status());
+  REQUIRE(channel.ok());
+  return std::move(*channel);
+}
+
+}  // namespace
+
+// A stream destroyed on a runtime thread cancels its call and waits for its end, so the cancel
+// must take effect in the stream's domain before the destructor returns. Here the destructor runs
+// in a callback of the channel's other connection, on the one poller both share, while an
+// application thread holds the stream's domain (held at its post by the stand-in's hook). A
+// cancel left in the domain would be handed to that poller when the application thread lets go:
+// the very thread waiting for it, stalled for good. It waits for the holder instead.
+TEST_CASE(
+    "a stream destroyed in a callback on its connection's poller, while an application thread "
+    "holds its domain, ends once that thread lets go",
+    "[client_domain]") {
+  HoldingGreeter greeter;
+  zrpc_test::TestNumbers numbers;
+  zrpc::ChannelOptions options;
+  options.connections = 2;
+  options.pollers = 1;
+  options.keepalive_interval = absl::ZeroDuration();
+  Served served(FakeDevice(), {&greeter, &numbers}, {}, options);
+  REQUIRE(served.channel->Connect(absl::Now() + absl::Seconds(30)).ok());
+  Greeter::Stub greeter_stub(served.channel.get());
+  zrpc::examples::Numbers::Stub numbers_stub(served.channel.get());
+  // Calls take the connections in turn: the stream one (X), the callback's call the other (Y),
+  // the holder's call X again.
+  auto reader =
+      std::make_unique<zrpc::AsyncClientReader<zrpc::examples::Number>>(numbers_stub.AsyncCount(
+          zrpc_test::Counting(1'000'000), CallOptions::Timeout(absl::Seconds(30))));
+  zrpc::examples::Number number;
+  absl::Notification first;
+  reader->Read(&number, [&](bool) { first.Notify(); });
+  REQUIRE(first.WaitForNotificationWithTimeout(absl::Seconds(30)));  // the stream flows
+  // The server fills the stream's window and stops. Until then the poller may handle X's
+  // completions in the batch that runs the callback below, holding X's domain too, and the
+  // holder's start would be left there instead of holding it.
+  absl::SleepFor(absl::Milliseconds(200));
+
+  absl::Notification holding, let_go, destroyed;
+  google::protobuf::Empty request, reply, held_reply;
+  greeter_stub.AsyncPing(request, &reply, CallOptions::Timeout(absl::Seconds(30)),
+                         [&](absl::Status) {
+                           holding.WaitForNotificationWithTimeout(absl::Seconds(30));
+                           reader.reset();  // cancels, and waits for the call's end
+                           destroyed.Notify();
+                         });
+  std::atomic<std::thread::id> holder_id{};
+  const std::function<void()> hook = [&] {
+    if (std::this_thread::get_id() != holder_id.load()) return;
+    holding.Notify();
+    let_go.WaitForNotificationWithTimeout(absl::Seconds(30));
+  };
+  zrpc::fakeverbs::SetPostSendHook(&hook);
+  absl::Status held_status = absl::UnknownError("not ended");
+  absl::Notification held_ended;
+  std::thread holder([&] {
+    holder_id = std::this_thread::get_id();
+    greeter_stub.AsyncPing(request, &held_reply, CallOptions::Timeout(absl::Seconds(30)),
+                           [&](absl::Status s) {
+                             held_status = std::move(s);
+                             held_ended.Notify();
+                           });
+  });
+  REQUIRE(holding.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::SleepFor(absl::Milliseconds(100));  // the callback reaches the destructor, and waits
+  CHECK_FALSE(destroyed.HasBeenNotified());
+  let_go.Notify();
+  holder.join();
+  zrpc::fakeverbs::SetPostSendHook(nullptr);
+  if (!destroyed.WaitForNotificationWithTimeout(absl::Seconds(10))) {
+    // The poller waits for itself: teardown would hang, so say so and stop here.
+    std::fprintf(stderr, "FAILED: the stream's destructor stalled the poller it ran on\n");
+    std::abort();
+  }
+  REQUIRE(held_ended.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(held_status.ok());
+  CHECK(zrpc::testing::Eventually([&] { return served.server->stats().streams_open == 0; }));
+  CHECK(zrpc::testing::Eventually([&] { return served.channel->stats().calls_in_flight == 0; }));
+}
+
+// A request started on a runtime thread outside its connection's domain, while every send slot
+// is taken, waits in the connection's queue (at most kMaxWaitingBytes); past that it is refused
+// at once, its payload let go after the thread leaves the domain and its callback run before the
+// start returns; those that waited go when slots free, intact.
+TEST_CASE(
+    "requests started from another channel's callback past the waiting queue's limit are "
+    "refused at once, once each; those that waited arrive",
+    "[client_domain]") {
+  HoldingGreeter greeter;
+  zrpc::ServerOptions server_options;
+  server_options.listener.connection.recv_credits = 4;
+  zrpc::ChannelOptions options = OneConnection();
+  options.connection.max_send_slots = 4;
+  options.keepalive_interval = absl::ZeroDuration();
+  Served served(FakeDevice(), {&greeter}, server_options, options);
+  std::unique_ptr<zrpc::ClientChannel> other = OtherChannel(served);
+  Greeter::Stub stub(served.channel.get());
+  Greeter::Stub other_stub(other.get());
+  // The server holds what its window lets through; the calls behind them wait for its credits,
+  // one in each send slot; the filler's next call waits for a slot (an application thread may).
+  constexpr int kFill = 12;
+  std::vector<zrpc::testing::HelloRequest> fill_requests(kFill);
+  std::vector<HelloReply> fill_replies(kFill);
+  std::atomic<int> fill_ok{0}, fill_ended{0};
+  std::thread filler([&] {
+    for (int i = 0; i < kFill; ++i) {
+      fill_requests[i].set_name(absl::StrCat("fill ", i));
+      stub.AsyncSayHello(fill_requests[i], &fill_replies[i],
+                         CallOptions::Timeout(absl::Seconds(60)), [&](absl::Status s) {
+                           if (s.ok()) ++fill_ok;
+                           ++fill_ended;
+                         });
+    }
+  });
+  REQUIRE(zrpc::testing::Eventually([&] { return greeter.held() >= 1; }));
+  absl::SleepFor(absl::Milliseconds(200));  // the window fills; the filler blocks on a slot
+  REQUIRE(greeter.held() < kFill);
+
+  // Requests of 3.5 MiB (under max_message_size): 18 fit in the queue's 64 MiB.
+  constexpr size_t kSize = size_t{7} << 19;
+  constexpr int kLarge = 22;
+  constexpr size_t kWaitLimit = size_t{64} << 20;  // ClientConnection::kMaxWaitingBytes
+  const size_t fit = kWaitLimit / (kSize + 16);
+  std::vector<zrpc::testing::HelloRequest> requests(kLarge);
+  std::vector<HelloReply> replies(kLarge);
+  std::vector<absl::Status> statuses(kLarge, absl::UnknownError("not ended"));
+  std::vector<std::atomic<int>> ends(kLarge);
+  for (int i = 0; i < kLarge; ++i) {
+    std::string name(kSize, 'a' + i);
+    name[kSize / 2] = '#';  // a misplaced byte shows
+    requests[i].set_name(std::move(name));
+  }
+  std::atomic<int> refused_before_return{-1};
+  absl::Notification started;
+  google::protobuf::Empty ping, pong;
+  other_stub.AsyncPing(ping, &pong, CallOptions::Timeout(absl::Seconds(60)), [&](absl::Status) {
+    for (int i = 0; i < kLarge; ++i) {
+      stub.AsyncSayHello(requests[i], &replies[i], CallOptions::Timeout(absl::Seconds(60)),
+                         [&, i](absl::Status s) {
+                           statuses[i] = std::move(s);
+                           ++ends[i];
+                         });
+    }
+    int refused = 0;
+    for (int i = 0; i < kLarge; ++i) refused += ends[i].load() > 0 ? 1 : 0;
+    refused_before_return = refused;
+    started.Notify();
+  });
+  REQUIRE(started.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(refused_before_return.load() == kLarge - static_cast<int>(fit));
+  CHECK(served.channel->stats().calls_waited_for_slot == fit);
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  auto all_ended = [&] {
+    if (fill_ended.load() != kFill) return false;
+    for (int i = 0; i < kLarge; ++i) {
+      if (ends[i].load() == 0) return false;
+    }
+    return true;
+  };
+  while (!all_ended() && absl::Now() < until) {
+    greeter.Release();
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  filler.join();
+  REQUIRE(all_ended());
+  absl::SleepFor(absl::Milliseconds(50));  // nothing ends twice
+  CHECK(fill_ok.load() == kFill);
+  for (int i = 0; i < kLarge; ++i) {
+    INFO("request " << i << ": " << statuses[i]);
+    CHECK(ends[i].load() == 1);
+    if (i < static_cast<int>(fit)) {
+      CHECK(statuses[i].ok());
+      CHECK(replies[i].message() == "Hello, " + requests[i].name());
+    } else {
+      CHECK(statuses[i].code() == absl::StatusCode::kResourceExhausted);
+      CHECK(absl::StrContains(statuses[i].message(), "waits for a send slot"));
+    }
+  }
+  CHECK(zrpc::testing::Eventually([&] { return served.channel->stats().calls_in_flight == 0; }));
+}
+
+// An asynchronous stream opened on a runtime thread while the connection's domain is held: its
+// opening is left in the domain, and its half-close, which needs no credit, finds it not gone
+// yet. A runtime thread does not wait: the pump tries again when it hears of the opening.
+TEST_CASE(
+    "an asynchronous stream opened from a callback while its domain is held half-closes after "
+    "its opening goes, and finishes",
+    "[client_domain]") {
+  HoldingGreeter greeter;
+  zrpc_test::TestNumbers numbers;
+  Served served(FakeDevice(), {&greeter, &numbers}, {}, OneConnection());
+  std::unique_ptr<zrpc::ClientChannel> other = OtherChannel(served);
+  Greeter::Stub greeter_stub(served.channel.get());
+  Greeter::Stub other_stub(other.get());
+  zrpc::examples::Numbers::Stub numbers_stub(served.channel.get());
+  google::protobuf::Empty request, reply;
+  REQUIRE(greeter_stub.Ping(request, &reply, CallOptions::Timeout(absl::Seconds(30))).ok());
+  HeldCallback held;
+  held.Start(greeter_stub);
+  zrpc::examples::Total total;
+  std::unique_ptr<zrpc::AsyncClientWriter<zrpc::examples::Number>> writer;
+  absl::Notification opened, finished;
+  absl::Status status = absl::UnknownError("not finished");
+  other_stub.AsyncPing(request, &reply, CallOptions::Timeout(absl::Seconds(30)), [&](absl::Status) {
+    writer = std::make_unique<zrpc::AsyncClientWriter<zrpc::examples::Number>>(
+        numbers_stub.AsyncSum(&total, CallOptions::Timeout(absl::Seconds(30))));
+    writer->WritesDone();
+    writer->Finish([&](absl::Status s) {
+      status = std::move(s);
+      finished.Notify();
+    });
+    opened.Notify();
+  });
+  REQUIRE(opened.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::SleepFor(absl::Milliseconds(50));
+  CHECK_FALSE(finished.HasBeenNotified());  // its opening has not gone: the domain is held
+  held.go.Notify();
+  REQUIRE(held.returned.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  REQUIRE(finished.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  INFO(status);
+  CHECK(status.ok());
+  CHECK(total.count() == 0);
+  writer.reset();
+  CHECK(zrpc::testing::Eventually([&] { return served.server->stats().streams_open == 0; }));
 }
