@@ -63,15 +63,15 @@ CallTiming StartTiming(const CallOptions& options) {
 }
 
 uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffer& buffer,
-                                 size_t body_size, OutgoingBulk large_body, OutgoingBulk bulk,
-                                 ClientCall call, const CallOptions& options,
+                                 size_t body_size, OutgoingBulk&& large_body, OutgoingBulk&& bulk,
+                                 ClientCall&& call, const CallOptions& options,
                                  const CallTiming& timing, uint16_t stream_window) {
   return Begin(service_id, &buffer, nullptr, body_size, std::move(large_body), std::move(bulk),
                std::move(call), options, timing, stream_window);
 }
 
 uint64_t ClientConnection::StartWaiting(uint32_t service_id, uint8_t* body, size_t body_size,
-                                        OutgoingBulk bulk, ClientCall call,
+                                        OutgoingBulk&& bulk, ClientCall&& call,
                                         const CallOptions& options, const CallTiming& timing) {
   // Larger than a slot: the request will go at the front of a payload, as Start's would (WIRE.md,
   // "Messages larger than a slot"), so it is that payload from here on, behind the call's gate.
@@ -85,8 +85,9 @@ uint64_t ClientConnection::StartWaiting(uint32_t service_id, uint8_t* body, size
                std::move(call), options, timing, 0);
 }
 
-// What StartInDomain works on, by reference: Begin's own locals when the caller is in the domain
-// already (a done-callback starting the next call: nothing moved or allocated), else a
+// What StartInDomain works on, by reference: the objects Begin was given (the channel's, taken by
+// reference so that a call's parts are not moved from frame to frame) when the caller is in the
+// domain already (a done-callback starting the next call: nothing moved or allocated), else a
 // StartCall's.
 struct ClientConnection::StartRequest {
   uint64_t id;
@@ -217,8 +218,8 @@ void ClientConnection::EndInDomain(ClientCall call, absl::Status status) {
 }
 
 uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffer* buffer,
-                                 uint8_t* waiting_body, size_t body_size, OutgoingBulk large_body,
-                                 OutgoingBulk bulk, ClientCall call, const CallOptions& options,
+                                 uint8_t* waiting_body, size_t body_size, OutgoingBulk&& large_body,
+                                 OutgoingBulk&& bulk, ClientCall&& call, const CallOptions& options,
                                  const CallTiming& timing, uint16_t stream_window) {
   // The call's times were fixed at its start (CallTiming): no clock read here, and the request's
   // remaining time goes on the wire from the same reading (unless staging defers it).
@@ -341,7 +342,8 @@ void ClientConnection::StartInDomain(StartRequest& start) {
       owner_.CountWaitedForSlot();
     }
     // Not queued: the call ends below, once its payloads are let go (its gate waits for them),
-    // after this thread leaves the domain (StartCall::AfterExit, or Begin's own locals).
+    // after this thread leaves the domain (StartCall::AfterExit, or the caller's objects that Begin
+    // was given).
     if (!sent.ok()) std::free(std::exchange(start.waiting_body, nullptr));
   }
   if (sent.ok()) {

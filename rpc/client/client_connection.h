@@ -164,9 +164,11 @@ class ClientConnection final : public RpcConnection,
   // it, granting the server `stream_window` messages (the stream is marked opened once its
   // request has gone to the transport: StreamState::MarkOpened). Returns the call's id, or 0 when
   // it ended here, before the domain (its `done` has run). The start itself may be left in the
-  // domain for the thread that holds it: the call may end there too, later.
+  // domain for the thread that holds it: the call may end there too, later. `large_body`, `bulk`
+  // and `call` are taken (by reference, to save the moves of by-value parameters on every call):
+  // the caller must not use them after.
   uint64_t Start(uint32_t service_id, const transport::SendBuffer& buffer, size_t body_size,
-                 OutgoingBulk large_body, OutgoingBulk bulk, ClientCall call,
+                 OutgoingBulk&& large_body, OutgoingBulk&& bulk, ClientCall&& call,
                  const CallOptions& options, const CallTiming& timing, uint16_t stream_window = 0);
   // Start for a unary request that found no send slot on a runtime thread, which must not wait
   // for one (THREADING.md): the request, serialized into `body` (malloc'd, `body_size` bytes,
@@ -174,8 +176,8 @@ class ClientConnection final : public RpcConnection,
   // (OnSendSlotFree, or the timer's pass). The call is in the table meanwhile: its deadline,
   // a cancel or the connection's end take it as they take any call. Fails RESOURCE_EXHAUSTED
   // past max_calls_per_connection (the table) or kMaxWaitingBytes of waiting requests.
-  uint64_t StartWaiting(uint32_t service_id, uint8_t* body, size_t body_size, OutgoingBulk bulk,
-                        ClientCall call, const CallOptions& options, const CallTiming& timing);
+  uint64_t StartWaiting(uint32_t service_id, uint8_t* body, size_t body_size, OutgoingBulk&& bulk,
+                        ClientCall&& call, const CallOptions& options, const CallTiming& timing);
   // Requests waiting for a send slot: a runtime thread's next call waits behind them, in order.
   size_t requests_waiting() const { return waiting_count_.load(std::memory_order_acquire); }
   // The most bytes of requests one connection keeps waiting for a send slot.
@@ -254,8 +256,9 @@ class ClientConnection final : public RpcConnection,
   // Start's common part. With `buffer` the request is sent at once; otherwise `waiting_body`
   // holds it and it waits for a slot (StartWaiting).
   uint64_t Begin(uint32_t service_id, const transport::SendBuffer* buffer, uint8_t* waiting_body,
-                 size_t body_size, OutgoingBulk large_body, OutgoingBulk bulk, ClientCall call,
-                 const CallOptions& options, const CallTiming& timing, uint16_t stream_window);
+                 size_t body_size, OutgoingBulk&& large_body, OutgoingBulk&& bulk,
+                 ClientCall&& call, const CallOptions& options, const CallTiming& timing,
+                 uint16_t stream_window);
   // Drops the waiting requests whose calls have ended, then sends the others, in order, while
   // send slots are free; asks the transport for a notice when they run out.
   void SendWaiting();
