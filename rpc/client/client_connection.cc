@@ -307,7 +307,12 @@ void ClientConnection::StartInDomain(StartRequest& start) {
   const uint16_t method_index = static_cast<uint16_t>(call.method->index);
   const bool pull_response = call.landing != nullptr;
   const std::shared_ptr<StreamState> stream = call.stream;
-  const absl::Time deadline = start.deadline;
+  // A keepalive asks how long the server takes to answer, so its time counts from here, where it
+  // is sent: a start left in the domain (the timer's, while another thread held it) waited for
+  // that thread and then for the poller, time that says nothing about the server.
+  const absl::Time deadline = start.service_id == kKeepaliveServiceId
+                                  ? CallClockRefresh() + (start.deadline - start.now)
+                                  : start.deadline;
   if (absl::Status inserted = calls_.Insert(start.id, std::move(call), deadline); !inserted.ok()) {
     return fail(absl::ResourceExhaustedError(
         absl::StrCat(method_name, ": ", inserted.message(), " (max_calls_per_connection)")));

@@ -36,10 +36,11 @@
 // the channel's timer calls Keepalive every keepalive_interval: when nothing arrived since the
 // last pass and no ping is out, the connection sends a ping (a request to the reserved service
 // "zrpc.Keepalive", which every server answers on its poller thread, never queued behind
-// handlers) with keepalive_timeout as its deadline. A ping that times out closes the
-// connection, failing its calls with UNAVAILABLE and the reason. A peer that died is thus
-// noticed within interval + timeout (plus one interval when traffic stopped just after a pass),
-// busy or idle.
+// handlers) with keepalive_timeout as its deadline, counted from its send (StartInDomain: the
+// timer's start may be left in the domain and wait for its holder and the poller first). A ping
+// that times out closes the connection, failing its calls with UNAVAILABLE and the reason. A
+// peer that died is thus noticed within interval + timeout (plus one interval when traffic
+// stopped just after a pass), busy or idle.
 //
 // A ping never waits on the application's window. When this side's messages wait for credits
 // (the server's handlers hold every receive this side may fill: slow calls, not a dead server)
