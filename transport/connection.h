@@ -71,6 +71,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -382,7 +383,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // max_message_size().
   uint32_t peer_recv_size() const { return peer_.recv_size; }
   std::string peer_address() const { return peer_address_; }
+  // Waits for the domain's holder, if any: a poller may hold it for as long as a handler or a
+  // user's callback runs.
   ConnectionStats stats() const;
+  // The same when the domain is free or the caller's (nothing waits); nullopt while another
+  // thread holds it. For a thread that must not wait for a handler (the channel's timer).
+  std::optional<ConnectionStats> TryStats() const;
   // The handler given at Connect or by AcceptHandler::Place: how an accept callback finds the
   // state it placed for this connection.
   ConnectionHandler* handler() const { return handler_; }
@@ -555,6 +561,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void CmEventLocked(rdma_cm_event_type type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // Waits for the domain (diagnostics only: stats, DebugString, setup and teardown).
   void EnterWaiting() const ABSL_EXCLUSIVE_LOCK_FUNCTION(domain_);
+  ConnectionStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kind, uint64_t token,
                          bool report, bool signal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);

@@ -398,15 +398,34 @@ void Connection::EnqueueAcceptedLocked(absl::Span<const Waiting> ops, Events& ev
   }
 }
 
-ConnectionStats Connection::stats() const {
-  const bool held = InDomain();
-  if (!held) EnterWaiting();
+ConnectionStats Connection::StatsLocked() const {
   ConnectionStats stats = stats_;
   stats.arena_in_use = arena_reader_.in_use();
   stats.sends_outstanding = static_cast<uint32_t>(waiting_.size() + in_flight_.size());
   stats.waiting = static_cast<uint32_t>(waiting_.size());
   stats.transfer_bytes_in_flight = transfer_bytes_in_flight_;
-  if (!held) const_cast<Connection*>(this)->ExitLocked();
+  return stats;
+}
+
+ConnectionStats Connection::stats() const {
+  if (InDomain()) {
+    domain_.AssertHeld();
+    return StatsLocked();
+  }
+  EnterWaiting();
+  ConnectionStats stats = StatsLocked();
+  const_cast<Connection*>(this)->ExitLocked();
+  return stats;
+}
+
+std::optional<ConnectionStats> Connection::TryStats() const {
+  if (InDomain()) {
+    domain_.AssertHeld();
+    return StatsLocked();
+  }
+  if (!domain_.TryEnter()) return std::nullopt;
+  ConnectionStats stats = StatsLocked();
+  const_cast<Connection*>(this)->ExitLocked();
   return stats;
 }
 

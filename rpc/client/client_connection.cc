@@ -556,10 +556,14 @@ bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
 
 bool ClientConnection::WindowHeld() {
   if (Transferring()) return true;  // a large payload moves: pings would queue behind it
-  const transport::ConnectionStats stats = connection_->stats();
+  // The timer does not wait for the domain: a user's callback on the poller may hold it for as
+  // long as it runs, and every deadline of the channel would wait with it. Held, it counts as a
+  // held window (the NIC is asked instead, without waiting), since this side is busy.
+  const std::optional<transport::ConnectionStats> stats = connection_->TryStats();
+  if (!stats) return true;
   // A bulk WRITE or READ still moving (64 MiB took 2 s under emulation) holds the send queue:
   // a ping posted now waits behind it.
-  return stats.waiting > 0 || stats.arena_in_use > 0 || stats.transfer_bytes_in_flight > 0;
+  return stats->waiting > 0 || stats->arena_in_use > 0 || stats->transfer_bytes_in_flight > 0;
 }
 
 void ClientConnection::Keepalive(absl::Duration timeout) {

@@ -51,7 +51,9 @@
 // server's NIC instead (transport::Connection::Probe: a zero-length RDMA WRITE, no credit): a
 // vanished host fails it after the transport's retries and the connection fails with it; a live
 // one acks, and the connection stays. A ping that timed out while such a wait began is treated the
-// same.
+// same. So is a pass that finds the connection's domain held (a user's callback on its poller, an
+// application thread sending): the timer serves every connection of the channel and never waits
+// for one (transport::Connection::TryStats), and the next pass pings if the connection is idle.
 #ifndef ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_
 #define ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_
 

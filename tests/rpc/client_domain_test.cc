@@ -6,8 +6,9 @@
 // callback may make a blocking call on the same connection; a stream destroyed on its own poller
 // while an application thread holds the domain does not stall that poller; requests started on a
 // runtime thread past the waiting queue's bound are refused at once, once each; an asynchronous
-// stream's pump sends what waited for its opening. Over fakeverbs with the pollers on their own
-// threads: on the host and under ASan.
+// stream's pump sends what waited for its opening; a callback holding its poller does not hold
+// up the channel's timer. Over fakeverbs with the pollers on their own threads: on the host and
+// under ASan.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -427,4 +428,50 @@ TEST_CASE(
   CHECK(total.count() == 0);
   writer.reset();
   CHECK(zrpc::testing::Eventually([&] { return served.server->stats().streams_open == 0; }));
+}
+
+// The channel's timer serves every connection: waiting for one connection's domain, which a
+// user's callback on its poller holds for as long as it runs, it would hold up every deadline
+// and keepalive of the channel. A keepalive pass over a connection whose domain is held does not
+// wait (it asks the NIC instead): the deadline of a call on another connection still fires.
+TEST_CASE(
+    "a callback that holds its poller does not hold up the channel's timer: a call on another "
+    "connection still ends at its deadline",
+    "[client_domain]") {
+  HoldingGreeter greeter;
+  zrpc::ChannelOptions options;
+  options.connections = 2;
+  options.pollers = 2;  // the other connection's poller is free
+  options.keepalive_interval = absl::Milliseconds(20);
+  options.keepalive_timeout = absl::Seconds(10);
+  Served served(FakeDevice(), {&greeter}, {}, options);
+  REQUIRE(served.channel->Connect(absl::Now() + absl::Seconds(30)).ok());
+  Greeter::Stub stub(served.channel.get());
+  HeldCallback held;
+  held.Start(stub);  // connection X: its poller runs the callback, holding X's domain
+  // Keepalive passes find X idle (its last message was the callback's answer) and look at it.
+  absl::SleepFor(absl::Milliseconds(100));
+  // The next call goes to the other connection, Y; the server holds it, so only its deadline
+  // can end it, and deadlines are the timer's.
+  HelloReply reply;
+  absl::Notification ended;
+  absl::Status status;
+  const absl::Time start = absl::Now();
+  absl::Time end;
+  stub.AsyncSayHello(Named("held"), &reply, CallOptions::Timeout(absl::Milliseconds(200)),
+                     [&](absl::Status s) {
+                       status = std::move(s);
+                       end = absl::Now();
+                       ended.Notify();
+                     });
+  const bool in_time = ended.WaitForNotificationWithTimeout(absl::Seconds(10));
+  held.go.Notify();  // in any case: the teardown needs the poller back
+  REQUIRE(held.returned.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  REQUIRE(ended.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  INFO("the call ended after " << (end - start) << ": " << status);
+  CHECK(in_time);
+  CHECK(status.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(held.status.ok());
+  CHECK(served.channel->stats().connections_lost == 0);
+  greeter.Release();
 }
