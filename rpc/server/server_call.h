@@ -136,6 +136,7 @@ class ServerCallImpl final : public ServerCall,
 
   ServerConnection* const owner_;
   transport::Connection* const connection_;
+  size_t place_ = 0;  // in owner_->calls_ (its domain's)
   Service* service_;
   const MethodInfo& method_;
   MethodMetrics& metrics_;

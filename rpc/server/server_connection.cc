@@ -135,13 +135,16 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     return;
   }
   ServerCallImpl* call = nullptr;
-  bool duplicate = false;
   const bool stream = header.opens_stream();
-  if (calls_.contains(header.call_id)) {
-    duplicate = true;
-  } else if (stream && streams_ >= server_.options().max_streams_per_connection) {
-    // Refused below.
-  } else {
+  if (stream && streams_.contains(header.call_id)) {
+    // Its frames could not be told from the other stream's: refuse the peer. (A unary request
+    // that reuses an id in flight is served: both answers carry the id, the client takes the
+    // first and drops the second as late, which hurts only a client that reuses ids.)
+    Discard(connection, request);
+    return Violation(connection, absl::StrCat("stream id ", header.call_id,
+                                              " is already open on this connection"));
+  }
+  if (!stream || static_cast<int>(streams_.size()) < server_.options().max_streams_per_connection) {
     void* memory;
     if (call_memory_.empty()) {
       memory = ::operator new(sizeof(ServerCallImpl));
@@ -154,15 +157,10 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     call = new (memory) ServerCallImpl(*this, connection, entry->service, method,
                                        *entry->metrics[method.index], request, CallClockNow(),
                                        stream ? server_.options().stream_window : uint16_t{0});
-    calls_.emplace(header.call_id, call);
+    call->place_ = calls_.size();
+    calls_.push_back(call);
     calls_count_.store(calls_.size(), std::memory_order_relaxed);
-    if (stream) ++streams_;
-  }
-  if (duplicate) {
-    // Answering either call would complete both on the client: refuse the peer.
-    Discard(connection, request);
-    return Violation(connection, absl::StrCat("call id ", header.call_id,
-                                              " is already in flight on this connection"));
+    if (stream) streams_.emplace(header.call_id, call);
   }
   if (call == nullptr) {
     server_.CountStreamRefused();
@@ -247,8 +245,8 @@ void ServerConnection::HandleCancel(transport::Connection& connection,
   Discard(connection, cancel);
   server_.CountCancel();
   StreamEndings later;
-  if (auto it = calls_.find(cancel.header.call_id); it != calls_.end()) {
-    it->second->GiveUp(&later);
+  if (ServerCallImpl* call = FindCall(cancel.header.call_id); call != nullptr) {
+    call->GiveUp(&later);
   } else if (auto pulled = pulled_requests_.find(cancel.header.call_id);
              pulled != pulled_requests_.end()) {
     // Still being pulled: dropped when the pull is done. (Neither: the call finished while the
@@ -260,15 +258,26 @@ void ServerConnection::HandleCancel(transport::Connection& connection,
 
 void ServerConnection::Retire(ServerCallImpl* call) {
   transport::Connection& connection = *call->connection_;
-  calls_.erase(call->call_id());
+  ServerCallImpl* last = calls_.back();
+  last->place_ = call->place_;
+  calls_[call->place_] = last;
+  calls_.pop_back();
   calls_count_.store(calls_.size(), std::memory_order_relaxed);
-  if (call->stream() != nullptr) --streams_;
+  if (call->stream() != nullptr) streams_.erase(call->call_id());
   call->~ServerCallImpl();
   call_memory_.push_back(call);
   // The last call after the close: the connection may go (this thread still holds its domain).
   if (domain_closed_ && calls_.empty() && hold_ != nullptr) {
     connection.DropAfterExit(std::move(hold_));
   }
+}
+
+ServerCallImpl* ServerConnection::FindCall(uint64_t id) const {
+  if (auto it = streams_.find(id); it != streams_.end()) return it->second;
+  for (ServerCallImpl* call : calls_) {
+    if (call->call_id() == id) return call;
+  }
+  return nullptr;
 }
 
 ServerConnection::~ServerConnection() {
@@ -379,7 +388,7 @@ void ServerConnection::AnswerAll(const absl::Status& status) {
 
 void ServerConnection::AnswerAllInDomain(const absl::Status& status) {
   StreamEndings later;
-  for (auto& [id, call] : calls_) call->AnswerFor(status, &later);
+  for (ServerCallImpl* call : calls_) call->AnswerFor(status, &later);
   EndStreams(later);
 }
 
@@ -406,7 +415,7 @@ void ServerConnection::OnClosed(transport::Connection& connection, const absl::S
   // hold_ (Retire).
   domain_closed_ = true;
   StreamEndings later;
-  for (auto& [id, call] : calls_) call->GiveUp(&later);
+  for (ServerCallImpl* call : calls_) call->GiveUp(&later);
   EndStreams(later);
   if (calls_.empty() && hold_ != nullptr) connection.DropAfterExit(std::move(hold_));
   if (violations() > 0) server_.CountViolation();

@@ -3,8 +3,8 @@
 //
 // A request's life (THREADING.md has the threads):
 //   poller thread: OnMessage -> Receive (header checked, payload paired) -> service and method
-//     looked up (UNIMPLEMENTED answered here) -> a ServerCallImpl, registered by call id ->
-//     Run inline, or queued to the handler pool.
+//     looked up (UNIMPLEMENTED answered here) -> a ServerCallImpl, appended to the connection's
+//     calls (a stream also by its call id) -> Run inline, or queued to the handler pool.
 //   handler: Service::Dispatch -> generated code parses the request in place, runs the user's
 //     handler, serializes the response into a registered slot -> Finish.
 //   Finish (any thread): sends the response (payload staged and written first) or the error,
@@ -87,6 +87,8 @@ class ServerConnection final : public RpcConnection,
   void HandleCancel(transport::Connection& connection, const IncomingMessage& cancel);
   // A stream message, half-close or credit from the client.
   void HandleStreamFrame(transport::Connection& connection, const IncomingMessage& frame);
+  // The call in flight with id `id` (the first, should a client reuse ids), or null.
+  ServerCallImpl* FindCall(uint64_t id) const;
 
   ServerImpl& server_;
   PoolQueue pool_queue_;  // this connection's turn in the handler pool (handler_pool.h)
@@ -101,8 +103,14 @@ class ServerConnection final : public RpcConnection,
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 
   // In the transport connection's domain (see the top), so no lock:
-  absl::flat_hash_map<uint64_t, ServerCallImpl*> calls_;
-  int streams_ = 0;  // of those, streams (max_streams_per_connection)
+  // The calls in flight, in no order: a call knows its place (ServerCallImpl::place_), and
+  // Retire moves the last one into the hole. No hash per unary call: only a cancel looks a
+  // unary call up by id, by a scan, and the calls of one connection are bounded by its receive
+  // credits (a request holds its receive slot until its answer goes).
+  std::vector<ServerCallImpl*> calls_;
+  // Of those, the streams by call id: every stream frame looks its call up (and at most
+  // max_streams_per_connection of them).
+  absl::flat_hash_map<uint64_t, ServerCallImpl*> streams_;
   // The transport connection, from the first call until the close and the last call's end:
   // calls point at it (and at this, which it keeps) without a reference each. Taken once per
   // connection, not per call; given up by DropAfterExit.

@@ -230,14 +230,11 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
                                          const IncomingMessage& frame) {
   const uint64_t id = frame.header.call_id;
   std::shared_ptr<StreamState> stream;
-  MethodMetrics* metrics = nullptr;  // the server's: outlives the call
-  bool found = false;
-  if (auto it = calls_.find(id); it != calls_.end()) {  // in the domain: the poller's batch
-    found = true;
+  MethodMetrics* metrics = nullptr;                         // the server's: outlives the call
+  if (auto it = streams_.find(id); it != streams_.end()) {  // in the domain: the poller's batch
     stream = it->second->stream();
     metrics = &it->second->metrics_;
-  }
-  if (!found) {
+  } else if (FindCall(id) == nullptr) {
     // The call finished while the frame travelled (the client learns with the call's status).
     Discard(connection, frame);
     return;
@@ -254,7 +251,7 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
   if (!status.ok()) {
     Discard(connection, frame);
     StreamEndings later;
-    if (auto it = calls_.find(id); it != calls_.end()) {
+    if (auto it = streams_.find(id); it != streams_.end()) {
       it->second->FailStream(
           absl::Status(status.code(),
                        absl::StrCat(it->second->method_info().full_name, ": ", status.message())),
@@ -285,7 +282,7 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
     StreamEndings later;
     // Found again: the stream's callbacks above may have finished the call (retired at once,
     // in this domain).
-    if (auto it = calls_.find(id); it != calls_.end()) {
+    if (auto it = streams_.find(id); it != streams_.end()) {
       it->second->FailStream(absl::InvalidArgumentError(absl::StrCat(
                                  it->second->method_info().full_name, ": ", status.message())),
                              &later);

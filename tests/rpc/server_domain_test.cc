@@ -21,6 +21,7 @@
 #include "tests/eventually.h"
 #include "tests/fakeverbs/fake_device.h"
 #include "tests/fakeverbs/fake_verbs.h"
+#include "tests/rpc/raw_client.h"
 #include "tests/rpc/runtime_fixture.h"
 #include "transport/poller.h"
 
@@ -85,6 +86,82 @@ TEST_CASE(
   REQUIRE(Eventually([&] { return rt.server->stats().calls_in_flight == 0; }));
   REQUIRE(Eventually([&] { return zrpc::fakeverbs::counters().qps_alive == qps_before; }));
   CHECK(rt.greeter.saw_cancelled_.load() == kCalls);
+}
+
+// A connection's calls are an array in no order (server_connection.h): a call that finishes moves
+// the last one into its place, and a cancel finds its call by a scan. Calls that finish in
+// another order than they came, and cancels that come after places moved: each call ends once,
+// the cancelled ones are the ones their handlers see cancelled, nothing is left.
+TEST_CASE(
+    "calls finishing out of order, and cancels after places moved: each call answered once, "
+    "the right ones cancelled, nothing left",
+    "[server_domain]") {
+  zrpc::ServerOptions server_options;
+  server_options.handler_threads = 8;  // every call's handler runs at once
+  Runtime rt(FakeDevice(), server_options);
+  Greeter::Stub stub(rt.channel.get());
+  // Arrival order; the two long ones are cancelled once the short ones (which finish in another
+  // order than they came) have retired.
+  const std::vector<int> sleeps = {1500, 60, 240, 120, 1200, 30, 180, 90};
+  const std::vector<bool> cancelled = {true, false, false, false, true, false, false, false};
+  std::vector<std::shared_ptr<zrpc::Cancellation>> cancels;
+  std::vector<HelloReply> replies(sleeps.size());
+  std::vector<absl::Status> statuses(sleeps.size());
+  Outcomes outcomes;
+  for (size_t i = 0; i < sleeps.size(); ++i) {
+    CallOptions options = CallOptions::Timeout(absl::Seconds(20));
+    options.cancellation = std::make_shared<zrpc::Cancellation>();
+    cancels.push_back(options.cancellation);
+    stub.AsyncSayHello(Named(absl::StrCat("sleep:", sleeps[i])), &replies[i], options,
+                       [&outcomes, &statuses, i](absl::Status status) {
+                         statuses[i] = status;
+                         outcomes.Add(std::move(status));
+                       });
+  }
+  REQUIRE(Eventually([&] { return rt.greeter.hellos.load() == static_cast<int>(sleeps.size()); }));
+  REQUIRE(Eventually([&] { return outcomes.size() == 6; }));
+  for (size_t i = sleeps.size(); i-- > 0;) {
+    if (cancelled[i]) cancels[i]->Cancel();
+  }
+  REQUIRE(Eventually([&] { return outcomes.size() == sleeps.size(); }));
+  absl::MutexLock lock(&outcomes.mu);
+  for (size_t i = 0; i < sleeps.size(); ++i) {
+    INFO("call " << i << ": " << statuses[i]);
+    if (cancelled[i]) {
+      CHECK(statuses[i].code() == absl::StatusCode::kCancelled);
+    } else {
+      CHECK(statuses[i].ok());
+      CHECK(replies[i].message() == absl::StrCat("Hello, sleep:", sleeps[i]));
+    }
+  }
+  // The server heard both cancels, each for its own call: the handlers of the two long calls,
+  // and only those, see their calls cancelled when they wake.
+  CHECK(Eventually([&] { return rt.server->stats().calls_in_flight == 0; }));
+  CHECK(rt.greeter.saw_cancelled_.load() == 2);
+}
+
+// A client that reuses the id of a unary call in flight is served twice (both answers carry the
+// id, and a real client would drop the second as late): it hurts only itself, and costs no
+// lookup per call. (A stream's id must be unique: streaming_test's hostile peers.)
+TEST_CASE("a unary request reusing an id in flight is served as a call of its own",
+          "[server_domain]") {
+  Runtime rt(FakeDevice());
+  zrpc_test::RawClient raw;  // outlives the peer's poller, which reports its connection's close
+  zrpc::testing::TransportPeer peer(FakeDevice());
+  auto connection = peer.Connect(zrpc::fakeverbs::kAddress, rt.port_, &raw);
+  REQUIRE(connection.ok());
+  const uint32_t greeter = zrpc::ServiceId(Greeter::service_info().full_name);
+  for (const char* name : {"sleep:300", "sleep:10"}) {
+    REQUIRE(zrpc_test::SendRaw(**connection, zrpc::RpcHeader::Request(greeter, 0, /*call_id=*/7, 0),
+                               Named(name).SerializeAsString())
+                .ok());
+  }
+  REQUIRE(Eventually([&] { return raw.Count(zrpc::RpcKind::kResponse) == 2; }));
+  CHECK(rt.server->stats().protocol_violations == 0);
+  CHECK((*connection)->open());
+  CHECK(Eventually([&] { return rt.server->stats().calls_in_flight == 0; }));
+  (*connection)->Close();
+  CHECK(raw.closed.WaitForNotificationWithTimeout(absl::Seconds(10)));
 }
 
 TEST_CASE("Shutdown past its grace answers the calls still running, once each", "[server_domain]") {

@@ -486,8 +486,11 @@ using zrpc_test::kSquareIndex;
 using zrpc_test::RawClient;
 using zrpc_test::SendRaw;
 
-TEST_CASE("a peer past its stream's window, or writing where nobody reads, is cut off alone",
-          "[streaming][hostile]") {
+TEST_CASE(
+    "a peer past its stream's window, writing where nobody reads, or reusing an open stream's id, "
+    "is "
+    "cut off alone",
+    "[streaming][hostile]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Fixture f(config);
   Numbers::Stub stub(f.channel.get());
@@ -514,6 +517,16 @@ TEST_CASE("a peer past its stream's window, or writing where nobody reads, is cu
                 .ok());
     static_cast<void>(
         SendRaw(**connection, zrpc::RpcHeader::StreamMessage(1), number.SerializeAsString()));
+  }
+  SECTION("a second stream opened with an open stream's id") {
+    // Its frames could not be told from the first's. (A unary request reusing an id is served:
+    // server_domain_test.)
+    REQUIRE(
+        SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kDoubleIndex, 1, 0, 1)).ok());
+    REQUIRE(zrpc::testing::Eventually(
+        [&] { return raw.Count(zrpc::RpcKind::kStreamCredit) >= 1; }));  // the first is open
+    static_cast<void>(
+        SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kDoubleIndex, 1, 0, 1)));
   }
   SECTION("a second half-close") {
     // To a stream that is still live: a frame for a call that has ended is dropped (it may race
