@@ -3,7 +3,7 @@
 // every round trip does the same work and its cost can be counted exactly under
 // `valgrind --tool=callgrind` (benchmarks/count_instructions.sh reads the counts).
 //
-//   count_instructions transport|rpc [--calls N] [--warmup N] [--size B]
+//   count_instructions transport|rpc [--calls N] [--warmup N] [--size B] [--depth D]
 //
 // transport: zrpc's transport alone (transport::Connection, the echo transport_bench measures).
 // rpc: the generated Bench service's Echo, inline handler, async calls chained from their
@@ -46,38 +46,51 @@ namespace {
 using fakeverbs::FakeDevice;
 
 constexpr char kUsage[] =
-    "usage: count_instructions transport|rpc [--calls N] [--warmup N] [--size B]\n";
+    "usage: count_instructions transport|rpc [--calls N] [--warmup N] [--size B] [--depth D]\n";
 
 struct Args {
   std::string mode;
   uint64_t calls = 1000;
   uint64_t warmup = 1000;
   uint64_t size = 64;
+  uint64_t depth = 1;
 };
 
-// "phase N: CALLS calls, SENDS sends, COMPLETIONS completions": what the stand-in device carried
-// (count_instructions.sh leaves its instructions out, so this says it did the work).
-void PrintPhase(int phase, uint64_t calls, const fakeverbs::Counters& before) {
-  const fakeverbs::Counters after = fakeverbs::counters();
-  std::printf("phase %d: %llu calls, %llu sends, %llu completions\n", phase,
-              static_cast<unsigned long long>(calls),
-              static_cast<unsigned long long>(after.sends - before.sends),
-              static_cast<unsigned long long>(after.completions - before.completions));
+// "phase N: CALLS calls, SENDS sends, COMPLETIONS completions, S send doorbells, R receive
+// doorbells": what the stand-in device carried in a phase (count_instructions.sh leaves its
+// instructions out, so this says it did the work), from the counters before and after it.
+void PrintPhase(int phase, uint64_t calls, const fakeverbs::Counters& before,
+                const fakeverbs::Counters& after) {
+  std::printf(
+      "phase %d: %llu calls, %llu sends, %llu completions, %llu send doorbells, %llu receive "
+      "doorbells\n",
+      phase, static_cast<unsigned long long>(calls),
+      static_cast<unsigned long long>(after.sends - before.sends),
+      static_cast<unsigned long long>(after.completions - before.completions),
+      static_cast<unsigned long long>(after.send_posts - before.send_posts),
+      static_cast<unsigned long long>(after.recv_posts - before.recv_posts));
 }
 
 // The warm-up, then the two counted phases, each dumped (see the top of this file); false as soon
-// as `run` (N round trips) fails.
+// as `run` (N round trips) fails. The phases are printed after the last dump: a print between
+// them would be counted in the second (stdio's lock and buffer).
 bool RunPhases(const Args& args, const std::function<bool(uint64_t)>& run) {
   if (!run(args.warmup)) return false;
+  // Each phase reads the counters at its start (so both pay for one reading), and the last
+  // reading follows the last dump.
+  fakeverbs::Counters counters[3];
   for (int phase = 1; phase <= 2; ++phase) {
-    const fakeverbs::Counters before = fakeverbs::counters();
     // Dumping zeroes every cost center; CALLGRIND_ZERO_STATS leaves some (its next dump was
     // found to hold part of the warm-up). So the warm-up is dumped, and each phase after it.
     if (phase == 1) CALLGRIND_DUMP_STATS_AT("setup and warm-up");
+    counters[phase - 1] = fakeverbs::counters();
     const bool ok = run(args.calls);
-    CALLGRIND_DUMP_STATS_AT(absl::StrCat("phase ", phase).c_str());
+    CALLGRIND_DUMP_STATS_AT(phase == 1 ? "phase 1" : "phase 2");
     if (!ok) return false;
-    PrintPhase(phase, args.calls, before);
+  }
+  counters[2] = fakeverbs::counters();
+  for (int phase = 1; phase <= 2; ++phase) {
+    PrintPhase(phase, args.calls, counters[phase - 1], counters[phase]);
   }
   return true;
 }
@@ -167,8 +180,10 @@ int RunTransport(const Args& args) {
   const std::string payload(args.size, 'x');
   auto run = [&](uint64_t calls) -> bool {
     const uint64_t target = client.received_ + calls;
-    client.remaining_ = calls - 1;
-    client.error_.Update(EchoHandler::Send(**connection, payload.data(), args.size));
+    client.remaining_ = calls - args.depth;
+    for (uint64_t i = 0; i < args.depth; ++i) {
+      client.error_.Update(EchoHandler::Send(**connection, payload.data(), args.size));
+    }
     // The two pollers' passes, as their threads would run them, and nothing else: no lookup
     // of which pollers exist (DriveManualPollersOnce's lock and references) between them.
     while (client.received_ < target && client.error_.ok() && server.error_.ok()) {
@@ -222,18 +237,19 @@ int RunRpc(const Args& args) {
   Bench::Stub stub(channel->get());
   EchoMessage request;
   request.set_payload(std::string(args.size, 'x'));
-  EchoMessage reply;
+  std::vector<EchoMessage> replies(args.depth);  // one per chain
   uint64_t remaining = 0, done_calls = 0;
   absl::Status error;
-  // Each callback starts the next call, on the poller pass that ran it, with a deadline of its
-  // own, as zrpc_bench's client does (bench_client.cc): its clock read is counted too.
-  std::function<void(absl::Status)> done = [&](absl::Status status) {
+  // Each callback starts its chain's next call, on the poller pass that ran it, with a deadline
+  // of its own, as zrpc_bench's client does (bench_client.cc): its clock read is counted too.
+  std::function<void(EchoMessage*, absl::Status)> done = [&](EchoMessage* reply,
+                                                             absl::Status status) {
     ++done_calls;
     error.Update(status);
     if (status.ok() && remaining > 0) {
       --remaining;
-      stub.AsyncEcho(request, &reply, CallOptions::Timeout(absl::Seconds(60)),
-                     [&done](absl::Status next) { done(next); });
+      stub.AsyncEcho(request, reply, CallOptions::Timeout(absl::Seconds(60)),
+                     [&done, reply](absl::Status next) { done(reply, next); });
     }
   };
   // The runtimes' pollers, looked up once (see ManualPollersAlive): each pass of the loop below
@@ -241,9 +257,12 @@ int RunRpc(const Args& args) {
   std::vector<std::shared_ptr<transport::Poller>> pollers = internal::ManualPollersAlive();
   auto run = [&](uint64_t calls) -> bool {
     const uint64_t target = done_calls + calls;
-    remaining = calls - 1;
-    stub.AsyncEcho(request, &reply, CallOptions::Timeout(absl::Seconds(60)),
-                   [&done](absl::Status next) { done(next); });
+    remaining = calls - args.depth;
+    for (EchoMessage& reply : replies) {
+      EchoMessage* chain = &reply;
+      stub.AsyncEcho(request, chain, CallOptions::Timeout(absl::Seconds(60)),
+                     [&done, chain](absl::Status next) { done(chain, next); });
+    }
     while (done_calls < target && error.ok()) {
       for (const auto& poller : pollers) poller->RunOnce(absl::ZeroDuration());
     }
@@ -287,11 +306,18 @@ int main(int argc, char** argv) {
       args.warmup = value;
     } else if (flag == "--size") {
       args.size = value;
+    } else if (flag == "--depth") {
+      args.depth = value;
     } else {
       std::fprintf(stderr, "count_instructions: unknown flag %s\n%s", flag.c_str(),
                    zrpc::bench::kUsage);
       return 2;
     }
+  }
+  if (args.depth > args.calls || args.depth > args.warmup) {
+    std::fprintf(stderr, "count_instructions: --depth is more than --calls or --warmup\n%s",
+                 zrpc::bench::kUsage);
+    return 2;
   }
   if (args.mode == "transport") return zrpc::bench::RunTransport(args);
   if (args.mode == "rpc") return zrpc::bench::RunRpc(args);

@@ -14,37 +14,43 @@
 # start state off). A real device's provider would cost instructions there too (rxe's
 # post_send is a system call); they belong to the device, not to zrpc's layers.
 #
-# Usage: count_instructions.sh COUNT_INSTRUCTIONS OUT_DIR [--calls N] [--warmup N]
+# Usage: count_instructions.sh COUNT_INSTRUCTIONS OUT_DIR [--calls N] [--warmup N] [--depth D]
+#
+# --depth D keeps D round trips in flight (count_instructions' chains), so that a poller pass
+# handles batches; the doorbells (ibv_post_send and ibv_post_recv calls) per round trip show what
+# a batch shares. They are printed after the table, and written to OUT_DIR/doorbells.tsv.
 #
 # The two phases are the same work: they must agree (to 0.5 %) or the count is not exact and
 # the script fails. Needs valgrind (tools/install-deps installs it).
 set -euo pipefail
 bin=$1 out=$2
 shift 2
-calls=500 warmup=500
+calls=500 warmup=500 depth=1
 while (($#)); do
   case "$1" in
     --calls) calls=${2-} ;;
     --warmup) warmup=${2-} ;;
+    --depth) depth=${2-} ;;
     *) echo "count_instructions.sh: unknown flag $1" >&2; exit 2 ;;
   esac
   (($# >= 2)) || { echo "count_instructions.sh: $1 needs a value" >&2; exit 2; }
   shift 2
 done
-for n in "$calls" "$warmup"; do
+for n in "$calls" "$warmup" "$depth"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "count_instructions.sh: \"$n\" is not a count" >&2; exit 2; }
 done
 command -v valgrind >/dev/null || { echo "count_instructions.sh: valgrind is not installed" >&2; exit 1; }
 here=$(dirname "$(readlink -f "$0")")
 mkdir -p "$out"
-rm -f "$out"/callgrind.* "$out/counts.tsv"
+rm -f "$out"/callgrind.* "$out/counts.tsv" "$out/doorbells.tsv"
+printf 'mode\tsend doorbells\treceive doorbells\n' >"$out/doorbells.tsv"
 for mode in transport rpc; do
   valgrind --tool=callgrind --dump-instr=yes --compress-strings=no --compress-pos=no \
     --toggle-collect='zrpc::fakeverbs::entry::*' --toggle-collect=rdma_get_cm_event \
     --toggle-collect=rdma_ack_cm_event --toggle-collect=ibv_get_cq_event \
     --toggle-collect=ibv_ack_cq_events --collect-atstart=yes \
     --callgrind-out-file="$out/callgrind.$mode" "$bin" "$mode" --calls "$calls" \
-    --warmup "$warmup" >"$out/$mode.log" 2>&1 || {
+    --warmup "$warmup" --depth "$depth" >"$out/$mode.log" 2>&1 || {
     echo "count_instructions.sh: count_instructions $mode failed:" >&2
     tail -n 20 "$out/$mode.log" >&2
     exit 1
@@ -58,6 +64,9 @@ for mode in transport rpc; do
   awk -v c="$calls" -v m="$mode" '/^phase / { n++; if ($5 < 2 * c || $7 < 2 * c) bad = 1 }
     END { if (n != 2 || bad) { printf "count_instructions.sh: %s: fakeverbs did not carry the calls\n", m; exit 1 } }' \
     "$out/$mode.log" >&2
+  # Doorbells per round trip, over both phases.
+  awk -v c="$calls" -v m="$mode" '/^phase / { s += $9; r += $12 }
+    END { printf "%s\t%.3f\t%.3f\n", m, s / (2 * c), r / (2 * c) }' "$out/$mode.log" >>"$out/doorbells.tsv"
   python3 "$here/callgrind_counts.py" "$calls" "${dumps[@]}" |
     awk -v m="$mode" 'NR == 1 { print "mode\t" $0; next } { print m "\t" $0 }' >>"$out/counts.tsv.raw"
 done
@@ -91,3 +100,6 @@ awk -F'\t' '
       ratio <= 1.10 ? "met" : "MISSED"
     exit bad
   }' "$out/counts.tsv"
+awk -F'\t' -v d="$depth" 'NR > 1 {
+    printf "%s doorbells per round trip at depth %d: %.3f send, %.3f receive\n", $1, d, $2, $3
+  }' "$out/doorbells.tsv"

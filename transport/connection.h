@@ -238,6 +238,9 @@ struct ConnectionStats {
   uint64_t work_requests = 0;
   uint64_t signalled = 0;
   uint64_t doorbells = 0;
+  // RECVs posted, and the ibv_post_recv calls that posted them (a batch's go as one chain).
+  uint64_t recvs_posted = 0;
+  uint64_t recv_doorbells = 0;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -588,7 +591,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::Status EnqueueLocked(const Waiting& op, bool checked = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void MaybeSendCreditFrameLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
-  absl::Status RepostRecvLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Receive `index` goes back: into the chain PostRecvChainNowLocked posts (or, while failing, to
+  // the destructor).
+  void RepostRecvLocked(uint32_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Posts the receives RepostRecvLocked chained (recv_chain_length_ > 0), in one ibv_post_recv.
+  // Before any send (whose credits they back: PostChainLocked) and before the domain's holder
+  // lets go (ExitLocked).
+  absl::Status PostRecvChainNowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void RetireLocked(uint64_t up_to, const absl::Status& status, Events& events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void SetStateLocked(State state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
@@ -668,6 +677,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ArenaWriter arena_writer_ ABSL_GUARDED_BY(domain_){0};
   ArenaReader arena_reader_ ABSL_GUARDED_BY(domain_){0};
   // recv_slots_[i] is the pool slot of RECV i; recv_state_[i] where it is.
+  // kPosted: posted, or in recv_chain_ to be posted before this thread leaves the domain.
   enum class RecvState : uint8_t { kPosted, kHeld, kIdle };
   std::vector<uint32_t> recv_slots_;
   // A slot of the connection's own for credit frames, and whether one is in flight from it.
@@ -691,8 +701,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ibv_send_wr send_wr_ ABSL_GUARDED_BY(domain_){};
   ibv_send_wr write_wr_ ABSL_GUARDED_BY(domain_){};
   ibv_send_wr read_wr_ ABSL_GUARDED_BY(domain_){};
-  ibv_sge recv_sge_ ABSL_GUARDED_BY(domain_){};
-  ibv_recv_wr recv_wr_ ABSL_GUARDED_BY(domain_){};
+  // The receives to post (RepostRecvLocked), as one chain (PostRecvChainNowLocked): at most one
+  // entry per receive slot, so sized for all of them (CreateResources).
+  std::vector<ibv_recv_wr> recv_chain_ ABSL_GUARDED_BY(domain_);
+  uint32_t recv_chain_length_ ABSL_GUARDED_BY(domain_) = 0;
+  std::vector<ibv_sge> recv_sges_;  // receive i's scatter entry: its slot, fixed at setup
   // The chain being built (AppendLocked) and posted (PostChainLocked) within one locked section.
   ibv_send_wr chain_wrs_[kPostBatch] ABSL_GUARDED_BY(domain_){};
   ibv_sge chain_sges_[kPostBatch] ABSL_GUARDED_BY(domain_){};

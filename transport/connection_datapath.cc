@@ -255,6 +255,12 @@ void Connection::ExitLocked() {
     events.clear();
     const bool for_poller = !pending_events_.empty() || tasks_head_ != nullptr;
     if (!drops_.empty() || exits_head_ != nullptr) TakeDropsLocked(drops, exits);
+    if (recv_chain_length_ != 0) {
+      if (absl::Status s = PostRecvChainNowLocked(); !s.ok()) {
+        FailLocked(s);
+        continue;  // its events and drops
+      }
+    }
     if (domain_.TryExit()) {
       // With no loop left, the tasks run here after all (ReplayEarly takes the domain again).
       if (for_poller && !poller_.Defer(shared_from_this())) ReplayEarly();
@@ -304,6 +310,12 @@ void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
       continue;
     }
     if (!drops_.empty() || exits_head_ != nullptr) TakeDropsLocked(drops, exits);
+    if (recv_chain_length_ != 0) {
+      if (absl::Status s = PostRecvChainNowLocked(); !s.ok()) {
+        FailLocked(s);
+        continue;  // its events and drops
+      }
+    }
     if (domain_.TryExit()) {
       RunExits(exits);  // before `drops` go: the connection is alive meanwhile
       return;
@@ -820,6 +832,13 @@ void Connection::AppendLocked(const ibv_send_wr& wr, const ibv_sge& sge, uint32_
 }
 
 void Connection::PostChainLocked() {
+  // First the receives: this chain may carry the credits they back.
+  if (recv_chain_length_ != 0) {
+    if (absl::Status s = PostRecvChainNowLocked(); !s.ok()) {
+      chain_length_ = 0;  // not posted: they stay in flight, reported by the drain
+      return FailLocked(s);
+    }
+  }
   const uint32_t length = chain_length_;
   if (length == 0) return;
   chain_length_ = 0;
@@ -856,24 +875,48 @@ void Connection::MaybeSendCreditFrameLocked() {
   PostMessageLocked(control_slot_, 0, FrameKind::kCredit, 0, false, /*signal=*/true);
 }
 
-absl::Status Connection::RepostRecvLocked(uint32_t index) {
+// Receives go back in chains: the releases of a batch (or of one application thread's stay in the
+// domain) become one ibv_post_recv, one doorbell and one pass through the provider's lock. The
+// chain is posted before any send, since a send may carry the credits these receives back (the
+// peer must find them posted), and before the holder lets go of the domain.
+void Connection::RepostRecvLocked(uint32_t index) {
   if (state_ == State::kDraining || state_ == State::kClosed) {
     // Into a queue pair in the error state it would never come back flushed (rxe), and the
     // drain waits for every posted RECV: the slot waits for the destructor instead.
     recv_state_[index] = RecvState::kIdle;
-    return absl::OkStatus();
+    return;
   }
-  uint32_t slot = recv_slots_[index];
-  recv_sge_.addr = reinterpret_cast<uintptr_t>(device_.slots().data(slot));
-  recv_sge_.lkey = device_.slots().lkey(slot);
-  recv_wr_.wr_id = kRecvBit | index;
-  ibv_recv_wr* bad = nullptr;
-  if (int rc = ibv_post_recv(qp_->qp, &recv_wr_, &bad); rc != 0) {
-    return VerbsError("ibv_post_recv", rc);
-  }
+  const uint32_t i = recv_chain_length_++;
+  ibv_recv_wr& wr = recv_chain_[i];
+  wr.wr_id = kRecvBit | index;
+  wr.sg_list = &recv_sges_[index];
+  wr.num_sge = 1;
+  wr.next = nullptr;
+  if (i > 0) recv_chain_[i - 1].next = &wr;
   recv_state_[index] = RecvState::kPosted;
-  ++recvs_posted_;
-  return absl::OkStatus();
+}
+
+absl::Status Connection::PostRecvChainNowLocked() {
+  const uint32_t length = recv_chain_length_;
+  recv_chain_length_ = 0;
+  uint32_t posted = 0;
+  int rc = 0;
+  // Failing since they were chained: as in RepostRecvLocked, they wait for the destructor.
+  if (state_ != State::kDraining && state_ != State::kClosed) {
+    ibv_recv_wr* bad = nullptr;
+    rc = ibv_post_recv(qp_->qp, recv_chain_.data(), &bad);
+    // Those before `bad` were posted; from it on, none was.
+    posted = rc == 0          ? length
+             : bad == nullptr ? 0
+                              : static_cast<uint32_t>(bad - recv_chain_.data());
+    recvs_posted_ += posted;
+    stats_.recvs_posted += posted;
+    ++stats_.recv_doorbells;
+  }
+  for (uint32_t i = posted; i < length; ++i) {
+    recv_state_[recv_chain_[i].wr_id & ~kRecvBit] = RecvState::kIdle;
+  }
+  return rc == 0 ? absl::OkStatus() : VerbsError("ibv_post_recv", rc);
 }
 
 absl::Status Connection::Release(uint64_t handle) {
@@ -936,10 +979,7 @@ absl::Status Connection::ReleaseLocked(uint64_t handle) {
   auto index = static_cast<uint32_t>(handle);
   recv_state_[index] = RecvState::kIdle;
   if (state_ != State::kOpen) return absl::OkStatus();  // the slot waits for the destructor
-  if (auto s = RepostRecvLocked(index); !s.ok()) {
-    FailLocked(s);
-    return s;
-  }
+  RepostRecvLocked(index);
   credits_.OnDataRecvReposted();
   return absl::OkStatus();
 }
@@ -1096,7 +1136,7 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
     uint32_t imm = ntohl(wc.imm_data);
     absl::StatusOr<uint64_t> sequence = arena_reader_.OnArrival(imm, wc.byte_len);
     if (!sequence.ok()) return FailLocked(sequence.status());
-    if (s = RepostRecvLocked(index); !s.ok()) return FailLocked(s);
+    RepostRecvLocked(index);
     credits_.OnDataRecvReposted();
     ++stats_.bulk_received;
     Event e(Event::kBulk);
@@ -1115,7 +1155,7 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
   if (s = credits_.OnReturned(header->credits); !s.ok()) return FailLocked(s);
   if (s = arena_writer_.OnReleased(header->arena_released); !s.ok()) return FailLocked(s);
   if (header->kind == FrameKind::kCredit) {
-    if (s = RepostRecvLocked(index); !s.ok()) return FailLocked(s);
+    RepostRecvLocked(index);
     credits_.OnUpdateRecvReposted();
     return;
   }

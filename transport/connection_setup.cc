@@ -135,9 +135,6 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
   write_wr_.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   write_wr_.send_flags = IBV_SEND_SIGNALED;  // the source buffer is the caller's until done
   read_wr_.opcode = IBV_WR_RDMA_READ;
-  recv_sge_.length = static_cast<uint32_t>(device_.slots().slot_size());
-  recv_wr_.sg_list = &recv_sge_;
-  recv_wr_.num_sge = 1;
   arena_reader_ = ArenaReader(options_.arena_size);
 
   SlotPool& pool = device_.slots();
@@ -151,11 +148,12 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
     }
     recv_slots_.push_back(slot);
     recv_state_.push_back(RecvState::kIdle);
+    recv_sges_.push_back(ibv_sge{reinterpret_cast<uintptr_t>(pool.data(slot)),
+                                 static_cast<uint32_t>(pool.slot_size()), pool.lkey(slot)});
   }
-  for (uint32_t i = 0; i < options_.recv_credits; ++i) {
-    if (auto s = RepostRecvLocked(i); !s.ok()) return s;
-  }
-  return absl::OkStatus();
+  recv_chain_.resize(options_.recv_credits);
+  for (uint32_t i = 0; i < options_.recv_credits; ++i) RepostRecvLocked(i);
+  return recv_chain_length_ == 0 ? absl::OkStatus() : PostRecvChainNowLocked();
 }
 
 Hello Connection::OwnHello() const {

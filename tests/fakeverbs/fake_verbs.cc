@@ -445,6 +445,7 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
     (*hook)();
   }
   std::lock_guard<std::mutex> lock(mu);
+  ++stats.send_posts;
   auto* qp = reinterpret_cast<FakeQp*>(ibqp);
   for (; wr != nullptr; wr = wr->next) {
     if (static_cast<uint32_t>(wr->num_sge) > qp->max_send_sge) {
@@ -566,6 +567,7 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
 
 int PostRecv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   std::lock_guard<std::mutex> lock(mu);
+  ++stats.recv_posts;
   auto* qp = reinterpret_cast<FakeQp*>(ibqp);
   for (; wr != nullptr; wr = wr->next) {
     if (static_cast<uint32_t>(wr->num_sge) > qp->max_recv_sge ||

@@ -1,8 +1,9 @@
 // The send queue's economy on a real device (tag "rdma"): messages nobody waits on cost no send
-// completion, answers sent while a batch of requests is dispatched leave in one doorbell, a window
-// released by returning credits leaves in chains, and Flush/Probe still find the peer behind an
-// unsignalled tail. Counted with the connection's own stats (work requests, signalled,
-// doorbells), which count what was handed to ibv_post_send.
+// completion, answers sent while a batch of requests is dispatched leave in one doorbell (and the
+// requests' receives go back in chains), a window released by returning credits leaves in
+// chains, and Flush/Probe still find the peer behind an unsignalled tail. Counted with the
+// connection's own stats (work requests, signalled, doorbells), which count what was handed to
+// ibv_post_send.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -217,7 +218,8 @@ TEST_CASE("the answers handlers send during a batch of requests leave in one doo
   driver.join();
   REQUIRE(client.ok());
   REQUIRE(server.ok());
-  uint64_t replies = 0, doorbells = 0, credit_frames = 0, batches = 0;
+  uint64_t replies = 0, doorbells = 0, credit_frames = 0, batches = 0, recv_doorbells = 0,
+           recvs_posted = 0;
   for (int round = 0; round < kRounds; ++round) {
     const ConnectionStats before = (*server)->stats();
     for (int i = 0; i < kRequests; ++i) {
@@ -241,15 +243,26 @@ TEST_CASE("the answers handlers send during a batch of requests leave in one doo
     replies += after.messages_sent - before.messages_sent;
     doorbells += after.doorbells - before.doorbells;
     credit_frames += after.credit_frames_sent - before.credit_frames_sent;
+    recv_doorbells += after.recv_doorbells - before.recv_doorbells;
+    recvs_posted += after.recvs_posted - before.recvs_posted;
   }
-  std::printf("%lu replies in %lu batches: %lu doorbells, %lu credit frames\n",
-              static_cast<unsigned long>(replies), static_cast<unsigned long>(batches),
-              static_cast<unsigned long>(doorbells), static_cast<unsigned long>(credit_frames));
+  std::printf(
+      "%lu replies in %lu batches: %lu doorbells, %lu credit frames; %lu receives reposted with "
+      "%lu receive doorbells\n",
+      static_cast<unsigned long>(replies), static_cast<unsigned long>(batches),
+      static_cast<unsigned long>(doorbells), static_cast<unsigned long>(credit_frames),
+      static_cast<unsigned long>(recvs_posted), static_cast<unsigned long>(recv_doorbells));
   CHECK(server_handler.failures == 0);
   CHECK(replies == kRounds * kRequests);
   // One doorbell for the answers of each batch (and one for any credit frame on its own).
   CHECK(doorbells <= batches + credit_frames);
   CHECK(batches < replies);  // and the requests did come in batches
+  // The requests' receives go back in chains too: those released before the last handler's
+  // answer opened the cork go with it, the last one's at the batch's end; a credit frame from the
+  // client comes alone, and its receive goes back alone. (Before: one ibv_post_recv per receive,
+  // 33 for 32 requests and a credit frame.)
+  REQUIRE(recvs_posted >= replies);
+  CHECK(recv_doorbells <= 2 * batches + (recvs_posted - replies));
   REQUIRE(client_handler.WaitFor(
       [&] { return client_handler.message_count == uint64_t(kRounds * kRequests); }));
   {
