@@ -34,10 +34,17 @@
 // to its tick; the heap is exact, and at the capacities a connection has (thousands) its log n
 // is a handful of compares.
 //
+// Where calls live. Each in an entry of its own, in blocks the table never moves or frees before
+// it goes (entries are reused through a free list, so steady state allocates nothing); the map
+// from id holds a pointer to it. So a response completes its call in place: Take hands out the
+// entry itself (a Taken, which gives it back when it goes), not a copy moved out of the map, and
+// a done-callback that starts calls meanwhile (and grows the table) cannot move the call it runs
+// from. A call is moved once, into its entry.
+//
 // What the runtime does with what comes out. Take, TakeExpired and TakeAll each remove the call:
 // once out, its id is stale, so every call leaves the table exactly once, whichever of response,
 // deadline, cancel or failure comes first, and the loser of the race finds nothing.
-//   - Take(id) on a response: a hit is the call to complete. A miss (nullopt) is a late or
+//   - Take(id) on a response: a hit is the call to complete. A miss (empty) is a late or
 //     unknown response: the runtime still owns what arrived with it and must give it back at
 //     once (Release the receive slot, and the paired bulk payload if the header says there is
 //     one), or the peer's later messages and payloads stall behind them.
@@ -63,6 +70,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <new>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -102,11 +111,48 @@ struct TakenCall {
 // per-call state; it must be movable. Not synchronized: its connection's domain.
 template <typename T>
 class CallTable {
+  struct Entry;
+
  public:
+  // A call taken out of the table (Take): its id is stale from then on, and its entry is the
+  // holder's until this goes, which gives it back (in the domain, as every use of the table).
+  // Empty when Take found nothing.
+  class Taken {
+   public:
+    Taken() = default;
+    Taken(Taken&& other) noexcept
+        : table_(other.table_), entry_(std::exchange(other.entry_, nullptr)) {}
+    Taken& operator=(Taken&& other) noexcept {
+      Reset();
+      table_ = other.table_;
+      entry_ = std::exchange(other.entry_, nullptr);
+      return *this;
+    }
+    ~Taken() { Reset(); }
+
+    bool has_value() const { return entry_ != nullptr; }
+    explicit operator bool() const { return has_value(); }
+    T& operator*() const { return entry_->call; }
+    T* operator->() const { return &entry_->call; }
+
+   private:
+    friend class CallTable;
+    Taken(CallTable* table, Entry* entry) : table_(table), entry_(entry) {}
+    void Reset() {
+      if (entry_ != nullptr) table_->Free(std::exchange(entry_, nullptr));
+    }
+    CallTable* table_ = nullptr;
+    Entry* entry_ = nullptr;
+  };
+
   // At most `capacity` calls in flight (at least 1).
   explicit CallTable(uint32_t capacity) : capacity_(std::max<uint32_t>(capacity, 1)) {}
   CallTable(const CallTable&) = delete;
   CallTable& operator=(const CallTable&) = delete;
+  // Every Taken must have gone first.
+  ~CallTable() {
+    for (auto& [id, entry] : calls_) entry->~Entry();
+  }
 
   // Adds call `id` (never used before on this table, never 0) that ends at `deadline`
   // (InfiniteFuture: only a response, cancel or failure ends it). kResourceExhausted when
@@ -121,10 +167,9 @@ class CallTable {
           absl::StrCat(calls_.size(), " calls in flight on the connection, its capacity"));
     }
     const bool finite = deadline != absl::InfiniteFuture();
-    // try_emplace moves `call` only when it inserts.
-    if (!calls_.try_emplace(id, std::move(call), deadline).second) {
-      return absl::AlreadyExistsError(absl::StrCat("call id ", id, " is in flight"));
-    }
+    auto [it, inserted] = calls_.try_emplace(id, nullptr);
+    if (!inserted) return absl::AlreadyExistsError(absl::StrCat("call id ", id, " is in flight"));
+    it->second = Allocate(std::move(call), deadline);
     if (finite) {
       MaybeCompact();
       heap_.push_back(HeapEntry{deadline, id});
@@ -144,30 +189,30 @@ class CallTable {
   bool Visit(uint64_t id, F&& f) {
     auto it = calls_.find(id);
     if (it == calls_.end()) return false;
-    f(it->second.call);
+    f(it->second->call);
     return true;
   }
 
   // Whether call `id` is still in the table.
   bool Live(uint64_t id) const { return calls_.contains(id); }
 
-  // Removes and returns call `id`, for its response (or a cancel by the caller). nullopt when
-  // the call already ended or never existed (a late, duplicate or forged id), counted in
-  // stale_drops().
-  std::optional<T> Take(uint64_t id) {
+  // Removes call `id` and hands it out in place, for its response (or a cancel by the caller).
+  // Empty when the call already ended or never existed (a late, duplicate or forged id), counted
+  // in stale_drops().
+  Taken Take(uint64_t id) {
     auto it = calls_.find(id);
     if (it == calls_.end()) {
       stale_drops_.store(stale_drops_.load(std::memory_order_relaxed) + 1,
                          std::memory_order_relaxed);
-      return std::nullopt;
+      return Taken();
     }
-    std::optional<T> call(std::move(it->second.call));
-    if (it->second.deadline != absl::InfiniteFuture()) --live_in_heap_;
+    Entry* entry = it->second;
+    if (entry->deadline != absl::InfiniteFuture()) --live_in_heap_;
     calls_.erase(it);
     // The next deadline stays as published: at worst an ended call's, which wakes the timer
     // early, once: TakeExpired then publishes a live call's (or none).
     PublishSize();
-    return call;
+    return Taken(this, entry);
   }
 
   // Removes and returns every call whose deadline is at or before `now`, earliest first (ties by
@@ -179,7 +224,8 @@ class CallTable {
       PopHeap();
       auto it = calls_.find(id);
       if (it == calls_.end()) continue;  // answered or taken meanwhile: a dead entry
-      taken.push_back(TakenCall<T>{id, std::move(it->second.call)});
+      taken.push_back(TakenCall<T>{id, std::move(it->second->call)});
+      Free(it->second);
       --live_in_heap_;
       calls_.erase(it);
     }
@@ -195,7 +241,10 @@ class CallTable {
   std::vector<TakenCall<T>> TakeAll() {
     std::vector<TakenCall<T>> taken;
     taken.reserve(calls_.size());
-    for (auto& [id, entry] : calls_) taken.push_back(TakenCall<T>{id, std::move(entry.call)});
+    for (auto& [id, entry] : calls_) {
+      taken.push_back(TakenCall<T>{id, std::move(entry->call)});
+      Free(entry);
+    }
     calls_.clear();
     heap_.clear();
     live_in_heap_ = 0;
@@ -236,6 +285,27 @@ class CallTable {
     T call;
     absl::Time deadline;
   };
+  // Raw memory for one entry (Allocate constructs it, Free destroys it).
+  struct alignas(Entry) EntryMemory {
+    unsigned char bytes[sizeof(Entry)];
+  };
+  static constexpr size_t kBlock = 32;  // entries made at once when none is free
+
+  Entry* Allocate(T&& call, absl::Time deadline) {
+    if (free_.empty()) {
+      auto block = std::make_unique<EntryMemory[]>(kBlock);
+      free_.reserve(kBlock * (blocks_.size() + 1));  // room for every entry, at Free too
+      for (size_t i = kBlock; i-- > 0;) free_.push_back(reinterpret_cast<Entry*>(&block[i]));
+      blocks_.push_back(std::move(block));
+    }
+    Entry* memory = free_.back();
+    free_.pop_back();
+    return new (memory) Entry(std::move(call), deadline);
+  }
+  void Free(Entry* entry) {
+    entry->~Entry();
+    free_.push_back(entry);  // within the capacity Allocate reserved
+  }
   struct HeapEntry {
     absl::Time deadline;
     uint64_t id;
@@ -261,7 +331,9 @@ class CallTable {
     if (heap_.size() < 16 || heap_.size() <= 2 * live_in_heap_) return;
     heap_.clear();
     for (const auto& [id, entry] : calls_) {
-      if (entry.deadline != absl::InfiniteFuture()) heap_.push_back(HeapEntry{entry.deadline, id});
+      if (entry->deadline != absl::InfiniteFuture()) {
+        heap_.push_back(HeapEntry{entry->deadline, id});
+      }
     }
     std::make_heap(heap_.begin(), heap_.end(), Later());
   }
@@ -273,7 +345,9 @@ class CallTable {
   }
 
   const uint32_t capacity_;
-  absl::flat_hash_map<uint64_t, Entry> calls_;
+  absl::flat_hash_map<uint64_t, Entry*> calls_;
+  std::vector<std::unique_ptr<EntryMemory[]>> blocks_;  // every entry's memory
+  std::vector<Entry*> free_;                            // entries not in use
   std::vector<HeapEntry> heap_;  // min-heap on (deadline, id), with dead entries
   size_t live_in_heap_ = 0;
   std::atomic<size_t> published_size_{0};

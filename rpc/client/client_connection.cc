@@ -380,7 +380,7 @@ void ClientConnection::StartInDomain(StartRequest& start) {
   }
   // Not sent: the call ends here, unless something else took it from the table first (the
   // connection failing under the send, whose OnClosed comes in this domain too).
-  if (std::optional<ClientCall> taken = calls_.Take(id)) {
+  if (CallTable<ClientCall>::Taken taken = calls_.Take(id)) {
     if (sent.code() == absl::StatusCode::kFailedPrecondition ||
         sent.code() == absl::StatusCode::kCancelled) {
       sent = absl::UnavailableError(sent.message());
@@ -455,7 +455,7 @@ void ClientConnection::SendWaiting() {
         SendMessage(*connection_, buffer, next->header, next->body_size, std::move(next->bulk),
                     std::move(next->large_body), next->deadline, next->gate);
     if (sent.ok()) continue;
-    if (std::optional<ClientCall> taken = calls_.Take(next->id)) {
+    if (CallTable<ClientCall>::Taken taken = calls_.Take(next->id)) {
       // As Start's: the connection closing (or closed) is UNAVAILABLE.
       const absl::StatusCode code = sent.code() == absl::StatusCode::kFailedPrecondition ||
                                             sent.code() == absl::StatusCode::kCancelled
@@ -517,7 +517,7 @@ void ClientConnection::AbortCall(uint64_t id, absl::Status status) {
 }
 
 void ClientConnection::AbortInDomain(uint64_t id, absl::Status status, bool tell_server) {
-  std::optional<ClientCall> call = calls_.Take(id);
+  CallTable<ClientCall>::Taken call = calls_.Take(id);
   if (!call) return;
   if (tell_server) {
     if (call->gate) Withdraw(*connection_, id, *call->gate);
@@ -859,7 +859,7 @@ void ClientConnection::OnMessage(transport::Connection& connection,
     if (!pulling.ok()) {
       Discard(connection, *incoming);
       static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
-      if (std::optional<ClientCall> call = calls_.Take(id)) {
+      if (CallTable<ClientCall>::Taken call = calls_.Take(id)) {
         call->End(absl::Status(pulling.code(), absl::StrCat(call->method->full_name,
                                                             ": response: ", pulling.message())));
       }
@@ -928,7 +928,7 @@ void ClientConnection::OnPulled(transport::Connection& connection, IncomingMessa
 }
 
 void ClientConnection::Deliver(transport::Connection& connection, IncomingMessage& message) {
-  std::optional<ClientCall> call = calls_.Take(message.header.call_id);
+  CallTable<ClientCall>::Taken call = calls_.Take(message.header.call_id);
   if (!call) {
     // Its call already ended (deadline, failure) or never existed: give back what it holds now,
     // so the server's later messages and payloads do not queue behind it.

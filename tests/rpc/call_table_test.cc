@@ -5,6 +5,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -17,6 +18,14 @@ using zrpc::CallTable;
 using zrpc::TakenCall;
 
 const absl::Time kT0 = absl::FromUnixSeconds(1'800'000'000);
+
+// Take's call as a value (its entry goes back to the table at once), or nullopt.
+template <typename T>
+std::optional<T> Took(CallTable<T>& table, uint64_t id) {
+  typename CallTable<T>::Taken taken = table.Take(id);
+  if (!taken) return std::nullopt;
+  return std::move(*taken);
+}
 
 template <typename T>
 std::vector<int> Values(const std::vector<TakenCall<T>>& taken) {
@@ -71,7 +80,7 @@ TEST_CASE("a call is found by its id until it is taken, and a taken id stays sta
   CHECK(table.published_size() == 1000);
   for (size_t i = 0; i < inserted.size(); ++i) {
     CHECK(table.Live(inserted[i]));
-    std::optional<int> call = table.Take(inserted[i]);
+    std::optional<int> call = Took(table, inserted[i]);
     REQUIRE(call.has_value());
     CHECK(*call == static_cast<int>(i));
     CHECK(!table.Live(inserted[i]));
@@ -82,11 +91,11 @@ TEST_CASE("a call is found by its id until it is taken, and a taken id stays sta
   // Late responses: ids that were calls, one never used, 0. None matches a later call.
   const uint64_t later = ids.NextInDomain();
   REQUIRE(table.Insert(later, int{-1}, absl::InfiniteFuture()).ok());
-  for (uint64_t old : inserted) CHECK(!table.Take(old).has_value());
-  CHECK(!table.Take(0).has_value());
-  CHECK(!table.Take(~uint64_t{0}).has_value());
+  for (uint64_t old : inserted) CHECK(!Took(table, old).has_value());
+  CHECK(!Took(table, 0).has_value());
+  CHECK(!Took(table, ~uint64_t{0}).has_value());
   CHECK(table.stale_drops() == inserted.size() + 2);
-  CHECK(table.Take(later) == -1);
+  CHECK(Took(table, later) == -1);
 }
 
 TEST_CASE("the table refuses calls beyond its capacity, and an id in flight twice",
@@ -102,7 +111,7 @@ TEST_CASE("the table refuses calls beyond its capacity, and an id in flight twic
   REQUIRE(kept != nullptr);  // a refused call is left to its caller, who must still fail it
   CHECK(*kept == 4);
   CHECK(table.size() == 3);
-  std::optional<std::unique_ptr<int>> taken = table.Take(2);
+  CallTable<std::unique_ptr<int>>::Taken taken = table.Take(2);
   REQUIRE(taken.has_value());
   CHECK(**taken == 2);
   absl::Status twice = table.Insert(3, std::move(kept), absl::InfiniteFuture());
@@ -127,7 +136,7 @@ TEST_CASE("Insert says when a call's deadline becomes the next one", "[call_tabl
   CHECK(table.NextDeadline() == kT0 + absl::Seconds(1));
   CHECK(table.published_next_deadline() == kT0 + absl::Seconds(1));
   // Once call 13 is answered, the next is 5 s, past the dead entry at 1 s.
-  REQUIRE(table.Take(13) == 3);
+  REQUIRE(Took(table, 13) == 3);
   CHECK(table.published_next_deadline() == kT0 + absl::Seconds(1));  // early, never late
   REQUIRE(table.NextDeadline() == kT0 + absl::Seconds(5));
   CHECK(table.published_next_deadline() == kT0 + absl::Seconds(5));
@@ -144,13 +153,13 @@ TEST_CASE("after TakeExpired the published deadline is a live call's, past answe
   for (int i = 1; i <= 40; ++i) {
     REQUIRE(table.Insert(uint64_t(i), int{i}, kT0 + absl::Milliseconds(i)).ok());
   }
-  for (int i = 1; i <= 39; ++i) REQUIRE(table.Take(uint64_t(i)) == i);    // answered
+  for (int i = 1; i <= 39; ++i) REQUIRE(Took(table, uint64_t(i)) == i);   // answered
   CHECK(table.published_next_deadline() == kT0 + absl::Milliseconds(1));  // early, never late
   // The timer wakes at 1 ms: nothing expired, and the next wake-up is the live call's 40 ms.
   CHECK(table.TakeExpired(kT0 + absl::Milliseconds(1)).empty());
   CHECK(table.published_next_deadline() == kT0 + absl::Milliseconds(40));
   CHECK(table.heap_size() == 1);
-  REQUIRE(table.Take(40) == 40);
+  REQUIRE(Took(table, 40) == 40);
   CHECK(table.TakeExpired(kT0 + absl::Milliseconds(2)).empty());
   CHECK(table.published_next_deadline() == absl::InfiniteFuture());
 }
@@ -171,11 +180,11 @@ TEST_CASE("calls expire in deadline order, and NextDeadline says when", "[call_t
   CHECK(Values(table.TakeExpired(kT0 + absl::Seconds(1))) == std::vector<int>{1});
   CHECK(table.NextDeadline() == kT0 + absl::Seconds(2));
   // A call answered before its deadline leaves the deadline order too.
-  CHECK(table.Take(102) == 2);
+  CHECK(Took(table, 102) == 2);
   CHECK(table.NextDeadline() == kT0 + absl::Seconds(2));  // call 122
   CHECK(Values(table.TakeExpired(kT0 + absl::Milliseconds(3500))) == std::vector<int>{22, 3});
   CHECK(table.NextDeadline() == kT0 + absl::Seconds(4));
-  CHECK(table.Take(102) == std::nullopt);
+  CHECK(Took(table, 102) == std::nullopt);
   CHECK(table.size() == 2);
 
   // Infinite deadlines never expire, not even at the end of time.
@@ -195,7 +204,7 @@ TEST_CASE("same deadlines expire by id, and a taken call never comes out of Take
   for (uint64_t id : {7, 3, 5, 1}) {
     REQUIRE(table.Insert(id, static_cast<int>(id), kT0).ok());
   }
-  REQUIRE(table.Take(5) == 5);
+  REQUIRE(Took(table, 5) == 5);
   CHECK(Values(table.TakeExpired(kT0)) == std::vector<int>{1, 3, 7});
 }
 
@@ -212,7 +221,7 @@ TEST_CASE("answered calls do not pile up in the deadline heap", "[call_table]") 
       live.push_back(id);
     } else {
       std::swap(live[rng() % live.size()], live.back());
-      REQUIRE(table.Take(live.back()).has_value());
+      REQUIRE(Took(table, live.back()).has_value());
       live.pop_back();
     }
     most = std::max(most, table.heap_size());
@@ -250,7 +259,7 @@ TEST_CASE("every call leaves the table exactly once, however it ends", "[call_ta
       }
     } else if (action < 8 && !live.empty()) {
       std::swap(live[rng() % live.size()], live.back());
-      std::optional<int> call = table.Take(live.back());
+      std::optional<int> call = Took(table, live.back());
       if (call) ++ended[*call];
       gone.push_back(live.back());
       live.pop_back();
@@ -272,6 +281,49 @@ TEST_CASE("every call leaves the table exactly once, however it ends", "[call_ta
     }
   }
   for (int count : ended) REQUIRE(count == 1);
-  for (uint64_t id : gone) REQUIRE(!table.Take(id).has_value());
+  for (uint64_t id : gone) REQUIRE(!Took(table, id).has_value());
   CHECK(table.size() == 0);
+}
+
+// A response completes its call in place (call_table.h, "Where calls live"): the call handed out
+// by Take stays where it is, with its value, while the done-callback it runs starts calls that
+// grow the table past a block of entries; its entry is reused only once the Taken has gone, and a
+// table that has grown makes no new entries for calls that fit in the ones it has.
+TEST_CASE("a taken call stays in place while the table grows; its entry is reused after it goes",
+          "[call_table]") {
+  CallTable<std::unique_ptr<int>> table(1000);
+  REQUIRE(table.Insert(1, std::make_unique<int>(1), kT0 + absl::Seconds(1)).ok());
+  CallTable<std::unique_ptr<int>>::Taken taken = table.Take(1);
+  REQUIRE(taken);
+  std::unique_ptr<int>* const where = &*taken;
+  const int* const value = taken->get();
+  std::set<const std::unique_ptr<int>*> entries;
+  for (uint64_t id = 2; id < 2 + 100; ++id) {  // three blocks and more
+    REQUIRE(
+        table.Insert(id, std::make_unique<int>(static_cast<int>(id)), absl::InfiniteFuture()).ok());
+    table.Visit(id, [&](std::unique_ptr<int>& call) { entries.insert(&call); });
+  }
+  CHECK(&*taken == where);  // not moved, not reused
+  CHECK(taken->get() == value);
+  CHECK(**taken == 1);
+  CHECK(entries.count(where) == 0);
+  CHECK(entries.size() == 100);
+  // Moving the handle moves the claim, not the call.
+  CallTable<std::unique_ptr<int>>::Taken moved = std::move(taken);
+  CHECK(!taken.has_value());
+  CHECK(&*moved == where);
+  moved = CallTable<std::unique_ptr<int>>::Taken();  // gone: the entry is the table's again
+  // The 101 entries made serve 101 calls in flight again: none is new.
+  for (uint64_t id = 2; id < 2 + 100; ++id) {
+    std::optional<std::unique_ptr<int>> call = Took(table, id);
+    REQUIRE(call.has_value());
+    CHECK(**call == static_cast<int>(id));
+  }
+  std::set<const std::unique_ptr<int>*> reused;
+  for (uint64_t id = 200; id < 200 + 101; ++id) {
+    REQUIRE(table.Insert(id, std::make_unique<int>(0), absl::InfiniteFuture()).ok());
+    table.Visit(id, [&](std::unique_ptr<int>& call) { reused.insert(&call); });
+  }
+  entries.insert(where);
+  CHECK(reused == entries);
 }
