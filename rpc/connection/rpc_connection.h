@@ -153,7 +153,10 @@ class ReceiveLimits {
         side_(std::move(side)) {}
   // kResourceExhausted, naming the option, for a message larger than max_message_size.
   // `what` names the message ("request", "response").
-  absl::Status CheckMessage(uint64_t size, absl::string_view what) const;
+  // Inline: every message is checked, and almost all fit.
+  absl::Status CheckMessage(uint64_t size, absl::string_view what) const {
+    return size <= max_message_size_ ? absl::OkStatus() : MessageTooLarge(size, what);
+  }
   uint64_t max_message_size() const { return max_message_size_; }
   // Takes `bytes` for one pulled payload, of which `bulk_bytes` are a bulk payload (the rest a
   // large body: CheckMessage covers it); kResourceExhausted naming the option over its limit.
@@ -164,6 +167,9 @@ class ReceiveLimits {
   uint64_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
 
  private:
+  // CheckMessage's error.
+  absl::Status MessageTooLarge(uint64_t size, absl::string_view what) const;
+
   const uint64_t max_message_size_;
   const uint64_t max_bulk_size_;
   const uint64_t budget_;

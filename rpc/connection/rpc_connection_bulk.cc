@@ -125,8 +125,7 @@ bool BulkGate::Hold(std::unique_ptr<ExposedPayload>& source) {
   return true;
 }
 
-absl::Status ReceiveLimits::CheckMessage(uint64_t size, absl::string_view what) const {
-  if (size <= max_message_size_) return absl::OkStatus();
+absl::Status ReceiveLimits::MessageTooLarge(uint64_t size, absl::string_view what) const {
   return absl::ResourceExhaustedError(absl::StrCat("a ", size, "-byte ", what, " exceeds the ",
                                                    max_message_size_, " bytes ", side_,
                                                    "::max_message_size allows"));
