@@ -274,6 +274,10 @@ void ServerConnection::Retire(ServerCallImpl* call) {
 
 ServerCallImpl* ServerConnection::FindCall(uint64_t id) const {
   if (auto it = streams_.find(id); it != streams_.end()) return it->second;
+  return FindScanned(id);
+}
+
+ServerCallImpl* ServerConnection::FindScanned(uint64_t id) const {
   for (ServerCallImpl* call : calls_) {
     if (call->call_id() == id) return call;
   }

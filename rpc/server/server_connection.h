@@ -87,8 +87,11 @@ class ServerConnection final : public RpcConnection,
   void HandleCancel(transport::Connection& connection, const IncomingMessage& cancel);
   // A stream message, half-close or credit from the client.
   void HandleStreamFrame(transport::Connection& connection, const IncomingMessage& frame);
-  // The call in flight with id `id` (the first, should a client reuse ids), or null.
+  // The call in flight with id `id` (a stream's first; one of them, in no set order, should a
+  // client reuse a unary call's id), or null. FindCall looks among the streams, then scans;
+  // FindScanned only scans (the caller looked among the streams already).
   ServerCallImpl* FindCall(uint64_t id) const;
+  ServerCallImpl* FindScanned(uint64_t id) const;
 
   ServerImpl& server_;
   PoolQueue pool_queue_;  // this connection's turn in the handler pool (handler_pool.h)

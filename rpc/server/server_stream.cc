@@ -234,7 +234,7 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
   if (auto it = streams_.find(id); it != streams_.end()) {  // in the domain: the poller's batch
     stream = it->second->stream();
     metrics = &it->second->metrics_;
-  } else if (FindCall(id) == nullptr) {
+  } else if (FindScanned(id) == nullptr) {
     // The call finished while the frame travelled (the client learns with the call's status).
     Discard(connection, frame);
     return;
