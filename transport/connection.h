@@ -598,6 +598,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Before any send (whose credits they back: PostChainLocked) and before the domain's holder
   // lets go (ExitLocked).
   absl::Status PostRecvChainNowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Posts the chain if there is one (inline: most calls find none); false when posting failed,
+  // which failed the connection.
+  bool RecvChainPostedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_) {
+    if (recv_chain_length_ == 0) return true;
+    absl::Status s = PostRecvChainNowLocked();
+    if (s.ok()) return true;
+    FailLocked(s);
+    return false;
+  }
   void RetireLocked(uint64_t up_to, const absl::Status& status, Events& events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void SetStateLocked(State state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);

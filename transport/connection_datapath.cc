@@ -255,12 +255,7 @@ void Connection::ExitLocked() {
     events.clear();
     const bool for_poller = !pending_events_.empty() || tasks_head_ != nullptr;
     if (!drops_.empty() || exits_head_ != nullptr) TakeDropsLocked(drops, exits);
-    if (recv_chain_length_ != 0) {
-      if (absl::Status s = PostRecvChainNowLocked(); !s.ok()) {
-        FailLocked(s);
-        continue;  // its events and drops
-      }
-    }
+    if (!RecvChainPostedLocked()) continue;  // failed: its events and drops
     if (domain_.TryExit()) {
       // With no loop left, the tasks run here after all (ReplayEarly takes the domain again).
       if (for_poller && !poller_.Defer(shared_from_this())) ReplayEarly();
@@ -310,12 +305,7 @@ void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
       continue;
     }
     if (!drops_.empty() || exits_head_ != nullptr) TakeDropsLocked(drops, exits);
-    if (recv_chain_length_ != 0) {
-      if (absl::Status s = PostRecvChainNowLocked(); !s.ok()) {
-        FailLocked(s);
-        continue;  // its events and drops
-      }
-    }
+    if (!RecvChainPostedLocked()) continue;  // failed: its events and drops
     if (domain_.TryExit()) {
       RunExits(exits);  // before `drops` go: the connection is alive meanwhile
       return;
@@ -420,10 +410,7 @@ ConnectionStats Connection::StatsLocked() const {
 }
 
 ConnectionStats Connection::stats() const {
-  if (InDomain()) {
-    domain_.AssertHeld();
-    return StatsLocked();
-  }
+  if (std::optional<ConnectionStats> stats = TryStats()) return *stats;
   EnterWaiting();
   ConnectionStats stats = StatsLocked();
   const_cast<Connection*>(this)->ExitLocked();
@@ -833,11 +820,9 @@ void Connection::AppendLocked(const ibv_send_wr& wr, const ibv_sge& sge, uint32_
 
 void Connection::PostChainLocked() {
   // First the receives: this chain may carry the credits they back.
-  if (recv_chain_length_ != 0) {
-    if (absl::Status s = PostRecvChainNowLocked(); !s.ok()) {
-      chain_length_ = 0;  // not posted: they stay in flight, reported by the drain
-      return FailLocked(s);
-    }
+  if (!RecvChainPostedLocked()) {
+    chain_length_ = 0;  // not posted: they stay in flight, reported by the drain
+    return;
   }
   const uint32_t length = chain_length_;
   if (length == 0) return;

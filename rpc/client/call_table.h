@@ -72,7 +72,6 @@
 #include <functional>
 #include <memory>
 #include <new>
-#include <optional>
 #include <utility>
 #include <vector>
 
