@@ -134,6 +134,7 @@ std::string ReservedPackageReason(const std::string& package) {
                                                       "ClientWriter",
                                                       "CreateChannel",
                                                       "DeadlineFromWire",
+                                                      "DeadlineNanosFromWire",
                                                       "DecodeErrorBody",
                                                       "DecodeLayout",
                                                       "DecodePullDescriptor",
@@ -207,6 +208,7 @@ std::string ReservedPackageReason(const std::string& package) {
                                                       "StreamCallback",
                                                       "TakenCall",
                                                       "TimeoutToWire",
+                                                      "TimeoutToWireNanos",
                                                       "transport"};
   if (parts[0] == "zrpc" && (parts.size() == 1 || kRuntimeNames.count(parts[1]) > 0)) {
     return "the namespace " + (parts.size() == 1 ? "zrpc" : "zrpc::" + parts[1]) +

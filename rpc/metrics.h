@@ -208,6 +208,9 @@ class MethodMetrics {
   // A call ended with `code` after `latency` (client: issue to completion; server: dispatch to
   // response sent). Every OnStart should be matched by exactly one OnFinish.
   void OnFinish(absl::StatusCode code, absl::Duration latency);
+  // The same with the latency in nanoseconds (negative counts as 0): the runtime's form, which
+  // converts nothing.
+  void OnFinishNanos(absl::StatusCode code, int64_t latency_nanos);
 
   // Serialized message bytes, and bulk payload bytes, moved for this method. Zeros cost nothing.
   void AddMessageBytes(uint64_t sent, uint64_t received) {

@@ -529,7 +529,7 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
       impl_->Pick(timing.deadline, &waited);
   if (!connection.ok()) return connection.status();
   // Connecting took time: the request's remaining time (the wire's) is counted from now.
-  if (waited) timing.now = internal::CallClockRefresh();
+  if (waited) timing.now_nanos = internal::CallClockRefreshNanos();
   transport::Connection& c = (*connection)->connection();
   if (absl::Status fits = (*connection)->limits().CheckMessage(size, "request"); !fits.ok()) {
     return fits;
@@ -546,8 +546,8 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
                 c, !runtime_thread, [&timing, client]() -> absl::Status {
                   if (client->closed()) return absl::UnavailableError("the connection is closing");
                   // Only a wait asks: the clock is read again only then.
-                  timing.now = internal::CallClockRefresh();
-                  if (timing.now >= timing.deadline) {
+                  timing.now_nanos = internal::CallClockRefreshNanos();
+                  if (absl::FromUnixNanos(timing.now_nanos) >= timing.deadline) {
                     return absl::DeadlineExceededError(
                         "the deadline passed while waiting for a send slot (every one is in "
                         "flight)");

@@ -39,7 +39,10 @@ void ClientCall::End(absl::Status status) {
       return;
     }
   }
-  if (metrics != nullptr) metrics->OnFinish(status.code(), CallClockNow() - start);
+  if (metrics != nullptr) {
+    metrics->OnFinishNanos(status.ok() ? absl::StatusCode::kOk : status.code(),
+                           CallClockNanos() - start_nanos);
+  }
   done(std::move(status));
 }
 
@@ -52,12 +55,13 @@ void ClientConnection::Attach(std::shared_ptr<transport::Connection> connection)
 
 CallTiming StartTiming(const CallOptions& options) {
   CallTiming timing;
-  timing.start = timing.now = CallClockNow();
+  timing.start_nanos = timing.now_nanos = CallClockNanos();
+  const absl::Time start = absl::FromUnixNanos(timing.start_nanos);
   if (options.timeout != absl::InfiniteDuration()) {
-    timing.deadline = timing.start + std::max(options.timeout, absl::ZeroDuration());
+    timing.deadline = start + std::max(options.timeout, absl::ZeroDuration());
   }
   if (options.deadline != absl::InfiniteFuture()) {
-    timing.deadline = std::min(timing.deadline, ToMonotonic(options.deadline, timing.start));
+    timing.deadline = std::min(timing.deadline, ToMonotonic(options.deadline, start));
   }
   return timing;
 }
@@ -100,7 +104,7 @@ struct ClientConnection::StartRequest {
   ClientCall& call;
   const std::shared_ptr<Cancellation>& cancellation;
   absl::Time deadline;
-  absl::Time now;  // the call clock's reading at the call's start
+  int64_t now_nanos;  // the call clock's reading at the call's start
   uint16_t stream_window;
   // Where an application thread's start puts its stream, to be marked opened after the exit
   // (StartCall::AfterExit); null where it is marked at once (a runtime thread).
@@ -116,7 +120,7 @@ struct ClientConnection::StartCall final : transport::DomainTask, transport::Exi
     StartRequest request{id,           service_id, has_buffer ? &buffer : nullptr,
                          waiting_body, body_size,  large_body,
                          bulk,         call,       cancellation,
-                         deadline,     now,        stream_window,
+                         deadline,     now_nanos,  stream_window,
                          &opened};
     hold->StartInDomain(request);
     hold->connection_->RunAfterExit(*this);
@@ -153,7 +157,7 @@ struct ClientConnection::StartCall final : transport::DomainTask, transport::Exi
   ClientCall call;
   std::shared_ptr<Cancellation> cancellation;
   absl::Time deadline;
-  absl::Time now;  // the call clock's reading at the call's start
+  int64_t now_nanos;  // the call clock's reading at the call's start
   uint16_t stream_window = 0;
   std::shared_ptr<StreamState> opened;  // to mark opened after the exit (StartRequest)
 };
@@ -223,8 +227,8 @@ uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffe
                                  const CallTiming& timing, uint16_t stream_window) {
   // The call's times were fixed at its start (CallTiming): no clock read here, and the request's
   // remaining time goes on the wire from the same reading (unless staging defers it).
-  const absl::Time now = timing.now;
-  call.start = timing.start;
+  const int64_t now = timing.now_nanos;
+  call.start_nanos = timing.start_nanos;
   if (call.metrics != nullptr) {
     call.metrics->OnStart();
     call.metrics->AddMessageBytes(body_size + large_body.size(), 0);
@@ -240,7 +244,7 @@ uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffe
   }
   // Refused before the domain, on the caller's thread, as a call that never started.
   absl::Status refused;
-  if (timing.deadline <= now) {
+  if (timing.deadline <= absl::FromUnixNanos(now)) {
     refused = absl::DeadlineExceededError(
         absl::StrCat(call.method->full_name, ": the deadline passed before the call was sent"));
   } else if (options.cancellation != nullptr && options.cancellation->cancelled()) {
@@ -278,7 +282,7 @@ uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffe
   start->call = std::move(call);
   start->cancellation = options.cancellation;
   start->deadline = timing.deadline;
-  start->now = now;
+  start->now_nanos = now;
   start->stream_window = stream_window;
   start->hold = shared_from_this();
   RunTask(start);
@@ -286,7 +290,7 @@ uint64_t ClientConnection::Begin(uint32_t service_id, const transport::SendBuffe
 }
 
 void ClientConnection::StartInDomain(StartRequest& start) {
-  const CallClockScope clock(start.now);
+  const CallClockScope clock(start.now_nanos);
   ClientCall& call = start.call;
   const char* method_name = call.method->full_name;
   BulkGate* const gate = call.gate.get();  // the call (in the table) keeps it alive
@@ -310,9 +314,10 @@ void ClientConnection::StartInDomain(StartRequest& start) {
   // A keepalive asks how long the server takes to answer, so its time counts from here, where it
   // is sent: a start left in the domain (the timer's, while another thread held it) waited for
   // that thread and then for the poller, time that says nothing about the server.
-  const absl::Time deadline = start.service_id == kKeepaliveServiceId
-                                  ? CallClockRefresh() + (start.deadline - start.now)
-                                  : start.deadline;
+  const absl::Time deadline =
+      start.service_id == kKeepaliveServiceId
+          ? CallClockRefresh() + (start.deadline - absl::FromUnixNanos(start.now_nanos))
+          : start.deadline;
   if (absl::Status inserted = calls_.Insert(start.id, std::move(call), deadline); !inserted.ok()) {
     return fail(absl::ResourceExhaustedError(
         absl::StrCat(method_name, ": ", inserted.message(), " (max_calls_per_connection)")));
@@ -806,29 +811,29 @@ void ClientConnection::OnMessage(transport::Connection& connection,
                                  const transport::ReceivedMessage& message) {
   // One writer, the connection's poller (in its batch): a load and a store, no atomic add.
   received_.store(received_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  absl::StatusOr<IncomingMessage> incoming = Receive(connection, message);
-  if (!incoming.ok()) return;
-  const RpcKind kind = incoming->header.kind;
+  IncomingMessage incoming;
+  if (!Receive(connection, message, &incoming)) return;
+  const RpcKind kind = incoming.header.kind;
   if (kind == RpcKind::kPulled) {
     // The server has READ the request's payload: no longer exposed.
-    Discard(connection, *incoming);
-    ServerPulled(incoming->header.call_id);
+    Discard(connection, incoming);
+    ServerPulled(incoming.header.call_id);
     return;
   }
   if (kind == RpcKind::kStreamMessage || kind == RpcKind::kStreamCredit) {
-    return OnStreamFrame(connection, *incoming);
+    return OnStreamFrame(connection, incoming);
   }
   if (kind != RpcKind::kResponse && kind != RpcKind::kError) {
-    Discard(connection, *incoming);
+    Discard(connection, incoming);
     return Violation(connection, absl::StrCat("a server sent message kind ", static_cast<int>(kind),
                                               "; a client takes responses, errors, pulled and "
                                               "stream messages and credits"));
   }
   // Answered: the server is done with the request's payload (it answers only after its READ,
   // or without one), whether the call is still waiting or not.
-  ServerPulled(incoming->header.call_id);
-  if (incoming->pulls()) {
-    const uint64_t id = incoming->header.call_id;
+  ServerPulled(incoming.header.call_id);
+  if (incoming.pulls()) {
+    const uint64_t id = incoming.header.call_id;
     BulkDestination destination;
     std::shared_ptr<BulkGate> landing;
     const bool live = calls_.Visit(id, [&](ClientCall& call) {
@@ -839,25 +844,25 @@ void ClientConnection::OnMessage(transport::Connection& connection,
       // Late: its call already ended (deadline, cancel). Nothing is pulled; the server stops
       // exposing it.
       owner_.CountLateResponse();
-      Discard(connection, *incoming);
+      Discard(connection, incoming);
       static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
       return;
     }
-    absl::Status pulling = limits().CheckMessage(incoming->body_size(), "response");
-    if (pulling.ok() && landing && incoming->bulk_size() > destination.size()) {
+    absl::Status pulling = limits().CheckMessage(incoming.body_size(), "response");
+    if (pulling.ok() && landing && incoming.bulk_size() > destination.size()) {
       pulling = absl::ResourceExhaustedError(absl::StrCat(
-          "a ", incoming->bulk_size(), "-byte payload does not fit the ", destination.size(),
+          "a ", incoming.bulk_size(), "-byte payload does not fit the ", destination.size(),
           "-byte CallOptions::response_destination; nothing was written"));
     }
     if (!pulling.ok()) {
       if (landing) landing->Released();
     } else if (!landing) {
-      pulling = StartPull(connection, *incoming);
+      pulling = StartPull(connection, incoming);
     } else {
-      pulling = StartPullInto(connection, *incoming, destination, landing);
+      pulling = StartPullInto(connection, incoming, destination, landing);
     }
     if (!pulling.ok()) {
-      Discard(connection, *incoming);
+      Discard(connection, incoming);
       static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
       if (CallTable<ClientCall>::Taken call = calls_.Take(id)) {
         call->End(absl::Status(pulling.code(), absl::StrCat(call->method->full_name,
@@ -866,7 +871,7 @@ void ClientConnection::OnMessage(transport::Connection& connection,
     }
     return;  // OnPulled goes on
   }
-  Deliver(connection, *incoming);
+  Deliver(connection, incoming);
 }
 
 void ClientConnection::OnStreamFrame(transport::Connection& connection, IncomingMessage& message) {

@@ -112,7 +112,7 @@ struct ClientCall {
   IncomingBulk* response_bulk = nullptr;
   DoneCallback done;
   MethodMetrics* metrics = nullptr;  // null for the runtime's own calls (keepalive)
-  absl::Time start;
+  int64_t start_nanos = 0;           // monotonic (monotonic.h): its metrics count from here
   // For a call with a request payload: the payload's release opens it (rpc_connection.h).
   std::shared_ptr<BulkGate> gate;
   // For a call whose response payload lands in the caller's memory (CallOptions::
@@ -134,8 +134,8 @@ extern const MethodInfo kKeepalivePing;  // of kKeepaliveService (rpc_connection
 // A call's times, monotonic (monotonic.h), fixed where the call starts (the channel's
 // AcquireSendSlot): the one clock reading a call takes (rpc/common/call_clock.h).
 struct CallTiming {
-  absl::Time start;                              // the call began: its metrics count from here
-  absl::Time now;                                // the latest reading (after a wait, a new one)
+  int64_t start_nanos = 0;                       // the call began: its metrics count from here
+  int64_t now_nanos = 0;                         // the latest reading (after a wait, a new one)
   absl::Time deadline = absl::InfiniteFuture();  // StartTiming
 };
 

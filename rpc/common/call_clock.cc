@@ -10,30 +10,30 @@ namespace {
 
 struct ThreadClock {
   uint64_t batch = 0;  // the poller batch `batch_now` was read in (0: none)
-  absl::Time batch_now;
+  int64_t batch_now = 0;
   bool scoped = false;  // inside a CallClockScope, whose reading is `scope_now`
-  absl::Time scope_now;
+  int64_t scope_now = 0;
 };
 thread_local ThreadClock thread_clock;
 
 }  // namespace
 
-absl::Time CallClockNow() {
+int64_t CallClockNanos() {
   ThreadClock& c = thread_clock;
   if (const uint64_t batch = transport::Poller::CurrentBatch(); batch != 0) {
     if (c.batch != batch) {
       c.batch = batch;
-      c.batch_now = MonotonicNow();
+      c.batch_now = MonotonicNanos();
     }
     return c.batch_now;
   }
   if (c.scoped) return c.scope_now;
-  return MonotonicNow();
+  return MonotonicNanos();
 }
 
-absl::Time CallClockRefresh() {
+int64_t CallClockRefreshNanos() {
   ThreadClock& c = thread_clock;
-  const absl::Time now = MonotonicNow();
+  const int64_t now = MonotonicNanos();
   if (const uint64_t batch = transport::Poller::CurrentBatch(); batch != 0) {
     c.batch = batch;
     c.batch_now = now;
@@ -43,7 +43,7 @@ absl::Time CallClockRefresh() {
   return now;
 }
 
-CallClockScope::CallClockScope(absl::Time now) : outermost_(!thread_clock.scoped) {
+CallClockScope::CallClockScope(int64_t now) : outermost_(!thread_clock.scoped) {
   if (outermost_) {
     thread_clock.scoped = true;
     thread_clock.scope_now = now;

@@ -21,21 +21,27 @@
 #ifndef ZRPC_RPC_COMMON_CALL_CLOCK_H_
 #define ZRPC_RPC_COMMON_CALL_CLOCK_H_
 
+#include <cstdint>
+
 #include "absl/time/time.h"
 
 namespace zrpc::internal {
 
-// MonotonicNow(), read at most once per completion batch or CallClockScope.
-absl::Time CallClockNow();
-// Reads MonotonicNow() and makes it the batch's (or scope's) reading from here on.
-absl::Time CallClockRefresh();
+// MonotonicNanos(), read at most once per completion batch or CallClockScope.
+int64_t CallClockNanos();
+// Reads MonotonicNanos() and makes it the batch's (or scope's) reading from here on.
+int64_t CallClockRefreshNanos();
 
-// On an application thread, `now` (a reading the caller took) is what CallClockNow() returns
-// inside the scope, until a CallClockRefresh(). A scope inside another, or on a poller in a
-// batch, changes nothing: the outer reading (the batch's) stays.
+// The same as absl::Time (monotonic.h), for what keeps its times so (deadlines).
+inline absl::Time CallClockNow() { return absl::FromUnixNanos(CallClockNanos()); }
+inline absl::Time CallClockRefresh() { return absl::FromUnixNanos(CallClockRefreshNanos()); }
+
+// On an application thread, `now_nanos` (a reading the caller took) is what CallClockNanos()
+// returns inside the scope, until a CallClockRefreshNanos(). A scope inside another, or on a
+// poller in a batch, changes nothing: the outer reading (the batch's) stays.
 class CallClockScope {
  public:
-  explicit CallClockScope(absl::Time now);
+  explicit CallClockScope(int64_t now_nanos);
   ~CallClockScope();
   CallClockScope(const CallClockScope&) = delete;
   CallClockScope& operator=(const CallClockScope&) = delete;

@@ -405,10 +405,18 @@ class RpcConnection : public transport::ConnectionHandler {
   }
 
  protected:
-  // Decodes `message` and pairs its payload; on a protocol violation closes the connection and
-  // returns the reason (the message and any unpaired payload are given back).
-  absl::StatusOr<IncomingMessage> Receive(transport::Connection& connection,
-                                          const transport::ReceivedMessage& message);
+  // Decodes `message` into `*incoming` and pairs its payload (true); on a protocol violation
+  // closes the connection and returns false (the message and any unpaired payload are given
+  // back, and Violation logged why). Not a StatusOr: the message is written in place, and no
+  // status is made when there is nothing wrong (every message of every call comes here).
+  bool Receive(transport::Connection& connection, const transport::ReceivedMessage& message,
+               IncomingMessage* incoming);
+  // Receive's refusal: gives back `message` and `bulk`, and Violation.
+  void Refuse(transport::Connection& connection, const transport::ReceivedMessage& message,
+              const std::optional<transport::ReceivedBulk>& bulk, absl::string_view why);
+  // Why a message's payload does not pair with its header (Receive's slow path).
+  static absl::Status PairingError(const RpcHeader& header,
+                                   const std::optional<transport::ReceivedBulk>& bulk);
   // Closes the connection for breaking the protocol, logging why.
   void Violation(transport::Connection& connection, absl::string_view what);
   // Gives back what arrived with a message nobody will use.

@@ -82,7 +82,9 @@ inline ZeroCopySend* ZeroCopyRecord(uint64_t token) {
 // A request's remaining time as the header carries it (0: none), from the call clock's reading
 // (call_clock.h: the batch's, or the starting call's) only when there is a deadline.
 inline uint64_t WireTimeout(absl::Time deadline) {
-  return deadline == absl::InfiniteFuture() ? 0 : TimeoutToWire(deadline, CallClockNow());
+  return deadline == absl::InfiniteFuture()
+             ? 0
+             : TimeoutToWireNanos(absl::ToUnixNanos(deadline), CallClockNanos());
 }
 
 // Writes `header` into the send buffer at `out`, with `flags` and a payload of `bulk_size`

@@ -138,8 +138,8 @@ void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token
   WakeQuotaWaiters();
 }
 
-absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& connection,
-                                                       const transport::ReceivedMessage& message) {
+bool RpcConnection::Receive(transport::Connection& connection,
+                            const transport::ReceivedMessage& message, IncomingMessage* incoming) {
   if (violations_.load(std::memory_order_relaxed) > 0) {
     // The connection is closing for breaking the protocol: what the peer sent after that is
     // not used, only given back.
@@ -147,50 +147,66 @@ absl::StatusOr<IncomingMessage> RpcConnection::Receive(transport::Connection& co
     if (std::optional<transport::ReceivedBulk> bulk = std::exchange(unpaired_, std::nullopt)) {
       static_cast<void>(connection.Release(bulk->handle));
     }
-    return absl::FailedPreconditionError("the connection is closing for a protocol violation");
+    return false;
   }
-  absl::StatusOr<RpcHeader> header =
-      DecodeRpcHeader(absl::MakeConstSpan(message.data, message.size));
+  const absl::Span<const uint8_t> bytes = absl::MakeConstSpan(message.data, message.size);
   std::optional<transport::ReceivedBulk> bulk = std::exchange(unpaired_, std::nullopt);
-  absl::Status violation;
-  absl::StatusOr<MessageLayout> layout;
-  if (header.ok()) layout = DecodeLayout(*header, absl::MakeConstSpan(message.data, message.size));
+  absl::StatusOr<RpcHeader> header = DecodeRpcHeader(bytes);
   if (!header.ok()) {
-    violation = header.status();
-  } else if (!layout.ok()) {
-    violation = layout.status();
-  } else if (header->pulls()) {
-    if (bulk) {
-      violation = absl::FailedPreconditionError(
-          absl::StrCat("a ", bulk->size, "-byte bulk payload was followed by call ",
-                       header->call_id, ", which pulls its payload instead"));
-    }
-  } else if (header->has_bulk() && !bulk) {
-    violation = absl::FailedPreconditionError(
-        absl::StrCat("call ", header->call_id, " claims a ", header->bulk_size,
+    Refuse(connection, message, bulk, header.status().message());
+    return false;
+  }
+  absl::StatusOr<MessageLayout> layout = DecodeLayout(*header, bytes);
+  if (!layout.ok()) {
+    Refuse(connection, message, bulk, layout.status().message());
+    return false;
+  }
+  // A payload pairs with the message after it: one that pulls has none, one that claims one
+  // has it, of the size claimed.
+  const bool paired = header->pulls() ? !bulk
+                                      : header->has_bulk() == bulk.has_value() &&
+                                            (!bulk || bulk->size == header->bulk_size);
+  if (!paired) {
+    Refuse(connection, message, bulk, PairingError(*header, bulk).message());
+    return false;
+  }
+  incoming->header = *header;
+  incoming->layout = *layout;
+  incoming->body = layout->body;
+  incoming->handle = message.handle;
+  if (bulk) SplitPayload(*incoming, *bulk);
+  return true;
+}
+
+void RpcConnection::Refuse(transport::Connection& connection,
+                           const transport::ReceivedMessage& message,
+                           const std::optional<transport::ReceivedBulk>& bulk,
+                           absl::string_view why) {
+  static_cast<void>(connection.Release(message.handle));
+  if (bulk) static_cast<void>(connection.Release(bulk->handle));
+  Violation(connection, why);
+}
+
+absl::Status RpcConnection::PairingError(const RpcHeader& header,
+                                         const std::optional<transport::ReceivedBulk>& bulk) {
+  if (header.pulls()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a ", bulk->size, "-byte bulk payload was followed by call ", header.call_id,
+                     ", which pulls its payload instead"));
+  }
+  if (header.has_bulk() && !bulk) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("call ", header.call_id, " claims a ", header.bulk_size,
                      "-byte bulk payload that did not arrive before it"));
-  } else if (!header->has_bulk() && bulk) {
-    violation = absl::FailedPreconditionError(
-        absl::StrCat("a ", bulk->size, "-byte bulk payload was followed by call ", header->call_id,
-                     ", which does not claim it"));
-  } else if (bulk && bulk->size != header->bulk_size) {
-    violation = absl::FailedPreconditionError(
-        absl::StrCat("call ", header->call_id, " claims a ", header->bulk_size,
-                     "-byte bulk payload but ", bulk->size, " bytes arrived"));
   }
-  if (!violation.ok()) {
-    static_cast<void>(connection.Release(message.handle));
-    if (bulk) static_cast<void>(connection.Release(bulk->handle));
-    Violation(connection, violation.message());
-    return violation;
+  if (!header.has_bulk()) {
+    return absl::FailedPreconditionError(absl::StrCat("a ", bulk->size,
+                                                      "-byte bulk payload was followed by call ",
+                                                      header.call_id, ", which does not claim it"));
   }
-  IncomingMessage incoming;
-  incoming.header = *header;
-  incoming.layout = *layout;
-  incoming.body = layout->body;
-  incoming.handle = message.handle;
-  if (bulk) SplitPayload(incoming, *bulk);
-  return incoming;
+  return absl::FailedPreconditionError(absl::StrCat("call ", header.call_id, " claims a ",
+                                                    header.bulk_size, "-byte bulk payload but ",
+                                                    bulk->size, " bytes arrived"));
 }
 
 void RpcConnection::Violation(transport::Connection& connection, absl::string_view what) {

@@ -385,6 +385,21 @@ absl::Duration RemainingFromWire(uint64_t timeout_us) {
   return absl::Microseconds(static_cast<int64_t>(timeout_us));
 }
 
+uint64_t TimeoutToWireNanos(int64_t deadline_nanos, int64_t now_nanos) {
+  if (deadline_nanos <= now_nanos) return 1;
+  // Positive, and below 2^64 whatever the two are: exact in unsigned arithmetic.
+  const uint64_t remaining =
+      static_cast<uint64_t>(deadline_nanos) - static_cast<uint64_t>(now_nanos);
+  return remaining / 1000 + (remaining % 1000 != 0 ? 1 : 0);  // rounded up: at least 1
+}
+
+int64_t DeadlineNanosFromWire(uint64_t timeout_us, int64_t now_nanos) {
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  if (timeout_us == 0 || timeout_us > static_cast<uint64_t>(kNone / 1000)) return kNone;
+  const int64_t remaining = static_cast<int64_t>(timeout_us) * 1000;
+  return now_nanos > kNone - remaining ? kNone : now_nanos + remaining;
+}
+
 absl::Time DeadlineFromWire(uint64_t timeout_us, absl::Time now) {
   // absl::Time arithmetic saturates to InfiniteFuture on overflow (and with InfiniteDuration).
   return now + RemainingFromWire(timeout_us);

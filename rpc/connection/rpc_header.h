@@ -214,6 +214,11 @@ uint64_t TimeoutToWire(absl::Time deadline, absl::Time now);
 absl::Time DeadlineFromWire(uint64_t timeout_us, absl::Time now);
 // The same as a duration: what remains of the call (InfiniteDuration for 0 and beyond range).
 absl::Duration RemainingFromWire(uint64_t timeout_us);
+// The two on monotonic nanoseconds (rpc/common/monotonic.h), the runtime's hot path: integer
+// arithmetic only. TimeoutToWireNanos's deadline is finite (the caller sends 0 for none);
+// DeadlineNanosFromWire gives INT64_MAX for none and for a deadline past that range.
+uint64_t TimeoutToWireNanos(int64_t deadline_nanos, int64_t now_nanos);
+int64_t DeadlineNanosFromWire(uint64_t timeout_us, int64_t now_nanos);
 
 }  // namespace zrpc
 

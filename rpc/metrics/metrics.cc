@@ -262,10 +262,11 @@ struct Placed {
   int bucket;
   uint64_t summed;
 };
-Placed Place(absl::Duration latency) {
-  const int64_t nanos = NonNegativeNanos(latency);
+Placed PlaceNanos(int64_t nanos) {
+  nanos = std::max<int64_t>(nanos, 0);
   return {BucketForNanos(nanos), static_cast<uint64_t>(std::min(nanos, kMaxSummedNanos))};
 }
+Placed Place(absl::Duration latency) { return PlaceNanos(NonNegativeNanos(latency)); }
 
 }  // namespace
 
@@ -381,8 +382,12 @@ MethodMetrics::Shard& MethodMetrics::NewShard(int index) {
 }
 
 void MethodMetrics::OnFinish(absl::StatusCode code, absl::Duration latency) {
+  OnFinishNanos(code, NonNegativeNanos(latency));
+}
+
+void MethodMetrics::OnFinishNanos(absl::StatusCode code, int64_t latency_nanos) {
   Shard& shard = ThisThreadShard();
-  const Placed placed = Place(latency);
+  const Placed placed = PlaceNanos(latency_nanos);
   Bump(shard, shard.finished[CodeIndex(code)], 1);
   Bump(shard, shard.buckets[placed.bucket], 1);
   Bump(shard, shard.sum_nanos, placed.summed);

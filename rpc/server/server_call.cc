@@ -20,23 +20,24 @@ namespace zrpc::internal {
 
 ServerCallImpl::ServerCallImpl(ServerConnection& owner, transport::Connection& connection,
                                Service* service, const MethodInfo& method, MethodMetrics& metrics,
-                               const IncomingMessage& request, absl::Time monotonic_now,
+                               const IncomingMessage& request, int64_t arrival_nanos,
                                uint16_t stream_window)
     : owner_(&owner),
       connection_(&connection),
       service_(service),
       method_(method),
       metrics_(metrics),
-      start_(monotonic_now),
+      start_nanos_(arrival_nanos),
       request_(request) {
   if (stream_window > 0) {
     // The client granted request.header.window messages in its open; this side grants its own
     // window when the handler starts (OpenStream).
     stream_ = std::make_shared<StreamState>(nullptr, stream_window, request.header.window);
   }
-  const absl::Duration remaining = RemainingFromWire(request.header.timeout_us);
-  context_.SetRemaining(remaining, ToSteady(monotonic_now));  // no second clock read
-  deadline_ = monotonic_now + remaining;
+  // From the arrival's reading: no second clock read.
+  deadline_nanos_ = DeadlineNanosFromWire(request.header.timeout_us, arrival_nanos);
+  context_.monotonic_deadline_ =
+      deadline_nanos_ == kNoDeadlineNanos ? ServerContext::kNone : SteadyFromNanos(deadline_nanos_);
   metrics_.OnStart();
   metrics_.AddMessageBytes(0, request.body.size());
   metrics_.AddBulkBytes(0, request.bulk ? request.bulk->size : 0);
@@ -44,12 +45,12 @@ ServerCallImpl::ServerCallImpl(ServerConnection& owner, transport::Connection& c
 
 bool ServerCallImpl::GivenUp() const {
   return context_.cancel_requested() ||
-         (deadline_ != absl::InfiniteFuture() && CallClockNow() >= deadline_);
+         (deadline_nanos_ != kNoDeadlineNanos && CallClockNanos() >= deadline_nanos_);
 }
 
 void ServerCallImpl::Run() {
   if (GivenUp()) {
-    const bool late = CallClockNow() >= deadline_;
+    const bool late = CallClockNanos() >= deadline_nanos_;
     owner_->server().CountSkipped();
     Finish(late ? absl::DeadlineExceededError(absl::StrCat(
                       method_.full_name, ": the deadline passed before the handler ran"))
@@ -108,14 +109,18 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
   if (ClaimAnswer()) {
     // A declared method the service left unimplemented (its generated default answered) counts
     // as an unknown one does (ServerStats::unimplemented), as does a handler's own UNIMPLEMENTED.
-    if (status.code() == absl::StatusCode::kUnimplemented) owner_->server().CountUnimplemented();
-    code = SendResponse(std::move(status), response, std::move(response_bulk)).code();
+    if (!status.ok() && status.code() == absl::StatusCode::kUnimplemented) {
+      owner_->server().CountUnimplemented();
+    }
+    // ok() is inline; code() is a call into Abseil's library.
+    const absl::Status sent = SendResponse(std::move(status), response, std::move(response_bulk));
+    code = sent.ok() ? absl::StatusCode::kOk : sent.code();
   } else {
     response_bulk.Reset();  // answered already (Shutdown): this answer is discarded
   }
   // A fresh reading: the handler's time is the server's latency (call_clock.h), and the rest of
   // the batch goes on from it.
-  metrics_.OnFinish(code, CallClockRefresh() - start_);
+  metrics_.OnFinishNanos(code, CallClockRefreshNanos() - start_nanos_);
   if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
   if (!request_released_) static_cast<void>(connection_->Release(request_.handle));
   if (request_.bulk) RpcConnection::ReleasePayload(*connection_, request_.bulk->handle);
@@ -139,8 +144,9 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
     // a cancel or will drop the answer as late): stage, write and send nothing.
     response_bulk.Reset();
     if (handler_ran_) owner_->server().CountAnswerDropped();
-    return CallClockNow() >= deadline_ ? absl::DeadlineExceededError("the caller's deadline passed")
-                                       : absl::CancelledError("the caller gave up");
+    return CallClockNanos() >= deadline_nanos_
+               ? absl::DeadlineExceededError("the caller's deadline passed")
+               : absl::CancelledError("the caller gave up");
   }
   if (status.ok() && (response == nullptr || !response_buffer_)) {
     status = absl::InternalError(

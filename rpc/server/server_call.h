@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "rpc/common/monotonic.h"
 #include "rpc/connection/rpc_connection.h"
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
@@ -67,7 +68,7 @@ class ServerCallImpl final : public ServerCall,
   // `stream_window`: for a stream open, the window this side grants the client (0 otherwise).
   ServerCallImpl(ServerConnection& owner, transport::Connection& connection, Service* service,
                  const MethodInfo& method, MethodMetrics& metrics, const IncomingMessage& request,
-                 absl::Time monotonic_now,  // CallClockNow() at arrival
+                 int64_t arrival_nanos,  // CallClockNanos() at arrival
                  uint16_t stream_window = 0);
 
   ServerContext& context() override { return context_; }
@@ -140,8 +141,14 @@ class ServerCallImpl final : public ServerCall,
   Service* service_;
   const MethodInfo& method_;
   MethodMetrics& metrics_;
-  const absl::Time start_;  // monotonic
-  absl::Time deadline_;     // monotonic; InfiniteFuture for none
+  // The deadline as the stream waits take it (monotonic; InfiniteFuture for none).
+  absl::Time deadline() const {
+    return deadline_nanos_ == kNoDeadlineNanos ? absl::InfiniteFuture()
+                                               : absl::FromUnixNanos(deadline_nanos_);
+  }
+
+  const int64_t start_nanos_;  // monotonic (rpc/common/monotonic.h)
+  int64_t deadline_nanos_;     // monotonic; kNoDeadlineNanos for none
   IncomingMessage request_;
   ServerContext context_;
   std::optional<transport::SendBuffer> response_buffer_;

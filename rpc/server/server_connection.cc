@@ -30,28 +30,28 @@ void ServerConnection::Attach(std::shared_ptr<transport::Connection> connection)
 
 void ServerConnection::OnMessage(transport::Connection& connection,
                                  const transport::ReceivedMessage& message) {
-  absl::StatusOr<IncomingMessage> incoming = Receive(connection, message);
-  if (!incoming.ok()) return;
-  switch (incoming->header.kind) {
+  IncomingMessage incoming;
+  if (!Receive(connection, message, &incoming)) return;
+  switch (incoming.header.kind) {
     case RpcKind::kRequest:
-      HandleRequest(connection, *incoming);
+      HandleRequest(connection, incoming);
       return;
     case RpcKind::kCancel:
-      HandleCancel(connection, *incoming);
+      HandleCancel(connection, incoming);
       return;
     case RpcKind::kPulled:
-      Discard(connection, *incoming);
-      Unexpose(incoming->header.call_id);
+      Discard(connection, incoming);
+      Unexpose(incoming.header.call_id);
       return;
     case RpcKind::kStreamMessage:
     case RpcKind::kHalfClose:
     case RpcKind::kStreamCredit:
-      HandleStreamFrame(connection, *incoming);
+      HandleStreamFrame(connection, incoming);
       return;
     default:
-      Discard(connection, *incoming);
+      Discard(connection, incoming);
       Violation(connection,
-                absl::StrCat("a client sent message kind ", static_cast<int>(incoming->header.kind),
+                absl::StrCat("a client sent message kind ", static_cast<int>(incoming.header.kind),
                              "; a server takes requests, cancels, pulled and stream "
                              "messages, half-closes and credits"));
   }
@@ -155,7 +155,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     // The connection outlives its calls (hold_, given up after the close and the last call).
     if (hold_ == nullptr) hold_ = connection.shared_from_this();
     call = new (memory) ServerCallImpl(*this, connection, entry->service, method,
-                                       *entry->metrics[method.index], request, CallClockNow(),
+                                       *entry->metrics[method.index], request, CallClockNanos(),
                                        stream ? server_.options().stream_window : uint16_t{0});
     call->place_ = calls_.size();
     calls_.push_back(call);

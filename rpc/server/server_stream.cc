@@ -38,14 +38,14 @@ StreamCall* ServerCallImpl::OpenStream(const google::protobuf::MessageLite* read
 }
 
 bool ServerCallImpl::Write(const google::protobuf::MessageLite& message) {
-  if (stream_ == nullptr || !stream_->TakeSendCredit(deadline_)) return false;
+  if (stream_ == nullptr || !stream_->TakeSendCredit(deadline())) return false;
   return SendOnStream(RpcHeader::StreamMessage(call_id()), &message);
 }
 
 google::protobuf::MessageLite* ServerCallImpl::Read() {
   if (stream_ == nullptr) return nullptr;
   uint16_t grant = 0;
-  google::protobuf::MessageLite* message = stream_->Read(deadline_, &grant);
+  google::protobuf::MessageLite* message = stream_->Read(deadline(), &grant);
   if (grant > 0) SendOnStream(RpcHeader::StreamCredit(call_id(), grant), nullptr);
   return message;
 }
@@ -174,7 +174,7 @@ class AsyncServerStream final : public ServerAsyncStream {
 std::unique_ptr<ServerAsyncStream> ServerCallImpl::OpenAsyncStream(
     const google::protobuf::MessageLite* read_prototype) {
   if (OpenStream(read_prototype) == nullptr) return nullptr;
-  if (deadline_ != absl::InfiniteFuture()) owner_->server().WatchDeadline(deadline_, stream_);
+  if (deadline_nanos_ != kNoDeadlineNanos) owner_->server().WatchDeadline(deadline(), stream_);
   return std::make_unique<AsyncServerStream>(this, stream_);
 }
 

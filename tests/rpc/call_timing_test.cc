@@ -90,11 +90,14 @@ TEST_CASE("the call clock: one reading per scope, a refresh moves it, none outsi
   absl::SleepFor(absl::Milliseconds(2));
   CHECK(CallClockNow() > a);
   {
-    const absl::Time seed = MonotonicNow() - absl::Seconds(5);
-    CallClockScope scope(seed);
+    const int64_t seed_nanos = zrpc::internal::MonotonicNanos() - 5'000'000'000;
+    const absl::Time seed = absl::FromUnixNanos(seed_nanos);
+    CHECK(seed < MonotonicNow());  // the same clock, as absl::Time
+    CallClockScope scope(seed_nanos);
     CHECK(CallClockNow() == seed);
+    CHECK(zrpc::internal::CallClockNanos() == seed_nanos);
     {
-      CallClockScope inner(seed + absl::Hours(1));  // the outer reading stays
+      CallClockScope inner(seed_nanos + 3'600'000'000'000);  // the outer reading stays
       CHECK(CallClockNow() == seed);
     }
     CHECK(CallClockNow() == seed);

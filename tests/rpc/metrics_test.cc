@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -301,6 +303,25 @@ TEST_CASE("in flight is started minus finished; unknown codes count as UNKNOWN",
   // More finished than started (a runtime bug, or a racing snapshot) reads as zero, not 2^64.
   for (int i = 0; i < 5; ++i) m.OnFinish(absl::StatusCode::kOk, absl::Microseconds(3));
   CHECK(m.Snapshot().in_flight == 0);
+}
+
+TEST_CASE("a latency in nanoseconds counts as the same duration does; negative counts as 0",
+          "[metrics]") {
+  Metrics metrics;
+  MethodMetrics& by_duration = metrics.ForMethod(MetricsSide::kServer, "pkg.Svc/A");
+  MethodMetrics& by_nanos = metrics.ForMethod(MetricsSide::kServer, "pkg.Svc/B");
+  for (const int64_t nanos :
+       {int64_t{-5}, int64_t{0}, int64_t{999}, int64_t{1000}, int64_t{1001}, int64_t{1'250'000},
+        int64_t{100'000'000'001}, std::numeric_limits<int64_t>::max()}) {
+    by_duration.OnFinish(absl::StatusCode::kOk, absl::Nanoseconds(nanos));
+    by_nanos.OnFinishNanos(absl::StatusCode::kOk, nanos);
+  }
+  const MethodMetricsSnapshot a = by_duration.Snapshot();
+  const MethodMetricsSnapshot b = by_nanos.Snapshot();
+  CHECK(a.latency.counts == b.latency.counts);
+  CHECK(a.latency.sum_nanos == b.latency.sum_nanos);
+  CHECK(b.latency.counts[0] == 4);      // -5, 0, 999 and 1000: at most the first bound, 1 us
+  CHECK(b.latency.counts.back() == 2);  // past 100 s: overflow
 }
 
 TEST_CASE("the registry hands out one stable reference per side and method", "[metrics]") {

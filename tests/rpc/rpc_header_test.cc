@@ -351,6 +351,38 @@ TEST_CASE("deadlines travel as remaining microseconds", "[rpc_header]") {
   CHECK(zrpc::DeadlineFromWire(zrpc::TimeoutToWire(later, now), now) == later);
 }
 
+TEST_CASE("deadlines on monotonic nanoseconds agree with the absl::Time forms", "[rpc_header]") {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const int64_t now = 1'800'000'000'000'000'000;   // ~57 years of nanoseconds
+  CHECK(zrpc::TimeoutToWireNanos(now, now) == 1);  // just passed: not "no deadline"
+  CHECK(zrpc::TimeoutToWireNanos(now - 5, now) == 1);
+  CHECK(zrpc::TimeoutToWireNanos(std::numeric_limits<int64_t>::min(), now) == 1);
+  CHECK(zrpc::TimeoutToWireNanos(now + 1, now) == 1);
+  CHECK(zrpc::TimeoutToWireNanos(now + 1000, now) == 1);
+  CHECK(zrpc::TimeoutToWireNanos(now + 1001, now) == 2);  // rounded up
+  CHECK(zrpc::TimeoutToWireNanos(now + 10'000'000'000, now) == 10'000'000);
+  // The widest span there is, without overflow.
+  CHECK(zrpc::TimeoutToWireNanos(kMax, std::numeric_limits<int64_t>::min()) ==
+        (~uint64_t{0}) / 1000 + 1);
+
+  CHECK(zrpc::DeadlineNanosFromWire(0, now) == kMax);
+  CHECK(zrpc::DeadlineNanosFromWire(~uint64_t{0}, now) == kMax);
+  CHECK(zrpc::DeadlineNanosFromWire(kMax / 1000, 0) == kMax / 1000 * 1000);
+  CHECK(zrpc::DeadlineNanosFromWire(kMax / 1000 + 1, 0) == kMax);  // past the range: none
+  CHECK(zrpc::DeadlineNanosFromWire(kMax / 1000, now) == kMax);    // saturates
+  CHECK(zrpc::DeadlineNanosFromWire(250'000, now) == now + 250'000'000);
+  // The same answers as the absl::Time forms, wherever both are defined.
+  for (const int64_t delta : {int64_t{1}, int64_t{999}, int64_t{1000}, int64_t{1'234'567'891}}) {
+    INFO(delta);
+    const absl::Time t = absl::FromUnixNanos(now);
+    CHECK(zrpc::TimeoutToWireNanos(now + delta, now) ==
+          zrpc::TimeoutToWire(t + absl::Nanoseconds(delta), t));
+    const uint64_t wire = zrpc::TimeoutToWireNanos(now + delta, now);
+    CHECK(absl::FromUnixNanos(zrpc::DeadlineNanosFromWire(wire, now)) ==
+          zrpc::DeadlineFromWire(wire, t));
+  }
+}
+
 TEST_CASE("a pull descriptor round-trips and refuses reserved bytes and other sizes",
           "[rpc_header]") {
   zrpc::PullDescriptor d;
