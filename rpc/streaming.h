@@ -78,9 +78,10 @@
 // - A Write that waits for the server's room holds a pointer, not a send slot: the message is
 //   serialized straight into a slot when the room comes. On a runtime thread nothing waits for
 //   a send slot or the staging quota (that thread frees them): a frame that finds none waits,
-//   unsent, to be tried again when quota comes back or at the channel's next timer pass (within
-//   a millisecond). Started from a thread of the application, a Read, Write or Finish may wait
-//   there for a slot (as a blocking call would), never for the server.
+//   unsent, to be tried again when quota comes back or when the connection's next send
+//   completion frees a slot (the channel's timer, within a millisecond, is the fallback for a
+//   slot given back otherwise). Started from a thread of the application, a Read, Write or Finish
+//   may wait there for a slot (as a blocking call would), never for the server.
 // - Finish closes the writes (after the outstanding Write) if WritesDone was not called, drops
 //   what comes unread from then on, and runs its callback with the final status once the call
 //   has ended and the outstanding Read and Write have completed (a client-streaming call's
@@ -102,12 +103,13 @@
 // *response() when OK); a Read outstanding then completes with false. It reports nothing: the
 // call is over for the handler. Callbacks run on the thread that starts an operation when it can
 // complete at once, else on the runtime thread that completes it (a poller with a message or
-// the client's room; the server's sweeper, which retries frames that found no send slot and ends
-// a stream at its deadline; the thread that ends the call), so they must not block. Destroying
-// the object drops the callbacks that have not run and waits for one running on another thread;
-// a call not finished then answers INTERNAL, and one finished with a Write still outstanding
-// answers ABORTED (that message was not sent): keep the object until the last Write's callback
-// has run. Such streams count against ServerOptions::max_streams_per_connection, not max_streams.
+// the client's room, or a send completion that frees a slot for a frame that found none; the
+// server's sweeper, which retries such frames as a fallback and ends a stream at its deadline; the
+// thread that ends the call), so they must not block. Destroying the object drops the callbacks
+// that have not run and waits for one running on another thread; a call not finished then answers
+// INTERNAL, and one finished with a Write still outstanding answers ABORTED (that message was not
+// sent): keep the object until the last Write's callback has run. Such streams count against
+// ServerOptions::max_streams_per_connection, not max_streams.
 //
 // Threads: a Foo::Service runs each streaming handler on a thread of its own (not the handler
 // pool: a stream may block for as long as its peer likes), at most ServerOptions::

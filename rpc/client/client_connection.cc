@@ -379,7 +379,7 @@ void ClientConnection::StartInDomain(StartRequest& start) {
       // The timer's pass is the fallback for a slot given back without a completion.
       connection_->NotifyWhenSendSlotFree();
       // Not SendWaiting here: it may end other calls, and this thread runs a callback.
-      owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);
+      owner_.DeadlineAdded(MonotonicNow() + SlotRetry());
     }
     return;
   }
@@ -441,7 +441,7 @@ void ClientConnection::SendWaiting() {
           waiting_bytes_ -= next->bytes;
         } else if (acquired.status().code() == absl::StatusCode::kResourceExhausted && open()) {
           connection_->NotifyWhenSendSlotFree();
-          owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);
+          owner_.DeadlineAdded(MonotonicNow() + SlotRetry());
         }  // else closing: OnClosed drops the rest
       }
       waiting_count_.store(waiting_.size(), std::memory_order_release);
@@ -502,9 +502,11 @@ void ClientConnection::DropWaiting() {
   for (WaitingRequest& request : dropped) request.Drop();
 }
 
-void ClientConnection::OnSendSlotFree(transport::Connection&) {
+void ClientConnection::OnSendSlotFree(transport::Connection& connection) {
+  // Unary requests queued for a slot go first, in order; then cancels, then the streams' pumps.
   SendWaiting();
   if (cancels_pending_.load(std::memory_order_acquire)) FlushCancels();
+  RpcConnection::OnSendSlotFree(connection);
 }
 
 void ClientConnection::CancelCall(uint64_t id) {
@@ -693,16 +695,12 @@ void ClientConnection::SendCancel(uint64_t id) {
     ZRPC_LOG(kWarning, "client", max_pending_cancels_, " cancels to ", connection_->peer_address(),
              " wait for a send slot; the oldest is dropped");
   }
-  owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);  // the timer sends it (Expire)
+  owner_.DeadlineAdded(MonotonicNow() + SlotRetry());  // the timer sends it (Expire)
 }
 
 void ClientConnection::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
-  {
-    absl::MutexLock lock(&slot_waiters_mu_);
-    if (!slot_waiters_.Add(std::move(waiter))) return;
-    slot_waiters_pending_.store(true, std::memory_order_release);
-  }
-  owner_.DeadlineAdded(MonotonicNow() + kSlotRetry);
+  WaitForSendSlot(*connection_, std::move(waiter));
+  owner_.DeadlineAdded(MonotonicNow() + SlotRetry());
 }
 
 void ClientConnection::FlushCancels() {
@@ -722,10 +720,9 @@ absl::Time ClientConnection::NextDeadline() {
   absl::Time next = expire_.pending.load(std::memory_order_acquire)
                         ? MonotonicNow() + kSlotRetry
                         : calls_.published_next_deadline();
-  if (cancels_pending_.load(std::memory_order_acquire) ||
-      slot_waiters_pending_.load(std::memory_order_acquire) ||
+  if (cancels_pending_.load(std::memory_order_acquire) || slot_waiters_pending() ||
       waiting_count_.load(std::memory_order_acquire) > 0) {
-    next = std::min(next, MonotonicNow() + kSlotRetry);
+    next = std::min(next, MonotonicNow() + SlotRetry());
   }
   absl::MutexLock lock(&exposed_mu_);
   for (const auto& [id, request] : exposed_requests_) next = std::min(next, request.until);
@@ -765,15 +762,7 @@ void ClientConnection::Expire(absl::Time now) {
   }
   for (const std::shared_ptr<BulkGate>& gate : overdue) gate->Withdraw();
   if (cancels_pending_.load(std::memory_order_acquire)) FlushCancels();
-  if (slot_waiters_pending_.load(std::memory_order_acquire)) {
-    std::vector<std::weak_ptr<StreamListener>> waiters;
-    {
-      absl::MutexLock lock(&slot_waiters_mu_);
-      waiters = slot_waiters_.Take();
-      slot_waiters_pending_.store(false, std::memory_order_release);
-    }
-    StreamWaiters::Tell(waiters);
-  }
+  TellSlotWaiters();  // the fallback for a slot given back without a completion
   // The table's part, in the domain: only when a deadline may have passed or requests wait for
   // a slot, and not while an earlier pass's is still left there (it covers this one's, but for
   // deadlines passed since: the next pass takes those).

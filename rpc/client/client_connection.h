@@ -200,8 +200,8 @@ class ClientConnection final : public RpcConnection,
   bool SendOnStream(uint64_t id, const RpcHeader& header,
                     const google::protobuf::MessageLite* message, StreamState& stream,
                     bool quota_taken = false, bool* no_slot = nullptr);
-  // `waiter` is told at the timer's next pass (within a millisecond) that send slots may have
-  // come back: only the runtime's threads free them, and those do not wait for one.
+  // WaitForSendSlot (rpc_connection.h), with the timer's next pass (within a millisecond) as
+  // the fallback.
   void WaitForSlot(std::weak_ptr<StreamListener> waiter);
   // One keepalive pass (see the top of this file).
   void Keepalive(absl::Duration timeout);
@@ -334,10 +334,6 @@ class ClientConnection final : public RpcConnection,
   std::deque<uint64_t> pending_cancels_ ABSL_GUARDED_BY(cancels_mu_);
   std::atomic<bool> cancels_pending_{false};
   const size_t max_pending_cancels_;
-  // Asynchronous streams whose frames found no send slot on a runtime thread (WaitForSlot).
-  absl::Mutex slot_waiters_mu_;
-  StreamWaiters slot_waiters_ ABSL_GUARDED_BY(slot_waiters_mu_);
-  std::atomic<bool> slot_waiters_pending_{false};
   // Unary requests that found no send slot on a runtime thread (StartWaiting), oldest first.
   struct WaitingRequest {
     uint64_t id;

@@ -6,10 +6,10 @@
 //
 // The asynchronous form (StartRead, StartWrite, StartWritesDone, StartFinish) waits for nothing:
 // a StreamPump (stream_pump.h) carries it out, sending through this stream's connection; a
-// frame that finds no send slot on a runtime thread is tried again at the channel timer's next
-// pass (ClientConnection::WaitForSlot, every millisecond while one waits). Destroying the stream
-// drops the callbacks not run, cancels the call (which ends any wait of a send the pump is in)
-// and then waits for a pump running on another thread to stop.
+// frame that finds no send slot on a runtime thread is tried again when a send completion frees
+// one, or at the channel timer's next pass, the fallback (ClientConnection::WaitForSlot).
+// Destroying the stream drops the callbacks not run, cancels the call (which ends any wait of a
+// send the pump is in) and then waits for a pump running on another thread to stop.
 #ifndef ZRPC_RPC_CLIENT_CLIENT_STREAM_H_
 #define ZRPC_RPC_CLIENT_CLIENT_STREAM_H_
 

@@ -95,10 +95,15 @@ inline constexpr uint32_t kKeepaliveServiceId = ServiceId(kKeepaliveService);
 inline constexpr uint32_t kMinRpcMessage = RpcHeader::kSize + 256;
 
 // How soon a runtime thread tries again to send what found no send slot (a client's cancels and
-// asynchronous stream frames, a server's async stream frames): slots free as sends complete,
-// within microseconds unless the peer holds its credits back, so a millisecond costs little
-// latency and spares a busy loop. Both sides' timers use it.
+// asynchronous stream frames, a server's async stream frames), if nothing sooner says a slot is
+// back: slots free as sends complete, and the completion batch that frees one tells what waits
+// (transport::Connection::NotifyWhenSendSlotFree); this timed retry is for slots given back
+// otherwise, and costs a millisecond at most. Both sides' timers use it.
 inline constexpr absl::Duration kSlotRetry = absl::Milliseconds(1);
+// The retry both timers use: kSlotRetry, unless a test lengthened it (SetSlotRetryForTesting) to
+// show that the completions' notices alone send what waits.
+absl::Duration SlotRetry();
+void SetSlotRetryForTesting(absl::Duration retry);
 
 // Gives received payloads back to their connection, from any thread. Stateless: one for the
 // process, so it outlives every IncomingBulk (bulk.h asks that of a releaser).
@@ -379,6 +384,21 @@ class RpcConnection : public transport::ConnectionHandler {
   // slot, sent from a `runtime_thread`, needs that); false while it waits for `waiter` to be told.
   bool StreamQuotaOrWait(const transport::Connection& connection, size_t size, bool runtime_thread,
                          std::weak_ptr<StreamListener> waiter, bool* quota_taken);
+  // An asynchronous stream's pump whose frame found no send slot on a runtime thread (which
+  // must not wait for one: it is what frees them). `waiter` is told once, when the connection's
+  // next completion batch leaves a slot free (OnSendSlotFree), or at the owner's next timed pass
+  // (TellSlotWaiters: the fallback for a slot given back other than by a completion), whichever
+  // comes first. Any thread.
+  void WaitForSendSlot(transport::Connection& connection, std::weak_ptr<StreamListener> waiter);
+  // Tells every waiting pump that slots may be back (each tries again, and asks again if none
+  // is). Any thread, no lock held; a load when none waits.
+  void TellSlotWaiters();
+  bool slot_waiters_pending() const {
+    return slot_waiters_pending_.load(std::memory_order_acquire);
+  }
+  // The transport's notice (WaitForSendSlot asked for it): tells the waiting pumps. An override
+  // calls this too.
+  void OnSendSlotFree(transport::Connection& connection) override;
   // Takes back the payload of request `call_id`, whose gate is `gate`, if it has not left yet
   // (see the top of this file); its release runs here, on this thread. Nothing when it has.
   void Withdraw(transport::Connection& connection, uint64_t call_id, BulkGate& gate);
@@ -503,6 +523,10 @@ class RpcConnection : public transport::ConnectionHandler {
   size_t staged_ ABSL_GUARDED_BY(quota_mu_) = 0;  // staging capacity held by this connection
   std::deque<Deferred> deferred_ ABSL_GUARDED_BY(quota_mu_);
   StreamWaiters quota_waiters_ ABSL_GUARDED_BY(quota_mu_);
+  // Pumps waiting for a send slot (WaitForSendSlot).
+  absl::Mutex slot_waiters_mu_;
+  StreamWaiters slot_waiters_ ABSL_GUARDED_BY(slot_waiters_mu_);
+  std::atomic<bool> slot_waiters_pending_{false};
   std::atomic<uint64_t> violations_{0};
   std::atomic<bool> warned_foreign_{false};
   std::atomic<uint32_t> pulling_{0};        // READs of pulled payloads under way

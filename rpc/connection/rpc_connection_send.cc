@@ -3,6 +3,7 @@
 // a connection's payloads behind one another.
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <thread>
 #include <utility>
@@ -116,6 +117,42 @@ void RpcConnection::WakeQuotaWaiters() {
   }
   StreamWaiters::Tell(waiters);
 }
+
+namespace {
+std::atomic<int64_t> slot_retry_nanos{absl::ToInt64Nanoseconds(kSlotRetry)};
+}  // namespace
+
+absl::Duration SlotRetry() {
+  return absl::Nanoseconds(slot_retry_nanos.load(std::memory_order_relaxed));
+}
+
+void SetSlotRetryForTesting(absl::Duration retry) {
+  slot_retry_nanos.store(absl::ToInt64Nanoseconds(retry), std::memory_order_relaxed);
+}
+
+void RpcConnection::WaitForSendSlot(transport::Connection& connection,
+                                    std::weak_ptr<StreamListener> waiter) {
+  {
+    absl::MutexLock lock(&slot_waiters_mu_);
+    if (!slot_waiters_.Add(std::move(waiter))) return;
+    slot_waiters_pending_.store(true, std::memory_order_release);
+  }
+  // After the waiter is in: a notice raised from here on finds it.
+  connection.NotifyWhenSendSlotFree();
+}
+
+void RpcConnection::TellSlotWaiters() {
+  if (!slot_waiters_pending()) return;
+  std::vector<std::weak_ptr<StreamListener>> waiters;
+  {
+    absl::MutexLock lock(&slot_waiters_mu_);
+    waiters = slot_waiters_.Take();
+    slot_waiters_pending_.store(false, std::memory_order_release);
+  }
+  StreamWaiters::Tell(waiters);
+}
+
+void RpcConnection::OnSendSlotFree(transport::Connection& /*connection*/) { TellSlotWaiters(); }
 
 bool RpcConnection::TakeQuotaOrWait(const transport::Connection& connection, size_t size,
                                     std::weak_ptr<StreamListener> waiter) {

@@ -140,7 +140,7 @@ void ServerImpl::WaitForSlot(std::weak_ptr<StreamListener> waiter) {
   {
     std::lock_guard<std::mutex> lock(sweep_mu_);
     // A millisecond for the pollers to free slots, then every waiter tries again.
-    if (slot_waiters_.empty()) slot_retry_at_ = MonotonicNow() + kSlotRetry;
+    if (slot_waiters_.empty()) slot_retry_at_ = MonotonicNow() + SlotRetry();
     if (!slot_waiters_.Add(std::move(waiter))) return;
   }
   sweep_cv_.notify_one();

@@ -77,7 +77,8 @@ class ServerImpl final : public transport::AcceptHandler {
   void CountAsyncStream() { async_streams_.fetch_add(1, std::memory_order_relaxed); }
   // An asynchronous stream whose frame found no send slot on a runtime thread: `waiter` is
   // pumped again at the timer's next pass, within a millisecond (the sweeper thread doubles as
-  // that timer). Once each, however often it asks before then.
+  // that timer). Once each, however often it asks before then. The fallback: its connection
+  // tells it first when a send completion frees a slot (RpcConnection::WaitForSendSlot).
   void WaitForSlot(std::weak_ptr<StreamListener> waiter);
   // Ends `stream` with DEADLINE_EXCEEDED at `deadline` (monotonic), on the sweeper: an
   // asynchronous stream has no thread whose waits would end there, and a client's cancel may

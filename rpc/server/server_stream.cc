@@ -111,6 +111,9 @@ class AsyncServerSender final : public StreamPump::Sender {
                                             std::move(waiter), quota_taken);
   }
   void RetryLater(std::weak_ptr<StreamListener> pump) override {
+    // Told by the connection's next completion batch that frees a slot; the server's sweeper is
+    // the fallback (a slot given back without a completion). Told twice, a pump just looks again.
+    call_->owner_->WaitForSendSlot(*call_->connection_, pump);
     call_->owner_->server().WaitForSlot(std::move(pump));
   }
 

@@ -5,14 +5,14 @@
 //
 // Each operation (Read, Write, CloseWrites, Finish) is recorded, and Pump carries out whatever is
 // ready, on the thread that starts an operation or on the one that brings what it waited for
-// (the poller with a message or a credit, whichever thread ends the call, the timer retrying a
-// frame that found no send slot). One thread pumps a stream at a time, and an operation started
-// from a callback is carried out by the same loop after the callback returns, so callbacks never
-// nest and a stream read to its end takes no stack. A write waiting for the peer's room holds
-// only a pointer to the message: it is serialized into a send slot when the room comes, so a
-// stalled stream holds no slot. What is sent from a runtime thread never waits for a slot or the
-// staging quota (that thread is the one that frees them): a frame that finds none stays, unsent,
-// and the pump runs again when quota comes back (Sender::QuotaOrWait) or at the timer's next pass
+// (the poller with a message, a credit or a freed send slot, whichever thread ends the call, the
+// timer retrying a frame that found no send slot). One thread pumps a stream at a time, and an
+// operation started from a callback is carried out by the same loop after the callback returns, so
+// callbacks never nest and a stream read to its end takes no stack. A write waiting for the peer's
+// room holds only a pointer to the message: it is serialized into a send slot when the room comes,
+// so a stalled stream holds no slot. What is sent from a runtime thread never waits for a slot or
+// the staging quota (that thread is the one that frees them): a frame that finds none stays,
+// unsent, and the pump runs again when quota comes back (Sender::QuotaOrWait) or a slot does
 // (Sender::RetryLater).
 //
 // The two sides' ends differ:
@@ -64,7 +64,8 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
     virtual bool QuotaOrWait(size_t size, bool* quota_taken,
                              std::weak_ptr<StreamListener> waiter) = 0;
     // A send found no slot (kNoSlot): `pump` runs again once one may have come back (the
-    // channel's timer, the server's sweeper: within a millisecond).
+    // connection's next completion batch that frees one; the channel's timer or the server's
+    // sweeper, within a millisecond, as the fallback).
     virtual void RetryLater(std::weak_ptr<StreamListener> pump) = 0;
     // A write the owner dropped (Abandon) was not sent (called under the pump's lock: must not
     // call back).

@@ -7,8 +7,9 @@
 // while an application thread holds the domain does not stall that poller; requests started on a
 // runtime thread past the waiting queue's bound are refused at once, once each; an asynchronous
 // stream's pump sends what waited for its opening; a callback holding its poller does not hold
-// up the channel's timer. Over fakeverbs with the pollers on their own threads: on the host and
-// under ASan.
+// up the channel's timer; a frame a pump sends from a runtime thread while every send slot is
+// taken goes when a send completion frees one, with no timer's help. Over fakeverbs with the
+// pollers on their own threads: on the host and under ASan.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "proto/examples/numbers.zrpc.h"
+#include "rpc/connection/rpc_connection.h"
 #include "tests/eventually.h"
 #include "tests/fakeverbs/fake_device.h"
 #include "tests/fakeverbs/fake_verbs.h"
@@ -474,4 +476,101 @@ TEST_CASE(
   CHECK(held.status.ok());
   CHECK(served.channel->stats().connections_lost == 0);
   greeter.Release();
+}
+
+namespace {
+
+// For one test's scope, the timers' retry of what found no send slot waits an hour: what waits
+// must then go on the send completions' notices alone (RpcConnection::WaitForSendSlot).
+class NoTimedSlotRetry {
+ public:
+  NoTimedSlotRetry() { zrpc::internal::SetSlotRetryForTesting(absl::Hours(1)); }
+  ~NoTimedSlotRetry() { zrpc::internal::SetSlotRetryForTesting(zrpc::internal::kSlotRetry); }
+  NoTimedSlotRetry(const NoTimedSlotRetry&) = delete;
+  NoTimedSlotRetry& operator=(const NoTimedSlotRetry&) = delete;
+};
+
+// Reads a stream from its callbacks, on the client's poller: each read owes the server a credit
+// (a frame every stream_window / 2), sent from there.
+struct PollerReadLoop {
+  zrpc::AsyncClientReader<zrpc::examples::Number>* reader = nullptr;
+  zrpc::examples::Number number;
+  std::atomic<uint64_t> count{0};
+  absl::Notification ended;
+
+  void Start() {
+    reader->Read(&number, [this](bool ok) {
+      if (!ok) return ended.Notify();
+      count.fetch_add(1);
+      Start();
+    });
+  }
+};
+
+}  // namespace
+
+// A frame that an asynchronous stream's pump sends from a runtime thread does not wait there for
+// a send slot: it waits to be told that one came back. Before, only the channel's timer told it
+// (every millisecond); now the send completion that frees a slot does, and the timer is the
+// fallback. Here the timer waits an hour, so the stream finishes only if the completions tell.
+TEST_CASE(
+    "credits a read loop owes on its poller while every send slot is taken go when a send "
+    "completes frees one, not on a timer",
+    "[client_domain]") {
+  const NoTimedSlotRetry no_timer;
+  zrpc_test::TestNumbers numbers;
+  absl::Notification gate;
+  numbers.square_gate = &gate;
+  zrpc::ChannelOptions options = OneConnection();
+  options.connection.max_send_slots = 8;
+  // The timer would pass for keepalives too, and each pass tells what waits for a slot.
+  options.keepalive_interval = absl::ZeroDuration();
+  Served served(FakeDevice(), {&numbers}, {}, options);
+  zrpc::examples::Numbers::Stub stub(served.channel.get());
+  zrpc::examples::CountRequest trickle = zrpc_test::Counting(100);
+  trickle.set_delay_us(10'000);
+  zrpc::AsyncClientReader<zrpc::examples::Number> reader =
+      stub.AsyncCount(trickle, CallOptions::Timeout(absl::Seconds(60)));
+  PollerReadLoop loop;
+  loop.reader = &reader;
+  loop.Start();
+  REQUIRE(zrpc::testing::Eventually([&] { return loop.count.load() > 0; }));
+
+  // The server holds its Square calls (and with them its receive credits): the next requests
+  // wait for credits in the client's send slots until all 8 are taken, and the caller is stuck.
+  constexpr int kCalls = 60;
+  std::vector<zrpc::examples::Number> replies(kCalls);
+  std::atomic<int> answered{0};
+  std::thread caller([&] {
+    zrpc::examples::Number request;
+    request.set_value(3);
+    for (zrpc::examples::Number& reply : replies) {
+      stub.AsyncSquare(request, &reply, CallOptions::Timeout(absl::Seconds(60)),
+                       [&](absl::Status status) { answered.fetch_add(status.ok() ? 1 : 0); });
+    }
+  });
+  const uint64_t in_flight = zrpc_test::WaitUntilStuck(
+      [&] { return served.channel->stats().calls_in_flight; }, 8, absl::Seconds(30));
+  INFO("calls in flight: " << in_flight);
+  REQUIRE(in_flight < 1 + kCalls + 1);  // the stream, and the calls the stuck caller started
+  // The server stops at its window once the credits owed meanwhile (no slot for them) do not go.
+  const uint64_t stalled =
+      zrpc_test::WaitUntilStuck([&] { return loop.count.load(); }, 0, absl::Seconds(30));
+  CHECK(stalled < 100);
+  CHECK_FALSE(loop.ended.HasBeenNotified());
+
+  gate.Notify();
+  caller.join();
+  CHECK(zrpc::testing::Eventually([&] { return answered.load() == kCalls; }));
+  REQUIRE(loop.ended.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(loop.count.load() == 100);
+  absl::Notification finished;
+  absl::Status status = absl::UnknownError("not finished");
+  reader.Finish([&](absl::Status s) {
+    status = std::move(s);
+    finished.Notify();
+  });
+  REQUIRE(finished.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  INFO(status);
+  CHECK(status.ok());
 }
