@@ -27,12 +27,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "proto/examples/numbers.zrpc.h"
-#include "rpc/connection/rpc_connection.h"
 #include "tests/eventually.h"
 #include "tests/fakeverbs/fake_device.h"
 #include "tests/fakeverbs/fake_verbs.h"
 #include "tests/rpc/numbers_fixture.h"
 #include "tests/rpc/runtime_fixture.h"
+#include "tests/rpc/slot_retry.h"
 
 namespace {
 
@@ -480,16 +480,6 @@ TEST_CASE(
 
 namespace {
 
-// For one test's scope, the timers' retry of what found no send slot waits an hour: what waits
-// must then go on the send completions' notices alone (RpcConnection::WaitForSendSlot).
-class NoTimedSlotRetry {
- public:
-  NoTimedSlotRetry() { zrpc::internal::SetSlotRetryForTesting(absl::Hours(1)); }
-  ~NoTimedSlotRetry() { zrpc::internal::SetSlotRetryForTesting(zrpc::internal::kSlotRetry); }
-  NoTimedSlotRetry(const NoTimedSlotRetry&) = delete;
-  NoTimedSlotRetry& operator=(const NoTimedSlotRetry&) = delete;
-};
-
 // Reads a stream from its callbacks, on the client's poller: each read owes the server a credit
 // (a frame every stream_window / 2), sent from there.
 struct PollerReadLoop {
@@ -517,7 +507,7 @@ TEST_CASE(
     "credits a read loop owes on its poller while every send slot is taken go when a send "
     "completes frees one, not on a timer",
     "[client_domain]") {
-  const NoTimedSlotRetry no_timer;
+  const zrpc_test::NoTimedSlotRetry no_timer;
   zrpc_test::TestNumbers numbers;
   absl::Notification gate;
   numbers.square_gate = &gate;
