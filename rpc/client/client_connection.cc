@@ -695,7 +695,10 @@ void ClientConnection::SendCancel(uint64_t id) {
     ZRPC_LOG(kWarning, "client", max_pending_cancels_, " cancels to ", connection_->peer_address(),
              " wait for a send slot; the oldest is dropped");
   }
-  owner_.DeadlineAdded(MonotonicNow() + SlotRetry());  // the timer sends it (Expire)
+  // Sent when a send completion frees a slot (OnSendSlotFree), or by the timer's pass (Expire)
+  // for a slot given back without one.
+  connection_->NotifyWhenSendSlotFree();
+  owner_.DeadlineAdded(MonotonicNow() + SlotRetry());
 }
 
 void ClientConnection::WaitForSlot(std::weak_ptr<StreamListener> waiter) {

@@ -98,7 +98,8 @@ inline constexpr uint32_t kMinRpcMessage = RpcHeader::kSize + 256;
 // asynchronous stream frames, a server's async stream frames), if nothing sooner says a slot is
 // back: slots free as sends complete, and the completion batch that frees one tells what waits
 // (transport::Connection::NotifyWhenSendSlotFree); this timed retry is for slots given back
-// otherwise, and costs a millisecond at most. Both sides' timers use it.
+// otherwise, and costs a millisecond at most. Both sides' timers use it (through SlotRetry()),
+// and a client's timer also as "shortly" while its expiry pass waits in the domain.
 inline constexpr absl::Duration kSlotRetry = absl::Milliseconds(1);
 // The retry both timers use: kSlotRetry, unless a test lengthened it (SetSlotRetryForTesting) to
 // show that the completions' notices alone send what waits.
@@ -386,9 +387,10 @@ class RpcConnection : public transport::ConnectionHandler {
                          std::weak_ptr<StreamListener> waiter, bool* quota_taken);
   // An asynchronous stream's pump whose frame found no send slot on a runtime thread (which
   // must not wait for one: it is what frees them). `waiter` is told once, when the connection's
-  // next completion batch leaves a slot free (OnSendSlotFree), or at the owner's next timed pass
-  // (TellSlotWaiters: the fallback for a slot given back other than by a completion), whichever
-  // comes first. Any thread.
+  // next completion batch leaves a slot free (OnSendSlotFree). The fallback, for a slot given
+  // back other than by a completion, is the owner's: a client's timer pass calls TellSlotWaiters;
+  // a server's sweeper retries the pumps it keeps itself (ServerImpl::WaitForSlot), so those may
+  // be told twice, which costs a pump one more look. Any thread.
   void WaitForSendSlot(transport::Connection& connection, std::weak_ptr<StreamListener> waiter);
   // Tells every waiting pump that slots may be back (each tries again, and asks again if none
   // is). Any thread, no lock held; a load when none waits.

@@ -305,23 +305,27 @@ TEST_CASE("in flight is started minus finished; unknown codes count as UNKNOWN",
   CHECK(m.Snapshot().in_flight == 0);
 }
 
-TEST_CASE("a latency in nanoseconds counts as the same duration does; negative counts as 0",
+TEST_CASE("a latency in nanoseconds lands and sums as its duration would; negative counts as 0",
           "[metrics]") {
   Metrics metrics;
-  MethodMetrics& by_duration = metrics.ForMethod(MetricsSide::kServer, "pkg.Svc/A");
-  MethodMetrics& by_nanos = metrics.ForMethod(MetricsSide::kServer, "pkg.Svc/B");
+  MethodMetrics& m = metrics.ForMethod(MetricsSide::kServer, "pkg.Svc/A");
+  // At most the first bound (1 us): -5, 0, 999 and 1000. Then 1001 ns, 1.25 ms.
   for (const int64_t nanos :
-       {int64_t{-5}, int64_t{0}, int64_t{999}, int64_t{1000}, int64_t{1001}, int64_t{1'250'000},
-        int64_t{100'000'000'001}, std::numeric_limits<int64_t>::max()}) {
-    by_duration.OnFinish(absl::StatusCode::kOk, absl::Nanoseconds(nanos));
-    by_nanos.OnFinishNanos(absl::StatusCode::kOk, nanos);
+       {int64_t{-5}, int64_t{0}, int64_t{999}, int64_t{1000}, int64_t{1001}, int64_t{1'250'000}}) {
+    m.OnFinishNanos(absl::StatusCode::kOk, nanos);
   }
-  const MethodMetricsSnapshot a = by_duration.Snapshot();
-  const MethodMetricsSnapshot b = by_nanos.Snapshot();
-  CHECK(a.latency.counts == b.latency.counts);
-  CHECK(a.latency.sum_nanos == b.latency.sum_nanos);
-  CHECK(b.latency.counts[0] == 4);      // -5, 0, 999 and 1000: at most the first bound, 1 us
-  CHECK(b.latency.counts.back() == 2);  // past 100 s: overflow
+  MethodMetricsSnapshot s = m.Snapshot();
+  CHECK(s.latency.count == 6);
+  CHECK(s.latency.counts[0] == 4);
+  CHECK(s.latency.sum_nanos == 999 + 1000 + 1001 + 1'250'000);
+  CHECK(s.latency.counts[LatencyHistogram::BucketFor(absl::Nanoseconds(1001))] == 1);
+  CHECK(s.latency.counts[LatencyHistogram::BucketFor(absl::Microseconds(1250))] == 1);
+  // Past the last bound (100 s), however far: the overflow bucket.
+  m.OnFinishNanos(absl::StatusCode::kOk, 100'000'000'001);
+  m.OnFinishNanos(absl::StatusCode::kOk, std::numeric_limits<int64_t>::max());
+  s = m.Snapshot();
+  CHECK(s.latency.counts[kOverflow] == 2);
+  CHECK(s.finished[static_cast<int>(absl::StatusCode::kOk)] == 8);
 }
 
 TEST_CASE("the registry hands out one stable reference per side and method", "[metrics]") {

@@ -53,15 +53,19 @@ static struct rdma_cm_event* expect(struct rdma_event_channel* ch, enum rdma_cm_
   return e;
 }
 
-// Waits up to ms for an async event; returns its type or -1.
-static int async_event(struct ibv_context* ctx, int ms) {
-  struct pollfd p = {.fd = ctx->async_fd, .events = POLLIN};
-  if (poll(&p, 1, ms) <= 0) return -1;
-  struct ibv_async_event ev;
-  if (ibv_get_async_event(ctx, &ev) != 0) return -1;
-  int type = ev.event_type;
-  ibv_ack_async_event(&ev);
-  return type;
+// Waits up to ms for an async event of type `want` (-1: any); returns its type or -1. Events of
+// other types that come first are printed and passed over, so none is taken for another.
+static int async_event(struct ibv_context* ctx, int want, int ms) {
+  for (;;) {
+    struct pollfd p = {.fd = ctx->async_fd, .events = POLLIN};
+    if (poll(&p, 1, ms) <= 0) return -1;
+    struct ibv_async_event ev;
+    if (ibv_get_async_event(ctx, &ev) != 0) return -1;
+    int type = ev.event_type;
+    ibv_ack_async_event(&ev);
+    if (want < 0 || type == want) return type;
+    printf("  (async event passed over: %s)\n", ibv_event_type_str(type));
+  }
 }
 
 static int poll_n(struct ibv_cq* cq, int n, int ms, struct ibv_wc* out) {
@@ -257,7 +261,7 @@ int main(void) {
   for (int i = 0; i < n; ++i) printf(" %llu", (unsigned long long)wc[i].wr_id);
   printf(" (status %s, qp_num %u)\n", n ? ibv_wc_status_str(wc[0].status) : "-",
          n ? wc[0].qp_num : 0);
-  int ev = async_event(ctx, 1000);
+  int ev = async_event(ctx, IBV_EVENT_SRQ_LIMIT_REACHED, 1000);
   printf("async event after dropping below srq_limit: %s\n",
          ev < 0 ? "NONE within 1 s" : ibv_event_type_str(ev));
   struct ibv_srq_attr q;
@@ -289,7 +293,7 @@ int main(void) {
   CHECK(ibv_modify_qp(sid->qp, &err, IBV_QP_STATE) == 0);
   int saw_last = 0;
   for (int i = 0; i < 4; ++i) {
-    ev = async_event(ctx, 1000);
+    ev = async_event(ctx, -1, 1000);
     if (ev < 0) break;
     printf("async event after QP to error: %s\n", ibv_event_type_str(ev));
     if (ev == IBV_EVENT_QP_LAST_WQE_REACHED) saw_last = 1;
@@ -301,7 +305,7 @@ int main(void) {
     struct ibv_sge sge = {(uintptr_t)(buf + 20 * kSlot), kSlot, mr->lkey};
     struct ibv_recv_wr wr = {.wr_id = 77, .sg_list = &sge, .num_sge = 1}, *bad;
     CHECK(ibv_post_srq_recv(srq, &wr, &bad) == 0);
-    ev = async_event(ctx, 1000);
+    ev = async_event(ctx, -1, 1000);
     printf("after one more post_srq_recv: %s\n", ev < 0 ? "no event" : ibv_event_type_str(ev));
     struct ibv_qp_attr qa;
     struct ibv_qp_init_attr qia;
