@@ -79,6 +79,20 @@ static int poll_n(struct ibv_cq* cq, int n, int ms, struct ibv_wc* out) {
   return got;
 }
 
+// Posts `n` signalled 64-byte SENDs from `data` on `qp`, wr_ids first_id, first_id + 1, ...
+static void post_sends(struct ibv_qp* qp, char* data, uint32_t lkey, uint64_t first_id, int n) {
+  for (int i = 0; i < n; ++i) {
+    struct ibv_sge sge = {(uintptr_t)data, 64, lkey};
+    struct ibv_send_wr wr = {.wr_id = first_id + i,
+                             .sg_list = &sge,
+                             .num_sge = 1,
+                             .opcode = IBV_WR_SEND,
+                             .send_flags = IBV_SEND_SIGNALED},
+                       *bad;
+    CHECK(ibv_post_send(qp, &wr, &bad) == 0);
+  }
+}
+
 int main(void) {
   const char* addr = getenv("ZRPC_RDMA_ADDR");
   CHECK(addr != NULL);
@@ -243,16 +257,7 @@ int main(void) {
   }
 
   // Five sends take the SRQ from 8 posted to 3, below the limit of 4.
-  for (int i = 0; i < 5; ++i) {
-    struct ibv_sge sge = {(uintptr_t)(buf + 40 * kSlot), 64, mr->lkey};
-    struct ibv_send_wr wr = {.wr_id = 100 + i,
-                             .sg_list = &sge,
-                             .num_sge = 1,
-                             .opcode = IBV_WR_SEND,
-                             .send_flags = IBV_SEND_SIGNALED},
-                       *bad;
-    CHECK(ibv_post_send(cid->qp, &wr, &bad) == 0);
-  }
+  post_sends(cid->qp, buf + 40 * kSlot, mr->lkey, 100, 5);
   struct ibv_wc wc[64];
   int n = poll_n(ccq, 5, 2000, wc);
   printf("client send completions: %d (status %s)\n", n, n ? ibv_wc_status_str(wc[0].status) : "-");
@@ -270,16 +275,7 @@ int main(void) {
          q.srq_limit);
 
   // Overrun: 3 posted; send 4 more with rnr_retry 1.
-  for (int i = 0; i < 4; ++i) {
-    struct ibv_sge sge = {(uintptr_t)(buf + 40 * kSlot), 64, mr->lkey};
-    struct ibv_send_wr wr = {.wr_id = 200 + i,
-                             .sg_list = &sge,
-                             .num_sge = 1,
-                             .opcode = IBV_WR_SEND,
-                             .send_flags = IBV_SEND_SIGNALED},
-                       *bad;
-    CHECK(ibv_post_send(cid->qp, &wr, &bad) == 0);
-  }
+  post_sends(cid->qp, buf + 40 * kSlot, mr->lkey, 200, 4);
   n = poll_n(ccq, 4, 5000, wc);
   printf("overrun by one with rnr_retry 1: %d client completions:", n);
   for (int i = 0; i < n; ++i)
