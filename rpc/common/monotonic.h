@@ -39,11 +39,6 @@ inline std::chrono::steady_clock::time_point SteadyFromNanos(int64_t nanos) {
           std::chrono::nanoseconds(nanos)));
 }
 
-// A MonotonicNow() value as the steady_clock reading it came from.
-inline std::chrono::steady_clock::time_point ToSteady(absl::Time monotonic) {
-  return SteadyFromNanos(absl::ToUnixNanos(monotonic));
-}
-
 // `wall_deadline` (absl::Now()'s clock; InfiniteFuture for none) as a monotonic deadline, given
 // both clocks read now.
 inline absl::Time ToMonotonic(absl::Time wall_deadline, absl::Time monotonic_now,
