@@ -66,11 +66,6 @@ int CodeIndex(absl::StatusCode code) {
   return i >= 0 && i < kNumStatusCodes ? i : static_cast<int>(absl::StatusCode::kUnknown);
 }
 
-int64_t NonNegativeNanos(absl::Duration latency) {
-  // ToInt64Nanoseconds saturates: InfiniteDuration() gives INT64_MAX, which lands in overflow.
-  return std::max<int64_t>(absl::ToInt64Nanoseconds(latency), 0);
-}
-
 // Adds `src`'s counters to `dst`'s (same side and method).
 void MergeInto(MethodMetricsSnapshot& dst, const MethodMetricsSnapshot& src) {
   dst.started += src.started;
@@ -262,20 +257,21 @@ struct Placed {
   int bucket;
   uint64_t summed;
 };
+// A negative latency counts as 0. (A Duration comes as absl::ToInt64Nanoseconds, which saturates:
+// InfiniteDuration() gives INT64_MAX, which lands in overflow.)
 Placed PlaceNanos(int64_t nanos) {
   nanos = std::max<int64_t>(nanos, 0);
   return {BucketForNanos(nanos), static_cast<uint64_t>(std::min(nanos, kMaxSummedNanos))};
 }
-Placed Place(absl::Duration latency) { return PlaceNanos(NonNegativeNanos(latency)); }
 
 }  // namespace
 
 int LatencyHistogram::BucketFor(absl::Duration latency) {
-  return BucketForNanos(NonNegativeNanos(latency));
+  return PlaceNanos(absl::ToInt64Nanoseconds(latency)).bucket;
 }
 
 void LatencyHistogram::Record(absl::Duration latency) {
-  const Placed placed = Place(latency);
+  const Placed placed = PlaceNanos(absl::ToInt64Nanoseconds(latency));
   counts_[placed.bucket].fetch_add(1, std::memory_order_relaxed);
   sum_nanos_.fetch_add(placed.summed, std::memory_order_relaxed);
 }
@@ -382,7 +378,7 @@ MethodMetrics::Shard& MethodMetrics::NewShard(int index) {
 }
 
 void MethodMetrics::OnFinish(absl::StatusCode code, absl::Duration latency) {
-  OnFinishNanos(code, NonNegativeNanos(latency));
+  OnFinishNanos(code, absl::ToInt64Nanoseconds(latency));
 }
 
 void MethodMetrics::OnFinishNanos(absl::StatusCode code, int64_t latency_nanos) {
