@@ -207,7 +207,6 @@ std::string ReservedPackageReason(const std::string& package) {
                                                       "StreamCall",
                                                       "StreamCallback",
                                                       "TakenCall",
-                                                      "TimeoutToWire",
                                                       "TimeoutToWireNanos",
                                                       "transport"};
   if (parts[0] == "zrpc" && (parts.size() == 1 || kRuntimeNames.count(parts[1]) > 0)) {

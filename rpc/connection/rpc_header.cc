@@ -367,24 +367,6 @@ absl::Status DecodeErrorBody(const RpcHeader& header, absl::Span<const uint8_t> 
   return absl::OkStatus();
 }
 
-uint64_t TimeoutToWire(absl::Time deadline, absl::Time now) {
-  if (deadline == absl::InfiniteFuture()) return 0;
-  const absl::Duration remaining = deadline - now;
-  if (remaining <= absl::ZeroDuration()) return 1;
-  // ToInt64Microseconds truncates and saturates at INT64_MAX (for an infinite remainder too).
-  int64_t us = absl::ToInt64Microseconds(remaining);
-  if (us < std::numeric_limits<int64_t>::max() && remaining > absl::Microseconds(us)) ++us;
-  return static_cast<uint64_t>(std::max<int64_t>(us, 1));
-}
-
-absl::Duration RemainingFromWire(uint64_t timeout_us) {
-  if (timeout_us == 0) return absl::InfiniteDuration();
-  if (timeout_us > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return absl::InfiniteDuration();
-  }
-  return absl::Microseconds(static_cast<int64_t>(timeout_us));
-}
-
 uint64_t TimeoutToWireNanos(int64_t deadline_nanos, int64_t now_nanos) {
   if (deadline_nanos <= now_nanos) return 1;
   // Positive, and below 2^64 whatever the two are: exact in unsigned arithmetic.
@@ -398,11 +380,6 @@ int64_t DeadlineNanosFromWire(uint64_t timeout_us, int64_t now_nanos) {
   if (timeout_us == 0 || timeout_us > static_cast<uint64_t>(kNone / 1000)) return kNone;
   const int64_t remaining = static_cast<int64_t>(timeout_us) * 1000;
   return now_nanos > kNone - remaining ? kNone : now_nanos + remaining;
-}
-
-absl::Time DeadlineFromWire(uint64_t timeout_us, absl::Time now) {
-  // absl::Time arithmetic saturates to InfiniteFuture on overflow (and with InfiniteDuration).
-  return now + RemainingFromWire(timeout_us);
 }
 
 }  // namespace zrpc

@@ -36,7 +36,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/time/time.h"
 #include "absl/types/span.h"
 
 namespace zrpc {
@@ -202,21 +201,18 @@ constexpr uint32_t ServiceId(absl::string_view full_name) {
   return hash;
 }
 
-// The timeout a request carries for a call ending at `deadline`, seen at `now`: 0 for an
-// infinite deadline; otherwise the remaining microseconds rounded up, at least 1 (a deadline
-// that has just passed must not read as "no deadline"; the runtime fails such calls locally
-// before sending), saturating at INT64_MAX (absl::Duration's range, ~292,000 years).
-uint64_t TimeoutToWire(absl::Time deadline, absl::Time now);
-// The deadline a server gives a request that arrived at `now` with `timeout_us`: infinite for
-// 0; saturating to InfiniteFuture beyond absl::Time's range. The transit time is not
-// subtracted (it is unknown without synchronized clocks): the server's deadline is slightly
+// A call's deadline on the wire, on monotonic nanoseconds (rpc/common/monotonic.h): integer
+// arithmetic only, as the runtime's hot path wants.
+//
+// TimeoutToWireNanos: the timeout a request carries for a call ending at `deadline_nanos`, seen
+// at `now_nanos` (the caller sends 0, "none", for a call without a deadline): the remaining
+// microseconds rounded up, at least 1 (a deadline that has just passed must not read as "no
+// deadline"; the runtime fails such calls locally before sending).
+//
+// DeadlineNanosFromWire: the deadline a server gives a request that arrived at `now_nanos` with
+// `timeout_us`: INT64_MAX (none) for 0 and for a deadline past that range. The transit time is
+// not subtracted (it is unknown without synchronized clocks): the server's deadline is slightly
 // later than the client's, and the client's own timer is the one that ends the call.
-absl::Time DeadlineFromWire(uint64_t timeout_us, absl::Time now);
-// The same as a duration: what remains of the call (InfiniteDuration for 0 and beyond range).
-absl::Duration RemainingFromWire(uint64_t timeout_us);
-// The two on monotonic nanoseconds (rpc/common/monotonic.h), the runtime's hot path: integer
-// arithmetic only. TimeoutToWireNanos's deadline is finite (the caller sends 0 for none);
-// DeadlineNanosFromWire gives INT64_MAX for none and for a deadline past that range.
 uint64_t TimeoutToWireNanos(int64_t deadline_nanos, int64_t now_nanos);
 int64_t DeadlineNanosFromWire(uint64_t timeout_us, int64_t now_nanos);
 
