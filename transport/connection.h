@@ -107,9 +107,10 @@ inline constexpr uint32_t kSignalInterval = 16;
 inline constexpr uint32_t kPostBatch = 16;
 
 // Completion-queue entries a connection with `options` may need at once, which its poller
-// reserves: every send-queue entry and RECV, plus the drain marker and one spare.
-inline uint32_t CqEntriesFor(const ConnectionOptions& options) {
-  return options.send_queue_depth + options.recv_credits + 2;
+// reserves: every send-queue entry and RECV, plus the drain marker and one spare. With a shared
+// receive queue (`shared_receives`) its receives are the queue's, reserved once by the poller.
+inline uint32_t CqEntriesFor(const ConnectionOptions& options, bool shared_receives = false) {
+  return options.send_queue_depth + (shared_receives ? 0 : options.recv_credits) + 2;
 }
 
 // A message received by SEND, in a pool slot. Valid until Connection::Release(handle).
@@ -609,6 +610,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
   void RetireLocked(uint64_t up_to, const absl::Status& status, Events& events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Gives back the pool slot of `wc` when it is a receive of the shared queue (destruction).
+  void FreeSharedReceiveSlot(const ibv_wc& wc);
   void SetStateLocked(State state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void FailLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void FinishDrainLocked(Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
@@ -619,7 +622,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return sq_drained_ && recvs_posted_ == 0 && LeftPending() == 0;
   }
   uint32_t qp_num() const { return qp_num_; }
-  uint32_t cq_entries() const { return CqEntriesFor(options_); }
+  uint32_t cq_entries() const { return CqEntriesFor(options_, shared_receives_); }
 
   Device& device_;
   Poller& poller_;
@@ -687,8 +690,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ArenaReader arena_reader_ ABSL_GUARDED_BY(domain_){0};
   // recv_slots_[i] is the pool slot of RECV i; recv_state_[i] where it is.
   // kPosted: posted, or in recv_chain_ to be posted before this thread leaves the domain.
+  // With the poller's shared receive queue (shared_receives_) the table holds the messages
+  // delivered and not yet released instead: recv_slots_[i] is the slot message i arrived in
+  // (kHeld) or kNoSlot (kIdle), and recv_free_ the indices free for the next (at most
+  // recv_credits messages are held at once: each took a credit, returned on its Release).
   enum class RecvState : uint8_t { kPosted, kHeld, kIdle };
   std::vector<uint32_t> recv_slots_;
+  const bool shared_receives_;
+  std::vector<uint32_t> recv_free_ ABSL_GUARDED_BY(domain_);
   // A slot of the connection's own for credit frames, and whether one is in flight from it.
   uint32_t control_slot_ = SlotPool::kNoSlot;
   bool control_busy_ ABSL_GUARDED_BY(domain_) = false;

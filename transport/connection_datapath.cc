@@ -13,15 +13,11 @@
 #include "transport/log.h"
 #include "transport/poller.h"
 #include "transport/verbs_error.h"
+#include "transport/work_request_id.h"
 
 namespace zrpc::transport {
 namespace {
 
-// wr_id layout. Send-queue work requests carry their sequence number (below 2^62); receives
-// carry kRecvBit | their index; the send queue's drain marker carries kMarkerBit. The bit is
-// needed because a failed completion's opcode is undefined.
-constexpr uint64_t kRecvBit = uint64_t{1} << 63;
-constexpr uint64_t kMarkerBit = uint64_t{1} << 62;
 // Handles of bulk payloads carry this bit; handles of messages are receive indices.
 constexpr uint64_t kBulkHandle = uint64_t{1} << 63;
 
@@ -963,6 +959,14 @@ absl::Status Connection::ReleaseLocked(uint64_t handle) {
   }
   auto index = static_cast<uint32_t>(handle);
   recv_state_[index] = RecvState::kIdle;
+  if (shared_receives_) {
+    // The slot goes back to the pool: the shared queue was refilled when it arrived.
+    GiveSlot(recv_slots_[index]);
+    recv_slots_[index] = SlotPool::kNoSlot;
+    recv_free_.push_back(index);
+    if (state_ == State::kOpen) credits_.OnDataRecvReposted();
+    return absl::OkStatus();
+  }
   if (state_ != State::kOpen) return absl::OkStatus();  // the slot waits for the destructor
   RepostRecvLocked(index);
   credits_.OnDataRecvReposted();
@@ -1083,7 +1087,10 @@ void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
     if (!marker && (state_ == State::kOpen || state_ == State::kConnecting)) {
       FailLocked(CompletionError(wc));
     }
-    if (recv) {
+    if (recv && (wc.wr_id & kSharedBit) != 0) {
+      // The shared queue's slot it arrived in is this connection's now: back to the pool.
+      GiveSlot(static_cast<uint32_t>(wc.wr_id & kWorkRequestIndex));
+    } else if (recv) {
       recv_state_[wc.wr_id & ~kRecvBit] = RecvState::kIdle;
       --recvs_posted_;
     } else {
@@ -1102,26 +1109,43 @@ void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
 }
 
 void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
-  auto index = static_cast<uint32_t>(wc.wr_id & ~kRecvBit);
-  recv_state_[index] = RecvState::kHeld;
-  --recvs_posted_;
+  // A receive of this connection's own: its index in the table. One of the poller's shared
+  // queue: the pool slot it arrived in, which is this connection's now (the poller posted the
+  // queue's entry again with another).
+  const bool shared = (wc.wr_id & kSharedBit) != 0;
+  const auto id = static_cast<uint32_t>(wc.wr_id & kWorkRequestIndex);
+  if (!shared) --recvs_posted_;
+  const uint32_t slot = shared ? id : recv_slots_[id];
+  // The buffer is done with: a receive of its own is posted again (`repost`) or, failing, waits
+  // for the destructor; a shared queue's slot goes back to the pool.
+  auto give_back = [&](bool repost) {
+    if (shared) {
+      GiveSlot(slot);
+    } else if (repost) {
+      RepostRecvLocked(id);
+    } else {
+      recv_state_[id] = RecvState::kIdle;
+    }
+  };
   // Failing: what arrived is dropped -- unless the peer hung up in order. Then every RECV that
   // completed before the flush holds a whole message the peer sent before its disconnect (RC
   // delivers in order), such as a server's last answers at its graceful Shutdown, which this
   // side may simply have polled after the disconnect event: they are delivered. (No RECV is
   // reposted while failing: RepostRecvLocked.)
   if (state_ != State::kOpen && !(state_ == State::kDraining && IsPeerDisconnect(error_))) {
-    recv_state_[index] = RecvState::kIdle;
-    return;
+    return give_back(false);
   }
   absl::Status s = credits_.OnConsumed();
-  if (!s.ok()) return FailLocked(s);
+  if (!s.ok()) {
+    give_back(false);
+    return FailLocked(s);
+  }
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     // A bulk payload: the RECV only carried the immediate, so it goes straight back.
     uint32_t imm = ntohl(wc.imm_data);
     absl::StatusOr<uint64_t> sequence = arena_reader_.OnArrival(imm, wc.byte_len);
+    give_back(sequence.ok());
     if (!sequence.ok()) return FailLocked(sequence.status());
-    RepostRecvLocked(index);
     credits_.OnDataRecvReposted();
     ++stats_.bulk_received;
     Event e(Event::kBulk);
@@ -1132,18 +1156,38 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
     return;
   }
   if (wc.opcode != IBV_WC_RECV) {
+    give_back(false);
     return FailLocked(absl::InternalError(absl::StrCat("unexpected receive opcode ", wc.opcode)));
   }
-  const uint8_t* frame = device_.slots().data(recv_slots_[index]);
+  const uint8_t* frame = device_.slots().data(slot);
   absl::StatusOr<FrameHeader> header = DecodeFrameHeader(absl::MakeConstSpan(frame, wc.byte_len));
-  if (!header.ok()) return FailLocked(header.status());
-  if (s = credits_.OnReturned(header->credits); !s.ok()) return FailLocked(s);
-  if (s = arena_writer_.OnReleased(header->arena_released); !s.ok()) return FailLocked(s);
+  if (!header.ok()) {
+    give_back(false);
+    return FailLocked(header.status());
+  }
+  if (s = credits_.OnReturned(header->credits); !s.ok()) {
+    give_back(false);
+    return FailLocked(s);
+  }
+  if (s = arena_writer_.OnReleased(header->arena_released); !s.ok()) {
+    give_back(false);
+    return FailLocked(s);
+  }
   if (header->kind == FrameKind::kCredit) {
-    RepostRecvLocked(index);
+    give_back(true);
     credits_.OnUpdateRecvReposted();
     return;
   }
+  // The message is held until its Release. A shared queue's slot takes a free index of the
+  // table: one is there, since each held message took a credit (OnConsumed) and a credit comes
+  // back only with its message's Release, so at most recv_credits are held.
+  uint32_t index = id;
+  if (shared) {
+    index = recv_free_.back();
+    recv_free_.pop_back();
+    recv_slots_[index] = slot;
+  }
+  recv_state_[index] = RecvState::kHeld;
   ++stats_.messages_received;
   Event e(Event::kMessage);
   e.data = frame + FrameHeader::kSize;

@@ -12,6 +12,7 @@
 #include "transport/connection.h"
 #include "transport/poller.h"
 #include "transport/verbs_error.h"
+#include "transport/work_request_id.h"
 
 namespace zrpc::transport {
 namespace {
@@ -61,7 +62,11 @@ absl::StatusOr<Hello> Connection::PeerHello(const rdma_cm_event& event,
 
 Connection::Connection(Device& device, Poller& poller, ConnectionHandler* handler,
                        const ConnectionOptions& options)
-    : device_(device), poller_(poller), handler_(handler), options_(options) {}
+    : device_(device),
+      poller_(poller),
+      handler_(handler),
+      options_(options),
+      shared_receives_(poller.srq() != nullptr) {}
 
 Connection::~Connection() {
   RunOnClosed();
@@ -81,9 +86,24 @@ Connection::~Connection() {
       if (waiting_[i].kind == Waiting::kMessage) FreeSendSlot(waiting_[i].slot);
     }
   }
-  for (uint32_t slot : recv_slots_) static_cast<void>(device_.slots().Free(slot));
+  // Receives of the shared queue that arrived before the handshake ended, or that the poller
+  // left here, and were never handled: their slots were taken from the queue for this connection.
+  if (shared_receives_) {
+    for (const ibv_wc& wc : early_) FreeSharedReceiveSlot(wc);
+    for (const ibv_wc& wc : stash_) FreeSharedReceiveSlot(wc);
+  }
+  // Posted or held (with the shared receive queue, only held ones: kNoSlot marks the others).
+  for (uint32_t slot : recv_slots_) {
+    if (slot != SlotPool::kNoSlot) static_cast<void>(device_.slots().Free(slot));
+  }
   delete[] op_pool_.load(std::memory_order_acquire);
   if (control_slot_ != SlotPool::kNoSlot) static_cast<void>(device_.slots().Free(control_slot_));
+}
+
+void Connection::FreeSharedReceiveSlot(const ibv_wc& wc) {
+  if ((wc.wr_id & (kRecvBit | kSharedBit)) == (kRecvBit | kSharedBit)) {
+    static_cast<void>(device_.slots().Free(static_cast<uint32_t>(wc.wr_id & kWorkRequestIndex)));
+  }
 }
 
 absl::Status Connection::CreateResources(rdma_cm_id* id) {
@@ -108,7 +128,9 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
   attr.recv_cq = poller_.cq();
   attr.qp_type = IBV_QPT_RC;
   attr.cap.max_send_wr = options_.send_queue_depth + 1;  // + the drain marker
-  attr.cap.max_recv_wr = options_.recv_credits + 1;
+  // With the poller's shared receive queue the QP has no receive queue of its own.
+  attr.srq = shared_receives_ ? poller_.srq()->srq() : nullptr;
+  attr.cap.max_recv_wr = shared_receives_ ? 0 : options_.recv_credits + 1;
   attr.cap.max_send_sge = 1;
   attr.cap.max_recv_sge = 1;
   attr.sq_sig_all = 0;
@@ -140,6 +162,14 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
   SlotPool& pool = device_.slots();
   control_slot_ = pool.Allocate();
   if (control_slot_ == SlotPool::kNoSlot) return pool.ExhaustedError("for credit frames");
+  if (shared_receives_) {
+    // Messages arrive in the queue's slots, which this table holds from delivery to Release.
+    recv_slots_.assign(options_.recv_credits, SlotPool::kNoSlot);
+    recv_state_.assign(options_.recv_credits, RecvState::kIdle);
+    recv_free_.reserve(options_.recv_credits);
+    for (uint32_t i = options_.recv_credits; i-- > 0;) recv_free_.push_back(i);
+    return absl::OkStatus();
+  }
   for (uint32_t i = 0; i < options_.recv_credits; ++i) {
     uint32_t slot = pool.Allocate();
     if (slot == SlotPool::kNoSlot) {

@@ -61,6 +61,13 @@ struct PollerOptions {
   // costs no interrupt and no wake-up; an idle poller sleeps. Zero: sleep at the first empty
   // pass. The default covers a hardware round trip (2-5 us) and a short handler many times over.
   absl::Duration spin = absl::Microseconds(50);
+  // Receives of one queue shared by every connection on the poller (shared_receive_queue.h), or 0
+  // for a receive queue per connection. With it an idle connection keeps no receive posted: the
+  // queue's receives hold this many pool slots for the poller's lifetime, and the poller admits a
+  // connection only while its connections' windows (recv_credits) sum to at most this many. Its
+  // completion-queue entries are reserved once, and a connection then reserves only its send
+  // queue's. At most the device's max_srq_wr.
+  uint32_t shared_receive_queue = 0;
 };
 
 struct SlotPoolOptions {

@@ -14,6 +14,7 @@
 #include "transport/connection.h"
 #include "transport/log.h"
 #include "transport/verbs_error.h"
+#include "transport/work_request_id.h"
 
 namespace zrpc::transport {
 namespace {
@@ -46,6 +47,20 @@ absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
   }
   poller->cq_.reset(ibv_create_cq(device.context(), poller->cq_capacity_, nullptr, channel, 0));
   if (poller->cq_ == nullptr) return VerbsError("ibv_create_cq", errno);
+  if (options.shared_receive_queue > 0) {
+    if (options.shared_receive_queue > static_cast<uint32_t>(poller->cq_capacity_) / 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PollerOptions::shared_receive_queue is ", options.shared_receive_queue,
+          "; the completion queue (", poller->cq_capacity_,
+          " entries) takes at most half as many, the rest being for the connections' sends"));
+    }
+    absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> srq =
+        SharedReceiveQueue::Create(device, options.shared_receive_queue);
+    if (!srq.ok()) return srq.status();
+    poller->srq_ = *std::move(srq);
+    poller->cqes_reserved_ = options.shared_receive_queue;  // every receive may complete at once
+    poller->shared_posted_.store(poller->srq_->posted(), std::memory_order_relaxed);
+  }
   auto cm = CreateCmChannel();
   if (!cm.ok()) return cm.status();
   poller->cm_channel_ = std::move(*cm);
@@ -151,6 +166,12 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
         absl::StrCat("the poller's completion queue (", cq_capacity_, " entries, ", cqes_reserved_,
                      " reserved) cannot take a connection needing ", cqes, "; use another poller"));
   }
+  if (srq_ != nullptr && !srq_->Reserve(connection->options_.recv_credits)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the poller's shared receive queue (", srq_->size(), " receives, ", srq_->reserved(),
+        " granted to its connections) cannot back a connection's window of ",
+        connection->options_.recv_credits, "; use another poller"));
+  }
   cqes_reserved_ += cqes;
   connections_[connection->qp_num()] = connection;
   generation_.fetch_add(1, std::memory_order_release);
@@ -163,6 +184,7 @@ void Poller::Unregister(uint32_t qp_num) {
   auto it = connections_.find(qp_num);
   if (it == connections_.end()) return;
   cqes_reserved_ -= it->second->cq_entries();
+  if (srq_ != nullptr) srq_->Unreserve(it->second->options_.recv_credits);
   last = std::move(it->second);
   connections_.erase(it);
   generation_.fetch_add(1, std::memory_order_release);
@@ -292,7 +314,10 @@ void Poller::Loop() {
     }
     // A wake-up that brings no completion (a Wake, a cm event) does not end the idle stretch:
     // only completions do (here, those the re-poll after arming found; above, the others).
-    if (ArmAndWait(-1, /*with_cm=*/false) && cap_ns > 0) traffic();
+    // A shared receive queue that the exhausted pool left short is refilled by the passes:
+    // while it waits for slots, the loop sleeps a millisecond at most.
+    const bool starved = srq_ != nullptr && srq_->posted() < srq_->size();
+    if (ArmAndWait(starved ? 1 : -1, /*with_cm=*/false) && cap_ns > 0) traffic();
   }
 }
 
@@ -357,6 +382,7 @@ int Poller::PollCq() {
   // Completions of one connection tend to come together: each run of them is looked up once and
   // handled under one lock of the connection (Connection::OnCompletions).
   if (n > 0) current_batch = ++batches;
+  if (srq_ != nullptr) TakeSharedReceives(wcs, n);
   for (int i = 0; i < n;) {
     const uint32_t qp_num = wcs[i].qp_num;
     int end = i + 1;
@@ -369,11 +395,35 @@ int Poller::PollCq() {
         connection->stash_listed_ = true;
         stashed_.push_back(connection->shared_from_this());
       }
+    } else if (srq_ != nullptr) {
+      // Receives of the shared queue that came for a connection already gone: their slots were
+      // taken from the queue for it, and nobody else will give them back.
+      for (int k = i; k < end; ++k) {
+        if ((wcs[k].wr_id & (kRecvBit | kSharedBit)) == (kRecvBit | kSharedBit)) {
+          static_cast<void>(
+              slot_cache_.Free(static_cast<uint32_t>(wcs[k].wr_id & kWorkRequestIndex)));
+        }
+      }
     }
     i = end;
   }
   current_batch = 0;
   return n;
+}
+
+void Poller::TakeSharedReceives(ibv_wc* wcs, int n) {
+  // Nothing to take, and nothing left short by an exhausted pool: the busy loop's empty pass.
+  if (n == 0 && srq_->posted() == srq_->size()) return;
+  for (int i = 0; i < n; ++i) {
+    uint64_t& id = wcs[i].wr_id;
+    if ((id & (kRecvBit | kSharedBit)) != (kRecvBit | kSharedBit)) continue;
+    // The entry's slot goes with the completion to its connection; the entry is posted again
+    // with a fresh slot before any connection handles the batch (and sends the credits the
+    // queue's receives back).
+    id = kRecvBit | kSharedBit | srq_->Take(static_cast<uint32_t>(id & kWorkRequestIndex));
+  }
+  srq_->Refill(slot_cache_);
+  shared_posted_.store(srq_->posted(), std::memory_order_relaxed);
 }
 
 void Poller::HandleCmEvents(bool queue) {

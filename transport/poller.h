@@ -31,7 +31,10 @@
 //
 // Capacity. A CQ that overflows breaks every QP on it, so each connection reserves its worst
 // case (send queue + receives + drain markers) when it registers, and registration fails
-// (kResourceExhausted) when the CQ cannot take it.
+// (kResourceExhausted) when the CQ cannot take it. With a shared receive queue
+// (PollerOptions::shared_receive_queue, shared_receive_queue.h) the poller reserves the queue's
+// receives once, a connection only its send queue's, and registration fails too when the
+// connection's receive window would take the windows granted past the queue's receives.
 //
 // Threads. One thread runs the loop (Start or RunOnce, never both). Connect, the Listener and
 // Connection methods may be called from any thread. The Poller must outlive its connections and
@@ -61,6 +64,7 @@
 #include "absl/time/time.h"
 #include "transport/device.h"
 #include "transport/options.h"
+#include "transport/shared_receive_queue.h"
 #include "transport/slot_pool.h"
 #include "transport/verbs_owners.h"
 
@@ -117,6 +121,9 @@ class Poller {
   // Event mode: how long the loop polled, or will poll, in its latest idle stretch before
   // sleeping (adaptive_spin.h; at most PollerOptions::spin, zero while traffic is sparser than
   // it). Zero in busy mode and before the first idle stretch.
+  // With a shared receive queue: its receives posted now (the queue's size but for a moment
+  // after completions, or while the slot pool is exhausted); 0 without one. Any thread.
+  uint32_t shared_receives_posted() const { return shared_posted_.load(std::memory_order_relaxed); }
   absl::Duration spin_budget() const {
     return absl::Nanoseconds(spin_budget_ns_.load(std::memory_order_relaxed));
   }
@@ -142,6 +149,8 @@ class Poller {
   // connection came or went. The connection stays alive until the pass ends (retired_).
   Connection* FindFromLoop(uint32_t qp_num);
   ibv_cq* cq() const { return cq_.get(); }
+  // The shared receive queue (PollerOptions::shared_receive_queue), or null.
+  SharedReceiveQueue* srq() const { return srq_.get(); }
   rdma_event_channel* cm_channel() const { return cm_channel_.get(); }
 
   // Connections whose completions waited because another thread held their domain for a
@@ -152,6 +161,10 @@ class Poller {
   // The cm thread's loop: sleeps in poll(2) on the cm channel, handles its events as they come.
   void CmLoop();
   int PollCq();
+  // The shared receive queue's completions among `wcs`: each takes its entry's slot (its wr_id
+  // then names the slot, work_request_id.h), and the entries are posted again with fresh slots,
+  // with any the pool left short before (every pass, so a queue short of slots fills up again).
+  void TakeSharedReceives(ibv_wc* wcs, int n);
   // Reads the cm channel until it is empty. Each event goes to its connection at once, or with
   // `queue` (the cm thread) to cm_events_ for the loop, which is woken.
   void HandleCmEvents(bool queue);
@@ -172,6 +185,7 @@ class Poller {
   // Created in this order, destroyed in reverse.
   CompChannelOwner comp_channel_;  // event mode only
   CqOwner cq_;
+  std::unique_ptr<SharedReceiveQueue> srq_;  // receives: taken and refilled by the loop only
   CmChannelOwner cm_channel_;
   int wake_fd_ = -1;
   int cm_wake_fd_ = -1;  // Stop() wakes the cm thread through it
@@ -223,6 +237,7 @@ class Poller {
   std::atomic<uint64_t> passes_{0};
   std::atomic<uint64_t> wakeups_{0};        // likewise the loop's only
   std::atomic<int64_t> spin_budget_ns_{0};  // written by the loop only: spin_budget()
+  std::atomic<uint32_t> shared_posted_{0};  // likewise: shared_receives_posted()
 };
 
 }  // namespace zrpc::transport

@@ -43,6 +43,7 @@ using CompChannelOwner =
                     internal::Deleter<ibv_comp_channel, ibv_destroy_comp_channel>>;
 using MrOwner = std::unique_ptr<ibv_mr, internal::Deleter<ibv_mr, ibv_dereg_mr>>;
 using QpOwner = std::unique_ptr<ibv_qp, internal::Deleter<ibv_qp, ibv_destroy_qp>>;
+using SrqOwner = std::unique_ptr<ibv_srq, internal::Deleter<ibv_srq, ibv_destroy_srq>>;
 using CmChannelOwner =
     std::unique_ptr<rdma_event_channel,
                     internal::Deleter<rdma_event_channel, rdma_destroy_event_channel>>;

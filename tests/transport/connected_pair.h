@@ -36,8 +36,9 @@ struct Setup : zrpc::testing::DevicePollers {
   std::unique_ptr<Listener> listener;
 
   explicit Setup(const DeviceConfig& config,
-                 const transport::PollerOptions& server = DevicePollers::EventMode())
-      : DevicePollers(config, server) {
+                 const transport::PollerOptions& server = DevicePollers::EventMode(),
+                 const transport::PollerOptions& client = {})
+      : DevicePollers(config, server, client) {
     accepts = std::make_unique<AcceptQueue>(server_poller.get(), nullptr);
     Listen();
   }

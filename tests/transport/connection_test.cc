@@ -25,6 +25,7 @@
 #include "tests/pattern.h"
 #include "tests/rdma_device.h"
 #include "tests/transport/connected_pair.h"
+#include "tests/transport/port_counters.h"
 #include "tests/transport/recorder.h"
 #include "transport/cm_util.h"
 #include "transport/device.h"
@@ -43,46 +44,14 @@ using zrpc::testing::DevicePollers;
 using zrpc::testing::Fill;
 using zrpc::testing::Filled;
 using zrpc::testing::kTimeout;
+using zrpc::testing::MovedCounters;
 using zrpc::testing::Pair;
+using zrpc::testing::PortCounter;
+using zrpc::testing::PortCounters;
 using zrpc::testing::Recorder;
 using zrpc::testing::SendBytes;
 using zrpc::testing::Setup;
 using zrpc::testing::SlotsInUse;
-
-// A counter of the device's port (hw_counters in sysfs); -1 if the device has none.
-int64_t PortCounter(const DeviceSelection& sel, const std::string& name) {
-  std::ifstream in(absl::StrCat("/sys/class/infiniband/", sel.device, "/ports/", sel.port,
-                                "/hw_counters/", name));
-  int64_t value = -1;
-  if (!(in >> value)) return -1;
-  return value;
-}
-
-// Every counter of the device's port, by name (empty if the device has none in sysfs).
-std::map<std::string, int64_t> PortCounters(const DeviceSelection& sel) {
-  std::map<std::string, int64_t> counters;
-  std::error_code error;
-  const std::string dir =
-      absl::StrCat("/sys/class/infiniband/", sel.device, "/ports/", sel.port, "/hw_counters");
-  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename();
-    if (int64_t value = PortCounter(sel, name); value >= 0) counters[name] = value;
-  }
-  return counters;
-}
-
-// The counters that moved since `before`, for a failure's report: a transfer the device never
-// completes shows here whether the NIC retried, saw sequence errors or dropped packets.
-std::string MovedCounters(const DeviceSelection& sel,
-                          const std::map<std::string, int64_t>& before) {
-  std::string moved;
-  for (const auto& [name, value] : PortCounters(sel)) {
-    auto it = before.find(name);
-    const int64_t was = it == before.end() ? 0 : it->second;
-    if (value != was) absl::StrAppend(&moved, moved.empty() ? "" : ", ", name, " +", value - was);
-  }
-  return moved.empty() ? "no port counter moved" : moved;
-}
 
 }  // namespace
 

@@ -23,13 +23,15 @@ struct DevicePollers {
   }
 
   explicit DevicePollers(const transport::DeviceConfig& config,
-                         const transport::PollerOptions& server = EventMode()) {
+                         const transport::PollerOptions& server = EventMode(),
+                         const transport::PollerOptions& client = {}) {
     auto d = transport::Device::Open(config);
     INFO(d.status());
     REQUIRE(d.ok());
     device = std::move(*d);
     auto sp = transport::Poller::Create(*device, server);
-    auto cp = transport::Poller::Create(*device);
+    auto cp = transport::Poller::Create(*device, client);
+    INFO(sp.status() << "; " << cp.status());
     REQUIRE(sp.ok());
     REQUIRE(cp.ok());
     server_poller = std::move(*sp);

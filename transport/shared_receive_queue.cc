@@ -1,0 +1,96 @@
+// SharedReceiveQueue: a poller's receive queue, shared by its connections.
+
+#include "transport/shared_receive_queue.h"
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "transport/log.h"
+#include "transport/verbs_error.h"
+#include "transport/work_request_id.h"
+
+namespace zrpc::transport {
+
+absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> SharedReceiveQueue::Create(Device& device,
+                                                                               uint32_t size) {
+  const ibv_device_attr& attr = device.attr();
+  if (attr.max_srq <= 0 || attr.max_srq_wr <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device ", device.selection().device,
+                     " has no shared receive queues (PollerOptions::shared_receive_queue)"));
+  }
+  if (size == 0 || size > static_cast<uint32_t>(attr.max_srq_wr)) {
+    return absl::InvalidArgumentError(absl::StrCat("PollerOptions::shared_receive_queue is ", size,
+                                                   "; device ", device.selection().device,
+                                                   " takes 1 to ", attr.max_srq_wr, " receives"));
+  }
+  std::unique_ptr<SharedReceiveQueue> queue(new SharedReceiveQueue(device.slots(), size));
+  ibv_srq_init_attr init{};
+  init.attr.max_wr = size;
+  init.attr.max_sge = 1;
+  queue->srq_.reset(ibv_create_srq(device.pd(), &init));
+  if (queue->srq_ == nullptr) return VerbsError("ibv_create_srq", errno);
+  queue->slots_.assign(size, SlotPool::kNoSlot);
+  queue->chain_.resize(size);
+  queue->sges_.resize(size);
+  queue->unposted_.reserve(size);
+  for (uint32_t entry = size; entry-- > 0;) queue->unposted_.push_back(entry);
+  // Filled from the pool itself: no poller loop runs yet.
+  SlotCache cache(device.slots());
+  queue->RefillSlow(cache);
+  cache.Flush();
+  if (!queue->unposted_.empty()) {
+    return device.slots().ExhaustedError(
+        absl::StrCat("for the shared receive queue's ", size, " receives"));
+  }
+  return queue;
+}
+
+SharedReceiveQueue::~SharedReceiveQueue() {
+  if (const int rc = ibv_destroy_srq(srq_.release()); rc != 0) {
+    ZRPC_LOG(kWarning, "transport", "ibv_destroy_srq failed (", rc,
+             "): a queue pair is still attached; its ", posted(), " posted slots are left to it");
+    return;
+  }
+  for (uint32_t slot : slots_) {
+    if (slot != SlotPool::kNoSlot) static_cast<void>(pool_.Free(slot));
+  }
+}
+
+void SharedReceiveQueue::RefillSlow(SlotCache& cache) {
+  uint32_t length = 0;
+  while (!unposted_.empty()) {
+    const uint32_t slot = cache.Allocate();
+    if (slot == SlotPool::kNoSlot) {
+      ++starved_;
+      break;
+    }
+    const uint32_t entry = unposted_.back();
+    unposted_.pop_back();
+    slots_[entry] = slot;
+    sges_[length] = ibv_sge{reinterpret_cast<uintptr_t>(pool_.data(slot)),
+                            static_cast<uint32_t>(pool_.slot_size()), pool_.lkey(slot)};
+    ibv_recv_wr& wr = chain_[length];
+    wr.wr_id = kRecvBit | kSharedBit | entry;
+    wr.sg_list = &sges_[length];
+    wr.num_sge = 1;
+    wr.next = nullptr;
+    if (length > 0) chain_[length - 1].next = &wr;
+    ++length;
+  }
+  if (length == 0) return;
+  ibv_recv_wr* bad = nullptr;
+  if (ibv_post_srq_recv(srq_.get(), chain_.data(), &bad) == 0) return;
+  // From `bad` on nothing was posted: those entries wait for the next refill, their slots back
+  // in the cache. (The queue never holds more than its size, so this is a device failure.)
+  const uint32_t posted = bad == nullptr ? 0 : static_cast<uint32_t>(bad - chain_.data());
+  for (uint32_t i = posted; i < length; ++i) {
+    const auto entry = static_cast<uint32_t>(chain_[i].wr_id & kWorkRequestIndex);
+    static_cast<void>(cache.Free(slots_[entry]));
+    slots_[entry] = SlotPool::kNoSlot;
+    unposted_.push_back(entry);
+  }
+  ++starved_;
+}
+
+}  // namespace zrpc::transport

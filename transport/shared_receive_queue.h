@@ -1,0 +1,113 @@
+// SharedReceiveQueue: one receive queue for every connection of a poller (PollerOptions::
+// shared_receive_queue), so that an idle connection keeps no receive of its own posted.
+//
+// Why. Without it each connection posts its whole receive window (32 pool slots of 4 KiB by
+// default) for its lifetime, and a thousand idle connections pin 132 MiB for messages that do not
+// come. SPDK, the Linux NVMe-oF target and Ceph's RDMA messenger share one receive queue among
+// many connections the same way.
+//
+// Buffers. The queue has `size` entries, each posted with a pool slot (the device's SlotPool, so
+// a received message is in a slot as it is without the queue). A receive completion hands its
+// slot to the connection it arrived on, which keeps it as long as the message is held (a
+// request held until its handler finishes) and gives it back to the pool on Release; the entry
+// is posted again at once with a fresh slot (Take, then Refill before the batch is dispatched),
+// so a held message never starves the queue (SPDK #2180 was that bug). The queue thus always
+// has `size` receives posted, apart from those completed in the pass being handled and entries
+// waiting for a slot when the pool is exhausted (retried every pass).
+//
+// Credits. A connection still grants its peer a window of receives (ConnectionOptions::
+// recv_credits, credits.h); with the queue those receives are the queue's, and the poller admits
+// a connection only while the windows of its connections sum to at most `size` (Reserve). Every
+// grant is then backed by a posted receive, so a peer that keeps to its credits never meets
+// receiver-not-ready; one that overruns them is refused on its first excess message
+// (CreditAccount::OnConsumed) and hurts only its own connection.
+//
+// Teardown. A queue pair attached to the queue owns no receive: when it fails, nothing of the
+// queue is flushed or lost, and a completion of its that the poller meets after the connection
+// has gone gives its slot back to the pool (Poller::PollCq), so none is lost whenever it comes.
+// The specification's last-WQE-reached event is not awaited: rxe never raises it
+// (tools/probes/srq_mw_probe.c).
+//
+// Threads: the poller's loop thread only, after creation (Reserve and Release: under the
+// poller's lock).
+#ifndef ZRPC_TRANSPORT_SHARED_RECEIVE_QUEUE_H_
+#define ZRPC_TRANSPORT_SHARED_RECEIVE_QUEUE_H_
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "transport/device.h"
+#include "transport/slot_pool.h"
+#include "transport/verbs_owners.h"
+
+namespace zrpc::transport {
+
+class SharedReceiveQueue {
+ public:
+  // Creates the queue with `size` entries (at most the device's max_srq_wr) and posts them all.
+  // kFailedPrecondition when the device has no shared receive queues; kResourceExhausted when
+  // the pool cannot fill it.
+  static absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> Create(Device& device, uint32_t size);
+  // Every queue pair attached to it must be destroyed first. Gives the posted slots back (or,
+  // when the device refuses to destroy the queue because a queue pair is still attached, leaves
+  // them to it, with a warning: a slot the device may still write into is never reused).
+  ~SharedReceiveQueue();
+  SharedReceiveQueue(const SharedReceiveQueue&) = delete;
+  SharedReceiveQueue& operator=(const SharedReceiveQueue&) = delete;
+
+  ibv_srq* srq() const { return srq_.get(); }
+  uint32_t size() const { return size_; }
+
+  // ---- The poller's loop.
+  // A completion of entry `entry` (its wr_id's index): returns the slot it held, which the
+  // caller now owns, and keeps the entry for Refill.
+  uint32_t Take(uint32_t entry) {
+    const uint32_t slot = slots_[entry];
+    slots_[entry] = SlotPool::kNoSlot;
+    unposted_.push_back(entry);
+    return slot;
+  }
+  // Posts every entry Take left, each with a fresh slot from `cache`, in one ibv_post_srq_recv.
+  // Entries for which the pool has no slot wait for the next call. Cheap when none waits.
+  void Refill(SlotCache& cache) {
+    if (!unposted_.empty()) RefillSlow(cache);
+  }
+  // Entries posted now.
+  uint32_t posted() const { return size_ - static_cast<uint32_t>(unposted_.size()); }
+  // Refills that found the pool empty for at least one entry.
+  uint64_t starved() const { return starved_; }
+
+  // ---- Admission (the poller's lock).
+  // Reserves a connection's window of `credits` receives: false when the windows would sum to
+  // more than the queue has.
+  bool Reserve(uint32_t credits) {
+    if (uint64_t{reserved_} + credits > size_) return false;
+    reserved_ += credits;
+    return true;
+  }
+  void Unreserve(uint32_t credits) { reserved_ -= credits; }
+  uint32_t reserved() const { return reserved_; }
+
+ private:
+  SharedReceiveQueue(SlotPool& pool, uint32_t size) : pool_(pool), size_(size) {}
+  void RefillSlow(SlotCache& cache);
+
+  SlotPool& pool_;
+  const uint32_t size_;
+  std::vector<uint32_t> slots_;     // entry -> its posted slot (kNoSlot: taken, not yet replaced)
+  std::vector<uint32_t> unposted_;  // entries Take left for Refill
+  std::vector<ibv_recv_wr> chain_;  // Refill's, one per entry at most
+  std::vector<ibv_sge> sges_;
+  uint64_t starved_ = 0;
+  uint32_t reserved_ = 0;
+  SrqOwner srq_;
+};
+
+}  // namespace zrpc::transport
+
+#endif  // ZRPC_TRANSPORT_SHARED_RECEIVE_QUEUE_H_
