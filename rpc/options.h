@@ -40,6 +40,14 @@ struct RuntimeOptions {
   // for about twice its recent waits, and hardly at all while they outlast it (adaptive polling: a
   // message caught polling costs no wake-up; THREADING.md). Zero: sleep at once. In [0, 1s].
   absl::Duration spin = absl::Microseconds(50);
+  // Receives of one queue that every connection of a poller shares (transport/
+  // shared_receive_queue.h), or 0 (the default, for now) for each connection's own. With it an
+  // idle connection keeps no receive posted: each poller's queue holds this many pool slots,
+  // and a poller takes connections while the windows they grant their peers (the connection
+  // options' recv_credits, 32 by default) sum to at most this many; a server lowers its
+  // admission limit to match. At most half a poller's completion queue, and the device's
+  // max_srq_wr.
+  uint32_t shared_receive_queue = 0;
   // The device's registered message slots, shared with the process's other servers and
   // channels that ask for the same: slot_size bounds the largest message (request or response,
   // 40 bytes of headers included) and must match the peer's.
@@ -113,7 +121,8 @@ struct ServerOptions : RuntimeOptions {
   int max_streams = 256;
   // Accepting: handshake deadline, admission limits, and every connection's options (its
   // arena_size bounds the largest request payload a client can send). The admission limits are
-  // lowered to what the pollers' completion queues can hold (CqEntriesFor each connection), and
+  // lowered to what the pollers can hold (Poller::Capacity: completion-queue entries and shared
+  // receive queues), and
   // max_connections_per_peer to half of that, so that one address can never fill the server.
   transport::ListenerOptions listener;
   // Where request payloads this server pulls land (those larger than its arena: rpc/WIRE.md,

@@ -503,6 +503,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void HandleCompletionLocked(const ibv_wc& wc, Events& events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void HandleRecvLocked(const ibv_wc& wc, Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // The completions that came before the handshake ended (early_), once it has: failing the
+  // connection first if the peer sent past its window meanwhile (early_shared_).
+  void HandleEarlyLocked(Events& events) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // The poller's turn after Poller::Defer: completions that arrived before the handshake
   // finished (or a made-up flush), and events another thread's exit left for the poller.
   void ReplayEarly();
@@ -694,10 +697,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // delivered and not yet released instead: recv_slots_[i] is the slot message i arrived in
   // (kHeld) or kNoSlot (kIdle), and recv_free_ the indices free for the next (at most
   // recv_credits messages are held at once: each took a credit, returned on its Release).
+  // early_shared_: the shared queue's receives that came before the handshake ended, which a
+  // peer keeping to its window cannot send more of than recv_credits.
   enum class RecvState : uint8_t { kPosted, kHeld, kIdle };
   std::vector<uint32_t> recv_slots_;
   const bool shared_receives_;
-  std::vector<uint32_t> recv_free_ ABSL_GUARDED_BY(domain_);
+  // Oldest first, so that a handle is reused as late as possible: a second Release of one
+  // (the application's bug) is refused rather than giving back a newer message's slot.
+  Ring<uint32_t> recv_free_ ABSL_GUARDED_BY(domain_);
+  uint32_t early_shared_ ABSL_GUARDED_BY(domain_) = 0;
   // A slot of the connection's own for credit frames, and whether one is in flight from it.
   uint32_t control_slot_ = SlotPool::kNoSlot;
   bool control_busy_ ABSL_GUARDED_BY(domain_) = false;

@@ -234,12 +234,8 @@ void Connection::ExitLocked() {
       changed = true;
       continue;
     }
-    if (state_ != State::kConnecting && !early_.empty()) {
-      while (!early_.empty()) {
-        const ibv_wc wc = early_.front();
-        early_.pop_front();
-        HandleCompletionLocked(wc, events);
-      }
+    if (state_ != State::kConnecting && (!early_.empty() || early_shared_ > 0)) {
+      HandleEarlyLocked(events);
       changed = true;
     }
     if (changed) {
@@ -266,14 +262,18 @@ void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
   ExitTask* exits = nullptr;                       // run after the exit (RunAfterExit)
   Events events;
   if (!pending_events_.empty()) events.swap(pending_events_);  // older: first
-  if (state_ != State::kConnecting) {
-    while (!early_.empty()) {
-      const ibv_wc wc = early_.front();
-      early_.pop_front();
-      HandleCompletionLocked(wc, events);
-    }
+  if (state_ != State::kConnecting && (!early_.empty() || early_shared_ > 0)) {
+    HandleEarlyLocked(events);
   }
   for (const ibv_wc& wc : wcs) {
+    if (state_ == State::kConnecting && shared_receives_ && IsSharedReceiveId(wc.wr_id) &&
+        ++early_shared_ > options_.recv_credits) {
+      // Past its window before the handshake ended: the shared queue's receives are every
+      // connection's, and this peer's are not kept while nothing checks its credits. The
+      // connection fails once the handshake is done (HandleEarlyLocked).
+      GiveSlot(static_cast<uint32_t>(wc.wr_id & kWorkRequestIndex));
+      continue;
+    }
     if (state_ == State::kConnecting || !early_.empty()) {
       early_.push_back(wc);  // handled in order once the handshake is done
     } else {
@@ -1033,8 +1033,11 @@ bool Connection::OnCompletions(absl::Span<const ibv_wc> wcs) {
   // Another thread is in the domain for a moment (one operation of its own, no user code): the
   // poller does not wait for it. The completions wait here, after any kept before, and the
   // poller tries again on its next pass (RetryStashed). Reserved once: a connection has at most
-  // cq_entries() completions outstanding, so this never grows in steady state.
-  if (stash_.capacity() == 0) stash_.reserve(cq_entries());
+  // cq_entries() completions outstanding, and with a shared receive queue at most its window of
+  // receives besides, so this never grows in steady state.
+  if (stash_.capacity() == 0) {
+    stash_.reserve(cq_entries() + (shared_receives_ ? options_.recv_credits : 0));
+  }
   stash_.insert(stash_.end(), wcs.begin(), wcs.end());
   return RetryStashed();
 }
@@ -1076,6 +1079,20 @@ void Connection::DispatchBatchLocked(Events& events) {
 void Connection::ReplayEarly() {
   // Held by another thread: it hands the poller what is for it when it lets go (ExitLocked).
   if (domain_.TryEnter()) RunBatchLocked({});
+}
+
+void Connection::HandleEarlyLocked(Events& events) {
+  if (early_shared_ > options_.recv_credits) {
+    FailLocked(absl::FailedPreconditionError(
+        absl::StrCat("peer sent beyond its credits (", early_shared_, " frames for ",
+                     options_.recv_credits, " credits) before the handshake ended")));
+  }
+  early_shared_ = 0;  // counted before the handshake only
+  while (!early_.empty()) {
+    const ibv_wc wc = early_.front();
+    early_.pop_front();
+    HandleCompletionLocked(wc, events);
+  }
 }
 
 void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
@@ -1183,8 +1200,8 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
   // back only with its message's Release, so at most recv_credits are held.
   uint32_t index = id;
   if (shared) {
-    index = recv_free_.back();
-    recv_free_.pop_back();
+    index = recv_free_.front();
+    recv_free_.pop_front();
     recv_slots_[index] = slot;
   }
   recv_state_[index] = RecvState::kHeld;

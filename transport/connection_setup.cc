@@ -101,7 +101,7 @@ Connection::~Connection() {
 }
 
 void Connection::FreeSharedReceiveSlot(const ibv_wc& wc) {
-  if ((wc.wr_id & (kRecvBit | kSharedBit)) == (kRecvBit | kSharedBit)) {
+  if (IsSharedReceiveId(wc.wr_id)) {
     static_cast<void>(device_.slots().Free(static_cast<uint32_t>(wc.wr_id & kWorkRequestIndex)));
   }
 }
@@ -166,8 +166,7 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
     // Messages arrive in the queue's slots, which this table holds from delivery to Release.
     recv_slots_.assign(options_.recv_credits, SlotPool::kNoSlot);
     recv_state_.assign(options_.recv_credits, RecvState::kIdle);
-    recv_free_.reserve(options_.recv_credits);
-    for (uint32_t i = options_.recv_credits; i-- > 0;) recv_free_.push_back(i);
+    for (uint32_t i = 0; i < options_.recv_credits; ++i) recv_free_.push_back(i);
     return absl::OkStatus();
   }
   for (uint32_t i = 0; i < options_.recv_credits; ++i) {

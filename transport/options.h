@@ -19,7 +19,8 @@ namespace zrpc::transport {
 // figures).
 struct ConnectionOptions {
   // RECVs kept posted for the peer: its credits, so the messages it may have in flight. At
-  // least kMinCredits. Each holds a pool slot for the connection's lifetime.
+  // least kMinCredits. Each holds a pool slot for the connection's lifetime (with the poller's
+  // shared receive queue: the queue holds them, and the connection only the messages it holds).
   uint32_t recv_credits = 32;
   // Send queue entries. Must be at least 2 * kSignalInterval so selective signalling frees
   // entries before the queue fills.
@@ -53,7 +54,8 @@ struct PollerOptions {
   PollMode mode = PollMode::kBusy;
   // Completion queue entries (capped at the device's maximum: 32767 on rxe, millions on
   // ConnectX); bounds the connections it serves, each reserving send_queue_depth +
-  // recv_credits + 2 (98 with default options: 334 connections on rxe). A few MiB of memory.
+  // recv_credits + 2 (98 with default options: 334 connections on rxe), or send_queue_depth + 2
+  // with a shared receive queue, whose receives are reserved once. A few MiB of memory.
   int cq_size = 65536;
   // Event mode: the most the loop keeps polling after its last completion before it arms the CQ
   // and sleeps, in [0, 1s]. Within it the loop polls for about twice its recent idle stretches,
@@ -66,7 +68,7 @@ struct PollerOptions {
   // queue's receives hold this many pool slots for the poller's lifetime, and the poller admits a
   // connection only while its connections' windows (recv_credits) sum to at most this many. Its
   // completion-queue entries are reserved once, and a connection then reserves only its send
-  // queue's. At most the device's max_srq_wr.
+  // queue's. At most the device's max_srq_wr and half of cq_size (as the device caps it).
   uint32_t shared_receive_queue = 0;
 };
 

@@ -98,6 +98,10 @@ void Poller::Shutdown() {
     if (absl::Now() > deadline) {
       ZRPC_LOG(kWarning, "transport", "poller shut down with connections that did not drain");
       absl::MutexLock lock(&mu_);
+      for (const auto& [qp_num, connection] : connections_) {
+        cqes_reserved_ -= connection->cq_entries();
+        if (srq_ != nullptr) srq_->Unreserve(connection->options_.recv_credits);
+      }
       connections_.clear();
       break;
     }
@@ -156,6 +160,16 @@ void Poller::Wake() {
     ssize_t written = write(wake_fd_, &one, sizeof(one));
     static_cast<void>(written);
   }
+}
+
+uint64_t Poller::Capacity(const ConnectionOptions& options) const {
+  const bool shared = srq_ != nullptr;
+  const uint32_t receives = shared ? srq_->size() : 0;
+  const uint32_t window = std::max<uint32_t>(options.recv_credits, 1);
+  uint64_t connections =
+      (static_cast<uint64_t>(cq_capacity_) - receives) / CqEntriesFor(options, shared);
+  if (shared) connections = std::min<uint64_t>(connections, receives / window);
+  return connections;
 }
 
 absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
@@ -388,7 +402,8 @@ int Poller::PollCq() {
     int end = i + 1;
     while (end < n && wcs[end].qp_num == qp_num) ++end;
     // A completion of a connection already gone (flushed after it was unregistered) is dropped:
-    // the connection freed its slots when it was destroyed.
+    // the connection freed its slots when it was destroyed, but not a shared queue's receive
+    // that came for it, whose slot the queue handed on (TakeSharedReceives): that goes back.
     if (Connection* connection = FindFromLoop(qp_num)) {
       if (!connection->OnCompletions(absl::MakeConstSpan(&wcs[i], static_cast<size_t>(end - i))) &&
           !connection->stash_listed_) {
@@ -399,7 +414,7 @@ int Poller::PollCq() {
       // Receives of the shared queue that came for a connection already gone: their slots were
       // taken from the queue for it, and nobody else will give them back.
       for (int k = i; k < end; ++k) {
-        if ((wcs[k].wr_id & (kRecvBit | kSharedBit)) == (kRecvBit | kSharedBit)) {
+        if (IsSharedReceiveId(wcs[k].wr_id)) {
           static_cast<void>(
               slot_cache_.Free(static_cast<uint32_t>(wcs[k].wr_id & kWorkRequestIndex)));
         }
@@ -416,7 +431,7 @@ void Poller::TakeSharedReceives(ibv_wc* wcs, int n) {
   if (n == 0 && srq_->posted() == srq_->size()) return;
   for (int i = 0; i < n; ++i) {
     uint64_t& id = wcs[i].wr_id;
-    if ((id & (kRecvBit | kSharedBit)) != (kRecvBit | kSharedBit)) continue;
+    if (!IsSharedReceiveId(id)) continue;
     // The entry's slot goes with the completion to its connection; the entry is posted again
     // with a fresh slot before any connection handles the batch (and sends the credits the
     // queue's receives back).

@@ -101,6 +101,9 @@ class Poller {
   // Entries of its completion queue (cq_size capped at the device's maximum): what bounds the
   // connections it can serve (CqEntriesFor each).
   int cq_capacity() const { return cq_capacity_; }
+  // Connections with `options` it can hold at once: what its completion queue can take, and,
+  // with a shared receive queue, the windows that queue backs.
+  uint64_t Capacity(const ConnectionOptions& options) const;
   // Whether the calling thread is running a poller's loop (or RunOnce) now: handlers and the
   // callbacks they run are. Code that would wait for something only a poller can produce (a
   // send slot, a completion) must not wait there: it would wait for itself.
@@ -118,12 +121,12 @@ class Poller {
   // Passes of the loop, and (event mode) times it woke from sleep: how tests see it sleeping.
   uint64_t passes() const { return passes_.load(std::memory_order_relaxed); }
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
-  // Event mode: how long the loop polled, or will poll, in its latest idle stretch before
-  // sleeping (adaptive_spin.h; at most PollerOptions::spin, zero while traffic is sparser than
-  // it). Zero in busy mode and before the first idle stretch.
   // With a shared receive queue: its receives posted now (the queue's size but for a moment
   // after completions, or while the slot pool is exhausted); 0 without one. Any thread.
   uint32_t shared_receives_posted() const { return shared_posted_.load(std::memory_order_relaxed); }
+  // Event mode: how long the loop polled, or will poll, in its latest idle stretch before
+  // sleeping (adaptive_spin.h; at most PollerOptions::spin, zero while traffic is sparser than
+  // it). Zero in busy mode and before the first idle stretch.
   absl::Duration spin_budget() const {
     return absl::Nanoseconds(spin_budget_ns_.load(std::memory_order_relaxed));
   }

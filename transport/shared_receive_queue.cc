@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> SharedReceiveQueue::Create(D
 }
 
 SharedReceiveQueue::~SharedReceiveQueue() {
+  if (srq_ == nullptr) return;  // Create failed before the queue existed: nothing was posted
   if (const int rc = ibv_destroy_srq(srq_.release()); rc != 0) {
     ZRPC_LOG(kWarning, "transport", "ibv_destroy_srq failed (", rc,
              "): a queue pair is still attached; its ", posted(), " posted slots are left to it");

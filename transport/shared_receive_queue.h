@@ -19,16 +19,32 @@
 // recv_credits, credits.h); with the queue those receives are the queue's, and the poller admits
 // a connection only while the windows of its connections sum to at most `size` (Reserve). Every
 // grant is then backed by a posted receive, so a peer that keeps to its credits never meets
-// receiver-not-ready; one that overruns them is refused on its first excess message
-// (CreditAccount::OnConsumed) and hurts only its own connection.
+// receiver-not-ready. One that overruns them is cut off at its first excess message
+// (CreditAccount::OnConsumed; before the handshake has ended, at the first past its window),
+// but until its poller has seen that message, the messages it sent on take receives of the
+// queue that other connections' peers may then find missing for a moment: they meet
+// receiver-not-ready and retry (cm_util.h's RNR retries) while the poller posts the queue full
+// again. A grant of credits from a shared budget (issue 35) will also bound this burst.
 //
 // Teardown. A queue pair attached to the queue owns no receive: when it fails, nothing of the
 // queue is flushed or lost, and a completion of its that the poller meets after the connection
-// has gone gives its slot back to the pool (Poller::PollCq), so none is lost whenever it comes.
-// The specification's last-WQE-reached event is not awaited: rxe never raises it
-// (tools/probes/srq_mw_probe.c).
+// has gone gives its slot back to the pool (Poller::PollCq). The specification's last-WQE-reached
+// event, after which no receive of the queue pair can still complete, is not awaited yet: rxe
+// never raises it (tools/probes/srq_mw_probe.c), and a connection is destroyed only after its
+// drain marker came back flushed, behind every completion of a message it had received. A
+// device that drops a destroyed queue pair's unpolled completions and takes their receives back
+// (mlx5 does) would leave those entries out of the queue's count until the poller goes:
+// awaiting the event where the device raises it is the remedy, and is to come with the device's
+// asynchronous events.
 //
-// Threads: the poller's loop thread only, after creation (Reserve and Release: under the
+// Pool. The queue's receives are taken again from the device's slot pool as messages arrive;
+// held messages and outgoing messages take from it too. When the pool is exhausted (at
+// SlotPoolOptions::max_slots) the queue waits, short, for slots to come back (Refill runs on
+// every pass, and an event-mode poller sleeps at most a millisecond meanwhile), and peers may
+// meet receiver-not-ready meanwhile; size max_slots for the queues, the windows held and the
+// sends (max_send_slots per connection).
+//
+// Threads: the poller's loop thread only, after creation (Reserve and Unreserve: under the
 // poller's lock).
 #ifndef ZRPC_TRANSPORT_SHARED_RECEIVE_QUEUE_H_
 #define ZRPC_TRANSPORT_SHARED_RECEIVE_QUEUE_H_

@@ -22,6 +22,11 @@ inline constexpr uint64_t kSharedBit = uint64_t{1} << 61;
 // The index, entry or slot below the kind bits.
 inline constexpr uint64_t kWorkRequestIndex = kSharedBit - 1;
 
+// Whether `wr_id` is a receive of a shared queue.
+inline bool IsSharedReceiveId(uint64_t wr_id) {
+  return (wr_id & (kRecvBit | kSharedBit)) == (kRecvBit | kSharedBit);
+}
+
 }  // namespace zrpc::transport
 
 #endif  // ZRPC_TRANSPORT_WORK_REQUEST_ID_H_

@@ -50,6 +50,7 @@ absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const ch
   transport::PollerOptions poller_options;
   poller_options.mode = options.poll_mode;
   poller_options.spin = options.spin;
+  poller_options.shared_receive_queue = options.shared_receive_queue;
   for (int i = 0; i < options.pollers; ++i) {
     absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
         transport::Poller::Create(*parts.device, poller_options);

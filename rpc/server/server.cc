@@ -45,12 +45,11 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   core->pollers_ = std::move(parts->pollers);
   core->pool_ = std::make_unique<HandlerPool>(options.handler_threads, options.spin);
   // Admission within what the pollers can hold: a connection refused at the door ("server
-  // full") is better than one accepted and then refused its completion-queue entries, and no
-  // single address may take every place.
+  // full") is better than one accepted and then refused its completion-queue entries or its
+  // shared receive queue's window, and no single address may take every place.
   transport::ListenerOptions& listener = core->options_.listener;
   uint64_t capacity = 0;
-  const uint32_t per_connection = transport::CqEntriesFor(listener.connection);
-  for (const auto& poller : core->pollers_) capacity += poller->cq_capacity() / per_connection;
+  for (const auto& poller : core->pollers_) capacity += poller->Capacity(listener.connection);
   listener.max_connections = static_cast<uint32_t>(
       std::max<uint64_t>(1, std::min<uint64_t>(listener.max_connections, capacity)));
   listener.max_connections_per_peer = std::max<uint32_t>(

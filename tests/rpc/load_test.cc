@@ -52,23 +52,12 @@ TEST_CASE(
   Runtime rt(config, server_options, FastKeepalives());
   Greeter::Stub stub(rt.channel.get());
   constexpr int kCalls = 36;  // more than the 32 receives a connection gives the server
-  std::vector<HelloRequest> requests(kCalls);
-  std::vector<HelloReply> replies(kCalls);
-  std::vector<absl::Status> statuses(kCalls);
-  std::atomic<int> done{0};
-  absl::Notification all_done;
+  zrpc::testing::HelloBatch calls(stub, std::vector<std::string>(kCalls, "sleep:1500"), kLong);
+  REQUIRE(calls.Wait(kLong));  // "sleep:1500": 7 keepalive timeouts
   for (int i = 0; i < kCalls; ++i) {
-    requests[i].set_name("sleep:1500");  // 7 keepalive timeouts
-    stub.AsyncSayHello(requests[i], &replies[i], Within(kLong), [&, i](absl::Status s) {
-      statuses[i] = std::move(s);
-      if (done.fetch_add(1) + 1 == kCalls) all_done.Notify();
-    });
-  }
-  REQUIRE(all_done.WaitForNotificationWithTimeout(kLong));
-  for (int i = 0; i < kCalls; ++i) {
-    INFO("call " << i << ": " << statuses[i]);
-    CHECK(statuses[i].ok());
-    CHECK(replies[i].message() == "Hello, sleep:1500");
+    INFO("call " << i << ": " << calls.status(i));
+    CHECK(calls.status(i).ok());
+    CHECK(calls.reply(i).message() == "Hello, sleep:1500");
   }
   CHECK(rt.channel->stats().connections_lost == 0);
 }

@@ -239,6 +239,45 @@ inline HelloRequest Named(const std::string& name) {
   return request;
 }
 
+// SayHello calls started together, asynchronously, one per name, each within `timeout`.
+// Wait() waits up to `within` for all of them to end; the statuses and replies are in the
+// order of the names. The calls' memory lives as long as the batch or its last callback.
+class HelloBatch {
+ public:
+  HelloBatch(Greeter::Stub& stub, const std::vector<std::string>& names, absl::Duration timeout)
+      : state_(std::make_shared<State>(names.size())) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      state_->requests[i].set_name(names[i]);
+      stub.AsyncSayHello(state_->requests[i], &state_->replies[i], CallOptions::Timeout(timeout),
+                         [state = state_, i](absl::Status s) {
+                           state->statuses[i] = std::move(s);
+                           if (state->done.fetch_add(1) + 1 == state->statuses.size()) {
+                             state->all_done.Notify();
+                           }
+                         });
+    }
+  }
+  bool Wait(absl::Duration within) {
+    return state_->all_done.WaitForNotificationWithTimeout(within);
+  }
+  const absl::Status& status(size_t i) const { return state_->statuses[i]; }
+  const HelloReply& reply(size_t i) const { return state_->replies[i]; }
+  size_t size() const { return state_->statuses.size(); }
+
+ private:
+  struct State {
+    explicit State(size_t n) : requests(n), replies(n), statuses(n) {
+      if (n == 0) all_done.Notify();
+    }
+    std::vector<HelloRequest> requests;
+    std::vector<HelloReply> replies;
+    std::vector<absl::Status> statuses;
+    std::atomic<size_t> done{0};
+    absl::Notification all_done;
+  };
+  std::shared_ptr<State> state_;
+};
+
 inline std::string Pattern(size_t size, uint32_t seed) {
   std::string bytes(size, '\0');
   zrpc::testing::Fill(reinterpret_cast<uint8_t*>(bytes.data()), size, seed);

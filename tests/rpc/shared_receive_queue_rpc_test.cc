@@ -1,0 +1,139 @@
+// The runtime over shared receive queues (RuntimeOptions::shared_receive_queue) on a real device
+// (tag "rdma"): calls, bulk payloads both ways and keepalives on a server and a channel whose
+// pollers share one receive queue each, held calls that do not starve the queue, and a server
+// whose admission follows the windows its queues back.
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tests/rdma_device.h"
+#include "tests/rpc/runtime_fixture.h"
+
+namespace {
+
+using zrpc::testing::Greeter;
+using zrpc::testing::HelloBatch;
+using zrpc::testing::HelloReply;
+using zrpc::testing::Key;
+using zrpc::testing::kLong;
+using zrpc::testing::ObjectInfo;
+using zrpc::testing::ObjectStore;
+using zrpc::testing::Pattern;
+using zrpc::testing::PutReply;
+using zrpc::testing::Runtime;
+using zrpc::testing::Within;
+
+constexpr uint32_t kWindow = 16;
+
+zrpc::ServerOptions SharedServer(uint32_t receives) {
+  zrpc::ServerOptions options;
+  options.shared_receive_queue = receives;
+  options.listener.connection.recv_credits = kWindow;
+  return options;
+}
+
+zrpc::ChannelOptions SharedChannel(uint32_t receives, int connections) {
+  zrpc::ChannelOptions options;
+  options.shared_receive_queue = receives;
+  options.connection.recv_credits = kWindow;
+  options.connections = connections;
+  options.keepalive_interval = absl::Milliseconds(100);
+  options.keepalive_timeout = absl::Milliseconds(200);
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("calls and bulk payloads both ways run over shared receive queues on both sides") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Runtime rt(config, SharedServer(2 * kWindow), SharedChannel(2 * kWindow, 2));
+  Greeter::Stub greeter(rt.channel.get());
+  ObjectStore::Stub store(rt.channel.get());
+
+  // Many more calls in flight than the windows hold: the rest wait for credits.
+  std::vector<std::string> names;
+  for (int i = 0; i < 300; ++i) names.push_back(absl::StrCat("caller ", i));
+  HelloBatch calls(greeter, names, kLong);
+  REQUIRE(calls.Wait(kLong));
+  for (size_t i = 0; i < calls.size(); ++i) {
+    INFO("call " << i << ": " << calls.status(i));
+    REQUIRE(calls.status(i).ok());
+    CHECK(calls.reply(i).message() == "Hello, " + names[i]);
+  }
+
+  // A payload into the server's arena and one back into the channel's, and one too large for
+  // either arena, pulled.
+  for (const size_t size : {size_t{100} << 10, size_t{1} << 20}) {
+    INFO("payload of " << size << " bytes");
+    const std::string bytes = Pattern(size, static_cast<uint32_t>(size));
+    PutReply put;
+    REQUIRE(
+        store
+            .Put(Key("object"), zrpc::OutgoingBulk(bytes.data(), bytes.size()), &put, Within(kLong))
+            .ok());
+    CHECK(put.stored_bytes() == size);
+    ObjectInfo info;
+    zrpc::IncomingBulk got;
+    REQUIRE(store.Get(Key("object"), &info, &got, Within(kLong)).ok());
+    CHECK(got.view() == bytes);
+  }
+  const zrpc::ChannelStats stats = rt.channel->stats();
+  CHECK(stats.connections_lost == 0);
+}
+
+// The server's handlers hold more calls than one window while keepalives fall due: the held
+// requests keep the slots they arrived in, the queue is posted again at once, and the pings and
+// the calls past the window still find receives.
+TEST_CASE("a server holding calls past its window over a shared queue is not declared dead") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ServerOptions server_options = SharedServer(kWindow);
+  server_options.handler_threads = kWindow + 4;
+  Runtime rt(config, server_options, SharedChannel(kWindow, 1));
+  Greeter::Stub stub(rt.channel.get());
+  // "sleep:1000": ten keepalive intervals.
+  HelloBatch calls(stub, std::vector<std::string>(kWindow + 8, "sleep:1000"), kLong);
+  REQUIRE(calls.Wait(kLong));
+  for (size_t i = 0; i < calls.size(); ++i) {
+    INFO("call " << i << ": " << calls.status(i));
+    CHECK(calls.status(i).ok());
+  }
+  CHECK(rt.channel->stats().connections_lost == 0);
+}
+
+TEST_CASE("a server with shared receive queues admits as many connections as their windows fit") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  // One poller whose queue backs four windows: the server takes four connections, and (every
+  // client of this test sharing the guest's one address) two from one address.
+  Runtime rt(config, SharedServer(4 * kWindow), SharedChannel(2 * kWindow, 2));
+  Greeter::Stub stub(rt.channel.get());
+  HelloReply reply;
+  REQUIRE(stub.SayHello(zrpc::testing::Named("first"), &reply, Within(kLong)).ok());
+  REQUIRE(rt.channel->Connect(absl::Now() + kLong).ok());
+
+  zrpc::ChannelOptions third_options = SharedChannel(kWindow, 1);
+  third_options.device = rt.config;
+  third_options.connect_timeout = absl::Seconds(5);
+  auto third = zrpc::CreateChannel(rt.target(), third_options);
+  REQUIRE(third.ok());
+  Greeter::Stub third_stub(third->get());
+  const absl::Status refused =
+      third_stub.SayHello(zrpc::testing::Named("third"), &reply, Within(absl::Seconds(10)));
+  INFO(refused);
+  CHECK(refused.code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::StrContains(refused.message(), "2 connections from that address"));
+
+  // Once the first channel has gone, the third gets in.
+  rt.channel.reset();
+  absl::Status admitted;
+  for (const absl::Time until = absl::Now() + kLong; absl::Now() < until;) {
+    admitted = third_stub.SayHello(zrpc::testing::Named("third"), &reply, Within(kLong));
+    if (admitted.ok()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  INFO(admitted);
+  CHECK(admitted.ok());
+  CHECK(reply.message() == "Hello, third");
+}
