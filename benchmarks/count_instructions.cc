@@ -4,10 +4,13 @@
 // `valgrind --tool=callgrind` (benchmarks/count_instructions.sh reads the counts).
 //
 //   count_instructions transport|rpc [--calls N] [--warmup N] [--size B] [--depth D]
+//                                    [--shared-receive-queue R]
 //
 // transport: zrpc's transport alone (transport::Connection, the echo transport_bench measures).
 // rpc: the generated Bench service's Echo, inline handler, async calls chained from their
 // callbacks (zrpc_bench's configuration), through Server and ClientChannel.
+// --shared-receive-queue R: both sides' pollers share a receive queue of R receives among their
+// connections (PollerOptions::shared_receive_queue) instead of a queue per connection.
 //
 // After the warm-up (dumped first, so that the counters start from zero) it runs two phases of
 // --calls round trips each, dumped after each (callgrind client requests; without valgrind they
@@ -46,7 +49,8 @@ namespace {
 using fakeverbs::FakeDevice;
 
 constexpr char kUsage[] =
-    "usage: count_instructions transport|rpc [--calls N] [--warmup N] [--size B] [--depth D]\n";
+    "usage: count_instructions transport|rpc [--calls N] [--warmup N] [--size B] [--depth D]\n"
+    "                                        [--shared-receive-queue R]\n";
 
 struct Args {
   std::string mode;
@@ -54,6 +58,7 @@ struct Args {
   uint64_t warmup = 1000;
   uint64_t size = 64;
   uint64_t depth = 1;
+  uint64_t shared_receive_queue = 0;
 };
 
 // "phase N: CALLS calls, SENDS sends, COMPLETIONS completions, S send doorbells, R receive
@@ -156,8 +161,10 @@ int RunTransport(const Args& args) {
   }
   // Two pollers, never started: this thread runs their passes, through the same seam as the
   // RPC runtime's (manual_pollers.h), so that both modes pay the same for driving.
-  auto server_made = transport::Poller::Create(**device);
-  auto client_made = transport::Poller::Create(**device);
+  transport::PollerOptions poller_options;
+  poller_options.shared_receive_queue = static_cast<uint32_t>(args.shared_receive_queue);
+  auto server_made = transport::Poller::Create(**device, poller_options);
+  auto client_made = transport::Poller::Create(**device, poller_options);
   if (!server_made.ok() || !client_made.ok()) return 1;
   std::shared_ptr<transport::Poller> server_poller = *std::move(server_made);
   std::shared_ptr<transport::Poller> client_poller = *std::move(client_made);
@@ -212,6 +219,7 @@ int RunRpc(const Args& args) {
   server_options.address = fakeverbs::kAddress;
   server_options.port = 0;
   server_options.inline_by_default = true;
+  server_options.shared_receive_queue = static_cast<uint32_t>(args.shared_receive_queue);
   // No sweeper passes, and (below) no keepalives: they run by the clock, not by the calls, and a
   // pass that fell in a phase moved its counts (8.10 atomics per round trip, 1 run in 3).
   server_options.idle_timeout = absl::ZeroDuration();
@@ -227,6 +235,7 @@ int RunRpc(const Args& args) {
   ChannelOptions channel_options;
   channel_options.device = FakeDevice();
   channel_options.keepalive_interval = absl::ZeroDuration();
+  channel_options.shared_receive_queue = static_cast<uint32_t>(args.shared_receive_queue);
   absl::StatusOr<std::unique_ptr<ClientChannel>> channel =
       CreateChannel(absl::StrCat(fakeverbs::kAddress, ":", (*server)->port()), channel_options);
   s = channel.ok() ? (*channel)->Connect(absl::Now() + absl::Seconds(10)) : channel.status();
@@ -308,6 +317,8 @@ int main(int argc, char** argv) {
       args.size = value;
     } else if (flag == "--depth") {
       args.depth = value;
+    } else if (flag == "--shared-receive-queue") {
+      args.shared_receive_queue = value;
     } else {
       std::fprintf(stderr, "count_instructions: unknown flag %s\n%s", flag.c_str(),
                    zrpc::bench::kUsage);

@@ -15,22 +15,25 @@
 # post_send is a system call); they belong to the device, not to zrpc's layers.
 #
 # Usage: count_instructions.sh COUNT_INSTRUCTIONS OUT_DIR [--calls N] [--warmup N] [--depth D]
+#                                [--shared-receive-queue R]
 #
 # --depth D keeps D round trips in flight (count_instructions' chains), so that a poller pass
 # handles batches; the doorbells (ibv_post_send and ibv_post_recv calls) per round trip show what
 # a batch shares. They are printed after the table, and written to OUT_DIR/doorbells.tsv.
+# --shared-receive-queue R counts both sides with a shared receive queue of R receives per poller.
 #
 # The two phases are the same work: they must agree (to 0.5 %) or the count is not exact and
 # the script fails. Needs valgrind (tools/install-deps installs it).
 set -euo pipefail
 bin=$1 out=$2
 shift 2
-calls=500 warmup=500 depth=1
+calls=500 warmup=500 depth=1 srq=()
 while (($#)); do
   case "$1" in
     --calls) calls=${2-} ;;
     --warmup) warmup=${2-} ;;
     --depth) depth=${2-} ;;
+    --shared-receive-queue) srq=(--shared-receive-queue "${2-}") ;;
     *) echo "count_instructions.sh: unknown flag $1" >&2; exit 2 ;;
   esac
   (($# >= 2)) || { echo "count_instructions.sh: $1 needs a value" >&2; exit 2; }
@@ -50,7 +53,7 @@ for mode in transport rpc; do
     --toggle-collect=rdma_ack_cm_event --toggle-collect=ibv_get_cq_event \
     --toggle-collect=ibv_ack_cq_events --collect-atstart=yes \
     --callgrind-out-file="$out/callgrind.$mode" "$bin" "$mode" --calls "$calls" \
-    --warmup "$warmup" --depth "$depth" >"$out/$mode.log" 2>&1 || {
+    --warmup "$warmup" --depth "$depth" "${srq[@]}" >"$out/$mode.log" 2>&1 || {
     echo "count_instructions.sh: count_instructions $mode failed:" >&2
     tail -n 20 "$out/$mode.log" >&2
     exit 1

@@ -657,7 +657,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<bool> slot_notice_wanted_{false};  // NotifyWhenSendSlotFree
 
   // Verbs objects, in creation order (destroyed in reverse): the id, the arena and its MR, the
-  // QP. The id's events go to the poller's channel once the connection is open.
+  // QP. The id's events go to the poller's channel once the connection is open, and the setup
+  // channel (a client's, while it connects) is closed then.
   CmChannelOwner setup_channel_;
   CmIdOwner id_;
   PageBuffer arena_;

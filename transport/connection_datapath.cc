@@ -960,7 +960,7 @@ absl::Status Connection::ReleaseLocked(uint64_t handle) {
   auto index = static_cast<uint32_t>(handle);
   recv_state_[index] = RecvState::kIdle;
   if (shared_receives_) {
-    // The slot goes back to the pool: the shared queue was refilled when it arrived.
+    // The slot goes back: the shared queue was refilled when it arrived.
     GiveSlot(recv_slots_[index]);
     recv_slots_[index] = SlotPool::kNoSlot;
     recv_free_.push_back(index);

@@ -268,6 +268,9 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   c->AcceptHello(*peer);
   c->peer_address_ = PeerAddress(id);  // before the poller can see the id
   if (rdma_migrate_id(id, poller.cm_channel()) != 0) return VerbsError("rdma_migrate_id", errno);
+  // No id is left on the setup channel: its file descriptor goes now, not with the connection
+  // (a client with thousands of connections would hold as many).
+  c->setup_channel_.reset();
   // An event that arrived before the migration (the peer hung up at once) moved with the id but
   // woke nobody: have the poller look.
   poller.LookAtCmChannel();

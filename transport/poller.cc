@@ -396,7 +396,8 @@ int Poller::PollCq() {
   // Completions of one connection tend to come together: each run of them is looked up once and
   // handled under one lock of the connection (Connection::OnCompletions).
   if (n > 0) current_batch = ++batches;
-  if (srq_ != nullptr) TakeSharedReceives(wcs, n);
+  // Nothing to take, and nothing left short by an exhausted pool: the busy loop's empty pass.
+  if (srq_ != nullptr && (n > 0 || srq_->posted() < srq_->size())) TakeSharedReceives(wcs, n);
   for (int i = 0; i < n;) {
     const uint32_t qp_num = wcs[i].qp_num;
     int end = i + 1;
@@ -427,17 +428,17 @@ int Poller::PollCq() {
 }
 
 void Poller::TakeSharedReceives(ibv_wc* wcs, int n) {
-  // Nothing to take, and nothing left short by an exhausted pool: the busy loop's empty pass.
-  if (n == 0 && srq_->posted() == srq_->size()) return;
   for (int i = 0; i < n; ++i) {
     uint64_t& id = wcs[i].wr_id;
     if (!IsSharedReceiveId(id)) continue;
     // The entry's slot goes with the completion to its connection; the entry is posted again
     // with a fresh slot before any connection handles the batch (and sends the credits the
     // queue's receives back).
-    id = kRecvBit | kSharedBit | srq_->Take(static_cast<uint32_t>(id & kWorkRequestIndex));
+    id = kRecvBit | kSharedBit |
+         srq_->Take(static_cast<uint32_t>(id & kWorkRequestIndex), slot_cache_);
   }
-  srq_->Refill(slot_cache_);
+  srq_->Post(slot_cache_);
+  srq_->Refill(slot_cache_);  // entries an exhausted pool left short, now or before
   shared_posted_.store(srq_->posted(), std::memory_order_relaxed);
 }
 

@@ -31,8 +31,14 @@ absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> SharedReceiveQueue::Create(D
   queue->srq_.reset(ibv_create_srq(device.pd(), &init));
   if (queue->srq_ == nullptr) return VerbsError("ibv_create_srq", errno);
   queue->slots_.assign(size, SlotPool::kNoSlot);
-  queue->chain_.resize(size);
+  queue->wrs_.resize(size);
   queue->sges_.resize(size);
+  for (uint32_t entry = 0; entry < size; ++entry) {
+    queue->sges_[entry].length = static_cast<uint32_t>(device.slots().slot_size());
+    queue->wrs_[entry].wr_id = kRecvBit | kSharedBit | entry;
+    queue->wrs_[entry].sg_list = &queue->sges_[entry];
+    queue->wrs_[entry].num_sge = 1;
+  }
   queue->unposted_.reserve(size);
   for (uint32_t entry = size; entry-- > 0;) queue->unposted_.push_back(entry);
   // Filled from the pool itself: no poller loop runs yet.
@@ -59,34 +65,28 @@ SharedReceiveQueue::~SharedReceiveQueue() {
 }
 
 void SharedReceiveQueue::RefillSlow(SlotCache& cache) {
-  uint32_t length = 0;
   while (!unposted_.empty()) {
     const uint32_t slot = cache.Allocate();
     if (slot == SlotPool::kNoSlot) {
       ++starved_;
       break;
     }
-    const uint32_t entry = unposted_.back();
+    Chain(unposted_.back(), slot);
     unposted_.pop_back();
-    slots_[entry] = slot;
-    sges_[length] = ibv_sge{reinterpret_cast<uintptr_t>(pool_.data(slot)),
-                            static_cast<uint32_t>(pool_.slot_size()), pool_.lkey(slot)};
-    ibv_recv_wr& wr = chain_[length];
-    wr.wr_id = kRecvBit | kSharedBit | entry;
-    wr.sg_list = &sges_[length];
-    wr.num_sge = 1;
-    wr.next = nullptr;
-    if (length > 0) chain_[length - 1].next = &wr;
-    ++length;
   }
-  if (length == 0) return;
+  Post(cache);
+}
+
+void SharedReceiveQueue::PostChain(SlotCache& cache) {
+  ibv_recv_wr* const head = chain_head_;
+  chain_head_ = chain_tail_ = nullptr;
   ibv_recv_wr* bad = nullptr;
-  if (ibv_post_srq_recv(srq_.get(), chain_.data(), &bad) == 0) return;
-  // From `bad` on nothing was posted: those entries wait for the next refill, their slots back
-  // in the cache. (The queue never holds more than its size, so this is a device failure.)
-  const uint32_t posted = bad == nullptr ? 0 : static_cast<uint32_t>(bad - chain_.data());
-  for (uint32_t i = posted; i < length; ++i) {
-    const auto entry = static_cast<uint32_t>(chain_[i].wr_id & kWorkRequestIndex);
+  if (ibv_post_srq_recv(srq_.get(), head, &bad) == 0) return;
+  // From `bad` on nothing was posted (the whole chain when the device names none): those entries
+  // wait for the next refill, their slots back in the cache. The queue never holds more than its
+  // size, so this is the device failing.
+  for (ibv_recv_wr* wr = bad != nullptr ? bad : head; wr != nullptr; wr = wr->next) {
+    const auto entry = static_cast<uint32_t>(wr->wr_id & kWorkRequestIndex);
     static_cast<void>(cache.Free(slots_[entry]));
     slots_[entry] = SlotPool::kNoSlot;
     unposted_.push_back(entry);

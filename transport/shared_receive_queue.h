@@ -81,15 +81,25 @@ class SharedReceiveQueue {
 
   // ---- The poller's loop.
   // A completion of entry `entry` (its wr_id's index): returns the slot it held, which the
-  // caller now owns, and keeps the entry for Refill.
-  uint32_t Take(uint32_t entry) {
+  // caller now owns, and chains the entry again with a fresh slot from `cache` for Post. When
+  // the pool has none, the entry waits for Refill.
+  uint32_t Take(uint32_t entry, SlotCache& cache) {
     const uint32_t slot = slots_[entry];
-    slots_[entry] = SlotPool::kNoSlot;
-    unposted_.push_back(entry);
+    const uint32_t fresh = cache.Allocate();
+    if (fresh == SlotPool::kNoSlot) {
+      slots_[entry] = SlotPool::kNoSlot;
+      unposted_.push_back(entry);
+    } else {
+      Chain(entry, fresh);
+    }
     return slot;
   }
-  // Posts every entry Take left, each with a fresh slot from `cache`, in one ibv_post_srq_recv.
-  // Entries for which the pool has no slot wait for the next call. Cheap when none waits.
+  // Posts what Take chained, in one ibv_post_srq_recv. Cheap when nothing is chained.
+  void Post(SlotCache& cache) {
+    if (chain_head_ != nullptr) PostChain(cache);
+  }
+  // Chains and posts the entries Take left without a slot, as slots come back (every pass, while
+  // any waits). Cheap when none waits.
   void Refill(SlotCache& cache) {
     if (!unposted_.empty()) RefillSlow(cache);
   }
@@ -111,14 +121,32 @@ class SharedReceiveQueue {
 
  private:
   SharedReceiveQueue(SlotPool& pool, uint32_t size) : pool_(pool), size_(size) {}
+  // Entry `entry` holds `slot` from now on, and goes in the chain Post posts.
+  void Chain(uint32_t entry, uint32_t slot) {
+    slots_[entry] = slot;
+    sges_[entry].addr = reinterpret_cast<uintptr_t>(pool_.data(slot));
+    sges_[entry].lkey = pool_.lkey(slot);
+    ibv_recv_wr* wr = &wrs_[entry];
+    wr->next = nullptr;
+    if (chain_head_ == nullptr) {
+      chain_head_ = wr;
+    } else {
+      chain_tail_->next = wr;
+    }
+    chain_tail_ = wr;
+  }
+  void PostChain(SlotCache& cache);
   void RefillSlow(SlotCache& cache);
 
   SlotPool& pool_;
   const uint32_t size_;
-  std::vector<uint32_t> slots_;     // entry -> its posted slot (kNoSlot: taken, not yet replaced)
-  std::vector<uint32_t> unposted_;  // entries Take left for Refill
-  std::vector<ibv_recv_wr> chain_;  // Refill's, one per entry at most
+  std::vector<uint32_t> slots_;  // entry -> its slot (kNoSlot: waiting in unposted_)
+  // Entry i's work request and scatter entry, filled once but for the slot (Chain).
+  std::vector<ibv_recv_wr> wrs_;
   std::vector<ibv_sge> sges_;
+  ibv_recv_wr* chain_head_ = nullptr;  // what Take chained for Post
+  ibv_recv_wr* chain_tail_ = nullptr;
+  std::vector<uint32_t> unposted_;  // entries the pool had no slot for
   uint64_t starved_ = 0;
   uint32_t reserved_ = 0;
   SrqOwner srq_;

@@ -45,6 +45,7 @@ struct FakeQp;
 namespace entry {
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
+int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int PollCq(ibv_cq* cq, int n, ibv_wc* wc);
 int ReqNotifyCq(ibv_cq* cq, int solicited_only);
 }  // namespace entry
@@ -86,9 +87,19 @@ struct RecvWr {
   std::vector<ibv_sge> sges;
 };
 
+// A shared receive queue: its RECVs serve every QP attached to it, in the order posted. As on rxe,
+// a QP's error flushes none of them.
+struct FakeSrq {
+  ibv_srq srq{};  // first: an ibv_srq* is a FakeSrq*
+  uint32_t max_wr = 0, max_sge = 0;
+  std::deque<RecvWr> recvs;
+  std::vector<FakeQp*> qps;  // attached and not yet destroyed
+};
+
 struct FakeQp {
   ibv_qp qp{};  // first: an ibv_qp* is a FakeQp*
   FakeQp* peer = nullptr;
+  FakeSrq* srq = nullptr;  // its RECVs' queue when set, else `recvs`
   bool error = false;
   bool sq_sig_all = false;
   uint32_t max_send_wr = 0, max_recv_wr = 0, max_send_sge = 0, max_recv_sge = 0;
@@ -259,10 +270,13 @@ FakeMr* FindMr(uint32_t key, uint64_t addr, uint64_t length, int access) {
   return mr;
 }
 
-// Lands `p` in the RECV at the front of `to` (which must have one).
+// The RECVs a SEND to `qp` lands in: its shared queue's, or its own.
+std::deque<RecvWr>& Recvs(FakeQp* qp) { return qp->srq != nullptr ? qp->srq->recvs : qp->recvs; }
+
+// Lands `p` in the RECV at the front of `to`'s queue (which must have one).
 void Deliver(FakeQp* to, const Pending& p) {
-  RecvWr recv = std::move(to->recvs.front());
-  to->recvs.pop_front();
+  RecvWr recv = std::move(Recvs(to).front());
+  Recvs(to).pop_front();
   ibv_wc wc = Wc(to, recv.wr_id, IBV_WC_SUCCESS, IBV_WC_RECV);
   wc.src_qp = p.from != nullptr ? p.from->qp.qp_num : 0;
   if (p.with_imm) {
@@ -304,7 +318,7 @@ void SendToPeer(FakeQp* qp, Pending p) {
     ToError(qp);
     return;
   }
-  if (peer->recvs.empty()) {
+  if (Recvs(peer).empty()) {
     peer->waiting.push_back(std::move(p));
     return;
   }
@@ -337,6 +351,7 @@ void InitDevice() {
     context.ops.req_notify_cq = entry::ReqNotifyCq;
     context.ops.post_send = entry::PostSend;
     context.ops.post_recv = entry::PostRecv;
+    context.ops.post_srq_recv = entry::PostSrqRecv;
     context.cmd_fd = -1;
     context.async_fd = -1;
     context.num_comp_vectors = 1;
@@ -593,6 +608,32 @@ int PostRecv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   return 0;
 }
 
+int PostSrqRecv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  std::lock_guard<std::mutex> lock(mu);
+  ++stats.recv_posts;
+  auto* srq = reinterpret_cast<FakeSrq*>(ibsrq);
+  for (; wr != nullptr; wr = wr->next) {
+    if (static_cast<uint32_t>(wr->num_sge) > srq->max_sge || srq->recvs.size() >= srq->max_wr) {
+      *bad = wr;
+      return srq->recvs.size() >= srq->max_wr ? ENOMEM : EINVAL;
+    }
+    ++stats.recvs_posted;
+    RecvWr recv;
+    recv.wr_id = wr->wr_id;
+    recv.sges.assign(wr->sg_list, wr->sg_list + wr->num_sge);
+    srq->recvs.push_back(std::move(recv));
+    // A send waiting at one of its QPs (the first found: no fairness is modelled) takes it.
+    for (FakeQp* qp : srq->qps) {
+      if (qp->waiting.empty() || qp->error) continue;
+      Pending p = std::move(qp->waiting.front());
+      qp->waiting.pop_front();
+      Deliver(qp, p);
+      break;
+    }
+  }
+  return 0;
+}
+
 int PollCq(ibv_cq* cq, int n, ibv_wc* wc) {
   std::lock_guard<std::mutex> lock(mu);
   auto* fake = reinterpret_cast<FakeCq*>(cq);
@@ -808,7 +849,7 @@ int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
 int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
   std::lock_guard<std::mutex> lock(mu);
   // rxe's limit: devices refuse an inline request above theirs rather than grant less.
-  if (attr->cap.max_inline_data > 512 || attr->qp_type != IBV_QPT_RC || attr->srq != nullptr) {
+  if (attr->cap.max_inline_data > 512 || attr->qp_type != IBV_QPT_RC) {
     errno = EINVAL;
     return -1;
   }
@@ -827,6 +868,11 @@ int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
   qp->max_send_sge = attr->cap.max_send_sge;
   qp->max_recv_sge = attr->cap.max_recv_sge;
   qp->max_inline = attr->cap.max_inline_data;
+  if (attr->srq != nullptr) {
+    qp->srq = reinterpret_cast<FakeSrq*>(attr->srq);
+    qp->srq->qps.push_back(qp);
+    qp->qp.srq = attr->srq;
+  }
   id->qp = &qp->qp;
   ++stats.qps_alive;
   id->pd = pd;
@@ -848,12 +894,39 @@ void rdma_destroy_qp(rdma_cm_id* id) {
                  theirs.end());
     qp->peer->peer = nullptr;
   }
+  if (qp->srq != nullptr) {
+    auto& qps = qp->srq->qps;
+    qps.erase(std::remove(qps.begin(), qps.end(), qp), qps.end());
+  }
   delete qp;
   --stats.qps_alive;
   id->qp = nullptr;
 }
 
 int ibv_destroy_qp(ibv_qp*) { return EINVAL; }  // zrpc's QPs belong to cm ids
+
+ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (attr->attr.max_wr == 0 || attr->attr.max_wr > (1u << 20) || attr->attr.max_sge == 0) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* srq = new FakeSrq;
+  srq->srq.context = pd->context;
+  srq->srq.pd = pd;
+  srq->srq.srq_context = attr->srq_context;
+  srq->max_wr = attr->attr.max_wr;
+  srq->max_sge = attr->attr.max_sge;
+  return &srq->srq;
+}
+
+int ibv_destroy_srq(ibv_srq* ibsrq) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto* srq = reinterpret_cast<FakeSrq*>(ibsrq);
+  if (!srq->qps.empty()) return EBUSY;  // as devices refuse while a QP is attached
+  delete srq;
+  return 0;
+}
 
 // ---- rdma_cm ----------------------------------------------------------------------------------
 

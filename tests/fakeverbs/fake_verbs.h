@@ -26,9 +26,9 @@ struct Counters {
   uint64_t sends = 0;         // SEND work requests delivered
   uint64_t writes = 0;        // RDMA WRITEs (with or without immediate) performed
   uint64_t reads = 0;         // RDMA READs performed
-  uint64_t recvs_posted = 0;  // RECV work requests posted
+  uint64_t recvs_posted = 0;  // RECV work requests posted, to a QP or a shared receive queue
   uint64_t send_posts = 0;    // ibv_post_send calls (doorbells), whatever their chains' length
-  uint64_t recv_posts = 0;    // ibv_post_recv calls (doorbells)
+  uint64_t recv_posts = 0;    // ibv_post_recv and ibv_post_srq_recv calls (doorbells)
   uint64_t completions = 0;   // work completions made, successful or not
   uint64_t cq_events = 0;     // completion-channel events raised (an armed CQ got a completion)
   uint64_t errors = 0;        // work completions with an error status

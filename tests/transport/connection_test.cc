@@ -749,6 +749,54 @@ TEST_CASE(
   REQUIRE(c2.WaitFor([&] { return c2.messages.size() == 1; }));
 }
 
+namespace {
+// File descriptors this process has open now.
+int OpenFileDescriptors() {
+  std::error_code error;
+  int count = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    ++count;
+  }
+  return count;
+}
+}  // namespace
+
+// Before: each client connection kept the event channel it connected on, one file descriptor
+// for its lifetime, so a client process with thousands of connections met RLIMIT_NOFILE.
+TEST_CASE("client connections keep no file descriptor of their own once connected",
+          "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  constexpr int kConnections = 20;
+  std::vector<std::unique_ptr<Recorder>> handlers;
+  Setup setup(config);
+  std::vector<std::shared_ptr<Connection>> clients;
+  // One first, so that whatever the device opens once (at its first queue pair) is not counted.
+  for (int round = 0; round < 2; ++round) {
+    const int before = OpenFileDescriptors();
+    for (int i = 0; i < (round == 0 ? 1 : kConnections); ++i) {
+      handlers.push_back(std::make_unique<Recorder>());
+      setup.accepts->Use(setup.server_poller.get(), handlers.back().get());
+      handlers.push_back(std::make_unique<Recorder>());
+      auto c =
+          Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                              setup.listener->port(), handlers.back().get(), {}, kTimeout);
+      INFO(c.status());
+      REQUIRE(c.ok());
+      clients.push_back(*c);
+    }
+    if (round == 1) {
+      const int after = OpenFileDescriptors();
+      std::printf("file descriptors: %d before %d connections, %d after\n", before, kConnections,
+                  after);
+      CHECK(after - before < kConnections / 2);
+    }
+  }
+  for (auto& c : clients) c->Close();
+  for (auto& h : handlers) CHECK(h->WaitFor([&] { return h->closed.has_value(); }));
+  // The server's ends wait in the accept queue, which goes before the pollers (Setup).
+}
+
 TEST_CASE("an event-mode poller sleeps while idle and wakes on traffic", "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Recorder server_handler, client_handler;
