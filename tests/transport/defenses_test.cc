@@ -346,10 +346,23 @@ TEST_CASE("a peer that never returns credits holds at most max_send_slots of the
   CHECK(server.ReleasedEverything(slots_before));
 }
 
-TEST_CASE("a server with default options takes 256 idle connections and still serves calls",
-          "[rdma][transport][defenses]") {
+TEST_CASE(
+    "a server takes 256 idle connections and still serves calls, with default options or a shared "
+    "receive queue",
+    "[rdma][transport][defenses]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
-  Server server(config);  // default ListenerOptions, ConnectionOptions and pool
+  // Default options, or a shared receive queue backing windows of 8 (every option else the
+  // default): then an idle connection holds its credit-frame slot and no receive of its own, and
+  // the queue's receives are the poller's, held once.
+  const bool shared = GENERATE(false, true);
+  ListenerOptions listen;
+  PollerOptions poller = Server::EventMode();
+  if (shared) {
+    listen.connection.recv_credits = 8;
+    poller.shared_receive_queue = 8 * 260;
+  }
+  INFO((shared ? "shared receive queue of 2,080, windows of 8" : "default options"));
+  Server server(config, listen, poller);
   uint32_t slots_before = server.SlotsInUse();
   size_t registered_before = server.device->slots().registered_bytes();
   // Light clients (this process plays all of them): the server side is what is measured.
@@ -379,11 +392,12 @@ TEST_CASE("a server with default options takes 256 idle connections and still se
   double per_connection =
       static_cast<double>(server.SlotsInUse() - slots_before - client_slots) / kIdle;
   std::printf(
-      "256 idle connections: %.1f server pool slots each (%zu KiB), pool %zu -> %zu MiB "
+      "256 idle connections%s: %.1f server pool slots each (%zu KiB), pool %zu -> %zu MiB "
       "registered, plus a %u KiB arena each\n",
+      shared ? " over a shared receive queue of 2,080 (8 MiB, held from the start)" : "",
       per_connection, static_cast<size_t>(per_connection * 4), registered_before >> 20,
       server.device->slots().registered_bytes() >> 20, ConnectionOptions{}.arena_size >> 10);
-  CHECK(per_connection == Approx(ConnectionOptions{}.recv_credits + 1));
+  CHECK(per_connection == Approx(shared ? 1 : ConnectionOptions{}.recv_credits + 1));
   // One more, that calls, is served; so are the first and the last of the idle ones.
   CHECK(server.FreshClientEcho().ok());
   for (int i : {0, kIdle - 1}) {
