@@ -45,7 +45,9 @@ struct RuntimeOptions {
   // idle connection keeps no receive posted: each poller's queue holds this many pool slots,
   // and a poller takes connections while the windows they grant their peers (the connection
   // options' recv_credits, 32 by default) sum to at most this many; a server lowers its
-  // admission limit to match. At most half a poller's completion queue, and the device's
+  // admission limit to match. At least one window (a server) or a window for each of the
+  // connections a channel puts on a poller (connections / pollers, rounded up), or creating the
+  // server or channel fails; at most half a poller's completion queue, and the device's
   // max_srq_wr.
   uint32_t shared_receive_queue = 0;
   // The device's registered message slots, shared with the process's other servers and

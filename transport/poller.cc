@@ -434,8 +434,11 @@ void Poller::TakeSharedReceives(ibv_wc* wcs, int n) {
     // The entry's slot goes with the completion to its connection; the entry is posted again
     // with a fresh slot before any connection handles the batch (and sends the credits the
     // queue's receives back).
-    id = kRecvBit | kSharedBit |
-         srq_->Take(static_cast<uint32_t>(id & kWorkRequestIndex), slot_cache_);
+    const uint32_t slot = srq_->Take(static_cast<uint32_t>(id & kWorkRequestIndex), slot_cache_);
+    id = kRecvBit | kSharedBit | slot;
+    // An entry that was not posted: the device broke the queue's bookkeeping. The connection
+    // fails on it (nothing is read from a slot that is not there).
+    if (slot == SlotPool::kNoSlot) wcs[i].status = IBV_WC_GENERAL_ERR;
   }
   srq_->Post(slot_cache_);
   srq_->Refill(slot_cache_);  // entries an exhausted pool left short, now or before

@@ -3,6 +3,7 @@
 #include "transport/shared_receive_queue.h"
 
 #include <cerrno>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "transport/log.h"
@@ -65,10 +66,16 @@ SharedReceiveQueue::~SharedReceiveQueue() {
 }
 
 void SharedReceiveQueue::RefillSlow(SlotCache& cache) {
+  // The steady clock is read without a system call (vDSO).
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  if (now < retry_at_ns_) return;
   while (!unposted_.empty()) {
     const uint32_t slot = cache.Allocate();
     if (slot == SlotPool::kNoSlot) {
       ++starved_;
+      retry_at_ns_ = now + 100'000;
       break;
     }
     Chain(unposted_.back(), slot);

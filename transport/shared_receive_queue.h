@@ -10,10 +10,10 @@
 // a received message is in a slot as it is without the queue). A receive completion hands its
 // slot to the connection it arrived on, which keeps it as long as the message is held (a
 // request held until its handler finishes) and gives it back to the pool on Release; the entry
-// is posted again at once with a fresh slot (Take, then Refill before the batch is dispatched),
-// so a held message never starves the queue (SPDK #2180 was that bug). The queue thus always
-// has `size` receives posted, apart from those completed in the pass being handled and entries
-// waiting for a slot when the pool is exhausted (retried every pass).
+// is posted again at once with a fresh slot (Take chains it, Post posts the pass's chain before
+// the batch is dispatched), so a held message never starves the queue (SPDK #2180 was that bug).
+// The queue thus always has `size` receives posted, apart from those completed in the pass being
+// handled and entries waiting for a slot when the pool is exhausted (Refill).
 //
 // Credits. A connection still grants its peer a window of receives (ConnectionOptions::
 // recv_credits, credits.h); with the queue those receives are the queue's, and the poller admits
@@ -23,29 +23,34 @@
 // (CreditAccount::OnConsumed; before the handshake has ended, at the first past its window),
 // but until its poller has seen that message, the messages it sent on take receives of the
 // queue that other connections' peers may then find missing for a moment: they meet
-// receiver-not-ready and retry (cm_util.h's RNR retries) while the poller posts the queue full
-// again. A grant of credits from a shared budget (issue 35) will also bound this burst.
+// receiver-not-ready and retry, kRnrRetryCount times (cm_util.h), while the poller posts the
+// queue full again; a connection whose retries run out fails. A grant of credits from a shared
+// budget (issue 35) will also bound this burst.
 //
 // Teardown. A queue pair attached to the queue owns no receive: when it fails, nothing of the
 // queue is flushed or lost, and a completion of its that the poller meets after the connection
 // has gone gives its slot back to the pool (Poller::PollCq). The specification's last-WQE-reached
 // event, after which no receive of the queue pair can still complete, is not awaited yet: rxe
-// never raises it (tools/probes/srq_mw_probe.c), and a connection is destroyed only after its
-// drain marker came back flushed, behind every completion of a message it had received. A
-// device that drops a destroyed queue pair's unpolled completions and takes their receives back
-// (mlx5 does) would leave those entries out of the queue's count until the poller goes:
-// awaiting the event where the device raises it is the remedy, and is to come with the device's
-// asynchronous events.
+// never raises it (tools/probes/srq_mw_probe.c). An open connection that fails is destroyed
+// only after its drain marker came back flushed, behind the completions of the messages it had
+// received; but a handshake that fails (Listener::Abandon, a client's Connect) destroys its
+// queue pair at once, and a receive the peer had begun to fill then (a message of several
+// packets) may never complete, and a device that drops a destroyed queue pair's unpolled
+// completions and takes their receives back (mlx5 does) does the same. Such an entry stays
+// counted as posted until the poller goes: the queue backs one window's receive fewer than it
+// says. Awaiting the event where the device raises it is the remedy, with the device's
+// asynchronous events (issue 35).
 //
 // Pool. The queue's receives are taken again from the device's slot pool as messages arrive;
 // held messages and outgoing messages take from it too. When the pool is exhausted (at
-// SlotPoolOptions::max_slots) the queue waits, short, for slots to come back (Refill runs on
-// every pass, and an event-mode poller sleeps at most a millisecond meanwhile), and peers may
-// meet receiver-not-ready meanwhile; size max_slots for the queues, the windows held and the
-// sends (max_send_slots per connection).
+// SlotPoolOptions::max_slots) the queue waits, short, for slots to come back (Refill tries
+// again every 100 us at most, and an event-mode poller sleeps at most a millisecond meanwhile),
+// and peers may meet receiver-not-ready meanwhile (and fail, past their RNR retries): with
+// receives per connection the same shortage refused connections at their handshake instead.
+// Size max_slots for the queues, the windows held and the sends (max_send_slots per connection).
 //
-// Threads: the poller's loop thread only, after creation (Reserve and Unreserve: under the
-// poller's lock).
+// Threads: the thread running the poller's passes only (its loop, or RunOnce's caller once the
+// loop has stopped), after creation; Reserve and Unreserve under the poller's lock.
 #ifndef ZRPC_TRANSPORT_SHARED_RECEIVE_QUEUE_H_
 #define ZRPC_TRANSPORT_SHARED_RECEIVE_QUEUE_H_
 
@@ -83,9 +88,13 @@ class SharedReceiveQueue {
   // A completion of entry `entry` (its wr_id's index): returns the slot it held, which the
   // caller now owns, and chains the entry again with a fresh slot from `cache` for Post. When
   // the pool has none, the entry waits for Refill.
+  // kNoSlot for an entry that is not posted (a device reporting a receive twice, or one it was
+  // never given): nothing changes.
   uint32_t Take(uint32_t entry, SlotCache& cache) {
+    if (entry >= size_ || slots_[entry] == SlotPool::kNoSlot) return SlotPool::kNoSlot;
     const uint32_t slot = slots_[entry];
-    const uint32_t fresh = cache.Allocate();
+    // Once the pool has run short, entries wait for Refill's next try, not one per completion.
+    const uint32_t fresh = unposted_.empty() ? cache.Allocate() : SlotPool::kNoSlot;
     if (fresh == SlotPool::kNoSlot) {
       slots_[entry] = SlotPool::kNoSlot;
       unposted_.push_back(entry);
@@ -98,8 +107,9 @@ class SharedReceiveQueue {
   void Post(SlotCache& cache) {
     if (chain_head_ != nullptr) PostChain(cache);
   }
-  // Chains and posts the entries Take left without a slot, as slots come back (every pass, while
-  // any waits). Cheap when none waits.
+  // Chains and posts the entries Take left without a slot, as slots come back: at most every
+  // 100 us while any waits (an exhausted pool's allocation takes its lock). Cheap when none
+  // waits.
   void Refill(SlotCache& cache) {
     if (!unposted_.empty()) RefillSlow(cache);
   }
@@ -148,6 +158,7 @@ class SharedReceiveQueue {
   ibv_recv_wr* chain_tail_ = nullptr;
   std::vector<uint32_t> unposted_;  // entries the pool had no slot for
   uint64_t starved_ = 0;
+  int64_t retry_at_ns_ = 0;  // RefillSlow's next try after it found the pool empty
   uint32_t reserved_ = 0;
   SrqOwner srq_;
 };

@@ -179,6 +179,21 @@ absl::Status ChannelImpl::Init() {
   staging_ = std::move(parts->staging);
   receive_limits_ = std::move(parts->receive_limits);
   pollers_ = std::move(parts->pollers);
+  // Each poller must hold the connections the channel gives it (i % pollers): else they would be
+  // refused at every connect, and the channel would only back off.
+  const uint64_t per_poller = (options_.connections + pollers_.size() - 1) / pollers_.size();
+  if (const uint64_t fits = pollers_.front()->Capacity(options_.connection); fits < per_poller) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ChannelOptions: each poller holds ", per_poller,
+        " of the channel's connections but has room for ", fits,
+        options_.shared_receive_queue > 0
+            ? absl::StrCat(" (its shared_receive_queue of ", options_.shared_receive_queue,
+                           " receives backs ", fits, " windows of connection.recv_credits = ",
+                           options_.connection.recv_credits, ")")
+            : " (its completion queue's entries)",
+        "; raise shared_receive_queue or pollers, or lower connections or "
+        "connection.recv_credits"));
+  }
   for (int i = 0; i < options_.connections; ++i) {
     subchannels_.push_back(std::make_unique<Subchannel>(*this, target_, host_, port_, options_,
                                                         device_, pollers_[i % pollers_.size()]));

@@ -50,6 +50,15 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   transport::ListenerOptions& listener = core->options_.listener;
   uint64_t capacity = 0;
   for (const auto& poller : core->pollers_) capacity += poller->Capacity(listener.connection);
+  if (capacity == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions: the pollers have room for no connection",
+        options.shared_receive_queue > 0
+            ? absl::StrCat(": shared_receive_queue is ", options.shared_receive_queue,
+                           ", less than one window of listener.connection.recv_credits = ",
+                           listener.connection.recv_credits)
+            : " (their completion queues' entries)"));
+  }
   listener.max_connections = static_cast<uint32_t>(
       std::max<uint64_t>(1, std::min<uint64_t>(listener.max_connections, capacity)));
   listener.max_connections_per_peer = std::max<uint32_t>(

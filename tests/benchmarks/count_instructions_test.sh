@@ -197,6 +197,14 @@ shared() {
     return
   fi
   cat "$out/shared.log"
+  # The queues carried the echo: each poller has its 64 receives posted at the end, where
+  # without a queue it has none.
+  local mode
+  for mode in transport rpc; do
+    if ! grep -q '^shared receives posted: 64 64$' "$out/shared/$mode.log"; then
+      junit_problem "$mode: the shared receive queues did not carry the echo: $(grep -h 'shared receives posted' "$out/shared/$mode.log")"
+    fi
+  done
   local verdicts
   verdicts=$(awk -F'\t' -v max_t="$max_shared_transport_ir" -v max_r="$max_shared_rpc_ir" \
       -v max_t_locks="$max_transport_locks" -v max_locks="$max_rpc_locks" '

@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "tests/eventually.h"
 #include "tests/rdma_device.h"
 #include "tests/rpc/runtime_fixture.h"
 
@@ -40,8 +41,10 @@ zrpc::ChannelOptions SharedChannel(uint32_t receives, int connections) {
   options.shared_receive_queue = receives;
   options.connection.recv_credits = kWindow;
   options.connections = connections;
+  // Pings fall due often (what the held-calls case needs), and a 2-vCPU emulated guest under
+  // load still answers them in time.
   options.keepalive_interval = absl::Milliseconds(100);
-  options.keepalive_timeout = absl::Milliseconds(200);
+  options.keepalive_timeout = absl::Seconds(1);
   return options;
 }
 
@@ -49,7 +52,11 @@ zrpc::ChannelOptions SharedChannel(uint32_t receives, int connections) {
 
 TEST_CASE("calls and bulk payloads both ways run over shared receive queues on both sides") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
-  Runtime rt(config, SharedServer(2 * kWindow), SharedChannel(2 * kWindow, 2));
+  // Two connections on each side's queue (the server's backs four windows, so that one address
+  // may hold two), calls spread over both.
+  Runtime rt(config, SharedServer(4 * kWindow), SharedChannel(2 * kWindow, 2));
+  REQUIRE(rt.channel->Connect(absl::Now() + kLong).ok());
+  REQUIRE(zrpc::testing::Eventually([&] { return rt.server->stats().connections_open == 2; }));
   Greeter::Stub greeter(rt.channel.get());
   ObjectStore::Stub store(rt.channel.get());
 
@@ -136,4 +143,26 @@ TEST_CASE("a server with shared receive queues admits as many connections as the
   INFO(admitted);
   CHECK(admitted.ok());
   CHECK(reply.message() == "Hello, third");
+}
+
+TEST_CASE("a shared receive queue too small for the windows it must back is refused at creation") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ServerOptions server_options = SharedServer(kWindow - 1);
+  server_options.device = config;
+  auto server = zrpc::Server::Create(server_options);
+  REQUIRE_FALSE(server.ok());
+  INFO(server.status());
+  CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(server.status().message(), "shared_receive_queue is 15"));
+
+  // Three connections on one poller need three windows; two fit.
+  zrpc::ChannelOptions channel_options = SharedChannel(2 * kWindow, 3);
+  channel_options.device = config;
+  auto channel = zrpc::CreateChannel("127.0.0.1:1", channel_options);
+  REQUIRE_FALSE(channel.ok());
+  INFO(channel.status());
+  CHECK(channel.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(channel.status().message(), "holds 3 of the channel's connections"));
+  channel_options.connections = 2;
+  CHECK(zrpc::CreateChannel("127.0.0.1:1", channel_options).ok());
 }
