@@ -271,7 +271,7 @@ void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
       // Past its window before the handshake ended: the shared queue's receives are every
       // connection's, and this peer's are not kept while nothing checks its credits. The
       // connection fails once the handshake is done (HandleEarlyLocked).
-      GiveSlot(static_cast<uint32_t>(wc.wr_id & kWorkRequestIndex));
+      GiveSlot(WorkRequestIndex(wc.wr_id));
       continue;
     }
     if (state_ == State::kConnecting || !early_.empty()) {
@@ -1106,7 +1106,7 @@ void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
     }
     if (recv && (wc.wr_id & kSharedBit) != 0) {
       // The shared queue's slot it arrived in is this connection's now: back to the pool.
-      GiveSlot(static_cast<uint32_t>(wc.wr_id & kWorkRequestIndex));
+      GiveSlot(WorkRequestIndex(wc.wr_id));
     } else if (recv) {
       recv_state_[wc.wr_id & ~kRecvBit] = RecvState::kIdle;
       --recvs_posted_;
@@ -1130,7 +1130,7 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
   // queue: the pool slot it arrived in, which is this connection's now (the poller posted the
   // queue's entry again with another).
   const bool shared = (wc.wr_id & kSharedBit) != 0;
-  const auto id = static_cast<uint32_t>(wc.wr_id & kWorkRequestIndex);
+  const auto id = WorkRequestIndex(wc.wr_id);
   if (!shared) --recvs_posted_;
   const uint32_t slot = shared ? id : recv_slots_[id];
   // The buffer is done with: a receive of its own is posted again (`repost`) or, failing, waits

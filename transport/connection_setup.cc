@@ -102,7 +102,7 @@ Connection::~Connection() {
 
 void Connection::FreeSharedReceiveSlot(const ibv_wc& wc) {
   if (IsSharedReceiveId(wc.wr_id)) {
-    static_cast<void>(device_.slots().Free(static_cast<uint32_t>(wc.wr_id & kWorkRequestIndex)));
+    static_cast<void>(device_.slots().Free(WorkRequestIndex(wc.wr_id)));
   }
 }
 

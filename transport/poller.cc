@@ -98,10 +98,7 @@ void Poller::Shutdown() {
     if (absl::Now() > deadline) {
       ZRPC_LOG(kWarning, "transport", "poller shut down with connections that did not drain");
       absl::MutexLock lock(&mu_);
-      for (const auto& [qp_num, connection] : connections_) {
-        cqes_reserved_ -= connection->cq_entries();
-        if (srq_ != nullptr) srq_->Unreserve(connection->options_.recv_credits);
-      }
+      for (const auto& [qp_num, connection] : connections_) UnreserveLocked(*connection);
       connections_.clear();
       break;
     }
@@ -162,6 +159,11 @@ void Poller::Wake() {
   }
 }
 
+void Poller::UnreserveLocked(const Connection& connection) {
+  cqes_reserved_ -= connection.cq_entries();
+  if (srq_ != nullptr) srq_->Unreserve(connection.options_.recv_credits);
+}
+
 uint64_t Poller::Capacity(const ConnectionOptions& options) const {
   const bool shared = srq_ != nullptr;
   const uint32_t receives = shared ? srq_->size() : 0;
@@ -197,8 +199,7 @@ void Poller::Unregister(uint32_t qp_num) {
   absl::MutexLock lock(&mu_);
   auto it = connections_.find(qp_num);
   if (it == connections_.end()) return;
-  cqes_reserved_ -= it->second->cq_entries();
-  if (srq_ != nullptr) srq_->Unreserve(it->second->options_.recv_credits);
+  UnreserveLocked(*it->second);
   last = std::move(it->second);
   connections_.erase(it);
   generation_.fetch_add(1, std::memory_order_release);
@@ -330,7 +331,7 @@ void Poller::Loop() {
     // only completions do (here, those the re-poll after arming found; above, the others).
     // A shared receive queue that the exhausted pool left short is refilled by the passes:
     // while it waits for slots, the loop sleeps a millisecond at most.
-    const bool starved = srq_ != nullptr && srq_->posted() < srq_->size();
+    const bool starved = srq_ != nullptr && srq_->short_of_slots();
     if (ArmAndWait(starved ? 1 : -1, /*with_cm=*/false) && cap_ns > 0) traffic();
   }
 }
@@ -397,7 +398,7 @@ int Poller::PollCq() {
   // handled under one lock of the connection (Connection::OnCompletions).
   if (n > 0) current_batch = ++batches;
   // Nothing to take, and nothing left short by an exhausted pool: the busy loop's empty pass.
-  if (srq_ != nullptr && (n > 0 || srq_->posted() < srq_->size())) TakeSharedReceives(wcs, n);
+  if (srq_ != nullptr && (n > 0 || srq_->short_of_slots())) TakeSharedReceives(wcs, n);
   for (int i = 0; i < n;) {
     const uint32_t qp_num = wcs[i].qp_num;
     int end = i + 1;
@@ -416,8 +417,7 @@ int Poller::PollCq() {
       // taken from the queue for it, and nobody else will give them back.
       for (int k = i; k < end; ++k) {
         if (IsSharedReceiveId(wcs[k].wr_id)) {
-          static_cast<void>(
-              slot_cache_.Free(static_cast<uint32_t>(wcs[k].wr_id & kWorkRequestIndex)));
+          static_cast<void>(slot_cache_.Free(WorkRequestIndex(wcs[k].wr_id)));
         }
       }
     }
@@ -434,7 +434,7 @@ void Poller::TakeSharedReceives(ibv_wc* wcs, int n) {
     // The entry's slot goes with the completion to its connection; the entry is posted again
     // with a fresh slot before any connection handles the batch (and sends the credits the
     // queue's receives back).
-    const uint32_t slot = srq_->Take(static_cast<uint32_t>(id & kWorkRequestIndex), slot_cache_);
+    const uint32_t slot = srq_->Take(WorkRequestIndex(id), slot_cache_);
     id = kRecvBit | kSharedBit | slot;
     // An entry that was not posted: the device broke the queue's bookkeeping. The connection
     // fails on it (nothing is read from a slot that is not there).

@@ -142,6 +142,9 @@ class Poller {
   SlotCache& slot_cache() { return slot_cache_; }
   absl::Status Register(const std::shared_ptr<Connection>& connection);
   void Unregister(uint32_t qp_num);
+  // Gives back what Register reserved for `connection`: its CQ entries and its window of the
+  // shared receive queue.
+  void UnreserveLocked(const Connection& connection) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Has the loop call connection->ReplayEarly() on its thread soon: completions that came before
   // the handshake ended, and events and tasks another thread left in the connection's domain.
   // False once the loop has ended (Shutdown): nothing will run it.

@@ -93,7 +93,7 @@ void SharedReceiveQueue::PostChain(SlotCache& cache) {
   // wait for the next refill, their slots back in the cache. The queue never holds more than its
   // size, so this is the device failing.
   for (ibv_recv_wr* wr = bad != nullptr ? bad : head; wr != nullptr; wr = wr->next) {
-    const auto entry = static_cast<uint32_t>(wr->wr_id & kWorkRequestIndex);
+    const auto entry = WorkRequestIndex(wr->wr_id);
     static_cast<void>(cache.Free(slots_[entry]));
     slots_[entry] = SlotPool::kNoSlot;
     unposted_.push_back(entry);

@@ -113,8 +113,9 @@ class SharedReceiveQueue {
   void Refill(SlotCache& cache) {
     if (!unposted_.empty()) RefillSlow(cache);
   }
-  // Entries posted now.
+  // Entries posted now, and whether any waits for a slot (Refill has work).
   uint32_t posted() const { return size_ - static_cast<uint32_t>(unposted_.size()); }
+  bool short_of_slots() const { return !unposted_.empty(); }
   // Refills that found the pool empty for at least one entry.
   uint64_t starved() const { return starved_; }
 

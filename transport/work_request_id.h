@@ -21,6 +21,9 @@ inline constexpr uint64_t kMarkerBit = uint64_t{1} << 62;
 inline constexpr uint64_t kSharedBit = uint64_t{1} << 61;
 // The index, entry or slot below the kind bits.
 inline constexpr uint64_t kWorkRequestIndex = kSharedBit - 1;
+inline uint32_t WorkRequestIndex(uint64_t wr_id) {
+  return static_cast<uint32_t>(wr_id & kWorkRequestIndex);
+}
 
 // Whether `wr_id` is a receive of a shared queue.
 inline bool IsSharedReceiveId(uint64_t wr_id) {
