@@ -83,6 +83,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "transport/arena.h"
+#include "transport/completion_budget.h"
 #include "transport/credits.h"
 #include "transport/device.h"
 #include "transport/options.h"
@@ -106,11 +107,18 @@ inline constexpr uint32_t kSignalInterval = 16;
 // Work requests posted with one doorbell at most.
 inline constexpr uint32_t kPostBatch = 16;
 
-// Completion-queue entries a connection with `options` may need at once, which its poller
-// reserves: every send-queue entry and RECV, plus the drain marker and one spare. With a shared
-// receive queue (`shared_receives`) its receives are the queue's, reserved once by the poller.
+// Completion-queue entries a connection with `options` may need at once at most: every
+// send-queue entry and RECV, plus the drain marker and one spare. With a shared receive queue
+// (`shared_receives`) its receives are the queue's.
 inline uint32_t CqEntriesFor(const ConnectionOptions& options, bool shared_receives = false) {
   return options.send_queue_depth + (shared_receives ? 0 : options.recv_credits) + 2;
+}
+
+// Of those, what its poller reserves while it is registered: what it may complete while idle,
+// its drain marker and its own RECVs (none with a shared receive queue). Its sends take entries
+// from the poller as they go (poller.h, "Capacity"; completion_budget.h).
+inline uint32_t CqEntriesReservedFor(const ConnectionOptions& options, bool shared_receives) {
+  return 1 + (shared_receives ? 0 : options.recv_credits);
 }
 
 // A message received by SEND, in a pool slot. Valid until Connection::Release(handle).
@@ -242,6 +250,10 @@ struct ConnectionStats {
   // RECVs posted, and the ibv_post_recv calls that posted them (a batch's go as one chain).
   uint64_t recvs_posted = 0;
   uint64_t recv_doorbells = 0;
+  // Completion-queue entries its sends hold now (granted by its poller, given back when it is
+  // idle and another connection needs them), and the times it found none free and waited.
+  uint32_t cq_entries_granted = 0;
+  uint64_t cq_waits = 0;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -626,6 +638,26 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
   uint32_t qp_num() const { return qp_num_; }
   uint32_t cq_entries() const { return CqEntriesFor(options_, shared_receives_); }
+  uint32_t cq_entries_reserved() const { return CqEntriesReservedFor(options_, shared_receives_); }
+  // Whether a send may be posted now: a send-queue entry is free, and a completion-queue entry
+  // for it is granted (or the grant grows now; when it cannot, the connection waits for the
+  // poller: GrowCqGrantLocked).
+  bool SendRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_) {
+    const size_t in_flight = in_flight_.size();
+    if (in_flight >= options_.send_queue_depth) return false;
+    return in_flight < cq_granted_.load(std::memory_order_relaxed) || GrowCqGrantLocked();
+  }
+  bool GrowCqGrantLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Gives the grant back to the poller (nothing in flight).
+  void GiveBackCqLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // The poller's request while entries are short (Poller::ServeCqShortage): a waiter pumps; a
+  // holder gives its grant back if idle, or flushes its tail so that it soon is.
+  void AskForCqEntries();
+  void OnCqRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  class CqRequest : public DomainTask {
+   public:
+    void RunInDomain(Connection& connection) override;
+  };
 
   Device& device_;
   Poller& poller_;
@@ -723,6 +755,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // one behind it yet: the next message must be signalled before a pause.
   bool owe_signal_ ABSL_GUARDED_BY(domain_) = false;
   bool sq_drained_ ABSL_GUARDED_BY(domain_) = false;
+  // Completion-queue entries granted to the sends (SendRoomLocked): written inside the domain,
+  // read by the poller (which takes them back at Unregister, and asks holders while short).
+  std::atomic<uint32_t> cq_granted_{0};
+  bool cq_waiting_ ABSL_GUARDED_BY(domain_) = false;  // on the poller's list of waiters
+  CqRequest cq_request_;
+  std::atomic<bool> cq_request_queued_{false};
   ConnectionStats stats_ ABSL_GUARDED_BY(domain_);
   // Work-request templates: invariant fields filled once in CreateResources.
   ibv_send_wr send_wr_ ABSL_GUARDED_BY(domain_){};

@@ -311,6 +311,11 @@ void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
 
 void Connection::AfterChangeLocked(Events& events) {
   PumpLocked();
+  // Another connection on the poller waits for completion-queue entries: an idle one's go back.
+  if (in_flight_.empty() && cq_granted_.load(std::memory_order_relaxed) != 0 &&
+      poller_.cq_short()) {
+    GiveBackCqLocked();
+  }
   if (slot_notice_wanted_.load(std::memory_order_acquire) && state_ == State::kOpen &&
       SendSlotsHeld() < options_.max_send_slots &&
       slot_notice_wanted_.exchange(false, std::memory_order_acq_rel)) {
@@ -402,6 +407,7 @@ ConnectionStats Connection::StatsLocked() const {
   stats.sends_outstanding = static_cast<uint32_t>(waiting_.size() + in_flight_.size());
   stats.waiting = static_cast<uint32_t>(waiting_.size());
   stats.transfer_bytes_in_flight = transfer_bytes_in_flight_;
+  stats.cq_entries_granted = cq_granted_.load(std::memory_order_relaxed);
   return stats;
 }
 
@@ -690,6 +696,58 @@ absl::Status Connection::EnqueueLocked(const Waiting& op, bool checked) {
   return absl::OkStatus();
 }
 
+static_assert(kCqGrantChunk >= kSignalInterval,
+              "a full grant must hold a signalled work request (completion_budget.h)");
+
+bool Connection::GrowCqGrantLocked() {
+  const uint32_t granted = cq_granted_.load(std::memory_order_relaxed);
+  const uint32_t more = std::min(kCqGrantChunk, options_.send_queue_depth - granted);
+  if (poller_.TakeCqEntries(more)) {
+    cq_granted_.store(granted + more, std::memory_order_relaxed);
+    return true;
+  }
+  // None free: the poller asks the holders back and gives this connection a pass then
+  // (OnCqRequestLocked). Its operations wait meanwhile, as for credits.
+  if (!cq_waiting_) {
+    cq_waiting_ = true;
+    ++stats_.cq_waits;
+    poller_.WaitForCqEntries(shared_from_this());
+  }
+  return false;
+}
+
+void Connection::GiveBackCqLocked() {
+  poller_.GiveCqEntries(cq_granted_.load(std::memory_order_relaxed));
+  cq_granted_.store(0, std::memory_order_relaxed);
+}
+
+void Connection::AskForCqEntries() {
+  if (cq_request_queued_.exchange(true, std::memory_order_acq_rel)) return;  // not run yet
+  RunInDomain(cq_request_);
+}
+
+void Connection::CqRequest::RunInDomain(Connection& connection) {
+  connection.cq_request_queued_.store(false, std::memory_order_release);
+  connection.domain_.AssertHeld();
+  connection.OnCqRequestLocked();
+}
+
+void Connection::OnCqRequestLocked() {
+  if (cq_waiting_) {
+    cq_waiting_ = false;
+    if (state_ == State::kOpen) PumpLocked();  // waits again if there is still none
+    return;
+  }
+  if (cq_granted_.load(std::memory_order_relaxed) == 0 || state_ != State::kOpen) return;
+  if (in_flight_.empty()) {
+    GiveBackCqLocked();
+    return;
+  }
+  // What is in flight may stay there, unsignalled, until the next send: a signal at its tail
+  // brings its completion, after which it goes back (AfterChangeLocked, while still short).
+  static_cast<void>(PostTailSignalLocked(/*probe=*/false));
+}
+
 bool Connection::CorkedLocked() const { return InBatch() && !cork_open_; }
 
 // Posts waiting operations in order while credits, arena space and send-queue entries last, as
@@ -704,7 +762,7 @@ void Connection::PumpLocked() {
     return;
   }
   while (!waiting_.empty() && state_ == State::kOpen) {
-    if (in_flight_.size() >= options_.send_queue_depth) break;
+    if (!SendRoomLocked()) break;
     Waiting& op = waiting_.front();
     if (op.kind == Waiting::kRead) {
       PostReadLocked(op);  // no credit: the peer's NIC answers, nothing is received
@@ -726,9 +784,10 @@ void Connection::PumpLocked() {
       // (owe_signal_): the completion that retires it must come from here or later.
       const bool inlined = FrameHeader::kSize + op.length <= max_inline_;
       const bool awaited = op.report || !inlined || owe_signal_;
-      const bool next_may_stall = waiting_.size() == 1 || waiting_[1].kind != Waiting::kMessage ||
-                                  !credits_.CanSpendForData() ||
-                                  in_flight_.size() + 1 >= options_.send_queue_depth;
+      const bool next_may_stall =
+          waiting_.size() == 1 || waiting_[1].kind != Waiting::kMessage ||
+          !credits_.CanSpendForData() ||
+          in_flight_.size() + 1 >= cq_granted_.load(std::memory_order_relaxed);
       const bool signal = unsignaled_ + 1 >= kSignalInterval || (awaited && next_may_stall);
       owe_signal_ = awaited && !signal;
       PostMessageLocked(op.slot, op.length, FrameKind::kData, op.token, op.report, signal);
@@ -851,7 +910,7 @@ void Connection::MaybeSendCreditFrameLocked() {
   // Retried on the next completion if the send queue is full or the last credit frame (when the
   // device cannot inline it) is still in flight. Credit frames never take a slot from the pool:
   // a pool emptied by waiting messages must not stop credits from coming back.
-  if (in_flight_.size() >= options_.send_queue_depth || control_busy_) return;
+  if (control_busy_ || !SendRoomLocked()) return;
   if (!credits_.TrySpendForUpdate()) return;
   PostMessageLocked(control_slot_, 0, FrameKind::kCredit, 0, false, /*signal=*/true);
 }
@@ -995,8 +1054,9 @@ absl::Status Connection::PostTailSignalLocked(bool probe) {
   // everything before it. An unsignalled one may have completed silently already. With nothing
   // in flight, a probe posts and a flush has nothing to do.
   if (in_flight_.empty() ? !probe : unsignaled_ == 0) return absl::OkStatus();
-  // The send queue is full: its signalled entries will make room, and the next pump signals.
-  if (in_flight_.size() >= options_.send_queue_depth) return absl::OkStatus();
+  // The send queue (or the completion-queue entries granted) is full: its signalled entries will
+  // make room, and the next pump signals.
+  if (!SendRoomLocked()) return absl::OkStatus();
   // Zero bytes at the base of the peer's arena: nothing is written, and the address and rkey
   // are valid anyway (IB C9-88 lets a zero-length WRITE skip the check; not every device does).
   ibv_send_wr wr{};

@@ -14,9 +14,10 @@
 namespace zrpc::transport {
 
 // The defaults size an idle connection at 33 pool slots (132 KiB with 4 KiB slots) plus its
-// arena (256 KiB), all registered, and 98 completion-queue entries on its poller: a server takes
-// hundreds of idle connections per poller with them (transport/README.md, "Capacity", has the
-// figures).
+// arena (256 KiB), all registered, and 33 completion-queue entries reserved on its poller (its
+// receives and its drain marker; its sends take entries only while they are in flight): a server
+// takes hundreds of idle connections per poller with them (transport/README.md, "Capacity", has
+// the figures).
 struct ConnectionOptions {
   // RECVs kept posted for the peer: its credits, so the messages it may have in flight. At
   // least kMinCredits. Each holds a pool slot for the connection's lifetime (with the poller's
@@ -53,9 +54,10 @@ enum class PollMode { kBusy, kEvent };
 struct PollerOptions {
   PollMode mode = PollMode::kBusy;
   // Completion queue entries (capped at the device's maximum: 32767 on rxe, millions on
-  // ConnectX); bounds the connections it serves, each reserving send_queue_depth +
-  // recv_credits + 2 (98 with default options: 334 connections on rxe), or send_queue_depth + 2
-  // with a shared receive queue, whose receives are reserved once. A few MiB of memory.
+  // ConnectX). A connection reserves what it completes while idle, recv_credits + 1 (33 with
+  // default options: 868 connections on rxe), or 1 with a shared receive queue, whose receives
+  // are reserved once; its sends take entries while they are in flight, and an eighth of the
+  // queue is kept for them (poller.h, "Capacity"). A few MiB of memory.
   int cq_size = 65536;
   // Event mode: the most the loop keeps polling after its last completion before it arms the CQ
   // and sleeps, in [0, 1s]. Within it the loop polls for about twice its recent idle stretches,

@@ -58,9 +58,13 @@ absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
         SharedReceiveQueue::Create(device, options.shared_receive_queue);
     if (!srq.ok()) return srq.status();
     poller->srq_ = *std::move(srq);
-    poller->cqes_reserved_ = options.shared_receive_queue;  // every receive may complete at once
     poller->shared_posted_.store(poller->srq_->posted(), std::memory_order_relaxed);
   }
+  // The shared queue's receives may all complete at once: set aside for good. Of the rest, an
+  // eighth (at least four grants) is left to sends whatever connections reserve.
+  const int64_t entries = poller->cq_capacity_ - int64_t{options.shared_receive_queue};
+  poller->cq_budget_.Init(
+      entries, std::min<int64_t>(entries, std::max<int64_t>(entries / 8, 4 * kCqGrantChunk)));
   auto cm = CreateCmChannel();
   if (!cm.ok()) return cm.status();
   poller->cm_channel_ = std::move(*cm);
@@ -113,6 +117,8 @@ void Poller::Shutdown() {
     loop_ended_ = true;
     ended_.store(true, std::memory_order_release);
     released.swap(retired_);
+    released.insert(released.end(), cq_waiters_.begin(), cq_waiters_.end());
+    cq_waiters_.clear();
     deferred.swap(deferred_);
     has_deferred_.store(false, std::memory_order_relaxed);
   }
@@ -160,38 +166,97 @@ void Poller::Wake() {
 }
 
 void Poller::UnreserveLocked(const Connection& connection) {
-  cqes_reserved_ -= connection.cq_entries();
+  // Unregistered once drained (or dropped by Shutdown): nothing of it is in flight any more, and
+  // its grant no longer changes.
+  const uint32_t reserved = connection.cq_entries_reserved();
+  cq_budget_.Unreserve(reserved);
+  cq_budget_.Give(reserved + connection.cq_granted_.load(std::memory_order_relaxed));
   if (srq_ != nullptr) srq_->Unreserve(connection.options_.recv_credits);
 }
 
 uint64_t Poller::Capacity(const ConnectionOptions& options) const {
   const bool shared = srq_ != nullptr;
-  const uint32_t receives = shared ? srq_->size() : 0;
-  const uint32_t window = std::max<uint32_t>(options.recv_credits, 1);
-  uint64_t connections =
-      (static_cast<uint64_t>(cq_capacity_) - receives) / CqEntriesFor(options, shared);
-  if (shared) connections = std::min<uint64_t>(connections, receives / window);
+  uint64_t connections = static_cast<uint64_t>(cq_budget_.entries() - cq_budget_.grant_floor()) /
+                         CqEntriesReservedFor(options, shared);
+  if (shared) {
+    const uint32_t window = std::max<uint32_t>(options.recv_credits, 1);
+    connections = std::min<uint64_t>(connections, srq_->size() / window);
+  }
   return connections;
 }
 
 absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
-  uint32_t cqes = connection->cq_entries();
+  const uint32_t reserved = connection->cq_entries_reserved();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!cq_budget_.Fits(reserved)) {
+      // Short: a refusal's reason travels in the reject's private data.
+      return absl::ResourceExhaustedError(
+          absl::StrCat("completion queue full: ", reserved, " entries needed, ",
+                       cq_budget_.reserved(), " of ", cq_capacity_, " reserved, ",
+                       cq_budget_.grant_floor(), " kept for sends; use another poller"));
+    }
+    if (srq_ != nullptr && !srq_->Reserve(connection->options_.recv_credits)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the poller's shared receive queue (", srq_->size(), " receives, ", srq_->reserved(),
+          " granted to its connections) cannot back a connection's window of ",
+          connection->options_.recv_credits, "; use another poller"));
+    }
+    cq_budget_.Reserve(reserved);
+  }
+  // The reservation fits, but connections' sends may hold the entries for a moment: the loop
+  // asks them back (ServeCqShortage), a millisecond at a time, for up to a second. A caller on a
+  // poller thread cannot wait for a loop (it may be this one's).
+  bool taken = cq_budget_.Take(reserved);
+  for (int i = 0; !taken && i < 1000 && !OnPollerThread(); ++i) {
+    RequestCqEntries();
+    absl::SleepFor(absl::Milliseconds(1));
+    taken = cq_budget_.Take(reserved);
+  }
   absl::MutexLock lock(&mu_);
-  if (cqes_reserved_ + uint64_t{cqes} > static_cast<uint64_t>(cq_capacity_)) {
+  if (!taken) {
+    cq_budget_.Unreserve(reserved);
+    if (srq_ != nullptr) srq_->Unreserve(connection->options_.recv_credits);
     return absl::ResourceExhaustedError(
-        absl::StrCat("the poller's completion queue (", cq_capacity_, " entries, ", cqes_reserved_,
-                     " reserved) cannot take a connection needing ", cqes, "; use another poller"));
+        absl::StrCat("completion queue: ", reserved,
+                     " entries not free within 1 s (its connections' sends hold them)"));
   }
-  if (srq_ != nullptr && !srq_->Reserve(connection->options_.recv_credits)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the poller's shared receive queue (", srq_->size(), " receives, ", srq_->reserved(),
-        " granted to its connections) cannot back a connection's window of ",
-        connection->options_.recv_credits, "; use another poller"));
-  }
-  cqes_reserved_ += cqes;
   connections_[connection->qp_num()] = connection;
   generation_.fetch_add(1, std::memory_order_release);
   return absl::OkStatus();
+}
+
+void Poller::WaitForCqEntries(std::shared_ptr<Connection> connection) {
+  cq_waits_.fetch_add(1, std::memory_order_relaxed);
+  {
+    absl::MutexLock lock(&mu_);
+    cq_waiters_.push_back(std::move(connection));
+  }
+  RequestCqEntries();
+}
+
+void Poller::RequestCqEntries() {
+  if (!cq_short_.exchange(true, std::memory_order_acq_rel)) Wake();
+}
+
+void Poller::ServeCqShortage() {
+  const int64_t now = SpinClockNanos();
+  if (now - cq_served_ns_ < 1'000'000) return;
+  cq_served_ns_ = now;
+  // Cleared first: a waiter that still finds no entry, or a registration still waiting, sets it
+  // again. Holders that are busy now give their grants back when their sends complete, while it
+  // is set.
+  cq_short_.store(false, std::memory_order_release);
+  std::vector<std::shared_ptr<Connection>> asked;
+  {
+    absl::MutexLock lock(&mu_);
+    asked.swap(cq_waiters_);
+    for (const auto& [qp_num, connection] : connections_) {
+      if (connection->cq_granted_.load(std::memory_order_relaxed) > 0) asked.push_back(connection);
+    }
+  }
+  // Holders first: the entries they give back are there when the waiters' passes run.
+  for (auto it = asked.rbegin(); it != asked.rend(); ++it) (*it)->AskForCqEntries();
 }
 
 void Poller::Unregister(uint32_t qp_num) {
@@ -310,6 +375,7 @@ void Poller::Loop() {
     // After the pass's completions: a failed completion says more than the disconnect that
     // followed it (a peer that broke the protocol, then hung up).
     RunCmEvents();
+    if (cq_short_.load(std::memory_order_relaxed)) ServeCqShortage();
     if (!event || stashed) continue;
     if (polled > 0) {
       if (cap_ns > 0) traffic();
@@ -329,9 +395,11 @@ void Poller::Loop() {
     }
     // A wake-up that brings no completion (a Wake, a cm event) does not end the idle stretch:
     // only completions do (here, those the re-poll after arming found; above, the others).
-    // A shared receive queue that the exhausted pool left short is refilled by the passes:
-    // while it waits for slots, the loop sleeps a millisecond at most.
-    const bool starved = srq_ != nullptr && srq_->short_of_slots();
+    // A shared receive queue that the exhausted pool left short is refilled by the passes, and
+    // connections waiting for completion-queue entries are served by them: meanwhile the loop
+    // sleeps a millisecond at most.
+    const bool starved =
+        (srq_ != nullptr && srq_->short_of_slots()) || cq_short_.load(std::memory_order_relaxed);
     if (ArmAndWait(starved ? 1 : -1, /*with_cm=*/false) && cap_ns > 0) traffic();
   }
 }
@@ -380,8 +448,11 @@ int Poller::RunOnce(absl::Duration wait) {
   int n = PollCq();
   RunCmEvents();  // queued by the cm thread before it stopped
   HandleCmEvents(/*queue=*/false);
+  if (cq_short_.load(std::memory_order_relaxed)) ServeCqShortage();
   if (n == 0 && !stashed && options_.mode == PollMode::kEvent && wait > absl::ZeroDuration()) {
-    ArmAndWait(static_cast<int>(absl::ToInt64Milliseconds(wait)), /*with_cm=*/true);
+    int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(wait));
+    if (cq_short_.load(std::memory_order_relaxed)) timeout_ms = std::min(timeout_ms, 1);
+    ArmAndWait(timeout_ms, /*with_cm=*/true);
     n = PollCq();
   }
   return n;

@@ -29,12 +29,20 @@
 //    sleeping: traffic that keeps coming within that is served at busy-polling latency, and
 //    sparser traffic or none meets a poller that sleeps at once.
 //
-// Capacity. A CQ that overflows breaks every QP on it, so each connection reserves its worst
-// case (send queue + receives + drain markers) when it registers, and registration fails
-// (kResourceExhausted) when the CQ cannot take it. With a shared receive queue
-// (PollerOptions::shared_receive_queue, shared_receive_queue.h) the poller reserves the queue's
-// receives once, a connection only its send queue's, and registration fails too when the
-// connection's receive window would take the windows granted past the queue's receives.
+// Capacity. A CQ that overflows breaks every QP on it, so every completion that may be
+// outstanding has an entry (completion_budget.h). A connection reserves, while it is registered,
+// only what it may complete while idle (its drain marker, and its own receives unless the poller
+// has a shared receive queue, whose receives the poller reserves once), and registration fails
+// (kResourceExhausted) when the CQ cannot take that beside the others. Its sends take entries as
+// they go: a grant, grown kCqGrantChunk at a time up to its send queue's depth and kept while it
+// is used, so a busy connection takes nothing per work request. When the entries run out, a
+// connection that needs more waits (its operations stay queued, as for credits) and the loop
+// asks the connections holding grants to give them back; each does once it has nothing in
+// flight (a tail left unsignalled is flushed first), and the waiters are pumped again. So idle
+// connections hold no entries for sends, and a poller holds thousands of them. With a shared
+// receive queue (PollerOptions::shared_receive_queue, shared_receive_queue.h) registration fails
+// too when the connection's receive window would take the windows granted past the queue's
+// receives.
 //
 // Threads. One thread runs the loop (Start or RunOnce, never both). Connect, the Listener and
 // Connection methods may be called from any thread. The Poller must outlive its connections and
@@ -62,6 +70,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "transport/completion_budget.h"
 #include "transport/device.h"
 #include "transport/options.h"
 #include "transport/shared_receive_queue.h"
@@ -99,8 +108,13 @@ class Poller {
 
   PollMode mode() const { return options_.mode; }
   // Entries of its completion queue (cq_size capped at the device's maximum): what bounds the
-  // connections it can serve (CqEntriesFor each).
+  // connections it can serve (CqEntriesReservedFor each) and the sends in flight on them.
   int cq_capacity() const { return cq_capacity_; }
+  // Entries of its completion queue neither reserved by its connections (nor its shared receive
+  // queue) nor granted to their sends now: a moment's figure, for tests and diagnostics.
+  int64_t cq_entries_free() const { return cq_budget_.free(); }
+  // Times a connection found no entry for its next send and waited for one (any thread).
+  uint64_t cq_waits() const { return cq_waits_.load(std::memory_order_relaxed); }
   // Connections with `options` it can hold at once: what its completion queue can take, and,
   // with a shared receive queue, the windows that queue backs.
   uint64_t Capacity(const ConnectionOptions& options) const;
@@ -142,9 +156,23 @@ class Poller {
   SlotCache& slot_cache() { return slot_cache_; }
   absl::Status Register(const std::shared_ptr<Connection>& connection);
   void Unregister(uint32_t qp_num);
-  // Gives back what Register reserved for `connection`: its CQ entries and its window of the
-  // shared receive queue.
+  // Gives back what Register reserved for `connection`, and what its sends hold: its CQ entries
+  // and its window of the shared receive queue.
   void UnreserveLocked(const Connection& connection) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CQ entries for a connection's sends (completion_budget.h): Take from any thread inside the
+  // connection's domain; a connection that got none waits (WaitForCqEntries) until the loop
+  // hands it a pass (ServeCqShortage).
+  bool TakeCqEntries(uint32_t n) { return cq_budget_.Take(n); }
+  void GiveCqEntries(uint32_t n) { cq_budget_.Give(n); }
+  void WaitForCqEntries(std::shared_ptr<Connection> connection);
+  // Whether a connection waits for entries now: one with a grant and nothing in flight gives it
+  // back then (a load; any thread).
+  bool cq_short() const { return cq_short_.load(std::memory_order_relaxed); }
+  // Has the loop ask for grants back soon (a registration that found the entries granted).
+  void RequestCqEntries();
+  // The loop's side of a shortage, at most once a millisecond: asks every connection holding a
+  // grant to give it back (each does once idle) and gives each waiter a pass, which pumps it.
+  void ServeCqShortage();
   // Has the loop call connection->ReplayEarly() on its thread soon: completions that came before
   // the handshake ended, and events and tasks another thread left in the connection's domain.
   // False once the loop has ended (Shutdown): nothing will run it.
@@ -199,7 +227,12 @@ class Poller {
 
   absl::Mutex mu_;
   absl::flat_hash_map<uint32_t, std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
-  uint32_t cqes_reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  // Reservations under mu_, grants from any thread (completion_budget.h).
+  CompletionBudget cq_budget_;
+  std::vector<std::shared_ptr<Connection>> cq_waiters_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> cq_short_{false};
+  std::atomic<uint64_t> cq_waits_{0};
+  int64_t cq_served_ns_ = 0;  // the loop's: when ServeCqShortage last asked
   std::vector<std::shared_ptr<Connection>> deferred_ ABSL_GUARDED_BY(mu_);
   // The references connections_ held to connections since unregistered. A pass of the loop may
   // be using any of them by plain pointer (FindFromLoop), so they are dropped only between

@@ -53,6 +53,13 @@ struct Setup : zrpc::testing::DevicePollers {
   }
 };
 
+// Connection options with a receive window of `credits`, the rest the defaults.
+inline ConnectionOptions Window(uint32_t credits) {
+  ConnectionOptions options;
+  options.recv_credits = credits;
+  return options;
+}
+
 struct Pair {
   std::shared_ptr<Connection> server;
   std::shared_ptr<Connection> client;

@@ -35,6 +35,7 @@ using zrpc::testing::kTimeout;
 using zrpc::testing::Pair;
 using zrpc::testing::PortCounter;
 using zrpc::testing::Recorder;
+using zrpc::testing::Window;
 using zrpc::testing::SendBytes;
 using zrpc::testing::Setup;
 using zrpc::testing::SlotsInUse;
@@ -43,12 +44,6 @@ PollerOptions Shared(uint32_t receives, PollMode mode = PollMode::kEvent) {
   PollerOptions options;
   options.mode = mode;
   options.shared_receive_queue = receives;
-  return options;
-}
-
-ConnectionOptions Window(uint32_t credits) {
-  ConnectionOptions options;
-  options.recv_credits = credits;
   return options;
 }
 
