@@ -31,9 +31,9 @@ namespace {
 using zrpc::testing::Eventually;
 using zrpc::testing::kTimeout;
 using zrpc::testing::Recorder;
-using zrpc::testing::Window;
 using zrpc::testing::SendBytes;
 using zrpc::testing::Setup;
+using zrpc::testing::Window;
 using zrpc::transport::Connection;
 using zrpc::transport::ConnectionOptions;
 using zrpc::transport::CqEntriesReservedFor;

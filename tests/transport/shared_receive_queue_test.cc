@@ -35,10 +35,10 @@ using zrpc::testing::kTimeout;
 using zrpc::testing::Pair;
 using zrpc::testing::PortCounter;
 using zrpc::testing::Recorder;
-using zrpc::testing::Window;
 using zrpc::testing::SendBytes;
 using zrpc::testing::Setup;
 using zrpc::testing::SlotsInUse;
+using zrpc::testing::Window;
 
 PollerOptions Shared(uint32_t receives, PollMode mode = PollMode::kEvent) {
   PollerOptions options;
