@@ -648,10 +648,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return in_flight < cq_granted_.load(std::memory_order_relaxed) || GrowCqGrantLocked();
   }
   bool GrowCqGrantLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
-  // Gives the grant back to the poller (nothing in flight).
-  void GiveBackCqLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
-  // The poller's request while entries are short (Poller::ServeCqShortage): a waiter pumps; a
-  // holder gives its grant back if idle, or flushes its tail so that it soon is.
+  // Gives back to the poller what the grant holds beyond `keep` entries (keep covers what is in
+  // flight).
+  void GiveBackCqLocked(uint32_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // The poller's request while entries are short (Poller::ServeCqShortage, Register): a waiter
+  // pumps; a holder gives back what it does not use now, and flushes its tail so that it soon
+  // has nothing in flight and gives back the rest.
   void AskForCqEntries();
   void OnCqRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   class CqRequest : public DomainTask {
@@ -759,6 +761,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // read by the poller (which takes them back at Unregister, and asks holders while short).
   std::atomic<uint32_t> cq_granted_{0};
   bool cq_waiting_ ABSL_GUARDED_BY(domain_) = false;  // on the poller's list of waiters
+  bool probe_owed_ ABSL_GUARDED_BY(domain_) = false;  // a Probe that found no entry: on its pass
   CqRequest cq_request_;
   std::atomic<bool> cq_request_queued_{false};
   ConnectionStats stats_ ABSL_GUARDED_BY(domain_);

@@ -312,9 +312,10 @@ void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
 void Connection::AfterChangeLocked(Events& events) {
   PumpLocked();
   // Another connection on the poller waits for completion-queue entries: an idle one's go back.
+  // (Once unregistered it has none: Unregister took them.)
   if (in_flight_.empty() && cq_granted_.load(std::memory_order_relaxed) != 0 &&
       poller_.cq_short()) {
-    GiveBackCqLocked();
+    GiveBackCqLocked(0);
   }
   if (slot_notice_wanted_.load(std::memory_order_acquire) && state_ == State::kOpen &&
       SendSlotsHeld() < options_.max_send_slots &&
@@ -702,7 +703,9 @@ static_assert(kCqGrantChunk >= kSignalInterval,
 bool Connection::GrowCqGrantLocked() {
   const uint32_t granted = cq_granted_.load(std::memory_order_relaxed);
   const uint32_t more = std::min(kCqGrantChunk, options_.send_queue_depth - granted);
-  if (poller_.TakeCqEntries(more)) {
+  // While others wait, a connection that holds entries already does not grow past them: what
+  // the holders give back goes to the waiters, so a few busy connections cannot starve the rest.
+  if ((granted == 0 || !poller_.cq_short()) && poller_.TakeCqEntries(more)) {
     cq_granted_.store(granted + more, std::memory_order_relaxed);
     return true;
   }
@@ -716,9 +719,12 @@ bool Connection::GrowCqGrantLocked() {
   return false;
 }
 
-void Connection::GiveBackCqLocked() {
-  poller_.GiveCqEntries(cq_granted_.load(std::memory_order_relaxed));
-  cq_granted_.store(0, std::memory_order_relaxed);
+void Connection::GiveBackCqLocked(uint32_t keep) {
+  const uint32_t granted = cq_granted_.load(std::memory_order_relaxed);
+  if (granted <= keep) return;
+  // An exchange, not a store: Unregister takes what is left from another thread.
+  const uint32_t taken = cq_granted_.exchange(keep, std::memory_order_acq_rel);
+  if (taken > keep) poller_.GiveCqEntries(taken - keep);
 }
 
 void Connection::AskForCqEntries() {
@@ -733,19 +739,24 @@ void Connection::CqRequest::RunInDomain(Connection& connection) {
 }
 
 void Connection::OnCqRequestLocked() {
+  if (state_ != State::kOpen) {
+    cq_waiting_ = false;
+    return;
+  }
   if (cq_waiting_) {
     cq_waiting_ = false;
-    if (state_ == State::kOpen) PumpLocked();  // waits again if there is still none
+    PumpLocked();  // waits again if there is still none
+    if (probe_owed_) static_cast<void>(PostTailSignalLocked(/*probe=*/true));
     return;
   }
-  if (cq_granted_.load(std::memory_order_relaxed) == 0 || state_ != State::kOpen) return;
-  if (in_flight_.empty()) {
-    GiveBackCqLocked();
-    return;
-  }
+  // What it does not use goes back at once: it keeps whole grants covering what is in flight (a
+  // full grant of at least kCqGrantChunk holds a signalled work request, so it never stalls on
+  // its own), and none once nothing is.
+  const auto in_flight = static_cast<uint32_t>(in_flight_.size());
+  GiveBackCqLocked((in_flight + kCqGrantChunk - 1) / kCqGrantChunk * kCqGrantChunk);
   // What is in flight may stay there, unsignalled, until the next send: a signal at its tail
-  // brings its completion, after which it goes back (AfterChangeLocked, while still short).
-  static_cast<void>(PostTailSignalLocked(/*probe=*/false));
+  // brings its completion, after which the rest goes back (AfterChangeLocked, while short).
+  if (in_flight > 0) static_cast<void>(PostTailSignalLocked(/*probe=*/false));
 }
 
 bool Connection::CorkedLocked() const { return InBatch() && !cork_open_; }
@@ -762,12 +773,13 @@ void Connection::PumpLocked() {
     return;
   }
   while (!waiting_.empty() && state_ == State::kOpen) {
-    if (!SendRoomLocked()) break;
     Waiting& op = waiting_.front();
+    // The last credit is for credit frames. Checked before the room, so that a connection the
+    // peer holds back takes no completion-queue entries meanwhile.
+    if (op.kind != Waiting::kRead && !credits_.CanSpendForData()) break;
+    if (!SendRoomLocked()) break;
     if (op.kind == Waiting::kRead) {
       PostReadLocked(op);  // no credit: the peer's NIC answers, nothing is received
-    } else if (!credits_.CanSpendForData()) {
-      break;  // the last credit is for credit frames
     } else if (op.kind == Waiting::kWrite) {
       std::optional<ArenaSpot> spot = arena_writer_.TryReserve(op.source.size);  // WriteBulk
       if (!spot) break;  // checked CheckFits
@@ -1055,8 +1067,13 @@ absl::Status Connection::PostTailSignalLocked(bool probe) {
   // in flight, a probe posts and a flush has nothing to do.
   if (in_flight_.empty() ? !probe : unsignaled_ == 0) return absl::OkStatus();
   // The send queue (or the completion-queue entries granted) is full: its signalled entries will
-  // make room, and the next pump signals.
-  if (!SendRoomLocked()) return absl::OkStatus();
+  // make room, and the next pump signals. With nothing in flight, the poller had no entry to
+  // grant: a probe goes when it gives this connection its pass (OnCqRequestLocked).
+  if (!SendRoomLocked()) {
+    if (probe && in_flight_.empty()) probe_owed_ = true;
+    return absl::OkStatus();
+  }
+  if (probe) probe_owed_ = false;
   // Zero bytes at the base of the peer's arena: nothing is written, and the address and rkey
   // are valid anyway (IB C9-88 lets a zero-length WRITE skip the check; not every device does).
   ibv_send_wr wr{};

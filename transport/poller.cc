@@ -129,6 +129,7 @@ void Poller::Shutdown() {
 absl::Status Poller::Start() {
   if (thread_.joinable()) return absl::FailedPreconditionError("poller already started");
   stop_.store(false);
+  looping_.store(true);
   cm_thread_ = std::thread([this] { CmLoop(); });
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
@@ -136,6 +137,7 @@ absl::Status Poller::Start() {
 
 void Poller::Stop() {
   stop_.store(true);
+  looping_.store(false);
   Wake();
   if (thread_.joinable()) thread_.join();
   if (cm_thread_.joinable()) {
@@ -165,12 +167,14 @@ void Poller::Wake() {
   }
 }
 
-void Poller::UnreserveLocked(const Connection& connection) {
+void Poller::UnreserveLocked(Connection& connection) {
   // Unregistered once drained (or dropped by Shutdown): nothing of it is in flight any more, and
   // its grant no longer changes.
   const uint32_t reserved = connection.cq_entries_reserved();
   cq_budget_.Unreserve(reserved);
-  cq_budget_.Give(reserved + connection.cq_granted_.load(std::memory_order_relaxed));
+  // An exchange: a connection that goes on running in its domain afterwards (a task left
+  // there) must find no grant left to give back a second time.
+  cq_budget_.Give(reserved + connection.cq_granted_.exchange(0, std::memory_order_acq_rel));
   if (srq_ != nullptr) srq_->Unreserve(connection.options_.recv_credits);
 }
 
@@ -204,11 +208,16 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
     }
     cq_budget_.Reserve(reserved);
   }
-  // The reservation fits, but connections' sends may hold the entries for a moment: the loop
-  // asks them back (ServeCqShortage), a millisecond at a time, for up to a second. A caller on a
-  // poller thread cannot wait for a loop (it may be this one's).
+  // The reservation fits, but connections' sends may hold the entries: the holders are asked
+  // now (an idle one gives its grant back at once, on this thread when its domain is free), and
+  // the busy ones by the loop, a millisecond at a time, for up to 100 ms. A caller on a poller
+  // thread, or of a poller whose loop does not run, cannot wait for a loop.
   bool taken = cq_budget_.Take(reserved);
-  for (int i = 0; !taken && i < 1000 && !OnPollerThread(); ++i) {
+  if (!taken) {
+    AskCqHolders();
+    taken = cq_budget_.Take(reserved);
+  }
+  for (int i = 0; !taken && i < 100 && !OnPollerThread() && looping_.load(); ++i) {
     RequestCqEntries();
     absl::SleepFor(absl::Milliseconds(1));
     taken = cq_budget_.Take(reserved);
@@ -219,7 +228,7 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
     if (srq_ != nullptr) srq_->Unreserve(connection->options_.recv_credits);
     return absl::ResourceExhaustedError(
         absl::StrCat("completion queue: ", reserved,
-                     " entries not free within 1 s (its connections' sends hold them)"));
+                     " entries not free within 100 ms (its connections' sends hold them)"));
   }
   connections_[connection->qp_num()] = connection;
   generation_.fetch_add(1, std::memory_order_release);
@@ -244,19 +253,31 @@ void Poller::ServeCqShortage() {
   if (now - cq_served_ns_ < 1'000'000) return;
   cq_served_ns_ = now;
   // Cleared first: a waiter that still finds no entry, or a registration still waiting, sets it
-  // again. Holders that are busy now give their grants back when their sends complete, while it
-  // is set.
+  // again. Busy holders give back what they do not use, and the rest once their sends complete
+  // while it is set.
   cq_short_.store(false, std::memory_order_release);
-  std::vector<std::shared_ptr<Connection>> asked;
+  std::vector<std::shared_ptr<Connection>> waiters;
   {
     absl::MutexLock lock(&mu_);
-    asked.swap(cq_waiters_);
+    waiters.swap(cq_waiters_);
+  }
+  // Holders first: the entries they give back are there when the waiters' passes run. (A
+  // waiter that holds entries too is asked twice: its pass, then what it does not use.)
+  AskCqHolders();
+  for (auto& waiter : waiters) waiter->AskForCqEntries();
+}
+
+void Poller::AskCqHolders() {
+  std::vector<std::shared_ptr<Connection>> holders;
+  {
+    absl::MutexLock lock(&mu_);
     for (const auto& [qp_num, connection] : connections_) {
-      if (connection->cq_granted_.load(std::memory_order_relaxed) > 0) asked.push_back(connection);
+      if (connection->cq_granted_.load(std::memory_order_relaxed) > 0) {
+        holders.push_back(connection);
+      }
     }
   }
-  // Holders first: the entries they give back are there when the waiters' passes run.
-  for (auto it = asked.rbegin(); it != asked.rend(); ++it) (*it)->AskForCqEntries();
+  for (auto& holder : holders) holder->AskForCqEntries();
 }
 
 void Poller::Unregister(uint32_t qp_num) {

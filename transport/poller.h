@@ -158,7 +158,7 @@ class Poller {
   void Unregister(uint32_t qp_num);
   // Gives back what Register reserved for `connection`, and what its sends hold: its CQ entries
   // and its window of the shared receive queue.
-  void UnreserveLocked(const Connection& connection) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnreserveLocked(Connection& connection) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CQ entries for a connection's sends (completion_budget.h): Take from any thread inside the
   // connection's domain; a connection that got none waits (WaitForCqEntries) until the loop
   // hands it a pass (ServeCqShortage).
@@ -171,8 +171,11 @@ class Poller {
   // Has the loop ask for grants back soon (a registration that found the entries granted).
   void RequestCqEntries();
   // The loop's side of a shortage, at most once a millisecond: asks every connection holding a
-  // grant to give it back (each does once idle) and gives each waiter a pass, which pumps it.
+  // grant to give back what it does not use (all of it once idle) and gives each waiter a pass,
+  // which pumps it.
   void ServeCqShortage();
+  // Asks the connections holding grants to give back what they do not use (AskForCqEntries).
+  void AskCqHolders();
   // Has the loop call connection->ReplayEarly() on its thread soon: completions that came before
   // the handshake ended, and events and tasks another thread left in the connection's domain.
   // False once the loop has ended (Shutdown): nothing will run it.
@@ -268,6 +271,7 @@ class Poller {
   std::thread thread_;
   std::thread cm_thread_;  // runs CmLoop while the loop runs on thread_
   std::atomic<bool> stop_{false};
+  std::atomic<bool> looping_{false};  // between Start and Stop: a loop serves shortages
   // Written by the loop's thread only (the one thread that runs passes), read by any: a load and
   // a store, not a read-modify-write, which would be an atomic instruction on every pass.
   void CountPass() {

@@ -194,3 +194,54 @@ TEST_CASE(
   }
   CloseAll(c);
 }
+
+TEST_CASE("connections closed while others wait for entries give back exactly what they held, once",
+          "[transport][cq]") {
+  ZRPC_TEST_DEVICE(config);
+  constexpr int kConnections = 40;
+  constexpr int kStalled = 31;
+  constexpr int kMessages = 100;
+  Setup setup(config, SmallCq(2048, PollMode::kEvent), SmallCq(512, PollMode::kBusy));
+  const int64_t client_free = setup.client_poller->cq_entries_free();
+  Connected c;
+  ConnectMany(setup, kConnections, Window(32), Window(4), c);
+  // Holders and waiters, as in the first case: then every other one closes while nothing serves
+  // the shortage, and its drain, its release and the passes it was owed all come after.
+  setup.client_poller->Stop();
+  for (int i = 0; i < kStalled; ++i) {
+    for (int k = 0; k < kConnections; ++k) {
+      REQUIRE(SendBytes(*c.clients[k], Numbered(k, i), i).ok());
+    }
+  }
+  REQUIRE(setup.client_poller->cq_waits() > 0);
+  for (int k = 1; k < kConnections; k += 2) c.clients[k]->Close();
+  REQUIRE(setup.client_poller->Start().ok());
+  for (int i = kStalled; i < kMessages; ++i) {
+    for (int k = 0; k < kConnections; k += 2) {
+      REQUIRE(SendBytes(*c.clients[k], Numbered(k, i), i).ok());
+    }
+  }
+  for (int k = 0; k < kConnections; ++k) {
+    Recorder& r = *c.server_handlers[k];
+    if (k % 2 == 1) {
+      REQUIRE(
+          c.client_handlers[k]->WaitFor([&] { return c.client_handlers[k]->closed.has_value(); }));
+      continue;
+    }
+    REQUIRE(r.WaitFor([&] { return r.messages.size() == kMessages; }));
+    absl::MutexLock lock(&r.mu);
+    for (int i = 0; i < kMessages; ++i) REQUIRE(r.messages[i] == Numbered(k, i));
+  }
+  // Each closed connection reported every send once (delivered or failed), then closed.
+  for (int k = 1; k < kConnections; k += 2) {
+    Recorder& h = *c.client_handlers[k];
+    absl::MutexLock lock(&h.mu);
+    CHECK(h.done.size() == kStalled);
+    CHECK(h.duplicate_done == 0);
+    CHECK(h.done_after_closed == 0);
+  }
+  CloseAll(c);
+  CHECK(Eventually([&] { return setup.client_poller->cq_entries_free() == client_free; }));
+  INFO("free entries " << setup.client_poller->cq_entries_free() << " of " << client_free);
+  CHECK(setup.client_poller->cq_entries_free() == client_free);
+}
