@@ -122,10 +122,11 @@ struct ServerOptions : RuntimeOptions {
   int max_streams_per_connection = 16;
   int max_streams = 256;
   // Accepting: handshake deadline, admission limits, and every connection's options (its
-  // arena_size bounds the largest request payload a client can send). The admission limits are
+  // arena_size bounds the largest request payload a client can send). max_connections is
   // lowered to what the pollers can hold (Poller::Capacity: completion-queue entries and shared
-  // receive queues), and
-  // max_connections_per_peer to half of that, so that one address can never fill the server.
+  // receive queues) and to what RLIMIT_MEMLOCK lets the process register (a warning says what to
+  // set; transport/process_limits.h), and max_connections_per_peer to half of that, so that one
+  // address can never fill the server.
   transport::ListenerOptions listener;
   // Where request payloads this server pulls land (those larger than its arena: rpc/WIRE.md,
   // "Pulled payloads"). Unset: memory the server allocates and registers per payload, within

@@ -9,7 +9,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "transport/cm_util.h"
 #include "transport/log.h"
 #include "transport/poller.h"
@@ -24,10 +26,11 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Create(Device& device, const
   if (auto s = Connection::ValidateOptions(options.connection, device); !s.ok()) return s;
   if (handler == nullptr) return absl::InvalidArgumentError("the Listener needs an AcceptHandler");
   if (options.handshake_timeout <= absl::ZeroDuration() || options.max_connections == 0 ||
-      options.max_connections_per_peer == 0 || options.backlog <= 0) {
+      options.max_connections_per_peer == 0 || options.backlog <= 0 ||
+      options.accepts_per_second_per_peer == 0 || options.accept_burst_per_peer == 0) {
     return absl::InvalidArgumentError(
-        "handshake_timeout, max_connections, max_connections_per_peer and backlog must be "
-        "positive");
+        "handshake_timeout, max_connections, max_connections_per_peer, backlog, "
+        "accepts_per_second_per_peer and accept_burst_per_peer must be positive");
   }
   std::unique_ptr<Listener> listener(new Listener(device, handler, options));
   if (auto s = CreateCmChannelAndId(&listener->channel_, &listener->id_); !s.ok()) return s;
@@ -207,6 +210,30 @@ absl::Status Listener::Admit(const std::string& ip) {
         absl::StrCat("server full for ", ip, ": ", it->second,
                      " connections from that address (max_connections_per_peer)"));
   }
+  // The request rate last: a request refused for the places above takes no token.
+  const double rate = options_.accepts_per_second_per_peer;
+  const double burst = options_.accept_burst_per_peer;
+  const absl::Time now = absl::Now();
+  if (a.rates.size() >= a.sweep_at) {
+    absl::erase_if(a.rates, [&](const auto& entry) {
+      return entry.second.tokens + absl::ToDoubleSeconds(now - entry.second.refilled) * rate >=
+             burst;
+    });
+    a.sweep_at = std::max<size_t>(1024, 2 * a.rates.size());
+  }
+  auto [bucket, fresh] = a.rates.try_emplace(ip, RequestRate{burst, now});
+  RequestRate& r = bucket->second;
+  if (!fresh) {
+    r.tokens = std::min(burst, r.tokens + absl::ToDoubleSeconds(now - r.refilled) * rate);
+    r.refilled = now;
+  }
+  if (r.tokens < 1) {
+    return absl::UnavailableError(absl::StrCat("server busy for ", ip, ": over ",
+                                               options_.accepts_per_second_per_peer,
+                                               " connection requests a second from that address "
+                                               "(accepts_per_second_per_peer)"));
+  }
+  r.tokens -= 1;
   ++a.total;
   ++a.per_peer[ip];
   return absl::OkStatus();

@@ -108,10 +108,19 @@ class Listener {
  private:
   // Places taken, shared with accepted connections, which give theirs back when they close
   // (possibly after the Listener is gone).
+  // Each address's token bucket of connection requests (accepts_per_second_per_peer).
+  struct RequestRate {
+    double tokens = 0;
+    absl::Time refilled;
+  };
   struct Admission {
     absl::Mutex mu;
     uint32_t total ABSL_GUARDED_BY(mu) = 0;
     absl::flat_hash_map<std::string, uint32_t> per_peer ABSL_GUARDED_BY(mu);
+    // Only addresses seen within the last burst's refill time: a full bucket is forgotten
+    // (Admit sweeps them as the map grows), so addresses cannot grow it without bound.
+    absl::flat_hash_map<std::string, RequestRate> rates ABSL_GUARDED_BY(mu);
+    size_t sweep_at ABSL_GUARDED_BY(mu) = 1024;
   };
   struct Handshake {
     std::shared_ptr<Connection> connection;

@@ -98,10 +98,18 @@ struct ListenerOptions {
   ConnectionOptions connection;
   // Time a peer has from its connection request to the end of the handshake.
   absl::Duration handshake_timeout = absl::Seconds(5);
-  // Connections open or handshaking at once; requests beyond are refused ("server full").
-  uint32_t max_connections = 1024;
+  // Connections open or handshaking at once; requests beyond are refused ("server full"). What
+  // the pollers can hold and the registered memory the process may lock bound it too (the RPC
+  // server lowers it to those at creation, and says so).
+  uint32_t max_connections = 16384;
   // The same, from one IP address.
   uint32_t max_connections_per_peer = 512;
+  // Connection requests admitted from one IP address: on average per second, and at once after
+  // a quiet spell. Requests beyond are refused ("server busy for <ip>"), so that one address
+  // reconnecting in a loop cannot take the listener's thread (each handshake creates a queue
+  // pair and registers memory) from everyone else. A client's channel backs off and retries.
+  uint32_t accepts_per_second_per_peer = 1024;
+  uint32_t accept_burst_per_peer = 1024;
   // Connection requests the kernel queues while the listener thread is busy.
   int backlog = 1024;
 };

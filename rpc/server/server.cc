@@ -12,6 +12,8 @@
 #include "rpc/common/runtime.h"
 #include "rpc/connection/rpc_header.h"
 #include "rpc/server/server_impl.h"
+#include "transport/log.h"
+#include "transport/process_limits.h"
 
 namespace zrpc {
 namespace internal {
@@ -59,8 +61,24 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
                            listener.connection.recv_credits)
             : " (their completion queues' entries)"));
   }
+  // And within the memory the process may lock: past RLIMIT_MEMLOCK every registration fails, and
+  // a connection would be accepted only to be refused its arena.
+  const transport::LockedMemory memory = transport::ReadLockedMemory();
+  const uint64_t per_connection = transport::RegisteredPerIdleConnection(
+      listener.connection, options.shared_receive_queue > 0, core->device_->slots().slot_size());
+  const uint64_t fits = transport::ConnectionsWithin(memory, per_connection);
+  if (fits == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ServerOptions: the process may lock no more memory for a connection: ",
+        transport::RaiseLockedMemoryAdvice(memory, per_connection, listener.max_connections)));
+  }
+  if (fits < std::min<uint64_t>(listener.max_connections, capacity)) {
+    ZRPC_LOG(kWarning, "rpc", "the server admits ", fits, " connections, not ",
+             listener.max_connections, ": ",
+             transport::RaiseLockedMemoryAdvice(memory, per_connection, listener.max_connections));
+  }
   listener.max_connections = static_cast<uint32_t>(
-      std::max<uint64_t>(1, std::min<uint64_t>(listener.max_connections, capacity)));
+      std::max<uint64_t>(1, std::min<uint64_t>({listener.max_connections, capacity, fits})));
   listener.max_connections_per_peer = std::max<uint32_t>(
       1, std::min(listener.max_connections_per_peer, listener.max_connections / 2));
   return core;

@@ -448,3 +448,46 @@ TEST_CASE("past max_connections and max_connections_per_peer a peer is refused: 
     CHECK(server.FreshClientEcho().ok());
   }
 }
+
+TEST_CASE(
+    "past accepts_per_second_per_peer an address is refused, server busy, until its bucket "
+    "refills",
+    "[rdma][transport][defenses]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  ListenerOptions options;
+  options.accepts_per_second_per_peer = 1;
+  options.accept_burst_per_peer = 3;
+  Recorder handler;  // outlives the server, whose client poller may still report to it
+  Server server(config, options);
+  std::vector<std::shared_ptr<Connection>> clients;
+  auto connect = [&] {
+    return Connection::Connect(*server.device, *server.client_poller,
+                               server.device->selection().addr, server.listener->port(), &handler,
+                               {}, kTimeout);
+  };
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 3; ++i) {  // the burst
+    auto c = connect();
+    INFO(c.status());
+    REQUIRE(c.ok());
+    clients.push_back(*c);
+  }
+  // Within a second of the first, no token has come back (one a second).
+  auto refused = connect();
+  const absl::Duration elapsed = absl::Now() - start;
+  std::printf("a fourth request after %s: %s\n", absl::FormatDuration(elapsed).c_str(),
+              refused.status().ToString().c_str());
+  REQUIRE(elapsed < absl::Milliseconds(900));  // else the device is too slow to tell
+  CHECK(refused.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(refused.status().message().find("server busy for") != absl::string_view::npos);
+  CHECK(refused.status().message().find("(accepts_per_second_per_peer)") !=
+        absl::string_view::npos);
+  // A second later a token is back; the three open connections never counted against it.
+  absl::SleepFor(absl::Milliseconds(1100));
+  auto later = connect();
+  INFO(later.status());
+  CHECK(later.ok());
+  if (later.ok()) clients.push_back(*later);
+  for (auto& c : clients) c->Close();
+  CHECK(Server::Eventually([&] { return server.listener->connections() == 0; }));
+}

@@ -1,0 +1,100 @@
+// The locked-memory limit a server meets (transport/process_limits.h), on the host over
+// fakeverbs: read from the process as the kernel applies it (CAP_IPC_LOCK lifts it), what an
+// idle connection registers, how many fit, and what an RPC server does with it: created with
+// admission bounded by the limit and a warning naming the value to set, or refused with that
+// advice when not one connection fits. The test drops CAP_IPC_LOCK from its own process (this
+// binary holds nothing else) and lowers its RLIMIT_MEMLOCK, as a non-root server runs.
+#include "transport/process_limits.h"
+
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "rpc/server.h"
+#include "tests/fakeverbs/fake_device.h"
+#include "tests/log_capture.h"
+
+namespace {
+
+using zrpc::transport::ConnectionOptions;
+using zrpc::transport::ConnectionsWithin;
+using zrpc::transport::LockedMemory;
+using zrpc::transport::RegisteredPerIdleConnection;
+
+// Drops CAP_IPC_LOCK from this process's effective and permitted sets, for good.
+void DropIpcLock() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+  REQUIRE(syscall(SYS_capget, &header, data) == 0);
+  data[0].effective &= ~(1u << CAP_IPC_LOCK);
+  data[0].permitted &= ~(1u << CAP_IPC_LOCK);
+  data[0].inheritable &= ~(1u << CAP_IPC_LOCK);
+  REQUIRE(syscall(SYS_capset, &header, data) == 0);
+}
+
+void LimitLockedMemory(uint64_t bytes) {
+  rlimit limit{};
+  REQUIRE(getrlimit(RLIMIT_MEMLOCK, &limit) == 0);
+  limit.rlim_cur = bytes;
+  if (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < bytes) limit.rlim_cur = limit.rlim_max;
+  REQUIRE(setrlimit(RLIMIT_MEMLOCK, &limit) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("an idle connection's registered bytes, and how many fit in what the limit leaves",
+          "[process_limits]") {
+  ConnectionOptions options;  // 32 receives, a 256 KiB arena
+  CHECK(RegisteredPerIdleConnection(options, false, 4096) == (256 << 10) + 33 * 4096);
+  CHECK(RegisteredPerIdleConnection(options, true, 4096) == (256 << 10) + 4096);
+  options.arena_size = 64;  // a page at least
+  CHECK(RegisteredPerIdleConnection(options, true, 4096) == 2 * 4096);
+  LockedMemory memory{false, 8 << 20, 1 << 20};
+  CHECK(ConnectionsWithin(memory, 1 << 20) == 7);
+  CHECK(ConnectionsWithin(memory, (7 << 20) + 1) == 0);
+  memory.locked = 9 << 20;  // over the limit already
+  CHECK(ConnectionsWithin(memory, 4096) == 0);
+  CHECK(ConnectionsWithin(LockedMemory{}, 1 << 20) == UINT64_MAX);  // unlimited
+  const std::string advice =
+      zrpc::transport::RaiseLockedMemoryAdvice(LockedMemory{false, 8 << 20, 1 << 20}, 1 << 20, 100);
+  INFO(advice);
+  CHECK(absl::StrContains(advice, "RLIMIT_MEMLOCK is 8 MiB with 1 MiB locked already"));
+  CHECK(absl::StrContains(advice, "it holds 7 connections. For 100 set it to at least 101 MiB"));
+}
+
+TEST_CASE(
+    "without CAP_IPC_LOCK a server admits what RLIMIT_MEMLOCK holds and says what to set, or is "
+    "refused when not one connection fits",
+    "[process_limits]") {
+  DropIpcLock();
+  LimitLockedMemory(8 << 20);
+  const LockedMemory memory = zrpc::transport::ReadLockedMemory();
+  REQUIRE_FALSE(memory.unlimited);
+  CHECK(memory.limit == (8u << 20));
+  zrpc::ServerOptions options;
+  options.device = zrpc::fakeverbs::FakeDevice();
+  {
+    zrpc::testing::LogCapture log(zrpc::LogLevel::kWarning);
+    auto server = zrpc::Server::Create(options);
+    INFO(server.status());
+    REQUIRE(server.ok());
+    // Default options: 388 KiB per idle connection, so 8 MiB less what the runtime locked (none
+    // over fakeverbs) holds 21, not 16,384.
+    CHECK(log.Count(zrpc::LogLevel::kWarning, "rpc",
+                    "the server admits 21 connections, not 16384") == 1);
+    CHECK(log.Count(zrpc::LogLevel::kWarning, "rpc", "set it to at least 6208 MiB") == 1);
+  }
+  LimitLockedMemory(256 << 10);
+  auto refused = zrpc::Server::Create(options);
+  INFO(refused.status());
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(refused.status().message(),
+                          "the process may lock no more memory for a connection: RLIMIT_MEMLOCK"));
+}
