@@ -26,33 +26,48 @@ std::string Mebibytes(uint64_t bytes) {
 
 }  // namespace
 
-LockedMemory ReadLockedMemory() {
-  LockedMemory memory;
-  rlimit limit{};
-  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return memory;
-  bool capable = false;
-  uint64_t locked_kib = 0;
+// Reads /proc/self/status: whether CAP_IPC_LOCK is effective, and VmPin + VmLck in bytes.
+void ReadStatus(bool* capable, uint64_t* pinned) {
+  *capable = false;
+  uint64_t kib_total = 0;
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);) {
     absl::string_view rest = line;
     if (absl::ConsumePrefix(&rest, "CapEff:")) {
       uint64_t caps = 0;
       if (absl::SimpleHexAtoi(absl::StripAsciiWhitespace(rest), &caps)) {
-        capable = (caps >> kCapIpcLock) & 1;
+        *capable = (caps >> kCapIpcLock) & 1;
       }
     } else if (absl::ConsumePrefix(&rest, "VmPin:") || absl::ConsumePrefix(&rest, "VmLck:")) {
       // "   1234 kB"
       uint64_t kib = 0;
       if (absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(rest), " kB"), &kib)) {
-        locked_kib += kib;
+        kib_total += kib;
       }
     }
   }
+  *pinned = kib_total * 1024;
+}
+
+LockedMemory ReadLockedMemory() {
+  LockedMemory memory;
+  rlimit limit{};
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return memory;
+  bool capable = false;
+  uint64_t pinned = 0;
+  ReadStatus(&capable, &pinned);
   if (capable) return memory;
   memory.unlimited = false;
   memory.limit = limit.rlim_cur;
-  memory.locked = locked_kib * 1024;
+  memory.locked = pinned;
   return memory;
+}
+
+uint64_t PinnedBytes() {
+  bool capable = false;
+  uint64_t pinned = 0;
+  ReadStatus(&capable, &pinned);
+  return pinned;
 }
 
 uint64_t RegisteredPerIdleConnection(const ConnectionOptions& options, bool shared_receives,

@@ -28,6 +28,9 @@ struct LockedMemory {
 // This process's, now.
 LockedMemory ReadLockedMemory();
 
+// Bytes the process has pinned (registered memory) or locked now: VmPin + VmLck.
+uint64_t PinnedBytes();
+
 // Registered bytes an idle connection with `options` holds: its arena, and its receives' and its
 // credit frames' pool slots (with a shared receive queue, only the credit frames').
 uint64_t RegisteredPerIdleConnection(const ConnectionOptions& options, bool shared_receives,

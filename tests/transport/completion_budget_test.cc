@@ -20,6 +20,7 @@
 #include "tests/transport/recorder.h"
 #include "transport/connection.h"
 #include "transport/poller.h"
+#include "transport/process_limits.h"
 #ifdef ZRPC_OVER_FAKEVERBS
 #include "tests/fakeverbs/fake_device.h"
 #else
@@ -273,6 +274,7 @@ TEST_CASE("one poller holds 2,500 connections, each reserving one completion-que
   Recorder server_handler, client_handler;
   setup.accepts->Use(setup.server_poller.get(), &server_handler);
   std::vector<std::shared_ptr<Connection>> clients, servers;
+  const uint64_t pinned_before = zrpc::transport::PinnedBytes();
   const absl::Time start = absl::Now();
   for (int i = 0; i < kConnections; ++i) {
     auto client =
@@ -290,6 +292,12 @@ TEST_CASE("one poller holds 2,500 connections, each reserving one completion-que
               static_cast<long>(setup.server_poller->cq_entries_free()),
               setup.server_poller->cq_capacity());
   CHECK(setup.server_poller->cq_entries_free() == server_free - kConnections);
+  // Both ends are in this process: what they pinned beyond the queues' receives (held from the
+  // pollers' start) is their credit-frame slots, and the pool's chunks those came from.
+  const uint64_t pinned = zrpc::transport::PinnedBytes() - pinned_before;
+  std::printf("pinned (VmPin + VmLck) for %d connections, both ends: %lu KiB, %.1f KiB per end\n",
+              kConnections, static_cast<unsigned long>(pinned >> 10),
+              pinned / 1024.0 / (2 * kConnections));
   // Every one of them still carries a message.
   for (int i = 0; i < kConnections; ++i) REQUIRE(SendBytes(*clients[i], Numbered(i, 0), i).ok());
   REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == kConnections; }));
