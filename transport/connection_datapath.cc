@@ -720,11 +720,15 @@ bool Connection::GrowCqGrantLocked() {
 }
 
 void Connection::GiveBackCqLocked(uint32_t keep) {
-  const uint32_t granted = cq_granted_.load(std::memory_order_relaxed);
-  if (granted <= keep) return;
-  // An exchange, not a store: Unregister takes what is left from another thread.
-  const uint32_t taken = cq_granted_.exchange(keep, std::memory_order_acq_rel);
-  if (taken > keep) poller_.GiveCqEntries(taken - keep);
+  // A compare-and-swap, not a store: Unregister may take what is left from another thread (a
+  // poller's Shutdown clearing connections that did not drain), and then nothing is left here.
+  uint32_t granted = cq_granted_.load(std::memory_order_relaxed);
+  while (granted > keep) {
+    if (cq_granted_.compare_exchange_weak(granted, keep, std::memory_order_acq_rel)) {
+      poller_.GiveCqEntries(granted - keep);
+      return;
+    }
+  }
 }
 
 void Connection::AskForCqEntries() {
@@ -755,8 +759,11 @@ void Connection::OnCqRequestLocked() {
   const auto in_flight = static_cast<uint32_t>(in_flight_.size());
   GiveBackCqLocked((in_flight + kCqGrantChunk - 1) / kCqGrantChunk * kCqGrantChunk);
   // What is in flight may stay there, unsignalled, until the next send: a signal at its tail
-  // brings its completion, after which the rest goes back (AfterChangeLocked, while short).
-  if (in_flight > 0) static_cast<void>(PostTailSignalLocked(/*probe=*/false));
+  // brings its completion, after which the rest goes back (AfterChangeLocked, while short). Only
+  // within the grant kept, which must not grow for it; a full grant holds a signalled one anyway.
+  if (in_flight > 0 && in_flight < cq_granted_.load(std::memory_order_relaxed)) {
+    static_cast<void>(PostTailSignalLocked(/*probe=*/false));
+  }
 }
 
 bool Connection::CorkedLocked() const { return InBatch() && !cork_open_; }
@@ -922,7 +929,7 @@ void Connection::MaybeSendCreditFrameLocked() {
   // Retried on the next completion if the send queue is full or the last credit frame (when the
   // device cannot inline it) is still in flight. Credit frames never take a slot from the pool:
   // a pool emptied by waiting messages must not stop credits from coming back.
-  if (control_busy_ || !SendRoomLocked()) return;
+  if (control_busy_ || credits_.available() < 1 || !SendRoomLocked()) return;
   if (!credits_.TrySpendForUpdate()) return;
   PostMessageLocked(control_slot_, 0, FrameKind::kCredit, 0, false, /*signal=*/true);
 }

@@ -6,12 +6,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "transport/cm_util.h"
 #include "transport/log.h"
 #include "transport/poller.h"
@@ -210,28 +210,31 @@ absl::Status Listener::Admit(const std::string& ip) {
         absl::StrCat("server full for ", ip, ": ", it->second,
                      " connections from that address (max_connections_per_peer)"));
   }
-  // The request rate last: a request refused for the places above takes no token.
+  // The request rate last: a request refused for the places above takes no token (one refused
+  // later, by the placement or for resources, keeps the token it took). A steady clock: a step
+  // of the wall clock must not empty every bucket.
   const double rate = options_.accepts_per_second_per_peer;
   const double burst = options_.accept_burst_per_peer;
-  const absl::Time now = absl::Now();
+  const auto now = std::chrono::steady_clock::now();
+  auto refilled = [&](const RequestRate& r) {
+    return std::min(burst,
+                    r.tokens + std::chrono::duration<double>(now - r.refilled).count() * rate);
+  };
   if (a.rates.size() >= a.sweep_at) {
-    absl::erase_if(a.rates, [&](const auto& entry) {
-      return entry.second.tokens + absl::ToDoubleSeconds(now - entry.second.refilled) * rate >=
-             burst;
-    });
+    absl::erase_if(a.rates, [&](const auto& entry) { return refilled(entry.second) >= burst; });
     a.sweep_at = std::max<size_t>(1024, 2 * a.rates.size());
   }
   auto [bucket, fresh] = a.rates.try_emplace(ip, RequestRate{burst, now});
   RequestRate& r = bucket->second;
   if (!fresh) {
-    r.tokens = std::min(burst, r.tokens + absl::ToDoubleSeconds(now - r.refilled) * rate);
+    r.tokens = refilled(r);
     r.refilled = now;
   }
   if (r.tokens < 1) {
+    // Short: the reason travels in the reject's private data, with an IPv6 address in it.
     return absl::UnavailableError(absl::StrCat("server busy for ", ip, ": over ",
                                                options_.accepts_per_second_per_peer,
-                                               " connection requests a second from that address "
-                                               "(accepts_per_second_per_peer)"));
+                                               "/s from it (accepts_per_second_per_peer)"));
   }
   r.tokens -= 1;
   ++a.total;

@@ -17,7 +17,10 @@
 //     instead of failing them within seconds;
 //  2. admission: at most max_connections connections (open or handshaking) in all, and at most
 //     max_connections_per_peer from one IP address, so one host cannot take every place; a
-//     connection's place is given back when it closes (OnClosed), not when it is destroyed;
+//     connection's place is given back when it closes (OnClosed), not when it is destroyed; and
+//     at most accepts_per_second_per_peer requests a second from one address (a token bucket,
+//     accept_burst_per_peer deep), so one host reconnecting in a loop cannot take this thread
+//     ("server busy");
 //  3. AcceptHandler::Place, which picks the connection's poller and handler (or refuses);
 //  4. resources: receive slots from the device's pool, an arena, CQ entries on the poller. A
 //     server that cannot give them refuses with what ran out ("server full").
@@ -42,6 +45,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -111,7 +115,7 @@ class Listener {
   // Each address's token bucket of connection requests (accepts_per_second_per_peer).
   struct RequestRate {
     double tokens = 0;
-    absl::Time refilled;
+    std::chrono::steady_clock::time_point refilled;
   };
   struct Admission {
     absl::Mutex mu;

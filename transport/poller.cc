@@ -228,7 +228,8 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
     if (srq_ != nullptr) srq_->Unreserve(connection->options_.recv_credits);
     return absl::ResourceExhaustedError(
         absl::StrCat("completion queue: ", reserved,
-                     " entries not free within 100 ms (its connections' sends hold them)"));
+                     " entries not free (its connections' sends hold them; waited ",
+                     looping_.load() && !OnPollerThread() ? "100 ms)" : "not: no loop to ask)"));
   }
   connections_[connection->qp_num()] = connection;
   generation_.fetch_add(1, std::memory_order_release);

@@ -37,9 +37,13 @@
 // they go: a grant, grown kCqGrantChunk at a time up to its send queue's depth and kept while it
 // is used, so a busy connection takes nothing per work request. When the entries run out, a
 // connection that needs more waits (its operations stay queued, as for credits) and the loop
-// asks the connections holding grants to give them back; each does once it has nothing in
-// flight (a tail left unsignalled is flushed first), and the waiters are pumped again. So idle
-// connections hold no entries for sends, and a poller holds thousands of them. With a shared
+// asks the connections holding grants to give back what they do not use: each keeps whole
+// grants over its work requests in flight, gives back the rest at once and all of it once it has
+// nothing in flight (a tail left unsignalled is flushed first), and does not grow while others
+// wait; then the waiters are pumped again. So idle connections hold no entries for sends, and a
+// poller holds thousands of them. A connection busy without a pause keeps a grant (16 at least)
+// for as long as it is: busy connections whose grants cover the queue's unreserved entries hold
+// off the others until one pauses. With a shared
 // receive queue (PollerOptions::shared_receive_queue, shared_receive_queue.h) registration fails
 // too when the connection's receive window would take the windows granted past the queue's
 // receives.

@@ -26,7 +26,8 @@ std::string Mebibytes(uint64_t bytes) {
 
 }  // namespace
 
-// Reads /proc/self/status: whether CAP_IPC_LOCK is effective, and VmPin + VmLck in bytes.
+// Reads /proc/self/status: whether CAP_IPC_LOCK is effective, and VmPin in bytes (what
+// ib_umem_get holds against RLIMIT_MEMLOCK; mlock's VmLck is counted apart).
 void ReadStatus(bool* capable, uint64_t* pinned) {
   *capable = false;
   uint64_t kib_total = 0;
@@ -38,7 +39,7 @@ void ReadStatus(bool* capable, uint64_t* pinned) {
       if (absl::SimpleHexAtoi(absl::StripAsciiWhitespace(rest), &caps)) {
         *capable = (caps >> kCapIpcLock) & 1;
       }
-    } else if (absl::ConsumePrefix(&rest, "VmPin:") || absl::ConsumePrefix(&rest, "VmLck:")) {
+    } else if (absl::ConsumePrefix(&rest, "VmPin:")) {
       // "   1234 kB"
       uint64_t kib = 0;
       if (absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(rest), " kB"), &kib)) {

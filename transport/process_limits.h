@@ -5,9 +5,11 @@
 // 8 MiB: about twenty idle connections with default options. Past the limit a registration fails
 // with ENOMEM, and a server refuses the connection it was for; the RPC server instead bounds its
 // admission by the limit at creation and says so, naming the limit and the value that would hold
-// max_connections (rpc/server). Open files are no such limit: an open connection holds no file
-// descriptor of its own on either side (tests/transport/connection_test), only each poller and
-// listener do (a few each).
+// max_connections (rpc/server). The bound counts what idle connections register; send slots the
+// pool grows for, pulled payloads and the application's own registrations come on top, so a
+// limit just large enough for max_connections still fails some registrations under load. Open files
+// are no such limit: an open connection holds no file descriptor of its own on either side
+// (tests/transport/connection_test), only each poller and listener do (a few each).
 #ifndef ZRPC_TRANSPORT_PROCESS_LIMITS_H_
 #define ZRPC_TRANSPORT_PROCESS_LIMITS_H_
 
@@ -22,13 +24,16 @@ struct LockedMemory {
   // No limit applies: RLIMIT_MEMLOCK is infinite, or the process has CAP_IPC_LOCK.
   bool unlimited = true;
   uint64_t limit = 0;   // the soft limit, bytes (when limited)
-  uint64_t locked = 0;  // pinned or locked by the process now (VmPin + VmLck), bytes
+  uint64_t locked = 0;  // pinned by the process now (VmPin), bytes
 };
 
-// This process's, now.
+// This process's, now. CAP_IPC_LOCK is read from the process's effective set, which inside a
+// user namespace may show a capability the kernel does not honour for pinning (it checks the
+// initial namespace's): such a process is taken as unlimited and meets the limit at
+// registration instead.
 LockedMemory ReadLockedMemory();
 
-// Bytes the process has pinned (registered memory) or locked now: VmPin + VmLck.
+// Bytes the process has pinned now (registered memory): VmPin.
 uint64_t PinnedBytes();
 
 // Registered bytes an idle connection with `options` holds: its arena, and its receives' and its

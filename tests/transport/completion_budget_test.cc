@@ -295,7 +295,7 @@ TEST_CASE("one poller holds 2,500 connections, each reserving one completion-que
   // Both ends are in this process: what they pinned beyond the queues' receives (held from the
   // pollers' start) is their credit-frame slots, and the pool's chunks those came from.
   const uint64_t pinned = zrpc::transport::PinnedBytes() - pinned_before;
-  std::printf("pinned (VmPin + VmLck) for %d connections, both ends: %lu KiB, %.1f KiB per end\n",
+  std::printf("pinned (VmPin) for %d connections, both ends: %lu KiB, %.1f KiB per end\n",
               kConnections, static_cast<unsigned long>(pinned >> 10),
               pinned / 1024.0 / (2 * kConnections));
   // Every one of them still carries a message.
