@@ -704,7 +704,8 @@ bool Connection::GrowCqGrantLocked() {
   const uint32_t granted = cq_granted_.load(std::memory_order_relaxed);
   const uint32_t more = std::min(kCqGrantChunk, options_.send_queue_depth - granted);
   // While others wait, a connection that holds entries already does not grow past them: what
-  // the holders give back goes to the waiters, so a few busy connections cannot starve the rest.
+  // the holders give back goes to the waiters. (One busy without a pause still keeps its grant:
+  // poller.h, "Capacity".)
   if ((granted == 0 || !poller_.cq_short()) && poller_.TakeCqEntries(more)) {
     cq_granted_.store(granted + more, std::memory_order_relaxed);
     return true;
