@@ -91,15 +91,25 @@ struct ChannelOptions : RuntimeOptions {
   // Reconnection backoff (rpc/channel.h, "Connections").
   absl::Duration reconnect_backoff_initial = absl::Milliseconds(50);
   absl::Duration reconnect_backoff_max = absl::Seconds(5);
-  // Liveness: a connection that received nothing for keepalive_interval sends a ping; a ping
-  // unanswered within keepalive_timeout closes the connection (its calls fail UNAVAILABLE). A
-  // server that vanished is noticed within about interval + timeout, idle or busy. A server
-  // whose handlers hold the whole window (slow calls) or whose answers wait for arena space this
-  // side holds (IncomingBulk not released) is busy, not dead: its NIC is probed instead, without
-  // a credit, and a vanished host fails that probe through the transport's retries (seconds).
-  // keepalive_interval zero: no keepalives.
+  // Liveness: a connection with calls in flight that received nothing for keepalive_interval
+  // sends a ping; a ping unanswered within keepalive_timeout closes the connection (its calls
+  // fail UNAVAILABLE). So a server that vanished under calls fails them within about interval +
+  // timeout. A server whose handlers hold the whole window (slow calls) or whose answers wait for
+  // arena space this side holds (IncomingBulk not released) is busy, not dead: its NIC is probed
+  // instead, without a credit, and a vanished host fails that probe through the transport's
+  // retries (seconds). keepalive_interval zero: no keepalives at all.
   absl::Duration keepalive_interval = absl::Seconds(1);
   absl::Duration keepalive_timeout = absl::Seconds(2);
+  // A connection with nothing in flight is checked the same way once it received nothing for
+  // idle_keepalive_interval (each time from [3/4, 1] of it, so that connections made together
+  // spread their pings), at least keepalive_interval; a channel checks at most 256 idle
+  // connections per keepalive_interval (rpc/client/keepalive.h). So a dead server is noticed
+  // on an idle connection within about this interval + keepalive_timeout, and ten thousand idle
+  // connections cost their server 500 pings a second, not ten thousand. Keep it well below the
+  // server's ServerOptions::idle_timeout (5 minutes by default), which closes connections that
+  // say nothing. Zero: idle connections are never pinged (and the server's idle_timeout closes
+  // them).
+  absl::Duration idle_keepalive_interval = absl::Seconds(20);
 };
 
 // A server's options (rpc/server.h), beside the shared ones.
@@ -141,15 +151,18 @@ struct ServerOptions : RuntimeOptions {
   // lower listener.connection.arena_size to place smaller ones.
   std::function<absl::StatusOr<PayloadPlacement>(const MethodInfo& method, size_t size)>
       place_request_payload;
-  // Liveness, checked every second or so by a thread of the server's:
+  // Liveness, checked by a thread of the server's:
   //  - a connection that held no calls and received nothing for idle_timeout is closed (its
   //    slots, arena and admission place go back): a peer that went away without a word, or
-  //    never said anything. A zrpc client with keepalives on is never idle (its pings count);
+  //    never said anything. Idle connections are looked at every eighth of it, so one closes
+  //    between 1 and 5/4 of it after its last word. A zrpc client with keepalives on is never idle
+  //    this long (it pings an idle connection every ChannelOptions::idle_keepalive_interval, 20 s);
   //    one with them off reconnects on its next call. Zero: never.
-  //  - a connection that holds calls and received nothing for liveness_probe_interval has its
-  //    client's NIC probed (a zero-length RDMA WRITE, no credit): a client host that vanished
-  //    fails the probe after the transport's retries, the connection fails, and its calls are
-  //    marked cancelled (ServerContext::IsCancelled) instead of running for nobody. Zero: never.
+  //  - a connection that holds calls (looked at every second or so) and received nothing for
+  //    liveness_probe_interval has its client's NIC probed (a zero-length RDMA WRITE, no
+  //    credit): a client host that vanished fails the probe after the transport's retries, the
+  //    connection fails, and its calls are marked cancelled (ServerContext::IsCancelled) instead of
+  //    running for nobody. Zero: never.
   absl::Duration idle_timeout = absl::Minutes(5);
   absl::Duration liveness_probe_interval = absl::Seconds(2);
   // Serve PrometheusText() at http://<metrics_address>/metrics from Start to Shutdown: "host:port"

@@ -278,6 +278,13 @@ void ChannelImpl::TimerLoop() {
   MarkRuntimeTimerThread();  // deadline and keepalive callbacks run here
   constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
   const bool keepalive = options_.keepalive_interval > absl::ZeroDuration();
+  const absl::Duration idle_interval =
+      options_.idle_keepalive_interval > absl::ZeroDuration()
+          ? std::max(options_.idle_keepalive_interval, options_.keepalive_interval)
+          : absl::ZeroDuration();
+  // The pings' own series (calls started, latency), beside the application's methods.
+  MethodMetrics& keepalive_metrics =
+      metrics_.ForMethod(MetricsSide::kClient, kKeepalivePing.full_name);
   // Every time here is monotonic (monotonic.h), like the deadlines in the tables.
   absl::Time next_keepalive = MonotonicNow() + options_.keepalive_interval;
   // The connections a pass looks at: one vector for every pass, so that a pass allocates nothing
@@ -312,9 +319,11 @@ void ChannelImpl::TimerLoop() {
     }
     const absl::Time now = MonotonicNow();
     absl::Time next = absl::InfiniteFuture();
+    KeepalivePass pass{now, options_.keepalive_timeout, idle_interval, &keepalive_metrics,
+                       KeepaliveSchedule::kIdleChecksPerPass};
     for (auto& connection : live) {
       connection->Expire(now);
-      if (keepalive_due) connection->Keepalive(options_.keepalive_timeout);
+      if (keepalive_due) connection->Keepalive(pass);
       next = std::min(next, connection->NextDeadline());
     }
     if (keepalive_due) next_keepalive = now + options_.keepalive_interval;
@@ -496,6 +505,11 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
     return absl::InvalidArgumentError(
         "ChannelOptions: keepalive_interval must be zero (off) or positive, with a positive "
         "keepalive_timeout");
+  }
+  if (options.idle_keepalive_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "ChannelOptions::idle_keepalive_interval must be zero (idle connections unchecked) or "
+        "positive");
   }
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");

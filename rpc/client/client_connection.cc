@@ -172,6 +172,8 @@ ClientConnection::ClientConnection(ClientConnectionOwner& owner, uint32_t max_ca
       calls_(max_calls),
       expire_(*this),
       pull_grace_(pull_grace),
+      keepalive_(reinterpret_cast<uintptr_t>(this) ^ static_cast<uint64_t>(MonotonicNanos()),
+                 MonotonicNow()),
       max_pending_cancels_(max_calls) {}
 
 ClientConnection::~ClientConnection() = default;
@@ -573,11 +575,19 @@ bool ClientConnection::WindowHeld() {
   return stats->waiting > 0 || stats->arena_in_use > 0 || stats->transfer_bytes_in_flight > 0;
 }
 
-void ClientConnection::Keepalive(absl::Duration timeout) {
-  const uint64_t received = received_.load(std::memory_order_relaxed);
-  const bool idle = received == received_at_last_pass_;
-  received_at_last_pass_ = received;
-  if (!idle || closed() || ping_out_.load(std::memory_order_acquire)) return;
+bool ClientConnection::Busy(bool ping_out) const {
+  return calls_in_flight() > (ping_out ? 1 : 0) ||
+         waiting_count_.load(std::memory_order_acquire) > 0 ||
+         cancels_pending_.load(std::memory_order_acquire) ||
+         exposed_entries_.load(std::memory_order_relaxed) > 0 || Transferring();
+}
+
+void ClientConnection::Keepalive(KeepalivePass& pass) {
+  const bool ping_out = ping_out_.load(std::memory_order_acquire);
+  if (!keepalive_.Due(pass, received_.load(std::memory_order_relaxed), Busy(ping_out),
+                      ping_out || closed())) {
+    return;
+  }
   if (WindowHeld()) {
     // A ping would wait behind the held window (see the top of client_connection.h).
     static_cast<void>(connection_->Probe());
@@ -587,10 +597,13 @@ void ClientConnection::Keepalive(absl::Duration timeout) {
   absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
   if (!buffer.ok()) {
     ping_out_.store(false, std::memory_order_release);
+    keepalive_.NotChecked(pass.now);
     return;  // every slot is in flight: traffic is moving or about to fail on its own
   }
+  const absl::Duration timeout = pass.timeout;
   ClientCall ping;
   ping.method = &kKeepalivePing;
+  ping.metrics = pass.metrics;
   ping.response = &ping_reply_;
   std::weak_ptr<ClientConnection> weak = weak_from_this();
   ping.done = [weak, timeout](absl::Status status) {

@@ -33,14 +33,16 @@
 //
 // Keepalive. A connection can stay open to a host that is gone (power loss, a cable): RC
 // notices only when a work request exhausts its retries, and an idle connection posts none. So
-// the channel's timer calls Keepalive every keepalive_interval: when nothing arrived since the
-// last pass and no ping is out, the connection sends a ping (a request to the reserved service
-// "zrpc.Keepalive", which every server answers on its poller thread, never queued behind
-// handlers) with keepalive_timeout as its deadline, counted from its send (StartInDomain: the
-// timer's start may be left in the domain and wait for its holder and the poller first). A ping
-// that times out closes the connection, failing its calls with UNAVAILABLE and the reason. A
-// peer that died is thus noticed within interval + timeout (plus one interval when traffic
-// stopped just after a pass), busy or idle.
+// the channel's timer calls Keepalive every keepalive_interval, and the connection's
+// KeepaliveSchedule (keepalive.h) says whether a check is due: when nothing arrived since the
+// last pass and the connection has work in flight, or nothing arrived for about
+// idle_keepalive_interval and it has none. A due check with no ping out sends a ping (a request to
+// the reserved service "zrpc.Keepalive", which every server answers on its poller thread, never
+// queued behind handlers) with keepalive_timeout as its deadline, counted from its send
+// (StartInDomain: the timer's start may be left in the domain and wait for its holder and the
+// poller first). A ping that times out closes the connection, failing its calls with UNAVAILABLE
+// and the reason. A peer that died is thus noticed within interval + timeout (plus one interval
+// when traffic stopped just after a pass), busy or idle.
 //
 // A ping never waits on the application's window. When this side's messages wait for credits
 // (the server's handlers hold every receive this side may fill: slow calls, not a dead server)
@@ -73,6 +75,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "rpc/client/call_table.h"
+#include "rpc/client/keepalive.h"
 #include "rpc/common/object_pool.h"
 #include "rpc/connection/rpc_connection.h"
 #include "rpc/generated_api.h"
@@ -203,8 +206,9 @@ class ClientConnection final : public RpcConnection,
   // WaitForSendSlot (rpc_connection.h), with the timer's next pass (within a millisecond) as
   // the fallback.
   void WaitForSlot(std::weak_ptr<StreamListener> waiter);
-  // One keepalive pass (see the top of this file).
-  void Keepalive(absl::Duration timeout);
+  // One keepalive pass (see the top of this file); spends an idle check of `pass` when it checks
+  // an idle connection.
+  void Keepalive(KeepalivePass& pass);
   // The timer's pass: fails the calls whose deadline has passed and tells the server (in the
   // domain: at once, or left for its holder), withdraws exposed request payloads whose grace has
   // passed, and sends what waits for a send slot.
@@ -279,6 +283,9 @@ class ClientConnection final : public RpcConnection,
   // This side's messages wait for credits or arena space, or its application holds received
   // payloads: a ping now would wait behind them (see the top of this file).
   bool WindowHeld();
+  // Whether the connection has work in flight beside a ping: calls and streams, requests and
+  // cancels waiting to go, request payloads exposed or moving.
+  bool Busy(bool ping_out) const;
   // Call `call_id`, with a request payload behind `gate`, has ended (answered, deadline,
   // cancel, failure). A payload still exposed then (`exposed`) stays so until the server says
   // it pulled it, or answers the call (it answers only after its READ), or pull_grace passes,
@@ -318,10 +325,10 @@ class ClientConnection final : public RpcConnection,
   absl::Mutex reason_mu_;
   std::string close_reason_ ABSL_GUARDED_BY(reason_mu_);  // why this side closed, if it did
 
-  // Keepalive state: messages received (the poller thread alone writes it, the timer reads), what
-  // the timer saw at its last pass, and whether a ping is out.
+  // Keepalive state: messages received (the poller thread alone writes it, the timer reads), the
+  // schedule of checks (timer thread only), and whether a ping is out.
   std::atomic<uint64_t> received_{0};
-  uint64_t received_at_last_pass_ = 0;  // timer thread only
+  KeepaliveSchedule keepalive_;
   std::atomic<bool> ping_out_{false};
   google::protobuf::Empty ping_reply_;  // one ping at a time; parsed on the poller thread
 

@@ -445,6 +445,7 @@ TEST_CASE(
   options.connections = 2;
   options.pollers = 2;  // the other connection's poller is free
   options.keepalive_interval = absl::Milliseconds(20);
+  options.idle_keepalive_interval = absl::Milliseconds(20);  // X is idle: checked all the same
   options.keepalive_timeout = absl::Seconds(10);
   Served served(FakeDevice(), {&greeter}, {}, options);
   REQUIRE(served.channel->Connect(absl::Now() + absl::Seconds(30)).ok());

@@ -197,6 +197,8 @@ TEST_CASE(
   server_options.liveness_probe_interval = absl::Milliseconds(200);
   zrpc::ChannelOptions keepalive_options;
   keepalive_options.keepalive_interval = absl::Milliseconds(100);
+  // Idle, it pings well within the server's idle_timeout (as the default 20 s is within 5 min).
+  keepalive_options.idle_keepalive_interval = absl::Milliseconds(100);
   // Idle closes are ordinary: said at kInfo, so not by default.
   zrpc::testing::LogCapture log(zrpc::LogLevel::kInfo);
   Runtime rt(config, server_options, keepalive_options);

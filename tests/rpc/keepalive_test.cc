@@ -1,0 +1,189 @@
+// KeepaliveSchedule (rpc/client/keepalive.h): busy connections checked every pass they hear
+// nothing, idle ones every idle interval with jitter, a cap on idle checks per pass, and the
+// spread of ten thousand connections made at once. Host only: the schedule is pure arithmetic.
+#include "rpc/client/keepalive.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace {
+
+using zrpc::internal::KeepalivePass;
+using zrpc::internal::KeepaliveSchedule;
+
+const absl::Time kStart = absl::UnixEpoch() + absl::Hours(1);
+constexpr absl::Duration kPassEvery = absl::Seconds(1);
+constexpr absl::Duration kIdle = absl::Seconds(20);
+
+KeepalivePass Pass(absl::Time now, int idle_checks = KeepaliveSchedule::kIdleChecksPerPass,
+                   absl::Duration idle = kIdle) {
+  return KeepalivePass{now, absl::Seconds(2), idle, nullptr, idle_checks};
+}
+
+TEST_CASE("a busy connection is checked on every pass that heard nothing", "[keepalive]") {
+  KeepaliveSchedule schedule(1, kStart);
+  uint64_t received = 0;
+  for (int i = 1; i <= 5; ++i) {
+    KeepalivePass pass = Pass(kStart + i * kPassEvery, 0);  // no idle checks left: busy ones go
+    CHECK(schedule.Due(pass, received, /*busy=*/true, /*ping_out=*/false));
+  }
+  KeepalivePass heard = Pass(kStart + 6 * kPassEvery);
+  CHECK_FALSE(schedule.Due(heard, ++received, true, false));  // an answer came
+  KeepalivePass out = Pass(kStart + 7 * kPassEvery);
+  CHECK_FALSE(schedule.Due(out, received, true, /*ping_out=*/true));  // its ping decides
+}
+
+TEST_CASE("an idle connection is checked once per idle interval, drawn from [3/4, 1] of it",
+          "[keepalive]") {
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    KeepaliveSchedule schedule(seed, kStart);
+    uint64_t received = 0;
+    // The first check comes anywhere in (0, 1] of the interval.
+    absl::Time checked = absl::InfinitePast();
+    absl::Time now = kStart;
+    while (checked == absl::InfinitePast()) {
+      now += kPassEvery;
+      KeepalivePass pass = Pass(now);
+      if (schedule.Due(pass, received, false, false)) checked = now;
+      REQUIRE(now <= kStart + kIdle + kPassEvery);
+    }
+    // Answered on the next pass: heard then, and the next check counts from there.
+    now += kPassEvery;
+    KeepalivePass answer = Pass(now);
+    REQUIRE_FALSE(schedule.Due(answer, ++received, false, false));
+    const absl::Time heard = now;
+    absl::Time next = absl::InfinitePast();
+    while (next == absl::InfinitePast()) {
+      now += kPassEvery;
+      KeepalivePass pass = Pass(now);
+      if (schedule.Due(pass, received, false, false)) next = now;
+    }
+    INFO("seed " << seed << ": checked " << absl::FormatDuration(next - heard) << " after");
+    CHECK(next - heard >= kIdle * 3 / 4);
+    CHECK(next - heard <= kIdle + kPassEvery);
+    // Unanswered (a probe, which moves no count): the next check an interval on all the same.
+    absl::Time again = absl::InfinitePast();
+    while (again == absl::InfinitePast()) {
+      now += kPassEvery;
+      KeepalivePass pass = Pass(now);
+      if (schedule.Due(pass, received, false, false)) again = now;
+    }
+    CHECK(again - next >= kIdle * 3 / 4);
+    CHECK(again - next <= kIdle + kPassEvery);
+  }
+}
+
+TEST_CASE("a check that found no send slot is due again on the next pass", "[keepalive]") {
+  KeepaliveSchedule schedule(7, kStart);
+  absl::Time now = kStart;
+  bool due = false;
+  while (!due) {
+    now += kPassEvery;
+    KeepalivePass pass = Pass(now);
+    due = schedule.Due(pass, 0, false, false);
+  }
+  schedule.NotChecked(now);
+  now += kPassEvery;
+  KeepalivePass pass = Pass(now);
+  CHECK(schedule.Due(pass, 0, false, false));
+}
+
+TEST_CASE("idle connections are not checked with a zero idle interval; work resets the schedule",
+          "[keepalive]") {
+  KeepaliveSchedule off(3, kStart);
+  for (int i = 1; i < 100; ++i) {
+    KeepalivePass pass = Pass(kStart + i * kPassEvery, 256, absl::ZeroDuration());
+    CHECK_FALSE(off.Due(pass, 0, false, false));
+  }
+  // A connection busy and quiet for a long time goes idle: its first idle check counts from its
+  // last word heard, not from when it went idle.
+  KeepaliveSchedule schedule(4, kStart);
+  KeepalivePass busy = Pass(kStart + kPassEvery);
+  CHECK(schedule.Due(busy, 0, true, false));
+  CHECK(schedule.idle_due() == absl::InfiniteFuture());
+  KeepalivePass idle = Pass(kStart + 2 * kPassEvery);
+  static_cast<void>(schedule.Due(idle, 0, false, false));
+  CHECK(schedule.idle_due() <= kStart + kIdle);
+}
+
+TEST_CASE("a pass checks at most kIdleChecksPerPass idle connections, and every busy one",
+          "[keepalive]") {
+  constexpr int kConnections = 1000;
+  std::vector<KeepaliveSchedule> schedules;
+  for (int i = 0; i < kConnections; ++i) schedules.emplace_back(i, kStart);
+  // Well past every first check: all are due at once.
+  KeepalivePass pass = Pass(kStart + kIdle + kPassEvery);
+  int checked = 0;
+  for (KeepaliveSchedule& s : schedules) checked += s.Due(pass, 0, false, false);
+  CHECK(checked == KeepaliveSchedule::kIdleChecksPerPass);
+  CHECK(pass.idle_checks_left == 0);
+  // The rest are served on the passes after, a cap at a time.
+  int passes = 1;
+  int total = checked;
+  while (total < kConnections) {
+    KeepalivePass next = Pass(kStart + kIdle + (++passes) * kPassEvery);
+    int now_checked = 0;
+    for (KeepaliveSchedule& s : schedules) now_checked += s.Due(next, 0, false, false);
+    CHECK(now_checked <= KeepaliveSchedule::kIdleChecksPerPass);
+    total += now_checked;
+    REQUIRE(passes < 10);
+  }
+  CHECK(passes == (kConnections + KeepaliveSchedule::kIdleChecksPerPass - 1) /
+                      KeepaliveSchedule::kIdleChecksPerPass);
+  // A busy connection is checked even when the pass has no idle check left.
+  KeepaliveSchedule busy(99, kStart);
+  KeepalivePass spent = Pass(kStart + kPassEvery, 0);
+  CHECK(busy.Due(spent, 0, true, false));
+}
+
+// The figure keepalive.h quotes: ten thousand connections made at the same instant, idle, each
+// check answered on the next pass. Counts, not times: the schedule's own arithmetic.
+TEST_CASE("ten thousand idle connections made at once spread their checks from the first round",
+          "[keepalive]") {
+  constexpr int kConnections = 10000;
+  constexpr int kPasses = 300;
+  std::vector<KeepaliveSchedule> schedules;
+  std::vector<uint64_t> received(kConnections, 0);
+  std::vector<bool> answer_next(kConnections, false);
+  std::vector<absl::Time> last_check(kConnections, kStart);
+  for (int i = 0; i < kConnections; ++i) schedules.emplace_back(0x5eed + i, kStart);
+  std::vector<int> per_pass;
+  absl::Duration longest_gap = absl::ZeroDuration();
+  for (int p = 1; p <= kPasses; ++p) {
+    const absl::Time now = kStart + p * kPassEvery;
+    KeepalivePass pass = Pass(now, kConnections);  // no cap: the spread alone
+    int checks = 0;
+    for (int i = 0; i < kConnections; ++i) {
+      if (answer_next[i]) {
+        ++received[i];
+        answer_next[i] = false;
+      }
+      if (schedules[i].Due(pass, received[i], false, false)) {
+        ++checks;
+        answer_next[i] = true;
+        longest_gap = std::max(longest_gap, now - last_check[i]);
+        last_check[i] = now;
+      }
+    }
+    per_pass.push_back(checks);
+  }
+  int64_t sum = 0;
+  for (int c : per_pass) sum += c;
+  const double mean = static_cast<double>(sum) / kPasses;
+  const int most = *std::max_element(per_pass.begin(), per_pass.end());
+  INFO("checks per pass: mean " << mean << ", most " << most << " (target: at most 1.6 x mean)"
+                                << "; longest gap " << absl::FormatDuration(longest_gap));
+  // About kConnections / (7/8 of the interval + the pass the answer takes), 10,000 / 18.5 s.
+  CHECK(mean > kConnections / 20.0);
+  CHECK(mean < kConnections / 15.0);
+  CHECK(most <= 1.6 * mean);
+  // Between two checks of one connection: at most the interval, the answer's pass and one more.
+  CHECK(longest_gap <= kIdle + 2 * kPassEvery);
+  WARN("checks per pass: mean " << mean << ", most " << most << " (target: at most 1.6 x mean)");
+}
+
+}  // namespace
