@@ -105,7 +105,7 @@ struct ChannelOptions : RuntimeOptions {
   // spread their pings), at least keepalive_interval; a channel checks at most 256 idle
   // connections per keepalive_interval (rpc/client/keepalive.h). So a dead server is noticed
   // on an idle connection within about this interval + keepalive_timeout, and ten thousand idle
-  // connections cost their server 500 pings a second, not ten thousand. Keep it well below the
+  // connections cost their server about 500 pings a second, not 5,000. Keep it well below the
   // server's ServerOptions::idle_timeout (5 minutes by default), which closes connections that
   // say nothing. Zero: idle connections are never pinged (and the server's idle_timeout closes
   // them).
@@ -135,8 +135,9 @@ struct ServerOptions : RuntimeOptions {
   // arena_size bounds the largest request payload a client can send). max_connections is
   // lowered to what the pollers can hold (Poller::Capacity: completion-queue entries and shared
   // receive queues) and to what RLIMIT_MEMLOCK lets the process register (a warning says what to
-  // set; transport/process_limits.h), and max_connections_per_peer to half of that, so that one
-  // address can never fill the server.
+  // set; transport/process_limits.h), and then max_connections_per_peer to half of that, so that
+  // one address can never fill it; otherwise max_connections_per_peer stands up to
+  // max_connections (512 by default).
   transport::ListenerOptions listener;
   // Where request payloads this server pulls land (those larger than its arena: rpc/WIRE.md,
   // "Pulled payloads"). Unset: memory the server allocates and registers per payload, within
@@ -155,7 +156,8 @@ struct ServerOptions : RuntimeOptions {
   //  - a connection that held no calls and received nothing for idle_timeout is closed (its
   //    slots, arena and admission place go back): a peer that went away without a word, or
   //    never said anything. Idle connections are looked at every eighth of it, so one closes
-  //    between 1 and 5/4 of it after its last word. A zrpc client with keepalives on is never idle
+  //    between 1 and about 5/4 of it after its last word (more when the sweep's period, a second
+  //    or so, is coarse against an eighth of it). A zrpc client with keepalives on is never idle
   //    this long (it pings an idle connection every ChannelOptions::idle_keepalive_interval, 20 s);
   //    one with them off reconnects on its next call. Zero: never.
   //  - a connection that holds calls (looked at every second or so) and received nothing for

@@ -285,6 +285,7 @@ void ChannelImpl::TimerLoop() {
   // The pings' own series (calls started, latency), beside the application's methods.
   MethodMetrics& keepalive_metrics =
       metrics_.ForMethod(MetricsSide::kClient, kKeepalivePing.full_name);
+  IdleCheckCursor idle_cursor;
   // Every time here is monotonic (monotonic.h), like the deadlines in the tables.
   absl::Time next_keepalive = MonotonicNow() + options_.keepalive_interval;
   // The connections a pass looks at: one vector for every pass, so that a pass allocates nothing
@@ -321,11 +322,19 @@ void ChannelImpl::TimerLoop() {
     absl::Time next = absl::InfiniteFuture();
     KeepalivePass pass{now, options_.keepalive_timeout, idle_interval, &keepalive_metrics,
                        KeepaliveSchedule::kIdleChecksPerPass};
-    for (auto& connection : live) {
-      connection->Expire(now);
-      if (keepalive_due) connection->Keepalive(pass);
-      next = std::min(next, connection->NextDeadline());
+    // From where the last keepalive pass ran out of idle checks (keepalive.h).
+    const size_t start = idle_cursor.Start(live.size());
+    for (size_t k = 0; k < live.size(); ++k) {
+      const size_t i = (start + k) % live.size();
+      ClientConnection& connection = *live[i];
+      connection.Expire(now);
+      if (keepalive_due) {
+        connection.Keepalive(pass);
+        idle_cursor.After(pass, i);
+      }
+      next = std::min(next, connection.NextDeadline());
     }
+    if (keepalive_due) idle_cursor.EndPass(start);
     if (keepalive_due) next_keepalive = now + options_.keepalive_interval;
     if (next != absl::InfiniteFuture()) DeadlineAdded(next);
     live.clear();  // the references go; the capacity stays

@@ -575,20 +575,36 @@ bool ClientConnection::WindowHeld() {
   return stats->waiting > 0 || stats->arena_in_use > 0 || stats->transfer_bytes_in_flight > 0;
 }
 
-bool ClientConnection::Busy(bool ping_out) const {
-  return calls_in_flight() > (ping_out ? 1 : 0) ||
+bool ClientConnection::Busy() {
+  // Calls that timed out since the last pass left no trace in the table: a server that hangs
+  // while its NIC still acks would look idle between calls that each time out in under a pass.
+  const uint64_t expired = expired_.load(std::memory_order_relaxed);
+  const bool expired_since = expired != expired_at_last_pass_;
+  expired_at_last_pass_ = expired;
+  return expired_since || calls_in_flight() > 0 ||
          waiting_count_.load(std::memory_order_acquire) > 0 ||
          cancels_pending_.load(std::memory_order_acquire) ||
          exposed_entries_.load(std::memory_order_relaxed) > 0 || Transferring();
 }
 
+bool ClientConnection::IdleCanPing() {
+  if (Transferring()) return false;
+  const std::optional<transport::ConnectionStats> stats = connection_->TryStats();
+  return stats && stats->waiting == 0 && stats->transfer_bytes_in_flight == 0;
+}
+
 void ClientConnection::Keepalive(KeepalivePass& pass) {
   const bool ping_out = ping_out_.load(std::memory_order_acquire);
-  if (!keepalive_.Due(pass, received_.load(std::memory_order_relaxed), Busy(ping_out),
+  const bool busy = Busy();
+  if (!keepalive_.Due(pass, received_.load(std::memory_order_relaxed), busy,
                       ping_out || closed())) {
     return;
   }
-  if (WindowHeld()) {
+  // An idle connection is pinged even while its application holds received payloads (no answer
+  // of the server's can wait for that arena space behind the ping when no call is in flight; a
+  // late answer to a timed-out call might, and then a ping that times out probes instead of
+  // closing: OnPingDone): probes alone would let the server's idle_timeout close it.
+  if (busy ? WindowHeld() : !IdleCanPing()) {
     // A ping would wait behind the held window (see the top of client_connection.h).
     static_cast<void>(connection_->Probe());
     return;
@@ -597,7 +613,7 @@ void ClientConnection::Keepalive(KeepalivePass& pass) {
   absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
   if (!buffer.ok()) {
     ping_out_.store(false, std::memory_order_release);
-    keepalive_.NotChecked(pass.now);
+    keepalive_.NotChecked(pass);
     return;  // every slot is in flight: traffic is moving or about to fail on its own
   }
   const absl::Duration timeout = pass.timeout;
@@ -800,7 +816,12 @@ void ClientConnection::ExpireCalls::RunInDomain(transport::Connection& connectio
     self.EndInDomain(std::move(taken.call),
                      absl::DeadlineExceededError(absl::StrCat(method_name, ": deadline exceeded")));
   }
-  if (!expired.empty()) self.owner_.CountExpired(expired.size());
+  if (!expired.empty()) {
+    self.owner_.CountExpired(expired.size());
+    // One writer, the domain's holder.
+    self.expired_.store(self.expired_.load(std::memory_order_relaxed) + expired.size(),
+                        std::memory_order_relaxed);
+  }
   // After the expired calls left the table: their waiting requests are dropped, never sent.
   self.SendWaiting();
   connection.RunAfterExit(*this);

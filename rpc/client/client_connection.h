@@ -35,14 +35,15 @@
 // notices only when a work request exhausts its retries, and an idle connection posts none. So
 // the channel's timer calls Keepalive every keepalive_interval, and the connection's
 // KeepaliveSchedule (keepalive.h) says whether a check is due: when nothing arrived since the
-// last pass and the connection has work in flight, or nothing arrived for about
-// idle_keepalive_interval and it has none. A due check with no ping out sends a ping (a request to
-// the reserved service "zrpc.Keepalive", which every server answers on its poller thread, never
-// queued behind handlers) with keepalive_timeout as its deadline, counted from its send
-// (StartInDomain: the timer's start may be left in the domain and wait for its holder and the
-// poller first). A ping that times out closes the connection, failing its calls with UNAVAILABLE
-// and the reason. A peer that died is thus noticed within interval + timeout (plus one interval
-// when traffic stopped just after a pass), busy or idle.
+// last pass and the connection has work in flight (or calls timed out since the last pass), or
+// nothing arrived for about idle_keepalive_interval and it has none. A due check with no ping out
+// sends a ping (a request to the reserved service "zrpc.Keepalive", which every server answers on
+// its poller thread, never queued behind handlers) with keepalive_timeout as its deadline, counted
+// from its send (StartInDomain: the timer's start may be left in the domain and wait for its holder
+// and the poller first). A ping that times out closes the connection, failing its calls with
+// UNAVAILABLE and the reason. A peer that died under calls is thus noticed within interval +
+// timeout (plus one interval when traffic stopped just after a pass); on an idle connection, within
+// about idle_keepalive_interval + timeout.
 //
 // A ping never waits on the application's window. When this side's messages wait for credits
 // (the server's handlers hold every receive this side may fill: slow calls, not a dead server)
@@ -55,7 +56,10 @@
 // one acks, and the connection stays. A ping that timed out while such a wait began is treated the
 // same. So is a pass that finds the connection's domain held (a user's callback on its poller, an
 // application thread sending): the timer serves every connection of the channel and never waits
-// for one (transport::Connection::TryStats), and the next pass pings if the connection is idle.
+// for one (transport::Connection::TryStats): a busy connection is checked again on the next pass,
+// an idle one on its next idle check. An idle connection whose application merely holds received
+// payloads is pinged all the same (no call's answer can wait behind its ping), so that the server
+// hears from it (ServerOptions::idle_timeout).
 #ifndef ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_
 #define ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_
 
@@ -114,7 +118,7 @@ struct ClientCall {
   ::google::protobuf::MessageLite* response = nullptr;
   IncomingBulk* response_bulk = nullptr;
   DoneCallback done;
-  MethodMetrics* metrics = nullptr;  // null for the runtime's own calls (keepalive)
+  MethodMetrics* metrics = nullptr;  // null for none (pings carry the channel's keepalive series)
   int64_t start_nanos = 0;           // monotonic (monotonic.h): its metrics count from here
   // For a call with a request payload: the payload's release opens it (rpc_connection.h).
   std::shared_ptr<BulkGate> gate;
@@ -283,9 +287,13 @@ class ClientConnection final : public RpcConnection,
   // This side's messages wait for credits or arena space, or its application holds received
   // payloads: a ping now would wait behind them (see the top of this file).
   bool WindowHeld();
-  // Whether the connection has work in flight beside a ping: calls and streams, requests and
-  // cancels waiting to go, request payloads exposed or moving.
-  bool Busy(bool ping_out) const;
+  // Whether the connection has work in flight (calls and streams, requests and cancels waiting
+  // to go, request payloads exposed or moving) or calls ended at their deadlines since the last
+  // pass. Timer thread only.
+  bool Busy();
+  // Whether a ping on an idle connection goes straight out: nothing of this side's waits for
+  // credits or moves in bulk, and the domain is free to look. Timer thread only.
+  bool IdleCanPing();
   // Call `call_id`, with a request payload behind `gate`, has ended (answered, deadline,
   // cancel, failure). A payload still exposed then (`exposed`) stays so until the server says
   // it pulled it, or answers the call (it answers only after its READ), or pull_grace passes,
@@ -328,6 +336,10 @@ class ClientConnection final : public RpcConnection,
   // Keepalive state: messages received (the poller thread alone writes it, the timer reads), the
   // schedule of checks (timer thread only), and whether a ping is out.
   std::atomic<uint64_t> received_{0};
+  // Calls ended at their deadlines (the domain's holder alone writes it), and what the timer saw
+  // at its last pass.
+  std::atomic<uint64_t> expired_{0};
+  uint64_t expired_at_last_pass_ = 0;
   KeepaliveSchedule keepalive_;
   std::atomic<bool> ping_out_{false};
   google::protobuf::Empty ping_reply_;  // one ping at a time; parsed on the poller thread

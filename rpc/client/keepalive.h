@@ -2,10 +2,12 @@
 // of its NIC when a ping would wait behind the connection's own traffic: client_connection.h).
 //
 // Two rates, because the two cases cost and buy different things.
-//  - A connection with work in flight (calls, streams, queued requests, payloads moving) has a
-//    caller waiting on the server. It is checked as soon as a whole keepalive pass
+//  - A connection with work in flight (calls, streams, queued requests, payloads moving), or one
+//    whose calls ended at their deadlines since the last pass without an answer, has a caller
+//    waiting on the server, or had one. It is checked as soon as a whole keepalive pass
 //    (ChannelOptions::keepalive_interval, 1 s) went by with nothing received, so a dead server
-//    fails its calls within about interval + timeout.
+//    fails its calls within about interval + timeout, and a hung one whose calls all time out
+//    between two passes is noticed as fast.
 //  - An idle connection has nobody waiting. It is checked once nothing was received for
 //    idle_keepalive_interval (20 s), drawn anew each time from [3/4, 1] of it; a connection's
 //    first check comes anywhere in (0, 1] of it. So connections made together (a client
@@ -16,20 +18,23 @@
 //    server a word now and then (ServerOptions::idle_timeout closes connections that say nothing).
 //    Connections whose work ends together start their idle schedules together; the jitter
 //    spreads them within a few rounds.
-// A pass checks at most kIdleChecksPerPass idle connections of a channel (the rest are due on
-// the next passes, in the order the timer visits them), and every busy one, so no number of idle
-// connections delays a busy one's check. With a thousand idle connections a server answers 50
-// pings a second from them, not a thousand (issue 35: every idle connection pinging every second
-// collapsed a server between 1,000 and 2,500 connections).
+// A pass checks at most kIdleChecksPerPass idle connections of a channel, and every busy one, so
+// no number of idle connections delays a busy one's check. The next pass starts where the last
+// one ran out (IdleCheckCursor), so the idle connections left over are served first, round robin:
+// were every pass to start at the same connection, those at the front, rescheduled and due again
+// first, would take every check, and the rest would never be checked. With a thousand idle
+// connections a server answers 50 pings a second from them, not 500 (issue 35: every idle
+// connection pinging on every other pass collapsed a server between 1,000 and 2,500 connections).
 //
-// A check that goes out is rescheduled a whole idle interval on, whether or not an answer comes:
-// a probe (which the server's NIC answers, not its process) moves no received count, and a ping
-// that times out closes the connection anyway. Anything received resets the schedule.
+// A check that goes out is rescheduled [3/4, 1] of an idle interval on, whether or not an answer
+// comes: a probe (which the server's NIC answers, not its process) moves no received count, and a
+// ping that times out closes the connection anyway. Anything received resets the schedule.
 //
 // Not thread-safe: the channel's timer thread alone calls it.
 #ifndef ZRPC_RPC_CLIENT_KEEPALIVE_H_
 #define ZRPC_RPC_CLIENT_KEEPALIVE_H_
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/time/time.h"
@@ -47,6 +52,31 @@ struct KeepalivePass {
   absl::Duration idle_interval;  // zero: idle connections are never checked
   MethodMetrics* metrics;        // the pings' (zrpc.Keepalive/Ping), or null
   int idle_checks_left;          // this pass's allowance of idle checks, spent as they go
+  bool denied = false;           // an idle connection was due and found none left
+};
+
+// Where a channel's keepalive pass starts among its connections: where the last pass first
+// denied an idle check, else where the last one started. Timer thread only.
+class IdleCheckCursor {
+ public:
+  // The index to start a pass over `n` connections at.
+  size_t Start(size_t n) const { return n == 0 ? 0 : next_ % n; }
+  // After connection `index`'s Keepalive: `pass` says whether it was the first denied.
+  void After(const KeepalivePass& pass, size_t index) {
+    if (pass.denied && !seen_denied_) {
+      seen_denied_ = true;
+      next_ = index;
+    }
+  }
+  // The pass is over (started at `start`).
+  void EndPass(size_t start) {
+    if (!seen_denied_) next_ = start;
+    seen_denied_ = false;
+  }
+
+ private:
+  size_t next_ = 0;
+  bool seen_denied_ = false;
 };
 
 class KeepaliveSchedule {
@@ -59,7 +89,8 @@ class KeepaliveSchedule {
   KeepaliveSchedule(uint64_t seed, absl::Time now) : random_(seed), heard_at_(now) {}
 
   // One pass of the timer. `received`: how many messages the connection received so far.
-  // `busy`: it has work in flight other than a ping. `ping_out`: a ping is out (its answer or its
+  // `busy`: it has work in flight other than a ping, or calls ended at their deadlines since the
+  // last pass. `ping_out`: a ping is out (its answer or its
   // deadline decides; nothing is due meanwhile). Returns whether to check the server now; an
   // idle check spends one of `pass.idle_checks_left`.
   bool Due(KeepalivePass& pass, uint64_t received, bool busy, bool ping_out) {
@@ -82,15 +113,22 @@ class KeepaliveSchedule {
           heard_at_ + (first_ ? pass.idle_interval * (1.0 - Unit()) : Jittered(pass.idle_interval));
       first_ = false;
     }
-    if (pass.now < idle_due_ || pass.idle_checks_left <= 0) return false;
+    if (pass.now < idle_due_) return false;
+    if (pass.idle_checks_left <= 0) {
+      pass.denied = true;
+      return false;
+    }
     --pass.idle_checks_left;
     idle_due_ = pass.now + Jittered(pass.idle_interval);
     return true;
   }
 
-  // The check Due asked for could not go (every send slot taken): due again on the next pass.
-  void NotChecked(absl::Time now) {
-    if (idle_due_ != absl::InfiniteFuture()) idle_due_ = now;
+  // The check Due asked for could not go (every send slot taken): due again on the next pass,
+  // and an idle one's check goes back to the pass.
+  void NotChecked(KeepalivePass& pass) {
+    if (idle_due_ == absl::InfiniteFuture()) return;  // a busy connection's
+    idle_due_ = pass.now;
+    ++pass.idle_checks_left;
   }
 
   // When the next idle check is due (InfiniteFuture when none is scheduled): for tests.

@@ -77,10 +77,18 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
              listener.max_connections, ": ",
              transport::RaiseLockedMemoryAdvice(memory, per_connection, listener.max_connections));
   }
+  const uint32_t configured = listener.max_connections;
   listener.max_connections = static_cast<uint32_t>(
       std::max<uint64_t>(1, std::min<uint64_t>({listener.max_connections, capacity, fits})));
-  listener.max_connections_per_peer = std::max<uint32_t>(
-      1, std::min(listener.max_connections_per_peer, listener.max_connections / 2));
+  // One address takes at most half of what the server holds when the pollers or the memory
+  // lowered max_connections (the default 512 per address may be more than that). When the server
+  // holds all it was set to, a limit per address set as high as max_connections is meant (a proxy
+  // in front of every client, a one-host test) and stands.
+  const uint32_t per_peer_bound = listener.max_connections < configured
+                                      ? listener.max_connections / 2
+                                      : listener.max_connections;
+  listener.max_connections_per_peer =
+      std::max<uint32_t>(1, std::min(listener.max_connections_per_peer, per_peer_bound));
   return core;
 }
 
@@ -370,7 +378,8 @@ void ServerImpl::Shutdown(absl::Duration grace) {
     sweep_cv_.notify_one();
     sweeper_.join();
   }
-  pool_->Shutdown();
+  // Null when Create failed before making it (OpenRuntime's error): the destructor comes here.
+  if (pool_ != nullptr) pool_->Shutdown();
   stream_threads_.JoinAll();  // every stream's call finished above: its thread is returning
   // Closes and drains what is still registered; a payload a user still holds keeps its poller
   // object (and CQ) until released, with the loop stopped.

@@ -52,7 +52,9 @@ TEST_CASE("an idle connection pings once per idle interval, a busy one every int
   // The first check anywhere in (0, 1 s], then every [0.75, 1] s plus the pass its answer takes.
   CHECK(idle_pings >= 2);
   CHECK(idle_pings <= 4);
-  CHECK(rt.server->stats().keepalives_answered == idle_pings);
+  // A ping may be out at the snapshot: the server answers it within its round trip.
+  CHECK(zrpc::testing::Eventually(
+      [&] { return rt.server->stats().keepalives_answered >= idle_pings; }));
 
   // Busy: a call the server holds for 1.5 s. Nothing else arrives meanwhile, so every other pass
   // pings (the one after sees the answer): about 7.
@@ -66,8 +68,11 @@ TEST_CASE("an idle connection pings once per idle interval, a busy one every int
   CHECK(busy_pings >= 4);
   CHECK(busy_pings <= 9);
   CHECK(rt.channel->stats().connections_lost == 0);
-  const zrpc::MethodMetricsSnapshot pings = Pings(*rt.channel);
-  CHECK(pings.finished[0] == pings.started);  // every ping answered OK
+  // Every ping answered OK (the last one may still be out at first).
+  CHECK(zrpc::testing::Eventually([&] {
+    const zrpc::MethodMetricsSnapshot pings = Pings(*rt.channel);
+    return pings.finished[0] == pings.started;
+  }));
 }
 
 // The scale case, sized for CI: kChannels channels of kPerChannel idle connections each (a
@@ -88,6 +93,10 @@ TEST_CASE(
   const absl::Duration kRun = 5 * kIdle;
 
   zrpc::ServerOptions server_options;
+  // Closes a connection silent for 12 s: one whose channel never checks it (as when every pass
+  // spent its idle checks on the same connections, the first 768 of each channel at this rate)
+  // is closed while the second channel connects and the run goes on, and counted lost.
+  server_options.idle_timeout = absl::Seconds(12);
   server_options.pollers = 2;
   server_options.shared_receive_queue = 8192;  // 2,048 windows of 4 per poller
   server_options.listener.connection.recv_credits = kWindow;
@@ -151,6 +160,7 @@ TEST_CASE(
   idle_pings -= idle_pings_before;
   const uint64_t busy_pings = Pings(*rt.channel).started - busy_pings_before;
   CHECK(rt.channel->stats().connections_lost == 0);
+  CHECK(rt.server->stats().connections_idle_closed == 0);
   CHECK(rt.server->stats().connections_open == kChannels * kPerChannel + 1);
 
   // The cap binds here: 256 checks a pass per channel, a pass a second, so 5,120 in the run (the

@@ -189,6 +189,60 @@ TEST_CASE("Shutdown past its grace answers the calls still running, once each", 
   CHECK(absl::Now() - before >= absl::Milliseconds(50));
 }
 
+// Before: a server whose pollers could not be made (here a shared receive queue larger than half
+// a poller's completion queue) crashed in Create, its half-made core's destructor shutting down
+// a handler pool it did not have yet; now Create returns the pollers' error.
+TEST_CASE("a server whose pollers cannot be made fails to create, saying why", "[server_domain]") {
+  zrpc::ServerOptions options;
+  options.device = FakeDevice();
+  options.pollers = 2;
+  options.shared_receive_queue = 1 << 19;
+  auto server = zrpc::Server::Create(options);
+  INFO(server.status());
+  REQUIRE_FALSE(server.ok());
+  CHECK(absl::StrContains(server.status().message(), "shared_receive_queue is 524288"));
+}
+
+// Before: the limit per address was always halved to max_connections / 2, so no one-host test
+// (and no proxy in front of every client) could reach max_connections however it was set.
+TEST_CASE(
+    "a limit per address set to max_connections stands when the pollers hold that many, and is "
+    "halved when they do not",
+    "[server_domain]") {
+  for (const bool lowered : {false, true}) {
+    zrpc::ServerOptions options;
+    options.device = FakeDevice();
+    options.listener.max_connections = 6;
+    options.listener.max_connections_per_peer = 6;
+    // Lowered: a shared receive queue backing four windows holds four connections.
+    if (lowered) {
+      options.shared_receive_queue = 4 * options.listener.connection.recv_credits;
+    }
+    zrpc::testing::TestGreeter greeter;
+    auto server = zrpc::Server::Create(options);
+    REQUIRE(server.ok());
+    REQUIRE((*server)->AddService(&greeter).ok());
+    REQUIRE((*server)->Start().ok());
+    zrpc::ChannelOptions channel_options;
+    channel_options.device = FakeDevice();
+    channel_options.connections = lowered ? 3 : 6;
+    channel_options.connect_timeout = absl::Seconds(2);
+    auto channel = zrpc::CreateChannel(
+        absl::StrCat(zrpc::fakeverbs::kAddress, ":", (*server)->port()), channel_options);
+    REQUIRE(channel.ok());
+    const absl::Status connected = (*channel)->Connect(absl::Now() + absl::Seconds(10));
+    INFO((lowered ? "lowered: " : "held: ") << connected);
+    if (lowered) {
+      // Two of the four from one address: the third is refused.
+      CHECK_FALSE(connected.ok());
+      CHECK(absl::StrContains(connected.message(), "2 connections from that address"));
+    } else {
+      CHECK(connected.ok());
+      CHECK(zrpc::testing::Eventually([&] { return (*server)->stats().connections_open == 6; }));
+    }
+  }
+}
+
 TEST_CASE(
     "pool and inline handlers finishing side by side on one connection: every call answered "
     "once, nothing left",

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# benchmarks/idle_scale.sh: what idle connections cost a server, and what they do to an active
+# connection beside them (issue 35). Runs where a device is:
+#
+#   bazel build -c opt //benchmarks:idle_scale
+#   tools/softroce run --timeout 3000 -- benchmarks/idle_scale.sh bazel-bin/benchmarks/idle_scale \
+#     [--steps "0 1000"] [--per-process 500] [--seconds 10] [--pollers N] \
+#     [--shared-receive-queue R] [--window W] [--arena BYTES] [--max-slots N]
+#
+# One server (idle_scale server: default options but for the flags given and the admission
+# limit per address), then for each step: idle connections added from client processes of at
+# most --per-process connections each until the step's count is open, and one active connection
+# (default ChannelOptions, event mode) echoing 64 B one call at a time for --seconds. Prints one
+# row per step: connections open, the server's pinned memory (VmPin + VmLck) and what each idle
+# connection adds to it over step 0, the idle clients' pinned memory per connection, the CPU the
+# server and the idle clients use while only the idle connections exist (percent of one CPU,
+# over 5 s), and the active connection's calls/s and p99 with their ratios to step 0 (emulated timings move +-30 %
+# between runs: only the ratios within one run mean anything). At the end every idle client says
+# how many of its connections were lost; any loss fails the run. --shared-receive-queue,
+# --window and --arena apply to the server and the idle clients alike.
+set -euo pipefail
+bin=$(readlink -f "$1")
+shift
+steps="0 1000"
+per_process=500
+seconds=10
+pollers=3
+shape=()
+server_only=()
+while (($#)); do
+  case "$1" in
+    --steps) steps=$2 ;;
+    --per-process) per_process=$2 ;;
+    --seconds) seconds=$2 ;;
+    --pollers) pollers=$2 ;;
+    --shared-receive-queue | --window | --arena) shape+=("$1" "$2") ;;
+    --max-slots) server_only+=("$1" "$2") ;;
+    *)
+      echo "idle_scale.sh: unknown argument $1" >&2
+      exit 2
+      ;;
+  esac
+  shift 2
+done
+: "${ZRPC_RDMA_ADDR:?run through tools/softroce}"
+tmp=$(mktemp -d)
+idle_pids=()
+server=
+cleanup() {
+  for pid in "${idle_pids[@]}" $server; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+port=7472
+"$bin" server --port $port --pollers "$pollers" "${shape[@]}" "${server_only[@]}" \
+  >"$tmp/server.log" 2>&1 &
+server=$!
+for _ in $(seq 300); do
+  grep -q '^listening' "$tmp/server.log" && break
+  kill -0 $server 2>/dev/null || { cat "$tmp/server.log" >&2; exit 1; }
+  sleep 0.1
+done
+target=$ZRPC_RDMA_ADDR:$port
+
+# CPU time (user + system, in clock ticks) that processes $@ have used so far.
+cpu_ticks() {
+  local total=0 pid fields
+  for pid in "$@"; do
+    # Fields 14 and 15 of /proc/PID/stat, after the command name in parentheses.
+    fields=$(sed -E 's/^.*\) //' "/proc/$pid/stat" 2>/dev/null) || continue
+    total=$((total + $(awk '{ print $12 + $13 }' <<<"$fields")))
+  done
+  echo $total
+}
+hz=$(getconf CLK_TCK)
+quiet=5  # seconds over which the idle CPU is measured, before the active connection runs
+
+# The server's latest status line: "open pinned_kib".
+server_status() {
+  sleep 1.5
+  grep '^status' "$tmp/server.log" | tail -n 1 | sed -E 's/status open=([0-9]+) pinned_kib=([0-9]+)/\1 \2/'
+}
+
+echo "== idle_scale: server with --pollers $pollers ${shape[*]}; steps: $steps"
+printf '%8s %8s %12s %14s %14s %12s %12s %10s %7s %9s %7s\n' idle open server_MiB \
+  KiB_per_idle client_KiB/c server_cpu% clients_cpu% calls/s ratio p99_us ratio
+have=0
+base_pinned=
+base_rate=
+base_p99=
+client_kib=0
+for step in $steps; do
+  while ((have < step)); do
+    n=$((step - have < per_process ? step - have : per_process))
+    log="$tmp/idle.$have.log"
+    "$bin" idle --connect "$target" --connections $n "${shape[@]}" >"$log" 2>&1 &
+    pid=$!
+    idle_pids+=($pid)
+    until grep -q '^idle connected' "$log"; do
+      kill -0 $pid 2>/dev/null || { echo "idle client failed:" >&2; cat "$log" >&2; exit 1; }
+      sleep 0.5
+    done
+    client_kib=$((client_kib + $(sed -nE 's/.*pinned_kib=([0-9]+).*/\1/p' "$log")))
+    have=$((have + n))
+  done
+  st=$(server_status)  # (no process substitution: the guest has no /dev/fd)
+  open=${st% *}
+  pinned=${st#* }
+  # What the idle connections cost while nothing else runs: CPU of the server and of the idle
+  # clients over $quiet seconds, in percent of one CPU.
+  server_before=$(cpu_ticks $server)
+  clients_before=$(cpu_ticks "${idle_pids[@]}")
+  sleep $quiet
+  server_cpu=$(awk -v a="$(cpu_ticks $server)" -v b="$server_before" -v hz="$hz" -v s=$quiet \
+    'BEGIN { printf "%.1f", 100 * (a - b) / hz / s }')
+  clients_cpu=$(awk -v a="$(cpu_ticks "${idle_pids[@]}")" -v b="$clients_before" -v hz="$hz" \
+    -v s=$quiet 'BEGIN { printf "%.1f", 100 * (a - b) / hz / s }')
+  active=$("$bin" active --connect "$target" --seconds "$seconds")
+  rate=$(sed -nE 's/.*calls_per_sec=([0-9.]+).*/\1/p' <<<"$active")
+  p99=$(sed -nE 's/.*p99_us=([0-9.]+).*/\1/p' <<<"$active")
+  if [[ -z "$base_pinned" ]]; then
+    base_pinned=$pinned base_rate=$rate base_p99=$p99
+  fi
+  per_idle=-
+  client_per=-
+  if ((step > 0)); then
+    per_idle=$(awk -v a="$pinned" -v b="$base_pinned" -v n="$step" 'BEGIN { printf "%.1f", (a - b) / n }')
+    client_per=$(awk -v a="$client_kib" -v n="$step" 'BEGIN { printf "%.1f", a / n }')
+  fi
+  printf '%8d %8d %12.1f %14s %14s %12s %12s %10.0f %7.2f %9.1f %7.2f\n' "$step" "$open" \
+    "$(awk -v k="$pinned" 'BEGIN { print k / 1024 }')" "$per_idle" "$client_per" "$server_cpu" \
+    "$clients_cpu" "$rate" \
+    "$(awk -v a="$rate" -v b="$base_rate" 'BEGIN { print a / b }')" "$p99" \
+    "$(awk -v a="$p99" -v b="$base_p99" 'BEGIN { print a / b }')"
+done
+
+failed=0
+for pid in "${idle_pids[@]}"; do kill -TERM "$pid"; done
+for pid in "${idle_pids[@]}"; do wait "$pid" || failed=1; done
+idle_pids=()
+lost=$(cat "$tmp"/idle.*.log 2>/dev/null | sed -nE 's/^idle lost=([0-9]+)/\1/p' | awk '{ s += $1 } END { print s + 0 }')
+echo "idle connections lost: $lost"
+((failed == 0 && lost == 0))
