@@ -9,7 +9,7 @@
 //     --max-slots raises the registered slot pool's bound (SlotPoolOptions::max_slots, 65,536),
 //     which shared receive queues of many pollers may need.
 //     Prints "status open=N pinned_kib=K" every second: connections open and the process's
-//     pinned memory (VmPin + VmLck, transport/process_limits.h).
+//     pinned memory (VmPin, transport/process_limits.h).
 //   idle_scale idle --connect A:P --connections N [--shared-receive-queue R] [--window W]
 //                   [--arena BYTES]
 //     Holds N connections, idle (channels of up to 1,000 each, default options but for the

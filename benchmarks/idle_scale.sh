@@ -11,7 +11,7 @@
 # limit per address), then for each step: idle connections added from client processes of at
 # most --per-process connections each until the step's count is open, and one active connection
 # (default ChannelOptions, event mode) echoing 64 B one call at a time for --seconds. Prints one
-# row per step: connections open, the server's pinned memory (VmPin + VmLck) and what each idle
+# row per step: connections open, the server's pinned memory (VmPin) and what each idle
 # connection adds to it over step 0, the idle clients' pinned memory per connection, the CPU the
 # server and the idle clients use while only the idle connections exist (percent of one CPU,
 # over 5 s), and the active connection's calls/s and p99 with their ratios to step 0 (emulated timings move +-30 %
@@ -91,7 +91,13 @@ base_pinned=
 base_rate=
 base_p99=
 client_kib=0
+prev=-1
 for step in $steps; do
+  if ((step <= prev)); then
+    echo "idle_scale.sh: --steps must rise (the first is the baseline, usually 0)" >&2
+    exit 2
+  fi
+  prev=$step
   while ((have < step)); do
     n=$((step - have < per_process ? step - have : per_process))
     log="$tmp/idle.$have.log"
@@ -106,6 +112,10 @@ for step in $steps; do
     have=$((have + n))
   done
   st=$(server_status)  # (no process substitution: the guest has no /dev/fd)
+  if [[ -z "$st" ]]; then
+    echo "idle_scale.sh: the server printed no status" >&2
+    exit 1
+  fi
   open=${st% *}
   pinned=${st#* }
   # What the idle connections cost while nothing else runs: CPU of the server and of the idle
@@ -121,12 +131,13 @@ for step in $steps; do
   rate=$(sed -nE 's/.*calls_per_sec=([0-9.]+).*/\1/p' <<<"$active")
   p99=$(sed -nE 's/.*p99_us=([0-9.]+).*/\1/p' <<<"$active")
   if [[ -z "$base_pinned" ]]; then
-    base_pinned=$pinned base_rate=$rate base_p99=$p99
+    base_pinned=$pinned base_rate=$rate base_p99=$p99 base_step=$step
   fi
   per_idle=-
   client_per=-
-  if ((step > 0)); then
-    per_idle=$(awk -v a="$pinned" -v b="$base_pinned" -v n="$step" 'BEGIN { printf "%.1f", (a - b) / n }')
+  if ((step > base_step)); then
+    per_idle=$(awk -v a="$pinned" -v b="$base_pinned" -v n=$((step - base_step)) \
+      'BEGIN { printf "%.1f", (a - b) / n }')
     client_per=$(awk -v a="$client_kib" -v n="$step" 'BEGIN { printf "%.1f", a / n }')
   fi
   printf '%8d %8d %12.1f %14s %14s %12s %12s %10.0f %7.2f %9.1f %7.2f\n' "$step" "$open" \
@@ -137,7 +148,7 @@ for step in $steps; do
 done
 
 failed=0
-for pid in "${idle_pids[@]}"; do kill -TERM "$pid"; done
+for pid in "${idle_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 for pid in "${idle_pids[@]}"; do wait "$pid" || failed=1; done
 idle_pids=()
 lost=$(cat "$tmp"/idle.*.log 2>/dev/null | sed -nE 's/^idle lost=([0-9]+)/\1/p' | awk '{ s += $1 } END { print s + 0 }')

@@ -136,8 +136,9 @@ struct ServerOptions : RuntimeOptions {
   // lowered to what the pollers can hold (Poller::Capacity: completion-queue entries and shared
   // receive queues) and to what RLIMIT_MEMLOCK lets the process register (a warning says what to
   // set; transport/process_limits.h), and then max_connections_per_peer to half of that, so that
-  // one address can never fill it; otherwise max_connections_per_peer stands up to
-  // max_connections (512 by default).
+  // one address can never fill it. Otherwise max_connections_per_peer (512 by default) is halved
+  // the same way unless it is set to max_connections or more: then it is taken to mean it (a
+  // proxy in front of every client, a one-host test) and stands at max_connections.
   transport::ListenerOptions listener;
   // Where request payloads this server pulls land (those larger than its arena: rpc/WIRE.md,
   // "Pulled payloads"). Unset: memory the server allocates and registers per payload, within

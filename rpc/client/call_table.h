@@ -209,14 +209,7 @@ class CallTable {
     if (entry->deadline != absl::InfiniteFuture()) --live_in_heap_;
     calls_.erase(it);
     // The next deadline stays as published: at worst an ended call's, which wakes the timer
-    // early, once: TakeExpired then publishes a live call's (or none). But for the last call:
-    // every heap entry is dead then, and an idle connection's stale deadline (its keepalive
-    // ping's, say) would wake its channel's timer for a pass over every connection for nothing:
-    // a pass per ping, with a thousand idle connections a fifth of a CPU under emulation.
-    if (calls_.empty()) {
-      heap_.clear();
-      published_next_.store(kNever, std::memory_order_relaxed);
-    }
+    // early, once: TakeExpired then publishes a live call's (or none).
     PublishSize();
     return Taken(this, entry);
   }

@@ -818,8 +818,14 @@ void ClientConnection::ExpireCalls::RunInDomain(transport::Connection& connectio
   }
   if (!expired.empty()) {
     self.owner_.CountExpired(expired.size());
+    // A ping of its own that timed out is no call of the application's: counted, it would make
+    // the connection busy and pinged again at once (client_connection.h, Keepalive).
+    size_t calls = 0;
+    for (const TakenCall<ClientCall>& taken : expired) {
+      calls += taken.call.method != &kKeepalivePing;
+    }
     // One writer, the domain's holder.
-    self.expired_.store(self.expired_.load(std::memory_order_relaxed) + expired.size(),
+    self.expired_.store(self.expired_.load(std::memory_order_relaxed) + calls,
                         std::memory_order_relaxed);
   }
   // After the expired calls left the table: their waiting requests are dropped, never sent.

@@ -80,13 +80,12 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   const uint32_t configured = listener.max_connections;
   listener.max_connections = static_cast<uint32_t>(
       std::max<uint64_t>(1, std::min<uint64_t>({listener.max_connections, capacity, fits})));
-  // One address takes at most half of what the server holds when the pollers or the memory
-  // lowered max_connections (the default 512 per address may be more than that). When the server
-  // holds all it was set to, a limit per address set as high as max_connections is meant (a proxy
-  // in front of every client, a one-host test) and stands.
-  const uint32_t per_peer_bound = listener.max_connections < configured
-                                      ? listener.max_connections / 2
-                                      : listener.max_connections;
+  // One address takes at most half of what the server holds, so that it can never fill it,
+  // unless the limit per address was set to max_connections or more and the server holds all it
+  // was set to: that is meant (a proxy in front of every client, a one-host test) and stands.
+  const bool whole =
+      listener.max_connections_per_peer >= configured && listener.max_connections == configured;
+  const uint32_t per_peer_bound = whole ? listener.max_connections : listener.max_connections / 2;
   listener.max_connections_per_peer =
       std::max<uint32_t>(1, std::min(listener.max_connections_per_peer, per_peer_bound));
   return core;
