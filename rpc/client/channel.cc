@@ -334,8 +334,10 @@ void ChannelImpl::TimerLoop() {
       }
       next = std::min(next, connection.NextDeadline());
     }
-    if (keepalive_due) idle_cursor.EndPass(start);
-    if (keepalive_due) next_keepalive = now + options_.keepalive_interval;
+    if (keepalive_due) {
+      idle_cursor.EndPass(start);
+      next_keepalive = now + options_.keepalive_interval;
+    }
     if (next != absl::InfiniteFuture()) DeadlineAdded(next);
     live.clear();  // the references go; the capacity stays
   }

@@ -563,7 +563,7 @@ bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
   return false;
 }
 
-bool ClientConnection::WindowHeld() {
+bool ClientConnection::WindowHeld(bool arena_counts) {
   if (Transferring()) return true;  // a large payload moves: pings would queue behind it
   // The timer does not wait for the domain: a user's callback on the poller may hold it for as
   // long as it runs, and every deadline of the channel would wait with it. Held, it counts as a
@@ -572,7 +572,8 @@ bool ClientConnection::WindowHeld() {
   if (!stats) return true;
   // A bulk WRITE or READ still moving (64 MiB took 2 s under emulation) holds the send queue:
   // a ping posted now waits behind it.
-  return stats->waiting > 0 || stats->arena_in_use > 0 || stats->transfer_bytes_in_flight > 0;
+  return stats->waiting > 0 || (arena_counts && stats->arena_in_use > 0) ||
+         stats->transfer_bytes_in_flight > 0;
 }
 
 bool ClientConnection::Busy() {
@@ -587,12 +588,6 @@ bool ClientConnection::Busy() {
          exposed_entries_.load(std::memory_order_relaxed) > 0 || Transferring();
 }
 
-bool ClientConnection::IdleCanPing() {
-  if (Transferring()) return false;
-  const std::optional<transport::ConnectionStats> stats = connection_->TryStats();
-  return stats && stats->waiting == 0 && stats->transfer_bytes_in_flight == 0;
-}
-
 void ClientConnection::Keepalive(KeepalivePass& pass) {
   const bool ping_out = ping_out_.load(std::memory_order_acquire);
   const bool busy = Busy();
@@ -604,7 +599,7 @@ void ClientConnection::Keepalive(KeepalivePass& pass) {
   // of the server's can wait for that arena space behind the ping when no call is in flight; a
   // late answer to a timed-out call might, and then a ping that times out probes instead of
   // closing: OnPingDone): probes alone would let the server's idle_timeout close it.
-  if (busy ? WindowHeld() : !IdleCanPing()) {
+  if (WindowHeld(/*arena_counts=*/busy)) {
     // A ping would wait behind the held window (see the top of client_connection.h).
     static_cast<void>(connection_->Probe());
     return;

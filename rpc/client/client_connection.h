@@ -284,16 +284,15 @@ class ClientConnection final : public RpcConnection,
   void OnPingDone(const absl::Status& status, absl::Duration timeout);
   // A stream message or credit from the server.
   void OnStreamFrame(transport::Connection& connection, IncomingMessage& message);
-  // This side's messages wait for credits or arena space, or its application holds received
-  // payloads: a ping now would wait behind them (see the top of this file).
-  bool WindowHeld();
+  // This side's messages wait for credits or arena space, or (`arena_counts`) its application
+  // holds received payloads, or the domain is held: a ping now could wait behind them (see the
+  // top of this file). An idle connection leaves the arena out: no answer of a call can wait for
+  // it behind the ping.
+  bool WindowHeld(bool arena_counts = true);
   // Whether the connection has work in flight (calls and streams, requests and cancels waiting
   // to go, request payloads exposed or moving) or calls ended at their deadlines since the last
   // pass. Timer thread only.
   bool Busy();
-  // Whether a ping on an idle connection goes straight out: nothing of this side's waits for
-  // credits or moves in bulk, and the domain is free to look. Timer thread only.
-  bool IdleCanPing();
   // Call `call_id`, with a request payload behind `gate`, has ended (answered, deadline,
   // cancel, failure). A payload still exposed then (`exposed`) stays so until the server says
   // it pulled it, or answers the call (it answers only after its READ), or pull_grace passes,
