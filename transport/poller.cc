@@ -108,7 +108,15 @@ void Poller::Shutdown() {
     }
     RunOnce(absl::Milliseconds(10));
   }
-  // The loop has ended: what it kept for its passes goes now, and Unregister drops at once.
+  // The loop has ended, and with it the retries of stashed completions. A connection still listed
+  // had its stash emptied by another path after the loop's last retry (OnCompletions handles a
+  // stash itself when the domain is free; the list forgets it at the next pass, which never came),
+  // or is gone with completions that came too late: nothing of it is left to handle. The list's
+  // reference must go: the connection co-owns its handler, which may own this poller, so the
+  // three would keep one another alive for good.
+  for (const std::shared_ptr<Connection>& connection : stashed_) DropStash(*connection);
+  stashed_.clear();
+  // What the loop kept for its passes goes now, and Unregister drops at once.
   slot_cache_.Flush();
   std::vector<std::shared_ptr<Connection>> released;
   std::vector<std::shared_ptr<Connection>> deferred;
@@ -558,6 +566,16 @@ void Poller::HandleCmEvents(bool queue) {
     queued = true;
   }
   if (queued) Wake();
+}
+
+void Poller::DropStash(Connection& connection) {
+  for (const ibv_wc& wc : connection.stash_) {
+    // A shared queue's receive carries a slot the queue handed on (TakeSharedReceives): back.
+    if (IsSharedReceiveId(wc.wr_id))
+      static_cast<void>(slot_cache_.Free(WorkRequestIndex(wc.wr_id)));
+  }
+  connection.stash_.clear();
+  connection.stash_listed_ = false;
 }
 
 bool Poller::RetryStashed() {

@@ -197,6 +197,9 @@ class Poller {
   // Connections whose completions waited because another thread held their domain for a
   // moment (Connection::OnCompletions): tried again on every pass. False when none is left.
   bool RetryStashed();
+  // Forgets a stashed connection's completions, unhandled, and its place in the list (the
+  // caller's to remove): for a connection gone, once the loop has ended.
+  void DropStash(Connection& connection);
 
   void Loop();
   // The cm thread's loop: sleeps in poll(2) on the cm channel, handles its events as they come.
