@@ -153,13 +153,15 @@ struct ServerOptions : RuntimeOptions {
   // lower listener.connection.arena_size to place smaller ones.
   std::function<absl::StatusOr<PayloadPlacement>(const MethodInfo& method, size_t size)>
       place_request_payload;
-  // Liveness, checked every second or so by a thread of the server's:
+  // Liveness, checked by a thread of the server's:
   //  - a connection that held no calls and received nothing for idle_timeout is closed (its
   //    slots, arena and admission place go back): a peer that went away without a word, or
-  //    never said anything. A zrpc client with keepalives on is never idle
+  //    never said anything. Idle connections are looked at every eighth of it, so one closes
+  //    between 1 and about 5/4 of it after its last word (more when the sweep's period, a second
+  //    or so, is coarse against an eighth of it). A zrpc client with keepalives on is never idle
   //    this long (it pings an idle connection every ChannelOptions::idle_keepalive_interval, 20 s);
   //    one with them off reconnects on its next call. Zero: never.
-  //  - a connection that holds calls and received nothing for
+  //  - a connection that holds calls (looked at every second or so) and received nothing for
   //    liveness_probe_interval has its client's NIC probed (a zero-length RDMA WRITE, no
   //    credit): a client host that vanished fails the probe after the transport's retries, the
   //    connection fails, and its calls are marked cancelled (ServerContext::IsCancelled) instead of

@@ -76,8 +76,9 @@ class ServerConnection final : public RpcConnection,
   // keeps its memory for the next call. After the close, the last call lets go of hold_.
   void Retire(ServerCallImpl* call);
   // One liveness pass (the server's sweeper thread only; ServerOptions; `now` monotonic):
-  // closes the connection when it held no calls and received nothing for `idle`, probes the
-  // client's NIC when it holds calls and received nothing for `probe`. Counted in the stats.
+  // closes the connection when it held no calls and received nothing for `idle` (looking at an
+  // idle connection every idle / 8 only), probes the client's NIC when it holds calls and
+  // received nothing for `probe`. Counted in the stats.
   void SweepPass(absl::Time now, absl::Duration idle, absl::Duration probe);
 
   ServerImpl& server() { return server_; }
@@ -95,9 +96,10 @@ class ServerConnection final : public RpcConnection,
 
   ServerImpl& server_;
   PoolQueue pool_queue_;  // this connection's turn in the handler pool (handler_pool.h)
-  // Liveness (SweepPass, sweeper thread only; monotonic times): arrivals seen at the last pass,
-  // since when that count has not moved, and the last probe.
+  // Liveness (SweepPass, sweeper thread only; monotonic times): arrivals seen at the last look,
+  // since when that count has not moved, the last probe, and the last look.
   uint64_t arrivals_seen_ = 0;
+  absl::Time last_look_ = absl::InfinitePast();
   absl::Time quiet_since_ = absl::InfinitePast();  // since the last message or payload received
   absl::Time idle_since_ = absl::InfinitePast();   // since then, or since it last held calls
   absl::Time last_probe_ = absl::InfinitePast();
