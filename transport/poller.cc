@@ -104,6 +104,9 @@ void Poller::Shutdown() {
       absl::MutexLock lock(&mu_);
       for (const auto& [qp_num, connection] : connections_) UnreserveLocked(*connection);
       connections_.clear();
+      // The loop's lookups (FindFromLoop) must not find them: a later RunOnce would reach a
+      // connection its owners have destroyed meanwhile through the cached plain pointer.
+      generation_.fetch_add(1, std::memory_order_release);
       break;
     }
     RunOnce(absl::Milliseconds(10));
@@ -111,9 +114,10 @@ void Poller::Shutdown() {
   // The loop has ended, and with it the retries of stashed completions. A connection still listed
   // had its stash emptied by another path after the loop's last retry (OnCompletions handles a
   // stash itself when the domain is free; the list forgets it at the next pass, which never came),
-  // or is gone with completions that came too late: nothing of it is left to handle. The list's
-  // reference must go: the connection co-owns its handler, which may own this poller, so the
-  // three would keep one another alive for good.
+  // or was dropped above without draining, its domain held throughout: what it kept is dropped
+  // unhandled with it (sends it holds are never reported, as for any connection given up on).
+  // The list's reference must go: the connection co-owns its handler, which may own this poller,
+  // so the three would keep one another alive for good.
   for (const std::shared_ptr<Connection>& connection : stashed_) DropStash(*connection);
   stashed_.clear();
   // What the loop kept for its passes goes now, and Unregister drops at once.
