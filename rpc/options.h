@@ -103,13 +103,19 @@ struct ChannelOptions : RuntimeOptions {
   // A connection with nothing in flight is checked the same way once it received nothing for
   // idle_keepalive_interval (each time from [3/4, 1] of it, so that connections made together
   // spread their pings), at least keepalive_interval; a channel checks at most 256 idle
-  // connections per keepalive_interval (rpc/client/keepalive.h). So a dead server is noticed
-  // on an idle connection within about this interval + keepalive_timeout, and ten thousand idle
-  // connections cost their server about 500 pings a second, not 5,000. Keep it well below the
+  // connections per keepalive_interval (rpc/client/keepalive.h). A server may ask for a longer
+  // interval in its answers (ServerOptions::idle_keepalive_budget), up to
+  // max_idle_keepalive_interval. So a dead server is noticed on an idle connection within about
+  // the interval in force + keepalive_timeout, and ten thousand idle connections cost their
+  // server about 100 pings a second (its default budget), not 5,000. Keep it well below the
   // server's ServerOptions::idle_timeout (5 minutes by default), which closes connections that
   // say nothing. Zero: idle connections are never pinged (and the server's idle_timeout closes
   // them).
   absl::Duration idle_keepalive_interval = absl::Seconds(20);
+  // The longest idle interval a server's advice (ServerOptions::idle_keepalive_budget) may make
+  // this side wait between checks of an idle connection: a server cannot talk a client out of
+  // noticing that it vanished for longer than this.
+  absl::Duration max_idle_keepalive_interval = absl::Minutes(10);
 };
 
 // A server's options (rpc/server.h), beside the shared ones.
@@ -168,6 +174,13 @@ struct ServerOptions : RuntimeOptions {
   //    running for nobody. Zero: never.
   absl::Duration idle_timeout = absl::Minutes(5);
   absl::Duration liveness_probe_interval = absl::Seconds(2);
+  // The keepalive pings a second this server asks its idle clients to keep to, all together: its
+  // answer to a ping carries an idle interval of (open connections / this) seconds, at most a
+  // third of idle_timeout, and a zrpc client checks an idle connection no more often than that
+  // (ChannelOptions::idle_keepalive_interval is the least it waits). So ten thousand idle
+  // connections cost the server about 100 pings a second, not 500 (rpc/WIRE.md, "Keepalive").
+  // Zero: no advice (clients keep their own interval). At least 0.
+  double idle_keepalive_budget = 100;
   // Serve PrometheusText() at http://<metrics_address>/metrics from Start to Shutdown: "host:port"
   // on a plain TCP interface ("0.0.0.0:9464", "127.0.0.1:0" for any free port; metrics_port()
   // says which). Empty: no endpoint. See rpc/metrics_http.h for what it answers and its bounds.

@@ -320,8 +320,13 @@ void ChannelImpl::TimerLoop() {
     }
     const absl::Time now = MonotonicNow();
     absl::Time next = absl::InfiniteFuture();
-    KeepalivePass pass{now, options_.keepalive_timeout, idle_interval, &keepalive_metrics,
-                       KeepaliveSchedule::kIdleChecksPerPass};
+    KeepalivePass pass{now,
+                       options_.keepalive_timeout,
+                       idle_interval,
+                       &keepalive_metrics,
+                       KeepaliveSchedule::kIdleChecksPerPass,
+                       /*denied=*/false,
+                       options_.max_idle_keepalive_interval};
     // From where the last keepalive pass ran out of idle checks (keepalive.h).
     const size_t start = idle_cursor.Start(live.size());
     for (size_t k = 0; k < live.size(); ++k) {
@@ -521,6 +526,10 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
     return absl::InvalidArgumentError(
         "ChannelOptions::idle_keepalive_interval must be zero (idle connections unchecked) or "
         "positive");
+  }
+  if (options.max_idle_keepalive_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "ChannelOptions::max_idle_keepalive_interval must be positive");
   }
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");

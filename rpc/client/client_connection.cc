@@ -591,8 +591,9 @@ bool ClientConnection::Busy() {
 void ClientConnection::Keepalive(KeepalivePass& pass) {
   const bool ping_out = ping_out_.load(std::memory_order_acquire);
   const bool busy = Busy();
-  if (!keepalive_.Due(pass, received_.load(std::memory_order_relaxed), busy,
-                      ping_out || closed())) {
+  if (!keepalive_.Due(
+          pass, received_.load(std::memory_order_relaxed), busy, ping_out || closed(),
+          absl::Milliseconds(server_idle_interval_ms_.load(std::memory_order_relaxed)))) {
     return;
   }
   // An idle connection is pinged even while its application holds received payloads (no answer
@@ -626,6 +627,9 @@ void ClientConnection::Keepalive(KeepalivePass& pass) {
 }
 
 void ClientConnection::OnPingDone(const absl::Status& status, absl::Duration timeout) {
+  if (status.ok()) {
+    server_idle_interval_ms_.store(ping_reply_.value(), std::memory_order_relaxed);
+  }
   ping_out_.store(false, std::memory_order_release);
   if (status.code() != absl::StatusCode::kDeadlineExceeded) return;
   if (WindowHeld()) {

@@ -63,7 +63,7 @@
 #ifndef ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_
 #define ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_
 
-#include <google/protobuf/empty.pb.h>
+#include <google/protobuf/wrappers.pb.h>
 
 #include <atomic>
 #include <cstdint>
@@ -341,7 +341,12 @@ class ClientConnection final : public RpcConnection,
   uint64_t expired_at_last_pass_ = 0;
   KeepaliveSchedule keepalive_;
   std::atomic<bool> ping_out_{false};
-  google::protobuf::Empty ping_reply_;  // one ping at a time; parsed on the poller thread
+  // One ping at a time; parsed on the poller thread. The server's answer may carry the idle
+  // interval it asks for, in milliseconds (rpc/WIRE.md, "Keepalive"): an older server's empty
+  // answer reads as zero, no advice.
+  google::protobuf::UInt32Value ping_reply_;
+  // The last advice, for the timer's passes (KeepaliveSchedule::Due).
+  std::atomic<uint32_t> server_idle_interval_ms_{0};
 
   // Cancels that found no send slot (every one waiting for the server's credits, say), sent
   // again by the timer (Expire) until they go: a server that never hears of a cancel keeps the

@@ -26,6 +26,11 @@
 // connections a server answers 50 pings a second from them, not 500 (issue 35: every idle
 // connection pinging on every other pass collapsed a server between 1,000 and 2,500 connections).
 //
+// A server may ask for a longer idle interval (ServerOptions::idle_keepalive_budget: its answer to
+// a ping carries one, from how many connections it holds): a connection then waits for the longer
+// of the two, at most the channel's max_idle_keepalive_interval. The answer is a word heard, so
+// the schedule restarts from it with the server's interval in force.
+//
 // A check that goes out is rescheduled [3/4, 1] of an idle interval on, whether or not an answer
 // comes: a probe (which the server's NIC answers, not its process) moves no received count, and a
 // ping that times out closes the connection anyway. Anything received resets the schedule.
@@ -34,6 +39,7 @@
 #ifndef ZRPC_RPC_CLIENT_KEEPALIVE_H_
 #define ZRPC_RPC_CLIENT_KEEPALIVE_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -53,6 +59,9 @@ struct KeepalivePass {
   MethodMetrics* metrics;        // the pings' (zrpc.Keepalive/Ping), or null
   int idle_checks_left;          // this pass's allowance of idle checks, spent as they go
   bool denied = false;           // an idle connection was due and found none left
+  // ChannelOptions::max_idle_keepalive_interval: the most a server's advice may stretch
+  // idle_interval to.
+  absl::Duration max_idle_interval = absl::InfiniteDuration();
 };
 
 // Where a channel's keepalive pass starts among its connections: where the last pass first
@@ -91,9 +100,11 @@ class KeepaliveSchedule {
   // One pass of the timer. `received`: how many messages the connection received so far.
   // `busy`: it has work in flight other than a ping, or calls ended at their deadlines since the
   // last pass. `ping_out`: a ping is out (its answer or its
-  // deadline decides; nothing is due meanwhile). Returns whether to check the server now; an
-  // idle check spends one of `pass.idle_checks_left`.
-  bool Due(KeepalivePass& pass, uint64_t received, bool busy, bool ping_out) {
+  // deadline decides; nothing is due meanwhile). `server_interval`: the idle interval the server
+  // asked for in its last answer to a ping (zero: none). Returns whether to check the server now;
+  // an idle check spends one of `pass.idle_checks_left`.
+  bool Due(KeepalivePass& pass, uint64_t received, bool busy, bool ping_out,
+           absl::Duration server_interval = absl::ZeroDuration()) {
     if (received != received_) {
       received_ = received;
       heard_at_ = pass.now;
@@ -108,9 +119,9 @@ class KeepaliveSchedule {
       return true;
     }
     if (pass.idle_interval <= absl::ZeroDuration()) return false;
+    const absl::Duration interval = IdleInterval(pass, server_interval);
     if (idle_due_ == absl::InfiniteFuture()) {
-      idle_due_ =
-          heard_at_ + (first_ ? pass.idle_interval * (1.0 - Unit()) : Jittered(pass.idle_interval));
+      idle_due_ = heard_at_ + (first_ ? interval * (1.0 - Unit()) : Jittered(interval));
       first_ = false;
     }
     if (pass.now < idle_due_) return false;
@@ -119,8 +130,15 @@ class KeepaliveSchedule {
       return false;
     }
     --pass.idle_checks_left;
-    idle_due_ = pass.now + Jittered(pass.idle_interval);
+    idle_due_ = pass.now + Jittered(interval);
     return true;
+  }
+
+  // The idle interval in force: the channel's, or the server's when it asked for longer, at most
+  // the channel's ceiling (never below the channel's own).
+  static absl::Duration IdleInterval(const KeepalivePass& pass, absl::Duration server_interval) {
+    if (server_interval <= pass.idle_interval) return pass.idle_interval;
+    return std::max(pass.idle_interval, std::min(server_interval, pass.max_idle_interval));
   }
 
   // The check Due asked for could not go (every send slot taken): due again on the next pass,

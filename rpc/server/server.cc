@@ -4,6 +4,8 @@
 #include "rpc/server.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +31,11 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
     return absl::InvalidArgumentError(absl::StrCat(
         "ServerOptions::max_streams_per_connection is ", options.max_streams_per_connection,
         " and max_streams ", options.max_streams, "; each must be at least 1"));
+  }
+  if (!(options.idle_keepalive_budget >= 0)) {  // NaN too
+    return absl::InvalidArgumentError(absl::StrCat("ServerOptions::idle_keepalive_budget is ",
+                                                   options.idle_keepalive_budget,
+                                                   "; it must be zero (no advice) or positive"));
   }
   ServerOptions adjusted = options;
   transport::ConnectionOptions& connection = adjusted.listener.connection;
@@ -299,6 +306,27 @@ void ServerImpl::ConnectionClosed(ServerConnection* connection) {
   closed = std::move(it->second);
   connections_.erase(it);
   // `closed` is released after the lock; its calls, if any, still hold it.
+}
+
+absl::Duration IdleIntervalAdvice(size_t connections, double budget, absl::Duration idle_timeout) {
+  if (budget <= 0 || connections == 0) return absl::ZeroDuration();
+  absl::Duration interval = absl::Seconds(static_cast<double>(connections) / budget);
+  // Pings stretched past the idle close would not keep a connection: a third leaves room for
+  // the jitter, a ping lost to a busy moment and the sweeper's coarse looks.
+  if (idle_timeout > absl::ZeroDuration()) interval = std::min(interval, idle_timeout / 3);
+  return interval;
+}
+
+uint32_t ServerImpl::IdleIntervalAdviceMs() {
+  size_t open;
+  {
+    absl::MutexLock lock(&mu_);
+    open = connections_.size();
+  }
+  const absl::Duration advice =
+      IdleIntervalAdvice(open, options_.idle_keepalive_budget, options_.idle_timeout);
+  return static_cast<uint32_t>(
+      std::min<int64_t>(absl::ToInt64Milliseconds(advice), std::numeric_limits<uint32_t>::max()));
 }
 
 void ServerImpl::CallStarted() { calls_.Started(); }

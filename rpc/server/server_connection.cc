@@ -4,6 +4,8 @@
 
 #include "rpc/server/server_connection.h"
 
+#include <google/protobuf/wrappers.pb.h>
+
 #include <thread>
 #include <utility>
 
@@ -77,8 +79,14 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     server_.CountKeepalive();
     absl::StatusOr<transport::SendBuffer> buffer = connection.AcquireSendBuffer();
     if (buffer.ok()) {
-      static_cast<void>(
-          SendMessage(connection, *buffer, RpcHeader::Response(header.call_id), 0, OutgoingBulk()));
+      // The answer carries the idle interval this server asks for (rpc/WIRE.md, "Keepalive"):
+      // a few bytes, within any slot; none when it has no advice, as an older server answered.
+      google::protobuf::UInt32Value advice;
+      advice.set_value(server_.IdleIntervalAdviceMs());
+      const size_t size = advice.ByteSizeLong();
+      advice.SerializeWithCachedSizesToArray(Body(*buffer));
+      static_cast<void>(SendMessage(connection, *buffer, RpcHeader::Response(header.call_id), size,
+                                    OutgoingBulk()));
     }
     return;
   }

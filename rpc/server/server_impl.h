@@ -33,6 +33,11 @@
 
 namespace zrpc::internal {
 
+// The idle interval a server with `connections` open asks its clients for, so that their idle
+// pings come to about `budget` a second together (ServerOptions::idle_keepalive_budget), at most
+// a third of `idle_timeout` (zero: no bound). Zero: no advice.
+absl::Duration IdleIntervalAdvice(size_t connections, double budget, absl::Duration idle_timeout);
+
 class ServerImpl final : public transport::AcceptHandler {
  public:
   // A service as dispatch sees it: the object, and per method whether it runs inline.
@@ -86,6 +91,8 @@ class ServerImpl final : public transport::AcceptHandler {
   void WatchDeadline(absl::Time deadline, std::weak_ptr<StreamState> stream);
   const Metrics& metrics() const { return metrics_; }
   void CountKeepalive() { keepalives_.fetch_add(1, std::memory_order_relaxed); }
+  // IdleIntervalAdvice for this server now, in milliseconds: what its answer to a ping carries.
+  uint32_t IdleIntervalAdviceMs();
   StagingPool& staging() { return *staging_; }
   const std::shared_ptr<ReceiveLimits>& receive_limits() const { return receive_limits_; }
   const std::shared_ptr<transport::Device>& device() const { return device_; }

@@ -237,4 +237,57 @@ TEST_CASE("ten thousand idle connections made at once spread their checks from t
   WARN("checks per pass: mean " << mean << ", most " << most << " (target: at most 1.6 x mean)");
 }
 
+// The checks of one idle connection over `seconds`, one pass a second, the server's answer to
+// each check (a word heard) asking for `server_interval`.
+int IdleChecks(absl::Duration server_interval, absl::Duration ceiling, int seconds) {
+  KeepaliveSchedule schedule(11, kStart);
+  uint64_t received = 0;
+  absl::Duration advice;  // none until the first answer
+  int checks = 0;
+  for (int i = 1; i <= seconds; ++i) {
+    KeepalivePass pass = Pass(kStart + i * kPassEvery);
+    pass.max_idle_interval = ceiling;
+    if (schedule.Due(pass, received, false, false, advice)) {
+      ++checks;
+      ++received;  // the answer comes before the next pass
+      advice = server_interval;
+    }
+  }
+  return checks;
+}
+
+TEST_CASE(
+    "a server's advice stretches the idle interval, never shortens it, and stops at the "
+    "channel's ceiling",
+    "[keepalive]") {
+  constexpr int kSeconds = 3600;
+  const int own = IdleChecks(absl::ZeroDuration(), absl::Minutes(10), kSeconds);
+  INFO("own interval: " << own << " checks in an hour");
+  CHECK(own >= kSeconds / 20);              // at least one per 20 s
+  CHECK(own <= kSeconds * 4 / 3 / 20 + 1);  // at most one per 15 s
+  // Asked for 100 s: between one per 100 s and one per 75 s (after the first, at the own rate).
+  const int stretched = IdleChecks(absl::Seconds(100), absl::Minutes(10), kSeconds);
+  INFO("advised 100 s: " << stretched);
+  CHECK(stretched >= kSeconds / 100);
+  CHECK(stretched <= kSeconds * 4 / 3 / 100 + 2);
+  // Asked for less than its own: its own stands.
+  const int shorter = IdleChecks(absl::Seconds(2), absl::Minutes(10), kSeconds);
+  CHECK(shorter >= kSeconds / 20);
+  CHECK(shorter <= kSeconds * 4 / 3 / 20 + 1);
+  // Asked for a day: the ceiling (10 minutes) holds.
+  const int ceiling = IdleChecks(absl::Hours(24), absl::Minutes(10), kSeconds);
+  INFO("advised a day, ceiling 10 min: " << ceiling);
+  CHECK(ceiling >= kSeconds / 600);
+  CHECK(ceiling <= kSeconds * 4 / 3 / 600 + 2);
+  // The interval in force, directly.
+  KeepalivePass pass = Pass(kStart);
+  pass.max_idle_interval = absl::Minutes(10);
+  CHECK(KeepaliveSchedule::IdleInterval(pass, absl::ZeroDuration()) == kIdle);
+  CHECK(KeepaliveSchedule::IdleInterval(pass, absl::Seconds(5)) == kIdle);
+  CHECK(KeepaliveSchedule::IdleInterval(pass, absl::Seconds(90)) == absl::Seconds(90));
+  CHECK(KeepaliveSchedule::IdleInterval(pass, absl::Hours(1)) == absl::Minutes(10));
+  pass.max_idle_interval = absl::Seconds(5);  // a ceiling below the own interval: the own holds
+  CHECK(KeepaliveSchedule::IdleInterval(pass, absl::Hours(1)) == kIdle);
+}
+
 }  // namespace

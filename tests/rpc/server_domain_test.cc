@@ -429,3 +429,34 @@ TEST_CASE(
                    absl::Seconds(10)));
   CHECK(rt.channel->stats().connections_lost == 2);
 }
+
+TEST_CASE(
+    "a server's advice stretches its idle clients' keepalive pings to its budget; without it they "
+    "keep their own interval",
+    "[server_domain]") {
+  const bool advice = GENERATE(false, true);
+  INFO((advice ? "budget 1 ping a second: 4 connections asked for 4 s each" : "no advice"));
+  zrpc::ServerOptions server_options;
+  server_options.idle_keepalive_budget = advice ? 1 : 0;
+  zrpc::ChannelOptions channel_options;
+  channel_options.connections = 4;
+  channel_options.keepalive_interval = absl::Milliseconds(100);
+  channel_options.idle_keepalive_interval = absl::Milliseconds(200);
+  Runtime rt(FakeDevice(), server_options, channel_options);
+  REQUIRE(rt.channel->Connect(absl::Now() + absl::Seconds(10)).ok());
+  REQUIRE(Eventually([&] { return rt.server->stats().connections_open == 4; }));
+  // Each connection's first ping comes within 200 ms, and the answers ask for 4 s from then on
+  // (or for 1 to 3 s, answered while fewer were open: their next ping's answer asks for 4 s).
+  absl::SleepFor(absl::Seconds(2));
+  const uint64_t before = rt.server->stats().keepalives_answered;
+  absl::SleepFor(absl::Seconds(3));
+  const uint64_t pings = rt.server->stats().keepalives_answered - before;
+  INFO(pings << " pings answered in 3 s");
+  if (advice) {
+    CHECK(pings <= 6);  // at most one per connection: 4 s x 3/4 is past the 3 s looked at
+  } else {
+    // One per pass after 150 to 200 ms each (passes every 100 ms): about 40 on an idle host.
+    CHECK(pings >= 16);
+  }
+  CHECK(rt.channel->stats().connections_lost == 0);
+}
