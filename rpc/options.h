@@ -114,7 +114,8 @@ struct ChannelOptions : RuntimeOptions {
   absl::Duration idle_keepalive_interval = absl::Seconds(20);
   // The longest idle interval a server's advice (ServerOptions::idle_keepalive_budget) may make
   // this side wait between checks of an idle connection: a server cannot talk a client out of
-  // noticing that it vanished for longer than this.
+  // noticing that it vanished for longer than this. At or below idle_keepalive_interval, the
+  // advice is ignored.
   absl::Duration max_idle_keepalive_interval = absl::Minutes(10);
 };
 

@@ -458,5 +458,7 @@ TEST_CASE(
     // One per pass after 150 to 200 ms each (passes every 100 ms): about 40 on an idle host.
     CHECK(pings >= 16);
   }
+  // Every connection was checked (the first round, within 200 ms of its start), advice or not.
+  CHECK(rt.server->stats().keepalives_answered >= 4);
   CHECK(rt.channel->stats().connections_lost == 0);
 }
