@@ -518,13 +518,8 @@ int Poller::PollCq() {
         stashed_.push_back(connection->shared_from_this());
       }
     } else if (srq_ != nullptr) {
-      // Receives of the shared queue that came for a connection already gone: their slots were
-      // taken from the queue for it, and nobody else will give them back.
-      for (int k = i; k < end; ++k) {
-        if (IsSharedReceiveId(wcs[k].wr_id)) {
-          static_cast<void>(slot_cache_.Free(WorkRequestIndex(wcs[k].wr_id)));
-        }
-      }
+      // Completions of a connection already gone: nobody else will give their slots back.
+      FreeSharedReceiveSlots(absl::MakeConstSpan(&wcs[i], static_cast<size_t>(end - i)));
     }
     i = end;
   }
@@ -572,12 +567,16 @@ void Poller::HandleCmEvents(bool queue) {
   if (queued) Wake();
 }
 
-void Poller::DropStash(Connection& connection) {
-  for (const ibv_wc& wc : connection.stash_) {
-    // A shared queue's receive carries a slot the queue handed on (TakeSharedReceives): back.
-    if (IsSharedReceiveId(wc.wr_id))
+void Poller::FreeSharedReceiveSlots(absl::Span<const ibv_wc> wcs) {
+  for (const ibv_wc& wc : wcs) {
+    if (IsSharedReceiveId(wc.wr_id)) {
       static_cast<void>(slot_cache_.Free(WorkRequestIndex(wc.wr_id)));
+    }
   }
+}
+
+void Poller::DropStash(Connection& connection) {
+  FreeSharedReceiveSlots(connection.stash_);
   connection.stash_.clear();
   connection.stash_listed_ = false;
 }

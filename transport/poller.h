@@ -74,6 +74,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "transport/completion_budget.h"
 #include "transport/device.h"
 #include "transport/options.h"
@@ -197,6 +198,10 @@ class Poller {
   // Connections whose completions waited because another thread held their domain for a
   // moment (Connection::OnCompletions): tried again on every pass. False when none is left.
   bool RetryStashed();
+  // Gives back the slots of the shared queue's receives among `wcs`, completions that will not be
+  // handled: each carries a slot the queue handed on (TakeSharedReceives), which nobody else
+  // frees.
+  void FreeSharedReceiveSlots(absl::Span<const ibv_wc> wcs);
   // Forgets a stashed connection's completions, unhandled, and its place in the list (the
   // caller's to remove): for a connection gone, once the loop has ended.
   void DropStash(Connection& connection);

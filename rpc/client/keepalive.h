@@ -137,7 +137,6 @@ class KeepaliveSchedule {
   // The idle interval in force: the channel's, or the server's when it asked for longer, at most
   // the channel's ceiling (never below the channel's own).
   static absl::Duration IdleInterval(const KeepalivePass& pass, absl::Duration server_interval) {
-    if (server_interval <= pass.idle_interval) return pass.idle_interval;
     return std::max(pass.idle_interval, std::min(server_interval, pass.max_idle_interval));
   }
 
