@@ -42,13 +42,14 @@ struct RuntimeOptions {
   absl::Duration spin = absl::Microseconds(50);
   // Receives of one queue that every connection of a poller shares (transport/
   // shared_receive_queue.h), or 0 (the default, for now) for each connection's own. With it an
-  // idle connection keeps no receive posted: each poller's queue holds this many pool slots,
-  // and a poller takes connections while the windows they grant their peers (the connection
-  // options' recv_credits, 32 by default) sum to at most this many; a server lowers its
-  // admission limit to match. At least one window (a server) or a window for each of the
-  // connections a channel puts on a poller (connections / pollers, rounded up), or creating the
-  // server or channel fails; at most half a poller's completion queue, and the device's
-  // max_srq_wr.
+  // idle connection keeps no receive posted: each poller's queue holds this many pool slots, the
+  // windows its connections grant their peers are claims on them that never sum to more (each
+  // from a floor, the connection options' idle_recv_credits, 3 by default, up to recv_credits,
+  // 32, while its peer uses it: transport/credits.h), and a poller takes connections while their
+  // floors fit; a server lowers its admission limit to match. At least one floor (a server) or a
+  // floor for each of the connections a channel puts on a poller (connections / pollers, rounded
+  // up), or creating the server or channel fails; at most half a poller's completion queue, and
+  // the device's max_srq_wr.
   uint32_t shared_receive_queue = 0;
   // The device's registered message slots, shared with the process's other servers and
   // channels that ask for the same: slot_size bounds the largest message (request or response,

@@ -226,9 +226,10 @@ struct ConnectionStats {
   uint64_t messages_received = 0;
   uint64_t bulk_received = 0;
   uint64_t credit_frames_sent = 0;
-  uint64_t waited = 0;              // operations that had to wait for credits, space or queue
-  uint32_t max_credits_in_use = 0;  // never above the peer's recv_credits
-  uint32_t peer_recv_credits = 0;
+  uint64_t waited = 0;                 // operations that had to wait for credits, space or queue
+  uint32_t max_credits_in_use = 0;     // never above the peer's max_recv_credits
+  uint32_t peer_recv_credits = 0;      // the peer's initial window
+  uint32_t peer_max_recv_credits = 0;  // the most its window may reach (credits.h)
   // Bytes of this side's arena held by payloads the application has not released yet: while
   // the peer's next payload does not fit, everything the peer sends after it waits.
   uint32_t arena_in_use = 0;
@@ -637,6 +638,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return sq_drained_ && recvs_posted_ == 0 && LeftPending() == 0;
   }
   uint32_t qp_num() const { return qp_num_; }
+  // The window the peer starts with: the floor of an elastic one (credits.h), else all of it.
+  uint32_t initial_window() const {
+    return shared_receives_ ? options_.idle_recv_credits : options_.recv_credits;
+  }
   uint32_t cq_entries() const { return CqEntriesFor(options_, shared_receives_); }
   uint32_t cq_entries_reserved() const { return CqEntriesReservedFor(options_, shared_receives_); }
   // Whether a send may be posted now: a send-queue entry is free, and a completion-queue entry
@@ -733,7 +738,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // (kHeld) or kNoSlot (kIdle), and recv_free_ the indices free for the next (at most
   // recv_credits messages are held at once: each took a credit, returned on its Release).
   // early_shared_: the shared queue's receives that came before the handshake ended, which a
-  // peer keeping to its window cannot send more of than recv_credits.
+  // peer keeping to its window cannot send more of than initial_window(). receive_share_: what
+  // the window claims of the shared queue's budget (the poller opens it at Register and closes
+  // it at Unregister; credits_ grows and shrinks it between).
   enum class RecvState : uint8_t { kPosted, kHeld, kIdle };
   std::vector<uint32_t> recv_slots_;
   const bool shared_receives_;
@@ -741,6 +748,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // (the application's bug) is refused rather than giving back a newer message's slot.
   Ring<uint32_t> recv_free_ ABSL_GUARDED_BY(domain_);
   uint32_t early_shared_ ABSL_GUARDED_BY(domain_) = 0;
+  ReceiveShare receive_share_;
   // A slot of the connection's own for credit frames, and whether one is in flight from it.
   uint32_t control_slot_ = SlotPool::kNoSlot;
   bool control_busy_ ABSL_GUARDED_BY(domain_) = false;

@@ -267,7 +267,7 @@ void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
   }
   for (const ibv_wc& wc : wcs) {
     if (state_ == State::kConnecting && shared_receives_ && IsSharedReceiveId(wc.wr_id) &&
-        ++early_shared_ > options_.recv_credits) {
+        ++early_shared_ > initial_window()) {
       // Past its window before the handshake ended: the shared queue's receives are every
       // connection's, and this peer's are not kept while nothing checks its credits. The
       // connection fails once the handshake is done (HandleEarlyLocked).
@@ -1167,10 +1167,10 @@ void Connection::ReplayEarly() {
 }
 
 void Connection::HandleEarlyLocked(Events& events) {
-  if (early_shared_ > options_.recv_credits) {
+  if (early_shared_ > initial_window()) {
     FailLocked(absl::FailedPreconditionError(
         absl::StrCat("peer sent beyond its credits (", early_shared_, " frames for ",
-                     options_.recv_credits, " credits) before the handshake ended")));
+                     initial_window(), " credits) before the handshake ended")));
   }
   early_shared_ = 0;  // counted before the handshake only
   while (!early_.empty()) {

@@ -28,6 +28,11 @@ absl::Status Connection::ValidateOptions(const ConnectionOptions& o, const Devic
                                                    kMinCredits, ", ",
                                                    std::min(max_wr - 1, kMaxCredits), "]"));
   }
+  if (o.idle_recv_credits < kMinCredits || o.idle_recv_credits > o.recv_credits) {
+    return absl::InvalidArgumentError(absl::StrCat("idle_recv_credits ", o.idle_recv_credits,
+                                                   " is not in [", kMinCredits, ", recv_credits (",
+                                                   o.recv_credits, ")]"));
+  }
   if (o.send_queue_depth < 2 * kSignalInterval || o.send_queue_depth >= max_wr) {
     return absl::InvalidArgumentError(absl::StrCat("send_queue_depth ", o.send_queue_depth,
                                                    " is not in [", 2 * kSignalInterval, ", ",
@@ -187,7 +192,8 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
 
 Hello Connection::OwnHello() const {
   Hello hello;
-  hello.recv_credits = options_.recv_credits;
+  hello.recv_credits = initial_window();
+  hello.max_recv_credits = options_.recv_credits;
   hello.recv_size = static_cast<uint32_t>(device_.slots().slot_size());
   if (arena_mr_ != nullptr) {
     hello.arena_addr = reinterpret_cast<uintptr_t>(arena_.get());
@@ -202,9 +208,12 @@ void Connection::AcceptHello(const Hello& peer) {
   // finished (it only queues them then).
   EnterWaiting();
   peer_ = peer;
-  credits_ = CreditAccount(peer.recv_credits, options_.recv_credits);
+  credits_ = CreditAccount(peer.recv_credits, peer.max_recv_credits,
+                           OwnWindow{initial_window(), options_.recv_credits,
+                                     shared_receives_ ? &receive_share_ : nullptr});
   arena_writer_ = ArenaWriter(peer.arena_size);
   stats_.peer_recv_credits = peer.recv_credits;
+  stats_.peer_max_recv_credits = peer.max_recv_credits;
   max_message_ = static_cast<uint32_t>(
       std::min<size_t>(device_.slots().slot_size(), peer.recv_size) - FrameHeader::kSize);
   write_wr_.wr.rdma.rkey = peer.arena_rkey;

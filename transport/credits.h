@@ -1,26 +1,48 @@
 // Credit flow control for one connection: never more SENDs in flight than RECVs the peer posted.
 //
 // A credit is one RECV the peer has posted that this side has not consumed yet. The peer's Hello
-// grants `recv_credits` of them (its receive window W). Every SEND and every WRITE_WITH_IMM
-// consumes one at the peer, so each spends one here. When the peer's application is done with a
-// received message, the peer re-posts the RECV and owes this side a credit; it returns owed
-// credits in the `credits` field of the next frame it sends (wire.h), so in steady two-way
-// traffic credits cost nothing extra. A side that has nothing to send returns them in an explicit
-// credit frame once it owes T = W/2 for data it received.
+// grants `recv_credits` of them (its receive window W), and says how many it may ever grant at
+// once (`max_recv_credits`). Every SEND and every WRITE_WITH_IMM consumes one at the peer, so each
+// spends one here. When the peer's application is done with a received message, the peer
+// re-posts the RECV and owes this side a credit; it returns owed credits in the `credits` field
+// of the next frame it sends (wire.h), so in steady two-way traffic credits cost nothing extra. A
+// side that has nothing to send returns them in an explicit credit frame once it owes T =
+// max(2, W/2), counting the RECVs that data and credit frames consumed alike.
+//
+// Elastic windows. With a poller's shared receive queue, W is not fixed: the receiver holds a
+// claim of W receives on the queue's budget (receive_budget.h), starting at a floor F
+// (ConnectionOptions::idle_recv_credits). When a message leaves the peer with fewer than two
+// credits it could spend on data, the receiver takes a quarter of W more (at least one, up to
+// recv_credits) from the budget and owes them, in a credit frame at once if nothing else carries
+// them (the peer may be waiting for them); when a released RECV finds the peer holding two
+// credits plus half the window or more unused, or the budget low, the receiver keeps that credit
+// back and gives the receive to the budget instead (W shrinks by one, never below F). The gap
+// between the two keeps a steady flow from growing and shrinking in turn: a connection with k
+// messages in flight settles between about k + 2 and 2k + 4 (one call at a time: F or F + 1,
+// as the peer's answer goes before or after its request's release), and any window comes back to
+// F as its messages are released while the budget is low. The window counts the peer's credits
+// (in its hands or on the wire), the messages this side holds and the credits it owes, so the
+// budget backs every credit the peer can spend, and held messages are bounded by W too. A window
+// shrinks only as its peer's messages come and go: one that went quiet large keeps its claim
+// until it is used again or closed (taking credits back from a silent peer would need it to
+// answer).
 //
 // Deadlock freedom. A credit frame itself consumes a RECV, so two rules keep credits from
 // running out on both sides at once:
 //  - the last credit is reserved for credit frames: data needs two available, a credit frame one;
-//  - a RECV consumed by a credit frame is owed like any other, and T of them make a credit frame
-//    due too (a side that only writes bulk payloads sends no data frames, so without this it
-//    would never return the credits its reader spends on credit frames). One credit frame per T
-//    received means an exchange of credit frames between idle peers shrinks by a factor of T each
-//    round and stops, instead of bouncing forever.
-// Then a side stuck with one credit has W-1 credits at its peer, held by the peer's application
-// (legitimate back-pressure) or owed. The peer owes at most T-1 for data and T-1 for credit
-// frames (else it sends a credit frame, for which it has a credit unless it is stuck too, and two
-// sides cannot both be stuck: each one's last credit went into a credit frame that returned T or
-// more to the other). With W >= 4 (DecodeHello insists), 2(T-1) < W-1, so someone can move.
+//  - a RECV consumed by a credit frame is owed like any other (a side that only writes bulk
+//    payloads sends no data frames, so without this it would never return the credits its reader
+//    spends on credit frames). A credit frame returns T >= 2 or more and creates one owed credit at
+//    the other side, so an exchange of credit frames between idle peers loses at least one owed
+//    credit per frame and stops, instead of bouncing forever.
+// Then once this side's application has released what it holds, its peer holds W - owed credits
+// with owed < T (else a credit frame is due); for W >= 3 (DecodeHello insists, and F >= 3) that
+// is two or more, enough for data. A side stuck with one credit thus waits only for its peer's
+// application (legitimate back-pressure) or for a credit frame the peer has a credit to send:
+// two sides cannot both be stuck, since each one's last credit went into a credit frame that
+// returned two or more to the other. Shrinking keeps W >= F >= 3 and growth only adds owed
+// credits, so the argument holds at every W. tests/transport/credits_test runs pairs of peers
+// through these rules, fixed and elastic, over one budget, and checks that they finish.
 // Arena-release reports (arena.h) ride on credit frames only while two credits are available, so
 // they never spend the reserved one.
 //
@@ -31,26 +53,47 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "transport/receive_budget.h"
 
 namespace zrpc::transport {
 
 // The smallest receive window that keeps the credit scheme deadlock-free (see above).
-inline constexpr uint32_t kMinCredits = 4;
+inline constexpr uint32_t kMinCredits = 3;
 // The largest window a peer may claim: what a frame's 16-bit credit field can return at once.
 // A peer that claims more RECVs than it posts only hurts its own connection: this side's SENDs
 // meet receiver-not-ready and the connection fails after a bounded number of retries (cm_util).
 inline constexpr uint32_t kMaxCredits = 65535;
 
+// This side's receive window: fixed (`initial` receives of its own, or of a shared queue's
+// budget it never changes) or elastic (`share` set: from `initial`, its floor, up to `max`).
+struct OwnWindow {
+  uint32_t initial = kMinCredits;
+  uint32_t max = kMinCredits;
+  ReceiveShare* share = nullptr;  // holds `initial` already; null: fixed
+};
+
 class CreditAccount {
  public:
-  // `peer_window`: the peer's Hello.recv_credits. `own_window`: RECVs this side posts.
+  // Fixed windows both ways. `peer_window`: the peer's Hello.recv_credits. `own_window`: RECVs
+  // this side posts.
   CreditAccount(uint32_t peer_window, uint32_t own_window)
-      : peer_window_(peer_window),
+      : CreditAccount(peer_window, peer_window, OwnWindow{own_window, own_window, nullptr}) {}
+  // `peer_window` and `peer_max`: the peer's Hello.recv_credits and max_recv_credits.
+  CreditAccount(uint32_t peer_window, uint32_t peer_max, OwnWindow own)
+      : peer_max_(peer_max),
         available_(peer_window),
-        threshold_(std::max<uint32_t>(1, own_window / 2)),
-        granted_(own_window) {}
+        floor_(own.initial),
+        max_(own.share != nullptr ? own.max : own.initial),
+        window_(own.initial),
+        threshold_(ThresholdFor(own.initial)),
+        share_(own.share),
+        granted_(own.initial) {}
+
+  // ---- Sending: credits for the peer's receives.
 
   // A data SEND or WRITE_WITH_IMM may go: two credits are left (the last is for credit frames).
   bool CanSpendForData() const { return available_ >= 2; }
@@ -58,68 +101,118 @@ class CreditAccount {
   bool TrySpendForData() {
     if (!CanSpendForData()) return false;
     --available_;
+    ++in_use_;
     return true;
   }
   // Spends a credit for a credit frame; false if none is available.
   bool TrySpendForUpdate() {
     if (available_ < 1) return false;
     --available_;
+    ++in_use_;
     return true;
   }
 
-  // The peer returned `n` credits. A protocol error if that is more than were spent.
+  // The peer returned `n` credits. A protocol error if that would leave this side more than the
+  // peer's Hello said it may ever grant.
   absl::Status OnReturned(uint32_t n) {
-    if (n > peer_window_ - available_) {
-      return absl::FailedPreconditionError(absl::StrCat("peer returned ", n, " credits while only ",
-                                                        peer_window_ - available_, " were in use"));
-    }
+    if (ABSL_PREDICT_FALSE(n > peer_max_ - available_)) return ReturnedTooMany(n);
     available_ += n;
+    in_use_ = n < in_use_ ? in_use_ - n : 0;
     return absl::OkStatus();
   }
 
+  // ---- Receiving: the peer's credits for this side's receives.
+
   // The peer's frame or bulk WRITE consumed one of this side's RECVs. A protocol error when the
-  // peer had no credit for it: it may spend the own_window credits it started with plus those
-  // returned to it (TakeOwed), never more. Without this check a peer could keep sending into
-  // RECVs re-posted before their credit went back, and hold this side to no window at all.
+  // peer had no credit for it: it may spend the window it started with plus the credits returned
+  // to it (TakeOwed), never more. Without this check a peer could keep sending into RECVs
+  // re-posted before their credit went back, and hold this side to no window at all. An elastic
+  // window grows here when the peer is left unable to send data.
   absl::Status OnConsumed() {
-    if (++consumed_ > granted_) {
-      return absl::FailedPreconditionError(absl::StrCat("peer sent beyond its credits (", consumed_,
-                                                        " frames for ", granted_, " credits)"));
-    }
+    if (ABSL_PREDICT_FALSE(++consumed_ > granted_)) return ConsumedTooMany();
+    if (share_ != nullptr && granted_ - consumed_ < 2 && window_ < max_) Grow();
     return absl::OkStatus();
   }
 
   // This side re-posted a RECV that a data frame or a bulk WRITE consumed / that a credit frame
-  // consumed.
-  void OnDataRecvReposted() { ++owed_data_; }
-  void OnUpdateRecvReposted() { ++owed_update_; }
+  // consumed (the two count alike). An elastic window may keep the credit back instead.
+  void OnDataRecvReposted() { OnRecvReposted(); }
+  void OnUpdateRecvReposted() { OnRecvReposted(); }
 
-  // Whether an explicit credit frame is due (and one credit is there to send it).
+  // Whether an explicit credit frame is due (and one credit is there to send it): T owed, or
+  // credits the window just grew by, which the peer is waiting for (not with the reserved credit:
+  // that one only goes into frames returning T or more, as the deadlock argument needs).
   bool ShouldSendUpdate() const {
-    return (owed_data_ >= threshold_ || owed_update_ >= threshold_) && available_ >= 1;
+    return (owed_ >= threshold_ && available_ >= 1) || (grew_ && available_ >= 2);
   }
 
   // Credits to put in the frame being sent now (at most what the 16-bit field holds); what is
   // taken is no longer owed.
   uint16_t TakeOwed() {
-    uint32_t total = std::min<uint32_t>(owed_data_ + owed_update_, UINT16_MAX);
-    uint32_t from_data = std::min(total, owed_data_);
-    owed_data_ -= from_data;
-    owed_update_ -= total - from_data;
+    const auto total = static_cast<uint32_t>(std::min<uint64_t>(owed_, UINT16_MAX));
+    owed_ -= total;
     granted_ += total;
+    grew_ = false;
     return static_cast<uint16_t>(total);
   }
 
   uint32_t available() const { return available_; }
-  uint32_t in_flight() const { return peer_window_ - available_; }
-  uint32_t owed() const { return owed_data_ + owed_update_; }
+  // Credits spent and not yet returned (a peer growing its window returns more than were spent).
+  uint32_t in_flight() const { return in_use_; }
+  uint64_t owed() const { return owed_; }
+  // This side's window: the receives its peer may hold credits for, the messages it holds and
+  // what it owes.
+  uint32_t window() const { return window_; }
 
  private:
-  uint32_t peer_window_;
+  static uint32_t ThresholdFor(uint32_t window) { return std::max<uint32_t>(2, window / 2); }
+  void OnRecvReposted() {
+    // The peer's credits, in its hands or on the wire, beyond the two it needs for data: kept
+    // back once they are half the window. The margin keeps this apart from growth (which starts
+    // below two), so a steady flow settles instead of growing and shrinking in turn.
+    if (share_ != nullptr && window_ > floor_ &&
+        (2 * (granted_ - consumed_) >= window_ + 4 || share_->low()) && Shrink()) {
+      return;
+    }
+    ++owed_;
+  }
+  // The rare paths, out of line so that the common ones stay small enough to inline.
+  ABSL_ATTRIBUTE_NOINLINE absl::Status ReturnedTooMany(uint32_t n) const {
+    return absl::FailedPreconditionError(
+        absl::StrCat("peer returned ", n, " credits while this side held ", available_, " of the ",
+                     peer_max_, " its window may reach"));
+  }
+  ABSL_ATTRIBUTE_NOINLINE absl::Status ConsumedTooMany() const {
+    return absl::FailedPreconditionError(absl::StrCat("peer sent beyond its credits (", consumed_,
+                                                      " frames for ", granted_, " credits)"));
+  }
+  ABSL_ATTRIBUTE_NOINLINE void Grow() {
+    const uint32_t more =
+        share_->Grow(std::min(std::max<uint32_t>(1, window_ / 4), max_ - window_));
+    window_ += more;
+    threshold_ = ThresholdFor(window_);
+    owed_ += more;
+    grew_ = more > 0;
+  }
+  // Gives the released receive back to the budget instead of owing it; false once the share is
+  // closed.
+  ABSL_ATTRIBUTE_NOINLINE bool Shrink() {
+    if (!share_->GiveOne()) return false;
+    --window_;
+    threshold_ = ThresholdFor(window_);
+    return true;
+  }
+
+  uint32_t peer_max_;
   uint32_t available_;
+  uint32_t in_use_ = 0;
+  uint32_t floor_;
+  uint32_t max_;
+  uint32_t window_;
   uint32_t threshold_;
-  uint32_t owed_data_ = 0;
-  uint32_t owed_update_ = 0;
+  bool grew_ = false;  // owed_ holds credits the window grew by, not sent yet
+  ReceiveShare* share_;
+  uint64_t owed_ = 0;
   // Credits given to the peer (its initial window plus every credit returned in a frame) and
   // RECVs its traffic consumed; consumed_ <= granted_ for a peer that keeps to its credits.
   uint64_t granted_;

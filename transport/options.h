@@ -20,9 +20,14 @@ namespace zrpc::transport {
 // the figures).
 struct ConnectionOptions {
   // RECVs kept posted for the peer: its credits, so the messages it may have in flight. At
-  // least kMinCredits. Each holds a pool slot for the connection's lifetime (with the poller's
-  // shared receive queue: the queue holds them, and the connection only the messages it holds).
+  // least kMinCredits. Each holds a pool slot for the connection's lifetime. With the poller's
+  // shared receive queue the queue holds them, the connection only the messages it holds, and
+  // this is the most its window grows to (credits.h, "Elastic windows").
   uint32_t recv_credits = 32;
+  // With the poller's shared receive queue: the window the connection starts with and shrinks
+  // back to when idle, its floor, which the poller reserves of its queue at admission. In
+  // [kMinCredits (3), recv_credits]. Without a shared queue the window is recv_credits, fixed.
+  uint32_t idle_recv_credits = 3;
   // Send queue entries. Must be at least 2 * kSignalInterval so selective signalling frees
   // entries before the queue fills.
   uint32_t send_queue_depth = 64;
@@ -67,8 +72,9 @@ struct PollerOptions {
   absl::Duration spin = absl::Microseconds(50);
   // Receives of one queue shared by every connection on the poller (shared_receive_queue.h), or 0
   // for a receive queue per connection. With it an idle connection keeps no receive posted: the
-  // queue's receives hold this many pool slots for the poller's lifetime, and the poller admits a
-  // connection only while its connections' windows (recv_credits) sum to at most this many. Its
+  // queue's receives hold this many pool slots for the poller's lifetime, its connections'
+  // windows are claims on them that never sum to more (receive_budget.h), and the poller admits
+  // a connection while its floor (idle_recv_credits) fits beside the others' windows. Its
   // completion-queue entries are reserved once, and a connection then reserves only its send
   // queue's. At most the device's max_srq_wr and half of cq_size (as the device caps it).
   uint32_t shared_receive_queue = 0;

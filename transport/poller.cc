@@ -187,7 +187,12 @@ void Poller::UnreserveLocked(Connection& connection) {
   // An exchange: a connection that goes on running in its domain afterwards (a task left
   // there) must find no grant left to give back a second time.
   cq_budget_.Give(reserved + connection.cq_granted_.exchange(0, std::memory_order_acq_rel));
-  if (srq_ != nullptr) srq_->Unreserve(connection.options_.recv_credits);
+  // What its window claims of the shared queue, however much it has grown (an exchange too).
+  connection.receive_share_.Close();
+}
+
+uint32_t Poller::shared_receives_claimed() const {
+  return srq_ != nullptr ? srq_->budget().claimed() : 0;
 }
 
 uint64_t Poller::Capacity(const ConnectionOptions& options) const {
@@ -195,8 +200,8 @@ uint64_t Poller::Capacity(const ConnectionOptions& options) const {
   uint64_t connections = static_cast<uint64_t>(cq_budget_.entries() - cq_budget_.grant_floor()) /
                          CqEntriesReservedFor(options, shared);
   if (shared) {
-    const uint32_t window = std::max<uint32_t>(options.recv_credits, 1);
-    connections = std::min<uint64_t>(connections, srq_->size() / window);
+    const uint32_t floor = std::max<uint32_t>(options.idle_recv_credits, 1);
+    connections = std::min<uint64_t>(connections, srq_->size() / floor);
   }
   return connections;
 }
@@ -212,11 +217,12 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
                        cq_budget_.reserved(), " of ", cq_capacity_, " reserved, ",
                        cq_budget_.grant_floor(), " kept for sends; use another poller"));
     }
-    if (srq_ != nullptr && !srq_->Reserve(connection->options_.recv_credits)) {
+    const uint32_t floor = connection->options_.idle_recv_credits;
+    if (srq_ != nullptr && !srq_->budget().Take(floor)) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the poller's shared receive queue (", srq_->size(), " receives, ", srq_->reserved(),
-          " granted to its connections) cannot back a connection's window of ",
-          connection->options_.recv_credits, "; use another poller"));
+          "the poller's shared receive queue (", srq_->size(), " receives, ",
+          srq_->budget().claimed(), " claimed by its connections' windows) cannot back a floor of ",
+          floor, "; use another poller"));
     }
     cq_budget_.Reserve(reserved);
   }
@@ -237,11 +243,14 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
   absl::MutexLock lock(&mu_);
   if (!taken) {
     cq_budget_.Unreserve(reserved);
-    if (srq_ != nullptr) srq_->Unreserve(connection->options_.recv_credits);
+    if (srq_ != nullptr) srq_->budget().Give(connection->options_.idle_recv_credits);
     return absl::ResourceExhaustedError(
         absl::StrCat("completion queue: ", reserved,
                      " entries not free (its connections' sends hold them; waited ",
                      looping_.load() && !OnPollerThread() ? "100 ms)" : "not: no loop to ask)"));
+  }
+  if (srq_ != nullptr) {
+    connection->receive_share_.Open(&srq_->budget(), connection->options_.idle_recv_credits);
   }
   connections_[connection->qp_num()] = connection;
   generation_.fetch_add(1, std::memory_order_release);

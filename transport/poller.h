@@ -143,6 +143,9 @@ class Poller {
   // With a shared receive queue: its receives posted now (the queue's size but for a moment
   // after completions, or while the slot pool is exhausted); 0 without one. Any thread.
   uint32_t shared_receives_posted() const { return shared_posted_.load(std::memory_order_relaxed); }
+  // With a shared receive queue: its receives its connections' windows claim now (their floors
+  // and what they grew by: receive_budget.h), never more than its size; 0 without one.
+  uint32_t shared_receives_claimed() const;
   // Event mode: how long the loop polled, or will poll, in its latest idle stretch before
   // sleeping (adaptive_spin.h; at most PollerOptions::spin, zero while traffic is sparser than
   // it). Zero in busy mode and before the first idle stretch.

@@ -15,17 +15,16 @@
 // The queue thus always has `size` receives posted, apart from those completed in the pass being
 // handled and entries waiting for a slot when the pool is exhausted (Refill).
 //
-// Credits. A connection still grants its peer a window of receives (ConnectionOptions::
-// recv_credits, credits.h); with the queue those receives are the queue's, and the poller admits
-// a connection only while the windows of its connections sum to at most `size` (Reserve). Every
-// grant is then backed by a posted receive, so a peer that keeps to its credits never meets
-// receiver-not-ready. One that overruns them is cut off at its first excess message
-// (CreditAccount::OnConsumed; before the handshake has ended, at the first past its window),
-// but until its poller has seen that message, the messages it sent on take receives of the
-// queue that other connections' peers may then find missing for a moment: they meet
-// receiver-not-ready and retry, kRnrRetryCount times (cm_util.h), while the poller posts the
-// queue full again; a connection whose retries run out fails. A grant of credits from a shared
-// budget (issue 35) will also bound this burst.
+// Credits. A connection still grants its peer a window of receives (credits.h); with the queue
+// those receives are the queue's: each window is a claim on the queue's budget (receive_budget.h),
+// a floor taken at admission (ConnectionOptions::idle_recv_credits) and more while the peer uses
+// it, and the claims never sum to more than `size`. Every grant is then backed by a posted
+// receive, so a peer that keeps to its credits never meets receiver-not-ready. One that overruns
+// them is cut off at its first excess message (CreditAccount::OnConsumed; before the handshake has
+// ended, at the first past its window), but until its poller has seen that message, the messages it
+// sent on take receives of the queue that other connections' peers may then find missing for a
+// moment: they meet receiver-not-ready and retry, kRnrRetryCount times (cm_util.h), while the
+// poller posts the queue full again; a connection whose retries run out fails.
 //
 // Teardown. A queue pair attached to the queue owns no receive: when it fails, nothing of the
 // queue is flushed or lost, and a completion of its that the poller meets after the connection
@@ -50,7 +49,7 @@
 // Size max_slots for the queues, the windows held and the sends (max_send_slots per connection).
 //
 // Threads: the thread running the poller's passes only (its loop, or RunOnce's caller once the
-// loop has stopped), after creation; Reserve and Unreserve under the poller's lock.
+// loop has stopped), after creation; budget() from any thread.
 #ifndef ZRPC_TRANSPORT_SHARED_RECEIVE_QUEUE_H_
 #define ZRPC_TRANSPORT_SHARED_RECEIVE_QUEUE_H_
 
@@ -63,6 +62,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "transport/device.h"
+#include "transport/receive_budget.h"
 #include "transport/slot_pool.h"
 #include "transport/verbs_owners.h"
 
@@ -119,19 +119,12 @@ class SharedReceiveQueue {
   // Refills that found the pool empty for at least one entry.
   uint64_t starved() const { return starved_; }
 
-  // ---- Admission (the poller's lock).
-  // Reserves a connection's window of `credits` receives: false when the windows would sum to
-  // more than the queue has.
-  bool Reserve(uint32_t credits) {
-    if (uint64_t{reserved_} + credits > size_) return false;
-    reserved_ += credits;
-    return true;
-  }
-  void Unreserve(uint32_t credits) { reserved_ -= credits; }
-  uint32_t reserved() const { return reserved_; }
+  // The queue's receives as credits its connections' windows claim (any thread).
+  ReceiveBudget& budget() { return budget_; }
+  const ReceiveBudget& budget() const { return budget_; }
 
  private:
-  SharedReceiveQueue(SlotPool& pool, uint32_t size) : pool_(pool), size_(size) {}
+  SharedReceiveQueue(SlotPool& pool, uint32_t size) : pool_(pool), size_(size), budget_(size) {}
   // Entry `entry` holds `slot` from now on, and goes in the chain Post posts.
   void Chain(uint32_t entry, uint32_t slot) {
     slots_[entry] = slot;
@@ -160,7 +153,7 @@ class SharedReceiveQueue {
   std::vector<uint32_t> unposted_;  // entries the pool had no slot for
   uint64_t starved_ = 0;
   int64_t retry_at_ns_ = 0;  // RefillSlow's next try after it found the pool empty
-  uint32_t reserved_ = 0;
+  ReceiveBudget budget_;
   SrqOwner srq_;
 };
 

@@ -18,7 +18,7 @@ absl::Status Refuse(absl::string_view why) {
 bool Hello::operator==(const Hello& o) const {
   return version == o.version && flags == o.flags && recv_credits == o.recv_credits &&
          recv_size == o.recv_size && arena_addr == o.arena_addr && arena_rkey == o.arena_rkey &&
-         arena_size == o.arena_size;
+         arena_size == o.arena_size && max_recv_credits == o.max_recv_credits;
 }
 
 void EncodeHello(const Hello& h, uint8_t* out) {
@@ -30,6 +30,7 @@ void EncodeHello(const Hello& h, uint8_t* out) {
   PutLe<uint64_t>(out + 16, h.arena_addr);
   PutLe<uint32_t>(out + 24, h.arena_rkey);
   PutLe<uint32_t>(out + 28, h.arena_size);
+  PutLe<uint32_t>(out + 32, h.max_recv_credits);
 }
 
 absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
@@ -52,6 +53,7 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
   h.arena_addr = GetLe<uint64_t>(in + 16);
   h.arena_rkey = GetLe<uint32_t>(in + 24);
   h.arena_size = GetLe<uint32_t>(in + 28);
+  h.max_recv_credits = GetLe<uint32_t>(in + 32);
   if (h.version != kWireVersion) {
     return Refuse(
         absl::StrCat("peer speaks wire version ", h.version, ", this build speaks ", kWireVersion));
@@ -61,6 +63,11 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
   if (h.recv_credits < kMinCredits || h.recv_credits > kMaxCredits) {
     return Refuse(absl::StrCat("peer offers ", h.recv_credits, " receive credits, not in [",
                                kMinCredits, ", ", kMaxCredits, "]"));
+  }
+  if (h.max_recv_credits < h.recv_credits || h.max_recv_credits > kMaxCredits) {
+    return Refuse(absl::StrCat("peer's window may reach ", h.max_recv_credits,
+                               " receive credits, not in [", h.recv_credits, ", ", kMaxCredits,
+                               "]"));
   }
   if (h.recv_size < FrameHeader::kSize) {
     return Refuse(absl::StrCat("peer's receive size ", h.recv_size, " cannot hold a frame header"));

@@ -2,23 +2,28 @@
 //
 // Three things cross the wire, and nothing else:
 //
-// 1. Hello (32 bytes), in the private data of the librdmacm connect request and of the accept
+// 1. Hello (36 bytes), in the private data of the librdmacm connect request and of the accept
 //    reply. Each side tells the other how to send to it:
 //
 //      offset size field
 //       0     4    magic        0x5a525043 ("ZRPC" read as a little-endian u32)
 //       4     2    version      kWireVersion; a peer with another version is refused
 //       6     2    flags        0; reserved for feature bits, must be zero in version 2
-//       8     4    recv_credits RECVs the sender of this Hello has posted: how many SENDs and
-//                               WRITE_WITH_IMMs the peer may have in flight before credits return
+//       8     4    recv_credits RECVs the sender of this Hello has posted for the peer: how many
+//                               SENDs and WRITE_WITH_IMMs the peer may have in flight before
+//                               credits return (its initial window, at least 3)
 //      12     4    recv_size    bytes each of those RECVs holds: the largest SEND it accepts
 //      16     8    arena_addr   virtual address of the receive arena the peer may RDMA WRITE into
 //      24     4    arena_rkey   its rkey (REMOTE_WRITE only)
 //      28     4    arena_size   its size in bytes (0: no arena, bulk payloads are refused)
+//      32     4    max_recv_credits  the most credits the sender of this Hello may ever have
+//                               granted at once (>= recv_credits): a receiver whose window is
+//                               elastic (credits.h) returns more credits than were spent while it
+//                               grows it, and fewer while it shrinks it; equal for a fixed window
 //
 //    All integers are little-endian, encoded byte by byte (never by memcpy of a struct), so the
 //    format does not depend on the compiler's layout. The InfiniBand CM carries at most 56 bytes
-//    in a connect request (RDMA_PS_TCP); Hello leaves 24 spare for later versions. A refusal
+//    in a connect request (RDMA_PS_TCP); Hello leaves 20 spare for later versions. A refusal
 //    (rdma_reject) carries a short text saying why, so the connecting side can say it too.
 //
 // 2. Frames: every SEND starts with an 8-byte FrameHeader, followed by the caller's payload:
@@ -48,9 +53,9 @@
 namespace zrpc::transport {
 
 inline constexpr uint32_t kWireMagic = 0x5a525043;  // "ZRPC"
-// 2: the RPC layer's pulled payloads, 3: large bodies, 4: streams (rpc/WIRE.md); the
-// transport's own format is unchanged since 1.
-inline constexpr uint16_t kWireVersion = 4;
+// 2: the RPC layer's pulled payloads, 3: large bodies, 4: streams (rpc/WIRE.md); 5: elastic
+// receive windows (Hello.max_recv_credits, credits.h).
+inline constexpr uint16_t kWireVersion = 5;
 // What librdmacm lets a connect request carry (RDMA_PS_TCP over the IB CM).
 inline constexpr size_t kMaxConnectPrivateData = 56;
 
@@ -62,8 +67,9 @@ struct Hello {
   uint64_t arena_addr = 0;
   uint32_t arena_rkey = 0;
   uint32_t arena_size = 0;
+  uint32_t max_recv_credits = 0;
 
-  static constexpr size_t kSize = 32;
+  static constexpr size_t kSize = 36;
   bool operator==(const Hello& other) const;
 };
 

@@ -188,11 +188,11 @@ absl::Status ChannelImpl::Init() {
         " of the channel's connections but has room for ", fits,
         options_.shared_receive_queue > 0
             ? absl::StrCat(" (its shared_receive_queue of ", options_.shared_receive_queue,
-                           " receives backs ", fits, " windows of connection.recv_credits = ",
-                           options_.connection.recv_credits, ")")
+                           " receives backs ", fits, " floors of connection.idle_recv_credits = ",
+                           options_.connection.idle_recv_credits, ")")
             : " (its completion queue's entries)",
         "; raise shared_receive_queue or pollers, or lower connections or "
-        "connection.recv_credits"));
+        "connection.idle_recv_credits"));
   }
   for (int i = 0; i < options_.connections; ++i) {
     subchannels_.push_back(std::make_unique<Subchannel>(*this, target_, host_, port_, options_,

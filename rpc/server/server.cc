@@ -64,8 +64,8 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
         "ServerOptions: the pollers have room for no connection",
         options.shared_receive_queue > 0
             ? absl::StrCat(": shared_receive_queue is ", options.shared_receive_queue,
-                           ", less than one window of listener.connection.recv_credits = ",
-                           listener.connection.recv_credits)
+                           ", less than one floor of listener.connection.idle_recv_credits = ",
+                           listener.connection.idle_recv_credits)
             : " (their completion queues' entries)"));
   }
   // And within the memory the process may lock: past RLIMIT_MEMLOCK every registration fails, and

@@ -1,4 +1,4 @@
-// Fuzzes DecodeHello (transport/wire.h): the 32 bytes a peer puts in the private data of its
+// Fuzzes DecodeHello (transport/wire.h): the 36 bytes a peer puts in the private data of its
 // connect request or accept reply, parsed before this side trusts the peer with anything.
 //
 // "No crash" alone would miss the bugs that matter here, a rule dropped or loosened by mistake,
@@ -6,10 +6,11 @@
 //  - DecodeHello accepts exactly the inputs that wire.h's table and DecodeHello's comment allow
 //    (restated below from the documentation, not from wire.cc);
 //  - every Hello it accepts obeys the bounds the transport relies on afterwards: credits in
-//    [kMinCredits, kMaxCredits], a RECV that holds a frame header, an arena that is a multiple
-//    of kArenaAlign, at most kMaxArenaSize, and does not wrap the address space;
-//  - an accepted Hello re-encodes (EncodeHello) to the same 32 bytes, so no field is lost;
-//  - bytes past the 32 change nothing, as wire.h promises later versions;
+//    [kMinCredits, kMaxCredits] and a window that may reach at most kMaxCredits, a RECV that holds
+//    a frame header, an arena that is a multiple of kArenaAlign, at most kMaxArenaSize, and does
+//    not wrap the address space;
+//  - an accepted Hello re-encodes (EncodeHello) to the same 36 bytes, so no field is lost;
+//  - bytes past the 36 change nothing, as wire.h promises later versions;
 //  - a refusal is kFailedPrecondition with the "zrpc handshake: " prefix the user sees.
 #include <cstddef>
 #include <cstdint>
@@ -37,6 +38,8 @@ bool Acceptable(const uint8_t* in, size_t size) {
   if (ReadLe(in + 6, 2) != 0) return false;  // no flag bits defined in version 2
   const uint64_t credits = ReadLe(in + 8, 4);
   if (credits < kMinCredits || credits > kMaxCredits) return false;
+  const uint64_t max_credits = ReadLe(in + 32, 4);
+  if (max_credits < credits || max_credits > kMaxCredits) return false;
   if (ReadLe(in + 12, 4) < FrameHeader::kSize) return false;
   const uint64_t addr = ReadLe(in + 16, 8);
   const uint64_t arena_size = ReadLe(in + 28, 4);
@@ -50,6 +53,7 @@ void CheckBounds(const Hello& h) {
   FUZZ_CHECK(h.version == kWireVersion);
   FUZZ_CHECK(h.flags == 0);
   FUZZ_CHECK(h.recv_credits >= kMinCredits && h.recv_credits <= kMaxCredits);
+  FUZZ_CHECK(h.max_recv_credits >= h.recv_credits && h.max_recv_credits <= kMaxCredits);
   FUZZ_CHECK(h.recv_size >= FrameHeader::kSize);
   FUZZ_CHECK(h.arena_size % kArenaAlign == 0);
   FUZZ_CHECK(h.arena_size <= kMaxArenaSize);

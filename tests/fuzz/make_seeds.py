@@ -21,30 +21,35 @@ MAX_ERROR_MESSAGE = 1024
 U64_MAX = (1 << 64) - 1
 
 
-def hello(magic=WIRE_MAGIC, version=4, flags=0, credits=64, recv_size=4096,
-          addr=0x7F0000001000, rkey=0x1234, arena=1 << 20):
-    return struct.pack("<IHHIIQII", magic, version, flags, credits, recv_size, addr, rkey, arena)
+def hello(magic=WIRE_MAGIC, version=5, flags=0, credits=64, recv_size=4096,
+          addr=0x7F0000001000, rkey=0x1234, arena=1 << 20, max_credits=None):
+    max_credits = credits if max_credits is None else max_credits
+    return struct.pack("<IHHIIQIII", magic, version, flags, credits, recv_size, addr, rkey, arena,
+                       max_credits)
 
 
 def hello_seeds():
     valid = hello()
     return {
         "valid_typical": valid,
-        "valid_lower_bounds": hello(credits=4, recv_size=8, addr=0, rkey=0, arena=0),
+        "valid_elastic": hello(credits=3, max_credits=32),
+        "valid_lower_bounds": hello(credits=3, recv_size=8, addr=0, rkey=0, arena=0),
         # The last arena that ends inside the address space, the largest window and RECV.
         "valid_upper_bounds": hello(credits=65535, recv_size=0xFFFFFFFF,
                                     addr=U64_MAX - MAX_ARENA, arena=MAX_ARENA),
         "valid_no_arena_any_addr": hello(addr=U64_MAX, arena=0),
-        "valid_with_later_fields": valid + bytes(range(24)),  # 56 bytes, the CM's limit
+        "valid_with_later_fields": valid + bytes(range(20)),  # 56 bytes, the CM's limit
         "empty": b"",
         "short_magic_only": valid[:3],
-        "truncated_31": valid[:31],
+        "truncated_35": valid[:35],
         "wrong_magic": hello(magic=0x43505A52),
-        "version_3": hello(version=3),  # a peer of the wire before streams
-        "version_5": hello(version=5),
+        "version_4": hello(version=4)[:32],  # a peer of the wire before elastic windows
+        "version_6": hello(version=6),
         "flags_set": hello(flags=1),
-        "credits_3": hello(credits=3),
+        "credits_2": hello(credits=2),
         "credits_65536": hello(credits=65536),
+        "max_below_credits": hello(credits=8, max_credits=7),
+        "max_65536": hello(credits=8, max_credits=65536),
         "recv_size_7": hello(recv_size=7),
         "arena_unaligned": hello(arena=(1 << 20) + 1),
         "arena_too_big": hello(arena=MAX_ARENA + ARENA_ALIGN),

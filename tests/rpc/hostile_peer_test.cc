@@ -91,6 +91,7 @@ TEST_CASE(
 std::vector<uint8_t> HelloBytes(uint32_t recv_size) {
   zrpc::transport::Hello hello;
   hello.recv_credits = 16;
+  hello.max_recv_credits = 16;
   hello.recv_size = recv_size;
   std::vector<uint8_t> bytes(zrpc::transport::Hello::kSize);
   zrpc::transport::EncodeHello(hello, bytes.data());

@@ -76,7 +76,7 @@ TEST_CASE("an idle connection pings once per idle interval, a busy one every int
 }
 
 // The scale case, sized for CI: kChannels channels of kPerChannel idle connections each (a
-// channel holds at most 1,024), over shared receive queues with windows of 4 and no arenas on
+// channel holds at most 1,024), over shared receive queues with windows of up to 4 and no arenas on
 // both sides (what an idle connection holds until issue 35's on-demand arenas land), pinging
 // every 2 s for five idle intervals, and one busy connection beside them that the server holds
 // in a call the whole time. Before, the idle ones pinged on every other pass: 1,000 pings a
@@ -101,11 +101,11 @@ TEST_CASE(
   // budget, 100 pings a second, the server would ask for 4 s, a third of its idle_timeout).
   server_options.idle_keepalive_budget = 0;
   server_options.pollers = 2;
-  server_options.shared_receive_queue = 8192;  // 2,048 windows of 4 per poller
+  server_options.shared_receive_queue = 8192;  // 2,730 floors of 3 per poller
   server_options.listener.connection.recv_credits = kWindow;
   server_options.listener.connection.arena_size = 0;
   // All clients share the guest's one address (the one admission option a test may change);
-  // the server lowers it to half of what it holds, 2,048.
+  // the server lowers it to half of what it holds, 2,730.
   server_options.listener.max_connections_per_peer = 4096;
   zrpc::ChannelOptions idle_options;
   idle_options.connections = kPerChannel;

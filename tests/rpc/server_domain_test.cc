@@ -214,9 +214,9 @@ TEST_CASE(
     options.device = FakeDevice();
     options.listener.max_connections = 6;
     options.listener.max_connections_per_peer = 6;
-    // Lowered: a shared receive queue backing four windows holds four connections.
+    // Lowered: a shared receive queue backing four floors holds four connections.
     if (lowered) {
-      options.shared_receive_queue = 4 * options.listener.connection.recv_credits;
+      options.shared_receive_queue = 4 * options.listener.connection.idle_recv_credits;
     }
     zrpc::testing::TestGreeter greeter;
     auto server = zrpc::Server::Create(options);

@@ -28,6 +28,9 @@ using zrpc::testing::Runtime;
 using zrpc::testing::Within;
 
 constexpr uint32_t kWindow = 16;
+// The floor of each connection's elastic window (ConnectionOptions::idle_recv_credits, the
+// default): what admission reserves of a shared queue.
+constexpr uint32_t kFloor = 3;
 
 zrpc::ServerOptions SharedServer(uint32_t receives) {
   zrpc::ServerOptions options;
@@ -110,17 +113,18 @@ TEST_CASE("a server holding calls past its window over a shared queue is not dec
   CHECK(rt.channel->stats().connections_lost == 0);
 }
 
-TEST_CASE("a server with shared receive queues admits as many connections as their windows fit") {
+TEST_CASE("a server with shared receive queues admits as many connections as their floors fit") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
-  // One poller whose queue backs four windows: the server takes four connections, and (every
+  REQUIRE(zrpc::transport::ConnectionOptions{}.idle_recv_credits == kFloor);
+  // One poller whose queue backs four floors: the server takes four connections, and (every
   // client of this test sharing the guest's one address) two from one address.
-  Runtime rt(config, SharedServer(4 * kWindow), SharedChannel(2 * kWindow, 2));
+  Runtime rt(config, SharedServer(4 * kFloor), SharedChannel(2 * kFloor, 2));
   Greeter::Stub stub(rt.channel.get());
   HelloReply reply;
   REQUIRE(stub.SayHello(zrpc::testing::Named("first"), &reply, Within(kLong)).ok());
   REQUIRE(rt.channel->Connect(absl::Now() + kLong).ok());
 
-  zrpc::ChannelOptions third_options = SharedChannel(kWindow, 1);
+  zrpc::ChannelOptions third_options = SharedChannel(kFloor, 1);
   third_options.device = rt.config;
   third_options.connect_timeout = absl::Seconds(5);
   auto third = zrpc::CreateChannel(rt.target(), third_options);
@@ -145,18 +149,18 @@ TEST_CASE("a server with shared receive queues admits as many connections as the
   CHECK(reply.message() == "Hello, third");
 }
 
-TEST_CASE("a shared receive queue too small for the windows it must back is refused at creation") {
+TEST_CASE("a shared receive queue too small for the floors it must back is refused at creation") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
-  zrpc::ServerOptions server_options = SharedServer(kWindow - 1);
+  zrpc::ServerOptions server_options = SharedServer(kFloor - 1);
   server_options.device = config;
   auto server = zrpc::Server::Create(server_options);
   REQUIRE_FALSE(server.ok());
   INFO(server.status());
   CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(absl::StrContains(server.status().message(), "shared_receive_queue is 15"));
+  CHECK(absl::StrContains(server.status().message(), "shared_receive_queue is 2"));
 
-  // Three connections on one poller need three windows; two fit.
-  zrpc::ChannelOptions channel_options = SharedChannel(2 * kWindow, 3);
+  // Three connections on one poller need three floors; two fit.
+  zrpc::ChannelOptions channel_options = SharedChannel(2 * kFloor, 3);
   channel_options.device = config;
   auto channel = zrpc::CreateChannel("127.0.0.1:1", channel_options);
   REQUIRE_FALSE(channel.ok());

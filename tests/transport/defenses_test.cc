@@ -351,7 +351,7 @@ TEST_CASE(
     "receive queue",
     "[rdma][transport][defenses]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
-  // Default options, or a shared receive queue backing windows of 8 (every option else the
+  // Default options, or a shared receive queue backing windows of up to 8 (every option else the
   // default): then an idle connection holds its credit-frame slot and no receive of its own, and
   // the queue's receives are the poller's, held once.
   const bool shared = GENERATE(false, true);

@@ -74,6 +74,7 @@ class RawPeer {
     if (hello.empty()) {
       transport::Hello h;
       h.recv_credits = options.claimed_credits;
+      h.max_recv_credits = options.claimed_credits;
       h.recv_size = kSlot;
       hello.resize(transport::Hello::kSize);
       transport::EncodeHello(h, hello.data());

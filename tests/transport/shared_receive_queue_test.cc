@@ -1,10 +1,12 @@
 // A poller's shared receive queue (transport/shared_receive_queue.h) on the harness's device:
 // traffic within credits and without receiver-not-ready, held messages that do not take the
-// queue's receives, admission by the windows the queue backs, and teardown during traffic that
-// gives every slot back.
+// queue's receives, admission by the floors the queue backs, windows far larger than the queue
+// growing from its budget and giving it back, and teardown during traffic that gives every slot
+// back.
 
 #include "transport/shared_receive_queue.h"
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -76,7 +78,8 @@ TEST_CASE(
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   constexpr uint64_t kMessages = 10000;
   constexpr uint32_t kSize = 100;
-  // Each side's queue backs exactly one window of 16: the smallest that admits the connection.
+  // Each side's queue of 16 backs one connection's window, from its floor of 3 up to 14 (an
+  // eighth of the queue is kept for other connections' floors).
   Recorder server_handler, client_handler;  // outlive the pollers, which report to them
   Setup setup(config, Shared(16), Shared(16, PollMode::kBusy));
   CHECK(setup.server_poller->shared_receives_posted() == 16);
@@ -118,9 +121,9 @@ TEST_CASE(
                 static_cast<unsigned long>(stats.messages_sent),
                 static_cast<unsigned long>(stats.messages_received),
                 static_cast<unsigned long>(stats.credit_frames_sent), stats.max_credits_in_use,
-                stats.peer_recv_credits);
+                stats.peer_max_recv_credits);
     CHECK(stats.messages_received == kMessages);
-    CHECK(stats.max_credits_in_use <= stats.peer_recv_credits);
+    CHECK(stats.max_credits_in_use <= stats.peer_max_recv_credits);
     CHECK(stats.recvs_posted == 0);  // the connection posted none of its own
   }
   // Every receive is posted again once the traffic has stopped.
@@ -198,13 +201,20 @@ TEST_CASE(
   CHECK(Eventually([&] { return setup.server_poller->shared_receives_posted() == 32; }));
 }
 
-TEST_CASE("a poller admits connections while their windows fit its shared queue's receives",
+// Floors of 16 here, to make each admission take a visible part of the queue.
+ConnectionOptions Floor16() {
+  ConnectionOptions options = Window(16);
+  options.idle_recv_credits = 16;
+  return options;
+}
+
+TEST_CASE("a poller admits connections while their floors fit its shared queue's receives",
           "[rdma][transport][srq]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   std::vector<std::unique_ptr<Recorder>> handlers;
   Setup setup(config, Shared(40));
   ListenerOptions listen;
-  listen.connection = Window(16);
+  listen.connection = Floor16();
   setup.Listen(listen);
   auto connect = [&]() -> absl::StatusOr<std::shared_ptr<Connection>> {
     handlers.push_back(std::make_unique<Recorder>());
@@ -212,7 +222,7 @@ TEST_CASE("a poller admits connections while their windows fit its shared queue'
     handlers.push_back(std::make_unique<Recorder>());
     setup.accepts->Use(setup.server_poller.get(), server);
     return Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
-                               setup.listener->port(), handlers.back().get(), Window(16), kTimeout);
+                               setup.listener->port(), handlers.back().get(), Floor16(), kTimeout);
   };
   absl::StatusOr<std::shared_ptr<Connection>> first = connect();
   absl::StatusOr<std::shared_ptr<Connection>> second = connect();
@@ -224,7 +234,7 @@ TEST_CASE("a poller admits connections while their windows fit its shared queue'
     REQUIRE(server.ok());
     accepted.push_back(*server);
   }
-  // 16 + 16 of 40 taken: a third window of 16 does not fit.
+  // 16 + 16 of 40 taken: a third floor of 16 does not fit.
   absl::StatusOr<std::shared_ptr<Connection>> third = connect();
   INFO(third.status());
   REQUIRE_FALSE(third.ok());
@@ -314,4 +324,107 @@ TEST_CASE("connections closed during traffic on shared queues give every slot ba
   setup->client_poller.reset();
   CHECK(slots_at_start == 2 * 48);  // the two queues' receives, on a fresh device
   CHECK(SlotsInUse(*setup->device) == 0);
+}
+
+TEST_CASE(
+    "a hundred connections whose windows could claim five times their poller's shared queue burst "
+    "at once with no receiver-not-ready; their windows grow from its budget and give it back",
+    "[rdma][transport][srq]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  constexpr int kConnections = 100;
+  constexpr int kSenders = 4;
+  constexpr uint64_t kBurst = 200;  // messages per connection, sent as fast as credits allow
+  constexpr uint64_t kRun = 20;
+  constexpr uint32_t kSize = 64;
+  // The server's queue backs every floor of 3 and `headroom` receives more. Windows may reach 32
+  // each: 3,200 together, against the queue's 364 or 700. With 64 more the budget is low from
+  // the start (under a quarter free), so windows shrink back at every release and barely grow;
+  // with 400 they grow until it is low.
+  const uint32_t headroom = GENERATE(64u, 400u);
+  INFO("headroom " << headroom);
+  const ConnectionOptions options = Window(32);
+  const uint32_t queue = kConnections * options.idle_recv_credits + headroom;
+  std::vector<std::unique_ptr<Recorder>> handlers;
+  Setup setup(config, Shared(queue, PollMode::kBusy));
+  ListenerOptions listen;
+  listen.connection = options;
+  setup.Listen(listen);
+  std::vector<std::shared_ptr<Connection>> clients, servers;
+  std::vector<Recorder*> server_handlers;
+  for (int i = 0; i < kConnections; ++i) {
+    handlers.push_back(std::make_unique<Recorder>());
+    Recorder* server = handlers.back().get();
+    server->keep_bytes = false;
+    server_handlers.push_back(server);
+    handlers.push_back(std::make_unique<Recorder>());
+    setup.accepts->Use(setup.server_poller.get(), server);
+    auto client =
+        Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                            setup.listener->port(), handlers.back().get(), options, kTimeout);
+    INFO("connection " << i << ": " << client.status());
+    REQUIRE(client.ok());
+    clients.push_back(*client);
+    auto accepted = setup.accepts->Next(kTimeout);
+    REQUIRE(accepted.ok());
+    servers.push_back(*accepted);
+  }
+  CHECK(setup.server_poller->shared_receives_claimed() == kConnections * 3);
+
+  const int64_t rnr_before = RnrCount(setup.device->selection());
+  auto send_all = [&](uint64_t first, uint64_t count) {
+    std::vector<std::thread> senders;
+    std::atomic<int> failed{0};
+    for (int t = 0; t < kSenders; ++t) {
+      senders.emplace_back([&, t] {
+        // Round-robin over this thread's connections, a run of kRun messages each per round:
+        // more than a floor's credits, so that windows must grow for them, and all of them
+        // with messages in flight at once.
+        for (uint64_t m = first; m < first + count; m += kRun) {
+          for (int c = t; c < kConnections; c += kSenders) {
+            for (uint64_t k = m; k < std::min(m + kRun, first + count); ++k) {
+              if (!SendBytes(*clients[c], Filled(kSize, k), k).ok()) ++failed;
+            }
+          }
+        }
+      });
+    }
+    for (std::thread& s : senders) s.join();
+    return failed.load() == 0;
+  };
+  auto all_arrived = [&](uint64_t n) {
+    for (Recorder* r : server_handlers) {
+      if (!r->WaitFor([&] { return r->message_count == n; })) return false;
+    }
+    return true;
+  };
+  REQUIRE(send_all(0, kBurst));
+  REQUIRE(all_arrived(kBurst));
+  uint32_t grown = 0;  // connections whose peer used more credits than a floor holds
+  for (const auto& client : clients) grown += client->stats().max_credits_in_use > 3 ? 1 : 0;
+  const uint32_t claimed_after_burst = setup.server_poller->shared_receives_claimed();
+  // Then one message at a time on each: each release finds the peer holding most of its window
+  // unused, and gives a receive back.
+  for (uint64_t m = kBurst; m < kBurst + 40; ++m) {
+    for (int c = 0; c < kConnections; ++c) {
+      REQUIRE(SendBytes(*clients[c], Filled(kSize, m), m).ok());
+    }
+    REQUIRE(all_arrived(m + 1));
+  }
+  const uint32_t claimed_after_quiet = setup.server_poller->shared_receives_claimed();
+  const int64_t rnr_after = RnrCount(setup.device->selection());
+  std::printf(
+      "%d connections, queue %u: %u grew past their floor; claimed %u after the burst, %u after "
+      "one at a time (floors: %d); receiver-not-ready %ld -> %ld\n",
+      kConnections, queue, grown, claimed_after_burst, claimed_after_quiet, kConnections * 3,
+      static_cast<long>(rnr_before), static_cast<long>(rnr_after));
+  if (headroom > queue / 4) CHECK(grown > 0);
+  CHECK(claimed_after_burst <= queue);
+  CHECK(claimed_after_quiet <= kConnections * 5u);  // a call at a time settles at F or F + 2
+  if (rnr_before < 0) {
+    WARN("the device has no RNR counters in sysfs: only zrpc's own accounting was checked");
+  } else {
+    CHECK(rnr_after == rnr_before);
+  }
+  for (const auto& client : clients) client->Close();
+  CHECK(Eventually([&] { return setup.server_poller->shared_receives_claimed() == 0; }));
 }

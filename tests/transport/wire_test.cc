@@ -19,6 +19,7 @@ using zrpc::transport::Hello;
 Hello Sample() {
   Hello h;
   h.recv_credits = 64;
+  h.max_recv_credits = 256;
   h.recv_size = 4096;
   h.arena_addr = 0x00007f1234567000;
   h.arena_rkey = 0xdeadbeef;
@@ -47,7 +48,9 @@ TEST_CASE("a Hello survives encode and decode, and its bytes are little-endian",
   REQUIRE(bytes.size() <= zrpc::transport::kMaxConnectPrivateData);
   const uint8_t magic[] = {0x43, 0x50, 0x52, 0x5a};
   CHECK(std::memcmp(bytes.data(), magic, 4) == 0);
-  CHECK(bytes[4] == 4);  // version (kWireVersion)
+  CHECK(bytes[4] == 5);   // version (kWireVersion)
+  CHECK(bytes[32] == 0);  // max_recv_credits 256, least significant byte first
+  CHECK(bytes[33] == 1);
   CHECK(bytes[5] == 0);
   CHECK(bytes[24] == 0xef);  // rkey, least significant byte first
   auto decoded = DecodeHello(bytes);
@@ -78,14 +81,26 @@ TEST_CASE("a malformed Hello is refused with a message naming the problem", "[wi
   }
   SECTION("too few credits to be deadlock-free") {
     Hello h = Sample();
-    h.recv_credits = 3;
+    h.recv_credits = 2;
     CHECK(Refused(Encoded(h), "credits"));
+    h.recv_credits = 3;
+    CHECK(DecodeHello(Encoded(h)).ok());
   }
   SECTION("more credits than a frame can return") {
     Hello h = Sample();
     h.recv_credits = 65536;
+    h.max_recv_credits = 65536;
     CHECK(Refused(Encoded(h), "credits"));
     h.recv_credits = 65535;
+    CHECK(Refused(Encoded(h), "may reach 65536"));
+    h.max_recv_credits = 65535;
+    CHECK(DecodeHello(Encoded(h)).ok());
+  }
+  SECTION("a window that may reach less than it starts with") {
+    Hello h = Sample();
+    h.max_recv_credits = h.recv_credits - 1;
+    CHECK(Refused(Encoded(h), "may reach 63"));
+    h.max_recv_credits = h.recv_credits;
     CHECK(DecodeHello(Encoded(h)).ok());
   }
   SECTION("receives too small for a frame header") {
@@ -132,13 +147,15 @@ TEST_CASE("each field a peer announces is taken at its minimum and maximum, refu
     INFO(decoded.status());
     return decoded.ok() && *decoded == h;
   };
-  SECTION("recv_credits: [4, 65535]") {
+  SECTION("recv_credits: [3, 65535]; max_recv_credits: [recv_credits, 65535]") {
     Hello h = Sample();
-    h.recv_credits = 4;
-    CHECK(accepted(h));
     h.recv_credits = 3;
+    CHECK(accepted(h));
+    h.recv_credits = 2;
     CHECK(Refused(Encoded(h), "credits"));
     h.recv_credits = 65535;
+    CHECK(Refused(Encoded(h), "may reach"));  // beyond max_recv_credits
+    h.max_recv_credits = 65535;
     CHECK(accepted(h));
     h.recv_credits = 65536;
     CHECK(Refused(Encoded(h), "credits"));
