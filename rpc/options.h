@@ -46,10 +46,11 @@ struct RuntimeOptions {
   // windows its connections grant their peers are claims on them that never sum to more (each
   // from a floor, the connection options' idle_recv_credits, 3 by default, up to recv_credits,
   // 32, while its peer uses it: transport/credits.h), and a poller takes connections while their
-  // floors fit; a server lowers its admission limit to match. At least one floor (a server) or a
-  // floor for each of the connections a channel puts on a poller (connections / pollers, rounded
-  // up), or creating the server or channel fails; at most half a poller's completion queue, and
-  // the device's max_srq_wr.
+  // floors fit in three quarters of it (the other quarter is for windows to grow into:
+  // transport/receive_budget.h); a server lowers its admission limit to match. At least one floor
+  // (a server) or a floor for each of the connections a channel puts on a poller (connections /
+  // pollers, rounded up), or creating the server or channel fails; at most half a poller's
+  // completion queue, and the device's max_srq_wr.
   uint32_t shared_receive_queue = 0;
   // The device's registered message slots, shared with the process's other servers and
   // channels that ask for the same: slot_size bounds the largest message (request or response,

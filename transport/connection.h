@@ -226,10 +226,17 @@ struct ConnectionStats {
   uint64_t messages_received = 0;
   uint64_t bulk_received = 0;
   uint64_t credit_frames_sent = 0;
-  uint64_t waited = 0;                 // operations that had to wait for credits, space or queue
-  uint32_t max_credits_in_use = 0;     // never above the peer's max_recv_credits
+  uint64_t waited = 0;  // operations that had to wait for credits, space or queue
+  // Credits spent and not yet returned, the most at once; never above the peer's
+  // max_recv_credits (a peer growing its window returns more than were spent, so from then on
+  // this counts low).
+  uint32_t max_credits_in_use = 0;
   uint32_t peer_recv_credits = 0;      // the peer's initial window
   uint32_t peer_max_recv_credits = 0;  // the most its window may reach (credits.h)
+  // This side's receive window now and the largest it has been (with a shared receive queue it
+  // is elastic: credits.h; otherwise recv_credits throughout).
+  uint32_t recv_window = 0;
+  uint32_t max_recv_window = 0;
   // Bytes of this side's arena held by payloads the application has not released yet: while
   // the peer's next payload does not fit, everything the peer sends after it waits.
   uint32_t arena_in_use = 0;

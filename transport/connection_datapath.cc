@@ -409,6 +409,8 @@ ConnectionStats Connection::StatsLocked() const {
   stats.waiting = static_cast<uint32_t>(waiting_.size());
   stats.transfer_bytes_in_flight = transfer_bytes_in_flight_;
   stats.cq_entries_granted = cq_granted_.load(std::memory_order_relaxed);
+  stats.recv_window = credits_.window();
+  stats.max_recv_window = credits_.max_window();
   return stats;
 }
 
@@ -924,6 +926,7 @@ void Connection::PostChainLocked() {
 // An explicit credit frame, when credits or arena space are owed and no data frame carried them.
 void Connection::MaybeSendCreditFrameLocked() {
   if (state_ != State::kOpen) return;
+  credits_.RetryGrowth();  // a peer left short while the budget was dry (credits.h)
   // Arena releases alone never spend the reserved credit (credits.h).
   bool report_arena = arena_reader_.ShouldReport() && credits_.CanSpendForData();
   if (!credits_.ShouldSendUpdate() && !report_arena) return;

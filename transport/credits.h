@@ -13,19 +13,20 @@
 // claim of W receives on the queue's budget (receive_budget.h), starting at a floor F
 // (ConnectionOptions::idle_recv_credits). When a message leaves the peer with fewer than two
 // credits it could spend on data, the receiver takes a quarter of W more (at least one, up to
-// recv_credits) from the budget and owes them, in a credit frame at once if nothing else carries
-// them (the peer may be waiting for them); when a released RECV finds the peer holding two
-// credits plus half the window or more unused, or the budget low, the receiver keeps that credit
+// recv_credits) from the budget's growth and owes them, in a credit frame at once if nothing else
+// carries them (the peer may be waiting for them); a growth that found the budget dry is tried
+// again before each look for a credit frame to send. When a released RECV finds the peer holding
+// two credits plus half the window or more unused, or growth low, the receiver keeps that credit
 // back and gives the receive to the budget instead (W shrinks by one, never below F). The gap
 // between the two keeps a steady flow from growing and shrinking in turn: a connection with k
-// messages in flight settles between about k + 2 and 2k + 4 (one call at a time: F or F + 1,
-// as the peer's answer goes before or after its request's release), and any window comes back to
-// F as its messages are released while the budget is low. The window counts the peer's credits
-// (in its hands or on the wire), the messages this side holds and the credits it owes, so the
-// budget backs every credit the peer can spend, and held messages are bounded by W too. A window
+// messages in flight settles between about k + 2 and 2k + 4 (one message at a time: F to F + 2,
+// as answers, if any, go before or after the requests' release), and any window comes back to
+// F as its messages are released while growth is low. The window counts the peer's credits (in
+// its hands or on the wire), the messages this side holds and the credits it owes, so the budget
+// backs every credit the peer can spend, and held messages are bounded by W too. A window
 // shrinks only as its peer's messages come and go: one that went quiet large keeps its claim
 // until it is used again or closed (taking credits back from a silent peer would need it to
-// answer).
+// answer), which is why growth has a pool of its own.
 //
 // Deadlock freedom. A credit frame itself consumes a RECV, so two rules keep credits from
 // running out on both sides at once:
@@ -139,6 +140,13 @@ class CreditAccount {
   void OnDataRecvReposted() { OnRecvReposted(); }
   void OnUpdateRecvReposted() { OnRecvReposted(); }
 
+  // Tries again to grow a window whose peer is left without credits for data, after a growth
+  // found the budget dry: receives may have come back since (the connection calls it before it
+  // looks for a credit frame to send).
+  void RetryGrowth() {
+    if (share_ != nullptr && granted_ - consumed_ < 2 && window_ < max_) Grow();
+  }
+
   // Whether an explicit credit frame is due (and one credit is there to send it): T owed, or
   // credits the window just grew by, which the peer is waiting for (not with the reserved credit:
   // that one only goes into frames returning T or more, as the deadlock argument needs).
@@ -163,6 +171,7 @@ class CreditAccount {
   // This side's window: the receives its peer may hold credits for, the messages it holds and
   // what it owes.
   uint32_t window() const { return window_; }
+  uint32_t max_window() const { return max_window_; }
 
  private:
   static uint32_t ThresholdFor(uint32_t window) { return std::max<uint32_t>(2, window / 2); }
@@ -190,9 +199,10 @@ class CreditAccount {
     const uint32_t more =
         share_->Grow(std::min(std::max<uint32_t>(1, window_ / 4), max_ - window_));
     window_ += more;
+    max_window_ = std::max(max_window_, window_);
     threshold_ = ThresholdFor(window_);
     owed_ += more;
-    grew_ = more > 0;
+    if (more > 0) grew_ = true;
   }
   // Gives the released receive back to the budget instead of owing it; false once the share is
   // closed.
@@ -209,6 +219,7 @@ class CreditAccount {
   uint32_t floor_;
   uint32_t max_;
   uint32_t window_;
+  uint32_t max_window_ = window_;
   uint32_t threshold_;
   bool grew_ = false;  // owed_ holds credits the window grew by, not sent yet
   ReceiveShare* share_;

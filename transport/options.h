@@ -74,7 +74,8 @@ struct PollerOptions {
   // for a receive queue per connection. With it an idle connection keeps no receive posted: the
   // queue's receives hold this many pool slots for the poller's lifetime, its connections'
   // windows are claims on them that never sum to more (receive_budget.h), and the poller admits
-  // a connection while its floor (idle_recv_credits) fits beside the others' windows. Its
+  // a connection while its floor (idle_recv_credits) fits in the three quarters of them that
+  // back floors (the rest is for windows to grow into). Its
   // completion-queue entries are reserved once, and a connection then reserves only its send
   // queue's. At most the device's max_srq_wr and half of cq_size (as the device caps it).
   uint32_t shared_receive_queue = 0;

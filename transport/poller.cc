@@ -201,7 +201,7 @@ uint64_t Poller::Capacity(const ConnectionOptions& options) const {
                          CqEntriesReservedFor(options, shared);
   if (shared) {
     const uint32_t floor = std::max<uint32_t>(options.idle_recv_credits, 1);
-    connections = std::min<uint64_t>(connections, srq_->size() / floor);
+    connections = std::min<uint64_t>(connections, srq_->budget().floor_size() / floor);
   }
   return connections;
 }
@@ -218,11 +218,11 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
                        cq_budget_.grant_floor(), " kept for sends; use another poller"));
     }
     const uint32_t floor = connection->options_.idle_recv_credits;
-    if (srq_ != nullptr && !srq_->budget().Take(floor)) {
+    if (srq_ != nullptr && !srq_->budget().TakeFloor(floor)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the poller's shared receive queue (", srq_->size(), " receives, ",
-          srq_->budget().claimed(), " claimed by its connections' windows) cannot back a floor of ",
-          floor, "; use another poller"));
+          srq_->budget().floor_size(), " of them for floors) cannot back another floor of ", floor,
+          "; use another poller"));
     }
     cq_budget_.Reserve(reserved);
   }
@@ -243,7 +243,7 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
   absl::MutexLock lock(&mu_);
   if (!taken) {
     cq_budget_.Unreserve(reserved);
-    if (srq_ != nullptr) srq_->budget().Give(connection->options_.idle_recv_credits);
+    if (srq_ != nullptr) srq_->budget().GiveFloor(connection->options_.idle_recv_credits);
     return absl::ResourceExhaustedError(
         absl::StrCat("completion queue: ", reserved,
                      " entries not free (its connections' sends hold them; waited ",

@@ -17,8 +17,9 @@
 //
 // Credits. A connection still grants its peer a window of receives (credits.h); with the queue
 // those receives are the queue's: each window is a claim on the queue's budget (receive_budget.h),
-// a floor taken at admission (ConnectionOptions::idle_recv_credits) and more while the peer uses
-// it, and the claims never sum to more than `size`. Every grant is then backed by a posted
+// a floor taken at admission (ConnectionOptions::idle_recv_credits) from the three quarters of the
+// queue that back floors, and more from the other quarter while the peer uses it, and the claims
+// never sum to more than `size`. Every grant is then backed by a posted
 // receive, so a peer that keeps to its credits never meets receiver-not-ready. One that overruns
 // them is cut off at its first excess message (CreditAccount::OnConsumed; before the handshake has
 // ended, at the first past its window), but until its poller has seen that message, the messages it

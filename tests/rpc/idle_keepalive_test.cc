@@ -101,11 +101,11 @@ TEST_CASE(
   // budget, 100 pings a second, the server would ask for 4 s, a third of its idle_timeout).
   server_options.idle_keepalive_budget = 0;
   server_options.pollers = 2;
-  server_options.shared_receive_queue = 8192;  // 2,730 floors of 3 per poller
+  server_options.shared_receive_queue = 8192;  // 2,048 floors of 3 per poller (3/4 of it)
   server_options.listener.connection.recv_credits = kWindow;
   server_options.listener.connection.arena_size = 0;
   // All clients share the guest's one address (the one admission option a test may change);
-  // the server lowers it to half of what it holds, 2,730.
+  // the server lowers it to half of what it holds, 2,048.
   server_options.listener.max_connections_per_peer = 4096;
   zrpc::ChannelOptions idle_options;
   idle_options.connections = kPerChannel;

@@ -214,10 +214,9 @@ TEST_CASE(
     options.device = FakeDevice();
     options.listener.max_connections = 6;
     options.listener.max_connections_per_peer = 6;
-    // Lowered: a shared receive queue backing four floors holds four connections.
-    if (lowered) {
-      options.shared_receive_queue = 4 * options.listener.connection.idle_recv_credits;
-    }
+    // Lowered: a shared receive queue backing four floors (of 3, with three quarters of its 16
+    // receives) holds four connections.
+    if (lowered) options.shared_receive_queue = 16;
     zrpc::testing::TestGreeter greeter;
     auto server = zrpc::Server::Create(options);
     REQUIRE(server.ok());

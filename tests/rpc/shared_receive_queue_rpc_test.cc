@@ -29,7 +29,8 @@ using zrpc::testing::Within;
 
 constexpr uint32_t kWindow = 16;
 // The floor of each connection's elastic window (ConnectionOptions::idle_recv_credits, the
-// default): what admission reserves of a shared queue.
+// default): what admission reserves of the three quarters of a shared queue that back floors
+// (transport/receive_budget.h). So 16 receives back 4 floors, 8 back 2, 3 back 1.
 constexpr uint32_t kFloor = 3;
 
 zrpc::ServerOptions SharedServer(uint32_t receives) {
@@ -118,7 +119,7 @@ TEST_CASE("a server with shared receive queues admits as many connections as the
   REQUIRE(zrpc::transport::ConnectionOptions{}.idle_recv_credits == kFloor);
   // One poller whose queue backs four floors: the server takes four connections, and (every
   // client of this test sharing the guest's one address) two from one address.
-  Runtime rt(config, SharedServer(4 * kFloor), SharedChannel(2 * kFloor, 2));
+  Runtime rt(config, SharedServer(16), SharedChannel(8, 2));
   Greeter::Stub stub(rt.channel.get());
   HelloReply reply;
   REQUIRE(stub.SayHello(zrpc::testing::Named("first"), &reply, Within(kLong)).ok());
@@ -160,7 +161,7 @@ TEST_CASE("a shared receive queue too small for the floors it must back is refus
   CHECK(absl::StrContains(server.status().message(), "shared_receive_queue is 2"));
 
   // Three connections on one poller need three floors; two fit.
-  zrpc::ChannelOptions channel_options = SharedChannel(2 * kFloor, 3);
+  zrpc::ChannelOptions channel_options = SharedChannel(8, 3);
   channel_options.device = config;
   auto channel = zrpc::CreateChannel("127.0.0.1:1", channel_options);
   REQUIRE_FALSE(channel.ok());

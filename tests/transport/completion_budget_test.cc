@@ -255,7 +255,7 @@ TEST_CASE("one poller holds 2,500 connections, each reserving one completion-que
   ZRPC_TEST_DEVICE(config);
   constexpr int kConnections = 2500;
   PollerOptions shared = SmallCq(32767, PollMode::kEvent);
-  shared.shared_receive_queue = 10240;  // floors of 3: 3,413 connections' worth
+  shared.shared_receive_queue = 10240;  // 7,680 back floors of 3: 2,560 connections' worth
   PollerOptions client_shared = shared;
   client_shared.mode = PollMode::kBusy;
   Setup setup(config, shared, client_shared);

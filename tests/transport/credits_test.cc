@@ -17,7 +17,7 @@ using zrpc::transport::ReceiveShare;
 namespace {
 // What a poller does at admission: takes the floor from the budget and opens the share with it.
 void Admit(ReceiveBudget& budget, ReceiveShare& share, uint32_t floor) {
-  REQUIRE(budget.Take(floor));
+  REQUIRE(budget.TakeFloor(floor));
   share.Open(&budget, floor);
 }
 }  // namespace
@@ -106,7 +106,7 @@ TEST_CASE("a peer sending beyond the credits it was given is a protocol error", 
 
 TEST_CASE("an elastic window grows when its peer runs low and shrinks back to its floor",
           "[credits]") {
-  ReceiveBudget budget(100);
+  ReceiveBudget budget(400);  // 300 back floors, 100 growth
   ReceiveShare share;
   Admit(budget, share, 3);
   CreditAccount account(8, 8, OwnWindow{3, 32, &share});
@@ -160,10 +160,11 @@ TEST_CASE("an elastic window grows when its peer runs low and shrinks back to it
   }
   CHECK(wide.window() == 5);
   CHECK(budget.claimed() == 5 + 5);
-  // Up to the ceiling and no further, and never into the budget's reserve for floors.
-  ReceiveBudget small(48);  // 6 of it kept for floors; low under 12 free
+  // Up to the ceiling and no further; growth takes only from its own pool, never from what backs
+  // floors.
+  ReceiveBudget pools(200);  // 150 back floors, 50 growth; low under 13 free
   ReceiveShare greedy;
-  Admit(small, greedy, 3);
+  Admit(pools, greedy, 3);
   CreditAccount busy(8, 8, OwnWindow{3, 32, &greedy});
   // A peer that spends every credit it has each round, its messages released together.
   auto round = [](CreditAccount& account) {
@@ -174,25 +175,31 @@ TEST_CASE("an elastic window grows when its peer runs low and shrinks back to it
   };
   for (int i = 0; i < 10; ++i) round(busy);
   CHECK(busy.window() == 32);
-  CHECK(small.claimed() == 32);
-  CHECK_FALSE(small.low());
+  CHECK(busy.max_window() == 32);
+  CHECK(pools.claimed() == 32);
+  CHECK(pools.growth_free() == 50 - 29);
   ReceiveShare other;
-  Admit(small, other, 3);
+  Admit(pools, other, 3);
   CreditAccount second(8, 8, OwnWindow{3, 32, &other});
   for (int i = 0; i < 10; ++i) {
     round(second);
-    CHECK(small.free() >= 6);
+    CHECK(pools.growth_free() >= 0);
+    CHECK(pools.claimed() == busy.window() + second.window());
   }
   CHECK(second.window() > 3);
-  CHECK(second.window() <= 13);  // what the reserve left it
-  // More admissions make the budget low (under a quarter free): a release then shrinks a window
-  // above its floor whatever its peer does.
-  while (!small.low()) REQUIRE(small.Take(1));
-  const int64_t free_before = small.free();
+  CHECK(second.window() <= 3 + 21);  // what growth had left
+  // Every floor the pool promised still fits beside the grown windows.
+  for (int i = 0; i < 48; ++i) CHECK(pools.TakeFloor(3));
+  CHECK_FALSE(pools.TakeFloor(3));
+  // Growth low (under a quarter of its pool free): a release shrinks a window above its floor
+  // whatever its peer does.
+  while (!pools.low()) REQUIRE(pools.TakeGrowth(1) == 1);
+  const int64_t free_before = pools.growth_free();
+  const uint32_t window_before = busy.window();
   REQUIRE(busy.OnConsumed().ok());
   busy.OnDataRecvReposted();
-  CHECK(busy.window() == 31);
-  CHECK(small.free() == free_before + 1);
+  CHECK(busy.window() == window_before - 1);
+  CHECK(pools.growth_free() == free_before + 1);
 }
 
 TEST_CASE("a share gives back everything it holds once, and takes nothing after Close",
@@ -261,9 +268,10 @@ struct Link {
 };
 
 struct Model {
-  uint32_t window = 8;  // a's fixed window, b's ceiling
-  uint32_t floor = 3;   // b's floor (elastic)
-  ReceiveBudget* budget = nullptr;
+  uint32_t window = 8;                // a's fixed window, b's ceiling
+  uint32_t floor = 3;                 // b's floor (elastic)
+  ReceiveBudget* budget = nullptr;    // b's (the servers'); null: fixed windows
+  ReceiveBudget* budget_a = nullptr;  // a's (the clients'), for elastic against elastic
   int links = 1;
   int want_a = 1000, want_b = 1000;
   bool a_bulk = false, b_bulk = false;
@@ -293,15 +301,18 @@ bool Balanced(const Side& sender, const Side& receiver) {
 bool Run(const Model& m) {
   std::vector<Link> links(m.links);
   for (Link& link : links) {
+    const uint32_t a_initial = m.budget_a != nullptr ? m.floor : m.window;
     const uint32_t b_initial = m.budget != nullptr ? m.floor : m.window;
-    link.a.credits = CreditAccount(b_initial, m.window, OwnWindow{m.window, m.window, nullptr});
-    if (m.budget != nullptr) {
-      if (!m.budget->Take(m.floor)) return false;
-      link.b.share = std::make_unique<ReceiveShare>();
-      link.b.share->Open(m.budget, m.floor);
+    for (auto [side, budget] : {std::pair{&link.a, m.budget_a}, std::pair{&link.b, m.budget}}) {
+      if (budget == nullptr) continue;
+      if (!budget->TakeFloor(m.floor)) return false;
+      side->share = std::make_unique<ReceiveShare>();
+      side->share->Open(budget, m.floor);
     }
+    link.a.credits =
+        CreditAccount(b_initial, m.window, OwnWindow{a_initial, m.window, link.a.share.get()});
     link.b.credits =
-        CreditAccount(m.window, m.window, OwnWindow{b_initial, m.window, link.b.share.get()});
+        CreditAccount(a_initial, m.window, OwnWindow{b_initial, m.window, link.b.share.get()});
     link.a.to_send = m.want_a;
     link.b.to_send = m.want_b;
     link.a.bulk = m.a_bulk;
@@ -345,10 +356,12 @@ bool Run(const Model& m) {
       }
     }
     if (!Balanced(link.a, link.b) || !Balanced(link.b, link.a)) return false;
-    if (m.budget != nullptr) {
+    for (auto [budget, b_side] : {std::pair{m.budget, true}, std::pair{m.budget_a, false}}) {
+      if (budget == nullptr) continue;
       uint64_t claimed = 0;
-      for (const Link& l : links) claimed += l.b.share->held();
-      if (claimed != m.budget->claimed() || claimed > m.budget->size()) return false;
+      for (const Link& l : links) claimed += (b_side ? l.b : l.a).share->held();
+      if (claimed != budget->claimed() || claimed > budget->size()) return false;
+      if (budget->growth_free() < 0) return false;
     }
     for (const Link& l : links) {
       for (const Side* side : {&l.a, &l.b}) {
@@ -400,17 +413,23 @@ TEST_CASE("elastic windows over one budget never deadlock, overrun or over-claim
     uint32_t budget;  // receives
     int links;
   };
-  // Plenty (every window can reach its ceiling), tight (a little above the floors), and as tight
-  // as admission allows (the floors and nothing else but the reserve's remainder).
-  for (const Case& c : {Case{"plenty", 16 * 32 * 2, 16}, Case{"tight", 16 * 3 + 24, 16},
-                        Case{"floors only", 16 * 3, 16}}) {
+  // Plenty (every window can reach its ceiling), tight, and as tight as admission allows (a
+  // quarter of a budget is for growth: 64 backs the 16 floors of 3 and 16 receives of growth).
+  for (const Case& c : {Case{"plenty", 16 * 32 * 2, 16}, Case{"tight", 96, 16},
+                        Case{"floors and a little", 64, 16}}) {
     for (uint64_t seed = 1; seed <= 4; ++seed) {
       for (const bool bulk : {false, true}) {
-        INFO(c.name << ", seed " << seed << (bulk ? ", client writes bulk" : ""));
+        // Clients with fixed windows, or elastic ones over a budget of their own (a channel with
+        // a shared receive queue).
+        const bool both = seed % 2 == 0;
+        INFO(c.name << ", seed " << seed << (bulk ? ", client writes bulk" : "")
+                    << (both ? ", both sides elastic" : ""));
         ReceiveBudget budget(c.budget);
+        ReceiveBudget client_budget(c.budget);
         Model m;
         m.window = 32;
         m.budget = &budget;
+        if (both) m.budget_a = &client_budget;
         m.links = c.links;
         m.want_a = 2000;
         m.want_b = 300;
