@@ -88,6 +88,11 @@ uint32_t Listener::connections() const {
   return admission_->total;
 }
 
+uint32_t Listener::peak_connections() const {
+  absl::MutexLock lock(&admission_->mu);
+  return admission_->peak;
+}
+
 size_t Listener::handshakes() const { return handshake_count_.load(std::memory_order_relaxed); }
 
 void Listener::Loop() {
@@ -237,7 +242,7 @@ absl::Status Listener::Admit(const std::string& ip) {
                                                "/s from it (accepts_per_second_per_peer)"));
   }
   r.tokens -= 1;
-  ++a.total;
+  a.peak = std::max(a.peak, ++a.total);
   ++a.per_peer[ip];
   return absl::OkStatus();
 }

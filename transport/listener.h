@@ -104,8 +104,10 @@ class Listener {
   Listener& operator=(const Listener&) = delete;
 
   uint16_t port() const;
-  // Connections open or handshaking now (each holds a place until it closes).
+  // Connections open or handshaking now (each holds a place until it closes), and the most at
+  // once since Create: never above max_connections.
   uint32_t connections() const;
+  uint32_t peak_connections() const;
   // Handshakes not finished yet.
   size_t handshakes() const;
 
@@ -120,6 +122,7 @@ class Listener {
   struct Admission {
     absl::Mutex mu;
     uint32_t total ABSL_GUARDED_BY(mu) = 0;
+    uint32_t peak ABSL_GUARDED_BY(mu) = 0;
     absl::flat_hash_map<std::string, uint32_t> per_peer ABSL_GUARDED_BY(mu);
     // Only addresses seen within the last burst's refill time: a full bucket is forgotten
     // (Admit sweeps them as the map grows), so addresses cannot grow it without bound.

@@ -169,8 +169,11 @@ absl::Status ServerImpl::Start() {
   absl::StatusOr<std::unique_ptr<transport::Listener>> listener = transport::Listener::Create(
       *device_, options_.address, options_.port, this, options_.listener);
   if (!listener.ok()) return listener.status();
-  listener_ = *std::move(listener);
-  port_ = listener_->port();
+  {
+    absl::MutexLock lock(&mu_);
+    listener_ = *std::move(listener);
+    port_ = listener_->port();
+  }
   started_ = true;
   sweeper_ = std::thread([this] { SweepLoop(); });
   return absl::OkStatus();
@@ -350,7 +353,16 @@ void ServerImpl::Shutdown(absl::Duration grace) {
   shut_down_ = true;
   const absl::Time grace_end = MonotonicNow() + grace;  // monotonic.h, like every time below
   draining_.store(true, std::memory_order_release);
-  listener_.reset();  // no new connections; unfinished handshakes are dropped
+  {
+    // No new connections; unfinished handshakes are dropped. Destroyed outside mu_: its thread
+    // may be in OnAccept, which takes it.
+    std::unique_ptr<transport::Listener> listener;
+    {
+      absl::MutexLock lock(&mu_);
+      listener = std::move(listener_);
+      if (listener != nullptr) peak_connections_ = listener->peak_connections();
+    }
+  }
 
   // Waits under mu_ until `done` or `deadline`, looking again at least every 10 ms: a count
   // may reach zero without a wake-up (CallDone).
@@ -428,6 +440,8 @@ ServerStats ServerImpl::stats() const {
   {
     absl::MutexLock lock(&mu_);
     stats.connections_open = connections_.size();
+    stats.connections_peak =
+        listener_ != nullptr ? listener_->peak_connections() : peak_connections_;
   }
   stats.calls_started = calls_.started();
   stats.calls_in_flight = calls_.in_flight();
@@ -510,6 +524,9 @@ std::string Server::PrometheusText() const {
       {"zrpc_server_connections_accepted_total", "counter", "Connections accepted.",
        s.connections_accepted},
       {"zrpc_server_connections_open", "gauge", "Connections open now.", s.connections_open},
+      {"zrpc_server_connections_peak", "gauge",
+       "Most connections open or handshaking at once since the server started.",
+       s.connections_peak},
       {"zrpc_server_connections_idle_closed_total", "counter",
        "Connections closed after ServerOptions::idle_timeout without a word.",
        s.connections_idle_closed},

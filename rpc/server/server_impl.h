@@ -129,7 +129,8 @@ class ServerImpl final : public transport::AcceptHandler {
   std::vector<std::shared_ptr<transport::Poller>> pollers_;
   std::unique_ptr<HandlerPool> pool_;
   StreamThreads stream_threads_;
-  std::unique_ptr<transport::Listener> listener_;
+  std::unique_ptr<transport::Listener> listener_ ABSL_GUARDED_BY(mu_);
+  uint32_t peak_connections_ ABSL_GUARDED_BY(mu_) = 0;  // the listener's, once it is gone
 
   absl::flat_hash_map<uint32_t, ServiceEntry> services_;
   Metrics metrics_;
