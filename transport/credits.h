@@ -144,7 +144,12 @@ class CreditAccount {
   // found the budget dry: receives may have come back since (the connection calls it before it
   // looks for a credit frame to send).
   void RetryGrowth() {
-    if (share_ != nullptr && granted_ - consumed_ < 2 && window_ < max_) Grow();
+    if (ABSL_PREDICT_TRUE(!starved_)) return;
+    if (granted_ - consumed_ < 2 && window_ < max_) {
+      Grow();
+    } else {
+      starved_ = false;  // the peer has credits again (or the window reached its ceiling)
+    }
   }
 
   // Whether an explicit credit frame is due (and one credit is there to send it): T owed, or
@@ -203,6 +208,7 @@ class CreditAccount {
     threshold_ = ThresholdFor(window_);
     owed_ += more;
     if (more > 0) grew_ = true;
+    starved_ = more == 0;
   }
   // Gives the released receive back to the budget instead of owing it; false once the share is
   // closed.
@@ -221,7 +227,8 @@ class CreditAccount {
   uint32_t window_;
   uint32_t max_window_ = window_;
   uint32_t threshold_;
-  bool grew_ = false;  // owed_ holds credits the window grew by, not sent yet
+  bool grew_ = false;     // owed_ holds credits the window grew by, not sent yet
+  bool starved_ = false;  // the last growth found the budget dry (RetryGrowth)
   ReceiveShare* share_;
   uint64_t owed_ = 0;
   // Credits given to the peer (its initial window plus every credit returned in a frame) and
