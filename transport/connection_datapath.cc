@@ -1046,12 +1046,12 @@ absl::Status Connection::ReleaseLocked(uint64_t handle) {
     GiveSlot(recv_slots_[index]);
     recv_slots_[index] = SlotPool::kNoSlot;
     recv_free_.push_back(index);
-    if (state_ == State::kOpen) credits_.OnDataRecvReposted();
+    if (state_ == State::kOpen) credits_.OnRecvReposted();
     return absl::OkStatus();
   }
   if (state_ != State::kOpen) return absl::OkStatus();  // the slot waits for the destructor
   RepostRecvLocked(index);
-  credits_.OnDataRecvReposted();
+  credits_.OnRecvReposted();
   return absl::OkStatus();
 }
 
@@ -1251,7 +1251,7 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
     absl::StatusOr<uint64_t> sequence = arena_reader_.OnArrival(imm, wc.byte_len);
     give_back(sequence.ok());
     if (!sequence.ok()) return FailLocked(sequence.status());
-    credits_.OnDataRecvReposted();
+    credits_.OnRecvReposted();
     ++stats_.bulk_received;
     Event e(Event::kBulk);
     e.data = arena_.get() + ArenaReader::offset(imm);
@@ -1280,7 +1280,7 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
   }
   if (header->kind == FrameKind::kCredit) {
     give_back(true);
-    credits_.OnUpdateRecvReposted();
+    credits_.OnRecvReposted();
     return;
   }
   // The message is held until its Release. A shared queue's slot takes a free index of the

@@ -131,21 +131,30 @@ class CreditAccount {
   // window grows here when the peer is left unable to send data.
   absl::Status OnConsumed() {
     if (ABSL_PREDICT_FALSE(++consumed_ > granted_)) return ConsumedTooMany();
-    if (share_ != nullptr && granted_ - consumed_ < 2 && window_ < max_) Grow();
+    if (share_ != nullptr && PeerShort()) Grow();
     return absl::OkStatus();
   }
 
-  // This side re-posted a RECV that a data frame or a bulk WRITE consumed / that a credit frame
-  // consumed (the two count alike). An elastic window may keep the credit back instead.
-  void OnDataRecvReposted() { OnRecvReposted(); }
-  void OnUpdateRecvReposted() { OnRecvReposted(); }
+  // This side re-posted (or, with a shared queue, released) a RECV that a data frame, a bulk
+  // WRITE or a credit frame consumed: the three count alike. Owed to the peer, unless an elastic
+  // window keeps the credit back: the peer's credits, in its hands or on the wire, beyond the two
+  // it needs for data, are half the window (the margin keeps this apart from growth, which starts
+  // below two, so a steady flow settles instead of growing and shrinking in turn), or growth is
+  // low.
+  void OnRecvReposted() {
+    if (share_ != nullptr && window_ > floor_ &&
+        (2 * (granted_ - consumed_) >= window_ + 4 || share_->low()) && Shrink()) {
+      return;
+    }
+    ++owed_;
+  }
 
   // Tries again to grow a window whose peer is left without credits for data, after a growth
   // found the budget dry: receives may have come back since (the connection calls it before it
   // looks for a credit frame to send).
   void RetryGrowth() {
     if (ABSL_PREDICT_TRUE(!starved_)) return;
-    if (granted_ - consumed_ < 2 && window_ < max_) {
+    if (PeerShort()) {
       Grow();
     } else {
       starved_ = false;  // the peer has credits again (or the window reached its ceiling)
@@ -180,16 +189,9 @@ class CreditAccount {
 
  private:
   static uint32_t ThresholdFor(uint32_t window) { return std::max<uint32_t>(2, window / 2); }
-  void OnRecvReposted() {
-    // The peer's credits, in its hands or on the wire, beyond the two it needs for data: kept
-    // back once they are half the window. The margin keeps this apart from growth (which starts
-    // below two), so a steady flow settles instead of growing and shrinking in turn.
-    if (share_ != nullptr && window_ > floor_ &&
-        (2 * (granted_ - consumed_) >= window_ + 4 || share_->low()) && Shrink()) {
-      return;
-    }
-    ++owed_;
-  }
+  // The peer has fewer than two credits for data (in its hands or on the wire), and the window
+  // may still grow.
+  bool PeerShort() const { return granted_ - consumed_ < 2 && window_ < max_; }
   // The rare paths, out of line so that the common ones stay small enough to inline.
   ABSL_ATTRIBUTE_NOINLINE absl::Status ReturnedTooMany(uint32_t n) const {
     return absl::FailedPreconditionError(

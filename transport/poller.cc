@@ -208,6 +208,7 @@ uint64_t Poller::Capacity(const ConnectionOptions& options) const {
 
 absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
   const uint32_t reserved = connection->cq_entries_reserved();
+  const uint32_t floor = connection->options_.idle_recv_credits;  // of a shared queue's receives
   {
     absl::MutexLock lock(&mu_);
     if (!cq_budget_.Fits(reserved)) {
@@ -217,7 +218,6 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
                        cq_budget_.reserved(), " of ", cq_capacity_, " reserved, ",
                        cq_budget_.grant_floor(), " kept for sends; use another poller"));
     }
-    const uint32_t floor = connection->options_.idle_recv_credits;
     if (srq_ != nullptr && !srq_->budget().TakeFloor(floor)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the poller's shared receive queue (", srq_->size(), " receives, ",
@@ -243,14 +243,14 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
   absl::MutexLock lock(&mu_);
   if (!taken) {
     cq_budget_.Unreserve(reserved);
-    if (srq_ != nullptr) srq_->budget().GiveFloor(connection->options_.idle_recv_credits);
+    if (srq_ != nullptr) srq_->budget().GiveFloor(floor);
     return absl::ResourceExhaustedError(
         absl::StrCat("completion queue: ", reserved,
                      " entries not free (its connections' sends hold them; waited ",
                      looping_.load() && !OnPollerThread() ? "100 ms)" : "not: no loop to ask)"));
   }
   if (srq_ != nullptr) {
-    connection->receive_share_.Open(&srq_->budget(), connection->options_.idle_recv_credits);
+    connection->receive_share_.Open(&srq_->budget(), floor);
   }
   connections_[connection->qp_num()] = connection;
   generation_.fetch_add(1, std::memory_order_release);

@@ -47,31 +47,31 @@ TEST_CASE("a peer returning credits it was never given is a protocol error", "[c
 TEST_CASE("owed credits ride on frames, and a credit frame is due at half the window",
           "[credits]") {
   CreditAccount account(8, 8);
-  for (int i = 0; i < 3; ++i) account.OnDataRecvReposted();
+  for (int i = 0; i < 3; ++i) account.OnRecvReposted();
   CHECK_FALSE(account.ShouldSendUpdate());
-  account.OnDataRecvReposted();
+  account.OnRecvReposted();
   CHECK(account.ShouldSendUpdate());
-  // RECVs consumed by credit frames count alike: two of each make half a window.
+  // RECVs consumed by data and by credit frames count alike: four of either make half a window.
   CreditAccount mixed(8, 8);
-  mixed.OnDataRecvReposted();
-  mixed.OnUpdateRecvReposted();
-  mixed.OnDataRecvReposted();
+  mixed.OnRecvReposted();
+  mixed.OnRecvReposted();
+  mixed.OnRecvReposted();
   CHECK_FALSE(mixed.ShouldSendUpdate());
-  mixed.OnUpdateRecvReposted();
+  mixed.OnRecvReposted();
   CHECK(mixed.ShouldSendUpdate());
   // The smallest window's frame is due at two: a frame returning one would cost what it returns,
   // and two idle peers would bounce it forever.
   CreditAccount smallest(3, 3);
-  smallest.OnUpdateRecvReposted();
+  smallest.OnRecvReposted();
   CHECK_FALSE(smallest.ShouldSendUpdate());
-  smallest.OnUpdateRecvReposted();
+  smallest.OnRecvReposted();
   CHECK(smallest.ShouldSendUpdate());
   CreditAccount idle(8, 8);
-  for (int i = 0; i < 3; ++i) idle.OnUpdateRecvReposted();
+  for (int i = 0; i < 3; ++i) idle.OnRecvReposted();
   CHECK_FALSE(idle.ShouldSendUpdate());
-  idle.OnUpdateRecvReposted();
+  idle.OnRecvReposted();
   CHECK(idle.ShouldSendUpdate());
-  for (int i = 0; i < 96; ++i) idle.OnUpdateRecvReposted();
+  for (int i = 0; i < 96; ++i) idle.OnRecvReposted();
   CHECK(idle.TakeOwed() == 100);
   CHECK(idle.owed() == 0);
   CHECK(account.TakeOwed() == 4);
@@ -81,7 +81,7 @@ TEST_CASE("owed credits ride on frames, and a credit frame is due at half the wi
 TEST_CASE("more owed credits than a frame field holds are returned over several frames",
           "[credits]") {
   CreditAccount account(4, 200000);
-  for (int i = 0; i < 70000; ++i) account.OnDataRecvReposted();
+  for (int i = 0; i < 70000; ++i) account.OnRecvReposted();
   CHECK(account.TakeOwed() == 65535);
   CHECK(account.TakeOwed() == 70000 - 65535);
   CHECK(account.TakeOwed() == 0);
@@ -91,14 +91,14 @@ TEST_CASE("a peer sending beyond the credits it was given is a protocol error", 
   CreditAccount account(/*peer_window=*/8, /*own_window=*/4);
   for (int i = 0; i < 4; ++i) REQUIRE(account.OnConsumed().ok());  // its initial window
   // Its RECVs were re-posted at once, but no credit has gone back yet: the fifth is too many.
-  for (int i = 0; i < 4; ++i) account.OnDataRecvReposted();
+  for (int i = 0; i < 4; ++i) account.OnRecvReposted();
   absl::Status s = account.OnConsumed();
   CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
   CHECK(s.message().find("beyond its credits") != absl::string_view::npos);
 
   CreditAccount returned(8, 4);
   for (int i = 0; i < 4; ++i) REQUIRE(returned.OnConsumed().ok());
-  for (int i = 0; i < 4; ++i) returned.OnDataRecvReposted();
+  for (int i = 0; i < 4; ++i) returned.OnRecvReposted();
   REQUIRE(returned.TakeOwed() == 4);  // sent back in a frame: four more may come
   for (int i = 0; i < 4; ++i) CHECK(returned.OnConsumed().ok());
   CHECK_FALSE(returned.OnConsumed().ok());
@@ -122,7 +122,7 @@ TEST_CASE("an elastic window grows when its peer runs low and shrinks back to it
   CHECK(budget.claimed() == 5);
   CHECK(share.held() == 5);
   // Released while the peer is short: owed, not kept back; all of it is due in a credit frame.
-  for (int i = 0; i < 3; ++i) account.OnDataRecvReposted();
+  for (int i = 0; i < 3; ++i) account.OnRecvReposted();
   CHECK(account.window() == 5);
   CHECK(account.ShouldSendUpdate());
   CHECK(account.TakeOwed() == 5);
@@ -130,7 +130,7 @@ TEST_CASE("an elastic window grows when its peer runs low and shrinks back to it
   // shrinking, nothing taken from or given to the budget at each call).
   for (int i = 0; i < 10; ++i) {
     REQUIRE(account.OnConsumed().ok());
-    account.OnDataRecvReposted();
+    account.OnRecvReposted();
     account.TakeOwed();
   }
   CHECK(account.window() == 5);
@@ -148,14 +148,14 @@ TEST_CASE("an elastic window grows when its peer runs low and shrinks back to it
   for (int burst = 0; burst < 20; ++burst) {
     uint32_t held = 0;
     for (; peer >= 2; ++held) send();
-    for (; held > 0; --held) wide.OnDataRecvReposted();
+    for (; held > 0; --held) wide.OnRecvReposted();
     peer += wide.TakeOwed();
   }
   CHECK(wide.window() == 32);
   CHECK(budget.claimed() == 5 + 32);
   for (int i = 0; i < 40; ++i) {
     send();
-    wide.OnDataRecvReposted();
+    wide.OnRecvReposted();
     peer += wide.TakeOwed();
   }
   CHECK(wide.window() == 5);
@@ -170,7 +170,7 @@ TEST_CASE("an elastic window grows when its peer runs low and shrinks back to it
   auto round = [](CreditAccount& account) {
     const uint32_t spend = account.window() - static_cast<uint32_t>(account.owed());
     for (uint32_t i = 0; i < spend; ++i) REQUIRE(account.OnConsumed().ok());
-    for (uint32_t i = 0; i < spend; ++i) account.OnDataRecvReposted();
+    for (uint32_t i = 0; i < spend; ++i) account.OnRecvReposted();
     account.TakeOwed();
   };
   for (int i = 0; i < 10; ++i) round(busy);
@@ -197,7 +197,7 @@ TEST_CASE("an elastic window grows when its peer runs low and shrinks back to it
   const int64_t free_before = pools.growth_free();
   const uint32_t window_before = busy.window();
   REQUIRE(busy.OnConsumed().ok());
-  busy.OnDataRecvReposted();
+  busy.OnRecvReposted();
   CHECK(busy.window() == window_before - 1);
   CHECK(pools.growth_free() == free_before + 1);
 }
@@ -222,7 +222,7 @@ TEST_CASE("a share gives back everything it holds once, and takes nothing after 
   closed.Close();
   for (int i = 0; i < 20; ++i) {
     REQUIRE(account.OnConsumed().ok());
-    account.OnDataRecvReposted();
+    account.OnRecvReposted();
     account.TakeOwed();
   }
   CHECK(budget.claimed() == 0);
@@ -340,10 +340,8 @@ bool Run(const Model& m) {
         // Honest peers never trip either side's checks, whatever the schedule.
         if (!self->credits.OnConsumed().ok()) return false;
         if (!self->credits.OnReturned(f.returned).ok()) return false;
-        if (!f.data) {
-          self->credits.OnUpdateRecvReposted();
-        } else if (other->bulk) {
-          self->credits.OnDataRecvReposted();  // a bulk write's RECV goes straight back
+        if (!f.data || other->bulk) {
+          self->credits.OnRecvReposted();  // a credit frame's or a bulk write's goes straight back
         } else {
           ++self->held;
         }
@@ -351,7 +349,7 @@ bool Run(const Model& m) {
       }
       if (self->held > 0 && Next(x) % m.release_one_in == 0) {
         --self->held;
-        self->credits.OnDataRecvReposted();
+        self->credits.OnRecvReposted();
         moved = true;
       }
     }
