@@ -10,6 +10,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,9 +18,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "rpc/channel.h"
 #include "rpc/registered_memory.h"
 #include "rpc/server.h"
+#include "tests/device_counters.h"
 #include "tests/eventually.h"
 #include "tests/pattern.h"
 #include "tests/rdma_device.h"
@@ -338,13 +342,22 @@ TEST_CASE(
     s = std::move(status);
     done.Notify();
   });
+  const std::map<std::string, uint64_t> counters = zrpc::testing::ReadDeviceCounters(config);
   REQUIRE(zrpc::testing::Eventually([&] { return served.server->stats().pulled_bytes_held > 0; }));
+  const absl::Time cancelled = absl::Now();
   options.cancellation->Cancel();
   done.WaitForNotification();
+  // The call returns once the server has the body: a return after the grace (60 s) means the
+  // READ outlived it, and the device's counters say whether the device was retrying it.
+  INFO("the cancelled call returned after "
+       << absl::FormatDuration(absl::Now() - cancelled) << "; the server still held "
+       << served.server->stats().pulled_bytes_held << " pulled bytes");
   INFO(s);
   CHECK(s.code() == absl::StatusCode::kCancelled);
   request.set_data("small");
   s = stub.Echo(request, &reply, Within(kLong));
+  INFO("device counters that moved: " << zrpc::testing::DeviceCounterChanges(
+           counters, zrpc::testing::ReadDeviceCounters(config)));
   INFO(s);
   CHECK(s.ok());
   CHECK(reply.data().size() == 1);
