@@ -127,6 +127,14 @@ struct ServerOptions : RuntimeOptions {
   // (0: any free one; port() says which).
   std::string address;
   uint16_t port = 0;
+  // Pollers added as connections come: a connection is placed on the next poller with room for
+  // it (Poller::Capacity: its completion queue's entries and, with shared_receive_queue, that
+  // queue's floors), and when none has, the server starts another, up to max_pollers, so that a
+  // server sized for thousands of clients holds the pollers (threads, queues, a shared receive
+  // queue's slots) of the hundreds it has. Pollers are never taken back before Shutdown. Admission
+  // (listener.max_connections) counts what max_pollers hold. 0: `pollers`, none added; else in
+  // [pollers, 64].
+  int max_pollers = 0;
   // Threads of the handler pool (methods not marked inline run there). In [1, 1024].
   int handler_threads = 4;
   // Run every method inline on the poller thread unless overridden (SetInline). Streaming

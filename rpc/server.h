@@ -61,6 +61,9 @@ struct ServerStats {
   // The most connections open or handshaking at once since Start (the listener's admission
   // count, so never above ServerOptions::listener.max_connections), until Shutdown began.
   uint64_t connections_peak = 0;
+  // Pollers running: ServerOptions::pollers, and those added since (max_pollers); 0 after
+  // Shutdown.
+  uint64_t pollers = 0;
   uint64_t calls_started = 0;
   // Calls started and not yet retired. A call retires just after its answer has left, so a
   // client may hold its answer a moment before this count (and the method's metrics) drop.

@@ -206,6 +206,15 @@ uint64_t Poller::Capacity(const ConnectionOptions& options) const {
   return connections;
 }
 
+bool Poller::HasRoomFor(const ConnectionOptions& options) {
+  const bool shared = srq_ != nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!cq_budget_.Fits(CqEntriesReservedFor(options, shared))) return false;
+  }
+  return !shared || srq_->budget().floor_free() >= options.idle_recv_credits;
+}
+
 absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
   const uint32_t reserved = connection->cq_entries_reserved();
   const uint32_t floor = connection->options_.idle_recv_credits;  // of a shared queue's receives

@@ -123,6 +123,11 @@ class Poller {
   // Connections with `options` it can hold at once: what its completion queue can take, and,
   // with a shared receive queue, the windows that queue backs.
   uint64_t Capacity(const ConnectionOptions& options) const;
+  // Whether a connection with `options` would be registered now: its completion-queue entries
+  // and, with a shared receive queue, its floor are free. A hint for placing one (a server adds a
+  // poller when none has room): Register decides, and connections placed meanwhile may take the
+  // room first.
+  bool HasRoomFor(const ConnectionOptions& options);
   // Whether the calling thread is running a poller's loop (or RunOnce) now: handlers and the
   // callbacks they run are. Code that would wait for something only a poller can produce (a
   // send slot, a completion) must not wait there: it would wait for itself.

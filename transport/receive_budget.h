@@ -48,6 +48,7 @@ class ReceiveBudget {
   uint32_t claimed() const {
     return size() - static_cast<uint32_t>(Load(floor_free_) + Load(growth_free_));
   }
+  int64_t floor_free() const { return Load(floor_free_); }
   int64_t growth_free() const { return Load(growth_free_); }
   // Growth under a quarter free: every window above its floor shrinks at its next release.
   bool low() const { return 4 * Load(growth_free_) < growth_size_; }

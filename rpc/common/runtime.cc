@@ -47,23 +47,30 @@ absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const ch
   parts.staging = std::make_unique<StagingPool>(*parts.device, options.staging_bytes);
   parts.receive_limits = std::make_shared<ReceiveLimits>(
       options.max_message_size, options.max_bulk_size, options.max_pulled_bytes, side);
+  for (int i = 0; i < options.pollers; ++i) {
+    absl::StatusOr<std::shared_ptr<transport::Poller>> poller = StartPoller(*parts.device, options);
+    if (!poller.ok()) return poller.status();
+    parts.pollers.push_back(*std::move(poller));
+  }
+  return parts;
+}
+
+absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device& device,
+                                                               const RuntimeOptions& options) {
   transport::PollerOptions poller_options;
   poller_options.mode = options.poll_mode;
   poller_options.spin = options.spin;
   poller_options.shared_receive_queue = options.shared_receive_queue;
-  for (int i = 0; i < options.pollers; ++i) {
-    absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
-        transport::Poller::Create(*parts.device, poller_options);
-    if (!poller.ok()) return poller.status();
-    std::shared_ptr<transport::Poller> made = *std::move(poller);
-    if (ManualPollers()) {
-      AddManualPoller(made);  // driven by DriveManualPollersOnce (manual_pollers.h)
-    } else if (absl::Status s = made->Start(); !s.ok()) {
-      return s;
-    }
-    parts.pollers.push_back(std::move(made));
+  absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
+      transport::Poller::Create(device, poller_options);
+  if (!poller.ok()) return poller.status();
+  std::shared_ptr<transport::Poller> made = *std::move(poller);
+  if (ManualPollers()) {
+    AddManualPoller(made);  // driven by DriveManualPollersOnce (manual_pollers.h)
+  } else if (absl::Status s = made->Start(); !s.ok()) {
+    return s;
   }
-  return parts;
+  return made;
 }
 
 }  // namespace zrpc::internal

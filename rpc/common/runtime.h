@@ -37,6 +37,12 @@ struct RuntimeParts {
 // error, what was made is destroyed before it returns.
 absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const char* side);
 
+// One more poller for `options` on `device`, started (or handed to the manual driver, under
+// manual_pollers.h): what OpenRuntime makes each of its pollers with, for a server that adds
+// pollers as connections come (ServerOptions::max_pollers).
+absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device& device,
+                                                               const RuntimeOptions& options);
+
 }  // namespace zrpc::internal
 
 #endif  // ZRPC_RPC_COMMON_RUNTIME_H_

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -32,6 +33,12 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
         "ServerOptions::max_streams_per_connection is ", options.max_streams_per_connection,
         " and max_streams ", options.max_streams, "; each must be at least 1"));
   }
+  if (options.max_pollers != 0 &&
+      (options.max_pollers < options.pollers || options.max_pollers > 64)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions::max_pollers is ", options.max_pollers,
+        "; it must be 0 (pollers, none added) or in [pollers = ", options.pollers, ", 64]"));
+  }
   if (!(options.idle_keepalive_budget >= 0)) {  // NaN too
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::idle_keepalive_budget is ",
                                                    options.idle_keepalive_budget,
@@ -51,14 +58,24 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   core->device_ = std::move(parts->device);
   core->staging_ = std::move(parts->staging);
   core->receive_limits_ = std::move(parts->receive_limits);
-  core->pollers_ = std::move(parts->pollers);
+  {
+    absl::MutexLock lock(&core->pollers_mu_);
+    core->pollers_ = std::move(parts->pollers);
+  }
+  core->max_pollers_ = std::max(options.pollers, options.max_pollers);
   core->pool_ = std::make_unique<HandlerPool>(options.handler_threads, options.spin);
   // Admission within what the pollers can hold: a connection refused at the door ("server
   // full") is better than one accepted and then refused its completion-queue entries or its
   // shared receive queue's window, and no single address may take every place.
   transport::ListenerOptions& listener = core->options_.listener;
+  // Every poller is made alike: those not started yet hold what the first does.
   uint64_t capacity = 0;
-  for (const auto& poller : core->pollers_) capacity += poller->Capacity(listener.connection);
+  {
+    absl::MutexLock lock(&core->pollers_mu_);
+    for (const auto& poller : core->pollers_) capacity += poller->Capacity(listener.connection);
+    capacity += static_cast<uint64_t>(core->max_pollers_ - core->pollers_.size()) *
+                core->pollers_.front()->Capacity(listener.connection);
+  }
   if (capacity == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ServerOptions: the pollers have room for no connection",
@@ -268,10 +285,36 @@ void ServerImpl::SweepLoop() {
   }
 }
 
+std::shared_ptr<transport::Poller> ServerImpl::PickPoller() {
+  const transport::ConnectionOptions& options = options_.listener.connection;
+  absl::MutexLock lock(&pollers_mu_);
+  const size_t count = pollers_.size();
+  if (count == 0) return nullptr;  // Shutdown took them
+  const size_t first = next_poller_++ % count;
+  // Round robin over those with room; with none, one more poller if max_pollers allows.
+  for (size_t i = 0; i < count; ++i) {
+    const std::shared_ptr<transport::Poller>& poller = pollers_[(first + i) % count];
+    if (poller->HasRoomFor(options)) return poller;
+  }
+  if (count < static_cast<size_t>(max_pollers_) && !draining()) {
+    absl::StatusOr<std::shared_ptr<transport::Poller>> added = StartPoller(*device_, options_);
+    if (added.ok()) {
+      pollers_.push_back(*std::move(added));
+      return pollers_.back();
+    }
+    if (!poller_failure_logged_) {
+      poller_failure_logged_ = true;
+      ZRPC_LOG(kWarning, "rpc", "the server could not add poller ", count + 1, " of ", max_pollers_,
+               " (it goes on with ", count, "): ", added.status().ToString());
+    }
+  }
+  return pollers_[first];  // full: its Register refuses the connection, saying why
+}
+
 absl::StatusOr<transport::Placement> ServerImpl::Place(const std::string&) {
   if (draining()) return absl::UnavailableError("the server is shutting down");
-  const std::shared_ptr<transport::Poller>& poller =
-      pollers_[next_poller_.fetch_add(1, std::memory_order_relaxed) % pollers_.size()];
+  std::shared_ptr<transport::Poller> poller = PickPoller();
+  if (poller == nullptr) return absl::UnavailableError("the server is shutting down");
   auto connection = std::make_shared<ServerConnection>(*this, poller);
   ServerConnection* handler = connection.get();
   {
@@ -422,8 +465,13 @@ void ServerImpl::Shutdown(absl::Duration grace) {
   stream_threads_.JoinAll();  // every stream's call finished above: its thread is returning
   // Closes and drains what is still registered; a payload a user still holds keeps its poller
   // object (and CQ) until released, with the loop stopped.
-  for (auto& poller : pollers_) poller->Shutdown();
-  pollers_.clear();
+  std::vector<std::shared_ptr<transport::Poller>> pollers;
+  {
+    absl::MutexLock lock(&pollers_mu_);
+    pollers.swap(pollers_);
+  }
+  for (auto& poller : pollers) poller->Shutdown();
+  pollers.clear();
   absl::MutexLock lock(&mu_);
   connections_.clear();
 }
@@ -442,6 +490,10 @@ ServerStats ServerImpl::stats() const {
     stats.connections_open = connections_.size();
     stats.connections_peak =
         listener_ != nullptr ? listener_->peak_connections() : peak_connections_;
+  }
+  {
+    absl::MutexLock lock(&pollers_mu_);
+    stats.pollers = pollers_.size();
   }
   stats.calls_started = calls_.started();
   stats.calls_in_flight = calls_.in_flight();
@@ -527,6 +579,8 @@ std::string Server::PrometheusText() const {
       {"zrpc_server_connections_peak", "gauge",
        "Most connections open or handshaking at once since the server started.",
        s.connections_peak},
+      {"zrpc_server_pollers", "gauge",
+       "Pollers running (ServerOptions::pollers, and those added up to max_pollers).", s.pollers},
       {"zrpc_server_connections_idle_closed_total", "counter",
        "Connections closed after ServerOptions::idle_timeout without a word.",
        s.connections_idle_closed},

@@ -125,8 +125,16 @@ class ServerImpl final : public transport::AcceptHandler {
   std::shared_ptr<transport::Device> device_;
   std::unique_ptr<StagingPool> staging_;
   std::shared_ptr<ReceiveLimits> receive_limits_;
-  // Shared with received payloads users still hold (rpc_connection.h).
-  std::vector<std::shared_ptr<transport::Poller>> pollers_;
+  // The poller for a connection being accepted: the next with room, or one more (max_pollers).
+  std::shared_ptr<transport::Poller> PickPoller();
+
+  // Shared with received payloads users still hold (rpc_connection.h). Grown by PickPoller on the
+  // listener's thread, read by stats(), emptied by Shutdown.
+  mutable absl::Mutex pollers_mu_;
+  std::vector<std::shared_ptr<transport::Poller>> pollers_ ABSL_GUARDED_BY(pollers_mu_);
+  size_t next_poller_ ABSL_GUARDED_BY(pollers_mu_) = 0;
+  bool poller_failure_logged_ ABSL_GUARDED_BY(pollers_mu_) = false;
+  int max_pollers_ = 1;  // fixed once created
   std::unique_ptr<HandlerPool> pool_;
   StreamThreads stream_threads_;
   std::unique_ptr<transport::Listener> listener_ ABSL_GUARDED_BY(mu_);
@@ -138,7 +146,6 @@ class ServerImpl final : public transport::AcceptHandler {
   uint16_t port_ = 0;
   std::atomic<bool> draining_{false};
   bool shut_down_ = false;
-  std::atomic<uint32_t> next_poller_{0};
 
   // Every connection placed and not yet closed (or refused), for Shutdown and stats. Keyed by
   // the handler as the transport names it, so a lookup never needs a cast.

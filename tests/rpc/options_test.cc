@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
@@ -83,6 +85,21 @@ TEST_CASE("the values at each shared option's bounds pass the checks") {
   options.max_bulk_size = 1;
   options.spin = absl::ZeroDuration();
   CHECK(internal::CheckRuntimeOptions(options, "ServerOptions").ok());
+}
+
+TEST_CASE("ServerOptions::max_pollers below pollers or past 64 is refused, naming the option") {
+  for (const auto& [pollers, max_pollers] :
+       std::vector<std::pair<int, int>>{{2, 1}, {4, 3}, {1, 65}, {1, -1}}) {
+    ServerOptions options;
+    options.pollers = pollers;
+    options.max_pollers = max_pollers;
+    auto server = Server::Create(options);
+    REQUIRE_FALSE(server.ok());
+    INFO(server.status());
+    CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(server.status().message(),
+                            "ServerOptions::max_pollers is " + std::to_string(max_pollers)));
+  }
 }
 
 }  // namespace

@@ -52,6 +52,18 @@ zrpc::ChannelOptions SharedChannel(uint32_t receives, int connections) {
   return options;
 }
 
+// A call from a channel the server refused until a place came free: tried again until it is
+// admitted and answered, or kLong has passed (the last attempt's status).
+absl::Status HelloOnceAdmitted(Greeter::Stub& stub, const std::string& name, HelloReply* reply) {
+  absl::Status status;
+  for (const absl::Time until = absl::Now() + kLong; absl::Now() < until;) {
+    status = stub.SayHello(zrpc::testing::Named(name), reply, Within(kLong));
+    if (status.ok()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return status;
+}
+
 }  // namespace
 
 TEST_CASE("calls and bulk payloads both ways run over shared receive queues on both sides") {
@@ -139,12 +151,7 @@ TEST_CASE("a server with shared receive queues admits as many connections as the
 
   // Once the first channel has gone, the third gets in.
   rt.channel.reset();
-  absl::Status admitted;
-  for (const absl::Time until = absl::Now() + kLong; absl::Now() < until;) {
-    admitted = third_stub.SayHello(zrpc::testing::Named("third"), &reply, Within(kLong));
-    if (admitted.ok()) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  const absl::Status admitted = HelloOnceAdmitted(third_stub, "third", &reply);
   INFO(admitted);
   CHECK(admitted.ok());
   CHECK(reply.message() == "Hello, third");
@@ -170,4 +177,76 @@ TEST_CASE("a shared receive queue too small for the floors it must back is refus
   CHECK(absl::StrContains(channel.status().message(), "holds 3 of the channel's connections"));
   channel_options.connections = 2;
   CHECK(zrpc::CreateChannel("127.0.0.1:1", channel_options).ok());
+}
+
+// Before: a server's pollers were all made at Create (ServerOptions::pollers), so a server sized
+// for many clients held every poller's queue and thread from the start, and a connection placed
+// on a full poller was refused while another had room.
+TEST_CASE("a server adds pollers as connections fill them, up to max_pollers, then refuses") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  // Each poller's queue backs four floors: three pollers hold twelve connections.
+  zrpc::ServerOptions server_options = SharedServer(16);
+  server_options.pollers = 1;
+  server_options.max_pollers = 3;
+  // Every client has the guest's one address: it may take every place.
+  server_options.listener.max_connections = 12;
+  server_options.listener.max_connections_per_peer = 12;
+  Runtime rt(config, server_options, SharedChannel(16, 4));
+  CHECK(rt.server->stats().pollers == 1);
+  REQUIRE(rt.channel->Connect(absl::Now() + kLong).ok());
+  std::vector<std::unique_ptr<zrpc::ClientChannel>> channels;
+  channels.push_back(std::move(rt.channel));
+  auto add = [&](uint32_t receives, int connections) {
+    zrpc::ChannelOptions options = SharedChannel(receives, connections);
+    options.device = rt.config;
+    options.connect_timeout = absl::Seconds(5);
+    auto channel = zrpc::CreateChannel(rt.target(), options);
+    REQUIRE(channel.ok());
+    channels.push_back(*std::move(channel));
+    return channels.back()->Connect(absl::Now() + kLong);
+  };
+  // The first poller is full with four: the fifth connection starts a second.
+  CHECK(rt.server->stats().pollers == 1);
+  absl::Status added = add(8, 1);
+  INFO(added);
+  REQUIRE(added.ok());
+  CHECK(rt.server->stats().pollers == 2);
+  // Seven more fill the second and start a third.
+  added = add(32, 7);
+  INFO(added);
+  REQUIRE(added.ok());
+  CHECK(rt.server->stats().pollers == 3);
+  CHECK(rt.server->stats().connections_open == 12);
+  CHECK(absl::StrContains(rt.server->PrometheusText(), "zrpc_server_pollers 3\n"));
+  // Every connection serves calls, whichever poller holds it (a channel goes round robin).
+  for (auto& channel : channels) {
+    Greeter::Stub stub(channel.get());
+    for (int i = 0; i < 8; ++i) {
+      HelloReply reply;
+      const absl::Status s = stub.SayHello(zrpc::testing::Named("many"), &reply, Within(kLong));
+      INFO(s);
+      REQUIRE(s.ok());
+      CHECK(reply.message() == "Hello, many");
+    }
+  }
+  // No fourth poller: the thirteenth connection is refused, saying why.
+  zrpc::ChannelOptions last_options = SharedChannel(8, 1);
+  last_options.device = rt.config;
+  last_options.connect_timeout = absl::Seconds(5);
+  auto last = zrpc::CreateChannel(rt.target(), last_options);
+  REQUIRE(last.ok());
+  Greeter::Stub last_stub(last->get());
+  HelloReply reply;
+  const absl::Status refused =
+      last_stub.SayHello(zrpc::testing::Named("last"), &reply, Within(absl::Seconds(10)));
+  INFO(refused);
+  CHECK(refused.code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::StrContains(refused.message(), "server full: 12 connections"));
+  CHECK(rt.server->stats().pollers == 3);
+  // A poller's connections going leaves it running, with room the next connection takes.
+  channels.front().reset();
+  const absl::Status admitted = HelloOnceAdmitted(last_stub, "last", &reply);
+  INFO(admitted);
+  CHECK(admitted.ok());
+  CHECK(rt.server->stats().pollers == 3);
 }
