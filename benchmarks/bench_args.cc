@@ -184,7 +184,7 @@ absl::StatusOr<BenchArgs> ParseBenchArgs(const std::vector<std::string>& args) {
     } else if (flag == "--in-flight") {
       s = ParseList(flag, value, 1, 4096, &parsed.in_flight);
     } else if (flag == "--connections") {
-      s = ParseList(flag, value, 1, 256, &parsed.connections);
+      s = ParseList(flag, value, 1, 1024, &parsed.connections);  // ChannelOptions::connections
     } else if (flag == "--threads") {
       s = ParseOne(flag, value, 1, 256, &parsed.threads);
     } else if (flag == "--calls") {

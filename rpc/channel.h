@@ -109,7 +109,8 @@ class ClientChannel final : public Channel {
   // yet, a handshake that timed out, a full server): a client started beside its server waits
   // for it. An error that will not pass (an address that does not resolve, an incompatible
   // server) returns at once. The first connection's error, if any; DEADLINE_EXCEEDED, quoting
-  // the last attempt's error, when the deadline comes first.
+  // the last attempt's error, when the deadline comes first. Up to 16 connections are made at
+  // once, each on a thread that lasts as long as Connect.
   absl::Status Connect(absl::Time deadline);
   ChannelStats stats() const;
   // Per-method client metrics (calls, status codes, bytes, latency); PrometheusText() for scrapes.

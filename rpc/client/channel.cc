@@ -82,7 +82,9 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   absl::Status Init();
   // `deadline` is monotonic; `waited` as Subchannel::Get's.
   absl::StatusOr<std::shared_ptr<ClientConnection>> Pick(absl::Time deadline, bool* waited);
+  // Connect(): every subchannel, kConnectsAtOnce at a time.
   absl::Status ConnectAll(absl::Time deadline);
+  static constexpr size_t kConnectsAtOnce = 16;
   ChannelStats stats() const;
   // Records the message limit of a new connection, and warns once when the server's receive
   // slots differ from this channel's.
@@ -255,11 +257,32 @@ void ChannelImpl::AddLive(std::shared_ptr<ClientConnection> connection) {
 }
 
 absl::Status ChannelImpl::ConnectAll(absl::Time deadline) {
-  absl::Status first;
-  for (auto& sub : subchannels_) {
-    absl::Status connected = sub->Connect(deadline);
-    if (!connected.ok() && first.ok()) first = connected;
-  }
+  // A handshake mostly waits (for the server's listener, for the two sides' connection managers),
+  // so the connections are made kConnectsAtOnce at a time, each on a thread of its own while it
+  // lasts: one after another, a thousand took their server's whole accept time added up. On a
+  // runtime thread each fails at once (Subchannel::Get), as before, and no thread is started.
+  const size_t n = subchannels_.size();
+  const size_t workers = OnRuntimeThread() ? 1 : std::min(n, kConnectsAtOnce);
+  std::atomic<size_t> next{0};
+  absl::Mutex mu;
+  absl::Status first;  // the first connection's error, in their order
+  size_t first_index = n;
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+      absl::Status connected = subchannels_[i]->Connect(deadline);
+      if (connected.ok()) continue;
+      absl::MutexLock lock(&mu);
+      if (i < first_index) {
+        first_index = i;
+        first = std::move(connected);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(workers - 1);
+  for (size_t i = 1; i < workers; ++i) threads.emplace_back(work);
+  work();
+  for (std::thread& thread : threads) thread.join();
   return first;
 }
 
