@@ -54,9 +54,12 @@ inline std::map<std::string, uint64_t> ReadDeviceCounters(const transport::Devic
   return counters;
 }
 
-// The counters that moved between two readings, "name +delta" each; "none moved" if none did.
+// The counters that moved between two readings, "name +delta" each; "none moved" if none did,
+// and "no counters readable" when neither reading found any (no sysfs, or a driver without
+// hw_counters), which says nothing about what the device did.
 inline std::string DeviceCounterChanges(const std::map<std::string, uint64_t>& before,
                                         const std::map<std::string, uint64_t>& after) {
+  if (before.empty() && after.empty()) return "no counters readable";
   std::string changes;
   for (const auto& [name, value] : after) {
     auto it = before.find(name);

@@ -11,6 +11,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -280,7 +281,13 @@ absl::Status ChannelImpl::ConnectAll(absl::Time deadline) {
   };
   std::vector<std::thread> threads;
   threads.reserve(workers - 1);
-  for (size_t i = 1; i < workers; ++i) threads.emplace_back(work);
+  for (size_t i = 1; i < workers; ++i) {
+    try {
+      threads.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no thread to be had (a process limit): fewer at once, still every connection
+    }
+  }
   work();
   for (std::thread& thread : threads) thread.join();
   return first;

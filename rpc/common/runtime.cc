@@ -47,8 +47,10 @@ absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const ch
   parts.staging = std::make_unique<StagingPool>(*parts.device, options.staging_bytes);
   parts.receive_limits = std::make_shared<ReceiveLimits>(
       options.max_message_size, options.max_bulk_size, options.max_pulled_bytes, side);
+  parts.manual_pollers = ManualPollers();
   for (int i = 0; i < options.pollers; ++i) {
-    absl::StatusOr<std::shared_ptr<transport::Poller>> poller = StartPoller(*parts.device, options);
+    absl::StatusOr<std::shared_ptr<transport::Poller>> poller =
+        StartPoller(*parts.device, options, parts.manual_pollers);
     if (!poller.ok()) return poller.status();
     parts.pollers.push_back(*std::move(poller));
   }
@@ -56,7 +58,8 @@ absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const ch
 }
 
 absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device& device,
-                                                               const RuntimeOptions& options) {
+                                                               const RuntimeOptions& options,
+                                                               bool manual) {
   transport::PollerOptions poller_options;
   poller_options.mode = options.poll_mode;
   poller_options.spin = options.spin;
@@ -65,7 +68,7 @@ absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device
       transport::Poller::Create(device, poller_options);
   if (!poller.ok()) return poller.status();
   std::shared_ptr<transport::Poller> made = *std::move(poller);
-  if (ManualPollers()) {
+  if (manual) {
     AddManualPoller(made);  // driven by DriveManualPollersOnce (manual_pollers.h)
   } else if (absl::Status s = made->Start(); !s.ok()) {
     return s;

@@ -30,6 +30,9 @@ struct RuntimeParts {
   std::shared_ptr<ReceiveLimits> receive_limits;
   // Shared with received payloads users still hold (rpc_connection.h).
   std::vector<std::shared_ptr<transport::Poller>> pollers;
+  // Whether they are driven by DriveManualPollersOnce (manual_pollers.h) instead of their own
+  // loops: read once, so that pollers added later are driven the same way.
+  bool manual_pollers = false;
 };
 
 // Opens the shared device for `options` (rpc/common/shared_device.h), its staging pool, the
@@ -37,11 +40,12 @@ struct RuntimeParts {
 // error, what was made is destroyed before it returns.
 absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const char* side);
 
-// One more poller for `options` on `device`, started (or handed to the manual driver, under
-// manual_pollers.h): what OpenRuntime makes each of its pollers with, for a server that adds
-// pollers as connections come (ServerOptions::max_pollers).
+// One more poller for `options` on `device`, started, or handed to the manual driver when
+// `manual` (RuntimeParts::manual_pollers: manual_pollers.h): what OpenRuntime makes each of its
+// pollers with, for a server that adds pollers as connections come (ServerOptions::max_pollers).
 absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device& device,
-                                                               const RuntimeOptions& options);
+                                                               const RuntimeOptions& options,
+                                                               bool manual);
 
 }  // namespace zrpc::internal
 

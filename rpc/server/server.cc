@@ -39,6 +39,19 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
         "ServerOptions::max_pollers is ", options.max_pollers,
         "; it must be 0 (pollers, none added) or in [pollers = ", options.pollers, ", 64]"));
   }
+  if (const uint64_t queued =
+          static_cast<uint64_t>(std::max(options.pollers, options.max_pollers)) *
+          options.shared_receive_queue;
+      queued > options.slots.max_slots) {
+    // Pollers added later could not fill their queues from the pool, while admission had counted
+    // their places: refused here, as pollers made at once are when their queues do not fit.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions: ", std::max(options.pollers, options.max_pollers),
+        " pollers (max_pollers) with shared receive queues of ", options.shared_receive_queue,
+        " receives take ", queued, " slots, more than slots.max_slots = ", options.slots.max_slots,
+        " holds (and sends need slots too): lower max_pollers or shared_receive_queue, or raise "
+        "slots.max_slots"));
+  }
   if (!(options.idle_keepalive_budget >= 0)) {  // NaN too
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::idle_keepalive_budget is ",
                                                    options.idle_keepalive_budget,
@@ -63,6 +76,7 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
     core->pollers_ = std::move(parts->pollers);
   }
   core->max_pollers_ = std::max(options.pollers, options.max_pollers);
+  core->manual_pollers_ = parts->manual_pollers;
   core->pool_ = std::make_unique<HandlerPool>(options.handler_threads, options.spin);
   // Admission within what the pollers can hold: a connection refused at the door ("server
   // full") is better than one accepted and then refused its completion-queue entries or its
@@ -287,28 +301,46 @@ void ServerImpl::SweepLoop() {
 
 std::shared_ptr<transport::Poller> ServerImpl::PickPoller() {
   const transport::ConnectionOptions& options = options_.listener.connection;
-  absl::MutexLock lock(&pollers_mu_);
-  const size_t count = pollers_.size();
-  if (count == 0) return nullptr;  // Shutdown took them
-  const size_t first = next_poller_++ % count;
-  // Round robin over those with room; with none, one more poller if max_pollers allows.
-  for (size_t i = 0; i < count; ++i) {
-    const std::shared_ptr<transport::Poller>& poller = pollers_[(first + i) % count];
-    if (poller->HasRoomFor(options)) return poller;
-  }
-  if (count < static_cast<size_t>(max_pollers_) && !draining()) {
-    absl::StatusOr<std::shared_ptr<transport::Poller>> added = StartPoller(*device_, options_);
-    if (added.ok()) {
-      pollers_.push_back(*std::move(added));
-      return pollers_.back();
+  std::shared_ptr<transport::Poller> fallback;
+  {
+    absl::MutexLock lock(&pollers_mu_);
+    const size_t count = pollers_.size();
+    if (count == 0) return nullptr;  // Shutdown took them
+    const size_t first = next_poller_++ % count;
+    // Round robin over those with room; with none, one more poller if max_pollers allows.
+    for (size_t i = 0; i < count; ++i) {
+      const std::shared_ptr<transport::Poller>& poller = pollers_[(first + i) % count];
+      if (poller->HasRoomFor(options)) return poller;
     }
+    fallback = pollers_[first];  // full: its Register refuses the connection, saying why
+    if (count >= static_cast<size_t>(max_pollers_) || draining() ||
+        MonotonicNow() < next_poller_attempt_) {
+      return fallback;
+    }
+  }
+  // Made outside the lock (a CQ, a thread, a shared queue's slots take a while, and stats() must
+  // not wait for them): only the listener's thread adds pollers, one at a time.
+  absl::StatusOr<std::shared_ptr<transport::Poller>> added =
+      StartPoller(*device_, options_, manual_pollers_);
+  absl::MutexLock lock(&pollers_mu_);
+  if (!added.ok()) {
+    // Tried again a second later at the earliest: a storm of connections must not make the
+    // listener build and fail a poller for each.
+    next_poller_attempt_ = MonotonicNow() + absl::Seconds(1);
     if (!poller_failure_logged_) {
       poller_failure_logged_ = true;
-      ZRPC_LOG(kWarning, "rpc", "the server could not add poller ", count + 1, " of ", max_pollers_,
-               " (it goes on with ", count, "): ", added.status().ToString());
+      ZRPC_LOG(kWarning, "rpc", "the server could not add poller ", pollers_.size() + 1, " of ",
+               max_pollers_, " (it goes on with ", pollers_.size(),
+               " and tries again at most once a second): ", added.status().ToString());
     }
+    return fallback;
   }
-  return pollers_[first];  // full: its Register refuses the connection, saying why
+  if (pollers_.empty()) {  // Shutdown came meanwhile (it stops the listener first: never)
+    (*added)->Shutdown();
+    return nullptr;
+  }
+  pollers_.push_back(*std::move(added));
+  return pollers_.back();
 }
 
 absl::StatusOr<transport::Placement> ServerImpl::Place(const std::string&) {

@@ -134,7 +134,9 @@ class ServerImpl final : public transport::AcceptHandler {
   std::vector<std::shared_ptr<transport::Poller>> pollers_ ABSL_GUARDED_BY(pollers_mu_);
   size_t next_poller_ ABSL_GUARDED_BY(pollers_mu_) = 0;
   bool poller_failure_logged_ ABSL_GUARDED_BY(pollers_mu_) = false;
-  int max_pollers_ = 1;  // fixed once created
+  absl::Time next_poller_attempt_ ABSL_GUARDED_BY(pollers_mu_) = absl::InfinitePast();  // monotonic
+  int max_pollers_ = 1;          // fixed once created
+  bool manual_pollers_ = false;  // as OpenRuntime found it: added pollers are driven the same way
   std::unique_ptr<HandlerPool> pool_;
   StreamThreads stream_threads_;
   std::unique_ptr<transport::Listener> listener_ ABSL_GUARDED_BY(mu_);

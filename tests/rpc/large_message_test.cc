@@ -352,11 +352,13 @@ TEST_CASE(
   INFO("the cancelled call returned after "
        << absl::FormatDuration(absl::Now() - cancelled) << "; the server still held "
        << served.server->stats().pulled_bytes_held << " pulled bytes");
+  INFO("device counters that moved by then: " << zrpc::testing::DeviceCounterChanges(
+           counters, zrpc::testing::ReadDeviceCounters(config)));
   INFO(s);
   CHECK(s.code() == absl::StatusCode::kCancelled);
   request.set_data("small");
   s = stub.Echo(request, &reply, Within(kLong));
-  INFO("device counters that moved: " << zrpc::testing::DeviceCounterChanges(
+  INFO("device counters that moved by the next call's end: " << zrpc::testing::DeviceCounterChanges(
            counters, zrpc::testing::ReadDeviceCounters(config)));
   INFO(s);
   CHECK(s.ok());

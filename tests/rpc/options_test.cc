@@ -102,5 +102,19 @@ TEST_CASE("ServerOptions::max_pollers below pollers or past 64 is refused, namin
   }
 }
 
+TEST_CASE("max_pollers whose shared receive queues pass the slot pool's cap is refused") {
+  ServerOptions options;
+  options.pollers = 1;
+  options.max_pollers = 17;
+  options.shared_receive_queue = 4096;
+  options.slots.max_slots = 65536;
+  auto server = Server::Create(options);
+  REQUIRE_FALSE(server.ok());
+  INFO(server.status());
+  CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(server.status().message(), "take 69632 slots"));
+  CHECK(absl::StrContains(server.status().message(), "slots.max_slots = 65536"));
+}
+
 }  // namespace
 }  // namespace zrpc
