@@ -40,15 +40,14 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
         "; it must be 0 (pollers, none added) or in [pollers = ", options.pollers, ", 64]"));
   }
   if (const uint64_t queued =
-          static_cast<uint64_t>(std::max(options.pollers, options.max_pollers)) *
-          options.shared_receive_queue;
-      queued > options.slots.max_slots) {
+          static_cast<uint64_t>(options.max_pollers) * options.shared_receive_queue;
+      options.max_pollers > options.pollers && queued > options.slots.max_slots) {
     // Pollers added later could not fill their queues from the pool, while admission had counted
-    // their places: refused here, as pollers made at once are when their queues do not fit.
+    // their places: refused here. (Those made at once fail at Create when theirs do not fit.)
     return absl::InvalidArgumentError(absl::StrCat(
-        "ServerOptions: ", std::max(options.pollers, options.max_pollers),
-        " pollers (max_pollers) with shared receive queues of ", options.shared_receive_queue,
-        " receives take ", queued, " slots, more than slots.max_slots = ", options.slots.max_slots,
+        "ServerOptions: max_pollers = ", options.max_pollers,
+        " pollers with shared receive queues of ", options.shared_receive_queue, " receives take ",
+        queued, " slots, more than slots.max_slots = ", options.slots.max_slots,
         " holds (and sends need slots too): lower max_pollers or shared_receive_queue, or raise "
         "slots.max_slots"));
   }
