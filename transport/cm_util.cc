@@ -30,7 +30,11 @@ std::string RejectReason(const rdma_cm_event& event) {
 // Private data a rejection can carry (IB CM REJ).
 constexpr size_t kMaxRejectData = 148;
 
-// RC retries before a silent peer is declared dead: 7 is the most retry_count allows.
+// RC retries before a silent peer is declared dead: 7 is the most retry_count allows, and a
+// hardware NIC makes 7 tries. But rxe takes 7 to mean "retry forever" (its completer never
+// counts a retry down from 7), so over Soft-RoCE a peer that stops acknowledging is never found
+// dead by the transport, and a READ caught in a retransmit loop runs until something else ends
+// the connection. Choosing this (and the ACK timeout, inherited from rdma_cm) is issue 36's.
 constexpr uint8_t kRetryCount = 7;
 
 }  // namespace
