@@ -70,24 +70,19 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   core->device_ = std::move(parts->device);
   core->staging_ = std::move(parts->staging);
   core->receive_limits_ = std::move(parts->receive_limits);
-  {
-    absl::MutexLock lock(&core->pollers_mu_);
-    core->pollers_ = std::move(parts->pollers);
-  }
   core->max_pollers_ = std::max(options.pollers, options.max_pollers);
   core->manual_pollers_ = parts->manual_pollers;
   core->pool_ = std::make_unique<HandlerPool>(options.handler_threads, options.spin);
   // Admission within what the pollers can hold: a connection refused at the door ("server
   // full") is better than one accepted and then refused its completion-queue entries or its
-  // shared receive queue's window, and no single address may take every place.
+  // shared receive queue's window, and no single address may take every place. Every poller is
+  // made alike, so those not started yet hold what the first does.
   transport::ListenerOptions& listener = core->options_.listener;
-  // Every poller is made alike: those not started yet hold what the first does.
-  uint64_t capacity = 0;
+  const uint64_t capacity = static_cast<uint64_t>(core->max_pollers_) *
+                            parts->pollers.front()->Capacity(listener.connection);
   {
     absl::MutexLock lock(&core->pollers_mu_);
-    for (const auto& poller : core->pollers_) capacity += poller->Capacity(listener.connection);
-    capacity += static_cast<uint64_t>(core->max_pollers_ - core->pollers_.size()) *
-                core->pollers_.front()->Capacity(listener.connection);
+    core->pollers_ = std::move(parts->pollers);
   }
   if (capacity == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -318,7 +313,8 @@ std::shared_ptr<transport::Poller> ServerImpl::PickPoller() {
     }
   }
   // Made outside the lock (a CQ, a thread, a shared queue's slots take a while, and stats() must
-  // not wait for them): only the listener's thread adds pollers, one at a time.
+  // not wait for them): only the listener's thread adds pollers, one at a time, and Shutdown
+  // stops that thread before it takes the pollers.
   absl::StatusOr<std::shared_ptr<transport::Poller>> added =
       StartPoller(*device_, options_, manual_pollers_);
   absl::MutexLock lock(&pollers_mu_);
@@ -333,10 +329,6 @@ std::shared_ptr<transport::Poller> ServerImpl::PickPoller() {
                " and tries again at most once a second): ", added.status().ToString());
     }
     return fallback;
-  }
-  if (pollers_.empty()) {  // Shutdown came meanwhile (it stops the listener first: never)
-    (*added)->Shutdown();
-    return nullptr;
   }
   pollers_.push_back(*std::move(added));
   return pollers_.back();
