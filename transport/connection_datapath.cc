@@ -241,6 +241,11 @@ void Connection::ExitLocked() {
     if (changed) {
       AfterChangeLocked(events);
       changed = false;
+    } else if (state_ == State::kDraining && DrainedLocked()) {
+      // An operation that was counted for the drain (AcceptLeft) and then entered a free domain
+      // (Submit) counted itself out in here: the marker may have come back while it counted,
+      // and no completion will come to look again.
+      FinishDrainLocked(events);
     }
     // Only the poller dispatches (ConnectionHandler): what was produced here goes to it.
     for (Event& e : events) pending_events_.push_back(std::move(e));
@@ -298,6 +303,12 @@ void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
     if (tasks_head_ != nullptr) {
       RunTasksLocked();
       AfterChangeLocked(events);
+      continue;
+    }
+    // A left operation run inside a handler's call (RunLeftInBatchLocked) may have been the
+    // last the drain waited for: as in ExitLocked.
+    if (state_ == State::kDraining && DrainedLocked()) {
+      FinishDrainLocked(events);
       continue;
     }
     if (!drops_.empty() || exits_head_ != nullptr) TakeDropsLocked(drops, exits);
@@ -449,8 +460,9 @@ std::string Connection::DebugString() const {
       peer_.recv_credits, ", owed ", credits_.owed(), ", waiting ", waiting_.size(), ", in flight ",
       in_flight_.size(), " (oldest ", in_flight_.empty() ? 0 : in_flight_.front().sequence,
       ", next ", next_sequence_, "), recvs posted ", recvs_posted_, ", early ", early_.size(),
-      ", left in the domain ", LeftPending(), ", arena in use ", arena_writer_.in_use(),
-      " (peer) / ", arena_reader_.in_use(), " (own)",
+      ", left in the domain ", LeftPending(),
+      state_ == State::kDraining && sq_drained_ ? ", send queue drained" : "", ", arena in use ",
+      arena_writer_.in_use(), " (peer) / ", arena_reader_.in_use(), " (own)",
       rc != 0 ? absl::StrCat(", ibv_query_qp failed (", rc, ")")
               : absl::StrCat(", qp state ", attr.qp_state, " timeout ", attr.timeout, " retry ",
                              attr.retry_cnt, " rnr retry ", attr.rnr_retry, " reads ",

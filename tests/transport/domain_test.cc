@@ -35,6 +35,19 @@ class ConnectionTestPeer {
     while (!c.domain_.TryEnter()) std::this_thread::yield();  // the poller's turn ends soon
   }
   static void Let(Connection& c) { c.ExitLocked(); }
+  // The steps of Submit for an operation from another thread, one at a time: counted for the
+  // drain while the domain is held (AcceptLeft), then entering it once free and counting itself
+  // out there (LeftDone), as Submit does when the holder let go in between.
+  static bool Accept(Connection& c) { return c.AcceptLeft(); }
+  static void CountOut(Connection& c) { c.LeftDone(); }
+  static void Fail(Connection& c) { c.FailLocked(absl::CancelledError("closed by the test")); }
+  // Whether the drain marker came back (waits for the domain).
+  static bool SendQueueDrained(Connection& c) {
+    Hold(c);
+    const bool drained = c.sq_drained_;
+    Let(c);
+    return drained;
+  }
 };
 
 }  // namespace zrpc::transport
@@ -703,4 +716,36 @@ TEST_CASE(
   for (const auto& buffer : again) pair.server->ReleaseSendBuffer(buffer);
   // No slot kept: the poller's cache counts as free.
   CHECK(zrpc::testing::SlotsInUse(*setup.device) == slots_before);
+}
+
+// CI found a connection that never reported OnClosed (shared_receive_queue_test, closing during
+// traffic): its drain marker had come back while another thread's send was counted for the drain
+// and not yet carried out; that send then found the domain free, entered it, counted itself out
+// and left, and nothing looked at the drain again.
+TEST_CASE(
+    "a close completes when the last operation the drain waits for enters a free domain after "
+    "the marker came back",
+    "[domain]") {
+  Recorder server_handler, client_handler;
+  Setup setup(FakeDevice());
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  Connection& c = *pair.server;
+  ConnectionTestPeer::Hold(c);
+  REQUIRE(ConnectionTestPeer::Accept(c));  // a send from another thread, counted
+  ConnectionTestPeer::Fail(c);             // the connection fails: its marker is posted
+  ConnectionTestPeer::Let(c);
+  // The marker comes back while the send is still counted: the drain must wait for it.
+  REQUIRE(zrpc::testing::Eventually([&] { return ConnectionTestPeer::SendQueueDrained(c); }));
+  {
+    absl::MutexLock lock(&server_handler.mu);
+    REQUIRE_FALSE(server_handler.closed.has_value());
+  }
+  // The send enters the free domain, is refused there (closed), counts itself out and leaves.
+  ConnectionTestPeer::Hold(c);
+  ConnectionTestPeer::CountOut(c);
+  ConnectionTestPeer::Let(c);
+  CHECK(
+      server_handler.WaitFor([&] { return server_handler.closed.has_value(); }, absl::Seconds(5)));
+  pair.client->Close();
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.closed.has_value(); }));
 }

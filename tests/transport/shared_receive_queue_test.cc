@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "tests/eventually.h"
 #include "tests/log_capture.h"
 #include "tests/pattern.h"
@@ -315,8 +316,25 @@ TEST_CASE("connections closed during traffic on shared queues give every slot ba
   pairs[2].server->Close();
   stop.store(true);
   for (std::thread& t : senders) t.join();
-  for (auto& handler : handlers) {
-    REQUIRE(handler->WaitFor([&] { return handler->closed.has_value(); }, kTimeout));
+  for (size_t i = 0; i < handlers.size(); ++i) {
+    Recorder& handler = *handlers[i];
+    if (handler.WaitFor([&] { return handler.closed.has_value(); }, kTimeout)) continue;
+    // Which end of which pair never heard, and where its connection stands.
+    const Connection& c = i % 2 == 0 ? *pairs[i / 2].server : *pairs[i / 2].client;
+    const Connection& peer = i % 2 == 0 ? *pairs[i / 2].client : *pairs[i / 2].server;
+    INFO("pair " << i / 2 << ", " << (i % 2 == 0 ? "server" : "client") << " end");
+    INFO("it: " << c.DebugString());
+    INFO("its peer: " << peer.DebugString());
+    std::string pollers;
+    for (Poller* poller : {setup->server_poller.get(), setup->client_poller.get()}) {
+      absl::StrAppend(&pollers, poller == setup->server_poller.get() ? "server" : "; client",
+                      " poller: loop ended ", poller->loop_ended(), ", passes ", poller->passes(),
+                      ", receives posted ", poller->shared_receives_posted(), ", claimed ",
+                      poller->shared_receives_claimed(), ", CQ entries free ",
+                      poller->cq_entries_free());
+    }
+    INFO(pollers);
+    FAIL("no OnClosed");
   }
   pairs.clear();  // with the messages the first server still holds (its Release is not needed)
   // Everything the connections and their queues held goes back once the pollers go.
