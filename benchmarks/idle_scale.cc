@@ -4,10 +4,11 @@
 //
 //   idle_scale server [--port P] [--pollers N] [--shared-receive-queue R] [--window W]
 //                     [--arena BYTES] [--max-slots N]
-//     Serves the Bench service with default ServerOptions but for the flags and the admission
-//     limit per address (raised: every client of a one-guest run has the guest's one address).
-//     --max-slots raises the registered slot pool's bound (SlotPoolOptions::max_slots, 65,536),
-//     which shared receive queues of many pollers may need.
+//     Serves the Bench service with default ServerOptions but for the flags (the shared receive
+//     queue is --shared-receive-queue's, 0 unless given, and the pollers are --pollers, none
+//     added) and the admission limit per address (raised: every client of a one-guest run has
+//     the guest's one address). --max-slots sets the registered slot pool's bound
+//     (SlotPoolOptions::max_slots, 131,072), which shared receive queues of many pollers may need.
 //     Prints "status open=N pinned_kib=K" every second: connections open and the process's
 //     pinned memory (VmPin, transport/process_limits.h).
 //   idle_scale idle --connect A:P --connections N [--shared-receive-queue R] [--window W]
@@ -85,6 +86,7 @@ int Serve(const Flags& flags) {
   ServerOptions options;
   options.port = flags.port;
   options.pollers = flags.pollers;
+  options.max_pollers = flags.pollers;  // the pollers asked for, none added
   if (flags.max_slots != 0) options.slots.max_slots = flags.max_slots;
   Shape(flags, options, options.listener.connection);
   // The one admission option a one-guest run changes: every place may go to one address (it

@@ -48,6 +48,11 @@ int Serve(const BenchArgs& args) {
     options.port = listen->port;
   }
   options.pollers = args.pollers;
+  // The pollers asked for, none added; their shared receive queues (the server's default) within
+  // half the slot pool's cap however many there are: 4096 each up to 16 pollers, fewer past.
+  options.max_pollers = args.pollers;
+  options.shared_receive_queue =
+      std::min<uint32_t>(options.shared_receive_queue, 65536 / std::max(args.pollers, 1));
   // A benchmark's clients are usually one host: it may take what the pollers hold, less the half
   // kept from any one address (ServerOptions::listener).
   options.listener.max_connections_per_peer = options.listener.max_connections;

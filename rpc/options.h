@@ -41,7 +41,9 @@ struct RuntimeOptions {
   // message caught polling costs no wake-up; THREADING.md). Zero: sleep at once. In [0, 1s].
   absl::Duration spin = absl::Microseconds(50);
   // Receives of one queue that every connection of a poller shares (transport/
-  // shared_receive_queue.h), or 0 (the default, for now) for each connection's own. With it an
+  // shared_receive_queue.h), or 0 for each connection's own: 4096 by default on a server (16 MiB
+  // of 4 KiB slots per poller, cut to what RLIMIT_MEMLOCK leaves room for, with a warning), 0 on
+  // a channel (its few connections keep their own receives). With it an
   // idle connection keeps no receive posted: each poller's queue holds this many pool slots, the
   // windows its connections grant their peers are claims on them that never sum to more (each
   // from a floor, the connection options' idle_recv_credits, 3 by default, up to recv_credits,
@@ -123,6 +125,10 @@ struct ChannelOptions : RuntimeOptions {
 
 // A server's options (rpc/server.h), beside the shared ones.
 struct ServerOptions : RuntimeOptions {
+  // A server shares each poller's receives among its connections by default: an idle connection
+  // then holds one slot and one completion-queue entry instead of a window's worth.
+  ServerOptions() { shared_receive_queue = 4096; }
+
   // Where to listen: an address of the RDMA device (empty: the device's own address) and a port
   // (0: any free one; port() says which).
   std::string address;
@@ -132,9 +138,10 @@ struct ServerOptions : RuntimeOptions {
   // queue's floors), and when none has, the server starts another, up to max_pollers, so that a
   // server sized for thousands of clients holds the pollers (threads, queues, a shared receive
   // queue's slots) of the hundreds it has. Pollers are never taken back before Shutdown. Admission
-  // (listener.max_connections) counts what max_pollers hold. 0: `pollers`, none added; else in
-  // [pollers, 64].
-  int max_pollers = 0;
+  // (listener.max_connections) counts what max_pollers hold. In [0, 64]; at or below `pollers`:
+  // `pollers`, none added. With the default shared receive queue of 4096, 16 pollers hold 16,384
+  // connections (floors of 3 in three quarters of each queue) and their queues 65,536 slots.
+  int max_pollers = 16;
   // Threads of the handler pool (methods not marked inline run there). In [1, 1024].
   int handler_threads = 4;
   // Run every method inline on the poller thread unless overridden (SetInline). Streaming

@@ -94,9 +94,10 @@ struct SlotPoolOptions {
   uint32_t slot_count = 256;
   // The cap: the pool never holds more slots than this (the last chunk is cut short to fit). At
   // least slot_count, at most 2^31. Set it equal to slot_count for a pool that never grows. At 4
-  // KiB slots the default is 256 MiB of registered memory when full: about 1000 server
-  // connections with 64 credits each, plus their sends (see RLIMIT_MEMLOCK above).
-  uint32_t max_slots = 65536;
+  // KiB slots the default is 512 MiB of registered memory when full: a server's 16 shared receive
+  // queues of 4096 (rpc/options.h) take half, and the rest is for its connections' credit frames
+  // and sends (see RLIMIT_MEMLOCK above).
+  uint32_t max_slots = 131072;
 };
 
 // Admission limits of a Listener, and the options of the connections it accepts.

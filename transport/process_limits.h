@@ -2,11 +2,12 @@
 //
 // Every byte registered with an RDMA device is pinned, and pinned pages count against
 // RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK (ib_umem_get). Debian's default soft limit is
-// 8 MiB: about twenty idle connections with default options. Past the limit a registration fails
-// with ENOMEM, and a server refuses the connection it was for; the RPC server instead bounds its
-// admission by the limit at creation and says so, naming the limit and the value that would hold
-// max_connections (rpc/server). The bound counts what idle connections register; send slots the
-// pool grows for, pulled payloads and the application's own registrations come on top, so a
+// 8 MiB: about twenty idle connections of their own receives (388 KiB), about thirty on an RPC
+// server's default shared receive queue cut to fit (rpc/server). Past the limit a registration
+// fails with ENOMEM, and a server refuses the connection it was for; the RPC server instead bounds
+// its admission by the limit at creation and says so, naming the limit and the value that would
+// hold max_connections (rpc/server). The bound counts what idle connections register; send slots
+// the pool grows for, pulled payloads and the application's own registrations come on top, so a
 // limit just large enough for max_connections still fails some registrations under load. Open files
 // are no such limit: an open connection holds no file descriptor of its own on either side
 // (tests/transport/connection_test), only each poller and listener do (a few each).

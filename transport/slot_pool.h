@@ -25,9 +25,11 @@
 // lookup over up to 16 regions bit its users; see ../shared/notes/rdma-pitfalls.md). The
 // power-of-two chunk size is what makes that a shift instead of a division.
 //
-// Sizing. Defaults: 4 KiB slots, chunks of 256 slots (1 MiB), at most 65536 slots (256 MiB, 256
-// chunks). A client with a few connections pins 1 MiB; a server with default connection options
-// (65 slots each) holds 256 idle connections in 65 chunks (65 MiB) and about 1000 at the cap.
+// Sizing. Defaults: 4 KiB slots, chunks of 256 slots (1 MiB), at most 131072 slots (512 MiB, 512
+// chunks). A client with a few connections pins 1 MiB; a server with connections of their own
+// receives (65 slots each with 64 credits) holds 256 idle ones in 65 chunks (65 MiB), and an RPC
+// server with its default shared receive queues (4096 slots per poller, 16 pollers at most) takes
+// half the cap for them and holds its connections' credit-frame slots and sends in the rest.
 // The bookkeeping is sized for max_slots at Create but is 5 bytes a slot of address space that
 // is touched only as chunks arrive (320 KiB for the default cap). Registered memory counts
 // against RLIMIT_MEMLOCK for non-root processes (often 8 MiB): a server expecting many

@@ -21,6 +21,34 @@
 namespace zrpc {
 namespace internal {
 
+namespace {
+
+// The shared receive queue a poller of this server makes: the one asked for, or, when
+// RLIMIT_MEMLOCK would not let the process register it with room to spare, what half the room
+// left holds (a server's default queue is 16 MiB of slots; Debian's default limit is 8 MiB), and
+// a warning says so. Never below one floor, so that Create still fails with the poller's own
+// reason when not even that fits.
+uint32_t SharedQueueWithinLockedMemory(const ServerOptions& options) {
+  const uint32_t asked = options.shared_receive_queue;
+  if (asked == 0) return 0;
+  const transport::LockedMemory memory = transport::ReadLockedMemory();
+  if (memory.unlimited) return asked;
+  const uint64_t slot = (options.slots.slot_size + 63) / 64 * 64;
+  const uint64_t room = memory.limit > memory.locked ? memory.limit - memory.locked : 0;
+  const uint64_t fits = room / 2 / std::max<uint64_t>(slot, 1);
+  if (fits >= asked) return asked;
+  const uint32_t sized = static_cast<uint32_t>(
+      std::max<uint64_t>(fits, options.listener.connection.idle_recv_credits));
+  ZRPC_LOG(kWarning, "rpc", "the server's shared receive queues hold ", sized,
+           " receives, not shared_receive_queue = ", asked, ": RLIMIT_MEMLOCK is ", memory.limit,
+           " bytes, ", memory.locked,
+           " locked already; raise it (ulimit -l, or LimitMEMLOCK= for a service) to ",
+           memory.locked + 2 * asked * slot, " bytes or more for the queue asked for");
+  return sized;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptions& options) {
   if (absl::Status s = CheckRuntimeOptions(options, "ServerOptions"); !s.ok()) return s;
   if (options.handler_threads < 1 || options.handler_threads > 1024) {
@@ -33,11 +61,10 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
         "ServerOptions::max_streams_per_connection is ", options.max_streams_per_connection,
         " and max_streams ", options.max_streams, "; each must be at least 1"));
   }
-  if (options.max_pollers != 0 &&
-      (options.max_pollers < options.pollers || options.max_pollers > 64)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ServerOptions::max_pollers is ", options.max_pollers,
-        "; it must be 0 (pollers, none added) or in [pollers = ", options.pollers, ", 64]"));
+  if (options.max_pollers < 0 || options.max_pollers > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ServerOptions::max_pollers is ", options.max_pollers,
+                     "; it must be in [0, 64] (at or below pollers: pollers, none added)"));
   }
   if (const uint64_t queued =
           static_cast<uint64_t>(options.max_pollers) * options.shared_receive_queue;
@@ -57,6 +84,7 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
                                                    "; it must be zero (no advice) or positive"));
   }
   ServerOptions adjusted = options;
+  adjusted.shared_receive_queue = SharedQueueWithinLockedMemory(options);
   transport::ConnectionOptions& connection = adjusted.listener.connection;
   connection.min_message_size = std::max(connection.min_message_size, kMinRpcMessage);
   // Every call a connection may hold (one per receive credit) and every stream can hold its
@@ -65,7 +93,7 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   connection.max_send_slots =
       std::max<uint32_t>(connection.max_send_slots, ServerImpl::AnswerSlots(adjusted) + 8);
   std::unique_ptr<ServerImpl> core(new ServerImpl(adjusted));
-  absl::StatusOr<RuntimeParts> parts = OpenRuntime(options, "ServerOptions");
+  absl::StatusOr<RuntimeParts> parts = OpenRuntime(adjusted, "ServerOptions");
   if (!parts.ok()) return parts.status();
   core->device_ = std::move(parts->device);
   core->staging_ = std::move(parts->staging);
@@ -78,8 +106,8 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   // shared receive queue's window, and no single address may take every place. Every poller is
   // made alike, so those not started yet hold what the first does.
   transport::ListenerOptions& listener = core->options_.listener;
-  const uint64_t capacity = static_cast<uint64_t>(core->max_pollers_) *
-                            parts->pollers.front()->Capacity(listener.connection);
+  const uint64_t per_poller = parts->pollers.front()->Capacity(listener.connection);
+  const uint64_t capacity = static_cast<uint64_t>(core->max_pollers_) * per_poller;
   {
     absl::MutexLock lock(&core->pollers_mu_);
     core->pollers_ = std::move(parts->pollers);
@@ -87,8 +115,8 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   if (capacity == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ServerOptions: the pollers have room for no connection",
-        options.shared_receive_queue > 0
-            ? absl::StrCat(": shared_receive_queue is ", options.shared_receive_queue,
+        adjusted.shared_receive_queue > 0
+            ? absl::StrCat(": shared_receive_queue is ", adjusted.shared_receive_queue,
                            ", less than one floor of listener.connection.idle_recv_credits = ",
                            listener.connection.idle_recv_credits)
             : " (their completion queues' entries)"));
@@ -96,8 +124,15 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   // And within the memory the process may lock: past RLIMIT_MEMLOCK every registration fails, and
   // a connection would be accepted only to be refused its arena.
   const transport::LockedMemory memory = transport::ReadLockedMemory();
-  const uint64_t per_connection = transport::RegisteredPerIdleConnection(
-      listener.connection, options.shared_receive_queue > 0, core->device_->slots().slot_size());
+  uint64_t per_connection = transport::RegisteredPerIdleConnection(
+      listener.connection, adjusted.shared_receive_queue > 0, core->device_->slots().slot_size());
+  if (adjusted.shared_receive_queue > 0 && per_poller > 0) {
+    // And its share of its poller's queue: a poller added later registers a whole queue for the
+    // connections it will hold.
+    const uint64_t queue =
+        uint64_t{adjusted.shared_receive_queue} * core->device_->slots().slot_size();
+    per_connection += (queue + per_poller - 1) / per_poller;
+  }
   const uint64_t fits = transport::ConnectionsWithin(memory, per_connection);
   if (fits == 0) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -101,6 +101,7 @@ TEST_CASE(
   // budget, 100 pings a second, the server would ask for 4 s, a third of its idle_timeout).
   server_options.idle_keepalive_budget = 0;
   server_options.pollers = 2;
+  server_options.max_pollers = 2;              // these two, none added
   server_options.shared_receive_queue = 8192;  // 2,048 floors of 3 per poller (3/4 of it)
   server_options.listener.connection.recv_credits = kWindow;
   server_options.listener.connection.arena_size = 0;

@@ -36,6 +36,7 @@ constexpr uint32_t kFloor = 3;
 zrpc::ServerOptions SharedServer(uint32_t receives) {
   zrpc::ServerOptions options;
   options.shared_receive_queue = receives;
+  options.max_pollers = 0;  // the pollers asked for, none added (a case sets its own)
   options.listener.connection.recv_credits = kWindow;
   return options;
 }

@@ -12,6 +12,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <string>
@@ -84,8 +85,15 @@ TEST_CASE(
   CHECK(memory.limit == limit);
   zrpc::ServerOptions options;
   options.device = zrpc::fakeverbs::FakeDevice();
-  // Default options: 388 KiB per idle connection (fakeverbs pins nothing itself).
-  const uint64_t per_connection = (256 << 10) + 33 * 4096;
+  // Default options: 260 KiB per idle connection (its arena and its credit-frame slot), and its
+  // share of its poller's shared receive queue, which the server cuts to half the room the limit
+  // leaves (fakeverbs pins nothing itself): with 8 MiB, 1,024 receives backing 256 floors of 3,
+  // 16 KiB each.
+  const uint64_t room = memory.limit > memory.locked ? memory.limit - memory.locked : 0;
+  const uint64_t queue = std::min<uint64_t>(4096, std::max<uint64_t>(room / 2 / 4096, 3));
+  const uint64_t floors = (queue - queue / 4) / 3;
+  const uint64_t per_connection =
+      (256 << 10) + 4096 + (floors == 0 ? 0 : (queue * 4096 + floors - 1) / floors);
   const uint64_t fits =
       memory.limit > memory.locked ? (memory.limit - memory.locked) / per_connection : 0;
   INFO("limit " << memory.limit << ", pinned " << memory.locked << ": " << fits << " fit");
@@ -96,6 +104,11 @@ TEST_CASE(
     REQUIRE(server.ok());
     CHECK(log.Count(zrpc::LogLevel::kWarning, "rpc",
                     absl::StrCat("the server admits ", fits, " connections, not 16384")) == 1);
+    // The queue was cut to fit, and the server said so.
+    CHECK(queue < 4096);
+    CHECK(log.Count(zrpc::LogLevel::kWarning, "rpc",
+                    absl::StrCat("shared receive queues hold ", queue,
+                                 " receives, not shared_receive_queue = 4096")) == 1);
     const uint64_t needed = memory.locked + per_connection * 16384;
     CHECK(log.Count(zrpc::LogLevel::kWarning, "rpc",
                     absl::StrCat("set it to at least ", (needed + (1 << 20) - 1) >> 20, " MiB")) ==

@@ -164,7 +164,7 @@ TEST_CASE("a pool with default options starts at 1 MiB and takes 256 idle server
   CHECK(p.slot_size() == 4096);
   CHECK(p.chunk_slots() == 256);
   CHECK(p.slot_count() == 256);
-  CHECK(p.max_slots() == 65536);
+  CHECK(p.max_slots() == 131072);
   CHECK(p.registered_bytes() == (size_t{1} << 20));
   // Each server connection keeps recv_credits + 1 = 65 slots (ConnectionOptions defaults).
   constexpr uint32_t kPerConnection = 65;
