@@ -30,7 +30,8 @@ namespace zrpc {
 struct RuntimeOptions {
   // The device; unset: from the environment (ZRPC_RDMA_*), else the first active one.
   std::optional<transport::DeviceConfig> device;
-  // Poller threads; connections are spread over them. In [1, 64].
+  // Poller threads; connections are spread over them. In [1, 64]. On a server, those it starts
+  // with: it adds more as connections fill them, up to ServerOptions::max_pollers (16).
   int pollers = 1;
   // kEvent sleeps when idle; kBusy spins a core per poller for the lowest latency.
   transport::PollMode poll_mode = transport::PollMode::kEvent;
@@ -42,7 +43,7 @@ struct RuntimeOptions {
   absl::Duration spin = absl::Microseconds(50);
   // Receives of one queue that every connection of a poller shares (transport/
   // shared_receive_queue.h), or 0 for each connection's own: 4096 by default on a server (16 MiB
-  // of 4 KiB slots per poller, cut to what RLIMIT_MEMLOCK leaves room for, with a warning), 0 on
+  // of 4 KiB slots per poller, cut to half the room RLIMIT_MEMLOCK leaves, with a warning), 0 on
   // a channel (its few connections keep their own receives). With it an
   // idle connection keeps no receive posted: each poller's queue holds this many pool slots, the
   // windows its connections grant their peers are claims on them that never sum to more (each

@@ -469,6 +469,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       kFlush,
       kClose,
       kCmEvent,  // cm_event
+      kLook,     // nothing: has the holder look at the drain again (AcceptLeft)
     };
     Kind kind = kEnqueue;
     bool has_release = false;

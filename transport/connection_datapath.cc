@@ -184,9 +184,15 @@ bool Connection::AcceptLeft() {
   if ((gate_.load(std::memory_order_relaxed) & kGateOpen) == 0) return false;
   if ((gate_.fetch_add(kLeftOne, std::memory_order_acq_rel) & kGateOpen) != 0) return true;
   // It closed in between: counted for nothing. A drain that waited for the count to fall may be
-  // complete now: have the poller look.
+  // complete now, and whoever holds the domain may have looked before it fell: an empty operation
+  // left to the holder makes it look again (its exit fails, and it runs what was left), or, with
+  // the domain free, this thread enters and looks (ExitLocked).
   if (gate_.fetch_sub(kLeftOne, std::memory_order_acq_rel) == kLeftOne) {
-    poller_.Defer(shared_from_this());
+    LeftOp* look = NewLeftOp(LeftOp::kLook);
+    if (!domain_.LeaveOrEnter(look)) {
+      FreeLeftOp(look);
+      ExitLocked();
+    }
   }
   return false;
 }
@@ -386,6 +392,8 @@ void Connection::RunLeftLocked(DomainOp* left, Events& events) {
       case LeftOp::kCmEvent:
         CmEventLocked(op->cm_event);
         break;
+      case LeftOp::kLook:
+        break;  // the holder's AfterChangeLocked looks at the drain
     }
     FreeLeftOp(op);
   }

@@ -31,7 +31,7 @@
 // server with its default shared receive queues (4096 slots per poller, 16 pollers at most) takes
 // half the cap for them and holds its connections' credit-frame slots and sends in the rest.
 // The bookkeeping is sized for max_slots at Create but is 5 bytes a slot of address space that
-// is touched only as chunks arrive (320 KiB for the default cap). Registered memory counts
+// is touched only as chunks arrive (640 KiB for the default cap). Registered memory counts
 // against RLIMIT_MEMLOCK for non-root processes (often 8 MiB): a server expecting many
 // connections needs the limit raised (`ulimit -l`, or LimitMEMLOCK= in a systemd unit), and a
 // chunk whose registration fails says so through growth_error(). Note that every connection's

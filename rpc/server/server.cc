@@ -24,26 +24,30 @@ namespace internal {
 namespace {
 
 // The shared receive queue a poller of this server makes: the one asked for, or, when
-// RLIMIT_MEMLOCK would not let the process register it with room to spare, what half the room
-// left holds (a server's default queue is 16 MiB of slots; Debian's default limit is 8 MiB), and
-// a warning says so. Never below one floor, so that Create still fails with the poller's own
-// reason when not even that fits.
+// RLIMIT_MEMLOCK would not let the process register the queues of the pollers made at once with
+// room to spare, what half the room left holds (a server's default queue is 16 MiB of slots;
+// Debian's default limit is 8 MiB), and a warning says so. Never below what backs one floor, so
+// that Create still fails with the pollers' own reason when not even that fits, and never above
+// what was asked.
 uint32_t SharedQueueWithinLockedMemory(const ServerOptions& options) {
   const uint32_t asked = options.shared_receive_queue;
   if (asked == 0) return 0;
   const transport::LockedMemory memory = transport::ReadLockedMemory();
   if (memory.unlimited) return asked;
-  const uint64_t slot = (options.slots.slot_size + 63) / 64 * 64;
+  const uint64_t slot = std::max<uint64_t>((options.slots.slot_size + 63) / 64 * 64, 1);
   const uint64_t room = memory.limit > memory.locked ? memory.limit - memory.locked : 0;
-  const uint64_t fits = room / 2 / std::max<uint64_t>(slot, 1);
+  const uint64_t fits = room / 2 / static_cast<uint64_t>(std::max(options.pollers, 1)) / slot;
   if (fits >= asked) return asked;
-  const uint32_t sized = static_cast<uint32_t>(
-      std::max<uint64_t>(fits, options.listener.connection.idle_recv_credits));
+  // Three quarters of a queue back floors (transport/receive_budget.h).
+  const uint64_t one_floor = (uint64_t{options.listener.connection.idle_recv_credits} * 4 + 2) / 3;
+  const uint32_t sized =
+      static_cast<uint32_t>(std::min<uint64_t>(asked, std::max<uint64_t>(fits, one_floor)));
   ZRPC_LOG(kWarning, "rpc", "the server's shared receive queues hold ", sized,
            " receives, not shared_receive_queue = ", asked, ": RLIMIT_MEMLOCK is ", memory.limit,
            " bytes, ", memory.locked,
            " locked already; raise it (ulimit -l, or LimitMEMLOCK= for a service) to ",
-           memory.locked + 2 * asked * slot, " bytes or more for the queue asked for");
+           memory.locked + 2 * slot * asked * static_cast<uint64_t>(std::max(options.pollers, 1)),
+           " bytes or more for the queues asked for");
   return sized;
 }
 
@@ -66,17 +70,20 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
         absl::StrCat("ServerOptions::max_pollers is ", options.max_pollers,
                      "; it must be in [0, 64] (at or below pollers: pollers, none added)"));
   }
+  const uint32_t shared_receive_queue = SharedQueueWithinLockedMemory(options);
   if (const uint64_t queued =
-          static_cast<uint64_t>(options.max_pollers) * options.shared_receive_queue;
-      options.max_pollers > options.pollers && queued > options.slots.max_slots) {
-    // Pollers added later could not fill their queues from the pool, while admission had counted
-    // their places: refused here. (Those made at once fail at Create when theirs do not fit.)
+          static_cast<uint64_t>(std::max(options.pollers, options.max_pollers)) *
+          shared_receive_queue;
+      queued >= options.slots.max_slots) {
+    // The pollers could not fill their queues from the pool and leave it slots for sends and
+    // credit frames, while admission had counted their places: refused here.
     return absl::InvalidArgumentError(absl::StrCat(
-        "ServerOptions: max_pollers = ", options.max_pollers,
-        " pollers with shared receive queues of ", options.shared_receive_queue, " receives take ",
-        queued, " slots, more than slots.max_slots = ", options.slots.max_slots,
-        " holds (and sends need slots too): lower max_pollers or shared_receive_queue, or raise "
-        "slots.max_slots"));
+        "ServerOptions: ", std::max(options.pollers, options.max_pollers),
+        " pollers (pollers = ", options.pollers, ", max_pollers = ", options.max_pollers,
+        ") with shared receive queues of ", shared_receive_queue, " receives take ", queued,
+        " slots, more than slots.max_slots = ", options.slots.max_slots,
+        " holds with slots left for sends: lower pollers, max_pollers or shared_receive_queue, or "
+        "raise slots.max_slots"));
   }
   if (!(options.idle_keepalive_budget >= 0)) {  // NaN too
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::idle_keepalive_budget is ",
@@ -84,7 +91,7 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
                                                    "; it must be zero (no advice) or positive"));
   }
   ServerOptions adjusted = options;
-  adjusted.shared_receive_queue = SharedQueueWithinLockedMemory(options);
+  adjusted.shared_receive_queue = shared_receive_queue;
   transport::ConnectionOptions& connection = adjusted.listener.connection;
   connection.min_message_size = std::max(connection.min_message_size, kMinRpcMessage);
   // Every call a connection may hold (one per receive credit) and every stream can hold its

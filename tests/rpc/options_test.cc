@@ -116,5 +116,18 @@ TEST_CASE("max_pollers whose shared receive queues pass the slot pool's cap is r
   CHECK(absl::StrContains(server.status().message(), "slots.max_slots = 65536"));
 }
 
+TEST_CASE(
+    "pollers made at once whose default shared receive queues fill the slot pool are refused") {
+  ServerOptions options;
+  options.pollers = 32;  // 32 x 4096: the whole default pool, nothing left for sends
+  auto server = Server::Create(options);
+  REQUIRE_FALSE(server.ok());
+  INFO(server.status());
+  CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(
+      absl::StrContains(server.status().message(), "32 pollers (pollers = 32, max_pollers = 16)"));
+  CHECK(absl::StrContains(server.status().message(), "take 131072 slots"));
+}
+
 }  // namespace
 }  // namespace zrpc
