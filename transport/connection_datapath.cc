@@ -311,12 +311,6 @@ void Connection::RunBatchLocked(absl::Span<const ibv_wc> wcs) {
       AfterChangeLocked(events);
       continue;
     }
-    // A left operation run inside a handler's call (RunLeftInBatchLocked) may have been the
-    // last the drain waited for: as in ExitLocked.
-    if (state_ == State::kDraining && DrainedLocked()) {
-      FinishDrainLocked(events);
-      continue;
-    }
     if (!drops_.empty() || exits_head_ != nullptr) TakeDropsLocked(drops, exits);
     if (!RecvChainPostedLocked()) continue;  // failed: its events and drops
     if (domain_.TryExit()) {
@@ -345,6 +339,8 @@ void Connection::AfterChangeLocked(Events& events) {
 void Connection::RunLeftInBatchLocked() {
   Events events;
   RunLeftLocked(domain_.TakeLeft(), events);
+  // One of them may have been the last operation the drain waited for (as in ExitLocked).
+  if (state_ == State::kDraining && DrainedLocked()) FinishDrainLocked(events);
   // Dispatched by the batch, after the events it is dispatching (RunBatchLocked's loop).
   for (Event& e : events) pending_events_.push_back(std::move(e));
 }

@@ -71,17 +71,15 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
                      "; it must be in [0, 64] (at or below pollers: pollers, none added)"));
   }
   const uint32_t shared_receive_queue = SharedQueueWithinLockedMemory(options);
-  if (const uint64_t queued =
-          static_cast<uint64_t>(std::max(options.pollers, options.max_pollers)) *
-          shared_receive_queue;
+  const int max_pollers = std::max(options.pollers, options.max_pollers);
+  if (const uint64_t queued = static_cast<uint64_t>(max_pollers) * shared_receive_queue;
       queued >= options.slots.max_slots) {
     // The pollers could not fill their queues from the pool and leave it slots for sends and
     // credit frames, while admission had counted their places: refused here.
     return absl::InvalidArgumentError(absl::StrCat(
-        "ServerOptions: ", std::max(options.pollers, options.max_pollers),
-        " pollers (pollers = ", options.pollers, ", max_pollers = ", options.max_pollers,
-        ") with shared receive queues of ", shared_receive_queue, " receives take ", queued,
-        " slots, more than slots.max_slots = ", options.slots.max_slots,
+        "ServerOptions: ", max_pollers, " pollers (pollers = ", options.pollers, ", max_pollers = ",
+        options.max_pollers, ") with shared receive queues of ", shared_receive_queue,
+        " receives take ", queued, " slots, more than slots.max_slots = ", options.slots.max_slots,
         " holds with slots left for sends: lower pollers, max_pollers or shared_receive_queue, or "
         "raise slots.max_slots"));
   }
@@ -105,7 +103,7 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   core->device_ = std::move(parts->device);
   core->staging_ = std::move(parts->staging);
   core->receive_limits_ = std::move(parts->receive_limits);
-  core->max_pollers_ = std::max(options.pollers, options.max_pollers);
+  core->max_pollers_ = max_pollers;
   core->manual_pollers_ = parts->manual_pollers;
   core->pool_ = std::make_unique<HandlerPool>(options.handler_threads, options.spin);
   // Admission within what the pollers can hold: a connection refused at the door ("server
