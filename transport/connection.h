@@ -37,7 +37,14 @@
 // has come back and so has every posted RECV (rxe never flushes a RECV posted after the error,
 // so the receive queue is counted, not marked), every earlier work request has completed or
 // been flushed: each operation not yet reported gets OnSendDone with the error, exactly once,
-// and then OnClosed. Messages and payloads that arrive while draining are dropped, except after
+// and then OnClosed. A drain that has not ended Poller::kDrainGiveUp (3 s) after the failure is
+// given up on by the poller's watchdog (GiveUpOnDrain): rxe was seen to lose the flush of
+// hundreds of queue pairs' markers when they closed while others connected, which left those
+// connections draining for good, their handlers never told, their memory never freed. In the
+// error state the device moves no data for the queue pair (without a shared receive queue it
+// also goes to reset, dropping what was posted), the drain ends as above, and a warning names
+// the connection and its state.
+// Messages and payloads that arrive while draining are dropped, except after
 // the peer's orderly disconnect: what it sent before hanging up is delivered (before OnClosed),
 // however the disconnect event and those completions were ordered in this side's polling.
 // A peer that vanishes without a disconnect (its host lost power) is noticed when a work request
@@ -418,6 +425,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ConnectionHandler* handler() const { return handler_; }
   // The flow-control state, for logs when something stalls.
   std::string DebugString() const;
+  // The same without waiting: says so when another thread holds the domain.
+  std::string TryDebugString() const;
+  // The poller's drain watchdog (Poller::WatchDrains): the connection failed long ago and its
+  // queues never came back flushed (a device that lost the flush: seen on rxe, with hundreds of
+  // connections closing while others connect). The drain ends as if the flush had come (the
+  // queue pair, in the error state, moves no data; see "Failure" above): what was in flight is
+  // reported failed, and OnClosed follows. Logged. Nothing when another thread holds the domain
+  // (the next look tries again).
+  void GiveUpOnDrain();
+  // A steady clock in nanoseconds (draining_since_ns_).
+  static int64_t SteadyNanos();
 
  private:
   friend class Listener;
@@ -587,6 +605,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Takes the write back if it still waits; its report goes to pending_events_.
   void WithdrawLocked(uint64_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void CmEventLocked(rdma_cm_event_type type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // `query_qp`: with the queue pair's state as the device reports it.
+  std::string DebugStringLocked(bool query_qp = true) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Out of the poller's count of draining connections (Poller::draining_), once: the drain
+  // ended, or the connection goes.
+  void LeaveDrainWatch();
+  // Stands in a flushed completion for the send queue's drain marker (handled from early_).
+  void MakeUpMarkerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // Waits for the domain (diagnostics only: stats, DebugString, setup and teardown).
   void EnterWaiting() const ABSL_EXCLUSIVE_LOCK_FUNCTION(domain_);
   ConnectionStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
@@ -773,6 +798,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // one behind it yet: the next message must be signalled before a pause.
   bool owe_signal_ ABSL_GUARDED_BY(domain_) = false;
   bool sq_drained_ ABSL_GUARDED_BY(domain_) = false;
+  bool drain_given_up_ ABSL_GUARDED_BY(domain_) = false;  // GiveUpOnDrain, once
+  // When the drain began (SteadyNanos), 0 when not draining: read by the poller's watchdog.
+  std::atomic<int64_t> draining_since_ns_{0};
   // Completion-queue entries granted to the sends (SendRoomLocked): written inside the domain,
   // read by the poller (which takes them back at Unregister, and asks holders while short).
   std::atomic<uint32_t> cq_granted_{0};

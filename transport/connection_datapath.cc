@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 #include <memory>
 #include <thread>
@@ -451,6 +452,29 @@ std::optional<ConnectionStats> Connection::TryStats() const {
 std::string Connection::DebugString() const {
   const bool held = InDomain();
   if (!held) EnterWaiting();
+  std::string text = DebugStringLocked();
+  if (!held) const_cast<Connection*>(this)->ExitLocked();
+  return text;
+}
+
+std::string Connection::TryDebugString() const {
+  if (InDomain()) return DebugStringLocked();
+  if (!domain_.TryEnter()) return "its domain held by another thread";
+  std::string text = DebugStringLocked();
+  const_cast<Connection*>(this)->ExitLocked();
+  return text;
+}
+
+std::string Connection::DebugStringLocked(bool query_qp) const {
+  std::string text = absl::StrCat(
+      "state ", static_cast<int>(state_), ", credits available ", credits_.available(), " of ",
+      peer_.recv_credits, ", owed ", credits_.owed(), ", waiting ", waiting_.size(), ", in flight ",
+      in_flight_.size(), " (oldest ", in_flight_.empty() ? 0 : in_flight_.front().sequence,
+      ", next ", next_sequence_, "), recvs posted ", recvs_posted_, ", early ", early_.size(),
+      ", left in the domain ", LeftPending(), ", events pending ", pending_events_.size(),
+      state_ == State::kDraining && sq_drained_ ? ", send queue drained" : "", ", arena in use ",
+      arena_writer_.in_use(), " (peer) / ", arena_reader_.in_use(), " (own)");
+  if (!query_qp) return text;
   // The queue pair as the device sees it: a transfer that never completes shows whether the
   // device still thinks the queue pair can send.
   ibv_qp_attr attr{};
@@ -459,19 +483,11 @@ std::string Connection::DebugString() const {
       qp_->qp, &attr,
       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC,
       &init);
-  std::string text = absl::StrCat(
-      "state ", static_cast<int>(state_), ", credits available ", credits_.available(), " of ",
-      peer_.recv_credits, ", owed ", credits_.owed(), ", waiting ", waiting_.size(), ", in flight ",
-      in_flight_.size(), " (oldest ", in_flight_.empty() ? 0 : in_flight_.front().sequence,
-      ", next ", next_sequence_, "), recvs posted ", recvs_posted_, ", early ", early_.size(),
-      ", left in the domain ", LeftPending(),
-      state_ == State::kDraining && sq_drained_ ? ", send queue drained" : "", ", arena in use ",
-      arena_writer_.in_use(), " (peer) / ", arena_reader_.in_use(), " (own)",
-      rc != 0 ? absl::StrCat(", ibv_query_qp failed (", rc, ")")
-              : absl::StrCat(", qp state ", attr.qp_state, " timeout ", attr.timeout, " retry ",
-                             attr.retry_cnt, " rnr retry ", attr.rnr_retry, " reads ",
-                             attr.max_rd_atomic));
-  if (!held) const_cast<Connection*>(this)->ExitLocked();
+  absl::StrAppend(&text, rc != 0
+                             ? absl::StrCat(", ibv_query_qp failed (", rc, ")")
+                             : absl::StrCat(", qp state ", attr.qp_state, " timeout ", attr.timeout,
+                                            " retry ", attr.retry_cnt, " rnr retry ",
+                                            attr.rnr_retry, " reads ", attr.max_rd_atomic));
   return text;
 }
 
@@ -1355,19 +1371,64 @@ void Connection::FailLocked(absl::Status why) {
   ibv_send_wr* bad = nullptr;
   bool defer = false;
   if (ibv_post_send(qp_->qp, &marker, &bad) != 0) {
-    ibv_wc flushed{};
-    flushed.wr_id = kMarkerBit;
-    flushed.status = IBV_WC_WR_FLUSH_ERR;
-    flushed.qp_num = qp_num_;
-    early_.push_back(flushed);
+    MakeUpMarkerLocked();
     defer = true;
   }
+  draining_since_ns_.store(SteadyNanos(), std::memory_order_relaxed);
+  if (poller_.draining_.fetch_add(1, std::memory_order_acq_rel) == 0) poller_.WakeCm();
   if (defer) poller_.Defer(shared_from_this());
+}
+
+void Connection::MakeUpMarkerLocked() {
+  ibv_wc flushed{};
+  flushed.wr_id = kMarkerBit;
+  flushed.status = IBV_WC_WR_FLUSH_ERR;
+  flushed.qp_num = qp_num_;
+  early_.push_back(flushed);
+}
+
+int64_t Connection::SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void Connection::LeaveDrainWatch() {
+  if (draining_since_ns_.exchange(0, std::memory_order_relaxed) != 0) {
+    poller_.draining_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void Connection::GiveUpOnDrain() {
+  if (!domain_.TryEnter()) return;
+  if (state_ == State::kDraining && !drain_given_up_) {
+    drain_given_up_ = true;
+    ZRPC_LOG(kWarning, "transport", "the connection to ", peer_address_, " did not drain within ",
+             absl::FormatDuration(Poller::kDrainGiveUp), " of its failure (",
+             DebugStringLocked(/*query_qp=*/false), "): what it had posted is given up");
+    // In the error state the device moves no data for the queue pair. Without a shared receive
+    // queue it also goes to reset, which drops what was posted for good (its own receives
+    // included, which rxe never flushes). Not with one: a provider may then clean the queue
+    // pair's unpolled completions from the CQ (mlx5 does) and hand their shared receives back
+    // to the queue behind the poller's count of what is posted.
+    if (!shared_receives_) {
+      ibv_qp_attr attr{};
+      attr.qp_state = IBV_QPS_RESET;
+      ibv_modify_qp(qp_->qp, &attr, IBV_QP_STATE);
+    }
+    if (!sq_drained_) MakeUpMarkerLocked();
+    for (RecvState& state : recv_state_) {
+      if (state == RecvState::kPosted) state = RecvState::kIdle;
+    }
+    recvs_posted_ = 0;
+  }
+  ExitLocked();  // handles the marker from early_: the drain ends there
 }
 
 void Connection::FinishDrainLocked(Events& events) {
   if (state_ == State::kClosed) return;
   SetStateLocked(State::kClosed);
+  LeaveDrainWatch();
   RetireLocked(~uint64_t{0}, error_, events);
   for (size_t i = 0; i < waiting_.size(); ++i) {
     const Waiting& op = waiting_[i];

@@ -75,6 +75,9 @@ Connection::Connection(Device& device, Poller& poller, ConnectionHandler* handle
 
 Connection::~Connection() {
   RunOnClosed();
+  // Destroyed while draining (a poller's Shutdown that gave up on it): out of the watchdog's
+  // count, or its cm thread would keep waking for it.
+  LeaveDrainWatch();
   // No other thread is left: nothing holds the domain, and nothing was left in it (a thread
   // leaves an operation only while another holds the domain, and that one carries it out).
   domain_.AssertHeld();

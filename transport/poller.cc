@@ -93,14 +93,40 @@ void Poller::Shutdown() {
   for (auto& connection : open) connection->Close();
   const bool drain = !open.empty();
   open.clear();
-  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  // Past the watchdog's give-up and its one-second look, with room for what it gives up on to
+  // be handled: only a connection whose domain stays held (a handler that never returns) is left.
+  const absl::Time deadline = absl::Now() + kDrainGiveUp + absl::Seconds(3);
   while (drain) {
+    // The cm thread has stopped: the watchdog runs here, and what it ends is handled by the
+    // pass right after it (RunDeferred), not found undrained at the deadline.
+    WatchDrains();
+    RunOnce(absl::Milliseconds(10));
     {
       absl::MutexLock lock(&mu_);
       if (connections_.empty()) break;
     }
     if (absl::Now() > deadline) {
-      ZRPC_LOG(kWarning, "transport", "poller shut down with connections that did not drain");
+      std::vector<std::shared_ptr<Connection>> some;  // a few, described outside mu_
+      size_t undrained = 0;
+      size_t deferred = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        undrained = connections_.size();
+        deferred = deferred_.size();
+        for (const auto& [qp_num, connection] : connections_) {
+          if (some.size() == 3) break;
+          some.push_back(connection);
+        }
+      }
+      std::string described;
+      for (const auto& connection : some) {
+        absl::StrAppend(&described, "; ", connection->peer_address(), ": ",
+                        connection->TryDebugString());
+      }
+      some.clear();
+      ZRPC_LOG(kWarning, "transport", "poller shut down with ", undrained,
+               " connections that did not drain (", draining_.load(), " draining, ", deferred,
+               " deferred)", described);
       absl::MutexLock lock(&mu_);
       for (const auto& [qp_num, connection] : connections_) UnreserveLocked(*connection);
       connections_.clear();
@@ -109,7 +135,6 @@ void Poller::Shutdown() {
       generation_.fetch_add(1, std::memory_order_release);
       break;
     }
-    RunOnce(absl::Milliseconds(10));
   }
   // The loop has ended, and with it the retries of stashed completions. A connection still listed
   // had its stash emptied by another path after the loop's last retry (OnCompletions handles a
@@ -463,7 +488,9 @@ void Poller::CmLoop() {
   // loop, which applies them after its next look at the CQ (RunCmEvents).
   pollfd fds[2] = {{cm_channel_->fd, POLLIN, 0}, {cm_wake_fd_, POLLIN, 0}};
   while (!stop_.load(std::memory_order_relaxed)) {
-    if (poll(fds, 2, -1) < 0) {
+    // Timed only while a connection drains: its watchdog (WatchDrains).
+    const bool watch = draining_.load(std::memory_order_acquire) > 0;
+    if (poll(fds, 2, watch ? 1000 : -1) < 0) {
       if (errno == EINTR) continue;
       ZRPC_LOG(kError, "transport", "poll on the cm channel failed (errno ", errno, ")");
       return;
@@ -475,7 +502,27 @@ void Poller::CmLoop() {
       static_cast<void>(got);
     }
     if (fds[0].revents & POLLIN || fds[1].revents & POLLIN) HandleCmEvents(/*queue=*/true);
+    if (draining_.load(std::memory_order_acquire) > 0) WatchDrains();
   }
+}
+
+void Poller::WatchDrains() {
+  const int64_t now_ns = Connection::SteadyNanos();
+  {
+    absl::MutexLock lock(&drain_watch_mu_);
+    if (now_ns < next_drain_watch_ns_) return;
+    next_drain_watch_ns_ = now_ns + absl::ToInt64Nanoseconds(absl::Seconds(1));
+  }
+  const int64_t limit = absl::ToInt64Nanoseconds(kDrainGiveUp);
+  std::vector<std::shared_ptr<Connection>> overdue;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [qp_num, connection] : connections_) {
+      const int64_t since = connection->draining_since_ns_.load(std::memory_order_relaxed);
+      if (since != 0 && now_ns - since > limit) overdue.push_back(connection);
+    }
+  }
+  for (const auto& connection : overdue) connection->GiveUpOnDrain();
 }
 
 void Poller::RunCmEvents() {

@@ -92,6 +92,10 @@ absl::Status CheckSpin(absl::Duration spin, absl::string_view option);
 
 class Poller {
  public:
+  // How long a failed connection may wait for its queues to come back flushed before the
+  // poller's watchdog gives up on them (Connection::GiveUpOnDrain).
+  static constexpr absl::Duration kDrainGiveUp = absl::Seconds(3);
+
   static absl::StatusOr<std::unique_ptr<Poller>> Create(Device& device,
                                                         const PollerOptions& options = {});
   ~Poller();
@@ -233,6 +237,10 @@ class Poller {
   bool ArmAndWait(int timeout_ms, bool with_cm);
   void Wake();
   void WakeCm();
+  // The drain watchdog (cm thread, and Shutdown): a connection that failed kDrainGiveUp ago and
+  // still waits for its queues to come back flushed is given up on (Connection::GiveUpOnDrain).
+  // Looks at most once a second, and only while some connection drains (draining_).
+  void WatchDrains();
   // Has the cm channel read now: after rdma_migrate_id, whose events moved to the channel
   // without making it readable (a peer that hung up at once).
   void LookAtCmChannel();
@@ -246,6 +254,12 @@ class Poller {
   CmChannelOwner cm_channel_;
   int wake_fd_ = -1;
   int cm_wake_fd_ = -1;  // Stop() wakes the cm thread through it
+  // Connections draining (Connection::FailLocked to FinishDrainLocked): while there are any, the
+  // cm thread wakes every second to watch them (WatchDrains).
+  std::atomic<int> draining_{0};
+  absl::Mutex drain_watch_mu_;  // one WatchDrains at a time
+  // Connection::SteadyNanos: a step of the wall clock must not hold the watchdog back.
+  int64_t next_drain_watch_ns_ ABSL_GUARDED_BY(drain_watch_mu_) = 0;
   unsigned unacked_cq_events_ = 0;
 
   absl::Mutex mu_;

@@ -447,6 +447,7 @@ void Hangup(FakeId* id) {
 }
 
 std::atomic<const std::function<void()>*> post_send_hook{nullptr};
+std::atomic<bool> lose_flushes{false};
 
 }  // namespace
 
@@ -484,7 +485,9 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
         : wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM ? IBV_WC_SEND
                                                                           : IBV_WC_RDMA_WRITE;
     if (qp->error) {
-      Complete(qp->qp.send_cq, Wc(qp, wr->wr_id, IBV_WC_WR_FLUSH_ERR, wc_opcode));
+      if (!lose_flushes.load(std::memory_order_relaxed)) {
+        Complete(qp->qp.send_cq, Wc(qp, wr->wr_id, IBV_WC_WR_FLUSH_ERR, wc_opcode));
+      }
       continue;
     }
     // The local buffers must be registered (inline data is copied at post time and need not be).
@@ -656,6 +659,8 @@ int ReqNotifyCq(ibv_cq* cq, int) {
 void SetPostSendHook(const std::function<void()>* hook) {
   post_send_hook.store(hook, std::memory_order_release);
 }
+
+void SetLoseFlushes(bool lose) { lose_flushes.store(lose, std::memory_order_relaxed); }
 
 Counters counters() {
   std::lock_guard<std::mutex> lock(mu);

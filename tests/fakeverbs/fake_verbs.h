@@ -43,6 +43,11 @@ Counters counters();
 // id, say) and must outlive its installation and every post that may still be running it.
 void SetPostSendHook(const std::function<void()>* hook);
 
+// While set, a work request posted to a queue pair in the error state is dropped without a
+// completion: a device that loses its flushes (rxe did, for some of hundreds of queue pairs
+// closing while others connected). What was posted before the error still comes back flushed.
+void SetLoseFlushes(bool lose);
+
 }  // namespace zrpc::fakeverbs
 
 #endif  // ZRPC_TESTS_FAKEVERBS_FAKE_VERBS_H_

@@ -749,3 +749,41 @@ TEST_CASE(
   pair.client->Close();
   REQUIRE(client_handler.WaitFor([&] { return client_handler.closed.has_value(); }));
 }
+
+// Before: a connection whose drain marker never came back flushed stayed draining for good: its
+// handler never heard OnClosed, and a server's Shutdown gave up on it after 10 s, leaking it and
+// what it owned (seen on rxe with hundreds of connections closing while others connected).
+TEST_CASE(
+    "a connection whose device loses the flush of its drain marker is given up on by the "
+    "poller's watchdog: OnClosed comes, and it says so",
+    "[domain]") {
+  zrpc::testing::LogCapture log(zrpc::LogLevel::kWarning);
+  Recorder server_handler, client_handler;
+  Setup setup(FakeDevice());
+  Pair pair = ConnectPair(setup, &server_handler, &client_handler);
+  REQUIRE(SendBytes(*pair.client, "before", 1).ok());
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.messages.size() == 1; }));
+  zrpc::fakeverbs::SetLoseFlushes(true);
+  struct Restore {
+    ~Restore() { zrpc::fakeverbs::SetLoseFlushes(false); }
+  } restore;
+  const absl::Time closed_at = absl::Now();
+  pair.server->Close();
+  // Lost: no flush for either side's marker, so neither drain can end by itself.
+  absl::SleepFor(absl::Milliseconds(500));
+  {
+    absl::MutexLock lock(&server_handler.mu);
+    CHECK_FALSE(server_handler.closed.has_value());
+  }
+  CHECK_FALSE(ConnectionTestPeer::SendQueueDrained(*pair.server));
+  // The watchdog: within kDrainGiveUp and its one-second look, both sides.
+  REQUIRE(server_handler.WaitFor([&] { return server_handler.closed.has_value(); }));
+  REQUIRE(client_handler.WaitFor([&] { return client_handler.closed.has_value(); }));
+  const absl::Duration took = absl::Now() - closed_at;
+  INFO(absl::FormatDuration(took));
+  CHECK(took >= zrpc::transport::Poller::kDrainGiveUp);
+  CHECK(took < zrpc::transport::Poller::kDrainGiveUp + absl::Seconds(3));
+  CHECK(log.Count(zrpc::LogLevel::kWarning, "transport", "did not drain within 3s") == 2);
+  absl::MutexLock lock(&server_handler.mu);
+  CHECK(server_handler.duplicate_closed == 0);
+}
