@@ -85,7 +85,10 @@ struct RuntimeOptions {
 
 // A channel's options (rpc/channel.h), beside the shared ones.
 struct ChannelOptions : RuntimeOptions {
-  // Connections to the server; calls are spread over them round robin. In [1, 1024].
+  // Connections to the server; calls are spread over them round robin. In [1, 1024]. One lost
+  // while another is open is made again in the background (after a wait drawn from
+  // [reconnect_backoff_initial / 2, reconnect_backoff_initial], then its backoff), so a
+  // restarted server gets all of them back; while none is open, calls connect on demand.
   int connections = 1;
   // Each connection's options (arena_size bounds the largest response payload it takes).
   transport::ConnectionOptions connection;

@@ -34,6 +34,12 @@ class ReconnectBackoff {
     failures_ = 0;
     delay_ = absl::ZeroDuration();
   }
+  // When a connection that was lost at `now` may be made again in the background: after a time
+  // drawn from [initial/2, initial], so that a channel's connections lost together (their
+  // server restarted) do not all knock at once. Calls still connect at once when none is open.
+  absl::Time AfterLoss(absl::Time now) {
+    return now + initial_ * std::uniform_real_distribution<double>(0.5, 1.0)(random_);
+  }
   // The current delay d (zero when not failing): ChannelStats::backoff.
   absl::Duration delay() const { return delay_; }
 

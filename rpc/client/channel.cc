@@ -18,6 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,27 @@ struct TicketDeleter {
   }
 };
 
+// Runs work(0) .. work(n - 1), up to `at_once` of them at a time, each on a thread of its own
+// while it lasts (the calling thread is one of them). Fewer at once when no thread can be had.
+void RunAtOnce(size_t n, size_t at_once, absl::FunctionRef<void(size_t)> work) {
+  const size_t workers = std::min(n, at_once);
+  std::atomic<size_t> next{0};
+  auto loop = [&] {
+    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) work(i);
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(workers > 0 ? workers - 1 : 0);
+  for (size_t i = 1; i < workers; ++i) {
+    try {
+      threads.emplace_back(loop);
+    } catch (const std::system_error&) {
+      break;  // no thread to be had (a process limit): fewer at once, still every one
+    }
+  }
+  loop();
+  for (std::thread& thread : threads) thread.join();
+}
+
 }  // namespace
 
 class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
@@ -119,6 +141,14 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
 
  private:
   void TimerLoop();
+  // The restorer (channels of more than one connection): a connection lost while another of the
+  // channel's is open would otherwise never come back, since calls prefer open connections
+  // (Pick). It makes it again in the background once its backoff allows, kConnectsAtOnce at a
+  // time. Woken when a connection closes or opens, and by the earliest backoff's end.
+  void RestoreLoop();
+  // One pass: attempts what is due; returns when the next pass is due (monotonic).
+  absl::Time RestoreLost();
+  void KickRestorer();
 
   const std::string target_;
   const std::string host_;
@@ -148,6 +178,13 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   bool timer_stop_ = false;  // under timer_mu_
   std::atomic<int64_t> wake_at_{std::numeric_limits<int64_t>::max()};
   std::thread timer_;
+
+  // The restorer's state (RestoreLoop); std:: primitives, as the timer's, for the steady clock.
+  std::mutex restore_mu_;
+  std::condition_variable restore_cv_;
+  bool restore_stop_ = false;  // under restore_mu_
+  bool restore_kick_ = false;  // under restore_mu_
+  std::thread restorer_;
 
   // Per-method metrics, and the MethodInfo -> MethodState cache in front of the registry's
   // by-name lookup (MethodInfo objects are static in generated code, so their address is a key).
@@ -202,10 +239,20 @@ absl::Status ChannelImpl::Init() {
                                                         device_, pollers_[i % pollers_.size()]));
   }
   timer_ = std::thread([this] { TimerLoop(); });
+  if (subchannels_.size() > 1) restorer_ = std::thread([this] { RestoreLoop(); });
   return absl::OkStatus();
 }
 
 ChannelImpl::~ChannelImpl() {
+  if (restorer_.joinable()) {
+    // First: it makes connections. An attempt under way ends within connect_timeout.
+    {
+      std::lock_guard<std::mutex> lock(restore_mu_);
+      restore_stop_ = true;
+    }
+    restore_cv_.notify_one();
+    restorer_.join();
+  }
   if (timer_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(timer_mu_);
@@ -253,8 +300,11 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelImpl::Pick(absl::Time d
 }
 
 void ChannelImpl::AddLive(std::shared_ptr<ClientConnection> connection) {
-  absl::MutexLock lock(&mu_);
-  if (!connection->closed()) live_.push_back(std::move(connection));
+  {
+    absl::MutexLock lock(&mu_);
+    if (!connection->closed()) live_.push_back(std::move(connection));
+  }
+  KickRestorer();  // the first connection back after an outage: the others follow it
 }
 
 absl::Status ChannelImpl::ConnectAll(absl::Time deadline) {
@@ -263,34 +313,81 @@ absl::Status ChannelImpl::ConnectAll(absl::Time deadline) {
   // lasts: one after another, a thousand took their server's whole accept time added up. On a
   // runtime thread each fails at once (Subchannel::Get), as before, and no thread is started.
   const size_t n = subchannels_.size();
-  const size_t workers = OnRuntimeThread() ? 1 : std::min(n, kConnectsAtOnce);
-  std::atomic<size_t> next{0};
   absl::Mutex mu;
   absl::Status first;  // the first connection's error, in their order
   size_t first_index = n;
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-      absl::Status connected = subchannels_[i]->Connect(deadline);
-      if (connected.ok()) continue;
-      absl::MutexLock lock(&mu);
-      if (i < first_index) {
-        first_index = i;
-        first = std::move(connected);
-      }
+  RunAtOnce(n, OnRuntimeThread() ? 1 : kConnectsAtOnce, [&](size_t i) {
+    absl::Status connected = subchannels_[i]->Connect(deadline);
+    if (connected.ok()) return;
+    absl::MutexLock lock(&mu);
+    if (i < first_index) {
+      first_index = i;
+      first = std::move(connected);
     }
-  };
-  std::vector<std::thread> threads;
-  threads.reserve(workers - 1);
-  for (size_t i = 1; i < workers; ++i) {
-    try {
-      threads.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // no thread to be had (a process limit): fewer at once, still every connection
+  });
+  return first;
+}
+
+void ChannelImpl::KickRestorer() {
+  if (subchannels_.size() < 2) return;  // no restorer (and restorer_ may be being joined)
+  std::lock_guard<std::mutex> lock(restore_mu_);
+  restore_kick_ = true;
+  restore_cv_.notify_one();
+}
+
+void ChannelImpl::RestoreLoop() {
+  std::unique_lock<std::mutex> lock(restore_mu_);
+  absl::Time wake = absl::InfiniteFuture();  // monotonic
+  for (;;) {
+    auto woken = [this] { return restore_stop_ || restore_kick_; };
+    if (wake == absl::InfiniteFuture()) {
+      restore_cv_.wait(lock, woken);
+    } else {
+      const absl::Duration wait = std::max(absl::ZeroDuration(), wake - MonotonicNow());
+      restore_cv_.wait_for(lock, absl::ToChronoNanoseconds(wait), woken);
+    }
+    if (restore_stop_) return;
+    restore_kick_ = false;
+    lock.unlock();
+    wake = RestoreLost();
+    lock.lock();
+  }
+}
+
+absl::Time ChannelImpl::RestoreLost() {
+  // Nothing open: the server is away, and the next call connects on demand (and kicks this when
+  // it does); trying here too would only double the attempts a down server refuses.
+  const bool any_open = std::any_of(subchannels_.begin(), subchannels_.end(),
+                                    [](const auto& sub) { return sub->Ready() != nullptr; });
+  if (!any_open) return absl::InfiniteFuture();
+  const absl::Time now = MonotonicNow();
+  absl::Time next = absl::InfiniteFuture();
+  std::vector<Subchannel*> due;
+  for (const auto& sub : subchannels_) {
+    absl::Time at;
+    switch (sub->Restorable(now, &at)) {
+      case Subchannel::Restore::kNo:
+        break;
+      case Subchannel::Restore::kNow:
+        due.push_back(sub.get());
+        break;
+      case Subchannel::Restore::kAt:
+        next = std::min(next, at);
+        break;
     }
   }
-  work();
-  for (std::thread& thread : threads) thread.join();
-  return first;
+  if (due.empty()) return next;
+  RunAtOnce(due.size(), kConnectsAtOnce, [&](size_t i) {
+    {
+      std::lock_guard<std::mutex> lock(restore_mu_);
+      if (restore_stop_) return;  // the channel is going: no new connection
+    }
+    // One attempt, bounded by connect_timeout alone (a deadline of the restorer's own would make
+    // a timed-out handshake look cut short by it, and set no backoff): a failure sets the
+    // subchannel's backoff, and the next pass waits it out.
+    (void)due[i]->Get(absl::InfiniteFuture());
+  });
+  return MonotonicNow();  // another pass at once: what failed now has its next attempt set
 }
 
 void ChannelImpl::DeadlineAdded(absl::Time deadline) {
@@ -423,7 +520,9 @@ void ChannelImpl::ConnectionClosed(ClientConnection* connection, bool violation)
   if (it == live_.end()) return;
   removed = std::move(*it);
   live_.erase(it);
-  if (!destroying_) lost_.fetch_add(1, std::memory_order_relaxed);
+  if (destroying_) return;
+  lost_.fetch_add(1, std::memory_order_relaxed);
+  KickRestorer();
 }
 
 absl::Status ChannelImpl::CloseStatus(const std::string& peer, const absl::Status& why) {

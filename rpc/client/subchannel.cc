@@ -18,6 +18,20 @@ std::shared_ptr<ClientConnection> Subchannel::Ready() {
   return current_ != nullptr && current_->open() ? current_ : nullptr;
 }
 
+Subchannel::Restore Subchannel::Restorable(absl::Time now, absl::Time* at) {
+  absl::MutexLock lock(&mu_);
+  if (!ever_connected_ || (current_ != nullptr && current_->open())) return Restore::kNo;
+  if (connecting_) {  // a call's attempt: looked at again soon, in case it fails
+    *at = now + absl::Milliseconds(100);
+    return Restore::kAt;
+  }
+  if (const absl::Time after = std::max(next_attempt_, restore_after_); now < after) {
+    *at = after;
+    return Restore::kAt;
+  }
+  return Restore::kNow;
+}
+
 absl::Duration Subchannel::backoff() const {
   absl::MutexLock lock(&mu_);
   return backoff_.delay();
@@ -31,7 +45,21 @@ void Subchannel::Reset() {
 std::shared_ptr<ClientConnection> Subchannel::Forget(const ClientConnection* closed) {
   absl::MutexLock lock(&mu_);
   if (current_.get() != closed) return nullptr;
+  NoteLossLocked();
   return std::move(current_);
+}
+
+void Subchannel::NoteLossLocked() {
+  // A connection that lived long is a loss like any other: a short wait, and the restores' own
+  // backoff starts over. One dropped soon after its handshake (a server that accepts and then
+  // drops, or is full) counts as a failed attempt, so that the restorer's attempts back off.
+  const absl::Time now = MonotonicNow();
+  if (now - connected_at_ < kShortLived) {
+    restore_after_ = restore_backoff_.Failed(now);
+  } else {
+    restore_backoff_.Succeeded();
+    restore_after_ = restore_backoff_.AfterLoss(now);
+  }
 }
 
 absl::StatusOr<std::shared_ptr<ClientConnection>> Subchannel::Get(absl::Time deadline,
@@ -112,10 +140,14 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> Subchannel::Get(absl::Time dea
     return absl::UnavailableError(
         absl::StrCat("cannot connect to ", target_, ": ", made.status().message()));
   }
+  ever_connected_ = true;
+  connected_at_ = MonotonicNow();
   host_.AddLive(connection);
   backoff_.Succeeded();
   next_attempt_ = absl::InfinitePast();
   current_ = connection;
+  // Closed between its handshake and here: its OnClosed found no current_ to forget.
+  if (!connection->open()) NoteLossLocked();
   return connection;
 }
 

@@ -5,10 +5,12 @@
 // Connecting. The first call that finds no open connection connects, on its own thread, bounded
 // by ChannelOptions::connect_timeout and its deadline; calls that come meanwhile wait for that
 // attempt up to their own deadlines (a call never waits past its deadline for another's
-// attempt). A runtime thread (a poller, the timer) never connects nor waits: a callback gets
-// UNAVAILABLE at once. After a failed attempt calls fail fast with UNAVAILABLE, quoting the last
-// error, until the backoff (backoff.h) allows the next attempt; an attempt cut short by the
-// call's own deadline is that call's DEADLINE_EXCEEDED and sets no backoff.
+// attempt). A connection lost while another of the channel's is open is made again in the
+// background, after its backoff (ChannelImpl's restorer). A runtime thread (a poller, the timer)
+// never connects nor waits: a callback gets UNAVAILABLE at once. After a failed attempt calls
+// fail fast with UNAVAILABLE, quoting the last error, until the backoff (backoff.h) allows the
+// next attempt; an attempt cut short by the call's own deadline is that call's DEADLINE_EXCEEDED
+// and sets no backoff.
 //
 // Threads: any. One lock per subchannel, never held across the connection attempt.
 #ifndef ZRPC_RPC_CLIENT_SUBCHANNEL_H_
@@ -62,6 +64,7 @@ class Subchannel {
         options_(options),
         device_(std::move(device)),
         poller_(std::move(poller)),
+        restore_backoff_(options.reconnect_backoff_initial, options.reconnect_backoff_max),
         backoff_(options.reconnect_backoff_initial, options.reconnect_backoff_max) {}
 
   // The open connection, or null: no wait, no attempt.
@@ -74,6 +77,12 @@ class Subchannel {
   // An open connection by `deadline` (monotonic), attempts repeated after their backoff (see the
   // top of this file); DEADLINE_EXCEEDED quoting the last error when the deadline comes first.
   absl::Status Connect(absl::Time deadline);
+  // Whether the channel's restorer should connect this subchannel (ChannelImpl::RestoreLoop):
+  // kNo when it never had a connection (it connects on demand, or by Connect) or has one open;
+  // kAt, setting `*at`, while its backoff (or the short wait after a loss) runs or a call's
+  // attempt is under way; kNow otherwise.
+  enum class Restore { kNo, kNow, kAt };
+  Restore Restorable(absl::Time now, absl::Time* at);
   // The current reconnection delay (zero when not failing).
   absl::Duration backoff() const;
   // Forgets the connection (the channel's teardown, once it is closed).
@@ -85,6 +94,12 @@ class Subchannel {
   std::shared_ptr<ClientConnection> Forget(const ClientConnection* closed);
 
  private:
+  // A connection lost sooner than this after its handshake counts as a failed attempt for the
+  // restorer (NoteLossLocked).
+  static constexpr absl::Duration kShortLived = absl::Seconds(1);
+  // Sets restore_after_ for a connection just lost.
+  void NoteLossLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   SubchannelHost& host_;
   const std::string& target_;
   const std::string address_;
@@ -97,6 +112,11 @@ class Subchannel {
   std::shared_ptr<ClientConnection> current_ ABSL_GUARDED_BY(mu_);
   // A caller is connecting (outside `mu_`); others wait for it, each up to its own deadline.
   bool connecting_ ABSL_GUARDED_BY(mu_) = false;
+  bool ever_connected_ ABSL_GUARDED_BY(mu_) = false;  // Restorable
+  // The restorer waits until restore_after_ after a loss (NoteLossLocked); monotonic.
+  absl::Time restore_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time connected_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  ReconnectBackoff restore_backoff_ ABSL_GUARDED_BY(mu_);
   absl::Time next_attempt_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // monotonic
   ReconnectBackoff backoff_ ABSL_GUARDED_BY(mu_);
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);

@@ -51,4 +51,22 @@ TEST_CASE("the jitter is drawn, not fixed: waits differ across attempts", "[back
   CHECK(differ);
 }
 
+TEST_CASE("after a loss the wait is drawn from [initial/2, initial], and counts no failure",
+          "[backoff]") {
+  ReconnectBackoff backoff(absl::Milliseconds(40), absl::Seconds(5));
+  const absl::Time now = absl::UnixEpoch();
+  bool differ = false;
+  const absl::Time first = backoff.AfterLoss(now);
+  for (int i = 0; i < 64; ++i) {
+    const absl::Time at = backoff.AfterLoss(now);
+    CHECK(at >= now + absl::Milliseconds(20));
+    CHECK(at <= now + absl::Milliseconds(40));
+    differ = differ || at != first;
+  }
+  CHECK(differ);
+  CHECK(backoff.delay() == absl::ZeroDuration());
+  backoff.Failed(now);
+  CHECK(backoff.delay() == absl::Milliseconds(40));  // the first failure's, as before any loss
+}
+
 }  // namespace

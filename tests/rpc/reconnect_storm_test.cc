@@ -158,6 +158,15 @@ TEST_CASE(
                                 absl::Seconds(60));
   const absl::Time storm_end = absl::Now();
   const zrpc::ServerStats after = rt.server->stats();
+  // The restart closes every connection once; any more were lost after they came back (and the
+  // channels made them again: no call picks a closed connection while others are open).
+  uint64_t lost = 0, attempts = 0, failures = 0;
+  for (const auto& channel : channels) {
+    const zrpc::ChannelStats stats = channel->stats();
+    lost += stats.connections_lost;
+    attempts += stats.connect_attempts;
+    failures += stats.connect_failures;
+  }
   absl::SleepFor(absl::Seconds(1));  // calls on the reconnected connections
   callers.Stop();
   const bool ended = callers.AllEnded(kCallTimeout + absl::Seconds(10));
@@ -193,7 +202,8 @@ TEST_CASE(
       static_cast<int>(kClients / absl::ToDoubleSeconds(connect_took)),
       " accepts/s); after the restart all back in ", absl::FormatDuration(storm_end - restart),
       " (", static_cast<int>(kClients / storm_seconds), " accepts/s, restart included), peak ",
-      after.connections_peak, " of max_connections ", kClients, "; calls: ", ok, " ok, ",
+      after.connections_peak, " of max_connections ", kClients, "; ", attempts,
+      " connect attempts, ", failures, " failed; ", lost, " connections lost; calls: ", ok, " ok, ",
       unavailable, " unavailable, ", deadline, " past their deadline, ", other, " other, ",
       after_storm, " started after the storm (", after_storm_failed, " failed)");
   std::printf("%s\n", figures.c_str());

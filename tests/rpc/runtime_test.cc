@@ -51,6 +51,17 @@ using zrpc::testing::TestGreeter;
 using zrpc::testing::TestStore;
 using zrpc::testing::Within;
 
+// Calls until one succeeds (a server coming back), for 20 s at most: the last status.
+absl::Status SayHelloUntilOk(Greeter::Stub& stub, const HelloRequest& request, HelloReply* reply) {
+  absl::Status s;
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  do {
+    s = stub.SayHello(request, reply, Within(absl::Seconds(5)));
+    if (!s.ok()) absl::SleepFor(absl::Milliseconds(10));
+  } while (!s.ok() && absl::Now() < until);
+  return s;
+}
+
 TEST_CASE("a generated stub calls a generated service over RDMA, blocking and async") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   Runtime rt(config);
@@ -565,17 +576,45 @@ TEST_CASE(
   CHECK(down.backoff <= absl::Milliseconds(200));
 
   rt.StartServer({}, port);
-  absl::Status s;
-  absl::Time until = absl::Now() + absl::Seconds(20);
   request.set_name("after");
-  do {
-    s = stub.SayHello(request, &reply, Within(absl::Seconds(5)));
-    if (!s.ok()) absl::SleepFor(absl::Milliseconds(10));
-  } while (!s.ok() && absl::Now() < until);
+  const absl::Status s = SayHelloUntilOk(stub, request, &reply);
   INFO(s);
   REQUIRE(s.ok());
   CHECK(reply.message() == "Hello, after");
   CHECK(rt.channel->stats().backoff == absl::ZeroDuration());
+}
+
+// Before: calls prefer open connections, so once one connection was back after a restart the
+// channel's others were never made again, and its calls all went over one.
+TEST_CASE(
+    "a channel of several connections makes all of them again after a server restart, without "
+    "Connect") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  zrpc::ChannelOptions channel_options;
+  channel_options.connections = 4;
+  channel_options.reconnect_backoff_initial = absl::Milliseconds(20);
+  channel_options.reconnect_backoff_max = absl::Milliseconds(200);
+  Runtime rt(config, {}, channel_options);
+  REQUIRE(rt.channel->Connect(absl::Now() + kLong).ok());
+  REQUIRE(zrpc::testing::Eventually([&] { return rt.server->stats().connections_open == 4; }));
+  const uint16_t port = rt.port_;
+
+  rt.server.reset();
+  REQUIRE(zrpc::testing::Eventually([&] { return rt.channel->stats().connections_lost == 4; }));
+  rt.StartServer({}, port);
+  // One call connects one subchannel on demand; the restorer makes the other three.
+  Greeter::Stub stub(rt.channel.get());
+  HelloRequest request;
+  request.set_name("back");
+  HelloReply reply;
+  const absl::Status s = SayHelloUntilOk(stub, request, &reply);
+  INFO(s);
+  REQUIRE(s.ok());
+  CHECK(zrpc::testing::Eventually([&] { return rt.server->stats().connections_open == 4; }));
+  CHECK(rt.channel->stats().connections_lost == 4);
+  // And calls keep going over them.
+  for (int i = 0; i < 40; ++i) REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  CHECK(rt.server->stats().connections_open == 4);
 }
 
 TEST_CASE(
