@@ -434,8 +434,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // reported failed, and OnClosed follows. Logged. Nothing when another thread holds the domain
   // (the next look tries again).
   void GiveUpOnDrain();
-  // A steady clock in nanoseconds (draining_since_ns_).
-  static int64_t SteadyNanos();
 
  private:
   friend class Listener;
@@ -799,7 +797,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool owe_signal_ ABSL_GUARDED_BY(domain_) = false;
   bool sq_drained_ ABSL_GUARDED_BY(domain_) = false;
   bool drain_given_up_ ABSL_GUARDED_BY(domain_) = false;  // GiveUpOnDrain, once
-  // When the drain began (SteadyNanos), 0 when not draining: read by the poller's watchdog.
+  // When the drain began (SteadyNanos, steady_clock.h), 0 when not draining: read by the poller's
+  // watchdog.
   std::atomic<int64_t> draining_since_ns_{0};
   // Completion-queue entries granted to the sends (SendRoomLocked): written inside the domain,
   // read by the poller (which takes them back at Unregister, and asks holders while short).

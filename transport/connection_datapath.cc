@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
-#include <chrono>
 #include <iterator>
 #include <memory>
 #include <thread>
@@ -13,6 +12,7 @@
 #include "transport/connection.h"
 #include "transport/log.h"
 #include "transport/poller.h"
+#include "transport/steady_clock.h"
 #include "transport/verbs_error.h"
 #include "transport/work_request_id.h"
 
@@ -1385,12 +1385,6 @@ void Connection::MakeUpMarkerLocked() {
   flushed.status = IBV_WC_WR_FLUSH_ERR;
   flushed.qp_num = qp_num_;
   early_.push_back(flushed);
-}
-
-int64_t Connection::SteadyNanos() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 void Connection::LeaveDrainWatch() {

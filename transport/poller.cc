@@ -13,6 +13,7 @@
 #include "transport/cm_util.h"
 #include "transport/connection.h"
 #include "transport/log.h"
+#include "transport/steady_clock.h"
 #include "transport/verbs_error.h"
 #include "transport/work_request_id.h"
 
@@ -507,7 +508,7 @@ void Poller::CmLoop() {
 }
 
 void Poller::WatchDrains() {
-  const int64_t now_ns = Connection::SteadyNanos();
+  const int64_t now_ns = SteadyNanos();
   {
     absl::MutexLock lock(&drain_watch_mu_);
     if (now_ns < next_drain_watch_ns_) return;

@@ -258,7 +258,7 @@ class Poller {
   // cm thread wakes every second to watch them (WatchDrains).
   std::atomic<int> draining_{0};
   absl::Mutex drain_watch_mu_;  // one WatchDrains at a time
-  // Connection::SteadyNanos: a step of the wall clock must not hold the watchdog back.
+  // SteadyNanos (steady_clock.h): a step of the wall clock must not hold the watchdog back.
   int64_t next_drain_watch_ns_ ABSL_GUARDED_BY(drain_watch_mu_) = 0;
   unsigned unacked_cq_events_ = 0;
 

@@ -3,10 +3,10 @@
 #include "transport/shared_receive_queue.h"
 
 #include <cerrno>
-#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "transport/log.h"
+#include "transport/steady_clock.h"
 #include "transport/verbs_error.h"
 #include "transport/work_request_id.h"
 
@@ -66,10 +66,7 @@ SharedReceiveQueue::~SharedReceiveQueue() {
 }
 
 void SharedReceiveQueue::RefillSlow(SlotCache& cache) {
-  // The steady clock is read without a system call (vDSO).
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
+  const int64_t now = SteadyNanos();
   if (now < retry_at_ns_) return;
   while (!unposted_.empty()) {
     const uint32_t slot = cache.Allocate();
