@@ -20,7 +20,9 @@ std::shared_ptr<ClientConnection> Subchannel::Ready() {
 
 Subchannel::Restore Subchannel::Restorable(absl::Time now, absl::Time* at) {
   absl::MutexLock lock(&mu_);
-  if (!ever_connected_ || (current_ != nullptr && current_->open())) return Restore::kNo;
+  // A connection not yet noted lost is open, or drains, or closed with its OnClosed on the way
+  // (Forget notes it and kicks the restorer): not yet, or the wait after the loss is skipped.
+  if (!ever_connected_ || (current_ != nullptr && !current_loss_noted_)) return Restore::kNo;
   if (connecting_) {  // a call's attempt: looked at again soon, in case it fails
     *at = now + absl::Milliseconds(100);
     return Restore::kAt;
@@ -50,6 +52,7 @@ std::shared_ptr<ClientConnection> Subchannel::Forget(const ClientConnection* clo
 }
 
 void Subchannel::NoteLossLocked() {
+  if (std::exchange(current_loss_noted_, true)) return;  // Get and Forget may both see it
   // A connection that lived long is a loss like any other: a short wait, and the restores' own
   // backoff starts over. One dropped soon after its handshake (a server that accepts and then
   // drops, or is full) counts as a failed attempt, so that the restorer's attempts back off.
@@ -146,8 +149,10 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> Subchannel::Get(absl::Time dea
   backoff_.Succeeded();
   next_attempt_ = absl::InfinitePast();
   current_ = connection;
-  // Closed between its handshake and here: its OnClosed found no current_ to forget.
-  if (!connection->open()) NoteLossLocked();
+  current_loss_noted_ = false;
+  // Closed between its handshake and here: its OnClosed may have found no current_ to forget.
+  // (One still draining is noted by its OnClosed's Forget.)
+  if (connection->closed()) NoteLossLocked();
   return connection;
 }
 

@@ -78,7 +78,8 @@ class Subchannel {
   // top of this file); DEADLINE_EXCEEDED quoting the last error when the deadline comes first.
   absl::Status Connect(absl::Time deadline);
   // Whether the channel's restorer should connect this subchannel (ChannelImpl::RestoreLoop):
-  // kNo when it never had a connection (it connects on demand, or by Connect) or has one open;
+  // kNo when it never had a connection (it connects on demand, or by Connect) or has one whose
+  // loss is not yet noted (open, draining, or closed with its OnClosed on the way);
   // kAt, setting `*at`, while its backoff (or the short wait after a loss) runs or a call's
   // attempt is under way; kNow otherwise.
   enum class Restore { kNo, kNow, kAt };
@@ -116,6 +117,9 @@ class Subchannel {
   // The restorer waits until restore_after_ after a loss (NoteLossLocked); monotonic.
   absl::Time restore_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time connected_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // current_'s loss was noted (NoteLossLocked, once per connection): until then the restorer
+  // leaves the subchannel alone.
+  bool current_loss_noted_ ABSL_GUARDED_BY(mu_) = false;
   ReconnectBackoff restore_backoff_ ABSL_GUARDED_BY(mu_);
   absl::Time next_attempt_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // monotonic
   ReconnectBackoff backoff_ ABSL_GUARDED_BY(mu_);

@@ -101,6 +101,7 @@ struct FakeQp {
   FakeQp* peer = nullptr;
   FakeSrq* srq = nullptr;  // its RECVs' queue when set, else `recvs`
   bool error = false;
+  bool lose_flushes = false;  // HangUp's Flushes::kLost: work requests posted in error vanish
   bool sq_sig_all = false;
   uint32_t max_send_wr = 0, max_recv_wr = 0, max_send_sge = 0, max_recv_sge = 0;
   uint32_t max_inline = 0;
@@ -131,6 +132,7 @@ struct FakeId {
   bool connected = false;
   bool disconnected = false;  // DISCONNECTED was queued to this id
   bool passive = false;       // made by a connect request, on the listening side
+  uint64_t ordinal = 0;       // the calling end's Counters::connects after its rdma_connect
   uint16_t port = 0;          // host order
   // Events fetched (rdma_get_cm_event) and acked (rdma_ack_cm_event): rdma_destroy_id waits
   // until they are equal, as librdmacm's does, so a thread that fetched an event may read its id
@@ -150,6 +152,7 @@ uint32_t next_qp_num = 0x11;
 uint16_t next_port = 40000;
 std::map<uint32_t, FakeMr*> mrs;  // by key (lkey == rkey)
 std::map<uint16_t, FakeId*> listeners;
+std::map<uint64_t, FakeId*> by_ordinal;  // calling ends (FakeId::ordinal) not yet destroyed
 
 void Signal(int fd) {
   uint64_t one = 1;
@@ -485,7 +488,7 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
         : wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM ? IBV_WC_SEND
                                                                           : IBV_WC_RDMA_WRITE;
     if (qp->error) {
-      if (!lose_flushes.load(std::memory_order_relaxed)) {
+      if (!qp->lose_flushes && !lose_flushes.load(std::memory_order_relaxed)) {
         Complete(qp->qp.send_cq, Wc(qp, wr->wr_id, IBV_WC_WR_FLUSH_ERR, wc_opcode));
       }
       continue;
@@ -661,6 +664,22 @@ void SetPostSendHook(const std::function<void()>* hook) {
 }
 
 void SetLoseFlushes(bool lose) { lose_flushes.store(lose, std::memory_order_relaxed); }
+
+bool HangUp(uint64_t ordinal, Flushes flushes) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = by_ordinal.find(ordinal);
+  if (it == by_ordinal.end() || !it->second->connected || it->second->disconnected) return false;
+  FakeId* id = it->second;
+  if (flushes == Flushes::kLost) {
+    for (FakeId* end : {id, id->peer}) {
+      if (end != nullptr && end->id.qp != nullptr) {
+        reinterpret_cast<FakeQp*>(end->id.qp)->lose_flushes = true;
+      }
+    }
+  }
+  Hangup(id);
+  return true;
+}
 
 Counters counters() {
   std::lock_guard<std::mutex> lock(mu);
@@ -971,6 +990,7 @@ int rdma_destroy_id(rdma_cm_id* id) {
   std::unique_lock<std::mutex> lock(mu);
   auto* fake = reinterpret_cast<FakeId*>(id);
   if (fake->listening) listeners.erase(fake->port);
+  if (fake->ordinal != 0) by_ordinal.erase(fake->ordinal);
   if (fake->peer != nullptr) {
     FakeId* peer = fake->peer;
     if (fake->connected) {
@@ -1081,6 +1101,8 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
     return 0;
   }
   FakeId* listener = it->second;
+  client->ordinal = ++stats.connects;
+  by_ordinal[client->ordinal] = client;
   auto* child = new FakeId;
   child->id.verbs = &context;
   child->id.channel = listener->id.channel;

@@ -33,6 +33,7 @@ struct Counters {
   uint64_t cq_events = 0;     // completion-channel events raised (an armed CQ got a completion)
   uint64_t errors = 0;        // work completions with an error status
   uint64_t qps_alive = 0;     // queue pairs created and not yet destroyed: connections alive
+  uint64_t connects = 0;      // rdma_connect calls that found a listener: connection attempts
 };
 Counters counters();
 
@@ -47,6 +48,18 @@ void SetPostSendHook(const std::function<void()>* hook);
 // completion: a device that loses its flushes (rxe did, for some of hundreds of queue pairs
 // closing while others connected). What was posted before the error still comes back flushed.
 void SetLoseFlushes(bool lose);
+
+// What a connection hung up by HangUp does with the work requests posted to its queue pairs once
+// they are in error: kept (each comes back flushed) or lost (as SetLoseFlushes, for this pair
+// alone).
+enum class Flushes { kKept, kLost };
+
+// The connection made by the process's `ordinal`-th rdma_connect (1-based: Counters::connects
+// after it) hangs up as if the wire between them broke: the calling end's queue pair goes to the
+// error state and both ends hear DISCONNECTED, once. So a test fails one connection of many,
+// chosen by when it was made. False when that connection is not connected (never accepted,
+// already hung up, or destroyed).
+bool HangUp(uint64_t ordinal, Flushes flushes = Flushes::kKept);
 
 }  // namespace zrpc::fakeverbs
 
