@@ -22,6 +22,8 @@ Subchannel::Restore Subchannel::Restorable(absl::Time now, absl::Time* at) {
   absl::MutexLock lock(&mu_);
   // A connection not yet noted lost is open, or drains, or closed with its OnClosed on the way
   // (Forget notes it and kicks the restorer): not yet, or the wait after the loss is skipped.
+  // Every connection's OnClosed comes, a drain that never ends included: the poller's drain
+  // watchdog gives up on it (transport::Poller::kDrainGiveUp).
   if (!ever_connected_ || (current_ != nullptr && !current_loss_noted_)) return Restore::kNo;
   if (connecting_) {  // a call's attempt: looked at again soon, in case it fails
     *at = now + absl::Milliseconds(100);

@@ -101,7 +101,7 @@ struct FakeQp {
   FakeQp* peer = nullptr;
   FakeSrq* srq = nullptr;  // its RECVs' queue when set, else `recvs`
   bool error = false;
-  bool lose_flushes = false;  // HangUp's Flushes::kLost: work requests posted in error vanish
+  bool lose_flushes = false;  // HangUp's Flushes::kLost: sends posted in error vanish
   bool sq_sig_all = false;
   uint32_t max_send_wr = 0, max_recv_wr = 0, max_send_sge = 0, max_recv_sge = 0;
   uint32_t max_inline = 0;
@@ -1101,6 +1101,7 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
     return 0;
   }
   FakeId* listener = it->second;
+  if (client->ordinal != 0) by_ordinal.erase(client->ordinal);  // an id connected again
   client->ordinal = ++stats.connects;
   by_ordinal[client->ordinal] = client;
   auto* child = new FakeId;

@@ -49,9 +49,9 @@ void SetPostSendHook(const std::function<void()>* hook);
 // closing while others connected). What was posted before the error still comes back flushed.
 void SetLoseFlushes(bool lose);
 
-// What a connection hung up by HangUp does with the work requests posted to its queue pairs once
-// they are in error: kept (each comes back flushed) or lost (as SetLoseFlushes, for this pair
-// alone).
+// What a connection hung up by HangUp does with the sends posted to its queue pairs once they are
+// in error: kept (each comes back flushed) or lost (as SetLoseFlushes, for this pair alone).
+// Receives come back flushed either way.
 enum class Flushes { kKept, kLost };
 
 // The connection made by the process's `ordinal`-th rdma_connect (1-based: Counters::connects
