@@ -27,6 +27,10 @@ struct Deleter {
 struct CmQpDeleter {
   void operator()(rdma_cm_id* id) const { rdma_destroy_qp(id); }
 };
+// ibv_dealloc_mw is an inline wrapper in verbs.h, not a function of the library.
+struct MwDeleter {
+  void operator()(ibv_mw* mw) const { static_cast<void>(ibv_dealloc_mw(mw)); }
+};
 struct FreeDeleter {
   void operator()(uint8_t* p) const { std::free(p); }
 };
@@ -43,6 +47,7 @@ using CompChannelOwner =
                     internal::Deleter<ibv_comp_channel, ibv_destroy_comp_channel>>;
 using MrOwner = std::unique_ptr<ibv_mr, internal::Deleter<ibv_mr, ibv_dereg_mr>>;
 using QpOwner = std::unique_ptr<ibv_qp, internal::Deleter<ibv_qp, ibv_destroy_qp>>;
+using MwOwner = std::unique_ptr<ibv_mw, internal::MwDeleter>;
 using SrqOwner = std::unique_ptr<ibv_srq, internal::Deleter<ibv_srq, ibv_destroy_srq>>;
 using CmChannelOwner =
     std::unique_ptr<rdma_event_channel,

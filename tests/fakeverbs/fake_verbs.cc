@@ -48,6 +48,8 @@ int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int PostSrqRecv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int PollCq(ibv_cq* cq, int n, ibv_wc* wc);
 int ReqNotifyCq(ibv_cq* cq, int solicited_only);
+ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type);
+int DeallocMw(ibv_mw* mw);
 }  // namespace entry
 
 namespace {
@@ -66,6 +68,18 @@ struct FakeCompChannel {
 
 struct FakeMr {
   ibv_mr mr{};
+  int access = 0;
+};
+
+// A type-2 memory window: free, or bound to one QP over a range of a region. Its rkey's upper 24
+// bits are its index; the low byte is what the last bind set.
+struct FakeMw {
+  ibv_mw mw{};  // first: an ibv_mw* is a FakeMw*
+  // The device's key for it, which the consumer's ibv_mw::rkey must name in a bind (as rxe's
+  // kernel checks): verbs leave updating that field after a type-2 bind to the consumer.
+  uint32_t key = 0;
+  FakeQp* qp = nullptr;  // bound to it; null while free
+  uint64_t addr = 0, length = 0;
   int access = 0;
 };
 
@@ -151,6 +165,9 @@ uint32_t next_key = 0x1000;
 uint32_t next_qp_num = 0x11;
 uint16_t next_port = 40000;
 std::map<uint32_t, FakeMr*> mrs;  // by key (lkey == rkey)
+// Windows by index (rkey >> 8). Indexes start far above any region's key, so the two never meet.
+std::map<uint32_t, FakeMw*> mws;
+uint32_t next_mw_index = 0x100000;
 std::map<uint16_t, FakeId*> listeners;
 std::map<uint64_t, FakeId*> by_ordinal;  // calling ends (FakeId::ordinal) not yet destroyed
 
@@ -273,6 +290,28 @@ FakeMr* FindMr(uint32_t key, uint64_t addr, uint64_t length, int access) {
   return mr;
 }
 
+// Whether a remote access with `key` to [addr, addr + length) for `access`, arriving on `at`, is
+// allowed: by a region's key (any QP of the device, as a region's rkey is), or by a window bound
+// to `at` under exactly that key (another QP's key, a stale key byte or a free window: no).
+bool RemoteAccessOk(uint32_t key, uint64_t addr, uint64_t length, int access, const FakeQp* at) {
+  if (FindMr(key, addr, length, access) != nullptr) return true;
+  auto it = mws.find(key >> 8);
+  if (it == mws.end()) return false;
+  const FakeMw* mw = it->second;
+  if (mw->qp == nullptr || mw->qp != at || mw->key != key) return false;
+  if (addr < mw->addr || addr + length > mw->addr + mw->length || addr + length < addr) {
+    return false;
+  }
+  return (mw->access & access) == access;
+}
+
+// Windows bound to `qp` become free (the QP is gone: its keys must open nothing).
+void FreeWindowsOf(const FakeQp* qp) {
+  for (auto& [index, mw] : mws) {
+    if (mw->qp == qp) mw->qp = nullptr;
+  }
+}
+
 // The RECVs a SEND to `qp` lands in: its shared queue's, or its own.
 std::deque<RecvWr>& Recvs(FakeQp* qp) { return qp->srq != nullptr ? qp->srq->recvs : qp->recvs; }
 
@@ -355,6 +394,8 @@ void InitDevice() {
     context.ops.post_send = entry::PostSend;
     context.ops.post_recv = entry::PostRecv;
     context.ops.post_srq_recv = entry::PostSrqRecv;
+    context.ops.alloc_mw = entry::AllocMw;
+    context.ops.dealloc_mw = entry::DeallocMw;
     context.cmd_fd = -1;
     context.async_fd = -1;
     context.num_comp_vectors = 1;
@@ -486,6 +527,8 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
     const ibv_wc_opcode wc_opcode =
         wr->opcode == IBV_WR_RDMA_READ                                    ? IBV_WC_RDMA_READ
         : wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM ? IBV_WC_SEND
+        : wr->opcode == IBV_WR_BIND_MW                                    ? IBV_WC_BIND_MW
+        : wr->opcode == IBV_WR_LOCAL_INV                                  ? IBV_WC_LOCAL_INV
                                                                           : IBV_WC_RDMA_WRITE;
     if (qp->error) {
       if (!qp->lose_flushes && !lose_flushes.load(std::memory_order_relaxed)) {
@@ -529,8 +572,8 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
           break;
         }
         // A zero-length WRITE skips the key check, as IB C9-88 allows.
-        if (length > 0 && FindMr(wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, length,
-                                 IBV_ACCESS_REMOTE_WRITE) == nullptr) {
+        if (length > 0 && !RemoteAccessOk(wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, length,
+                                          IBV_ACCESS_REMOTE_WRITE, peer)) {
           CompleteRequester(p, IBV_WC_REM_ACCESS_ERR);
           ToError(qp);
           break;
@@ -559,8 +602,8 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
           ToError(qp);
           break;
         }
-        if (FindMr(wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, length, IBV_ACCESS_REMOTE_READ) ==
-            nullptr) {
+        if (!RemoteAccessOk(wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, length,
+                            IBV_ACCESS_REMOTE_READ, peer)) {
           Complete(qp->qp.send_cq, Wc(qp, wr->wr_id, IBV_WC_REM_ACCESS_ERR, IBV_WC_RDMA_READ));
           ToError(qp);
           break;
@@ -575,6 +618,48 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
           ibv_wc wc = Wc(qp, wr->wr_id, IBV_WC_SUCCESS, IBV_WC_RDMA_READ);
           wc.byte_len = static_cast<uint32_t>(length);
           Complete(qp->qp.send_cq, wc);
+        }
+        break;
+      }
+      case IBV_WR_BIND_MW: {
+        // A type-2 window binds only while free, to a range of a region registered for binding
+        // (and for local write when it grants remote write), with its own index in the new key.
+        auto it = mws.find(wr->bind_mw.rkey >> 8);
+        FakeMw* mw = reinterpret_cast<FakeMw*>(wr->bind_mw.mw);
+        const ibv_mw_bind_info& info = wr->bind_mw.bind_info;
+        const auto* mr = reinterpret_cast<const FakeMr*>(info.mr);
+        const int access = static_cast<int>(info.mw_access_flags);
+        const bool ok =
+            it != mws.end() && it->second == mw && mw->qp == nullptr && mw->mw.rkey == mw->key &&
+            mr != nullptr && (mr->access & IBV_ACCESS_MW_BIND) != 0 &&
+            ((access & IBV_ACCESS_REMOTE_WRITE) == 0 || (mr->access & IBV_ACCESS_LOCAL_WRITE)) &&
+            FindMr(mr->mr.lkey, info.addr, info.length, 0) != nullptr;
+        if (!ok) {
+          Complete(qp->qp.send_cq, Wc(qp, wr->wr_id, IBV_WC_MW_BIND_ERR, IBV_WC_BIND_MW));
+          ToError(qp);
+          break;
+        }
+        mw->qp = qp;
+        mw->addr = info.addr;
+        mw->length = info.length;
+        mw->access = access;
+        mw->key = wr->bind_mw.rkey;
+        ++stats.binds;
+        if (p.signaled) Complete(qp->qp.send_cq, Wc(qp, wr->wr_id, IBV_WC_SUCCESS, IBV_WC_BIND_MW));
+        break;
+      }
+      case IBV_WR_LOCAL_INV: {
+        // Only the key a window bound to this QP has now.
+        auto it = mws.find(wr->invalidate_rkey >> 8);
+        if (it == mws.end() || it->second->qp != qp || it->second->key != wr->invalidate_rkey) {
+          Complete(qp->qp.send_cq, Wc(qp, wr->wr_id, IBV_WC_MW_BIND_ERR, IBV_WC_LOCAL_INV));
+          ToError(qp);
+          break;
+        }
+        it->second->qp = nullptr;
+        ++stats.invalidations;
+        if (p.signaled) {
+          Complete(qp->qp.send_cq, Wc(qp, wr->wr_id, IBV_WC_SUCCESS, IBV_WC_LOCAL_INV));
         }
         break;
       }
@@ -657,6 +742,31 @@ int ReqNotifyCq(ibv_cq* cq, int) {
   return 0;
 }
 
+ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type) {
+  if (type != IBV_MW_TYPE_2) {
+    errno = EOPNOTSUPP;  // the fake models type-2 windows only
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  auto* mw = new FakeMw;
+  mw->mw.context = pd->context;
+  mw->mw.pd = pd;
+  mw->mw.type = type;
+  const uint32_t index = next_mw_index++;
+  mw->mw.rkey = mw->key = index << 8;
+  mws[index] = mw;
+  ++stats.windows_alive;
+  return &mw->mw;
+}
+
+int DeallocMw(ibv_mw* ibmw) {
+  std::lock_guard<std::mutex> lock(mu);
+  mws.erase(ibmw->rkey >> 8);
+  delete reinterpret_cast<FakeMw*>(ibmw);
+  --stats.windows_alive;
+  return 0;
+}
+
 }  // namespace entry
 
 void SetPostSendHook(const std::function<void()>* hook) {
@@ -720,6 +830,8 @@ int ibv_query_device(ibv_context*, ibv_device_attr* attr) {
   attr->max_srq = 1 << 16;
   attr->max_srq_wr = 1 << 20;
   attr->max_srq_sge = 32;
+  attr->max_mw = 1 << 16;
+  attr->device_cap_flags = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   attr->phys_port_cnt = 1;
   return 0;
 }
@@ -776,6 +888,8 @@ const char* ibv_wc_status_str(ibv_wc_status status) {
       return "remote access error";
     case IBV_WC_RETRY_EXC_ERR:
       return "transport retry counter exceeded";
+    case IBV_WC_MW_BIND_ERR:
+      return "memory bind operation error";
     default:
       return "other error";
   }
@@ -922,6 +1036,7 @@ void rdma_destroy_qp(rdma_cm_id* id) {
     auto& qps = qp->srq->qps;
     qps.erase(std::remove(qps.begin(), qps.end(), qp), qps.end());
   }
+  FreeWindowsOf(qp);
   delete qp;
   --stats.qps_alive;
   id->qp = nullptr;

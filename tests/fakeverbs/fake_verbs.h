@@ -23,17 +23,20 @@ inline constexpr char kAddress[] = "127.0.0.1";
 // What the fake has done since the process started: its own work, to be told apart from the
 // transport's. Read while nothing posts.
 struct Counters {
-  uint64_t sends = 0;         // SEND work requests delivered
-  uint64_t writes = 0;        // RDMA WRITEs (with or without immediate) performed
-  uint64_t reads = 0;         // RDMA READs performed
-  uint64_t recvs_posted = 0;  // RECV work requests posted, to a QP or a shared receive queue
-  uint64_t send_posts = 0;    // ibv_post_send calls (doorbells), whatever their chains' length
-  uint64_t recv_posts = 0;    // ibv_post_recv and ibv_post_srq_recv calls (doorbells)
-  uint64_t completions = 0;   // work completions made, successful or not
-  uint64_t cq_events = 0;     // completion-channel events raised (an armed CQ got a completion)
-  uint64_t errors = 0;        // work completions with an error status
-  uint64_t qps_alive = 0;     // queue pairs created and not yet destroyed: connections alive
-  uint64_t connects = 0;      // rdma_connect calls that found a listener: connection attempts
+  uint64_t sends = 0;          // SEND work requests delivered
+  uint64_t writes = 0;         // RDMA WRITEs (with or without immediate) performed
+  uint64_t reads = 0;          // RDMA READs performed
+  uint64_t recvs_posted = 0;   // RECV work requests posted, to a QP or a shared receive queue
+  uint64_t send_posts = 0;     // ibv_post_send calls (doorbells), whatever their chains' length
+  uint64_t recv_posts = 0;     // ibv_post_recv and ibv_post_srq_recv calls (doorbells)
+  uint64_t completions = 0;    // work completions made, successful or not
+  uint64_t cq_events = 0;      // completion-channel events raised (an armed CQ got a completion)
+  uint64_t errors = 0;         // work completions with an error status
+  uint64_t qps_alive = 0;      // queue pairs created and not yet destroyed: connections alive
+  uint64_t connects = 0;       // rdma_connect calls that found a listener: connection attempts
+  uint64_t binds = 0;          // memory windows bound (IBV_WR_BIND_MW that succeeded)
+  uint64_t invalidations = 0;  // memory windows invalidated (IBV_WR_LOCAL_INV that succeeded)
+  uint64_t windows_alive = 0;  // memory windows allocated and not yet deallocated
 };
 Counters counters();
 
