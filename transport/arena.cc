@@ -38,6 +38,7 @@ absl::StatusOr<ArenaSpot> ArenaWriter::Reserve(uint32_t length) {
 }
 
 std::optional<ArenaSpot> ArenaWriter::TryReserve(uint32_t length) {
+  if (on_demand_ && !held_) return std::nullopt;
   uint32_t rounded = RoundUp(length);
   ArenaSpot spot;
   bool restart = in_use() == 0 && tail_ != 0;
@@ -66,7 +67,64 @@ absl::Status ArenaWriter::OnReleased(uint32_t released_total) {
   return absl::OkStatus();
 }
 
+absl::Status ArenaWriter::OnLend(uint32_t loan, uint32_t size) {
+  if (!on_demand_) return Violation("lent an arena it gave in its Hello");
+  if (held_ || !asked_) return Violation(absl::StrCat("lent loan ", loan, " nobody asked for"));
+  if (size != size_) {
+    return Violation(absl::StrCat("lent ", size, " bytes where its Hello said ", size_));
+  }
+  if (loan <= loan_) {
+    return Violation(absl::StrCat("lent loan ", loan, " after loan ", loan_));
+  }
+  if (in_use() != 0) {
+    return Violation(absl::StrCat("lent loan ", loan, " while ", in_use(),
+                                  " bytes of the last one are not reported released"));
+  }
+  held_ = true;
+  asked_ = false;
+  loan_ = loan;
+  tail_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status ArenaWriter::OnRecall(uint32_t loan) {
+  if (!on_demand_ || !held_ || loan != loan_) {
+    return Violation(absl::StrCat("recalled loan ", loan, ", not the one held"));
+  }
+  held_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status ArenaReader::OnAsk() {
+  if (!on_demand_) return Violation("asked for an arena it was given in the Hello");
+  if (ask_waiting_ || loan_state_ == Loan::kLent || loan_state_ == Loan::kRecalled) {
+    return Violation("asked for an arena while holding one or asking already");
+  }
+  ask_waiting_ = true;
+  return absl::OkStatus();
+}
+
+uint32_t ArenaReader::Lend() {
+  ask_waiting_ = false;
+  loan_state_ = Loan::kLent;
+  expected_ = 0;
+  return ++loan_;
+}
+
+void ArenaReader::Recall() { loan_state_ = Loan::kRecalled; }
+
+absl::Status ArenaReader::OnReturned(uint32_t loan) {
+  if (loan_state_ != Loan::kRecalled || loan != loan_) {
+    return Violation(absl::StrCat("returned loan ", loan, ", not the one recalled"));
+  }
+  loan_state_ = Loan::kReturned;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> ArenaReader::OnArrival(uint32_t imm, uint32_t length) {
+  if (on_demand_ && loan_state_ != Loan::kLent && loan_state_ != Loan::kRecalled) {
+    return Violation("wrote into an arena not lent to it");
+  }
   const bool restart = (imm & kArenaRestartBit) != 0;
   const uint32_t at = offset(imm);
   if ((at & (1u << 30)) != 0) return Violation("reserved bit 30 of the immediate is set");

@@ -93,6 +93,7 @@
 #include "transport/completion_budget.h"
 #include "transport/credits.h"
 #include "transport/device.h"
+#include "transport/memory_window.h"
 #include "transport/options.h"
 #include "transport/ring.h"
 #include "transport/serial_domain.h"
@@ -269,6 +270,13 @@ struct ConnectionStats {
   // idle and another connection needs them), and the times it found none free and waited.
   uint32_t cq_entries_granted = 0;
   uint64_t cq_waits = 0;
+  // Arenas lent on demand (arena.h, "Loans"). This side's arena: loans made, recalled, asks that
+  // found the poller's pool empty and waited, and whether one is out now. The peer's: asks sent.
+  uint64_t arena_loans = 0;
+  uint64_t arena_recalls = 0;
+  uint64_t arena_waits = 0;
+  bool arena_lent = false;
+  uint64_t arena_asks = 0;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -372,6 +380,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Starts an orderly close: disconnects, fails what waits, then OnClosed(kCancelled).
   void Close();
+
+  // The poller's request while its arena pool is short (Poller::ServeArenaShortage): a waiter
+  // tries again to borrow a piece; a holder recalls its loan if idle since the last request, and
+  // gives up on a peer that has not returned one recalled kRecallGiveUp ago (closing it).
+  void AskForArena();
+  static constexpr absl::Duration kRecallGiveUp = absl::Seconds(10);
 
   // Runs `task` inside this connection's domain, open or closed: at once when this thread holds
   // the domain (a handler in this connection's batch, another task) or finds it free; else it
@@ -697,6 +711,27 @@ class Connection : public std::enable_shared_from_this<Connection> {
     void RunInDomain(Connection& connection) override;
   };
 
+  // Arenas lent on demand (arena.h, "Loans"; connection_datapath.cc).
+  static constexpr uint32_t kNoPiece = ~uint32_t{0};
+  // Borrows a piece of the poller's pool for an ask that waits, binds a window over it and owes
+  // the lend; with none free, waits on the poller (WaitForArena).
+  void TryLendLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // The loan is back and released: the window dies, the piece goes back to the pool.
+  void ReclaimArenaLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  void OnArenaRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  absl::Status HandleArenaMessageLocked(const ArenaMessage& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  bool ArenaOwedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_) {
+    return lend_owed_ || recall_owed_ || returned_owed_ || ask_owed_;
+  }
+  // Sends the loan messages owed, one kArena frame each from the control slot, while the slot,
+  // data credits and send-queue room allow (a lend behind its window's bind).
+  void MaybeSendArenaFramesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  class ArenaRequest : public DomainTask {
+   public:
+    void RunInDomain(Connection& connection) override;
+  };
+
   Device& device_;
   Poller& poller_;
   ConnectionHandler* handler_;
@@ -734,6 +769,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   PageBuffer arena_;
   MrOwner arena_mr_;
   CmQpOwner qp_;
+  // The window over the piece lent now (on demand), destroyed before the piece goes back.
+  std::unique_ptr<MemoryWindow> arena_window_;
 
   mutable SerialDomain domain_;
   // LeftOp pool (NewLeftOp): the array once made, and the free list's head (tag << 32 | index+1).
@@ -807,6 +844,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool probe_owed_ ABSL_GUARDED_BY(domain_) = false;  // a Probe that found no entry: on its pass
   CqRequest cq_request_;
   std::atomic<bool> cq_request_queued_{false};
+  // This side's arena: its own (arena_) or the piece lent now (arena_piece_ of the poller's
+  // pool), where payloads land; arena_lent_ tells the poller this connection holds a piece.
+  uint8_t* arena_base_ ABSL_GUARDED_BY(domain_) = nullptr;
+  uint32_t arena_piece_ ABSL_GUARDED_BY(domain_) = kNoPiece;
+  std::atomic<bool> arena_lent_{false};
+  bool arena_waiting_ ABSL_GUARDED_BY(domain_) = false;  // on the poller's list of waiters
+  // A payload arrived since the poller's last request: the loan is not idle (second chance).
+  bool arena_used_ ABSL_GUARDED_BY(domain_) = false;
+  int64_t arena_recalled_ns_ ABSL_GUARDED_BY(domain_) = 0;  // SteadyNanos of the recall
+  // Loan messages owed (MaybeSendArenaFramesLocked); lend_bound_: the lend's bind is posted.
+  bool lend_owed_ ABSL_GUARDED_BY(domain_) = false;
+  bool lend_bound_ ABSL_GUARDED_BY(domain_) = false;
+  uint32_t lend_rkey_ ABSL_GUARDED_BY(domain_) = 0;
+  bool recall_owed_ ABSL_GUARDED_BY(domain_) = false;
+  bool returned_owed_ ABSL_GUARDED_BY(domain_) = false;
+  bool ask_owed_ ABSL_GUARDED_BY(domain_) = false;
+  ArenaRequest arena_request_;
+  std::atomic<bool> arena_request_queued_{false};
   ConnectionStats stats_ ABSL_GUARDED_BY(domain_);
   // Work-request templates: invariant fields filled once in CreateResources.
   ibv_send_wr send_wr_ ABSL_GUARDED_BY(domain_){};

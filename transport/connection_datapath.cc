@@ -421,6 +421,7 @@ void Connection::EnqueueAcceptedLocked(absl::Span<const Waiting> ops, Events& ev
 ConnectionStats Connection::StatsLocked() const {
   ConnectionStats stats = stats_;
   stats.arena_in_use = arena_reader_.in_use();
+  stats.arena_lent = arena_piece_ != kNoPiece;
   stats.sends_outstanding = static_cast<uint32_t>(waiting_.size() + in_flight_.size());
   stats.waiting = static_cast<uint32_t>(waiting_.size());
   stats.transfer_bytes_in_flight = transfer_bytes_in_flight_;
@@ -474,6 +475,14 @@ std::string Connection::DebugStringLocked(bool query_qp) const {
       ", left in the domain ", LeftPending(), ", events pending ", pending_events_.size(),
       state_ == State::kDraining && sq_drained_ ? ", send queue drained" : "", ", arena in use ",
       arena_writer_.in_use(), " (peer) / ", arena_reader_.in_use(), " (own)");
+  if (arena_reader_.on_demand() || arena_writer_.on_demand()) {
+    absl::StrAppend(&text, ", loans: own ", arena_reader_.loan(), " state ",
+                    static_cast<int>(arena_reader_.loan_state()),
+                    arena_reader_.ask_waiting() ? " asked" : "", arena_waiting_ ? " waiting" : "",
+                    ", peer's ", arena_writer_.loan(), arena_writer_.held() ? " held" : "",
+                    ", owed", lend_owed_ ? " lend" : "", recall_owed_ ? " recall" : "",
+                    returned_owed_ ? " returned" : "", ask_owed_ ? " ask" : "");
+  }
   if (!query_qp) return text;
   // The queue pair as the device sees it: a transfer that never completes shows whether the
   // device still thinks the queue pair can send.
@@ -809,7 +818,8 @@ void Connection::PumpLocked() {
   if (CorkedLocked()) {
     // Only when there is something to post: a Release during the batch usually has nothing
     // (its credit rides on the next data frame), and then the batch's end takes no lock.
-    if (!waiting_.empty() || credits_.ShouldSendUpdate() || arena_reader_.ShouldReport()) {
+    if (!waiting_.empty() || credits_.ShouldSendUpdate() || arena_reader_.ShouldReport() ||
+        ArenaOwedLocked()) {
       cork_pending_ = true;
     }
     return;
@@ -824,7 +834,13 @@ void Connection::PumpLocked() {
       PostReadLocked(op);  // no credit: the peer's NIC answers, nothing is received
     } else if (op.kind == Waiting::kWrite) {
       std::optional<ArenaSpot> spot = arena_writer_.TryReserve(op.source.size);  // WriteBulk
-      if (!spot) break;  // checked CheckFits
+      if (!spot) {  // checked CheckFits: full, or (on demand) not lent
+        if (arena_writer_.ShouldAsk()) {
+          arena_writer_.Asked();
+          ask_owed_ = true;
+        }
+        break;
+      }
       credits_.TrySpendForData();
       PostBulkLocked(op.source, *spot, op.token);
     } else {
@@ -852,13 +868,14 @@ void Connection::PumpLocked() {
       if (state_ != State::kOpen) return;
     }
   }
+  MaybeSendArenaFramesLocked();
   MaybeSendCreditFrameLocked();
   PostChainLocked();
 }
 
 void Connection::PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kind, uint64_t token,
                                    bool report, bool signal) {
-  const bool control = kind == FrameKind::kCredit;  // in the connection's own control slot
+  const bool control = kind != FrameKind::kData;  // in the connection's own control slot
   uint8_t* frame = device_.slots().data(slot);
   FrameHeader header;
   header.arena_released = arena_reader_.released_total();
@@ -877,7 +894,7 @@ void Connection::PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kin
   if (control) {
     control_busy_ = !inlined;  // until its completion retires it
     control_sequence_ = next_sequence_ - 1;
-    ++stats_.credit_frames_sent;
+    if (kind == FrameKind::kCredit) ++stats_.credit_frames_sent;
   } else {
     ++stats_.messages_sent;
   }
@@ -1066,7 +1083,12 @@ absl::Status Connection::ReleaseAndSend(uint64_t handle, const SendBuffer& buffe
 }
 
 absl::Status Connection::ReleaseLocked(uint64_t handle) {
-  if (handle & kBulkHandle) return arena_reader_.Release(handle & ~kBulkHandle);
+  if (handle & kBulkHandle) {
+    absl::Status s = arena_reader_.Release(handle & ~kBulkHandle);
+    // The last payload of a loan given back: the loan's piece can go.
+    if (s.ok() && arena_reader_.Reclaimable()) ReclaimArenaLocked();
+    return s;
+  }
   if (handle >= recv_slots_.size() || recv_state_[handle] != RecvState::kHeld) {
     return absl::FailedPreconditionError(
         absl::StrCat("message ", handle, " released twice or never delivered"));
@@ -1285,8 +1307,9 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
     if (!sequence.ok()) return FailLocked(sequence.status());
     credits_.OnRecvReposted();
     ++stats_.bulk_received;
+    arena_used_ = true;
     Event e(Event::kBulk);
-    e.data = arena_.get() + ArenaReader::offset(imm);
+    e.data = arena_base_ + ArenaReader::offset(imm);
     e.size = wc.byte_len;
     e.handle_or_token = *sequence | kBulkHandle;
     events.push_back(std::move(e));
@@ -1313,6 +1336,16 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
   if (header->kind == FrameKind::kCredit) {
     give_back(true);
     credits_.OnRecvReposted();
+    return;
+  }
+  if (header->kind == FrameKind::kArena) {
+    // Handled here and done with, as a credit frame is: its receive is owed back at once.
+    absl::StatusOr<ArenaMessage> message =
+        DecodeArenaMessage(absl::MakeConstSpan(frame + FrameHeader::kSize, ArenaMessage::kSize));
+    give_back(true);
+    credits_.OnRecvReposted();
+    if (!message.ok()) return FailLocked(message.status());
+    if (s = HandleArenaMessageLocked(*message); !s.ok()) return FailLocked(s);
     return;
   }
   // The message is held until its Release. A shared queue's slot takes a free index of the
@@ -1505,6 +1538,194 @@ void Connection::DispatchOne(Event& e) {
       RunOnClosed();
       poller_.Unregister(qp_num_);
       break;
+  }
+}
+
+}  // namespace zrpc::transport
+
+namespace zrpc::transport {
+
+// ---- Arenas lent on demand (arena.h, "Loans").
+
+void Connection::AskForArena() {
+  if (arena_request_queued_.exchange(true, std::memory_order_acq_rel)) return;  // not run yet
+  RunInDomain(arena_request_);
+}
+
+void Connection::ArenaRequest::RunInDomain(Connection& connection) {
+  connection.arena_request_queued_.store(false, std::memory_order_release);
+  connection.domain_.AssertHeld();
+  connection.OnArenaRequestLocked();
+}
+
+void Connection::OnArenaRequestLocked() {
+  const bool waiting = arena_waiting_;
+  arena_waiting_ = false;
+  if (state_ != State::kOpen) return;
+  if (waiting) TryLendLocked();
+  switch (arena_reader_.loan_state()) {
+    case ArenaReader::Loan::kLent:
+      // Used since the last look: it keeps the loan until the next (a second chance, so a
+      // connection in the middle of a transfer is not made to ask again at once).
+      if (arena_used_) {
+        arena_used_ = false;
+        break;
+      }
+      arena_reader_.Recall();
+      recall_owed_ = true;
+      arena_recalled_ns_ = SteadyNanos();
+      ++stats_.arena_recalls;
+      break;
+    case ArenaReader::Loan::kRecalled:
+      // A peer that keeps what it was asked to give back holds a piece every other connection of
+      // the poller may be waiting for: it loses its connection.
+      if (SteadyNanos() - arena_recalled_ns_ > absl::ToInt64Nanoseconds(kRecallGiveUp)) {
+        FailLocked(absl::ResourceExhaustedError(absl::StrCat(
+            "the peer did not return its arena loan ", arena_reader_.loan(), " within ",
+            absl::FormatDuration(kRecallGiveUp), " of its recall while others waited for one")));
+        return;
+      }
+      break;
+    default:
+      break;
+  }
+  PumpLocked();
+}
+
+void Connection::TryLendLocked() {
+  if (state_ != State::kOpen || !arena_reader_.Lendable()) return;
+  ArenaPool* pool = poller_.arena_pool();
+  std::optional<uint32_t> piece = pool->Take();
+  if (!piece) {
+    if (!arena_waiting_) {
+      arena_waiting_ = true;
+      ++stats_.arena_waits;
+      poller_.WaitForArena(shared_from_this());
+    }
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<MemoryWindow>> window = MemoryWindow::Allocate(device_.pd());
+  if (!window.ok()) {
+    poller_.GiveArenaPiece(*piece);
+    FailLocked(absl::Status(window.status().code(),
+                            absl::StrCat("cannot lend the arena: ", window.status().message())));
+    return;
+  }
+  arena_window_ = *std::move(window);
+  arena_piece_ = *piece;
+  arena_base_ = pool->data(*piece);
+  arena_lent_.store(true, std::memory_order_relaxed);
+  arena_reader_.Lend();
+  arena_used_ = true;  // a fresh loan is not recalled at the next look
+  lend_owed_ = true;
+  lend_bound_ = false;
+  ++stats_.arena_loans;
+}
+
+void Connection::ReclaimArenaLocked() {
+  // Deallocating the window invalidates its key on the NIC before the piece can be lent through
+  // another window to another peer.
+  arena_window_.reset();
+  poller_.GiveArenaPiece(arena_piece_);
+  arena_piece_ = kNoPiece;
+  arena_base_ = nullptr;
+  arena_lent_.store(false, std::memory_order_relaxed);
+  arena_reader_.Reclaimed();
+  TryLendLocked();  // an ask that came meanwhile
+}
+
+absl::Status Connection::HandleArenaMessageLocked(const ArenaMessage& m) {
+  switch (m.op) {
+    case ArenaOp::kAsk: {
+      if (absl::Status s = arena_reader_.OnAsk(); !s.ok()) return s;
+      TryLendLocked();
+      return absl::OkStatus();
+    }
+    case ArenaOp::kLend: {
+      if (absl::Status s = arena_writer_.OnLend(m.loan, m.size); !s.ok()) return s;
+      peer_.arena_addr = m.addr;
+      peer_.arena_rkey = m.rkey;
+      write_wr_.wr.rdma.rkey = m.rkey;
+      return absl::OkStatus();
+    }
+    case ArenaOp::kRecall: {
+      if (absl::Status s = arena_writer_.OnRecall(m.loan); !s.ok()) return s;
+      returned_owed_ = true;
+      return absl::OkStatus();
+    }
+    case ArenaOp::kReturned: {
+      if (absl::Status s = arena_reader_.OnReturned(m.loan); !s.ok()) return s;
+      if (arena_reader_.Reclaimable()) ReclaimArenaLocked();
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError("unreachable arena op");
+}
+
+void Connection::MaybeSendArenaFramesLocked() {
+  while (state_ == State::kOpen && ArenaOwedLocked()) {
+    // One frame at a time in the control slot, posted at once (below): a credit frame after it
+    // in this pass would write the same slot before the chain is posted.
+    if (control_busy_ || !credits_.CanSpendForData()) return;
+    if (chain_length_ + 2 > kPostBatch) {
+      PostChainLocked();
+      if (state_ != State::kOpen) return;
+    }
+    ArenaMessage m;
+    if (returned_owed_) {
+      // Behind every WRITE into the loan this side posted: they land before it does.
+      m.op = ArenaOp::kReturned;
+      m.loan = arena_writer_.loan();
+    } else if (ask_owed_) {
+      m.op = ArenaOp::kAsk;
+    } else if (recall_owed_) {
+      m.op = ArenaOp::kRecall;
+      m.loan = arena_reader_.loan();
+    } else {
+      if (!lend_bound_) {
+        if (!SendRoomLocked()) return;
+        ibv_send_wr bind{};
+        const ArenaPool& pool = *poller_.arena_pool();
+        lend_rkey_ = arena_window_->PrepareBind(
+            pool.mr(arena_piece_), reinterpret_cast<uintptr_t>(arena_base_), pool.piece_size(),
+            IBV_ACCESS_REMOTE_WRITE, 0, &bind);
+        // A window is bound once (a new one per loan), so its key in ibv_mw needs no update.
+        const uint32_t i = chain_length_++;
+        chain_wrs_[i] = bind;
+        chain_wrs_[i].wr_id = next_sequence_++;
+        if (i > 0) chain_wrs_[i - 1].next = &chain_wrs_[i];
+        in_flight_.push_back(InFlight{chain_wrs_[i].wr_id, SlotPool::kNoSlot, 0, false, 0, false});
+        unsignaled_ += 1;
+        ++stats_.work_requests;
+        lend_bound_ = true;
+      }
+      m.op = ArenaOp::kLend;
+      m.loan = arena_reader_.loan();
+      m.addr = reinterpret_cast<uintptr_t>(arena_base_);
+      m.rkey = lend_rkey_;
+      m.size = poller_.arena_pool()->piece_size();
+    }
+    if (!SendRoomLocked()) return;
+    credits_.TrySpendForData();
+    EncodeArenaMessage(m, device_.slots().data(control_slot_) + FrameHeader::kSize);
+    PostMessageLocked(control_slot_, ArenaMessage::kSize, FrameKind::kArena, 0, false,
+                      /*signal=*/true);
+    switch (m.op) {
+      case ArenaOp::kReturned:
+        returned_owed_ = false;
+        break;
+      case ArenaOp::kAsk:
+        ask_owed_ = false;
+        ++stats_.arena_asks;
+        break;
+      case ArenaOp::kRecall:
+        recall_owed_ = false;
+        break;
+      case ArenaOp::kLend:
+        lend_owed_ = false;
+        break;
+    }
+    PostChainLocked();
   }
 }
 

@@ -42,6 +42,9 @@ absl::Status Connection::ValidateOptions(const ConnectionOptions& o, const Devic
     return absl::InvalidArgumentError(absl::StrCat(
         "arena_size ", o.arena_size, " is not a multiple of ", kArenaAlign, " up to 1 GiB"));
   }
+  if (o.arena_on_demand && o.arena_size == 0) {
+    return absl::InvalidArgumentError("arena_on_demand needs an arena_size to lend");
+  }
   if (o.max_send_slots == 0) return absl::InvalidArgumentError("max_send_slots must be positive");
   if (device.slots().slot_size() < FrameHeader::kSize + size_t{o.min_message_size}) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -85,6 +88,12 @@ Connection::~Connection() {
   if (disconnect && id_ != nullptr) rdma_disconnect(id_.get());
   // The QP goes first: once it is destroyed the NIC reads and writes none of the slots below.
   qp_.reset();
+  // A loan still out: its window goes (the key dies), then the piece goes back to the pool.
+  if (arena_piece_ != kNoPiece) {
+    arena_window_.reset();
+    poller_.GiveArenaPiece(arena_piece_);
+    arena_piece_ = kNoPiece;
+  }
   {
     // Slots still owned here: receives (posted or held) and sends never retired or never posted.
     for (size_t i = 0; i < in_flight_.size(); ++i) {
@@ -120,7 +129,17 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
         "the connection runs over ", id->verbs ? ibv_get_device_name(id->verbs->device) : "?",
         ", not over this Device's ", device_.selection().device));
   }
-  if (options_.arena_size > 0) {
+  if (options_.arena_on_demand) {
+    const ArenaPool* pool = poller_.arena_pool();
+    if (pool == nullptr || pool->piece_size() != options_.arena_size) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "arena_on_demand: the poller lends ",
+          pool == nullptr ? "no arenas (PollerOptions::arena_pool_pieces 0, or a device without "
+                            "type-2 memory windows)"
+                          : absl::StrCat("arenas of ", pool->piece_size(), " bytes"),
+          ", not of arena_size ", options_.arena_size));
+    }
+  } else if (options_.arena_size > 0) {
     arena_ = AllocatePages(options_.arena_size);
     if (arena_ == nullptr) return absl::ResourceExhaustedError("cannot allocate the receive arena");
     // The peer may write into the arena and do nothing else: no REMOTE_READ, no atomics.
@@ -165,7 +184,9 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
   write_wr_.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   write_wr_.send_flags = IBV_SEND_SIGNALED;  // the source buffer is the caller's until done
   read_wr_.opcode = IBV_WR_RDMA_READ;
-  arena_reader_ = ArenaReader(options_.arena_size);
+  arena_reader_ = options_.arena_on_demand ? ArenaReader::OnDemand(options_.arena_size)
+                                           : ArenaReader(options_.arena_size);
+  arena_base_ = arena_.get();
 
   SlotPool& pool = device_.slots();
   control_slot_ = pool.Allocate();
@@ -198,7 +219,10 @@ Hello Connection::OwnHello() const {
   hello.recv_credits = initial_window();
   hello.max_recv_credits = options_.recv_credits;
   hello.recv_size = static_cast<uint32_t>(device_.slots().slot_size());
-  if (arena_mr_ != nullptr) {
+  if (options_.arena_on_demand) {
+    hello.flags |= kHelloArenaOnDemand;  // lent by kArena frames: no address or key yet
+    hello.arena_size = options_.arena_size;
+  } else if (arena_mr_ != nullptr) {
     hello.arena_addr = reinterpret_cast<uintptr_t>(arena_.get());
     hello.arena_rkey = arena_mr_->rkey;
     hello.arena_size = options_.arena_size;
@@ -214,7 +238,8 @@ void Connection::AcceptHello(const Hello& peer) {
   credits_ = CreditAccount(peer.recv_credits, peer.max_recv_credits,
                            OwnWindow{initial_window(), options_.recv_credits,
                                      shared_receives_ ? &receive_share_ : nullptr});
-  arena_writer_ = ArenaWriter(peer.arena_size);
+  arena_writer_ = (peer.flags & kHelloArenaOnDemand) != 0 ? ArenaWriter::OnDemand(peer.arena_size)
+                                                          : ArenaWriter(peer.arena_size);
   stats_.peer_recv_credits = peer.recv_credits;
   stats_.peer_max_recv_credits = peer.max_recv_credits;
   max_message_ = static_cast<uint32_t>(

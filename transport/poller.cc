@@ -13,6 +13,7 @@
 #include "transport/cm_util.h"
 #include "transport/connection.h"
 #include "transport/log.h"
+#include "transport/memory_window.h"
 #include "transport/steady_clock.h"
 #include "transport/verbs_error.h"
 #include "transport/work_request_id.h"
@@ -60,6 +61,20 @@ absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
     if (!srq.ok()) return srq.status();
     poller->srq_ = *std::move(srq);
     poller->shared_posted_.store(poller->srq_->posted(), std::memory_order_relaxed);
+  }
+  if (options.arena_pool_pieces > 0) {
+    if (options.arena_piece_size == 0 || options.arena_piece_size % 4096 != 0 ||
+        options.arena_piece_size > kMaxArenaSize) {
+      return absl::InvalidArgumentError(absl::StrCat("PollerOptions::arena_piece_size ",
+                                                     options.arena_piece_size,
+                                                     " is not a multiple of 4096 up to 1 GiB"));
+    }
+    // Without type-2 windows a piece could only be opened by its region's key, which every queue
+    // pair of the device accepts: no pool, and connections keep arenas of their own.
+    if (SupportsType2Windows(device.attr())) {
+      poller->arena_pool_ = std::make_unique<ArenaPool>(device.pd(), options.arena_piece_size,
+                                                        options.arena_pool_pieces);
+    }
   }
   // The shared queue's receives may all complete at once: set aside for good. Of the rest, an
   // eighth (at least four grants) is left to sends whatever connections reserve.
@@ -157,6 +172,8 @@ void Poller::Shutdown() {
     released.swap(retired_);
     released.insert(released.end(), cq_waiters_.begin(), cq_waiters_.end());
     cq_waiters_.clear();
+    released.insert(released.end(), arena_waiters_.begin(), arena_waiters_.end());
+    arena_waiters_.clear();
     deferred.swap(deferred_);
     has_deferred_.store(false, std::memory_order_relaxed);
   }
@@ -324,6 +341,52 @@ void Poller::ServeCqShortage() {
   for (auto& waiter : waiters) waiter->AskForCqEntries();
 }
 
+void Poller::WaitForArena(std::shared_ptr<Connection> connection) {
+  arena_waits_.fetch_add(1, std::memory_order_relaxed);
+  {
+    absl::MutexLock lock(&mu_);
+    arena_waiters_.push_back(std::move(connection));
+  }
+  if (!arena_short_.exchange(true, std::memory_order_acq_rel)) Wake();
+}
+
+void Poller::GiveArenaPiece(uint32_t piece) {
+  arena_pool_->Give(piece);
+  bool waiting = false;
+  {
+    absl::MutexLock lock(&mu_);
+    waiting = !arena_waiters_.empty();
+  }
+  if (waiting && !arena_short_.exchange(true, std::memory_order_acq_rel)) Wake();
+}
+
+void Poller::ServeArenaShortage() {
+  const int64_t now = SpinClockNanos();
+  if (now - arena_served_ns_ < 1'000'000) return;
+  arena_served_ns_ = now;
+  // Holders are looked at less often than waiters are served: a loan that took no payload
+  // between two looks is recalled, so the interval is the idle time that costs a loan.
+  const bool look_at_holders = now - arena_holders_asked_ns_ >= 10'000'000;
+  if (look_at_holders) arena_holders_asked_ns_ = now;
+  // Cleared first: a waiter that still finds no piece sets it again.
+  arena_short_.store(false, std::memory_order_release);
+  std::vector<std::shared_ptr<Connection>> waiters;
+  std::vector<std::shared_ptr<Connection>> holders;
+  {
+    absl::MutexLock lock(&mu_);
+    waiters.swap(arena_waiters_);
+    if (!waiters.empty() && look_at_holders) {
+      for (const auto& [qp_num, connection] : connections_) {
+        if (connection->arena_lent_.load(std::memory_order_relaxed)) holders.push_back(connection);
+      }
+    }
+  }
+  // Holders first: a loan idle since the last look is recalled, and comes back once its peer
+  // returns it (a frame's round trip), when the waiters are asked again (GiveArenaPiece).
+  for (auto& holder : holders) holder->AskForArena();
+  for (auto& waiter : waiters) waiter->AskForArena();
+}
+
 void Poller::AskCqHolders() {
   std::vector<std::shared_ptr<Connection>> holders;
   {
@@ -454,6 +517,7 @@ void Poller::Loop() {
     // followed it (a peer that broke the protocol, then hung up).
     RunCmEvents();
     if (cq_short_.load(std::memory_order_relaxed)) ServeCqShortage();
+    if (arena_short_.load(std::memory_order_relaxed)) ServeArenaShortage();
     if (!event || stashed) continue;
     if (polled > 0) {
       if (cap_ns > 0) traffic();
@@ -474,10 +538,11 @@ void Poller::Loop() {
     // A wake-up that brings no completion (a Wake, a cm event) does not end the idle stretch:
     // only completions do (here, those the re-poll after arming found; above, the others).
     // A shared receive queue that the exhausted pool left short is refilled by the passes, and
-    // connections waiting for completion-queue entries are served by them: meanwhile the loop
-    // sleeps a millisecond at most.
-    const bool starved =
-        (srq_ != nullptr && srq_->short_of_slots()) || cq_short_.load(std::memory_order_relaxed);
+    // connections waiting for completion-queue entries or an arena are served by them: meanwhile
+    // the loop sleeps a millisecond at most.
+    const bool starved = (srq_ != nullptr && srq_->short_of_slots()) ||
+                         cq_short_.load(std::memory_order_relaxed) ||
+                         arena_short_.load(std::memory_order_relaxed);
     if (ArmAndWait(starved ? 1 : -1, /*with_cm=*/false) && cap_ns > 0) traffic();
   }
 }
@@ -549,9 +614,12 @@ int Poller::RunOnce(absl::Duration wait) {
   RunCmEvents();  // queued by the cm thread before it stopped
   HandleCmEvents(/*queue=*/false);
   if (cq_short_.load(std::memory_order_relaxed)) ServeCqShortage();
+  if (arena_short_.load(std::memory_order_relaxed)) ServeArenaShortage();
   if (n == 0 && !stashed && options_.mode == PollMode::kEvent && wait > absl::ZeroDuration()) {
     int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(wait));
-    if (cq_short_.load(std::memory_order_relaxed)) timeout_ms = std::min(timeout_ms, 1);
+    if (cq_short_.load(std::memory_order_relaxed) || arena_short_.load(std::memory_order_relaxed)) {
+      timeout_ms = std::min(timeout_ms, 1);
+    }
     ArmAndWait(timeout_ms, /*with_cm=*/true);
     n = PollCq();
   }

@@ -75,6 +75,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "transport/arena_pool.h"
 #include "transport/completion_budget.h"
 #include "transport/device.h"
 #include "transport/options.h"
@@ -124,6 +125,11 @@ class Poller {
   int64_t cq_entries_free() const { return cq_budget_.free(); }
   // Times a connection found no entry for its next send and waited for one (any thread).
   uint64_t cq_waits() const { return cq_waits_.load(std::memory_order_relaxed); }
+  // The arenas it lends (PollerOptions::arena_pool_pieces), or null: none asked for, or a device
+  // without type-2 memory windows.
+  ArenaPool* arena_pool() const { return arena_pool_.get(); }
+  // Times a connection found no piece of that pool to lend and waited for one.
+  uint64_t arena_waits() const { return arena_waits_.load(std::memory_order_relaxed); }
   // Connections with `options` it can hold at once: what its completion queue can take, and,
   // with a shared receive queue, the windows that queue backs.
   uint64_t Capacity(const ConnectionOptions& options) const;
@@ -193,6 +199,8 @@ class Poller {
   void ServeCqShortage();
   // Asks the connections holding grants to give back what they do not use (AskForCqEntries).
   void AskCqHolders();
+  // The loop's side of WaitForArena.
+  void ServeArenaShortage();
   // Has the loop call connection->ReplayEarly() on its thread soon: completions that came before
   // the handshake ended, and events and tasks another thread left in the connection's domain.
   // False once the loop has ended (Shutdown): nothing will run it.
@@ -205,6 +213,13 @@ class Poller {
   ibv_cq* cq() const { return cq_.get(); }
   // The shared receive queue (PollerOptions::shared_receive_queue), or null.
   SharedReceiveQueue* srq() const { return srq_.get(); }
+  // A connection found no piece to lend (Connection::TryLendLocked): the loop asks the holders to
+  // give back loans idle since its last look, and gives the waiters another try (AskForArena),
+  // at most once a millisecond while any waits.
+  void WaitForArena(std::shared_ptr<Connection> connection);
+  // A loan's piece goes back, its window gone; waiters get their try.
+  void GiveArenaPiece(uint32_t piece);
+
   rdma_event_channel* cm_channel() const { return cm_channel_.get(); }
 
   // Connections whose completions waited because another thread held their domain for a
@@ -251,6 +266,7 @@ class Poller {
   CompChannelOwner comp_channel_;  // event mode only
   CqOwner cq_;
   std::unique_ptr<SharedReceiveQueue> srq_;  // receives: taken and refilled by the loop only
+  std::unique_ptr<ArenaPool> arena_pool_;
   CmChannelOwner cm_channel_;
   int wake_fd_ = -1;
   int cm_wake_fd_ = -1;  // Stop() wakes the cm thread through it
@@ -270,6 +286,11 @@ class Poller {
   std::atomic<bool> cq_short_{false};
   std::atomic<uint64_t> cq_waits_{0};
   int64_t cq_served_ns_ = 0;  // the loop's: when ServeCqShortage last asked
+  std::vector<std::shared_ptr<Connection>> arena_waiters_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> arena_short_{false};
+  std::atomic<uint64_t> arena_waits_{0};
+  int64_t arena_served_ns_ = 0;         // the loop's: when ServeArenaShortage last ran
+  int64_t arena_holders_asked_ns_ = 0;  // and when it last asked the holders
   std::vector<std::shared_ptr<Connection>> deferred_ ABSL_GUARDED_BY(mu_);
   // The references connections_ held to connections since unregistered. A pass of the loop may
   // be using any of them by plain pointer (FindFromLoop), so they are dropped only between

@@ -58,7 +58,9 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
     return Refuse(
         absl::StrCat("peer speaks wire version ", h.version, ", this build speaks ", kWireVersion));
   }
-  if (h.flags != 0) return Refuse(absl::StrCat("peer sets unknown flags 0x", absl::Hex(h.flags)));
+  if ((h.flags & ~kHelloArenaOnDemand) != 0) {
+    return Refuse(absl::StrCat("peer sets unknown flags 0x", absl::Hex(h.flags)));
+  }
   // Fewer could deadlock the credit scheme (credits.h).
   if (h.recv_credits < kMinCredits || h.recv_credits > kMaxCredits) {
     return Refuse(absl::StrCat("peer offers ", h.recv_credits, " receive credits, not in [",
@@ -78,6 +80,10 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
   }
   if (h.arena_size > 0 && h.arena_addr + h.arena_size < h.arena_addr) {
     return Refuse("peer's arena wraps around the address space");
+  }
+  if ((h.flags & kHelloArenaOnDemand) != 0 &&
+      (h.arena_size == 0 || h.arena_addr != 0 || h.arena_rkey != 0)) {
+    return Refuse("peer lends an arena on demand but gives no size, or an address or key already");
   }
   return h;
 }
@@ -106,7 +112,8 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes) {
   header.credits = GetLe<uint16_t>(bytes.data() + 4);
   uint8_t kind = bytes[6];
   if (kind != static_cast<uint8_t>(FrameKind::kData) &&
-      kind != static_cast<uint8_t>(FrameKind::kCredit)) {
+      kind != static_cast<uint8_t>(FrameKind::kCredit) &&
+      kind != static_cast<uint8_t>(FrameKind::kArena)) {
     return absl::FailedPreconditionError(absl::StrCat("peer sent a frame of unknown kind ", kind));
   }
   if (bytes[7] != 0) return absl::FailedPreconditionError("peer set the frame's reserved byte");
@@ -114,7 +121,57 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes) {
   if (header.kind == FrameKind::kCredit && bytes.size() != FrameHeader::kSize) {
     return absl::FailedPreconditionError("peer sent a credit update with a payload");
   }
+  if (header.kind == FrameKind::kArena &&
+      bytes.size() != FrameHeader::kSize + ArenaMessage::kSize) {
+    return absl::FailedPreconditionError(absl::StrCat("peer sent an arena message of ",
+                                                      bytes.size() - FrameHeader::kSize,
+                                                      " bytes, not ", ArenaMessage::kSize));
+  }
   return header;
+}
+
+bool ArenaMessage::operator==(const ArenaMessage& o) const {
+  return op == o.op && loan == o.loan && addr == o.addr && rkey == o.rkey && size == o.size;
+}
+
+void EncodeArenaMessage(const ArenaMessage& m, uint8_t* out) {
+  out[0] = static_cast<uint8_t>(m.op);
+  out[1] = out[2] = out[3] = 0;
+  PutLe<uint32_t>(out + 4, m.loan);
+  PutLe<uint64_t>(out + 8, m.addr);
+  PutLe<uint32_t>(out + 16, m.rkey);
+  PutLe<uint32_t>(out + 20, m.size);
+}
+
+absl::StatusOr<ArenaMessage> DecodeArenaMessage(absl::Span<const uint8_t> bytes) {
+  auto bad = [](absl::string_view why) {
+    return absl::FailedPreconditionError(absl::StrCat("peer sent a bad arena message: ", why));
+  };
+  if (bytes.size() != ArenaMessage::kSize) return bad("wrong length");
+  const uint8_t* in = bytes.data();
+  if (in[0] < static_cast<uint8_t>(ArenaOp::kAsk) ||
+      in[0] > static_cast<uint8_t>(ArenaOp::kReturned)) {
+    return bad(absl::StrCat("unknown op ", in[0]));
+  }
+  if (in[1] != 0 || in[2] != 0 || in[3] != 0) return bad("reserved bytes set");
+  ArenaMessage m;
+  m.op = static_cast<ArenaOp>(in[0]);
+  m.loan = GetLe<uint32_t>(in + 4);
+  m.addr = GetLe<uint64_t>(in + 8);
+  m.rkey = GetLe<uint32_t>(in + 16);
+  m.size = GetLe<uint32_t>(in + 20);
+  if (m.op == ArenaOp::kLend) {
+    if (m.size == 0 || m.size % kArenaAlign != 0 || m.size > kMaxArenaSize) {
+      return bad(absl::StrCat("a loan of ", m.size, " bytes"));
+    }
+    if (m.addr + m.size < m.addr) return bad("a loan that wraps around the address space");
+  } else if (m.addr != 0 || m.rkey != 0 || m.size != 0) {
+    return bad("address, key or size set on an op that has none");
+  }
+  if ((m.op == ArenaOp::kAsk) != (m.loan == 0)) {
+    return bad(m.op == ArenaOp::kAsk ? "an ask names a loan" : "loan 0");
+  }
+  return m;
 }
 
 }  // namespace zrpc::transport

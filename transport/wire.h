@@ -8,14 +8,17 @@
 //      offset size field
 //       0     4    magic        0x5a525043 ("ZRPC" read as a little-endian u32)
 //       4     2    version      kWireVersion; a peer with another version is refused
-//       6     2    flags        0; reserved for feature bits, must be zero in version 2
+//       6     2    flags        bit 0 (kHelloArenaOnDemand): the arena is lent on demand (below);
+//                               the other bits are reserved, zero
 //       8     4    recv_credits RECVs the sender of this Hello has posted for the peer: how many
 //                               SENDs and WRITE_WITH_IMMs the peer may have in flight before
 //                               credits return (its initial window, at least 3)
 //      12     4    recv_size    bytes each of those RECVs holds: the largest SEND it accepts
 //      16     8    arena_addr   virtual address of the receive arena the peer may RDMA WRITE into
-//      24     4    arena_rkey   its rkey (REMOTE_WRITE only)
-//      28     4    arena_size   its size in bytes (0: no arena, bulk payloads are refused)
+//                               (0 when lent on demand)
+//      24     4    arena_rkey   its rkey (REMOTE_WRITE only; 0 when lent on demand)
+//      28     4    arena_size   its size in bytes (0: no arena, bulk payloads are refused); lent on
+//                               demand, the size of every loan
 //      32     4    max_recv_credits  the most credits the sender of this Hello may ever have
 //                               granted at once (>= recv_credits): a receiver whose window is
 //                               elastic (credits.h) returns more credits than were spent while it
@@ -33,8 +36,24 @@
 //                                  modulo 2^32 (cumulative, so a lost or repeated update is
 //                                  harmless and the receiver only needs the latest)
 //       4     2    credits         RECVs the sender re-posted since its previous frame
-//       6     1    kind            1: data (payload follows), 2: credit update (no payload)
+//       6     1    kind            1: data (payload follows), 2: credit update (no payload),
+//                                  3: arena loan message (an ArenaMessage follows)
 //       7     1    reserved        0
+//
+//    An arena loan message (kArena, 24 bytes after the header) is how an arena lent on demand
+//    (arena.h, "Loans") is asked for, lent, called back and given back:
+//
+//      offset size field
+//       0     1    op              1: ask (writer to reader), 2: lend, 3: recall (reader to
+//       writer),
+//                                  4: returned (writer to reader)
+//       1     3    reserved        0
+//       4     4    loan            the loan it is about (lend, recall, returned), 0 for ask
+//       8     8    addr            lend: the arena's virtual address; else 0
+//      16     4    rkey            lend: a memory window's key, bound to this connection's QP
+//      20     4    size            lend: the arena's size, Hello.arena_size; else 0
+//
+//    It spends a credit as a data frame does (two available), and its RECV is owed back at once.
 //
 // 3. Bulk payloads: an RDMA WRITE_WITH_IMM into the receiver's arena. The 32-bit immediate is
 //    the byte offset in the arena where the payload starts, with bit 31 set when the writer
@@ -54,8 +73,11 @@ namespace zrpc::transport {
 
 inline constexpr uint32_t kWireMagic = 0x5a525043;  // "ZRPC"
 // 2: the RPC layer's pulled payloads, 3: large bodies, 4: streams (rpc/WIRE.md); 5: elastic
-// receive windows (Hello.max_recv_credits, credits.h).
-inline constexpr uint16_t kWireVersion = 5;
+// receive windows (Hello.max_recv_credits, credits.h); 6: arenas lent on demand (kArena frames,
+// Hello flag kHelloArenaOnDemand).
+inline constexpr uint16_t kWireVersion = 6;
+// Hello.flags bit 0: the sender's arena is lent on demand, by kArena frames.
+inline constexpr uint16_t kHelloArenaOnDemand = 1;
 // What librdmacm lets a connect request carry (RDMA_PS_TCP over the IB CM).
 inline constexpr size_t kMaxConnectPrivateData = 56;
 
@@ -87,7 +109,7 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes);
 // both sizes, when they cannot; the handshake is then refused (ConnectionOptions).
 absl::Status CheckPeerReceives(const Hello& peer, uint32_t min_message_size);
 
-enum class FrameKind : uint8_t { kData = 1, kCredit = 2 };
+enum class FrameKind : uint8_t { kData = 1, kCredit = 2, kArena = 3 };
 
 struct FrameHeader {
   uint32_t arena_released = 0;
@@ -98,6 +120,24 @@ struct FrameHeader {
 };
 
 void EncodeFrameHeader(const FrameHeader& header, uint8_t* out);
+
+// The payload of a kArena frame (see above).
+enum class ArenaOp : uint8_t { kAsk = 1, kLend = 2, kRecall = 3, kReturned = 4 };
+struct ArenaMessage {
+  ArenaOp op = ArenaOp::kAsk;
+  uint32_t loan = 0;
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+  uint32_t size = 0;
+
+  static constexpr size_t kSize = 24;
+  bool operator==(const ArenaMessage& other) const;
+};
+void EncodeArenaMessage(const ArenaMessage& message, uint8_t* out);
+// Parses the payload of a kArena frame: FailedPrecondition when it is not kSize bytes, the op is
+// unknown, a reserved byte is set, or a field the op does not use is not zero (a lend's address
+// range must not wrap, its size must be a multiple of kArenaAlign up to kMaxArenaSize, not 0).
+absl::StatusOr<ArenaMessage> DecodeArenaMessage(absl::Span<const uint8_t> bytes);
 
 // Parses the header of a received SEND of `bytes.size()` bytes. FailedPrecondition when it is
 // shorter than the header, the kind is unknown, the reserved byte is set, or a credit update

@@ -23,14 +23,32 @@ namespace {
 
 constexpr uint8_t kData = 1;
 constexpr uint8_t kCredit = 2;
+constexpr uint8_t kArena = 3;
 
 bool Acceptable(const uint8_t* in, size_t size) {
   if (size < FrameHeader::kSize) return false;
   const uint8_t kind = in[6];
-  if (kind != kData && kind != kCredit) return false;
+  if (kind != kData && kind != kCredit && kind != kArena) return false;
   if (in[7] != 0) return false;
-  // A credit update is the header alone; only data frames carry a payload.
-  return kind == kData || size == FrameHeader::kSize;
+  // A credit update is the header alone, an arena message 24 bytes more; data carries any payload.
+  if (kind == kCredit) return size == FrameHeader::kSize;
+  if (kind == kArena) return size == FrameHeader::kSize + 24;
+  return true;
+}
+
+// The documented acceptance rule for an arena message (wire.h's table).
+bool ArenaAcceptable(const uint8_t* in, size_t size) {
+  if (size != 24) return false;
+  if (in[0] < 1 || in[0] > 4) return false;
+  if (in[1] != 0 || in[2] != 0 || in[3] != 0) return false;
+  const uint64_t loan = zrpc::fuzz::ReadLe(in + 4, 4);
+  const uint64_t addr = zrpc::fuzz::ReadLe(in + 8, 8);
+  const uint64_t rkey = zrpc::fuzz::ReadLe(in + 16, 4);
+  const uint64_t bytes = zrpc::fuzz::ReadLe(in + 20, 4);
+  if ((in[0] == 1) != (loan == 0)) return false;  // an ask names no loan; the rest one
+  if (in[0] != 2) return addr == 0 && rkey == 0 && bytes == 0;
+  if (bytes == 0 || bytes % 64 != 0 || bytes > (1u << 30)) return false;
+  return addr <= UINT64_MAX - bytes;
 }
 
 }  // namespace
@@ -40,6 +58,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace zrpc::transport;  // NOLINT(build/namespaces): one function, many names
   const absl::StatusOr<FrameHeader> header = DecodeFrameHeader(absl::MakeConstSpan(data, size));
   FUZZ_CHECK(header.ok() == Acceptable(data, size));
+  // The same bytes past the header as an arena message, whatever the kind says.
+  if (size >= FrameHeader::kSize) {
+    const uint8_t* rest = data + FrameHeader::kSize;
+    const size_t rest_size = size - FrameHeader::kSize;
+    const absl::StatusOr<ArenaMessage> message =
+        DecodeArenaMessage(absl::MakeConstSpan(rest, rest_size));
+    FUZZ_CHECK(message.ok() == ArenaAcceptable(rest, rest_size));
+    if (message.ok()) {
+      uint8_t encoded[ArenaMessage::kSize];
+      EncodeArenaMessage(*message, encoded);
+      FUZZ_CHECK(std::memcmp(encoded, rest, ArenaMessage::kSize) == 0);
+    } else {
+      FUZZ_CHECK(message.status().code() == absl::StatusCode::kFailedPrecondition);
+    }
+  }
   if (!header.ok()) {
     FUZZ_CHECK(header.status().code() == absl::StatusCode::kFailedPrecondition);
     return 0;

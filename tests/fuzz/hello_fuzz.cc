@@ -35,7 +35,8 @@ bool Acceptable(const uint8_t* in, size_t size) {
   if (size < Hello::kSize) return false;
   if (ReadLe(in + 0, 4) != kWireMagic) return false;
   if (ReadLe(in + 4, 2) != kWireVersion) return false;
-  if (ReadLe(in + 6, 2) != 0) return false;  // no flag bits defined in version 2
+  const uint64_t flags = ReadLe(in + 6, 2);
+  if ((flags & ~uint64_t{kHelloArenaOnDemand}) != 0) return false;  // bit 0 alone is defined
   const uint64_t credits = ReadLe(in + 8, 4);
   if (credits < kMinCredits || credits > kMaxCredits) return false;
   const uint64_t max_credits = ReadLe(in + 32, 4);
@@ -46,12 +47,19 @@ bool Acceptable(const uint8_t* in, size_t size) {
   if (arena_size % kArenaAlign != 0 || arena_size > kMaxArenaSize) return false;
   // An arena must end inside the 64-bit address space: its end addr + size fits in a uint64_t.
   if (arena_size > 0 && addr > UINT64_MAX - arena_size) return false;
+  // An arena lent on demand has a size and no address or key yet.
+  if ((flags & kHelloArenaOnDemand) != 0 &&
+      (arena_size == 0 || addr != 0 || ReadLe(in + 24, 4) != 0)) {
+    return false;
+  }
   return true;
 }
 
 void CheckBounds(const Hello& h) {
   FUZZ_CHECK(h.version == kWireVersion);
-  FUZZ_CHECK(h.flags == 0);
+  FUZZ_CHECK((h.flags & ~kHelloArenaOnDemand) == 0);
+  FUZZ_CHECK((h.flags & kHelloArenaOnDemand) == 0 ||
+             (h.arena_size > 0 && h.arena_addr == 0 && h.arena_rkey == 0));
   FUZZ_CHECK(h.recv_credits >= kMinCredits && h.recv_credits <= kMaxCredits);
   FUZZ_CHECK(h.max_recv_credits >= h.recv_credits && h.max_recv_credits <= kMaxCredits);
   FUZZ_CHECK(h.recv_size >= FrameHeader::kSize);

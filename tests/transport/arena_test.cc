@@ -179,3 +179,90 @@ TEST_CASE("a long random run keeps writer and reader in agreement", "[arena]") {
   }
   CHECK(placed > 10000);
 }
+
+TEST_CASE("an arena lent on demand: ask, lend, write, recall, returned, reclaim, again",
+          "[arena]") {
+  ArenaWriter w = ArenaWriter::OnDemand(1024);
+  ArenaReader r = ArenaReader::OnDemand(1024);
+  // Nothing lent: a payload that fits the loan's size waits, and one ask is due.
+  CHECK(w.CheckFits(512).ok());
+  CHECK_FALSE(w.TryReserve(512).has_value());
+  CHECK(w.Reserve(512).status().code() == absl::StatusCode::kUnavailable);
+  REQUIRE(w.ShouldAsk());
+  w.Asked();
+  CHECK_FALSE(w.ShouldAsk());
+  // A write into an arena not lent is refused.
+  CHECK(r.OnArrival(0, 64).status().code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(r.OnAsk().ok());
+  CHECK(r.OnAsk().code() == absl::StatusCode::kFailedPrecondition);  // asked twice
+  REQUIRE(r.Lendable());
+  const uint32_t loan1 = r.Lend();
+  CHECK(loan1 == 1);
+  REQUIRE(w.OnLend(loan1, 1024).ok());
+  uint64_t a = Deliver(w, r, 600);
+  uint64_t b = Deliver(w, r, 300);
+  // Recalled with payloads in it: the writer places nothing more; the two still arrive(d).
+  r.Recall();
+  REQUIRE(w.OnRecall(loan1).ok());
+  CHECK_FALSE(w.TryReserve(64).has_value());
+  CHECK(w.OnRecall(loan1).code() == absl::StatusCode::kFailedPrecondition);  // not held now
+  REQUIRE(r.OnReturned(loan1).ok());
+  // Returned: nothing more may arrive, and the space waits for its payloads' release.
+  CHECK(r.OnArrival(0, 64).status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_FALSE(r.Reclaimable());
+  REQUIRE(r.Release(b).ok());
+  CHECK_FALSE(r.Reclaimable());
+  REQUIRE(r.Release(a).ok());
+  CHECK(r.Reclaimable());
+  // The writer asks again at once, before the space is reclaimed: the ask waits for it.
+  REQUIRE(w.ShouldAsk());
+  w.Asked();
+  REQUIRE(r.OnAsk().ok());
+  CHECK_FALSE(r.Lendable());
+  r.Reclaimed();
+  REQUIRE(r.Lendable());
+  // A lend before the writer heard of the releases is refused (its frame reports them first).
+  const uint32_t loan2 = r.Lend();
+  ArenaWriter early = w;
+  CHECK(early.OnLend(loan2, 1024).code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(w.OnReleased(r.released_total()).ok());
+  REQUIRE(w.OnLend(loan2, 1024).ok());
+  // The second loan starts its ring at offset 0 again.
+  uint32_t offset = 99;
+  Deliver(w, r, 64, &offset);
+  CHECK(offset == 0);
+}
+
+TEST_CASE("loan messages that do not fit the state are protocol errors", "[arena]") {
+  using zrpc::transport::ArenaReader;
+  ArenaWriter w = ArenaWriter::OnDemand(1024);
+  // A lend nobody asked for, of the wrong size, or an older loan's number.
+  CHECK(w.OnLend(1, 1024).code() == absl::StatusCode::kFailedPrecondition);
+  w.Asked();
+  CHECK(w.OnLend(1, 2048).code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(w.OnLend(3, 1024).ok());
+  CHECK(w.OnLend(4, 1024).code() == absl::StatusCode::kFailedPrecondition);  // held already
+  CHECK(w.OnRecall(2).code() == absl::StatusCode::kFailedPrecondition);      // another loan
+  REQUIRE(w.OnRecall(3).ok());
+  w.Asked();
+  CHECK(w.OnLend(3, 1024).code() == absl::StatusCode::kFailedPrecondition);  // not above 3
+  // A fixed arena lends nothing and is asked for nothing.
+  ArenaWriter fixed(1024);
+  CHECK_FALSE(fixed.ShouldAsk());
+  CHECK(fixed.held());
+  CHECK(fixed.OnLend(1, 1024).code() == absl::StatusCode::kFailedPrecondition);
+  ArenaReader fixed_reader(1024);
+  CHECK(fixed_reader.OnAsk().code() == absl::StatusCode::kFailedPrecondition);
+
+  ArenaReader r = ArenaReader::OnDemand(1024);
+  CHECK(r.OnReturned(1).code() == absl::StatusCode::kFailedPrecondition);  // nothing recalled
+  REQUIRE(r.OnAsk().ok());
+  const uint32_t loan = r.Lend();
+  CHECK(r.OnAsk().code() == absl::StatusCode::kFailedPrecondition);  // asks while holding it
+  CHECK(r.OnReturned(loan).code() == absl::StatusCode::kFailedPrecondition);  // not recalled
+  r.Recall();
+  CHECK(r.OnAsk().code() == absl::StatusCode::kFailedPrecondition);  // before returning it
+  CHECK(r.OnReturned(loan + 1).code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(r.OnReturned(loan).ok());
+  CHECK(r.Reclaimable());  // nothing was written
+}

@@ -140,6 +140,31 @@ class RawPeer {
     return send_status_;
   }
 
+  // RDMA-WRITEs `length` bytes of its buffer to `addr` under `rkey` (a key it should not hold,
+  // say) and returns the completion's status, waiting for it while handling what arrives.
+  ibv_wc_status WriteRaw(uint64_t addr, uint32_t rkey, uint32_t length,
+                         absl::Duration timeout = absl::Seconds(30)) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(buffer_.data()), length, mr_->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = kSendId;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = addr;
+    wr.wr.rdma.rkey = rkey;
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(qp_->qp, &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      ibv_wc wc{};
+      if (ibv_poll_cq(cq_.get(), 1, &wc) != 1) continue;
+      if (wc.wr_id == kSendId) return wc.status;
+      if (wc.status == IBV_WC_SUCCESS) PostRecv(static_cast<uint32_t>(wc.wr_id));
+    }
+    return IBV_WC_GENERAL_ERR;
+  }
+
   // Handles the completions that are there: sends, and received frames (counted, re-posted).
   void Poll() {
     ibv_wc wcs[16];

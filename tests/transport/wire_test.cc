@@ -6,15 +6,24 @@
 #include <cstring>
 #include <vector>
 
+#include "transport/arena.h"
+
 namespace {
 
+using zrpc::transport::ArenaMessage;
+using zrpc::transport::ArenaOp;
+using zrpc::transport::DecodeArenaMessage;
 using zrpc::transport::DecodeFrameHeader;
 using zrpc::transport::DecodeHello;
+using zrpc::transport::EncodeArenaMessage;
 using zrpc::transport::EncodeFrameHeader;
 using zrpc::transport::EncodeHello;
 using zrpc::transport::FrameHeader;
 using zrpc::transport::FrameKind;
 using zrpc::transport::Hello;
+using zrpc::transport::kArenaAlign;
+using zrpc::transport::kHelloArenaOnDemand;
+using zrpc::transport::kMaxArenaSize;
 
 Hello Sample() {
   Hello h;
@@ -48,7 +57,7 @@ TEST_CASE("a Hello survives encode and decode, and its bytes are little-endian",
   REQUIRE(bytes.size() <= zrpc::transport::kMaxConnectPrivateData);
   const uint8_t magic[] = {0x43, 0x50, 0x52, 0x5a};
   CHECK(std::memcmp(bytes.data(), magic, 4) == 0);
-  CHECK(bytes[4] == 5);   // version (kWireVersion)
+  CHECK(bytes[4] == 6);   // version (kWireVersion)
   CHECK(bytes[32] == 0);  // max_recv_credits 256, least significant byte first
   CHECK(bytes[33] == 1);
   CHECK(bytes[5] == 0);
@@ -231,7 +240,7 @@ TEST_CASE("frame headers round-trip and malformed ones are refused", "[wire]") {
 
   CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, 7)).ok());
   CHECK(!DecodeFrameHeader({}).ok());
-  buf[6] = 3;
+  buf[6] = 4;
   CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, 8)).ok());
   buf[6] = 0;
   CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, 8)).ok());
@@ -242,4 +251,89 @@ TEST_CASE("frame headers round-trip and malformed ones are refused", "[wire]") {
   CHECK(DecodeFrameHeader(absl::MakeConstSpan(buf, 8)).ok());
   // A credit update carries nothing else.
   CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, 9)).ok());
+}
+
+TEST_CASE("arena frames carry exactly one arena message, and bad ones are refused", "[wire]") {
+  uint8_t buf[FrameHeader::kSize + ArenaMessage::kSize + 1] = {};
+  FrameHeader h;
+  h.kind = FrameKind::kArena;
+  EncodeFrameHeader(h, buf);
+  CHECK(DecodeFrameHeader(absl::MakeConstSpan(buf, FrameHeader::kSize + ArenaMessage::kSize)).ok());
+  CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, FrameHeader::kSize)).ok());
+  CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, sizeof(buf))).ok());
+
+  ArenaMessage lend;
+  lend.op = ArenaOp::kLend;
+  lend.loan = 7;
+  lend.addr = 0x7f0012345000;
+  lend.rkey = 0x123456ab;
+  lend.size = 256 * 1024;
+  uint8_t m[ArenaMessage::kSize];
+  EncodeArenaMessage(lend, m);
+  CHECK(m[0] == 2);
+  CHECK(m[4] == 7);
+  CHECK(m[16] == 0xab);
+  auto decoded = DecodeArenaMessage(m);
+  REQUIRE(decoded.ok());
+  CHECK(*decoded == lend);
+
+  auto refused = [](ArenaMessage message, absl::string_view needle) {
+    uint8_t bytes[ArenaMessage::kSize];
+    EncodeArenaMessage(message, bytes);
+    auto result = DecodeArenaMessage(bytes);
+    return !result.ok() && result.status().message().find(needle) != absl::string_view::npos;
+  };
+  ArenaMessage ask;
+  CHECK(DecodeArenaMessage([&] {
+          std::vector<uint8_t> b(ArenaMessage::kSize);
+          EncodeArenaMessage(ask, b.data());
+          return b;
+        }())
+            .ok());
+  ask.loan = 3;
+  CHECK(refused(ask, "an ask names a loan"));
+  ArenaMessage recall;
+  recall.op = ArenaOp::kRecall;
+  CHECK(refused(recall, "loan 0"));
+  recall.loan = 2;
+  recall.rkey = 1;
+  CHECK(refused(recall, "address, key or size set"));
+  ArenaMessage bad = lend;
+  bad.size = 0;
+  CHECK(refused(bad, "a loan of 0 bytes"));
+  bad.size = 100;  // not a multiple of kArenaAlign
+  CHECK(refused(bad, "a loan of 100 bytes"));
+  bad.size = kMaxArenaSize + kArenaAlign;
+  CHECK(refused(bad, "a loan of"));
+  bad = lend;
+  bad.addr = ~uint64_t{0} - 64;
+  CHECK(refused(bad, "wraps"));
+  uint8_t raw[ArenaMessage::kSize] = {};
+  raw[0] = 5;
+  CHECK(!DecodeArenaMessage(raw).ok());
+  raw[0] = 0;
+  CHECK(!DecodeArenaMessage(raw).ok());
+  raw[0] = 1;
+  raw[2] = 1;
+  CHECK(!DecodeArenaMessage(raw).ok());
+  CHECK(!DecodeArenaMessage(absl::MakeConstSpan(raw, 23)).ok());
+}
+
+TEST_CASE("a Hello may lend its arena on demand: a size, no address or key", "[wire]") {
+  Hello h = Sample();
+  h.flags = kHelloArenaOnDemand;
+  h.arena_addr = 0;
+  h.arena_rkey = 0;
+  auto decoded = DecodeHello(Encoded(h));
+  REQUIRE(decoded.ok());
+  CHECK(*decoded == h);
+  Hello with_key = h;
+  with_key.arena_rkey = 5;
+  CHECK(Refused(Encoded(with_key), "on demand"));
+  Hello no_size = h;
+  no_size.arena_size = 0;
+  CHECK(Refused(Encoded(no_size), "on demand"));
+  Hello other_flag = h;
+  other_flag.flags = 2;
+  CHECK(Refused(Encoded(other_flag), "unknown flags"));
 }
