@@ -55,6 +55,16 @@ struct RuntimeOptions {
   // pollers, rounded up), or creating the server or channel fails; at most half a poller's
   // completion queue, and the device's max_srq_wr.
   uint32_t shared_receive_queue = 0;
+  // Receive arenas lent on demand (transport/arena.h, "Loans"): each poller of a server lends
+  // its connections up to this many arenas of listener.connection.arena_size, each registered
+  // when first lent and kept, and an idle connection registers none (it borrows one while its
+  // client writes bulk payloads into it; a poller short of them recalls idle loans). 64 by
+  // default (16 MiB per poller at most with 256 KiB arenas, cut to a quarter of the room
+  // RLIMIT_MEMLOCK leaves, with a warning), 0: each connection registers an arena of its own. A
+  // device without type-2 memory windows cannot scope a loan to one connection: there each
+  // connection registers its own, and the server says so once. Ignored by channels, whose
+  // connections keep their own arenas.
+  uint32_t arena_pool = 0;
   // The device's registered message slots, shared with the process's other servers and
   // channels that ask for the same: slot_size bounds the largest message (request or response,
   // 40 bytes of headers included) and must match the peer's.
@@ -131,7 +141,10 @@ struct ChannelOptions : RuntimeOptions {
 struct ServerOptions : RuntimeOptions {
   // A server shares each poller's receives among its connections by default: an idle connection
   // then holds one slot and one completion-queue entry instead of a window's worth.
-  ServerOptions() { shared_receive_queue = 4096; }
+  ServerOptions() {
+    shared_receive_queue = 4096;
+    arena_pool = 64;
+  }
 
   // Where to listen: an address of the RDMA device (empty: the device's own address) and a port
   // (0: any free one; port() says which).

@@ -33,7 +33,7 @@ namespace zrpc::transport {
 
 class ArenaPool {
  public:
-  // A pool of up to `pieces` arenas of `piece_size` bytes (a multiple of 4 KiB) on `pd`. Nothing
+  // A pool of up to `pieces` arenas of `piece_size` bytes (a multiple of 64) on `pd`. Nothing
   // is registered yet.
   ArenaPool(ibv_pd* pd, uint32_t piece_size, uint32_t pieces);
   ArenaPool(const ArenaPool&) = delete;

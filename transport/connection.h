@@ -721,9 +721,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void OnArenaRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   absl::Status HandleArenaMessageLocked(const ArenaMessage& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
-  bool ArenaOwedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_) {
-    return lend_owed_ || recall_owed_ || returned_owed_ || ask_owed_;
-  }
+  // Loan messages owed (arena_owed_'s bits): one load on the send path, which looks every pump.
+  enum ArenaOwed : uint8_t { kOweLend = 1, kOweRecall = 2, kOweReturned = 4, kOweAsk = 8 };
+  bool ArenaOwedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_) { return arena_owed_ != 0; }
   // Sends the loan messages owed, one kArena frame each from the control slot, while the slot,
   // data credits and send-queue room allow (a lend behind its window's bind).
   void MaybeSendArenaFramesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
@@ -853,13 +853,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // A payload arrived since the poller's last request: the loan is not idle (second chance).
   bool arena_used_ ABSL_GUARDED_BY(domain_) = false;
   int64_t arena_recalled_ns_ ABSL_GUARDED_BY(domain_) = 0;  // SteadyNanos of the recall
-  // Loan messages owed (MaybeSendArenaFramesLocked); lend_bound_: the lend's bind is posted.
-  bool lend_owed_ ABSL_GUARDED_BY(domain_) = false;
+  // Loan messages owed (ArenaOwed bits, MaybeSendArenaFramesLocked); lend_bound_: the lend's
+  // bind is posted, under lend_rkey_.
+  uint8_t arena_owed_ ABSL_GUARDED_BY(domain_) = 0;
   bool lend_bound_ ABSL_GUARDED_BY(domain_) = false;
   uint32_t lend_rkey_ ABSL_GUARDED_BY(domain_) = 0;
-  bool recall_owed_ ABSL_GUARDED_BY(domain_) = false;
-  bool returned_owed_ ABSL_GUARDED_BY(domain_) = false;
-  bool ask_owed_ ABSL_GUARDED_BY(domain_) = false;
   ArenaRequest arena_request_;
   std::atomic<bool> arena_request_queued_{false};
   ConnectionStats stats_ ABSL_GUARDED_BY(domain_);

@@ -476,12 +476,13 @@ std::string Connection::DebugStringLocked(bool query_qp) const {
       state_ == State::kDraining && sq_drained_ ? ", send queue drained" : "", ", arena in use ",
       arena_writer_.in_use(), " (peer) / ", arena_reader_.in_use(), " (own)");
   if (arena_reader_.on_demand() || arena_writer_.on_demand()) {
-    absl::StrAppend(&text, ", loans: own ", arena_reader_.loan(), " state ",
-                    static_cast<int>(arena_reader_.loan_state()),
-                    arena_reader_.ask_waiting() ? " asked" : "", arena_waiting_ ? " waiting" : "",
-                    ", peer's ", arena_writer_.loan(), arena_writer_.held() ? " held" : "",
-                    ", owed", lend_owed_ ? " lend" : "", recall_owed_ ? " recall" : "",
-                    returned_owed_ ? " returned" : "", ask_owed_ ? " ask" : "");
+    absl::StrAppend(
+        &text, ", loans: own ", arena_reader_.loan(), " state ",
+        static_cast<int>(arena_reader_.loan_state()), arena_reader_.ask_waiting() ? " asked" : "",
+        arena_waiting_ ? " waiting" : "", ", peer's ", arena_writer_.loan(),
+        arena_writer_.held() ? " held" : "", ", owed", arena_owed_ & kOweLend ? " lend" : "",
+        arena_owed_ & kOweRecall ? " recall" : "", arena_owed_ & kOweReturned ? " returned" : "",
+        arena_owed_ & kOweAsk ? " ask" : "");
   }
   if (!query_qp) return text;
   // The queue pair as the device sees it: a transfer that never completes shows whether the
@@ -837,7 +838,7 @@ void Connection::PumpLocked() {
       if (!spot) {  // checked CheckFits: full, or (on demand) not lent
         if (arena_writer_.ShouldAsk()) {
           arena_writer_.Asked();
-          ask_owed_ = true;
+          arena_owed_ |= kOweAsk;
         }
         break;
       }
@@ -868,7 +869,7 @@ void Connection::PumpLocked() {
       if (state_ != State::kOpen) return;
     }
   }
-  MaybeSendArenaFramesLocked();
+  if (ABSL_PREDICT_FALSE(ArenaOwedLocked())) MaybeSendArenaFramesLocked();
   MaybeSendCreditFrameLocked();
   PostChainLocked();
 }
@@ -1572,7 +1573,7 @@ void Connection::OnArenaRequestLocked() {
         break;
       }
       arena_reader_.Recall();
-      recall_owed_ = true;
+      arena_owed_ |= kOweRecall;
       arena_recalled_ns_ = SteadyNanos();
       ++stats_.arena_recalls;
       break;
@@ -1617,7 +1618,7 @@ void Connection::TryLendLocked() {
   arena_lent_.store(true, std::memory_order_relaxed);
   arena_reader_.Lend();
   arena_used_ = true;  // a fresh loan is not recalled at the next look
-  lend_owed_ = true;
+  arena_owed_ |= kOweLend;
   lend_bound_ = false;
   ++stats_.arena_loans;
 }
@@ -1650,7 +1651,7 @@ absl::Status Connection::HandleArenaMessageLocked(const ArenaMessage& m) {
     }
     case ArenaOp::kRecall: {
       if (absl::Status s = arena_writer_.OnRecall(m.loan); !s.ok()) return s;
-      returned_owed_ = true;
+      arena_owed_ |= kOweReturned;
       return absl::OkStatus();
     }
     case ArenaOp::kReturned: {
@@ -1672,13 +1673,13 @@ void Connection::MaybeSendArenaFramesLocked() {
       if (state_ != State::kOpen) return;
     }
     ArenaMessage m;
-    if (returned_owed_) {
+    if (arena_owed_ & kOweReturned) {
       // Behind every WRITE into the loan this side posted: they land before it does.
       m.op = ArenaOp::kReturned;
       m.loan = arena_writer_.loan();
-    } else if (ask_owed_) {
+    } else if (arena_owed_ & kOweAsk) {
       m.op = ArenaOp::kAsk;
-    } else if (recall_owed_) {
+    } else if (arena_owed_ & kOweRecall) {
       m.op = ArenaOp::kRecall;
       m.loan = arena_reader_.loan();
     } else {
@@ -1712,17 +1713,17 @@ void Connection::MaybeSendArenaFramesLocked() {
                       /*signal=*/true);
     switch (m.op) {
       case ArenaOp::kReturned:
-        returned_owed_ = false;
+        arena_owed_ &= ~kOweReturned;
         break;
       case ArenaOp::kAsk:
-        ask_owed_ = false;
+        arena_owed_ &= ~kOweAsk;
         ++stats_.arena_asks;
         break;
       case ArenaOp::kRecall:
-        recall_owed_ = false;
+        arena_owed_ &= ~kOweRecall;
         break;
       case ArenaOp::kLend:
-        lend_owed_ = false;
+        arena_owed_ &= ~kOweLend;
         break;
     }
     PostChainLocked();

@@ -37,7 +37,7 @@ struct ConnectionOptions {
   uint32_t arena_size = 256 << 10;
   // Lend the arena on demand (arena.h, "Loans"): none is registered for the connection; while
   // its peer writes bulk payloads it borrows a piece of its poller's arena pool
-  // (PollerOptions::arena_pool_pieces, of arena_size bytes, a multiple of 4 KiB), opened to the
+  // (PollerOptions::arena_pool_pieces, of arena_size bytes), opened to the
   // peer through a type-2 memory window bound to this connection's queue pair. The poller must
   // have that pool (a device without type-2 windows has none: Poller::arena_pool()).
   bool arena_on_demand = false;
@@ -86,7 +86,7 @@ struct PollerOptions {
   // queue's. At most the device's max_srq_wr and half of cq_size (as the device caps it).
   uint32_t shared_receive_queue = 0;
   // Arenas this poller lends its connections at once (ConnectionOptions::arena_on_demand), each
-  // of arena_piece_size bytes (a multiple of 4 KiB up to 1 GiB), or 0 for none. A piece is
+  // of arena_piece_size bytes (a multiple of 64 up to 1 GiB), or 0 for none. A piece is
   // registered when first lent and kept for the next loan: at most pieces * size bytes. When
   // all are lent, a connection asking waits while the poller recalls loans idle since its last
   // look (arena_pool.h). Needs type-2 memory windows: on a device without them, none is made.

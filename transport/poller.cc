@@ -63,11 +63,11 @@ absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
     poller->shared_posted_.store(poller->srq_->posted(), std::memory_order_relaxed);
   }
   if (options.arena_pool_pieces > 0) {
-    if (options.arena_piece_size == 0 || options.arena_piece_size % 4096 != 0 ||
+    if (options.arena_piece_size == 0 || options.arena_piece_size % kArenaAlign != 0 ||
         options.arena_piece_size > kMaxArenaSize) {
-      return absl::InvalidArgumentError(absl::StrCat("PollerOptions::arena_piece_size ",
-                                                     options.arena_piece_size,
-                                                     " is not a multiple of 4096 up to 1 GiB"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("PollerOptions::arena_piece_size ", options.arena_piece_size,
+                       " is not a multiple of ", kArenaAlign, " up to 1 GiB"));
     }
     // Without type-2 windows a piece could only be opened by its region's key, which every queue
     // pair of the device accepts: no pool, and connections keep arenas of their own.

@@ -74,7 +74,9 @@ uint64_t PinnedBytes() {
 uint64_t RegisteredPerIdleConnection(const ConnectionOptions& options, bool shared_receives,
                                      uint64_t slot_size) {
   const uint64_t slots = 1 + (shared_receives ? 0 : options.recv_credits);
-  return RoundUp(options.arena_size, kPage) + slots * slot_size;
+  // An arena lent on demand is a piece of the poller's pool, counted with the pool.
+  const uint64_t arena = options.arena_on_demand ? 0 : RoundUp(options.arena_size, kPage);
+  return arena + slots * slot_size;
 }
 
 uint64_t ConnectionsWithin(const LockedMemory& memory, uint64_t per_connection) {

@@ -37,8 +37,9 @@ LockedMemory ReadLockedMemory();
 // Bytes the process has pinned now (registered memory): VmPin.
 uint64_t PinnedBytes();
 
-// Registered bytes an idle connection with `options` holds: its arena, and its receives' and its
-// credit frames' pool slots (with a shared receive queue, only the credit frames').
+// Registered bytes an idle connection with `options` holds: its arena (none when lent on demand:
+// the poller's pool is counted apart), and its receives' and its credit frames' pool slots (with
+// a shared receive queue, only the credit frames').
 uint64_t RegisteredPerIdleConnection(const ConnectionOptions& options, bool shared_receives,
                                      uint64_t slot_size);
 

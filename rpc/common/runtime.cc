@@ -38,7 +38,8 @@ absl::Status CheckRuntimeOptions(const RuntimeOptions& options, absl::string_vie
   return absl::OkStatus();
 }
 
-absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const char* side) {
+absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const char* side,
+                                         uint32_t arena_piece_size) {
   RuntimeParts parts;
   absl::StatusOr<std::shared_ptr<transport::Device>> device =
       SharedDevice(options.device, options.slots);
@@ -50,7 +51,7 @@ absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const ch
   parts.manual_pollers = ManualPollers();
   for (int i = 0; i < options.pollers; ++i) {
     absl::StatusOr<std::shared_ptr<transport::Poller>> poller =
-        StartPoller(*parts.device, options, parts.manual_pollers);
+        StartPoller(*parts.device, options, parts.manual_pollers, arena_piece_size);
     if (!poller.ok()) return poller.status();
     parts.pollers.push_back(*std::move(poller));
   }
@@ -59,11 +60,16 @@ absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const ch
 
 absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device& device,
                                                                const RuntimeOptions& options,
-                                                               bool manual) {
+                                                               bool manual,
+                                                               uint32_t arena_piece_size) {
   transport::PollerOptions poller_options;
   poller_options.mode = options.poll_mode;
   poller_options.spin = options.spin;
   poller_options.shared_receive_queue = options.shared_receive_queue;
+  if (arena_piece_size > 0) {
+    poller_options.arena_pool_pieces = options.arena_pool;
+    poller_options.arena_piece_size = arena_piece_size;
+  }
   absl::StatusOr<std::unique_ptr<transport::Poller>> poller =
       transport::Poller::Create(device, poller_options);
   if (!poller.ok()) return poller.status();

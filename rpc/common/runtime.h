@@ -36,16 +36,19 @@ struct RuntimeParts {
 };
 
 // Opens the shared device for `options` (rpc/common/shared_device.h), its staging pool, the
-// receive limits (errors name `side`'s options) and `options.pollers` started pollers. On
-// error, what was made is destroyed before it returns.
-absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const char* side);
+// receive limits (errors name `side`'s options) and `options.pollers` started pollers, which lend
+// `options.arena_pool` arenas of `arena_piece_size` bytes when that is not 0 (a server's
+// connections' arena_size). On error, what was made is destroyed before it returns.
+absl::StatusOr<RuntimeParts> OpenRuntime(const RuntimeOptions& options, const char* side,
+                                         uint32_t arena_piece_size = 0);
 
 // One more poller for `options` on `device`, started, or handed to the manual driver when
 // `manual` (RuntimeParts::manual_pollers: manual_pollers.h): what OpenRuntime makes each of its
 // pollers with, for a server that adds pollers as connections come (ServerOptions::max_pollers).
 absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device& device,
                                                                const RuntimeOptions& options,
-                                                               bool manual);
+                                                               bool manual,
+                                                               uint32_t arena_piece_size = 0);
 
 }  // namespace zrpc::internal
 

@@ -4,6 +4,7 @@
 #include "rpc/server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <utility>
@@ -51,6 +52,39 @@ uint32_t SharedQueueWithinLockedMemory(const ServerOptions& options) {
   return sized;
 }
 
+// The arenas each poller of this server may lend (ServerOptions::arena_pool): the number asked
+// for, or, when RLIMIT_MEMLOCK would not leave room for the pollers made at once to register them
+// all beside their queues, what a quarter of the room left holds, with a warning. 0 when not even
+// one fits (connections then register arenas of their own, which admission counts).
+uint32_t ArenaPoolWithinLockedMemory(const ServerOptions& options) {
+  const uint32_t asked = options.arena_pool;
+  const uint64_t piece = options.listener.connection.arena_size;
+  if (asked == 0 || piece == 0) return 0;
+  const transport::LockedMemory memory = transport::ReadLockedMemory();
+  if (memory.unlimited) return asked;
+  const uint64_t room = memory.limit > memory.locked ? memory.limit - memory.locked : 0;
+  const uint64_t fits = room / 4 / static_cast<uint64_t>(std::max(options.pollers, 1)) / piece;
+  if (fits >= asked) return asked;
+  const auto sized = static_cast<uint32_t>(fits);
+  ZRPC_LOG(kWarning, "rpc", "the server's pollers lend ", sized,
+           " receive arenas each, not arena_pool = ", asked, ": RLIMIT_MEMLOCK is ", memory.limit,
+           " bytes, ", memory.locked,
+           " locked already; raise it (ulimit -l, or LimitMEMLOCK= for a service) by ",
+           4 * piece * asked * static_cast<uint64_t>(std::max(options.pollers, 1)),
+           " bytes or more for the arenas asked for");
+  return sized;
+}
+
+// Said once a process: a device that cannot scope a loan to one queue pair.
+void SayNoWindowsOnce(const transport::Device& device, uint32_t arena_size) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  ZRPC_LOG(kWarning, "rpc", "the RDMA device ", device.selection().device,
+           " has no type-2 memory windows: a server connection registers its own ", arena_size,
+           "-byte receive arena instead of borrowing one from its poller's pool when its client "
+           "writes (ServerOptions::arena_pool)");
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptions& options) {
@@ -90,6 +124,9 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   }
   ServerOptions adjusted = options;
   adjusted.shared_receive_queue = shared_receive_queue;
+  adjusted.arena_pool = ArenaPoolWithinLockedMemory(options);
+  const uint32_t arena_piece =
+      adjusted.arena_pool > 0 ? adjusted.listener.connection.arena_size : 0;
   transport::ConnectionOptions& connection = adjusted.listener.connection;
   connection.min_message_size = std::max(connection.min_message_size, kMinRpcMessage);
   // Every call a connection may hold (one per receive credit) and every stream can hold its
@@ -98,8 +135,14 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   connection.max_send_slots =
       std::max<uint32_t>(connection.max_send_slots, ServerImpl::AnswerSlots(adjusted) + 8);
   std::unique_ptr<ServerImpl> core(new ServerImpl(adjusted));
-  absl::StatusOr<RuntimeParts> parts = OpenRuntime(adjusted, "ServerOptions");
+  absl::StatusOr<RuntimeParts> parts = OpenRuntime(adjusted, "ServerOptions", arena_piece);
   if (!parts.ok()) return parts.status();
+  // Lent on demand when the pollers have pools: a device without type-2 memory windows makes
+  // none, and its connections register arenas of their own.
+  const bool lend = arena_piece > 0 && parts->pollers.front()->arena_pool() != nullptr;
+  if (arena_piece > 0 && !lend) SayNoWindowsOnce(*parts->device, arena_piece);
+  core->options_.listener.connection.arena_on_demand = lend;
+  if (!lend) core->options_.arena_pool = 0;
   core->device_ = std::move(parts->device);
   core->staging_ = std::move(parts->staging);
   core->receive_limits_ = std::move(parts->receive_limits);
@@ -137,6 +180,11 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
     const uint64_t queue =
         uint64_t{adjusted.shared_receive_queue} * core->device_->slots().slot_size();
     per_connection += (queue + per_poller - 1) / per_poller;
+  }
+  if (lend && per_poller > 0) {
+    // And its share of its poller's arena pool, all of whose pieces may be lent at once.
+    const uint64_t pool = uint64_t{core->options_.arena_pool} * arena_piece;
+    per_connection += (pool + per_poller - 1) / per_poller;
   }
   const uint64_t fits = transport::ConnectionsWithin(memory, per_connection);
   if (fits == 0) {
@@ -355,8 +403,9 @@ std::shared_ptr<transport::Poller> ServerImpl::PickPoller() {
   // Made outside the lock (a CQ, a thread, a shared queue's slots take a while, and stats() must
   // not wait for them): only the listener's thread adds pollers, one at a time, and Shutdown
   // stops that thread before it takes the pollers.
-  absl::StatusOr<std::shared_ptr<transport::Poller>> added =
-      StartPoller(*device_, options_, manual_pollers_);
+  absl::StatusOr<std::shared_ptr<transport::Poller>> added = StartPoller(
+      *device_, options_, manual_pollers_,
+      options_.listener.connection.arena_on_demand ? options_.listener.connection.arena_size : 0);
   absl::MutexLock lock(&pollers_mu_);
   if (!added.ok()) {
     // Tried again a second later at the earliest: a storm of connections must not make the

@@ -85,15 +85,18 @@ TEST_CASE(
   CHECK(memory.limit == limit);
   zrpc::ServerOptions options;
   options.device = zrpc::fakeverbs::FakeDevice();
-  // Default options: 260 KiB per idle connection (its arena and its credit-frame slot), and its
-  // share of its poller's shared receive queue, which the server cuts to half the room the limit
-  // leaves (fakeverbs pins nothing itself): with 8 MiB, 1,024 receives backing 256 floors of 3,
-  // 16 KiB each.
+  // Default options: 4 KiB per idle connection (its credit-frame slot), its share of its
+  // poller's shared receive queue, which the server cuts to half the room the limit leaves
+  // (fakeverbs pins nothing itself), and its share of its poller's pool of arenas lent on demand,
+  // cut to a quarter of the room: with 8 MiB, 1,024 receives backing 256 floors of 3, 16 KiB
+  // each, and 8 arenas of 256 KiB, 8 KiB each.
   const uint64_t room = memory.limit > memory.locked ? memory.limit - memory.locked : 0;
   const uint64_t queue = std::min<uint64_t>(4096, std::max<uint64_t>(room / 2 / 4096, 3));
   const uint64_t floors = (queue - queue / 4) / 3;
+  const uint64_t arenas = std::min<uint64_t>(64, room / 4 / (256 << 10));
   const uint64_t per_connection =
-      (256 << 10) + 4096 + (floors == 0 ? 0 : (queue * 4096 + floors - 1) / floors);
+      4096 + (floors == 0 ? 0 : (queue * 4096 + floors - 1) / floors) +
+      (arenas == 0 ? (256 << 10) : (arenas * (256 << 10) + floors - 1) / floors);
   const uint64_t fits =
       memory.limit > memory.locked ? (memory.limit - memory.locked) / per_connection : 0;
   INFO("limit " << memory.limit << ", pinned " << memory.locked << ": " << fits << " fit");
@@ -104,8 +107,12 @@ TEST_CASE(
     REQUIRE(server.ok());
     CHECK(log.Count(zrpc::LogLevel::kWarning, "rpc",
                     absl::StrCat("the server admits ", fits, " connections, not 16384")) == 1);
-    // The queue was cut to fit, and the server said so.
+    // The queue and the arena pool were cut to fit, and the server said so.
     CHECK(queue < 4096);
+    CHECK(arenas < 64);
+    CHECK(log.Count(zrpc::LogLevel::kWarning, "rpc",
+                    absl::StrCat("lend ", arenas, " receive arenas each, not arena_pool = 64")) ==
+          1);
     CHECK(log.Count(zrpc::LogLevel::kWarning, "rpc",
                     absl::StrCat("shared receive queues hold ", queue,
                                  " receives, not shared_receive_queue = 4096")) == 1);
