@@ -718,6 +718,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void TryLendLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // The loan is back and released: the window dies, the piece goes back to the pool.
   void ReclaimArenaLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // The piece goes back to the pool, its window gone already.
+  void GivePieceBackLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void OnArenaRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   absl::Status HandleArenaMessageLocked(const ArenaMessage& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);

@@ -1086,8 +1086,15 @@ absl::Status Connection::ReleaseAndSend(uint64_t handle, const SendBuffer& buffe
 absl::Status Connection::ReleaseLocked(uint64_t handle) {
   if (handle & kBulkHandle) {
     absl::Status s = arena_reader_.Release(handle & ~kBulkHandle);
-    // The last payload of a loan given back: the loan's piece can go.
-    if (s.ok() && arena_reader_.Reclaimable()) ReclaimArenaLocked();
+    // The last payload of a loan given back: the loan's piece can go (on a closed connection, its
+    // window went at the close).
+    if (s.ok() && arena_reader_.in_use() == 0) {
+      if (arena_reader_.Reclaimable()) {
+        ReclaimArenaLocked();
+      } else if (state_ == State::kClosed && arena_piece_ != kNoPiece) {
+        GivePieceBackLocked();
+      }
+    }
     return s;
   }
   if (handle >= recv_slots_.size() || recv_state_[handle] != RecvState::kHeld) {
@@ -1140,8 +1147,9 @@ absl::Status Connection::PostTailSignalLocked(bool probe) {
     return absl::OkStatus();
   }
   if (probe) probe_owed_ = false;
-  // Zero bytes at the base of the peer's arena: nothing is written, and the address and rkey
-  // are valid anyway (IB C9-88 lets a zero-length WRITE skip the check; not every device does).
+  // Zero bytes at the base of the peer's arena: nothing is written. IB C9-88 lets a zero-length
+  // WRITE skip the key check (rxe does, and ConnectX): an arena lent on demand has no address or
+  // key before its first loan, and a dead one after a recall.
   ibv_send_wr wr{};
   wr.opcode = IBV_WR_RDMA_WRITE;
   wr.send_flags = IBV_SEND_SIGNALED;
@@ -1457,6 +1465,12 @@ void Connection::FinishDrainLocked(Events& events) {
   if (state_ == State::kClosed) return;
   SetStateLocked(State::kClosed);
   LeaveDrainWatch();
+  // A loan ends with the connection: its window goes now (nothing arrives any more, and the key
+  // must die), its piece once the application has released every payload in it.
+  if (arena_piece_ != kNoPiece) {
+    arena_window_.reset();
+    if (arena_reader_.in_use() == 0) GivePieceBackLocked();
+  }
   RetireLocked(~uint64_t{0}, error_, events);
   for (size_t i = 0; i < waiting_.size(); ++i) {
     const Waiting& op = waiting_[i];
@@ -1627,12 +1641,16 @@ void Connection::ReclaimArenaLocked() {
   // Deallocating the window invalidates its key on the NIC before the piece can be lent through
   // another window to another peer.
   arena_window_.reset();
+  GivePieceBackLocked();
+  arena_reader_.Reclaimed();
+  TryLendLocked();  // an ask that came meanwhile
+}
+
+void Connection::GivePieceBackLocked() {
   poller_.GiveArenaPiece(arena_piece_);
   arena_piece_ = kNoPiece;
   arena_base_ = nullptr;
   arena_lent_.store(false, std::memory_order_relaxed);
-  arena_reader_.Reclaimed();
-  TryLendLocked();  // an ask that came meanwhile
 }
 
 absl::Status Connection::HandleArenaMessageLocked(const ArenaMessage& m) {

@@ -86,14 +86,13 @@ Connection::~Connection() {
   domain_.AssertHeld();
   const bool disconnect = state_ == State::kOpen;
   if (disconnect && id_ != nullptr) rdma_disconnect(id_.get());
+  // A loan's window goes before the QP it is bound to: the window holds a reference to the QP,
+  // and rxe (Linux 6.1) waits up to 50 s for a destroyed QP's references to go.
+  arena_window_.reset();
   // The QP goes first: once it is destroyed the NIC reads and writes none of the slots below.
   qp_.reset();
-  // A loan still out: its window goes (the key dies), then the piece goes back to the pool.
-  if (arena_piece_ != kNoPiece) {
-    arena_window_.reset();
-    poller_.GiveArenaPiece(arena_piece_);
-    arena_piece_ = kNoPiece;
-  }
+  // A loan still out goes back to the pool, its key dead with its window.
+  if (arena_piece_ != kNoPiece) GivePieceBackLocked();
   {
     // Slots still owned here: receives (posted or held) and sends never retired or never posted.
     for (size_t i = 0; i < in_flight_.size(); ++i) {

@@ -275,3 +275,119 @@ TEST_CASE("a loan's key works on its own connection only: another QP that uses i
 }
 
 }  // namespace
+
+namespace {
+
+// A raw peer connected to `setup`'s listener, whose server end lends its arena on demand.
+struct RawClient {
+  RawPeer peer;
+  std::shared_ptr<Connection> server;
+};
+
+void ConnectRaw(Setup& setup, Recorder* server_side, RawClient* raw) {
+  zrpc::transport::ListenerOptions listen;
+  listen.connection = OnDemand();
+  setup.Listen(listen);
+  setup.accepts->Use(setup.server_poller.get(), server_side);
+  REQUIRE(raw->peer.Connect(setup.device->selection().addr, setup.listener->port(), {}).ok());
+  CHECK((raw->peer.server_hello().flags & zrpc::transport::kHelloArenaOnDemand) != 0);
+  auto server = setup.accepts->Next(kTimeout);
+  REQUIRE(server.ok());
+  raw->server = *server;
+}
+
+// Sends one loan message as a kArena frame.
+absl::Status SendArena(RawPeer& peer, zrpc::transport::ArenaOp op, uint32_t loan = 0) {
+  zrpc::transport::ArenaMessage m;
+  m.op = op;
+  m.loan = loan;
+  zrpc::transport::EncodeArenaMessage(m, peer.payload());
+  return peer.Send(zrpc::transport::FrameKind::kArena, 0, zrpc::transport::ArenaMessage::kSize);
+}
+
+// Waits for the server end to close, and returns why.
+std::string ClosedWhy(Recorder& side) {
+  REQUIRE(side.WaitFor([&] { return side.closed.has_value(); }, kTimeout));
+  absl::MutexLock lock(&side.mu);
+  return side.closed->ToString();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a peer that asks for a loan twice, or writes into an arena not lent, loses its connection",
+    "[arena_loan]") {
+  ZRPC_TEST_DEVICE(config);
+  Recorder asks_twice, writes_unlent;
+  Setup setup(config, Lending(2));
+  {
+    RawClient raw;
+    ConnectRaw(setup, &asks_twice, &raw);
+    REQUIRE(SendArena(raw.peer, zrpc::transport::ArenaOp::kAsk).ok());
+    REQUIRE(Eventually(
+        [&] {
+          raw.peer.Poll();
+          return !raw.peer.arena_messages.empty();
+        },
+        kTimeout));
+    CHECK(raw.peer.arena_messages[0].op == zrpc::transport::ArenaOp::kLend);
+    CHECK(raw.peer.arena_messages[0].size == kPiece);
+    static_cast<void>(SendArena(raw.peer, zrpc::transport::ArenaOp::kAsk));
+    const std::string why = ClosedWhy(asks_twice);
+    INFO(why);
+    CHECK(why.find("asked for an arena while holding one") != std::string::npos);
+    // Its piece went back to the pool when its connection went.
+    REQUIRE(Eventually([&] { return setup.server_poller->arena_pool()->lent() == 0; }, kTimeout));
+  }
+  {
+    RawClient raw;
+    ConnectRaw(setup, &writes_unlent, &raw);
+    // Zero bytes: no key is checked (IB C9-88), so the WRITE reaches the server's connection,
+    // which has lent nothing.
+    static_cast<void>(raw.peer.WriteRaw(0, 0, 0, absl::Seconds(5), /*imm=*/0));
+    const std::string why = ClosedWhy(writes_unlent);
+    INFO(why);
+    CHECK(why.find("wrote into an arena not lent to it") != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "a peer that keeps a recalled loan loses its connection, and the piece goes to the waiter",
+    "[arena_loan]") {
+  ZRPC_TEST_DEVICE(config);
+  Recorder keeper, server, client;
+  Setup setup(config, Lending(1));
+  RawClient raw;
+  ConnectRaw(setup, &keeper, &raw);
+  REQUIRE(SendArena(raw.peer, zrpc::transport::ArenaOp::kAsk).ok());
+  REQUIRE(Eventually(
+      [&] {
+        raw.peer.Poll();
+        return !raw.peer.arena_messages.empty();
+      },
+      kTimeout));
+  // An honest client asks for the one piece: the keeper's loan is recalled and never returned.
+  setup.accepts->Use(setup.server_poller.get(), &server);
+  auto honest =
+      Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                          setup.listener->port(), &client, {}, kTimeout);
+  REQUIRE(honest.ok());
+  REQUIRE(setup.accepts->Next(kTimeout).ok());
+  Source source(*setup.device);
+  const absl::Time start = absl::Now();
+  REQUIRE((*honest)->WriteBulk(source.Payload(5, 4000), 1).ok());
+  REQUIRE(Eventually(
+      [&] {
+        raw.peer.Poll();
+        return raw.peer.arena_messages.size() >= 2;
+      },
+      kTimeout));
+  CHECK(raw.peer.arena_messages[1].op == zrpc::transport::ArenaOp::kRecall);
+  const std::string why = ClosedWhy(keeper);
+  INFO(why);
+  CHECK(why.find("did not return its arena loan") != std::string::npos);
+  REQUIRE(server.WaitFor([&] { return server.bulks.size() == 1; }, kTimeout));
+  CHECK(absl::Now() - start >= Connection::kRecallGiveUp);
+  absl::MutexLock lock(&server.mu);
+  CHECK(server.bulks[0] == Expected(5, 4000));
+}

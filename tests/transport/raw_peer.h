@@ -4,11 +4,13 @@
 #ifndef ZRPC_TESTS_TRANSPORT_RAW_PEER_H_
 #define ZRPC_TESTS_TRANSPORT_RAW_PEER_H_
 
+#include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -142,14 +144,20 @@ class RawPeer {
 
   // RDMA-WRITEs `length` bytes of its buffer to `addr` under `rkey` (a key it should not hold,
   // say) and returns the completion's status, waiting for it while handling what arrives.
+  // With `imm`, a WRITE_WITH_IMM carrying it (host order), which takes a receive at the peer.
   ibv_wc_status WriteRaw(uint64_t addr, uint32_t rkey, uint32_t length,
-                         absl::Duration timeout = absl::Seconds(30)) {
+                         absl::Duration timeout = absl::Seconds(30),
+                         std::optional<uint32_t> imm = std::nullopt) {
     ibv_sge sge{reinterpret_cast<uintptr_t>(buffer_.data()), length, mr_->lkey};
     ibv_send_wr wr{};
     wr.wr_id = kSendId;
     wr.sg_list = &sge;
     wr.num_sge = 1;
     wr.opcode = IBV_WR_RDMA_WRITE;
+    if (imm) {
+      wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      wr.imm_data = htonl(*imm);
+    }
     wr.send_flags = IBV_SEND_SIGNALED;
     wr.wr.rdma.remote_addr = addr;
     wr.wr.rdma.rkey = rkey;
@@ -190,6 +198,12 @@ class RawPeer {
           const uint8_t* data = buffer_.data() + size_t{index} * kSlot;
           last_data.assign(data + transport::FrameHeader::kSize, data + wc.byte_len);
         }
+        if (header->kind == transport::FrameKind::kArena) {
+          const uint8_t* data = buffer_.data() + size_t{index} * kSlot;
+          auto message = transport::DecodeArenaMessage(absl::MakeConstSpan(
+              data + transport::FrameHeader::kSize, transport::ArenaMessage::kSize));
+          if (message.ok()) arena_messages.push_back(*message);
+        }
       }
       PostRecv(index);
     }
@@ -199,6 +213,7 @@ class RawPeer {
   uint64_t data_frames = 0;        // data frames received
   uint64_t credits_returned = 0;   // credits the other side returned in them
   std::vector<uint8_t> last_data;  // the payload of the last data frame received
+  std::vector<transport::ArenaMessage> arena_messages;  // loan messages received (kArena frames)
 
  private:
   static constexpr uint64_t kSendId = ~uint64_t{0};
