@@ -615,13 +615,13 @@ TEST_CASE("a peer with another magic or version, or garbage, is refused on both 
   struct Case {
     const char* name;
     std::vector<uint8_t> hello;
-    const char* reason;
+    std::string reason;
   };
   std::vector<uint8_t> truncated = HelloBytes(0, kWireVersion);
   truncated.resize(12);
   std::vector<Case> cases = {
       {"bad magic", HelloBytes(0x55, kWireVersion), "not zrpc"},
-      {"bad version", HelloBytes(0, kWireVersion + 1), "version 6"},  // kWireVersion + 1
+      {"bad version", HelloBytes(0, kWireVersion + 1), absl::StrCat("version ", kWireVersion + 1)},
       {"garbage", std::vector<uint8_t>{1, 2, 3}, "not zrpc"},
       // The IB CM pads private data with zeros to its fixed size, so a short Hello reads as one
       // whose later fields are zero: refused for them.
