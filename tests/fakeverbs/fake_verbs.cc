@@ -580,6 +580,8 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
         }
         auto* to = reinterpret_cast<uint8_t*>(wr->wr.rdma.remote_addr);
         for (int i = 0; i < wr->num_sge; ++i) {
+          // A zero-length WRITE's address is not checked: it may be null.
+          if (wr->sg_list[i].length == 0) continue;
           std::memcpy(to, reinterpret_cast<const void*>(wr->sg_list[i].addr),
                       wr->sg_list[i].length);
           to += wr->sg_list[i].length;

@@ -305,6 +305,17 @@ absl::Status SendArena(RawPeer& peer, zrpc::transport::ArenaOp op, uint32_t loan
   return peer.Send(zrpc::transport::FrameKind::kArena, 0, zrpc::transport::ArenaMessage::kSize);
 }
 
+// Asks for a loan and waits until the answer arrives (arena_messages holds it).
+void AskUntilLent(RawPeer& peer) {
+  REQUIRE(SendArena(peer, zrpc::transport::ArenaOp::kAsk).ok());
+  REQUIRE(Eventually(
+      [&] {
+        peer.Poll();
+        return !peer.arena_messages.empty();
+      },
+      kTimeout));
+}
+
 // Waits for the server end to close, and returns why.
 std::string ClosedWhy(Recorder& side) {
   REQUIRE(side.WaitFor([&] { return side.closed.has_value(); }, kTimeout));
@@ -323,13 +334,7 @@ TEST_CASE(
   {
     RawClient raw;
     ConnectRaw(setup, &asks_twice, &raw);
-    REQUIRE(SendArena(raw.peer, zrpc::transport::ArenaOp::kAsk).ok());
-    REQUIRE(Eventually(
-        [&] {
-          raw.peer.Poll();
-          return !raw.peer.arena_messages.empty();
-        },
-        kTimeout));
+    AskUntilLent(raw.peer);
     CHECK(raw.peer.arena_messages[0].op == zrpc::transport::ArenaOp::kLend);
     CHECK(raw.peer.arena_messages[0].size == kPiece);
     static_cast<void>(SendArena(raw.peer, zrpc::transport::ArenaOp::kAsk));
@@ -359,13 +364,7 @@ TEST_CASE(
   Setup setup(config, Lending(1));
   RawClient raw;
   ConnectRaw(setup, &keeper, &raw);
-  REQUIRE(SendArena(raw.peer, zrpc::transport::ArenaOp::kAsk).ok());
-  REQUIRE(Eventually(
-      [&] {
-        raw.peer.Poll();
-        return !raw.peer.arena_messages.empty();
-      },
-      kTimeout));
+  AskUntilLent(raw.peer);
   // An honest client asks for the one piece: the keeper's loan is recalled and never returned.
   setup.accepts->Use(setup.server_poller.get(), &server);
   auto honest =
