@@ -1581,20 +1581,24 @@ void Connection::OnArenaRequestLocked() {
   switch (arena_reader_.loan_state()) {
     case ArenaReader::Loan::kLent:
       // Used since the last look: it keeps the loan until the next (a second chance, so a
-      // connection in the middle of a transfer is not made to ask again at once).
-      if (arena_used_) {
+      // connection in the middle of a transfer is not made to ask again at once). Nor is a loan
+      // recalled before its lend has gone (the peer would hear of a loan it does not hold), or
+      // while the application holds payloads in it: its piece could not go back before they
+      // are released, and the peer's next write would wait for them too.
+      if (arena_used_ || (arena_owed_ & kOweLend) != 0 || arena_reader_.in_use() != 0) {
         arena_used_ = false;
         break;
       }
       arena_reader_.Recall();
       arena_owed_ |= kOweRecall;
-      arena_recalled_ns_ = SteadyNanos();
+      arena_recalled_ns_ = 0;  // the give-up counts from the recall's post
       ++stats_.arena_recalls;
       break;
     case ArenaReader::Loan::kRecalled:
       // A peer that keeps what it was asked to give back holds a piece every other connection of
       // the poller may be waiting for: it loses its connection.
-      if (SteadyNanos() - arena_recalled_ns_ > absl::ToInt64Nanoseconds(kRecallGiveUp)) {
+      if (arena_recalled_ns_ != 0 &&
+          SteadyNanos() - arena_recalled_ns_ > absl::ToInt64Nanoseconds(kRecallGiveUp)) {
         FailLocked(absl::ResourceExhaustedError(absl::StrCat(
             "the peer did not return its arena loan ", arena_reader_.loan(), " within ",
             absl::FormatDuration(kRecallGiveUp), " of its recall while others waited for one")));
@@ -1612,6 +1616,13 @@ void Connection::TryLendLocked() {
   ArenaPool* pool = poller_.arena_pool();
   std::optional<uint32_t> piece = pool->Take();
   if (!piece) {
+    // No piece could ever be made (registration refused: RLIMIT_MEMLOCK): waiting would be for
+    // good.
+    if (pool->made() == 0 && !pool->last_error().ok()) {
+      FailLocked(absl::ResourceExhaustedError(
+          absl::StrCat("cannot lend the arena: ", pool->last_error().message())));
+      return;
+    }
     if (!arena_waiting_) {
       arena_waiting_ = true;
       ++stats_.arena_waits;
@@ -1647,6 +1658,10 @@ void Connection::ReclaimArenaLocked() {
 }
 
 void Connection::GivePieceBackLocked() {
+  // Nothing owed of the loan is sent any more (a peer that returned a loan before its recall
+  // went, say).
+  arena_owed_ &= ~(kOweLend | kOweRecall);
+  lend_bound_ = false;
   poller_.GiveArenaPiece(arena_piece_);
   arena_piece_ = kNoPiece;
   arena_base_ = nullptr;
@@ -1697,7 +1712,8 @@ void Connection::MaybeSendArenaFramesLocked() {
       m.loan = arena_writer_.loan();
     } else if (arena_owed_ & kOweAsk) {
       m.op = ArenaOp::kAsk;
-    } else if (arena_owed_ & kOweRecall) {
+    } else if ((arena_owed_ & kOweLend) == 0) {
+      // A recall goes after its loan's lend (never owed together: OnArenaRequestLocked).
       m.op = ArenaOp::kRecall;
       m.loan = arena_reader_.loan();
     } else {
@@ -1739,6 +1755,7 @@ void Connection::MaybeSendArenaFramesLocked() {
         break;
       case ArenaOp::kRecall:
         arena_owed_ &= ~kOweRecall;
+        arena_recalled_ns_ = SteadyNanos();
         break;
       case ArenaOp::kLend:
         arena_owed_ &= ~kOweLend;

@@ -201,7 +201,8 @@ TEST_CASE("a poller short of arenas recalls idle loans, and every connection tha
   for (const Pair& p : pairs) CHECK(p.server->open());
 }
 
-TEST_CASE("a returned loan keeps its piece until its payloads are released", "[arena_loan]") {
+TEST_CASE("a loan whose payloads the application holds is not recalled until they are released",
+          "[arena_loan]") {
   ZRPC_TEST_DEVICE(config);
   Recorder server_a, client_a, server_b, client_b;
   Setup setup(config, Lending(1));
@@ -216,11 +217,12 @@ TEST_CASE("a returned loan keeps its piece until its payloads are released", "[a
   REQUIRE(b_server.ok());
   Source source_a(*setup.device), source_b(*setup.device);
   WriteAndCheck(*a.client, client_a, server_a, source_a, 7, 5000, 1);
-  // B asks while A holds the only piece with a payload in it: A's loan is recalled (idle since)
-  // and returned, but the piece stays A's while its payload is held.
+  // B asks while A holds the only piece with a payload in it: its piece could not go back before
+  // the payload is released, so A's loan is not recalled (B waits; A's next write would not).
   REQUIRE((*b_client)->WriteBulk(source_b.Payload(9, 3000), 2).ok());
-  REQUIRE(Eventually([&] { return a.server->stats().arena_recalls == 1; }, kTimeout));
+  REQUIRE(Eventually([&] { return (*b_server)->stats().arena_waits >= 1; }, kTimeout));
   absl::SleepFor(absl::Milliseconds(200));
+  CHECK(a.server->stats().arena_recalls == 0);
   {
     absl::MutexLock lock(&server_b.mu);
     CHECK(server_b.bulks.empty());
@@ -239,6 +241,7 @@ TEST_CASE("a returned loan keeps its piece until its payloads are released", "[a
     absl::MutexLock lock(&server_b.mu);
     CHECK(server_b.bulks[0] == Expected(9, 3000));
   }
+  CHECK(a.server->stats().arena_recalls == 1);
   CHECK_FALSE(a.server->stats().arena_lent);
   CHECK((*b_server)->stats().arena_lent);
   CHECK(a.server->open());
