@@ -2,19 +2,18 @@
 // (issue 35's measurements; benchmarks/idle_scale.sh runs the roles in the guest and prints the
 // table). Three roles, each a process of its own so that each side's pinned memory is its own:
 //
-//   idle_scale server [--port P] [--pollers N] [--shared-receive-queue R] [--window W]
-//                     [--arena BYTES] [--max-slots N]
-//     Serves the Bench service with default ServerOptions but for the flags (the shared receive
-//     queue is --shared-receive-queue's, 0 unless given, and the pollers are --pollers, none
-//     added) and the admission limit per address (raised: every client of a one-guest run has
-//     the guest's one address). --max-slots sets the registered slot pool's bound
+//   idle_scale server [--port P] [--pollers N] [--shared-receive-queue R] [--arena-pool N]
+//                     [--window W] [--arena BYTES] [--max-slots N]
+//     Serves the Bench service with default ServerOptions but for the flags given (--pollers N:
+//     N pollers, none added) and the admission limit per address (raised: every client of a
+//     one-guest run has the guest's one address). --max-slots sets the registered slot pool's bound
 //     (SlotPoolOptions::max_slots, 131,072), which shared receive queues of many pollers may need.
 //     Prints "status open=N pinned_kib=K" every second: connections open and the process's
 //     pinned memory (VmPin, transport/process_limits.h).
-//   idle_scale idle --connect A:P --connections N [--shared-receive-queue R] [--window W]
-//                   [--arena BYTES]
+//   idle_scale idle --connect A:P --connections N [--shared-receive-queue R] [--arena-pool N]
+//                   [--window W] [--arena BYTES]
 //     Holds N connections, idle (channels of up to 1,000 each, default options but for the
-//     flags; with a shared receive queue, one that backs exactly the channel's windows), until
+//     flags; --shared-receive-queue R > 0: a queue that backs exactly the channel's windows), until
 //     SIGTERM. Prints "idle connected=N seconds=S pinned_kib=K" once they are up,
 //     then "idle lost=L" at the end (exit status 1 when any was lost).
 //   idle_scale active --connect A:P [--seconds S]
@@ -50,10 +49,10 @@ namespace {
 namespace cli = zrpc::examples::cli;
 
 constexpr char kUsage[] =
-    "usage: idle_scale server [--port P] [--pollers N] [--shared-receive-queue R] [--window W] "
-    "[--arena BYTES] [--max-slots N]\n"
+    "usage: idle_scale server [--port P] [--pollers N] [--shared-receive-queue R] "
+    "[--arena-pool N] [--window W] [--arena BYTES] [--max-slots N]\n"
     "       idle_scale idle --connect A:P --connections N [--shared-receive-queue R] "
-    "[--window W] [--arena BYTES]\n"
+    "[--arena-pool N] [--window W] [--arena BYTES]\n"
     "       idle_scale active --connect A:P [--seconds S]\n";
 
 constexpr int kPerChannel = 1000;
@@ -63,8 +62,9 @@ uint64_t PinnedKiB() { return transport::PinnedBytes() >> 10; }
 // The flags every role may take, checked.
 struct Flags {
   uint16_t port = 7472;
-  int pollers = 1;
-  uint32_t shared_receive_queue = 0;
+  std::optional<int> pollers;  // unset: the side's default
+  std::optional<uint32_t> shared_receive_queue;
+  std::optional<uint32_t> arena_pool;
   uint32_t window = 0;  // 0: the default recv_credits
   std::optional<uint32_t> arena;
   std::string connect;
@@ -76,7 +76,8 @@ struct Flags {
 // Applies the flags that shape a connection's registered memory to a side's options.
 template <typename Options>
 void Shape(const Flags& flags, Options& options, transport::ConnectionOptions& connection) {
-  options.shared_receive_queue = flags.shared_receive_queue;
+  if (flags.shared_receive_queue) options.shared_receive_queue = *flags.shared_receive_queue;
+  if (flags.arena_pool) options.arena_pool = *flags.arena_pool;
   if (flags.window != 0) connection.recv_credits = flags.window;
   if (flags.arena) connection.arena_size = *flags.arena;
 }
@@ -85,8 +86,10 @@ int Serve(const Flags& flags) {
   const sigset_t stop = cli::BlockStopSignals();
   ServerOptions options;
   options.port = flags.port;
-  options.pollers = flags.pollers;
-  options.max_pollers = flags.pollers;  // the pollers asked for, none added
+  if (flags.pollers) {
+    options.pollers = *flags.pollers;
+    options.max_pollers = *flags.pollers;  // the pollers asked for, none added
+  }
   if (flags.max_slots != 0) options.slots.max_slots = flags.max_slots;
   Shape(flags, options, options.listener.connection);
   // The one admission option a one-guest run changes: every place may go to one address (it
@@ -128,7 +131,7 @@ int Idle(const Flags& flags) {
     options.connect_timeout = absl::Seconds(30);
     Shape(flags, options, options.connection);
     // A client's queue backs exactly its channel's windows (the server's may back many more).
-    if (flags.shared_receive_queue != 0) {
+    if (flags.shared_receive_queue.value_or(0) != 0) {
       options.shared_receive_queue = options.connections * options.connection.recv_credits;
     }
     absl::StatusOr<std::unique_ptr<ClientChannel>> channel = CreateChannel(flags.connect, options);
@@ -187,8 +190,8 @@ int Main(int argc, char** argv) {
   const std::string role = argv[1];
   cli::CommandLine args("idle_scale", kUsage);
   if (!args.Parse(argc - 1, argv + 1,
-                  {"port", "pollers", "shared-receive-queue", "window", "arena", "connect",
-                   "connections", "seconds", "max-slots"})) {
+                  {"port", "pollers", "shared-receive-queue", "arena-pool", "window", "arena",
+                   "connect", "connections", "seconds", "max-slots"})) {
     return args.exit_code();
   }
   Flags flags;
@@ -202,6 +205,7 @@ int Main(int argc, char** argv) {
       {"pollers", 1, 64, [&](uint64_t v) { flags.pollers = static_cast<int>(v); }},
       {"shared-receive-queue", 0, 1 << 20,
        [&](uint64_t v) { flags.shared_receive_queue = static_cast<uint32_t>(v); }},
+      {"arena-pool", 0, 1 << 16, [&](uint64_t v) { flags.arena_pool = static_cast<uint32_t>(v); }},
       {"window", 4, 1024, [&](uint64_t v) { flags.window = static_cast<uint32_t>(v); }},
       {"connections", 1, 100000, [&](uint64_t v) { flags.connections = static_cast<int>(v); }},
       {"seconds", 1, 3600, [&](uint64_t v) { flags.seconds = static_cast<int>(v); }},

@@ -5,10 +5,10 @@
 #   bazel build -c opt //benchmarks:idle_scale
 #   tools/softroce run --timeout 3000 -- benchmarks/idle_scale.sh bazel-bin/benchmarks/idle_scale \
 #     [--steps "0 1000"] [--per-process 500] [--seconds 10] [--pollers N] \
-#     [--shared-receive-queue R] [--window W] [--arena BYTES] [--max-slots N]
+#     [--shared-receive-queue R] [--arena-pool N] [--window W] [--arena BYTES] [--max-slots N]
 #
 # One server (idle_scale server: default options but for the flags given and the admission
-# limit per address), then for each step: idle connections added from client processes of at
+# limit per address; --pollers N: N pollers, none added), then for each step: idle connections added from client processes of at
 # most --per-process connections each until the step's count is open, and one active connection
 # (default ChannelOptions, event mode) echoing 64 B one call at a time for --seconds. Prints one
 # row per step: connections open, the server's pinned memory (VmPin) and what each idle
@@ -17,14 +17,14 @@
 # over 5 s), and the active connection's calls/s and p99 with their ratios to step 0 (emulated timings move +-30 %
 # between runs: only the ratios within one run mean anything). At the end every idle client says
 # how many of its connections were lost; any loss fails the run. --shared-receive-queue,
-# --window and --arena apply to the server and the idle clients alike.
+# --arena-pool, --window and --arena apply to the server and the idle clients alike; without
+# them both sides run at their defaults.
 set -euo pipefail
 bin=$(readlink -f "$1")
 shift
 steps="0 1000"
 per_process=500
 seconds=10
-pollers=3
 shape=()
 server_only=()
 while (($#)); do
@@ -32,9 +32,8 @@ while (($#)); do
     --steps) steps=$2 ;;
     --per-process) per_process=$2 ;;
     --seconds) seconds=$2 ;;
-    --pollers) pollers=$2 ;;
-    --shared-receive-queue | --window | --arena) shape+=("$1" "$2") ;;
-    --max-slots) server_only+=("$1" "$2") ;;
+    --shared-receive-queue | --arena-pool | --window | --arena) shape+=("$1" "$2") ;;
+    --pollers | --max-slots) server_only+=("$1" "$2") ;;
     *)
       echo "idle_scale.sh: unknown argument $1" >&2
       exit 2
@@ -54,7 +53,7 @@ cleanup() {
 trap cleanup EXIT
 
 port=7472
-"$bin" server --port $port --pollers "$pollers" "${shape[@]}" "${server_only[@]}" \
+"$bin" server --port $port "${shape[@]}" "${server_only[@]}" \
   >"$tmp/server.log" 2>&1 &
 server=$!
 for _ in $(seq 300); do
@@ -83,7 +82,7 @@ server_status() {
   grep '^status' "$tmp/server.log" | tail -n 1 | sed -E 's/status open=([0-9]+) pinned_kib=([0-9]+)/\1 \2/'
 }
 
-echo "== idle_scale: server with --pollers $pollers ${shape[*]}; steps: $steps"
+echo "== idle_scale: server with ${shape[*]} ${server_only[*]}; steps: $steps"
 printf '%8s %8s %12s %14s %14s %12s %12s %10s %7s %9s %7s\n' idle open server_MiB \
   KiB_per_idle client_KiB/c server_cpu% clients_cpu% calls/s ratio p99_us ratio
 have=0

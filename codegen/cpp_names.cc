@@ -150,6 +150,7 @@ std::string ReservedPackageReason(const std::string& package) {
                                                       "GetLogLevel",
                                                       "IncomingBulk",
                                                       "internal",
+                                                      "kBySize",
                                                       "kMaxErrorMessage",
                                                       "kNumStatusCodes",
                                                       "kRpcFlagBulk",

@@ -93,6 +93,14 @@ struct ChannelStats {
   // Calls started on a runtime thread (a callback) that found every send slot taken and waited
   // in their connection's queue for one, instead of being refused (THREADING.md).
   uint64_t calls_waited_for_slot = 0;
+  // What the channel's pollers hold for receiving (ChannelOptions::shared_receive_queue and
+  // arena_pool, kBySize resolved by the channel's size): the receives their shared queues post (0:
+  // each connection posts its own), and the response arenas they may lend (0: each connection
+  // registers its own), of which arenas_registered are registered now and arenas_lent lent.
+  uint64_t shared_receives = 0;
+  uint64_t arena_pool = 0;
+  uint64_t arenas_registered = 0;
+  uint64_t arenas_lent = 0;
 };
 
 class ClientChannel final : public Channel {

@@ -24,6 +24,11 @@
 
 namespace zrpc {
 
+// RuntimeOptions::shared_receive_queue and arena_pool set to this are chosen by the side's size:
+// a channel's default (ChannelOptions: by the connections it puts on a poller), and on a server
+// its defaults.
+inline constexpr uint32_t kBySize = ~uint32_t{0};
+
 // What a channel and a server both set: the device and its registered memory, the pollers, the
 // limits on what a peer may send, and streams' flow control. Each field means the same on both
 // sides; "this side" is the channel or the server the options are for.
@@ -43,8 +48,11 @@ struct RuntimeOptions {
   absl::Duration spin = absl::Microseconds(50);
   // Receives of one queue that every connection of a poller shares (transport/
   // shared_receive_queue.h), or 0 for each connection's own: 4096 by default on a server (16 MiB
-  // of 4 KiB slots per poller, cut to half the room RLIMIT_MEMLOCK leaves, with a warning), 0 on
-  // a channel (its few connections keep their own receives). With it an
+  // of 4 KiB slots per poller, cut to half the room RLIMIT_MEMLOCK leaves, with a warning); on a
+  // channel kBySize by default: its connections keep their own receives (the fewest instructions
+  // a call) while it puts at most kOwnReceivesPerPoller (16) on a poller, and beyond that share a
+  // queue backing their floors (4/3 of connections per poller x idle_recv_credits, at least
+  // 1,024: 4 MiB of slots per poller), so that a fan-out channel scales too. With it an
   // idle connection keeps no receive posted: each poller's queue holds this many pool slots, the
   // windows its connections grant their peers are claims on them that never sum to more (each
   // from a floor, the connection options' idle_recv_credits, 3 by default, up to recv_credits,
@@ -62,8 +70,10 @@ struct RuntimeOptions {
   // default (16 MiB per poller at most with 256 KiB arenas, cut to a quarter of the room
   // RLIMIT_MEMLOCK leaves, with a warning), 0: each connection registers an arena of its own. A
   // device without type-2 memory windows cannot scope a loan to one connection: there each
-  // connection registers its own, and the server says so once. Ignored by channels, whose
-  // connections keep their own arenas.
+  // connection registers its own, and the process says so once. A channel lends its
+  // connection.arena_size arenas (for the server's response payloads) the same way; kBySize by
+  // default: its own arena per connection up to kOwnReceivesPerPoller connections per poller, 64
+  // lent beyond (a connection's first response payload then waits one round trip for its loan).
   uint32_t arena_pool = 0;
   // The device's registered message slots, shared with the process's other servers and
   // channels that ask for the same: slot_size bounds the largest message (request or response,
@@ -95,6 +105,14 @@ struct RuntimeOptions {
 
 // A channel's options (rpc/channel.h), beside the shared ones.
 struct ChannelOptions : RuntimeOptions {
+  // Receives and arenas chosen by the channel's size (kBySize, above).
+  ChannelOptions() {
+    shared_receive_queue = kBySize;
+    arena_pool = kBySize;
+  }
+  // The most connections per poller that keep their own receives and arenas under kBySize.
+  static constexpr int kOwnReceivesPerPoller = 16;
+
   // Connections to the server; calls are spread over them round robin. In [1, 1024]. One lost
   // while another is open is made again in the background (after a wait drawn from
   // [reconnect_backoff_initial / 2, reconnect_backoff_initial], then its backoff), so a

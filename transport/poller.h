@@ -125,6 +125,8 @@ class Poller {
   int64_t cq_entries_free() const { return cq_budget_.free(); }
   // Times a connection found no entry for its next send and waited for one (any thread).
   uint64_t cq_waits() const { return cq_waits_.load(std::memory_order_relaxed); }
+  // Receives its shared receive queue holds (PollerOptions::shared_receive_queue), or 0: none.
+  uint32_t shared_receives() const { return srq_ != nullptr ? srq_->size() : 0; }
   // The arenas it lends (PollerOptions::arena_pool_pieces), or null: none asked for, or a device
   // without type-2 memory windows.
   ArenaPool* arena_pool() const { return arena_pool_.get(); }

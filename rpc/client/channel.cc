@@ -36,6 +36,7 @@
 #include "rpc/connection/rpc_header.h"
 #include "rpc/impl/block_cache.h"
 #include "transport/adaptive_spin.h"
+#include "transport/arena_pool.h"
 #include "transport/log.h"
 
 namespace zrpc {
@@ -92,6 +93,21 @@ void RunAtOnce(size_t n, size_t at_once, absl::FunctionRef<void(size_t)> work) {
   }
   loop();
   for (std::thread& thread : threads) thread.join();
+}
+
+// Resolves kBySize (rpc/options.h) for a channel that puts `per_poller` connections on each
+// poller: few keep their own receives and arenas (the shortest call path); more share a queue
+// backing their floors, a quarter more for windows to grow into (transport/receive_budget.h),
+// and borrow arenas from a pool (a channel of a thousand connections would otherwise register
+// 388 KiB for each).
+void ChooseBySize(uint64_t per_poller, ChannelOptions& options) {
+  const bool few = per_poller <= ChannelOptions::kOwnReceivesPerPoller;
+  if (options.shared_receive_queue == kBySize) {
+    const uint64_t floors = per_poller * options.connection.idle_recv_credits;
+    options.shared_receive_queue =
+        few ? 0 : static_cast<uint32_t>(std::max<uint64_t>(1024, (floors * 4 + 2) / 3));
+  }
+  if (options.arena_pool == kBySize) options.arena_pool = few ? 0 : 64;
 }
 
 }  // namespace
@@ -153,7 +169,8 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   const std::string target_;
   const std::string host_;
   const uint16_t port_;
-  const ChannelOptions options_;
+  // Resolved by Init (kBySize, arenas lent or not) before any other thread reads it; then fixed.
+  ChannelOptions options_;
   std::shared_ptr<transport::Device> device_;
   std::unique_ptr<StagingPool> staging_;
   std::shared_ptr<ReceiveLimits> receive_limits_;
@@ -213,15 +230,28 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
 };
 
 absl::Status ChannelImpl::Init() {
-  absl::StatusOr<RuntimeParts> parts = OpenRuntime(options_, "ChannelOptions");
+  const uint64_t per_poller =
+      (static_cast<uint64_t>(options_.connections) + options_.pollers - 1) / options_.pollers;
+  ChooseBySize(per_poller, options_);
+  options_.arena_pool = ArenaPoolWithinLockedMemory(
+      options_.arena_pool, options_.connection.arena_size, options_.pollers, "channel");
+  const uint32_t arena_piece = options_.arena_pool > 0 ? options_.connection.arena_size : 0;
+  absl::StatusOr<RuntimeParts> parts = OpenRuntime(options_, "ChannelOptions", arena_piece);
   if (!parts.ok()) return parts.status();
+  // Lent on demand when the pollers have pools: a device without type-2 memory windows makes
+  // none, and each connection registers an arena of its own.
+  const bool lend = arena_piece > 0 && parts->pollers.front()->arena_pool() != nullptr;
+  if (arena_piece > 0 && !lend) {
+    SayNoWindowsOnce(*parts->device, arena_piece, "channel", "ChannelOptions");
+  }
+  options_.connection.arena_on_demand = lend;
+  if (!lend) options_.arena_pool = 0;
   device_ = std::move(parts->device);
   staging_ = std::move(parts->staging);
   receive_limits_ = std::move(parts->receive_limits);
   pollers_ = std::move(parts->pollers);
   // Each poller must hold the connections the channel gives it (i % pollers): else they would be
   // refused at every connect, and the channel would only back off.
-  const uint64_t per_poller = (options_.connections + pollers_.size() - 1) / pollers_.size();
   if (const uint64_t fits = pollers_.front()->Capacity(options_.connection); fits < per_poller) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ChannelOptions: each poller holds ", per_poller,
@@ -569,6 +599,14 @@ ChannelStats ChannelImpl::stats() const {
     }
   }
   for (const auto& sub : subchannels_) stats.backoff = std::max(stats.backoff, sub->backoff());
+  for (const auto& poller : pollers_) {
+    stats.shared_receives += poller->shared_receives();
+    if (const transport::ArenaPool* pool = poller->arena_pool()) {
+      stats.arena_pool += options_.arena_pool;
+      stats.arenas_registered += pool->made();
+      stats.arenas_lent += pool->lent();
+    }
+  }
   return stats;
 }
 

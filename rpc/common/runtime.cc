@@ -3,12 +3,16 @@
 
 #include "rpc/common/runtime.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "rpc/common/manual_pollers.h"
 #include "rpc/common/shared_device.h"
+#include "transport/log.h"
+#include "transport/process_limits.h"
 
 namespace zrpc::internal {
 
@@ -80,6 +84,35 @@ absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device
     return s;
   }
   return made;
+}
+
+uint32_t ArenaPoolWithinLockedMemory(uint32_t asked, uint64_t piece, int pollers,
+                                     absl::string_view who) {
+  if (asked == 0 || piece == 0) return 0;
+  const transport::LockedMemory memory = transport::ReadLockedMemory();
+  if (memory.unlimited) return asked;
+  const uint64_t room = memory.limit > memory.locked ? memory.limit - memory.locked : 0;
+  const auto made = static_cast<uint64_t>(std::max(pollers, 1));
+  const uint64_t fits = room / 4 / made / piece;
+  if (fits >= asked) return asked;
+  const auto sized = static_cast<uint32_t>(fits);
+  ZRPC_LOG(kWarning, "rpc", "the ", who, "'s pollers lend ", sized,
+           " receive arenas each, not arena_pool = ", asked, ": RLIMIT_MEMLOCK is ", memory.limit,
+           " bytes, ", memory.locked,
+           " locked already; raise it (ulimit -l, or LimitMEMLOCK= for a service) by ",
+           4 * piece * asked * made, " bytes or more for the arenas asked for");
+  return sized;
+}
+
+void SayNoWindowsOnce(const transport::Device& device, uint32_t arena_size, absl::string_view who,
+                      absl::string_view side) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  ZRPC_LOG(kWarning, "rpc", "the RDMA device ", device.selection().device,
+           " has no type-2 memory windows: a ", who, " connection registers its own ", arena_size,
+           "-byte receive arena instead of borrowing one from its poller's pool when its peer "
+           "writes (",
+           side, "::arena_pool)");
 }
 
 }  // namespace zrpc::internal

@@ -50,6 +50,19 @@ absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device
                                                                bool manual,
                                                                uint32_t arena_piece_size = 0);
 
+// The arenas each poller lends (RuntimeOptions::arena_pool) of `piece` bytes: `asked`, or, when
+// RLIMIT_MEMLOCK would not leave room for `pollers` pollers to register them all beside their
+// other memory, what a quarter of the room left holds, with a warning naming `who` ("server",
+// "channel") and the limit to set. 0 when not even one fits (connections then register arenas
+// of their own, which a server's admission counts).
+uint32_t ArenaPoolWithinLockedMemory(uint32_t asked, uint64_t piece, int pollers,
+                                     absl::string_view who);
+
+// Said once a process: `device` cannot scope a loan to one queue pair (no type-2 memory windows),
+// so `who`'s connections ("server", "channel") register arenas of their own.
+void SayNoWindowsOnce(const transport::Device& device, uint32_t arena_size, absl::string_view who,
+                      absl::string_view side);
+
 }  // namespace zrpc::internal
 
 #endif  // ZRPC_RPC_COMMON_RUNTIME_H_

@@ -52,42 +52,15 @@ uint32_t SharedQueueWithinLockedMemory(const ServerOptions& options) {
   return sized;
 }
 
-// The arenas each poller of this server may lend (ServerOptions::arena_pool): the number asked
-// for, or, when RLIMIT_MEMLOCK would not leave room for the pollers made at once to register them
-// all beside their queues, what a quarter of the room left holds, with a warning. 0 when not even
-// one fits (connections then register arenas of their own, which admission counts).
-uint32_t ArenaPoolWithinLockedMemory(const ServerOptions& options) {
-  const uint32_t asked = options.arena_pool;
-  const uint64_t piece = options.listener.connection.arena_size;
-  if (asked == 0 || piece == 0) return 0;
-  const transport::LockedMemory memory = transport::ReadLockedMemory();
-  if (memory.unlimited) return asked;
-  const uint64_t room = memory.limit > memory.locked ? memory.limit - memory.locked : 0;
-  const uint64_t fits = room / 4 / static_cast<uint64_t>(std::max(options.pollers, 1)) / piece;
-  if (fits >= asked) return asked;
-  const auto sized = static_cast<uint32_t>(fits);
-  ZRPC_LOG(kWarning, "rpc", "the server's pollers lend ", sized,
-           " receive arenas each, not arena_pool = ", asked, ": RLIMIT_MEMLOCK is ", memory.limit,
-           " bytes, ", memory.locked,
-           " locked already; raise it (ulimit -l, or LimitMEMLOCK= for a service) by ",
-           4 * piece * asked * static_cast<uint64_t>(std::max(options.pollers, 1)),
-           " bytes or more for the arenas asked for");
-  return sized;
-}
-
-// Said once a process: a device that cannot scope a loan to one queue pair.
-void SayNoWindowsOnce(const transport::Device& device, uint32_t arena_size) {
-  static std::atomic<bool> said{false};
-  if (said.exchange(true)) return;
-  ZRPC_LOG(kWarning, "rpc", "the RDMA device ", device.selection().device,
-           " has no type-2 memory windows: a server connection registers its own ", arena_size,
-           "-byte receive arena instead of borrowing one from its poller's pool when its client "
-           "writes (ServerOptions::arena_pool)");
-}
-
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptions& options) {
+absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptions& given) {
+  // A server's size is not known at creation: kBySize (rpc/options.h) means its defaults.
+  ServerOptions options = given;
+  if (options.shared_receive_queue == kBySize) {
+    options.shared_receive_queue = ServerOptions().shared_receive_queue;
+  }
+  if (options.arena_pool == kBySize) options.arena_pool = ServerOptions().arena_pool;
   if (absl::Status s = CheckRuntimeOptions(options, "ServerOptions"); !s.ok()) return s;
   if (options.handler_threads < 1 || options.handler_threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::handler_threads is ",
@@ -124,7 +97,8 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   }
   ServerOptions adjusted = options;
   adjusted.shared_receive_queue = shared_receive_queue;
-  adjusted.arena_pool = ArenaPoolWithinLockedMemory(options);
+  adjusted.arena_pool = ArenaPoolWithinLockedMemory(
+      options.arena_pool, options.listener.connection.arena_size, options.pollers, "server");
   const uint32_t arena_piece =
       adjusted.arena_pool > 0 ? adjusted.listener.connection.arena_size : 0;
   transport::ConnectionOptions& connection = adjusted.listener.connection;
@@ -140,7 +114,9 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   // Lent on demand when the pollers have pools: a device without type-2 memory windows makes
   // none, and its connections register arenas of their own.
   const bool lend = arena_piece > 0 && parts->pollers.front()->arena_pool() != nullptr;
-  if (arena_piece > 0 && !lend) SayNoWindowsOnce(*parts->device, arena_piece);
+  if (arena_piece > 0 && !lend) {
+    SayNoWindowsOnce(*parts->device, arena_piece, "server", "ServerOptions");
+  }
   core->options_.listener.connection.arena_on_demand = lend;
   if (!lend) core->options_.arena_pool = 0;
   core->device_ = std::move(parts->device);

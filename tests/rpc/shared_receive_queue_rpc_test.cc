@@ -108,6 +108,40 @@ TEST_CASE("calls and bulk payloads both ways run over shared receive queues on b
   CHECK(stats.connections_lost == 0);
 }
 
+TEST_CASE("a channel of many connections at default options shares receives and borrows arenas") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  // More than kOwnReceivesPerPoller on its one poller: kBySize gives the channel a shared queue
+  // and a pool of response arenas lent as the server writes answers' payloads.
+  constexpr int kConnections = 24;
+  zrpc::ChannelOptions channel_options;
+  channel_options.connections = kConnections;
+  Runtime rt(config, zrpc::ServerOptions(), channel_options);
+  REQUIRE(rt.channel->Connect(absl::Now() + kLong).ok());
+  zrpc::ChannelStats stats = rt.channel->stats();
+  CHECK(stats.shared_receives == 1024);
+  CHECK(stats.arena_pool == 64);
+  CHECK(stats.arenas_registered == 0);  // connected, idle: no arena
+  ObjectStore::Stub store(rt.channel.get());
+  const std::string bytes = Pattern(size_t{100} << 10, 7);
+  PutReply put;
+  REQUIRE(
+      store.Put(Key("object"), zrpc::OutgoingBulk(bytes.data(), bytes.size()), &put, Within(kLong))
+          .ok());
+  // One answer's payload on each connection (calls go round robin), each written through a
+  // window over a piece of the channel's pool.
+  for (int i = 0; i < kConnections; ++i) {
+    INFO("get " << i);
+    ObjectInfo info;
+    zrpc::IncomingBulk got;
+    REQUIRE(store.Get(Key("object"), &info, &got, Within(kLong)).ok());
+    CHECK(got.view() == bytes);
+  }
+  stats = rt.channel->stats();
+  CHECK(stats.arenas_registered == kConnections);
+  CHECK(stats.arenas_lent == kConnections);
+  CHECK(stats.connections_lost == 0);
+}
+
 // The server's handlers hold more calls than one window while keepalives fall due: the held
 // requests keep the slots they arrived in, the queue is posted again at once, and the pings and
 // the calls past the window still find receives.
