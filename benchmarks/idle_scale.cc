@@ -15,7 +15,8 @@
 //     Holds N connections, idle (channels of up to 1,000 each, default options but for the
 //     flags; --shared-receive-queue R > 0: a queue that backs exactly the channel's windows), until
 //     SIGTERM. Prints "idle connected=N seconds=S pinned_kib=K" once they are up,
-//     then "idle lost=L" at the end (exit status 1 when any was lost).
+//     then "idle lost=L pings=N pings_failed=F ping_p99_ms=X" at the end (the keepalive
+//     probes of the whole run; exit status 1 when a connection was lost or a probe failed).
 //   idle_scale active --connect A:P [--seconds S]
 //     One connection with default ChannelOptions (event mode), 64-byte echoes one at a time for
 //     S seconds (after 1,000 unmeasured): prints "active calls_per_sec=X p50_us=Y p99_us=Z".
@@ -40,6 +41,7 @@
 #include "benchmarks/run_row.h"
 #include "examples/cli.h"
 #include "rpc/channel.h"
+#include "rpc/metrics.h"
 #include "rpc/server.h"
 #include "transport/process_limits.h"
 
@@ -150,10 +152,31 @@ int Idle(const Flags& flags) {
   std::fflush(stdout);
   cli::WaitForStopSignal(stop);
   uint64_t lost = 0;
-  for (const auto& channel : channels) lost += channel->stats().connections_lost;
-  std::printf("idle lost=%llu\n", static_cast<unsigned long long>(lost));
+  uint64_t pings = 0;
+  uint64_t failed = 0;
+  LatencySnapshot latency;
+  for (const auto& channel : channels) {
+    lost += channel->stats().connections_lost;
+    for (const MethodMetricsSnapshot& m : channel->metrics().Snapshot()) {
+      if (m.method != "zrpc.Keepalive/Ping") continue;
+      pings += m.started;
+      failed += m.finished_total - m.finished[0];
+      if (latency.counts.empty()) {
+        latency = m.latency;
+      } else {
+        for (size_t b = 0; b < latency.counts.size(); ++b) latency.counts[b] += m.latency.counts[b];
+        latency.count += m.latency.count;
+      }
+    }
+  }
+  // The keepalive probes' latency over the whole run (rpc/client/keepalive.h), its target below
+  // half the 2 s keepalive_timeout.
+  std::printf("idle lost=%llu pings=%llu pings_failed=%llu ping_p99_ms=%.1f\n",
+              static_cast<unsigned long long>(lost), static_cast<unsigned long long>(pings),
+              static_cast<unsigned long long>(failed),
+              latency.count > 0 ? latency.Percentile(0.99) * 1e3 : 0.0);
   std::fflush(stdout);
-  return lost == 0 ? 0 : 1;
+  return lost == 0 && failed == 0 ? 0 : 1;
 }
 
 int Active(const Flags& flags) {

@@ -150,6 +150,10 @@ failed=0
 for pid in "${idle_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 for pid in "${idle_pids[@]}"; do wait "$pid" || failed=1; done
 idle_pids=()
-lost=$(cat "$tmp"/idle.*.log 2>/dev/null | sed -nE 's/^idle lost=([0-9]+)/\1/p' | awk '{ s += $1 } END { print s + 0 }')
-echo "idle connections lost: $lost"
+lost=$(cat "$tmp"/idle.*.log 2>/dev/null | sed -nE 's/^idle lost=([0-9]+).*/\1/p' | awk '{ s += $1 } END { print s + 0 }')
+# Keepalive probes of the idle clients over the run: their count, failures, and the worst of the
+# processes' p99 (target: below 1,000 ms, half the keepalive_timeout).
+probes=$(cat "$tmp"/idle.*.log 2>/dev/null | sed -nE 's/^idle .* pings=([0-9]+) pings_failed=([0-9]+) ping_p99_ms=([0-9.]+).*/\1 \2 \3/p' |
+  awk '{ n += $1; f += $2; if ($3 > p) p = $3 } END { printf "%d probes, %d failed, worst p99 %.1f ms (target: below 1000 ms)", n, f, p }')
+echo "idle connections lost: $lost; keepalive $probes"
 ((failed == 0 && lost == 0))
