@@ -113,6 +113,18 @@ struct ChannelOptions : RuntimeOptions {
   // The most connections per poller that keep their own receives and arenas under kBySize.
   static constexpr int kOwnReceivesPerPoller = 16;
 
+  // Channels of one process that name the same group share its pollers (threads, completion
+  // queues, shared receive queues, arena pools: rpc/client/poller_group.h), so that a client with
+  // a channel to each of many servers pays for pollers once. The first channel to join makes them
+  // from its options; one that shapes them differently (device, slots, pollers, poll_mode, spin,
+  // shared_receive_queue, arena_pool, connection.arena_size) is refused with both shapes named.
+  // In a group kBySize means a server's sizes (a shared queue of 4,096 receives, 64 arenas)
+  // whatever the channel's size, and a connection goes to the group's next poller with room for
+  // it (connects fail, and back off, while none has). The pollers stop when the group's last
+  // channel is destroyed. Each channel keeps its own timer thread (deadlines, keepalives) and
+  // staging pool. Empty (the default): the channel's own pollers.
+  std::string poller_group;
+
   // Connections to the server; calls are spread over them round robin. In [1, 1024]. One lost
   // while another is open is made again in the background (after a wait drawn from
   // [reconnect_backoff_initial / 2, reconnect_backoff_initial], then its backoff), so a

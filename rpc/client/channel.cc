@@ -28,6 +28,7 @@
 #include "rpc/bulk/staging.h"
 #include "rpc/client/client_connection.h"
 #include "rpc/client/client_stream.h"
+#include "rpc/client/poller_group.h"
 #include "rpc/client/subchannel.h"
 #include "rpc/common/call_clock.h"
 #include "rpc/common/host_port.h"
@@ -147,6 +148,11 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   void CountAttempt() override { attempts_.fetch_add(1, std::memory_order_relaxed); }
   void CountFailure() override { failures_.fetch_add(1, std::memory_order_relaxed); }
   void AddLive(std::shared_ptr<ClientConnection> connection) override;
+  absl::StatusOr<std::shared_ptr<transport::Poller>> PollerToConnect(
+      const std::shared_ptr<transport::Poller>& home) override {
+    if (group_ == nullptr) return home;
+    return group_->Place(home, options_.connection);
+  }
   // What a call to `method` needs besides the method itself, looked up once per method.
   struct MethodState {
     MethodMetrics* metrics;
@@ -176,6 +182,8 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   std::shared_ptr<ReceiveLimits> receive_limits_;
   // Shared with received payloads users still hold (rpc_connection.h).
   std::vector<std::shared_ptr<transport::Poller>> pollers_;
+  // The group whose pollers those are (ChannelOptions::poller_group), or null: the channel's own.
+  std::shared_ptr<PollerGroup> group_;
   // options.connections of them, each on a poller, round robin (subchannel.h).
   std::vector<std::unique_ptr<Subchannel>> subchannels_;
   std::atomic<uint32_t> next_{0};
@@ -230,14 +238,33 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
 };
 
 absl::Status ChannelImpl::Init() {
+  const bool grouped = !options_.poller_group.empty();
   const uint64_t per_poller =
       (static_cast<uint64_t>(options_.connections) + options_.pollers - 1) / options_.pollers;
-  ChooseBySize(per_poller, options_);
+  if (grouped) {
+    // A group holds many channels' connections, whatever this one's size: a server's sizes.
+    const ServerOptions server;
+    if (options_.shared_receive_queue == kBySize) {
+      options_.shared_receive_queue = server.shared_receive_queue;
+    }
+    if (options_.arena_pool == kBySize) options_.arena_pool = server.arena_pool;
+  } else {
+    ChooseBySize(per_poller, options_);
+  }
   options_.arena_pool = ArenaPoolWithinLockedMemory(
       options_.arena_pool, options_.connection.arena_size, options_.pollers, "channel");
   const uint32_t arena_piece = options_.arena_pool > 0 ? options_.connection.arena_size : 0;
-  absl::StatusOr<RuntimeParts> parts = OpenRuntime(options_, "ChannelOptions", arena_piece);
+  RuntimeOptions own = options_;
+  if (grouped) own.pollers = 0;  // the group's instead
+  absl::StatusOr<RuntimeParts> parts = OpenRuntime(own, "ChannelOptions", arena_piece);
   if (!parts.ok()) return parts.status();
+  if (grouped) {
+    absl::StatusOr<std::shared_ptr<PollerGroup>> group =
+        PollerGroup::Join(options_, parts->device, arena_piece, parts->manual_pollers);
+    if (!group.ok()) return group.status();
+    group_ = *std::move(group);
+    parts->pollers = group_->pollers();
+  }
   // Lent on demand when the pollers have pools: a device without type-2 memory windows makes
   // none, and each connection registers an arena of its own.
   const bool lend = arena_piece > 0 && parts->pollers.front()->arena_pool() != nullptr;
@@ -251,10 +278,12 @@ absl::Status ChannelImpl::Init() {
   receive_limits_ = std::move(parts->receive_limits);
   pollers_ = std::move(parts->pollers);
   // Each poller must hold the connections the channel gives it (i % pollers): else they would be
-  // refused at every connect, and the channel would only back off.
-  if (const uint64_t fits = pollers_.front()->Capacity(options_.connection); fits < per_poller) {
+  // refused at every connect, and the channel would only back off. A group's pollers are shared:
+  // its channels' connections fill them together, and one that finds them full backs off.
+  const uint64_t fits = pollers_.front()->Capacity(options_.connection);
+  if (grouped ? fits == 0 : fits < per_poller) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "ChannelOptions: each poller holds ", per_poller,
+        "ChannelOptions: each poller holds ", grouped ? 1 : per_poller,
         " of the channel's connections but has room for ", fits,
         options_.shared_receive_queue > 0
             ? absl::StrCat(" (its shared_receive_queue of ", options_.shared_receive_queue,
@@ -265,8 +294,9 @@ absl::Status ChannelImpl::Init() {
         "connection.idle_recv_credits"));
   }
   for (int i = 0; i < options_.connections; ++i) {
-    subchannels_.push_back(std::make_unique<Subchannel>(*this, target_, host_, port_, options_,
-                                                        device_, pollers_[i % pollers_.size()]));
+    subchannels_.push_back(
+        std::make_unique<Subchannel>(*this, target_, host_, port_, options_, device_,
+                                     grouped ? group_->NextHome() : pollers_[i % pollers_.size()]));
   }
   timer_ = std::thread([this] { TimerLoop(); });
   if (subchannels_.size() > 1) restorer_ = std::thread([this] { RestoreLoop(); });
@@ -308,8 +338,12 @@ ChannelImpl::~ChannelImpl() {
   for (auto& sub : subchannels_) sub->Reset();
   // Drains whatever is left; a payload a user still holds keeps its poller object (and CQ)
   // until released, with the loop stopped.
-  for (auto& poller : pollers_) poller->Shutdown();
+  // A group's pollers stop with its last channel (poller_group.h).
+  if (group_ == nullptr) {
+    for (auto& poller : pollers_) poller->Shutdown();
+  }
   pollers_.clear();
+  group_.reset();
 }
 
 absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelImpl::Pick(absl::Time deadline,

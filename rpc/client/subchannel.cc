@@ -111,19 +111,29 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> Subchannel::Get(absl::Time dea
         absl::StrCat("the deadline passed before a connection to ", target_, " was made"));
   }
   host_.CountAttempt();
+  absl::StatusOr<std::shared_ptr<transport::Poller>> poller = host_.PollerToConnect(poller_);
+  if (!poller.ok()) {
+    // Full for now (the group's other channels hold the room): an attempt failed, after its
+    // backoff another, as for a server that refused.
+    host_.CountFailure();
+    next_attempt_ = backoff_.Failed(now);
+    last_error_ = poller.status();
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to ", target_, ": ", poller.status().message()));
+  }
   // A payload the server may be pulling when its call ends stays exposed this long at most: as
   // long as a ping may go unanswered.
   const absl::Duration pull_grace = options_.keepalive_timeout > absl::ZeroDuration()
                                         ? options_.keepalive_timeout
                                         : absl::Seconds(2);
   auto connection = std::make_shared<ClientConnection>(
-      host_.connection_owner(), options_.max_calls_per_connection, pull_grace, device_, poller_);
+      host_.connection_owner(), options_.max_calls_per_connection, pull_grace, device_, *poller);
   // Outside the lock: callers with shorter deadlines give up at theirs instead of waiting for
   // this attempt's.
   connecting_ = true;
   mu_.Unlock();
   absl::StatusOr<std::shared_ptr<transport::Connection>> made = transport::Connection::Connect(
-      *device_, *poller_, address_, port_, connection.get(), options_.connection, timeout);
+      *device_, **poller, address_, port_, connection.get(), options_.connection, timeout);
   if (made.ok()) {
     host_.NoteMessageLimit(**made);
     connection->Attach(*std::move(made));

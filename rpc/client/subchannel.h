@@ -45,6 +45,10 @@ class SubchannelHost {
   virtual void NoteMessageLimit(const transport::Connection& connection) = 0;
   // A connection is ready for calls: the channel keeps it among its live ones (timer, teardown).
   virtual void AddLive(std::shared_ptr<ClientConnection> connection) = 0;
+  // The poller a new connection goes on: the subchannel's `home`, or, when its pollers are a
+  // group's (poller_group.h), another of the group with room if home has none.
+  virtual absl::StatusOr<std::shared_ptr<transport::Poller>> PollerToConnect(
+      const std::shared_ptr<transport::Poller>& home) = 0;
 
  protected:
   ~SubchannelHost() = default;
@@ -53,7 +57,7 @@ class SubchannelHost {
 class Subchannel {
  public:
   // `target` ("host:port") names the server in errors. `options` must outlive this; `poller` is
-  // the one its connections are placed on.
+  // the one its connections are placed on (or, in a group, their first choice).
   Subchannel(SubchannelHost& host, const std::string& target, std::string address, uint16_t port,
              const ChannelOptions& options, std::shared_ptr<transport::Device> device,
              std::shared_ptr<transport::Poller> poller)

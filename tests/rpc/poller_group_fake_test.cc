@@ -1,0 +1,172 @@
+// Channels that name the same ChannelOptions::poller_group share its pollers
+// (rpc/client/poller_group.h): a client with a channel to each of many servers pays for pollers
+// once. Over fakeverbs, on the host and under ASan.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "rpc/client/poller_group.h"
+#include "tests/eventually.h"
+#include "tests/fakeverbs/fake_device.h"
+#include "tests/fakeverbs/fake_verbs.h"
+#include "tests/rpc/runtime_fixture.h"
+
+namespace {
+
+using zrpc::examples::Greeter;
+using zrpc::examples::HelloReply;
+using zrpc::examples::HelloRequest;
+using zrpc::fakeverbs::FakeDevice;
+using zrpc::internal::PollerGroup;
+using zrpc::testing::TestGreeter;
+
+zrpc::ChannelOptions InGroup(const std::string& group) {
+  zrpc::ChannelOptions options;
+  options.device = FakeDevice();
+  options.poller_group = group;
+  options.connect_timeout = zrpc::testing::kLong;
+  options.reconnect_backoff_initial = absl::Milliseconds(20);
+  options.reconnect_backoff_max = absl::Milliseconds(100);
+  return options;
+}
+
+// A started server over fakeverbs with `greeter`.
+std::unique_ptr<zrpc::Server> Serve(TestGreeter& greeter, zrpc::ServerOptions options = {}) {
+  options.device = FakeDevice();
+  auto server = zrpc::Server::Create(options);
+  REQUIRE(server.ok());
+  REQUIRE((*server)->AddService(&greeter).ok());
+  REQUIRE((*server)->Start().ok());
+  return *std::move(server);
+}
+
+std::unique_ptr<zrpc::ClientChannel> Channel(const zrpc::Server& server,
+                                             const zrpc::ChannelOptions& options) {
+  auto channel = zrpc::CreateChannel(zrpc::testing::TargetOf(FakeDevice(), server.port()), options);
+  INFO(channel.status());
+  REQUIRE(channel.ok());
+  return *std::move(channel);
+}
+
+void Hello(zrpc::ClientChannel& channel, const std::string& name) {
+  Greeter::Stub stub(&channel);
+  HelloRequest request;
+  request.set_name(name);
+  HelloReply reply;
+  const absl::Status s =
+      stub.SayHello(request, &reply, zrpc::CallOptions::Timeout(zrpc::testing::kLong));
+  INFO(s);
+  REQUIRE(s.ok());
+  CHECK(reply.message() == "Hello, " + name);
+}
+
+}  // namespace
+
+TEST_CASE("channels to two servers in one group share its pollers, which stop with the last",
+          "[poller_group]") {
+  TestGreeter one_greeter, two_greeter;
+  auto one = Serve(one_greeter);
+  auto two = Serve(two_greeter);
+  REQUIRE(PollerGroup::Find("pair") == nullptr);
+  auto to_one = Channel(*one, InGroup("pair"));
+  auto to_two = Channel(*two, InGroup("pair"));
+  std::shared_ptr<PollerGroup> group = PollerGroup::Find("pair");
+  REQUIRE(group != nullptr);
+  CHECK(group->pollers().size() == 1);
+  Hello(*to_one, "one");
+  Hello(*to_two, "two");
+  // A group is sized as a server is, whatever its channels' sizes.
+  CHECK(to_one->stats().shared_receives == 4096);
+  CHECK(to_two->stats().shared_receives == 4096);
+  CHECK(to_one->stats().arena_pool == 64);
+  CHECK(group.use_count() == 3);  // this test's, and each channel's
+  to_one.reset();
+  CHECK(group.use_count() == 2);
+  Hello(*to_two, "two again");
+  to_two.reset();
+  CHECK(group.use_count() == 1);
+  // Only this test holds it now: the registry does not keep it alive.
+  std::weak_ptr<PollerGroup> weak = group;
+  group.reset();
+  CHECK(weak.expired());
+  CHECK(PollerGroup::Find("pair") == nullptr);
+  // The name may be joined again: a new group.
+  auto again = Channel(*one, InGroup("pair"));
+  Hello(*again, "again");
+  CHECK(PollerGroup::Find("pair") != nullptr);
+}
+
+TEST_CASE("a hundred channels of one connection each run on one group's one poller",
+          "[poller_group]") {
+  constexpr int kChannels = 100;
+  TestGreeter greeter;
+  auto server = Serve(greeter);
+  const uint64_t queue_pairs = zrpc::fakeverbs::counters().qps_alive;
+  std::vector<std::unique_ptr<zrpc::ClientChannel>> channels;
+  for (int i = 0; i < kChannels; ++i) channels.push_back(Channel(*server, InGroup("hundred")));
+  for (auto& channel : channels) {
+    REQUIRE(channel->Connect(absl::Now() + zrpc::testing::kLong).ok());
+  }
+  for (int i = 0; i < kChannels; ++i) Hello(*channels[i], std::to_string(i));
+  CHECK(zrpc::fakeverbs::counters().qps_alive == queue_pairs + 2 * kChannels);
+  const std::shared_ptr<PollerGroup> group = PollerGroup::Find("hundred");
+  REQUIRE(group != nullptr);
+  CHECK(group->pollers().size() == 1);
+  CHECK(server->stats().connections_open == kChannels);
+}
+
+TEST_CASE("a channel that would shape a group's pollers differently is refused, naming both",
+          "[poller_group]") {
+  TestGreeter greeter;
+  auto server = Serve(greeter);
+  auto first = Channel(*server, InGroup("shaped"));
+  zrpc::ChannelOptions two_pollers = InGroup("shaped");
+  two_pollers.pollers = 2;
+  auto refused =
+      zrpc::CreateChannel(zrpc::testing::TargetOf(FakeDevice(), server->port()), two_pollers);
+  REQUIRE(!refused.ok());
+  INFO(refused.status());
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(refused.status().message(), "poller_group \"shaped\""));
+  CHECK(absl::StrContains(refused.status().message(), "made with pollers = 1"));
+  CHECK(absl::StrContains(refused.status().message(), "asks for pollers = 2"));
+  zrpc::ChannelOptions no_pool = InGroup("shaped");
+  no_pool.arena_pool = 0;
+  auto refused_too =
+      zrpc::CreateChannel(zrpc::testing::TargetOf(FakeDevice(), server->port()), no_pool);
+  REQUIRE(!refused_too.ok());
+  CHECK(absl::StrContains(refused_too.status().message(), "arena_pool = 0"));
+  // The group is unharmed.
+  Hello(*first, "first");
+  // Another group may take any shape.
+  two_pollers.poller_group = "other";
+  auto other = Channel(*server, two_pollers);
+  Hello(*other, "other");
+}
+
+TEST_CASE("a full group's connects fail and back off until a member leaves", "[poller_group]") {
+  TestGreeter greeter;
+  auto server = Serve(greeter);
+  // Eight receives: three quarters back floors, two floors of 3: two connections at once.
+  zrpc::ChannelOptions small = InGroup("small");
+  small.shared_receive_queue = 8;
+  auto first = Channel(*server, small);
+  auto second = Channel(*server, small);
+  auto third = Channel(*server, small);
+  REQUIRE(first->Connect(absl::Now() + zrpc::testing::kLong).ok());
+  REQUIRE(second->Connect(absl::Now() + zrpc::testing::kLong).ok());
+  const absl::Status full = third->Connect(absl::Now() + absl::Milliseconds(300));
+  INFO(full);
+  CHECK(full.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(absl::StrContains(full.message(),
+                          "every poller of ChannelOptions::poller_group \"small\" is full"));
+  CHECK(third->stats().connect_failures >= 2);  // tried again after its backoff
+  first.reset();                                // its connection's floor goes back to the queue
+  REQUIRE(third->Connect(absl::Now() + zrpc::testing::kLong).ok());
+  Hello(*third, "third");
+  Hello(*second, "second");
+}
