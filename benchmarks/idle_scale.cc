@@ -8,8 +8,8 @@
 //     N pollers, none added) and the admission limit per address (raised: every client of a
 //     one-guest run has the guest's one address). --max-slots sets the registered slot pool's bound
 //     (SlotPoolOptions::max_slots, 131,072), which shared receive queues of many pollers may need.
-//     Prints "status open=N pinned_kib=K" every second: connections open and the process's
-//     pinned memory (VmPin, transport/process_limits.h).
+//     Prints "status open=N pinned_kib=K pollers=P" every second: connections open, the
+//     process's pinned memory (VmPin, transport/process_limits.h) and its pollers.
 //   idle_scale idle --connect A:P --connections N [--shared-receive-queue R] [--arena-pool N]
 //                   [--window W] [--arena BYTES]
 //     Holds N connections, idle (channels of up to 1,000 each, default options but for the
@@ -110,9 +110,11 @@ int Serve(const Flags& flags) {
   absl::Notification done;
   std::thread status([&] {
     while (!done.WaitForNotificationWithTimeout(absl::Seconds(1))) {
-      std::printf("status open=%llu pinned_kib=%llu\n",
-                  static_cast<unsigned long long>((*server)->stats().connections_open),
-                  static_cast<unsigned long long>(PinnedKiB()));
+      const ServerStats stats = (*server)->stats();
+      std::printf("status open=%llu pinned_kib=%llu pollers=%llu\n",
+                  static_cast<unsigned long long>(stats.connections_open),
+                  static_cast<unsigned long long>(PinnedKiB()),
+                  static_cast<unsigned long long>(stats.pollers));
       std::fflush(stdout);
     }
   });

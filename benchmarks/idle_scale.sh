@@ -76,14 +76,15 @@ cpu_ticks() {
 hz=$(getconf CLK_TCK)
 quiet=5  # seconds over which the idle CPU is measured, before the active connection runs
 
-# The server's latest status line: "open pinned_kib".
+# The server's latest status line: "open pinned_kib pollers".
 server_status() {
   sleep 1.5
-  grep '^status' "$tmp/server.log" | tail -n 1 | sed -E 's/status open=([0-9]+) pinned_kib=([0-9]+)/\1 \2/'
+  grep '^status' "$tmp/server.log" | tail -n 1 |
+    sed -E 's/status open=([0-9]+) pinned_kib=([0-9]+) pollers=([0-9]+)/\1 \2 \3/'
 }
 
 echo "== idle_scale: server with ${shape[*]} ${server_only[*]}; steps: $steps"
-printf '%8s %8s %12s %14s %14s %12s %12s %10s %7s %9s %7s\n' idle open server_MiB \
+printf '%8s %8s %8s %12s %14s %14s %12s %12s %10s %7s %9s %7s\n' idle open pollers server_MiB \
   KiB_per_idle client_KiB/c server_cpu% clients_cpu% calls/s ratio p99_us ratio
 have=0
 base_pinned=
@@ -115,8 +116,8 @@ for step in $steps; do
     echo "idle_scale.sh: the server printed no status" >&2
     exit 1
   fi
-  open=${st% *}
-  pinned=${st#* }
+  read -r open pinned pollers <<<"$st"
+
   # What the idle connections cost while nothing else runs: CPU of the server and of the idle
   # clients over $quiet seconds, in percent of one CPU.
   server_before=$(cpu_ticks $server)
@@ -139,7 +140,7 @@ for step in $steps; do
       'BEGIN { printf "%.1f", (a - b) / n }')
     client_per=$(awk -v a="$client_kib" -v n="$step" 'BEGIN { printf "%.1f", a / n }')
   fi
-  printf '%8d %8d %12.1f %14s %14s %12s %12s %10.0f %7.2f %9.1f %7.2f\n' "$step" "$open" \
+  printf '%8d %8d %8d %12.1f %14s %14s %12s %12s %10.0f %7.2f %9.1f %7.2f\n' "$step" "$open" "$pollers" \
     "$(awk -v k="$pinned" 'BEGIN { print k / 1024 }')" "$per_idle" "$client_per" "$server_cpu" \
     "$clients_cpu" "$rate" \
     "$(awk -v a="$rate" -v b="$base_rate" 'BEGIN { print a / b }')" "$p99" \
