@@ -382,9 +382,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Close();
 
   // The poller's request while its arena pool is short (Poller::ServeArenaShortage): a waiter
-  // tries again to borrow a piece; a holder recalls its loan if idle since the last request, and
-  // gives up on a peer that has not returned one recalled kRecallGiveUp ago (closing it).
+  // tries again to borrow a piece; a holder recalls its loan if idle since the last request or
+  // held for kLoanTurn (a peer that keeps writing must not keep a piece from the others for
+  // good: it asks again, behind them), and gives up on a peer that has not returned one
+  // recalled kRecallGiveUp ago (closing it).
   void AskForArena();
+  static constexpr absl::Duration kLoanTurn = absl::Milliseconds(100);
   static constexpr absl::Duration kRecallGiveUp = absl::Seconds(10);
 
   // Runs `task` inside this connection's domain, open or closed: at once when this thread holds
@@ -855,6 +858,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // A payload arrived since the poller's last request: the loan is not idle (second chance).
   bool arena_used_ ABSL_GUARDED_BY(domain_) = false;
   int64_t arena_recalled_ns_ ABSL_GUARDED_BY(domain_) = 0;  // SteadyNanos of the recall
+  int64_t arena_lent_ns_ ABSL_GUARDED_BY(domain_) = 0;      // SteadyNanos of the loan
   // Loan messages owed (ArenaOwed bits, MaybeSendArenaFramesLocked); lend_bound_: the lend's
   // bind is posted, under lend_rkey_.
   uint8_t arena_owed_ ABSL_GUARDED_BY(domain_) = 0;

@@ -1579,13 +1579,17 @@ void Connection::OnArenaRequestLocked() {
   if (state_ != State::kOpen) return;
   if (waiting) TryLendLocked();
   switch (arena_reader_.loan_state()) {
-    case ArenaReader::Loan::kLent:
+    case ArenaReader::Loan::kLent: {
       // Used since the last look: it keeps the loan until the next (a second chance, so a
-      // connection in the middle of a transfer is not made to ask again at once). Nor is a loan
-      // recalled before its lend has gone (the peer would hear of a loan it does not hold), or
-      // while the application holds payloads in it: its piece could not go back before they
-      // are released, and the peer's next write would wait for them too.
-      if (arena_used_ || (arena_owed_ & kOweLend) != 0 || arena_reader_.in_use() != 0) {
+      // connection in the middle of a transfer is not made to ask again at once), unless it
+      // has had its turn: a peer writing a payload every few milliseconds would otherwise keep
+      // the piece while others wait, and one client could hold a poller's whole pool so. Nor is
+      // a loan recalled before its lend has gone (the peer would hear of a loan it does not
+      // hold), or while the application holds payloads in it: its piece could not go back
+      // before they are released, and the peer's next write would wait for them too.
+      const bool turn_over = SteadyNanos() - arena_lent_ns_ >= absl::ToInt64Nanoseconds(kLoanTurn);
+      if ((arena_used_ && !turn_over) || (arena_owed_ & kOweLend) != 0 ||
+          arena_reader_.in_use() != 0) {
         arena_used_ = false;
         break;
       }
@@ -1594,6 +1598,7 @@ void Connection::OnArenaRequestLocked() {
       arena_recalled_ns_ = 0;  // the give-up counts from the recall's post
       ++stats_.arena_recalls;
       break;
+    }
     case ArenaReader::Loan::kRecalled:
       // A peer that keeps what it was asked to give back holds a piece every other connection of
       // the poller may be waiting for: it loses its connection.
@@ -1643,6 +1648,7 @@ void Connection::TryLendLocked() {
   arena_lent_.store(true, std::memory_order_relaxed);
   arena_reader_.Lend();
   arena_used_ = true;  // a fresh loan is not recalled at the next look
+  arena_lent_ns_ = SteadyNanos();
   arena_owed_ |= kOweLend;
   lend_bound_ = false;
   ++stats_.arena_loans;

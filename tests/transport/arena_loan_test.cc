@@ -247,6 +247,55 @@ TEST_CASE("a loan whose payloads the application holds is not recalled until the
   CHECK(a.server->open());
 }
 
+// Before: a loan used since the poller's last look (every 10 ms while others wait) was never
+// recalled, so a peer writing a payload every few milliseconds kept its piece for good, and one
+// client could hold a poller's whole pool so. Now a loan held for Connection::kLoanTurn while
+// others wait is recalled even so.
+TEST_CASE("a connection that keeps writing gives its loan up after its turn while another waits",
+          "[arena_loan]") {
+  ZRPC_TEST_DEVICE(config);
+  Recorder server_a, client_a, server_b, client_b;
+  Setup setup(config, Lending(1));
+  Pair a = ConnectPair(setup, &server_a, &client_a, OnDemand());
+  setup.accepts->Use(setup.server_poller.get(), &server_b);
+  auto b_client =
+      Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                          setup.listener->port(), &client_b, {}, kTimeout);
+  REQUIRE(b_client.ok());
+  auto b_server = setup.accepts->Next(kTimeout);
+  REQUIRE(b_server.ok());
+  Source source_a(*setup.device), source_b(*setup.device);
+  uint64_t token = 1;
+  WriteAndCheck(*a.client, client_a, server_a, source_a, 1, 2000, token++);
+  REQUIRE((*b_client)->WriteBulk(source_b.Payload(9, 3000), 1000).ok());
+  // A writes every 2 ms, each payload released on arrival: its loan is never idle at a look.
+  const absl::Time started = absl::Now();
+  auto b_arrived = [&] {
+    absl::MutexLock lock(&server_b.mu);
+    return !server_b.bulks.empty();
+  };
+  while (!b_arrived() && absl::Now() - started < absl::Seconds(5)) {
+    WriteAndCheck(*a.client, client_a, server_a, source_a, static_cast<uint8_t>(token), 2000,
+                  token);
+    ++token;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  const absl::Duration waited = absl::Now() - started;
+  INFO("B waited " << absl::FormatDuration(waited) << " while A wrote " << token - 2
+                   << " payloads");
+  REQUIRE(b_arrived());
+  {
+    absl::MutexLock lock(&server_b.mu);
+    CHECK(server_b.bulks[0] == Expected(9, 3000));
+  }
+  CHECK(a.server->stats().arena_recalls >= 1);
+  // A asks again, behind B, and goes on writing.
+  WriteAndCheck(*a.client, client_a, server_a, source_a, 200, 2000, token++);
+  CHECK(a.client->stats().arena_asks >= 2);
+  CHECK(a.server->open());
+  CHECK((*b_server)->open());
+}
+
 TEST_CASE("a loan's key works on its own connection only: another QP that uses it loses its own",
           "[arena_loan]") {
   ZRPC_TEST_DEVICE(config);
