@@ -3,11 +3,13 @@
 // table). Three roles, each a process of its own so that each side's pinned memory is its own:
 //
 //   idle_scale server [--port P] [--pollers N] [--shared-receive-queue R] [--arena-pool N]
-//                     [--window W] [--arena BYTES] [--max-slots N]
+//                     [--window W] [--arena BYTES] [--max-slots N] [--keepalive-budget N]
 //     Serves the Bench service with default ServerOptions but for the flags given (--pollers N:
 //     N pollers, none added) and the admission limit per address (raised: every client of a
 //     one-guest run has the guest's one address). --max-slots sets the registered slot pool's bound
-//     (SlotPoolOptions::max_slots, 131,072), which shared receive queues of many pollers may need.
+//     (SlotPoolOptions::max_slots, 131,072), which shared receive queues of many pollers may need;
+//     --keepalive-budget the pings a second it asks its idle clients to keep to, all together
+//     (ServerOptions::idle_keepalive_budget, 100).
 //     Prints "status open=N pinned_kib=K pollers=P" every second: connections open, the
 //     process's pinned memory (VmPin, transport/process_limits.h) and its pollers.
 //   idle_scale idle --connect A:P --connections N [--shared-receive-queue R] [--arena-pool N]
@@ -52,7 +54,7 @@ namespace cli = zrpc::examples::cli;
 
 constexpr char kUsage[] =
     "usage: idle_scale server [--port P] [--pollers N] [--shared-receive-queue R] "
-    "[--arena-pool N] [--window W] [--arena BYTES] [--max-slots N]\n"
+    "[--arena-pool N] [--window W] [--arena BYTES] [--max-slots N] [--keepalive-budget N]\n"
     "       idle_scale idle --connect A:P --connections N [--shared-receive-queue R] "
     "[--arena-pool N] [--window W] [--arena BYTES]\n"
     "       idle_scale active --connect A:P [--seconds S]\n";
@@ -73,6 +75,7 @@ struct Flags {
   int connections = 0;
   int seconds = 10;
   uint32_t max_slots = 0;  // 0: the pool's default
+  std::optional<uint32_t> keepalive_budget;
 };
 
 // Applies the flags that shape a connection's registered memory to a side's options.
@@ -93,6 +96,7 @@ int Serve(const Flags& flags) {
     options.max_pollers = *flags.pollers;  // the pollers asked for, none added
   }
   if (flags.max_slots != 0) options.slots.max_slots = flags.max_slots;
+  if (flags.keepalive_budget) options.idle_keepalive_budget = *flags.keepalive_budget;
   Shape(flags, options, options.listener.connection);
   // The one admission option a one-guest run changes: every place may go to one address (it
   // stands when the pollers hold max_connections; else the server halves it).
@@ -216,7 +220,7 @@ int Main(int argc, char** argv) {
   cli::CommandLine args("idle_scale", kUsage);
   if (!args.Parse(argc - 1, argv + 1,
                   {"port", "pollers", "shared-receive-queue", "arena-pool", "window", "arena",
-                   "connect", "connections", "seconds", "max-slots"})) {
+                   "connect", "connections", "seconds", "max-slots", "keepalive-budget"})) {
     return args.exit_code();
   }
   Flags flags;
@@ -235,6 +239,8 @@ int Main(int argc, char** argv) {
       {"connections", 1, 100000, [&](uint64_t v) { flags.connections = static_cast<int>(v); }},
       {"seconds", 1, 3600, [&](uint64_t v) { flags.seconds = static_cast<int>(v); }},
       {"max-slots", 1, 1 << 24, [&](uint64_t v) { flags.max_slots = static_cast<uint32_t>(v); }},
+      {"keepalive-budget", 0, 100000,
+       [&](uint64_t v) { flags.keepalive_budget = static_cast<uint32_t>(v); }},
   };
   for (const Number& n : numbers) {
     const std::string* text = args.Find(n.name);

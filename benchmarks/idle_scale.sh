@@ -5,7 +5,8 @@
 #   bazel build -c opt //benchmarks:idle_scale
 #   tools/softroce run --timeout 3000 -- benchmarks/idle_scale.sh bazel-bin/benchmarks/idle_scale \
 #     [--steps "0 1000"] [--per-process 500] [--seconds 10] [--pollers N] \
-#     [--shared-receive-queue R] [--arena-pool N] [--window W] [--arena BYTES] [--max-slots N]
+#     [--shared-receive-queue R] [--arena-pool N] [--window W] [--arena BYTES] [--max-slots N] \
+#     [--keepalive-budget N]
 #
 # One server (idle_scale server: default options but for the flags given and the admission
 # limit per address; --pollers N: N pollers, none added), then for each step: idle connections added from client processes of at
@@ -33,7 +34,7 @@ while (($#)); do
     --per-process) per_process=$2 ;;
     --seconds) seconds=$2 ;;
     --shared-receive-queue | --arena-pool | --window | --arena) shape+=("$1" "$2") ;;
-    --pollers | --max-slots) server_only+=("$1" "$2") ;;
+    --pollers | --max-slots | --keepalive-budget) server_only+=("$1" "$2") ;;
     *)
       echo "idle_scale.sh: unknown argument $1" >&2
       exit 2
