@@ -116,8 +116,10 @@ struct ChannelOptions : RuntimeOptions {
   // Channels of one process that name the same group share its pollers (threads, completion
   // queues, shared receive queues, arena pools: rpc/client/poller_group.h), so that a client with
   // a channel to each of many servers pays for pollers once. The first channel to join makes them
-  // from its options; one that shapes them differently (device, slots, pollers, poll_mode, spin,
-  // shared_receive_queue, arena_pool, connection.arena_size) is refused with both shapes named.
+  // from its options; one that asks for other ones (device, slots, pollers, poll_mode, spin,
+  // shared_receive_queue, arena_pool, and connection.arena_size when there is a pool) is refused
+  // with both named. The group cuts its queue and pool to RLIMIT_MEMLOCK when it is made, as a
+  // server does; ChannelStats then shows the group's figures.
   // In a group kBySize means a server's sizes (a shared queue of 4,096 receives, 64 arenas)
   // whatever the channel's size, and a connection goes to the group's next poller with room for
   // it (connects fail, and back off, while none has). The pollers stop when the group's last

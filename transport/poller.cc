@@ -213,6 +213,20 @@ void Poller::LookAtCmChannel() {
   Wake();    // RunOnce, which reads the channel itself
 }
 
+bool Poller::AwaitPass(absl::Duration timeout) {
+  if (Current() == this) return false;
+  // A pass counts itself as it starts: the one running now (if any) is `first`, and once
+  // `first` + 2 has started, `first` + 1, which began after this call, has ended.
+  const uint64_t first = passes();
+  const absl::Time until = absl::Now() + timeout;
+  while (passes() < first + 2) {
+    if (!looping_.load(std::memory_order_acquire) || absl::Now() >= until) return false;
+    Wake();
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  return true;
+}
+
 void Poller::Wake() {
   uint64_t one = 1;
   // An eventfd write fails only when the counter would overflow: a wake-up is pending anyway.

@@ -154,6 +154,12 @@ class Poller {
   // once per batch they may key on it; the RPC layer reads the clock once per batch this way
   // (rpc/common/call_clock.h).
   static uint64_t CurrentBatch();
+  // Returns true once the loop has run a whole pass that began after this call (woken as
+  // needed): then every report that pass's predecessors were making (an OnClosed, a deferred
+  // task) is over. What a user of a shared poller waits for before it frees what its
+  // connections' handlers use. False when the loop is not running (manual, stopped), when called
+  // on the loop's own thread, or after `timeout`.
+  bool AwaitPass(absl::Duration timeout);
   // Passes of the loop, and (event mode) times it woke from sleep: how tests see it sleeping.
   uint64_t passes() const { return passes_.load(std::memory_order_relaxed); }
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }

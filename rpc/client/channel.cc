@@ -251,19 +251,30 @@ absl::Status ChannelImpl::Init() {
   } else {
     ChooseBySize(per_poller, options_);
   }
-  options_.arena_pool = ArenaPoolWithinLockedMemory(
-      options_.arena_pool, options_.connection.arena_size, options_.pollers, "channel");
-  const uint32_t arena_piece = options_.arena_pool > 0 ? options_.connection.arena_size : 0;
+  uint32_t arena_piece = 0;
+  if (!grouped) {
+    // Cut to what RLIMIT_MEMLOCK leaves room for, as a server's: a channel whose connections'
+    // floors no longer fit is refused below, naming the queue. (A group cuts when it is made.)
+    options_.shared_receive_queue = SharedQueueWithinLockedMemory(
+        options_.shared_receive_queue, options_.slots.slot_size, options_.pollers,
+        options_.connection.idle_recv_credits, "channel");
+    options_.arena_pool = ArenaPoolWithinLockedMemory(
+        options_.arena_pool, options_.connection.arena_size, options_.pollers, "channel");
+    arena_piece = options_.arena_pool > 0 ? options_.connection.arena_size : 0;
+  }
   RuntimeOptions own = options_;
   if (grouped) own.pollers = 0;  // the group's instead
   absl::StatusOr<RuntimeParts> parts = OpenRuntime(own, "ChannelOptions", arena_piece);
   if (!parts.ok()) return parts.status();
   if (grouped) {
     absl::StatusOr<std::shared_ptr<PollerGroup>> group =
-        PollerGroup::Join(options_, parts->device, arena_piece, parts->manual_pollers);
+        PollerGroup::Join(options_, parts->device, parts->manual_pollers);
     if (!group.ok()) return group.status();
     group_ = *std::move(group);
     parts->pollers = group_->pollers();
+    options_.shared_receive_queue = group_->made().shared_receive_queue;
+    options_.arena_pool = group_->made().arena_pool;
+    arena_piece = group_->made().arena_piece;
   }
   // Lent on demand when the pollers have pools: a device without type-2 memory windows makes
   // none, and each connection registers an arena of its own.
@@ -333,13 +344,25 @@ ChannelImpl::~ChannelImpl() {
     // Each OnClosed fails its calls (CANCELLED) and leaves live_; the poller drives it.
     absl::MutexLock lock(&mu_);
     auto closed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_.empty(); };
-    mu_.AwaitWithTimeout(absl::Condition(&closed), absl::Seconds(10));
+    // A group's pollers run on after this channel: its connections' reports must all be over
+    // before it goes, however long (the drain watchdog ends every close within seconds). Its
+    // own pollers' Shutdown, below, ends what is left.
+    while (!mu_.AwaitWithTimeout(absl::Condition(&closed), absl::Seconds(10)) &&
+           group_ != nullptr) {
+      ZRPC_LOG(kWarning, "rpc", "a channel to ", target_, " in poller_group \"",
+               options_.poller_group, "\" waits for ", live_.size(),
+               " of its connections to close before it goes");
+    }
   }
   for (auto& sub : subchannels_) sub->Reset();
-  // Drains whatever is left; a payload a user still holds keeps its poller object (and CQ)
-  // until released, with the loop stopped.
-  // A group's pollers stop with its last channel (poller_group.h).
-  if (group_ == nullptr) {
+  if (group_ != nullptr) {
+    // OnClosed takes a connection out of live_ before it ends its calls (and their callbacks):
+    // a whole pass of each poller after this point means those are over, and any task left for
+    // the connections has run (poller_group.h). The pollers stop with the group's last channel.
+    for (auto& poller : pollers_) poller->AwaitPass(absl::Seconds(10));
+  } else {
+    // Drains whatever is left; a payload a user still holds keeps its poller object (and CQ)
+    // until released, with the loop stopped.
     for (auto& poller : pollers_) poller->Shutdown();
   }
   pollers_.clear();

@@ -2,6 +2,7 @@
 
 #include "rpc/client/poller_group.h"
 
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -43,34 +44,44 @@ bool Same(const PollerGroup::Shape& a, const PollerGroup::Shape& b) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<PollerGroup>> PollerGroup::Join(
-    const ChannelOptions& options, const std::shared_ptr<transport::Device>& device,
-    uint32_t arena_piece, bool manual) {
+    const ChannelOptions& options, const std::shared_ptr<transport::Device>& device, bool manual) {
   Shape shape;
   shape.device = device.get();
   shape.pollers = options.pollers;
   shape.poll_mode = options.poll_mode;
   shape.spin = options.spin;
   shape.shared_receive_queue = options.shared_receive_queue;
-  shape.arena_pool = arena_piece > 0 ? options.arena_pool : 0;
-  shape.arena_piece = arena_piece;
+  const bool pool = options.arena_pool > 0 && options.connection.arena_size > 0;
+  shape.arena_pool = pool ? options.arena_pool : 0;
+  shape.arena_piece = pool ? options.connection.arena_size : 0;
   shape.manual = manual;
   Registry& registry = TheRegistry();
   absl::MutexLock lock(&registry.mu);
   std::weak_ptr<PollerGroup>& slot = registry.groups[options.poller_group];
   if (std::shared_ptr<PollerGroup> live = slot.lock()) {
-    if (!Same(live->shape_, shape)) {
+    if (!Same(live->asked_, shape)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "ChannelOptions::poller_group \"", options.poller_group,
-          "\": its pollers were made with ", Describe(live->shape_), "; this channel asks for ",
+          "\": its first channel asked for ", Describe(live->asked_), "; this channel asks for ",
           Describe(shape), ": every channel of a group must shape its pollers alike"));
     }
     return live;
   }
   // Made under the registry's lock: a second channel joining meanwhile finds it whole.
   std::shared_ptr<PollerGroup> group(new PollerGroup(options.poller_group, shape, device));
+  Shape& made = group->made_;
+  made.shared_receive_queue = SharedQueueWithinLockedMemory(
+      shape.shared_receive_queue, options.slots.slot_size, options.pollers,
+      options.connection.idle_recv_credits, "channel");
+  made.arena_pool =
+      ArenaPoolWithinLockedMemory(shape.arena_pool, shape.arena_piece, options.pollers, "channel");
+  if (made.arena_pool == 0) made.arena_piece = 0;
+  RuntimeOptions runtime = options;
+  runtime.shared_receive_queue = made.shared_receive_queue;
+  runtime.arena_pool = made.arena_pool;
   for (int i = 0; i < options.pollers; ++i) {
     absl::StatusOr<std::shared_ptr<transport::Poller>> poller =
-        StartPoller(*device, options, manual, arena_piece);
+        StartPoller(*device, runtime, manual, made.arena_piece);
     if (!poller.ok()) return poller.status();  // the group, and its pollers made, go
     group->pollers_.push_back(*std::move(poller));
   }
@@ -89,6 +100,16 @@ std::shared_ptr<PollerGroup> PollerGroup::Find(const std::string& name) {
 // few as the application chooses): a destructor that took the registry's lock could run under it,
 // when Join fails half-way.
 PollerGroup::~PollerGroup() {
+  // On one of its own pollers' threads (a channel that failed to create, made by a callback, and
+  // the group's last member): a poller cannot join its own thread, so another thread stops them.
+  for (const auto& poller : pollers_) {
+    if (transport::Poller::Current() == poller.get()) {
+      std::thread([pollers = std::move(pollers_)] {
+        for (const auto& p : pollers) p->Shutdown();
+      }).detach();
+      return;
+    }
+  }
   for (auto& poller : pollers_) poller->Shutdown();
 }
 
@@ -99,8 +120,12 @@ std::shared_ptr<transport::Poller> PollerGroup::NextHome() {
 absl::StatusOr<std::shared_ptr<transport::Poller>> PollerGroup::Place(
     const std::shared_ptr<transport::Poller>& home, const transport::ConnectionOptions& options) {
   if (home->HasRoomFor(options)) return home;
-  for (const auto& poller : pollers_) {
-    if (poller != home && poller->HasRoomFor(options)) return poller;
+  // The pollers after home's, in turn, so that what overflows is spread.
+  size_t at = 0;
+  while (at < pollers_.size() && pollers_[at] != home) ++at;
+  for (size_t k = 1; k < pollers_.size(); ++k) {
+    const auto& poller = pollers_[(at + k) % pollers_.size()];
+    if (poller->HasRoomFor(options)) return poller;
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "every poller of ChannelOptions::poller_group \"", name_, "\" is full (", pollers_.size(),

@@ -13,8 +13,10 @@
 // its piece size. A channel that asks for other values is refused with them named, rather than
 // given pollers unlike those it asked for.
 //
-// Thread-safe. The registry holds groups weakly: a group lives while a member (or a payload a
-// member's user still holds, through its poller) holds it.
+// Thread-safe. The registry holds groups weakly: a group lives while a member holds it (a payload
+// a member's user still holds keeps its poller object, stopped, not the group). A member that
+// goes waits for a pass of every poller of the group after its connections closed
+// (Poller::AwaitPass), since the pollers run on: no report for its connections comes later.
 #ifndef ZRPC_RPC_CLIENT_POLLER_GROUP_H_
 #define ZRPC_RPC_CLIENT_POLLER_GROUP_H_
 
@@ -48,12 +50,13 @@ class PollerGroup {
   };
 
   // The group options.poller_group of this process, joined: made, with its pollers started on
-  // `device`, when none lives. `options` has kBySize resolved; `arena_piece` is the arena pool's
-  // piece size (0: no pool). kInvalidArgument when the live group was made with another shape
+  // `device`, when none lives. `options` has kBySize resolved and is what the channel asks for;
+  // members are compared on that, and the group that is made cuts its queue and arena pool to
+  // what RLIMIT_MEMLOCK leaves room for then (runtime.h), so that a later member is not refused
+  // for memory locked meanwhile. kInvalidArgument when the live group was asked for another shape
   // (both named); a poller's own error when one cannot be made.
   static absl::StatusOr<std::shared_ptr<PollerGroup>> Join(
-      const ChannelOptions& options, const std::shared_ptr<transport::Device>& device,
-      uint32_t arena_piece, bool manual);
+      const ChannelOptions& options, const std::shared_ptr<transport::Device>& device, bool manual);
   // The live group `name`, or null: for tests and diagnostics.
   static std::shared_ptr<PollerGroup> Find(const std::string& name);
 
@@ -63,6 +66,9 @@ class PollerGroup {
   ~PollerGroup();
 
   const std::string& name() const { return name_; }
+  // What its pollers were made with: the queue and arena pool after the cut, the arena pool's
+  // piece size (0: no pool).
+  const Shape& made() const { return made_; }
   const std::vector<std::shared_ptr<transport::Poller>>& pollers() const { return pollers_; }
   // A poller for a member's next subchannel, in turn: where its connections go while it has room.
   std::shared_ptr<transport::Poller> NextHome();
@@ -72,11 +78,12 @@ class PollerGroup {
       const std::shared_ptr<transport::Poller>& home, const transport::ConnectionOptions& options);
 
  private:
-  PollerGroup(std::string name, Shape shape, std::shared_ptr<transport::Device> device)
-      : name_(std::move(name)), shape_(shape), device_(std::move(device)) {}
+  PollerGroup(std::string name, Shape asked, std::shared_ptr<transport::Device> device)
+      : name_(std::move(name)), asked_(asked), made_(asked), device_(std::move(device)) {}
 
   const std::string name_;
-  const Shape shape_;
+  const Shape asked_;  // what members are compared on
+  Shape made_;         // set while it is made, then fixed
   // Outlives the pollers (declared first, destroyed last).
   const std::shared_ptr<transport::Device> device_;
   std::vector<std::shared_ptr<transport::Poller>> pollers_;

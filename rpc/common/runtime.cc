@@ -86,6 +86,28 @@ absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device
   return made;
 }
 
+uint32_t SharedQueueWithinLockedMemory(uint32_t asked, uint32_t slot_size, int pollers,
+                                       uint32_t idle_recv_credits, absl::string_view who) {
+  if (asked == 0) return 0;
+  const transport::LockedMemory memory = transport::ReadLockedMemory();
+  if (memory.unlimited) return asked;
+  const uint64_t slot = std::max<uint64_t>((uint64_t{slot_size} + 63) / 64 * 64, 1);
+  const uint64_t room = memory.limit > memory.locked ? memory.limit - memory.locked : 0;
+  const auto made = static_cast<uint64_t>(std::max(pollers, 1));
+  const uint64_t fits = room / 2 / made / slot;
+  if (fits >= asked) return asked;
+  // Three quarters of a queue back floors (transport/receive_budget.h).
+  const uint64_t one_floor = (uint64_t{idle_recv_credits} * 4 + 2) / 3;
+  const uint32_t sized =
+      static_cast<uint32_t>(std::min<uint64_t>(asked, std::max<uint64_t>(fits, one_floor)));
+  ZRPC_LOG(kWarning, "rpc", "the ", who, "'s shared receive queues hold ", sized,
+           " receives, not shared_receive_queue = ", asked, ": RLIMIT_MEMLOCK is ", memory.limit,
+           " bytes, ", memory.locked,
+           " locked already; raise it (ulimit -l, or LimitMEMLOCK= for a service) to ",
+           memory.locked + 2 * slot * asked * made, " bytes or more for the queues asked for");
+  return sized;
+}
+
 uint32_t ArenaPoolWithinLockedMemory(uint32_t asked, uint64_t piece, int pollers,
                                      absl::string_view who) {
   if (asked == 0 || piece == 0) return 0;

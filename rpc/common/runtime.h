@@ -50,6 +50,16 @@ absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device
                                                                bool manual,
                                                                uint32_t arena_piece_size = 0);
 
+// The shared receive queue of `asked` receives (RuntimeOptions::shared_receive_queue) of
+// `slot_size`-byte slots that `pollers` pollers each make: `asked`, or, when RLIMIT_MEMLOCK would
+// not let the process register them all with room to spare, what half the room left holds (a
+// server's default queue is 16 MiB of slots; Debian's default limit is 8 MiB), with a warning
+// naming `who` ("server", "channel") and the limit to set. Never below what backs one floor of
+// `idle_recv_credits`, so that creation still fails with the pollers' own reason when not even
+// that fits, and never above what was asked.
+uint32_t SharedQueueWithinLockedMemory(uint32_t asked, uint32_t slot_size, int pollers,
+                                       uint32_t idle_recv_credits, absl::string_view who);
+
 // The arenas each poller lends (RuntimeOptions::arena_pool) of `piece` bytes: `asked`, or, when
 // RLIMIT_MEMLOCK would not leave room for `pollers` pollers to register them all beside their
 // other memory, what a quarter of the room left holds, with a warning naming `who` ("server",

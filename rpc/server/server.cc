@@ -22,38 +22,6 @@
 namespace zrpc {
 namespace internal {
 
-namespace {
-
-// The shared receive queue a poller of this server makes: the one asked for, or, when
-// RLIMIT_MEMLOCK would not let the process register the queues of the pollers made at once with
-// room to spare, what half the room left holds (a server's default queue is 16 MiB of slots;
-// Debian's default limit is 8 MiB), and a warning says so. Never below what backs one floor, so
-// that Create still fails with the pollers' own reason when not even that fits, and never above
-// what was asked.
-uint32_t SharedQueueWithinLockedMemory(const ServerOptions& options) {
-  const uint32_t asked = options.shared_receive_queue;
-  if (asked == 0) return 0;
-  const transport::LockedMemory memory = transport::ReadLockedMemory();
-  if (memory.unlimited) return asked;
-  const uint64_t slot = std::max<uint64_t>((options.slots.slot_size + 63) / 64 * 64, 1);
-  const uint64_t room = memory.limit > memory.locked ? memory.limit - memory.locked : 0;
-  const uint64_t fits = room / 2 / static_cast<uint64_t>(std::max(options.pollers, 1)) / slot;
-  if (fits >= asked) return asked;
-  // Three quarters of a queue back floors (transport/receive_budget.h).
-  const uint64_t one_floor = (uint64_t{options.listener.connection.idle_recv_credits} * 4 + 2) / 3;
-  const uint32_t sized =
-      static_cast<uint32_t>(std::min<uint64_t>(asked, std::max<uint64_t>(fits, one_floor)));
-  ZRPC_LOG(kWarning, "rpc", "the server's shared receive queues hold ", sized,
-           " receives, not shared_receive_queue = ", asked, ": RLIMIT_MEMLOCK is ", memory.limit,
-           " bytes, ", memory.locked,
-           " locked already; raise it (ulimit -l, or LimitMEMLOCK= for a service) to ",
-           memory.locked + 2 * slot * asked * static_cast<uint64_t>(std::max(options.pollers, 1)),
-           " bytes or more for the queues asked for");
-  return sized;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptions& given) {
   // A server's size is not known at creation: kBySize (rpc/options.h) means its defaults.
   ServerOptions options = given;
@@ -77,7 +45,9 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
         absl::StrCat("ServerOptions::max_pollers is ", options.max_pollers,
                      "; it must be in [0, 64] (at or below pollers: pollers, none added)"));
   }
-  const uint32_t shared_receive_queue = SharedQueueWithinLockedMemory(options);
+  const uint32_t shared_receive_queue = SharedQueueWithinLockedMemory(
+      options.shared_receive_queue, options.slots.slot_size, options.pollers,
+      options.listener.connection.idle_recv_credits, "server");
   const int max_pollers = std::max(options.pollers, options.max_pollers);
   if (const uint64_t queued = static_cast<uint64_t>(max_pollers) * shared_receive_queue;
       queued >= options.slots.max_slots) {

@@ -62,8 +62,11 @@ TEST_CASE("a channel of a few connections per poller keeps its own receives and 
   const zrpc::ChannelStats stats = served.channel->stats();
   CHECK(stats.shared_receives == 0);
   CHECK(stats.arena_pool == 0);
+  const uint64_t binds = zrpc::fakeverbs::counters().binds;
   LargeHelloOnEach(served, zrpc::ChannelOptions::kOwnReceivesPerPoller);
-  CHECK(served.channel->stats().arenas_registered == 0);
+  // The server lent each connection an arena for its request (a window bound each); the replies
+  // went into the channel's own arenas (none).
+  CHECK(zrpc::fakeverbs::counters().binds - binds == zrpc::ChannelOptions::kOwnReceivesPerPoller);
 }
 
 TEST_CASE("a channel of more connections per poller shares receives and borrows arenas",
@@ -74,12 +77,18 @@ TEST_CASE("a channel of more connections per poller shares receives and borrows 
   REQUIRE(served.channel->Connect(absl::Now() + zrpc::testing::kLong).ok());
   zrpc::ChannelStats stats = served.channel->stats();
   // Floors of 3 for 17 connections, a third more to grow into: below the 1,024 kept at least.
-  CHECK(stats.shared_receives == 1024);
-  CHECK(stats.arena_pool == 64);
+  if (zrpc::testing::RoomyLockedMemory()) {
+    CHECK(stats.shared_receives == 1024);
+    CHECK(stats.arena_pool == 64);
+  }
   // Connected and idle: no arena registered for any of them.
   CHECK(stats.arenas_registered == 0);
   CHECK(stats.arenas_lent == 0);
+  const uint64_t binds = zrpc::fakeverbs::counters().binds;
   LargeHelloOnEach(served, kConnections);
+  // A window each way for each connection: the server's loan for the request, the channel's for
+  // the reply.
+  CHECK(zrpc::fakeverbs::counters().binds - binds == 2 * kConnections);
   stats = served.channel->stats();
   // Each connection borrowed a piece for its reply; none was short, so each kept its own.
   CHECK(stats.arenas_registered == kConnections);
@@ -104,8 +113,10 @@ TEST_CASE("a channel sized for 1,000 connections on one poller posts 4,000 share
   // Only what the channel makes at creation: no connection is made before a call or Connect.
   TestGreeter greeter;
   Served served{FakeDevice(), {&greeter}, {}, Connections(1000)};
-  CHECK(served.channel->stats().shared_receives == 4000);  // 1,000 floors of 3, and a third
-  CHECK(served.channel->stats().arena_pool == 64);
+  if (zrpc::testing::RoomyLockedMemory()) {
+    CHECK(served.channel->stats().shared_receives == 4000);  // 1,000 floors of 3, and a third
+    CHECK(served.channel->stats().arena_pool == 64);
+  }
 }
 
 TEST_CASE("a channel's explicit receives and arenas are kept whatever its size",
@@ -120,8 +131,9 @@ TEST_CASE("a channel's explicit receives and arenas are kept whatever its size",
     REQUIRE(served.channel->Connect(absl::Now() + zrpc::testing::kLong).ok());
     CHECK(served.channel->stats().shared_receives == 0);
     CHECK(served.channel->stats().arena_pool == 0);
+    const uint64_t binds = zrpc::fakeverbs::counters().binds;
     LargeHelloOnEach(served, kConnections);
-    CHECK(served.channel->stats().arenas_registered == 0);
+    CHECK(zrpc::fakeverbs::counters().binds - binds == kConnections);  // the server's loans only
   }
   SECTION("a pool far smaller than its connections: loans idle since the last look are recalled") {
     zrpc::ChannelOptions options = Connections(kConnections);
@@ -133,9 +145,8 @@ TEST_CASE("a channel's explicit receives and arenas are kept whatever its size",
     // Each connection's reply waits for a piece another gives back, one after another.
     LargeHelloOnEach(served, kConnections);
     LargeHelloOnEach(served, kConnections);
-    const zrpc::ChannelStats stats = served.channel->stats();
-    CHECK(stats.arenas_registered == 2);
-    CHECK(stats.arenas_lent <= 2);
+    // Two pieces served 24 connections' 48 replies: the loans went round.
+    CHECK(served.channel->stats().arenas_registered == 2);
   }
   SECTION("a single connection may borrow too") {
     zrpc::ChannelOptions options = Connections(1);

@@ -30,6 +30,7 @@
 #include "transport/device.h"
 #include "transport/device_config.h"
 #include "transport/poller.h"
+#include "transport/process_limits.h"
 
 namespace zrpc::testing {
 
@@ -184,6 +185,13 @@ class KeepingStore : public ObjectStore::Service {
 };
 
 // "host:port" of a server on `device`'s address (an IPv6 one in brackets).
+// Whether RLIMIT_MEMLOCK leaves room for a side's default queues and pools uncut (256 MiB or
+// unlimited): where figures that a tight limit cuts (process_limits_test) can be checked exactly.
+inline bool RoomyLockedMemory() {
+  const transport::LockedMemory memory = transport::ReadLockedMemory();
+  return memory.unlimited || memory.limit >= memory.locked + (uint64_t{256} << 20);
+}
+
 inline std::string TargetOf(const zrpc::transport::DeviceConfig& device, uint16_t port) {
   return absl::StrCat(
       device.addr.find(':') != std::string::npos ? "[" + device.addr + "]" : device.addr, ":",

@@ -19,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/channel.h"
 #include "rpc/server.h"
 #include "tests/fakeverbs/fake_device.h"
 #include "tests/log_capture.h"
@@ -128,4 +129,36 @@ TEST_CASE(
   CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(absl::StrContains(refused.status().message(),
                           "the process may lock no more memory for a connection: RLIMIT_MEMLOCK"));
+}
+
+// Before: a channel made its shared receive queue whatever the limit (a poller group's is 16 MiB
+// of slots by default, twice Debian's 8 MiB), and on a device that pins it failed to create.
+TEST_CASE("without CAP_IPC_LOCK a channel cuts its shared queue and arena pool to the limit",
+          "[process_limits]") {
+  DropIpcLock();
+  LimitLockedMemory(8 << 20);
+  const LockedMemory memory = zrpc::transport::ReadLockedMemory();
+  REQUIRE_FALSE(memory.unlimited);
+  const uint64_t room = memory.limit > memory.locked ? memory.limit - memory.locked : 0;
+  const uint64_t queue = std::min<uint64_t>(4096, std::max<uint64_t>(room / 2 / 4096, 4));
+  const uint64_t arenas = std::min<uint64_t>(64, room / 4 / (256 << 10));
+  zrpc::ChannelOptions options;
+  options.device = zrpc::fakeverbs::FakeDevice();
+  options.poller_group = "limited";  // a server's sizes: a queue of 4,096, 64 arenas
+  zrpc::testing::LogCapture log(zrpc::LogLevel::kWarning);
+  auto channel =
+      zrpc::CreateChannel(absl::StrCat(zrpc::fakeverbs::FakeDevice().addr, ":1"), options);
+  INFO(channel.status());
+  REQUIRE(channel.ok());
+  CHECK(queue < 4096);
+  CHECK((*channel)->stats().shared_receives == queue);
+  CHECK(log.Count(zrpc::LogLevel::kWarning, "rpc",
+                  absl::StrCat("the channel's shared receive queues hold ", queue,
+                               " receives, not shared_receive_queue = 4096")) == 1);
+  if (arenas > 0) {
+    CHECK((*channel)->stats().arena_pool == arenas);
+    CHECK(log.Count(zrpc::LogLevel::kWarning, "rpc",
+                    absl::StrCat("the channel's pollers lend ", arenas,
+                                 " receive arenas each, not arena_pool = 64")) == 1);
+  }
 }
