@@ -124,6 +124,18 @@ void WriteAndCheck(Connection& client, Recorder& client_handler, Recorder& serve
   CHECK(server_side.bulks.back() == Expected(tag, size));
 }
 
+// Another connection to the listener ConnectPair's first one made (its options).
+Pair ConnectAnother(Setup& setup, Recorder* server_side, Recorder* client_side) {
+  setup.accepts->Use(setup.server_poller.get(), server_side);
+  auto client =
+      Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                          setup.listener->port(), client_side, {}, kTimeout);
+  REQUIRE(client.ok());
+  auto server = setup.accepts->Next(kTimeout);
+  REQUIRE(server.ok());
+  return Pair{*server, *client};
+}
+
 TEST_CASE("an arena lent on demand: none until the peer writes, then one loan for its writes",
           "[arena_loan]") {
   ZRPC_TEST_DEVICE(config);
@@ -208,19 +220,13 @@ TEST_CASE("a loan whose payloads the application holds is not recalled until the
   Setup setup(config, Lending(1));
   server_a.hold_bulks = true;
   Pair a = ConnectPair(setup, &server_a, &client_a, OnDemand());
-  setup.accepts->Use(setup.server_poller.get(), &server_b);
-  auto b_client =
-      Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
-                          setup.listener->port(), &client_b, {}, kTimeout);
-  REQUIRE(b_client.ok());
-  auto b_server = setup.accepts->Next(kTimeout);
-  REQUIRE(b_server.ok());
+  Pair b = ConnectAnother(setup, &server_b, &client_b);
   Source source_a(*setup.device), source_b(*setup.device);
   WriteAndCheck(*a.client, client_a, server_a, source_a, 7, 5000, 1);
   // B asks while A holds the only piece with a payload in it: its piece could not go back before
   // the payload is released, so A's loan is not recalled (B waits; A's next write would not).
-  REQUIRE((*b_client)->WriteBulk(source_b.Payload(9, 3000), 2).ok());
-  REQUIRE(Eventually([&] { return (*b_server)->stats().arena_waits >= 1; }, kTimeout));
+  REQUIRE(b.client->WriteBulk(source_b.Payload(9, 3000), 2).ok());
+  REQUIRE(Eventually([&] { return b.server->stats().arena_waits >= 1; }, kTimeout));
   absl::SleepFor(absl::Milliseconds(200));
   CHECK(a.server->stats().arena_recalls == 0);
   {
@@ -243,7 +249,7 @@ TEST_CASE("a loan whose payloads the application holds is not recalled until the
   }
   CHECK(a.server->stats().arena_recalls == 1);
   CHECK_FALSE(a.server->stats().arena_lent);
-  CHECK((*b_server)->stats().arena_lent);
+  CHECK(b.server->stats().arena_lent);
   CHECK(a.server->open());
 }
 
@@ -257,17 +263,11 @@ TEST_CASE("a connection that keeps writing gives its loan up after its turn whil
   Recorder server_a, client_a, server_b, client_b;
   Setup setup(config, Lending(1));
   Pair a = ConnectPair(setup, &server_a, &client_a, OnDemand());
-  setup.accepts->Use(setup.server_poller.get(), &server_b);
-  auto b_client =
-      Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
-                          setup.listener->port(), &client_b, {}, kTimeout);
-  REQUIRE(b_client.ok());
-  auto b_server = setup.accepts->Next(kTimeout);
-  REQUIRE(b_server.ok());
+  Pair b = ConnectAnother(setup, &server_b, &client_b);
   Source source_a(*setup.device), source_b(*setup.device);
   uint64_t token = 1;
   WriteAndCheck(*a.client, client_a, server_a, source_a, 1, 2000, token++);
-  REQUIRE((*b_client)->WriteBulk(source_b.Payload(9, 3000), 1000).ok());
+  REQUIRE(b.client->WriteBulk(source_b.Payload(9, 3000), 1000).ok());
   // A writes every 2 ms, each payload released on arrival: its loan is never idle at a look.
   const absl::Time started = absl::Now();
   auto b_arrived = [&] {
@@ -293,7 +293,7 @@ TEST_CASE("a connection that keeps writing gives its loan up after its turn whil
   WriteAndCheck(*a.client, client_a, server_a, source_a, 200, 2000, token++);
   CHECK(a.client->stats().arena_asks >= 2);
   CHECK(a.server->open());
-  CHECK((*b_server)->open());
+  CHECK(b.server->open());
 }
 
 TEST_CASE("a loan's key works on its own connection only: another QP that uses it loses its own",
