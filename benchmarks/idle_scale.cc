@@ -167,20 +167,14 @@ int Idle(const Flags& flags) {
       if (m.method != "zrpc.Keepalive/Ping") continue;
       pings += m.started;
       failed += m.finished_total - m.finished[0];
-      if (latency.counts.empty()) {
-        latency = m.latency;
-      } else {
-        for (size_t b = 0; b < latency.counts.size(); ++b) latency.counts[b] += m.latency.counts[b];
-        latency.count += m.latency.count;
-      }
+      latency.Add(m.latency);
     }
   }
   // The keepalive probes' latency over the whole run (rpc/client/keepalive.h), its target below
   // half the 2 s keepalive_timeout.
   std::printf("idle lost=%llu pings=%llu pings_failed=%llu ping_p99_ms=%.1f\n",
               static_cast<unsigned long long>(lost), static_cast<unsigned long long>(pings),
-              static_cast<unsigned long long>(failed),
-              latency.count > 0 ? latency.Percentile(0.99) * 1e3 : 0.0);
+              static_cast<unsigned long long>(failed), latency.Percentile(0.99) * 1e3);
   std::fflush(stdout);
   return lost == 0 && failed == 0 ? 0 : 1;
 }

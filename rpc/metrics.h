@@ -129,6 +129,8 @@ struct LatencySnapshot {
   // hi - lo, i.e. by less than 28% of the true value, or 1 us in the first bucket. A rank in
   // the overflow bucket gives 100 s (a lower bound). An empty histogram gives 0.
   double Percentile(double q) const;
+  // Adds `other`, a snapshot of the same buckets (another channel's, say): counts, count, sum.
+  void Add(const LatencySnapshot& other);
 };
 
 // A fixed-bucket latency histogram (bounds in the file comment). Record is lock-free.

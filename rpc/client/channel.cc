@@ -241,20 +241,15 @@ absl::Status ChannelImpl::Init() {
   const bool grouped = !options_.poller_group.empty();
   const uint64_t per_poller =
       (static_cast<uint64_t>(options_.connections) + options_.pollers - 1) / options_.pollers;
+  uint32_t arena_piece = 0;
   if (grouped) {
-    // A group holds many channels' connections, whatever this one's size: a server's sizes.
-    const ServerOptions server;
-    if (options_.shared_receive_queue == kBySize) {
-      options_.shared_receive_queue = server.shared_receive_queue;
-    }
-    if (options_.arena_pool == kBySize) options_.arena_pool = server.arena_pool;
+    // A group holds many channels' connections, whatever this one's size: a server's sizes,
+    // cut to RLIMIT_MEMLOCK when the group is made (PollerGroup::Join).
+    ServerSizesForBySize(options_);
   } else {
     ChooseBySize(per_poller, options_);
-  }
-  uint32_t arena_piece = 0;
-  if (!grouped) {
     // Cut to what RLIMIT_MEMLOCK leaves room for, as a server's: a channel whose connections'
-    // floors no longer fit is refused below, naming the queue. (A group cuts when it is made.)
+    // floors no longer fit is refused below, naming the queue.
     options_.shared_receive_queue = SharedQueueWithinLockedMemory(
         options_.shared_receive_queue, options_.slots.slot_size, options_.pollers,
         options_.connection.idle_recv_credits, "channel");

@@ -86,6 +86,14 @@ absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device
   return made;
 }
 
+void ServerSizesForBySize(RuntimeOptions& options) {
+  const ServerOptions server;
+  if (options.shared_receive_queue == kBySize) {
+    options.shared_receive_queue = server.shared_receive_queue;
+  }
+  if (options.arena_pool == kBySize) options.arena_pool = server.arena_pool;
+}
+
 uint32_t SharedQueueWithinLockedMemory(uint32_t asked, uint32_t slot_size, int pollers,
                                        uint32_t idle_recv_credits, absl::string_view who) {
   if (asked == 0) return 0;

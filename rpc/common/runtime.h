@@ -50,6 +50,10 @@ absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device
                                                                bool manual,
                                                                uint32_t arena_piece_size = 0);
 
+// kBySize (rpc/options.h) in `options`' shared_receive_queue and arena_pool, resolved to a
+// server's defaults: what a server takes it for, and a poller group (sized for many channels).
+void ServerSizesForBySize(RuntimeOptions& options);
+
 // The shared receive queue of `asked` receives (RuntimeOptions::shared_receive_queue) of
 // `slot_size`-byte slots that `pollers` pollers each make: `asked`, or, when RLIMIT_MEMLOCK would
 // not let the process register them all with room to spare, what half the room left holds (a

@@ -288,6 +288,17 @@ LatencySnapshot LatencyHistogram::Snapshot() const {
   return s;
 }
 
+void LatencySnapshot::Add(const LatencySnapshot& other) {
+  if (counts.empty()) {
+    *this = other;
+    return;
+  }
+  for (size_t b = 0; b < counts.size() && b < other.counts.size(); ++b)
+    counts[b] += other.counts[b];
+  count += other.count;
+  sum_nanos += other.sum_nanos;
+}
+
 double LatencySnapshot::Percentile(double q) const {
   if (count == 0 || upper_bounds_nanos.empty()) return 0;
   if (!(q >= 0)) q = 0;  // also NaN

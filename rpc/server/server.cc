@@ -25,10 +25,7 @@ namespace internal {
 absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptions& given) {
   // A server's size is not known at creation: kBySize (rpc/options.h) means its defaults.
   ServerOptions options = given;
-  if (options.shared_receive_queue == kBySize) {
-    options.shared_receive_queue = ServerOptions().shared_receive_queue;
-  }
-  if (options.arena_pool == kBySize) options.arena_pool = ServerOptions().arena_pool;
+  ServerSizesForBySize(options);
   if (absl::Status s = CheckRuntimeOptions(options, "ServerOptions"); !s.ok()) return s;
   if (options.handler_threads < 1 || options.handler_threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::handler_threads is ",

@@ -158,13 +158,7 @@ TEST_CASE(
     const zrpc::MethodMetricsSnapshot pings = Pings(*channel);
     idle_pings += pings.started;
     idle_failed += pings.finished_total - pings.finished[0];
-    if (latency.counts.empty()) {
-      latency = pings.latency;
-    } else {
-      for (size_t b = 0; b < latency.counts.size(); ++b)
-        latency.counts[b] += pings.latency.counts[b];
-      latency.count += pings.latency.count;
-    }
+    latency.Add(pings.latency);
   }
   idle_pings -= idle_pings_before;
   const uint64_t busy_pings = Pings(*rt.channel).started - busy_pings_before;

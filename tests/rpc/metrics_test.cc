@@ -147,6 +147,22 @@ TEST_CASE("a histogram counts each latency once and sums them exactly", "[metric
   CHECK(s.upper_bounds_nanos.data() == LatencyHistogram::UpperBoundsNanos().data());
 }
 
+TEST_CASE("snapshots add up bucket by bucket, an empty one taking the other's", "[metrics]") {
+  LatencyHistogram a, b;
+  a.Record(absl::Nanoseconds(500));
+  b.Record(absl::Nanoseconds(500));
+  b.Record(absl::Seconds(150));
+  LatencySnapshot sum;
+  sum.Add(a.Snapshot());
+  CHECK(sum.counts.size() == LatencyHistogram::kNumBuckets);
+  sum.Add(b.Snapshot());
+  CHECK(sum.count == 3);
+  CHECK(sum.counts[0] == 2);
+  CHECK(sum.counts[kOverflow] == 1);
+  CHECK(sum.sum_nanos == 500 + 500 + 150'000'000'000);
+  CHECK(sum.upper_bounds_nanos.data() == LatencyHistogram::UpperBoundsNanos().data());
+}
+
 TEST_CASE("percentiles interpolate within the bucket", "[metrics]") {
   LatencyHistogram histogram;
   CHECK(histogram.Snapshot().Percentile(0.5) == 0);  // empty
