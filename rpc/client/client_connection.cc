@@ -755,6 +755,10 @@ absl::Time ClientConnection::NextDeadline() {
       waiting_count_.load(std::memory_order_acquire) > 0) {
     next = std::min(next, MonotonicNow() + SlotRetry());
   }
+  // Most connections expose nothing: no lock for them (the timer looks at every connection on
+  // every pass). One exposed meanwhile has no time limit until its call ends, and CallEnded tells
+  // the timer of the limit it sets then.
+  if (exposed_entries_.load(std::memory_order_relaxed) == 0) return next;
   absl::MutexLock lock(&exposed_mu_);
   for (const auto& [id, request] : exposed_requests_) next = std::min(next, request.until);
   return next;
@@ -777,7 +781,8 @@ void ClientConnection::ServerPulled(uint64_t call_id) {
 
 void ClientConnection::Expire(absl::Time now) {
   std::vector<std::shared_ptr<BulkGate>> overdue;
-  {
+  // As in NextDeadline: nothing exposed, no lock (an idle connection's pass is a few loads).
+  if (exposed_entries_.load(std::memory_order_relaxed) > 0) {
     absl::MutexLock lock(&exposed_mu_);
     for (auto it = exposed_requests_.begin(); it != exposed_requests_.end();) {
       if (it->second.until > now) {

@@ -313,9 +313,18 @@ void ServerImpl::SweepLoop() {
     StreamWaiters::Tell(retry);
     if (!sweeps || now < next_sweep) continue;
     next_sweep = now + period;
+    // Idle connections are looked at every eighth of idle_timeout (ServerConnection::SweepPass):
+    // the pass takes references to the connections due only. Before, it took one to each of
+    // ten thousand idle connections every second, and its burst (18 ms of the server's 47 ms of
+    // CPU a second in the guest, idle_scale) was a third of what the idle connections cost it.
+    const absl::Time looked_by = options_.idle_timeout > absl::ZeroDuration()
+                                     ? now - options_.idle_timeout / 8
+                                     : absl::InfinitePast();
     {
       absl::MutexLock lock(&mu_);
-      for (auto& [handler, connection] : connections_) open.push_back(connection);
+      for (auto& [handler, connection] : connections_) {
+        if (connection->DueForSweep(looked_by)) open.push_back(connection);
+      }
     }
     for (auto& connection : open) {
       connection->SweepPass(now, options_.idle_timeout, options_.liveness_probe_interval);

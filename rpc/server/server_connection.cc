@@ -308,14 +308,10 @@ void ServerConnection::SweepPass(absl::Time now, absl::Duration idle, absl::Dura
   // work in progress too: probed if silent, never idle.
   const bool holds_calls = calls_count_.load(std::memory_order_relaxed) > 0 || Transferring();
   // An idle connection's one question is whether it has been silent for `idle`, so it is looked
-  // at every eighth of that (37.5 s at the default 5 minutes), not on every pass: ten thousand
-  // idle connections cost the sweeper a few hundred looks a second, not ten thousand. One that
-  // holds calls is looked at on every pass. Its first call's request moves the arrivals, so the
-  // looks it missed while idle never make it look silent.
-  if (!holds_calls && last_look_ != absl::InfinitePast() &&
-      (idle <= absl::ZeroDuration() || now - last_look_ < idle / 8)) {
-    return;
-  }
+  // at every eighth of that (37.5 s at the default 5 minutes), not on every pass (DueForSweep):
+  // ten thousand idle connections cost the sweeper a few hundred looks a second, not ten
+  // thousand. One that holds calls is looked at on every pass. Its first call's request moves
+  // the arrivals, so the looks it missed while idle never make it look silent.
   last_look_ = now;
   std::shared_ptr<transport::Connection> connection;
   {

@@ -75,10 +75,19 @@ class ServerConnection final : public RpcConnection,
   // A call finished (in the domain: its Finish's task): forgets its id and destroys it, and
   // keeps its memory for the next call. After the close, the last call lets go of hold_.
   void Retire(ServerCallImpl* call);
-  // One liveness pass (the server's sweeper thread only; ServerOptions; `now` monotonic):
-  // closes the connection when it held no calls and received nothing for `idle` (looking at an
-  // idle connection every idle / 8 only), probes the client's NIC when it holds calls and
-  // received nothing for `probe`. Counted in the stats.
+  // Whether the sweeper's pass looks at this connection (its thread only): always while it holds
+  // calls or moves a payload, else once, and then only if its last look was at or before
+  // `looked_by` (the pass's time less an eighth of idle_timeout; InfinitePast: never again). A
+  // few loads: the sweeper asks it of every connection under the server's lock, and takes
+  // references to those it looks at only (ten thousand idle connections cost a pass that much).
+  bool DueForSweep(absl::Time looked_by) const {
+    return calls_count_.load(std::memory_order_relaxed) > 0 || Transferring() ||
+           last_look_ == absl::InfinitePast() || last_look_ <= looked_by;
+  }
+  // One liveness pass over a connection DueForSweep chose (the server's sweeper thread only;
+  // ServerOptions; `now` monotonic): closes the connection when it held no calls and received
+  // nothing for `idle`, probes the client's NIC when it holds calls and received nothing for
+  // `probe`. Counted in the stats.
   void SweepPass(absl::Time now, absl::Duration idle, absl::Duration probe);
 
   ServerImpl& server() { return server_; }
