@@ -13,9 +13,10 @@
 //     Prints "status open=N pinned_kib=K pollers=P" every second: connections open, the
 //     process's pinned memory (VmPin, transport/process_limits.h) and its pollers.
 //   idle_scale idle --connect A:P --connections N [--shared-receive-queue R] [--arena-pool N]
-//                   [--window W] [--arena BYTES]
+//                   [--window W] [--arena BYTES] [--idle-keepalive SECONDS]
 //     Holds N connections, idle (channels of up to 1,000 each, default options but for the
-//     flags; --shared-receive-queue R > 0: a queue that backs exactly the channel's windows), until
+//     flags; --shared-receive-queue R > 0: a queue that backs exactly the channel's windows;
+//     --idle-keepalive: ChannelOptions::idle_keepalive_interval, 0 for no idle checks), until
 //     SIGTERM. Prints "idle connected=N seconds=S pinned_kib=K" once they are up,
 //     then "idle lost=L pings=N pings_failed=F ping_p99_ms=X" at the end (the keepalive
 //     probes of the whole run; exit status 1 when a connection was lost or a probe failed).
@@ -56,7 +57,7 @@ constexpr char kUsage[] =
     "usage: idle_scale server [--port P] [--pollers N] [--shared-receive-queue R] "
     "[--arena-pool N] [--window W] [--arena BYTES] [--max-slots N] [--keepalive-budget N]\n"
     "       idle_scale idle --connect A:P --connections N [--shared-receive-queue R] "
-    "[--arena-pool N] [--window W] [--arena BYTES]\n"
+    "[--arena-pool N] [--window W] [--arena BYTES] [--idle-keepalive SECONDS]\n"
     "       idle_scale active --connect A:P [--seconds S]\n";
 
 constexpr int kPerChannel = 1000;
@@ -76,6 +77,7 @@ struct Flags {
   int seconds = 10;
   uint32_t max_slots = 0;  // 0: the pool's default
   std::optional<uint32_t> keepalive_budget;
+  std::optional<uint32_t> idle_keepalive_seconds;
 };
 
 // Applies the flags that shape a connection's registered memory to a side's options.
@@ -138,6 +140,9 @@ int Idle(const Flags& flags) {
     options.connections = std::min(left, kPerChannel);
     options.connect_timeout = absl::Seconds(30);
     Shape(flags, options, options.connection);
+    if (flags.idle_keepalive_seconds) {
+      options.idle_keepalive_interval = absl::Seconds(*flags.idle_keepalive_seconds);
+    }
     // A client's queue backs exactly its channel's windows (the server's may back many more).
     if (flags.shared_receive_queue.value_or(0) != 0) {
       options.shared_receive_queue = options.connections * options.connection.recv_credits;
@@ -212,9 +217,10 @@ int Main(int argc, char** argv) {
   }
   const std::string role = argv[1];
   cli::CommandLine args("idle_scale", kUsage);
-  if (!args.Parse(argc - 1, argv + 1,
-                  {"port", "pollers", "shared-receive-queue", "arena-pool", "window", "arena",
-                   "connect", "connections", "seconds", "max-slots", "keepalive-budget"})) {
+  if (!args.Parse(
+          argc - 1, argv + 1,
+          {"port", "pollers", "shared-receive-queue", "arena-pool", "window", "arena", "connect",
+           "connections", "seconds", "max-slots", "keepalive-budget", "idle-keepalive"})) {
     return args.exit_code();
   }
   Flags flags;
@@ -235,6 +241,8 @@ int Main(int argc, char** argv) {
       {"max-slots", 1, 1 << 24, [&](uint64_t v) { flags.max_slots = static_cast<uint32_t>(v); }},
       {"keepalive-budget", 0, 100000,
        [&](uint64_t v) { flags.keepalive_budget = static_cast<uint32_t>(v); }},
+      {"idle-keepalive", 0, 3600,
+       [&](uint64_t v) { flags.idle_keepalive_seconds = static_cast<uint32_t>(v); }},
   };
   for (const Number& n : numbers) {
     const std::string* text = args.Find(n.name);

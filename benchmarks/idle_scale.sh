@@ -6,7 +6,7 @@
 #   tools/softroce run --timeout 3000 -- benchmarks/idle_scale.sh bazel-bin/benchmarks/idle_scale \
 #     [--steps "0 1000"] [--per-process 500] [--seconds 10] [--pollers N] \
 #     [--shared-receive-queue R] [--arena-pool N] [--window W] [--arena BYTES] [--max-slots N] \
-#     [--keepalive-budget N]
+#     [--keepalive-budget N] [--settle S]
 #
 # One server (idle_scale server: default options but for the flags given and the admission
 # limit per address; --pollers N: N pollers, none added), then for each step: idle connections added from client processes of at
@@ -19,19 +19,25 @@
 # between runs: only the ratios within one run mean anything). At the end every idle client says
 # how many of its connections were lost; any loss fails the run. --shared-receive-queue,
 # --arena-pool, --window and --arena apply to the server and the idle clients alike; without
-# them both sides run at their defaults.
+# them both sides run at their defaults. --settle S waits S seconds after each step's
+# connections are up before measuring: a connection made in a storm first checks its server
+# within the channel's idle interval (20 s) and stretches to the server's advice (100 s at ten
+# thousand) only from its first answer, so the first minutes carry more keepalives than the
+# steady state does.
 set -euo pipefail
 bin=$(readlink -f "$1")
 shift
 steps="0 1000"
 per_process=500
 seconds=10
+settle=0
 shape=()
 server_only=()
 while (($#)); do
   case "$1" in
     --steps) steps=$2 ;;
     --per-process) per_process=$2 ;;
+    --settle) settle=$2 ;;
     --seconds) seconds=$2 ;;
     --shared-receive-queue | --arena-pool | --window | --arena) shape+=("$1" "$2") ;;
     --pollers | --max-slots | --keepalive-budget) server_only+=("$1" "$2") ;;
@@ -64,17 +70,22 @@ for _ in $(seq 300); do
 done
 target=$ZRPC_RDMA_ADDR:$port
 
-# CPU time (user + system, in clock ticks) that processes $@ have used so far.
-cpu_ticks() {
-  local total=0 pid fields
+# CPU time (in nanoseconds) that processes $@ have run so far: the scheduler's own count per
+# thread (/proc/PID/task/TID/schedstat, its first field). Not /proc/PID/stat's user and system
+# ticks: those are sampled at the timer tick, and in the emulated guest they charged the idle
+# processes, which wake briefly at timer interrupts, three to eight times what perf's task clock
+# measured (benchmarks/README, "Idle connections").
+cpu_ns() {
+  local total=0 pid t
   for pid in "$@"; do
-    # Fields 14 and 15 of /proc/PID/stat, after the command name in parentheses.
-    fields=$(sed -E 's/^.*\) //' "/proc/$pid/stat" 2>/dev/null) || continue
-    total=$((total + $(awk '{ print $12 + $13 }' <<<"$fields")))
+    for t in /proc/"$pid"/task/*/schedstat; do
+      [[ -r "$t" ]] || continue
+      read -r ns _ <"$t" 2>/dev/null || continue
+      total=$((total + ns))
+    done
   done
   echo $total
 }
-hz=$(getconf CLK_TCK)
 quiet=5  # seconds over which the idle CPU is measured, before the active connection runs
 
 # The server's latest status line: "open pinned_kib pollers".
@@ -112,6 +123,7 @@ for step in $steps; do
     client_kib=$((client_kib + $(sed -nE 's/.*pinned_kib=([0-9]+).*/\1/p' "$log")))
     have=$((have + n))
   done
+  sleep "$settle"
   st=$(server_status)  # (no process substitution: the guest has no /dev/fd)
   if [[ -z "$st" ]]; then
     echo "idle_scale.sh: the server printed no status" >&2
@@ -121,13 +133,13 @@ for step in $steps; do
 
   # What the idle connections cost while nothing else runs: CPU of the server and of the idle
   # clients over $quiet seconds, in percent of one CPU.
-  server_before=$(cpu_ticks $server)
-  clients_before=$(cpu_ticks "${idle_pids[@]}")
+  server_before=$(cpu_ns $server)
+  clients_before=$(cpu_ns "${idle_pids[@]}")
   sleep $quiet
-  server_cpu=$(awk -v a="$(cpu_ticks $server)" -v b="$server_before" -v hz="$hz" -v s=$quiet \
-    'BEGIN { printf "%.1f", 100 * (a - b) / hz / s }')
-  clients_cpu=$(awk -v a="$(cpu_ticks "${idle_pids[@]}")" -v b="$clients_before" -v hz="$hz" \
-    -v s=$quiet 'BEGIN { printf "%.1f", 100 * (a - b) / hz / s }')
+  server_cpu=$(awk -v a="$(cpu_ns $server)" -v b="$server_before" -v s=$quiet \
+    'BEGIN { printf "%.1f", 100 * (a - b) / 1e9 / s }')
+  clients_cpu=$(awk -v a="$(cpu_ns "${idle_pids[@]}")" -v b="$clients_before" -v s=$quiet \
+    'BEGIN { printf "%.1f", 100 * (a - b) / 1e9 / s }')
   active=$("$bin" active --connect "$target" --seconds "$seconds")
   rate=$(sed -nE 's/.*calls_per_sec=([0-9.]+).*/\1/p' <<<"$active")
   p99=$(sed -nE 's/.*p99_us=([0-9.]+).*/\1/p' <<<"$active")
