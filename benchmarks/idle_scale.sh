@@ -6,7 +6,7 @@
 #   tools/softroce run --timeout 3000 -- benchmarks/idle_scale.sh bazel-bin/benchmarks/idle_scale \
 #     [--steps "0 1000"] [--per-process 500] [--seconds 10] [--pollers N] \
 #     [--shared-receive-queue R] [--arena-pool N] [--window W] [--arena BYTES] [--max-slots N] \
-#     [--keepalive-budget N] [--settle S]
+#     [--keepalive-budget N] [--settle S] [--rounds R]
 #
 # One server (idle_scale server: default options but for the flags given and the admission
 # limit per address; --pollers N: N pollers, none added), then for each step: idle connections added from client processes of at
@@ -23,7 +23,8 @@
 # connections are up before measuring: a connection made in a storm first checks its server
 # within the channel's idle interval (20 s) and stretches to the server's advice (100 s at ten
 # thousand) only from its first answer, so the first minutes carry more keepalives than the
-# steady state does.
+# steady state does. --rounds R runs the active connection R times at each step and reports
+# the median rate and p99 (each round's figures printed beside the table).
 set -euo pipefail
 bin=$(readlink -f "$1")
 shift
@@ -31,6 +32,7 @@ steps="0 1000"
 per_process=500
 seconds=10
 settle=0
+rounds=1
 shape=()
 server_only=()
 while (($#)); do
@@ -38,6 +40,7 @@ while (($#)); do
     --steps) steps=$2 ;;
     --per-process) per_process=$2 ;;
     --settle) settle=$2 ;;
+    --rounds) rounds=$2 ;;
     --seconds) seconds=$2 ;;
     --shared-receive-queue | --arena-pool | --window | --arena) shape+=("$1" "$2") ;;
     --pollers | --max-slots | --keepalive-budget) server_only+=("$1" "$2") ;;
@@ -88,6 +91,11 @@ cpu_ns() {
 }
 quiet=5  # seconds over which the idle CPU is measured, before the active connection runs
 
+# The median of the numbers given (the mean of the middle two for an even count).
+median() {
+  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
 # The server's latest status line: "open pinned_kib pollers".
 server_status() {
   sleep 1.5
@@ -123,7 +131,7 @@ for step in $steps; do
     client_kib=$((client_kib + $(sed -nE 's/.*pinned_kib=([0-9]+).*/\1/p' "$log")))
     have=$((have + n))
   done
-  sleep "$settle"
+  ((step == 0)) || sleep "$settle"
   st=$(server_status)  # (no process substitution: the guest has no /dev/fd)
   if [[ -z "$st" ]]; then
     echo "idle_scale.sh: the server printed no status" >&2
@@ -140,9 +148,17 @@ for step in $steps; do
     'BEGIN { printf "%.1f", 100 * (a - b) / 1e9 / s }')
   clients_cpu=$(awk -v a="$(cpu_ns "${idle_pids[@]}")" -v b="$clients_before" -v s=$quiet \
     'BEGIN { printf "%.1f", 100 * (a - b) / 1e9 / s }')
-  active=$("$bin" active --connect "$target" --seconds "$seconds")
-  rate=$(sed -nE 's/.*calls_per_sec=([0-9.]+).*/\1/p' <<<"$active")
-  p99=$(sed -nE 's/.*p99_us=([0-9.]+).*/\1/p' <<<"$active")
+  # The active connection, --rounds times: the median rate and the median p99 (a round's rate
+  # moved 10-20 % from one to the next in the guest, idle or not).
+  rates=() p99s=()
+  for ((r = 0; r < rounds; ++r)); do
+    active=$("$bin" active --connect "$target" --seconds "$seconds")
+    rates+=("$(sed -nE 's/.*calls_per_sec=([0-9.]+).*/\1/p' <<<"$active")")
+    p99s+=("$(sed -nE 's/.*p99_us=([0-9.]+).*/\1/p' <<<"$active")")
+  done
+  rate=$(median "${rates[@]}")
+  p99=$(median "${p99s[@]}")
+  ((rounds == 1)) || echo "  rounds at $step idle: calls/s ${rates[*]}; p99_us ${p99s[*]}"
   if [[ -z "$base_pinned" ]]; then
     base_pinned=$pinned base_rate=$rate base_p99=$p99 base_step=$step
   fi
