@@ -21,6 +21,19 @@ WorkloadResult MakeRow(const RunConfig& config, RunMeasurement run) {
   row.round = config.round;
   row.calls = run.latencies_ns.size();
   row.seconds = absl::ToDoubleSeconds(run.elapsed);
+  // Little's law: the calls in flight on average are the measured calls' latencies summed over
+  // the time they took. A run that asked for a window and kept far less of it measured something
+  // else than its row says (an issuing thread that woke late to refill freed slots, say: the time
+  // a slot waits for it is in no call's latency), so the row says so.
+  double latency_sum_ns = 0;
+  for (int64_t ns : run.latencies_ns) latency_sum_ns += static_cast<double>(ns);
+  const double mean_in_flight =
+      row.seconds > 0 ? latency_sum_ns / 1e9 / row.seconds : static_cast<double>(config.in_flight);
+  if (config.in_flight > 1 && mean_in_flight < kKeptWindowShare * config.in_flight) {
+    if (!run.note.empty()) run.note += "; ";
+    run.note += absl::StrFormat("kept %.1f of %d calls in flight on average", mean_in_flight,
+                                config.in_flight);
+  }
   SetLatency(Summarize(std::move(run.latencies_ns)), row);
   row.calls_per_sec = row.calls / row.seconds;
   row.goodput_mib_per_sec = static_cast<double>(run.payload_bytes) / row.seconds / (1 << 20);
@@ -65,6 +78,7 @@ absl::StatusOr<RowWriter> RowWriter::Open(const std::string& json_path) {
 void RowWriter::Write(const WorkloadResult& row) {
   std::fputs(FormatRow(row).c_str(), stdout);
   std::fflush(stdout);
+  if (!row.note.empty()) std::fprintf(stderr, "%s: %s\n", row.workload.c_str(), row.note.c_str());
   if (json_.is_open()) json_ << ToJsonLine(row) << std::flush;
 }
 

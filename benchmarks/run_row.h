@@ -36,8 +36,11 @@ struct RunConfig {
 };
 
 // The row of `config` with its measured figures (calls, seconds, latency, rates, CPU per call,
-// note) from `run`, which must have at least one call.
+// note) from `run`, which must have at least one call. When a window of several calls was asked
+// for and fewer than kKeptWindowShare of them were in flight on average (the latencies summed
+// over the elapsed time), the note says how many were.
 WorkloadResult MakeRow(const RunConfig& config, RunMeasurement run);
+inline constexpr double kKeptWindowShare = 0.8;
 
 // The human-readable line of a row, and the header above such lines.
 std::string RowHeader();

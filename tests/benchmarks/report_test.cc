@@ -383,8 +383,31 @@ TEST_CASE("a run becomes a row: configuration kept, figures derived per call", "
   CHECK(row.client_cpu_us_per_call == Approx(2));
   CHECK(row.server_cpu_us_per_call == -1);  // not measured
   CHECK(row.max_us == Approx(4));
-  CHECK(row.note == "n");
+  // 10 us of latency over 2 ms: 0.005 calls in flight on average, of the 8 asked for.
+  CHECK(row.note == "n; kept 0.0 of 8 calls in flight on average");
   CHECK(FormatRow(row).find("echo") == 0);
+}
+
+TEST_CASE("a row says when its run kept less of its window in flight than it asked for",
+          "[report][row]") {
+  // Four calls of 1.05 ms each over 1 ms: 4.2 in flight on average, against a window of 4 or 5
+  // (more than 80 % of it: kept), or 6 (not).
+  const int window = GENERATE(4, 5, 6);
+  RunMeasurement run;
+  run.latencies_ns = {1050000, 1050000, 1050000, 1050000};
+  run.elapsed = absl::Milliseconds(1);
+  const WorkloadResult row = MakeRow({"zrpc", "echo", 64, window, 1, 1, 0}, std::move(run));
+  INFO("window " << window << ": " << row.note);
+  if (window < 6) {
+    CHECK(row.note.empty());
+  } else {
+    CHECK(row.note == "kept 4.2 of 6 calls in flight on average");
+  }
+  // One call at a time is left alone: the gap between two calls is the caller's own.
+  RunMeasurement one;
+  one.latencies_ns = {1000};
+  one.elapsed = absl::Milliseconds(1);
+  CHECK(MakeRow({"zrpc", "echo", 64, 1, 1, 1, 0}, std::move(one)).note.empty());
 }
 
 TEST_CASE("the table has one fixed-width line per configuration", "[report][table]") {

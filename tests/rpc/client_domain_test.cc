@@ -297,6 +297,11 @@ TEST_CASE(
   HoldingGreeter greeter;
   zrpc::ServerOptions server_options;
   server_options.listener.connection.recv_credits = 4;
+  // Receives of its own, so that the window is the four credits from the start: with the shared
+  // queue (a server's default) it starts at the floor of three and grows only on demand. Data
+  // takes three of them: the last is kept for credit frames (transport/credits.h).
+  server_options.shared_receive_queue = 0;
+  constexpr int kDataWindow = 3;
   zrpc::ChannelOptions options = OneConnection();
   options.connection.max_send_slots = 4;
   options.keepalive_interval = absl::ZeroDuration();
@@ -309,7 +314,7 @@ TEST_CASE(
   constexpr int kFill = 12;
   std::vector<zrpc::testing::HelloRequest> fill_requests(kFill);
   std::vector<HelloReply> fill_replies(kFill);
-  std::atomic<int> fill_ok{0}, fill_ended{0};
+  std::atomic<int> fill_ok{0}, fill_ended{0}, fill_started{0};
   std::thread filler([&] {
     for (int i = 0; i < kFill; ++i) {
       fill_requests[i].set_name(absl::StrCat("fill ", i));
@@ -318,10 +323,17 @@ TEST_CASE(
                            if (s.ok()) ++fill_ok;
                            ++fill_ended;
                          });
+      ++fill_started;
     }
   });
-  REQUIRE(zrpc::testing::Eventually([&] { return greeter.held() >= 1; }));
-  absl::SleepFor(absl::Milliseconds(200));  // the window fills; the filler blocks on a slot
+  // The window fills: three requests sent and held, the next four in the four send slots waiting
+  // for credits (a call started by an application thread returns once it has a slot, and those
+  // four had theirs only after the first three's sends completed); the filler blocks on a slot.
+  // Waiting for that state, not for a time: after a fixed 200 ms a loaded machine (ASan, the
+  // whole suite at once) had left two slots free, and two of the large requests below took them
+  // instead of the queue (2 refused, not 4).
+  REQUIRE(zrpc::testing::Eventually(
+      [&] { return greeter.held() == kDataWindow && fill_started.load() >= kDataWindow + 4; }));
   REQUIRE(greeter.held() < kFill);
 
   // Requests of 3.5 MiB (under max_message_size): 18 fit in the queue's 64 MiB.
