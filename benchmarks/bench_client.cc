@@ -274,6 +274,7 @@ absl::StatusOr<RunMeasurement> RunStream(ClientChannel& channel, const RunSpec& 
   result.payload_bytes = spec.calls * spec.size;
   result.client_cpu_ns = static_cast<double>(client_after - client_before);
   result.note = "stream: calls are messages, latency the wait per Read";
+  result.keeps_window = false;  // --in-flight is the stream's window, read one message at a time
   if (server_cpu && stub.Cpu(cpu_request, &after, CallOptions::Timeout(absl::Seconds(30))).ok()) {
     result.server_cpu_ns = static_cast<double>(after.cpu_ns() - before.cpu_ns());
   } else {
@@ -348,6 +349,7 @@ absl::StatusOr<RunMeasurement> RunWorkload(ClientChannel& channel, const RunSpec
                                             " payload bytes: it did not measure zero-copy sends"));
   }
   result.elapsed = end - start;
+  result.keeps_window = !spec.blocking;  // a blocking caller has one call, and its own gaps
   result.payload_bytes = calls * spec.size * (spec.workload == Workload::kEcho ? 2 : 1);
   result.client_cpu_ns = static_cast<double>(client_after - client_before);
   if (server_cpu_after) {

@@ -11,6 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace zrpc::bench {
 
@@ -235,10 +237,14 @@ Aggregate AggregateGroup(const std::vector<const WorkloadResult*>& runs) {
       [](const WorkloadResult* x, const WorkloadResult* y) { return x->p50_us < y->p50_us; });
   m.cdf_us = by_p50[(by_p50.size() + 1) / 2 - 1]->cdf_us;
 
+  // Each distinct part once: a run's note joins parts with "; ", and a part with a figure of its
+  // own (the calls a run kept in flight) differs between rounds where the rest does not.
   std::vector<std::string> notes;
   for (const WorkloadResult* r : runs) {
-    if (!r->note.empty() && std::find(notes.begin(), notes.end(), r->note) == notes.end()) {
-      notes.push_back(r->note);
+    for (absl::string_view part : absl::StrSplit(r->note, "; ", absl::SkipEmpty())) {
+      if (std::find(notes.begin(), notes.end(), part) == notes.end()) {
+        notes.emplace_back(part);
+      }
     }
   }
   m.note = absl::StrJoin(notes, "; ");

@@ -29,7 +29,8 @@ WorkloadResult MakeRow(const RunConfig& config, RunMeasurement run) {
   for (int64_t ns : run.latencies_ns) latency_sum_ns += static_cast<double>(ns);
   const double mean_in_flight =
       row.seconds > 0 ? latency_sum_ns / 1e9 / row.seconds : static_cast<double>(config.in_flight);
-  if (config.in_flight > 1 && mean_in_flight < kKeptWindowShare * config.in_flight) {
+  if (run.keeps_window && config.in_flight > 1 &&
+      mean_in_flight < kKeptWindowShare * config.in_flight) {
     if (!run.note.empty()) run.note += "; ";
     run.note += absl::StrFormat("kept %.1f of %d calls in flight on average", mean_in_flight,
                                 config.in_flight);

@@ -22,6 +22,10 @@ struct RunMeasurement {
   double client_cpu_ns = 0;
   double server_cpu_ns = -1;  // negative: not measured
   std::string note;
+  // Whether the run kept its configuration's in_flight calls outstanding, each issued as one
+  // ended (a closed loop), so that fewer on average is worth a note (MakeRow). Not a stream's
+  // reads (in_flight is its window, one Read at a time) nor blocking callers (one call each).
+  bool keeps_window = true;
 };
 
 // What was run: the row's configuration, before MakeRow adds what was measured.
@@ -36,9 +40,9 @@ struct RunConfig {
 };
 
 // The row of `config` with its measured figures (calls, seconds, latency, rates, CPU per call,
-// note) from `run`, which must have at least one call. When a window of several calls was asked
-// for and fewer than kKeptWindowShare of them were in flight on average (the latencies summed
-// over the elapsed time), the note says how many were.
+// note) from `run`, which must have at least one call. When a run that keeps a window of several
+// calls (RunMeasurement::keeps_window) had fewer than kKeptWindowShare of them in flight on
+// average (the latencies summed over the elapsed time), the note says how many it had.
 WorkloadResult MakeRow(const RunConfig& config, RunMeasurement run);
 inline constexpr double kKeptWindowShare = 0.8;
 

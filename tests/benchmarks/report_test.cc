@@ -408,6 +408,24 @@ TEST_CASE("a row says when its run kept less of its window in flight than it ask
   one.latencies_ns = {1000};
   one.elapsed = absl::Milliseconds(1);
   CHECK(MakeRow({"zrpc", "echo", 64, 1, 1, 1, 0}, std::move(one)).note.empty());
+  // So is a run whose in_flight is no window it fills (a stream's reads, blocking callers).
+  RunMeasurement stream;
+  stream.latencies_ns = {1000};
+  stream.elapsed = absl::Milliseconds(1);
+  stream.keeps_window = false;
+  CHECK(MakeRow({"zrpc", "stream", 64, 32, 1, 1, 0}, std::move(stream)).note.empty());
+}
+
+TEST_CASE("rounds merged keep each part of their notes once", "[report][row]") {
+  WorkloadResult a = Row("zrpc", "echo", 64, 8, 0, 11);
+  WorkloadResult b = Row("zrpc", "echo", 64, 8, 1, 12);
+  a.note = "server CPU not measured; kept 5.0 of 8 calls in flight on average";
+  b.note = "server CPU not measured; kept 6.0 of 8 calls in flight on average";
+  const std::vector<Aggregate> merged = MustAggregate({a, b});
+  REQUIRE(merged.size() == 1);
+  CHECK(merged[0].median.note ==
+        "server CPU not measured; kept 5.0 of 8 calls in flight on average; kept 6.0 of 8 "
+        "calls in flight on average");
 }
 
 TEST_CASE("the table has one fixed-width line per configuration", "[report][table]") {
