@@ -79,7 +79,7 @@ target=$ZRPC_RDMA_ADDR:$port
 # processes, which wake briefly at timer interrupts, three to eight times what perf's task clock
 # measured (benchmarks/README, "Idle connections").
 cpu_ns() {
-  local total=0 pid t
+  local total=0 pid t ns
   for pid in "$@"; do
     for t in /proc/"$pid"/task/*/schedstat; do
       [[ -r "$t" ]] || continue

@@ -313,10 +313,9 @@ void ServerImpl::SweepLoop() {
     StreamWaiters::Tell(retry);
     if (!sweeps || now < next_sweep) continue;
     next_sweep = now + period;
-    // Idle connections are looked at every eighth of idle_timeout (ServerConnection::SweepPass):
-    // the pass takes references to the connections due only. Before, it took one to each of
-    // ten thousand idle connections every second, and its burst (18 ms of the server's 47 ms of
-    // CPU a second in the guest, idle_scale) was a third of what the idle connections cost it.
+    // Idle connections are looked at every eighth of idle_timeout (ServerConnection::SweepPass),
+    // so the pass takes references to the connections due only: a reference to each of ten
+    // thousand every second was a third of the server's idle CPU (benchmarks/README).
     const absl::Time looked_by = options_.idle_timeout > absl::ZeroDuration()
                                      ? now - options_.idle_timeout / 8
                                      : absl::InfinitePast();

@@ -76,13 +76,13 @@ class ServerConnection final : public RpcConnection,
   // keeps its memory for the next call. After the close, the last call lets go of hold_.
   void Retire(ServerCallImpl* call);
   // Whether the sweeper's pass looks at this connection (its thread only): always while it holds
-  // calls or moves a payload, else once, and then only if its last look was at or before
-  // `looked_by` (the pass's time less an eighth of idle_timeout; InfinitePast: never again). A
-  // few loads: the sweeper asks it of every connection under the server's lock, and takes
-  // references to those it looks at only (ten thousand idle connections cost a pass that much).
+  // calls or moves a payload, else only if its last look was at or before `looked_by` (the pass's
+  // time less an eighth of idle_timeout; InfinitePast: never again after the first, since
+  // last_look_ starts at InfinitePast). A few loads: the sweeper asks it of every connection under
+  // the server's lock, and takes references to those it looks at only.
   bool DueForSweep(absl::Time looked_by) const {
     return calls_count_.load(std::memory_order_relaxed) > 0 || Transferring() ||
-           last_look_ == absl::InfinitePast() || last_look_ <= looked_by;
+           last_look_ <= looked_by;
   }
   // One liveness pass over a connection DueForSweep chose (the server's sweeper thread only;
   // ServerOptions; `now` monotonic): closes the connection when it held no calls and received

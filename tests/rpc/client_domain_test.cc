@@ -303,7 +303,8 @@ TEST_CASE(
   server_options.shared_receive_queue = 0;
   constexpr int kDataWindow = 3;
   zrpc::ChannelOptions options = OneConnection();
-  options.connection.max_send_slots = 4;
+  constexpr int kSlots = 4;  // the client's send slots
+  options.connection.max_send_slots = kSlots;
   options.keepalive_interval = absl::ZeroDuration();
   Served served(FakeDevice(), {&greeter}, server_options, options);
   std::unique_ptr<zrpc::ClientChannel> other = OtherChannel(served);
@@ -332,8 +333,9 @@ TEST_CASE(
   // Waiting for that state, not for a time: after a fixed 200 ms a loaded machine (ASan, the
   // whole suite at once) had left two slots free, and two of the large requests below took them
   // instead of the queue (2 refused, not 4).
-  REQUIRE(zrpc::testing::Eventually(
-      [&] { return greeter.held() == kDataWindow && fill_started.load() >= kDataWindow + 4; }));
+  REQUIRE(zrpc::testing::Eventually([&] {
+    return greeter.held() == kDataWindow && fill_started.load() >= kDataWindow + kSlots;
+  }));
   REQUIRE(greeter.held() < kFill);
 
   // Requests of 3.5 MiB (under max_message_size): 18 fit in the queue's 64 MiB.
