@@ -4,13 +4,15 @@
 // `valgrind --tool=callgrind` (benchmarks/count_instructions.sh reads the counts).
 //
 //   count_instructions transport|rpc [--calls N] [--warmup N] [--size B] [--depth D]
-//                                    [--shared-receive-queue R]
+//                                    [--shared-receive-queue R] [--idle N]
 //
 // transport: zrpc's transport alone (transport::Connection, the echo transport_bench measures).
 // rpc: the generated Bench service's Echo, inline handler, async calls chained from their
 // callbacks (zrpc_bench's configuration), through Server and ClientChannel.
 // --shared-receive-queue R: both sides' pollers share a receive queue of R receives among their
 // connections (PollerOptions::shared_receive_queue) instead of a queue per connection.
+// --idle N (rpc): N idle connections to the server beside the counted one (a second channel's,
+// no calls, no keepalives), so that what idle connections add to a call's work is counted.
 //
 // After the warm-up (dumped first, so that the counters start from zero) it runs two phases of
 // --calls round trips each, dumped after each (callgrind client requests; without valgrind they
@@ -50,7 +52,7 @@ using fakeverbs::FakeDevice;
 
 constexpr char kUsage[] =
     "usage: count_instructions transport|rpc [--calls N] [--warmup N] [--size B] [--depth D]\n"
-    "                                        [--shared-receive-queue R]\n";
+    "                                        [--shared-receive-queue R] [--idle N (rpc)]\n";
 
 struct Args {
   std::string mode;
@@ -59,6 +61,7 @@ struct Args {
   uint64_t size = 64;
   uint64_t depth = 1;
   uint64_t shared_receive_queue = 0;
+  uint64_t idle = 0;  // rpc: idle connections to the server beside the counted one
 };
 
 // "phase N: CALLS calls, SENDS sends, COMPLETIONS completions, S send doorbells, R receive
@@ -226,7 +229,7 @@ int RunRpc(const Args& args) {
   server_options.shared_receive_queue = static_cast<uint32_t>(args.shared_receive_queue);
   // No sweeper passes, and (below) no keepalives: they run by the clock, not by the calls, and a
   // pass that fell in a phase moved its counts (8.10 atomics per round trip, 1 run in 3).
-  server_options.idle_timeout = absl::ZeroDuration();
+  server_options.idle_probe_interval = absl::ZeroDuration();
   server_options.liveness_probe_interval = absl::ZeroDuration();
   BenchService service(0);
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(server_options);
@@ -246,6 +249,27 @@ int RunRpc(const Args& args) {
   if (!s.ok()) {
     std::fprintf(stderr, "count_instructions: %s\n", s.ToString().c_str());
     return 1;
+  }
+  // Idle connections beside the counted one, from a channel of their own that never calls or
+  // pings: whatever they add to a call's work (a poller's batch, the server's lookups) shows as
+  // instructions per round trip.
+  std::unique_ptr<ClientChannel> idle;
+  if (args.idle > 0) {
+    ChannelOptions idle_options = channel_options;
+    idle_options.connections = static_cast<int>(args.idle);
+    absl::StatusOr<std::unique_ptr<ClientChannel>> made =
+        CreateChannel(absl::StrCat(fakeverbs::kAddress, ":", (*server)->port()), idle_options);
+    s = made.ok() ? (*made)->Connect(absl::Now() + absl::Minutes(5)) : made.status();
+    if (s.ok() && (*server)->stats().connections_open != args.idle + 1) {
+      s = absl::UnavailableError(absl::StrCat("the server holds ",
+                                              (*server)->stats().connections_open,
+                                              " connections, not ", args.idle + 1));
+    }
+    if (!s.ok()) {
+      std::fprintf(stderr, "count_instructions: idle connections: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    idle = std::move(*made);
   }
   Bench::Stub stub(channel->get());
   EchoMessage request;
@@ -326,6 +350,8 @@ int main(int argc, char** argv) {
       args.depth = value;
     } else if (flag == "--shared-receive-queue") {
       args.shared_receive_queue = value;
+    } else if (flag == "--idle" && args.mode == "rpc") {
+      args.idle = value;
     } else {
       std::fprintf(stderr, "count_instructions: unknown flag %s\n%s", flag.c_str(),
                    zrpc::bench::kUsage);

@@ -15,25 +15,28 @@
 # post_send is a system call); they belong to the device, not to zrpc's layers.
 #
 # Usage: count_instructions.sh COUNT_INSTRUCTIONS OUT_DIR [--calls N] [--warmup N] [--depth D]
-#                                [--shared-receive-queue R]
+#                                [--shared-receive-queue R] [--idle N]
 #
 # --depth D keeps D round trips in flight (count_instructions' chains), so that a poller pass
 # handles batches; the doorbells (ibv_post_send and ibv_post_recv calls) per round trip show what
 # a batch shares. They are printed after the table, and written to OUT_DIR/doorbells.tsv.
 # --shared-receive-queue R counts both sides with a shared receive queue of R receives per poller.
+# --idle N opens N idle connections to the RPC server beside the counted one (the transport's
+# count has none): what idle connections add to a call's work shows against a run without.
 #
 # The two phases are the same work: they must agree (to 0.5 %) or the count is not exact and
 # the script fails. Needs valgrind (tools/install-deps installs it).
 set -euo pipefail
 bin=$1 out=$2
 shift 2
-calls=500 warmup=500 depth=1 srq=()
+calls=500 warmup=500 depth=1 srq=() idle=()
 while (($#)); do
   case "$1" in
     --calls) calls=${2-} ;;
     --warmup) warmup=${2-} ;;
     --depth) depth=${2-} ;;
     --shared-receive-queue) srq=(--shared-receive-queue "${2-}") ;;
+    --idle) idle=(--idle "${2-}") ;;
     *) echo "count_instructions.sh: unknown flag $1" >&2; exit 2 ;;
   esac
   (($# >= 2)) || { echo "count_instructions.sh: $1 needs a value" >&2; exit 2; }
@@ -48,12 +51,14 @@ mkdir -p "$out"
 rm -f "$out"/callgrind.* "$out/counts.tsv" "$out/doorbells.tsv"
 printf 'mode\tsend doorbells\treceive doorbells\n' >"$out/doorbells.tsv"
 for mode in transport rpc; do
+  extra=()
+  [[ $mode == rpc ]] && extra=("${idle[@]}")
   valgrind --tool=callgrind --dump-instr=yes --compress-strings=no --compress-pos=no \
     --toggle-collect='zrpc::fakeverbs::entry::*' --toggle-collect=rdma_get_cm_event \
     --toggle-collect=rdma_ack_cm_event --toggle-collect=ibv_get_cq_event \
     --toggle-collect=ibv_ack_cq_events --collect-atstart=yes \
     --callgrind-out-file="$out/callgrind.$mode" "$bin" "$mode" --calls "$calls" \
-    --warmup "$warmup" --depth "$depth" "${srq[@]}" >"$out/$mode.log" 2>&1 || {
+    --warmup "$warmup" --depth "$depth" "${srq[@]}" "${extra[@]}" >"$out/$mode.log" 2>&1 || {
     echo "count_instructions.sh: count_instructions $mode failed:" >&2
     tail -n 20 "$out/$mode.log" >&2
     exit 1

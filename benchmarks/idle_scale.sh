@@ -6,7 +6,7 @@
 #   tools/softroce run --timeout 3000 -- benchmarks/idle_scale.sh bazel-bin/benchmarks/idle_scale \
 #     [--steps "0 1000"] [--per-process 500] [--seconds 10] [--pollers N] \
 #     [--shared-receive-queue R] [--arena-pool N] [--window W] [--arena BYTES] [--max-slots N] \
-#     [--keepalive-budget N] [--settle S] [--rounds R]
+#     [--keepalive-budget N] [--idle-keepalive S] [--settle S] [--rounds R]
 #
 # One server (idle_scale server: default options but for the flags given and the admission
 # limit per address; --pollers N: N pollers, none added), then for each step: idle connections added from client processes of at
@@ -19,9 +19,11 @@
 # between runs: only the ratios within one run mean anything). At the end every idle client says
 # how many of its connections were lost; any loss fails the run. --shared-receive-queue,
 # --arena-pool, --window and --arena apply to the server and the idle clients alike; without
-# them both sides run at their defaults. --settle S waits S seconds after each step's
+# them both sides run at their defaults; --idle-keepalive S sets the idle clients'
+# ChannelOptions::idle_keepalive_interval (a long one: no idle pings during the run, to see what
+# the rest costs). --settle S waits S seconds after each step's
 # connections are up before measuring: a connection made in a storm first checks its server
-# within the channel's idle interval (20 s) and stretches to the server's advice (100 s at ten
+# within the channel's idle interval (20 s) and stretches to the server's advice (500 s at ten
 # thousand) only from its first answer, so the first minutes carry more keepalives than the
 # steady state does. --rounds R runs the active connection R times at each step and reports
 # the median rate and p99 (each round's figures printed beside the table).
@@ -35,6 +37,7 @@ settle=0
 rounds=1
 shape=()
 server_only=()
+client_only=()
 while (($#)); do
   case "$1" in
     --steps) steps=$2 ;;
@@ -44,6 +47,7 @@ while (($#)); do
     --seconds) seconds=$2 ;;
     --shared-receive-queue | --arena-pool | --window | --arena) shape+=("$1" "$2") ;;
     --pollers | --max-slots | --keepalive-budget) server_only+=("$1" "$2") ;;
+    --idle-keepalive) client_only+=("$1" "$2") ;;
     *)
       echo "idle_scale.sh: unknown argument $1" >&2
       exit 2
@@ -121,7 +125,7 @@ for step in $steps; do
   while ((have < step)); do
     n=$((step - have < per_process ? step - have : per_process))
     log="$tmp/idle.$have.log"
-    "$bin" idle --connect "$target" --connections $n "${shape[@]}" >"$log" 2>&1 &
+    "$bin" idle --connect "$target" --connections $n "${shape[@]}" "${client_only[@]}" >"$log" 2>&1 &
     pid=$!
     idle_pids+=($pid)
     until grep -q '^idle connected' "$log"; do

@@ -114,7 +114,8 @@ std::string ReservedPackageReason(const std::string& package) {
   // What zrpc's headers declare directly in namespace zrpc (rpc/*.h, transport/*.h,
   // proto/zrpc/options.proto): a package zrpc.Channel would make a namespace of the same name.
   // tests/codegen:reserved_names_test reads the headers and fails naming any that is missing.
-  static const std::set<std::string> kRuntimeNames = {"AppendPrometheusFamily",
+  static const std::set<std::string> kRuntimeNames = {"AcceptDataIdleIntervalMs",
+                                                      "AppendPrometheusFamily",
                                                       "AsyncClientReader",
                                                       "AsyncClientReaderWriter",
                                                       "AsyncClientWriter",
@@ -140,6 +141,7 @@ std::string ReservedPackageReason(const std::string& package) {
                                                       "DecodePullDescriptor",
                                                       "DecodeRpcHeader",
                                                       "DoneCallback",
+                                                      "EncodeAcceptData",
                                                       "EncodeErrorBody",
                                                       "EncodeLargeBody",
                                                       "EncodePullDescriptor",

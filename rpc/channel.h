@@ -77,6 +77,11 @@ struct ChannelStats {
   // as a warning). Larger messages, up
   // to ChannelOptions::max_message_size, travel as payloads. 0 before the first connection.
   uint64_t max_slot_message = 0;
+  // The idle keepalive interval the server asked for in its accept reply on the connection made
+  // last (ServerOptions::idle_keepalive_budget; rpc/WIRE.md, "Accept data"): zero for none. Its
+  // answers to pings may ask for another later; the channel waits at most
+  // max_idle_keepalive_interval whatever it asks.
+  absl::Duration server_idle_advice = absl::ZeroDuration();
   // Request payload bytes copied into staging memory (from unregistered bytes), and those the
   // NIC sent straight from memory registered with RegisterMemory: an application whose payloads
   // should be zero-copy sees it here. staging_bytes_registered is the staging memory registered

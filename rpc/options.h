@@ -157,10 +157,9 @@ struct ChannelOptions : RuntimeOptions {
   // interval in its answers (ServerOptions::idle_keepalive_budget), up to
   // max_idle_keepalive_interval. So a dead server is noticed on an idle connection within about
   // the interval in force + keepalive_timeout, and ten thousand idle connections cost their
-  // server about 100 pings a second (its default budget), not 5,000. Keep it well below the
-  // server's ServerOptions::idle_timeout (5 minutes by default), which closes connections that
-  // say nothing. Zero: idle connections are never pinged (and the server's idle_timeout closes
-  // them).
+  // server about 20 pings a second (its default budget), not 500. Zero: idle connections are
+  // never pinged (the server then probes their NIC now and then, ServerOptions::
+  // idle_probe_interval, and closes a connection that never said a word).
   absl::Duration idle_keepalive_interval = absl::Seconds(20);
   // The longest idle interval a server's advice (ServerOptions::idle_keepalive_budget) may make
   // this side wait between checks of an idle connection: a server cannot talk a client out of
@@ -226,28 +225,37 @@ struct ServerOptions : RuntimeOptions {
   // lower listener.connection.arena_size to place smaller ones.
   std::function<absl::StatusOr<PayloadPlacement>(const MethodInfo& method, size_t size)>
       place_request_payload;
-  // Liveness, checked by a thread of the server's:
-  //  - a connection that held no calls and received nothing for idle_timeout is closed (its
-  //    slots, arena and admission place go back): a peer that went away without a word, or
-  //    never said anything. Idle connections are looked at every eighth of it, so one closes
-  //    between 1 and about 5/4 of it after its last word (more when the sweep's period, a second
-  //    or so, is coarse against an eighth of it). A zrpc client with keepalives on is never idle
-  //    this long (it pings an idle connection every ChannelOptions::idle_keepalive_interval, 20 s);
-  //    one with them off reconnects on its next call. Zero: never.
+  // Liveness, checked by a thread of the server's. Every connection's client is checked now and
+  // then, and a client host that vanished without a word loses its connections (slots, arena and
+  // admission place go back); a live client keeps them however quiet it is:
   //  - a connection that holds calls (looked at every second or so) and received nothing for
-  //    liveness_probe_interval has its client's NIC probed (a zero-length RDMA WRITE, no
-  //    credit): a client host that vanished fails the probe after the transport's retries, the
-  //    connection fails, and its calls are marked cancelled (ServerContext::IsCancelled) instead of
-  //    running for nobody. Zero: never.
-  absl::Duration idle_timeout = absl::Minutes(5);
+  //    liveness_probe_interval has its client's NIC probed (a zero-length RDMA WRITE: no credit,
+  //    no work for the client's process): a client host that vanished fails the probe after the
+  //    transport's retries, the connection fails, and its calls are marked cancelled
+  //    (ServerContext::IsCancelled) instead of running for nobody. Zero: never.
+  //  - a connection that holds none and received nothing for idle_probe_interval, or for half as
+  //    long again as the idle interval this server asks its clients to keep (its keepalive
+  //    advice, below) when that is longer, is probed the same way, and again each time it stays
+  //    silent that long. A zrpc client that follows the advice pings before then, so its idle
+  //    connections are never probed; one with keepalives off is probed, at the same bounded
+  //    rate. A connection that never received a message at all (a peer that connected and said
+  //    nothing) is closed at idle_probe_interval instead. Idle connections are looked at every
+  //    eighth of it, not every pass. Zero: never.
   absl::Duration liveness_probe_interval = absl::Seconds(2);
+  absl::Duration idle_probe_interval = absl::Minutes(5);
+  // A connection that held no calls and received nothing for this long is closed, its client
+  // alive or not (gRPC's MAX_CONNECTION_IDLE): for a server that would rather its idle clients
+  // reconnect when they call again than hold their place. Keep it well above the clients'
+  // idle_keepalive_interval, whose pings count as words. Zero (the default): never.
+  absl::Duration max_connection_idle = absl::ZeroDuration();
   // The keepalive pings a second this server asks its idle clients to keep to, all together: its
-  // answer to a ping carries an idle interval of (open connections / this) seconds, at most a
-  // third of idle_timeout, and a zrpc client checks an idle connection no more often than that
-  // (ChannelOptions::idle_keepalive_interval is the least it waits). So ten thousand idle
-  // connections cost the server about 100 pings a second, not 500 (rpc/WIRE.md, "Keepalive").
-  // Zero: no advice (clients keep their own interval). At least 0.
-  double idle_keepalive_budget = 100;
+  // answer to a ping carries an idle interval of (open connections / this) seconds, and a zrpc
+  // client checks an idle connection no more often than that (ChannelOptions::
+  // idle_keepalive_interval is the least it waits, max_idle_keepalive_interval the most). So ten
+  // thousand idle connections cost the server about 20 pings a second (one every 500 s each), not
+  // 500 (rpc/WIRE.md, "Keepalive"; benchmarks/README, "Idle connections"). Zero: no advice
+  // (clients keep their own interval). At least 0.
+  double idle_keepalive_budget = 20;
   // Serve PrometheusText() at http://<metrics_address>/metrics from Start to Shutdown: "host:port"
   // on a plain TCP interface ("0.0.0.0:9464", "127.0.0.1:0" for any free port; metrics_port()
   // says which). Empty: no endpoint. See rpc/metrics_http.h for what it answers and its bounds.

@@ -81,11 +81,14 @@ struct ServerStats {
   // Answers not sent because the caller had given up by the time the handler finished (no
   // payload staged or written for them).
   uint64_t answers_dropped = 0;
-  uint64_t connections_idle_closed = 0;  // closed after idle_timeout without a word
-  uint64_t liveness_probes = 0;          // probes of silent clients that hold calls
-  uint64_t streams_started = 0;          // streaming calls whose handler thread started
-  uint64_t streams_open = 0;             // of those, not finished yet
-  uint64_t streams_refused = 0;          // past max_streams_per_connection or max_streams
+  // Idle connections closed: no word ever within ServerOptions::idle_probe_interval, or none for
+  // max_connection_idle.
+  uint64_t connections_idle_closed = 0;
+  uint64_t liveness_probes = 0;  // probes of silent clients that hold calls
+  uint64_t idle_probes = 0;      // probes of silent idle connections (idle_probe_interval)
+  uint64_t streams_started = 0;  // streaming calls whose handler thread started
+  uint64_t streams_open = 0;     // of those, not finished yet
+  uint64_t streams_refused = 0;  // past max_streams_per_connection or max_streams
   // Streaming calls an AsyncService's handler took: no thread, so not in streams_started.
   uint64_t async_streams_started = 0;
   // Response payload bytes copied into staging memory (from unregistered bytes), and those the

@@ -431,6 +431,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // max_message_size().
   uint32_t peer_recv_size() const { return peer_.recv_size; }
   std::string peer_address() const { return peer_address_; }
+  // The bytes the server's accept reply carried after its Hello (wire.h; AcceptHandler's
+  // Placement::accept_data), on the side that connected; zeros on the side that accepted, or
+  // when the server gave none.
+  const AcceptData& peer_accept_data() const { return peer_accept_data_; }
   // Waits for the domain's holder, if any: a poller may hold it for as long as a handler or a
   // user's callback runs.
   ConnectionStats stats() const;
@@ -745,6 +749,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const ConnectionOptions options_;
   Hello peer_;
   std::string peer_address_;
+  AcceptData peer_accept_data_{};  // set at connect, before the connection is shared
   uint32_t max_inline_ = 0;
   uint32_t max_message_ = 0;
   uint32_t qp_num_ = 0;

@@ -289,6 +289,16 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   auto event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();
   absl::StatusOr<Hello> peer = PeerHello(**event, options);
+  {
+    // The server's accept data, after its Hello: as many bytes as came (the CM pads with
+    // zeros; a transport that does not, or an older server, may send fewer).
+    const auto* data = static_cast<const uint8_t*>((*event)->param.conn.private_data);
+    const size_t length = (*event)->param.conn.private_data_len;
+    if (data != nullptr && length > Hello::kSize) {
+      const size_t extra = std::min(length - Hello::kSize, kAcceptDataSize);
+      std::copy(data + Hello::kSize, data + Hello::kSize + extra, c->peer_accept_data_.begin());
+    }
+  }
   // This queue pair's RNR retry count is the one the server put in its reply (cm_util.h).
   uint8_t rnr_retry = (*event)->param.conn.rnr_retry_count;
   rdma_ack_cm_event(*event);

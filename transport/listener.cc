@@ -194,9 +194,11 @@ void Listener::OnRequest(rdma_cm_event* event) {
   if (auto s = c->poller_.Register(c); !s.ok()) {
     return refuse(absl::Status(s.code(), absl::StrCat("server full: ", s.message())));
   }
-  uint8_t own_hello[Hello::kSize];
-  EncodeHello(c->OwnHello(), own_hello);
-  rdma_conn_param param = ConnParam(own_hello, Hello::kSize, reads_out, reads_in);
+  // The Hello, then the upper layer's accept data (wire.h).
+  uint8_t reply[Hello::kSize + kAcceptDataSize];
+  EncodeHello(c->OwnHello(), reply);
+  std::copy(placement->accept_data.begin(), placement->accept_data.end(), reply + Hello::kSize);
+  rdma_conn_param param = ConnParam(reply, sizeof(reply), reads_out, reads_in);
   if (rdma_accept(id, &param) != 0) return refuse(VerbsError("rdma_accept", errno));
   handshakes_[id] = Handshake{std::move(c), absl::Now() + options_.handshake_timeout};
 }

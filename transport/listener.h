@@ -44,6 +44,7 @@
 
 #include <rdma/rdma_cma.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -74,6 +75,9 @@ struct Placement {
   Poller* poller = nullptr;
   ConnectionHandler* handler = nullptr;
   std::shared_ptr<ConnectionHandler> owner;  // optional; owns `handler` when set
+  // Bytes the accept reply carries to the client after the Hello (wire.h), which reads them as
+  // Connection::peer_accept_data(). Zero: none.
+  AcceptData accept_data{};
 };
 
 class AcceptHandler {

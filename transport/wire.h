@@ -29,6 +29,13 @@
 //    in a connect request (RDMA_PS_TCP); Hello leaves 20 spare for later versions. A refusal
 //    (rdma_reject) carries a short text saying why, so the connecting side can say it too.
 //
+//    The accept reply carries kAcceptDataSize more bytes after its Hello: the server's upper
+//    layer's, opaque here (Placement::accept_data; rpc/WIRE.md says what the RPC layer puts
+//    there), zero when it gives none. The CM's reply has room for 196 bytes and pads what it
+//    carries with zeros, so a reader cannot tell bytes absent from zeros: zero must mean "none".
+//    An older client ignores them (DecodeHello reads kSize bytes); an older server's reply reads
+//    as zeros.
+//
 // 2. Frames: every SEND starts with an 8-byte FrameHeader, followed by the caller's payload:
 //
 //      offset size field
@@ -63,6 +70,7 @@
 #ifndef ZRPC_TRANSPORT_WIRE_H_
 #define ZRPC_TRANSPORT_WIRE_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -78,6 +86,9 @@ inline constexpr uint32_t kWireMagic = 0x5a525043;  // "ZRPC"
 inline constexpr uint16_t kWireVersion = 6;
 // Hello.flags bit 0: the sender's arena is lent on demand, by kArena frames.
 inline constexpr uint16_t kHelloArenaOnDemand = 1;
+// The upper layer's bytes after the Hello in an accept reply (above).
+inline constexpr size_t kAcceptDataSize = 32;
+using AcceptData = std::array<uint8_t, kAcceptDataSize>;
 // What librdmacm lets a connect request carry (RDMA_PS_TCP over the IB CM).
 inline constexpr size_t kMaxConnectPrivateData = 56;
 

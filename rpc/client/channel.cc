@@ -126,8 +126,8 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   absl::Status ConnectAll(absl::Time deadline);
   static constexpr size_t kConnectsAtOnce = 16;
   ChannelStats stats() const;
-  // Records the message limit of a new connection, and warns once when the server's receive
-  // slots differ from this channel's.
+  // Records the message limit and the server's keepalive advice of a new connection, and warns
+  // once when the server's receive slots differ from this channel's.
   void NoteMessageLimit(const transport::Connection& connection);
   const std::string& target() const { return target_; }
   const ChannelOptions& options() const { return options_; }
@@ -229,6 +229,7 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   std::atomic<uint64_t> attempts_{0};
   std::atomic<uint64_t> failures_{0};
   std::atomic<uint64_t> max_message_{0};         // ChannelStats::max_slot_message
+  std::atomic<uint32_t> server_advice_ms_{0};    // ChannelStats::server_idle_advice
   std::atomic<bool> slot_mismatch_said_{false};  // the slot-size warning, once per channel
   std::atomic<uint64_t> lost_{0};
   std::atomic<uint64_t> expired_{0};
@@ -617,6 +618,8 @@ absl::Status ChannelImpl::CloseStatus(const std::string& peer, const absl::Statu
 void ChannelImpl::NoteMessageLimit(const transport::Connection& connection) {
   const size_t max = RpcConnection::MaxInlineBody(connection);
   max_message_.store(max, std::memory_order_relaxed);
+  server_advice_ms_.store(AcceptDataIdleIntervalMs(connection.peer_accept_data()),
+                          std::memory_order_relaxed);
   const size_t own = device_->slots().slot_size();
   const size_t peer = connection.peer_recv_size();
   if (own == peer || slot_mismatch_said_.exchange(true)) return;
@@ -632,6 +635,7 @@ void ChannelImpl::NoteMessageLimit(const transport::Connection& connection) {
 ChannelStats ChannelImpl::stats() const {
   ChannelStats stats;
   stats.max_slot_message = max_message_.load(std::memory_order_relaxed);
+  stats.server_idle_advice = absl::Milliseconds(server_advice_ms_.load(std::memory_order_relaxed));
   stats.connect_attempts = attempts_.load(std::memory_order_relaxed);
   stats.connect_failures = failures_.load(std::memory_order_relaxed);
   stats.connections_lost = lost_.load(std::memory_order_relaxed);

@@ -48,6 +48,9 @@ void ClientCall::End(absl::Status status) {
 
 void ClientConnection::Attach(std::shared_ptr<transport::Connection> connection) {
   connection_ = std::move(connection);
+  // The server's keepalive advice from its accept reply, until an answer to a ping says more.
+  server_idle_interval_ms_.store(AcceptDataIdleIntervalMs(connection_->peer_accept_data()),
+                                 std::memory_order_relaxed);
   absl::MutexLock lock(&self_mu_);
   // A connection that closed at once (OnClosed ran on the poller already) must not keep itself.
   if (!closed()) self_ = shared_from_this();
@@ -599,7 +602,7 @@ void ClientConnection::Keepalive(KeepalivePass& pass) {
   // An idle connection is pinged even while its application holds received payloads (no answer
   // of the server's can wait for that arena space behind the ping when no call is in flight; a
   // late answer to a timed-out call might, and then a ping that times out probes instead of
-  // closing: OnPingDone): probes alone would let the server's idle_timeout close it.
+  // closing: OnPingDone): a ping is a word the server hears, and spares it probing this side.
   if (WindowHeld(/*arena_counts=*/busy)) {
     // A ping would wait behind the held window (see the top of client_connection.h).
     static_cast<void>(connection_->Probe());

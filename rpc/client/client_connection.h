@@ -60,7 +60,7 @@
 // for one (transport::Connection::TryStats): a busy connection is checked again on the next pass,
 // an idle one on its next idle check. An idle connection whose application merely holds received
 // payloads is pinged all the same (no call's answer can wait behind its ping), so that the server
-// hears from it (ServerOptions::idle_timeout).
+// hears from it (ServerOptions::idle_probe_interval).
 #ifndef ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_
 #define ZRPC_RPC_CLIENT_CLIENT_CONNECTION_H_
 

@@ -15,7 +15,8 @@
 //    thousand made at once check at most about 1.6 times the mean number per pass from the
 //    first round on (with [3/4, 1] alone, 4 times the mean for a minute: keepalive_test). Its point
 //    is to drop a connection to a vanished server before the next call meets it, and to show the
-//    server a word now and then (ServerOptions::idle_timeout closes connections that say nothing).
+//    server a word now and then (so it need not probe this side: ServerOptions::
+//    idle_probe_interval).
 //    Connections whose work ends together start their idle schedules together; the jitter
 //    spreads them within a few rounds.
 // A pass checks at most kIdleChecksPerPass idle connections of a channel, and every busy one, so

@@ -376,6 +376,16 @@ uint64_t TimeoutToWireNanos(int64_t deadline_nanos, int64_t now_nanos) {
   return remaining / 1000 + (remaining % 1000 != 0 ? 1 : 0);  // rounded up: at least 1
 }
 
+transport::AcceptData EncodeAcceptData(uint32_t idle_interval_ms) {
+  transport::AcceptData data{};
+  transport::PutLe<uint32_t>(data.data(), idle_interval_ms);
+  return data;
+}
+
+uint32_t AcceptDataIdleIntervalMs(const transport::AcceptData& data) {
+  return transport::GetLe<uint32_t>(data.data());
+}
+
 int64_t DeadlineNanosFromWire(uint64_t timeout_us, int64_t now_nanos) {
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
   if (timeout_us == 0 || timeout_us > static_cast<uint64_t>(kNone / 1000)) return kNone;

@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "transport/wire.h"
 
 namespace zrpc {
 
@@ -215,6 +216,12 @@ constexpr uint32_t ServiceId(absl::string_view full_name) {
 // later than the client's, and the client's own timer is the one that ends the call.
 uint64_t TimeoutToWireNanos(int64_t deadline_nanos, int64_t now_nanos);
 int64_t DeadlineNanosFromWire(uint64_t timeout_us, int64_t now_nanos);
+
+// The RPC layer's accept data (WIRE.md, "Accept data"): what a server tells a client in its
+// accept reply. Bytes 0-3: the idle keepalive interval it asks for, in milliseconds (0: no
+// advice), as its answers to pings carry it; the rest reserved, zero.
+transport::AcceptData EncodeAcceptData(uint32_t idle_interval_ms);
+uint32_t AcceptDataIdleIntervalMs(const transport::AcceptData& data);
 
 }  // namespace zrpc
 

@@ -57,6 +57,16 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
         " holds with slots left for sends: lower pollers, max_pollers or shared_receive_queue, or "
         "raise slots.max_slots"));
   }
+  for (const auto& [name, value] : {std::pair<const char*, absl::Duration>{
+                                        "liveness_probe_interval", options.liveness_probe_interval},
+                                    {"idle_probe_interval", options.idle_probe_interval},
+                                    {"max_connection_idle", options.max_connection_idle}}) {
+    if (value < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat("ServerOptions::", name, " is ",
+                                                     absl::FormatDuration(value),
+                                                     "; it must be zero (never) or positive"));
+    }
+  }
   if (!(options.idle_keepalive_budget >= 0)) {  // NaN too
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::idle_keepalive_budget is ",
                                                    options.idle_keepalive_budget,
@@ -266,12 +276,16 @@ void ServerImpl::WatchDeadline(absl::Time deadline, std::weak_ptr<StreamState> s
 void ServerImpl::SweepLoop() {
   MarkRuntimeTimerThread();  // stream callbacks run here (slot retries, deadlines)
   // A pass at least every second, and often enough for short settings (tests).
-  const bool sweeps = options_.idle_timeout > absl::ZeroDuration() ||
+  const absl::Duration idle_probe = options_.idle_probe_interval;
+  const absl::Duration max_idle = options_.max_connection_idle;
+  const bool sweeps = idle_probe > absl::ZeroDuration() || max_idle > absl::ZeroDuration() ||
                       options_.liveness_probe_interval > absl::ZeroDuration();
+  // Idle connections are looked at every eighth of the shorter idle setting.
+  absl::Duration idle_look = absl::InfiniteDuration();
+  if (idle_probe > absl::ZeroDuration()) idle_look = idle_probe / 8;
+  if (max_idle > absl::ZeroDuration()) idle_look = std::min(idle_look, max_idle / 8);
   absl::Duration period = absl::Seconds(1);
-  if (options_.idle_timeout > absl::ZeroDuration()) {
-    period = std::min(period, options_.idle_timeout / 4);
-  }
+  period = std::min(period, idle_look * 2);
   if (options_.liveness_probe_interval > absl::ZeroDuration()) {
     period = std::min(period, options_.liveness_probe_interval / 2);
   }
@@ -313,21 +327,24 @@ void ServerImpl::SweepLoop() {
     StreamWaiters::Tell(retry);
     if (!sweeps || now < next_sweep) continue;
     next_sweep = now + period;
-    // Idle connections are looked at every eighth of idle_timeout (ServerConnection::SweepPass),
-    // so the pass takes references to the connections due only: a reference to each of ten
-    // thousand every second was a third of the server's idle CPU (benchmarks/README).
-    const absl::Time looked_by = options_.idle_timeout > absl::ZeroDuration()
-                                     ? now - options_.idle_timeout / 8
-                                     : absl::InfinitePast();
+    // Idle connections are looked at every eighth of the idle settings (ServerConnection::
+    // SweepPass), so the pass takes references to the connections due only: a reference to each
+    // of ten thousand every second was a third of the server's idle CPU (benchmarks/README).
+    const absl::Time looked_by =
+        idle_look != absl::InfiniteDuration() ? now - idle_look : absl::InfinitePast();
+    SweepLimits limits;
+    limits.probe = options_.liveness_probe_interval;
+    limits.idle_probe = idle_probe;
+    limits.max_idle = max_idle;
     {
       absl::MutexLock lock(&mu_);
+      limits.idle_silence = IdleSilenceBeforeProbe(
+          idle_probe, IdleIntervalAdvice(connections_.size(), options_.idle_keepalive_budget));
       for (auto& [handler, connection] : connections_) {
         if (connection->DueForSweep(looked_by)) open.push_back(connection);
       }
     }
-    for (auto& connection : open) {
-      connection->SweepPass(now, options_.idle_timeout, options_.liveness_probe_interval);
-    }
+    for (auto& connection : open) connection->SweepPass(now, limits);
     open.clear();  // the references go; the capacity stays
   }
 }
@@ -386,7 +403,12 @@ absl::StatusOr<transport::Placement> ServerImpl::Place(const std::string&) {
   }
   // The transport connection co-owns its handler (listener.h): whichever of this thread's
   // OnAccepted and the poller's OnClosed comes last, the handler is alive for both.
-  return transport::Placement{poller.get(), handler, std::move(connection)};
+  transport::Placement placement{poller.get(), handler, std::move(connection)};
+  // The keepalive advice from the start (WIRE.md, "Accept data"): a connection made in a storm
+  // spreads its first idle check over the interval asked for, instead of checking within the
+  // client's own 20 s and learning the advice only from that answer.
+  placement.accept_data = EncodeAcceptData(IdleIntervalAdviceMs());
+  return placement;
 }
 
 void ServerImpl::OnAccepted(std::shared_ptr<transport::Connection> connection) {
@@ -417,13 +439,16 @@ void ServerImpl::ConnectionClosed(ServerConnection* connection) {
   // `closed` is released after the lock; its calls, if any, still hold it.
 }
 
-absl::Duration IdleIntervalAdvice(size_t connections, double budget, absl::Duration idle_timeout) {
+absl::Duration IdleIntervalAdvice(size_t connections, double budget) {
   if (budget <= 0 || connections == 0) return absl::ZeroDuration();
-  absl::Duration interval = absl::Seconds(static_cast<double>(connections) / budget);
-  // Pings stretched past the idle close would not keep a connection: a third leaves room for
-  // the jitter, a ping lost to a busy moment and the sweeper's coarse looks.
-  if (idle_timeout > absl::ZeroDuration()) interval = std::min(interval, idle_timeout / 3);
-  return interval;
+  // No bound from the server's own checks: a silent idle connection is probed, not closed
+  // (IdleSilenceBeforeProbe waits longer than the advice), so a late ping loses nothing.
+  return absl::Seconds(static_cast<double>(connections) / budget);
+}
+
+absl::Duration IdleSilenceBeforeProbe(absl::Duration idle_probe, absl::Duration advice) {
+  if (idle_probe <= absl::ZeroDuration()) return absl::InfiniteDuration();
+  return std::max(idle_probe, advice + advice / 2);
 }
 
 uint32_t ServerImpl::IdleIntervalAdviceMs() {
@@ -432,8 +457,7 @@ uint32_t ServerImpl::IdleIntervalAdviceMs() {
     absl::MutexLock lock(&mu_);
     open = connections_.size();
   }
-  const absl::Duration advice =
-      IdleIntervalAdvice(open, options_.idle_keepalive_budget, options_.idle_timeout);
+  const absl::Duration advice = IdleIntervalAdvice(open, options_.idle_keepalive_budget);
   return static_cast<uint32_t>(
       std::min<int64_t>(absl::ToInt64Milliseconds(advice), std::numeric_limits<uint32_t>::max()));
 }
@@ -568,6 +592,7 @@ ServerStats ServerImpl::stats() const {
   stats.answers_dropped = answers_dropped_.load(std::memory_order_relaxed);
   stats.connections_idle_closed = idle_closed_.load(std::memory_order_relaxed);
   stats.liveness_probes = probes_.load(std::memory_order_relaxed);
+  stats.idle_probes = idle_probes_.load(std::memory_order_relaxed);
   stats.streams_started = stream_threads_.started();
   stats.streams_open = stream_threads_.running();
   stats.streams_refused = streams_refused_.load(std::memory_order_relaxed);
@@ -645,7 +670,8 @@ std::string Server::PrometheusText() const {
       {"zrpc_server_pollers", "gauge",
        "Pollers running (ServerOptions::pollers, and those added up to max_pollers).", s.pollers},
       {"zrpc_server_connections_idle_closed_total", "counter",
-       "Connections closed after ServerOptions::idle_timeout without a word.",
+       "Idle connections closed: never a word within ServerOptions::idle_probe_interval, or "
+       "silent past max_connection_idle.",
        s.connections_idle_closed},
       {"zrpc_server_calls_in_flight", "gauge", "Calls started and not yet finished.",
        s.calls_in_flight},
@@ -663,6 +689,8 @@ std::string Server::PrometheusText() const {
        "Answers not sent because the caller had given up.", s.answers_dropped},
       {"zrpc_server_liveness_probes_total", "counter", "Probes of silent clients that hold calls.",
        s.liveness_probes},
+      {"zrpc_server_idle_probes_total", "counter",
+       "Probes of idle connections silent past ServerOptions::idle_probe_interval.", s.idle_probes},
       {"zrpc_server_bulk_staged_bytes_total", "counter",
        "Response payload bytes copied into staging memory before sending.", s.bulk_bytes_staged},
       {"zrpc_server_bulk_zero_copy_bytes_total", "counter",

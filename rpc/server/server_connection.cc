@@ -303,15 +303,15 @@ void ServerConnection::OnDeferredFailed(transport::Connection& connection, const
   if (!SendError(connection, header.call_id, status).ok()) connection.Close();
 }
 
-void ServerConnection::SweepPass(absl::Time now, absl::Duration idle, absl::Duration probe) {
+void ServerConnection::SweepPass(absl::Time now, const SweepLimits& limits) {
   // A payload being pulled (before its call starts) or exposed (after its call answered) is
   // work in progress too: probed if silent, never idle.
   const bool holds_calls = calls_count_.load(std::memory_order_relaxed) > 0 || Transferring();
-  // An idle connection's one question is whether it has been silent for `idle`, so it is looked
-  // at every eighth of that (37.5 s at the default 5 minutes), not on every pass (DueForSweep):
-  // ten thousand idle connections cost the sweeper a few hundred looks a second, not ten
-  // thousand. One that holds calls is looked at on every pass. Its first call's request moves
-  // the arrivals, so the looks it missed while idle never make it look silent.
+  // An idle connection's questions take minutes to change their answer, so it is looked at every
+  // eighth of the idle settings (37.5 s at the default 5 minutes), not on every pass
+  // (DueForSweep): ten thousand idle connections cost the sweeper a few hundred looks a second,
+  // not ten thousand. One that holds calls is looked at on every pass. Its first call's request
+  // moves the arrivals, so the looks it missed while idle never make it look silent.
   last_look_ = now;
   std::shared_ptr<transport::Connection> connection;
   {
@@ -332,19 +332,43 @@ void ServerConnection::SweepPass(absl::Time now, absl::Duration idle, absl::Dura
     // Idle counts from the last call, not from the last request: a client whose long call was
     // just answered is not idle, however long ago it last sent something.
     idle_since_ = now;
-    if (probe <= absl::ZeroDuration() || quiet < probe || now - last_probe_ < probe) return;
+    if (limits.probe <= absl::ZeroDuration() || quiet < limits.probe ||
+        now - last_probe_ < limits.probe) {
+      return;
+    }
     last_probe_ = now;
     server_.CountProbe();
     static_cast<void>(connection->Probe());
     return;
   }
   const absl::Duration idle_for = now - idle_since_;
-  if (idle <= absl::ZeroDuration() || idle_for < idle) return;
-  server_.CountIdleClosed();  // before the close, which the peer may see at once
-  ZRPC_LOG(kInfo, "server", "closing the connection to ", connection->peer_address(),
-           ": nothing received and no calls for ", absl::FormatDuration(idle_for),
-           " (ServerOptions::idle_timeout)");
-  connection->Close();
+  const auto close = [&](const char* why, const char* option) {
+    server_.CountIdleClosed();  // before the close, which the peer may see at once
+    ZRPC_LOG(kInfo, "server", "closing the connection to ", connection->peer_address(), ": ", why,
+             absl::FormatDuration(idle_for), " (ServerOptions::", option, ")");
+    connection->Close();
+  };
+  if (limits.max_idle > absl::ZeroDuration() && idle_for >= limits.max_idle) {
+    close("nothing received and no calls for ", "max_connection_idle");
+    return;
+  }
+  if (arrivals == 0) {
+    // A peer that connected and never said a word: no zrpc client (its first keepalive comes
+    // within its idle_keepalive_interval, 20 s), or one with keepalives off that never called.
+    // Closed rather than probed, so a live peer cannot hold a place by silence alone.
+    if (limits.idle_probe > absl::ZeroDuration() && idle_for >= limits.idle_probe) {
+      close("not a word in ", "idle_probe_interval");
+    }
+    return;
+  }
+  // A client that spoke and went quiet is asked at its NIC, which answers without its process: a
+  // host that vanished fails the probe after the transport's retries, and the connection with
+  // it; a live one keeps its connection, however long it stays quiet. Again after each
+  // idle_silence of silence.
+  if (idle_for < limits.idle_silence || now - last_probe_ < limits.idle_silence) return;
+  last_probe_ = now;
+  server_.CountIdleProbe();
+  static_cast<void>(connection->Probe());
 }
 
 bool ServerConnection::SendsDrained() {

@@ -41,6 +41,14 @@ namespace zrpc::internal {
 
 class ServerImpl;
 
+// What a sweeper pass holds connections to (zero durations: never).
+struct SweepLimits {
+  absl::Duration probe;         // ServerOptions::liveness_probe_interval: holding calls
+  absl::Duration idle_probe;    // ServerOptions::idle_probe_interval: a connection never heard
+  absl::Duration idle_silence;  // IdleSilenceBeforeProbe now: idle and heard before
+  absl::Duration max_idle;      // ServerOptions::max_connection_idle
+};
+
 class ServerConnection final : public RpcConnection,
                                public std::enable_shared_from_this<ServerConnection> {
  public:
@@ -77,7 +85,7 @@ class ServerConnection final : public RpcConnection,
   void Retire(ServerCallImpl* call);
   // Whether the sweeper's pass looks at this connection (its thread only): always while it holds
   // calls or moves a payload, else only if its last look was at or before `looked_by` (the pass's
-  // time less an eighth of idle_timeout; InfinitePast: never again after the first, since
+  // time less an eighth of the idle settings; InfinitePast: never again after the first, since
   // last_look_ starts at InfinitePast). A few loads: the sweeper asks it of every connection under
   // the server's lock, and takes references to those it looks at only.
   bool DueForSweep(absl::Time looked_by) const {
@@ -85,10 +93,12 @@ class ServerConnection final : public RpcConnection,
            last_look_ <= looked_by;
   }
   // One liveness pass over a connection DueForSweep chose (the server's sweeper thread only;
-  // ServerOptions; `now` monotonic): closes the connection when it held no calls and received
-  // nothing for `idle`, probes the client's NIC when it holds calls and received nothing for
-  // `probe`. Counted in the stats.
-  void SweepPass(absl::Time now, absl::Duration idle, absl::Duration probe);
+  // `now` monotonic; ServerOptions' liveness settings, rpc/options.h): probes the client's NIC
+  // when the connection holds calls and received nothing for `limits.probe`, or holds none and
+  // received nothing for `limits.idle_silence`; closes it when it holds none and received nothing
+  // for `limits.max_idle`, or never received a word within `limits.idle_probe`. Counted in the
+  // stats.
+  void SweepPass(absl::Time now, const SweepLimits& limits);
 
   ServerImpl& server() { return server_; }
 

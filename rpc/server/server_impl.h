@@ -34,9 +34,14 @@
 namespace zrpc::internal {
 
 // The idle interval a server with `connections` open asks its clients for, so that their idle
-// pings come to about `budget` a second together (ServerOptions::idle_keepalive_budget), at most
-// a third of `idle_timeout` (zero: no bound). Zero: no advice.
-absl::Duration IdleIntervalAdvice(size_t connections, double budget, absl::Duration idle_timeout);
+// pings come to about `budget` a second together (ServerOptions::idle_keepalive_budget). Zero:
+// no advice.
+absl::Duration IdleIntervalAdvice(size_t connections, double budget);
+// How long an idle connection may stay silent before the server probes its client's NIC:
+// `idle_probe` (ServerOptions::idle_probe_interval), or half as long again as `advice` when that
+// is longer, so that clients who ping at the advised interval (drawn from [3/4, 1] of it, checked
+// on passes a second or so apart) are never probed. Zero `idle_probe`: never (InfiniteDuration).
+absl::Duration IdleSilenceBeforeProbe(absl::Duration idle_probe, absl::Duration advice);
 
 class ServerImpl final : public transport::AcceptHandler {
  public:
@@ -113,12 +118,14 @@ class ServerImpl final : public transport::AcceptHandler {
   void CountSkipped() { skipped_.fetch_add(1, std::memory_order_relaxed); }
   void CountIdleClosed() { idle_closed_.fetch_add(1, std::memory_order_relaxed); }
   void CountProbe() { probes_.fetch_add(1, std::memory_order_relaxed); }
+  void CountIdleProbe() { idle_probes_.fetch_add(1, std::memory_order_relaxed); }
   void CountAnswerDropped() { answers_dropped_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
   explicit ServerImpl(const ServerOptions& options)
       : options_(options), stream_threads_(options.max_streams) {}
-  // The liveness thread (ServerOptions::idle_timeout, liveness_probe_interval).
+  // The liveness thread (ServerOptions::liveness_probe_interval, idle_probe_interval,
+  // max_connection_idle).
   void SweepLoop();
 
   ServerOptions options_;  // as given, with the limits Create derives; fixed once created
@@ -164,6 +171,7 @@ class ServerImpl final : public transport::AcceptHandler {
   std::atomic<uint64_t> skipped_{0};
   std::atomic<uint64_t> idle_closed_{0};
   std::atomic<uint64_t> probes_{0};
+  std::atomic<uint64_t> idle_probes_{0};
   std::atomic<uint64_t> answers_dropped_{0};
   std::atomic<uint64_t> streams_refused_{0};
   std::atomic<uint64_t> async_streams_{0};

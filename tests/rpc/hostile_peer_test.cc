@@ -190,15 +190,16 @@ TEST_CASE("Shutdown with handshakes left half-open does not wait for them") {
 // Before: a connection that never said anything kept its receive slots, arena and admission
 // place for as long as the server ran.
 TEST_CASE(
-    "silent connections are closed after idle_timeout; keepalive clients and clients "
-    "waiting on calls are not, the latter probed") {
+    "a connection that never speaks is closed after idle_probe_interval; keepalive clients are "
+    "not, and quiet clients are probed at their NIC, waiting on a call or idle") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   zrpc::ServerOptions server_options;
-  server_options.idle_timeout = absl::Milliseconds(600);
+  server_options.idle_probe_interval = absl::Milliseconds(600);
   server_options.liveness_probe_interval = absl::Milliseconds(200);
   zrpc::ChannelOptions keepalive_options;
   keepalive_options.keepalive_interval = absl::Milliseconds(100);
-  // Idle, it pings well within the server's idle_timeout (as the default 20 s is within 5 min).
+  // Idle, it pings well within the server's idle_probe_interval (as the default 20 s is within
+  // 5 min), so it is never probed.
   keepalive_options.idle_keepalive_interval = absl::Milliseconds(100);
   // Idle closes are ordinary: said at kInfo, so not by default.
   zrpc::testing::LogCapture log(zrpc::LogLevel::kInfo);
@@ -208,6 +209,9 @@ TEST_CASE(
   request.set_name("hello");
   HelloReply reply;
   REQUIRE(stub.SayHello(request, &reply, Within(kLong)).ok());
+  // The server's advice came in its accept reply, through the device's CM (which pads the
+  // reply's private data): one connection at the default budget of 20 pings a second.
+  CHECK(rt.channel->stats().server_idle_advice == absl::Milliseconds(50));
 
   // A peer that connects and never says a word.
   TransportPeer peer(config);
@@ -216,7 +220,7 @@ TEST_CASE(
   REQUIRE(silent.ok());
   REQUIRE(quiet.closed.WaitForNotificationWithTimeout(absl::Seconds(10)));
   CHECK(rt.server->stats().connections_idle_closed == 1);
-  CHECK(log.Count(zrpc::LogLevel::kInfo, "server", "ServerOptions::idle_timeout") == 1);
+  CHECK(log.Count(zrpc::LogLevel::kInfo, "server", "ServerOptions::idle_probe_interval") == 1);
 
   // A client without keepalives that waits on a long call: probed, not closed.
   zrpc::ChannelOptions quiet_options;
@@ -225,18 +229,21 @@ TEST_CASE(
   auto waiting = zrpc::CreateChannel(rt.target(), quiet_options);
   REQUIRE(waiting.ok());
   Greeter::Stub waiting_stub(waiting->get());
-  request.set_name("sleep:1500");  // longer than idle_timeout
+  request.set_name("sleep:1500");  // longer than idle_probe_interval
   absl::Status s = waiting_stub.SayHello(request, &reply, Within(kLong));
   INFO(s);
   CHECK(s.ok());
   CHECK(rt.server->stats().liveness_probes >= 1);
-  // Idle counts from the end of its last call, not from its request 1.5 s ago: before, the
-  // connection was closed within a sweep (100 ms) of the answer; now not before ~500 ms.
-  absl::SleepFor(absl::Milliseconds(150));
+  // Idle from its answer on, and silent: probed at its NIC (which answers without its process),
+  // not closed, and it keeps its connection however long it stays quiet.
+  CHECK(rt.server->stats().idle_probes == 0);
+  REQUIRE(Eventually([&] { return rt.server->stats().idle_probes >= 2; }));
   CHECK((*waiting)->stats().connections_lost == 0);
   CHECK(rt.server->stats().connections_idle_closed == 1);
-
-  waiting->reset();  // idle from its answer on, it would be closed next (by design)
+  request.set_name("again");
+  CHECK(waiting_stub.SayHello(request, &reply, Within(kLong)).ok());
+  CHECK((*waiting)->stats().connect_attempts == 1);
+  waiting->reset();
 
   // The keepalive client was never idle.
   CHECK(rt.channel->stats().connections_lost == 0);

@@ -93,17 +93,18 @@ TEST_CASE(
   const absl::Duration kRun = 5 * kIdle;
 
   zrpc::ServerOptions server_options;
-  // Closes a connection silent for 30 s: one whose channel never checks it (as when every pass
-  // spent its idle checks on the same connections, the first 768 of each channel at this rate)
-  // is closed while the second channel connects (30 to 70 s here) and the run goes on, and
+  // Closes a connection silent for 30 s (max_connection_idle: without it a silent connection is
+  // probed, not closed, and the test could not tell): one whose channel never checks it (as when
+  // every pass spent its idle checks on the same connections, the first 768 of each channel at this
+  // rate) is closed while the second channel connects (30 to 70 s here) and the run goes on, and
   // counted lost. Not less: a channel's connection is checked every fourth pass here (1,000
   // idle connections, 256 checks a pass), and in a saturated guest a pass took up to 5 s (its
   // 256 pings' sends each run rxe's send path on the timer thread), so a connection's
   // longest silence reached 19 s; at 12 s the server closed up to 29 of them in 4 runs of 16, and
   // the restorer's new connections loaded the guest further.
-  server_options.idle_timeout = absl::Seconds(30);
+  server_options.max_connection_idle = absl::Seconds(30);
   // No advice: the clients keep their own 2 s, so the cap on idle checks binds (with the default
-  // budget, 100 pings a second, the server would ask for 10 s, a third of its idle_timeout).
+  // budget, 20 pings a second, the server would ask for 100 s).
   server_options.idle_keepalive_budget = 0;
   server_options.pollers = 2;
   server_options.max_pollers = 2;              // these two, none added
