@@ -21,10 +21,9 @@ namespace {
 // In duration mode each thread can record at most this many calls (32 MiB of samples).
 constexpr uint64_t kMaxSamplesPerThread = uint64_t{1} << 22;
 
-// One caller thread's calls: its window of call slots, the slots free to issue from, its samples,
-// and what the callbacks (on poller threads) report back. The thread sleeps while its window is
-// full rather than spinning: on a machine with few cores (an emulated guest has two) a spinning
-// caller takes the core a busy-polling poller needs, and measures the scheduler, not zrpc.
+// One caller thread's calls: its window of call slots, its samples, and what the callbacks (on
+// poller threads) report back. The thread issues its window's first calls and then sleeps until
+// the last answer: each callback issues the next call itself (Chained).
 struct Caller {
   struct Slot {
     EchoMessage echo_request;
@@ -36,10 +35,9 @@ struct Caller {
   std::vector<Slot> slots;
   std::vector<int64_t> samples;
   absl::Mutex mu;
-  std::vector<size_t> free ABSL_GUARDED_BY(mu);  // slots with no call in flight
   uint64_t completed ABSL_GUARDED_BY(mu) = 0;
   absl::Status error ABSL_GUARDED_BY(mu);
-  // Chained mode: the sequence number of the next call, and where the run stops.
+  // The sequence number of the next call, and where the run stops.
   std::atomic<uint64_t> next{0};
   std::atomic<bool> stop{false};
   uint64_t limit = 0;
@@ -47,14 +45,13 @@ struct Caller {
   bool record = false;
 };
 
-// Windows up to this size are run chained: each callback issues the next call itself, on the
-// poller thread, as a run-to-completion client would (eRPC's, perftest's), with no thread
-// hand-off per call. Safe because such a window never needs more send slots than a connection
-// may hold (ConnectionOptions::max_send_slots, 128), so issuing never waits on the poller thread
-// for a slot that only the poller thread can free. Larger windows are issued by the caller
-// threads.
-constexpr size_t kMaxChainedWindow = 64;
-
+// Every window runs chained: each callback issues the next call itself, on the poller thread, as
+// a run-to-completion client would (eRPC's, perftest's), with no thread hand-off per call. Any
+// window is safe so: a call started on a runtime thread that finds no send slot free waits in
+// its connection's queue instead of blocking the thread (rpc/THREADING.md). Before, windows past
+// 64 calls per thread were issued by the caller thread, which woke for every free slot: a walk's
+// 1,000 x 1 row kept about 300 calls in flight of the 1,000 asked for (benchmarks/README,
+// "Active connections").
 class Runner {
  public:
   Runner(ClientChannel& channel, const RunSpec& spec, const std::string& payload,
@@ -79,39 +76,7 @@ class Runner {
  private:
   void Loop(Caller& caller, uint64_t calls, absl::Time until, bool record) {
     if (spec_.blocking) return Blocking(caller, calls, until, record);
-    const size_t window = caller.slots.size();
-    if (window <= kMaxChainedWindow) return Chained(caller, calls, until, record);
-    {
-      absl::MutexLock lock(&caller.mu);
-      caller.completed = 0;
-      caller.free.clear();
-      for (size_t j = window; j > 0; --j) caller.free.push_back(j - 1);
-    }
-    uint64_t issued = 0;
-    const bool timed = until != absl::InfiniteFuture();
-    while (issued < calls) {
-      if (timed && (issued & 63) == 0 && absl::Now() >= until) break;
-      size_t slot;
-      {
-        absl::MutexLock lock(&caller.mu);
-        caller.mu.Await(absl::Condition(
-            +[](Caller* c)
-                 ABSL_NO_THREAD_SAFETY_ANALYSIS { return !c->free.empty() || !c->error.ok(); },
-            &caller));
-        if (!caller.error.ok()) break;
-        slot = caller.free.back();
-        caller.free.pop_back();
-      }
-      Issue(caller, slot, record ? static_cast<int64_t>(issued) : -1);
-      ++issued;
-    }
-    std::pair<Caller*, uint64_t> all_done{&caller, issued};
-    absl::MutexLock lock(&caller.mu);
-    caller.mu.Await(absl::Condition(
-        +[](std::pair<Caller*, uint64_t>* p)
-             ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->first->completed == p->second; },
-        &all_done));
-    if (record) caller.samples.resize(issued);
+    Chained(caller, calls, until, record);
   }
 
   // Blocking mode: the blocking stub, one call at a time from this thread (its window is 1).
@@ -156,7 +121,7 @@ class Runner {
     if (record) caller.samples.resize(std::min(caller.next.load(), calls));
   }
 
-  // Chained mode: issues the next call from `slot_index` unless the run is over. A call that is
+  // Issues the next call from `slot_index` unless the run is over. A call that is
   // not issued takes no sequence number, so "completed == issued" is exact at the end.
   void IssueNext(Caller& caller, size_t slot_index) {
     if (caller.stop.load(std::memory_order_relaxed)) return;
@@ -166,15 +131,15 @@ class Runner {
     }
     const uint64_t seq = caller.next.fetch_add(1, std::memory_order_relaxed);
     if (seq >= caller.limit) return;
-    Issue(caller, slot_index, caller.record ? static_cast<int64_t>(seq) : -1, true);
+    Issue(caller, slot_index, caller.record ? static_cast<int64_t>(seq) : -1);
   }
 
-  void Issue(Caller& caller, uint64_t slot_index, int64_t sample, bool chained = false) {
+  void Issue(Caller& caller, uint64_t slot_index, int64_t sample) {
     Caller::Slot& slot = caller.slots[slot_index];
     // The captures fit DoneCallback's 48 bytes (checked below): no allocation per call.
     const int64_t start = absl::GetCurrentTimeNanos();
     const auto slot_index32 = static_cast<uint32_t>(slot_index);
-    auto done = [this, &caller, slot_index32, start, sample, chained](absl::Status status) {
+    auto done = [this, &caller, slot_index32, start, sample](absl::Status status) {
       const size_t slot_index = slot_index32;
       const int64_t ns = absl::GetCurrentTimeNanos() - start;
       if (sample >= 0) caller.samples[sample] = ns;
@@ -191,10 +156,9 @@ class Runner {
         payload.Reset();
       }
       if (!status.ok()) caller.stop.store(true, std::memory_order_relaxed);
-      if (chained && status.ok()) IssueNext(caller, slot_index);
+      if (status.ok()) IssueNext(caller, slot_index);
       absl::MutexLock lock(&caller.mu);
       if (!status.ok() && caller.error.ok()) caller.error = status;
-      if (!chained) caller.free.push_back(slot_index);
       ++caller.completed;
     };
     static_assert(DoneCallback::StoresInline<decltype(done)>());

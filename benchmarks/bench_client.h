@@ -4,11 +4,11 @@
 // issuing the next as soon as one completes, until `calls` calls (or `duration`) have been
 // measured; `warmup` calls before that are not measured. A call's latency runs from just before
 // the stub is called (serialization and send included) to its callback (response parsed), the
-// figure a user of the async stub sees. Windows of up to 64 calls per thread run chained: each
-// callback issues the thread's next call itself, on the poller thread, with no hand-off (the
-// run-to-completion style of eRPC and perftest). Larger windows are issued by the caller
-// threads, which sleep while their window is full (a spinning caller would take the core a
-// busy-polling poller needs on a small machine, and measure the scheduler).
+// figure a user of the async stub sees. Windows run chained: each callback issues the thread's
+// next call itself, on the poller thread, with no hand-off (the run-to-completion style of eRPC
+// and perftest); a caller thread issues its window's first calls and sleeps until the last
+// answer (a spinning caller would take the core a busy-polling poller needs on a small machine,
+// and measure the scheduler).
 //
 // Blocking (`blocking`, echo only): each thread calls the blocking stub and waits for its answer,
 // one call at a time: the default users get, where every answer wakes a sleeping caller.

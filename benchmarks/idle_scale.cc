@@ -117,10 +117,13 @@ int Serve(const Flags& flags) {
   std::thread status([&] {
     while (!done.WaitForNotificationWithTimeout(absl::Seconds(1))) {
       const ServerStats stats = (*server)->stats();
-      std::printf("status open=%llu pinned_kib=%llu pollers=%llu\n",
-                  static_cast<unsigned long long>(stats.connections_open),
-                  static_cast<unsigned long long>(PinnedKiB()),
-                  static_cast<unsigned long long>(stats.pollers));
+      std::printf(
+          "status open=%llu pinned_kib=%llu pollers=%llu keepalives=%llu idle_probes=%llu\n",
+          static_cast<unsigned long long>(stats.connections_open),
+          static_cast<unsigned long long>(PinnedKiB()),
+          static_cast<unsigned long long>(stats.pollers),
+          static_cast<unsigned long long>(stats.keepalives_answered),
+          static_cast<unsigned long long>(stats.idle_probes));
       std::fflush(stdout);
     }
   });

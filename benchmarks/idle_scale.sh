@@ -15,7 +15,9 @@
 # row per step: connections open, the server's pinned memory (VmPin) and what each idle
 # connection adds to it over step 0, the idle clients' pinned memory per connection, the CPU the
 # server and the idle clients use while only the idle connections exist (percent of one CPU,
-# over 5 s), and the active connection's calls/s and p99 with their ratios to step 0 (emulated timings move +-30 %
+# over 5 s), the keepalive pings the server answered and the idle connections it probed a second
+# while the step was measured (checks/s), and the active connection's calls/s and p99 with their
+# ratios to step 0 (emulated timings move +-30 %
 # between runs: only the ratios within one run mean anything). At the end every idle client says
 # how many of its connections were lost; any loss fails the run. --shared-receive-queue,
 # --arena-pool, --window and --arena apply to the server and the idle clients alike; without
@@ -100,16 +102,17 @@ median() {
   printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-# The server's latest status line: "open pinned_kib pollers".
+# The server's latest status line: "open pinned_kib pollers keepalives idle_probes" (the last
+# two counted since it started).
 server_status() {
   sleep 1.5
   grep '^status' "$tmp/server.log" | tail -n 1 |
-    sed -E 's/status open=([0-9]+) pinned_kib=([0-9]+) pollers=([0-9]+)/\1 \2 \3/'
+    sed -E 's/status open=([0-9]+) pinned_kib=([0-9]+) pollers=([0-9]+) keepalives=([0-9]+) idle_probes=([0-9]+)/\1 \2 \3 \4 \5/'
 }
 
 echo "== idle_scale: server with ${shape[*]} ${server_only[*]}; steps: $steps"
-printf '%8s %8s %8s %12s %14s %14s %12s %12s %10s %7s %9s %7s\n' idle open pollers server_MiB \
-  KiB_per_idle client_KiB/c server_cpu% clients_cpu% calls/s ratio p99_us ratio
+printf '%8s %8s %8s %12s %14s %14s %12s %12s %9s %10s %7s %9s %7s\n' idle open pollers server_MiB \
+  KiB_per_idle client_KiB/c server_cpu% clients_cpu% checks/s calls/s ratio p99_us ratio
 have=0
 base_pinned=
 base_rate=
@@ -141,7 +144,8 @@ for step in $steps; do
     echo "idle_scale.sh: the server printed no status" >&2
     exit 1
   fi
-  read -r open pinned pollers <<<"$st"
+  read -r open pinned pollers pings_before probes_before <<<"$st"
+  measure_start=$(date +%s.%N)
 
   # What the idle connections cost while nothing else runs: CPU of the server and of the idle
   # clients over $quiet seconds, in percent of one CPU.
@@ -160,6 +164,11 @@ for step in $steps; do
     rates+=("$(sed -nE 's/.*calls_per_sec=([0-9.]+).*/\1/p' <<<"$active")")
     p99s+=("$(sed -nE 's/.*p99_us=([0-9.]+).*/\1/p' <<<"$active")")
   done
+  # The keepalive pings the server answered (and the idle connections it probed) a second while
+  # this step was measured: what the idle connections did beside the active one.
+  read -r _ _ _ pings_after probes_after <<<"$(server_status)"
+  checks=$(awk -v a="$pings_after" -v b="$pings_before" -v c="$probes_after" -v d="$probes_before" \
+    -v s="$measure_start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", (a - b + c - d) / (e - s) }')
   rate=$(median "${rates[@]}")
   p99=$(median "${p99s[@]}")
   ((rounds == 1)) || echo "  rounds at $step idle: calls/s ${rates[*]}; p99_us ${p99s[*]}"
@@ -173,9 +182,9 @@ for step in $steps; do
       'BEGIN { printf "%.1f", (a - b) / n }')
     client_per=$(awk -v a="$client_kib" -v n="$step" 'BEGIN { printf "%.1f", a / n }')
   fi
-  printf '%8d %8d %8d %12.1f %14s %14s %12s %12s %10.0f %7.2f %9.1f %7.2f\n' "$step" "$open" "$pollers" \
+  printf '%8d %8d %8d %12.1f %14s %14s %12s %12s %9s %10.0f %7.2f %9.1f %7.2f\n' "$step" "$open" "$pollers" \
     "$(awk -v k="$pinned" 'BEGIN { print k / 1024 }')" "$per_idle" "$client_per" "$server_cpu" \
-    "$clients_cpu" "$rate" \
+    "$clients_cpu" "$checks" "$rate" \
     "$(awk -v a="$rate" -v b="$base_rate" 'BEGIN { print a / b }')" "$p99" \
     "$(awk -v a="$p99" -v b="$base_p99" 'BEGIN { print a / b }')"
 done

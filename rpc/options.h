@@ -235,12 +235,13 @@ struct ServerOptions : RuntimeOptions {
   //    (ServerContext::IsCancelled) instead of running for nobody. Zero: never.
   //  - a connection that holds none and received nothing for idle_probe_interval, or for half as
   //    long again as the idle interval this server asks its clients to keep (its keepalive
-  //    advice, below) when that is longer, is probed the same way, and again each time it stays
-  //    silent that long. A zrpc client that follows the advice pings before then, so its idle
-  //    connections are never probed; one with keepalives off is probed, at the same bounded
-  //    rate. A connection that never received a message at all (a peer that connected and said
-  //    nothing) is closed at idle_probe_interval instead. Idle connections are looked at every
-  //    eighth of it, not every pass. Zero: never.
+  //    advice, below; the longer of what it asks now and what it last asked of that client) when
+  //    that is longer, is probed the same way, and again each time it stays silent that long. A
+  //    zrpc client that follows the advice pings before then, so its idle connections are never
+  //    probed; one with keepalives off is probed, at the same bounded rate. A connection that
+  //    never received a message at all (a peer that connected and said nothing) is closed
+  //    instead, after the same silence. Idle connections are looked at every eighth of
+  //    idle_probe_interval, not every pass. Zero: never.
   absl::Duration liveness_probe_interval = absl::Seconds(2);
   absl::Duration idle_probe_interval = absl::Minutes(5);
   // A connection that held no calls and received nothing for this long is closed, its client

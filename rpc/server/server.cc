@@ -407,7 +407,9 @@ absl::StatusOr<transport::Placement> ServerImpl::Place(const std::string&) {
   // The keepalive advice from the start (WIRE.md, "Accept data"): a connection made in a storm
   // spreads its first idle check over the interval asked for, instead of checking within the
   // client's own 20 s and learning the advice only from that answer.
-  placement.accept_data = EncodeAcceptData(IdleIntervalAdviceMs());
+  const uint32_t advice = IdleIntervalAdviceMs();
+  handler->NoteAdvice(advice);
+  placement.accept_data = EncodeAcceptData(advice);
   return placement;
 }
 

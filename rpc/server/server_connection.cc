@@ -83,6 +83,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
       // a few bytes, within any slot; none when it has no advice, as an older server answered.
       google::protobuf::UInt32Value advice;
       advice.set_value(server_.IdleIntervalAdviceMs());
+      NoteAdvice(advice.value());
       const size_t size = advice.ByteSizeLong();
       advice.SerializeWithCachedSizesToArray(Body(*buffer));
       static_cast<void>(SendMessage(connection, *buffer, RpcHeader::Response(header.call_id), size,
@@ -342,6 +343,11 @@ void ServerConnection::SweepPass(absl::Time now, const SweepLimits& limits) {
     return;
   }
   const absl::Duration idle_for = now - idle_since_;
+  // The client checks within the interval this server last asked of it (at accept or in an
+  // answer; it may have asked for longer than it would now, with more connections open then):
+  // silence within half as long again is a client keeping to it.
+  const absl::Duration advised = absl::Milliseconds(advised_ms_.load(std::memory_order_relaxed));
+  const absl::Duration kept = advised + advised / 2;
   const auto close = [&](const char* why, const char* option) {
     server_.CountIdleClosed();  // before the close, which the peer may see at once
     ZRPC_LOG(kInfo, "server", "closing the connection to ", connection->peer_address(), ": ", why,
@@ -356,7 +362,7 @@ void ServerConnection::SweepPass(absl::Time now, const SweepLimits& limits) {
     // A peer that connected and never said a word: no zrpc client (its first keepalive comes
     // within its idle_keepalive_interval, 20 s), or one with keepalives off that never called.
     // Closed rather than probed, so a live peer cannot hold a place by silence alone.
-    if (limits.idle_probe > absl::ZeroDuration() && idle_for >= limits.idle_probe) {
+    if (limits.idle_probe > absl::ZeroDuration() && idle_for >= std::max(limits.idle_probe, kept)) {
       close("not a word in ", "idle_probe_interval");
     }
     return;
@@ -365,7 +371,8 @@ void ServerConnection::SweepPass(absl::Time now, const SweepLimits& limits) {
   // host that vanished fails the probe after the transport's retries, and the connection with
   // it; a live one keeps its connection, however long it stays quiet. Again after each
   // idle_silence of silence.
-  if (idle_for < limits.idle_silence || now - last_probe_ < limits.idle_silence) return;
+  const absl::Duration silence = std::max(limits.idle_silence, kept);
+  if (idle_for < silence || now - last_probe_ < silence) return;
   last_probe_ = now;
   server_.CountIdleProbe();
   static_cast<void>(connection->Probe());

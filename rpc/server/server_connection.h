@@ -45,6 +45,7 @@ class ServerImpl;
 struct SweepLimits {
   absl::Duration probe;         // ServerOptions::liveness_probe_interval: holding calls
   absl::Duration idle_probe;    // ServerOptions::idle_probe_interval: a connection never heard
+                                // (or half as long again as it was advised, when longer)
   absl::Duration idle_silence;  // IdleSilenceBeforeProbe now: idle and heard before
   absl::Duration max_idle;      // ServerOptions::max_connection_idle
 };
@@ -95,10 +96,14 @@ class ServerConnection final : public RpcConnection,
   // One liveness pass over a connection DueForSweep chose (the server's sweeper thread only;
   // `now` monotonic; ServerOptions' liveness settings, rpc/options.h): probes the client's NIC
   // when the connection holds calls and received nothing for `limits.probe`, or holds none and
-  // received nothing for `limits.idle_silence`; closes it when it holds none and received nothing
-  // for `limits.max_idle`, or never received a word within `limits.idle_probe`. Counted in the
-  // stats.
+  // received nothing for `limits.idle_silence` (or half as long again as the interval it was
+  // advised last, when longer); closes it when it holds none and received nothing for
+  // `limits.max_idle`, or never received a word within `limits.idle_probe` (or that). Counted in
+  // the stats.
   void SweepPass(absl::Time now, const SweepLimits& limits);
+  // The idle interval this server asked of the client last (in its accept reply, then in each
+  // answer to a ping), in milliseconds: the sweeper waits for a client keeping to it.
+  void NoteAdvice(uint32_t ms) { advised_ms_.store(ms, std::memory_order_relaxed); }
 
   ServerImpl& server() { return server_; }
 
@@ -150,6 +155,7 @@ class ServerConnection final : public RpcConnection,
   std::vector<void*> call_memory_;
   // calls_.size(), for the sweeper's look from its own thread.
   std::atomic<size_t> calls_count_{0};
+  std::atomic<uint32_t> advised_ms_{0};  // NoteAdvice
 };
 
 }  // namespace zrpc::internal

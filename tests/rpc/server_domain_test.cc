@@ -512,6 +512,22 @@ TEST_CASE(
     CHECK(rt.channel->stats().server_idle_advice == absl::Seconds(100));
   }
 
+  // Before: the first check of a client told 100 s came up to 100 s after its connect, and the
+  // server closed it at idle_probe_interval as a connection that never said a word (1,016 of
+  // 10,000 in one idle_scale run).
+  SECTION("a connection that never spoke is closed only past the interval it was advised") {
+    server_options.idle_keepalive_budget = 1;  // one connection: 1 s, so 1.5 s before the close
+    Runtime rt(FakeDevice(), server_options, quiet_options);
+    const absl::Time start = absl::Now();
+    REQUIRE(rt.channel->Connect(absl::Now() + absl::Seconds(10)).ok());
+    REQUIRE(rt.channel->stats().server_idle_advice == absl::Seconds(1));
+    absl::SleepFor(absl::Milliseconds(1000));
+    CHECK(rt.server->stats().connections_idle_closed == 0);  // past idle_probe_interval (300 ms)
+    REQUIRE(Eventually([&] { return rt.server->stats().connections_idle_closed == 1; },
+                       absl::Seconds(10)));
+    CHECK(absl::Now() - start >= absl::Milliseconds(1500));
+  }
+
   SECTION("a server with no budget advises nothing") {
     server_options.idle_keepalive_budget = 0;
     Runtime rt(FakeDevice(), server_options, quiet_options);
