@@ -9,9 +9,10 @@
 //     one-guest run has the guest's one address). --max-slots sets the registered slot pool's bound
 //     (SlotPoolOptions::max_slots, 131,072), which shared receive queues of many pollers may need;
 //     --keepalive-budget the pings a second it asks its idle clients to keep to, all together
-//     (ServerOptions::idle_keepalive_budget, 100).
-//     Prints "status open=N pinned_kib=K pollers=P" every second: connections open, the
-//     process's pinned memory (VmPin, transport/process_limits.h) and its pollers.
+//     (ServerOptions::idle_keepalive_budget, 20).
+//     Prints "status open=N pinned_kib=K pollers=P keepalives=A idle_probes=B" every second:
+//     connections open, the process's pinned memory (VmPin, transport/process_limits.h), its
+//     pollers, and the pings it answered and idle connections it probed since it started.
 //   idle_scale idle --connect A:P --connections N [--shared-receive-queue R] [--arena-pool N]
 //                   [--window W] [--arena BYTES] [--idle-keepalive SECONDS]
 //     Holds N connections, idle (channels of up to 1,000 each, default options but for the

@@ -123,8 +123,10 @@ struct ChannelOptions : RuntimeOptions {
   // In a group kBySize means a server's sizes (a shared queue of 4,096 receives, 64 arenas)
   // whatever the channel's size, and a connection goes to the group's next poller with room for
   // it (connects fail, and back off, while none has). The pollers stop when the group's last
-  // channel is destroyed. Each channel keeps its own timer thread (deadlines, keepalives) and
-  // staging pool. Empty (the default): the channel's own pollers.
+  // channel is destroyed. The group's channels share one timer thread too (deadlines,
+  // keepalives; their keepalive passes fall on a grid of a twentieth of keepalive_interval, at
+  // most 50 ms, so they share its wake-ups); each keeps its own staging pool. Empty (the
+  // default): the channel's own pollers and timer thread.
   std::string poller_group;
 
   // Connections to the server; calls are spread over them round robin. In [1, 1024]. One lost
@@ -240,14 +242,17 @@ struct ServerOptions : RuntimeOptions {
   //    zrpc client that follows the advice pings before then, so its idle connections are never
   //    probed; one with keepalives off is probed, at the same bounded rate. A connection that
   //    never received a message at all (a peer that connected and said nothing) is closed
-  //    instead, after the same silence. Idle connections are looked at every eighth of
-  //    idle_probe_interval, not every pass. Zero: never.
+  //    instead, at idle_probe_interval (the accept reply asks a client for its first check
+  //    within two thirds of it). Idle connections are looked at every eighth of the shorter of
+  //    idle_probe_interval and max_connection_idle, not every pass. Zero: never.
   absl::Duration liveness_probe_interval = absl::Seconds(2);
   absl::Duration idle_probe_interval = absl::Minutes(5);
   // A connection that held no calls and received nothing for this long is closed, its client
   // alive or not (gRPC's MAX_CONNECTION_IDLE): for a server that would rather its idle clients
-  // reconnect when they call again than hold their place. Keep it well above the clients'
-  // idle_keepalive_interval, whose pings count as words. Zero (the default): never.
+  // reconnect when they call again than hold their place. Pings count as words (unlike gRPC's),
+  // so clients with keepalives on keep their connections: the server's advice asks them for at
+  // most a third of this, and it should stay well above their idle_keepalive_interval. Zero (the
+  // default): never.
   absl::Duration max_connection_idle = absl::ZeroDuration();
   // The keepalive pings a second this server asks its idle clients to keep to, all together: its
   // answer to a ping carries an idle interval of (open connections / this) seconds, and a zrpc

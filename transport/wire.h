@@ -29,7 +29,8 @@
 //    in a connect request (RDMA_PS_TCP); Hello leaves 20 spare for later versions. A refusal
 //    (rdma_reject) carries a short text saying why, so the connecting side can say it too.
 //
-//    The accept reply carries kAcceptDataSize more bytes after its Hello: the server's upper
+//    The accept reply carries kAcceptDataSize more bytes after its Hello (at offset kSize: a
+//    version whose Hello grows moves them, and says so by its version): the server's upper
 //    layer's, opaque here (Placement::accept_data; rpc/WIRE.md says what the RPC layer puts
 //    there), zero when it gives none. The CM's reply has room for 196 bytes and pads what it
 //    carries with zeros, so a reader cannot tell bytes absent from zeros: zero must mean "none".

@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "rpc/bulk/registration.h"
 #include "rpc/bulk/staging.h"
+#include "rpc/client/channel_timer.h"
 #include "rpc/client/client_connection.h"
 #include "rpc/client/client_stream.h"
 #include "rpc/client/poller_group.h"
@@ -113,7 +114,9 @@ void ChooseBySize(uint64_t per_poller, ChannelOptions& options) {
 
 }  // namespace
 
-class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
+class ChannelImpl final : public ClientConnectionOwner,
+                          public SubchannelHost,
+                          private ChannelTimer::Member {
  public:
   ChannelImpl(std::string target, std::string host, uint16_t port, const ChannelOptions& options)
       : target_(std::move(target)), host_(std::move(host)), port_(port), options_(options) {}
@@ -136,7 +139,7 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   // ClientConnectionOwner.
   StagingPool& staging() override { return *staging_; }
   std::shared_ptr<ReceiveLimits> receive_limits() override { return receive_limits_; }
-  void DeadlineAdded(absl::Time deadline) override;
+  void DeadlineAdded(absl::Time deadline) override { WakeBy(deadline); }
   void CountExpired(size_t count) override { expired_.fetch_add(count, std::memory_order_relaxed); }
   void CountLateResponse() override { late_.fetch_add(1, std::memory_order_relaxed); }
   void CountWaitedForSlot() override { waited_for_slot_.fetch_add(1, std::memory_order_relaxed); }
@@ -162,7 +165,9 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   const Metrics& metrics() const { return metrics_; }
 
  private:
-  void TimerLoop();
+  // One pass of the timer (channel_timer.h): every connection's expired calls, and its
+  // keepalive check when the keepalive pass is due. Returns when the next keepalive pass is due.
+  absl::Time TimerPass(absl::Time now) override;
   // The restorer (channels of more than one connection): a connection lost while another of the
   // channel's is open would otherwise never come back, since calls prefer open connections
   // (Pick). It makes it again in the background once its backoff allows, kConnectsAtOnce at a
@@ -193,16 +198,19 @@ class ChannelImpl final : public ClientConnectionOwner, public SubchannelHost {
   std::vector<std::shared_ptr<ClientConnection>> live_ ABSL_GUARDED_BY(mu_);
   bool destroying_ ABSL_GUARDED_BY(mu_) = false;
 
-  // The deadline timer: sleeps until wake_at_ (ns since the epoch; INT64_MAX: no deadline) or
-  // until a call with an earlier deadline starts.
-  // std:: primitives, not Abseil's: Abseil's timed waits end at an absolute time on the wall
-  // clock, so a step back would stall every deadline and keepalive by as much; a
-  // std::condition_variable waits on the steady clock.
-  std::mutex timer_mu_;
-  std::condition_variable timer_cv_;
-  bool timer_stop_ = false;  // under timer_mu_
-  std::atomic<int64_t> wake_at_{std::numeric_limits<int64_t>::max()};
-  std::thread timer_;
+  // The timer that runs this channel's passes (deadlines, keepalives): its group's, or its own.
+  std::unique_ptr<ChannelTimer> own_timer_;
+  ChannelTimer* timer_ = nullptr;  // set by Init; left at the start of destruction
+  // The passes' state (timer thread only).
+  bool keepalive_ = false;
+  absl::Duration idle_interval_;
+  absl::Duration keepalive_grid_;
+  MethodMetrics* keepalive_metrics_ = nullptr;  // the pings' own series (zrpc.Keepalive/Ping)
+  IdleCheckCursor idle_cursor_;
+  absl::Time next_keepalive_ = absl::InfiniteFuture();
+  // The connections a pass looks at: one vector for every pass, so that a pass allocates nothing
+  // (it runs by the clock, and count_calls_test holds the client to no allocation per call).
+  std::vector<std::shared_ptr<ClientConnection>> pass_live_;
 
   // The restorer's state (RestoreLoop); std:: primitives, as the timer's, for the steady clock.
   std::mutex restore_mu_;
@@ -305,7 +313,24 @@ absl::Status ChannelImpl::Init() {
         std::make_unique<Subchannel>(*this, target_, host_, port_, options_, device_,
                                      grouped ? group_->NextHome() : pollers_[i % pollers_.size()]));
   }
-  timer_ = std::thread([this] { TimerLoop(); });
+  // The timer: the group's, shared by its channels, or one of its own.
+  keepalive_ = options_.keepalive_interval > absl::ZeroDuration();
+  idle_interval_ = options_.idle_keepalive_interval > absl::ZeroDuration()
+                       ? std::max(options_.idle_keepalive_interval, options_.keepalive_interval)
+                       : absl::ZeroDuration();
+  keepalive_grid_ = ChannelTimer::KeepaliveGrid(options_.keepalive_interval);
+  keepalive_metrics_ = &metrics_.ForMethod(MetricsSide::kClient, kKeepalivePing.full_name);
+  if (keepalive_) {
+    next_keepalive_ =
+        ChannelTimer::OnGrid(MonotonicNow() + options_.keepalive_interval, keepalive_grid_);
+  }
+  if (grouped) {
+    timer_ = &group_->timer();
+  } else {
+    own_timer_ = std::make_unique<ChannelTimer>();
+    timer_ = own_timer_.get();
+  }
+  timer_->Join(this, next_keepalive_);
   if (subchannels_.size() > 1) restorer_ = std::thread([this] { RestoreLoop(); });
   return absl::OkStatus();
 }
@@ -320,14 +345,8 @@ ChannelImpl::~ChannelImpl() {
     restore_cv_.notify_one();
     restorer_.join();
   }
-  if (timer_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(timer_mu_);
-      timer_stop_ = true;
-    }
-    timer_cv_.notify_one();
-    timer_.join();
-  }
+  // No pass after this (one under way ends first): the calls left end with the connections.
+  if (timer_ != nullptr) timer_->Leave(this);
   std::vector<std::shared_ptr<ClientConnection>> live;
   {
     absl::MutexLock lock(&mu_);
@@ -473,89 +492,42 @@ absl::Time ChannelImpl::RestoreLost() {
   return MonotonicNow();  // another pass at once: what failed now has its next attempt set
 }
 
-void ChannelImpl::DeadlineAdded(absl::Time deadline) {
-  const int64_t at = absl::ToUnixNanos(deadline);
-  // The timer already wakes by then: nothing to do (the common case, one atomic load).
-  if (at >= wake_at_.load(std::memory_order_acquire)) return;
-  std::lock_guard<std::mutex> lock(timer_mu_);
-  if (at < wake_at_.load(std::memory_order_relaxed)) {
-    wake_at_.store(at, std::memory_order_release);
-    timer_cv_.notify_one();
+absl::Time ChannelImpl::TimerPass(absl::Time now) {
+  const bool keepalive_due = keepalive_ && now >= next_keepalive_;
+  {
+    absl::MutexLock lock(&mu_);
+    pass_live_.assign(live_.begin(), live_.end());
   }
-}
-
-void ChannelImpl::TimerLoop() {
-  MarkRuntimeTimerThread();  // deadline and keepalive callbacks run here
-  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
-  const bool keepalive = options_.keepalive_interval > absl::ZeroDuration();
-  const absl::Duration idle_interval =
-      options_.idle_keepalive_interval > absl::ZeroDuration()
-          ? std::max(options_.idle_keepalive_interval, options_.keepalive_interval)
-          : absl::ZeroDuration();
-  // The pings' own series (calls started, latency), beside the application's methods.
-  MethodMetrics& keepalive_metrics =
-      metrics_.ForMethod(MetricsSide::kClient, kKeepalivePing.full_name);
-  IdleCheckCursor idle_cursor;
-  // Every time here is monotonic (monotonic.h), like the deadlines in the tables.
-  absl::Time next_keepalive = MonotonicNow() + options_.keepalive_interval;
-  // The connections a pass looks at: one vector for every pass, so that a pass allocates nothing
-  // (it runs by the clock, and count_calls_test holds the client to no allocation per call).
-  std::vector<std::shared_ptr<ClientConnection>> live;
-  for (;;) {
-    bool keepalive_due = false;
-    {
-      std::unique_lock<std::mutex> lock(timer_mu_);
-      for (;;) {
-        if (timer_stop_) return;
-        const int64_t at = wake_at_.load(std::memory_order_acquire);
-        const absl::Time now = MonotonicNow();
-        keepalive_due = keepalive && now >= next_keepalive;
-        if (keepalive_due || (at != kNever && absl::ToUnixNanos(now) >= at)) break;
-        absl::Time wake = at == kNever ? absl::InfiniteFuture() : absl::FromUnixNanos(at);
-        if (keepalive) wake = std::min(wake, next_keepalive);
-        if (wake == absl::InfiniteFuture()) {
-          timer_cv_.wait(lock);
-        } else {
-          timer_cv_.wait_for(lock, absl::ToChronoNanoseconds(wake - now));
-        }
-      }
-      // "Never" until this pass says otherwise: a call starting during the pass sees it, and
-      // lowers it (and signals) itself, so its deadline is not lost.
-      wake_at_.store(kNever, std::memory_order_release);
-    }
-    // Outside the timer lock: callbacks run here.
-    {
-      absl::MutexLock lock(&mu_);
-      live.assign(live_.begin(), live_.end());
-    }
-    const absl::Time now = MonotonicNow();
-    absl::Time next = absl::InfiniteFuture();
-    KeepalivePass pass{now,
-                       options_.keepalive_timeout,
-                       idle_interval,
-                       &keepalive_metrics,
-                       KeepaliveSchedule::kIdleChecksPerPass,
-                       /*denied=*/false,
-                       options_.max_idle_keepalive_interval};
-    // From where the last keepalive pass ran out of idle checks (keepalive.h).
-    const size_t start = idle_cursor.Start(live.size());
-    for (size_t k = 0; k < live.size(); ++k) {
-      const size_t i = (start + k) % live.size();
-      ClientConnection& connection = *live[i];
-      connection.Expire(now);
-      if (keepalive_due) {
-        connection.Keepalive(pass);
-        idle_cursor.After(pass, i);
-      }
-      next = std::min(next, connection.NextDeadline());
-    }
+  // Outside the lock: callbacks run here.
+  std::vector<std::shared_ptr<ClientConnection>>& live = pass_live_;
+  absl::Time next = absl::InfiniteFuture();
+  KeepalivePass pass{now,
+                     options_.keepalive_timeout,
+                     idle_interval_,
+                     keepalive_metrics_,
+                     KeepaliveSchedule::kIdleChecksPerPass,
+                     /*denied=*/false,
+                     options_.max_idle_keepalive_interval};
+  // From where the last keepalive pass ran out of idle checks (keepalive.h).
+  const size_t start = idle_cursor_.Start(live.size());
+  for (size_t k = 0; k < live.size(); ++k) {
+    const size_t i = (start + k) % live.size();
+    ClientConnection& connection = *live[i];
+    connection.Expire(now);
     if (keepalive_due) {
-      idle_cursor.EndPass(start);
-      next_keepalive = now + options_.keepalive_interval;
+      connection.Keepalive(pass);
+      idle_cursor_.After(pass, i);
     }
-    if (next != absl::InfiniteFuture()) DeadlineAdded(next);
-    live.clear();  // the references go; the capacity stays
+    next = std::min(next, connection.NextDeadline());
   }
+  if (keepalive_due) {
+    idle_cursor_.EndPass(start);
+    // On the grid, so that the channels sharing a timer share its wake-ups (channel_timer.h).
+    next_keepalive_ = ChannelTimer::OnGrid(now + options_.keepalive_interval, keepalive_grid_);
+  }
+  if (next != absl::InfiniteFuture()) WakeBy(next);
+  live.clear();  // the references go; the capacity stays
+  return next_keepalive_;
 }
 
 ChannelImpl::MethodState ChannelImpl::MethodFor(const MethodInfo& method) {

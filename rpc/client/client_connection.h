@@ -44,7 +44,8 @@
 // UNAVAILABLE and the reason. A peer that died under calls is thus noticed within interval +
 // timeout (plus one interval when traffic stopped just after a pass); on an idle connection, within
 // about the idle interval in force + timeout: idle_keepalive_interval, or the longer one the
-// server's last answer asked for, at most max_idle_keepalive_interval (keepalive.h).
+// server asked for (in its accept reply, then in its last answer), at most
+// max_idle_keepalive_interval (keepalive.h).
 //
 // A ping never waits on the application's window. When this side's messages wait for credits
 // (the server's handlers hold every receive this side may fill: slow calls, not a dead server)

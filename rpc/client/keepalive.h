@@ -27,10 +27,11 @@
 // connections a server answers 50 pings a second from them, not 500 (issue 35: every idle
 // connection pinging on every other pass collapsed a server between 1,000 and 2,500 connections).
 //
-// A server may ask for a longer idle interval (ServerOptions::idle_keepalive_budget: its answer to
-// a ping carries one, from how many connections it holds): a connection then waits for the longer
-// of the two, at most the channel's max_idle_keepalive_interval. The answer is a word heard, so
-// the schedule restarts from it with the server's interval in force.
+// A server may ask for a longer idle interval (ServerOptions::idle_keepalive_budget: its accept
+// reply and its answers to pings carry one, from how many connections it holds): a connection
+// then waits for the longer of the two, at most the channel's max_idle_keepalive_interval. So a
+// connection's first check is drawn from the interval its accept reply asked for. An answer is a
+// word heard, so the schedule restarts from it with the server's interval in force.
 //
 // A check that goes out is rescheduled [3/4, 1] of an idle interval on, whether or not an answer
 // comes: a probe (which the server's NIC answers, not its process) moves no received count, and a
@@ -102,8 +103,8 @@ class KeepaliveSchedule {
   // `busy`: it has work in flight other than a ping, or calls ended at their deadlines since the
   // last pass. `ping_out`: a ping is out (its answer or its
   // deadline decides; nothing is due meanwhile). `server_interval`: the idle interval the server
-  // asked for in its last answer to a ping (zero: none). Returns whether to check the server now;
-  // an idle check spends one of `pass.idle_checks_left`.
+  // asked for in its accept reply or its last answer to a ping (zero: none). Returns whether to
+  // check the server now; an idle check spends one of `pass.idle_checks_left`.
   bool Due(KeepalivePass& pass, uint64_t received, bool busy, bool ping_out,
            absl::Duration server_interval = absl::ZeroDuration()) {
     if (received != received_) {

@@ -6,7 +6,8 @@
 // channel to join makes them from its options, later ones join while any member lives, and the
 // last one to leave shuts them down. A connection goes to the group's next poller with room for
 // it (Poller::HasRoomFor: its completion-queue entries and shared-queue floor), so the members'
-// connections fill the pollers together.
+// connections fill the pollers together. They share one timer thread too (channel_timer.h), for
+// their deadlines and keepalives.
 //
 // What the members must agree on is what shapes a poller: the device and its slot pool, the
 // number of pollers, their poll mode and spin, the shared receive queue, and the arena pool with
@@ -28,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "rpc/client/channel_timer.h"
 #include "rpc/options.h"
 #include "transport/device.h"
 #include "transport/options.h"
@@ -76,6 +78,8 @@ class PollerGroup {
   // that has; RESOURCE_EXHAUSTED naming the group when none has.
   absl::StatusOr<std::shared_ptr<transport::Poller>> Place(
       const std::shared_ptr<transport::Poller>& home, const transport::ConnectionOptions& options);
+  // The timer its members' passes run on (channel_timer.h): one thread for the group.
+  ChannelTimer& timer() { return timer_; }
 
  private:
   PollerGroup(std::string name, Shape asked, std::shared_ptr<transport::Device> device)
@@ -88,6 +92,8 @@ class PollerGroup {
   const std::shared_ptr<transport::Device> device_;
   std::vector<std::shared_ptr<transport::Poller>> pollers_;
   std::atomic<uint32_t> next_{0};
+  // Its members leave it before they let go of the group, so it has none when destroyed.
+  ChannelTimer timer_;
 };
 
 }  // namespace zrpc::internal

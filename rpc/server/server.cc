@@ -339,7 +339,8 @@ void ServerImpl::SweepLoop() {
     {
       absl::MutexLock lock(&mu_);
       limits.idle_silence = IdleSilenceBeforeProbe(
-          idle_probe, IdleIntervalAdvice(connections_.size(), options_.idle_keepalive_budget));
+          idle_probe, IdleIntervalAdvice(connections_.size(), options_.idle_keepalive_budget,
+                                         options_.max_connection_idle));
       for (auto& [handler, connection] : connections_) {
         if (connection->DueForSweep(looked_by)) open.push_back(connection);
       }
@@ -407,7 +408,7 @@ absl::StatusOr<transport::Placement> ServerImpl::Place(const std::string&) {
   // The keepalive advice from the start (WIRE.md, "Accept data"): a connection made in a storm
   // spreads its first idle check over the interval asked for, instead of checking within the
   // client's own 20 s and learning the advice only from that answer.
-  const uint32_t advice = IdleIntervalAdviceMs();
+  const uint32_t advice = AcceptAdviceMs();
   handler->NoteAdvice(advice);
   placement.accept_data = EncodeAcceptData(advice);
   return placement;
@@ -441,11 +442,14 @@ void ServerImpl::ConnectionClosed(ServerConnection* connection) {
   // `closed` is released after the lock; its calls, if any, still hold it.
 }
 
-absl::Duration IdleIntervalAdvice(size_t connections, double budget) {
+absl::Duration IdleIntervalAdvice(size_t connections, double budget, absl::Duration max_idle) {
   if (budget <= 0 || connections == 0) return absl::ZeroDuration();
-  // No bound from the server's own checks: a silent idle connection is probed, not closed
-  // (IdleSilenceBeforeProbe waits longer than the advice), so a late ping loses nothing.
-  return absl::Seconds(static_cast<double>(connections) / budget);
+  // No bound from idle_probe_interval: a quiet idle connection that spoke before is probed, not
+  // closed (IdleSilenceBeforeProbe waits longer than the advice), so a late ping loses nothing.
+  absl::Duration interval = absl::Seconds(static_cast<double>(connections) / budget);
+  // max_connection_idle does close: pings well within it (they count as words).
+  if (max_idle > absl::ZeroDuration()) interval = std::min(interval, max_idle / 3);
+  return interval;
 }
 
 absl::Duration IdleSilenceBeforeProbe(absl::Duration idle_probe, absl::Duration advice) {
@@ -459,9 +463,17 @@ uint32_t ServerImpl::IdleIntervalAdviceMs() {
     absl::MutexLock lock(&mu_);
     open = connections_.size();
   }
-  const absl::Duration advice = IdleIntervalAdvice(open, options_.idle_keepalive_budget);
+  const absl::Duration advice =
+      IdleIntervalAdvice(open, options_.idle_keepalive_budget, options_.max_connection_idle);
   return static_cast<uint32_t>(
       std::min<int64_t>(absl::ToInt64Milliseconds(advice), std::numeric_limits<uint32_t>::max()));
+}
+
+uint32_t ServerImpl::AcceptAdviceMs() {
+  const uint32_t advice = IdleIntervalAdviceMs();
+  if (options_.idle_probe_interval <= absl::ZeroDuration()) return advice;
+  const int64_t most = absl::ToInt64Milliseconds(options_.idle_probe_interval * 2 / 3);
+  return static_cast<uint32_t>(std::min<int64_t>(advice, most));
 }
 
 void ServerImpl::CallStarted() { calls_.Started(); }

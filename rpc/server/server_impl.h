@@ -34,9 +34,10 @@
 namespace zrpc::internal {
 
 // The idle interval a server with `connections` open asks its clients for, so that their idle
-// pings come to about `budget` a second together (ServerOptions::idle_keepalive_budget). Zero:
-// no advice.
-absl::Duration IdleIntervalAdvice(size_t connections, double budget);
+// pings come to about `budget` a second together (ServerOptions::idle_keepalive_budget), at most a
+// third of `max_idle` (ServerOptions::max_connection_idle; zero: no bound), so that clients
+// keeping to it are not closed as idle. Zero: no advice.
+absl::Duration IdleIntervalAdvice(size_t connections, double budget, absl::Duration max_idle);
 // How long an idle connection may stay silent before the server probes its client's NIC:
 // `idle_probe` (ServerOptions::idle_probe_interval), or half as long again as `advice` when that
 // is longer, so that clients who ping at the advised interval (drawn from [3/4, 1] of it, checked
@@ -98,6 +99,10 @@ class ServerImpl final : public transport::AcceptHandler {
   void CountKeepalive() { keepalives_.fetch_add(1, std::memory_order_relaxed); }
   // IdleIntervalAdvice for this server now, in milliseconds: what its answer to a ping carries.
   uint32_t IdleIntervalAdviceMs();
+  // What its accept reply carries: the same, at most two thirds of idle_probe_interval, so that a
+  // new connection's first check (drawn from (0, 1] of it) comes before the server would close
+  // it as one that never spoke. Its answers then ask for the whole advice.
+  uint32_t AcceptAdviceMs();
   StagingPool& staging() { return *staging_; }
   const std::shared_ptr<ReceiveLimits>& receive_limits() const { return receive_limits_; }
   const std::shared_ptr<transport::Device>& device() const { return device_; }

@@ -229,7 +229,7 @@ shared() {
 # client's: one poller group for both channels, so that the driver passes the same pollers) must
 # not add to a call's work: a poller finds a connection by its queue pair, and nothing per call
 # walks the connections. Measured on 2026-12-03: 9,409 instructions per round trip with 1 idle
-# connection, 9,412 with 1,000 (both phases' mean; a shared receive queue of 4,096 each side).
+# connection, 9,415 with 1,000 (both phases' mean; a shared receive queue of 4,096 each side).
 max_idle_growth=1.01
 idle() {
   local n

@@ -1,8 +1,10 @@
 // Channels that name the same ChannelOptions::poller_group share its pollers
 // (rpc/client/poller_group.h): a client with a channel to each of many servers pays for pollers
 // once. Over fakeverbs, on the host and under ASan.
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -213,4 +215,80 @@ TEST_CASE("a grouped channel destroyed with calls in flight ends them before it 
     CHECK(ended.load() == kCalls);
   }
   Hello(*stays, "after");
+}
+
+// The threads of this process now (/proc/self/task).
+int Threads() {
+  int n = 0;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (absl::StartsWith(line, "Threads:")) n = std::stoi(line.substr(8));
+  }
+  return n;
+}
+
+// Before: each channel ran a timer thread of its own, which woke every second for its keepalive
+// pass: a hundred channels, a hundred threads and a hundred wake-ups a second.
+TEST_CASE(
+    "a group's channels share one timer thread: their deadlines fire, and one destroyed from "
+    "another's deadline callback goes cleanly",
+    "[poller_group]") {
+  constexpr int kChannels = 100;
+  TestGreeter greeter;
+  auto server = Serve(greeter);
+  std::vector<std::unique_ptr<zrpc::ClientChannel>> channels;
+  channels.push_back(Channel(*server, InGroup("timers")));  // makes the group: poller and timer
+  const int threads = Threads();
+  for (int i = 1; i < kChannels; ++i) channels.push_back(Channel(*server, InGroup("timers")));
+  INFO("threads before the other 99 channels: " << threads << ", after: " << Threads());
+  CHECK(Threads() == threads);  // one connection each: no restorer thread either
+  const std::shared_ptr<PollerGroup> group = PollerGroup::Find("timers");
+  REQUIRE(group != nullptr);
+  CHECK(group->timer().members() == kChannels);
+
+  // Calls that outlive their deadlines on every other channel; the deadline callback of channel
+  // 2k destroys channel 2k+1, whose own call is then cancelled (on the reaper's thread: the
+  // callback runs on the group's timer).
+  struct Ended {
+    std::atomic<int> expired{0};
+    std::atomic<int> cancelled{0};
+    std::atomic<int> other{0};
+  } ended;
+  std::vector<HelloRequest> requests(kChannels);
+  std::vector<HelloReply> replies(kChannels);
+  for (int i = 0; i < kChannels; ++i) {
+    REQUIRE(channels[i]->Connect(absl::Now() + zrpc::testing::kLong).ok());
+  }
+  std::vector<std::unique_ptr<Greeter::Stub>> stubs;
+  for (int i = 0; i < kChannels; ++i) {
+    stubs.push_back(std::make_unique<Greeter::Stub>(channels[i].get()));
+  }
+  for (int i = 0; i < kChannels; ++i) {
+    requests[i].set_name("sleep:3000");
+    const bool short_deadline = i % 2 == 0;
+    stubs[i]->AsyncSayHello(
+        requests[i], &replies[i],
+        zrpc::CallOptions::Timeout(short_deadline ? absl::Milliseconds(200) : absl::Seconds(60)),
+        [&, i](absl::Status s) {
+          if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+            ended.expired.fetch_add(1);
+            channels[i + 1].reset();  // from the group's timer thread
+          } else if (s.code() == absl::StatusCode::kCancelled) {
+            ended.cancelled.fetch_add(1);
+          } else {
+            ended.other.fetch_add(1);
+          }
+        });
+  }
+  REQUIRE(zrpc::testing::Eventually(
+      [&] {
+        return ended.expired.load() + ended.cancelled.load() + ended.other.load() == kChannels;
+      },
+      zrpc::testing::kLong));
+  CHECK(ended.expired.load() == kChannels / 2);
+  CHECK(ended.cancelled.load() == kChannels / 2);
+  CHECK(ended.other.load() == 0);
+  CHECK(zrpc::testing::Eventually([&] { return group->timer().members() == kChannels / 2; }));
+  // The rest still call and time out as before.
+  Hello(*channels[0], "still");
 }
