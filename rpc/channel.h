@@ -22,7 +22,8 @@
 // answering; a server process that dies is noticed at once (its kernel disconnects).
 //
 // Deadlines. A call fails with DEADLINE_EXCEEDED at its deadline whether or not the server
-// answers: a timer thread per channel sleeps until the earliest deadline of any call in flight.
+// answers: a timer thread sleeps until the earliest deadline of any call in flight (the
+// channel's own, or one its poller group's channels share: ChannelOptions::poller_group).
 // The server is told (a cancel message), and a response that arrives afterwards is dropped, its
 // receive slot and payload released at once (the call's id is stale: call_table.h).
 //

@@ -12,8 +12,9 @@
 // Threads. Passes run on the timer's thread, one at a time, outside its lock: they run user
 // callbacks (a deadline's), which may start calls (WakeBy) or destroy other channels. Leave
 // waits for a pass of that member under way, so it must not be called from that member's own
-// pass (a channel destroyed from its own callback is torn down by the reaper thread: channel.h).
-// A member destroyed from another member's pass leaves at once. The timer is destroyed after its
+// pass (a channel destroyed from a callback on any runtime thread, this one included, is torn
+// down by the reaper thread: channel.h); from another thread it waits at most for the pass under
+// way. A pass that blocks holds up every member's (THREADING.md). The timer is destroyed after its
 // last member left, never on its own thread (its owner, a channel or a poller group, is released
 // by channels, which are not destroyed on runtime threads).
 #ifndef ZRPC_RPC_CLIENT_CHANNEL_TIMER_H_

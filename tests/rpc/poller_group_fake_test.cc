@@ -241,7 +241,9 @@ TEST_CASE(
   const int threads = Threads();
   for (int i = 1; i < kChannels; ++i) channels.push_back(Channel(*server, InGroup("timers")));
   INFO("threads before the other 99 channels: " << threads << ", after: " << Threads());
-  CHECK(Threads() == threads);  // one connection each: no restorer thread either
+  // One connection each: no restorer either. (A few: a thread of an earlier case may end or
+  // start meanwhile; a timer per channel would add 99.)
+  CHECK(Threads() <= threads + 5);
   const std::shared_ptr<PollerGroup> group = PollerGroup::Find("timers");
   REQUIRE(group != nullptr);
   CHECK(group->timer().members() == kChannels);
@@ -263,7 +265,12 @@ TEST_CASE(
   for (int i = 0; i < kChannels; ++i) {
     stubs.push_back(std::make_unique<Greeter::Stub>(channels[i].get()));
   }
-  for (int i = 0; i < kChannels; ++i) {
+  // The long calls first: a short one's callback destroys its neighbour, which must have its
+  // call out by then.
+  std::vector<int> order;
+  for (int i = 1; i < kChannels; i += 2) order.push_back(i);
+  for (int i = 0; i < kChannels; i += 2) order.push_back(i);
+  for (const int i : order) {
     requests[i].set_name("sleep:3000");
     const bool short_deadline = i % 2 == 0;
     stubs[i]->AsyncSayHello(
