@@ -345,9 +345,9 @@ void ServerConnection::SweepPass(absl::Time now, const SweepLimits& limits) {
   const absl::Duration idle_for = now - idle_since_;
   // The client checks within the interval this server last asked of it (at accept or in an
   // answer; it may have asked for longer than it would now, with more connections open then):
-  // silence within half as long again is a client keeping to it.
-  const absl::Duration advised = absl::Milliseconds(advised_ms_.load(std::memory_order_relaxed));
-  const absl::Duration kept = advised + advised / 2;
+  // silence before then is a client keeping to it.
+  const absl::Duration kept = IdleSilenceBeforeProbe(
+      limits.idle_probe, absl::Milliseconds(advised_ms_.load(std::memory_order_relaxed)));
   const auto close = [&](const char* why, const char* option) {
     server_.CountIdleClosed();  // before the close, which the peer may see at once
     ZRPC_LOG(kInfo, "server", "closing the connection to ", connection->peer_address(), ": ", why,
@@ -362,7 +362,7 @@ void ServerConnection::SweepPass(absl::Time now, const SweepLimits& limits) {
     // A peer that connected and never said a word: no zrpc client (its first keepalive comes
     // within its idle_keepalive_interval, 20 s), or one with keepalives off that never called.
     // Closed rather than probed, so a live peer cannot hold a place by silence alone.
-    if (limits.idle_probe > absl::ZeroDuration() && idle_for >= std::max(limits.idle_probe, kept)) {
+    if (idle_for >= kept) {  // never when idle_probe_interval is zero (kept is infinite)
       close("not a word in ", "idle_probe_interval");
     }
     return;
