@@ -95,6 +95,7 @@
 #include "transport/device.h"
 #include "transport/memory_window.h"
 #include "transport/options.h"
+#include "transport/park_doors.h"
 #include "transport/ring.h"
 #include "transport/serial_domain.h"
 #include "transport/verbs_owners.h"
@@ -277,6 +278,15 @@ struct ConnectionStats {
   uint64_t arena_waits = 0;
   bool arena_lent = false;
   uint64_t arena_asks = 0;
+  // Parked windows (credits.h, "Parked windows"). This side's window (a server's, on a poller
+  // that parks): kPark frames sent, times it parked, times a knock opened it again, and whether
+  // it is parked now. Its sending (a client's): kPark frames answered, knocks sent.
+  uint64_t park_asks = 0;
+  uint64_t parks = 0;
+  uint64_t park_grants = 0;
+  bool window_parked = false;
+  uint64_t parks_answered = 0;
+  uint64_t knocks = 0;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -692,6 +702,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t qp_num() const { return qp_num_; }
   // The window the peer starts with: the floor of an elastic one (credits.h), else all of it.
   uint32_t initial_window() const {
+    if (start_parked_) return 0;
     return shared_receives_ ? options_.idle_recv_credits : options_.recv_credits;
   }
   uint32_t cq_entries() const { return CqEntriesFor(options_, shared_receives_); }
@@ -737,6 +748,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // data credits and send-queue room allow (a lend behind its window's bind).
   void MaybeSendArenaFramesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   class ArenaRequest : public DomainTask {
+   public:
+    void RunInDomain(Connection& connection) override;
+  };
+
+  // Parked windows (credits.h, "Parked windows"; connection_park.cc).
+  // The poller's request (Poller::ServeParking): the peer of a parked window knocked (`knock`:
+  // what its door holds now), a floor it waited for may be free, or, while others wait for
+  // floors, a window not parked is looked at and asked to park when idle since the last look.
+  void AskForPark();
+  void KnockHeard(uint64_t knock);
+  static constexpr absl::Duration kParkGiveUp = absl::Seconds(10);
+  void OnParkRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // A floor from the budget for a parked window whose peer knocked; with none free, waits on
+  // the poller (WaitForFloor).
+  void TryUnparkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // The window parked: the poller watches its door, and its floor may serve a waiter.
+  void NoteParkedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Something for the park exchange to send: a kPark (this side's window), a kParked answer or a
+  // knock (this side's sending). One load on the send path.
+  bool ParkWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_) {
+    return credits_.park_work();
+  }
+  void MaybeSendParkFramesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  class ParkRequest : public DomainTask {
    public:
     void RunInDomain(Connection& connection) override;
   };
@@ -871,6 +906,25 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t lend_rkey_ ABSL_GUARDED_BY(domain_) = 0;
   ArenaRequest arena_request_;
   std::atomic<bool> arena_request_queued_{false};
+  // Parked windows. This side's window: accepted_ and start_parked_ are set before the
+  // connection is shared (Listener, Poller::Register), door_ there too (kept to Unregister).
+  bool accepted_ = false;
+  bool start_parked_ = false;
+  std::optional<ParkDoors::Lease> door_;
+  uint64_t door_last_ ABSL_GUARDED_BY(domain_) = 0;      // the door at the last knock heard
+  std::atomic<bool> knock_heard_{false};                 // the poller saw the door change
+  std::atomic<uint64_t> knock_{0};                       // to this
+  std::atomic<bool> window_parked_{false};               // for the poller's look at holders
+  bool knock_pending_ ABSL_GUARDED_BY(domain_) = false;  // heard, not answered yet
+  bool floor_waiting_ ABSL_GUARDED_BY(domain_) = false;  // on the poller's list of waiters
+  bool park_used_ ABSL_GUARDED_BY(domain_) = false;      // a receive since the last look
+  int64_t park_asked_ns_ ABSL_GUARDED_BY(domain_) = 0;   // SteadyNanos of the kPark
+  ParkRequest park_request_;
+  std::atomic<bool> park_request_queued_{false};
+  // This side's sending: the server's door (from its accept reply) and the knocks sent.
+  ParkDoor peer_door_{};
+  uint32_t knocks_ ABSL_GUARDED_BY(domain_) = 0;
+  bool knocked_ ABSL_GUARDED_BY(domain_) = false;  // since this side last parked
   ConnectionStats stats_ ABSL_GUARDED_BY(domain_);
   // Work-request templates: invariant fields filled once in CreateResources.
   ibv_send_wr send_wr_ ABSL_GUARDED_BY(domain_){};

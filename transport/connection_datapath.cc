@@ -428,6 +428,7 @@ ConnectionStats Connection::StatsLocked() const {
   stats.cq_entries_granted = cq_granted_.load(std::memory_order_relaxed);
   stats.recv_window = credits_.window();
   stats.max_recv_window = credits_.max_window();
+  stats.window_parked = credits_.parked();
   return stats;
 }
 
@@ -820,7 +821,7 @@ void Connection::PumpLocked() {
     // Only when there is something to post: a Release during the batch usually has nothing
     // (its credit rides on the next data frame), and then the batch's end takes no lock.
     if (!waiting_.empty() || credits_.ShouldSendUpdate() || arena_reader_.ShouldReport() ||
-        ArenaOwedLocked()) {
+        ArenaOwedLocked() || ParkWorkLocked()) {
       cork_pending_ = true;
     }
     return;
@@ -870,6 +871,7 @@ void Connection::PumpLocked() {
     }
   }
   if (ABSL_PREDICT_FALSE(ArenaOwedLocked())) MaybeSendArenaFramesLocked();
+  if (ABSL_PREDICT_FALSE(ParkWorkLocked())) MaybeSendParkFramesLocked();
   MaybeSendCreditFrameLocked();
   PostChainLocked();
 }
@@ -1308,6 +1310,7 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
     give_back(false);
     return FailLocked(s);
   }
+  park_used_ = true;  // not idle since the poller's last look (OnParkRequestLocked)
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     // A bulk payload: the RECV only carried the immediate, so it goes straight back.
     uint32_t imm = ntohl(wc.imm_data);
@@ -1338,6 +1341,7 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
     give_back(false);
     return FailLocked(s);
   }
+  if (ABSL_PREDICT_FALSE(knocked_) && credits_.OnGrantArrived()) knocked_ = false;
   if (s = arena_writer_.OnReleased(header->arena_released); !s.ok()) {
     give_back(false);
     return FailLocked(s);
@@ -1345,6 +1349,24 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
   if (header->kind == FrameKind::kCredit) {
     give_back(true);
     credits_.OnRecvReposted();
+    // A peer asked to park whose last credit went into this frame holds none now: parked.
+    if (ABSL_PREDICT_FALSE(credits_.parking()) && credits_.MaybeParked()) NoteParkedLocked();
+    return;
+  }
+  if (ABSL_PREDICT_FALSE(header->kind == FrameKind::kPark || header->kind == FrameKind::kParked)) {
+    give_back(true);
+    credits_.OnRecvReposted();
+    if (header->kind == FrameKind::kParked) {
+      if (s = credits_.OnParked(); !s.ok()) return FailLocked(s);
+      return NoteParkedLocked();
+    }
+    if ((peer_.flags & kHelloParks) == 0) {
+      return FailLocked(
+          absl::FailedPreconditionError("peer sent kPark, but its Hello did not say it parks"));
+    }
+    if (s = credits_.OnParkAsked(); !s.ok()) return FailLocked(s);
+    knocked_ = false;  // a new park: the next wish to send knocks again
+    ++stats_.parks_answered;
     return;
   }
   if (header->kind == FrameKind::kArena) {

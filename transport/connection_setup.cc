@@ -216,6 +216,7 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
 Hello Connection::OwnHello() const {
   Hello hello;
   hello.recv_credits = initial_window();
+  if (door_.has_value()) hello.flags |= kHelloParks;  // its accept reply carries the door
   hello.max_recv_credits = options_.recv_credits;
   hello.recv_size = static_cast<uint32_t>(device_.slots().slot_size());
   if (options_.arena_on_demand) {
@@ -234,9 +235,13 @@ void Connection::AcceptHello(const Hello& peer) {
   // finished (it only queues them then).
   EnterWaiting();
   peer_ = peer;
-  credits_ = CreditAccount(peer.recv_credits, peer.max_recv_credits,
-                           OwnWindow{initial_window(), options_.recv_credits,
-                                     shared_receives_ ? &receive_share_ : nullptr});
+  // A window that parks starts with its floor as its size even when parked (what a knock
+  // opens it by).
+  OwnWindow own{shared_receives_ ? options_.idle_recv_credits : options_.recv_credits,
+                options_.recv_credits, shared_receives_ ? &receive_share_ : nullptr};
+  own.parks = door_.has_value();
+  own.parked = start_parked_;
+  credits_ = CreditAccount(peer.recv_credits, peer.max_recv_credits, own);
   arena_writer_ = (peer.flags & kHelloArenaOnDemand) != 0 ? ArenaWriter::OnDemand(peer.arena_size)
                                                           : ArenaWriter(peer.arena_size);
   stats_.peer_recv_credits = peer.recv_credits;
@@ -297,6 +302,18 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
     if (data != nullptr && length > Hello::kSize) {
       const size_t extra = std::min(length - Hello::kSize, kAcceptDataSize);
       std::copy(data + Hello::kSize, data + Hello::kSize + extra, c->peer_accept_data_.begin());
+    }
+    // A server that parks says where to knock (wire.h, ParkDoor).
+    if (peer.ok() && (peer->flags & kHelloParks) != 0) {
+      absl::StatusOr<ParkDoor> door = DecodeParkDoor(
+          data != nullptr && length > ParkDoor::kOffset
+              ? absl::MakeConstSpan(data + ParkDoor::kOffset, length - ParkDoor::kOffset)
+              : absl::Span<const uint8_t>());
+      if (door.ok()) {
+        c->peer_door_ = *door;
+      } else {
+        peer = door.status();
+      }
     }
   }
   // This queue pair's RNR retry count is the one the server put in its reply (cm_util.h).

@@ -47,6 +47,25 @@
 // Arena-release reports (arena.h) ride on credit frames only while two credits are available, so
 // they never spend the reserved one.
 //
+// Parked windows. A poller whose floors are all claimed may park an idle connection's window to
+// lend its floor to another (receive_budget.h): a receiver that parks (`OwnWindow::parks`; its
+// Hello says kHelloParks) sends a kPark frame, which spends a data credit so that its reserved
+// one stays, and from then on returns no credit. The sender answers with a kParked frame, its
+// last credit spent on it and every other it held given up; or, holding none (its last went into
+// a credit frame), with nothing. The receiver knows the window parked when the kParked frame
+// arrives, or when the peer has consumed every credit granted (it holds none, and none is on the
+// wire: the frames it sent before the kPark came arrive before anything it sends after). Either
+// way every credit granted is then spent or given up, so the receiver gives back to the budget
+// all its window but the messages it holds, each of them at its release, and what it owed (the
+// peer never hears of it). A parked sender knocks on its door (wire.h, ParkDoor: an RDMA WRITE,
+// which consumes no receive) when it has something to send; the poller sees the knock, and the
+// receiver takes a floor from the budget and grants it in a credit frame, with its reserved
+// credit (the one exchange where a credit frame may return fewer than T: the sender knocked
+// because it wanted to send, and what it sends next returns what it owes, so the exchange goes
+// on). A parked receiver sends data frames with credits left, never a credit frame, so that
+// reserved credit is there when the knock comes. A sender counts any returned credit while
+// parked as its grant: the receiver returns none between its kPark and that grant.
+//
 // Not thread-safe: the connection calls it under its lock. The host tests drive it directly.
 #ifndef ZRPC_TRANSPORT_CREDITS_H_
 #define ZRPC_TRANSPORT_CREDITS_H_
@@ -74,7 +93,9 @@ inline constexpr uint32_t kMaxCredits = 65535;
 struct OwnWindow {
   uint32_t initial = kMinCredits;
   uint32_t max = kMinCredits;
-  ReceiveShare* share = nullptr;  // holds `initial` already; null: fixed
+  ReceiveShare* share = nullptr;  // holds `initial` already (nothing when parked); null: fixed
+  bool parks = false;             // elastic only: the window may be parked (above)
+  bool parked = false;            // it starts parked: the peer's Hello offers no credit
 };
 
 class CreditAccount {
@@ -89,10 +110,13 @@ class CreditAccount {
         available_(peer_window),
         floor_(own.initial),
         max_(own.share != nullptr ? own.max : own.initial),
-        window_(own.initial),
+        window_(own.parked ? 0 : own.initial),
         threshold_(ThresholdFor(own.initial)),
+        parks_(own.share != nullptr && own.parks),
+        park_(own.parked && parks_ ? Park::kParked : Park::kNone),
+        work_(peer_window == 0 ? kSenderParked : 0),
         share_(own.share),
-        granted_(own.initial) {}
+        granted_(window_) {}
 
   // ---- Sending: credits for the peer's receives.
 
@@ -122,6 +146,46 @@ class CreditAccount {
     return absl::OkStatus();
   }
 
+  // ---- Sending, parked (above).
+
+  // Something for the park exchange to send (a kPark, a kParked answer or a knock): one load,
+  // which the connection's send path makes on every pass.
+  bool park_work() const { return work_ != 0; }
+
+  // The peer's kPark came: this side is parked from now on, at once, so that credits the peer
+  // returns later are a grant. Holding credits, it owes a kParked frame, whose credit is spent
+  // here and the rest given up; holding none, nothing. A protocol error when it is parked
+  // already (and was not granted credits since).
+  absl::Status OnParkAsked() {
+    OnGrantArrived();
+    if ((work_ & kSenderParked) != 0) {
+      return absl::FailedPreconditionError("peer asked a parked window to park");
+    }
+    work_ |= kSenderParked;
+    if (available_ > 0) {
+      in_use_ += 1;
+      available_ = 0;
+      work_ |= kAnswerOwed;
+    }
+    return absl::OkStatus();
+  }
+  // A kParked frame is owed, its credit spent already (OnParkAsked).
+  bool park_answer_owed() const { return (work_ & kAnswerOwed) != 0; }
+  void AnsweredPark() { work_ &= static_cast<uint8_t>(~kAnswerOwed); }
+  // This side may not send until the peer grants credits again; it knocks when it wants to.
+  bool sender_parked() const { return (work_ & kSenderParked) != 0; }
+  // After credits came back to a parked sender (the peer returns none between its kPark and its
+  // grant, and grants after a knock, so the connection asks while it has knocked, and before it
+  // knocks or answers a kPark: a window opened by another's knock, park_doors.h): whether they
+  // were the grant, which unparks it.
+  bool OnGrantArrived() {
+    if ((work_ & kSenderParked) == 0 || available_ == 0) return false;
+    work_ &= static_cast<uint8_t>(~kSenderParked);
+    return true;
+  }
+  // Something is waiting for credits here besides data: credits owed (or grown) to return.
+  bool WantsToReturn() const { return owed_ >= threshold_ || grew_; }
+
   // ---- Receiving: the peer's credits for this side's receives.
 
   // The peer's frame or bulk WRITE consumed one of this side's RECVs. A protocol error when the
@@ -131,8 +195,64 @@ class CreditAccount {
   // window grows here when the peer is left unable to send data.
   absl::Status OnConsumed() {
     if (ABSL_PREDICT_FALSE(++consumed_ > granted_)) return ConsumedTooMany();
-    if (share_ != nullptr && PeerShort()) Grow();
+    if (share_ != nullptr && PeerShort() && park_ == Park::kNone) Grow();
     return absl::OkStatus();
+  }
+
+  // ---- Receiving, parked (above).
+
+  bool parks() const { return parks_; }
+  bool parked() const { return park_ == Park::kParked; }
+  bool parking() const { return park_ == Park::kAsked; }
+  // Messages this side holds (consumed, not yet released).
+  uint32_t held() const {
+    return window_ - static_cast<uint32_t>(granted_ - consumed_) - static_cast<uint32_t>(owed_) -
+           withheld_;
+  }
+  // The poller asked this window to park (the connection's look found it idle): a kPark to send.
+  void OweParkAsk() { work_ |= kAskOwed; }
+  bool park_ask_owed() const { return (work_ & kAskOwed) != 0; }
+  void DropParkAsk() { work_ &= static_cast<uint8_t>(~kAskOwed); }
+  // The window may be asked to park now: it parks, is open, holds no message, and a kPark frame
+  // may spend a data credit.
+  bool CanAskPark() const {
+    return parks_ && park_ == Park::kNone && held() == 0 && available_ >= 2;
+  }
+  // A kPark frame went (its header took what was owed, its credit spent by the caller): no credit
+  // returns from now on. True when the window parked at once (the peer held none).
+  bool AskedPark() {
+    DropParkAsk();
+    park_ = Park::kAsked;
+    return MaybeParked();
+  }
+  // The peer's kParked frame, consumed (OnConsumed) before this: the window is parked. A
+  // protocol error when it was not asked to.
+  absl::Status OnParked() {
+    if (park_ != Park::kAsked) {
+      return absl::FailedPreconditionError("peer sent kParked unasked");
+    }
+    CompletePark();
+    return absl::OkStatus();
+  }
+  // After a consumption while asked: whether the peer has spent every credit, which parks the
+  // window too (above). True when it parked now.
+  bool MaybeParked() {
+    if (park_ != Park::kAsked || granted_ != consumed_) return false;
+    CompletePark();
+    return true;
+  }
+  // The peer knocked: a floor from the budget opens the window again, its credits owed (and sent
+  // with the reserved credit if need be). False when no floor is free (or not parked).
+  bool Unpark() {
+    if (park_ != Park::kParked || !share_->TakeFloor(floor_)) return false;
+    park_ = Park::kNone;
+    window_ += floor_;
+    max_window_ = std::max(max_window_, window_);
+    threshold_ = ThresholdFor(window_);
+    owed_ += floor_;
+    grew_ = true;
+    grant_ = true;
+    return true;
   }
 
   // This side re-posted (or, with a shared queue, released) a RECV that a data frame, a bulk
@@ -142,9 +262,12 @@ class CreditAccount {
   // below two, so a steady flow settles instead of growing and shrinking in turn), or growth is
   // low.
   void OnRecvReposted() {
-    if (share_ != nullptr && window_ > floor_ &&
-        (2 * (granted_ - consumed_) >= window_ + 4 || share_->low()) && Shrink()) {
-      return;
+    if (share_ != nullptr) {
+      if (ABSL_PREDICT_FALSE(park_ != Park::kNone)) return ParkedRelease();
+      if (window_ > floor_ && (2 * (granted_ - consumed_) >= window_ + 4 || share_->low()) &&
+          Shrink()) {
+        return;
+      }
     }
     ++owed_;
   }
@@ -153,7 +276,7 @@ class CreditAccount {
   // found the budget dry: receives may have come back since (the connection calls it before it
   // looks for a credit frame to send).
   void RetryGrowth() {
-    if (ABSL_PREDICT_TRUE(!starved_)) return;
+    if (ABSL_PREDICT_TRUE(!starved_) || park_ != Park::kNone) return;
     if (PeerShort()) {
       Grow();
     } else {
@@ -164,8 +287,9 @@ class CreditAccount {
   // Whether an explicit credit frame is due (and one credit is there to send it): T owed, or
   // credits the window just grew by, which the peer is waiting for (not with the reserved credit:
   // that one only goes into frames returning T or more, as the deadlock argument needs).
+  // (While parking or parked nothing is owed or grown: see ParkedRelease.)
   bool ShouldSendUpdate() const {
-    return (owed_ >= threshold_ && available_ >= 1) || (grew_ && available_ >= 2);
+    return (owed_ >= threshold_ && available_ >= 1) || (grew_ && available_ >= (grant_ ? 1 : 2));
   }
 
   // Credits to put in the frame being sent now (at most what the 16-bit field holds); what is
@@ -175,6 +299,7 @@ class CreditAccount {
     owed_ -= total;
     granted_ += total;
     grew_ = false;
+    grant_ = false;
     return static_cast<uint16_t>(total);
   }
 
@@ -182,9 +307,13 @@ class CreditAccount {
   // Credits spent and not yet returned (a peer growing its window returns more than were spent).
   uint32_t in_flight() const { return in_use_; }
   uint64_t owed() const { return owed_; }
+  // Receives released while this window was being parked, whose credits never go back.
+  uint32_t withheld() const { return withheld_; }
   // This side's window: the receives its peer may hold credits for, the messages it holds and
   // what it owes.
   uint32_t window() const { return window_; }
+  // Times this side's window parked.
+  uint64_t parks_done() const { return parks_done_; }
   uint32_t max_window() const { return max_window_; }
 
  private:
@@ -214,6 +343,30 @@ class CreditAccount {
   }
   // Gives the released receive back to the budget instead of owing it; false once the share is
   // closed.
+  // A receive released while parking is withheld (the kPark's header took what was owed, so
+  // nothing is owed from then on and nothing returns); once parked it goes to the budget.
+  ABSL_ATTRIBUTE_NOINLINE void ParkedRelease() {
+    if (park_ == Park::kAsked) {
+      ++withheld_;
+      return;
+    }
+    share_->GiveBack(1);
+    --window_;
+  }
+  // Every credit granted is spent or given up: the window keeps only the messages held.
+  ABSL_ATTRIBUTE_NOINLINE void CompletePark() {
+    const uint32_t keep = held();
+    share_->GiveBack(window_ - keep);
+    window_ = keep;
+    granted_ = consumed_;
+    owed_ = 0;
+    withheld_ = 0;
+    grew_ = false;
+    grant_ = false;
+    starved_ = false;
+    park_ = Park::kParked;
+    ++parks_done_;
+  }
   ABSL_ATTRIBUTE_NOINLINE bool Shrink() {
     if (!share_->GiveOne()) return false;
     --window_;
@@ -231,6 +384,17 @@ class CreditAccount {
   uint32_t threshold_;
   bool grew_ = false;     // owed_ holds credits the window grew by, not sent yet
   bool starved_ = false;  // the last growth found the budget dry (RetryGrowth)
+  bool grant_ = false;    // owed_ holds a parked window's grant: the reserved credit may carry it
+  enum class Park : uint8_t { kNone, kAsked, kParked };
+  bool parks_;
+  Park park_;
+  // Park work (park_work()): bits of what the connection's send path has to do.
+  static constexpr uint8_t kAnswerOwed = 1;    // a kPark came: kParked (or nothing) answers it
+  static constexpr uint8_t kSenderParked = 2;  // this side's sending is parked: it knocks
+  static constexpr uint8_t kAskOwed = 4;       // this side's window is to be asked to park
+  uint8_t work_;
+  uint32_t withheld_ = 0;  // receives released while parking (ParkedRelease)
+  uint64_t parks_done_ = 0;
   ReceiveShare* share_;
   uint64_t owed_ = 0;
   // Credits given to the peer (its initial window plus every credit returned in a frame) and

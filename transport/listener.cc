@@ -190,15 +190,23 @@ void Listener::OnRequest(rdma_cm_event* event) {
   if (auto s = c->CreateResources(id); !s.ok()) {
     return refuse(absl::Status(s.code(), absl::StrCat("server full: ", s.message())));
   }
-  c->AcceptHello(*hello);
+  // Registered first: admission decides whether its window starts parked, which its credits
+  // and its Hello say.
+  c->accepted_ = true;
   if (auto s = c->poller_.Register(c); !s.ok()) {
     return refuse(absl::Status(s.code(), absl::StrCat("server full: ", s.message())));
   }
-  // The Hello, then the upper layer's accept data (wire.h).
-  uint8_t reply[Hello::kSize + kAcceptDataSize];
+  c->AcceptHello(*hello);
+  // The Hello, then the upper layer's accept data, then where to knock (wire.h).
+  uint8_t reply[ParkDoor::kOffset + ParkDoor::kSize] = {};
   EncodeHello(c->OwnHello(), reply);
   std::copy(placement->accept_data.begin(), placement->accept_data.end(), reply + Hello::kSize);
-  rdma_conn_param param = ConnParam(reply, sizeof(reply), reads_out, reads_in);
+  size_t reply_size = ParkDoor::kOffset;
+  if (c->door_.has_value()) {
+    EncodeParkDoor(c->poller_.doors()->Describe(*c->door_), reply + ParkDoor::kOffset);
+    reply_size += ParkDoor::kSize;
+  }
+  rdma_conn_param param = ConnParam(reply, reply_size, reads_out, reads_in);
   if (rdma_accept(id, &param) != 0) return refuse(VerbsError("rdma_accept", errno));
   handshakes_[id] = Handshake{std::move(c), absl::Now() + options_.handshake_timeout};
 }

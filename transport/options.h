@@ -92,6 +92,14 @@ struct PollerOptions {
   // look (arena_pool.h). Needs type-2 memory windows: on a device without them, none is made.
   uint32_t arena_pool_pieces = 0;
   uint32_t arena_piece_size = 256 << 10;
+  // With a shared receive queue: the windows of the connections a Listener accepts on this
+  // poller may be parked (credits.h, "Parked windows"). Admission is then bounded by the
+  // completion queue alone: a connection whose floor does not fit starts parked, and while some
+  // wait for a floor, windows idle for 10-20 ms give theirs up and open again when their peer
+  // knocks (park_doors.h: one door of 8 bytes per connection, registered once, cq_size of them).
+  // While any window is parked the loop looks at their doors every millisecond (in event mode it
+  // sleeps at most that long). Peers must speak wire version 7.
+  bool park_windows = false;
 };
 
 struct SlotPoolOptions {

@@ -76,6 +76,18 @@ absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
                                                         options.arena_pool_pieces);
     }
   }
+  if (options.park_windows) {
+    if (poller->srq_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "PollerOptions::park_windows needs a shared_receive_queue: only a shared queue's "
+          "windows are lent and taken back");
+    }
+    // A door per connection the completion queue could hold (each reserves an entry at least).
+    absl::StatusOr<std::unique_ptr<ParkDoors>> doors =
+        ParkDoors::Create(device.pd(), static_cast<uint32_t>(poller->cq_capacity_));
+    if (!doors.ok()) return doors.status();
+    poller->doors_ = *std::move(doors);
+  }
   // The shared queue's receives may all complete at once: set aside for good. Of the rest, an
   // eighth (at least four grants) is left to sends whatever connections reserve.
   const int64_t entries = poller->cq_capacity_ - int64_t{options.shared_receive_queue};
@@ -256,7 +268,8 @@ uint64_t Poller::Capacity(const ConnectionOptions& options) const {
   const bool shared = srq_ != nullptr;
   uint64_t connections = static_cast<uint64_t>(cq_budget_.entries() - cq_budget_.grant_floor()) /
                          CqEntriesReservedFor(options, shared);
-  if (shared) {
+  // Windows that park are not bounded by floors: those beyond them start parked.
+  if (shared && doors_ == nullptr) {
     const uint32_t floor = std::max<uint32_t>(options.idle_recv_credits, 1);
     connections = std::min<uint64_t>(connections, srq_->budget().floor_size() / floor);
   }
@@ -269,7 +282,7 @@ bool Poller::HasRoomFor(const ConnectionOptions& options) {
     absl::MutexLock lock(&mu_);
     if (!cq_budget_.Fits(CqEntriesReservedFor(options, shared))) return false;
   }
-  return !shared || srq_->budget().floor_free() >= options.idle_recv_credits;
+  return !shared || doors_ != nullptr || srq_->budget().floor_free() >= options.idle_recv_credits;
 }
 
 absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
@@ -284,7 +297,17 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
                        cq_budget_.reserved(), " of ", cq_capacity_, " reserved, ",
                        cq_budget_.grant_floor(), " kept for sends; use another poller"));
     }
-    if (srq_ != nullptr && !srq_->budget().TakeFloor(floor)) {
+    // An accepted connection on a poller that parks: a door, and a floor if one is free (else it
+    // starts parked).
+    const bool parks = doors_ != nullptr && connection->accepted_;
+    if (parks) {
+      connection->door_ = doors_->Take();
+      if (!connection->door_.has_value()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("all ", doors_->count(), " park doors taken; use another poller"));
+      }
+      connection->start_parked_ = !srq_->budget().TakeFloor(floor);
+    } else if (srq_ != nullptr && !srq_->budget().TakeFloor(floor)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the poller's shared receive queue (", srq_->size(), " receives, ",
           srq_->budget().floor_size(), " of them for floors) cannot back another floor of ", floor,
@@ -309,14 +332,25 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
   absl::MutexLock lock(&mu_);
   if (!taken) {
     cq_budget_.Unreserve(reserved);
-    if (srq_ != nullptr) srq_->budget().GiveFloor(floor);
+    if (srq_ != nullptr && !connection->start_parked_) srq_->budget().GiveFloor(floor);
+    if (connection->door_.has_value()) {
+      doors_->Give(connection->door_->index);
+      connection->door_.reset();
+      connection->start_parked_ = false;
+    }
     return absl::ResourceExhaustedError(
         absl::StrCat("completion queue: ", reserved,
                      " entries not free (its connections' sends hold them; waited ",
                      looping_.load() && !OnPollerThread() ? "100 ms)" : "not: no loop to ask)"));
   }
   if (srq_ != nullptr) {
-    connection->receive_share_.Open(&srq_->budget(), floor);
+    connection->receive_share_.Open(&srq_->budget(), connection->start_parked_ ? 0 : floor);
+  }
+  if (connection->start_parked_) {
+    connection->window_parked_.store(true, std::memory_order_relaxed);
+    watched_doors_[connection->door_->index] =
+        DoorWatch{connection->qp_num(), connection->door_->token, 0};
+    parked_count_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
   }
   connections_[connection->qp_num()] = connection;
   generation_.fetch_add(1, std::memory_order_release);
@@ -401,6 +435,78 @@ void Poller::ServeArenaShortage() {
   for (auto& waiter : waiters) waiter->AskForArena();
 }
 
+void Poller::WatchDoor(uint32_t qp_num, uint32_t door, uint32_t token, uint64_t last) {
+  absl::MutexLock lock(&mu_);
+  if (connections_.find(qp_num) == connections_.end()) return;  // unregistered meanwhile
+  watched_doors_[door] = DoorWatch{qp_num, token, last};
+  parked_count_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
+}
+
+void Poller::WaitForFloor(std::shared_ptr<Connection> connection) {
+  {
+    absl::MutexLock lock(&mu_);
+    floor_waiters_.push_back(std::move(connection));
+  }
+  if (!floor_short_.exchange(true, std::memory_order_acq_rel)) Wake();
+}
+
+void Poller::FloorGivenBack() {
+  bool waiting = false;
+  {
+    absl::MutexLock lock(&mu_);
+    waiting = !floor_waiters_.empty();
+  }
+  if (waiting && !floor_short_.exchange(true, std::memory_order_acq_rel)) Wake();
+}
+
+void Poller::ServeParking() {
+  const int64_t now = SpinClockNanos();
+  if (now - park_served_ns_ < 1'000'000) return;
+  park_served_ns_ = now;
+  std::vector<std::shared_ptr<Connection>> knocked;
+  std::vector<std::pair<std::shared_ptr<Connection>, uint64_t>> heard;
+  std::vector<std::shared_ptr<Connection>> asked;
+  {
+    absl::MutexLock lock(&mu_);
+    // The doors of parked windows: any change is a knock (park_doors.h).
+    for (auto it = watched_doors_.begin(); it != watched_doors_.end();) {
+      const auto current = it++;
+      const uint64_t value = doors_->Read(current->first);
+      if (value == current->second.last) continue;
+      if (value >> 32 != current->second.token) {
+        foreign_knocks_.fetch_add(1, std::memory_order_relaxed);
+      }
+      knocks_heard_.fetch_add(1, std::memory_order_relaxed);
+      auto found = connections_.find(current->second.qp_num);
+      if (found != connections_.end()) heard.emplace_back(found->second, value);
+      watched_doors_.erase(current);
+    }
+    parked_count_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
+    // Waiters stay listed (and floor_short_ set) until a floor is free for them: then each has
+    // a try, and one that finds none lists itself again. Meanwhile, every 10 ms, the windows not
+    // parked are looked at: those idle since the last look park, and their floors come back as
+    // their peers answer.
+    floor_short_.store(!floor_waiters_.empty(), std::memory_order_release);
+    if (!floor_waiters_.empty()) {
+      if (now - park_holders_asked_ns_ >= 10'000'000) {
+        park_holders_asked_ns_ = now;
+        for (const auto& [qp_num, connection] : connections_) {
+          if (connection->door_.has_value() &&
+              !connection->window_parked_.load(std::memory_order_relaxed)) {
+            asked.push_back(connection);
+          }
+        }
+      }
+      if (srq_->budget().floor_free() >= kMinCredits) {
+        asked.insert(asked.end(), floor_waiters_.begin(), floor_waiters_.end());
+        floor_waiters_.clear();
+      }
+    }
+  }
+  for (auto& [connection, value] : heard) connection->KnockHeard(value);
+  for (auto& connection : asked) connection->AskForPark();
+}
+
 void Poller::AskCqHolders() {
   std::vector<std::shared_ptr<Connection>> holders;
   {
@@ -420,6 +526,14 @@ void Poller::Unregister(uint32_t qp_num) {
   auto it = connections_.find(qp_num);
   if (it == connections_.end()) return;
   UnreserveLocked(*it->second);
+  if (const auto& door = it->second->door_; door.has_value()) {
+    // The door goes back with the connection (a late knock of its peer's on the next holder's
+    // door only opens that one's window needlessly: park_doors.h).
+    watched_doors_.erase(door->index);
+    parked_count_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
+    doors_->Give(door->index);
+    if (!floor_waiters_.empty()) floor_short_.store(true, std::memory_order_relaxed);
+  }
   last = std::move(it->second);
   connections_.erase(it);
   generation_.fetch_add(1, std::memory_order_release);
@@ -532,6 +646,7 @@ void Poller::Loop() {
     RunCmEvents();
     if (cq_short_.load(std::memory_order_relaxed)) ServeCqShortage();
     if (arena_short_.load(std::memory_order_relaxed)) ServeArenaShortage();
+    if (ABSL_PREDICT_FALSE(ParkingDue())) ServeParking();
     if (!event || stashed) continue;
     if (polled > 0) {
       if (cap_ns > 0) traffic();
@@ -556,7 +671,7 @@ void Poller::Loop() {
     // the loop sleeps a millisecond at most.
     const bool starved = (srq_ != nullptr && srq_->short_of_slots()) ||
                          cq_short_.load(std::memory_order_relaxed) ||
-                         arena_short_.load(std::memory_order_relaxed);
+                         arena_short_.load(std::memory_order_relaxed) || ParkingDue();
     if (ArmAndWait(starved ? 1 : -1, /*with_cm=*/false) && cap_ns > 0) traffic();
   }
 }
@@ -629,9 +744,11 @@ int Poller::RunOnce(absl::Duration wait) {
   HandleCmEvents(/*queue=*/false);
   if (cq_short_.load(std::memory_order_relaxed)) ServeCqShortage();
   if (arena_short_.load(std::memory_order_relaxed)) ServeArenaShortage();
+  if (ParkingDue()) ServeParking();
   if (n == 0 && !stashed && options_.mode == PollMode::kEvent && wait > absl::ZeroDuration()) {
     int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(wait));
-    if (cq_short_.load(std::memory_order_relaxed) || arena_short_.load(std::memory_order_relaxed)) {
+    if (cq_short_.load(std::memory_order_relaxed) || arena_short_.load(std::memory_order_relaxed) ||
+        ParkingDue()) {
       timeout_ms = std::min(timeout_ms, 1);
     }
     ArmAndWait(timeout_ms, /*with_cm=*/true);

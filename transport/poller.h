@@ -79,6 +79,7 @@
 #include "transport/completion_budget.h"
 #include "transport/device.h"
 #include "transport/options.h"
+#include "transport/park_doors.h"
 #include "transport/shared_receive_queue.h"
 #include "transport/slot_pool.h"
 #include "transport/verbs_owners.h"
@@ -132,6 +133,11 @@ class Poller {
   ArenaPool* arena_pool() const { return arena_pool_.get(); }
   // Times a connection found no piece of that pool to lend and waited for one.
   uint64_t arena_waits() const { return arena_waits_.load(std::memory_order_relaxed); }
+  // Parked windows (PollerOptions::park_windows): parked now, knocks heard, and knocks whose door
+  // held another token than its connection's (a peer writing doors not its own: park_doors.h).
+  uint32_t parked_windows() const { return parked_count_.load(std::memory_order_relaxed); }
+  uint64_t knocks_heard() const { return knocks_heard_.load(std::memory_order_relaxed); }
+  uint64_t foreign_knocks() const { return foreign_knocks_.load(std::memory_order_relaxed); }
   // Connections with `options` it can hold at once: what its completion queue can take, and,
   // with a shared receive queue, the windows that queue backs.
   uint64_t Capacity(const ConnectionOptions& options) const;
@@ -228,6 +234,24 @@ class Poller {
   // A loan's piece goes back, its window gone; waiters get their try.
   void GiveArenaPiece(uint32_t piece);
 
+  // Parked windows (PollerOptions::park_windows; credits.h, "Parked windows"). The doors, or null
+  // when this poller does not park.
+  ParkDoors* doors() const { return doors_.get(); }
+  // The loop watches a parked window's door from now on, until it changes from `last` (a knock:
+  // Connection::KnockHeard) or the connection unregisters.
+  void WatchDoor(uint32_t qp_num, uint32_t door, uint32_t token, uint64_t last);
+  // A parked window whose peer knocked found no floor free: the loop gives it another try when
+  // one comes back (FloorGivenBack) and, while it waits, asks the windows not parked to park
+  // when idle (AskForPark), every 10 ms.
+  void WaitForFloor(std::shared_ptr<Connection> connection);
+  void FloorGivenBack();
+  // The loop's side of both, at most once a millisecond while a window is parked or waits.
+  void ServeParking();
+  bool ParkingDue() const {
+    return parked_count_.load(std::memory_order_relaxed) > 0 ||
+           floor_short_.load(std::memory_order_relaxed);
+  }
+
   rdma_event_channel* cm_channel() const { return cm_channel_.get(); }
 
   // Connections whose completions waited because another thread held their domain for a
@@ -275,6 +299,7 @@ class Poller {
   CqOwner cq_;
   std::unique_ptr<SharedReceiveQueue> srq_;  // receives: taken and refilled by the loop only
   std::unique_ptr<ArenaPool> arena_pool_;
+  std::unique_ptr<ParkDoors> doors_;
   CmChannelOwner cm_channel_;
   int wake_fd_ = -1;
   int cm_wake_fd_ = -1;  // Stop() wakes the cm thread through it
@@ -299,6 +324,21 @@ class Poller {
   std::atomic<uint64_t> arena_waits_{0};
   int64_t arena_served_ns_ = 0;         // the loop's: when ServeArenaShortage last ran
   int64_t arena_holders_asked_ns_ = 0;  // and when it last asked the holders
+  // Parked windows: the doors watched (by door: its connection, token and last value), and the
+  // windows waiting for a floor.
+  struct DoorWatch {
+    uint32_t qp_num = 0;
+    uint32_t token = 0;
+    uint64_t last = 0;
+  };
+  absl::flat_hash_map<uint32_t, DoorWatch> watched_doors_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Connection>> floor_waiters_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint32_t> parked_count_{0};
+  std::atomic<bool> floor_short_{false};
+  std::atomic<uint64_t> knocks_heard_{0};
+  std::atomic<uint64_t> foreign_knocks_{0};
+  int64_t park_served_ns_ = 0;         // the loop's: when ServeParking last ran
+  int64_t park_holders_asked_ns_ = 0;  // and when it last asked windows to park
   std::vector<std::shared_ptr<Connection>> deferred_ ABSL_GUARDED_BY(mu_);
   // The references connections_ held to connections since unregistered. A pass of the loop may
   // be using any of them by plain pointer (FindFromLoop), so they are dropped only between

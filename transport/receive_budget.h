@@ -16,11 +16,16 @@
 // as long as their peers stay silent. Admission is thus bounded by the floors' pool alone
 // (Poller::Capacity), and growth by its own.
 //
+// Parked windows (credits.h). A poller that parks takes a connection's floor back while its peer
+// is idle and someone else waits for one, and lends it again when the peer knocks: admission is
+// then bounded by the completion queue, not by floors, and a connection beyond the floors' pool
+// starts parked, with none.
+//
 // ReceiveShare: one connection's claim, so that whatever it holds goes back exactly once, even
 // when its domain still runs (a task left there) as the poller takes it back at Unregister.
 //
-// Threads: any. A share's Grow and GiveOne run in its connection's domain (one at a time); Close
-// from the poller under its lock.
+// Threads: any. A share's Grow, GiveOne, GiveBack and TakeFloor run in its connection's domain
+// (one at a time); Close from the poller under its lock.
 #ifndef ZRPC_TRANSPORT_RECEIVE_BUDGET_H_
 #define ZRPC_TRANSPORT_RECEIVE_BUDGET_H_
 
@@ -83,21 +88,25 @@ class ReceiveBudget {
   std::atomic<int64_t> growth_free_;
 };
 
-// One connection's claim: its floor, fixed from Open to Close, and what its window grew by.
+// One connection's claim: its floor (taken at Open, given back and taken again when its window is
+// parked and opened), and what its window grew by.
 class ReceiveShare {
  public:
   ReceiveShare() = default;
   ReceiveShare(const ReceiveShare&) = delete;
   ReceiveShare& operator=(const ReceiveShare&) = delete;
 
-  // The floor the poller took at admission (TakeFloor) becomes this share's.
+  // The floor the poller took at admission (TakeFloor) becomes this share's (0: parked).
   void Open(ReceiveBudget* budget, uint32_t floor) {
     budget_ = budget;
-    floor_ = floor;
+    floor_.store(floor, std::memory_order_relaxed);
   }
   bool open() const { return budget_ != nullptr && !closed_.load(std::memory_order_acquire); }
   // The receives claimed: the floor and the growth (0 once closed).
-  uint32_t held() const { return open() ? floor_ + grown_.load(std::memory_order_relaxed) : 0; }
+  uint32_t held() const {
+    return open() ? floor_.load(std::memory_order_relaxed) + grown_.load(std::memory_order_relaxed)
+                  : 0;
+  }
   bool low() const { return budget_ != nullptr && budget_->low(); }
 
   // Up to `want` more receives from the budget's growth (none once closed).
@@ -122,16 +131,39 @@ class ReceiveShare {
     budget_->GiveGrowth(1);
     return true;
   }
-  // Gives everything back; Grow takes nothing afterwards.
+  // A parked window opened again: `n` more of the budget's floors, all or nothing (false: none
+  // free, or closed).
+  bool TakeFloor(uint32_t n) {
+    if (!open() || !budget_->TakeFloor(n)) return false;
+    floor_.fetch_add(n, std::memory_order_seq_cst);
+    // As in Grow: after Close, what was just added goes back here.
+    if (closed_.load(std::memory_order_seq_cst)) budget_->GiveFloor(floor_.exchange(0));
+    return true;
+  }
+  // A window being parked: up to `n` receives back, growth first, then the floor; returns how
+  // many went.
+  uint32_t GiveBack(uint32_t n) {
+    uint32_t given = 0;
+    while (given < n && GiveOne()) ++given;
+    uint32_t floor = floor_.load(std::memory_order_relaxed);
+    uint32_t take;
+    do {
+      take = std::min(floor, n - given);
+      if (take == 0) return given;
+    } while (!floor_.compare_exchange_weak(floor, floor - take, std::memory_order_seq_cst));
+    budget_->GiveFloor(take);
+    return given + take;
+  }
+  // Gives everything back; Grow and TakeFloor take nothing afterwards.
   void Close() {
     if (budget_ == nullptr || closed_.exchange(true, std::memory_order_seq_cst)) return;
-    budget_->GiveFloor(floor_);
+    budget_->GiveFloor(floor_.exchange(0, std::memory_order_seq_cst));
     budget_->GiveGrowth(grown_.exchange(0, std::memory_order_seq_cst));
   }
 
  private:
   ReceiveBudget* budget_ = nullptr;
-  uint32_t floor_ = 0;
+  std::atomic<uint32_t> floor_{0};
   std::atomic<uint32_t> grown_{0};
   std::atomic<bool> closed_{false};
 };

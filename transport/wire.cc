@@ -1,5 +1,7 @@
 #include "transport/wire.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "transport/arena.h"
@@ -58,18 +60,20 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
     return Refuse(
         absl::StrCat("peer speaks wire version ", h.version, ", this build speaks ", kWireVersion));
   }
-  if ((h.flags & ~kHelloArenaOnDemand) != 0) {
+  if ((h.flags & ~(kHelloArenaOnDemand | kHelloParks)) != 0) {
     return Refuse(absl::StrCat("peer sets unknown flags 0x", absl::Hex(h.flags)));
   }
-  // Fewer could deadlock the credit scheme (credits.h).
-  if (h.recv_credits < kMinCredits || h.recv_credits > kMaxCredits) {
+  // Fewer could deadlock the credit scheme (credits.h); none is a parked start, which only a
+  // side that can open a parked window may offer.
+  const bool parked = h.recv_credits == 0 && (h.flags & kHelloParks) != 0;
+  if (!parked && (h.recv_credits < kMinCredits || h.recv_credits > kMaxCredits)) {
     return Refuse(absl::StrCat("peer offers ", h.recv_credits, " receive credits, not in [",
                                kMinCredits, ", ", kMaxCredits, "]"));
   }
-  if (h.max_recv_credits < h.recv_credits || h.max_recv_credits > kMaxCredits) {
+  const uint32_t least = std::max(h.recv_credits, kMinCredits);
+  if (h.max_recv_credits < least || h.max_recv_credits > kMaxCredits) {
     return Refuse(absl::StrCat("peer's window may reach ", h.max_recv_credits,
-                               " receive credits, not in [", h.recv_credits, ", ", kMaxCredits,
-                               "]"));
+                               " receive credits, not in [", least, ", ", kMaxCredits, "]"));
   }
   if (h.recv_size < FrameHeader::kSize) {
     return Refuse(absl::StrCat("peer's receive size ", h.recv_size, " cannot hold a frame header"));
@@ -111,15 +115,18 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes) {
   header.arena_released = GetLe<uint32_t>(bytes.data());
   header.credits = GetLe<uint16_t>(bytes.data() + 4);
   uint8_t kind = bytes[6];
-  if (kind != static_cast<uint8_t>(FrameKind::kData) &&
-      kind != static_cast<uint8_t>(FrameKind::kCredit) &&
-      kind != static_cast<uint8_t>(FrameKind::kArena)) {
+  if (kind < static_cast<uint8_t>(FrameKind::kData) ||
+      kind > static_cast<uint8_t>(FrameKind::kParked)) {
     return absl::FailedPreconditionError(absl::StrCat("peer sent a frame of unknown kind ", kind));
   }
   if (bytes[7] != 0) return absl::FailedPreconditionError("peer set the frame's reserved byte");
   header.kind = static_cast<FrameKind>(kind);
   if (header.kind == FrameKind::kCredit && bytes.size() != FrameHeader::kSize) {
     return absl::FailedPreconditionError("peer sent a credit update with a payload");
+  }
+  if ((header.kind == FrameKind::kPark || header.kind == FrameKind::kParked) &&
+      bytes.size() != FrameHeader::kSize) {
+    return absl::FailedPreconditionError("peer sent a park frame with a payload");
   }
   if (header.kind == FrameKind::kArena &&
       bytes.size() != FrameHeader::kSize + ArenaMessage::kSize) {
@@ -173,5 +180,35 @@ absl::StatusOr<ArenaMessage> DecodeArenaMessage(absl::Span<const uint8_t> bytes)
   }
   return m;
 }
+
+}  // namespace zrpc::transport
+
+namespace zrpc::transport {
+
+bool ParkDoor::operator==(const ParkDoor& o) const {
+  return addr == o.addr && rkey == o.rkey && token == o.token;
+}
+
+void EncodeParkDoor(const ParkDoor& door, uint8_t* out) {
+  PutLe<uint64_t>(out + 0, door.addr);
+  PutLe<uint32_t>(out + 8, door.rkey);
+  PutLe<uint32_t>(out + 12, door.token);
+}
+
+absl::StatusOr<ParkDoor> DecodeParkDoor(absl::Span<const uint8_t> bytes) {
+  if (bytes.size() < ParkDoor::kSize) return Refuse("the accept reply has no park door");
+  ParkDoor door;
+  door.addr = GetLe<uint64_t>(bytes.data());
+  door.rkey = GetLe<uint32_t>(bytes.data() + 8);
+  door.token = GetLe<uint32_t>(bytes.data() + 12);
+  if (door.addr == 0 || door.addr % 8 != 0 || door.addr + 8 < door.addr) {
+    return Refuse(absl::StrCat("peer's park door at 0x", absl::Hex(door.addr),
+                               " is not an 8-aligned address"));
+  }
+  if (door.token == 0) return Refuse("peer's park door has no token");
+  return door;
+}
+
+uint64_t KnockValue(uint32_t token, uint32_t knock) { return (uint64_t{token} << 32) | knock; }
 
 }  // namespace zrpc::transport

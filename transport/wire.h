@@ -9,10 +9,13 @@
 //       0     4    magic        0x5a525043 ("ZRPC" read as a little-endian u32)
 //       4     2    version      kWireVersion; a peer with another version is refused
 //       6     2    flags        bit 0 (kHelloArenaOnDemand): the arena is lent on demand (below);
+//                               bit 1 (kHelloParks): the sender may park the peer's window
+//                               (kPark frames, below), and its accept reply carries a ParkDoor;
 //                               the other bits are reserved, zero
 //       8     4    recv_credits RECVs the sender of this Hello has posted for the peer: how many
 //                               SENDs and WRITE_WITH_IMMs the peer may have in flight before
-//                               credits return (its initial window, at least 3)
+//                               credits return (its initial window, at least 3; 0 with
+//                               kHelloParks: the peer starts parked)
 //      12     4    recv_size    bytes each of those RECVs holds: the largest SEND it accepts
 //      16     8    arena_addr   virtual address of the receive arena the peer may RDMA WRITE into
 //                               (0 when lent on demand)
@@ -37,6 +40,17 @@
 //    An older client ignores them (DecodeHello reads kSize bytes); an older server's reply reads
 //    as zeros.
 //
+//    With kHelloParks, a ParkDoor (16 bytes) follows at offset kSize + kAcceptDataSize: where the
+//    client knocks to have a parked window opened again (credits.h, "Parked windows"):
+//
+//      offset size field
+//       0     8    addr         virtual address of this connection's door: 8 bytes, 8-aligned
+//       8     4    rkey         its key (REMOTE_WRITE; the doors of one poller share it)
+//      12     4    token        nonzero, random: the door opens only for a knock that carries it
+//
+//    A knock is an 8-byte RDMA WRITE (no immediate: it consumes no receive) of token << 32 | n,
+//    little-endian, n counting the client's knocks from 1 (wrapping past 0).
+//
 // 2. Frames: every SEND starts with an 8-byte FrameHeader, followed by the caller's payload:
 //
 //      offset size field
@@ -45,7 +59,10 @@
 //                                  harmless and the receiver only needs the latest)
 //       4     2    credits         RECVs the sender re-posted since its previous frame
 //       6     1    kind            1: data (payload follows), 2: credit update (no payload),
-//                                  3: arena loan message (an ArenaMessage follows)
+//                                  3: arena loan message (an ArenaMessage follows),
+//                                  4: park (no payload; server to client: give your credits
+//                                  back), 5: parked (no payload; the answer: every credit the
+//                                  client held beyond the one this frame spends is given up)
 //       7     1    reserved        0
 //
 //    An arena loan message (kArena, 24 bytes after the header) is how an arena lent on demand
@@ -83,10 +100,14 @@ namespace zrpc::transport {
 inline constexpr uint32_t kWireMagic = 0x5a525043;  // "ZRPC"
 // 2: the RPC layer's pulled payloads, 3: large bodies, 4: streams (rpc/WIRE.md); 5: elastic
 // receive windows (Hello.max_recv_credits, credits.h); 6: arenas lent on demand (kArena frames,
-// Hello flag kHelloArenaOnDemand).
-inline constexpr uint16_t kWireVersion = 6;
+// Hello flag kHelloArenaOnDemand); 7: parked windows (kPark and kParked frames, Hello flag
+// kHelloParks, the ParkDoor).
+inline constexpr uint16_t kWireVersion = 7;
 // Hello.flags bit 0: the sender's arena is lent on demand, by kArena frames.
 inline constexpr uint16_t kHelloArenaOnDemand = 1;
+// Hello.flags bit 1: the sender may park the peer's window (kPark), and its accept reply carries
+// a ParkDoor after the accept data.
+inline constexpr uint16_t kHelloParks = 2;
 // The upper layer's bytes after the Hello in an accept reply (above).
 inline constexpr size_t kAcceptDataSize = 32;
 using AcceptData = std::array<uint8_t, kAcceptDataSize>;
@@ -121,7 +142,23 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes);
 // both sizes, when they cannot; the handshake is then refused (ConnectionOptions).
 absl::Status CheckPeerReceives(const Hello& peer, uint32_t min_message_size);
 
-enum class FrameKind : uint8_t { kData = 1, kCredit = 2, kArena = 3 };
+// Where a parked client knocks (above); in the accept reply after the accept data.
+struct ParkDoor {
+  uint64_t addr = 0;
+  uint32_t rkey = 0;
+  uint32_t token = 0;
+
+  static constexpr size_t kSize = 16;
+  static constexpr size_t kOffset = Hello::kSize + kAcceptDataSize;  // in the accept reply
+  bool operator==(const ParkDoor& other) const;
+};
+void EncodeParkDoor(const ParkDoor& door, uint8_t* out);
+// FailedPrecondition when the address is 0, not 8-aligned or wraps, or the token is 0.
+absl::StatusOr<ParkDoor> DecodeParkDoor(absl::Span<const uint8_t> bytes);
+// A knock's 8 bytes (above), as a number: the token and the knock's count.
+uint64_t KnockValue(uint32_t token, uint32_t knock);
+
+enum class FrameKind : uint8_t { kData = 1, kCredit = 2, kArena = 3, kPark = 4, kParked = 5 };
 
 struct FrameHeader {
   uint32_t arena_released = 0;

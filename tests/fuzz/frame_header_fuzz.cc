@@ -3,8 +3,8 @@
 //
 // Checks, besides "no crash":
 //  - it accepts exactly what wire.h allows (restated below from the table and the function's
-//    comment): at least 8 bytes, kind data or credit, reserved byte zero, and a credit update
-//    with no payload;
+//    comment): at least 8 bytes, kind data, credit, arena, park or parked, reserved byte zero,
+//    and a credit update, park or parked frame with no payload;
 //  - an accepted header re-encodes (EncodeFrameHeader) to the same 8 bytes, so every field was
 //    read from its documented offset;
 //  - a refusal is kFailedPrecondition, which the connection treats as a protocol violation.
@@ -24,14 +24,19 @@ namespace {
 constexpr uint8_t kData = 1;
 constexpr uint8_t kCredit = 2;
 constexpr uint8_t kArena = 3;
+constexpr uint8_t kPark = 4;
+constexpr uint8_t kParked = 5;
 
 bool Acceptable(const uint8_t* in, size_t size) {
   if (size < FrameHeader::kSize) return false;
   const uint8_t kind = in[6];
-  if (kind != kData && kind != kCredit && kind != kArena) return false;
+  if (kind != kData && kind != kCredit && kind != kArena && kind != kPark && kind != kParked) {
+    return false;
+  }
   if (in[7] != 0) return false;
-  // A credit update is the header alone, an arena message 24 bytes more; data carries any payload.
-  if (kind == kCredit) return size == FrameHeader::kSize;
+  // A credit update, park or parked frame is the header alone, an arena message 24 bytes more;
+  // data carries any payload.
+  if (kind == kCredit || kind == kPark || kind == kParked) return size == FrameHeader::kSize;
   if (kind == kArena) return size == FrameHeader::kSize + 24;
   return true;
 }

@@ -12,6 +12,7 @@
 //  - an accepted Hello re-encodes (EncodeHello) to the same 36 bytes, so no field is lost;
 //  - bytes past the 36 change nothing, as wire.h promises later versions;
 //  - a refusal is kFailedPrecondition with the "zrpc handshake: " prefix the user sees.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -36,11 +37,16 @@ bool Acceptable(const uint8_t* in, size_t size) {
   if (ReadLe(in + 0, 4) != kWireMagic) return false;
   if (ReadLe(in + 4, 2) != kWireVersion) return false;
   const uint64_t flags = ReadLe(in + 6, 2);
-  if ((flags & ~uint64_t{kHelloArenaOnDemand}) != 0) return false;  // bit 0 alone is defined
+  // Bits 0 and 1 alone are defined.
+  if ((flags & ~uint64_t{kHelloArenaOnDemand | kHelloParks}) != 0) return false;
   const uint64_t credits = ReadLe(in + 8, 4);
-  if (credits < kMinCredits || credits > kMaxCredits) return false;
+  // No credit is a parked start, which only a Hello that parks may offer.
+  const bool parked = credits == 0 && (flags & kHelloParks) != 0;
+  if (!parked && (credits < kMinCredits || credits > kMaxCredits)) return false;
   const uint64_t max_credits = ReadLe(in + 32, 4);
-  if (max_credits < credits || max_credits > kMaxCredits) return false;
+  if (max_credits < std::max<uint64_t>(credits, kMinCredits) || max_credits > kMaxCredits) {
+    return false;
+  }
   if (ReadLe(in + 12, 4) < FrameHeader::kSize) return false;
   const uint64_t addr = ReadLe(in + 16, 8);
   const uint64_t arena_size = ReadLe(in + 28, 4);
@@ -57,11 +63,13 @@ bool Acceptable(const uint8_t* in, size_t size) {
 
 void CheckBounds(const Hello& h) {
   FUZZ_CHECK(h.version == kWireVersion);
-  FUZZ_CHECK((h.flags & ~kHelloArenaOnDemand) == 0);
+  FUZZ_CHECK((h.flags & ~(kHelloArenaOnDemand | kHelloParks)) == 0);
   FUZZ_CHECK((h.flags & kHelloArenaOnDemand) == 0 ||
              (h.arena_size > 0 && h.arena_addr == 0 && h.arena_rkey == 0));
-  FUZZ_CHECK(h.recv_credits >= kMinCredits && h.recv_credits <= kMaxCredits);
-  FUZZ_CHECK(h.max_recv_credits >= h.recv_credits && h.max_recv_credits <= kMaxCredits);
+  FUZZ_CHECK((h.recv_credits == 0 && (h.flags & kHelloParks) != 0) ||
+             (h.recv_credits >= kMinCredits && h.recv_credits <= kMaxCredits));
+  FUZZ_CHECK(h.max_recv_credits >= std::max(h.recv_credits, kMinCredits) &&
+             h.max_recv_credits <= kMaxCredits);
   FUZZ_CHECK(h.recv_size >= FrameHeader::kSize);
   FUZZ_CHECK(h.arena_size % kArenaAlign == 0);
   FUZZ_CHECK(h.arena_size <= kMaxArenaSize);

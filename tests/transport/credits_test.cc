@@ -5,8 +5,10 @@
 
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 using zrpc::transport::CreditAccount;
@@ -253,6 +255,8 @@ namespace {
 struct Frame {
   bool data;
   uint32_t returned;
+  enum Kind { kNormal, kPark, kParked } kind = kNormal;
+  uint32_t surrendered = 0;  // kParked: the credits its sender gave up with it
 };
 struct Side {
   std::unique_ptr<ReceiveShare> share;
@@ -265,6 +269,13 @@ struct Side {
 };
 struct Link {
   Side a, b;  // a: the client (fixed window); b: the server (elastic when a budget is given)
+  // Parking (b's window): a knocked and is not answered yet; b waits for a floor; b received
+  // since the poller's last look.
+  bool knocked = false;  // the client knocked and was not granted since
+  bool heard = false;    // the poller saw the knock and has not opened the window yet
+  bool waiting = false;
+  bool used = false;
+  uint32_t surrendered = 0;  // given up by a kPark's answer not sent yet
 };
 
 struct Model {
@@ -277,6 +288,10 @@ struct Model {
   bool a_bulk = false, b_bulk = false;
   uint32_t release_one_in = 1;  // a held message is released with probability 1/release_one_in
   uint64_t seed = 1;
+  bool parks = false;  // b's windows park (credits.h, "Parked windows"): the poller is modelled
+  bool foreign_knocks = false;  // doors change without their client's knock (park_doors.h)
+  // Filled in by Run: windows parked, grants made, kParked answers.
+  mutable uint64_t parks_done = 0, grants = 0, answers = 0;
 };
 
 uint64_t Next(uint64_t& x) {
@@ -284,12 +299,16 @@ uint64_t Next(uint64_t& x) {
   return x;
 }
 
-bool Balanced(const Side& sender, const Side& receiver) {
+// `limbo`: credits the sender gave up, or spent on a kParked, that no frame carries yet.
+bool Balanced(const Side& sender, const Side& receiver, uint64_t limbo = 0) {
   uint64_t on_wire_to_receiver = receiver.inbox.size();
   uint64_t returned_to_sender = 0;
   for (const Frame& f : sender.inbox) returned_to_sender += f.returned;
+  uint64_t surrendered = 0;  // given up with a kParked still on its way (or still owed)
+  for (const Frame& f : receiver.inbox) surrendered += f.surrendered;
   const uint64_t accounted = sender.credits.available() + on_wire_to_receiver + returned_to_sender +
-                             receiver.held + receiver.credits.owed();
+                             surrendered + limbo + receiver.held + receiver.credits.owed() +
+                             receiver.credits.withheld();
   if (accounted != receiver.credits.window()) {
     UNSCOPED_INFO("window " << receiver.credits.window() << " but " << accounted
                             << " accounted for");
@@ -298,21 +317,31 @@ bool Balanced(const Side& sender, const Side& receiver) {
   return receiver.share == nullptr || receiver.share->held() == receiver.credits.window();
 }
 
+bool Fail(int line) {
+  UNSCOPED_INFO("model failed at line " << line);
+  return false;
+}
+
 bool Run(const Model& m) {
   std::vector<Link> links(m.links);
   for (Link& link : links) {
     const uint32_t a_initial = m.budget_a != nullptr ? m.floor : m.window;
     const uint32_t b_initial = m.budget != nullptr ? m.floor : m.window;
+    bool b_parked = false;  // admitted with no floor free: starts parked
     for (auto [side, budget] : {std::pair{&link.a, m.budget_a}, std::pair{&link.b, m.budget}}) {
       if (budget == nullptr) continue;
-      if (!budget->TakeFloor(m.floor)) return false;
+      const bool floor = budget->TakeFloor(m.floor);
+      if (!floor && !(m.parks && side == &link.b)) return Fail(__LINE__);
+      if (!floor) b_parked = true;
       side->share = std::make_unique<ReceiveShare>();
-      side->share->Open(budget, m.floor);
+      side->share->Open(budget, floor ? m.floor : 0);
     }
-    link.a.credits =
-        CreditAccount(b_initial, m.window, OwnWindow{a_initial, m.window, link.a.share.get()});
-    link.b.credits =
-        CreditAccount(a_initial, m.window, OwnWindow{b_initial, m.window, link.b.share.get()});
+    link.a.credits = CreditAccount(b_parked ? 0 : b_initial, m.window,
+                                   OwnWindow{a_initial, m.window, link.a.share.get()});
+    OwnWindow b_own{b_initial, m.window, link.b.share.get()};
+    b_own.parks = m.parks;
+    b_own.parked = b_parked;
+    link.b.credits = CreditAccount(a_initial, m.window, b_own);
     link.a.to_send = m.want_a;
     link.b.to_send = m.want_b;
     link.a.bulk = m.a_bulk;
@@ -323,7 +352,50 @@ bool Run(const Model& m) {
   for (int step = 0; step < 5000000; ++step) {
     bool moved = false;
     bool busy = false;
+    // The poller (Poller::ServeParking): knocks are answered with a floor when one is free;
+    // while a knock waits, windows idle since the last look are asked to park.
+    if (m.foreign_knocks && Next(x) % 64 == 0) links[Next(x) % links.size()].heard = true;
+    if (m.parks && Next(x) % 8 == 0) {
+      bool waiting = false;
+      for (Link& l : links) {
+        if (!l.heard || !l.b.credits.parked()) continue;
+        if (l.b.credits.Unpark()) {
+          l.heard = false;
+          l.used = true;
+          ++m.grants;
+          moved = true;
+        } else {
+          waiting = true;
+        }
+      }
+      if (waiting && Next(x) % 4 == 0) {
+        for (Link& l : links) {
+          Side& b = l.b;
+          if (std::exchange(l.used, false) || !b.credits.CanAskPark()) continue;
+          b.credits.TrySpendForData();
+          l.a.inbox.push_back(Frame{false, b.credits.TakeOwed(), Frame::kPark});
+          if (b.credits.AskedPark()) ++m.parks_done;
+          moved = true;
+        }
+      }
+    }
     Link& link = links[Next(x) % links.size()];
+    // The client's side of parking: a kPark is answered (its last credit spent on a kParked, or
+    // none held and nothing sent), and a parked sender with something to send knocks, once.
+    if (link.a.credits.park_answer_owed() && Next(x) % 2 == 0) {
+      link.a.credits.AnsweredPark();
+      link.b.inbox.push_back(
+          Frame{false, link.a.credits.TakeOwed(), Frame::kParked, link.surrendered});
+      link.surrendered = 0;
+      ++m.answers;
+      moved = true;
+    }
+    if (link.a.credits.sender_parked() && !link.knocked &&
+        (link.a.to_send > 0 || link.a.credits.WantsToReturn())) {
+      link.knocked = true;
+      link.heard = true;
+      moved = true;
+    }
     for (auto [self, other] : {std::pair{&link.a, &link.b}, std::pair{&link.b, &link.a}}) {
       if (self->to_send > 0 && Next(x) % 2 == 0 && self->credits.TrySpendForData()) {
         other->inbox.push_back(Frame{true, self->bulk ? 0u : self->credits.TakeOwed()});
@@ -338,12 +410,31 @@ bool Run(const Model& m) {
         const Frame f = self->inbox.front();
         self->inbox.pop_front();
         // Honest peers never trip either side's checks, whatever the schedule.
-        if (!self->credits.OnConsumed().ok()) return false;
-        if (!self->credits.OnReturned(f.returned).ok()) return false;
+        if (!self->credits.OnConsumed().ok()) return Fail(__LINE__);
+        if (!self->credits.OnReturned(f.returned).ok()) return Fail(__LINE__);
+        if (self->credits.OnGrantArrived()) link.knocked = false;
+        if (self == &link.b) link.used = true;
         if (!f.data || other->bulk) {
           self->credits.OnRecvReposted();  // a credit frame's or a bulk write's goes straight back
         } else {
           ++self->held;
+        }
+        // Given up at once (the kParked, if one is owed, carries one of them): counted with the
+        // kParked until it arrives.
+        const uint32_t holding = self->credits.available();
+        if (f.kind == Frame::kPark) link.surrendered = holding > 0 ? holding - 1 : 0;
+        if (f.kind == Frame::kPark && !self->credits.OnParkAsked().ok()) {
+          UNSCOPED_INFO("kPark to a sender parked "
+                        << self->credits.sender_parked() << ", answer owed "
+                        << self->credits.park_answer_owed() << ", available "
+                        << self->credits.available() << ", returned " << f.returned);
+          return Fail(__LINE__);
+        }
+        if (f.kind == Frame::kParked) {
+          if (!self->credits.OnParked().ok()) return Fail(__LINE__);
+          ++m.parks_done;
+        } else if (!f.data && self->credits.parking() && self->credits.MaybeParked()) {
+          ++m.parks_done;
         }
         moved = true;
       }
@@ -353,13 +444,14 @@ bool Run(const Model& m) {
         moved = true;
       }
     }
-    if (!Balanced(link.a, link.b) || !Balanced(link.b, link.a)) return false;
+    const uint64_t limbo = link.surrendered + (link.a.credits.park_answer_owed() ? 1 : 0);
+    if (!Balanced(link.a, link.b, limbo) || !Balanced(link.b, link.a)) return Fail(__LINE__);
     for (auto [budget, b_side] : {std::pair{m.budget, true}, std::pair{m.budget_a, false}}) {
       if (budget == nullptr) continue;
       uint64_t claimed = 0;
       for (const Link& l : links) claimed += (b_side ? l.b : l.a).share->held();
-      if (claimed != budget->claimed() || claimed > budget->size()) return false;
-      if (budget->growth_free() < 0) return false;
+      if (claimed != budget->claimed() || claimed > budget->size()) return Fail(__LINE__);
+      if (budget->growth_free() < 0) return Fail(__LINE__);
     }
     for (const Link& l : links) {
       for (const Side* side : {&l.a, &l.b}) {
@@ -367,17 +459,44 @@ bool Run(const Model& m) {
                side->credits.ShouldSendUpdate();
       }
     }
+    for (const Link& l : links) {
+      busy = busy || l.a.credits.park_answer_owed() ||
+             ((l.knocked || l.heard) && l.b.credits.parked()) || l.b.credits.parking();
+    }
     if (!busy) {
-      // Everything sent and delivered: quiet, and every side able to send data again at once.
+      // Everything sent and delivered: quiet, and every side able to send data again at once (a
+      // parked sender by knocking).
       for (const Link& l : links) {
-        if (!l.a.credits.CanSpendForData() || !l.b.credits.CanSpendForData()) return false;
+        if (!(l.a.credits.CanSpendForData() || l.a.credits.sender_parked()) ||
+            !l.b.credits.CanSpendForData()) {
+          return Fail(__LINE__);
+        }
       }
       return true;
     }
     quiet_steps = moved ? 0 : quiet_steps + 1;
-    if (quiet_steps > 100000) return false;  // nothing moves though work remains: a deadlock
+    if (quiet_steps > 100000) {  // nothing moves though work remains: a deadlock
+      for (size_t i = 0; i < links.size(); ++i) {
+        const Link& l = links[i];
+        if (l.a.to_send == 0 && l.b.to_send == 0 && l.a.inbox.empty() && l.b.inbox.empty() &&
+            !l.knocked && !l.b.credits.parking()) {
+          continue;
+        }
+        UNSCOPED_INFO("link " << i << ": a to_send " << l.a.to_send << " available "
+                              << l.a.credits.available() << " owed " << l.a.credits.owed()
+                              << " parked " << l.a.credits.sender_parked() << " answer owed "
+                              << l.a.credits.park_answer_owed() << " inbox " << l.a.inbox.size()
+                              << "; b to_send " << l.b.to_send << " available "
+                              << l.b.credits.available() << " window " << l.b.credits.window()
+                              << " held " << l.b.held << " owed " << l.b.credits.owed()
+                              << " parked " << l.b.credits.parked() << " parking "
+                              << l.b.credits.parking() << " inbox " << l.b.inbox.size()
+                              << "; knocked " << l.knocked);
+      }
+      return Fail(__LINE__);
+    }
   }
-  return false;
+  return Fail(__LINE__);
 }
 
 bool RunPair(uint32_t window, int want_a, int want_b, bool a_bulk = false, bool b_bulk = false) {
@@ -438,4 +557,125 @@ TEST_CASE("elastic windows over one budget never deadlock, overrun or over-claim
       }
     }
   }
+}
+
+TEST_CASE(
+    "parked windows: a hundred links over a budget of 64 never deadlock, overrun or over-claim",
+    "[credits]") {
+  // 64 receives back 16 floors of 3: 84 links start parked, and every window of the 100 parks
+  // and opens again, many times, as clients knock with data to send and idle windows are taken
+  // back. Honest peers never trip a check, every claim stays within the budget, every sender
+  // ends able to send (or knock), and nothing is left in flight.
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    for (const bool server_sends : {false, true}) {
+      INFO("seed " << seed << (server_sends ? ", both ways" : ", client to server"));
+      ReceiveBudget budget(64);
+      Model m;
+      m.window = 32;
+      m.budget = &budget;
+      m.parks = true;
+      m.links = 100;
+      m.want_a = 60;
+      m.want_b = server_sends ? 20 : 0;
+      m.a_bulk = seed % 3 == 0;
+      m.release_one_in = 1 + static_cast<uint32_t>(seed % 3) * 4;
+      m.seed = seed;
+      // Another peer writing doors not its own opens windows their clients did not ask for.
+      m.foreign_knocks = seed >= 4;
+      CHECK(Run(m));
+      std::printf("seed %llu%s: %llu parks, %llu grants, %llu kParked answers\n",
+                  static_cast<unsigned long long>(seed), server_sends ? " (both ways)" : "",
+                  static_cast<unsigned long long>(m.parks_done),
+                  static_cast<unsigned long long>(m.grants),
+                  static_cast<unsigned long long>(m.answers));
+      CHECK(m.grants >= 84);    // every link that started parked was opened
+      CHECK(m.parks_done > 0);  // and windows were taken back to open them
+      CHECK(budget.claimed() <= budget.size());
+    }
+  }
+}
+
+TEST_CASE(
+    "a parked window: kPark withholds credits, kParked gives the window back, a knock opens it",
+    "[credits]") {
+  ReceiveBudget budget(8);  // 6 for floors, 2 for growth
+  ReceiveShare share;
+  Admit(budget, share, 3);
+  OwnWindow own{3, 8, &share};
+  own.parks = true;
+  CreditAccount server(3, 3, own);  // its window; the client's fixed window of 3
+  CreditAccount client(3, 8);       // its sending toward the server's window
+  // The client sends one message; the server releases it and owes the credit.
+  REQUIRE(client.TrySpendForData());
+  REQUIRE(server.OnConsumed().ok());
+  server.OnRecvReposted();
+  CHECK(server.owed() == 1);
+  CHECK(server.held() == 0);
+  REQUIRE(server.CanAskPark());
+  // kPark: its header takes what was owed, and nothing returns afterwards.
+  REQUIRE(server.TrySpendForData());
+  const uint16_t in_park = server.TakeOwed();
+  CHECK(in_park == 1);
+  CHECK_FALSE(server.AskedPark());  // the client holds credits: not parked yet
+  CHECK(server.parking());
+  REQUIRE(client.OnReturned(in_park).ok());
+  // The client parks at once: one credit for the kParked it owes, the other two given up.
+  CHECK(client.available() == 3);
+  REQUIRE(client.OnParkAsked().ok());
+  CHECK(client.park_answer_owed());
+  CHECK(client.sender_parked());
+  CHECK(client.available() == 0);
+  CHECK_FALSE(client.OnGrantArrived());
+  CHECK(client.OnParkAsked().code() == absl::StatusCode::kFailedPrecondition);
+  client.AnsweredPark();
+  CHECK_FALSE(client.park_answer_owed());
+  REQUIRE(server.OnConsumed().ok());
+  server.OnRecvReposted();
+  CHECK_FALSE(server.ShouldSendUpdate());
+  CHECK(server.TakeOwed() == 0);  // withheld while parking
+  REQUIRE(server.OnParked().ok());
+  CHECK(server.parked());
+  CHECK(server.window() == 0);
+  CHECK(share.held() == 0);
+  CHECK(budget.floor_free() == 6);
+  CHECK_FALSE(server.ShouldSendUpdate());
+  // A kParked unasked, or a second one, is a protocol error; so is a frame beyond the credits.
+  CHECK(server.OnParked().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(server.OnConsumed().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("a knock opens a parked window with a floor, granted with the reserved credit",
+          "[credits]") {
+  ReceiveBudget budget(4);  // 3 for floors, 1 for growth
+  ReceiveShare share;
+  share.Open(&budget, 0);
+  OwnWindow own{3, 8, &share};
+  own.parks = true;
+  own.parked = true;
+  CreditAccount server(3, 3, own);
+  CreditAccount client(0, 3, OwnWindow{3, 3, nullptr});
+  CHECK(server.parked());
+  CHECK(client.sender_parked());
+  CHECK_FALSE(client.CanSpendForData());
+  CHECK_FALSE(client.TrySpendForUpdate());
+  // Another window holds the only floor: no grant until it comes back.
+  REQUIRE(budget.TakeFloor(3));
+  CHECK_FALSE(server.Unpark());
+  budget.GiveFloor(3);
+  // The server spent credits down to its reserved one on data to the client.
+  REQUIRE(server.TrySpendForData());
+  CHECK(server.available() == 2);
+  REQUIRE(server.Unpark());
+  CHECK(server.window() == 3);
+  CHECK(share.held() == 3);
+  // The grant goes in a credit frame even with the last credit (ShouldSendUpdate), returning 3.
+  REQUIRE(server.TrySpendForData());
+  CHECK(server.available() == 1);
+  CHECK(server.ShouldSendUpdate());
+  REQUIRE(server.TrySpendForUpdate());
+  CHECK(server.TakeOwed() == 3);
+  REQUIRE(client.OnReturned(3).ok());
+  CHECK(client.OnGrantArrived());
+  CHECK_FALSE(client.sender_parked());
+  CHECK(client.CanSpendForData());
 }

@@ -457,3 +457,110 @@ TEST_CASE(
   for (const auto& client : clients) client->Close();
   CHECK(Eventually([&] { return setup.server_poller->shared_receives_claimed() == 0; }));
 }
+
+TEST_CASE(
+    "a thousand connections on a poller whose shared queue holds 64 receives park and knock, and "
+    "every message arrives with no receiver-not-ready",
+    "[rdma][transport][srq][park]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  constexpr int kConnections = 1000;
+  constexpr int kSenders = 4;
+  constexpr uint64_t kMessages = 3;  // per connection: a window's worth needs a floor
+  constexpr uint32_t kSize = 64;
+  constexpr uint32_t kQueue = 64;  // 16 floors of 3 (and 16 receives of growth)
+  PollerOptions server_options = Shared(kQueue, PollMode::kBusy);
+  server_options.park_windows = true;
+  PollerOptions client_options;
+  client_options.mode = PollMode::kBusy;
+  // Clients with a few receives of their own: 1,000 of them in one process.
+  ConnectionOptions options = Window(4);
+  std::vector<std::unique_ptr<Recorder>> handlers;  // before the pollers: they outlive them
+  Setup setup(config, server_options, client_options);
+  ListenerOptions listen;
+  listen.connection = options;
+  listen.max_connections_per_peer = kConnections;
+  setup.Listen(listen);
+  std::vector<std::shared_ptr<Connection>> clients, servers;
+  std::vector<Recorder*> server_handlers;
+  for (int i = 0; i < kConnections; ++i) {
+    handlers.push_back(std::make_unique<Recorder>());
+    Recorder* server = handlers.back().get();
+    server->keep_bytes = false;
+    server_handlers.push_back(server);
+    handlers.push_back(std::make_unique<Recorder>());
+    setup.accepts->Use(setup.server_poller.get(), server);
+    auto client =
+        Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                            setup.listener->port(), handlers.back().get(), options, kTimeout);
+    INFO("connection " << i << ": " << client.status());
+    REQUIRE(client.ok());
+    clients.push_back(*client);
+    auto accepted = setup.accepts->Next(kTimeout);
+    REQUIRE(accepted.ok());
+    servers.push_back(*accepted);
+  }
+  // The first 16 took the floors; the rest started parked.
+  CHECK(setup.server_poller->shared_receives_claimed() == 16 * 3);
+  CHECK(setup.server_poller->parked_windows() == kConnections - 16);
+
+  const int64_t rnr_before = RnrCount(setup.device->selection());
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> senders;
+  std::atomic<int> failed{0};
+  for (int t = 0; t < kSenders; ++t) {
+    senders.emplace_back([&, t] {
+      for (int c = t; c < kConnections; c += kSenders) {
+        for (uint64_t k = 0; k < kMessages; ++k) {
+          if (!SendBytes(*clients[c], Filled(kSize, k), k).ok()) ++failed;
+        }
+      }
+    });
+  }
+  for (std::thread& s : senders) s.join();
+  CHECK(failed.load() == 0);
+  bool arrived = true;
+  for (Recorder* r : server_handlers) {
+    arrived = arrived && r->WaitFor([&] { return r->message_count == kMessages; });
+  }
+  CHECK(arrived);
+  const absl::Duration took = absl::Now() - start;
+  const int64_t rnr_after = RnrCount(setup.device->selection());
+  uint64_t parks = 0, grants = 0, knocks = 0, answers = 0;
+  uint32_t most_claimed = 0;
+  for (const auto& server : servers) {
+    const ConnectionStats stats = server->stats();
+    parks += stats.parks;
+    grants += stats.park_grants;
+  }
+  for (const auto& client : clients) {
+    const ConnectionStats stats = client->stats();
+    knocks += stats.knocks;
+    answers += stats.parks_answered;
+  }
+  most_claimed = setup.server_poller->shared_receives_claimed();
+  std::printf(
+      "%d connections over a shared queue of %u: %llu messages in %s; %llu knocks (%llu heard, "
+      "%llu foreign), %llu grants, %llu parks (%llu answered); claimed %u at the end; "
+      "receiver-not-ready %ld -> %ld\n",
+      kConnections, kQueue, static_cast<unsigned long long>(kConnections * kMessages),
+      absl::FormatDuration(took).c_str(), static_cast<unsigned long long>(knocks),
+      static_cast<unsigned long long>(setup.server_poller->knocks_heard()),
+      static_cast<unsigned long long>(setup.server_poller->foreign_knocks()),
+      static_cast<unsigned long long>(grants), static_cast<unsigned long long>(parks),
+      static_cast<unsigned long long>(answers), most_claimed, static_cast<long>(rnr_before),
+      static_cast<long>(rnr_after));
+  // Every connection that started parked knocked and was opened; windows were taken back to
+  // open them; no peer wrote a door not its own.
+  CHECK(grants >= kConnections - 16);
+  CHECK(knocks >= kConnections - 16);
+  CHECK(parks > 0);
+  CHECK(setup.server_poller->foreign_knocks() == 0);
+  CHECK(most_claimed <= kQueue);
+  if (rnr_before < 0) {
+    WARN("the device has no RNR counters in sysfs: only zrpc's own accounting was checked");
+  } else {
+    CHECK(rnr_after == rnr_before);
+  }
+  for (const auto& client : clients) client->Close();
+  CHECK(Eventually([&] { return setup.server_poller->shared_receives_claimed() == 0; }));
+}

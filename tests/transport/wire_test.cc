@@ -57,7 +57,7 @@ TEST_CASE("a Hello survives encode and decode, and its bytes are little-endian",
   REQUIRE(bytes.size() <= zrpc::transport::kMaxConnectPrivateData);
   const uint8_t magic[] = {0x43, 0x50, 0x52, 0x5a};
   CHECK(std::memcmp(bytes.data(), magic, 4) == 0);
-  CHECK(bytes[4] == 6);   // version (kWireVersion)
+  CHECK(bytes[4] == 7);   // version (kWireVersion)
   CHECK(bytes[32] == 0);  // max_recv_credits 256, least significant byte first
   CHECK(bytes[33] == 1);
   CHECK(bytes[5] == 0);
@@ -240,7 +240,7 @@ TEST_CASE("frame headers round-trip and malformed ones are refused", "[wire]") {
 
   CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, 7)).ok());
   CHECK(!DecodeFrameHeader({}).ok());
-  buf[6] = 4;
+  buf[6] = 6;
   CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, 8)).ok());
   buf[6] = 0;
   CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, 8)).ok());
@@ -334,6 +334,75 @@ TEST_CASE("a Hello may lend its arena on demand: a size, no address or key", "[w
   no_size.arena_size = 0;
   CHECK(Refused(Encoded(no_size), "on demand"));
   Hello other_flag = h;
-  other_flag.flags = 2;
+  other_flag.flags = 4;
   CHECK(Refused(Encoded(other_flag), "unknown flags"));
+}
+
+TEST_CASE("a Hello that parks may offer no credit; one that does not may not", "[wire]") {
+  Hello h = Sample();
+  h.flags = zrpc::transport::kHelloParks;
+  h.recv_credits = 0;
+  auto decoded = DecodeHello(Encoded(h));
+  REQUIRE(decoded.ok());
+  CHECK(*decoded == h);
+  Hello open = h;
+  open.recv_credits = 3;
+  CHECK(DecodeHello(Encoded(open)).ok());
+  // Below the floor the credit scheme needs, parked or not, is refused.
+  for (uint32_t credits : {1u, 2u}) {
+    Hello few = h;
+    few.recv_credits = credits;
+    CHECK(Refused(Encoded(few), "receive credits"));
+  }
+  Hello no_flag = h;
+  no_flag.flags = 0;
+  CHECK(Refused(Encoded(no_flag), "receive credits"));
+  // Parked, its window must still be able to reach the floor.
+  Hello small = h;
+  small.max_recv_credits = 2;
+  CHECK(Refused(Encoded(small), "may reach"));
+}
+
+TEST_CASE("park doors round-trip, and bad ones are refused", "[wire]") {
+  using zrpc::transport::DecodeParkDoor;
+  using zrpc::transport::EncodeParkDoor;
+  using zrpc::transport::ParkDoor;
+  ParkDoor door;
+  door.addr = 0x00007f0000001238;
+  door.rkey = 0x12345678;
+  door.token = 0x9abcdef0;
+  uint8_t bytes[ParkDoor::kSize];
+  EncodeParkDoor(door, bytes);
+  CHECK(bytes[0] == 0x38);  // little-endian
+  CHECK(bytes[12] == 0xf0);
+  auto decoded = DecodeParkDoor(bytes);
+  REQUIRE(decoded.ok());
+  CHECK(*decoded == door);
+  CHECK(!DecodeParkDoor(absl::MakeConstSpan(bytes, ParkDoor::kSize - 1)).ok());
+  for (uint64_t addr : {uint64_t{0}, uint64_t{0x1004}, ~uint64_t{7}}) {
+    ParkDoor bad = door;
+    bad.addr = addr;
+    EncodeParkDoor(bad, bytes);
+    CHECK(!DecodeParkDoor(bytes).ok());
+  }
+  ParkDoor no_token = door;
+  no_token.token = 0;
+  EncodeParkDoor(no_token, bytes);
+  CHECK(!DecodeParkDoor(bytes).ok());
+  CHECK(zrpc::transport::KnockValue(0x9abcdef0, 7) == 0x9abcdef000000007ull);
+}
+
+TEST_CASE("park and parked frames carry nothing", "[wire]") {
+  uint8_t buf[16] = {};
+  for (FrameKind kind : {FrameKind::kPark, FrameKind::kParked}) {
+    FrameHeader h;
+    h.credits = 2;
+    h.kind = kind;
+    EncodeFrameHeader(h, buf);
+    auto decoded = DecodeFrameHeader(absl::MakeConstSpan(buf, FrameHeader::kSize));
+    REQUIRE(decoded.ok());
+    CHECK(decoded->kind == kind);
+    CHECK(decoded->credits == 2);
+    CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, FrameHeader::kSize + 1)).ok());
+  }
 }
