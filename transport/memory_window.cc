@@ -1,43 +1,14 @@
 #include "transport/memory_window.h"
 
 #include <errno.h>
-#include <sys/random.h>
 
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "transport/kernel_random.h"
 #include "transport/verbs_error.h"
 
 namespace zrpc::transport {
-namespace {
-
-// Random bytes from the kernel, taken a block at a time: one getrandom per kBlock binds.
-class KeyBytes {
- public:
-  uint8_t Next() {
-    if (next_ == kBlock) Refill();
-    return block_[next_++];
-  }
-
- private:
-  static constexpr size_t kBlock = 64;
-  void Refill() {
-    size_t got = 0;
-    while (got < kBlock) {
-      const ssize_t n = getrandom(block_ + got, kBlock - got, 0);
-      if (n > 0) {
-        got += static_cast<size_t>(n);
-      } else if (n < 0 && errno != EINTR) {
-        break;  // no kernel source (never on Linux >= 3.17): what the block held stays
-      }
-    }
-    next_ = 0;
-  }
-  uint8_t block_[kBlock] = {};
-  size_t next_ = kBlock;
-};
-
-}  // namespace
 
 bool SupportsType2Windows(const ibv_device_attr& attr) {
   const uint64_t flags = attr.device_cap_flags;
@@ -46,9 +17,8 @@ bool SupportsType2Windows(const ibv_device_attr& attr) {
 }
 
 uint8_t NextKeyByte(uint8_t previous) {
-  thread_local KeyBytes bytes;
   for (;;) {
-    const uint8_t key = bytes.Next();
+    const uint8_t key = KernelRandomByte();
     if (key != previous) return key;
   }
 }
