@@ -753,12 +753,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   };
 
   // Parked windows (credits.h, "Parked windows"; connection_park.cc).
-  // The poller's request (Poller::ServeParking): the peer of a parked window knocked (`knock`:
-  // what its door holds now), a floor it waited for may be free, or, while others wait for
-  // floors, a window not parked is looked at and asked to park when idle since the last look.
+  // The poller's request (Poller::ServeParking): the peer of a parked window knocked, a floor it
+  // waited for may be free, or, while others wait for floors, a window not parked is looked at and
+  // asked to park when idle since the last look or open for kParkTurn; one that does not answer
+  // within kParkGiveUp loses its connection.
   void AskForPark();
-  void KnockHeard(uint64_t knock);
+  void KnockHeard();
   static constexpr absl::Duration kParkGiveUp = absl::Seconds(10);
+  static constexpr absl::Duration kParkTurn = absl::Milliseconds(100);
   void OnParkRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // A floor from the budget for a parked window whose peer knocked; with none free, waits on
   // the poller (WaitForFloor).
@@ -911,14 +913,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool accepted_ = false;
   bool start_parked_ = false;
   std::optional<ParkDoors::Lease> door_;
-  uint64_t door_last_ ABSL_GUARDED_BY(domain_) = 0;      // the door at the last knock heard
-  std::atomic<bool> knock_heard_{false};                 // the poller saw the door change
-  std::atomic<uint64_t> knock_{0};                       // to this
-  std::atomic<bool> window_parked_{false};               // for the poller's look at holders
-  bool knock_pending_ ABSL_GUARDED_BY(domain_) = false;  // heard, not answered yet
-  bool floor_waiting_ ABSL_GUARDED_BY(domain_) = false;  // on the poller's list of waiters
-  bool park_used_ ABSL_GUARDED_BY(domain_) = false;      // a receive since the last look
-  int64_t park_asked_ns_ ABSL_GUARDED_BY(domain_) = 0;   // SteadyNanos of the kPark
+  std::atomic<bool> knock_heard_{false};                   // the poller saw the door change
+  std::atomic<bool> window_parked_{false};                 // for the poller's look at holders
+  bool knock_pending_ ABSL_GUARDED_BY(domain_) = false;    // heard, not answered yet
+  bool floor_waiting_ ABSL_GUARDED_BY(domain_) = false;    // on the poller's list of waiters
+  bool park_used_ ABSL_GUARDED_BY(domain_) = false;        // a receive since the last look
+  int64_t park_asked_ns_ ABSL_GUARDED_BY(domain_) = 0;     // SteadyNanos of the kPark
+  int64_t window_opened_ns_ ABSL_GUARDED_BY(domain_) = 0;  // and of the last grant
   ParkRequest park_request_;
   std::atomic<bool> park_request_queued_{false};
   // This side's sending: the server's door (from its accept reply) and the knocks sent.

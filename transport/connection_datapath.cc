@@ -1318,6 +1318,7 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
     give_back(sequence.ok());
     if (!sequence.ok()) return FailLocked(sequence.status());
     credits_.OnRecvReposted();
+    if (ABSL_PREDICT_FALSE(credits_.parking()) && credits_.MaybeParked()) NoteParkedLocked();
     ++stats_.bulk_received;
     arena_used_ = true;
     Event e(Event::kBulk);
@@ -1346,11 +1347,15 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
     give_back(false);
     return FailLocked(s);
   }
+  // A peer asked to park whose last credit went into this frame (a credit frame, or any frame of
+  // a peer that ignores the rules) holds none now: parked. A kParked says so itself.
+  if (ABSL_PREDICT_FALSE(credits_.parking()) && header->kind != FrameKind::kParked &&
+      credits_.MaybeParked()) {
+    NoteParkedLocked();
+  }
   if (header->kind == FrameKind::kCredit) {
     give_back(true);
     credits_.OnRecvReposted();
-    // A peer asked to park whose last credit went into this frame holds none now: parked.
-    if (ABSL_PREDICT_FALSE(credits_.parking()) && credits_.MaybeParked()) NoteParkedLocked();
     return;
   }
   if (ABSL_PREDICT_FALSE(header->kind == FrameKind::kPark || header->kind == FrameKind::kParked)) {

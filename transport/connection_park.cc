@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "transport/byte_order.h"
@@ -26,8 +27,7 @@ void Connection::AskForPark() {
   RunInDomain(park_request_);
 }
 
-void Connection::KnockHeard(uint64_t knock) {
-  knock_.store(knock, std::memory_order_relaxed);
+void Connection::KnockHeard() {
   knock_heard_.store(true, std::memory_order_release);
   AskForPark();
 }
@@ -41,11 +41,10 @@ void Connection::ParkRequest::RunInDomain(Connection& connection) {
 void Connection::OnParkRequestLocked() {
   // Off the poller's list of waiters now: a waiter that still finds no floor goes back on it.
   floor_waiting_ = false;
+  // A knock heard before the handshake ended on this side (the client's ended first, and it
+  // sent at once) is kept for OnEstablished, which asks again.
   if (state_ != State::kOpen || !credits_.parks()) return;
-  if (knock_heard_.exchange(false, std::memory_order_acquire)) {
-    door_last_ = knock_.load(std::memory_order_relaxed);
-    knock_pending_ = true;
-  }
+  if (knock_heard_.exchange(false, std::memory_order_acquire)) knock_pending_ = true;
   if (credits_.parked()) {
     if (knock_pending_) TryUnparkLocked();
   } else if (credits_.parking()) {
@@ -56,10 +55,13 @@ void Connection::OnParkRequestLocked() {
           " of a kPark while others waited for a floor")));
       return;
     }
-  } else if (park_used_) {
-    park_used_ = false;  // used since the last look: a second chance
-  } else if (credits_.CanAskPark() && waiting_.empty()) {
-    credits_.OweParkAsk();
+  } else {
+    // Used since the last look: a second chance, unless it has had its turn (kParkTurn) -- a
+    // peer that keeps sending would otherwise keep its floor while others wait for one. It
+    // knocks again, behind them.
+    const bool turn_over = SteadyNanos() - window_opened_ns_ >= absl::ToInt64Nanoseconds(kParkTurn);
+    const bool used = std::exchange(park_used_, false);
+    if ((!used || turn_over) && credits_.CanAskPark()) credits_.OweParkAsk();
   }
   PumpLocked();
 }
@@ -69,6 +71,7 @@ void Connection::TryUnparkLocked() {
     knock_pending_ = false;
     window_parked_.store(false, std::memory_order_relaxed);
     park_used_ = true;  // just opened: not taken back at the next look
+    window_opened_ns_ = SteadyNanos();
     ++stats_.park_grants;
     return;  // the pump sends the grant (ShouldSendUpdate)
   }
@@ -82,15 +85,15 @@ void Connection::NoteParkedLocked() {
   ++stats_.parks;
   knock_pending_ = false;
   window_parked_.store(true, std::memory_order_relaxed);
-  poller_.WatchDoor(qp_num_, door_->index, door_->token, door_last_);
+  poller_.WatchDoor(qp_num_, door_->index, door_->token);
   poller_.FloorGivenBack();
 }
 
 void Connection::MaybeSendParkFramesLocked() {
   if (state_ != State::kOpen) return;
   if (credits_.park_ask_owed()) {
-    // A message came since the look, or is waiting to go: not idle after all.
-    if (!credits_.CanAskPark() || !waiting_.empty()) {
+    // A message came since the look and is held: not idle after all.
+    if (!credits_.CanAskPark()) {
       credits_.DropParkAsk();
     } else if (!control_busy_ && SendRoomLocked()) {
       credits_.TrySpendForData();

@@ -257,6 +257,8 @@ void Connection::OnEstablished() {
   // The id already reports to the poller, which may have failed the connection (a disconnect
   // right after the handshake): then it stays failing.
   if (state_ == State::kConnecting) SetStateLocked(State::kOpen);
+  // A parked window whose peer knocked before this side saw the handshake end: heard now.
+  if (knock_heard_.load(std::memory_order_acquire)) OnParkRequestLocked();
   // The peer may have sent before this thread saw the handshake end: those completions are
   // handled now, in order, as this thread lets the domain go, and what they produce goes to the
   // poller (ExitLocked).

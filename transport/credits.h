@@ -368,7 +368,9 @@ class CreditAccount {
     ++parks_done_;
   }
   ABSL_ATTRIBUTE_NOINLINE bool Shrink() {
-    if (!share_->GiveOne()) return false;
+    // Growth first; a window opened again after a park may hold floor receives beyond its floor
+    // (the messages it kept, then a floor on top), which go back too.
+    if (share_->GiveBack(1) == 0) return false;
     --window_;
     threshold_ = ThresholdFor(window_);
     return true;

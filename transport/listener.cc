@@ -168,6 +168,12 @@ void Listener::OnRequest(rdma_cm_event* event) {
     c.reset();  // destroys the id and gives the admission place back
   };
   if (!hello.ok()) return refuse(hello.status());
+  if ((hello->flags & kHelloParks) != 0) {
+    // Only the accepting side parks (its door is in its reply): a request that says it parks
+    // would start the server's sending parked with nowhere to knock.
+    return refuse(absl::FailedPreconditionError(
+        "zrpc handshake: a connecting peer may not park the server's window (kHelloParks)"));
+  }
   if (rnr_retry > kRnrRetryCount) {
     return refuse(absl::FailedPreconditionError(
         absl::StrCat("zrpc handshake: peer asks for RNR retry count ", rnr_retry,

@@ -1,9 +1,9 @@
 #include "transport/park_doors.h"
 
 #include <cstring>
-#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "transport/kernel_random.h"
 #include "transport/verbs_error.h"
 
 namespace zrpc::transport {
@@ -31,8 +31,7 @@ ParkDoors::ParkDoors(uint32_t count, PageBuffer memory)
   std::memset(memory_.get(), 0, bytes());
   free_.reserve(count);
   for (uint32_t i = count; i > 0; --i) free_.push_back(i - 1);
-  std::random_device seed;
-  token_state_ = (uint64_t{seed()} << 32) | seed();
+  armed_.assign(count, 0);
 }
 
 std::optional<ParkDoors::Lease> ParkDoors::Take() {
@@ -41,16 +40,20 @@ std::optional<ParkDoors::Lease> ParkDoors::Take() {
   lease.index = free_.back();
   free_.pop_back();
   ++taken_;
-  __atomic_store_n(reinterpret_cast<uint64_t*>(memory_.get()) + lease.index, 0, __ATOMIC_RELAXED);
-  // splitmix64: tokens that do not follow from one another (a peer that saw its own cannot tell
-  // another's), never 0.
   do {
-    uint64_t z = (token_state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    lease.token = static_cast<uint32_t>((z ^ (z >> 31)) >> 32);
+    lease.token = static_cast<uint32_t>(KernelRandom64());
   } while (lease.token == 0);
+  armed_[lease.index] = KernelRandom64();
+  __atomic_store_n(reinterpret_cast<uint64_t*>(memory_.get()) + lease.index, armed_[lease.index],
+                   __ATOMIC_RELEASE);
   return lease;
+}
+
+void ParkDoors::Rearm(uint32_t index) {
+  uint64_t* door = reinterpret_cast<uint64_t*>(memory_.get()) + index;
+  const uint64_t fresh = KernelRandom64();
+  __atomic_exchange_n(door, fresh, __ATOMIC_ACQ_REL);
+  armed_[index] = fresh;
 }
 
 void ParkDoors::Give(uint32_t index) {

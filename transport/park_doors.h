@@ -10,12 +10,15 @@
 //
 // The doors of a poller are one registration (LOCAL_WRITE and REMOTE_WRITE, nothing else): every
 // peer of the poller may write any door. A knock carries its connection's random token, but the
-// poller opens a parked window whenever its door changes, whatever it holds: a peer that
-// overwrites another's door can have it opened needlessly (its floor back in use until it idles
-// and parks again, counted in foreign_knocks) but never keeps a knock from being seen. A window
-// opened so lends a floor of the budget's, like any other: no receive is ever promised twice.
+// poller opens a parked window whenever its door changes from the value it armed it with,
+// whatever it holds: a peer that overwrites another's door can have it opened needlessly (its
+// floor back in use until it idles and parks again, counted in foreign_knocks). To hide a knock
+// it would have to write the armed value back before the poller looks: a random 64-bit value
+// that no peer is told or can read (the doors take no REMOTE_READ), drawn afresh each time a
+// knock is heard (Rearm). A window opened so lends a floor of the budget's, like any other: no
+// receive is ever promised twice.
 //
-// Thread-safe: Take and Give under the caller's lock; Read from any thread.
+// Thread-safe: Take, Give and Rearm under the caller's lock; Read from any thread.
 #ifndef ZRPC_TRANSPORT_PARK_DOORS_H_
 #define ZRPC_TRANSPORT_PARK_DOORS_H_
 
@@ -39,7 +42,7 @@ class ParkDoors {
   ParkDoors(const ParkDoors&) = delete;
   ParkDoors& operator=(const ParkDoors&) = delete;
 
-  // A free door, zeroed, with a fresh random token; nullopt when all are taken.
+  // A free door, armed, with a fresh random token; nullopt when all are taken.
   struct Lease {
     uint32_t index = 0;
     uint32_t token = 0;
@@ -49,8 +52,14 @@ class ParkDoors {
 
   // What the peer is told (wire.h, ParkDoor).
   ParkDoor Describe(const Lease& lease) const;
-  // The door's 8 bytes as the last knock left them (0: never knocked).
+  // The door's 8 bytes as the last knock left them, and the value it was armed with: a door that
+  // holds another was written (a knock).
   uint64_t Read(uint32_t index) const;
+  uint64_t armed(uint32_t index) const { return armed_[index]; }
+  // After a knock: the door armed again with a fresh value (what it holds then is replaced
+  // atomically, so a write that lands meanwhile still changes it from the new value or is the
+  // knock being answered).
+  void Rearm(uint32_t index);
   // A knock as the peer's WRITE would leave it, for host tests.
   void KnockForTest(uint32_t index, uint64_t value);
 
@@ -65,8 +74,8 @@ class ParkDoors {
   PageBuffer memory_;
   MrOwner mr_;
   std::vector<uint32_t> free_;
+  std::vector<uint64_t> armed_;
   uint32_t taken_ = 0;
-  uint64_t token_state_;
 };
 
 }  // namespace zrpc::transport

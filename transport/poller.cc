@@ -186,6 +186,8 @@ void Poller::Shutdown() {
     cq_waiters_.clear();
     released.insert(released.end(), arena_waiters_.begin(), arena_waiters_.end());
     arena_waiters_.clear();
+    released.insert(released.end(), floor_waiters_.begin(), floor_waiters_.end());
+    floor_waiters_.clear();
     deferred.swap(deferred_);
     has_deferred_.store(false, std::memory_order_relaxed);
   }
@@ -282,7 +284,8 @@ bool Poller::HasRoomFor(const ConnectionOptions& options) {
     absl::MutexLock lock(&mu_);
     if (!cq_budget_.Fits(CqEntriesReservedFor(options, shared))) return false;
   }
-  return !shared || doors_ != nullptr || srq_->budget().floor_free() >= options.idle_recv_credits;
+  // A poller that parks takes a connection without a floor too (parked), but a floor is room.
+  return !shared || srq_->budget().floor_free() >= options.idle_recv_credits;
 }
 
 absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
@@ -306,7 +309,9 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
         return absl::ResourceExhaustedError(
             absl::StrCat("all ", doors_->count(), " park doors taken; use another poller"));
       }
-      connection->start_parked_ = !srq_->budget().TakeFloor(floor);
+      // Behind windows waiting for a floor, never ahead of them: a storm of new connections must
+      // not keep a knock waiting.
+      connection->start_parked_ = !floor_waiters_.empty() || !srq_->budget().TakeFloor(floor);
     } else if (srq_ != nullptr && !srq_->budget().TakeFloor(floor)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the poller's shared receive queue (", srq_->size(), " receives, ",
@@ -349,7 +354,7 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
   if (connection->start_parked_) {
     connection->window_parked_.store(true, std::memory_order_relaxed);
     watched_doors_[connection->door_->index] =
-        DoorWatch{connection->qp_num(), connection->door_->token, 0};
+        DoorWatch{connection->qp_num(), connection->door_->token};
     parked_count_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
   }
   connections_[connection->qp_num()] = connection;
@@ -435,16 +440,17 @@ void Poller::ServeArenaShortage() {
   for (auto& waiter : waiters) waiter->AskForArena();
 }
 
-void Poller::WatchDoor(uint32_t qp_num, uint32_t door, uint32_t token, uint64_t last) {
+void Poller::WatchDoor(uint32_t qp_num, uint32_t door, uint32_t token) {
   absl::MutexLock lock(&mu_);
   if (connections_.find(qp_num) == connections_.end()) return;  // unregistered meanwhile
-  watched_doors_[door] = DoorWatch{qp_num, token, last};
+  watched_doors_[door] = DoorWatch{qp_num, token};
   parked_count_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
 }
 
 void Poller::WaitForFloor(std::shared_ptr<Connection> connection) {
   {
     absl::MutexLock lock(&mu_);
+    waiter_floor_ = std::max(waiter_floor_, connection->options_.idle_recv_credits);
     floor_waiters_.push_back(std::move(connection));
   }
   if (!floor_short_.exchange(true, std::memory_order_acq_rel)) Wake();
@@ -463,22 +469,23 @@ void Poller::ServeParking() {
   const int64_t now = SpinClockNanos();
   if (now - park_served_ns_ < 1'000'000) return;
   park_served_ns_ = now;
-  std::vector<std::shared_ptr<Connection>> knocked;
-  std::vector<std::pair<std::shared_ptr<Connection>, uint64_t>> heard;
+  std::vector<std::shared_ptr<Connection>> heard;
   std::vector<std::shared_ptr<Connection>> asked;
   {
     absl::MutexLock lock(&mu_);
-    // The doors of parked windows: any change is a knock (park_doors.h).
+    // The doors of parked windows: any change from the armed value is a knock (park_doors.h).
     for (auto it = watched_doors_.begin(); it != watched_doors_.end();) {
       const auto current = it++;
-      const uint64_t value = doors_->Read(current->first);
-      if (value == current->second.last) continue;
+      const uint32_t door = current->first;
+      const uint64_t value = doors_->Read(door);
+      if (value == doors_->armed(door)) continue;
       if (value >> 32 != current->second.token) {
         foreign_knocks_.fetch_add(1, std::memory_order_relaxed);
       }
       knocks_heard_.fetch_add(1, std::memory_order_relaxed);
+      doors_->Rearm(door);
       auto found = connections_.find(current->second.qp_num);
-      if (found != connections_.end()) heard.emplace_back(found->second, value);
+      if (found != connections_.end()) heard.push_back(found->second);
       watched_doors_.erase(current);
     }
     parked_count_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
@@ -497,13 +504,14 @@ void Poller::ServeParking() {
           }
         }
       }
-      if (srq_->budget().floor_free() >= kMinCredits) {
+      if (srq_->budget().floor_free() >= waiter_floor_) {
         asked.insert(asked.end(), floor_waiters_.begin(), floor_waiters_.end());
         floor_waiters_.clear();
+        waiter_floor_ = 0;
       }
     }
   }
-  for (auto& [connection, value] : heard) connection->KnockHeard(value);
+  for (auto& connection : heard) connection->KnockHeard();
   for (auto& connection : asked) connection->AskForPark();
 }
 
@@ -532,6 +540,13 @@ void Poller::Unregister(uint32_t qp_num) {
     watched_doors_.erase(door->index);
     parked_count_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
     doors_->Give(door->index);
+    // Nor does it wait for a floor any more (its reference would keep it alive for as long as
+    // no floor comes back).
+    const Connection* gone = it->second.get();
+    floor_waiters_.erase(
+        std::remove_if(floor_waiters_.begin(), floor_waiters_.end(),
+                       [&](const std::shared_ptr<Connection>& c) { return c.get() == gone; }),
+        floor_waiters_.end());
     if (!floor_waiters_.empty()) floor_short_.store(true, std::memory_order_relaxed);
   }
   last = std::move(it->second);

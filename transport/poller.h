@@ -139,10 +139,13 @@ class Poller {
   uint64_t knocks_heard() const { return knocks_heard_.load(std::memory_order_relaxed); }
   uint64_t foreign_knocks() const { return foreign_knocks_.load(std::memory_order_relaxed); }
   // Connections with `options` it can hold at once: what its completion queue can take, and,
-  // with a shared receive queue, the windows that queue backs.
+  // with a shared receive queue, the floors that queue backs (unless windows park: then the
+  // completion queue alone).
   uint64_t Capacity(const ConnectionOptions& options) const;
   // Whether a connection with `options` would be registered now: its completion-queue entries
-  // and, with a shared receive queue, its floor are free. A hint for placing one (a server adds a
+  // and, with a shared receive queue, its floor are free (a poller that parks registers it
+  // without a floor too, parked, but says no here: a server places it where a floor is free, or
+  // starts a poller, before it parks it). A hint for placing one (a server adds a
   // poller when none has room): Register decides, and connections placed meanwhile may take the
   // room first.
   bool HasRoomFor(const ConnectionOptions& options);
@@ -237,9 +240,9 @@ class Poller {
   // Parked windows (PollerOptions::park_windows; credits.h, "Parked windows"). The doors, or null
   // when this poller does not park.
   ParkDoors* doors() const { return doors_.get(); }
-  // The loop watches a parked window's door from now on, until it changes from `last` (a knock:
-  // Connection::KnockHeard) or the connection unregisters.
-  void WatchDoor(uint32_t qp_num, uint32_t door, uint32_t token, uint64_t last);
+  // The loop watches a parked window's door from now on, until it changes from its armed value
+  // (a knock: Connection::KnockHeard) or the connection unregisters.
+  void WatchDoor(uint32_t qp_num, uint32_t door, uint32_t token);
   // A parked window whose peer knocked found no floor free: the loop gives it another try when
   // one comes back (FloorGivenBack) and, while it waits, asks the windows not parked to park
   // when idle (AskForPark), every 10 ms.
@@ -324,15 +327,15 @@ class Poller {
   std::atomic<uint64_t> arena_waits_{0};
   int64_t arena_served_ns_ = 0;         // the loop's: when ServeArenaShortage last ran
   int64_t arena_holders_asked_ns_ = 0;  // and when it last asked the holders
-  // Parked windows: the doors watched (by door: its connection, token and last value), and the
-  // windows waiting for a floor.
+  // Parked windows: the doors watched (by door: its connection and token), and the windows
+  // waiting for a floor.
   struct DoorWatch {
     uint32_t qp_num = 0;
     uint32_t token = 0;
-    uint64_t last = 0;
   };
   absl::flat_hash_map<uint32_t, DoorWatch> watched_doors_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Connection>> floor_waiters_ ABSL_GUARDED_BY(mu_);
+  uint32_t waiter_floor_ ABSL_GUARDED_BY(mu_) = 0;  // the largest floor a waiter needs
   std::atomic<uint32_t> parked_count_{0};
   std::atomic<bool> floor_short_{false};
   std::atomic<uint64_t> knocks_heard_{0};

@@ -46,10 +46,13 @@
 //      offset size field
 //       0     8    addr         virtual address of this connection's door: 8 bytes, 8-aligned
 //       8     4    rkey         its key (REMOTE_WRITE; the doors of one poller share it)
-//      12     4    token        nonzero, random: the door opens only for a knock that carries it
+//      12     4    token        nonzero, random: what the client's knocks carry
 //
 //    A knock is an 8-byte RDMA WRITE (no immediate: it consumes no receive) of token << 32 | n,
-//    little-endian, n counting the client's knocks from 1 (wrapping past 0).
+//    little-endian, n counting the client's knocks from 1 (wrapping past 0). The server arms each
+//    door with a random value it tells no one and hears any write that changes it; one without
+//    the token is counted as foreign (park_doors.h). A client knocks once per park: the server's
+//    grant ends it, and a kPark starts the next.
 //
 // 2. Frames: every SEND starts with an 8-byte FrameHeader, followed by the caller's payload:
 //

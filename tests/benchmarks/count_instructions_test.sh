@@ -190,8 +190,11 @@ batched() {
 # each way), where a connection's own receive is reposted as it was. Measured on 2026-11-30:
 # transport 4,018 instructions (3,668 with receives per connection), RPC 9,343 (8,989); still no
 # allocation and no lock but the driver's. That the queues carried the echo is checked too (each
-# poller ends with its 64 receives posted, where without a queue it has none).
-max_shared_transport_ir=4180
+# poller ends with its 64 receives posted, where without a queue it has none). On 2026-12-04,
+# after the liveness sweep, the shared timer and parked windows (a test of the window's parking
+# flag on every frame received, off the fast path only when a park is asked): transport 4,181,
+# RPC 9,459; the ceiling moved from 4,180 to 4,200 for it.
+max_shared_transport_ir=4200
 max_shared_rpc_ir=9760
 shared() {
   if ! "$runfiles/benchmarks/count_instructions.sh" "$bin" "$out/shared" --calls 300 \

@@ -254,6 +254,33 @@ TEST_CASE("a peer asking for infinite RNR retries is refused with the reason",
   CHECK(server.FreshClientEcho().ok());
 }
 
+TEST_CASE("a connecting peer whose Hello says it parks the server's window is refused",
+          "[rdma][transport][defenses]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Server server(config);
+  // Only the accepting side parks (its door is in its reply): a request that parked the server's
+  // sending would leave it with no credit and nowhere to knock.
+  for (const uint16_t credits : {0, 4}) {
+    INFO("claimed credits: " << credits);
+    zrpc::transport::Hello h;
+    h.flags = zrpc::transport::kHelloParks;
+    h.recv_credits = credits;
+    h.max_recv_credits = 4;
+    h.recv_size = RawPeer::kSlot;
+    RawPeer::Options options;
+    options.hello.resize(zrpc::transport::Hello::kSize);
+    zrpc::transport::EncodeHello(h, options.hello.data());
+    RawPeer parker;
+    absl::Status s =
+        parker.Connect(server.device->selection().addr, server.listener->port(), options);
+    std::printf("a request that parks the server: %s\n", s.ToString().c_str());
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK(s.message().find("kHelloParks") != absl::string_view::npos);
+  }
+  CHECK(server.listener->connections() == 0);
+  CHECK(server.FreshClientEcho().ok());
+}
+
 TEST_CASE("a peer sending beyond its credits is disconnected; others are not",
           "[rdma][transport][defenses]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);

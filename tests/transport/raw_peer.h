@@ -88,9 +88,16 @@ class RawPeer {
     if (!finish) return absl::OkStatus();
     auto event = transport::ExpectCmEvent(channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
     if (!event.ok()) return event.status();
-    auto server = transport::DecodeHello(
-        absl::MakeConstSpan(static_cast<const uint8_t*>((*event)->param.conn.private_data),
-                            (*event)->param.conn.private_data_len));
+    const auto* reply = static_cast<const uint8_t*>((*event)->param.conn.private_data);
+    const size_t reply_size = (*event)->param.conn.private_data_len;
+    auto server = transport::DecodeHello(absl::MakeConstSpan(reply, reply_size));
+    // A server that parks says where to knock, after its accept data (wire.h).
+    if (server.ok() && (server->flags & transport::kHelloParks) != 0 &&
+        reply_size >= transport::ParkDoor::kOffset + transport::ParkDoor::kSize) {
+      auto door = transport::DecodeParkDoor(absl::MakeConstSpan(
+          reply + transport::ParkDoor::kOffset, reply_size - transport::ParkDoor::kOffset));
+      if (door.ok()) park_door_ = *door;
+    }
     rdma_ack_cm_event(*event);
     established_ = true;
     if (!server.ok()) return server.status();
@@ -105,6 +112,10 @@ class RawPeer {
   }
 
   const transport::Hello& server_hello() const { return server_; }
+  // The server's park door, when its Hello says it parks.
+  const std::optional<transport::ParkDoor>& park_door() const { return park_door_; }
+  // The start of its buffer: what WriteRaw sends.
+  uint8_t* raw() { return buffer_.data(); }
 
   // Where the next Send's payload goes (after the frame header): write it before Send.
   uint8_t* payload() {
@@ -231,6 +242,7 @@ class RawPeer {
 
   Options options_;
   transport::Hello server_;
+  std::optional<transport::ParkDoor> park_door_;
   bool established_ = false;
   bool send_done_ = false;
   absl::Status send_status_;

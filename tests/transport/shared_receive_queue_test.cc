@@ -24,6 +24,7 @@
 #include "tests/rdma_device.h"
 #include "tests/transport/connected_pair.h"
 #include "tests/transport/port_counters.h"
+#include "tests/transport/raw_peer.h"
 #include "tests/transport/recorder.h"
 #include "transport/connection.h"
 #include "transport/poller.h"
@@ -69,6 +70,61 @@ bool SendNumbered(Connection& c, uint64_t first, uint64_t count, uint32_t size) 
   }
   return true;
 }
+
+// A busy-polling server over a queue of 16 receives (4 floors of 3) whose windows park, and a
+// busy-polling client poller, both over windows of 4: the parking cases' common ground.
+struct Parking {
+  explicit Parking(const DeviceConfig& config) : setup(config, ServerOptions(), ClientOptions()) {
+    ListenerOptions listen;
+    listen.connection = options;
+    setup.Listen(listen);
+  }
+  static PollerOptions ServerOptions() {
+    PollerOptions server = Shared(16, PollMode::kBusy);
+    server.park_windows = true;
+    return server;
+  }
+  static PollerOptions ClientOptions() {
+    PollerOptions client;
+    client.mode = PollMode::kBusy;
+    return client;
+  }
+
+  // A connection through the listener; with `send_first`, its client sends `count` numbered
+  // messages before this side looks at the accept (a knock may come before the server's end of
+  // the handshake is done).
+  void Connect(uint64_t send_first = 0) {
+    handlers.push_back(std::make_unique<Recorder>());
+    Recorder* server = handlers.back().get();
+    server->keep_bytes = false;
+    server_handlers.push_back(server);
+    handlers.push_back(std::make_unique<Recorder>());
+    setup.accepts->Use(setup.server_poller.get(), server);
+    auto client =
+        Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                            setup.listener->port(), handlers.back().get(), options, kTimeout);
+    REQUIRE(client.ok());
+    clients.push_back(*client);
+    for (uint64_t k = 0; k < send_first; ++k) {
+      REQUIRE(SendBytes(**client, Filled(64, k), k).ok());
+    }
+    auto accepted = setup.accepts->Next(kTimeout);
+    REQUIRE(accepted.ok());
+    servers.push_back(*accepted);
+  }
+
+  // Closes every client; the server's claims all come back.
+  void CloseAll() {
+    for (const auto& client : clients) client->Close();
+    CHECK(Eventually([&] { return setup.server_poller->shared_receives_claimed() == 0; }));
+  }
+
+  const ConnectionOptions options = Window(4);
+  std::vector<std::unique_ptr<Recorder>> handlers;  // before setup: outlive its connections
+  Setup setup;
+  std::vector<std::shared_ptr<Connection>> clients, servers;
+  std::vector<Recorder*> server_handlers;
+};
 
 }  // namespace
 
@@ -563,4 +619,112 @@ TEST_CASE(
   }
   for (const auto& client : clients) client->Close();
   CHECK(Eventually([&] { return setup.server_poller->shared_receives_claimed() == 0; }));
+}
+
+TEST_CASE(
+    "a peer that writes another connection's door opens that window needlessly and harms no one; "
+    "a write past the doors fails at its writer",
+    "[rdma][transport][srq][park]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  constexpr int kHonest = 5;  // four take the floors, the fifth starts parked
+  Parking parking(config);
+  Setup& setup = parking.setup;
+  auto& clients = parking.clients;
+  auto& servers = parking.servers;
+  auto& server_handlers = parking.server_handlers;
+  for (int i = 0; i < kHonest; ++i) parking.Connect();
+  REQUIRE(setup.server_poller->parked_windows() == 1);
+  REQUIRE(servers.back()->stats().window_parked);
+  // The hostile peer: admitted parked, its door next to the victim's (doors are handed out in
+  // order on a fresh poller).
+  parking.handlers.push_back(std::make_unique<Recorder>());
+  setup.accepts->Use(setup.server_poller.get(), parking.handlers.back().get());
+  zrpc::testing::RawPeer raw;
+  REQUIRE(raw.Connect(setup.device->selection().addr, setup.listener->port(), {}).ok());
+  auto raw_server = setup.accepts->Next(kTimeout);
+  REQUIRE(raw_server.ok());
+  REQUIRE(raw.server_hello().recv_credits == 0);  // parked from the start
+  REQUIRE(raw.park_door().has_value());
+  const zrpc::transport::ParkDoor door = *raw.park_door();
+  const int64_t rnr_before = RnrCount(setup.device->selection());
+  // Eight bytes of junk on the victim's door: a knock without its token.
+  std::memset(raw.raw(), 0xa5, 8);
+  CHECK(raw.WriteRaw(door.addr - 8, door.rkey, 8) == IBV_WC_SUCCESS);
+  CHECK(Eventually([&] { return setup.server_poller->foreign_knocks() >= 1; }));
+  // The victim's window opens (the idle ones park to make room) and its client, which never
+  // knocked, takes the grant as one; everyone's messages arrive.
+  CHECK(Eventually([&] { return !servers[kHonest - 1]->stats().window_parked; }));
+  // Meanwhile the hostile peer keeps writing zeros on the victim's door, to hide its knocks: a
+  // door is armed with a random value no peer knows, so every write is seen, never a knock lost.
+  std::atomic<bool> spraying{true};
+  std::thread spray([&] {
+    std::memset(raw.raw(), 0, 8);
+    while (spraying.load()) static_cast<void>(raw.WriteRaw(door.addr - 8, door.rkey, 8));
+  });
+  for (int i = 0; i < kHonest; ++i) {
+    for (uint64_t k = 0; k < 8; ++k) REQUIRE(SendBytes(*clients[i], Filled(64, k), k).ok());
+  }
+  for (int i = 0; i < kHonest; ++i) {
+    Recorder* r = server_handlers[i];
+    CHECK(r->WaitFor([&] { return r->message_count == 8; }));
+  }
+  spraying = false;
+  spray.join();
+  CHECK(setup.server_poller->shared_receives_claimed() <= 16);
+  // Past the doors: the doors' key covers nothing else, so the write fails with a remote access
+  // error (the writer's queue pair is broken by it); the others carry on.
+  CHECK(raw.WriteRaw(door.addr + (uint64_t{1} << 30), door.rkey, 8) == IBV_WC_REM_ACCESS_ERR);
+  for (int i = 0; i < kHonest; ++i) {
+    REQUIRE(SendBytes(*clients[i], Filled(64, 8), 8).ok());
+    Recorder* r = server_handlers[i];
+    CHECK(r->WaitFor([&] { return r->message_count == 9; }));
+  }
+  const int64_t rnr_after = RnrCount(setup.device->selection());
+  if (rnr_before >= 0) CHECK(rnr_after == rnr_before);
+  parking.CloseAll();
+}
+
+TEST_CASE(
+    "parked clients that send the moment they connect are heard, and busy windows give their "
+    "floors up after their turn",
+    "[rdma][transport][srq][park]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  constexpr int kBusy = 4;    // take the four floors and never stop sending
+  constexpr int kParked = 8;  // admitted parked; each sends at once
+  constexpr uint64_t kEach = 4;
+  Parking parking(config);
+  auto& clients = parking.clients;
+  auto& servers = parking.servers;
+  auto& server_handlers = parking.server_handlers;
+  for (int i = 0; i < kBusy; ++i) parking.Connect();
+  std::atomic<bool> stop{false};
+  std::atomic<int> failed{0};
+  std::vector<std::thread> busy;
+  for (int i = 0; i < kBusy; ++i) {
+    busy.emplace_back([&, i] {
+      for (uint64_t k = 0; !stop.load(); ++k) {
+        if (!SendBytes(*clients[i], Filled(64, k), k).ok()) ++failed;
+        absl::SleepFor(absl::Microseconds(500));  // a message every ~ms: never idle 10 ms
+      }
+    });
+  }
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < kParked; ++i) parking.Connect(kEach);
+  bool arrived = true;
+  for (int i = kBusy; i < kBusy + kParked; ++i) {
+    Recorder* r = server_handlers[i];
+    arrived = arrived && r->WaitFor([&] { return r->message_count == kEach; });
+  }
+  const absl::Duration took = absl::Now() - start;
+  stop = true;
+  for (std::thread& t : busy) t.join();
+  CHECK(arrived);
+  CHECK(failed.load() == 0);
+  uint64_t parks = 0;
+  for (int i = 0; i < kBusy; ++i) parks += servers[i]->stats().parks;
+  std::printf(
+      "%d parked clients served beside %d busy ones in %s; the busy ones parked %llu times\n",
+      kParked, kBusy, absl::FormatDuration(took).c_str(), static_cast<unsigned long long>(parks));
+  CHECK(parks > 0);  // busy windows were taken back once their turn was over
+  parking.CloseAll();
 }
