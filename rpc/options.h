@@ -75,6 +75,15 @@ struct RuntimeOptions {
   // default: its own arena per connection up to kOwnReceivesPerPoller connections per poller, 64
   // lent beyond (a connection's first response payload then waits one round trip for its loan).
   uint32_t arena_pool = 0;
+  // A server with shared_receive_queue: once every poller it may start (max_pollers) holds as
+  // many connections as its queue's floors back, further connections are admitted parked, with
+  // no receive credit, up to what the completion queues hold, instead of refused
+  // (transport/credits.h, "Parked windows"). A parked client's first message waits for a floor:
+  // about a millisecond when one is free, else until a connection idle for 10-20 ms gives its
+  // floor up. No peer that keeps to its credits meets receiver-not-ready either way. Off by
+  // default; refused without shared_receive_queue, and on a channel (its pollers accept no
+  // connections).
+  bool park_windows = false;
   // The device's registered message slots, shared with the process's other servers and
   // channels that ask for the same: slot_size bounds the largest message (request or response,
   // 40 bytes of headers included) and must match the peer's.

@@ -86,6 +86,10 @@ struct ServerStats {
   uint64_t connections_idle_closed = 0;
   uint64_t liveness_probes = 0;  // probes of silent clients that hold calls
   uint64_t idle_probes = 0;      // probes of silent idle connections (idle_probe_interval)
+  // ServerOptions::park_windows: connections whose receive window is parked now, and knocks
+  // heard from parked clients (each opened a window, at once or once a floor was free).
+  uint64_t parked_windows = 0;
+  uint64_t knocks_heard = 0;
   uint64_t streams_started = 0;  // streaming calls whose handler thread started
   uint64_t streams_open = 0;     // of those, not finished yet
   uint64_t streams_refused = 0;  // past max_streams_per_connection or max_streams

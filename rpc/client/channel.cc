@@ -732,6 +732,11 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
   if (absl::Status s = internal::CheckRuntimeOptions(options, "ChannelOptions"); !s.ok()) {
     return s;
   }
+  if (options.park_windows) {
+    return absl::InvalidArgumentError(
+        "ChannelOptions::park_windows is set; only a server's windows park (its pollers accept "
+        "the connections): leave it false on a channel");
+  }
   ChannelOptions adjusted = options;
   adjusted.connection.min_message_size =
       std::max(adjusted.connection.min_message_size, internal::kMinRpcMessage);

@@ -70,6 +70,8 @@ absl::StatusOr<std::shared_ptr<transport::Poller>> StartPoller(transport::Device
   poller_options.mode = options.poll_mode;
   poller_options.spin = options.spin;
   poller_options.shared_receive_queue = options.shared_receive_queue;
+  // Only a server's pollers accept connections, whose windows park.
+  poller_options.park_windows = options.park_windows && options.shared_receive_queue > 0;
   if (arena_piece_size > 0) {
     poller_options.arena_pool_pieces = options.arena_pool;
     poller_options.arena_piece_size = arena_piece_size;

@@ -42,6 +42,12 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
         absl::StrCat("ServerOptions::max_pollers is ", options.max_pollers,
                      "; it must be in [0, 64] (at or below pollers: pollers, none added)"));
   }
+  if (options.park_windows && options.shared_receive_queue == 0) {
+    return absl::InvalidArgumentError(
+        "ServerOptions::park_windows is set with shared_receive_queue = 0: windows park on a "
+        "shared receive queue's floors; set shared_receive_queue (4,096 by default) or leave "
+        "park_windows false");
+  }
   const uint32_t shared_receive_queue = SharedQueueWithinLockedMemory(
       options.shared_receive_queue, options.slots.slot_size, options.pollers,
       options.listener.connection.idle_recv_credits, "server");
@@ -595,6 +601,10 @@ ServerStats ServerImpl::stats() const {
   {
     absl::MutexLock lock(&pollers_mu_);
     stats.pollers = pollers_.size();
+    for (const auto& poller : pollers_) {
+      stats.parked_windows += poller->parked_windows();
+      stats.knocks_heard += poller->knocks_heard();
+    }
   }
   stats.calls_started = calls_.started();
   stats.calls_in_flight = calls_.in_flight();
@@ -705,6 +715,11 @@ std::string Server::PrometheusText() const {
        s.liveness_probes},
       {"zrpc_server_idle_probes_total", "counter",
        "Probes of idle connections silent past ServerOptions::idle_probe_interval.", s.idle_probes},
+      {"zrpc_server_parked_windows", "gauge",
+       "Connections whose receive window is parked (ServerOptions::park_windows).",
+       s.parked_windows},
+      {"zrpc_server_knocks_heard_total", "counter",
+       "Knocks of parked clients asking for their window back.", s.knocks_heard},
       {"zrpc_server_bulk_staged_bytes_total", "counter",
        "Response payload bytes copied into staging memory before sending.", s.bulk_bytes_staged},
       {"zrpc_server_bulk_zero_copy_bytes_total", "counter",

@@ -129,5 +129,24 @@ TEST_CASE(
   CHECK(absl::StrContains(server.status().message(), "take 131072 slots"));
 }
 
+TEST_CASE("park_windows is refused on a channel, and on a server without a shared receive queue") {
+  ChannelOptions channel_options;
+  channel_options.park_windows = true;
+  auto channel = CreateChannel("127.0.0.1:7471", channel_options);
+  REQUIRE_FALSE(channel.ok());
+  CHECK(channel.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(channel.status().message(), "ChannelOptions::park_windows"));
+
+  ServerOptions options;
+  options.park_windows = true;
+  options.shared_receive_queue = 0;
+  auto server = Server::Create(options);
+  REQUIRE_FALSE(server.ok());
+  INFO(server.status());
+  CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(server.status().message(),
+                          "ServerOptions::park_windows is set with shared_receive_queue = 0"));
+}
+
 }  // namespace
 }  // namespace zrpc

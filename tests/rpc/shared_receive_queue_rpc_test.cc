@@ -2,9 +2,12 @@
 // (tag "rdma"): calls, bulk payloads both ways and keepalives on a server and a channel whose
 // pollers share one receive queue each, held calls that do not starve the queue, and a server
 // whose admission follows the windows its queues back.
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -284,4 +287,72 @@ TEST_CASE("a server adds pollers as connections fill them, up to max_pollers, th
   INFO(admitted);
   CHECK(admitted.ok());
   CHECK(rt.server->stats().pollers == 3);
+}
+
+TEST_CASE(
+    "a server whose windows park holds more connections than its queues' floors, and every "
+    "one serves calls") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  // Two pollers whose queues back four floors each: eight connections hold floors, sixteen
+  // more are admitted parked, and each of the twenty-four gets a floor when its client calls.
+  zrpc::ServerOptions server_options = SharedServer(16);
+  server_options.pollers = 1;
+  server_options.max_pollers = 2;
+  server_options.park_windows = true;
+  server_options.listener.max_connections = 24;
+  server_options.listener.max_connections_per_peer = 24;
+  Runtime rt(config, server_options, SharedChannel(16, 1));
+  // The fixture's channel is not used: the server's 24 connections are the three below.
+  rt.channel.reset();
+  REQUIRE(zrpc::testing::Eventually([&] { return rt.server->stats().connections_open == 0; }));
+  auto channel_options = [&] {
+    // A queue of 32 backs the 8 floors of a channel's 8 connections on its one poller.
+    zrpc::ChannelOptions options = SharedChannel(32, 8);
+    options.device = rt.config;
+    options.connect_timeout = absl::Seconds(5);
+    // Pings at the defaults: a parked connection's ping waits for a floor like a call.
+    options.keepalive_interval = zrpc::ChannelOptions().keepalive_interval;
+    options.keepalive_timeout = zrpc::ChannelOptions().keepalive_timeout;
+    return options;
+  };
+  std::vector<std::unique_ptr<zrpc::ClientChannel>> channels;
+  for (int i = 0; i < 3; ++i) {
+    auto channel = zrpc::CreateChannel(rt.target(), channel_options());
+    REQUIRE(channel.ok());
+    const absl::Status connected = (*channel)->Connect(absl::Now() + kLong);
+    INFO(connected);
+    REQUIRE(connected.ok());
+    channels.push_back(*std::move(channel));
+  }
+  CHECK(zrpc::testing::Eventually([&] { return rt.server->stats().connections_open == 24; }));
+  const zrpc::ServerStats before = rt.server->stats();
+  CHECK(before.pollers == 2);
+  CHECK(before.parked_windows >= 16);
+  // Every connection of every channel serves calls, from three threads at once (a channel goes
+  // round robin over its connections, so each call of a round lands on another one).
+  std::vector<std::thread> callers;
+  std::atomic<int> failed{0};
+  for (auto& channel : channels) {
+    callers.emplace_back([&, stub = std::make_shared<Greeter::Stub>(channel.get())] {
+      for (int i = 0; i < 48; ++i) {
+        HelloReply reply;
+        const absl::Status s =
+            stub->SayHello(zrpc::testing::Named("parked"), &reply, Within(kLong));
+        if (!s.ok() || reply.message() != "Hello, parked") {
+          UNSCOPED_INFO(s);
+          ++failed;
+        }
+      }
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  CHECK(failed.load() == 0);
+  const zrpc::ServerStats after = rt.server->stats();
+  std::printf("24 connections over 8 floors: %llu knocks heard, %llu windows parked at the end\n",
+              static_cast<unsigned long long>(after.knocks_heard),
+              static_cast<unsigned long long>(after.parked_windows));
+  CHECK(after.knocks_heard >= 16);
+  CHECK(after.connections_open == 24);
+  CHECK(after.protocol_violations == 0);
+  CHECK(absl::StrContains(rt.server->PrometheusText(), "zrpc_server_knocks_heard_total "));
 }
