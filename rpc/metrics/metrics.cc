@@ -231,7 +231,9 @@ namespace {
 // kFirstBoundFrom[k]: the first bucket whose bound is at least 2^k. A latency in [2^k, 2^(k+1))
 // lands at or after it, within the few bounds an octave holds (ten per decade: at most four), so
 // a lookup is a count of leading zeros and a short scan instead of a binary search over 81
-// bounds: every call records one (metrics.h).
+// bounds: every call records one (metrics.h). The scan takes kOctaveScan steps whatever the
+// latency, over bounds padded past the last, so a call's instructions do not depend on how long
+// it took (count_instructions compares two phases' counts exactly).
 constexpr std::array<uint8_t, 64> MakeFirstBoundFrom() {
   std::array<uint8_t, 64> first{};
   for (int k = 0; k < 63; ++k) {
@@ -245,10 +247,32 @@ constexpr std::array<uint8_t, 64> MakeFirstBoundFrom() {
 }
 constexpr std::array<uint8_t, 64> kFirstBoundFrom = MakeFirstBoundFrom();
 
+constexpr int kOctaveScan = 4;
+constexpr int MostBoundsInAnOctave() {
+  int most = 0;
+  for (int k = 0; k < 62; ++k) {
+    int n = 0;
+    for (int64_t bound : kBounds)
+      n += bound >= (int64_t{1} << k) && bound < (int64_t{1} << (k + 1));
+    most = n > most ? n : most;
+  }
+  return most;
+}
+static_assert(MostBoundsInAnOctave() <= kOctaveScan, "an octave holds more bounds than a scan");
+
+constexpr std::array<int64_t, LatencyHistogram::kNumBounds + kOctaveScan> MakePaddedBounds() {
+  std::array<int64_t, LatencyHistogram::kNumBounds + kOctaveScan> padded{};
+  for (int i = 0; i < LatencyHistogram::kNumBounds + kOctaveScan; ++i) {
+    padded[i] = i < LatencyHistogram::kNumBounds ? kBounds[i] : INT64_MAX;
+  }
+  return padded;
+}
+constexpr auto kPaddedBounds = MakePaddedBounds();
+
 int BucketForNanos(int64_t nanos) {
   if (nanos <= kBounds[0]) return 0;
   int i = kFirstBoundFrom[63 - __builtin_clzll(static_cast<uint64_t>(nanos))];
-  while (i < LatencyHistogram::kNumBounds && kBounds[i] < nanos) ++i;
+  for (int step = 0; step < kOctaveScan; ++step) i += kPaddedBounds[i] < nanos ? 1 : 0;
   return i;
 }
 
