@@ -30,13 +30,6 @@ std::string RejectReason(const rdma_cm_event& event) {
 // Private data a rejection can carry (IB CM REJ).
 constexpr size_t kMaxRejectData = 148;
 
-// RC retries before a silent peer is declared dead: 7 is the most retry_count allows, and a
-// hardware NIC makes 7 tries. But rxe takes 7 to mean "retry forever" (its completer never
-// counts a retry down from 7), so over Soft-RoCE a peer that stops acknowledging is never found
-// dead by the transport, and a READ caught in a retransmit loop runs until something else ends
-// the connection. Choosing this (and the ACK timeout, inherited from rdma_cm) is issue 36's.
-constexpr uint8_t kRetryCount = 7;
-
 }  // namespace
 
 int RemainingMs(absl::Time deadline) {
@@ -142,15 +135,35 @@ absl::Status ResolveRoute(rdma_event_channel* channel, rdma_cm_id* id, const std
 }
 
 rdma_conn_param ConnParam(const void* data, uint8_t length, uint8_t initiator_depth,
-                          uint8_t responder_resources) {
+                          uint8_t responder_resources, const ConnectionOptions& options) {
   rdma_conn_param param{};
   param.private_data = data;
   param.private_data_len = length;
-  param.retry_count = kRetryCount;
-  param.rnr_retry_count = kRnrRetryCount;
+  param.retry_count = options.retry_count;
+  param.rnr_retry_count = options.rnr_retry_count;
   param.initiator_depth = initiator_depth;
   param.responder_resources = responder_resources;
   return param;
+}
+
+absl::Status SetAckTimeout(rdma_cm_id* id, uint8_t exponent) {
+  if (rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &exponent,
+                      sizeof(exponent)) != 0) {
+    return VerbsError(absl::StrCat("rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT, ", exponent, ")"),
+                      errno);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RetryTiming> QueryRetryTiming(ibv_qp* qp) {
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  if (const int rc =
+          ibv_query_qp(qp, &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY, &init);
+      rc != 0) {
+    return VerbsError("ibv_query_qp", rc);
+  }
+  return RetryTiming{attr.timeout, attr.retry_cnt, attr.rnr_retry};
 }
 
 void Reject(rdma_cm_id* id, const absl::Status& why) {

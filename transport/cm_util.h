@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "transport/options.h"
 #include "transport/verbs_owners.h"
 
 namespace zrpc::transport {
@@ -46,21 +47,42 @@ absl::StatusOr<rdma_cm_event*> ExpectCmEvent(rdma_event_channel* channel,
 absl::Status ResolveRoute(rdma_event_channel* channel, rdma_cm_id* id, const std::string& src,
                           const std::string& addr, uint16_t port, absl::Time deadline);
 
-// Receiver-not-ready retries zrpc asks for. 7 would mean "forever"; with credits an RNR is a
-// bug or a lying peer, so 6 retries and then an error that names it (IBV_WC_RNR_RETRY_EXC_ERR).
-// Each side's queue pair gets the count the *other* side asked for, so both check it.
+// The most receiver-not-ready retries a side accepts being asked for (ConnectionOptions::
+// rnr_retry_count; 6 by default). 7 would mean "forever"; with credits an RNR is a bug or a lying
+// peer, so at most 6 retries and then an error that names it (IBV_WC_RNR_RETRY_EXC_ERR). Each
+// side's queue pair gets the count the *other* side asked for, so both check it.
 inline constexpr uint8_t kRnrRetryCount = 6;
+// The most transport retries (ConnectionOptions::retry_count) a listener accepts from a
+// connecting peer, whose count both queue pairs take. The IB spec makes 7 seven tries, but rxe
+// takes it to mean "retry forever" (its completer never counts down from 7): a peer that stops
+// acknowledging would never be found dead.
+inline constexpr uint8_t kMaxRetryCount = 6;
 
 // RDMA READs a queue pair may have outstanding, as initiator and as responder, at most: enough to
 // keep a large transfer's pipeline full (each READ carries up to the port's max_msg_size).
 inline constexpr uint8_t kMaxReadsInFlight = 16;
 
-// Connection parameters carrying `data` as private data, with zrpc's RC retry policy, RDMA READ
-// with `initiator_depth` outstanding as initiator and `responder_resources` as responder (what
-// the device allows, and on accept what the connecting side offered), and no atomics. `data`
-// must outlive the rdma_connect / rdma_accept call.
+// Connection parameters carrying `data` as private data, with the retry counts `options` ask
+// for (ConnectionOptions::retry_count, rnr_retry_count), RDMA READ with `initiator_depth`
+// outstanding as initiator and `responder_resources` as responder (what the device allows, and
+// on accept what the connecting side offered), and no atomics. `data` must outlive the
+// rdma_connect / rdma_accept call.
 rdma_conn_param ConnParam(const void* data, uint8_t length, uint8_t initiator_depth,
-                          uint8_t responder_resources);
+                          uint8_t responder_resources,
+                          const ConnectionOptions& options = ConnectionOptions());
+
+// The queue pair `id` will have, once connected or accepted, an ACK timeout of 4.096 us x
+// 2^exponent (rdma_set_option RDMA_OPTION_ID_ACK_TIMEOUT; without it the kernel derives one
+// from the route's packet lifetime). Call before rdma_connect or rdma_accept.
+absl::Status SetAckTimeout(rdma_cm_id* id, uint8_t exponent);
+
+// The queue pair's retry timing as the device holds it (ibv_query_qp).
+struct RetryTiming {
+  uint8_t ack_timeout_exponent = 0;
+  uint8_t retry_count = 0;
+  uint8_t rnr_retry_count = 0;
+};
+absl::StatusOr<RetryTiming> QueryRetryTiming(ibv_qp* qp);
 
 // Refuses a connection request, telling the peer why in the rejection's private data (prefixed
 // "zrpc: " so ExpectCmEvent on the other side quotes it).

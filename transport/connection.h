@@ -90,6 +90,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "transport/arena.h"
+#include "transport/cm_util.h"
 #include "transport/completion_budget.h"
 #include "transport/credits.h"
 #include "transport/device.h"
@@ -454,6 +455,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The handler given at Connect or by AcceptHandler::Place: how an accept callback finds the
   // state it placed for this connection.
   ConnectionHandler* handler() const { return handler_; }
+  // The queue pair's ACK timeout and retry counts as the device holds them (ibv_query_qp): what
+  // ConnectionOptions asked for, on each side as cm_util.h says which side's count it takes.
+  // Any thread; the queue pair lives as long as the connection.
+  absl::StatusOr<RetryTiming> QueryRetryTiming() const;
   // The flow-control state, for logs when something stalls.
   std::string DebugString() const;
   // The same without waiting: says so when another thread holds the domain.

@@ -46,6 +46,20 @@ absl::Status Connection::ValidateOptions(const ConnectionOptions& o, const Devic
     return absl::InvalidArgumentError("arena_on_demand needs an arena_size to lend");
   }
   if (o.max_send_slots == 0) return absl::InvalidArgumentError("max_send_slots must be positive");
+  if (o.ack_timeout_exponent < 12 || o.ack_timeout_exponent > 24) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ack_timeout_exponent ", o.ack_timeout_exponent,
+                     " is not in [12, 24] (4.096 us x 2^exponent a try: 17 ms to 69 s)"));
+  }
+  if (o.retry_count < 1 || o.retry_count > kMaxRetryCount) {
+    return absl::InvalidArgumentError(absl::StrCat("retry_count ", o.retry_count, " is not in [1, ",
+                                                   kMaxRetryCount, "] (rxe retries 7 forever)"));
+  }
+  if (o.rnr_retry_count > kRnrRetryCount) {
+    return absl::InvalidArgumentError(absl::StrCat("rnr_retry_count ", o.rnr_retry_count,
+                                                   " is not in [0, ", kRnrRetryCount,
+                                                   "] (7 retries forever)"));
+  }
   if (device.slots().slot_size() < FrameHeader::kSize + size_t{o.min_message_size}) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the device's slots of ", device.slots().slot_size(), " bytes cannot carry the ",
@@ -75,6 +89,13 @@ Connection::Connection(Device& device, Poller& poller, ConnectionHandler* handle
       handler_(handler),
       options_(options),
       shared_receives_(poller.srq() != nullptr) {}
+
+absl::StatusOr<RetryTiming> Connection::QueryRetryTiming() const {
+  if (qp_ == nullptr || qp_->qp == nullptr) {
+    return absl::FailedPreconditionError("the connection has no queue pair");
+  }
+  return transport::QueryRetryTiming(qp_->qp);
+}
 
 Connection::~Connection() {
   RunOnClosed();
@@ -288,10 +309,11 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   uint8_t hello[Hello::kSize];
   EncodeHello(c->OwnHello(), hello);
   const ibv_device_attr& attr = device.attr();
-  rdma_conn_param param =
-      ConnParam(hello, Hello::kSize,
-                static_cast<uint8_t>(std::min<int>(kMaxReadsInFlight, attr.max_qp_init_rd_atom)),
-                static_cast<uint8_t>(std::min<int>(kMaxReadsInFlight, attr.max_qp_rd_atom)));
+  rdma_conn_param param = ConnParam(
+      hello, Hello::kSize,
+      static_cast<uint8_t>(std::min<int>(kMaxReadsInFlight, attr.max_qp_init_rd_atom)),
+      static_cast<uint8_t>(std::min<int>(kMaxReadsInFlight, attr.max_qp_rd_atom)), options);
+  if (auto s = SetAckTimeout(id, options.ack_timeout_exponent); !s.ok()) return s;
   if (rdma_connect(id, &param) != 0) return VerbsError("rdma_connect", errno);
   auto event = ExpectCmEvent(c->setup_channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
   if (!event.ok()) return event.status();

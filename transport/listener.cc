@@ -144,6 +144,8 @@ void Listener::OnRequest(rdma_cm_event* event) {
   absl::StatusOr<Hello> hello = Connection::PeerHello(*event, options_.connection);
   // The count this side's queue pair will use, chosen by the peer (see the header comment).
   uint8_t rnr_retry = event->param.conn.rnr_retry_count;
+  // And the transport retries both queue pairs take (the IB CM's REQ carries them).
+  uint8_t retry = event->param.conn.retry_count;
   // READs: this side answers at most as many as the peer will have outstanding, and issues at
   // most as many as the peer answers, each within what the device allows.
   const ibv_device_attr& attr = device_.attr();
@@ -179,6 +181,11 @@ void Listener::OnRequest(rdma_cm_event* event) {
         absl::StrCat("zrpc handshake: peer asks for RNR retry count ", rnr_retry,
                      " (7 retries forever); at most ", kRnrRetryCount, " is accepted")));
   }
+  if (retry > kMaxRetryCount) {
+    return refuse(absl::FailedPreconditionError(
+        absl::StrCat("zrpc handshake: peer asks for retry count ", retry,
+                     " (rxe retries 7 forever); at most ", kMaxRetryCount, " is accepted")));
+  }
   if (auto s = Admit(ip); !s.ok()) return refuse(s);
   absl::StatusOr<Placement> placement = handler_->Place(peer);
   if (placement.ok() && (placement->poller == nullptr || placement->handler == nullptr)) {
@@ -212,7 +219,10 @@ void Listener::OnRequest(rdma_cm_event* event) {
     EncodeParkDoor(c->poller_.doors()->Describe(*c->door_), reply + ParkDoor::kOffset);
     reply_size += ParkDoor::kSize;
   }
-  rdma_conn_param param = ConnParam(reply, reply_size, reads_out, reads_in);
+  rdma_conn_param param = ConnParam(reply, reply_size, reads_out, reads_in, options_.connection);
+  if (auto s = SetAckTimeout(id, options_.connection.ack_timeout_exponent); !s.ok()) {
+    return refuse(s);
+  }
   if (rdma_accept(id, &param) != 0) return refuse(VerbsError("rdma_accept", errno));
   handshakes_[id] = Handshake{std::move(c), absl::Now() + options_.handshake_timeout};
 }

@@ -58,6 +58,24 @@ struct ConnectionOptions {
   // credits, or in flight): a peer that stops returning credits stalls its own connection at
   // this many, and the device-wide pool stays available to every other connection.
   uint32_t max_send_slots = 128;
+  // Retry timing of the queue pair (transport/README.md, "Retry timing"), chosen here rather than
+  // inherited from rdma_cm. A packet the peer has not acknowledged within 4.096 us x
+  // 2^ack_timeout_exponent is sent again, up to retry_count times; then the connection fails
+  // (IBV_WC_RETRY_EXC_ERR). A peer that vanished without a word is thus found dead about
+  // (retry_count + 1) x that timeout after its last acknowledgement: 7 x 268 ms = 1.9 s by
+  // default (hardware may wait up to 4x the timeout a try, as the IB spec allows). ack_timeout_
+  // exponent applies to each side's own queue pair, in [12, 24] (17 ms to 69 s a try); lower
+  // risks spurious failures over a congested or emulated fabric, higher finds a dead peer late.
+  uint8_t ack_timeout_exponent = 16;
+  // In [1, 6]. The connect request carries it and both queue pairs take it (the IB CM gives the
+  // accepting side the count its peer asked for): a listener's own value is not used, and it
+  // refuses a peer asking for 7, which rxe takes to mean "retry forever".
+  uint8_t retry_count = 6;
+  // Receiver-not-ready retries asked of the peer, in [0, 6] (each side's queue pair gets the
+  // count the other asked for; 7 would mean forever and is refused). With credits, a peer that
+  // keeps to them never meets RNR: a retry is a bug or a lying peer, and 0 fails such a
+  // connection at the first (IBV_WC_RNR_RETRY_EXC_ERR on the peer's side).
+  uint8_t rnr_retry_count = 6;
 };
 
 enum class PollMode { kBusy, kEvent };

@@ -119,6 +119,8 @@ struct FakeQp {
   bool sq_sig_all = false;
   uint32_t max_send_wr = 0, max_recv_wr = 0, max_send_sge = 0, max_recv_sge = 0;
   uint32_t max_inline = 0;
+  // Retry timing as the CM leaves it (rdma_connect, rdma_accept): what ibv_query_qp reports.
+  uint8_t timeout = 0, retry_cnt = 0, rnr_retry = 0;
   std::deque<RecvWr> recvs;
   std::deque<Pending> waiting;  // the peer's sends that found no RECV here
 };
@@ -153,6 +155,10 @@ struct FakeId {
   // until it acks it.
   uint64_t events_fetched = 0;
   uint64_t events_acked = 0;
+  // rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT), or, when nobody chose, a stand-in for the one
+  // the kernel derives from the route (a value no zrpc option has as its default).
+  uint8_t ack_timeout = 17;
+  uint8_t requested_rnr_retry = 0;  // a connecting id's rdma_conn_param::rnr_retry_count
 };
 
 std::mutex mu;
@@ -986,6 +992,18 @@ int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   return 0;
 }
 
+int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto* fake = reinterpret_cast<FakeQp*>(qp);
+  *attr = ibv_qp_attr{};
+  *init = ibv_qp_init_attr{};
+  attr->qp_state = fake->error ? IBV_QPS_ERR : qp->state;
+  attr->timeout = fake->timeout;
+  attr->retry_cnt = fake->retry_cnt;
+  attr->rnr_retry = fake->rnr_retry;
+  return 0;
+}
+
 int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
   std::lock_guard<std::mutex> lock(mu);
   // rxe's limit: devices refuse an inline request above theirs rather than grant less.
@@ -1236,6 +1254,12 @@ int rdma_connect(rdma_cm_id* id, rdma_conn_param* param) {
   client->peer = child;
   rdma_conn_param request = *param;
   request.qp_num = id->qp->qp_num;
+  // As the IB CM does: the connecting side's retry count is both queue pairs', and its RNR
+  // retry count the accepting side's.
+  auto* client_qp = reinterpret_cast<FakeQp*>(id->qp);
+  client_qp->timeout = client->ack_timeout;
+  client_qp->retry_cnt = param->retry_count;
+  client->requested_rnr_retry = param->rnr_retry_count;
   Queue(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, &request, listener);
   return 0;
 }
@@ -1253,11 +1277,26 @@ int rdma_accept(rdma_cm_id* id, rdma_conn_param* param) {
   server_qp->peer = client_qp;
   client_qp->peer = server_qp;
   server_qp->qp.state = client_qp->qp.state = IBV_QPS_RTS;
+  server_qp->timeout = child->ack_timeout;
+  server_qp->retry_cnt = client_qp->retry_cnt;
+  server_qp->rnr_retry = client->requested_rnr_retry;
+  client_qp->rnr_retry = param != nullptr ? param->rnr_retry_count : 0;
   child->connected = client->connected = true;
   rdma_conn_param reply = param != nullptr ? *param : rdma_conn_param{};
   reply.qp_num = id->qp->qp_num;
   Queue(client, RDMA_CM_EVENT_ESTABLISHED, 0, &reply);
   Queue(child, RDMA_CM_EVENT_ESTABLISHED);
+  return 0;
+}
+
+int rdma_set_option(rdma_cm_id* id, int level, int optname, void* optval, size_t optlen) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (level != RDMA_OPTION_ID || optname != RDMA_OPTION_ID_ACK_TIMEOUT ||
+      optlen != sizeof(uint8_t)) {
+    errno = ENOSYS;  // only what zrpc sets is modelled
+    return -1;
+  }
+  reinterpret_cast<FakeId*>(id)->ack_timeout = *static_cast<const uint8_t*>(optval);
   return 0;
 }
 

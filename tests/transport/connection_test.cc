@@ -826,6 +826,83 @@ TEST_CASE("an event-mode poller sleeps while idle and wakes on traffic", "[rdma]
   CHECK(server_handler.messages[4] == Filled(32, 4));
 }
 
+// Retry timing chosen, not inherited (ConnectionOptions::ack_timeout_exponent, retry_count,
+// rnr_retry_count): read back from the device on both queue pairs. Each side's ACK timeout is its
+// own; the connecting side's retry count is both queue pairs'; each side's RNR retry count is the
+// one its peer asked for.
+TEST_CASE("each queue pair holds the retry timing its options chose, read back from the device",
+          "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  struct Case {
+    const char* name;
+    ConnectionOptions server, client;
+  };
+  ConnectionOptions server_chosen, client_chosen;
+  server_chosen.ack_timeout_exponent = 18;
+  server_chosen.retry_count = 2;  // the accepting side's count is not used: its peer's is
+  server_chosen.rnr_retry_count = 5;
+  client_chosen.ack_timeout_exponent = 14;
+  client_chosen.retry_count = 3;
+  client_chosen.rnr_retry_count = 1;
+  for (const Case& c : {Case{"defaults", {}, {}}, Case{"chosen", server_chosen, client_chosen}}) {
+    INFO(c.name);
+    Recorder server_handler, client_handler;
+    Setup setup(config);
+    Pair pair = ConnectPair(setup, &server_handler, &client_handler, c.server, c.client);
+    absl::StatusOr<RetryTiming> client = pair.client->QueryRetryTiming();
+    absl::StatusOr<RetryTiming> server = pair.server->QueryRetryTiming();
+    REQUIRE(client.ok());
+    REQUIRE(server.ok());
+    std::printf("%s: client qp timeout %d retry %d rnr %d; server qp timeout %d retry %d rnr %d\n",
+                c.name, client->ack_timeout_exponent, client->retry_count, client->rnr_retry_count,
+                server->ack_timeout_exponent, server->retry_count, server->rnr_retry_count);
+    CHECK(client->ack_timeout_exponent == c.client.ack_timeout_exponent);
+    CHECK(server->ack_timeout_exponent == c.server.ack_timeout_exponent);
+    CHECK(client->retry_count == c.client.retry_count);
+    CHECK(server->retry_count == c.client.retry_count);
+    CHECK(client->rnr_retry_count == c.server.rnr_retry_count);
+    CHECK(server->rnr_retry_count == c.client.rnr_retry_count);
+    REQUIRE(SendBytes(*pair.client, Filled(64, 1), 1).ok());
+    CHECK(server_handler.WaitFor([&] { return server_handler.message_count == 1; }));
+    pair.client->Close();
+  }
+}
+
+TEST_CASE("retry timing out of range is refused on both sides, naming the option",
+          "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Setup setup(config);
+  struct Bad {
+    const char* option;
+    void (*spoil)(ConnectionOptions&);
+  };
+  const Bad cases[] = {
+      {"ack_timeout_exponent 11", [](ConnectionOptions& o) { o.ack_timeout_exponent = 11; }},
+      {"ack_timeout_exponent 25", [](ConnectionOptions& o) { o.ack_timeout_exponent = 25; }},
+      {"retry_count 0", [](ConnectionOptions& o) { o.retry_count = 0; }},
+      {"retry_count 7", [](ConnectionOptions& o) { o.retry_count = 7; }},
+      {"rnr_retry_count 7", [](ConnectionOptions& o) { o.rnr_retry_count = 7; }},
+  };
+  Recorder handler;
+  for (const Bad& bad : cases) {
+    INFO(bad.option);
+    ConnectionOptions options;
+    bad.spoil(options);
+    auto client =
+        Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr, 1,
+                            &handler, options, kTimeout);
+    REQUIRE_FALSE(client.ok());
+    CHECK(client.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(client.status().message(), bad.option));
+    ListenerOptions listen;
+    listen.connection = options;
+    auto listener = Listener::Create(*setup.device, "", 0, setup.accepts.get(), listen);
+    REQUIRE_FALSE(listener.ok());
+    CHECK(listener.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(listener.status().message(), bad.option));
+  }
+}
+
 TEST_CASE("a poller refuses a spin out of [0, 1s]", "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
   auto device = Device::Open(config);

@@ -254,6 +254,22 @@ TEST_CASE("a peer asking for infinite RNR retries is refused with the reason",
   CHECK(server.FreshClientEcho().ok());
 }
 
+TEST_CASE("a peer asking for transport retry count 7 (forever on rxe) is refused with the reason",
+          "[rdma][transport][defenses]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  Server server(config);
+  RawPeer forever;
+  RawPeer::Options options;
+  options.retry = 7;
+  absl::Status s =
+      forever.Connect(server.device->selection().addr, server.listener->port(), options);
+  std::printf("retry count 7: %s\n", s.ToString().c_str());
+  CHECK(s.code() == absl::StatusCode::kUnavailable);
+  CHECK(s.message().find("retry count 7") != absl::string_view::npos);
+  CHECK(server.listener->connections() == 0);
+  CHECK(server.FreshClientEcho().ok());
+}
+
 TEST_CASE("a connecting peer whose Hello says it parks the server's window is refused",
           "[rdma][transport][defenses]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);

@@ -30,6 +30,7 @@ class RawPeer {
     uint32_t claimed_credits = 16;  // what its Hello claims
     uint32_t posted_recvs = 16;     // RECVs it really posts (and re-posts as they complete)
     uint8_t rnr_retry = transport::kRnrRetryCount;
+    uint8_t retry = transport::kMaxRetryCount;  // the transport retries both queue pairs take
     std::vector<uint8_t> hello;  // sent as is instead of a Hello built from the above
   };
   static constexpr uint32_t kSlot = 4096;
@@ -84,6 +85,7 @@ class RawPeer {
     rdma_conn_param param =
         transport::ConnParam(hello.data(), static_cast<uint8_t>(hello.size()), 0, 0);
     param.rnr_retry_count = options.rnr_retry;
+    param.retry_count = options.retry;
     if (rdma_connect(id, &param) != 0) return absl::InternalError("rdma_connect");
     if (!finish) return absl::OkStatus();
     auto event = transport::ExpectCmEvent(channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
