@@ -45,7 +45,15 @@ TEST_CASE("CompletionError maps work-completion statuses", "[transport][errors]"
         std::string::npos);
 
   wc.status = IBV_WC_RETRY_EXC_ERR;
-  CHECK(CompletionError(wc).code() == absl::StatusCode::kUnavailable);
+  absl::Status retries = CompletionError(wc);
+  CHECK(retries.code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(retries.message()).find("acknowledged nothing through every retry") !=
+        std::string::npos);
+  CHECK(std::string(retries.message()).find("ack_timeout_exponent") != std::string::npos);
+  wc.status = IBV_WC_RNR_RETRY_EXC_ERR;
+  CHECK(std::string(CompletionError(wc).message()).find("no receive posted") != std::string::npos);
+  wc.status = IBV_WC_WR_FLUSH_ERR;
+  CHECK(std::string(CompletionError(wc).message()).find("retry") == std::string::npos);
   wc.status = IBV_WC_REM_ACCESS_ERR;
   CHECK(CompletionError(wc).code() == absl::StatusCode::kInternal);
   wc.status = IBV_WC_LOC_LEN_ERR;

@@ -67,10 +67,22 @@ absl::Status CompletionError(const ibv_wc& wc) {
     default:
       code = absl::StatusCode::kInternal;
   }
+  // What the two retry failures mean for the user, and the options that set how long they took
+  // (options.h, ConnectionOptions; transport/README.md, "Retry timing").
+  absl::string_view hint;
+  if (wc.status == IBV_WC_RETRY_EXC_ERR) {
+    hint =
+        ": the peer acknowledged nothing through every retry (its host, NIC or the link between is "
+        "gone; ConnectionOptions::ack_timeout_exponent and retry_count set how long that takes)";
+  } else if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) {
+    hint =
+        ": the peer had no receive posted through every receiver-not-ready retry (a peer that "
+        "keeps to its credits never meets this: a bug or a lying peer)";
+  }
   return absl::Status(code,
                       absl::StrCat("work completion ", wc.wr_id, ": ", ibv_wc_status_str(wc.status),
                                    " (ibv_wc_status ", static_cast<int>(wc.status), ", vendor_err ",
-                                   wc.vendor_err, ")"));
+                                   wc.vendor_err, ")", hint));
 }
 
 }  // namespace zrpc::transport
