@@ -13,10 +13,12 @@
 //     Prints "status open=N pinned_kib=K pollers=P keepalives=A idle_probes=B" every second:
 //     connections open, the process's pinned memory (VmPin, transport/process_limits.h), its
 //     pollers, and the pings it answered and idle connections it probed since it started.
-//   idle_scale idle --connect A:P --connections N [--shared-receive-queue R] [--arena-pool N]
-//                   [--window W] [--arena BYTES] [--idle-keepalive SECONDS]
-//     Holds N connections, idle (channels of up to 1,000 each, default options but for the
-//     flags; --shared-receive-queue R > 0: a queue that backs exactly the channel's windows;
+//   idle_scale idle --connect A:P --connections N [--per-channel C] [--shared-receive-queue R]
+//                   [--arena-pool N] [--window W] [--arena BYTES] [--idle-keepalive SECONDS]
+//     Holds N connections, idle (channels of up to C each, 1,000 by default, default options but
+//     for the flags; with C below 1,000 the channels share one poller group, as a client with a
+//     channel to each of many servers would: what fan-out costs per connection;
+//     --shared-receive-queue R > 0: a queue that backs exactly the channel's windows;
 //     --idle-keepalive: ChannelOptions::idle_keepalive_interval, 0 for no idle checks), until
 //     SIGTERM. Prints "idle connected=N seconds=S pinned_kib=K" once they are up,
 //     then "idle lost=L pings=N pings_failed=F ping_p99_ms=X" at the end (the keepalive
@@ -57,7 +59,8 @@ namespace cli = zrpc::examples::cli;
 constexpr char kUsage[] =
     "usage: idle_scale server [--port P] [--pollers N] [--shared-receive-queue R] "
     "[--arena-pool N] [--window W] [--arena BYTES] [--max-slots N] [--keepalive-budget N]\n"
-    "       idle_scale idle --connect A:P --connections N [--shared-receive-queue R] "
+    "       idle_scale idle --connect A:P --connections N [--per-channel C] "
+    "[--shared-receive-queue R] "
     "[--arena-pool N] [--window W] [--arena BYTES] [--idle-keepalive SECONDS]\n"
     "       idle_scale active --connect A:P [--seconds S]\n";
 
@@ -75,6 +78,7 @@ struct Flags {
   std::optional<uint32_t> arena;
   std::string connect;
   int connections = 0;
+  int per_channel = kPerChannel;
   int seconds = 10;
   uint32_t max_slots = 0;  // 0: the pool's default
   std::optional<uint32_t> keepalive_budget;
@@ -139,16 +143,18 @@ int Idle(const Flags& flags) {
   const sigset_t stop = cli::BlockStopSignals();
   std::vector<std::unique_ptr<ClientChannel>> channels;
   const absl::Time start = absl::Now();
-  for (int left = flags.connections; left > 0; left -= kPerChannel) {
+  for (int left = flags.connections; left > 0; left -= flags.per_channel) {
     ChannelOptions options;
-    options.connections = std::min(left, kPerChannel);
+    options.connections = std::min(left, flags.per_channel);
+    // Fan-out: many channels on one group's pollers (sized as a server's), not a poller each.
+    if (flags.per_channel < kPerChannel) options.poller_group = "idle_scale";
     options.connect_timeout = absl::Seconds(30);
     Shape(flags, options, options.connection);
     if (flags.idle_keepalive_seconds) {
       options.idle_keepalive_interval = absl::Seconds(*flags.idle_keepalive_seconds);
     }
     // A client's queue backs exactly its channel's windows (the server's may back many more).
-    if (flags.shared_receive_queue.value_or(0) != 0) {
+    if (flags.shared_receive_queue.value_or(0) != 0 && options.poller_group.empty()) {
       options.shared_receive_queue = options.connections * options.connection.recv_credits;
     }
     absl::StatusOr<std::unique_ptr<ClientChannel>> channel = CreateChannel(flags.connect, options);
@@ -161,7 +167,8 @@ int Idle(const Flags& flags) {
     }
     channels.push_back(std::move(*channel));
   }
-  std::printf("idle connected=%d seconds=%.1f pinned_kib=%llu\n", flags.connections,
+  std::printf("idle connected=%d channels=%zu seconds=%.1f pinned_kib=%llu\n", flags.connections,
+              channels.size(),
               absl::ToDoubleSeconds(absl::Now() - start),
               static_cast<unsigned long long>(PinnedKiB()));
   std::fflush(stdout);
@@ -224,7 +231,7 @@ int Main(int argc, char** argv) {
   if (!args.Parse(
           argc - 1, argv + 1,
           {"port", "pollers", "shared-receive-queue", "arena-pool", "window", "arena", "connect",
-           "connections", "seconds", "max-slots", "keepalive-budget", "idle-keepalive"})) {
+           "connections", "per-channel", "seconds", "max-slots", "keepalive-budget", "idle-keepalive"})) {
     return args.exit_code();
   }
   Flags flags;
@@ -241,6 +248,8 @@ int Main(int argc, char** argv) {
       {"arena-pool", 0, 1 << 16, [&](uint64_t v) { flags.arena_pool = static_cast<uint32_t>(v); }},
       {"window", 4, 1024, [&](uint64_t v) { flags.window = static_cast<uint32_t>(v); }},
       {"connections", 1, 100000, [&](uint64_t v) { flags.connections = static_cast<int>(v); }},
+      {"per-channel", 1, kPerChannel,
+       [&](uint64_t v) { flags.per_channel = static_cast<int>(v); }},
       {"seconds", 1, 3600, [&](uint64_t v) { flags.seconds = static_cast<int>(v); }},
       {"max-slots", 1, 1 << 24, [&](uint64_t v) { flags.max_slots = static_cast<uint32_t>(v); }},
       {"keepalive-budget", 0, 100000,

@@ -6,7 +6,7 @@
 #   tools/softroce run --timeout 3000 -- benchmarks/idle_scale.sh bazel-bin/benchmarks/idle_scale \
 #     [--steps "0 1000"] [--per-process 500] [--seconds 10] [--pollers N] \
 #     [--shared-receive-queue R] [--arena-pool N] [--window W] [--arena BYTES] [--max-slots N] \
-#     [--keepalive-budget N] [--idle-keepalive S] [--settle S] [--rounds R]
+#     [--keepalive-budget N] [--idle-keepalive S] [--per-channel C] [--settle S] [--rounds R]
 #
 # One server (idle_scale server: default options but for the flags given and the admission
 # limit per address; --pollers N: N pollers, none added), then for each step: idle connections added from client processes of at
@@ -23,7 +23,8 @@
 # --arena-pool, --window and --arena apply to the server and the idle clients alike; without
 # them both sides run at their defaults; --idle-keepalive S sets the idle clients'
 # ChannelOptions::idle_keepalive_interval (a long one: no idle pings during the run, to see what
-# the rest costs). --settle S waits S seconds after each step's
+# the rest costs); --per-channel C spreads each client's connections over channels of C in one
+# poller group (1: a fan-out client, a channel per connection). --settle S waits S seconds after each step's
 # connections are up before measuring: a connection made in a storm first checks its server
 # within the channel's idle interval (20 s) and stretches to the server's advice (500 s at ten
 # thousand) only from its first answer, so the first minutes carry more keepalives than the
@@ -49,7 +50,7 @@ while (($#)); do
     --seconds) seconds=$2 ;;
     --shared-receive-queue | --arena-pool | --window | --arena) shape+=("$1" "$2") ;;
     --pollers | --max-slots | --keepalive-budget) server_only+=("$1" "$2") ;;
-    --idle-keepalive) client_only+=("$1" "$2") ;;
+    --idle-keepalive | --per-channel) client_only+=("$1" "$2") ;;
     *)
       echo "idle_scale.sh: unknown argument $1" >&2
       exit 2
