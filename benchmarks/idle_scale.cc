@@ -168,8 +168,7 @@ int Idle(const Flags& flags) {
     channels.push_back(std::move(*channel));
   }
   std::printf("idle connected=%d channels=%zu seconds=%.1f pinned_kib=%llu\n", flags.connections,
-              channels.size(),
-              absl::ToDoubleSeconds(absl::Now() - start),
+              channels.size(), absl::ToDoubleSeconds(absl::Now() - start),
               static_cast<unsigned long long>(PinnedKiB()));
   std::fflush(stdout);
   cli::WaitForStopSignal(stop);
@@ -228,10 +227,10 @@ int Main(int argc, char** argv) {
   }
   const std::string role = argv[1];
   cli::CommandLine args("idle_scale", kUsage);
-  if (!args.Parse(
-          argc - 1, argv + 1,
-          {"port", "pollers", "shared-receive-queue", "arena-pool", "window", "arena", "connect",
-           "connections", "per-channel", "seconds", "max-slots", "keepalive-budget", "idle-keepalive"})) {
+  if (!args.Parse(argc - 1, argv + 1,
+                  {"port", "pollers", "shared-receive-queue", "arena-pool", "window", "arena",
+                   "connect", "connections", "per-channel", "seconds", "max-slots",
+                   "keepalive-budget", "idle-keepalive"})) {
     return args.exit_code();
   }
   Flags flags;
@@ -248,8 +247,7 @@ int Main(int argc, char** argv) {
       {"arena-pool", 0, 1 << 16, [&](uint64_t v) { flags.arena_pool = static_cast<uint32_t>(v); }},
       {"window", 4, 1024, [&](uint64_t v) { flags.window = static_cast<uint32_t>(v); }},
       {"connections", 1, 100000, [&](uint64_t v) { flags.connections = static_cast<int>(v); }},
-      {"per-channel", 1, kPerChannel,
-       [&](uint64_t v) { flags.per_channel = static_cast<int>(v); }},
+      {"per-channel", 1, kPerChannel, [&](uint64_t v) { flags.per_channel = static_cast<int>(v); }},
       {"seconds", 1, 3600, [&](uint64_t v) { flags.seconds = static_cast<int>(v); }},
       {"max-slots", 1, 1 << 24, [&](uint64_t v) { flags.max_slots = static_cast<uint32_t>(v); }},
       {"keepalive-budget", 0, 100000,
