@@ -4,6 +4,10 @@
 // costs a system call only once per 64 bytes. Not for the hot path's timing jitter or backoff,
 // where a seeded PRNG is enough.
 //
+// Where getrandom is refused (a sandbox's seccomp profile), /dev/urandom; where both are, a mix of
+// the clock and a counter: values that still differ from one another, so nothing waiting for a
+// fresh one hangs, but that a peer could guess.
+//
 // Thread-safe: each thread draws from its own block.
 #ifndef ZRPC_TRANSPORT_KERNEL_RANDOM_H_
 #define ZRPC_TRANSPORT_KERNEL_RANDOM_H_
