@@ -48,7 +48,8 @@
 // the peer's orderly disconnect: what it sent before hanging up is delivered (before OnClosed),
 // however the disconnect event and those completions were ordered in this side's polling.
 // A peer that vanishes without a disconnect (its host lost power) is noticed when a work request
-// exhausts its retries: about 7 retries of the CM's packet timeout, some seconds; an idle
+// exhausts its retries: (retry_count + 1) tries of 4.096 us x 2^ack_timeout_exponent, 1.9 s at
+// the default options (transport/README.md, "Retry timing"); an idle
 // connection to such a peer is noticed only once something is posted: Probe() does that without
 // a credit (the RPC layer's keepalives and liveness sweep use it).
 //

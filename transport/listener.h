@@ -11,10 +11,12 @@
 //
 // What a request must pass, in order (a refusal is sent to the peer as text its Connect quotes,
 // and reported to AcceptHandler::OnRefused):
-//  1. a valid Hello (wire.h), and an RNR retry count below 7: the accepting side's queue pair
-//     takes the count from the peer's request, and 7 means "retry forever", which would let a
-//     peer that claims more receive credits than it posts wedge this side's sends for good
-//     instead of failing them within seconds;
+//  1. a valid Hello (wire.h) that does not say kHelloParks (only the accepting side parks), and
+//     an RNR retry count and a transport retry count below 7: the accepting side's queue pair
+//     takes both counts from the peer's request, and 7 means "retry forever" (for transport
+//     retries, on rxe), which would let a peer that claims more receive credits than it posts
+//     wedge this side's sends for good, or keep a dead peer's connection alive, instead of
+//     failing within seconds;
 //  2. admission: at most max_connections connections (open or handshaking) in all, and at most
 //     max_connections_per_peer from one IP address, so one host cannot take every place; a
 //     connection's place is given back when it closes (OnClosed), not when it is destroyed; and

@@ -188,6 +188,7 @@ void Poller::Shutdown() {
     arena_waiters_.clear();
     released.insert(released.end(), floor_waiters_.begin(), floor_waiters_.end());
     floor_waiters_.clear();
+    waiter_floor_ = 0;
     deferred.swap(deferred_);
     has_deferred_.store(false, std::memory_order_relaxed);
   }
@@ -547,6 +548,11 @@ void Poller::Unregister(uint32_t qp_num) {
         std::remove_if(floor_waiters_.begin(), floor_waiters_.end(),
                        [&](const std::shared_ptr<Connection>& c) { return c.get() == gone; }),
         floor_waiters_.end());
+    // The largest floor of those still waiting: one that left no longer holds the others back.
+    waiter_floor_ = 0;
+    for (const auto& waiter : floor_waiters_) {
+      waiter_floor_ = std::max(waiter_floor_, waiter->options_.idle_recv_credits);
+    }
     if (!floor_waiters_.empty()) floor_short_.store(true, std::memory_order_relaxed);
   }
   last = std::move(it->second);

@@ -73,7 +73,8 @@ absl::Status CompletionError(const ibv_wc& wc) {
   if (wc.status == IBV_WC_RETRY_EXC_ERR) {
     hint =
         ": the peer acknowledged nothing through every retry (its host, NIC or the link between is "
-        "gone; ConnectionOptions::ack_timeout_exponent and retry_count set how long that takes)";
+        "gone, or its queue pair closed or failed before its disconnect came; "
+        "ConnectionOptions::ack_timeout_exponent and retry_count set how long that takes)";
   } else if (wc.status == IBV_WC_RNR_RETRY_EXC_ERR) {
     hint =
         ": the peer had no receive posted through every receiver-not-ready retry (a peer that "
