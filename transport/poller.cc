@@ -188,7 +188,6 @@ void Poller::Shutdown() {
     arena_waiters_.clear();
     released.insert(released.end(), floor_waiters_.begin(), floor_waiters_.end());
     floor_waiters_.clear();
-    waiter_floor_ = 0;
     deferred.swap(deferred_);
     has_deferred_.store(false, std::memory_order_relaxed);
   }
@@ -451,7 +450,6 @@ void Poller::WatchDoor(uint32_t qp_num, uint32_t door, uint32_t token) {
 void Poller::WaitForFloor(std::shared_ptr<Connection> connection) {
   {
     absl::MutexLock lock(&mu_);
-    waiter_floor_ = std::max(waiter_floor_, connection->options_.idle_recv_credits);
     floor_waiters_.push_back(std::move(connection));
   }
   if (!floor_short_.exchange(true, std::memory_order_acq_rel)) Wake();
@@ -505,10 +503,14 @@ void Poller::ServeParking() {
           }
         }
       }
-      if (srq_->budget().floor_free() >= waiter_floor_) {
+      // The largest floor a waiter needs: every waiter is tried once that many are free.
+      uint32_t waiter_floor = 0;
+      for (const auto& waiter : floor_waiters_) {
+        waiter_floor = std::max(waiter_floor, waiter->options_.idle_recv_credits);
+      }
+      if (srq_->budget().floor_free() >= waiter_floor) {
         asked.insert(asked.end(), floor_waiters_.begin(), floor_waiters_.end());
         floor_waiters_.clear();
-        waiter_floor_ = 0;
       }
     }
   }
@@ -548,11 +550,6 @@ void Poller::Unregister(uint32_t qp_num) {
         std::remove_if(floor_waiters_.begin(), floor_waiters_.end(),
                        [&](const std::shared_ptr<Connection>& c) { return c.get() == gone; }),
         floor_waiters_.end());
-    // The largest floor of those still waiting: one that left no longer holds the others back.
-    waiter_floor_ = 0;
-    for (const auto& waiter : floor_waiters_) {
-      waiter_floor_ = std::max(waiter_floor_, waiter->options_.idle_recv_credits);
-    }
     if (!floor_waiters_.empty()) floor_short_.store(true, std::memory_order_relaxed);
   }
   last = std::move(it->second);

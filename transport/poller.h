@@ -335,7 +335,6 @@ class Poller {
   };
   absl::flat_hash_map<uint32_t, DoorWatch> watched_doors_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Connection>> floor_waiters_ ABSL_GUARDED_BY(mu_);
-  uint32_t waiter_floor_ ABSL_GUARDED_BY(mu_) = 0;  // the largest floor a waiter needs
   std::atomic<uint32_t> parked_count_{0};
   std::atomic<bool> floor_short_{false};
   std::atomic<uint64_t> knocks_heard_{0};

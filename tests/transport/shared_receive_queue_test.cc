@@ -71,6 +71,33 @@ bool SendNumbered(Connection& c, uint64_t first, uint64_t count, uint32_t size) 
   return true;
 }
 
+// A connection through `setup`'s listener with `options`, its two handlers added to `handlers`
+// (the server's, which keeps no bytes, also to `server_handlers`); with `send_first`, its client
+// sends that many numbered messages before this side looks at the accept (a knock may then come
+// before the server's end of the handshake is done).
+Pair ConnectThroughListener(Setup& setup, const ConnectionOptions& options,
+                            std::vector<std::unique_ptr<Recorder>>& handlers,
+                            std::vector<Recorder*>& server_handlers, uint64_t send_first = 0) {
+  handlers.push_back(std::make_unique<Recorder>());
+  Recorder* server = handlers.back().get();
+  server->keep_bytes = false;
+  server_handlers.push_back(server);
+  handlers.push_back(std::make_unique<Recorder>());
+  setup.accepts->Use(setup.server_poller.get(), server);
+  auto client =
+      Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                          setup.listener->port(), handlers.back().get(), options, kTimeout);
+  INFO("client: " << client.status());
+  REQUIRE(client.ok());
+  for (uint64_t k = 0; k < send_first; ++k) {
+    REQUIRE(SendBytes(**client, Filled(64, k), k).ok());
+  }
+  auto accepted = setup.accepts->Next(kTimeout);
+  INFO("server: " << accepted.status());
+  REQUIRE(accepted.ok());
+  return Pair{*accepted, *client};
+}
+
 // A busy-polling server over a queue of 16 receives (4 floors of 3) whose windows park, and a
 // busy-polling client poller, both over windows of 4: the parking cases' common ground.
 struct Parking {
@@ -90,27 +117,11 @@ struct Parking {
     return client;
   }
 
-  // A connection through the listener; with `send_first`, its client sends `count` numbered
-  // messages before this side looks at the accept (a knock may come before the server's end of
-  // the handshake is done).
+  // A connection through the listener (ConnectThroughListener).
   void Connect(uint64_t send_first = 0) {
-    handlers.push_back(std::make_unique<Recorder>());
-    Recorder* server = handlers.back().get();
-    server->keep_bytes = false;
-    server_handlers.push_back(server);
-    handlers.push_back(std::make_unique<Recorder>());
-    setup.accepts->Use(setup.server_poller.get(), server);
-    auto client =
-        Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
-                            setup.listener->port(), handlers.back().get(), options, kTimeout);
-    REQUIRE(client.ok());
-    clients.push_back(*client);
-    for (uint64_t k = 0; k < send_first; ++k) {
-      REQUIRE(SendBytes(**client, Filled(64, k), k).ok());
-    }
-    auto accepted = setup.accepts->Next(kTimeout);
-    REQUIRE(accepted.ok());
-    servers.push_back(*accepted);
+    Pair pair = ConnectThroughListener(setup, options, handlers, server_handlers, send_first);
+    clients.push_back(pair.client);
+    servers.push_back(pair.server);
   }
 
   // Closes every client; the server's claims all come back.
@@ -424,21 +435,10 @@ TEST_CASE(
   std::vector<std::shared_ptr<Connection>> clients, servers;
   std::vector<Recorder*> server_handlers;
   for (int i = 0; i < kConnections; ++i) {
-    handlers.push_back(std::make_unique<Recorder>());
-    Recorder* server = handlers.back().get();
-    server->keep_bytes = false;
-    server_handlers.push_back(server);
-    handlers.push_back(std::make_unique<Recorder>());
-    setup.accepts->Use(setup.server_poller.get(), server);
-    auto client =
-        Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
-                            setup.listener->port(), handlers.back().get(), options, kTimeout);
-    INFO("connection " << i << ": " << client.status());
-    REQUIRE(client.ok());
-    clients.push_back(*client);
-    auto accepted = setup.accepts->Next(kTimeout);
-    REQUIRE(accepted.ok());
-    servers.push_back(*accepted);
+    INFO("connection " << i);
+    Pair pair = ConnectThroughListener(setup, options, handlers, server_handlers);
+    clients.push_back(pair.client);
+    servers.push_back(pair.server);
   }
   CHECK(setup.server_poller->shared_receives_claimed() == kConnections * 3);
 
@@ -539,21 +539,10 @@ TEST_CASE(
   std::vector<std::shared_ptr<Connection>> clients, servers;
   std::vector<Recorder*> server_handlers;
   for (int i = 0; i < kConnections; ++i) {
-    handlers.push_back(std::make_unique<Recorder>());
-    Recorder* server = handlers.back().get();
-    server->keep_bytes = false;
-    server_handlers.push_back(server);
-    handlers.push_back(std::make_unique<Recorder>());
-    setup.accepts->Use(setup.server_poller.get(), server);
-    auto client =
-        Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
-                            setup.listener->port(), handlers.back().get(), options, kTimeout);
-    INFO("connection " << i << ": " << client.status());
-    REQUIRE(client.ok());
-    clients.push_back(*client);
-    auto accepted = setup.accepts->Next(kTimeout);
-    REQUIRE(accepted.ok());
-    servers.push_back(*accepted);
+    INFO("connection " << i);
+    Pair pair = ConnectThroughListener(setup, options, handlers, server_handlers);
+    clients.push_back(pair.client);
+    servers.push_back(pair.server);
   }
   // The first 16 took the floors; the rest started parked.
   CHECK(setup.server_poller->shared_receives_claimed() == 16 * 3);
