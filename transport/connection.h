@@ -920,7 +920,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool start_parked_ = false;
   std::optional<ParkDoors::Lease> door_;
   std::atomic<bool> knock_heard_{false};                   // the poller saw the door change
-  std::atomic<bool> window_parked_{false};                 // for the poller's look at holders
+  std::atomic<bool> window_parked_{false};                 // for the poller and its stats
   bool knock_pending_ ABSL_GUARDED_BY(domain_) = false;    // heard, not answered yet
   bool floor_waiting_ ABSL_GUARDED_BY(domain_) = false;    // on the poller's list of waiters
   bool park_used_ ABSL_GUARDED_BY(domain_) = false;        // a receive since the last look

@@ -266,6 +266,15 @@ uint32_t Poller::shared_receives_claimed() const {
   return srq_ != nullptr ? srq_->budget().claimed() : 0;
 }
 
+uint32_t Poller::parked_windows() const {
+  absl::MutexLock lock(&mu_);
+  uint32_t parked = 0;
+  for (const auto& [qp_num, connection] : connections_) {
+    if (connection->window_parked_.load(std::memory_order_relaxed)) ++parked;
+  }
+  return parked;
+}
+
 uint64_t Poller::Capacity(const ConnectionOptions& options) const {
   const bool shared = srq_ != nullptr;
   uint64_t connections = static_cast<uint64_t>(cq_budget_.entries() - cq_budget_.grant_floor()) /
@@ -355,7 +364,7 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
     connection->window_parked_.store(true, std::memory_order_relaxed);
     watched_doors_[connection->door_->index] =
         DoorWatch{connection->qp_num(), connection->door_->token};
-    parked_count_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
+    doors_watched_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
   }
   connections_[connection->qp_num()] = connection;
   generation_.fetch_add(1, std::memory_order_release);
@@ -444,7 +453,7 @@ void Poller::WatchDoor(uint32_t qp_num, uint32_t door, uint32_t token) {
   absl::MutexLock lock(&mu_);
   if (connections_.find(qp_num) == connections_.end()) return;  // unregistered meanwhile
   watched_doors_[door] = DoorWatch{qp_num, token};
-  parked_count_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
+  doors_watched_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
 }
 
 void Poller::WaitForFloor(std::shared_ptr<Connection> connection) {
@@ -487,7 +496,7 @@ void Poller::ServeParking() {
       if (found != connections_.end()) heard.push_back(found->second);
       watched_doors_.erase(current);
     }
-    parked_count_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
+    doors_watched_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
     // Waiters stay listed (and floor_short_ set) until a floor is free for them: then each has
     // a try, and one that finds none lists itself again. Meanwhile, every 10 ms, the windows not
     // parked are looked at: those idle since the last look park, and their floors come back as
@@ -541,7 +550,7 @@ void Poller::Unregister(uint32_t qp_num) {
     // The door goes back with the connection (a late knock of its peer's on the next holder's
     // door only opens that one's window needlessly: park_doors.h).
     watched_doors_.erase(door->index);
-    parked_count_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
+    doors_watched_.store(static_cast<uint32_t>(watched_doors_.size()), std::memory_order_relaxed);
     doors_->Give(door->index);
     // Nor does it wait for a floor any more (its reference would keep it alive for as long as
     // no floor comes back).

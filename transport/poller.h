@@ -135,7 +135,10 @@ class Poller {
   uint64_t arena_waits() const { return arena_waits_.load(std::memory_order_relaxed); }
   // Parked windows (PollerOptions::park_windows): parked now, knocks heard, and knocks whose door
   // held another token than its connection's (a peer writing doors not its own: park_doors.h).
-  uint32_t parked_windows() const { return parked_count_.load(std::memory_order_relaxed); }
+  // A window stays parked from its park until a floor opens it, through the moment between its
+  // knock being heard and a floor being free. (Counted when asked, under the poller's lock: for
+  // stats and tests, not the hot path.)
+  uint32_t parked_windows() const;
   uint64_t knocks_heard() const { return knocks_heard_.load(std::memory_order_relaxed); }
   uint64_t foreign_knocks() const { return foreign_knocks_.load(std::memory_order_relaxed); }
   // Connections with `options` it can hold at once: what its completion queue can take, and,
@@ -251,7 +254,7 @@ class Poller {
   // The loop's side of both, at most once a millisecond while a window is parked or waits.
   void ServeParking();
   bool ParkingDue() const {
-    return parked_count_.load(std::memory_order_relaxed) > 0 ||
+    return doors_watched_.load(std::memory_order_relaxed) > 0 ||
            floor_short_.load(std::memory_order_relaxed);
   }
 
@@ -314,7 +317,7 @@ class Poller {
   int64_t next_drain_watch_ns_ ABSL_GUARDED_BY(drain_watch_mu_) = 0;
   unsigned unacked_cq_events_ = 0;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<uint32_t, std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
   // Reservations under mu_, grants from any thread (completion_budget.h).
   CompletionBudget cq_budget_;
@@ -335,7 +338,7 @@ class Poller {
   };
   absl::flat_hash_map<uint32_t, DoorWatch> watched_doors_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Connection>> floor_waiters_ ABSL_GUARDED_BY(mu_);
-  std::atomic<uint32_t> parked_count_{0};
+  std::atomic<uint32_t> doors_watched_{0};  // watched_doors_.size(), read without the lock
   std::atomic<bool> floor_short_{false};
   std::atomic<uint64_t> knocks_heard_{0};
   std::atomic<uint64_t> foreign_knocks_{0};
