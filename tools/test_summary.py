@@ -71,7 +71,8 @@ def main():
     # Runs under a sanitizer (tools/test --asan) are told apart by a "[asan] " prefix.
     for name, prefix in (("host.json", ""), ("consumer.json", "tests/consumer"), ("rdma.json", ""),
                          ("consumer-rdma.json", "tests/consumer"),
-                         ("asan-host.json", "[asan] "), ("asan-rdma.json", "[asan] ")):
+                         ("asan-host.json", "[asan] "), ("asan-rdma.json", "[asan] "),
+                         ("two-hosts.json", "")):
         path = os.path.join(out_dir, name)
         if not os.path.exists(path):
             continue

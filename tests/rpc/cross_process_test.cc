@@ -1,7 +1,6 @@
 // The runtime across processes (tag "rdma"; tools/test runs it inside tools/softroce): a server
 // process killed mid-load and restarted under the same channel, and a client process killed with
 // calls in flight. The other process is rpc_peer.
-#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -27,6 +26,7 @@
 #include "rpc/streaming.h"
 #include "tests/eventually.h"
 #include "tests/rdma_device.h"
+#include "tests/read_line.h"
 #include "tests/rpc/sleepy_greeter.h"
 
 extern char** environ;
@@ -64,19 +64,7 @@ class Peer {
   }
 
   // The next line the peer prints, or "" after `timeout`.
-  std::string ReadLine(absl::Duration timeout) {
-    absl::Time deadline = absl::Now() + timeout;
-    std::string line;
-    while (absl::Now() < deadline) {
-      pollfd p{out_, POLLIN, 0};
-      if (poll(&p, 1, 50) <= 0) continue;
-      char c;
-      if (read(out_, &c, 1) != 1) break;
-      if (c == '\n') return line;
-      line.push_back(c);
-    }
-    return "";
-  }
+  std::string ReadLine(absl::Duration timeout) { return zrpc::testing::ReadLine(out_, timeout); }
 
   void Kill() {
     if (pid_ <= 0) return;
