@@ -2,8 +2,8 @@
 // --hosts 2` session): the test runs in guest a, its peers in guest b, and the link between the
 // two kernels is told to lose, delay, duplicate or reorder frames, to go down, or to kill b.
 //
-// Outside such a session the test is SKIPPED with a message saying how to run it; inside one,
-// anything missing is a failure.
+// Outside such a session the test is SKIPPED with a message saying how to run it; inside one
+// (ZRPC_SOFTROCE_MODE=vm2), anything missing is a failure.
 #ifndef ZRPC_TESTS_HOSTS_TWO_HOSTS_H_
 #define ZRPC_TESTS_HOSTS_TWO_HOSTS_H_
 
@@ -25,13 +25,16 @@ namespace zrpc::testing {
 struct TwoHosts {
   std::string peer_addr;  // guest b's address on its RDMA device
   std::string tool;       // tools/softroce
+  std::string session;    // the session's directory (the host's, seen over 9p)
 };
 
 // The session's two hosts, or NotFound outside one (FailedPrecondition: half described).
 absl::StatusOr<TwoHosts> TwoHostsFromEnv();
 
-// `tools/softroce link REQUEST`: "faults both loss=0.01 seed=3", "down b", "up b", "kill b",
-// "stats". Returns what the link answered (stats: JSON), or why it refused.
+// What `tools/softroce link REQUEST` does, without starting the script: "faults both loss=0.01
+// seed=3", "down b", "up b", "down b for=MS", "kill b", "revive b", "stats". Returns what the
+// link answered (stats: JSON), or why it refused. The request reaches the relay within tens of
+// milliseconds (revive takes the boot's time).
 absl::StatusOr<std::string> Link(const TwoHosts& hosts, const std::string& request);
 
 // A frame count from `Link(hosts, "stats")`: `direction` "a>b" or "b>a", `counter` "frames",
@@ -50,7 +53,7 @@ class RemotePeer {
 
   // The next line it printed, or "" after `timeout` (or once it ended).
   std::string ReadLine(absl::Duration timeout);
-  // Stops it and waits for the harness to say it ended.
+  // Stops it: the harness cancels it in b (which takes its next command once it has ended).
   void Stop();
 
  private:
