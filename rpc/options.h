@@ -154,12 +154,14 @@ struct ChannelOptions : RuntimeOptions {
   absl::Duration reconnect_backoff_max = absl::Seconds(5);
   // Liveness: a connection with calls in flight that received nothing for keepalive_interval
   // sends a ping; a ping unanswered within keepalive_timeout closes the connection (its calls
-  // fail UNAVAILABLE). So a server that vanished under calls fails them within about interval +
-  // timeout. A server whose handlers hold the whole window (slow calls) or whose answers wait for
-  // arena space this side holds (IncomingBulk not released) is busy, not dead: its NIC is probed
-  // instead, without a credit, and a vanished host fails that probe through the transport's
-  // retries (seconds). keepalive_interval zero: no keepalives at all.
-  absl::Duration keepalive_interval = absl::Seconds(1);
+  // fail UNAVAILABLE). A server whose handlers hold the whole window (slow calls) or whose
+  // answers wait for arena space this side holds (IncomingBulk not released) is busy, not dead:
+  // its NIC is probed instead, without a credit. A host that vanished under calls fails the ping
+  // or the probe through the transport's retries (connection.ack_timeout_exponent and
+  // retry_count: 1.9 s by default), so its calls end within one to two intervals + 1.9 s: under
+  // 3 s at the defaults (measured between two hosts: tests/hosts). A hung process is noticed
+  // within one to two intervals + timeout. keepalive_interval zero: no keepalives at all.
+  absl::Duration keepalive_interval = absl::Milliseconds(500);
   absl::Duration keepalive_timeout = absl::Seconds(2);
   // A connection with nothing in flight is checked the same way once it received nothing for
   // idle_keepalive_interval (each time from [3/4, 1] of it, so that connections made together

@@ -5,7 +5,7 @@
 //  - A connection with work in flight (calls, streams, queued requests, payloads moving), or one
 //    whose calls ended at their deadlines since the last pass without an answer, has a caller
 //    waiting on the server, or had one. It is checked as soon as a whole keepalive pass
-//    (ChannelOptions::keepalive_interval, 1 s) went by with nothing received, so a dead server
+//    (ChannelOptions::keepalive_interval, 500 ms) went by with nothing received, so a dead server
 //    fails its calls within about interval + timeout, and a hung one whose calls all time out
 //    between two passes is noticed as fast.
 //  - An idle connection has nobody waiting. It is checked once nothing was received for
@@ -92,7 +92,7 @@ class IdleCheckCursor {
 
 class KeepaliveSchedule {
  public:
-  // A channel checks at most this many idle connections per pass (about a second).
+  // A channel checks at most this many idle connections per pass (a keepalive_interval).
   static constexpr int kIdleChecksPerPass = 256;
 
   // `seed` draws the jitter (any value; connections of a channel should differ); `now`, the
