@@ -158,10 +158,11 @@ struct ChannelOptions : RuntimeOptions {
   // answers wait for arena space this side holds (IncomingBulk not released) is busy, not dead:
   // its NIC is probed instead, without a credit. A host that vanished under calls fails the ping
   // or the probe through the transport's retries (connection.ack_timeout_exponent and
-  // retry_count: 1.9 s by default), so its calls end within one to two intervals + 1.9 s: under
-  // 3 s at the defaults (measured between two hosts: tests/hosts). A hung process is noticed
-  // within one to two intervals + timeout. keepalive_interval zero: no keepalives at all.
-  absl::Duration keepalive_interval = absl::Milliseconds(500);
+  // retry_count: 1.9 s by default), so its calls end within one to two intervals + 1.9 s: 2.2 to
+  // 2.5 s at the defaults, under the 3 s tests/hosts holds a killed host and a one-way partition
+  // to. A hung process is noticed within one to two intervals + timeout. keepalive_interval zero:
+  // no keepalives at all.
+  absl::Duration keepalive_interval = absl::Milliseconds(300);
   absl::Duration keepalive_timeout = absl::Seconds(2);
   // A connection with nothing in flight is checked the same way once it received nothing for
   // idle_keepalive_interval (each time from [3/4, 1] of it, so that connections made together

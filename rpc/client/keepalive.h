@@ -5,7 +5,7 @@
 //  - A connection with work in flight (calls, streams, queued requests, payloads moving), or one
 //    whose calls ended at their deadlines since the last pass without an answer, has a caller
 //    waiting on the server, or had one. It is checked as soon as a whole keepalive pass
-//    (ChannelOptions::keepalive_interval, 500 ms) went by with nothing received, so a dead server
+//    (ChannelOptions::keepalive_interval, 300 ms) went by with nothing received, so a dead server
 //    fails its calls within about interval + timeout, and a hung one whose calls all time out
 //    between two passes is noticed as fast.
 //  - An idle connection has nobody waiting. It is checked once nothing was received for

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/examples/greeter.zrpc.h"
@@ -33,11 +34,12 @@ struct CallRecord {
   absl::Status status;
 };
 
-// rpc_peer serving Greeter in guest b, and a channel to it from here.
+// rpc_peer serving Greeter in guest b (saying "open N" as its open connections change), and a
+// channel to it from here.
 struct Remote {
   Remote(const zrpc::transport::DeviceConfig& config, const zrpc::testing::TwoHosts& hosts,
          zrpc::ChannelOptions options = {})
-      : server(hosts, {Runfile("tests/rpc/rpc_peer"), "server", "0"}) {
+      : server(hosts, {Runfile("tests/rpc/rpc_peer"), "server", "0", "report"}) {
     const std::string line = server.ReadLine(absl::Seconds(60));
     INFO("rpc_peer in guest b said: \"" << line << "\"");
     int port = 0;
@@ -252,6 +254,86 @@ TEST_CASE(
   CHECK(failed > 0);  // the outage was seen
   CHECK(late == 0);   // every call ended by its deadline (200 ms for the timer and the guest)
   CHECK(first_after - back <= absl::Seconds(2));
+}
+
+TEST_CASE("a one-way partition: both sides declare the connection dead within 3 s") {
+  ZRPC_REQUIRE_TWO_HOSTS(config);
+  CleanLink clean(config_hosts);
+  // Each direction black-holed in turn, under calls the server holds 50 ms each.
+  for (const char* direction : {"a>b", "b>a"}) {
+    INFO("frames " << direction << " lost");
+    Remote remote(config, config_hosts);
+    REQUIRE(remote.Calls(20, "warm", absl::Seconds(10)) == 0);
+    // This side gives the connection up when the channel counts it lost: watched from its own
+    // thread, while this one reads what the server says.
+    std::atomic<int64_t> client_gone_ns{0};
+    std::atomic<bool> watching{true};
+    std::thread watcher([&] {
+      while (watching.load() && remote.channel->stats().connections_lost == 0) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      if (watching.load()) client_gone_ns = absl::ToUnixNanos(absl::Now());
+    });
+    Callers callers(2, [&] { return remote.Timed("sleep:50", absl::Seconds(10)); });
+    absl::SleepFor(absl::Milliseconds(500));
+    const absl::Time asked = absl::Now();
+    const absl::Status faulted =
+        Link(config_hosts, absl::StrCat("faults ", direction, " loss=1")).status();
+    const absl::Time answered = absl::Now();
+    // The server's side: its log line saying the connection failed. It reaches this guest
+    // through the harness (a tenth of a second or so), which counts against it.
+    std::string line;
+    absl::Time server_gone = absl::InfiniteFuture();
+    while (faulted.ok() && !(line = remote.server.ReadLine(absl::Seconds(10))).empty()) {
+      if (absl::StartsWith(line, "log server: the connection to ") &&
+          absl::StrContains(line, " failed: ")) {
+        server_gone = absl::Now();
+        break;
+      }
+    }
+    for (const absl::Time give_up = absl::Now() + absl::Seconds(10);
+         client_gone_ns.load() == 0 && absl::Now() < give_up;) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    watching = false;
+    watcher.join();
+    const absl::Time client_gone = client_gone_ns.load() != 0
+                                       ? absl::FromUnixNanos(client_gone_ns.load())
+                                       : absl::InfiniteFuture();
+    const std::vector<CallRecord> records = callers.Stop();
+    // Every call that failed ends within 3 s of the break when it was in flight then (one in
+    // flight when a>b broke may still have been answered), or within its connection attempt
+    // (connect_timeout, 3 s) when it began later: some begun after the break waited on the
+    // broken connection, the rest tried a new one.
+    int cut = 0, slow = 0;
+    absl::Duration slowest;
+    for (const CallRecord& r : records) {
+      if (r.status.ok() || r.end < asked) continue;
+      INFO(r.status);
+      CHECK(r.status.code() == absl::StatusCode::kUnavailable);
+      if (r.start < client_gone) ++cut;
+      if (r.start < answered) {
+        slowest = std::max(slowest, r.end - asked);
+        if (r.end - asked > absl::Seconds(3)) ++slow;
+      } else if (r.end - r.start > absl::Milliseconds(3200)) {
+        ++slow;
+      }
+    }
+    std::printf(
+        "%s black-holed: the server gave the connection up %s after the break was asked for, the "
+        "client %s (the request took %s); %d calls failed with it, those in flight the last %s "
+        "after\n",
+        direction, absl::FormatDuration(server_gone - asked).c_str(),
+        absl::FormatDuration(client_gone - asked).c_str(),
+        absl::FormatDuration(answered - asked).c_str(), cut, absl::FormatDuration(slowest).c_str());
+    REQUIRE(faulted.ok());
+    INFO("the server's last line: " << line);
+    CHECK(server_gone - asked <= absl::Seconds(3));
+    CHECK(client_gone - asked <= absl::Seconds(3));
+    CHECK(cut >= 1);
+    CHECK(slow == 0);
+    REQUIRE(Link(config_hosts, "faults both none").ok());
+  }
 }
 
 TEST_CASE("the server's host killed mid-traffic: every call on it ends within min(deadline, 3 s)") {

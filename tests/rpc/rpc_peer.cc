@@ -1,6 +1,10 @@
 // The other process of the cross-process runtime tests (cross_process_test.cc).
 //
-//   rpc_peer server PORT            serves Greeter on PORT (0: any); prints "listening PORT"
+//   rpc_peer server PORT [report]   serves Greeter on PORT (0: any); prints "listening PORT";
+//                                   with "report", also "open N" each time the number of open
+//                                   connections (handshakes too) changes, looked at every 10 ms,
+//                                   and "log COMPONENT: MESSAGE" for each line zrpc logs (on
+//                                   standard error as well)
 //   rpc_peer client ADDR:PORT N     keeps N SayHello("sleep:300") calls in flight forever;
 //                                   prints "calling" once the first call is in flight
 //   rpc_peer store PORT             serves ObjectStore on PORT: Get("<size>") answers <size>
@@ -29,6 +33,7 @@
 #include "rpc/server.h"
 #include "rpc/streaming.h"
 #include "tests/rpc/sleepy_greeter.h"
+#include "transport/log.h"
 
 namespace {
 
@@ -52,7 +57,7 @@ class BigStore : public zrpc::examples::ObjectStore::Service {
   }
 };
 
-int Serve(zrpc::Service* service, uint16_t port) {
+int Serve(zrpc::Service* service, uint16_t port, bool report = false) {
   zrpc::ServerOptions options;
   options.port = port;
   options.handler_threads = 16;
@@ -68,7 +73,29 @@ int Serve(zrpc::Service* service, uint16_t port) {
   }
   std::printf("listening %u\n", (*server)->port());
   std::fflush(stdout);
-  for (;;) absl::SleepFor(absl::Hours(1));
+  if (!report) {
+    for (;;) absl::SleepFor(absl::Hours(1));
+  }
+  // Each record on standard output too, whole lines under one lock, so that whoever reads it
+  // learns when this side gave a connection up.
+  static absl::Mutex* out_mu = new absl::Mutex;
+  zrpc::SetLogSink([](const zrpc::LogRecord& r) {
+    std::fprintf(stderr, "zrpc %s %.*s: %.*s\n", std::string(zrpc::LogLevelName(r.level)).c_str(),
+                 static_cast<int>(r.component.size()), r.component.data(),
+                 static_cast<int>(r.message.size()), r.message.data());
+    absl::MutexLock lock(out_mu);
+    std::printf("log %.*s: %.*s\n", static_cast<int>(r.component.size()), r.component.data(),
+                static_cast<int>(r.message.size()), r.message.data());
+    std::fflush(stdout);
+  });
+  for (uint64_t open = 0;; absl::SleepFor(absl::Milliseconds(10))) {
+    const uint64_t now_open = (*server)->stats().connections_open;
+    if (now_open == open) continue;
+    open = now_open;
+    absl::MutexLock lock(out_mu);
+    std::printf("open %llu\n", static_cast<unsigned long long>(open));
+    std::fflush(stdout);
+  }
 }
 
 int Putter(const std::string& target, size_t size) {
@@ -159,9 +186,10 @@ int Client(const std::string& target, int in_flight) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   uint32_t number = 0;
-  if (mode == "server" && argc == 3 && absl::SimpleAtoi(argv[2], &number) && number < 65536) {
+  if (mode == "server" && (argc == 3 || (argc == 4 && std::string(argv[3]) == "report")) &&
+      absl::SimpleAtoi(argv[2], &number) && number < 65536) {
     zrpc::testing::SleepyGreeter greeter;
-    return Serve(&greeter, static_cast<uint16_t>(number));
+    return Serve(&greeter, static_cast<uint16_t>(number), /*report=*/argc == 4);
   }
   if (mode == "client" && argc == 4 && absl::SimpleAtoi(argv[3], &number) && number > 0) {
     return Client(argv[2], static_cast<int>(number));
@@ -176,7 +204,7 @@ int main(int argc, char** argv) {
   if (mode == "streamer" && argc == 3) return Streamer(argv[2]);
   std::fprintf(
       stderr,
-      "usage: rpc_peer server PORT | rpc_peer client ADDR:PORT IN_FLIGHT | "
+      "usage: rpc_peer server PORT [report] | rpc_peer client ADDR:PORT IN_FLIGHT | "
       "rpc_peer store PORT | rpc_peer putter ADDR:PORT SIZE | rpc_peer streamer ADDR:PORT\n");
   return 2;
 }
