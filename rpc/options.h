@@ -167,7 +167,7 @@ struct ChannelOptions : RuntimeOptions {
   // A connection with nothing in flight is checked the same way once it received nothing for
   // idle_keepalive_interval (each time from [3/4, 1] of it, so that connections made together
   // spread their pings), at least keepalive_interval; a channel checks at most 256 idle
-  // connections per keepalive_interval (rpc/client/keepalive.h). A server may ask for a longer
+  // connections a second (rpc/client/keepalive.h). A server may ask for a longer
   // interval in its answers (ServerOptions::idle_keepalive_budget), up to
   // max_idle_keepalive_interval. So a dead server is noticed on an idle connection within about
   // the interval in force + keepalive_timeout, and ten thousand idle connections cost their

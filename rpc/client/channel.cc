@@ -505,7 +505,7 @@ absl::Time ChannelImpl::TimerPass(absl::Time now) {
                      options_.keepalive_timeout,
                      idle_interval_,
                      keepalive_metrics_,
-                     KeepaliveSchedule::kIdleChecksPerPass,
+                     KeepaliveSchedule::IdleChecksPerPass(options_.keepalive_interval),
                      /*denied=*/false,
                      options_.max_idle_keepalive_interval};
   // From where the last keepalive pass ran out of idle checks (keepalive.h).

@@ -19,7 +19,8 @@
 //    idle_probe_interval).
 //    Connections whose work ends together start their idle schedules together; the jitter
 //    spreads them within a few rounds.
-// A pass checks at most kIdleChecksPerPass idle connections of a channel, and every busy one, so
+// A pass checks at most IdleChecksPerPass idle connections of a channel (256 a second), and every
+// busy one, so
 // no number of idle connections delays a busy one's check. The next pass starts where the last
 // one ran out (IdleCheckCursor), so the idle connections left over are served first, round robin:
 // were every pass to start at the same connection, those at the front, rescheduled and due again
@@ -92,8 +93,15 @@ class IdleCheckCursor {
 
 class KeepaliveSchedule {
  public:
-  // A channel checks at most this many idle connections per pass (a keepalive_interval).
-  static constexpr int kIdleChecksPerPass = 256;
+  // A channel checks at most this many idle connections a second, whatever its
+  // keepalive_interval: IdleChecksPerPass(interval) a pass.
+  static constexpr int kIdleChecksPerSecond = 256;
+  static int IdleChecksPerPass(absl::Duration interval) {
+    const double per_pass = kIdleChecksPerSecond * absl::ToDoubleSeconds(interval);
+    return per_pass < 1                           ? 1
+           : per_pass > kIdleChecksPerSecond * 60 ? kIdleChecksPerSecond * 60
+                                                  : static_cast<int>(per_pass);
+  }
 
   // `seed` draws the jitter (any value; connections of a channel should differ); `now`, the
   // connection's start, counts as its last word heard.

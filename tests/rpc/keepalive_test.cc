@@ -18,9 +18,17 @@ using zrpc::internal::KeepaliveSchedule;
 const absl::Time kStart = absl::UnixEpoch() + absl::Hours(1);
 constexpr absl::Duration kPassEvery = absl::Seconds(1);
 constexpr absl::Duration kIdle = absl::Seconds(20);
+const int kChecksPerPass = KeepaliveSchedule::IdleChecksPerPass(kPassEvery);
 
-KeepalivePass Pass(absl::Time now, int idle_checks = KeepaliveSchedule::kIdleChecksPerPass,
-                   absl::Duration idle = kIdle) {
+TEST_CASE("a channel's idle checks come to 256 a second, however often it passes", "[keepalive]") {
+  CHECK(KeepaliveSchedule::IdleChecksPerPass(absl::Seconds(1)) == 256);
+  CHECK(KeepaliveSchedule::IdleChecksPerPass(absl::Milliseconds(300)) == 76);
+  CHECK(KeepaliveSchedule::IdleChecksPerPass(absl::Milliseconds(100)) == 25);
+  CHECK(KeepaliveSchedule::IdleChecksPerPass(absl::Milliseconds(1)) == 1);  // never none
+  CHECK(KeepaliveSchedule::IdleChecksPerPass(absl::Hours(1)) == 256 * 60);  // bounded
+}
+
+KeepalivePass Pass(absl::Time now, int idle_checks = kChecksPerPass, absl::Duration idle = kIdle) {
   return KeepalivePass{now, absl::Seconds(2), idle, nullptr, idle_checks};
 }
 
@@ -126,7 +134,7 @@ TEST_CASE("a pass checks at most kIdleChecksPerPass idle connections, and every 
   KeepalivePass pass = Pass(kStart + kIdle + kPassEvery);
   int checked = 0;
   for (KeepaliveSchedule& s : schedules) checked += s.Due(pass, 0, false, false);
-  CHECK(checked == KeepaliveSchedule::kIdleChecksPerPass);
+  CHECK(checked == kChecksPerPass);
   CHECK(pass.idle_checks_left == 0);
   // The rest are served on the passes after, a cap at a time.
   int passes = 1;
@@ -135,12 +143,11 @@ TEST_CASE("a pass checks at most kIdleChecksPerPass idle connections, and every 
     KeepalivePass next = Pass(kStart + kIdle + (++passes) * kPassEvery);
     int now_checked = 0;
     for (KeepaliveSchedule& s : schedules) now_checked += s.Due(next, 0, false, false);
-    CHECK(now_checked <= KeepaliveSchedule::kIdleChecksPerPass);
+    CHECK(now_checked <= kChecksPerPass);
     total += now_checked;
     REQUIRE(passes < 10);
   }
-  CHECK(passes == (kConnections + KeepaliveSchedule::kIdleChecksPerPass - 1) /
-                      KeepaliveSchedule::kIdleChecksPerPass);
+  CHECK(passes == (kConnections + kChecksPerPass - 1) / kChecksPerPass);
   // A busy connection is checked even when the pass has no idle check left.
   KeepaliveSchedule busy(99, kStart);
   KeepalivePass spent = Pass(kStart + kPassEvery, 0);
@@ -163,7 +170,7 @@ TEST_CASE("under a standing backlog every idle connection is checked, round robi
   int denied_passes = 0;
   for (int p = 1; p <= 120; ++p) {
     const absl::Time now = kStart + p * kPassEvery;
-    KeepalivePass pass = Pass(now, KeepaliveSchedule::kIdleChecksPerPass, kShort);
+    KeepalivePass pass = Pass(now, kChecksPerPass, kShort);
     const size_t start = cursor.Start(kConnections);
     for (size_t k = 0; k < kConnections; ++k) {
       const size_t i = (start + k) % kConnections;
