@@ -7,6 +7,9 @@
 //                                   standard error as well)
 //   rpc_peer client ADDR:PORT N     keeps N SayHello("sleep:300") calls in flight forever;
 //                                   prints "calling" once the first call is in flight
+//   rpc_peer mixed PORT             serves Greeter, ObjectStore (Transform: the payload reversed)
+//                                   and Numbers (Double) on PORT, reporting (see above) and
+//                                   saying "pinned KB" each time its registered memory changes
 //   rpc_peer store PORT             serves ObjectStore on PORT: Get("<size>") answers <size>
 //                                   bytes (pulled by the client past its arena); prints
 //                                   "listening PORT"
@@ -21,6 +24,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -32,6 +36,7 @@
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "rpc/streaming.h"
+#include "tests/pinned_memory.h"
 #include "tests/rpc/sleepy_greeter.h"
 #include "transport/log.h"
 
@@ -57,7 +62,36 @@ class BigStore : public zrpc::examples::ObjectStore::Service {
   }
 };
 
-int Serve(zrpc::Service* service, uint16_t port, bool report = false) {
+// Transform answers the payload reversed; the rest of the service is unimplemented.
+class ReversingStore : public zrpc::examples::ObjectStore::Service {
+ public:
+  absl::Status Transform(zrpc::ServerContext&, const zrpc::examples::ObjectKey&,
+                         zrpc::IncomingBulk bulk, zrpc::examples::ObjectInfo* info,
+                         zrpc::OutgoingBulk* out) override {
+    std::string reversed(bulk.view().rbegin(), bulk.view().rend());
+    info->set_size(reversed.size());
+    *out = zrpc::OutgoingBulk::Copy(std::move(reversed));
+    return absl::OkStatus();
+  }
+};
+
+// Double answers each number twice its value, as it comes.
+class Doubler : public zrpc::examples::Numbers::Service {
+ public:
+  absl::Status Double(
+      zrpc::ServerContext&,
+      zrpc::ServerReaderWriter<zrpc::examples::Number, zrpc::examples::Number>* stream) override {
+    zrpc::examples::Number number;
+    while (stream->Read(&number)) {
+      number.set_value(number.value() * 2);
+      if (!stream->Write(number)) return absl::CancelledError("write failed");
+    }
+    return absl::OkStatus();
+  }
+};
+
+int Serve(std::vector<zrpc::Service*> services, uint16_t port, bool report = false,
+          bool pinned = false) {
   zrpc::ServerOptions options;
   options.port = port;
   options.handler_threads = 16;
@@ -66,7 +100,9 @@ int Serve(zrpc::Service* service, uint16_t port, bool report = false) {
     std::fprintf(stderr, "rpc_peer: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  if (absl::Status s = (*server)->AddService(service); !s.ok()) return 1;
+  for (zrpc::Service* service : services) {
+    if (absl::Status s = (*server)->AddService(service); !s.ok()) return 1;
+  }
   if (absl::Status s = (*server)->Start(); !s.ok()) {
     std::fprintf(stderr, "rpc_peer: %s\n", s.ToString().c_str());
     return 1;
@@ -88,12 +124,19 @@ int Serve(zrpc::Service* service, uint16_t port, bool report = false) {
                 static_cast<int>(r.message.size()), r.message.data());
     std::fflush(stdout);
   });
+  int64_t pinned_kb = -1;
   for (uint64_t open = 0;; absl::SleepFor(absl::Milliseconds(10))) {
     const uint64_t now_open = (*server)->stats().connections_open;
-    if (now_open == open) continue;
-    open = now_open;
+    const int64_t now_pinned = pinned ? zrpc::testing::PinnedKb() : -1;
     absl::MutexLock lock(out_mu);
-    std::printf("open %llu\n", static_cast<unsigned long long>(open));
+    if (now_open != open) {
+      open = now_open;
+      std::printf("open %llu\n", static_cast<unsigned long long>(open));
+    }
+    if (now_pinned != pinned_kb) {
+      pinned_kb = now_pinned;
+      std::printf("pinned %lld\n", static_cast<long long>(pinned_kb));
+    }
     std::fflush(stdout);
   }
 }
@@ -189,22 +232,29 @@ int main(int argc, char** argv) {
   if (mode == "server" && (argc == 3 || (argc == 4 && std::string(argv[3]) == "report")) &&
       absl::SimpleAtoi(argv[2], &number) && number < 65536) {
     zrpc::testing::SleepyGreeter greeter;
-    return Serve(&greeter, static_cast<uint16_t>(number), /*report=*/argc == 4);
+    return Serve({&greeter}, static_cast<uint16_t>(number), /*report=*/argc == 4);
   }
   if (mode == "client" && argc == 4 && absl::SimpleAtoi(argv[3], &number) && number > 0) {
     return Client(argv[2], static_cast<int>(number));
   }
   if (mode == "store" && argc == 3 && absl::SimpleAtoi(argv[2], &number) && number < 65536) {
     BigStore store;
-    return Serve(&store, static_cast<uint16_t>(number));
+    return Serve({&store}, static_cast<uint16_t>(number));
+  }
+  if (mode == "mixed" && argc == 3 && absl::SimpleAtoi(argv[2], &number) && number < 65536) {
+    zrpc::testing::SleepyGreeter greeter;
+    ReversingStore store;
+    Doubler doubler;
+    return Serve({&greeter, &store, &doubler}, static_cast<uint16_t>(number), /*report=*/true,
+                 /*pinned=*/true);
   }
   if (mode == "putter" && argc == 4 && absl::SimpleAtoi(argv[3], &number) && number > 0) {
     return Putter(argv[2], number);
   }
   if (mode == "streamer" && argc == 3) return Streamer(argv[2]);
-  std::fprintf(
-      stderr,
-      "usage: rpc_peer server PORT [report] | rpc_peer client ADDR:PORT IN_FLIGHT | "
-      "rpc_peer store PORT | rpc_peer putter ADDR:PORT SIZE | rpc_peer streamer ADDR:PORT\n");
+  std::fprintf(stderr,
+               "usage: rpc_peer server PORT [report] | rpc_peer client ADDR:PORT IN_FLIGHT | "
+               "rpc_peer mixed PORT | rpc_peer store PORT | rpc_peer putter ADDR:PORT SIZE | "
+               "rpc_peer streamer ADDR:PORT\n");
   return 2;
 }

@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "rpc/common/shared_device.h"
 #include "tests/eventually.h"
+#include "tests/pinned_memory.h"
 #include "tests/rdma_device.h"
 #include "tests/rpc/runtime_fixture.h"
 
@@ -56,19 +57,7 @@ using zrpc::testing::Runtime;
 enum Kind { kHello, kExpire, kCancel, kPut, kGet, kTransform, kKinds };
 const char* const kKindNames[kKinds] = {"hello", "expire", "cancel", "put", "get", "transform"};
 
-// Kilobytes of pinned memory (VmPin: what the kernel pinned for registrations) of this process.
-int64_t PinnedKb() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmPin:", 0) == 0) {
-      int64_t kb = 0;
-      absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(6, line.size() - 6 - 3)), &kb);
-      return kb;
-    }
-  }
-  return -1;
-}
+using zrpc::testing::PinnedKb;
 
 // What the process has registered: what the kernel pinned, and the part of it that is the
 // device's slot pool (shared by the server and the channel, rpc/common/shared_device.h).
