@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -334,6 +335,90 @@ TEST_CASE("a one-way partition: both sides declare the connection dead within 3 
     CHECK(slow == 0);
     REQUIRE(Link(config_hosts, "faults both none").ok());
   }
+}
+
+TEST_CASE(
+    "the server restarted under 100 clients: every one reconnects, none past the server's "
+    "count") {
+  ZRPC_REQUIRE_TWO_HOSTS(config);
+  constexpr int kClients = 100;
+  auto server = std::make_unique<RemotePeer>(
+      config_hosts,
+      std::vector<std::string>{Runfile("tests/rpc/rpc_peer"), "server", "0", "report"});
+  int port = 0;
+  REQUIRE(std::sscanf(server->ReadLine(absl::Seconds(60)).c_str(), "listening %d", &port) == 1);
+  // A hundred channels, one connection each, sharing one poller group (a guest's one vCPU).
+  std::vector<std::unique_ptr<zrpc::ClientChannel>> clients;
+  std::vector<std::unique_ptr<Greeter::Stub>> stubs;
+  zrpc::ChannelOptions options;
+  options.device = config;
+  options.poller_group = "clients";
+  options.reconnect_backoff_max = absl::Seconds(1);
+  for (int i = 0; i < kClients; ++i) {
+    auto channel = zrpc::CreateChannel(absl::StrCat(config_hosts.peer_addr, ":", port), options);
+    INFO(channel.status());
+    REQUIRE(channel.ok());
+    clients.push_back(*std::move(channel));
+    stubs.push_back(std::make_unique<Greeter::Stub>(clients.back().get()));
+  }
+  // One call on each: a connection each, reached by a call.
+  auto call_all = [&](absl::Time give_up) {
+    int answered = 0;
+    for (int i = 0; i < kClients; ++i) {
+      for (;;) {
+        HelloRequest request;
+        request.set_name("again");
+        HelloReply reply;
+        zrpc::CallOptions call;
+        call.deadline = give_up;
+        const absl::Status s = stubs[i]->SayHello(request, &reply, call);
+        if (s.ok()) {
+          ++answered;
+          break;
+        }
+        if (absl::Now() >= give_up) break;
+        absl::SleepFor(absl::Milliseconds(50));  // backing off; the next attempt comes
+      }
+    }
+    return answered;
+  };
+  REQUIRE(call_all(absl::Now() + absl::Seconds(60)) == kClients);
+  uint64_t lost_before = 0;
+  for (const auto& client : clients) lost_before += client->stats().connections_lost;
+
+  // The server goes (its kernel tells every client) and comes back on the same port.
+  server.reset();
+  const absl::Time stopped = absl::Now();
+  server = std::make_unique<RemotePeer>(
+      config_hosts, std::vector<std::string>{Runfile("tests/rpc/rpc_peer"), "server",
+                                             absl::StrCat(port), "report"});
+  const std::string listening = server->ReadLine(absl::Seconds(60));
+  INFO("the new server said: " << listening);
+  REQUIRE(listening == absl::StrCat("listening ", port));
+  const absl::Time started = absl::Now();
+  const int answered = call_all(started + absl::Seconds(60));
+  const absl::Time all_back = absl::Now();
+  // The server's count of open connections (handshakes included) as it moved, and the most it
+  // held at once (its admission count's peak, ServerStats::connections_peak).
+  int most = 0, last = -1;
+  for (std::string line; !(line = server->ReadLine(absl::Seconds(1))).empty();) {
+    int n = 0;
+    if (std::sscanf(line.c_str(), "open %d", &n) == 1) last = n;
+    if (std::sscanf(line.c_str(), "peak %d", &n) == 1) most = std::max(most, n);
+  }
+  uint64_t lost = 0;
+  for (const auto& client : clients) lost += client->stats().connections_lost;
+  std::printf(
+      "server restarted under %d clients: it was back %s after it was stopped; all %d answered "
+      "%s after that; the server held at most %d connections, %d at the end; %llu connections "
+      "lost\n",
+      kClients, absl::FormatDuration(started - stopped).c_str(), answered,
+      absl::FormatDuration(all_back - started).c_str(), most, last,
+      static_cast<unsigned long long>(lost - lost_before));
+  CHECK(answered == kClients);
+  CHECK(last == kClients);                // one connection each, no leftovers
+  CHECK(most <= kClients);                // never more at once: no client made two
+  CHECK(lost - lost_before == kClients);  // each lost its connection once, when the server went
 }
 
 TEST_CASE("the server's host killed mid-traffic: every call on it ends within min(deadline, 3 s)") {

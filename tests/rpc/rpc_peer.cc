@@ -3,6 +3,7 @@
 //   rpc_peer server PORT [report]   serves Greeter on PORT (0: any); prints "listening PORT";
 //                                   with "report", also "open N" each time the number of open
 //                                   connections (handshakes too) changes, looked at every 10 ms,
+//                                   "peak N" as the most open at once (ServerStats) grows,
 //                                   and "log COMPONENT: MESSAGE" for each line zrpc logs (on
 //                                   standard error as well)
 //   rpc_peer client ADDR:PORT N     keeps N SayHello("sleep:300") calls in flight forever;
@@ -125,13 +126,19 @@ int Serve(std::vector<zrpc::Service*> services, uint16_t port, bool report = fal
     std::fflush(stdout);
   });
   int64_t pinned_kb = -1;
+  uint64_t peak = 0;
   for (uint64_t open = 0;; absl::SleepFor(absl::Milliseconds(10))) {
-    const uint64_t now_open = (*server)->stats().connections_open;
+    const zrpc::ServerStats stats = (*server)->stats();
+    const uint64_t now_open = stats.connections_open;
     const int64_t now_pinned = pinned ? zrpc::testing::PinnedKb() : -1;
     absl::MutexLock lock(out_mu);
     if (now_open != open) {
       open = now_open;
       std::printf("open %llu\n", static_cast<unsigned long long>(open));
+    }
+    if (stats.connections_peak != peak) {
+      peak = stats.connections_peak;
+      std::printf("peak %llu\n", static_cast<unsigned long long>(peak));
     }
     if (now_pinned != pinned_kb) {
       pinned_kb = now_pinned;
