@@ -49,7 +49,7 @@ absl::StatusOr<StagingPool::Buffer*> StagingPool::Acquire(size_t size) {
     ++in_use_;
   }
   auto buffer = std::make_unique<Buffer>();
-  buffer->memory.reset(new (std::nothrow) uint8_t[capacity]);
+  buffer->memory = transport::AllocatePages(capacity);
   absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> region =
       buffer->memory ? device_.RegisterMemory(buffer->memory.get(), capacity)
                      : absl::ResourceExhaustedError("out of memory");

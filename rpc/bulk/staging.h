@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "transport/device.h"
+#include "transport/verbs_owners.h"
 
 namespace zrpc::internal {
 
@@ -43,7 +44,9 @@ class StagingPool {
     size_t capacity;
     uint32_t lkey;
     int size_class;
-    std::unique_ptr<uint8_t[]> memory;
+    // Whole pages, page-aligned: registration pins whole pages, so an unaligned 4 KiB buffer
+    // pinned two.
+    transport::PageBuffer memory;
     std::unique_ptr<transport::MemoryRegion> region;
   };
 
