@@ -242,11 +242,16 @@ struct ServerOptions : RuntimeOptions {
   // Liveness, checked by a thread of the server's. Every connection's client is checked now and
   // then, and a client host that vanished without a word loses its connections (slots, arena and
   // admission place go back); a live client keeps them however quiet it is:
-  //  - a connection that holds calls (looked at every second or so) and received nothing for
-  //    liveness_probe_interval has its client's NIC probed (a zero-length RDMA WRITE: no credit,
-  //    no work for the client's process): a client host that vanished fails the probe after the
-  //    transport's retries, the connection fails, and its calls are marked cancelled
-  //    (ServerContext::IsCancelled) instead of running for nobody. Zero: never.
+  //  - a connection that holds calls (looked at every half liveness_probe_interval) and received
+  //    nothing for liveness_probe_interval has its client's NIC probed (a zero-length RDMA WRITE:
+  //    no credit, no work for the client's process), and again each further interval of silence:
+  //    a client host that vanished fails the probe after the transport's retries (1.9 s), the
+  //    connection fails, and its calls are marked cancelled (ServerContext::IsCancelled) instead
+  //    of running for nobody. A connection whose client spoke (any message but a ping: a call, a
+  //    stream frame, a cancel) and then went silent that long is probed once, calls or not: so a
+  //    break that leaves the server nothing unacknowledged (a one-way partition toward it, under
+  //    calls it answers at once) is found within about 2.5 s at the defaults, as the client finds
+  //    it. A client that pauses between bursts costs one probe a pause. Zero: never.
   //  - a connection that holds none and received nothing for idle_probe_interval, or for half as
   //    long again as the idle interval this server asks its clients to keep (its keepalive
   //    advice, below; the longer of what it asks now and what it last asked of that client) when
@@ -257,7 +262,7 @@ struct ServerOptions : RuntimeOptions {
   //    instead, at idle_probe_interval (the accept reply asks a client for its first check
   //    within two thirds of it). Idle connections are looked at every eighth of the shorter of
   //    idle_probe_interval and max_connection_idle, not every pass. Zero: never.
-  absl::Duration liveness_probe_interval = absl::Seconds(2);
+  absl::Duration liveness_probe_interval = absl::Milliseconds(500);
   absl::Duration idle_probe_interval = absl::Minutes(5);
   // A connection that held no calls and received nothing for this long is closed, its client
   // alive or not (gRPC's MAX_CONNECTION_IDLE): for a server that would rather its idle clients

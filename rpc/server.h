@@ -84,8 +84,10 @@ struct ServerStats {
   // Idle connections closed: no word ever within ServerOptions::idle_probe_interval, or none for
   // max_connection_idle.
   uint64_t connections_idle_closed = 0;
-  uint64_t liveness_probes = 0;  // probes of silent clients that hold calls
-  uint64_t idle_probes = 0;      // probes of silent idle connections (idle_probe_interval)
+  // Probes of clients silent for liveness_probe_interval that hold calls or spoke since their
+  // last probe.
+  uint64_t liveness_probes = 0;
+  uint64_t idle_probes = 0;  // probes of silent idle connections (idle_probe_interval)
   // ServerOptions::park_windows: connections whose receive window is parked now, and knocks
   // heard from parked clients (each opened a window, at once or once a floor was free).
   uint64_t parked_windows = 0;

@@ -3,11 +3,12 @@
 // A channel's calls end at their deadlines and its connections are checked (keepalive.h) by
 // passes of a timer. A channel on its own pollers has a timer of its own; the channels of a
 // poller group (ChannelOptions::poller_group) share their group's, so that a client of a
-// thousand servers runs one timer thread, not a thousand, each waking every second for its
-// keepalive pass. A member's pass runs when the time it asked for comes (its keepalive pass) or
-// when one of its calls asks for an earlier look (WakeBy: a deadline). Members ask for their
-// keepalive passes on a coarse grid (KeepaliveGrid), so that members joined at any moment share
-// the timer's wake-ups: at most 1 / grid of them a second for keepalives, however many members.
+// thousand servers runs one timer thread, not a thousand, each waking every keepalive_interval
+// (300 ms) for its keepalive pass. A member's pass runs when the time it asked for comes (its
+// keepalive pass) or when one of its calls asks for an earlier look (WakeBy: a deadline). Members
+// ask for their keepalive passes on a coarse grid (KeepaliveGrid), so that members joined at any
+// moment share the timer's wake-ups: at most 1 / grid of them a second for keepalives, however many
+// members.
 //
 // Threads. Passes run on the timer's thread, one at a time, outside its lock: they run user
 // callbacks (a deadline's), which may start calls (WakeBy) or destroy other channels. Leave

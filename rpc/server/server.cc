@@ -348,7 +348,9 @@ void ServerImpl::SweepLoop() {
           idle_probe, IdleIntervalAdvice(connections_.size(), options_.idle_keepalive_budget,
                                          options_.max_connection_idle));
       for (auto& [handler, connection] : connections_) {
-        if (connection->DueForSweep(looked_by)) open.push_back(connection);
+        if (connection->DueForSweep(looked_by, limits.probe > absl::ZeroDuration())) {
+          open.push_back(connection);
+        }
       }
     }
     for (auto& connection : open) connection->SweepPass(now, limits);
@@ -711,7 +713,8 @@ std::string Server::PrometheusText() const {
        "Calls whose caller gave up before a handler ran them.", s.calls_skipped},
       {"zrpc_server_answers_dropped_total", "counter",
        "Answers not sent because the caller had given up.", s.answers_dropped},
-      {"zrpc_server_liveness_probes_total", "counter", "Probes of silent clients that hold calls.",
+      {"zrpc_server_liveness_probes_total", "counter",
+       "Probes of silent clients that hold calls or spoke since their last probe.",
        s.liveness_probes},
       {"zrpc_server_idle_probes_total", "counter",
        "Probes of idle connections silent past ServerOptions::idle_probe_interval.", s.idle_probes},

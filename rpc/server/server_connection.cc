@@ -34,6 +34,12 @@ void ServerConnection::OnMessage(transport::Connection& connection,
                                  const transport::ReceivedMessage& message) {
   IncomingMessage incoming;
   if (!Receive(connection, message, &incoming)) return;
+  // The client spoke (a ping is not a word: an idle client's pings must not draw probes). One
+  // store, for the sweeper (SweepPass: a connection that goes quiet after speaking is probed).
+  if (incoming.header.kind != RpcKind::kRequest ||
+      incoming.header.service_id != kKeepaliveServiceId) {
+    spoke_.store(true, std::memory_order_relaxed);
+  }
   switch (incoming.header.kind) {
     case RpcKind::kRequest:
       HandleRequest(connection, incoming);
@@ -311,9 +317,17 @@ void ServerConnection::SweepPass(absl::Time now, const SweepLimits& limits) {
   // An idle connection's questions take minutes to change their answer, so it is looked at every
   // eighth of the idle settings (37.5 s at the default 5 minutes), not on every pass
   // (DueForSweep): ten thousand idle connections cost the sweeper a few hundred looks a second,
-  // not ten thousand. One that holds calls is looked at on every pass. Its first call's request
-  // moves the arrivals, so the looks it missed while idle never make it look silent.
+  // not ten thousand. One that holds calls, or spoke lately, is looked at on every pass. Its
+  // first call's request moves the arrivals, so the looks it missed while idle never make it
+  // look silent.
   last_look_ = now;
+  if (spoke_.exchange(false, std::memory_order_relaxed) && limits.probe > absl::ZeroDuration()) {
+    spoke_since_probe_ = true;
+    spoke_at_ = now;
+  }
+  // A client that kept saying something (pings) for twice the interval after its last word is
+  // alive; it goes back to the idle looks instead of being looked at on every pass for good.
+  if (spoke_since_probe_ && now - spoke_at_ >= 2 * limits.probe) spoke_since_probe_ = false;
   std::shared_ptr<transport::Connection> connection;
   {
     absl::MutexLock lock(&mu_);
@@ -329,17 +343,22 @@ void ServerConnection::SweepPass(absl::Time now, const SweepLimits& limits) {
     return;
   }
   const absl::Duration quiet = now - quiet_since_;
+  // Silent for limits.probe: probed when it holds calls (again each limits.probe), and once when
+  // it spoke since its last probe, calls or not. The latter is how a break that leaves this side
+  // nothing to send is found: a one-way partition toward the server, under calls answered at
+  // once, leaves no answer unacknowledged here to fail through the transport's retries.
+  if (limits.probe > absl::ZeroDuration() && quiet >= limits.probe &&
+      (spoke_since_probe_ || (holds_calls && now - last_probe_ >= limits.probe))) {
+    spoke_since_probe_ = false;
+    last_probe_ = now;
+    server_.CountProbe();
+    static_cast<void>(connection->Probe());
+    if (!holds_calls) return;
+  }
   if (holds_calls) {
     // Idle counts from the last call, not from the last request: a client whose long call was
     // just answered is not idle, however long ago it last sent something.
     idle_since_ = now;
-    if (limits.probe <= absl::ZeroDuration() || quiet < limits.probe ||
-        now - last_probe_ < limits.probe) {
-      return;
-    }
-    last_probe_ = now;
-    server_.CountProbe();
-    static_cast<void>(connection->Probe());
     return;
   }
   const absl::Duration idle_for = now - idle_since_;

@@ -43,7 +43,8 @@ class ServerImpl;
 
 // What a sweeper pass holds connections to (zero durations: never).
 struct SweepLimits {
-  absl::Duration probe;         // ServerOptions::liveness_probe_interval: holding calls
+  absl::Duration probe;         // ServerOptions::liveness_probe_interval: holding calls, or
+                                // silent after a word
   absl::Duration idle_probe;    // ServerOptions::idle_probe_interval: a connection never heard
                                 // (or half as long again as it was advised, when longer)
   absl::Duration idle_silence;  // IdleSilenceBeforeProbe now: idle and heard before
@@ -89,17 +90,21 @@ class ServerConnection final : public RpcConnection,
   // time less an eighth of the idle settings; InfinitePast: never again after the first, since
   // last_look_ starts at InfinitePast). A few loads: the sweeper asks it of every connection under
   // the server's lock, and takes references to those it looks at only.
-  bool DueForSweep(absl::Time looked_by) const {
+  // With `probing` (liveness_probe_interval set), one that spoke since its last probe is looked
+  // at on every pass too, until it is probed or has kept talking for twice the interval.
+  bool DueForSweep(absl::Time looked_by, bool probing) const {
     return calls_count_.load(std::memory_order_relaxed) > 0 || Transferring() ||
-           last_look_ <= looked_by;
+           last_look_ <= looked_by ||
+           (probing && (spoke_since_probe_ || spoke_.load(std::memory_order_relaxed)));
   }
   // One liveness pass over a connection DueForSweep chose (the server's sweeper thread only;
   // `now` monotonic; ServerOptions' liveness settings, rpc/options.h): probes the client's NIC
-  // when the connection holds calls and received nothing for `limits.probe`, or holds none and
-  // received nothing for `limits.idle_silence` (or half as long again as the interval it was
-  // advised last, when longer); closes it when it holds none and received nothing for
-  // `limits.max_idle`, or never received a word within `limits.idle_probe` (or that). Counted in
-  // the stats.
+  // when the connection holds calls and received nothing for `limits.probe`, once when it spoke
+  // (anything but a ping) since its last probe and then received nothing for `limits.probe`, or
+  // holds none and received nothing for `limits.idle_silence` (or half as long again as the
+  // interval it was advised last, when longer); closes it when it holds none and received nothing
+  // for `limits.max_idle`, or never received a word within `limits.idle_probe` (or that). Counted
+  // in the stats.
   void SweepPass(absl::Time now, const SweepLimits& limits);
   // The idle interval this server asked of the client last (in its accept reply, then in each
   // answer to a ping), in milliseconds: the sweeper waits for a client keeping to it.
@@ -127,6 +132,8 @@ class ServerConnection final : public RpcConnection,
   absl::Time quiet_since_ = absl::InfinitePast();  // since the last message or payload received
   absl::Time idle_since_ = absl::InfinitePast();   // since then, or since it last held calls
   absl::Time last_probe_ = absl::InfinitePast();
+  bool spoke_since_probe_ = false;              // spoke_ seen since the last probe
+  absl::Time spoke_at_ = absl::InfinitePast();  // the look that last saw spoke_
   absl::Mutex mu_;
   std::shared_ptr<transport::Connection> connection_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -155,6 +162,9 @@ class ServerConnection final : public RpcConnection,
   std::vector<void*> call_memory_;
   // calls_.size(), for the sweeper's look from its own thread.
   std::atomic<size_t> calls_count_{0};
+  // A message other than a ping arrived since the sweeper's last look (poller thread stores,
+  // sweeper takes).
+  std::atomic<bool> spoke_{false};
   std::atomic<uint32_t> advised_ms_{0};  // NoteAdvice
 };
 

@@ -258,15 +258,19 @@ TEST_CASE("mixed traffic at 0, 0.1 %, 1 % and 5 % of frames lost: no call fails,
       continue;
     }
     CHECK(lost > 0);  // the faults happened
-    INFO("pinned here " << client_pinned << " KiB, after the lossless run " << client_reference);
-    CHECK(Within5Percent(client_pinned, client_reference));
+    // Staging buffers the channel's pool kept since (counted, bounded) are not a leak.
+    REQUIRE(staging >=
+            staging_reference);  // the pool keeps what it registered (far from its bound)
+    const int64_t staging_kb = static_cast<int64_t>((staging - staging_reference) >> 10);
+    INFO("pinned here " << client_pinned << " KiB, " << staging_kb
+                        << " KiB of it new staging; after the lossless run " << client_reference);
+    CHECK(Within5Percent(client_pinned - staging_kb, client_reference));
     INFO("pinned by the server " << server_pinned << " KiB, after the lossless run "
                                  << server_reference);
     CHECK(Within5Percent(server_pinned, server_reference));
     INFO("verbs objects here " << Describe(objects) << "; after the lossless run "
                                << Describe(objects_reference) << "; staging " << staging
                                << " bytes, then " << staging_reference);
-    REQUIRE(staging >= staging_reference);  // the pool keeps what it registered
     // Each staging buffer is one region of at least 4 KiB.
     const int64_t staging_regions =
         static_cast<int64_t>((staging - staging_reference) / kSmallestStagingBuffer);

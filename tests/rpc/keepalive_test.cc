@@ -125,7 +125,7 @@ TEST_CASE("idle connections are not checked with a zero idle interval; work rese
   CHECK(schedule.idle_due() > now);
 }
 
-TEST_CASE("a pass checks at most kIdleChecksPerPass idle connections, and every busy one",
+TEST_CASE("a pass checks at most IdleChecksPerPass idle connections, and every busy one",
           "[keepalive]") {
   constexpr int kConnections = 1000;
   std::vector<KeepaliveSchedule> schedules;

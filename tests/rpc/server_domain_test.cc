@@ -573,3 +573,48 @@ TEST_CASE(
     CHECK(rt.channel->stats().connections_lost == 0);
   }
 }
+
+// Before: a client whose calls were answered at once and then fell silent was never probed until
+// idle_probe_interval (5 minutes): a one-way partition toward the server, which then had nothing
+// unacknowledged to fail, went unnoticed on the server's side (tests/hosts/faults_test).
+TEST_CASE(
+    "a client that speaks and falls silent is probed once, liveness_probe_interval after; again "
+    "only after it speaks again; its pings are no words",
+    "[server_domain]") {
+  zrpc::ServerOptions server_options;
+  server_options.liveness_probe_interval = absl::Milliseconds(100);  // looked at every 50 ms
+  server_options.idle_keepalive_budget = 0;                          // clients keep their pace
+  zrpc::ChannelOptions quiet_options;  // no keepalives: it says nothing between calls
+  quiet_options.keepalive_interval = absl::ZeroDuration();
+  const auto hello = [](zrpc::ClientChannel* channel) {
+    Greeter::Stub stub(channel);
+    HelloReply reply;
+    return stub.SayHello(Named("x"), &reply, CallOptions::Timeout(absl::Seconds(10)));
+  };
+
+  SECTION("calls") {
+    Runtime rt(FakeDevice(), server_options, quiet_options);
+    REQUIRE(hello(rt.channel.get()).ok());
+    REQUIRE(Eventually([&] { return rt.server->stats().liveness_probes >= 1; }));
+    absl::SleepFor(absl::Milliseconds(600));  // six intervals of silence more
+    CHECK(rt.server->stats().liveness_probes == 1);
+    REQUIRE(hello(rt.channel.get()).ok());
+    REQUIRE(Eventually([&] { return rt.server->stats().liveness_probes >= 2; }));
+    absl::SleepFor(absl::Milliseconds(600));
+    CHECK(rt.server->stats().liveness_probes == 2);
+    CHECK(rt.server->stats().idle_probes == 0);
+    CHECK(rt.channel->stats().connections_lost == 0);
+  }
+
+  SECTION("pings") {
+    // A client that never calls and pings every 300 to 400 ms, longer than the server waits.
+    zrpc::ChannelOptions pinging;
+    pinging.keepalive_interval = absl::Milliseconds(50);
+    pinging.idle_keepalive_interval = absl::Milliseconds(400);
+    Runtime rt(FakeDevice(), server_options, pinging);
+    REQUIRE(rt.channel->Connect(absl::Now() + absl::Seconds(10)).ok());
+    REQUIRE(Eventually([&] { return rt.server->stats().keepalives_answered >= 4; }));
+    CHECK(rt.server->stats().liveness_probes == 0);
+    CHECK(rt.channel->stats().connections_lost == 0);
+  }
+}
