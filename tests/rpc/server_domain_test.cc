@@ -473,6 +473,19 @@ TEST_CASE(
   CHECK(rt.channel->stats().connections_lost == 0);
 }
 
+// A client without keepalives: it says nothing between calls.
+zrpc::ChannelOptions QuietOptions() {
+  zrpc::ChannelOptions options;
+  options.keepalive_interval = absl::ZeroDuration();
+  return options;
+}
+
+absl::Status Hello(zrpc::ClientChannel* channel) {
+  Greeter::Stub stub(channel);
+  HelloReply reply;
+  return stub.SayHello(Named("x"), &reply, CallOptions::Timeout(absl::Seconds(10)));
+}
+
 // Before: a connection that held no calls and received nothing for the server's idle_timeout was
 // closed, its client alive or not, so the server's advice could stretch its clients' idle pings
 // to a third of that at most: 100 pings a second at ten thousand connections, which cost an
@@ -483,23 +496,17 @@ TEST_CASE(
     "[server_domain]") {
   zrpc::ServerOptions server_options;
   server_options.idle_probe_interval = absl::Milliseconds(300);
-  zrpc::ChannelOptions quiet_options;  // no keepalives: it says nothing between calls
-  quiet_options.keepalive_interval = absl::ZeroDuration();
-  const auto hello = [](zrpc::ClientChannel* channel) {
-    Greeter::Stub stub(channel);
-    HelloReply reply;
-    return stub.SayHello(Named("x"), &reply, CallOptions::Timeout(absl::Seconds(10)));
-  };
+  const zrpc::ChannelOptions quiet_options = QuietOptions();
 
   SECTION("a quiet client is probed at its NIC every idle_probe_interval, and keeps its place") {
     Runtime rt(FakeDevice(), server_options, quiet_options);
-    REQUIRE(hello(rt.channel.get()).ok());
+    REQUIRE(Hello(rt.channel.get()).ok());
     // Looked at every 37.5 ms: a probe 300 ms after the answer, then every 300 ms.
     REQUIRE(Eventually([&] { return rt.server->stats().idle_probes >= 3; }, absl::Seconds(10)));
     CHECK(rt.server->stats().connections_idle_closed == 0);
     CHECK(rt.server->stats().connections_open == 1);
     CHECK(rt.channel->stats().connections_lost == 0);
-    CHECK(hello(rt.channel.get()).ok());
+    CHECK(Hello(rt.channel.get()).ok());
     CHECK(rt.channel->stats().connect_attempts == 1);
   }
 
@@ -541,7 +548,7 @@ TEST_CASE(
     pinging.keepalive_interval = absl::Milliseconds(100);
     pinging.idle_keepalive_interval = absl::Milliseconds(100);
     Runtime rt(FakeDevice(), server_options, pinging);
-    REQUIRE(hello(rt.channel.get()).ok());
+    REQUIRE(Hello(rt.channel.get()).ok());
     absl::SleepFor(absl::Seconds(3));
     INFO(rt.server->stats().keepalives_answered << " pings answered");
     CHECK(rt.server->stats().keepalives_answered >= 2);
@@ -552,12 +559,12 @@ TEST_CASE(
   SECTION("max_connection_idle closes a live idle client, which reconnects on its next call") {
     server_options.max_connection_idle = absl::Milliseconds(400);
     Runtime rt(FakeDevice(), server_options, quiet_options);
-    REQUIRE(hello(rt.channel.get()).ok());
+    REQUIRE(Hello(rt.channel.get()).ok());
     REQUIRE(Eventually([&] { return rt.server->stats().connections_idle_closed == 1; },
                        absl::Seconds(10)));
     REQUIRE(
         Eventually([&] { return rt.channel->stats().connections_lost == 1; }, absl::Seconds(10)));
-    CHECK(hello(rt.channel.get()).ok());
+    CHECK(Hello(rt.channel.get()).ok());
     CHECK(rt.channel->stats().connect_attempts == 2);
   }
 
@@ -567,7 +574,7 @@ TEST_CASE(
     pinging.keepalive_interval = absl::Milliseconds(50);
     pinging.idle_keepalive_interval = absl::Milliseconds(100);
     Runtime rt(FakeDevice(), server_options, pinging);
-    REQUIRE(hello(rt.channel.get()).ok());
+    REQUIRE(Hello(rt.channel.get()).ok());
     absl::SleepFor(absl::Milliseconds(1500));
     CHECK(rt.server->stats().connections_idle_closed == 0);
     CHECK(rt.channel->stats().connections_lost == 0);
@@ -584,21 +591,15 @@ TEST_CASE(
   zrpc::ServerOptions server_options;
   server_options.liveness_probe_interval = absl::Milliseconds(100);  // looked at every 50 ms
   server_options.idle_keepalive_budget = 0;                          // clients keep their pace
-  zrpc::ChannelOptions quiet_options;  // no keepalives: it says nothing between calls
-  quiet_options.keepalive_interval = absl::ZeroDuration();
-  const auto hello = [](zrpc::ClientChannel* channel) {
-    Greeter::Stub stub(channel);
-    HelloReply reply;
-    return stub.SayHello(Named("x"), &reply, CallOptions::Timeout(absl::Seconds(10)));
-  };
+  const zrpc::ChannelOptions quiet_options = QuietOptions();
 
   SECTION("calls") {
     Runtime rt(FakeDevice(), server_options, quiet_options);
-    REQUIRE(hello(rt.channel.get()).ok());
+    REQUIRE(Hello(rt.channel.get()).ok());
     REQUIRE(Eventually([&] { return rt.server->stats().liveness_probes >= 1; }));
     absl::SleepFor(absl::Milliseconds(600));  // six intervals of silence more
     CHECK(rt.server->stats().liveness_probes == 1);
-    REQUIRE(hello(rt.channel.get()).ok());
+    REQUIRE(Hello(rt.channel.get()).ok());
     REQUIRE(Eventually([&] { return rt.server->stats().liveness_probes >= 2; }));
     absl::SleepFor(absl::Milliseconds(600));
     CHECK(rt.server->stats().liveness_probes == 2);
