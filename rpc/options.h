@@ -251,7 +251,9 @@ struct ServerOptions : RuntimeOptions {
   //    stream frame, a cancel) and then went silent that long is probed once, calls or not: so a
   //    break that leaves the server nothing unacknowledged (a one-way partition toward it, under
   //    calls it answers at once) is found within about 2.5 s at the defaults, as the client finds
-  //    it. A client that pauses between bursts costs one probe a pause. Zero: never.
+  //    it (the same interval as ChannelOptions::keepalive_interval: a zrpc client waiting for
+  //    answers pings before a probe is due). A client that pauses between bursts costs one probe
+  //    a pause. Zero: never.
   //  - a connection that holds none and received nothing for idle_probe_interval, or for half as
   //    long again as the idle interval this server asks its clients to keep (its keepalive
   //    advice, below; the longer of what it asks now and what it last asked of that client) when
@@ -262,7 +264,7 @@ struct ServerOptions : RuntimeOptions {
   //    instead, at idle_probe_interval (the accept reply asks a client for its first check
   //    within two thirds of it). Idle connections are looked at every eighth of the shorter of
   //    idle_probe_interval and max_connection_idle, not every pass. Zero: never.
-  absl::Duration liveness_probe_interval = absl::Milliseconds(500);
+  absl::Duration liveness_probe_interval = absl::Milliseconds(300);
   absl::Duration idle_probe_interval = absl::Minutes(5);
   // A connection that held no calls and received nothing for this long is closed, its client
   // alive or not (gRPC's MAX_CONNECTION_IDLE): for a server that would rather its idle clients

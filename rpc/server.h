@@ -58,6 +58,10 @@ class ServerImpl;
 struct ServerStats {
   uint64_t connections_accepted = 0;
   uint64_t connections_open = 0;
+  // Connections accepted and since closed, for any reason: the client's, a failure, idleness,
+  // Shutdown. Counted once each connection has let everything go (its calls ended), as it leaves
+  // connections_open; a connection refused during its handshake is neither accepted nor closed.
+  uint64_t connections_closed = 0;
   // The most connections open or handshaking at once since Start (the listener's admission
   // count, so never above ServerOptions::listener.max_connections), until Shutdown began.
   uint64_t connections_peak = 0;

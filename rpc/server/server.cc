@@ -447,6 +447,7 @@ void ServerImpl::ConnectionClosed(ServerConnection* connection) {
   if (it == connections_.end()) return;
   closed = std::move(it->second);
   connections_.erase(it);
+  closed_.fetch_add(1, std::memory_order_relaxed);
   // `closed` is released after the lock; its calls, if any, still hold it.
 }
 
@@ -594,6 +595,7 @@ std::string ServerImpl::address() const {
 ServerStats ServerImpl::stats() const {
   ServerStats stats;
   stats.connections_accepted = accepted_.load(std::memory_order_relaxed);
+  stats.connections_closed = closed_.load(std::memory_order_relaxed);
   {
     absl::MutexLock lock(&mu_);
     stats.connections_open = connections_.size();
@@ -690,6 +692,8 @@ std::string Server::PrometheusText() const {
       {"zrpc_server_connections_accepted_total", "counter", "Connections accepted.",
        s.connections_accepted},
       {"zrpc_server_connections_open", "gauge", "Connections open now.", s.connections_open},
+      {"zrpc_server_connections_closed_total", "counter",
+       "Connections accepted and since closed, for any reason.", s.connections_closed},
       {"zrpc_server_connections_peak", "gauge",
        "Most connections open or handshaking at once since the server started.",
        s.connections_peak},

@@ -169,6 +169,7 @@ class ServerImpl final : public transport::AcceptHandler {
   CallCounts calls_;  // started and retired: ServerStats, and what Shutdown waits for
 
   std::atomic<uint64_t> accepted_{0};
+  std::atomic<uint64_t> closed_{0};
   std::atomic<uint64_t> unimplemented_{0};
   std::atomic<uint64_t> cancels_{0};
   std::atomic<uint64_t> keepalives_{0};

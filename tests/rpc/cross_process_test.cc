@@ -203,6 +203,7 @@ TEST_CASE(
   }
   CHECK((*server)->stats().calls_in_flight == 0);
   CHECK((*server)->stats().connections_open == 0);
+  CHECK((*server)->stats().connections_closed == 1);
   CHECK(greeter.cancelled.load() >= 1);
 
   zrpc::ChannelOptions channel_options;

@@ -4,6 +4,7 @@
 //                                   with "report", also "open N" each time the number of open
 //                                   connections (handshakes too) changes, looked at every 10 ms,
 //                                   "peak N" as the most open at once (ServerStats) grows,
+//                                   "closed N" as the count of connections closed grows,
 //                                   and "log COMPONENT: MESSAGE" for each line zrpc logs (on
 //                                   standard error as well)
 //   rpc_peer client ADDR:PORT N     keeps N SayHello("sleep:300") calls in flight forever;
@@ -126,7 +127,7 @@ int Serve(std::vector<zrpc::Service*> services, uint16_t port, bool report = fal
     std::fflush(stdout);
   });
   int64_t pinned_kb = -1;
-  uint64_t peak = 0;
+  uint64_t peak = 0, closed = 0;
   for (uint64_t open = 0;; absl::SleepFor(absl::Milliseconds(10))) {
     const zrpc::ServerStats stats = (*server)->stats();
     const uint64_t now_open = stats.connections_open;
@@ -135,6 +136,10 @@ int Serve(std::vector<zrpc::Service*> services, uint16_t port, bool report = fal
     if (now_open != open) {
       open = now_open;
       std::printf("open %llu\n", static_cast<unsigned long long>(open));
+    }
+    if (stats.connections_closed != closed) {
+      closed = stats.connections_closed;
+      std::printf("closed %llu\n", static_cast<unsigned long long>(closed));
     }
     if (stats.connections_peak != peak) {
       peak = stats.connections_peak;

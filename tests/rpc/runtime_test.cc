@@ -1061,6 +1061,7 @@ TEST_CASE(
                    "SayHello\",code=\"OK\"}") == 5);
   CHECK(parsed->at("zrpc_server_connections_open") == 1);
   CHECK(parsed->at("zrpc_server_connections_accepted_total") == 1);
+  CHECK(parsed->at("zrpc_server_connections_closed_total") == 0);
   CHECK(parsed->at("zrpc_server_calls_in_flight") == 0);
   if (std::optional<std::string> promtool = zrpc::testing::FindPromtool()) {
     zrpc::testing::CommandResult check =
