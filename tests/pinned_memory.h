@@ -1,11 +1,14 @@
 // What the kernel pinned for this process's memory registrations (VmPin), for tests that hold
-// registered memory to what it was before a load: a leak of regions or arenas shows here.
+// registered memory to what it was before a load: a leak of regions or arenas shows here. And the
+// file descriptors it holds, for tests of what thousands of connections cost.
 #ifndef ZRPC_TESTS_PINNED_MEMORY_H_
 #define ZRPC_TESTS_PINNED_MEMORY_H_
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -27,6 +30,17 @@ inline int64_t PinnedKb() {
     }
   }
   return -1;
+}
+
+// File descriptors this process has open now.
+inline int OpenFileDescriptors() {
+  std::error_code error;
+  int count = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    ++count;
+  }
+  return count;
 }
 
 }  // namespace zrpc::testing

@@ -294,6 +294,18 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   std::shared_ptr<Connection> c(new Connection(device, poller, handler, options));
   if (auto s = CreateCmChannelAndId(&c->setup_channel_, &c->id_); !s.ok()) return s;
   rdma_cm_id* id = c->id_.get();
+  // A failed attempt gives its setup channel's file descriptor back now. The connection itself
+  // may live on for a while (a poller that knew it retires it between passes, and a poller busy
+  // with a thousand connections that just failed takes its time): a channel reconnecting a
+  // thousand connections to a server that refuses them held a thousand descriptors at once, and
+  // a process sharing the default limit of 1,024 could open nothing more (soak_scale_test: the
+  // server's restart failed with EMFILE). The id moves to the poller's channel, as an
+  // established one's does, with no QP number: an event of its own that comes later reaches no
+  // connection (QP 0 is never an RC queue pair's).
+  absl::Cleanup give_back_channel = [&] {
+    id->context = nullptr;
+    if (rdma_migrate_id(id, poller.cm_channel()) == 0) c->setup_channel_.reset();
+  };
 
   if (auto s =
           ResolveRoute(c->setup_channel_.get(), id, device.selection().addr, addr, port, deadline);
@@ -363,6 +375,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   poller.LookAtCmChannel();
   c->OnEstablished();
   std::move(unregister).Cancel();
+  std::move(give_back_channel).Cancel();
   return c;
 }
 
