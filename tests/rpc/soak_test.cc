@@ -85,6 +85,7 @@ struct Record {
   ObjectInfo info;
   zrpc::IncomingBulk payload;
   std::string expected;
+  absl::Time started;  // when the call was made
   std::atomic<int> ends{0};
 };
 
@@ -105,6 +106,10 @@ class Soak {
 
   void Run() {
     const absl::Time start = absl::Now();
+    {
+      absl::MutexLock lock(&mu_);
+      start_ = start;
+    }
     end_ = start + length_;
     const absl::Duration spacing = length_ / 2 / restarts_;
     restart_at_ = start + length_ / 2;
@@ -118,6 +123,7 @@ class Soak {
       const absl::Time now = absl::Now();
       const Registered registered = Sample();
       const int64_t pinned = registered.pinned_kb;
+      most_files_ = std::max(most_files_, zrpc::testing::OpenFileDescriptors());
       if (restarted == 0 && now < restart_at_) {
         // The first half is the warm-up: every kind ran, staging reached its sizes.
         if (now > start + length_ / 4) {
@@ -161,7 +167,7 @@ class Soak {
     absl::StrAppend(&out, "  pinned memory: ", warmup_pinned_kb, " KiB at most in the warm-up (",
                     warmup_pool_kb, " KiB of it the slot pool, ", warmup_other_kb,
                     " KiB at most the rest), ", later_pinned_kb,
-                    " KiB at most after the restart\n");
+                    " KiB at most after the restart\n  open files: ", most_files_, " at most\n");
     return out;
   }
 
@@ -226,12 +232,12 @@ class Soak {
   void Ended(Record* record, const absl::Status& status) {
     if (record->ends.fetch_add(1) != 0) twice_.fetch_add(1);
     if (status.ok() && !record->expected.empty() && record->payload.view() != record->expected) {
-      Note(record->kind,
+      Note(record,
            absl::DataLossError(absl::StrCat(
                "payload bytes differ: ", Describe(record->payload.view(), record->expected),
                "; ended ", absl::FormatDuration(absl::Now() - end_), " from the end of the run")));
     } else {
-      Note(record->kind, status);
+      Note(record, status);
     }
     record->payload.Reset();
     ended_.fetch_add(1);
@@ -239,18 +245,31 @@ class Soak {
     --in_flight_;
   }
 
-  void Note(Kind kind, const absl::Status& status) {
+  void Note(const Record* record, const absl::Status& status) {
+    const Kind kind = record->kind;
     absl::MutexLock lock(&mu_);
     // From shortly before the restart until the channel has surely reconnected (a connect
     // attempt made while the server was down times out after connect_timeout, 3 s, and the
     // backoff that follows may add up to a few seconds more), calls may fail UNAVAILABLE.
+    // A call counts as around the restart when it ended there or was made there: one made while
+    // no connection was open connects on its caller's thread, up to its deadline (10 s) when the
+    // new server accepts slowly (a thousand reconnecting at once, in the emulated device), and
+    // may end that long after the window.
     const absl::Time now = absl::Now();
-    const bool around_restart =
-        restarting_ || now >= restart_at_ - absl::Seconds(1) ||
-        (restart_end_ != absl::InfinitePast() && now < restart_end_ + absl::Seconds(10));
+    auto in_window = [&](absl::Time t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return t >= restart_at_ - absl::Seconds(1) ||
+             (restart_end_ != absl::InfinitePast() && t < restart_end_ + absl::Seconds(10));
+    };
+    const bool around_restart = restarting_ || in_window(now) || in_window(record->started);
     ++outcomes_[absl::StrCat(kKindNames[kind], " ", absl::StatusCodeToString(status.code()))];
     if (!Allowed(kind, status.code(), around_restart) && unexpected_.size() < 20) {
-      unexpected_.push_back(absl::StrCat(kKindNames[kind], ": ", status.ToString()));
+      // When, from the start of the run: a call that outlived a restart's window says so.
+      auto at = [&](absl::Time t) {
+        return t == absl::InfinitePast() ? std::string("-") : absl::FormatDuration(t - start_);
+      };
+      unexpected_.push_back(absl::StrCat(kKindNames[kind], ": ", status.ToString(), " (made at ",
+                                         at(record->started), ", ended at ", at(now),
+                                         "; the restart ended at ", at(restart_end_), ")"));
     }
   }
 
@@ -281,6 +300,7 @@ class Soak {
         records_.push_back(std::move(record));
       }
       r->kind = static_cast<Kind>(random() % kKinds);
+      r->started = absl::Now();
       started_.fetch_add(1);
       auto done = [this, r](absl::Status s) { Ended(r, s); };
       const zrpc::CallOptions normal = zrpc::CallOptions::Timeout(absl::Seconds(10));
@@ -367,6 +387,8 @@ class Soak {
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool restarting_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time restart_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time start_ ABSL_GUARDED_BY(mu_);  // the run's
+  int most_files_ = 0;                     // written by Run, read after it
   std::map<std::string, int> outcomes_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> unexpected_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Record>> records_ ABSL_GUARDED_BY(mu_);
@@ -472,9 +494,13 @@ TEST_CASE(
   std::printf("  once the traffic stopped: %s (idle before the traffic: %s)\n",
               settled.ToString().c_str(), idle.ToString().c_str());
   const zrpc::ChannelStats channel_stats = rt.channel->stats();
-  std::printf("  the channel made %lu connect attempts, %lu failed\n",
-              static_cast<unsigned long>(channel_stats.connect_attempts),
-              static_cast<unsigned long>(channel_stats.connect_failures));
+  std::printf(
+      "  the channel made %lu connect attempts, %lu failed; %lu connections lost, %lu answers "
+      "came late\n",
+      static_cast<unsigned long>(channel_stats.connect_attempts),
+      static_cast<unsigned long>(channel_stats.connect_failures),
+      static_cast<unsigned long>(channel_stats.connections_lost),
+      static_cast<unsigned long>(channel_stats.late_responses));
   INFO("once the traffic stopped: " << settled.ToString());
   CHECK(flat);
   CHECK(settled.slots_in_use == idle_slots(settled));
