@@ -9,8 +9,9 @@
 // hold max_connections (rpc/server). The bound counts what idle connections register; send slots
 // the pool grows for, pulled payloads and the application's own registrations come on top, so a
 // limit just large enough for max_connections still fails some registrations under load. Open files
-// are no such limit: an open connection holds no file descriptor of its own on either side
-// (tests/transport/connection_test), only each poller and listener do (a few each).
+// are no such limit: an open connection holds no file descriptor of its own on either side, and a
+// connect attempt holds one only until it succeeds or fails (tests/transport/connection_test), so
+// only each poller and listener do (a few each).
 #ifndef ZRPC_TRANSPORT_PROCESS_LIMITS_H_
 #define ZRPC_TRANSPORT_PROCESS_LIMITS_H_
 
