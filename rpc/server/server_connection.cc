@@ -339,7 +339,7 @@ void ServerConnection::SweepPass(absl::Time now, const SweepLimits& limits) {
   if (arrivals != arrivals_seen_ || quiet_since_ == absl::InfinitePast()) {
     arrivals_seen_ = arrivals;
     quiet_since_ = now;
-    idle_since_ = now;
+    idle_.Heard(now);
     return;
   }
   const absl::Duration quiet = now - quiet_since_;
@@ -355,13 +355,11 @@ void ServerConnection::SweepPass(absl::Time now, const SweepLimits& limits) {
     static_cast<void>(connection->Probe());
     if (!holds_calls) return;
   }
-  if (holds_calls) {
-    // Idle counts from the last call, not from the last request: a client whose long call was
-    // just answered is not idle, however long ago it last sent something.
-    idle_since_ = now;
-    return;
-  }
-  const absl::Duration idle_for = now - idle_since_;
+  // Idle counts from the first look that finds no call, not from the last request: a client
+  // whose long call was just answered is not idle, however long ago it last sent something, nor
+  // however late this look is (idle_since.h).
+  const absl::Duration idle_for = idle_.Look(now, holds_calls);
+  if (holds_calls) return;
   // The client checks within the interval this server last asked of it (at accept or in an
   // answer; it may have asked for longer than it would now, with more connections open then):
   // silence before then is a client keeping to it.

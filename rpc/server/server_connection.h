@@ -34,6 +34,7 @@
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
 #include "rpc/server/handler_pool.h"
+#include "rpc/server/idle_since.h"
 #include "rpc/server/server_call.h"
 #include "rpc/stream/stream_state.h"
 
@@ -130,7 +131,7 @@ class ServerConnection final : public RpcConnection,
   uint64_t arrivals_seen_ = 0;
   absl::Time last_look_ = absl::InfinitePast();
   absl::Time quiet_since_ = absl::InfinitePast();  // since the last message or payload received
-  absl::Time idle_since_ = absl::InfinitePast();   // since then, or since it last held calls
+  IdleSince idle_;  // since then, or since a look first found it holding no calls
   absl::Time last_probe_ = absl::InfinitePast();
   bool spoke_since_probe_ = false;              // spoke_ seen since the last probe
   absl::Time spoke_at_ = absl::InfinitePast();  // the look that last saw spoke_
