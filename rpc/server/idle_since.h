@@ -20,24 +20,22 @@ namespace zrpc::internal {
 class IdleSince {
  public:
   // Something arrived (a message or a payload), seen at `now`: not idle before it.
-  void Heard(absl::Time now) {
-    since_ = now;
-    held_ = false;
-  }
+  void Heard(absl::Time now) { since_ = now; }
   // A look at `now`: whether the connection holds calls. Returns how long it has been idle
   // (zero while it holds calls, and at the first look that finds none).
   absl::Duration Look(absl::Time now, bool holds_calls) {
-    if (holds_calls || held_) {
-      since_ = now;
-      held_ = holds_calls;
+    if (holds_calls) {
+      since_ = kHolding;
       return absl::ZeroDuration();
     }
+    if (since_ == kHolding) since_ = now;
     return now - since_;
   }
 
  private:
+  // The last look found calls: idle from the next look that finds none.
+  static constexpr absl::Time kHolding = absl::InfiniteFuture();
   absl::Time since_ = absl::InfinitePast();
-  bool held_ = false;  // the last look found calls
 };
 
 }  // namespace zrpc::internal
