@@ -7,7 +7,7 @@ Each DUMP is one phase of CALLS round trips, recorded with fakeverbs' entry poin
 (count_instructions.sh): nothing the stand-in device does is in it. For each it prints one line
 of figures per round trip, tab-separated, after a header:
 
-  ir          instructions executed, all threads
+  ir          instructions executed (by the thread that drove the phase: below)
   allocs      calls to malloc, calloc, realloc, aligned_alloc, posix_memalign, memalign,
               operator new (every allocating form; not placement new)
   locks       mutex acquisitions: absl::Mutex (Lock, ReaderLock, TryLock) and
@@ -25,6 +25,14 @@ of figures per round trip, tab-separated, after a header:
               poller's completion batch (Connection::RunBatchLocked) and every other entry, which
               lets go through Connection::ExitLocked; an operation run inside a domain already
               held (a handler's send, a task in the batch) is not one
+  wakes       ways one thread wakes another: condition variables signalled (pthread_cond_signal
+              and _broadcast, std::condition_variable's notify_one and notify_all, absl::CondVar's
+              Signal and SignalAll) and write(2) calls (an eventfd's or a pipe's), however nested
+
+count_instructions.sh records each thread apart (--separate-threads=yes), and a phase's dump is
+the thread that drove it alone: the threads that run by the clock (a channel's timer and
+restorer, the server's sweeper) are not in it, whenever their passes fall. What a call could
+hand to another thread it must wake it for: `wakes` counts that.
 """
 
 import os
@@ -45,6 +53,10 @@ CLOCK = re.compile(
     r"absl::[a-z_0-9]+::Now\(\)|absl::[a-z_0-9]+::GetCurrentTimeNanos\(\)|"
     r"std::chrono::_V2::(steady|system)_clock::now\(\))$")
 SYSCALL = re.compile(r"^syscall$")
+WAKE = re.compile(
+    r"^(pthread_cond_signal|pthread_cond_broadcast|__pthread_cond_signal|__pthread_cond_broadcast|"
+    r"std::condition_variable::notify_(one|all)\(\)|"
+    r"absl::[a-z_0-9]+::CondVar::Signal(All)?\(\)|write|__write|__libc_write)$")
 ENTRY = re.compile(
     r"^zrpc::transport::Connection::(RunBatchLocked\(absl::[a-z_0-9]+::Span<ibv_wc const>\)|"
     r"ExitLocked\(\))$")
@@ -75,7 +87,7 @@ def atomic_addresses(obj):
 def read(path, program=None):
     totals = None
     counts = {"allocs": 0, "locks": 0, "clocks": 0, "syscalls": 0, "atomics": 0,
-              "atomics_zrpc": 0, "entries": 0}
+              "atomics_zrpc": 0, "entries": 0, "wakes": 0}
     caller = ""
     callee = ""
     names = {}
@@ -112,7 +124,8 @@ def read(path, program=None):
                 # One allocation is one count: operator new's own malloc is not another; one
                 # clock read is one count: absl::Now's clock_gettime is not another.
                 if (ALLOC.match(callee) and ALLOC.match(caller)) or (
-                        CLOCK.match(callee) and CLOCK.match(caller)):
+                        CLOCK.match(callee) and CLOCK.match(caller)) or (
+                        WAKE.match(callee) and WAKE.match(caller)):
                     continue
                 if ALLOC.match(callee):
                     counts["allocs"] += n
@@ -124,6 +137,8 @@ def read(path, program=None):
                     counts["syscalls"] += n
                 elif ENTRY.match(callee):
                     counts["entries"] += n
+                elif WAKE.match(callee):
+                    counts["wakes"] += n
             elif line.startswith("totals:") or line.startswith("summary:"):
                 totals = int(line.split()[1])
     if totals is None:
@@ -172,7 +187,7 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     calls = int(sys.argv[1])
-    print("phase\tir\tallocs\tlocks\tclocks\tsyscalls\tatomics\tatomics_zrpc\tentries")
+    print("phase\tir\tallocs\tlocks\tclocks\tsyscalls\tatomics\tatomics_zrpc\tentries\twakes")
     for i, path in enumerate(sys.argv[2:], 1):
         program = program_of(path)
         totals, counts = read(path, program)
@@ -180,7 +195,7 @@ def main():
               f"{counts['allocs'] / calls:.3f}\t{counts['locks'] / calls:.3f}\t"
               f"{counts['clocks'] / calls:.3f}\t{counts['syscalls'] / calls:.3f}\t"
               f"{counts['atomics'] / calls:.3f}\t{counts['atomics_zrpc'] / calls:.3f}\t"
-              f"{counts['entries'] / calls:.3f}")
+              f"{counts['entries'] / calls:.3f}\t{counts['wakes'] / calls:.3f}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 // `valgrind --tool=callgrind` (benchmarks/count_instructions.sh reads the counts).
 //
 //   count_instructions transport|rpc [--calls N] [--warmup N] [--size B] [--depth D]
-//                                    [--shared-receive-queue R] [--idle N]
+//                                    [--shared-receive-queue R] [--idle N] [--background-locks N]
 //
 // transport: zrpc's transport alone (transport::Connection, the echo transport_bench measures).
 // rpc: the generated Bench service's Echo, inline handler, async calls chained from their
@@ -14,6 +14,13 @@
 // --idle N (rpc): N idle connections to the server beside the counted one (a second channel's,
 // no calls, no keepalives, on the counted channel's pollers: a poller group), so that what idle
 // connections add to a call's work is counted; compare with --idle 1.
+// --background-locks N: a thread of this program's own takes a mutex N times every millisecond
+// from before the warm-up to the end, standing in for the runtime's threads that run by the
+// clock (count_instructions.sh counts the driving thread alone: count_instructions_test checks
+// that this moves neither phase).
+//
+// Each step it finishes goes to stderr as "count_instructions: step NAME after S s" (seconds
+// since start), so that a run cut short says how far it came.
 //
 // After the warm-up (dumped first, so that the counters start from zero) it runs two phases of
 // --calls round trips each, dumped after each (callgrind client requests; without valgrind they
@@ -21,11 +28,14 @@
 // carried in each phase (PrintPhase).
 #include <valgrind/callgrind.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,7 +63,8 @@ using fakeverbs::FakeDevice;
 
 constexpr char kUsage[] =
     "usage: count_instructions transport|rpc [--calls N] [--warmup N] [--size B] [--depth D]\n"
-    "                                        [--shared-receive-queue R] [--idle N (rpc)]\n";
+    "                                        [--shared-receive-queue R] [--idle N (rpc)]\n"
+    "                                        [--background-locks N]\n";
 
 struct Args {
   std::string mode;
@@ -62,7 +73,44 @@ struct Args {
   uint64_t size = 64;
   uint64_t depth = 1;
   uint64_t shared_receive_queue = 0;
-  uint64_t idle = 0;  // rpc: idle connections to the server beside the counted one
+  uint64_t idle = 0;              // rpc: idle connections to the server beside the counted one
+  uint64_t background_locks = 0;  // a busy thread's mutex acquisitions a millisecond
+};
+
+// "count_instructions: step NAME after S s" on stderr (unbuffered): outside the counted phases
+// only (a write is a wake, callgrind_counts.py).
+const auto kStart = std::chrono::steady_clock::now();
+void Step(const char* name) {
+  const std::chrono::duration<double> since = std::chrono::steady_clock::now() - kStart;
+  std::fprintf(stderr, "count_instructions: step %s after %.1f s\n", name, since.count());
+}
+
+// --background-locks: a thread that takes a mutex `locks` times every millisecond until it is
+// destroyed, as a timer's pass over a thousand connections would.
+class BackgroundLocks {
+ public:
+  explicit BackgroundLocks(uint64_t locks) {
+    if (locks == 0) return;
+    thread_ = std::thread([this, locks] {
+      while (!stop_.load(std::memory_order_relaxed)) {
+        for (uint64_t i = 0; i < locks; ++i) {
+          absl::MutexLock lock(&mu_);
+          ++taken_;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+  ~BackgroundLocks() {
+    stop_.store(true, std::memory_order_relaxed);
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  absl::Mutex mu_;
+  uint64_t taken_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
 };
 
 // "phase N: CALLS calls, SENDS sends, COMPLETIONS completions, S send doorbells, R receive
@@ -84,6 +132,8 @@ void PrintPhase(int phase, uint64_t calls, const fakeverbs::Counters& before,
 // as `run` (N round trips) fails. The phases are printed after the last dump: a print between
 // them would be counted in the second (stdio's lock and buffer).
 bool RunPhases(const Args& args, const std::function<bool(uint64_t)>& run) {
+  Step("setup");
+  BackgroundLocks background(args.background_locks);
   if (!run(args.warmup)) return false;
   // Each phase reads the counters at its start (so both pay for one reading), and the last
   // reading follows the last dump.
@@ -98,6 +148,7 @@ bool RunPhases(const Args& args, const std::function<bool(uint64_t)>& run) {
     if (!ok) return false;
   }
   counters[2] = fakeverbs::counters();
+  Step("phases");
   for (int phase = 1; phase <= 2; ++phase) {
     PrintPhase(phase, args.calls, counters[phase - 1], counters[phase]);
   }
@@ -276,6 +327,7 @@ int RunRpc(const Args& args) {
       return 1;
     }
     idle = std::move(*made);
+    Step("idle connections");
   }
   Bench::Stub stub(channel->get());
   EchoMessage request;
@@ -358,6 +410,8 @@ int main(int argc, char** argv) {
       args.shared_receive_queue = value;
     } else if (flag == "--idle" && args.mode == "rpc") {
       args.idle = value;
+    } else if (flag == "--background-locks") {
+      args.background_locks = value;
     } else {
       std::fprintf(stderr, "count_instructions: unknown flag %s\n%s", flag.c_str(),
                    zrpc::bench::kUsage);
@@ -369,8 +423,15 @@ int main(int argc, char** argv) {
                  zrpc::bench::kUsage);
     return 2;
   }
-  if (args.mode == "transport") return zrpc::bench::RunTransport(args);
-  if (args.mode == "rpc") return zrpc::bench::RunRpc(args);
-  std::fputs(zrpc::bench::kUsage, stderr);
-  return 2;
+  int status = 2;
+  if (args.mode == "transport") {
+    status = zrpc::bench::RunTransport(args);
+  } else if (args.mode == "rpc") {
+    status = zrpc::bench::RunRpc(args);
+  } else {
+    std::fputs(zrpc::bench::kUsage, stderr);
+    return 2;
+  }
+  zrpc::bench::Step("teardown");
+  return status;
 }
