@@ -48,6 +48,7 @@ def zrpc_system_libs():
             ]),
             "benchmark": "benchmark",
             "catch2": "",  # header-only: /usr/include/catch2/catch.hpp
+            "crypto": "libcrypto",  # OpenSSL's: HMAC-SHA256 and nonces, transport/auth.h
             "grpcpp": "grpc++",  # the gRPC baseline, benchmarks/grpc_bench only
             "ibverbs": "libibverbs",
             "protobuf": "protobuf",
