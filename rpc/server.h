@@ -96,6 +96,14 @@ struct ServerStats {
   // heard from parked clients (each opened a window, at once or once a floor was free).
   uint64_t parked_windows = 0;
   uint64_t knocks_heard = 0;
+  // The shared receive queues' low-water reports from the device (their pollers fell behind the
+  // arrivals, or the slot pool ran dry: transport/shared_receive_queue.h, "Low water"), and the
+  // device's own events read so far (transport/async_events.h): its port going down and coming
+  // back, queue pairs it failed. The device's are the process's, whatever server reads them.
+  uint64_t shared_queue_low_reports = 0;
+  uint64_t device_port_down = 0;
+  uint64_t device_port_active = 0;
+  uint64_t device_queue_pair_errors = 0;
   uint64_t streams_started = 0;  // streaming calls whose handler thread started
   uint64_t streams_open = 0;     // of those, not finished yet
   uint64_t streams_refused = 0;  // past max_streams_per_connection or max_streams

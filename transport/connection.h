@@ -460,6 +460,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // ConnectionOptions asked for, on each side as cm_util.h says which side's count it takes.
   // Any thread; the queue pair lives as long as the connection.
   absl::StatusOr<RetryTiming> QueryRetryTiming() const;
+  // The queue pair (null before it is made): what the device's reports name (async_events.h),
+  // and how the poller tells this connection from a later one given the same number.
+  ibv_qp* queue_pair() const { return qp_ != nullptr ? qp_->qp : nullptr; }
   // The flow-control state, for logs when something stalls.
   std::string DebugString() const;
   // The same without waiting: says so when another thread holds the domain.
@@ -521,14 +524,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
       kProbe,
       kFlush,
       kClose,
-      kCmEvent,  // cm_event
-      kLook,     // nothing: has the holder look at the drain again (AcceptLeft)
+      kCmEvent,      // cm_event
+      kDeviceEvent,  // device_event
+      kLook,         // nothing: has the holder look at the drain again (AcceptLeft)
     };
     Kind kind = kEnqueue;
     bool has_release = false;
     uint64_t release = 0;
     uint64_t token = 0;
     rdma_cm_event_type cm_event{};
+    ibv_event_type device_event{};
     absl::InlinedVector<Waiting, 2> ops;
     // In the pool: its index + 1 (0: from the heap), and the free list's link (an index + 1).
     uint32_t pool_slot = 0;
@@ -584,6 +589,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // finished (or a made-up flush), and events another thread's exit left for the poller.
   void ReplayEarly();
   void OnCmEvent(rdma_cm_event_type type);
+  // The device reported `type`, an error of this connection's queue pair (async_events.h): it
+  // fails, saying so. From the poller's loop.
+  void OnDeviceEvent(ibv_event_type type);
   void DispatchOne(Event& e);
 
   // The domain (serial_domain.h). Whether this thread holds it for this connection's batch.
@@ -640,6 +648,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Takes the write back if it still waits; its report goes to pending_events_.
   void WithdrawLocked(uint64_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void CmEventLocked(rdma_cm_event_type type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  void DeviceEventLocked(ibv_event_type type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // `query_qp`: with the queue pair's state as the device reports it.
   std::string DebugStringLocked(bool query_qp = true) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // Out of the poller's count of draining connections (Poller::draining_), once: the drain

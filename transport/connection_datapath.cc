@@ -389,6 +389,9 @@ void Connection::RunLeftLocked(DomainOp* left, Events& events) {
       case LeftOp::kCmEvent:
         CmEventLocked(op->cm_event);
         break;
+      case LeftOp::kDeviceEvent:
+        DeviceEventLocked(op->device_event);
+        break;
       case LeftOp::kLook:
         break;  // the holder's AfterChangeLocked looks at the drain
     }
@@ -1552,6 +1555,28 @@ void Connection::CmEventLocked(rdma_cm_event_type type) {
     default:  // TIMEWAIT_EXIT and the like need nothing
       break;
   }
+}
+
+void Connection::OnDeviceEvent(ibv_event_type type) {
+  static_cast<void>(Submit(
+      false,
+      [&] {
+        DeviceEventLocked(type);
+        return absl::OkStatus();
+      },
+      [&] {
+        LeftOp* op = NewLeftOp(LeftOp::kDeviceEvent);
+        op->device_event = type;
+        return op;
+      }));
+}
+
+void Connection::DeviceEventLocked(ibv_event_type type) {
+  if (state_ == State::kDraining || state_ == State::kClosed) return;  // failing already
+  ZRPC_LOG(kError, "transport", "connection to ", peer_address_, ": the device reported ",
+           ibv_event_type_str(type), " on its queue pair ", qp_num_);
+  FailLocked(absl::UnavailableError(absl::StrCat(
+      "the RDMA device failed this connection's queue pair (", ibv_event_type_str(type), ")")));
 }
 
 void Connection::RunOnClosed() {

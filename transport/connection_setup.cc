@@ -174,6 +174,8 @@ absl::Status Connection::CreateResources(rdma_cm_id* id) {
   attr.send_cq = poller_.cq();
   attr.recv_cq = poller_.cq();
   attr.qp_type = IBV_QPT_RC;
+  // Where the device's reports of this queue pair's errors go (async_events.h).
+  attr.qp_context = poller_.device_events();
   attr.cap.max_send_wr = options_.send_queue_depth + 1;  // + the drain marker
   // With the poller's shared receive queue the QP has no receive queue of its own.
   attr.srq = shared_receives_ ? poller_.srq()->srq() : nullptr;

@@ -266,6 +266,9 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(const DeviceConfig& config,
   auto pool = SlotPool::Create(device->pd_.get(), slots);
   if (!pool.ok()) return pool.status();
   device->slots_ = std::move(*pool);
+  auto events = AsyncEvents::For(device->context_);
+  if (!events.ok()) return events.status();
+  device->async_events_ = std::move(*events);
   return device;
 }
 

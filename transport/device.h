@@ -17,7 +17,9 @@
 // ibv_context for that device; a protection domain must be allocated on that same context, so the
 // Device borrows librdmacm's context (rdma_get_devices) instead of opening its own. The Device
 // owns, in creation order: the device list reference, one protection domain, and one SlotPool.
-// Every Poller, Listener and Connection on the device uses them, and must be destroyed first.
+// Every Poller, Listener and Connection on the device uses them, and must be destroyed first. It
+// also holds the context's reader of asynchronous events (async_events.h), shared with every other
+// Device on the context.
 #ifndef ZRPC_TRANSPORT_DEVICE_H_
 #define ZRPC_TRANSPORT_DEVICE_H_
 
@@ -30,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/async_events.h"
 #include "transport/device_config.h"
 #include "transport/slot_pool.h"
 #include "transport/verbs_owners.h"
@@ -84,6 +87,11 @@ class Device {
   ibv_pd* pd() const { return pd_.get(); }
   SlotPool& slots() const { return *slots_; }
   const ibv_device_attr& attr() const { return attr_; }
+  // The device's asynchronous events read so far (async_events.h): the context's, so every Device
+  // on it counts the same ones. All zero on a device without an event file.
+  AsyncEventCounts async_events() const {
+    return async_events_ != nullptr ? async_events_->counts() : AsyncEventCounts{};
+  }
 
   // Registers [data, data + size) for local access only (a source of sends and writes, a
   // destination of reads).
@@ -104,6 +112,8 @@ class Device {
   ibv_device_attr attr_{};
   PdOwner pd_;
   std::unique_ptr<SlotPool> slots_;
+  // Last: stopped before the context it reads goes with devices_.
+  std::shared_ptr<AsyncEvents> async_events_;
 };
 
 }  // namespace zrpc::transport

@@ -103,6 +103,9 @@ struct PollerOptions {
   // completion-queue entries are reserved once, and a connection then reserves only its send
   // queue's. At most the device's max_srq_wr and half of cq_size (as the device caps it).
   uint32_t shared_receive_queue = 0;
+  // With a shared receive queue: the device is asked to report the queue's falling below this
+  // many posted receives (shared_receive_queue.h, "Low water"); 0 for an eighth of the queue.
+  uint32_t shared_receive_low_water = 0;
   // Arenas this poller lends its connections at once (ConnectionOptions::arena_on_demand), each
   // of arena_piece_size bytes (a multiple of 64 up to 1 GiB), or 0 for none. A piece is
   // registered when first lent and kept for the next loan: at most pieces * size bytes. When

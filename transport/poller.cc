@@ -56,8 +56,16 @@ absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
           "; the completion queue (", poller->cq_capacity_,
           " entries) takes at most half as many, the rest being for the connections' sends"));
     }
-    absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> srq =
-        SharedReceiveQueue::Create(device, options.shared_receive_queue);
+    const uint32_t low_water = options.shared_receive_low_water > 0
+                                   ? options.shared_receive_low_water
+                                   : std::max<uint32_t>(1, options.shared_receive_queue / 8);
+    if (low_water >= options.shared_receive_queue) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PollerOptions::shared_receive_low_water is ", low_water,
+          "; it must be below shared_receive_queue (", options.shared_receive_queue, ")"));
+    }
+    absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> srq = SharedReceiveQueue::Create(
+        device, options.shared_receive_queue, low_water, &poller->events_);
     if (!srq.ok()) return srq.status();
     poller->srq_ = *std::move(srq);
     poller->shared_posted_.store(poller->srq_->posted(), std::memory_order_relaxed);
@@ -96,8 +104,7 @@ absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
   auto cm = CreateCmChannel();
   if (!cm.ok()) return cm.status();
   poller->cm_channel_ = std::move(*cm);
-  poller->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (poller->wake_fd_ < 0) return VerbsError("eventfd", errno);
+  if (poller->events_.wake_fd() < 0) return VerbsError("eventfd", errno);
   poller->cm_wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (poller->cm_wake_fd_ < 0) return VerbsError("eventfd", errno);
   return poller;
@@ -106,7 +113,6 @@ absl::StatusOr<std::unique_ptr<Poller>> Poller::Create(Device& device,
 Poller::~Poller() {
   Shutdown();
   if (unacked_cq_events_ > 0) ibv_ack_cq_events(cq_.get(), unacked_cq_events_);
-  if (wake_fd_ >= 0) close(wake_fd_);
   if (cm_wake_fd_ >= 0) close(cm_wake_fd_);
 }
 
@@ -241,14 +247,7 @@ bool Poller::AwaitPass(absl::Duration timeout) {
   return true;
 }
 
-void Poller::Wake() {
-  uint64_t one = 1;
-  // An eventfd write fails only when the counter would overflow: a wake-up is pending anyway.
-  if (wake_fd_ >= 0) {
-    ssize_t written = write(wake_fd_, &one, sizeof(one));
-    static_cast<void>(written);
-  }
-}
+void Poller::Wake() { events_.Wake(); }
 
 void Poller::UnreserveLocked(Connection& connection) {
   // Unregistered once drained (or dropped by Shutdown): nothing of it is in flight any more, and
@@ -670,7 +669,7 @@ void Poller::Loop() {
     const int polled = PollCq();
     // After the pass's completions: a failed completion says more than the disconnect that
     // followed it (a peer that broke the protocol, then hung up).
-    RunCmEvents();
+    RunCmEvents(polled);
     if (cq_short_.load(std::memory_order_relaxed)) ServeCqShortage();
     if (arena_short_.load(std::memory_order_relaxed)) ServeArenaShortage();
     if (ABSL_PREDICT_FALSE(ParkingDue())) ServeParking();
@@ -747,13 +746,37 @@ void Poller::WatchDrains() {
   for (const auto& connection : overdue) connection->GiveUpOnDrain();
 }
 
-void Poller::RunCmEvents() {
-  if (!has_cm_events_.load(std::memory_order_acquire)) return;
+void Poller::RunQueuedEvents(int polled) {
+  // Cleared before the lists are taken: whatever is queued after this sets it again.
+  events_.pending.store(false, std::memory_order_seq_cst);
+  for (const DeviceEventSink::QueuePairError& error : events_.TakeQueuePairErrors()) {
+    std::shared_ptr<Connection> connection = Find(error.qp_num);
+    if (connection != nullptr && connection->queue_pair() == error.qp) {
+      connection->OnDeviceEvent(error.type);
+    }
+  }
+  if (srq_ != nullptr) {
+    // The device said the shared queue ran low (shared_receive_queue.h, "Low water"): windows
+    // are held to their floors until the queue is posted full and the completion queue drained
+    // (a look short of a full batch; before that the next arrival would report it again at
+    // once), and the report is armed anew. Looked at on every pass until then.
+    const uint64_t reports = events_.shared_queue_low_reports();
+    if (reports != low_reports_seen_) {
+      low_reports_seen_ = reports;
+      srq_->OnLowReported();
+    }
+    if (srq_->budget().device_low()) {
+      if (srq_->RearmDue() && polled < kBatch) {
+        srq_->Rearm();
+      } else {
+        events_.pending.store(true, std::memory_order_relaxed);
+      }
+    }
+  }
   std::vector<std::pair<uint32_t, rdma_cm_event_type>> events;
   {
     absl::MutexLock lock(&mu_);
     events.swap(cm_events_);
-    has_cm_events_.store(false, std::memory_order_relaxed);
   }
   for (const auto& [qp_num, type] : events) {
     if (auto connection = Find(qp_num)) connection->OnCmEvent(type);
@@ -767,7 +790,7 @@ int Poller::RunOnce(absl::Duration wait) {
   RunDeferred();
   const bool stashed = RetryStashed();
   int n = PollCq();
-  RunCmEvents();  // queued by the cm thread before it stopped
+  RunCmEvents(n);  // queued by the cm thread before it stopped
   HandleCmEvents(/*queue=*/false);
   if (cq_short_.load(std::memory_order_relaxed)) ServeCqShortage();
   if (arena_short_.load(std::memory_order_relaxed)) ServeArenaShortage();
@@ -853,7 +876,7 @@ void Poller::HandleCmEvents(bool queue) {
     }
     absl::MutexLock lock(&mu_);
     cm_events_.emplace_back(qp_num, type);
-    has_cm_events_.store(true, std::memory_order_release);
+    events_.pending.store(true, std::memory_order_release);
     queued = true;
   }
   if (queued) Wake();
@@ -895,7 +918,7 @@ bool Poller::ArmAndWait(int timeout_ms, bool with_cm) {
   // Anything that arrived before arming raised no event: look once more before sleeping.
   if (PollCq() > 0) return true;
   pollfd fds[3] = {
-      {comp_channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}, {cm_channel_->fd, POLLIN, 0}};
+      {comp_channel_->fd, POLLIN, 0}, {events_.wake_fd(), POLLIN, 0}, {cm_channel_->fd, POLLIN, 0}};
   if (poll(fds, with_cm ? 3 : 2, timeout_ms) <= 0) return false;
   wakeups_.store(wakeups_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (fds[0].revents & POLLIN) {
@@ -913,7 +936,7 @@ bool Poller::ArmAndWait(int timeout_ms, bool with_cm) {
   if (fds[1].revents & POLLIN) {
     uint64_t count = 0;
     // Nothing to do on failure: the eventfd is non-blocking and only its readiness matters.
-    ssize_t got = read(wake_fd_, &count, sizeof(count));
+    ssize_t got = read(events_.wake_fd(), &count, sizeof(count));
     static_cast<void>(got);
   }
   return false;

@@ -67,6 +67,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/optimization.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -188,6 +189,17 @@ class Poller {
     return absl::Nanoseconds(spin_budget_ns_.load(std::memory_order_relaxed));
   }
 
+  // Where the device's reports of this poller's queues go (async_events.h): a queue pair's error
+  // fails its connection on the loop's next pass; the shared receive queue's low water holds
+  // windows to their floors until the loop has posted it full again (shared_receive_queue.h).
+  DeviceEventSink* device_events() { return &events_; }
+  // The low-water reports of the shared receive queue so far (0 without one).
+  uint64_t shared_queue_low_reports() const { return events_.shared_queue_low_reports(); }
+  // Whether the last report holds still (the queue is not posted full again since), and the mark
+  // the device reports at (0: none; PollerOptions::shared_receive_low_water).
+  bool shared_queue_low() const { return srq_ != nullptr && srq_->budget().device_low(); }
+  uint32_t shared_queue_low_water() const { return srq_ != nullptr ? srq_->low_water() : 0; }
+
  private:
   friend class Connection;
   friend class Listener;
@@ -282,8 +294,15 @@ class Poller {
   // Reads the cm channel until it is empty. Each event goes to its connection at once, or with
   // `queue` (the cm thread) to cm_events_ for the loop, which is woken.
   void HandleCmEvents(bool queue);
-  // The loop's side: applies the events the cm thread queued.
-  void RunCmEvents();
+  // The loop's side, after a look at the CQ that found `polled` completions: applies the events
+  // the cm thread queued and the device's (events_). One load on every pass; the rest apart, so
+  // that the pass pays for no stack frame (RunQueuedEvents saves six registers).
+  void RunCmEvents(int polled) {
+    if (ABSL_PREDICT_FALSE(events_.pending.load(std::memory_order_acquire))) {
+      RunQueuedEvents(polled);
+    }
+  }
+  void RunQueuedEvents(int polled);
   // Event mode: arms the CQ and sleeps until an event or `timeout_ms` (-1: forever); with
   // `with_cm` (RunOnce: no cm thread) it also wakes for, and handles, cm events. True when the
   // look after arming found completions (and handled them) instead of sleeping.
@@ -298,6 +317,8 @@ class Poller {
   // without making it readable (a peer that hung up at once).
   void LookAtCmChannel();
 
+  // First: every queue that names it (qp_context, srq_context) is destroyed before it.
+  DeviceEventSink events_;
   const PollerOptions options_;
   SlotCache slot_cache_;  // the loop's thread only
   // Created in this order, destroyed in reverse.
@@ -307,7 +328,6 @@ class Poller {
   std::unique_ptr<ArenaPool> arena_pool_;
   std::unique_ptr<ParkDoors> doors_;
   CmChannelOwner cm_channel_;
-  int wake_fd_ = -1;
   int cm_wake_fd_ = -1;  // Stop() wakes the cm thread through it
   // Connections draining (Connection::FailLocked to FinishDrainLocked): while there are any, the
   // cm thread wakes every second to watch them (WatchDrains).
@@ -373,7 +393,7 @@ class Poller {
   // Connections with stashed completions (Connection::OnCompletions), the loop's thread only.
   std::vector<std::shared_ptr<Connection>> stashed_;
   std::vector<std::pair<uint32_t, rdma_cm_event_type>> cm_events_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> has_cm_events_{false};
+  uint64_t low_reports_seen_ = 0;  // the loop's: the shared queue's reports it has applied
   int cq_capacity_ = 0;
 
   std::thread thread_;

@@ -55,8 +55,16 @@ class ReceiveBudget {
   }
   int64_t floor_free() const { return Load(floor_free_); }
   int64_t growth_free() const { return Load(growth_free_); }
-  // Growth under a quarter free: every window above its floor shrinks at its next release.
-  bool low() const { return 4 * Load(growth_free_) < growth_size_; }
+  // Growth under a quarter free, or the device said the queue ran below its low-water mark (see
+  // SetDeviceLow): every window above its floor shrinks at its next release.
+  bool low() const {
+    return device_low_.load(std::memory_order_relaxed) || 4 * Load(growth_free_) < growth_size_;
+  }
+  // The device reported the queue below its low-water mark: its poller fell behind the arrivals,
+  // or the slot pool ran dry. Until the queue is posted full again (SharedReceiveQueue::Rearm),
+  // windows grow no more (TakeGrowth gives nothing) and shrink to their floors.
+  void SetDeviceLow(bool low) { device_low_.store(low, std::memory_order_relaxed); }
+  bool device_low() const { return device_low_.load(std::memory_order_relaxed); }
 
   // A connection's floor at admission: all of `n` or, when fewer are free, nothing (false).
   bool TakeFloor(uint32_t n) {
@@ -69,6 +77,7 @@ class ReceiveBudget {
   void GiveFloor(uint32_t n) { floor_free_.fetch_add(n, std::memory_order_relaxed); }
   // Up to `want` for growth; returns what it took.
   uint32_t TakeGrowth(uint32_t want) {
+    if (device_low()) return 0;
     int64_t free = Load(growth_free_);
     int64_t n;
     do {
@@ -86,6 +95,7 @@ class ReceiveBudget {
   const uint32_t floor_size_;
   std::atomic<int64_t> floor_free_;
   std::atomic<int64_t> growth_free_;
+  std::atomic<bool> device_low_{false};
 };
 
 // One connection's claim: its floor (taken at Open, given back and taken again when its window is

@@ -12,8 +12,8 @@
 
 namespace zrpc::transport {
 
-absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> SharedReceiveQueue::Create(Device& device,
-                                                                               uint32_t size) {
+absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> SharedReceiveQueue::Create(
+    Device& device, uint32_t size, uint32_t low_water, DeviceEventSink* sink) {
   const ibv_device_attr& attr = device.attr();
   if (attr.max_srq <= 0 || attr.max_srq_wr <= 0) {
     return absl::FailedPreconditionError(
@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> SharedReceiveQueue::Create(D
   ibv_srq_init_attr init{};
   init.attr.max_wr = size;
   init.attr.max_sge = 1;
+  init.srq_context = sink;
   queue->srq_.reset(ibv_create_srq(device.pd(), &init));
   if (queue->srq_ == nullptr) return VerbsError("ibv_create_srq", errno);
   queue->slots_.assign(size, SlotPool::kNoSlot);
@@ -50,7 +51,36 @@ absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> SharedReceiveQueue::Create(D
     return device.slots().ExhaustedError(
         absl::StrCat("for the shared receive queue's ", size, " receives"));
   }
+  if (low_water > 0 && sink != nullptr) {
+    queue->low_water_ = low_water;
+    queue->armed_ = queue->Arm();
+    if (!queue->armed_) {
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) {
+        ZRPC_LOG(kInfo, "transport", ibv_get_device_name(device.context()->device),
+                 " does not report a shared receive queue running low (ibv_modify_srq, errno ",
+                 errno, "): its pollers go on without");
+      }
+    }
+  }
   return queue;
+}
+
+bool SharedReceiveQueue::Arm() {
+  ibv_srq_attr attr{};
+  attr.srq_limit = low_water_;
+  return ibv_modify_srq(srq_.get(), &attr, IBV_SRQ_LIMIT) == 0;
+}
+
+void SharedReceiveQueue::Rearm() {
+  if (armed_ && !Arm()) {
+    ZRPC_LOG(kWarning, "transport",
+             "the shared receive queue's low-water report could not be "
+             "armed again (errno ",
+             errno, "): no more reports");
+    armed_ = false;
+  }
+  budget_.SetDeviceLow(false);
 }
 
 SharedReceiveQueue::~SharedReceiveQueue() {

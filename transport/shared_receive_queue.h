@@ -41,6 +41,17 @@
 // says. Awaiting the event where the device raises it is the remedy, with the device's
 // asynchronous events (issue 35).
 //
+// Low water. A poller that falls behind its arrivals (a long handler, a pass over a large batch)
+// or a pool run dry leaves the device fewer posted receives than the windows granted, and peers
+// then meet receiver-not-ready. The device can say when the queue falls below a mark
+// (PollerOptions::shared_receive_low_water, an eighth of the queue by default): the report
+// comes on the device's event thread (async_events.h) and is counted there at once. From the
+// loop's next pass the budget is low until every entry is posted again and the completion queue
+// drained, when the report is armed anew (it fires once per arming): windows grow no more and
+// shrink to their floors meanwhile, so that the peers' claims come back toward what the queue
+// can hold. That holds for as long as the pool stays dry, or the loop keeps finding full
+// batches; a loop that was only held up for a moment re-arms on its first pass.
+//
 // Pool. The queue's receives are taken again from the device's slot pool as messages arrive;
 // held messages and outgoing messages take from it too. When the pool is exhausted (at
 // SlotPoolOptions::max_slots) the queue waits, short, for slots to come back (Refill tries
@@ -62,6 +73,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/async_events.h"
 #include "transport/device.h"
 #include "transport/receive_budget.h"
 #include "transport/slot_pool.h"
@@ -73,8 +85,11 @@ class SharedReceiveQueue {
  public:
   // Creates the queue with `size` entries (at most the device's max_srq_wr) and posts them all.
   // kFailedPrecondition when the device has no shared receive queues; kResourceExhausted when
-  // the pool cannot fill it.
-  static absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> Create(Device& device, uint32_t size);
+  // the pool cannot fill it. With `low_water` (below `size`) and a `sink` for its events, the
+  // device is asked to report the queue's falling below that many posted receives (see
+  // "Low water" above); a device that cannot is said so once and the queue works without.
+  static absl::StatusOr<std::unique_ptr<SharedReceiveQueue>> Create(
+      Device& device, uint32_t size, uint32_t low_water = 0, DeviceEventSink* sink = nullptr);
   // Every queue pair attached to it must be destroyed first. Gives the posted slots back (or,
   // when the device refuses to destroy the queue because a queue pair is still attached, leaves
   // them to it, with a warning: a slot the device may still write into is never reused).
@@ -120,12 +135,24 @@ class SharedReceiveQueue {
   // Refills that found the pool empty for at least one entry.
   uint64_t starved() const { return starved_; }
 
+  // ---- Low water (see above).
+  // The device reported the queue below its mark (the loop, once its poller's DeviceEventSink
+  // counted the report): the budget is low until Rearm.
+  void OnLowReported() { budget_.SetDeviceLow(true); }
+  // The loop's: the device reported low, and every entry is posted again: Rearm now.
+  bool RearmDue() const { return budget_.device_low() && unposted_.empty(); }
+  // Arms the device's report again and ends the budget's low (the loop's thread).
+  void Rearm();
+  uint32_t low_water() const { return armed_ ? low_water_ : 0; }
+
   // The queue's receives as credits its connections' windows claim (any thread).
   ReceiveBudget& budget() { return budget_; }
   const ReceiveBudget& budget() const { return budget_; }
 
  private:
   SharedReceiveQueue(SlotPool& pool, uint32_t size) : pool_(pool), size_(size), budget_(size) {}
+  // Asks the device for the low-water report (ibv_modify_srq, IBV_SRQ_LIMIT): it fires once.
+  bool Arm();
   // Entry `entry` holds `slot` from now on, and goes in the chain Post posts.
   void Chain(uint32_t entry, uint32_t slot) {
     slots_[entry] = slot;
@@ -155,6 +182,8 @@ class SharedReceiveQueue {
   uint64_t starved_ = 0;
   int64_t retry_at_ns_ = 0;  // RefillSlow's next try after it found the pool empty
   ReceiveBudget budget_;
+  uint32_t low_water_ = 0;
+  bool armed_ = false;  // the device took the mark
   SrqOwner srq_;
 };
 

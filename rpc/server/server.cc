@@ -608,7 +608,14 @@ ServerStats ServerImpl::stats() const {
     for (const auto& poller : pollers_) {
       stats.parked_windows += poller->parked_windows();
       stats.knocks_heard += poller->knocks_heard();
+      stats.shared_queue_low_reports += poller->shared_queue_low_reports();
     }
+  }
+  if (device_ != nullptr) {
+    const transport::AsyncEventCounts events = device_->async_events();
+    stats.device_port_down = events.port_down;
+    stats.device_port_active = events.port_active;
+    stats.device_queue_pair_errors = events.queue_pair_errors;
   }
   stats.calls_started = calls_.started();
   stats.calls_in_flight = calls_.in_flight();
@@ -727,6 +734,16 @@ std::string Server::PrometheusText() const {
        s.parked_windows},
       {"zrpc_server_knocks_heard_total", "counter",
        "Knocks of parked clients asking for their window back.", s.knocks_heard},
+      {"zrpc_server_shared_queue_low_total", "counter",
+       "Reports of a shared receive queue below its low-water mark (a poller behind, or no slots).",
+       s.shared_queue_low_reports},
+      {"zrpc_device_port_down_total", "counter", "The RDMA port went down (the device's event).",
+       s.device_port_down},
+      {"zrpc_device_port_active_total", "counter",
+       "The RDMA port became active (the device's event).", s.device_port_active},
+      {"zrpc_device_queue_pair_errors_total", "counter",
+       "Queue pairs the device failed (fatal, request, access or path migration errors).",
+       s.device_queue_pair_errors},
       {"zrpc_server_bulk_staged_bytes_total", "counter",
        "Response payload bytes copied into staging memory before sending.", s.bulk_bytes_staged},
       {"zrpc_server_bulk_zero_copy_bytes_total", "counter",

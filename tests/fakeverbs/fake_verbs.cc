@@ -903,6 +903,18 @@ const char* ibv_wc_status_str(ibv_wc_status status) {
   }
 }
 
+// No asynchronous events: the device has no event file (its async_fd is -1), so nothing reads
+// them; these answer as an empty non-blocking file would.
+int ibv_get_async_event(ibv_context*, ibv_async_event*) {
+  errno = EAGAIN;
+  return -1;
+}
+void ibv_ack_async_event(ibv_async_event*) {}
+// Nor a shared receive queue's low-water report: refused, so the queue goes without (as on a
+// device that cannot, shared_receive_queue.h).
+int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return EOPNOTSUPP; }
+const char* ibv_event_type_str(ibv_event_type) { return "fake device event"; }
+
 // ---- protection domains, memory regions ---------------------------------------------------------
 
 ibv_pd* ibv_alloc_pd(ibv_context* ctx) {

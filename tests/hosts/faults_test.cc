@@ -18,6 +18,7 @@
 #include "proto/examples/greeter.zrpc.h"
 #include "rpc/channel.h"
 #include "tests/hosts/two_hosts.h"
+#include "transport/device.h"
 
 namespace {
 
@@ -138,6 +139,7 @@ struct CleanLink {
   ~CleanLink() {
     (void)Link(hosts, "faults both none");
     (void)Link(hosts, "up b");
+    (void)Link(hosts, "up a");
   }
   const zrpc::testing::TwoHosts& hosts;
 };
@@ -206,6 +208,37 @@ TEST_CASE("the server's link down for 1 s: calls wait it out, none fails, the co
   CHECK(failed == 0);
   CHECK(longest >= absl::Milliseconds(500));                 // a call waited through the flap
   CHECK(records.size() > static_cast<size_t>(at_down) + 5);  // and calls went on after it
+  CHECK(remote.channel->stats().connections_lost == 0);
+}
+
+TEST_CASE(
+    "this host's link down for 1 s: its device reports the port down and active again (read from "
+    "its event file), and the connection survives") {
+  ZRPC_REQUIRE_TWO_HOSTS(config);
+  CleanLink clean(config_hosts);
+  Remote remote(config, config_hosts);
+  REQUIRE(remote.Calls(5, "warm", absl::Seconds(10)) == 0);
+  // Every Device on the context shares its one reader of events (async_events.h): this one
+  // counts what the channel's reads.
+  auto device = zrpc::transport::Device::Open(config);
+  INFO(device.status());
+  REQUIRE(device.ok());
+  const zrpc::transport::AsyncEventCounts before = (*device)->async_events();
+  REQUIRE(Link(config_hosts, "down a for=1000").ok());
+  zrpc::transport::AsyncEventCounts after;
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  do {
+    absl::SleepFor(absl::Milliseconds(100));
+    after = (*device)->async_events();
+  } while ((after.port_down == before.port_down || after.port_active == before.port_active) &&
+           absl::Now() < until);
+  std::printf("guest a's link down for 1 s: %llu port-down and %llu port-active events read\n",
+              static_cast<unsigned long long>(after.port_down - before.port_down),
+              static_cast<unsigned long long>(after.port_active - before.port_active));
+  CHECK(after.port_down > before.port_down);
+  CHECK(after.port_active > before.port_active);
+  CHECK(after.queue_pair_errors == before.queue_pair_errors);
+  CHECK(remote.Calls(5, "after", absl::Seconds(10)) == 0);
   CHECK(remote.channel->stats().connections_lost == 0);
 }
 

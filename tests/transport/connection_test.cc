@@ -1050,3 +1050,54 @@ TEST_CASE(
     CHECK(client.status().code() == absl::StatusCode::kDeadlineExceeded);
   }
 }
+
+TEST_CASE(
+    "a queue pair error the device reports fails its connection at once, saying so; the "
+    "poller's other connections and a report of a queue pair since gone are unaffected",
+    "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  // Before the pollers: they outlive every report to these.
+  Recorder server_a, client_a, server_b, client_b;
+  Setup setup(config);
+  Pair a = ConnectPair(setup, &server_a, &client_a);
+  Pair b = ConnectPair(setup, &server_b, &client_b);
+  REQUIRE(a.client->queue_pair() != nullptr);
+  // A report naming a's queue pair number with another queue pair: one destroyed before its
+  // report was carried over, whose number a has now. Nothing happens to a.
+  ibv_qp gone{};
+  gone.qp_num = a.client->queue_pair()->qp_num;
+  setup.client_poller->device_events()->OnQueuePairEvent(&gone, IBV_EVENT_QP_FATAL);
+  REQUIRE(SendBytes(*a.client, Filled(64, 1), 1).ok());
+  CHECK(server_a.WaitFor([&] { return server_a.message_count == 1; }));
+  {
+    absl::MutexLock lock(&client_a.mu);
+    CHECK_FALSE(client_a.closed.has_value());
+  }
+  // The report of a's own queue pair, as the device's reader hands it over: a fails at once
+  // (an idle connection, with nothing posted whose flush would tell it), naming the event.
+  setup.client_poller->device_events()->OnQueuePairEvent(a.client->queue_pair(),
+                                                         IBV_EVENT_QP_FATAL);
+  REQUIRE(client_a.WaitFor([&] { return client_a.closed.has_value(); }, absl::Seconds(10)));
+  {
+    absl::MutexLock lock(&client_a.mu);
+    INFO(*client_a.closed);
+    CHECK(client_a.closed->code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(client_a.closed->message()),
+               Catch::Contains("the RDMA device failed this connection's queue pair") &&
+                   Catch::Contains(ibv_event_type_str(IBV_EVENT_QP_FATAL)));
+  }
+  // b, on the same pollers, goes on.
+  REQUIRE(SendBytes(*b.client, Filled(64, 2), 2).ok());
+  CHECK(server_b.WaitFor([&] { return server_b.message_count == 1; }));
+  {
+    absl::MutexLock lock(&client_b.mu);
+    CHECK_FALSE(client_b.closed.has_value());
+  }
+  // No event was read from the device here: the reports above were handed over directly.
+  const AsyncEventCounts counts = setup.device->async_events();
+  std::printf("device events read: %llu port down, %llu port active, %llu queue pair errors\n",
+              static_cast<unsigned long long>(counts.port_down),
+              static_cast<unsigned long long>(counts.port_active),
+              static_cast<unsigned long long>(counts.queue_pair_errors));
+  b.client->Close();
+}

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/eventually.h"
@@ -716,4 +717,88 @@ TEST_CASE(
       kParked, kBusy, absl::FormatDuration(took).c_str(), static_cast<unsigned long long>(parks));
   CHECK(parks > 0);  // busy windows were taken back once their turn was over
   parking.CloseAll();
+}
+
+// A server handler that, when told to, holds the poller's thread on the next message until the
+// test lets it go: a poller that fell behind its arrivals.
+class StallingRecorder : public Recorder {
+ public:
+  void OnMessage(Connection& c, const zrpc::transport::ReceivedMessage& m) override {
+    {
+      absl::MutexLock lock(&gate_mu_);
+      if (stall_next_) {
+        stall_next_ = false;
+        gate_mu_.Await(absl::Condition(&go_));
+      }
+    }
+    Recorder::OnMessage(c, m);
+  }
+  void StallNext() {
+    absl::MutexLock lock(&gate_mu_);
+    stall_next_ = true;
+    go_ = false;
+  }
+  void Go() {
+    absl::MutexLock lock(&gate_mu_);
+    go_ = true;
+  }
+
+ private:
+  absl::Mutex gate_mu_;
+  bool stall_next_ ABSL_GUARDED_BY(gate_mu_) = false;
+  bool go_ ABSL_GUARDED_BY(gate_mu_) = false;
+};
+
+TEST_CASE(
+    "the device reports a shared queue below its low-water mark while its poller is stalled: "
+    "counted at once, and armed anew once the loop has posted the queue full again",
+    "[rdma][transport]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  PollerOptions server = Shared(32);
+  server.shared_receive_low_water = 24;
+  // Before the pollers: they outlive every report to these.
+  StallingRecorder server_handler;
+  Recorder client_handler;
+  Setup setup(config, server);
+  const uint64_t device_before = setup.device->async_events().shared_queue_low;
+  ConnectionOptions options;
+  // A floor of 16: 15 messages in flight before credits come back, and a credit frame at 8 owed.
+  options.idle_recv_credits = 16;
+  ListenerOptions listen;
+  listen.connection = options;
+  setup.Listen(listen);
+  // However the test ends, a stalled poller goes on (or its Shutdown would wait for it).
+  absl::Cleanup release = [&] { server_handler.Go(); };
+  setup.accepts->Use(setup.server_poller.get(), &server_handler);
+  auto client =
+      Connection::Connect(*setup.device, *setup.client_poller, setup.device->selection().addr,
+                          setup.listener->port(), &client_handler, options, kTimeout);
+  INFO("client: " << client.status());
+  REQUIRE(client.ok());
+  auto accepted = setup.accepts->Next(kTimeout);
+  REQUIRE(accepted.ok());
+  Poller& poller = *setup.server_poller;
+  CHECK(poller.shared_queue_low_water() == 24);
+  for (uint64_t round = 1; round <= 2; ++round) {
+    INFO("round " << round);
+    // The first message holds the poller; nine more take the device's posted receives from 32 to
+    // 23, below the mark of 24, with nobody posting them again.
+    server_handler.StallNext();
+    REQUIRE(SendNumbered(**client, 10 * (round - 1), 10, 64));
+    CHECK(
+        Eventually([&] { return poller.shared_queue_low_reports() == round; }, absl::Seconds(10)));
+    // The loop marks the budget low on its next pass (it is the one stalled), and arms the
+    // report anew once the queue is posted full.
+    CHECK(setup.device->async_events().shared_queue_low == device_before + round);
+    // The poller goes on: every message arrives, the queue is posted full, and the report is
+    // armed anew (it fires once per arming: the next round's report shows it was).
+    server_handler.Go();
+    CHECK(server_handler.WaitFor([&] { return server_handler.message_count == 10 * round; }));
+    CHECK(Eventually([&] { return !poller.shared_queue_low(); }, absl::Seconds(10)));
+  }
+  std::printf("shared queue low-water reports: poller %llu, device %llu\n",
+              static_cast<unsigned long long>(setup.server_poller->shared_queue_low_reports()),
+              static_cast<unsigned long long>(setup.device->async_events().shared_queue_low -
+                                              device_before));
+  (*client)->Close();
 }
