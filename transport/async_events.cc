@@ -46,6 +46,14 @@ DeviceEventSink* SinkOf(void* context) {
   return context != nullptr && Sinks().count(sink) > 0 ? sink : nullptr;
 }
 
+// Adds one to an eventfd: its reader wakes. Fails only when the counter would overflow, when a
+// wake-up is pending anyway.
+void Signal(int fd) {
+  const uint64_t one = 1;
+  ssize_t written = write(fd, &one, sizeof(one));
+  static_cast<void>(written);
+}
+
 }  // namespace
 
 DeviceEventSink::DeviceEventSink() : wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
@@ -62,12 +70,7 @@ DeviceEventSink::~DeviceEventSink() {
 }
 
 void DeviceEventSink::Wake() {
-  const uint64_t one = 1;
-  // Fails only when the counter would overflow: a wake-up is pending anyway.
-  if (wake_fd_ >= 0) {
-    ssize_t written = write(wake_fd_, &one, sizeof(one));
-    static_cast<void>(written);
-  }
+  if (wake_fd_ >= 0) Signal(wake_fd_);
 }
 
 void DeviceEventSink::OnQueuePairEvent(ibv_qp* qp, ibv_event_type type) {
@@ -118,10 +121,7 @@ AsyncEvents::~AsyncEvents() {
     auto it = Registry().find(context_);
     if (it != Registry().end() && it->second.expired()) Registry().erase(it);
   }
-  const uint64_t one = 1;
-  // Fails only when the counter would overflow: a wake-up is pending anyway.
-  ssize_t written = write(wake_fd_, &one, sizeof(one));
-  static_cast<void>(written);
+  Signal(wake_fd_);
   thread_.join();
   close(wake_fd_);
 }

@@ -766,7 +766,7 @@ void Poller::RunQueuedEvents(int polled) {
       srq_->OnLowReported();
     }
     if (srq_->budget().device_low()) {
-      if (srq_->RearmDue() && polled < kBatch) {
+      if (!srq_->short_of_slots() && polled < kBatch) {
         srq_->Rearm();
       } else {
         events_.pending.store(true, std::memory_order_relaxed);

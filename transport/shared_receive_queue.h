@@ -139,8 +139,6 @@ class SharedReceiveQueue {
   // The device reported the queue below its mark (the loop, once its poller's DeviceEventSink
   // counted the report): the budget is low until Rearm.
   void OnLowReported() { budget_.SetDeviceLow(true); }
-  // The loop's: the device reported low, and every entry is posted again: Rearm now.
-  bool RearmDue() const { return budget_.device_low() && unposted_.empty(); }
   // Arms the device's report again and ends the budget's low (the loop's thread).
   void Rearm();
   uint32_t low_water() const { return armed_ ? low_water_ : 0; }
