@@ -36,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -104,6 +105,18 @@ struct ServerStats {
   uint64_t device_port_down = 0;
   uint64_t device_port_active = 0;
   uint64_t device_queue_pair_errors = 0;
+  // Peer authentication (ServerOptions::listener.connection.auth_keys; transport/auth.h):
+  // connections whose client proved its key, and requests or handshakes refused, by why: no key
+  // presented, a key this server does not hold (a client not moved yet after a rotation), a key
+  // presented to a server without keys, a replayed nonce, a tag that did not match, and a client
+  // that did not send its tag (another frame first, a hang-up, listener.handshake_timeout).
+  uint64_t authenticated = 0;
+  uint64_t auth_refused_no_key = 0;
+  uint64_t auth_refused_unknown_key = 0;
+  uint64_t auth_refused_unexpected_key = 0;
+  uint64_t auth_refused_replay = 0;
+  uint64_t auth_refused_bad_tag = 0;
+  uint64_t auth_refused_no_tag = 0;
   uint64_t streams_started = 0;  // streaming calls whose handler thread started
   uint64_t streams_open = 0;     // of those, not finished yet
   uint64_t streams_refused = 0;  // past max_streams_per_connection or max_streams
@@ -145,6 +158,13 @@ class Server {
   uint16_t port() const;
   std::string address() const;
   ServerStats stats() const;
+  // Replaces the keys clients must present (transport/auth.h), from the next connection on, so
+  // that a key rotates without a restart: accept the old and the new, move the clients to the
+  // new, then drop the old. Connections open stay open. Empty: no authentication from then on.
+  // Before Start it replaces listener.connection.auth_keys. kInvalidArgument for keys that
+  // AuthKeyring refuses (an id of 0 or given twice, a secret not of 16 to 64 bytes): the keys stay
+  // as they were. kFailedPrecondition after Shutdown.
+  absl::Status SetAuthKeys(std::vector<transport::AuthKey> keys);
   // Registers [data, data + size) on this server's device, once, so that response payloads from
   // it (a handler's *response_bulk = memory.Bulk(...)) are sent with no copy
   // (rpc/registered_memory.h). The bytes must outlive the handle and every payload made from it.

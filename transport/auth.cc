@@ -88,6 +88,66 @@ absl::StatusOr<AuthRequest> DecodeAuthRequest(absl::Span<const uint8_t> bytes) {
   return request;
 }
 
+void EncodeAuthFrame(const AuthFrame& frame, uint8_t* out) {
+  std::copy(frame.tag.begin(), frame.tag.end(), out);
+  PutLe<uint64_t>(out + kAuthTagSize, frame.arena_addr);
+  PutLe<uint32_t>(out + kAuthTagSize + 8, frame.arena_rkey);
+}
+
+absl::StatusOr<AuthFrame> DecodeAuthFrame(absl::Span<const uint8_t> payload) {
+  if (payload.size() != AuthFrame::kSize) {
+    return absl::FailedPreconditionError(absl::StrCat("peer sent an auth frame of ", payload.size(),
+                                                      " bytes, not ", AuthFrame::kSize));
+  }
+  AuthFrame frame;
+  std::copy(payload.begin(), payload.begin() + kAuthTagSize, frame.tag.begin());
+  frame.arena_addr = GetLe<uint64_t>(payload.data() + kAuthTagSize);
+  frame.arena_rkey = GetLe<uint32_t>(payload.data() + kAuthTagSize + 8);
+  return frame;
+}
+
+void EncodeAuthOkFrame(const AuthOkFrame& frame, uint8_t* out) {
+  PutLe<uint64_t>(out, frame.arena_addr);
+  PutLe<uint32_t>(out + 8, frame.arena_rkey);
+  EncodeParkDoor(frame.door, out + 12);
+}
+
+absl::StatusOr<AuthOkFrame> DecodeAuthOkFrame(absl::Span<const uint8_t> payload, bool parks) {
+  if (payload.size() != AuthOkFrame::kSize) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "peer sent an auth-ok frame of ", payload.size(), " bytes, not ", AuthOkFrame::kSize));
+  }
+  AuthOkFrame frame;
+  frame.arena_addr = GetLe<uint64_t>(payload.data());
+  frame.arena_rkey = GetLe<uint32_t>(payload.data() + 8);
+  const absl::Span<const uint8_t> door = payload.subspan(12);
+  if (parks) {
+    absl::StatusOr<ParkDoor> decoded = DecodeParkDoor(door);
+    if (!decoded.ok()) return decoded.status();
+    frame.door = *decoded;
+  } else if (!AllZero(door)) {
+    return absl::FailedPreconditionError(
+        "peer's auth-ok frame gives a park door, but its Hello did not say it parks");
+  }
+  return frame;
+}
+
+absl::Status CheckAuthArena(const Hello& peer, uint64_t addr, uint32_t rkey) {
+  const bool fixed = peer.arena_size > 0 && (peer.flags & kHelloArenaOnDemand) == 0;
+  if (!fixed) {
+    if (addr != 0 || rkey != 0) {
+      return absl::FailedPreconditionError(
+          "peer's first frame gives an arena address or key, but its Hello has no arena of its "
+          "own to give (none, or lent on demand)");
+    }
+    return absl::OkStatus();
+  }
+  if (addr + peer.arena_size < addr) {
+    return absl::FailedPreconditionError("peer's arena wraps around the address space");
+  }
+  return absl::OkStatus();
+}
+
 void EncodeAuthReply(const AuthReply& reply, uint8_t* out) {
   std::copy(reply.nonce.begin(), reply.nonce.end(), out);
   std::copy(reply.tag.begin(), reply.tag.end(), out + kAuthNonceSize);

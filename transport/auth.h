@@ -28,10 +28,12 @@
 // packet sequence can still inject into it; memory windows bound to the QP (memory_window.h) keep
 // such a packet to what that QP may reach.
 //
-// Status: this file holds the keys, the bytes and the tags, tested on their own
-// (tests/transport/auth_test). The handshake does not carry them yet: the listener and
-// Connection::Connect take them up with the next wire version, and until then no connection is
-// authenticated (docs/guide.md, "Not there yet").
+// Where it runs: the listener checks the request and answers (listener.cc), Connection::Connect
+// checks the reply and sends the kAuth frame, the server's connection checks that frame on its
+// poller and answers kAuthOk, and only then does AcceptHandler::OnAccepted see the connection
+// (or Connect return it). A connection waiting for the peer's tag is in the state kVerifying:
+// not open to the layer above, and its failure is the handshake's (AuthSession), never a
+// handler's OnClosed.
 //
 // Thread-safety: AuthKeyring is immutable once made (share it); NonceCache is not thread-safe
 // (the listener's thread owns one).
@@ -48,6 +50,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "transport/options.h"
 #include "transport/wire.h"
 
 namespace zrpc::transport {
@@ -58,12 +61,6 @@ inline constexpr size_t kMinAuthSecret = 16;
 inline constexpr size_t kMaxAuthSecret = 64;  // SHA-256's block: a longer key is hashed first
 using AuthNonce = std::array<uint8_t, kAuthNonceSize>;
 using AuthTag = std::array<uint8_t, kAuthTagSize>;
-
-// A pre-shared key: `id` names it on the wire (nonzero: 0 means "no key"), `secret` is never sent.
-struct AuthKey {
-  uint32_t id = 0;
-  std::string secret;
-};
 
 // The keys one side holds, checked once: ids nonzero and distinct, secrets of kMinAuthSecret to
 // kMaxAuthSecret bytes. A client presents its first key; a server accepts any of them.
@@ -106,6 +103,53 @@ void EncodeAuthRequest(const AuthRequest& request, uint8_t* out);
 // FailedPrecondition when a key id is given with fewer than kSize bytes, or with a nonce of zeros
 // (no client draws one: it says the bytes were cut short or forged).
 absl::StatusOr<AuthRequest> DecodeAuthRequest(absl::Span<const uint8_t> bytes);
+
+// The client's first frame (kAuth, wire.h) on a connection that authenticates, its payload:
+//   offset size field
+//    0    32    tag         the client's tag over the transcript
+//   32     8    arena_addr  the client's receive arena (0 when it has none or lends it on demand)
+//   40     4    arena_rkey  its key
+struct AuthFrame {
+  AuthTag tag{};
+  uint64_t arena_addr = 0;
+  uint32_t arena_rkey = 0;
+
+  static constexpr size_t kSize = kAuthTagSize + 12;
+  bool operator==(const AuthFrame& other) const {
+    return tag == other.tag && arena_addr == other.arena_addr && arena_rkey == other.arena_rkey;
+  }
+};
+void EncodeAuthFrame(const AuthFrame& frame, uint8_t* out);
+// FailedPrecondition unless `payload` is kSize bytes.
+absl::StatusOr<AuthFrame> DecodeAuthFrame(absl::Span<const uint8_t> payload);
+
+// The server's first frame (kAuthOk) once it has checked the client's tag, its payload:
+//   offset size field
+//    0     8    arena_addr  the server's receive arena (0 when it has none or lends it on demand)
+//    8     4    arena_rkey  its key
+//   12    16    door        a ParkDoor (wire.h) when the server's Hello says kHelloParks, else
+//                           zeros
+// Its header returns the client's whole window: the credit the kAuth spent and the rest the
+// Hello held back.
+struct AuthOkFrame {
+  uint64_t arena_addr = 0;
+  uint32_t arena_rkey = 0;
+  ParkDoor door{};
+
+  static constexpr size_t kSize = 12 + ParkDoor::kSize;
+  bool operator==(const AuthOkFrame& other) const {
+    return arena_addr == other.arena_addr && arena_rkey == other.arena_rkey && door == other.door;
+  }
+};
+void EncodeAuthOkFrame(const AuthOkFrame& frame, uint8_t* out);
+// FailedPrecondition unless `payload` is kSize bytes and, when `parks`, its door is one
+// (DecodeParkDoor), or else zeros.
+absl::StatusOr<AuthOkFrame> DecodeAuthOkFrame(absl::Span<const uint8_t> payload, bool parks);
+
+// Whether an arena's address and key from a kAuth or kAuthOk frame fit the Hello of the peer that
+// sent them: none (zeros) for a peer without an arena or lending it on demand, and an arena that
+// does not wrap around the address space otherwise. FailedPrecondition, saying which.
+absl::Status CheckAuthArena(const Hello& peer, uint64_t addr, uint32_t rkey);
 
 // In the accept reply after the accept data, where a park door would be (the door waits until the
 // client is verified):

@@ -91,6 +91,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "transport/arena.h"
+#include "transport/auth_session.h"
 #include "transport/cm_util.h"
 #include "transport/completion_budget.h"
 #include "transport/credits.h"
@@ -295,7 +296,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   // Connects from the device's address to `addr`:`port` within `timeout`. The handler must
   // outlive the connection. Refused peers and bad handshakes give kUnavailable /
-  // kFailedPrecondition with the peer's reason when it sent one.
+  // kFailedPrecondition with the peer's reason when it sent one. With options.auth_keys
+  // (auth.h) it returns once the server has checked this side's tag and answered, which arrives
+  // on `poller`'s thread: not to be called from that thread. A server whose tag does not match
+  // gives kPermissionDenied, naming the key.
   static absl::StatusOr<std::shared_ptr<Connection>> Connect(Device& device, Poller& poller,
                                                              const std::string& addr, uint16_t port,
                                                              ConnectionHandler* handler,
@@ -447,6 +451,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Placement::accept_data), on the side that connected; zeros on the side that accepted, or
   // when the server gave none.
   const AcceptData& peer_accept_data() const { return peer_accept_data_; }
+  // The id of the key both sides proved they hold (auth.h), or 0 for a connection without
+  // authentication. Any thread, once the connection is handed out.
+  uint32_t auth_key_id() const { return auth_ != nullptr ? auth_->key_id() : 0; }
   // Waits for the domain's holder, if any: a poller may hold it for as long as a handler or a
   // user's callback runs.
   ConnectionStats stats() const;
@@ -480,7 +487,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   friend class Poller;
   friend class ConnectionTestPeer;  // tests hold the domain to make other threads leave work
 
-  enum class State { kConnecting, kOpen, kDraining, kClosed };
+  // kVerifying: established, waiting for the peer's tag (auth.h): nothing but the handshake's
+  // frames moves, and the layer above does not know the connection yet.
+  enum class State { kConnecting, kVerifying, kOpen, kDraining, kClosed };
 
   // One entry per work request posted on the send queue, retired in order.
   struct InFlight {
@@ -568,6 +577,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Hello OwnHello() const;
   void AcceptHello(const Hello& peer);
   void OnEstablished();
+
+  // Authentication (connection_auth.cc, auth.h). The client's check of the server's reply at
+  // ESTABLISHED: `peer` back when its tag matches; else why not.
+  absl::StatusOr<Hello> CheckServerAuth(const rdma_cm_event& event, Hello peer);
+  // A receive while kVerifying: the peer's kAuth
+  // (server) or kAuthOk (client), checked and applied; false when it failed the connection.
+  bool VerifyPeerLocked(const ibv_wc& wc, const uint8_t* frame)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // The frame auth_frame_owed_ stands for: kAuth (client, while kVerifying) or kAuthOk (server,
+  // open, before the layer above hears of the connection), its credit spent by the caller.
+  void SendAuthFrameLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // The peer is verified: the handshake's outcome, unless it was settled already (the listener's
+  // deadline), which fails the connection instead.
+  void FinishAuthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
 
   // Datapath (connection_datapath.cc). Called by the poller for each completion of this QP.
   // One signalled completion can retire kSignalInterval sends: room for all of them inline.
@@ -718,6 +741,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The window the peer starts with: the floor of an elastic one (credits.h), else all of it.
   uint32_t initial_window() const {
     if (start_parked_) return 0;
+    if (auth_ != nullptr && accepted_) return 1;  // provisional: the client's kAuth
     return shared_receives_ ? options_.idle_recv_credits : options_.recv_credits;
   }
   uint32_t cq_entries() const { return CqEntriesFor(options_, shared_receives_); }
@@ -807,6 +831,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t qp_num_ = 0;
   // Set by the Listener before the connection is shared: gives its admission place back.
   std::function<void()> on_closed_;
+  // Peer authentication (auth_session.h): set before the connection is shared when it
+  // authenticates, null otherwise. auth_frame_owed_: the handshake's frame waits for room
+  // (SendAuthFrameLocked; looked at only where a credit frame would go).
+  std::unique_ptr<AuthSession> auth_;
+  bool auth_frame_owed_ ABSL_GUARDED_BY(domain_) = false;
   // Pool slots held by outgoing messages (AcquireSendBuffer to retirement), against
   // options_.max_send_slots: the sum of two counts. The domain's holder changes the first with a
   // load and a store (no atomic instruction on the hot path: a message built in a batch, the

@@ -980,7 +980,14 @@ void Connection::PostChainLocked() {
 
 // An explicit credit frame, when credits or arena space are owed and no data frame carried them.
 void Connection::MaybeSendCreditFrameLocked() {
-  if (state_ != State::kOpen) return;
+  if (state_ != State::kOpen) {
+    // The client's kAuth, its first frame, alone (connection_auth.cc).
+    if (ABSL_PREDICT_FALSE(auth_frame_owed_) && state_ == State::kVerifying && !control_busy_ &&
+        SendRoomLocked() && credits_.TrySpendForUpdate()) {
+      SendAuthFrameLocked();
+    }
+    return;
+  }
   credits_.RetryGrowth();  // a peer left short while the budget was dry (credits.h)
   // Arena releases alone never spend the reserved credit (credits.h).
   bool report_arena = arena_reader_.ShouldReport() && credits_.CanSpendForData();
@@ -990,6 +997,8 @@ void Connection::MaybeSendCreditFrameLocked() {
   // a pool emptied by waiting messages must not stop credits from coming back.
   if (control_busy_ || credits_.available() < 1 || !SendRoomLocked()) return;
   if (!credits_.TrySpendForUpdate()) return;
+  // The server's kAuthOk carries what a credit frame would (the whole window, owed).
+  if (ABSL_PREDICT_FALSE(auth_frame_owed_)) return SendAuthFrameLocked();
   PostMessageLocked(control_slot_, 0, FrameKind::kCredit, 0, false, /*signal=*/true);
 }
 
@@ -1257,7 +1266,8 @@ void Connection::HandleCompletionLocked(const ibv_wc& wc, Events& events) {
   if (wc.status != IBV_WC_SUCCESS || marker) {
     // The first real failure breaks the connection; the flushes that follow it are expected.
     // (FailLocked ignores it while draining: the error text is built only when it counts.)
-    if (!marker && (state_ == State::kOpen || state_ == State::kConnecting)) {
+    if (!marker &&
+        (state_ == State::kOpen || state_ == State::kConnecting || state_ == State::kVerifying)) {
       FailLocked(CompletionError(wc));
     }
     if (recv && (wc.wr_id & kSharedBit) != 0) {
@@ -1306,6 +1316,13 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
   // side may simply have polled after the disconnect event: they are delivered. (No RECV is
   // reposted while failing: RepostRecvLocked.)
   if (state_ != State::kOpen && !(state_ == State::kDraining && IsPeerDisconnect(error_))) {
+    if (state_ == State::kVerifying) {
+      // The handshake's frame (connection_auth.cc): its receive is owed back once verified.
+      const bool verified = VerifyPeerLocked(wc, device_.slots().data(slot));
+      give_back(verified);
+      if (verified) credits_.OnRecvReposted();
+      return;
+    }
     return give_back(false);
   }
   absl::Status s = credits_.OnConsumed();
@@ -1361,9 +1378,13 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
     credits_.OnRecvReposted();
     return;
   }
-  if (ABSL_PREDICT_FALSE(header->kind == FrameKind::kPark || header->kind == FrameKind::kParked)) {
+  if (ABSL_PREDICT_FALSE(header->kind >= FrameKind::kPark)) {
     give_back(true);
     credits_.OnRecvReposted();
+    if (header->kind == FrameKind::kAuth || header->kind == FrameKind::kAuthOk) {
+      return FailLocked(
+          absl::FailedPreconditionError("peer sent an authentication frame outside the handshake"));
+    }
     if (header->kind == FrameKind::kParked) {
       if (s = credits_.OnParked(); !s.ok()) return FailLocked(s);
       return NoteParkedLocked();
@@ -1426,6 +1447,8 @@ void Connection::RetireLocked(uint64_t up_to, const absl::Status& status, Events
 // request has completed, and FinishDrainLocked reports what is left.
 void Connection::FailLocked(absl::Status why) {
   if (state_ == State::kDraining || state_ == State::kClosed) return;
+  // Before the peer is verified the failure is the handshake's outcome (connection_auth.cc).
+  if (ABSL_PREDICT_FALSE(auth_ != nullptr) && !auth_->finished()) auth_->Finish(why);
   error_ = std::move(why);
   SetStateLocked(State::kDraining);
   rdma_disconnect(id_.get());
@@ -1601,7 +1624,12 @@ void Connection::DispatchOne(Event& e) {
       handler_->OnSendSlotFree(*this);
       break;
     case Event::kClosed:
-      handler_->OnClosed(*this, e.status);
+      // A connection whose peer was never verified was never the handler's (connection_auth.cc).
+      if (ABSL_PREDICT_TRUE(auth_ == nullptr) || auth_->verified()) {
+        handler_->OnClosed(*this, e.status);
+      } else {
+        auth_->Finish(e.status);
+      }
       RunOnClosed();
       poller_.Unregister(qp_num_);
       break;

@@ -42,8 +42,9 @@ void Connection::OnParkRequestLocked() {
   // Off the poller's list of waiters now: a waiter that still finds no floor goes back on it.
   floor_waiting_ = false;
   // A knock heard before the handshake ended on this side (the client's ended first, and it
-  // sent at once) is kept for OnEstablished, which asks again.
-  if (state_ != State::kOpen || !credits_.parks()) return;
+  // sent at once) is kept for OnEstablished, which asks again. Nor is a window asked to park
+  // before the kAuthOk has told the client where to knock (connection_auth.cc).
+  if (state_ != State::kOpen || !credits_.parks() || auth_frame_owed_) return;
   if (knock_heard_.exchange(false, std::memory_order_acquire)) knock_pending_ = true;
   if (credits_.parked()) {
     if (knock_pending_) TryUnparkLocked();

@@ -18,6 +18,12 @@ namespace zrpc::transport {
 namespace {
 // The smallest inline size worth asking for: a frame header and as much again.
 constexpr uint32_t kMinInlineRequest = 2 * FrameHeader::kSize;
+
+// A connection keeps no copy of the keys: the handshake's session holds the one it uses.
+ConnectionOptions WithoutKeys(ConnectionOptions options) {
+  options.auth_keys.clear();
+  return options;
+}
 }  // namespace
 
 // Work-queue entries a connection may have outstanding, each a potential completion.
@@ -60,6 +66,16 @@ absl::Status Connection::ValidateOptions(const ConnectionOptions& o, const Devic
                                                    " is not in [0, ", kRnrRetryCount,
                                                    "] (7 retries forever)"));
   }
+  if (!o.auth_keys.empty()) {
+    if (absl::StatusOr<AuthKeyring> keys = AuthKeyring::Create(o.auth_keys); !keys.ok()) {
+      return keys.status();
+    }
+    if (device.slots().slot_size() < FrameHeader::kSize + AuthFrame::kSize) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the device's slots of ", device.slots().slot_size(),
+                       " bytes cannot carry authentication's frames (SlotPoolOptions::slot_size)"));
+    }
+  }
   if (device.slots().slot_size() < FrameHeader::kSize + size_t{o.min_message_size}) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the device's slots of ", device.slots().slot_size(), " bytes cannot carry the ",
@@ -79,6 +95,13 @@ absl::StatusOr<Hello> Connection::PeerHello(const rdma_cm_event& event,
   if (absl::Status fits = CheckPeerReceives(*hello, options.min_message_size); !fits.ok()) {
     return fits;
   }
+  // A peer that authenticates sends its first frame into one of these receives.
+  if ((hello->flags & kHelloAuth) != 0 &&
+      hello->recv_size < FrameHeader::kSize + std::max(AuthFrame::kSize, AuthOkFrame::kSize)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("zrpc handshake: the peer's receives of ", hello->recv_size,
+                     " bytes cannot carry authentication's frames"));
+  }
   return hello;
 }
 
@@ -87,7 +110,7 @@ Connection::Connection(Device& device, Poller& poller, ConnectionHandler* handle
     : device_(device),
       poller_(poller),
       handler_(handler),
-      options_(options),
+      options_(WithoutKeys(options)),
       shared_receives_(poller.srq() != nullptr) {}
 
 absl::StatusOr<RetryTiming> Connection::QueryRetryTiming() const {
@@ -105,7 +128,7 @@ Connection::~Connection() {
   // No other thread is left: nothing holds the domain, and nothing was left in it (a thread
   // leaves an operation only while another holds the domain, and that one carries it out).
   domain_.AssertHeld();
-  const bool disconnect = state_ == State::kOpen;
+  const bool disconnect = state_ == State::kOpen || state_ == State::kVerifying;
   if (disconnect && id_ != nullptr) rdma_disconnect(id_.get());
   // A loan's window goes before the QP it is bound to: the window holds a reference to the QP,
   // and rxe (Linux 6.1) waits up to 50 s for a destroyed QP's references to go.
@@ -246,10 +269,14 @@ Hello Connection::OwnHello() const {
     hello.flags |= kHelloArenaOnDemand;  // lent by kArena frames: no address or key yet
     hello.arena_size = options_.arena_size;
   } else if (arena_mr_ != nullptr) {
-    hello.arena_addr = reinterpret_cast<uintptr_t>(arena_.get());
-    hello.arena_rkey = arena_mr_->rkey;
     hello.arena_size = options_.arena_size;
+    // Authenticating, the address and key go in this side's first frame (SendAuthFrameLocked).
+    if (auth_ == nullptr) {
+      hello.arena_addr = reinterpret_cast<uintptr_t>(arena_.get());
+      hello.arena_rkey = arena_mr_->rkey;
+    }
   }
+  if (auth_ != nullptr) hello.flags |= kHelloAuth;
   return hello;
 }
 
@@ -264,6 +291,7 @@ void Connection::AcceptHello(const Hello& peer) {
                 options_.recv_credits, shared_receives_ ? &receive_share_ : nullptr};
   own.parks = door_.has_value();
   own.parked = start_parked_;
+  own.provisional = auth_ != nullptr && accepted_;
   credits_ = CreditAccount(peer.recv_credits, peer.max_recv_credits, own);
   arena_writer_ = (peer.flags & kHelloArenaOnDemand) != 0 ? ArenaWriter::OnDemand(peer.arena_size)
                                                           : ArenaWriter(peer.arena_size);
@@ -279,7 +307,15 @@ void Connection::OnEstablished() {
   EnterWaiting();
   // The id already reports to the poller, which may have failed the connection (a disconnect
   // right after the handshake): then it stays failing.
-  if (state_ == State::kConnecting) SetStateLocked(State::kOpen);
+  if (state_ == State::kConnecting) {
+    SetStateLocked(auth_ != nullptr ? State::kVerifying : State::kOpen);
+    // The client's tag goes first, alone (its one credit: the server's Hello offers no more).
+    if (auth_ != nullptr && !accepted_) {
+      auth_frame_owed_ = true;
+      MaybeSendCreditFrameLocked();
+      PostChainLocked();
+    }
+  }
   // A parked window whose peer knocked before this side saw the handshake end: heard now.
   if (knock_heard_.load(std::memory_order_acquire)) OnParkRequestLocked();
   // The peer may have sent before this thread saw the handshake end: those completions are
@@ -320,11 +356,26 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   if (auto s = poller.Register(c); !s.ok()) return s;
   absl::Cleanup unregister = [&] { poller.Unregister(c->qp_num_); };
 
-  uint8_t hello[Hello::kSize];
-  EncodeHello(c->OwnHello(), hello);
+  // The Hello, and with a key the AuthRequest in the bytes it leaves (wire.h, auth.h).
+  uint8_t request[AuthRequest::kOffset + AuthRequest::kSize] = {};
+  size_t request_size = Hello::kSize;
+  if (!options.auth_keys.empty()) {
+    absl::StatusOr<AuthNonce> nonce = NewAuthNonce();
+    if (!nonce.ok()) return nonce.status();
+    c->auth_ = std::make_unique<AuthSession>(AuthRole::kClient, options.auth_keys.front());
+    AuthTranscript& transcript = c->auth_->transcript();
+    transcript.client_nonce = *nonce;
+    transcript.client_qp = c->qp_num_;
+    EncodeAuthRequest(AuthRequest{transcript.key_id, *nonce}, request + AuthRequest::kOffset);
+    request_size = AuthRequest::kOffset + AuthRequest::kSize;
+  }
+  EncodeHello(c->OwnHello(), request);
+  if (c->auth_ != nullptr) {
+    std::copy(request, request + Hello::kSize, c->auth_->transcript().client_hello.begin());
+  }
   const ibv_device_attr& attr = device.attr();
   rdma_conn_param param = ConnParam(
-      hello, Hello::kSize,
+      request, static_cast<uint8_t>(request_size),
       static_cast<uint8_t>(std::min<int>(kMaxReadsInFlight, attr.max_qp_init_rd_atom)),
       static_cast<uint8_t>(std::min<int>(kMaxReadsInFlight, attr.max_qp_rd_atom)), options);
   if (auto s = SetAckTimeout(id, options.ack_timeout_exponent); !s.ok()) return s;
@@ -341,8 +392,12 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
       const size_t extra = std::min(length - Hello::kSize, kAcceptDataSize);
       std::copy(data + Hello::kSize, data + Hello::kSize + extra, c->peer_accept_data_.begin());
     }
-    // A server that parks says where to knock (wire.h, ParkDoor).
-    if (peer.ok() && (peer->flags & kHelloParks) != 0) {
+    if (peer.ok() && (c->auth_ != nullptr || (peer->flags & kHelloAuth) != 0)) {
+      peer = c->CheckServerAuth(**event, *std::move(peer));
+    }
+    // A server that parks says where to knock (wire.h, ParkDoor); one that authenticates, only
+    // once it has checked this side's tag (its kAuthOk frame).
+    if (peer.ok() && (peer->flags & kHelloParks) != 0 && c->auth_ == nullptr) {
       absl::StatusOr<ParkDoor> door = DecodeParkDoor(
           data != nullptr && length > ParkDoor::kOffset
               ? absl::MakeConstSpan(data + ParkDoor::kOffset, length - ParkDoor::kOffset)
@@ -376,8 +431,20 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Connect(
   // woke nobody: have the poller look.
   poller.LookAtCmChannel();
   c->OnEstablished();
+  // From here the poller has the connection: a failure is its to end (and, before the server
+  // confirmed this side's tag, never the handler's to hear: connection_auth.cc).
   std::move(unregister).Cancel();
   std::move(give_back_channel).Cancel();
+  if (c->auth_ != nullptr) {
+    c->auth_->Wait(deadline);
+    absl::Status verified = c->auth_->Settle(absl::DeadlineExceededError(
+        "zrpc handshake: the server did not confirm this client's tag before the connect "
+        "timeout"));
+    if (!verified.ok()) {
+      c->Close();
+      return verified;
+    }
+  }
   return c;
 }
 

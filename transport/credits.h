@@ -96,6 +96,10 @@ struct OwnWindow {
   ReceiveShare* share = nullptr;  // holds `initial` already (nothing when parked); null: fixed
   bool parks = false;             // elastic only: the window may be parked (above)
   bool parked = false;            // it starts parked: the peer's Hello offers no credit
+  // The window is provisional (an accepting side that authenticates, auth.h): the peer's Hello
+  // offers one credit, for its kAuth frame, and the rest of the window is owed from the start,
+  // returned in the kAuthOk frame once the peer is verified (Confirm). Not with `parked`.
+  bool provisional = false;
 };
 
 class CreditAccount {
@@ -113,10 +117,13 @@ class CreditAccount {
         window_(own.parked ? 0 : own.initial),
         threshold_(ThresholdFor(own.initial)),
         parks_(own.share != nullptr && own.parks),
-        park_(own.parked && parks_ ? Park::kParked : Park::kNone),
+        park_(own.parked && parks_             ? Park::kParked
+              : own.provisional && !own.parked ? Park::kProvisional
+                                               : Park::kNone),
         work_(peer_window == 0 ? kSenderParked : 0),
         share_(own.share),
-        granted_(window_) {}
+        owed_(park_ == Park::kProvisional ? window_ - 1 : 0),
+        granted_(park_ == Park::kProvisional ? 1 : window_) {}
 
   // ---- Sending: credits for the peer's receives.
 
@@ -197,6 +204,18 @@ class CreditAccount {
     if (ABSL_PREDICT_FALSE(++consumed_ > granted_)) return ConsumedTooMany();
     if (share_ != nullptr && PeerShort() && park_ == Park::kNone) Grow();
     return absl::OkStatus();
+  }
+
+  // ---- Receiving, provisional (OwnWindow::provisional).
+
+  // The peer's Hello offered one credit and the rest waits for Confirm. Meanwhile the window
+  // neither grows nor shrinks nor parks (the peer has spent its one credit on its kAuth frame, and
+  // the rest of its window is owed already), and nothing should be sent but that frame's answer.
+  bool provisional() const { return park_ == Park::kProvisional; }
+  // The peer is verified: the window is this side's as any other (what it owes, the window but
+  // the one credit granted, goes in the next frame: TakeOwed).
+  void Confirm() {
+    if (park_ == Park::kProvisional) park_ = Park::kNone;
   }
 
   // ---- Receiving, parked (above).
@@ -387,7 +406,8 @@ class CreditAccount {
   bool grew_ = false;     // owed_ holds credits the window grew by, not sent yet
   bool starved_ = false;  // the last growth found the budget dry (RetryGrowth)
   bool grant_ = false;    // owed_ holds a parked window's grant: the reserved credit may carry it
-  enum class Park : uint8_t { kNone, kAsked, kParked };
+  // kProvisional: not parked, but not open for growth or parking either (provisional()).
+  enum class Park : uint8_t { kNone, kAsked, kParked, kProvisional };
   bool parks_;
   Park park_;
   // Park work (park_work()): bits of what the connection's send path has to do.
@@ -398,7 +418,7 @@ class CreditAccount {
   uint32_t withheld_ = 0;  // receives released while parking (ParkedRelease)
   uint64_t parks_done_ = 0;
   ReceiveShare* share_;
-  uint64_t owed_ = 0;
+  uint64_t owed_;
   // Credits given to the peer (its initial window plus every credit returned in a frame) and
   // RECVs its traffic consumed; consumed_ <= granted_ for a peer that keeps to its credits.
   uint64_t granted_;

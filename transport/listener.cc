@@ -33,6 +33,7 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Create(Device& device, const
         "accepts_per_second_per_peer and accept_burst_per_peer must be positive");
   }
   std::unique_ptr<Listener> listener(new Listener(device, handler, options));
+  if (auto s = listener->SetAuthKeys(options.connection.auth_keys); !s.ok()) return s;
   if (auto s = CreateCmChannelAndId(&listener->channel_, &listener->id_); !s.ok()) return s;
   const std::string& where = addr.empty() ? device.selection().addr : addr;
   sockaddr_storage local{};
@@ -43,8 +44,9 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Create(Device& device, const
   if (rdma_listen(listener->id_.get(), options.backlog) != 0) {
     return VerbsError("rdma_listen", errno);
   }
-  listener->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (listener->wake_fd_ < 0) return VerbsError("eventfd", errno);
+  listener->wake_ = std::make_shared<WakeFd>();
+  listener->wake_->fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (listener->wake_->fd < 0) return VerbsError("eventfd", errno);
   listener->thread_ = std::thread([l = listener.get()] { l->Loop(); });
   return listener;
 }
@@ -52,14 +54,20 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Create(Device& device, const
 Listener::Listener(Device& device, AcceptHandler* handler, const ListenerOptions& options)
     : device_(device), handler_(handler), options_(options) {}
 
+Listener::WakeFd::~WakeFd() {
+  if (fd >= 0) close(fd);
+}
+
+void Listener::WakeFd::Wake() const {
+  uint64_t one = 1;
+  // Fails only when a wake-up is already pending, which is as good.
+  ssize_t written = write(fd, &one, sizeof(one));
+  static_cast<void>(written);
+}
+
 Listener::~Listener() {
   stop_.store(true);
-  if (wake_fd_ >= 0) {
-    uint64_t one = 1;
-    // Fails only when a wake-up is already pending, which is as good.
-    ssize_t written = write(wake_fd_, &one, sizeof(one));
-    static_cast<void>(written);
-  }
+  if (wake_ != nullptr && wake_->fd >= 0) wake_->Wake();
   if (thread_.joinable()) thread_.join();
   // Unfinished handshakes report to channel_, so they go before it. A poller thread may hold
   // one for the length of a completion: wait for it to let go, so the id dies here.
@@ -75,10 +83,21 @@ Listener::~Listener() {
                         stopped);
   }
   handshakes_.clear();
+  // Established, their tag not checked yet: their poller has them; closed, never accepted.
+  for (auto& [connection, handshake] : verifying_) {
+    std::shared_ptr<Connection>& c = handshake.connection;
+    const absl::Status why = c->auth_->Settle(stopped);
+    if (why.ok()) {
+      handler_->OnAccepted(std::move(c));  // verified just now: it is the handler's
+    } else {
+      c->Close();
+      handler_->OnRefused(c->peer_address_, c->handler_, why);
+    }
+  }
+  verifying_.clear();
   handshake_count_.store(0, std::memory_order_relaxed);
   id_.reset();
   channel_.reset();
-  if (wake_fd_ >= 0) close(wake_fd_);
 }
 
 uint16_t Listener::port() const { return ntohs(rdma_get_src_port(id_.get())); }
@@ -95,23 +114,32 @@ uint32_t Listener::peak_connections() const {
 
 size_t Listener::handshakes() const { return handshake_count_.load(std::memory_order_relaxed); }
 
+absl::Time Listener::NextDeadline() const {
+  absl::Time first = absl::InfiniteFuture();
+  for (const auto& [id, handshake] : handshakes_) first = std::min(first, handshake.deadline);
+  for (const auto& [c, handshake] : verifying_) first = std::min(first, handshake.deadline);
+  return first;
+}
+
 void Listener::Loop() {
   while (!stop_.load(std::memory_order_relaxed)) {
-    int timeout_ms = -1;
-    if (!handshakes_.empty()) {
-      absl::Time first = absl::InfiniteFuture();
-      for (const auto& [id, handshake] : handshakes_) first = std::min(first, handshake.deadline);
-      timeout_ms = RemainingMs(first);
-    }
-    pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    const absl::Time first = NextDeadline();
+    const int timeout_ms = first == absl::InfiniteFuture() ? -1 : RemainingMs(first);
+    pollfd fds[2] = {{channel_->fd, POLLIN, 0}, {wake_->fd, POLLIN, 0}};
     if (poll(fds, 2, timeout_ms) < 0 && errno != EINTR) {
       ZRPC_LOG(kError, "transport", "the listener's poll failed (errno ", errno, ")");
       absl::SleepFor(absl::Milliseconds(10));
     }
+    if ((fds[1].revents & POLLIN) != 0) {
+      uint64_t count = 0;
+      ssize_t got = read(wake_->fd, &count, sizeof(count));  // a tag's outcome, or the stop
+      static_cast<void>(got);
+    }
     rdma_cm_event* event = nullptr;
     while (rdma_get_cm_event(channel_.get(), &event) == 0) OnEvent(event);
     ExpireHandshakes();
-    handshake_count_.store(handshakes_.size(), std::memory_order_relaxed);
+    SettleVerified();
+    handshake_count_.store(handshakes_.size() + verifying_.size(), std::memory_order_relaxed);
   }
 }
 
@@ -142,6 +170,17 @@ void Listener::OnEvent(rdma_cm_event* event) {
 void Listener::OnRequest(rdma_cm_event* event) {
   rdma_cm_id* id = event->id;
   absl::StatusOr<Hello> hello = Connection::PeerHello(*event, options_.connection);
+  // For authentication (auth.h): what the request carries after its Hello, the Hello's bytes as
+  // sent, and the client's queue pair as the CM's request names it.
+  const auto* data = static_cast<const uint8_t*>(event->param.conn.private_data);
+  const size_t length = data != nullptr ? event->param.conn.private_data_len : 0;
+  absl::StatusOr<AuthRequest> auth_request = DecodeAuthRequest(
+      length > AuthRequest::kOffset
+          ? absl::MakeConstSpan(data + AuthRequest::kOffset, length - AuthRequest::kOffset)
+          : absl::Span<const uint8_t>());
+  std::array<uint8_t, Hello::kSize> client_hello{};
+  if (hello.ok()) std::copy(data, data + Hello::kSize, client_hello.begin());
+  const uint32_t client_qp = event->param.conn.qp_num;
   // The count this side's queue pair will use, chosen by the peer (see the header comment).
   uint8_t rnr_retry = event->param.conn.rnr_retry_count;
   // And the transport retries both queue pairs take (the IB CM's REQ carries them).
@@ -176,6 +215,12 @@ void Listener::OnRequest(rdma_cm_event* event) {
     return refuse(absl::FailedPreconditionError(
         "zrpc handshake: a connecting peer may not park the server's window (kHelloParks)"));
   }
+  if (hello->recv_credits < kMinCredits) {
+    // One credit is the accepting side's provisional window (auth.h); a client's is never.
+    return refuse(absl::FailedPreconditionError(
+        absl::StrCat("zrpc handshake: a connecting peer offers ", hello->recv_credits,
+                     " receive credits, not the ", kMinCredits, " or more its window needs")));
+  }
   if (rnr_retry > kRnrRetryCount) {
     return refuse(absl::FailedPreconditionError(
         absl::StrCat("zrpc handshake: peer asks for RNR retry count ", rnr_retry,
@@ -186,6 +231,14 @@ void Listener::OnRequest(rdma_cm_event* event) {
         absl::StrCat("zrpc handshake: peer asks for retry count ", retry,
                      " (rxe retries 7 forever); at most ", kMaxRetryCount, " is accepted")));
   }
+  if (!auth_request.ok()) return refuse(auth_request.status());
+  std::shared_ptr<const AuthKeyring> keys;
+  {
+    absl::MutexLock lock(&keys_mu_);
+    keys = keys_;
+  }
+  absl::StatusOr<const AuthKey*> key = CheckAuthRequest(keys.get(), *auth_request, *hello);
+  if (!key.ok()) return refuse(key.status());
   if (auto s = Admit(ip); !s.ok()) return refuse(s);
   absl::StatusOr<Placement> placement = handler_->Place(peer);
   if (placement.ok() && (placement->poller == nullptr || placement->handler == nullptr)) {
@@ -196,6 +249,17 @@ void Listener::OnRequest(rdma_cm_event* event) {
     return refuse(placement.status());
   }
   c.reset(new Connection(device_, *placement->poller, placement->handler, options_.connection));
+  if (*key != nullptr) {
+    absl::StatusOr<AuthNonce> nonce = NewAuthNonce();
+    if (!nonce.ok()) return refuse(nonce.status());
+    c->auth_ = std::make_unique<AuthSession>(AuthRole::kServer, **key);
+    AuthTranscript& transcript = c->auth_->transcript();
+    transcript.client_nonce = auth_request->nonce;
+    transcript.server_nonce = *nonce;
+    transcript.client_qp = client_qp;
+    transcript.client_hello = client_hello;
+    c->auth_->set_on_finish([wake = wake_](const absl::Status&) { wake->Wake(); });
+  }
   c->handler_owner_ = std::move(placement->owner);
   c->on_closed_ = [admission = admission_, ip] { Leave(*admission, ip); };
   c->id_.reset(id);
@@ -210,12 +274,22 @@ void Listener::OnRequest(rdma_cm_event* event) {
     return refuse(absl::Status(s.code(), absl::StrCat("server full: ", s.message())));
   }
   c->AcceptHello(*hello);
-  // The Hello, then the upper layer's accept data, then where to knock (wire.h).
-  uint8_t reply[ParkDoor::kOffset + ParkDoor::kSize] = {};
+  // The Hello, then the upper layer's accept data, then where to knock (wire.h) or, with a key,
+  // this side's nonce and tag (auth.h: the door waits for the client's tag).
+  static_assert(AuthReply::kOffset == ParkDoor::kOffset);
+  uint8_t reply[AuthReply::kOffset + std::max(ParkDoor::kSize, AuthReply::kSize)] = {};
   EncodeHello(c->OwnHello(), reply);
   std::copy(placement->accept_data.begin(), placement->accept_data.end(), reply + Hello::kSize);
   size_t reply_size = ParkDoor::kOffset;
-  if (c->door_.has_value()) {
+  if (c->auth_ != nullptr) {
+    AuthTranscript& transcript = c->auth_->transcript();
+    transcript.server_qp = c->qp_num_;
+    std::copy(reply, reply + Hello::kSize, transcript.server_hello.begin());
+    absl::StatusOr<AuthTag> tag = c->auth_->OwnTag();
+    if (!tag.ok()) return refuse(tag.status());
+    EncodeAuthReply(AuthReply{transcript.server_nonce, *tag}, reply + AuthReply::kOffset);
+    reply_size += AuthReply::kSize;
+  } else if (c->door_.has_value()) {
     EncodeParkDoor(c->poller_.doors()->Describe(*c->door_), reply + ParkDoor::kOffset);
     reply_size += ParkDoor::kSize;
   }
@@ -284,6 +358,7 @@ void Listener::Complete(rdma_cm_id* id) {
   auto it = handshakes_.find(id);
   if (it == handshakes_.end()) return;
   std::shared_ptr<Connection> c = std::move(it->second.connection);
+  const absl::Time deadline = it->second.deadline;
   handshakes_.erase(it);
   Poller& poller = c->poller_;
   if (rdma_migrate_id(id, poller.cm_channel()) != 0) {
@@ -296,8 +371,99 @@ void Listener::Complete(rdma_cm_id* id) {
   // An event that arrived before the migration (the peer hung up at once) moved with the id but
   // woke nobody: have the poller look, or the connection would stay open with nobody behind it.
   poller.LookAtCmChannel();
-  c->OnEstablished();
-  handler_->OnAccepted(std::move(c));
+  if (c->auth_ == nullptr) {
+    c->OnEstablished();
+    handler_->OnAccepted(std::move(c));
+    return;
+  }
+  // Its tag next (SettleVerified hands it on), by the deadline its request set.
+  Connection* key = c.get();
+  Handshake& handshake = verifying_[key];
+  handshake.connection = std::move(c);
+  handshake.deadline = deadline;
+  handshake.connection->OnEstablished();
+}
+
+absl::StatusOr<const AuthKey*> Listener::CheckAuthRequest(const AuthKeyring* keys,
+                                                          const AuthRequest& request,
+                                                          const Hello& hello) {
+  const uint32_t id = request.key_id;
+  if (keys == nullptr) {
+    if (id == 0 && (hello.flags & kHelloAuth) == 0) return nullptr;
+    auth_counts_.unexpected_key.fetch_add(1, std::memory_order_relaxed);
+    return absl::FailedPreconditionError(
+        absl::StrCat("zrpc handshake: the client presents key ", id,
+                     ", but this server authenticates no one (it has no auth_keys)"));
+  }
+  if (id == 0 || (hello.flags & kHelloAuth) == 0) {
+    auth_counts_.no_key.fetch_add(1, std::memory_order_relaxed);
+    return absl::PermissionDeniedError(
+        "zrpc handshake: this server admits only clients that present a key (auth_keys), and "
+        "this one presents none");
+  }
+  const AuthKey* key = keys->Find(id);
+  if (key == nullptr) {
+    auth_counts_.unknown_key.fetch_add(1, std::memory_order_relaxed);
+    return absl::PermissionDeniedError(absl::StrCat("zrpc handshake: the client presents key ", id,
+                                                    ", which this server does not hold"));
+  }
+  if (!nonces_.Insert(id, request.nonce)) {
+    auth_counts_.replay.fetch_add(1, std::memory_order_relaxed);
+    return absl::PermissionDeniedError(
+        absl::StrCat("zrpc handshake: the request repeats a nonce seen lately with key ", id,
+                     " (a replayed handshake)"));
+  }
+  return key;
+}
+
+void Listener::SettleVerified() {
+  std::vector<Connection*> done;
+  for (const auto& [c, handshake] : verifying_) {
+    if (c->auth_->finished()) done.push_back(c);
+  }
+  for (Connection* key : done) {
+    auto it = verifying_.find(key);
+    std::shared_ptr<Connection> c = std::move(it->second.connection);
+    verifying_.erase(it);
+    const absl::Status why = c->auth_->outcome();
+    if (why.ok()) {
+      auth_counts_.authenticated.fetch_add(1, std::memory_order_relaxed);
+      handler_->OnAccepted(std::move(c));
+      continue;
+    }
+    // PermissionDenied is a tag that did not match (AuthSession::CheckPeerTag); the rest, a
+    // client that did not finish.
+    (why.code() == absl::StatusCode::kPermissionDenied ? auth_counts_.bad_tag : auth_counts_.no_tag)
+        .fetch_add(1, std::memory_order_relaxed);
+    ZRPC_LOG(kWarning, "transport", "refused ", c->peer_address_, " (key ", c->auth_->key_id(),
+             "): ", why.message());
+    c->Close();  // its poller ends it, and tells its handler nothing (connection_auth.cc)
+    handler_->OnRefused(c->peer_address_, c->handler_, why);
+  }
+}
+
+Listener::AuthCounts Listener::auth_counts() const {
+  AuthCounts counts;
+  counts.authenticated = auth_counts_.authenticated.load(std::memory_order_relaxed);
+  counts.refused_no_key = auth_counts_.no_key.load(std::memory_order_relaxed);
+  counts.refused_unknown_key = auth_counts_.unknown_key.load(std::memory_order_relaxed);
+  counts.refused_unexpected_key = auth_counts_.unexpected_key.load(std::memory_order_relaxed);
+  counts.refused_replay = auth_counts_.replay.load(std::memory_order_relaxed);
+  counts.refused_bad_tag = auth_counts_.bad_tag.load(std::memory_order_relaxed);
+  counts.refused_no_tag = auth_counts_.no_tag.load(std::memory_order_relaxed);
+  return counts;
+}
+
+absl::Status Listener::SetAuthKeys(std::vector<AuthKey> keys) {
+  std::shared_ptr<const AuthKeyring> ring;
+  if (!keys.empty()) {
+    absl::StatusOr<AuthKeyring> made = AuthKeyring::Create(std::move(keys));
+    if (!made.ok()) return made.status();
+    ring = std::make_shared<const AuthKeyring>(*std::move(made));
+  }
+  absl::MutexLock lock(&keys_mu_);
+  keys_ = std::move(ring);
+  return absl::OkStatus();
 }
 
 void Listener::Abandon(rdma_cm_id* id, const absl::Status& why) {
@@ -315,10 +481,13 @@ void Listener::ExpireHandshakes() {
   for (const auto& [id, handshake] : handshakes_) {
     if (handshake.deadline <= now) expired.push_back(id);
   }
-  for (rdma_cm_id* id : expired) {
-    Abandon(id, absl::DeadlineExceededError(
-                    absl::StrCat("the peer did not finish the handshake within ",
-                                 absl::FormatDuration(options_.handshake_timeout))));
+  const absl::Status late =
+      absl::DeadlineExceededError(absl::StrCat("the peer did not finish the handshake within ",
+                                               absl::FormatDuration(options_.handshake_timeout)));
+  for (rdma_cm_id* id : expired) Abandon(id, late);
+  // Settled here, handed on by SettleVerified (a tag checked meanwhile wins: then it is in).
+  for (const auto& [c, handshake] : verifying_) {
+    if (handshake.deadline <= now) c->auth_->Finish(late);
   }
 }
 

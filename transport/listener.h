@@ -23,13 +23,19 @@
 //     at most accepts_per_second_per_peer requests a second from one address (a token bucket,
 //     accept_burst_per_peer deep), so one host reconnecting in a loop cannot take this thread
 //     ("server busy");
+//  2a. with keys (ConnectionOptions::auth_keys; auth.h), a request that presents one of them,
+//     with a nonce not seen lately; without, a request that presents none (the refusals are
+//     counted: auth_counts());
 //  3. AcceptHandler::Place, which picks the connection's poller and handler (or refuses);
 //  4. resources: receive slots from the device's pool, an arena, CQ entries on the poller. A
 //     server that cannot give them refuses with what ran out ("server full").
 // When the peer's confirmation arrives the connection moves to its poller's cm channel, the
 // poller is woken to look at it (a hang-up that raced the handshake moved along with it and is
 // seen at once), and AcceptHandler::OnAccepted receives it. A hang-up before that drops the
-// handshake and frees everything it held.
+// handshake and frees everything it held. With keys, OnAccepted waits until the poller has
+// checked the client's tag (its first frame, connection_auth.cc) and answered; a tag that does
+// not match, any other first frame, a hang-up, or no tag within handshake_timeout of the request
+// is reported to OnRefused instead, the connection closed without its handler hearing of it.
 //
 // Threads. The AcceptHandler is called on the listener's thread, one call at a time; it must not
 // block for long (handshakes wait meanwhile) and must not destroy the Listener. Destroying the
@@ -53,12 +59,14 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "transport/auth.h"
 #include "transport/connection.h"
 #include "transport/device.h"
 #include "transport/options.h"
@@ -114,8 +122,31 @@ class Listener {
   // once since Create: never above max_connections.
   uint32_t connections() const;
   uint32_t peak_connections() const;
-  // Handshakes not finished yet.
+  // Handshakes not finished yet (with keys, until the client's tag is checked).
   size_t handshakes() const;
+
+  // Peer authentication's counts since Create (auth.h): connections whose client proved its key,
+  // and requests or handshakes refused, by why.
+  struct AuthCounts {
+    uint64_t authenticated = 0;
+    uint64_t refused_no_key = 0;          // this listener has keys; the request presented none
+    uint64_t refused_unknown_key = 0;     // a key id it does not hold
+    uint64_t refused_unexpected_key = 0;  // it has no keys; the request presented one
+    uint64_t refused_replay = 0;          // a client nonce seen lately (NonceCache)
+    uint64_t refused_bad_tag = 0;         // the client's tag did not match
+    // Established, but no tag came: another frame first, a hang-up, or handshake_timeout passed.
+    uint64_t refused_no_tag = 0;
+    uint64_t refused() const {
+      return refused_no_key + refused_unknown_key + refused_unexpected_key + refused_replay +
+             refused_bad_tag + refused_no_tag;
+    }
+  };
+  AuthCounts auth_counts() const;
+  // Replaces the keys requests are checked against, from the next request on: how keys rotate
+  // without a restart (accept the old and the new, move the clients, drop the old). Empty: no
+  // authentication from then on. InvalidArgument for a keyring AuthKeyring::Create refuses; the
+  // keys stay as they were. Handshakes already answered finish with the key they began with.
+  absl::Status SetAuthKeys(std::vector<AuthKey> keys);
 
  private:
   // Places taken, shared with accepted connections, which give theirs back when they close
@@ -139,6 +170,17 @@ class Listener {
     std::shared_ptr<Connection> connection;
     absl::Time deadline;
   };
+  // An eventfd that wakes the loop, shared with the connections whose tag is being checked, whose
+  // poller writes it when the outcome is known (it may outlive the Listener).
+  struct WakeFd {
+    int fd = -1;
+    ~WakeFd();
+    void Wake() const;
+  };
+  struct AtomicAuthCounts {
+    std::atomic<uint64_t> authenticated{0}, no_key{0}, unknown_key{0}, unexpected_key{0}, replay{0},
+        bad_tag{0}, no_tag{0};
+  };
 
   Listener(Device& device, AcceptHandler* handler, const ListenerOptions& options);
   void Loop();
@@ -151,6 +193,14 @@ class Listener {
   // Drops an unfinished handshake and frees what it held.
   void Abandon(rdma_cm_id* id, const absl::Status& why);
   void ExpireHandshakes();
+  // The request's authentication (auth.h), checked against the keys: the key it presents (null:
+  // none, and none is needed), or why it is refused (counted).
+  absl::StatusOr<const AuthKey*> CheckAuthRequest(const AuthKeyring* keys,
+                                                  const AuthRequest& request, const Hello& hello);
+  // Connections whose tag was being checked and whose outcome is known: OnAccepted or OnRefused.
+  void SettleVerified();
+  // The earliest deadline of the handshakes, both kinds.
+  absl::Time NextDeadline() const;
 
   Device& device_;
   AcceptHandler* handler_;
@@ -158,12 +208,19 @@ class Listener {
   std::shared_ptr<Admission> admission_ = std::make_shared<Admission>();
   // Unfinished handshakes by cm id; only the listener thread touches it after Create.
   absl::flat_hash_map<rdma_cm_id*, Handshake> handshakes_;
+  // Established handshakes whose client's tag is being checked, by connection; listener thread.
+  absl::flat_hash_map<Connection*, Handshake> verifying_;
   std::atomic<size_t> handshake_count_{0};
+  // Keys (null: none); replaced whole by SetAuthKeys, read by the listener thread per request.
+  mutable absl::Mutex keys_mu_;
+  std::shared_ptr<const AuthKeyring> keys_ ABSL_GUARDED_BY(keys_mu_);
+  NonceCache nonces_{4096};  // the listener thread's
+  AtomicAuthCounts auth_counts_;
 
   // Declared before the ids that report to it: destroyed after them.
   CmChannelOwner channel_;
   CmIdOwner id_;
-  int wake_fd_ = -1;
+  std::shared_ptr<WakeFd> wake_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

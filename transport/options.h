@@ -8,10 +8,19 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 
 namespace zrpc::transport {
+
+// A pre-shared key for peer authentication (auth.h): `id` names it on the wire (nonzero: 0 means
+// "no key"), `secret` (16 to 64 bytes, random) is never sent.
+struct AuthKey {
+  uint32_t id = 0;
+  std::string secret;
+};
 
 // The defaults size an idle connection at 33 pool slots (132 KiB with 4 KiB slots) plus its
 // arena (256 KiB), all registered, and 33 completion-queue entries reserved on its poller (its
@@ -76,6 +85,13 @@ struct ConnectionOptions {
   // keeps to them never meets RNR: a retry is a bug or a lying peer, and 0 fails such a
   // connection at the first (IBV_WC_RNR_RETRY_EXC_ERR on the peer's side).
   uint8_t rnr_retry_count = 6;
+  // Peer authentication by pre-shared keys (auth.h), opt-in. Empty: none (anyone who reaches the
+  // port may connect, within the listener's admission limits). On the accepting side: the keys it
+  // accepts (several while a key rotates); a client without a key, or with one not among them, is
+  // refused, saying why. On the connecting side: the key it presents, the first one (a server
+  // that holds no keys refuses it). Each side checks the other's tag before it runs anything for
+  // it or tells it a memory key.
+  std::vector<AuthKey> auth_keys;
 };
 
 enum class PollMode { kBusy, kEvent };

@@ -319,7 +319,20 @@ absl::Status Poller::Register(const std::shared_ptr<Connection>& connection) {
       }
       // Behind windows waiting for a floor, never ahead of them: a storm of new connections must
       // not keep a knock waiting.
-      connection->start_parked_ = !floor_waiters_.empty() || !srq_->budget().TakeFloor(floor);
+      // A connection that authenticates cannot start parked: its client learns where to knock
+      // only once its tag is checked, and its tag needs a receive (connection_auth.cc). It takes
+      // a floor if one is free, waiters or not, and is refused otherwise.
+      const bool authenticates = connection->auth_ != nullptr;
+      connection->start_parked_ =
+          (!authenticates && !floor_waiters_.empty()) || !srq_->budget().TakeFloor(floor);
+      if (connection->start_parked_ && authenticates) {
+        doors_->Give(connection->door_->index);
+        connection->door_.reset();
+        connection->start_parked_ = false;
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "no receive floor free for a connection that authenticates (it cannot start parked); "
+            "use another poller"));
+      }
     } else if (srq_ != nullptr && !srq_->budget().TakeFloor(floor)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the poller's shared receive queue (", srq_->size(), " receives, ",

@@ -60,13 +60,16 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
     return Refuse(
         absl::StrCat("peer speaks wire version ", h.version, ", this build speaks ", kWireVersion));
   }
-  if ((h.flags & ~(kHelloArenaOnDemand | kHelloParks)) != 0) {
+  if ((h.flags & ~(kHelloArenaOnDemand | kHelloParks | kHelloAuth)) != 0) {
     return Refuse(absl::StrCat("peer sets unknown flags 0x", absl::Hex(h.flags)));
   }
   // Fewer could deadlock the credit scheme (credits.h); none is a parked start, which only a
   // side that can open a parked window may offer.
   const bool parked = h.recv_credits == 0 && (h.flags & kHelloParks) != 0;
-  if (!parked && (h.recv_credits < kMinCredits || h.recv_credits > kMaxCredits)) {
+  // One: an accepting side that authenticates, until the client's tag is checked (auth.h). Which
+  // side may offer it is the handshake's to check (the client's window is never provisional).
+  const bool provisional = h.recv_credits == 1 && (h.flags & kHelloAuth) != 0;
+  if (!parked && !provisional && (h.recv_credits < kMinCredits || h.recv_credits > kMaxCredits)) {
     return Refuse(absl::StrCat("peer offers ", h.recv_credits, " receive credits, not in [",
                                kMinCredits, ", ", kMaxCredits, "]"));
   }
@@ -88,6 +91,9 @@ absl::StatusOr<Hello> DecodeHello(absl::Span<const uint8_t> bytes) {
   if ((h.flags & kHelloArenaOnDemand) != 0 &&
       (h.arena_size == 0 || h.arena_addr != 0 || h.arena_rkey != 0)) {
     return Refuse("peer lends an arena on demand but gives no size, or an address or key already");
+  }
+  if ((h.flags & kHelloAuth) != 0 && (h.arena_addr != 0 || h.arena_rkey != 0)) {
+    return Refuse("peer authenticates but gives its arena's address or key before its tag");
   }
   return h;
 }
@@ -116,7 +122,7 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes) {
   header.credits = GetLe<uint16_t>(bytes.data() + 4);
   uint8_t kind = bytes[6];
   if (kind < static_cast<uint8_t>(FrameKind::kData) ||
-      kind > static_cast<uint8_t>(FrameKind::kParked)) {
+      kind > static_cast<uint8_t>(FrameKind::kAuthOk)) {
     return absl::FailedPreconditionError(absl::StrCat("peer sent a frame of unknown kind ", kind));
   }
   if (bytes[7] != 0) return absl::FailedPreconditionError("peer set the frame's reserved byte");

@@ -10,12 +10,18 @@
 //       4     2    version      kWireVersion; a peer with another version is refused
 //       6     2    flags        bit 0 (kHelloArenaOnDemand): the arena is lent on demand (below);
 //                               bit 1 (kHelloParks): the sender may park the peer's window
-//                               (kPark frames, below), and its accept reply carries a ParkDoor;
+//                               (kPark frames, below), and its accept reply carries a ParkDoor
+//                               (with kHelloAuth, its kAuthOk frame does);
+//                               bit 2 (kHelloAuth): the sender authenticates (auth.h): its arena
+//                               address and key come in its first frame (kAuth, kAuthOk), not
+//                               here (both 0); from the accepting side, recv_credits is 1 until
+//                               the client's tag is checked;
 //                               the other bits are reserved, zero
 //       8     4    recv_credits RECVs the sender of this Hello has posted for the peer: how many
 //                               SENDs and WRITE_WITH_IMMs the peer may have in flight before
 //                               credits return (its initial window, at least 3; 0 with
-//                               kHelloParks: the peer starts parked)
+//                               kHelloParks: the peer starts parked; 1 with kHelloAuth from the
+//                               accepting side: room for the client's kAuth frame alone)
 //      12     4    recv_size    bytes each of those RECVs holds: the largest SEND it accepts
 //      16     8    arena_addr   virtual address of the receive arena the peer may RDMA WRITE into
 //                               (0 when lent on demand)
@@ -29,7 +35,8 @@
 //
 //    All integers are little-endian, encoded byte by byte (never by memcpy of a struct), so the
 //    format does not depend on the compiler's layout. The InfiniBand CM carries at most 56 bytes
-//    in a connect request (RDMA_PS_TCP); Hello leaves 20 spare for later versions. A refusal
+//    in a connect request (RDMA_PS_TCP); Hello leaves 20, which an AuthRequest fills (auth.h:
+//    key id and client nonce; zeros when the client presents no key). A refusal
 //    (rdma_reject) carries a short text saying why, so the connecting side can say it too.
 //
 //    The accept reply carries kAcceptDataSize more bytes after its Hello (at offset kSize: a
@@ -40,8 +47,10 @@
 //    An older client ignores them (DecodeHello reads kSize bytes); an older server's reply reads
 //    as zeros.
 //
-//    With kHelloParks, a ParkDoor (16 bytes) follows at offset kSize + kAcceptDataSize: where the
-//    client knocks to have a parked window opened again (credits.h, "Parked windows"):
+//    An accepting side that authenticates puts an AuthReply (48 bytes: its nonce and tag, auth.h)
+//    at offset kSize + kAcceptDataSize. Otherwise, with kHelloParks, a ParkDoor (16 bytes) is
+//    there: where the client knocks to have a parked window opened again (credits.h, "Parked
+//    windows"):
 //
 //      offset size field
 //       0     8    addr         virtual address of this connection's door: 8 bytes, 8-aligned
@@ -65,7 +74,10 @@
 //                                  3: arena loan message (an ArenaMessage follows),
 //                                  4: park (no payload; server to client: give your credits
 //                                  back), 5: parked (no payload; the answer: every credit the
-//                                  client held beyond the one this frame spends is given up)
+//                                  client held beyond the one this frame spends is given up),
+//                                  6: auth (client to server, the first frame of a connection
+//                                  that authenticates: an AuthFrame follows, auth.h), 7: auth ok
+//                                  (the server's answer, its first frame: an AuthOkFrame follows)
 //       7     1    reserved        0
 //
 //    An arena loan message (kArena, 24 bytes after the header) is how an arena lent on demand
@@ -104,13 +116,18 @@ inline constexpr uint32_t kWireMagic = 0x5a525043;  // "ZRPC"
 // 2: the RPC layer's pulled payloads, 3: large bodies, 4: streams (rpc/WIRE.md); 5: elastic
 // receive windows (Hello.max_recv_credits, credits.h); 6: arenas lent on demand (kArena frames,
 // Hello flag kHelloArenaOnDemand); 7: parked windows (kPark and kParked frames, Hello flag
-// kHelloParks, the ParkDoor).
-inline constexpr uint16_t kWireVersion = 7;
+// kHelloParks, the ParkDoor); 8: peer authentication (Hello flag kHelloAuth, the AuthRequest and
+// AuthReply, kAuth and kAuthOk frames: auth.h).
+inline constexpr uint16_t kWireVersion = 8;
 // Hello.flags bit 0: the sender's arena is lent on demand, by kArena frames.
 inline constexpr uint16_t kHelloArenaOnDemand = 1;
 // Hello.flags bit 1: the sender may park the peer's window (kPark), and its accept reply carries
 // a ParkDoor after the accept data.
 inline constexpr uint16_t kHelloParks = 2;
+// Hello.flags bit 2: the sender authenticates (auth.h): no arena address or key in its Hello
+// (they come in its kAuth or kAuthOk frame), and from the accepting side, one credit until the
+// client's tag is checked.
+inline constexpr uint16_t kHelloAuth = 4;
 // The upper layer's bytes after the Hello in an accept reply (above).
 inline constexpr size_t kAcceptDataSize = 32;
 using AcceptData = std::array<uint8_t, kAcceptDataSize>;
@@ -161,7 +178,15 @@ absl::StatusOr<ParkDoor> DecodeParkDoor(absl::Span<const uint8_t> bytes);
 // A knock's 8 bytes (above), as a number: the token and the knock's count.
 uint64_t KnockValue(uint32_t token, uint32_t knock);
 
-enum class FrameKind : uint8_t { kData = 1, kCredit = 2, kArena = 3, kPark = 4, kParked = 5 };
+enum class FrameKind : uint8_t {
+  kData = 1,
+  kCredit = 2,
+  kArena = 3,
+  kPark = 4,
+  kParked = 5,
+  kAuth = 6,
+  kAuthOk = 7,
+};
 
 struct FrameHeader {
   uint32_t arena_released = 0;

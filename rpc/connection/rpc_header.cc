@@ -12,12 +12,12 @@
 
 namespace zrpc {
 
-// This layout is versions 4 to 7 of the wire, which the transport's Hello negotiates (version 2
+// This layout is versions 4 to 8 of the wire, which the transport's Hello negotiates (version 2
 // added pulled payloads: kRpcFlagPull and kPulled; version 3 large bodies: kRpcFlagLargeBody;
-// version 4 streams: kRpcFlagStream, kinds 6-8 and `window`; versions 5 to 7 changed the
-// transport's Hello, accept reply, credits and frames only, not this header); when the
-// transport's version moves, decide here whether the RPC header moved with it.
-static_assert(transport::kWireVersion == 7, "rpc_header.h describes wire version 7");
+// version 4 streams: kRpcFlagStream, kinds 6-8 and `window`; versions 5 to 8 changed the
+// transport's Hello, connect request, accept reply, credits and frames only, not this header);
+// when the transport's version moves, decide here whether the RPC header moved with it.
+static_assert(transport::kWireVersion == 8, "rpc_header.h describes wire version 8");
 
 namespace {
 

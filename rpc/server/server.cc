@@ -233,6 +233,17 @@ absl::Status ServerImpl::SetInline(absl::string_view method, bool inline_handler
                                           "\"package.Service/Method\")"));
 }
 
+absl::Status ServerImpl::SetAuthKeys(std::vector<transport::AuthKey> keys) {
+  absl::MutexLock lock(&mu_);
+  if (listener_ != nullptr) return listener_->SetAuthKeys(std::move(keys));
+  if (started_) return absl::FailedPreconditionError("the server was shut down");
+  if (!keys.empty()) {
+    if (auto ring = transport::AuthKeyring::Create(keys); !ring.ok()) return ring.status();
+  }
+  options_.listener.connection.auth_keys = std::move(keys);
+  return absl::OkStatus();
+}
+
 absl::Status ServerImpl::Start() {
   if (started_ || shut_down_) {
     return absl::FailedPreconditionError(shut_down_ ? "the server was shut down"
@@ -513,7 +524,10 @@ void ServerImpl::Shutdown(absl::Duration grace) {
     {
       absl::MutexLock lock(&mu_);
       listener = std::move(listener_);
-      if (listener != nullptr) peak_connections_ = listener->peak_connections();
+      if (listener != nullptr) {
+        peak_connections_ = listener->peak_connections();
+        auth_counts_ = listener->auth_counts();
+      }
     }
   }
 
@@ -601,6 +615,15 @@ ServerStats ServerImpl::stats() const {
     stats.connections_open = connections_.size();
     stats.connections_peak =
         listener_ != nullptr ? listener_->peak_connections() : peak_connections_;
+    const transport::Listener::AuthCounts auth =
+        listener_ != nullptr ? listener_->auth_counts() : auth_counts_;
+    stats.authenticated = auth.authenticated;
+    stats.auth_refused_no_key = auth.refused_no_key;
+    stats.auth_refused_unknown_key = auth.refused_unknown_key;
+    stats.auth_refused_unexpected_key = auth.refused_unexpected_key;
+    stats.auth_refused_replay = auth.refused_replay;
+    stats.auth_refused_bad_tag = auth.refused_bad_tag;
+    stats.auth_refused_no_tag = auth.refused_no_tag;
   }
   {
     absl::MutexLock lock(&pollers_mu_);
@@ -744,6 +767,24 @@ std::string Server::PrometheusText() const {
       {"zrpc_device_queue_pair_errors_total", "counter",
        "Queue pairs the device failed (fatal, request, access or path migration errors).",
        s.device_queue_pair_errors},
+      {"zrpc_server_authenticated_total", "counter",
+       "Connections whose client proved it holds a key (listener.connection.auth_keys).",
+       s.authenticated},
+      {"zrpc_server_auth_refused_no_key_total", "counter",
+       "Connection requests refused for presenting no key.", s.auth_refused_no_key},
+      {"zrpc_server_auth_refused_unknown_key_total", "counter",
+       "Connection requests refused for a key id this server does not hold.",
+       s.auth_refused_unknown_key},
+      {"zrpc_server_auth_refused_unexpected_key_total", "counter",
+       "Connection requests refused for presenting a key to a server without keys.",
+       s.auth_refused_unexpected_key},
+      {"zrpc_server_auth_refused_replay_total", "counter",
+       "Connection requests refused for repeating a recent nonce.", s.auth_refused_replay},
+      {"zrpc_server_auth_refused_bad_tag_total", "counter",
+       "Connections refused for a client tag that did not match.", s.auth_refused_bad_tag},
+      {"zrpc_server_auth_refused_no_tag_total", "counter",
+       "Connections refused for sending no tag (another frame, a hang-up, the timeout).",
+       s.auth_refused_no_tag},
       {"zrpc_server_bulk_staged_bytes_total", "counter",
        "Response payload bytes copied into staging memory before sending.", s.bulk_bytes_staged},
       {"zrpc_server_bulk_zero_copy_bytes_total", "counter",
@@ -769,6 +810,9 @@ std::string Server::PrometheusText() const {
 uint16_t Server::port() const { return impl_->port(); }
 std::string Server::address() const { return impl_->address(); }
 ServerStats Server::stats() const { return impl_->stats(); }
+absl::Status Server::SetAuthKeys(std::vector<transport::AuthKey> keys) {
+  return impl_->SetAuthKeys(std::move(keys));
+}
 absl::StatusOr<RegisteredMemory> Server::RegisterMemory(void* data, size_t size) {
   return RegisteredMemory::Register(impl_->device(), data, size);
 }

@@ -64,6 +64,7 @@ class ServerImpl final : public transport::AcceptHandler {
   uint16_t port() const;
   std::string address() const;
   ServerStats stats() const;
+  absl::Status SetAuthKeys(std::vector<transport::AuthKey> keys);
 
   // transport::AcceptHandler (listener thread).
   absl::StatusOr<transport::Placement> Place(const std::string& peer) override;
@@ -152,6 +153,8 @@ class ServerImpl final : public transport::AcceptHandler {
   std::unique_ptr<HandlerPool> pool_;
   StreamThreads stream_threads_;
   std::unique_ptr<transport::Listener> listener_ ABSL_GUARDED_BY(mu_);
+  // The listener's authentication counts as Shutdown found them (it destroys the listener).
+  transport::Listener::AuthCounts auth_counts_ ABSL_GUARDED_BY(mu_);
   uint32_t peak_connections_ ABSL_GUARDED_BY(mu_) = 0;  // the listener's, once it is gone
 
   absl::flat_hash_map<uint32_t, ServiceEntry> services_;

@@ -1212,3 +1212,69 @@ TEST_CASE("a served connection answers keepalives while every handler thread is 
 }
 
 }  // namespace
+
+TEST_CASE(
+    "a server with keys serves channels that present one, refuses the rest saying why, "
+    "and rotates its keys without a restart") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  const zrpc::transport::AuthKey old_key{1, "old-secret-old-secret-old-secret"};
+  const zrpc::transport::AuthKey new_key{2, "new-secret-new-secret-new-secret"};
+  zrpc::ServerOptions server_options;
+  server_options.listener.connection.auth_keys = {old_key};
+  zrpc::ChannelOptions channel_options;
+  channel_options.connection.auth_keys = {old_key};
+  zrpc::testing::Runtime rt(config, server_options, channel_options);
+  zrpc::examples::Greeter::Stub stub(rt.channel.get());
+  zrpc::examples::HelloReply reply;
+  REQUIRE(stub.SayHello(zrpc::testing::Named("keyed"), &reply,
+                        zrpc::testing::Within(zrpc::testing::kLong))
+              .ok());
+  CHECK(reply.message() == "Hello, keyed");
+
+  auto channel_with = [&](std::vector<zrpc::transport::AuthKey> keys) {
+    zrpc::ChannelOptions options;
+    options.device = config;
+    options.connection.auth_keys = std::move(keys);
+    auto channel = zrpc::CreateChannel(rt.target(), options);
+    REQUIRE(channel.ok());
+    return *std::move(channel);
+  };
+  {
+    auto keyless = channel_with({});
+    zrpc::examples::Greeter::Stub keyless_stub(keyless.get());
+    absl::Status refused = keyless_stub.SayHello(zrpc::testing::Named("nobody"), &reply,
+                                                 zrpc::testing::Within(zrpc::testing::kLong));
+    INFO(refused);
+    CHECK(refused.code() == absl::StatusCode::kUnavailable);
+    CHECK(absl::StrContains(refused.message(), "admits only clients that present a key"));
+  }
+  CHECK(rt.server->stats().auth_refused_no_key >= 1);
+
+  // The rotation: both keys, then the new alone. The old key's open connection stays.
+  REQUIRE(rt.server->SetAuthKeys({old_key, new_key}).ok());
+  {
+    auto moved = channel_with({new_key});
+    zrpc::examples::Greeter::Stub moved_stub(moved.get());
+    CHECK(moved_stub
+              .SayHello(zrpc::testing::Named("moved"), &reply,
+                        zrpc::testing::Within(zrpc::testing::kLong))
+              .ok());
+  }
+  REQUIRE(rt.server->SetAuthKeys({new_key}).ok());
+  CHECK(stub.SayHello(zrpc::testing::Named("still"), &reply,
+                      zrpc::testing::Within(zrpc::testing::kLong))
+            .ok());
+  {
+    auto late = channel_with({old_key});
+    zrpc::examples::Greeter::Stub late_stub(late.get());
+    absl::Status refused = late_stub.SayHello(zrpc::testing::Named("late"), &reply,
+                                              zrpc::testing::Within(zrpc::testing::kLong));
+    INFO(refused);
+    CHECK(absl::StrContains(refused.message(), "presents key 1, which this server does not hold"));
+  }
+  CHECK(rt.server->SetAuthKeys({{3, "too short"}}).code() == absl::StatusCode::kInvalidArgument);
+  const zrpc::ServerStats stats = rt.server->stats();
+  CHECK(stats.authenticated == 2);
+  CHECK(stats.auth_refused_unknown_key >= 1);
+  CHECK(absl::StrContains(rt.server->PrometheusText(), "zrpc_server_authenticated_total 2"));
+}

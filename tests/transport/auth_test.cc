@@ -1,9 +1,13 @@
-// transport/auth.h on the host: keyrings, the handshake's bytes, tags and the replay cache.
+// transport/auth.h on the host: keyrings, the handshake's bytes, tags, the replay cache, and a
+// session's outcome (auth_session.h).
 #include "transport/auth.h"
 
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <string>
+#include <thread>
+
+#include "transport/auth_session.h"
 
 namespace zrpc::transport {
 namespace {
@@ -179,6 +183,102 @@ TEST_CASE("the nonce cache refuses a repeat and forgets the oldest past its capa
   CHECK(cache.Insert(1, nonce(1)));  // forgotten: its replay would now fail on its tag instead
   CHECK_FALSE(cache.Insert(1, nonce(3)));
   CHECK(cache.size() == 3);
+}
+
+TEST_CASE("the first frames' bytes: the client's tag and arena, the server's arena and door") {
+  AuthFrame frame;
+  for (size_t i = 0; i < kAuthTagSize; ++i) frame.tag[i] = static_cast<uint8_t>(200 + i);
+  frame.arena_addr = 0x00007f0011223340;
+  frame.arena_rkey = 0xabcdef01;
+  uint8_t bytes[AuthFrame::kSize + 1] = {};
+  EncodeAuthFrame(frame, bytes);
+  CHECK(bytes[kAuthTagSize] == 0x40);  // the address, least significant byte first
+  CHECK(bytes[kAuthTagSize + 8] == 0x01);
+  auto decoded = DecodeAuthFrame(absl::MakeConstSpan(bytes, AuthFrame::kSize));
+  REQUIRE(decoded.ok());
+  CHECK(*decoded == frame);
+  CHECK_FALSE(DecodeAuthFrame(absl::MakeConstSpan(bytes, AuthFrame::kSize - 1)).ok());
+  CHECK_FALSE(DecodeAuthFrame(absl::MakeConstSpan(bytes, AuthFrame::kSize + 1)).ok());
+
+  AuthOkFrame ok;
+  ok.arena_addr = 4096;
+  ok.arena_rkey = 9;
+  ok.door = ParkDoor{0x1000, 77, 0x5555};
+  uint8_t ok_bytes[AuthOkFrame::kSize + 1] = {};
+  EncodeAuthOkFrame(ok, ok_bytes);
+  auto parks = DecodeAuthOkFrame(absl::MakeConstSpan(ok_bytes, AuthOkFrame::kSize), true);
+  REQUIRE(parks.ok());
+  CHECK(*parks == ok);
+  // A door from a server whose Hello did not say it parks is refused, and a bad door too.
+  CHECK_FALSE(DecodeAuthOkFrame(absl::MakeConstSpan(ok_bytes, AuthOkFrame::kSize), false).ok());
+  CHECK_FALSE(DecodeAuthOkFrame(absl::MakeConstSpan(ok_bytes, AuthOkFrame::kSize - 1), true).ok());
+  AuthOkFrame no_door = ok;
+  no_door.door = ParkDoor{};
+  EncodeAuthOkFrame(no_door, ok_bytes);
+  CHECK(DecodeAuthOkFrame(absl::MakeConstSpan(ok_bytes, AuthOkFrame::kSize), false).ok());
+  CHECK_FALSE(DecodeAuthOkFrame(absl::MakeConstSpan(ok_bytes, AuthOkFrame::kSize), true).ok());
+}
+
+TEST_CASE("a first frame's arena fits the Hello it follows") {
+  Hello fixed;
+  fixed.arena_size = 1 << 20;
+  CHECK(CheckAuthArena(fixed, 0x10000, 5).ok());
+  CHECK_FALSE(CheckAuthArena(fixed, ~uint64_t{0} - 100, 5).ok());  // wraps
+  Hello none;
+  CHECK(CheckAuthArena(none, 0, 0).ok());
+  CHECK_FALSE(CheckAuthArena(none, 0x10000, 0).ok());
+  CHECK_FALSE(CheckAuthArena(none, 0, 3).ok());
+  Hello lent = fixed;
+  lent.flags = kHelloArenaOnDemand;
+  CHECK(CheckAuthArena(lent, 0, 0).ok());
+  CHECK_FALSE(CheckAuthArena(lent, 0x10000, 5).ok());
+}
+
+TEST_CASE("a session checks the peer's tag, settles once, and forgets its secret then") {
+  AuthSession server(AuthRole::kServer, kKey);
+  AuthSession client(AuthRole::kClient, kKey);
+  server.transcript() = SampleTranscript();
+  client.transcript() = SampleTranscript();
+  CHECK(server.key_id() == kKey.id);
+  auto client_tag = client.OwnTag();
+  auto server_tag = server.OwnTag();
+  REQUIRE(client_tag.ok());
+  REQUIRE(server_tag.ok());
+  CHECK(server.CheckPeerTag(*client_tag).ok());
+  CHECK(client.CheckPeerTag(*server_tag).ok());
+  // A tag reflected back is not the other side's.
+  absl::Status reflected = server.CheckPeerTag(*server_tag);
+  CHECK(reflected.code() == absl::StatusCode::kPermissionDenied);
+  CHECK(reflected.message().find("client's tag does not match key") != std::string::npos);
+  CHECK(client.CheckPeerTag(*client_tag).code() == absl::StatusCode::kPermissionDenied);
+
+  int heard = 0;
+  absl::Status heard_outcome;
+  server.set_on_finish([&](const absl::Status& outcome) {
+    ++heard;
+    heard_outcome = outcome;
+  });
+  CHECK_FALSE(server.finished());
+  CHECK(server.outcome().code() == absl::StatusCode::kUnknown);
+  CHECK_FALSE(server.Wait(absl::Now() + absl::Milliseconds(10)));
+  CHECK(server.Finish(absl::OkStatus()));
+  CHECK_FALSE(server.Finish(absl::DeadlineExceededError("late")));  // the first one wins
+  CHECK(heard == 1);
+  CHECK(heard_outcome.ok());
+  CHECK(server.verified());
+  CHECK(server.Wait(absl::InfinitePast()));
+  CHECK(server.Settle(absl::CancelledError("no")).ok());
+  // The secret is gone: no tag can be made or checked any more.
+  CHECK(server.OwnTag().status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(server.CheckPeerTag(*client_tag).code() == absl::StatusCode::kFailedPrecondition);
+
+  // Settle on a pending session sets it; a waiter on another thread wakes with it.
+  std::thread waiter([&] { CHECK(client.Wait(absl::Now() + absl::Seconds(30))); });
+  absl::Status settled = client.Settle(absl::DeadlineExceededError("gave up"));
+  waiter.join();
+  CHECK(settled.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(client.finished());
+  CHECK_FALSE(client.verified());
 }
 
 }  // namespace

@@ -679,3 +679,58 @@ TEST_CASE("a knock opens a parked window with a floor, granted with the reserved
   CHECK_FALSE(client.sender_parked());
   CHECK(client.CanSpendForData());
 }
+
+TEST_CASE("a provisional window grants one credit and owes the rest until confirmed", "[credits]") {
+  // The accepting side of a connection that authenticates (auth.h): the client's Hello offers 8,
+  // this side posts 16 of its own, and its Hello offers 1.
+  OwnWindow own{16, 16, nullptr};
+  own.provisional = true;
+  CreditAccount account(8, 8, own);
+  CHECK(account.provisional());
+  CHECK(account.window() == 16);
+  CHECK(account.owed() == 15);
+  CHECK(account.held() == 0);
+  // The client's kAuth spends its one credit; a second frame before the kAuthOk is an overrun.
+  REQUIRE(account.OnConsumed().ok());
+  CHECK(account.held() == 1);
+  CreditAccount overrun(8, 8, own);
+  REQUIRE(overrun.OnConsumed().ok());
+  CHECK_FALSE(overrun.OnConsumed().ok());
+  // Verified: the kAuth's receive goes back, and the kAuthOk returns the whole window.
+  account.Confirm();
+  CHECK_FALSE(account.provisional());
+  account.OnRecvReposted();
+  CHECK(account.ShouldSendUpdate());
+  REQUIRE(account.TrySpendForUpdate());
+  CHECK(account.TakeOwed() == 16);
+  CHECK(account.held() == 0);
+  // From here the client may spend all 16, and no more.
+  for (int i = 0; i < 16; ++i) REQUIRE(account.OnConsumed().ok());
+  CHECK_FALSE(account.OnConsumed().ok());
+}
+
+TEST_CASE("a provisional elastic window neither grows nor parks before it is confirmed",
+          "[credits]") {
+  ReceiveBudget budget(400);
+  ReceiveShare share;
+  Admit(budget, share, 3);
+  OwnWindow own{3, 32, &share};
+  own.parks = true;
+  own.provisional = true;
+  CreditAccount account(8, 8, own);
+  // The kAuth leaves the peer without credits: an open window would grow here.
+  REQUIRE(account.OnConsumed().ok());
+  CHECK(account.window() == 3);
+  CHECK(budget.claimed() == 3);
+  CHECK_FALSE(account.CanAskPark());
+  account.RetryGrowth();
+  CHECK(account.window() == 3);
+  account.Confirm();
+  account.OnRecvReposted();
+  REQUIRE(account.TrySpendForUpdate());
+  CHECK(account.TakeOwed() == 3);
+  // Confirmed, it behaves as any elastic window: the peer short of credits makes it grow.
+  REQUIRE(account.OnConsumed().ok());
+  REQUIRE(account.OnConsumed().ok());
+  CHECK(account.window() == 4);
+}

@@ -91,7 +91,9 @@ class RawPeer {
     auto event = transport::ExpectCmEvent(channel_.get(), RDMA_CM_EVENT_ESTABLISHED, deadline);
     if (!event.ok()) return event.status();
     const auto* reply = static_cast<const uint8_t*>((*event)->param.conn.private_data);
-    const size_t reply_size = (*event)->param.conn.private_data_len;
+    const size_t reply_size = reply != nullptr ? (*event)->param.conn.private_data_len : 0;
+    reply_.assign(reply, reply + reply_size);
+    remote_qp_num_ = (*event)->param.conn.qp_num;
     auto server = transport::DecodeHello(absl::MakeConstSpan(reply, reply_size));
     // A server that parks says where to knock, after its accept data (wire.h).
     if (server.ok() && (server->flags & transport::kHelloParks) != 0 &&
@@ -114,6 +116,11 @@ class RawPeer {
   }
 
   const transport::Hello& server_hello() const { return server_; }
+  // The accept reply's private data as it came, and the queue pair numbers the handshake named:
+  // what a peer that authenticates by hand needs (auth.h).
+  const std::vector<uint8_t>& reply() const { return reply_; }
+  uint32_t remote_qp_num() const { return remote_qp_num_; }
+  uint32_t qp_num() const { return qp_ != nullptr ? qp_->qp->qp_num : 0; }
   // The server's park door, when its Hello says it parks.
   const std::optional<transport::ParkDoor>& park_door() const { return park_door_; }
   // The start of its buffer: what WriteRaw sends.
@@ -206,7 +213,11 @@ class RawPeer {
           absl::MakeConstSpan(buffer_.data() + size_t{index} * kSlot, wc.byte_len));
       if (header.ok()) {
         credits_returned += header->credits;
-        (header->kind == transport::FrameKind::kCredit ? credit_frames : data_frames)++;
+        if (header->kind == transport::FrameKind::kAuthOk) {
+          ++auth_ok_frames;
+        } else {
+          (header->kind == transport::FrameKind::kCredit ? credit_frames : data_frames)++;
+        }
         if (header->kind == transport::FrameKind::kData) {
           const uint8_t* data = buffer_.data() + size_t{index} * kSlot;
           last_data.assign(data + transport::FrameHeader::kSize, data + wc.byte_len);
@@ -224,12 +235,16 @@ class RawPeer {
 
   uint64_t credit_frames = 0;      // credit frames received
   uint64_t data_frames = 0;        // data frames received
+  uint64_t auth_ok_frames = 0;     // kAuthOk frames received
   uint64_t credits_returned = 0;   // credits the other side returned in them
   std::vector<uint8_t> last_data;  // the payload of the last data frame received
   std::vector<transport::ArenaMessage> arena_messages;  // loan messages received (kArena frames)
 
  private:
   static constexpr uint64_t kSendId = ~uint64_t{0};
+
+  std::vector<uint8_t> reply_;
+  uint32_t remote_qp_num_ = 0;
 
   bool PostRecv(uint32_t index) {
     ibv_sge sge{reinterpret_cast<uintptr_t>(buffer_.data() + size_t{index} * kSlot), kSlot,

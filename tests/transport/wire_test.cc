@@ -57,7 +57,7 @@ TEST_CASE("a Hello survives encode and decode, and its bytes are little-endian",
   REQUIRE(bytes.size() <= zrpc::transport::kMaxConnectPrivateData);
   const uint8_t magic[] = {0x43, 0x50, 0x52, 0x5a};
   CHECK(std::memcmp(bytes.data(), magic, 4) == 0);
-  CHECK(bytes[4] == 7);   // version (kWireVersion)
+  CHECK(bytes[4] == 8);   // version (kWireVersion)
   CHECK(bytes[32] == 0);  // max_recv_credits 256, least significant byte first
   CHECK(bytes[33] == 1);
   CHECK(bytes[5] == 0);
@@ -85,7 +85,7 @@ TEST_CASE("a malformed Hello is refused with a message naming the problem", "[wi
   }
   SECTION("unknown flags") {
     Hello h = Sample();
-    h.flags = 4;
+    h.flags = 8;
     CHECK(Refused(Encoded(h), "flags"));
   }
   SECTION("too few credits to be deadlock-free") {
@@ -240,7 +240,7 @@ TEST_CASE("frame headers round-trip and malformed ones are refused", "[wire]") {
 
   CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, 7)).ok());
   CHECK(!DecodeFrameHeader({}).ok());
-  buf[6] = 6;
+  buf[6] = 8;  // one past kAuthOk
   CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, 8)).ok());
   buf[6] = 0;
   CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, 8)).ok());
@@ -334,7 +334,7 @@ TEST_CASE("a Hello may lend its arena on demand: a size, no address or key", "[w
   no_size.arena_size = 0;
   CHECK(Refused(Encoded(no_size), "on demand"));
   Hello other_flag = h;
-  other_flag.flags = 4;
+  other_flag.flags = 8;
   CHECK(Refused(Encoded(other_flag), "unknown flags"));
 }
 
@@ -361,6 +361,41 @@ TEST_CASE("a Hello that parks may offer no credit; one that does not may not", "
   Hello small = h;
   small.max_recv_credits = 2;
   CHECK(Refused(Encoded(small), "may reach"));
+}
+
+TEST_CASE("a Hello that authenticates gives no arena key, and may offer one credit", "[wire]") {
+  using zrpc::transport::kHelloAuth;
+  Hello h = Sample();
+  h.flags = kHelloAuth;
+  h.arena_addr = 0;
+  h.arena_rkey = 0;
+  auto decoded = DecodeHello(Encoded(h));
+  REQUIRE(decoded.ok());
+  CHECK(*decoded == h);
+  // The accepting side's provisional window: one credit, for the client's kAuth frame.
+  Hello provisional = h;
+  provisional.recv_credits = 1;
+  CHECK(DecodeHello(Encoded(provisional)).ok());
+  provisional.flags |= zrpc::transport::kHelloParks;
+  CHECK(DecodeHello(Encoded(provisional)).ok());
+  // Not without the flag, and never two (or none: that is a parked start, with kHelloParks).
+  Hello one = h;
+  one.flags = 0;
+  one.recv_credits = 1;
+  CHECK(Refused(Encoded(one), "receive credits"));
+  Hello two = h;
+  two.recv_credits = 2;
+  CHECK(Refused(Encoded(two), "receive credits"));
+  Hello none = h;
+  none.recv_credits = 0;
+  CHECK(Refused(Encoded(none), "receive credits"));
+  // The arena's address and key come in the first frame, once the peer is verified.
+  Hello with_key = h;
+  with_key.arena_rkey = 7;
+  CHECK(Refused(Encoded(with_key), "before its tag"));
+  Hello with_addr = h;
+  with_addr.arena_addr = 4096;
+  CHECK(Refused(Encoded(with_addr), "before its tag"));
 }
 
 TEST_CASE("park doors round-trip, and bad ones are refused", "[wire]") {
