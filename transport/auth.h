@@ -115,6 +115,7 @@ struct AuthFrame {
   uint32_t arena_rkey = 0;
 
   static constexpr size_t kSize = kAuthTagSize + 12;
+  static_assert(kSize == kAuthFramePayload, "wire.h's frame check");
   bool operator==(const AuthFrame& other) const {
     return tag == other.tag && arena_addr == other.arena_addr && arena_rkey == other.arena_rkey;
   }
@@ -137,6 +138,7 @@ struct AuthOkFrame {
   ParkDoor door{};
 
   static constexpr size_t kSize = 12 + ParkDoor::kSize;
+  static_assert(kSize == kAuthOkFramePayload, "wire.h's frame check");
   bool operator==(const AuthOkFrame& other) const {
     return arena_addr == other.arena_addr && arena_rkey == other.arena_rkey && door == other.door;
   }

@@ -140,6 +140,13 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(absl::Span<const uint8_t> bytes) {
                                                       bytes.size() - FrameHeader::kSize,
                                                       " bytes, not ", ArenaMessage::kSize));
   }
+  if ((header.kind == FrameKind::kAuth && bytes.size() != FrameHeader::kSize + kAuthFramePayload) ||
+      (header.kind == FrameKind::kAuthOk &&
+       bytes.size() != FrameHeader::kSize + kAuthOkFramePayload)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "peer sent an authentication frame of ", bytes.size() - FrameHeader::kSize, " bytes, not ",
+        header.kind == FrameKind::kAuth ? kAuthFramePayload : kAuthOkFramePayload));
+  }
   return header;
 }
 

@@ -188,6 +188,10 @@ enum class FrameKind : uint8_t {
   kAuthOk = 7,
 };
 
+// The payloads of the authentication frames (auth.h: AuthFrame, AuthOkFrame), exactly.
+inline constexpr size_t kAuthFramePayload = 44;
+inline constexpr size_t kAuthOkFramePayload = 28;
+
 struct FrameHeader {
   uint32_t arena_released = 0;
   uint16_t credits = 0;

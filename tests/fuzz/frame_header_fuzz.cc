@@ -26,11 +26,14 @@ constexpr uint8_t kCredit = 2;
 constexpr uint8_t kArena = 3;
 constexpr uint8_t kPark = 4;
 constexpr uint8_t kParked = 5;
+constexpr uint8_t kAuth = 6;
+constexpr uint8_t kAuthOk = 7;
 
 bool Acceptable(const uint8_t* in, size_t size) {
   if (size < FrameHeader::kSize) return false;
   const uint8_t kind = in[6];
-  if (kind != kData && kind != kCredit && kind != kArena && kind != kPark && kind != kParked) {
+  if (kind != kData && kind != kCredit && kind != kArena && kind != kPark && kind != kParked &&
+      kind != kAuth && kind != kAuthOk) {
     return false;
   }
   if (in[7] != 0) return false;
@@ -38,6 +41,9 @@ bool Acceptable(const uint8_t* in, size_t size) {
   // data carries any payload.
   if (kind == kCredit || kind == kPark || kind == kParked) return size == FrameHeader::kSize;
   if (kind == kArena) return size == FrameHeader::kSize + 24;
+  // The authentication frames: a tag and an arena (44 bytes), an arena and a door (28).
+  if (kind == kAuth) return size == FrameHeader::kSize + 44;
+  if (kind == kAuthOk) return size == FrameHeader::kSize + 28;
   return true;
 }
 

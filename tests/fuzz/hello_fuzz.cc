@@ -37,12 +37,14 @@ bool Acceptable(const uint8_t* in, size_t size) {
   if (ReadLe(in + 0, 4) != kWireMagic) return false;
   if (ReadLe(in + 4, 2) != kWireVersion) return false;
   const uint64_t flags = ReadLe(in + 6, 2);
-  // Bits 0 and 1 alone are defined.
-  if ((flags & ~uint64_t{kHelloArenaOnDemand | kHelloParks}) != 0) return false;
+  // Bits 0, 1 and 2 alone are defined.
+  if ((flags & ~uint64_t{kHelloArenaOnDemand | kHelloParks | kHelloAuth}) != 0) return false;
   const uint64_t credits = ReadLe(in + 8, 4);
-  // No credit is a parked start, which only a Hello that parks may offer.
+  // No credit is a parked start, which only a Hello that parks may offer; one is the provisional
+  // window of a side that authenticates.
   const bool parked = credits == 0 && (flags & kHelloParks) != 0;
-  if (!parked && (credits < kMinCredits || credits > kMaxCredits)) return false;
+  const bool provisional = credits == 1 && (flags & kHelloAuth) != 0;
+  if (!parked && !provisional && (credits < kMinCredits || credits > kMaxCredits)) return false;
   const uint64_t max_credits = ReadLe(in + 32, 4);
   if (max_credits < std::max<uint64_t>(credits, kMinCredits) || max_credits > kMaxCredits) {
     return false;
@@ -58,15 +60,19 @@ bool Acceptable(const uint8_t* in, size_t size) {
       (arena_size == 0 || addr != 0 || ReadLe(in + 24, 4) != 0)) {
     return false;
   }
+  // A side that authenticates gives its arena's address and key only after the tags.
+  if ((flags & kHelloAuth) != 0 && (addr != 0 || ReadLe(in + 24, 4) != 0)) return false;
   return true;
 }
 
 void CheckBounds(const Hello& h) {
   FUZZ_CHECK(h.version == kWireVersion);
-  FUZZ_CHECK((h.flags & ~(kHelloArenaOnDemand | kHelloParks)) == 0);
+  FUZZ_CHECK((h.flags & ~(kHelloArenaOnDemand | kHelloParks | kHelloAuth)) == 0);
+  FUZZ_CHECK((h.flags & kHelloAuth) == 0 || (h.arena_addr == 0 && h.arena_rkey == 0));
   FUZZ_CHECK((h.flags & kHelloArenaOnDemand) == 0 ||
              (h.arena_size > 0 && h.arena_addr == 0 && h.arena_rkey == 0));
   FUZZ_CHECK((h.recv_credits == 0 && (h.flags & kHelloParks) != 0) ||
+             (h.recv_credits == 1 && (h.flags & kHelloAuth) != 0) ||
              (h.recv_credits >= kMinCredits && h.recv_credits <= kMaxCredits));
   FUZZ_CHECK(h.max_recv_credits >= std::max(h.recv_credits, kMinCredits) &&
              h.max_recv_credits <= kMaxCredits);

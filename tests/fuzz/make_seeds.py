@@ -21,7 +21,10 @@ MAX_ERROR_MESSAGE = 1024
 U64_MAX = (1 << 64) - 1
 
 
-def hello(magic=WIRE_MAGIC, version=5, flags=0, credits=64, recv_size=4096,
+WIRE_VERSION = 8  # transport::kWireVersion
+
+
+def hello(magic=WIRE_MAGIC, version=WIRE_VERSION, flags=0, credits=64, recv_size=4096,
           addr=0x7F0000001000, rkey=0x1234, arena=1 << 20, max_credits=None):
     max_credits = credits if max_credits is None else max_credits
     return struct.pack("<IHHIIQIII", magic, version, flags, credits, recv_size, addr, rkey, arena,
@@ -45,6 +48,11 @@ def hello_seeds():
         "wrong_magic": hello(magic=0x43505A52),
         "version_4": hello(version=4)[:32],  # a peer of the wire before elastic windows
         "version_6": hello(version=6),
+        "version_7": hello(version=7),  # before authentication
+        "auth_provisional": hello(flags=4, credits=1, addr=0, rkey=0),
+        "auth_credits_2": hello(flags=4, credits=2, addr=0, rkey=0),
+        "auth_with_key": hello(flags=4, addr=0),
+        "flags_8": hello(flags=8),
         "flags_set": hello(flags=1),
         "credits_2": hello(credits=2),
         "credits_65536": hello(credits=65536),
@@ -70,6 +78,11 @@ def frame_header_seeds():
         "credit_with_payload": frame(kind=2) + b"x",
         "kind_0": frame(kind=0),
         "kind_3": frame(kind=3),
+        "auth": frame(kind=6) + bytes(44),
+        "auth_short": frame(kind=6) + bytes(43),
+        "auth_ok": frame(credits=32, kind=7) + bytes(28),
+        "auth_ok_long": frame(kind=7) + bytes(29),
+        "kind_8": frame(kind=8),
         "reserved_set": frame(reserved=1),
         "short_7": frame()[:7],
     }

@@ -242,6 +242,16 @@ TEST_CASE("frame headers round-trip and malformed ones are refused", "[wire]") {
   CHECK(!DecodeFrameHeader({}).ok());
   buf[6] = 8;  // one past kAuthOk
   CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, 8)).ok());
+  // The authentication frames carry their payloads exactly (auth.h).
+  uint8_t auth[8 + 45] = {};
+  auth[6] = static_cast<uint8_t>(FrameKind::kAuth);
+  CHECK(DecodeFrameHeader(absl::MakeConstSpan(auth, 8 + 44)).ok());
+  CHECK(!DecodeFrameHeader(absl::MakeConstSpan(auth, 8 + 43)).ok());
+  CHECK(!DecodeFrameHeader(absl::MakeConstSpan(auth, 8 + 45)).ok());
+  auth[6] = static_cast<uint8_t>(FrameKind::kAuthOk);
+  CHECK(DecodeFrameHeader(absl::MakeConstSpan(auth, 8 + 28)).ok());
+  CHECK(!DecodeFrameHeader(absl::MakeConstSpan(auth, 8 + 27)).ok());
+  CHECK(!DecodeFrameHeader(absl::MakeConstSpan(auth, 8 + 29)).ok());
   buf[6] = 0;
   CHECK(!DecodeFrameHeader(absl::MakeConstSpan(buf, 8)).ok());
   buf[6] = static_cast<uint8_t>(FrameKind::kCredit);
