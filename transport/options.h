@@ -135,7 +135,9 @@ struct PollerOptions {
   // wait for a floor, windows idle for 10-20 ms give theirs up and open again when their peer
   // knocks (park_doors.h: one door of 8 bytes per connection, registered once, cq_size of them).
   // While any window is parked the loop looks at their doors every millisecond (in event mode it
-  // sleeps at most that long). Peers must speak wire version 7.
+  // sleeps at most that long). Peers must speak wire version 7 or later (every peer of this
+  // build speaks 8). A connection that authenticates (ConnectionOptions::auth_keys) never starts
+  // parked: with no floor free it is refused.
   bool park_windows = false;
 };
 
