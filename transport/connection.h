@@ -96,6 +96,7 @@
 #include "transport/completion_budget.h"
 #include "transport/credits.h"
 #include "transport/device.h"
+#include "transport/exposures.h"
 #include "transport/memory_window.h"
 #include "transport/options.h"
 #include "transport/park_doors.h"
@@ -367,6 +368,36 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // peer's arena was full): it gets its source back at OnSendDone, without waiting for the peer.
   void WithdrawBulk(uint64_t token);
 
+  // Exposures (exposures.h): memory of this side's opened to the peer for one RDMA READ transfer,
+  // through type-2 windows bound to this connection's queue pair, so that no other queue pair can
+  // use the keys, and closed by the peer's own SEND_WITH_INV naming one of them.
+  //
+  // Expose reserves a window per range (one or two) and answers their keys, fresh and random in
+  // their low byte, for the message that tells the peer; SendExposing binds them and sends that
+  // message after the binds. The exposure ends exactly once, reported by OnSendDone(token): OK when
+  // the peer's SEND_WITH_INV named one of its keys (every key of it is dead then), kCancelled after
+  // EndExposure, the connection's error when it closed first. Until that report the ranges and
+  // their regions must stay. Any thread. Errors: kUnimplemented on a device without type-2 windows
+  // (Device::has_windows), kUnavailable when closed, kResourceExhausted past kMaxExposures open
+  // at once, kInvalidArgument for no range, more than two or an empty one.
+  static constexpr size_t kMaxExposures = 2048;
+  absl::StatusOr<ExposureKeys> Expose(absl::Span<const ExposedRange> ranges, uint64_t token);
+  // Binds exposure `keys`'s windows, then sends the first `length` bytes of `buffer` without a
+  // report, queued together. On error nothing is queued, `buffer` stays the caller's and the
+  // exposure stays open (EndExposure ends it). An exposure ended before its turn is not bound:
+  // its message then names dead keys, and a peer that reads through them fails its connection.
+  absl::Status SendExposing(const ExposureKeys& keys, const SendBuffer& buffer, uint32_t length);
+  // Send(buffer, length) without a report, as a SEND_WITH_INV of `rkey`: when it lands the peer's
+  // NIC invalidates the window the peer exposed under that key. For a key the peer gave this
+  // connection and not invalidated yet; any other fails the connection.
+  absl::Status SendInvalidating(const SendBuffer& buffer, uint32_t length, uint32_t rkey);
+  // Ends exposure `id` unless it has ended: its windows are deallocated, so its keys open nothing
+  // from here on, and OnSendDone(token) reports kCancelled. Any thread.
+  void EndExposure(uint64_t id);
+  // Exposures open now (reserved and not yet reported), and windows they hold or keep for reuse.
+  size_t exposures_open() const { return exposures_.open(); }
+  size_t exposure_windows() const { return exposures_.windows(); }
+
   // Gives back a received message or bulk payload. Any thread, once per handle. From a handler
   // of this connection's batch (on its poller thread), its credit goes back with the batch's next
   // send, or in a credit frame at the batch's end. From another thread while the domain is held,
@@ -502,14 +533,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   };
   // An operation waiting for credits, arena space or a send-queue entry.
   struct Waiting {
-    enum Kind : uint8_t { kMessage, kWrite, kRead };
+    // kBind: window `length` (0 or 1) of exposure `token` (exposures.h). Those that take a credit
+    // first (PumpLocked compares).
+    enum Kind : uint8_t { kMessage, kWrite, kRead, kBind };
     Kind kind;
     uint32_t slot;      // message
     uint32_t length;    // message payload bytes
     BulkSource source;  // write: what to send; read: where to land (data is writable then)
     uint64_t token;
-    RemoteRange remote{};  // read
-    bool report = true;    // read: the last piece of a ReadBulk reports OnSendDone
+    RemoteRange remote{};      // read
+    bool report = true;        // read: the last piece of a ReadBulk reports OnSendDone
+    bool invalidates = false;  // message: a SEND_WITH_INV of remote.rkey
   };
   // What a completion produced, dispatched after the lock is dropped.
   struct Event {
@@ -527,9 +561,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // (NewLeftOp), so that the common ones (messages, releases) allocate nothing in steady state.
   struct LeftOp : DomainOp {
     enum Kind : uint8_t {
-      kEnqueue,   // ops (sends, writes, reads), in order; `release` first if has_release
-      kRelease,   // release
-      kWithdraw,  // token
+      kEnqueue,      // ops (sends, writes, reads), in order; `release` first if has_release
+      kRelease,      // release
+      kWithdraw,     // token
+      kEndExposure,  // token: the exposure's id
       kProbe,
       kFlush,
       kClose,
@@ -670,6 +705,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   absl::Status Submit(bool gated, Run run, Make make);
   // Takes the write back if it still waits; its report goes to pending_events_.
   void WithdrawLocked(uint64_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Ends exposure `id`, if open; its report goes to pending_events_.
+  void EndExposureLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Binds window op.length of exposure op.token (a kBind), posted at once, unless it ended.
+  ABSL_ATTRIBUTE_NOINLINE void BindExposureLocked(const Waiting& op)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Appends a prepared BIND_MW (unsignalled: a later completion retires it) to the chain.
+  void AppendBindLocked(const ibv_send_wr& bind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // The peer's SEND_WITH_INV invalidated `rkey`: the exposure it ended is reported (`events`).
+  absl::Status OnInvalidatedLocked(uint32_t rkey, Events& events)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void CmEventLocked(rdma_cm_event_type type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void DeviceEventLocked(ibv_event_type type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // `query_qp`: with the queue pair's state as the device reports it.
@@ -683,6 +728,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void EnterWaiting() const ABSL_EXCLUSIVE_LOCK_FUNCTION(domain_);
   ConnectionStats StatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // As send_wr_ says: a SEND, or a SEND_WITH_INV for SendInvalidating (PumpLocked sets it).
   void PostMessageLocked(uint32_t slot, uint32_t length, FrameKind kind, uint64_t token,
                          bool report, bool signal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   void PostBulkLocked(const BulkSource& source, const ArenaSpot& spot, uint64_t token)
@@ -862,6 +908,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   CmQpOwner qp_;
   // The window over the piece lent now (on demand), destroyed before the piece goes back.
   std::unique_ptr<MemoryWindow> arena_window_;
+  // Payloads exposed to the peer through windows (Expose); every window goes before the QP.
+  Exposures exposures_{device_.pd()};
+  // Device::invalidated_flags(), kept here for the receive path.
+  const uint32_t invalidated_flags_ = device_.invalidated_flags();
 
   mutable SerialDomain domain_;
   // LeftOp pool (NewLeftOp): the array once made, and the free list's head (tag << 32 | index+1).

@@ -378,6 +378,9 @@ void Connection::RunLeftLocked(DomainOp* left, Events& events) {
       case LeftOp::kWithdraw:
         WithdrawLocked(op->token);
         break;
+      case LeftOp::kEndExposure:
+        EndExposureLocked(op->token);
+        break;
       case LeftOp::kProbe:
       case LeftOp::kFlush:
         // Accepted: a failure shows as the connection's (OnClosed).
@@ -693,6 +696,112 @@ void Connection::WithdrawBulk(uint64_t token) {
       }));
 }
 
+absl::StatusOr<ExposureKeys> Connection::Expose(absl::Span<const ExposedRange> ranges,
+                                                uint64_t token) {
+  if (!device_.has_windows()) {
+    return absl::UnimplementedError(absl::StrCat(
+        device_.selection().device, " has no type-2 memory windows to expose through"));
+  }
+  if (!open()) return Closed(peer_address_);
+  return exposures_.Reserve(ranges, token, kMaxExposures);
+}
+
+absl::Status Connection::SendExposing(const ExposureKeys& keys, const SendBuffer& buffer,
+                                      uint32_t length) {
+  if (length > max_message_) return TooLong(length, max_message_);
+  if (keys.count < 1 || keys.count > ExposureKeys::kMaxRanges) {
+    return absl::InvalidArgumentError("SendExposing: an exposure of 1 or 2 ranges");
+  }
+  Waiting ops[ExposureKeys::kMaxRanges + 1];
+  for (int i = 0; i < keys.count; ++i) {
+    ops[i] = Waiting{Waiting::kBind, SlotPool::kNoSlot, static_cast<uint32_t>(i), {}, keys.id};
+    ops[i].report = false;
+  }
+  ops[keys.count] = Unreported(buffer, length);
+  const auto all = absl::MakeConstSpan(ops, keys.count + 1);
+  return Submit(
+      true,
+      [&] {
+        if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
+        // All or none, pushed together: no other message comes between the binds and the SEND
+        // that names their keys. The last push may pass max_waiting by two.
+        for (int i = 0; i < keys.count; ++i) waiting_.push_back(ops[i]);
+        return EnqueueLocked(ops[keys.count], /*checked=*/true);
+      },
+      [&] { return LeftEnqueue(all); });
+}
+
+absl::Status Connection::SendInvalidating(const SendBuffer& buffer, uint32_t length,
+                                          uint32_t rkey) {
+  if (length > max_message_) {
+    ReleaseSendBuffer(buffer);
+    return TooLong(length, max_message_);
+  }
+  Waiting op = Unreported(buffer, length);
+  op.invalidates = true;
+  op.remote.rkey = rkey;
+  absl::Status s = Submit(
+      true, [&] { return EnqueueLocked(op); },
+      [&] {
+        return LeftEnqueue({&op, 1});
+      });
+  if (!s.ok()) ReleaseSendBuffer(buffer);
+  return s;
+}
+
+void Connection::EndExposure(uint64_t id) {
+  static_cast<void>(Submit(
+      false,
+      [&] {
+        EndExposureLocked(id);
+        return absl::OkStatus();
+      },
+      [&] {
+        LeftOp* op = NewLeftOp(LeftOp::kEndExposure);
+        op->token = id;
+        return op;
+      }));
+}
+
+void Connection::EndExposureLocked(uint64_t id) {
+  // Closed: the drain reported it already (EndAll), or reports it now.
+  std::optional<uint64_t> token = exposures_.End(id);
+  if (!token) return;
+  Event e(Event::kSendDone);
+  e.handle_or_token = *token;
+  e.status = absl::CancelledError("exposure ended before the peer said it was done");
+  pending_events_.push_back(std::move(e));  // the poller reports it (RunBatchLocked, ExitLocked)
+}
+
+void Connection::BindExposureLocked(const Waiting& op) {
+  ibv_send_wr bind;
+  if (!exposures_.TakeBind(op.token, static_cast<int>(op.length), &bind)) return;
+  AppendBindLocked(bind);
+  PostChainLocked();
+  exposures_.Posted();
+}
+
+void Connection::AppendBindLocked(const ibv_send_wr& bind) {
+  const uint32_t i = chain_length_++;
+  chain_wrs_[i] = bind;
+  chain_wrs_[i].wr_id = next_sequence_++;
+  chain_wrs_[i].next = nullptr;
+  if (i > 0) chain_wrs_[i - 1].next = &chain_wrs_[i];
+  in_flight_.push_back(InFlight{chain_wrs_[i].wr_id, SlotPool::kNoSlot, 0, false, 0, false});
+  unsignaled_ += 1;
+  ++stats_.work_requests;
+}
+
+absl::Status Connection::OnInvalidatedLocked(uint32_t rkey, Events& events) {
+  absl::StatusOr<uint64_t> token = exposures_.Invalidated(rkey);
+  if (!token.ok()) return token.status();
+  // Before the message that carried it: the exposure is over when the peer says so.
+  Event e(Event::kSendDone);
+  e.handle_or_token = *token;
+  events.push_back(std::move(e));
+  return absl::OkStatus();
+}
+
 void Connection::WithdrawLocked(uint64_t token) {
   // Not open: the drain reports the write (flushed) if it is still here.
   if (state_ != State::kOpen) return;
@@ -833,10 +942,18 @@ void Connection::PumpLocked() {
     Waiting& op = waiting_.front();
     // The last credit is for credit frames. Checked before the room, so that a connection the
     // peer holds back takes no completion-queue entries meanwhile.
-    if (op.kind != Waiting::kRead && !credits_.CanSpendForData()) break;
+    // Messages and writes take a credit; reads and binds do not (kinds in that order).
+    if (op.kind <= Waiting::kWrite && !credits_.CanSpendForData()) break;
     if (!SendRoomLocked()) break;
     if (op.kind == Waiting::kRead) {
       PostReadLocked(op);  // no credit: the peer's NIC answers, nothing is received
+    } else if (op.kind == Waiting::kBind) {
+      // No credit either: the bind runs on this side's NIC. Not bound when its exposure ended
+      // meanwhile (EndExposure): the message behind it then names a dead key.
+      // Posted at once, so that the window's key can be updated after its post (Posted) with no
+      // test on every other post: an exposure is for a large transfer, a doorbell more is nothing.
+      BindExposureLocked(op);
+      if (state_ != State::kOpen) return;
     } else if (op.kind == Waiting::kWrite) {
       std::optional<ArenaSpot> spot = arena_writer_.TryReserve(op.source.size);  // WriteBulk
       if (!spot) {  // checked CheckFits: full, or (on demand) not lent
@@ -865,7 +982,15 @@ void Connection::PumpLocked() {
           in_flight_.size() + 1 >= cq_granted_.load(std::memory_order_relaxed);
       const bool signal = unsignaled_ + 1 >= kSignalInterval || (awaited && next_may_stall);
       owe_signal_ = awaited && !signal;
-      PostMessageLocked(op.slot, op.length, FrameKind::kData, op.token, op.report, signal);
+      if (ABSL_PREDICT_FALSE(op.invalidates)) {
+        // The template just for this one: every other message and frame is a plain SEND.
+        send_wr_.opcode = IBV_WR_SEND_WITH_INV;
+        send_wr_.invalidate_rkey = op.remote.rkey;
+        PostMessageLocked(op.slot, op.length, FrameKind::kData, op.token, op.report, signal);
+        send_wr_.opcode = IBV_WR_SEND;
+      } else {
+        PostMessageLocked(op.slot, op.length, FrameKind::kData, op.token, op.report, signal);
+      }
     }
     waiting_.pop_front();
     if (chain_length_ == kPostBatch) {
@@ -1363,6 +1488,18 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
     return FailLocked(s);
   }
   if (ABSL_PREDICT_FALSE(knocked_) && credits_.OnGrantArrived()) knocked_ = false;
+  if (ABSL_PREDICT_FALSE((wc.wc_flags & invalidated_flags_) != 0)) {
+    // The peer ended one of this side's exposures (Expose): only a data frame may.
+    if (header->kind != FrameKind::kData) {
+      give_back(false);
+      return FailLocked(absl::FailedPreconditionError(
+          "peer sent a frame other than a message as a SEND_WITH_INV"));
+    }
+    if (s = OnInvalidatedLocked(wc.invalidated_rkey, events); !s.ok()) {
+      give_back(false);
+      return FailLocked(s);
+    }
+  }
   if (s = arena_writer_.OnReleased(header->arena_released); !s.ok()) {
     give_back(false);
     return FailLocked(s);
@@ -1523,6 +1660,13 @@ void Connection::FinishDrainLocked(Events& events) {
   if (arena_piece_ != kNoPiece) {
     arena_window_.reset();
     if (arena_reader_.in_use() == 0) GivePieceBackLocked();
+  }
+  // Exposures end with it too, their windows deallocated (a LOCAL_INV would be flushed unrun).
+  for (uint64_t token : exposures_.EndAll()) {
+    Event e(Event::kSendDone);
+    e.handle_or_token = token;
+    e.status = error_;
+    events.push_back(std::move(e));
   }
   RetireLocked(~uint64_t{0}, error_, events);
   for (size_t i = 0; i < waiting_.size(); ++i) {
@@ -1811,13 +1955,7 @@ void Connection::MaybeSendArenaFramesLocked() {
             pool.mr(arena_piece_), reinterpret_cast<uintptr_t>(arena_base_), pool.piece_size(),
             IBV_ACCESS_REMOTE_WRITE, 0, &bind);
         // A window is bound once (a new one per loan), so its key in ibv_mw needs no update.
-        const uint32_t i = chain_length_++;
-        chain_wrs_[i] = bind;
-        chain_wrs_[i].wr_id = next_sequence_++;
-        if (i > 0) chain_wrs_[i - 1].next = &chain_wrs_[i];
-        in_flight_.push_back(InFlight{chain_wrs_[i].wr_id, SlotPool::kNoSlot, 0, false, 0, false});
-        unsignaled_ += 1;
-        ++stats_.work_requests;
+        AppendBindLocked(bind);
         lend_bound_ = true;
       }
       m.op = ArenaOp::kLend;

@@ -133,6 +133,7 @@ Connection::~Connection() {
   // A loan's window goes before the QP it is bound to: the window holds a reference to the QP,
   // and rxe (Linux 6.1) waits up to 50 s for a destroyed QP's references to go.
   arena_window_.reset();
+  static_cast<void>(exposures_.EndAll());  // reported by the drain, or never (not drained)
   // The QP goes first: once it is destroyed the NIC reads and writes none of the slots below.
   qp_.reset();
   // A loan still out goes back to the pool, its key dead with its window.

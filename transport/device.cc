@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "transport/cm_util.h"
 #include "transport/log.h"
+#include "transport/memory_window.h"
 #include "transport/verbs_error.h"
 
 namespace zrpc::transport {
@@ -261,6 +262,15 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(const DeviceConfig& config,
   if (int rc = ibv_query_device(device->context_, &device->attr_); rc != 0) {
     return VerbsError("ibv_query_device", rc);
   }
+  device->has_windows_ = SupportsType2Windows(device->attr_);
+  // rxe (vendor 0xffffff) checks an access through a window against the region beneath it
+  // (memory_window.h, "Ranges"); devices that follow the specification check the window's own.
+  constexpr uint32_t kRxeVendor = 0xffffff;
+  device->windows_bound_range_ = device->has_windows_ && device->attr_.vendor_id != kRxeVendor;
+  if (device->attr_.vendor_id == kRxeVendor) {
+    device->invalidated_flags_ |= IBV_WC_IP_CSUM_OK;
+    device->invalidation_checks_queue_pair_ = false;
+  }
   device->pd_.reset(ibv_alloc_pd(device->context_));
   if (device->pd_ == nullptr) return VerbsError("ibv_alloc_pd", errno);
   auto pool = SlotPool::Create(device->pd_.get(), slots);
@@ -291,6 +301,15 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::RegisterMemory(const void*
 absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::RegisterForRemoteRead(const void* data,
                                                                             size_t size) {
   return Register(data, size, IBV_ACCESS_REMOTE_READ, ", remote read");
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::RegisterForWindows(const void* data,
+                                                                         size_t size) {
+  if (!has_windows_) {
+    return absl::UnimplementedError(
+        absl::StrCat(selection_.device, " has no type-2 memory windows"));
+  }
+  return Register(data, size, IBV_ACCESS_MW_BIND, ", for windows");
 }
 
 }  // namespace zrpc::transport

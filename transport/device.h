@@ -66,6 +66,8 @@ class MemoryRegion {
   uint32_t lkey() const { return mr_->lkey; }
   // Only meaningful for memory registered for remote access (RegisterForRemoteRead).
   uint32_t rkey() const { return mr_->rkey; }
+  // The verbs region, for binding windows over it (exposures.h).
+  const ibv_mr* mr() const { return mr_.get(); }
 
  private:
   friend class Device;
@@ -100,6 +102,26 @@ class Device {
   // exposed for one transfer and deregistered after it (MemoryRegion::rkey).
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterForRemoteRead(const void* data,
                                                                       size_t size);
+  // Registers exactly [data, data + size) for binding memory windows over it (exposures.h), with
+  // no remote access of its own: its rkey opens nothing, a window's opens what it was bound for.
+  // kUnimplemented when the device has no type-2 windows.
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterForWindows(const void* data, size_t size);
+  // Whether the device offers type-2 memory windows (memory_window.h).
+  bool has_windows() const { return has_windows_; }
+  // Whether a window here opens only its own range. False on rxe, where it opens the whole region
+  // beneath it (memory_window.h, "Ranges"): there a range to expose needs a region of its own.
+  bool windows_bound_range() const { return windows_bound_range_; }
+  // The flags of a receive completion that say a SEND_WITH_INV invalidated a key here
+  // (ibv_wc::invalidated_rkey). IBV_WC_WITH_INV, and on rxe also IBV_WC_IP_CSUM_OK: rxe's kernel
+  // writes its own IB_WC_WITH_INVALIDATE (bit 2) into the completion its user library hands over
+  // as is, where verbs read bit 2 as a checksum flag that an RC receive never carries otherwise
+  // (seen in the test guest, Linux 6.1: wc_flags 5 = GRH | bit 2, with the key in place).
+  uint32_t invalidated_flags() const { return invalidated_flags_; }
+  // Whether a SEND_WITH_INV invalidates a type-2 window only when it arrives on the queue pair the
+  // window is bound to, as the specification has it for type 2B. False on rxe (Linux 6.1), which
+  // invalidates a window from any queue pair that names its whole key (exposure_test shows it):
+  // there a peer that guessed another connection's key can end that exposure (not read it).
+  bool invalidation_checks_queue_pair() const { return invalidation_checks_queue_pair_; }
 
  private:
   Device() = default;
@@ -110,6 +132,10 @@ class Device {
   DeviceListOwner devices_;
   ibv_context* context_ = nullptr;  // one of devices_, owned by librdmacm
   ibv_device_attr attr_{};
+  bool has_windows_ = false;
+  bool windows_bound_range_ = false;
+  uint32_t invalidated_flags_ = IBV_WC_WITH_INV;
+  bool invalidation_checks_queue_pair_ = true;
   PdOwner pd_;
   std::unique_ptr<SlotPool> slots_;
   // Last: stopped before the context it reads goes with devices_.

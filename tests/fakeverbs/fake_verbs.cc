@@ -90,7 +90,9 @@ struct Pending {
   uint64_t wr_id = 0;
   bool signaled = false;
   bool with_imm = false;
-  uint32_t imm = 0;  // network order, as posted
+  uint32_t imm = 0;       // network order, as posted
+  bool with_inv = false;  // a SEND_WITH_INV: the window key it invalidates at its receiver
+  uint32_t inv_rkey = 0;
   ibv_wr_opcode opcode = IBV_WR_SEND;
   std::vector<uint8_t> bytes;  // a SEND's gathered bytes
   uint32_t write_length = 0;   // a WRITE WITH IMMEDIATE's length (its bytes already landed)
@@ -243,10 +245,11 @@ void ToError(FakeQp* qp);
 void CompleteRequester(const Pending& p, ibv_wc_status status) {
   if (p.from == nullptr) return;
   if (status == IBV_WC_SUCCESS && !p.signaled) return;
-  Complete(p.from->qp.send_cq,
-           Wc(p.from, p.wr_id, status,
-              p.opcode == IBV_WR_SEND || p.opcode == IBV_WR_SEND_WITH_IMM ? IBV_WC_SEND
-                                                                          : IBV_WC_RDMA_WRITE));
+  Complete(p.from->qp.send_cq, Wc(p.from, p.wr_id, status,
+                                  p.opcode == IBV_WR_SEND || p.opcode == IBV_WR_SEND_WITH_IMM ||
+                                          p.opcode == IBV_WR_SEND_WITH_INV
+                                      ? IBV_WC_SEND
+                                      : IBV_WC_RDMA_WRITE));
 }
 
 // The peer's sends waiting at `qp` fail as a dead peer's do, and put their requester in error.
@@ -330,6 +333,23 @@ void Deliver(FakeQp* to, const Pending& p) {
   if (p.with_imm) {
     wc.wc_flags |= IBV_WC_WITH_IMM;
     wc.imm_data = p.imm;
+  }
+  if (p.with_inv) {
+    // As the specification has it for a type-2B window (o10-37.2.x): only a window bound to the
+    // receiving QP, under exactly that key; anything else is an invalid request, and both sides
+    // go to error.
+    auto it = mws.find(p.inv_rkey >> 8);
+    FakeMw* mw = it != mws.end() ? it->second : nullptr;
+    if (mw == nullptr || mw->qp != to || mw->key != p.inv_rkey) {
+      Recvs(to).push_front(std::move(recv));
+      CompleteRequester(p, IBV_WC_REM_INV_REQ_ERR);
+      if (p.from != nullptr) ToError(p.from);
+      ToError(to);
+      return;
+    }
+    mw->qp = nullptr;  // invalidated: its key opens nothing until bound again
+    wc.wc_flags |= IBV_WC_WITH_INV;
+    wc.invalidated_rkey = p.inv_rkey;
   }
   if (p.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
     wc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
@@ -530,12 +550,14 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
     p.wr_id = wr->wr_id;
     p.signaled = qp->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED) != 0;
     p.opcode = wr->opcode;
-    const ibv_wc_opcode wc_opcode =
-        wr->opcode == IBV_WR_RDMA_READ                                    ? IBV_WC_RDMA_READ
-        : wr->opcode == IBV_WR_SEND || wr->opcode == IBV_WR_SEND_WITH_IMM ? IBV_WC_SEND
-        : wr->opcode == IBV_WR_BIND_MW                                    ? IBV_WC_BIND_MW
-        : wr->opcode == IBV_WR_LOCAL_INV                                  ? IBV_WC_LOCAL_INV
-                                                                          : IBV_WC_RDMA_WRITE;
+    const ibv_wc_opcode wc_opcode = wr->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ
+                                    : wr->opcode == IBV_WR_SEND ||
+                                            wr->opcode == IBV_WR_SEND_WITH_IMM ||
+                                            wr->opcode == IBV_WR_SEND_WITH_INV
+                                        ? IBV_WC_SEND
+                                    : wr->opcode == IBV_WR_BIND_MW   ? IBV_WC_BIND_MW
+                                    : wr->opcode == IBV_WR_LOCAL_INV ? IBV_WC_LOCAL_INV
+                                                                     : IBV_WC_RDMA_WRITE;
     if (qp->error) {
       if (!qp->lose_flushes && !lose_flushes.load(std::memory_order_relaxed)) {
         Complete(qp->qp.send_cq, Wc(qp, wr->wr_id, IBV_WC_WR_FLUSH_ERR, wc_opcode));
@@ -558,6 +580,7 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
     }
     switch (wr->opcode) {
       case IBV_WR_SEND:
+      case IBV_WR_SEND_WITH_INV:
       case IBV_WR_SEND_WITH_IMM: {
         p.bytes.reserve(length);
         for (int i = 0; i < wr->num_sge; ++i) {
@@ -565,7 +588,12 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
           p.bytes.insert(p.bytes.end(), from, from + wr->sg_list[i].length);
         }
         p.with_imm = wr->opcode == IBV_WR_SEND_WITH_IMM;
-        p.imm = wr->imm_data;
+        p.with_inv = wr->opcode == IBV_WR_SEND_WITH_INV;
+        if (p.with_inv) {
+          p.inv_rkey = wr->invalidate_rkey;
+        } else {
+          p.imm = wr->imm_data;
+        }
         SendToPeer(qp, std::move(p));
         break;
       }

@@ -31,6 +31,7 @@ class RawPeer {
     uint32_t posted_recvs = 16;     // RECVs it really posts (and re-posts as they complete)
     uint8_t rnr_retry = transport::kRnrRetryCount;
     uint8_t retry = transport::kMaxRetryCount;  // the transport retries both queue pairs take
+    uint8_t reads = 0;  // RDMA READs it may have outstanding (initiator depth): ReadRaw needs one
     std::vector<uint8_t> hello;  // sent as is instead of a Hello built from the above
   };
   static constexpr uint32_t kSlot = 4096;
@@ -82,8 +83,8 @@ class RawPeer {
       hello.resize(transport::Hello::kSize);
       transport::EncodeHello(h, hello.data());
     }
-    rdma_conn_param param =
-        transport::ConnParam(hello.data(), static_cast<uint8_t>(hello.size()), 0, 0);
+    rdma_conn_param param = transport::ConnParam(hello.data(), static_cast<uint8_t>(hello.size()),
+                                                 options.reads, options.reads);
     param.rnr_retry_count = options.rnr_retry;
     param.retry_count = options.retry;
     if (rdma_connect(id, &param) != 0) return absl::InternalError("rdma_connect");
@@ -132,9 +133,11 @@ class RawPeer {
   }
 
   // Sends one frame of `kind` returning `credits`, with `payload` bytes after the header,
-  // credits or not, and waits for its completion while handling what arrives.
+  // credits or not, and waits for its completion while handling what arrives. With `invalidate`,
+  // a SEND_WITH_INV of that key.
   absl::Status Send(transport::FrameKind kind, uint16_t credits, uint32_t payload,
-                    absl::Duration timeout = absl::Seconds(30)) {
+                    absl::Duration timeout = absl::Seconds(30),
+                    std::optional<uint32_t> invalidate = std::nullopt) {
     uint8_t* frame = buffer_.data() + size_t{options_.posted_recvs} * kSlot;
     transport::FrameHeader header;
     header.credits = credits;
@@ -147,6 +150,10 @@ class RawPeer {
     wr.sg_list = &sge;
     wr.num_sge = 1;
     wr.opcode = IBV_WR_SEND;
+    if (invalidate) {
+      wr.opcode = IBV_WR_SEND_WITH_INV;
+      wr.invalidate_rkey = *invalidate;
+    }
     wr.send_flags = IBV_SEND_SIGNALED;
     ibv_send_wr* bad = nullptr;
     if (int rc = ibv_post_send(qp_->qp, &wr, &bad); rc != 0) {
@@ -192,6 +199,40 @@ class RawPeer {
     }
     return IBV_WC_GENERAL_ERR;
   }
+
+  // RDMA-READs `length` bytes (at most kReadBuffer) from `addr` under `rkey` into read_bytes()
+  // and returns the completion's status, waiting for it while handling what arrives.
+  static constexpr uint32_t kReadBuffer = 64 * 1024;
+  ibv_wc_status ReadRaw(uint64_t addr, uint32_t rkey, uint32_t length,
+                        absl::Duration timeout = absl::Seconds(30)) {
+    if (length > kReadBuffer) return IBV_WC_LOC_LEN_ERR;
+    if (read_mr_ == nullptr) {
+      read_buffer_.assign(kReadBuffer, 0);
+      read_mr_.reset(
+          ibv_reg_mr(pd_.get(), read_buffer_.data(), read_buffer_.size(), IBV_ACCESS_LOCAL_WRITE));
+      if (read_mr_ == nullptr) return IBV_WC_LOC_PROT_ERR;
+    }
+    ibv_sge sge{reinterpret_cast<uintptr_t>(read_buffer_.data()), length, read_mr_->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = kSendId;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = addr;
+    wr.wr.rdma.rkey = rkey;
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(qp_->qp, &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      ibv_wc wc{};
+      if (ibv_poll_cq(cq_.get(), 1, &wc) != 1) continue;
+      if (wc.wr_id == kSendId) return wc.status;
+      if (wc.status == IBV_WC_SUCCESS) PostRecv(static_cast<uint32_t>(wc.wr_id));
+    }
+    return IBV_WC_GENERAL_ERR;
+  }
+  const uint8_t* read_bytes() const { return read_buffer_.data(); }
 
   // Handles the completions that are there: sends, and received frames (counted, re-posted).
   void Poll() {
@@ -271,6 +312,8 @@ class RawPeer {
   transport::CmQpOwner qp_;
   std::vector<uint8_t> buffer_;
   transport::MrOwner mr_;
+  std::vector<uint8_t> read_buffer_;  // ReadRaw's landing
+  transport::MrOwner read_mr_;
 };
 
 }  // namespace zrpc::testing
