@@ -190,14 +190,7 @@ class RawPeer {
     wr.wr.rdma.rkey = rkey;
     ibv_send_wr* bad = nullptr;
     if (ibv_post_send(qp_->qp, &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      ibv_wc wc{};
-      if (ibv_poll_cq(cq_.get(), 1, &wc) != 1) continue;
-      if (wc.wr_id == kSendId) return wc.status;
-      if (wc.status == IBV_WC_SUCCESS) PostRecv(static_cast<uint32_t>(wc.wr_id));
-    }
-    return IBV_WC_GENERAL_ERR;
+    return AwaitOwn(timeout);
   }
 
   // RDMA-READs `length` bytes (at most kReadBuffer) from `addr` under `rkey` into read_bytes()
@@ -223,14 +216,7 @@ class RawPeer {
     wr.wr.rdma.rkey = rkey;
     ibv_send_wr* bad = nullptr;
     if (ibv_post_send(qp_->qp, &wr, &bad) != 0) return IBV_WC_GENERAL_ERR;
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      ibv_wc wc{};
-      if (ibv_poll_cq(cq_.get(), 1, &wc) != 1) continue;
-      if (wc.wr_id == kSendId) return wc.status;
-      if (wc.status == IBV_WC_SUCCESS) PostRecv(static_cast<uint32_t>(wc.wr_id));
-    }
-    return IBV_WC_GENERAL_ERR;
+    return AwaitOwn(timeout);
   }
   const uint8_t* read_bytes() const { return read_buffer_.data(); }
 
@@ -286,6 +272,19 @@ class RawPeer {
 
   std::vector<uint8_t> reply_;
   uint32_t remote_qp_num_ = 0;
+
+  // The status of this peer's own work request in flight (WriteRaw, ReadRaw), re-posting the
+  // receives that complete meanwhile; IBV_WC_GENERAL_ERR if none within `timeout`.
+  ibv_wc_status AwaitOwn(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      ibv_wc wc{};
+      if (ibv_poll_cq(cq_.get(), 1, &wc) != 1) continue;
+      if (wc.wr_id == kSendId) return wc.status;
+      if (wc.status == IBV_WC_SUCCESS) PostRecv(static_cast<uint32_t>(wc.wr_id));
+    }
+    return IBV_WC_GENERAL_ERR;
+  }
 
   bool PostRecv(uint32_t index) {
     ibv_sge sge{reinterpret_cast<uintptr_t>(buffer_.data() + size_t{index} * kSlot), kSlot,
