@@ -155,6 +155,7 @@ std::string ReservedPackageReason(const std::string& package) {
                                                       "kBySize",
                                                       "kMaxErrorMessage",
                                                       "kNumStatusCodes",
+                                                      "kPullWindow",
                                                       "kRpcFlagBulk",
                                                       "kRpcFlagLargeBody",
                                                       "kRpcFlagPull",

@@ -93,6 +93,9 @@ struct ChannelStats {
   // Memory held now by response payloads pulled from the server (being read, or IncomingBulk
   // not yet released): at most ChannelOptions::max_pulled_bytes.
   uint64_t pulled_bytes_held = 0;
+  // Memory registrations made on the channel's device since it opened, as ServerStats has them:
+  // a request pulled from memory registered in advance adds none.
+  uint64_t memory_registrations = 0;
   // Response payloads being pulled now (RDMA READs under way), into the runtime's memory or a
   // caller's response_destination.
   uint64_t bulk_reads_in_flight = 0;

@@ -131,6 +131,13 @@ struct ServerStats {
   // Memory held now by request payloads pulled from clients (being read, or not yet released by
   // their handlers): at most ServerOptions::max_pulled_bytes.
   uint64_t pulled_bytes_held = 0;
+  // Memory registrations made on the server's device since it opened (each a system call that
+  // pins pages; the device is the process's, shared with its channels of the same options): the
+  // application's RegisterMemory, staging memory as it grows, request payloads pulled into the
+  // runtime's memory, and response payloads exposed for pulling that need a region of their own
+  // (unregistered bytes; on rxe, a part of a registration: rpc/WIRE.md). A response pulled from
+  // memory registered in advance adds none.
+  uint64_t memory_registrations = 0;
 };
 
 class Server {

@@ -383,9 +383,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   static constexpr size_t kMaxExposures = 2048;
   absl::StatusOr<ExposureKeys> Expose(absl::Span<const ExposedRange> ranges, uint64_t token);
   // Binds exposure `keys`'s windows, then sends the first `length` bytes of `buffer` without a
-  // report, queued together. On error nothing is queued, `buffer` stays the caller's and the
-  // exposure stays open (EndExposure ends it). An exposure ended before its turn is not bound:
-  // its message then names dead keys, and a peer that reads through them fails its connection.
+  // report, queued together, taking `buffer` as Send does (even on error). On error nothing is
+  // queued and the exposure stays open (EndExposure ends it). An exposure ended before its turn is
+  // not bound: its message then names dead keys, and a peer that reads through them fails its
+  // connection.
   absl::Status SendExposing(const ExposureKeys& keys, const SendBuffer& buffer, uint32_t length);
   // Send(buffer, length) without a report, as a SEND_WITH_INV of `rkey`: when it lands the peer's
   // NIC invalidates the window the peer exposed under that key. For a key the peer gave this

@@ -708,8 +708,12 @@ absl::StatusOr<ExposureKeys> Connection::Expose(absl::Span<const ExposedRange> r
 
 absl::Status Connection::SendExposing(const ExposureKeys& keys, const SendBuffer& buffer,
                                       uint32_t length) {
-  if (length > max_message_) return TooLong(length, max_message_);
+  if (length > max_message_) {
+    ReleaseSendBuffer(buffer);
+    return TooLong(length, max_message_);
+  }
   if (keys.count < 1 || keys.count > ExposureKeys::kMaxRanges) {
+    ReleaseSendBuffer(buffer);
     return absl::InvalidArgumentError("SendExposing: an exposure of 1 or 2 ranges");
   }
   Waiting ops[ExposureKeys::kMaxRanges + 1];
@@ -719,7 +723,7 @@ absl::Status Connection::SendExposing(const ExposureKeys& keys, const SendBuffer
   }
   ops[keys.count] = Unreported(buffer, length);
   const auto all = absl::MakeConstSpan(ops, keys.count + 1);
-  return Submit(
+  absl::Status s = Submit(
       true,
       [&] {
         if (absl::Status s = CanEnqueueLocked(); !s.ok()) return s;
@@ -729,6 +733,8 @@ absl::Status Connection::SendExposing(const ExposureKeys& keys, const SendBuffer
         return EnqueueLocked(ops[keys.count], /*checked=*/true);
       },
       [&] { return LeftEnqueue(all); });
+  if (!s.ok()) ReleaseSendBuffer(buffer);
+  return s;
 }
 
 absl::Status Connection::SendInvalidating(const SendBuffer& buffer, uint32_t length,

@@ -290,12 +290,13 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::Register(const void* data,
   if (mr == nullptr) {
     return VerbsError(absl::StrCat("ibv_reg_mr(", size, " bytes", what, ")"), errno);
   }
+  registrations_.fetch_add(1, std::memory_order_relaxed);
   return std::unique_ptr<MemoryRegion>(new MemoryRegion(std::move(mr)));
 }
 
 absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::RegisterMemory(const void* data,
                                                                      size_t size) {
-  return Register(data, size, IBV_ACCESS_LOCAL_WRITE, "");
+  return Register(data, size, IBV_ACCESS_LOCAL_WRITE | (has_windows_ ? IBV_ACCESS_MW_BIND : 0), "");
 }
 
 absl::StatusOr<std::unique_ptr<MemoryRegion>> Device::RegisterForRemoteRead(const void* data,

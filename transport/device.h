@@ -26,6 +26,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -95,8 +96,10 @@ class Device {
     return async_events_ != nullptr ? async_events_->counts() : AsyncEventCounts{};
   }
 
-  // Registers [data, data + size) for local access only (a source of sends and writes, a
-  // destination of reads).
+  // Registers [data, data + size) for local access (a source of sends and writes, a destination
+  // of reads) and, on a device with type-2 windows, for binding them (exposures.h): no remote
+  // access of its own, so its rkey opens nothing, but a range of it can be exposed to one peer
+  // through a window without registering it again.
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(const void* data, size_t size);
   // Registers exactly [data, data + size) for the peer to RDMA READ, and nothing else: memory
   // exposed for one transfer and deregistered after it (MemoryRegion::rkey).
@@ -122,6 +125,9 @@ class Device {
   // invalidates a window from any queue pair that names its whole key (exposure_test shows it):
   // there a peer that guessed another connection's key can end that exposure (not read it).
   bool invalidation_checks_queue_pair() const { return invalidation_checks_queue_pair_; }
+  // Memory registrations made through this Device so far (every Register* call that succeeded):
+  // a system call and the pages pinned each, which the hot path must not make per call.
+  uint64_t registrations() const { return registrations_.load(std::memory_order_relaxed); }
 
  private:
   Device() = default;
@@ -133,6 +139,7 @@ class Device {
   ibv_context* context_ = nullptr;  // one of devices_, owned by librdmacm
   ibv_device_attr attr_{};
   bool has_windows_ = false;
+  std::atomic<uint64_t> registrations_{0};
   bool windows_bound_range_ = false;
   uint32_t invalidated_flags_ = IBV_WC_WITH_INV;
   bool invalidation_checks_queue_pair_ = true;

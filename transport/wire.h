@@ -117,8 +117,9 @@ inline constexpr uint32_t kWireMagic = 0x5a525043;  // "ZRPC"
 // receive windows (Hello.max_recv_credits, credits.h); 6: arenas lent on demand (kArena frames,
 // Hello flag kHelloArenaOnDemand); 7: parked windows (kPark and kParked frames, Hello flag
 // kHelloParks, the ParkDoor); 8: peer authentication (Hello flag kHelloAuth, the AuthRequest and
-// AuthReply, kAuth and kAuthOk frames: auth.h).
-inline constexpr uint16_t kWireVersion = 8;
+// AuthReply, kAuth and kAuthOk frames: auth.h); 9: the RPC layer's pulled payloads exposed
+// through memory windows (rpc/WIRE.md: the pull descriptor's flags; SEND_WITH_INV, exposures.h).
+inline constexpr uint16_t kWireVersion = 9;
 // Hello.flags bit 0: the sender's arena is lent on demand, by kArena frames.
 inline constexpr uint16_t kHelloArenaOnDemand = 1;
 // Hello.flags bit 1: the sender may park the peer's window (kPark), and its accept reply carries

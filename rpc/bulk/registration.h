@@ -31,6 +31,8 @@ class Registration {
   uint8_t* data() const { return const_cast<uint8_t*>(region_->data()); }
   size_t size() const { return region_->size(); }
   uint32_t lkey() const { return region_->lkey(); }
+  // For binding windows over a range of it (transport/exposures.h).
+  const transport::MemoryRegion& region() const { return *region_; }
   const transport::Device* device() const { return device_.get(); }
 
  private:

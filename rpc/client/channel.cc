@@ -283,8 +283,8 @@ absl::Status ChannelImpl::Init() {
   // Lent on demand when the pollers have pools: a device without type-2 memory windows makes
   // none, and each connection registers an arena of its own.
   const bool lend = arena_piece > 0 && parts->pollers.front()->arena_pool() != nullptr;
-  if (arena_piece > 0 && !lend) {
-    SayNoWindowsOnce(*parts->device, arena_piece, "channel", "ChannelOptions");
+  if (!parts->device->has_windows() || (arena_piece > 0 && !lend)) {
+    SayNoWindowsOnce(*parts->device, lend ? 0 : arena_piece, "channel", "ChannelOptions");
   }
   options_.connection.arena_on_demand = lend;
   if (!lend) options_.arena_pool = 0;
@@ -619,6 +619,7 @@ ChannelStats ChannelImpl::stats() const {
   stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
   stats.staging_bytes_registered = staging_->registered_bytes();
   stats.pulled_bytes_held = receive_limits_->in_use();
+  stats.memory_registrations = device_->registrations();
   {
     absl::MutexLock lock(&mu_);
     for (const auto& connection : live_) {

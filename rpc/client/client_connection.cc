@@ -884,7 +884,7 @@ void ClientConnection::OnMessage(transport::Connection& connection,
       // exposing it.
       owner_.CountLateResponse();
       Discard(connection, incoming);
-      static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
+      static_cast<void>(SendPulledWord(connection, incoming));
       return;
     }
     absl::Status pulling = limits().CheckMessage(incoming.body_size(), "response");
@@ -902,7 +902,7 @@ void ClientConnection::OnMessage(transport::Connection& connection,
     }
     if (!pulling.ok()) {
       Discard(connection, incoming);
-      static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(id)));
+      static_cast<void>(SendPulledWord(connection, incoming));
       if (CallTable<ClientCall>::Taken call = calls_.Take(id)) {
         call->End(absl::Status(pulling.code(), absl::StrCat(call->method->full_name,
                                                             ": response: ", pulling.message())));
@@ -967,7 +967,7 @@ void ClientConnection::OnStreamFrame(transport::Connection& connection, Incoming
 
 void ClientConnection::OnPulled(transport::Connection& connection, IncomingMessage& message) {
   // The payload is here: the server may stop exposing it.
-  static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(message.header.call_id)));
+  static_cast<void>(SendPulledWord(connection, message));
   Deliver(connection, message);
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -140,11 +141,18 @@ void SayNoWindowsOnce(const transport::Device& device, uint32_t arena_size, absl
                       absl::string_view side) {
   static std::atomic<bool> said{false};
   if (said.exchange(true)) return;
+  const std::string arenas =
+      arena_size == 0
+          ? std::string()
+          : absl::StrCat("; and a ", who, " connection registers its own ", arena_size,
+                         "-byte receive arena instead of borrowing one from its poller's pool "
+                         "when its peer writes (",
+                         side, "::arena_pool)");
   ZRPC_LOG(kWarning, "rpc", "the RDMA device ", device.selection().device,
-           " has no type-2 memory windows: a ", who, " connection registers its own ", arena_size,
-           "-byte receive arena instead of borrowing one from its poller's pool when its peer "
-           "writes (",
-           side, "::arena_pool)");
+           " has no type-2 memory windows: a payload exposed for the peer to pull is registered "
+           "for the call, and its key works from every queue pair of the device until the peer "
+           "is done (rpc/WIRE.md, \"Scope of the exposure\")",
+           arenas);
 }
 
 }  // namespace zrpc::internal

@@ -63,6 +63,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -183,10 +184,16 @@ class ReceiveLimits {
   std::atomic<uint64_t> in_use_{0};
 };
 
-// A payload this side exposes for the peer to pull: the caller's bytes, registered for remote
-// READ exactly over their range for as long as this lives. The registration goes first (after
-// which the peer's NIC can read nothing more), then the bytes are released.
-// A large body (a message that did not fit a slot) is exposed beside it the same way.
+// A payload this side exposes for the peer to pull: the caller's bytes and the registrations
+// made for them, if any. The registrations go first (after which the peer's NIC can read nothing
+// more), then the bytes are released. A large body (a message that did not fit a slot) is
+// exposed beside it the same way.
+//   - Through windows (transport/exposures.h; a device with type-2 windows): the record is the
+//     transport's from Expose on, freed at its OnSendDone (kExposureTag), which comes once the
+//     windows' keys are dead. A part in memory registered on this device needs no registration
+//     (where a window opens only its own range, or the part is the whole registration).
+//   - Without: each part registered for remote READ, exactly its bytes; the record is kept by
+//     an ExposureHold until the peer is done.
 struct ExposedPayload {
   OutgoingBulk bulk;
   OutgoingBulk body;
@@ -200,6 +207,45 @@ struct ExposedPayload {
     body.Reset();
     if (count != nullptr) count->fetch_sub(1, std::memory_order_relaxed);
   }
+};
+
+// What a call's gate, or a server's table of responses, keeps of one exposed payload until the
+// peer is done with it; ending it (End, or destruction) withdraws the payload: the payload itself
+// without windows (its registrations removed, its bytes released), or the transport's exposure
+// (Connection::EndExposure: its windows deallocated, the record freed at the OnSendDone that
+// follows). Ending an exposure the peer has invalidated already does nothing. Move-only.
+class ExposureHold {
+ public:
+  ExposureHold() = default;
+  explicit ExposureHold(std::unique_ptr<ExposedPayload> payload) : payload_(std::move(payload)) {}
+  // `connection` must outlive this, or End(/*orphan=*/true) must come first.
+  ExposureHold(transport::Connection* connection, uint64_t exposure)
+      : connection_(connection), exposure_(exposure) {}
+  ExposureHold(ExposureHold&& other) noexcept { *this = std::move(other); }
+  ExposureHold& operator=(ExposureHold&& other) noexcept {
+    End();
+    payload_ = std::move(other.payload_);
+    connection_ = std::exchange(other.connection_, nullptr);
+    exposure_ = std::exchange(other.exposure_, 0);
+    return *this;
+  }
+  ~ExposureHold() { End(); }
+
+  bool empty() const { return payload_ == nullptr && exposure_ == 0; }
+  // Withdraws the payload now. `orphan`: the connection is gone (its exposures ended with it), and
+  // so is the count of exposed payloads, which a payload must then not count itself out of.
+  void End(bool orphan = false) {
+    if (payload_ != nullptr && orphan) payload_->count = nullptr;
+    payload_.reset();
+    if (exposure_ != 0 && !orphan && connection_ != nullptr) connection_->EndExposure(exposure_);
+    exposure_ = 0;
+    connection_ = nullptr;
+  }
+
+ private:
+  std::unique_ptr<ExposedPayload> payload_;
+  transport::Connection* connection_ = nullptr;
+  uint64_t exposure_ = 0;
 };
 
 // What lets a client's call end only once the runtime no longer reads its request payload
@@ -223,19 +269,20 @@ class BulkGate : public std::enable_shared_from_this<BulkGate> {
   // The call ended. A payload exposed for the server to pull, and not pulled yet, stays exposed
   // when there is a retire hook (the server may be reading it: withdrawing it under its READ
   // would fail the server's connection), and the hook is told so; without one it is withdrawn
-  // now (its registration removed, so the server's NIC can read no more of it, then its bytes
-  // released).
+  // now (ExposureHold::End: its key killed, so the server's NIC can read no more of it, then its
+  // bytes released).
   void End();
   // Keeps `source`, the call's payload exposed for pulling, until Withdraw (the server pulled
   // it, or answered, or gave up) or End without a retire hook. False (and `source` left with the
   // caller, who destroys it and sends nothing) when the call has ended already.
-  bool Hold(std::unique_ptr<ExposedPayload>& source);
+  bool Hold(ExposureHold& source);
   // Told at End whether a payload is still exposed (true) or not (false). Runs outside the lock.
   // False (and not set) when the call has ended already.
   bool SetRetire(std::function<void(BulkGate& gate, bool exposed)> retire);
-  // Withdraws the payload exposed, if any: its registration removed, then its bytes released
-  // (which ends a call that ended meanwhile). `orphan`: the connection that counts exposed
-  // payloads is gone, so the payload must not count itself out of it.
+  // Withdraws the payload exposed, if any (ExposureHold::End): its key killed, then its bytes
+  // released (which ends a call that ended meanwhile; through windows, that release comes at the
+  // exposure's OnSendDone on the poller). `orphan`: the connection is gone, and with it its
+  // exposures and its count of exposed payloads.
   void Withdraw(bool orphan = false);
 
  private:
@@ -245,7 +292,7 @@ class BulkGate : public std::enable_shared_from_this<BulkGate> {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   InlineFunction<void(), 48> then_ ABSL_GUARDED_BY(mu_);
   uint64_t token_ ABSL_GUARDED_BY(mu_) = 0;  // zero-copy WRITE's token; 0 once released
-  std::unique_ptr<ExposedPayload> source_ ABSL_GUARDED_BY(mu_);
+  ExposureHold source_ ABSL_GUARDED_BY(mu_);
   std::function<void(BulkGate&, bool)> retire_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -463,6 +510,11 @@ class RpcConnection : public transport::ConnectionHandler {
   virtual bool PrepareExposure(uint64_t /*call_id*/, BulkGate& /*gate*/) { return true; }
   // The peer has pulled the payload of response `call_id` (kPulled): stop exposing it.
   void Unexpose(uint64_t call_id);
+  // Tells the peer it may stop exposing the payload of `message` (the READ is done, or will
+  // never be made): a kPulled, which invalidates the payload's window key when its descriptor
+  // says so (kPullWindow). Once per message that pulls: a second would name a dead key, which
+  // costs the connection.
+  absl::Status SendPulledWord(transport::Connection& connection, const IncomingMessage& message);
   // Gives back a payload still waiting for its message, the messages still deferred and the
   // payloads still exposed (on close): their calls fail with the connection.
   void DropPending(transport::Connection& connection);
@@ -494,6 +546,10 @@ class RpcConnection : public transport::ConnectionHandler {
   absl::Status SendPulled(transport::Connection& connection, const transport::SendBuffer& buffer,
                           RpcHeader header, size_t body_size, OutgoingBulk bulk,
                           OutgoingBulk large_body, absl::Time deadline, BulkGate* gate);
+  // The caller's registration of `part` when a window over it opens exactly `part` (memory
+  // registered on this device, on a device whose windows bound their range or as a whole); null
+  // when the part needs a region of its own.
+  const transport::MemoryRegion* WindowRegion(const OutgoingBulk& part) const;
   // Posts `bulk`, which lies in memory registered on this device, straight from the caller's
   // bytes, then its message. Errors as SendMessage's.
   absl::Status SendZeroCopy(transport::Connection& connection, const transport::SendBuffer& buffer,
@@ -535,8 +591,10 @@ class RpcConnection : public transport::ConnectionHandler {
   std::atomic<uint32_t> exposed_count_{0};  // payloads exposed for the peer to pull
   // Responses' payloads exposed for the client to pull, by call id (server side).
   absl::Mutex exposed_mu_;
-  absl::flat_hash_map<uint64_t, std::unique_ptr<ExposedPayload>> exposed_
-      ABSL_GUARDED_BY(exposed_mu_);  // a payload registered on another device was staged
+  absl::flat_hash_map<uint64_t, ExposureHold> exposed_ ABSL_GUARDED_BY(exposed_mu_);
+  // Set by DropPending: the connection closed, and nothing is kept here any more (a hold kept
+  // after that would outlive the transport connection it ends its exposure on).
+  bool exposed_closed_ ABSL_GUARDED_BY(exposed_mu_) = false;
 };
 
 }  // namespace zrpc::internal

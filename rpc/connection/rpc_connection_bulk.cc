@@ -79,14 +79,14 @@ void BulkGate::Released() {
 }
 
 void BulkGate::End() {
-  std::unique_ptr<ExposedPayload> source;
+  ExposureHold source;
   std::function<void(BulkGate&, bool)> retire;
   bool exposed;
   {
     absl::MutexLock lock(&mu_);
     ended_ = true;
     retire = std::move(retire_);
-    exposed = source_ != nullptr;
+    exposed = !source_.empty();
     if (!retire) source = std::move(source_);
   }
   // Outside the lock: a payload's release opens this gate (Released), and the hook may
@@ -102,13 +102,12 @@ bool BulkGate::SetRetire(std::function<void(BulkGate&, bool)> retire) {
 }
 
 void BulkGate::Withdraw(bool orphan) {
-  std::unique_ptr<ExposedPayload> source;
+  ExposureHold source;
   {
     absl::MutexLock lock(&mu_);
     source = std::move(source_);
   }
-  if (source != nullptr && orphan) source->count = nullptr;
-  // Destroyed outside the lock, as in End.
+  source.End(orphan);  // outside the lock, as in End
 }
 
 bool BulkGate::Begin() {
@@ -118,7 +117,7 @@ bool BulkGate::Begin() {
   return true;
 }
 
-bool BulkGate::Hold(std::unique_ptr<ExposedPayload>& source) {
+bool BulkGate::Hold(ExposureHold& source) {
   absl::MutexLock lock(&mu_);
   if (ended_) return false;
   source_ = std::move(source);
@@ -216,7 +215,7 @@ absl::Status RpcConnection::StartPullInto(transport::Connection& connection,
 }
 
 void RpcConnection::Unexpose(uint64_t call_id) {
-  std::unique_ptr<ExposedPayload> exposed;
+  ExposureHold exposed;
   {
     absl::MutexLock lock(&exposed_mu_);
     auto it = exposed_.find(call_id);
@@ -224,7 +223,19 @@ void RpcConnection::Unexpose(uint64_t call_id) {
     exposed = std::move(it->second);
     exposed_.erase(it);
   }
-  // Destroyed outside the lock: its release may run the application's callback.
+  // Ended outside the lock: its release may run the application's callback.
+}
+
+absl::Status RpcConnection::SendPulledWord(transport::Connection& connection,
+                                           const IncomingMessage& message) {
+  const RpcHeader pulled = RpcHeader::Pulled(message.header.call_id);
+  const uint32_t rkey = message.layout.invalidate_rkey;
+  if (rkey == 0) return SendHeaderOnly(connection, pulled);
+  absl::StatusOr<transport::SendBuffer> buffer = connection.AcquireSendBuffer();
+  if (!buffer.ok()) return buffer.status();
+  EncodeRpcHeader(pulled, buffer->data);
+  absl::MutexLock lock(&send_mu_);
+  return connection.SendInvalidating(*buffer, RpcHeader::kSize, rkey);
 }
 
 absl::Status RpcConnection::SendPulled(transport::Connection& connection,
@@ -241,60 +252,106 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
       (large_body.empty() ? 0 : LargeBody::kSize) + PullDescriptor::kSize * parts;
   if (body_size + trailer > MaxBody(connection)) {
     return fail(absl::InvalidArgumentError(
-        absl::StrCat("a ", body_size, "-byte message leaves no room for the ", trailer,
-                     "-byte descriptor of its pulled bulk payload")));
+        absl::StrCat("a ", body_size, "-byte message and the ", trailer,
+                     "-byte descriptors of its pulled payload exceed a message's ",
+                     MaxBody(connection), " bytes")));
   }
+  // Without windows (said once at startup: SayNoWindowsOnce), a registration per part.
+  const bool windows = device_->has_windows();
   auto source = std::make_unique<ExposedPayload>();
-  uint8_t* out = Body(buffer) + body_size;
-  if (!large_body.empty()) {
-    EncodeLargeBody(static_cast<uint32_t>(large_body.size()), out);
-    out += LargeBody::kSize;
-  }
   // Exactly each part's bytes, for remote READ only, for this call only: the body first.
+  transport::ExposedRange ranges[2];
+  PullDescriptor descriptors[2];
+  int count = 0;
   for (OutgoingBulk* part : {&large_body, &bulk}) {
     if (part->empty()) continue;
-    absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> region =
-        device_->RegisterForRemoteRead(part->data(), part->size());
-    if (!region.ok()) {
-      return fail(absl::ResourceExhaustedError(absl::StrCat(
-          "cannot expose a ", part->size(), "-byte payload: ", region.status().message())));
+    std::unique_ptr<transport::MemoryRegion>& owned =
+        part == &bulk ? source->region : source->body_region;
+    const transport::MemoryRegion* region = windows ? WindowRegion(*part) : nullptr;
+    if (region == nullptr) {
+      absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> registered =
+          windows ? device_->RegisterForWindows(part->data(), part->size())
+                  : device_->RegisterForRemoteRead(part->data(), part->size());
+      if (!registered.ok()) {
+        return fail(absl::ResourceExhaustedError(absl::StrCat(
+            "cannot expose a ", part->size(), "-byte payload: ", registered.status().message())));
+      }
+      owned = *std::move(registered);
+      region = owned.get();
     }
-    PullDescriptor descriptor;
-    descriptor.addr = reinterpret_cast<uintptr_t>(part->data());
-    descriptor.rkey = (*region)->rkey();
-    EncodePullDescriptor(descriptor, out);
-    out += PullDescriptor::kSize;
-    (part == &bulk ? source->region : source->body_region) = *std::move(region);
+    ranges[count] = {part->data(), static_cast<uint32_t>(part->size()), region};
+    descriptors[count].addr = reinterpret_cast<uintptr_t>(part->data());
+    descriptors[count].rkey = region->rkey();  // a window's key replaces it below
+    ++count;
   }
   const auto total = static_cast<uint32_t>(bulk.size() + large_body.size());
   const uint32_t exposed_bulk = static_cast<uint32_t>(bulk.size());
+  const bool has_body = !large_body.empty();
   source->bulk = std::move(bulk);
   source->body = std::move(large_body);
   source->count = &exposed_count_;  // the connection outlives it: OnClosed drops what it holds
   exposed_count_.fetch_add(1, std::memory_order_relaxed);
-  EncodeForSend(header,
-                kRpcFlagBulk | kRpcFlagPull | (source->body.empty() ? 0 : kRpcFlagLargeBody), total,
+
+  ExposureHold hold;
+  transport::ExposureKeys keys;
+  if (windows) {
+    absl::StatusOr<transport::ExposureKeys> reserved =
+        connection.Expose(absl::MakeConstSpan(ranges, count),
+                          reinterpret_cast<uintptr_t>(source.get()) | kExposureTag);
+    if (!reserved.ok()) {
+      return fail(absl::Status(
+          reserved.status().code(),
+          absl::StrCat("cannot expose a ", total, "-byte payload: ", reserved.status().message())));
+    }
+    keys = *reserved;
+    source.release();  // the transport's: OnSendDone(token) frees it once its keys are dead
+    hold = ExposureHold(&connection, keys.id);
+    for (int i = 0; i < count; ++i) {
+      descriptors[i].rkey = keys.rkeys[i];
+      descriptors[i].flags = kPullWindow;
+    }
+  } else {
+    hold = ExposureHold(std::move(source));
+  }
+  uint8_t* out = Body(buffer) + body_size;
+  if (has_body) {
+    EncodeLargeBody(static_cast<uint32_t>(ranges[0].size), out);
+    out += LargeBody::kSize;
+  }
+  for (int i = 0; i < count; ++i) {
+    EncodePullDescriptor(descriptors[i], out);
+    out += PullDescriptor::kSize;
+  }
+  EncodeForSend(header, kRpcFlagBulk | kRpcFlagPull | (has_body ? kRpcFlagLargeBody : 0), total,
                 deadline, buffer.data);
+  // Held before the message leaves: the peer's answer may come at once. The hold withdraws the
+  // payload (ending the exposure) when it goes without being kept.
   if (gate != nullptr) {
-    if (!PrepareExposure(header.call_id, *gate) || !gate->Hold(source)) {
-      // The call ended while this was prepared: withdraw (source destroyed on return).
+    if (!PrepareExposure(header.call_id, *gate) || !gate->Hold(hold)) {
       return fail(absl::CancelledError("the call ended before its payload was exposed"));
     }
   } else {
     absl::MutexLock lock(&exposed_mu_);
+    if (exposed_closed_) {
+      return fail(absl::UnavailableError(
+          absl::StrCat("the connection to ", connection.peer_address(), " closed")));
+    }
     if (exposed_.size() >= kMaxExposedPerConnection) {
       return fail(absl::ResourceExhaustedError(absl::StrCat(
           "the client has not pulled ", exposed_.size(), " earlier payloads on this connection")));
     }
-    if (!exposed_.emplace(header.call_id, std::move(source)).second) {
+    if (!exposed_.emplace(header.call_id, std::move(hold)).second) {
       return fail(absl::InternalError("a second exposed payload for one call"));
     }
   }
   staging_.NoteZeroCopy(exposed_bulk);
+  const auto length = static_cast<uint32_t>(RpcHeader::kSize + body_size + trailer);
   absl::Status sent;
   {
     absl::MutexLock lock(&send_mu_);
-    sent = connection.Send(buffer, static_cast<uint32_t>(RpcHeader::kSize + body_size + trailer));
+    // With windows, their binds go first, in the same queue: the peer's READ finds them bound.
+    sent =
+        windows ? connection.SendExposing(keys, buffer, length) : connection.Send(buffer, length);
   }
   // Never sent: nobody will pull it.
   if (!sent.ok()) {
@@ -305,6 +362,18 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
     }
   }
   return sent;
+}
+
+const transport::MemoryRegion* RpcConnection::WindowRegion(const OutgoingBulk& part) const {
+  const Registration* registration = BulkAccess::registration(part);
+  if (registration == nullptr || registration->device() != device_.get()) return nullptr;
+  // Where a window opens the whole region beneath it (rxe), only a part that is the whole
+  // registration may use it; any other needs a region of exactly its bytes.
+  if (!device_->windows_bound_range() &&
+      (part.data() != registration->data() || part.size() != registration->size())) {
+    return nullptr;
+  }
+  return &registration->region();
 }
 
 absl::Status RpcConnection::SendZeroCopy(transport::Connection& connection,

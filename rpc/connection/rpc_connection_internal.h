@@ -31,6 +31,9 @@ struct ZeroCopySend {
 // 8-byte aligned); a staged WRITE's token is its staging buffer's address, a message's is 0.
 inline constexpr uint64_t kZeroCopyTag = 1;
 inline constexpr uint64_t kPullTag = 2;
+// Set in the token of an exposure through windows (ExposedPayload's address): its OnSendDone
+// comes once its keys are dead, and frees the record.
+inline constexpr uint64_t kExposureTag = 4;
 // Set in the handle of a pulled payload (PulledPayload's address); the transport's handles are
 // small receive indices or carry bit 63 (arena payloads).
 inline constexpr uint64_t kPulledHandle = uint64_t{1} << 62;

@@ -125,6 +125,12 @@ void RpcConnection::OnSendDone(transport::Connection& connection, uint64_t token
     OnPulled(connection, message);
     return;
   }
+  if (token & kExposureTag) {
+    // The exposure's keys are dead (the peer invalidated one, it was ended, or the connection
+    // closed): nothing reads the payload any more. Its release may end a client's call.
+    delete reinterpret_cast<ExposedPayload*>(static_cast<uintptr_t>(token & ~kExposureTag));
+    return;
+  }
   if (token & kZeroCopyTag) {
     ZeroCopySend* record = ZeroCopyRecord(token);
     if (status.ok()) staging_.NoteZeroCopy(record->bulk.size());
@@ -238,11 +244,14 @@ void RpcConnection::DropPending(transport::Connection& connection) {
     d.bulk.Reset();
     d.large_body.Reset();
   }
-  absl::flat_hash_map<uint64_t, std::unique_ptr<ExposedPayload>> exposed;
+  absl::flat_hash_map<uint64_t, ExposureHold> exposed;
   {
     absl::MutexLock lock(&exposed_mu_);
     exposed.swap(exposed_);
+    exposed_closed_ = true;
   }
+  // Ended here, outside the lock (an exposure through windows ended with the connection already:
+  // ending it again does nothing).
 }
 
 }  // namespace zrpc::internal

@@ -12,12 +12,13 @@
 
 namespace zrpc {
 
-// This layout is versions 4 to 8 of the wire, which the transport's Hello negotiates (version 2
+// This layout is version 9 of the wire, which the transport's Hello negotiates (version 2
 // added pulled payloads: kRpcFlagPull and kPulled; version 3 large bodies: kRpcFlagLargeBody;
 // version 4 streams: kRpcFlagStream, kinds 6-8 and `window`; versions 5 to 8 changed the
-// transport's Hello, connect request, accept reply, credits and frames only, not this header);
+// transport's Hello, connect request, accept reply, credits and frames only, not this header;
+// version 9 the pull descriptor's flags, kPullWindow, and the kPulled that invalidates);
 // when the transport's version moves, decide here whether the RPC header moved with it.
-static_assert(transport::kWireVersion == 8, "rpc_header.h describes wire version 8");
+static_assert(transport::kWireVersion == 9, "rpc_header.h describes wire version 9");
 
 namespace {
 
@@ -170,7 +171,7 @@ RpcHeader RpcHeader::StreamCredit(uint64_t call_id, uint16_t window) {
 void EncodePullDescriptor(const PullDescriptor& d, uint8_t* out) {
   transport::PutLe<uint64_t>(out, d.addr);
   transport::PutLe<uint32_t>(out + 8, d.rkey);
-  transport::PutLe<uint32_t>(out + 12, 0);
+  transport::PutLe<uint32_t>(out + 12, d.flags);
 }
 
 absl::StatusOr<PullDescriptor> DecodePullDescriptor(absl::Span<const uint8_t> bytes) {
@@ -178,12 +179,14 @@ absl::StatusOr<PullDescriptor> DecodePullDescriptor(absl::Span<const uint8_t> by
     return absl::FailedPreconditionError(absl::StrCat(
         "pull descriptor: ", bytes.size(), " bytes (must be ", PullDescriptor::kSize, ")"));
   }
-  if (transport::GetLe<uint32_t>(bytes.data() + 12) != 0) {
-    return absl::FailedPreconditionError("pull descriptor: reserved bytes are set");
-  }
   PullDescriptor d;
   d.addr = transport::GetLe<uint64_t>(bytes.data());
   d.rkey = transport::GetLe<uint32_t>(bytes.data() + 8);
+  d.flags = transport::GetLe<uint32_t>(bytes.data() + 12);
+  if ((d.flags & ~kPullWindow) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("pull descriptor: flags 0x", absl::Hex(d.flags), " (only 0x1 is defined)"));
+  }
   return d;
 }
 
@@ -227,7 +230,13 @@ absl::StatusOr<MessageLayout> DecodeLayout(const RpcHeader& header,
     absl::StatusOr<PullDescriptor> d = DecodePullDescriptor(
         body.subspan(descriptors + PullDescriptor::kSize * i, PullDescriptor::kSize));
     if (!d.ok()) return d.status();
+    if (i > 0 && d->flags != layout.pulls[0].flags) {
+      return Refuse("pull descriptors", "differ in their flags");
+    }
     layout.pulls[i] = *d;
+  }
+  if (layout.pull_count > 0 && (layout.pulls[0].flags & kPullWindow) != 0) {
+    layout.invalidate_rkey = layout.pulls[0].rkey;
   }
   if (!header.large_body()) layout.body = body.subspan(0, body.size() - trailer);
   return layout;

@@ -86,9 +86,15 @@ void EncodeLargeBody(uint32_t body_size, uint8_t* out);
 struct PullDescriptor {
   uint64_t addr = 0;
   uint32_t rkey = 0;
+  uint32_t flags = 0;  // kPullWindow, or 0; no other bit is defined
 
-  static constexpr size_t kSize = 16;  // addr, rkey, 4 reserved bytes (zero)
+  static constexpr size_t kSize = 16;  // addr, rkey, flags
 };
+// PullDescriptor::flags: the key is a memory window's, bound to the connection's queue pair
+// (transport/exposures.h). The reader's kPulled for the message must then be a SEND_WITH_INV of
+// the first descriptor's key, which ends the exposure on the sender's NIC (WIRE.md, "Pulled
+// payloads"). A message's two descriptors carry the same flags.
+inline constexpr uint32_t kPullWindow = 0x1;
 void EncodePullDescriptor(const PullDescriptor& descriptor, uint8_t* out);
 // kFailedPrecondition when `bytes` is not kSize long or its reserved bytes are set.
 absl::StatusOr<PullDescriptor> DecodePullDescriptor(absl::Span<const uint8_t> bytes);
@@ -167,6 +173,9 @@ struct MessageLayout {
   uint32_t payload_body = 0;       // bytes of body at the front of the payload
   PullDescriptor pulls[2];
   int pull_count = 0;
+  // The key the reader's kPulled must invalidate (SEND_WITH_INV) once it no longer reads, or 0:
+  // the first descriptor's key when it is a window's (kPullWindow). Kept after the pull is done.
+  uint32_t invalidate_rkey = 0;
   // Bytes of the bulk payload the method carries (the payload less the body in it).
   uint32_t bulk_size(const RpcHeader& header) const;
 };
@@ -174,7 +183,7 @@ struct MessageLayout {
 // The layout of the body of `message`, whose header DecodeRpcHeader returned as `header`.
 // kFailedPrecondition when a large body's trailer is malformed (reserved bytes set, a size of 0
 // or past bulk_size), the body is not exactly the trailer and descriptors the flags call for,
-// or a descriptor's reserved bytes are set.
+// or a descriptor has flags other than kPullWindow, or two descriptors' flags differ.
 absl::StatusOr<MessageLayout> DecodeLayout(const RpcHeader& header,
                                            absl::Span<const uint8_t> message);
 

@@ -97,8 +97,8 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   // Lent on demand when the pollers have pools: a device without type-2 memory windows makes
   // none, and its connections register arenas of their own.
   const bool lend = arena_piece > 0 && parts->pollers.front()->arena_pool() != nullptr;
-  if (arena_piece > 0 && !lend) {
-    SayNoWindowsOnce(*parts->device, arena_piece, "server", "ServerOptions");
+  if (!parts->device->has_windows() || (arena_piece > 0 && !lend)) {
+    SayNoWindowsOnce(*parts->device, lend ? 0 : arena_piece, "server", "ServerOptions");
   }
   core->options_.listener.connection.arena_on_demand = lend;
   if (!lend) core->options_.arena_pool = 0;
@@ -659,6 +659,7 @@ ServerStats ServerImpl::stats() const {
   stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
   stats.staging_bytes_registered = staging_->registered_bytes();
   stats.pulled_bytes_held = receive_limits_->in_use();
+  stats.memory_registrations = device_->registrations();
   return stats;
 }
 
@@ -795,6 +796,9 @@ std::string Server::PrometheusText() const {
       {"zrpc_server_pulled_bytes_held", "gauge",
        "Memory held by request payloads pulled from clients and not yet released.",
        s.pulled_bytes_held},
+      {"zrpc_server_memory_registrations_total", "counter",
+       "Memory registrations made on the server's device (each a system call pinning pages).",
+       s.memory_registrations},
       {"zrpc_server_stream_threads_started_total", "counter",
        "Streams whose (blocking) handler got a thread of its own.", s.streams_started},
       {"zrpc_server_stream_threads_open", "gauge",

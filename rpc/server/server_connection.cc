@@ -241,7 +241,7 @@ absl::Status ServerConnection::PullPlaced(
 void ServerConnection::OnPulled(transport::Connection& connection, IncomingMessage& message) {
   // The client may stop exposing the payload now (its call may have ended meanwhile: it kept
   // the payload exposed for this READ, and waits for this word).
-  static_cast<void>(SendHeaderOnly(connection, RpcHeader::Pulled(message.header.call_id)));
+  static_cast<void>(SendPulledWord(connection, message));
   bool cancelled = false;
   if (auto it = pulled_requests_.find(message.header.call_id); it != pulled_requests_.end()) {
     cancelled = it->second;

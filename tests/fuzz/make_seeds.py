@@ -21,7 +21,7 @@ MAX_ERROR_MESSAGE = 1024
 U64_MAX = (1 << 64) - 1
 
 
-WIRE_VERSION = 8  # transport::kWireVersion
+WIRE_VERSION = 9  # transport::kWireVersion
 
 
 def hello(magic=WIRE_MAGIC, version=WIRE_VERSION, flags=0, credits=64, recv_size=4096,
@@ -156,6 +156,16 @@ def rpc_header_seeds():
         "large_body_without_bulk": rpc(REQ, flags=8, service=greeter, call_id=2)
         + struct.pack("<II", 1, 0),
         "request_pull": rpc(REQ, flags=3, service=greeter, call_id=2, bulk=1 << 30) + b"d" * 16,
+        # Wire version 9: a descriptor's flags are 0 or kPullWindow (1), the same on both.
+        "response_pull_window": rpc(RESP, flags=3, call_id=3, bulk=1 << 20)
+        + struct.pack("<QII", 0x1000, 0x1234, 1),
+        "response_pull_flag_2": rpc(RESP, flags=3, call_id=3, bulk=1 << 20)
+        + struct.pack("<QII", 0x1000, 0x1234, 2),
+        "large_body_windows": rpc(RESP, flags=0xB, call_id=3, bulk=1 << 20)
+        + struct.pack("<II", 5000, 0) + struct.pack("<QII", 0x1000, 0x1234, 1) * 2,
+        "large_body_windows_differ": rpc(RESP, flags=0xB, call_id=3, bulk=1 << 20)
+        + struct.pack("<II", 5000, 0) + struct.pack("<QII", 0x1000, 0x1234, 1)
+        + struct.pack("<QII", 0x2000, 0x5678, 0),
         "response_pull_short_body": rpc(RESP, flags=3, call_id=3, bulk=1 << 20) + b"d" * 15,
         "pull_without_bulk": rpc(RESP, flags=2, call_id=3) + b"d" * 16,
         "request_pull_response": rpc(REQ, flags=4, service=greeter, call_id=2),

@@ -76,7 +76,8 @@ bool Acceptable(const uint8_t* in, size_t size) {
 // DecodeLayout on an accepted request or response, restated from WIRE.md: with a large body,
 // the body is exactly the trailer (a size in 1..bulk_size, 4 zero bytes) and then one
 // descriptor when pulled, two when the body is smaller than the payload; without, the
-// descriptor ends the body. Descriptors' last 4 bytes are zero.
+// descriptor ends the body. A descriptor's last 4 bytes (its flags) are 0 or 1 (kPullWindow), and
+// a message's two descriptors carry the same.
 bool LayoutAcceptable(const uint8_t* in, size_t size) {
   const uint8_t flags = in[1];
   const uint64_t bulk_size = ReadLe(in + 24, 4);
@@ -93,8 +94,12 @@ bool LayoutAcceptable(const uint8_t* in, size_t size) {
   }
   trailer += 16 * descriptors;
   if (large ? length != trailer : length < trailer) return false;
+  uint64_t first_flags = 0;
   for (size_t i = 0; i < descriptors; ++i) {
-    if (ReadLe(body + length - 16 * (descriptors - i) + 12, 4) != 0) return false;
+    const uint64_t descriptor_flags = ReadLe(body + length - 16 * (descriptors - i) + 12, 4);
+    if (descriptor_flags > 1) return false;
+    if (i == 0) first_flags = descriptor_flags;
+    if (descriptor_flags != first_flags) return false;
   }
   return true;
 }
@@ -122,6 +127,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (layout.ok()) {
       FUZZ_CHECK(layout->bulk_size(*header) <= header->bulk_size);
       FUZZ_CHECK(layout->body.size() + RpcHeader::kSize <= size);
+      // Invalidated on kPulled exactly when the first descriptor is a window's, with its key.
+      FUZZ_CHECK(layout->invalidate_rkey ==
+                 (layout->pull_count > 0 && (layout->pulls[0].flags & kPullWindow) != 0
+                      ? layout->pulls[0].rkey
+                      : 0));
     }
   }
   const absl::Span<const uint8_t> body(data + RpcHeader::kSize, size - RpcHeader::kSize);

@@ -366,21 +366,34 @@ TEST_CASE("deadlines travel as remaining microseconds, rounded up, saturating at
   }
 }
 
-TEST_CASE("a pull descriptor round-trips and refuses reserved bytes and other sizes",
+TEST_CASE("a pull descriptor round-trips its flags and refuses undefined ones and other sizes",
           "[rpc_header]") {
   zrpc::PullDescriptor d;
   d.addr = 0x0123456789abcdefull;
   d.rkey = 0xfedcba98u;
+  d.flags = zrpc::kPullWindow;
   uint8_t bytes[zrpc::PullDescriptor::kSize];
   zrpc::EncodePullDescriptor(d, bytes);
   CHECK(bytes[0] == 0xef);  // little-endian
   CHECK(bytes[8] == 0x98);
+  CHECK(bytes[12] == 1);
   absl::StatusOr<zrpc::PullDescriptor> back = zrpc::DecodePullDescriptor(bytes);
   REQUIRE(back.ok());
   CHECK(back->addr == d.addr);
   CHECK(back->rkey == d.rkey);
-  bytes[15] = 1;
-  CHECK(zrpc::DecodePullDescriptor(bytes).status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(back->flags == zrpc::kPullWindow);
+  bytes[12] = 0;
+  REQUIRE(zrpc::DecodePullDescriptor(bytes).ok());
+  CHECK(zrpc::DecodePullDescriptor(bytes)->flags == 0);
+  for (int bit = 1; bit < 32; ++bit) {  // each undefined bit, alone and beside kPullWindow
+    INFO("bit " << bit);
+    for (uint32_t base : {0u, zrpc::kPullWindow}) {
+      const uint32_t flags = base | (uint32_t{1} << bit);
+      for (int i = 0; i < 4; ++i) bytes[12 + i] = static_cast<uint8_t>(flags >> (8 * i));
+      CHECK(zrpc::DecodePullDescriptor(bytes).status().code() ==
+            absl::StatusCode::kFailedPrecondition);
+    }
+  }
   CHECK_FALSE(zrpc::DecodePullDescriptor(absl::MakeConstSpan(bytes, 15)).ok());
 }
 
@@ -402,11 +415,12 @@ std::vector<uint8_t> Trailer(uint32_t body_size) {
   return out;
 }
 
-std::vector<uint8_t> Descriptor(uint64_t addr, uint32_t rkey) {
+std::vector<uint8_t> Descriptor(uint64_t addr, uint32_t rkey, uint32_t flags = 0) {
   std::vector<uint8_t> out(zrpc::PullDescriptor::kSize);
   zrpc::PullDescriptor d;
   d.addr = addr;
   d.rkey = rkey;
+  d.flags = flags;
   zrpc::EncodePullDescriptor(d, out.data());
   return out;
 }
@@ -480,6 +494,29 @@ TEST_CASE("a message's layout: inline body, large body, one or two ranges to pul
   CHECK(refused(
       WithBody(large_pulled, 5000, Concat({Trailer(5000), Descriptor(1, 1), Descriptor(2, 2)}))));
   std::vector<uint8_t> bad_descriptor = Descriptor(1, 1);
-  bad_descriptor[12] = 1;
+  bad_descriptor[12] = 2;  // no flag but kPullWindow is defined
   CHECK(refused(WithBody(large_pulled, 5000, Concat({Trailer(5000), bad_descriptor}))));
+
+  // Windows: the pulled that ends the exposure invalidates the first descriptor's key.
+  CHECK(pulled->invalidate_rkey == 0);  // a registration's key: nothing to invalidate
+  CHECK(both->invalidate_rkey == 0);
+  const uint32_t window = zrpc::kPullWindow;
+  auto one_window =
+      Layout(WithBody(kRpcFlagBulk | kRpcFlagPull, 1 << 20,
+                      Concat({std::vector<uint8_t>(10, 2), Descriptor(0x1000, 0x1234, window)})));
+  REQUIRE(one_window.ok());
+  CHECK(one_window->pulls[0].flags == window);
+  CHECK(one_window->invalidate_rkey == 0x1234);
+  auto two_windows = Layout(WithBody(large_pulled, 5100,
+                                     Concat({Trailer(5000), Descriptor(0x2000, 0x5601, window),
+                                             Descriptor(0x9000, 0x7702, window)})));
+  REQUIRE(two_windows.ok());
+  CHECK(two_windows->invalidate_rkey == 0x5601);
+  // The two descriptors of one message carry the same flags.
+  CHECK(refused(
+      WithBody(large_pulled, 5100,
+               Concat({Trailer(5000), Descriptor(0x2000, 3, window), Descriptor(0x9000, 4, 0)}))));
+  CHECK(refused(
+      WithBody(large_pulled, 5100,
+               Concat({Trailer(5000), Descriptor(0x2000, 3, 0), Descriptor(0x9000, 4, window)}))));
 }

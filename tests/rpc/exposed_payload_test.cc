@@ -1,0 +1,310 @@
+// Payloads exposed for the peer to pull through memory windows (rpc/WIRE.md, "Scope of the
+// exposure"), on a real device (tag "rdma"): a payload in memory registered in advance costs no
+// registration per call, and a response's key, read by a raw-verbs client, works from that
+// client's queue pair alone and only until its kPulled (a SEND_WITH_INV of the key) lands; the
+// next call's exposure does not revive it. A zrpc channel calling beside the raw clients is
+// unaffected by each refused READ.
+#include <algorithm>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "proto/examples/object_store.zrpc.h"
+#include "rpc/channel.h"
+#include "rpc/connection/rpc_header.h"
+#include "rpc/registered_memory.h"
+#include "rpc/server.h"
+#include "tests/eventually.h"
+#include "tests/pattern.h"
+#include "tests/rdma_device.h"
+#include "tests/rpc/runtime_fixture.h"
+#include "tests/skip.h"
+#include "tests/transport/raw_peer.h"
+#include "transport/device.h"
+#include "transport/wire.h"
+
+namespace {
+
+using zrpc::OutgoingBulk;
+using zrpc::RpcHeader;
+using zrpc::RpcKind;
+using zrpc::examples::ObjectInfo;
+using zrpc::examples::ObjectKey;
+using zrpc::examples::ObjectStore;
+using zrpc::testing::Eventually;
+using zrpc::testing::Filled;
+using zrpc::testing::Key;
+using zrpc::testing::kLong;
+using zrpc::testing::RawPeer;
+using zrpc::testing::Served;
+using zrpc::testing::Within;
+
+constexpr uint32_t kStoreId = zrpc::ServiceId("zrpc.examples.ObjectStore");
+constexpr uint16_t kGetIndex = 1;    // rpc 1 of proto/examples/object_store.proto
+constexpr size_t kObject = 1 << 20;  // past the channel's 256 KiB arena: pulled
+
+// Get answers from memory the server registered in advance: all of it ("whole"), its first half
+// ("part"), or from bytes never registered ("plain"). Counts the payloads given back. Put keeps
+// what it is given (KeepingStore).
+class ExposingStore : public zrpc::testing::KeepingStore {
+ public:
+  absl::Status Get(zrpc::ServerContext&, const ObjectKey& key, ObjectInfo* info,
+                   OutgoingBulk* bulk) override {
+    auto release = [this] { released.fetch_add(1); };
+    if (key.name() == "plain") {
+      *bulk = OutgoingBulk(plain.data(), plain.size(), release);
+    } else {
+      absl::StatusOr<OutgoingBulk> from =
+          memory->Bulk(0, key.name() == "part" ? memory->size() / 2 : memory->size(), release);
+      if (!from.ok()) return from.status();
+      *bulk = *std::move(from);
+    }
+    info->set_size(bulk->size());
+    return absl::OkStatus();
+  }
+
+  std::string bytes = Filled(kObject, 3);
+  std::string plain = Filled(kObject, 4);
+  std::unique_ptr<zrpc::RegisteredMemory> memory;
+  std::atomic<int> released{0};
+};
+
+// A server with `store`'s memory registered, and a channel on a device of its own (other slot
+// options), so that each side's registrations are counted apart.
+struct Setup {
+  explicit Setup(const zrpc::transport::DeviceConfig& config, ExposingStore& store)
+      : served(config, {&store}, {}, ChannelOptions()) {
+    absl::StatusOr<zrpc::RegisteredMemory> registered =
+        served.server->RegisterMemory(store.bytes.data(), store.bytes.size());
+    INFO(registered.status());
+    REQUIRE(registered.ok());
+    store.memory = std::make_unique<zrpc::RegisteredMemory>(*std::move(registered));
+  }
+  static zrpc::ChannelOptions ChannelOptions() {
+    zrpc::ChannelOptions options;
+    options.slots.slot_size = 8192;  // not the server's: a device (and PD) of the channel's own
+    return options;
+  }
+  // A call through the channel that must succeed and bring back `expected`.
+  void Get(const std::string& name, const std::string& expected) {
+    ObjectStore::Stub stub(served.channel.get());
+    ObjectInfo info;
+    zrpc::IncomingBulk bulk;
+    const absl::Status s = stub.Get(Key(name), &info, &bulk, Within(kLong));
+    INFO(s);
+    REQUIRE(s.ok());
+    CHECK(zrpc::testing::FirstDifference(bulk.view(), expected) == "equal");
+  }
+  Served served;
+};
+
+// Whether the device exposes through windows, and whether a window opens only its own range.
+struct WindowFacts {
+  bool windows = false;
+  bool bound_range = false;
+};
+WindowFacts FactsOf(const zrpc::transport::DeviceConfig& config) {
+  auto device = zrpc::transport::Device::Open(config);
+  INFO(device.status());
+  REQUIRE(device.ok());
+  return WindowFacts{(*device)->has_windows(), (*device)->windows_bound_range()};
+}
+
+TEST_CASE(
+    "a payload pulled from memory registered in advance costs no registration per call; a part "
+    "of it or unregistered bytes one each where it must",
+    "[rdma]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  const WindowFacts facts = FactsOf(config);
+  ExposingStore store;
+  Setup setup(config, store);
+  constexpr int kCalls = 3;
+  struct Case {
+    const char* name;
+    std::string expected;
+    uint64_t per_call;  // registrations the server makes per call
+  };
+  const Case cases[] = {
+      // With windows, the registration itself is bound (no registration); without, one each.
+      {"whole", store.bytes, facts.windows ? 0u : 1u},
+      // rxe's windows open the whole region beneath them: a part needs a region of its own.
+      {"part", store.bytes.substr(0, kObject / 2), facts.windows && facts.bound_range ? 0u : 1u},
+      {"plain", store.plain, 1},
+  };
+  int released = 0;
+  for (const Case& c : cases) {
+    INFO(c.name << " (windows " << facts.windows << ", bound range " << facts.bound_range << ")");
+    setup.Get(c.name, c.expected);  // warm-up: the channel's and server's first use of anything
+    const uint64_t before = setup.served.server->stats().memory_registrations;
+    for (int i = 0; i < kCalls; ++i) setup.Get(c.name, c.expected);
+    const uint64_t made = setup.served.server->stats().memory_registrations - before;
+    std::printf("exposed_payload_test: %s: %llu registrations per pulled response (target %llu)\n",
+                c.name, static_cast<unsigned long long>(made / kCalls),
+                static_cast<unsigned long long>(c.per_call));
+    CHECK(made == c.per_call * kCalls);
+    released += kCalls + 1;
+    CHECK(Eventually([&] { return store.released == released; }));
+  }
+
+  // The request's way: a payload from the channel's registered memory, pulled by the server.
+  std::string object = Filled(kObject, 5);
+  absl::StatusOr<zrpc::RegisteredMemory> mine =
+      setup.served.channel->RegisterMemory(object.data(), object.size());
+  REQUIRE(mine.ok());
+  ObjectStore::Stub stub(setup.served.channel.get());
+  zrpc::examples::PutReply put;
+  const uint64_t before = setup.served.channel->stats().memory_registrations;
+  for (int i = 0; i < kCalls; ++i) {
+    absl::StatusOr<OutgoingBulk> bulk = mine->Bulk(0, object.size());
+    REQUIRE(bulk.ok());
+    const absl::Status s = stub.Put(Key("mine"), *std::move(bulk), &put, Within(kLong));
+    INFO(s);
+    REQUIRE(s.ok());
+    CHECK(put.stored_bytes() == kObject);
+  }
+  const uint64_t made = setup.served.channel->stats().memory_registrations - before;
+  std::printf("exposed_payload_test: request: %llu registrations per pulled request (target %u)\n",
+              static_cast<unsigned long long>(made / kCalls), facts.windows ? 0u : 1u);
+  CHECK(made == (facts.windows ? 0u : 1u) * kCalls);
+  CHECK(setup.served.channel->stats().connections_lost == 0);
+}
+
+// A client of the server written over raw verbs: sends Get requests by hand, asking for the
+// response's payload exposed (kRpcFlagPullResponse), and reads what the answer names.
+class RawCaller {
+ public:
+  struct Answer {
+    RpcHeader header;
+    zrpc::PullDescriptor pull;
+    uint32_t invalidate_rkey = 0;
+  };
+
+  RawCaller(const zrpc::transport::DeviceConfig& config, uint16_t port) {
+    RawPeer::Options options;
+    options.reads = 1;
+    const absl::Status connected = peer.Connect(config.addr, port, options);
+    INFO(connected);
+    REQUIRE(connected.ok());
+  }
+
+  Answer Get(const std::string& name) {
+    ObjectKey key;
+    key.set_name(name);
+    const std::string body = key.SerializeAsString();
+    RpcHeader request;
+    request.kind = RpcKind::kRequest;
+    request.flags = zrpc::kRpcFlagPullResponse;
+    request.service_id = kStoreId;
+    request.method_index = kGetIndex;
+    request.call_id = next_call_++;
+    zrpc::EncodeRpcHeader(request, peer.payload());
+    std::memcpy(peer.payload() + RpcHeader::kSize, body.data(), body.size());
+    const uint64_t before = peer.data_frames;
+    REQUIRE(peer.Send(zrpc::transport::FrameKind::kData, 0,
+                      static_cast<uint32_t>(RpcHeader::kSize + body.size()), kLong)
+                .ok());
+    REQUIRE(Eventually([&] {
+      peer.Poll();
+      return peer.data_frames > before;
+    }));
+    const auto message = absl::MakeConstSpan(peer.last_data);
+    absl::StatusOr<RpcHeader> header = zrpc::DecodeRpcHeader(message);
+    REQUIRE(header.ok());
+    REQUIRE(header->kind == RpcKind::kResponse);
+    REQUIRE(header->call_id == request.call_id);
+    REQUIRE(header->pulls());
+    absl::StatusOr<zrpc::MessageLayout> layout = zrpc::DecodeLayout(*header, message);
+    REQUIRE(layout.ok());
+    REQUIRE(layout->pull_count == 1);
+    return Answer{*header, layout->pulls[0], layout->invalidate_rkey};
+  }
+
+  // Reads the first `length` bytes the answer names through its key.
+  ibv_wc_status Read(const Answer& answer, uint32_t length = RawPeer::kReadBuffer) {
+    return peer.ReadRaw(answer.pull.addr, answer.pull.rkey, length, kLong);
+  }
+
+  // Says pulled for `answer`, as a SEND_WITH_INV of its key.
+  void Pulled(const Answer& answer) {
+    zrpc::EncodeRpcHeader(RpcHeader::Pulled(answer.header.call_id), peer.payload());
+    const absl::Status sent = peer.Send(zrpc::transport::FrameKind::kData, 0, RpcHeader::kSize,
+                                        kLong, answer.invalidate_rkey);
+    INFO(sent);
+    REQUIRE(sent.ok());
+  }
+
+  RawPeer peer;
+
+ private:
+  uint64_t next_call_ = 1;
+};
+
+TEST_CASE(
+    "a response's window key reads from its own connection only, and only until its pulled; the "
+    "next call's does not revive it; a channel beside is unaffected",
+    "[rdma]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  if (!FactsOf(config).windows) {
+    ZRPC_SKIP("the device has no type-2 memory windows: exposures are registrations there");
+  }
+  ExposingStore store;
+  Setup setup(config, store);
+  const uint16_t port = setup.served.server->port();
+  const std::string prefix = store.bytes.substr(0, RawPeer::kReadBuffer);
+  auto read_is_the_object = [&](RawCaller& caller) {
+    return std::memcmp(caller.peer.read_bytes(), prefix.data(), prefix.size()) == 0;
+  };
+  setup.Get("whole", store.bytes);
+  int released = 1;
+
+  // Another queue pair of the server's device, under the very key: refused, and only the thief
+  // pays; the reader's connection reads on and ends the exposure with its pulled.
+  RawCaller reader(config, port), thief(config, port);
+  const RawCaller::Answer first = reader.Get("whole");
+  CHECK(first.pull.flags == zrpc::kPullWindow);
+  CHECK(first.invalidate_rkey == first.pull.rkey);
+  CHECK(first.pull.addr == reinterpret_cast<uintptr_t>(store.bytes.data()));
+  CHECK(thief.Read(first) == IBV_WC_REM_ACCESS_ERR);
+  REQUIRE(reader.Read(first) == IBV_WC_SUCCESS);
+  CHECK(read_is_the_object(reader));
+  reader.Pulled(first);
+  ++released;
+  CHECK(Eventually([&] { return store.released == released; }));
+  setup.Get("whole", store.bytes);
+  ++released;
+
+  // The next call's payload, from the same memory: a new key; the first call's refused.
+  const RawCaller::Answer second = reader.Get("whole");
+  CHECK(second.pull.rkey != first.pull.rkey);
+  REQUIRE(reader.Read(second) == IBV_WC_SUCCESS);
+  CHECK(read_is_the_object(reader));
+  CHECK(reader.Read(first) == IBV_WC_REM_ACCESS_ERR);  // costs the reader its queue pair
+  // Its exposure ends with its connection: the payload comes back without a pulled.
+  reader.peer.Disconnect();
+  ++released;
+  CHECK(Eventually([&] { return store.released == released; }));
+  setup.Get("whole", store.bytes);
+  ++released;
+
+  // A READ after the reader's own pulled, with nothing exposed since.
+  RawCaller late(config, port);
+  const RawCaller::Answer third = late.Get("plain");
+  REQUIRE(late.Read(third) == IBV_WC_SUCCESS);
+  CHECK(std::memcmp(late.peer.read_bytes(), store.plain.data(), RawPeer::kReadBuffer) == 0);
+  late.Pulled(third);
+  ++released;
+  CHECK(Eventually([&] { return store.released == released; }));
+  CHECK(late.Read(third) == IBV_WC_REM_ACCESS_ERR);
+
+  // The channel beside them never noticed.
+  setup.Get("whole", store.bytes);
+  ++released;
+  CHECK(Eventually([&] { return store.released == released; }));
+  CHECK(setup.served.channel->stats().connections_lost == 0);
+  CHECK(setup.served.channel->stats().protocol_violations == 0);
+}
+
+}  // namespace
