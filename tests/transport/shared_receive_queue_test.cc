@@ -691,9 +691,12 @@ TEST_CASE(
   std::atomic<int> failed{0};
   std::vector<std::thread> busy;
   for (int i = 0; i < kBusy; ++i) {
-    busy.emplace_back([&, i] {
+    // The thread's own reference, taken here: `clients` grows below while it runs, and an element
+    // read through the vector then may lie in storage its growth has freed (the SIGSEGV this test
+    // hit once in CI).
+    busy.emplace_back([&, client = clients[i]] {
       for (uint64_t k = 0; !stop.load(); ++k) {
-        if (!SendBytes(*clients[i], Filled(64, k), k).ok()) ++failed;
+        if (!SendBytes(*client, Filled(64, k), k).ok()) ++failed;
         absl::SleepFor(absl::Microseconds(500));  // a message every ~ms: never idle 10 ms
       }
     });
