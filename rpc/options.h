@@ -61,7 +61,8 @@ struct RuntimeOptions {
   // transport/receive_budget.h); a server lowers its admission limit to match. At least one floor
   // (a server) or a floor for each of the connections a channel puts on a poller (connections /
   // pollers, rounded up), or creating the server or channel fails; at most half a poller's
-  // completion queue, and the device's max_srq_wr.
+  // completion queue, and the device's max_srq_wr. A device without shared receive queues gets
+  // receives per connection instead (and a server's windows do not park), said once a process.
   uint32_t shared_receive_queue = 0;
   // Receive arenas lent on demand (transport/arena.h, "Loans"): each poller of a server lends
   // its connections up to this many arenas of listener.connection.arena_size, each registered
@@ -82,7 +83,7 @@ struct RuntimeOptions {
   // about a millisecond when one is free, else until a connection idle for 10-20 ms gives its
   // floor up. No peer that keeps to its credits meets receiver-not-ready either way. Off by
   // default; refused without shared_receive_queue, and on a channel (its pollers accept no
-  // connections).
+  // connections); off, said once, on a device without shared receive queues.
   bool park_windows = false;
   // The device's registered message slots, shared with the process's other servers and
   // channels that ask for the same: slot_size bounds the largest message (request or response,

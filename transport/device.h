@@ -109,6 +109,9 @@ class Device {
   // no remote access of its own: its rkey opens nothing, a window's opens what it was bound for.
   // kUnimplemented when the device has no type-2 windows.
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterForWindows(const void* data, size_t size);
+  // Whether the device offers shared receive queues (shared_receive_queue.h): rxe and every
+  // ConnectX do; a device without them gets receives per connection (PollerOptions).
+  bool has_shared_receive_queues() const { return attr_.max_srq > 0 && attr_.max_srq_wr > 0; }
   // Whether the device offers type-2 memory windows (memory_window.h).
   bool has_windows() const { return has_windows_; }
   // Whether a window here opens only its own range. False on rxe, where it opens the whole region

@@ -35,6 +35,7 @@
 #include "rpc/common/host_port.h"
 #include "rpc/common/monotonic.h"
 #include "rpc/common/runtime.h"
+#include "rpc/common/shared_device.h"
 #include "rpc/connection/rpc_header.h"
 #include "rpc/impl/block_cache.h"
 #include "transport/adaptive_spin.h"
@@ -257,8 +258,14 @@ absl::Status ChannelImpl::Init() {
     ServerSizesForBySize(options_);
   } else {
     ChooseBySize(per_poller, options_);
-    // Cut to what RLIMIT_MEMLOCK leaves room for, as a server's: a channel whose connections'
-    // floors no longer fit is refused below, naming the queue.
+    // The device decides whether receives are shared (opened now; OpenRuntime below finds the
+    // same one, the process's), then RLIMIT_MEMLOCK what they may hold, as a server's: a channel
+    // whose connections' floors no longer fit is refused below, naming the queue.
+    absl::StatusOr<std::shared_ptr<transport::Device>> device =
+        SharedDevice(options_.device, options_.slots);
+    if (!device.ok()) return device.status();
+    options_.shared_receive_queue =
+        SharedQueueOnDevice(**device, options_.shared_receive_queue, "channel");
     options_.shared_receive_queue = SharedQueueWithinLockedMemory(
         options_.shared_receive_queue, options_.slots.slot_size, options_.pollers,
         options_.connection.idle_recv_credits, "channel");

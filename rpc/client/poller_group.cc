@@ -71,8 +71,8 @@ absl::StatusOr<std::shared_ptr<PollerGroup>> PollerGroup::Join(
   std::shared_ptr<PollerGroup> group(new PollerGroup(options.poller_group, shape, device));
   Shape& made = group->made_;
   made.shared_receive_queue = SharedQueueWithinLockedMemory(
-      shape.shared_receive_queue, options.slots.slot_size, options.pollers,
-      options.connection.idle_recv_credits, "channel");
+      SharedQueueOnDevice(*device, shape.shared_receive_queue, "channel"), options.slots.slot_size,
+      options.pollers, options.connection.idle_recv_credits, "channel");
   made.arena_pool =
       ArenaPoolWithinLockedMemory(shape.arena_pool, shape.arena_piece, options.pollers, "channel");
   if (made.arena_pool == 0) made.arena_piece = 0;

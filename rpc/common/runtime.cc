@@ -137,6 +137,22 @@ uint32_t ArenaPoolWithinLockedMemory(uint32_t asked, uint64_t piece, int pollers
   return sized;
 }
 
+uint32_t SharedQueueOnDevice(const transport::Device& device, uint32_t asked,
+                             absl::string_view who) {
+  if (asked == 0 || device.has_shared_receive_queues()) return asked;
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) {
+    ZRPC_LOG(kWarning, "rpc", "the RDMA device ", device.selection().device,
+             " has no shared receive queues: a ", who,
+             "'s connections post receives of their own (a window's worth each, registered and "
+             "reserved in the completion queue while idle) instead of sharing their poller's ",
+             asked,
+             ", and a server's windows do not park: it holds far fewer connections "
+             "(transport/README.md, \"Capacity\")");
+  }
+  return 0;
+}
+
 void SayNoWindowsOnce(const transport::Device& device, uint32_t arena_size, absl::string_view who,
                       absl::string_view side) {
   static std::atomic<bool> said{false};

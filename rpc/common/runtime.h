@@ -72,6 +72,12 @@ uint32_t SharedQueueWithinLockedMemory(uint32_t asked, uint32_t slot_size, int p
 uint32_t ArenaPoolWithinLockedMemory(uint32_t asked, uint64_t piece, int pollers,
                                      absl::string_view who);
 
+// The shared receive queue of `asked` receives that `who`'s ("server", "channel") pollers get on
+// `device`: `asked`, or 0 when the device has no shared receive queues, whose connections then
+// post receives of their own (and a server's windows do not park); said once a process.
+uint32_t SharedQueueOnDevice(const transport::Device& device, uint32_t asked,
+                             absl::string_view who);
+
 // Said once a process: `device` cannot scope an exposure to one queue pair (no type-2 memory
 // windows), so pulled payloads are registered per call and, when `arena_size` is not 0, `who`'s
 // connections ("server", "channel") register arenas of their own.

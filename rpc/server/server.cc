@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "rpc/common/monotonic.h"
 #include "rpc/common/runtime.h"
+#include "rpc/common/shared_device.h"
 #include "rpc/connection/rpc_header.h"
 #include "rpc/server/server_impl.h"
 #include "transport/log.h"
@@ -27,6 +28,16 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   ServerOptions options = given;
   ServerSizesForBySize(options);
   if (absl::Status s = CheckRuntimeOptions(options, "ServerOptions"); !s.ok()) return s;
+  // The device decides whether receives are shared: opened now (OpenRuntime below finds the same
+  // one, the process's), so that admission is sized for what the pollers will have.
+  absl::StatusOr<std::shared_ptr<transport::Device>> device =
+      SharedDevice(options.device, options.slots);
+  if (!device.ok()) return device.status();
+  if (const uint32_t asked = options.shared_receive_queue;
+      SharedQueueOnDevice(**device, asked, "server") != asked) {
+    options.shared_receive_queue = 0;
+    options.park_windows = false;  // windows park on a shared queue's floors
+  }
   if (options.handler_threads < 1 || options.handler_threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::handler_threads is ",
                                                    options.handler_threads,

@@ -518,6 +518,8 @@ void Hangup(FakeId* id) {
 
 std::atomic<const std::function<void()>*> post_send_hook{nullptr};
 std::atomic<bool> lose_flushes{false};
+std::atomic<bool> offers_srq{true};      // Capabilities::shared_receive_queues
+std::atomic<bool> offers_windows{true};  // Capabilities::windows
 
 }  // namespace
 
@@ -779,7 +781,7 @@ int ReqNotifyCq(ibv_cq* cq, int) {
 }
 
 ibv_mw* AllocMw(ibv_pd* pd, ibv_mw_type type) {
-  if (type != IBV_MW_TYPE_2) {
+  if (type != IBV_MW_TYPE_2 || !offers_windows.load(std::memory_order_relaxed)) {
     errno = EOPNOTSUPP;  // the fake models type-2 windows only
     return nullptr;
   }
@@ -810,6 +812,11 @@ void SetPostSendHook(const std::function<void()>* hook) {
 }
 
 void SetLoseFlushes(bool lose) { lose_flushes.store(lose, std::memory_order_relaxed); }
+
+void SetCapabilities(const Capabilities& capabilities) {
+  offers_srq.store(capabilities.shared_receive_queues, std::memory_order_relaxed);
+  offers_windows.store(capabilities.windows, std::memory_order_relaxed);
+}
 
 bool HangUp(uint64_t ordinal, Flushes flushes) {
   std::lock_guard<std::mutex> lock(mu);
@@ -869,6 +876,13 @@ int ibv_query_device(ibv_context*, ibv_device_attr* attr) {
   attr->max_mw = 1 << 16;
   attr->device_cap_flags = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   attr->phys_port_cnt = 1;
+  if (!offers_srq.load(std::memory_order_relaxed)) {
+    attr->max_srq = attr->max_srq_wr = attr->max_srq_sge = 0;
+  }
+  if (!offers_windows.load(std::memory_order_relaxed)) {
+    attr->max_mw = 0;
+    attr->device_cap_flags = 0;
+  }
   return 0;
 }
 
@@ -1105,6 +1119,10 @@ void rdma_destroy_qp(rdma_cm_id* id) {
 int ibv_destroy_qp(ibv_qp*) { return EINVAL; }  // zrpc's QPs belong to cm ids
 
 ibv_srq* ibv_create_srq(ibv_pd* pd, ibv_srq_init_attr* attr) {
+  if (!offers_srq.load(std::memory_order_relaxed)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
   std::lock_guard<std::mutex> lock(mu);
   if (attr->attr.max_wr == 0 || attr->attr.max_wr > (1u << 20) || attr->attr.max_sge == 0) {
     errno = EINVAL;

@@ -47,6 +47,17 @@ Counters counters();
 // id, say) and must outlive its installation and every post that may still be running it.
 void SetPostSendHook(const std::function<void()>* hook);
 
+// What the device offers, as ibv_query_device reports it, for the runtime's fallbacks: without
+// shared receive queues, max_srq and max_srq_wr are 0 and ibv_create_srq fails EOPNOTSUPP;
+// without memory windows, neither MEM_WINDOW flag is set, max_mw is 0 and allocating a window
+// fails EOPNOTSUPP. Set it before the device is opened (Device::Open reads it once); the process's
+// devices are shared (rpc/common/shared_device.h), so a test binary that sets it sets it for all.
+struct Capabilities {
+  bool shared_receive_queues = true;
+  bool windows = true;
+};
+void SetCapabilities(const Capabilities& capabilities);
+
 // While set, a work request posted to a queue pair in the error state is dropped without a
 // completion: a device that loses its flushes (rxe did, for some of hundreds of queue pairs
 // closing while others connected). What was posted before the error still comes back flushed.
