@@ -134,6 +134,7 @@ AsyncEventCounts AsyncEvents::counts() const {
   c.shared_queue_errors = shared_queue_errors_.load(std::memory_order_relaxed);
   c.shared_queue_low = shared_queue_low_.load(std::memory_order_relaxed);
   c.device_fatal = device_fatal_.load(std::memory_order_relaxed);
+  c.last_wqe = last_wqe_.load(std::memory_order_relaxed);
   c.other = other_.load(std::memory_order_relaxed);
   return c;
 }
@@ -178,6 +179,14 @@ void AsyncEvents::Handle(const ibv_async_event& event) {
         ZRPC_LOG(kError, "transport", device, ": ", name, " on queue pair ", qp->qp_num,
                  ", which is no zrpc connection's");
       }
+      break;
+    }
+    case IBV_EVENT_QP_LAST_WQE_REACHED: {
+      last_wqe_.fetch_add(1, std::memory_order_relaxed);
+      ibv_qp* qp = event.element.qp;
+      std::lock_guard<std::mutex> lock(SinksMutex());
+      if (DeviceEventSink* sink = SinkOf(qp->qp_context))
+        sink->OnQueuePairEvent(qp, event.event_type);
       break;
     }
     case IBV_EVENT_PORT_ERR:

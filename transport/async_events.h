@@ -11,6 +11,9 @@
 //  - a queue pair's fatal error, request error, access error or path migration error: its
 //    connection fails at once, with the event's name in the reason (the queue pair's poller
 //    carries it over: its qp_context names a DeviceEventSink, the poller);
+//  - a queue pair's last-WQE-reached (one of a shared receive queue, in error): no receive of the
+//    queue can complete for it any more, so its connection's drain may end (shared_receive_
+//    queue.h, "Teardown"); carried over the same way;
 //  - a shared receive queue that fell below its low-water mark: its poller counts it and grants
 //    no more than floors until the queue is posted full again (shared_receive_queue.h);
 //  - a port's going down or coming back, a shared receive queue's error and the device's fatal
@@ -61,8 +64,8 @@ class DeviceEventSink {
   DeviceEventSink(const DeviceEventSink&) = delete;
   DeviceEventSink& operator=(const DeviceEventSink&) = delete;
 
-  // The reader's thread. A queue pair's QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR or PATH_MIG_ERR:
-  // queued, flagged, the owner woken.
+  // The reader's thread. A queue pair's QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, PATH_MIG_ERR or
+  // QP_LAST_WQE_REACHED: queued, flagged, the owner woken.
   void OnQueuePairEvent(ibv_qp* qp, ibv_event_type type);
   // A shared receive queue's SRQ_LIMIT_REACHED: counted and flagged (no wake-up: the owner's
   // loop is the one that fell behind).
@@ -90,7 +93,8 @@ struct AsyncEventCounts {
   uint64_t shared_queue_errors = 0;  // SRQ_ERR
   uint64_t shared_queue_low = 0;     // SRQ_LIMIT_REACHED
   uint64_t device_fatal = 0;         // DEVICE_FATAL
-  uint64_t other = 0;                // COMM_EST, SQ_DRAINED, LAST_WQE_REACHED, LID, GID...
+  uint64_t last_wqe = 0;             // QP_LAST_WQE_REACHED (a shared queue's QP in error)
+  uint64_t other = 0;                // COMM_EST, SQ_DRAINED, LID, GID...
 };
 
 class AsyncEvents {
@@ -121,6 +125,7 @@ class AsyncEvents {
   std::atomic<uint64_t> shared_queue_errors_{0};
   std::atomic<uint64_t> shared_queue_low_{0};
   std::atomic<uint64_t> device_fatal_{0};
+  std::atomic<uint64_t> last_wqe_{0};
   std::atomic<uint64_t> other_{0};
 };
 

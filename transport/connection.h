@@ -378,9 +378,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // the peer's SEND_WITH_INV named one of its keys (every key of it is dead then), kCancelled after
   // EndExposure, the connection's error when it closed first. Until that report the ranges and
   // their regions must stay. Any thread. Errors: kUnimplemented on a device without type-2 windows
-  // (Device::has_windows), kUnavailable when closed, kResourceExhausted past kMaxExposures open
-  // at once, kInvalidArgument for no range, more than two or an empty one.
-  static constexpr size_t kMaxExposures = 2048;
+  // (Device::has_windows), kUnavailable when closed, kResourceExhausted past
+  // ConnectionOptions::max_exposures open at once, kInvalidArgument for no range, more than two or
+  // an empty one.
   absl::StatusOr<ExposureKeys> Expose(absl::Span<const ExposedRange> ranges, uint64_t token);
   // Binds exposure `keys`'s windows, then sends the first `length` bytes of `buffer` without a
   // report, queued together, taking `buffer` as Send does (even on error). On error nothing is
@@ -781,8 +781,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Both queues are empty after a failure: the send-queue marker came back, and every posted
   // RECV did (nothing posts a RECV once the connection stops being open); and no operation
   // accepted for the domain is still to be carried out (it would be owed a report).
+  // With a shared receive queue on a device that says so, also once the device has raised its
+  // last-WQE-reached for the queue pair (shared_receive_queue.h, "Teardown").
   bool DrainedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_) {
-    return sq_drained_ && recvs_posted_ == 0 && LeftPending() == 0;
+    return sq_drained_ && recvs_posted_ == 0 && LeftPending() == 0 &&
+           (!awaits_last_wqe_ || last_wqe_reached_);
   }
   uint32_t qp_num() const { return qp_num_; }
   // The window the peer starts with: the floor of an elastic one (credits.h), else all of it.
@@ -975,6 +978,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // one behind it yet: the next message must be signalled before a pause.
   bool owe_signal_ ABSL_GUARDED_BY(domain_) = false;
   bool sq_drained_ ABSL_GUARDED_BY(domain_) = false;
+  // A queue pair of a shared receive queue on a device that raises last-WQE-reached: its drain
+  // waits for the event (DrainedLocked), which sets last_wqe_reached_ (DeviceEventLocked).
+  const bool awaits_last_wqe_;
+  bool last_wqe_reached_ ABSL_GUARDED_BY(domain_) = false;
   bool drain_given_up_ ABSL_GUARDED_BY(domain_) = false;  // GiveUpOnDrain, once
   // When the drain began (SteadyNanos, steady_clock.h), 0 when not draining: read by the poller's
   // watchdog.

@@ -480,8 +480,11 @@ std::string Connection::DebugStringLocked(bool query_qp) const {
       in_flight_.size(), " (oldest ", in_flight_.empty() ? 0 : in_flight_.front().sequence,
       ", next ", next_sequence_, "), recvs posted ", recvs_posted_, ", early ", early_.size(),
       ", left in the domain ", LeftPending(), ", events pending ", pending_events_.size(),
-      state_ == State::kDraining && sq_drained_ ? ", send queue drained" : "", ", arena in use ",
-      arena_writer_.in_use(), " (peer) / ", arena_reader_.in_use(), " (own)");
+      state_ == State::kDraining && sq_drained_ ? ", send queue drained" : "",
+      state_ == State::kDraining && awaits_last_wqe_ && !last_wqe_reached_
+          ? ", awaiting the last-WQE event"
+          : "",
+      ", arena in use ", arena_writer_.in_use(), " (peer) / ", arena_reader_.in_use(), " (own)");
   if (arena_reader_.on_demand() || arena_writer_.on_demand()) {
     absl::StrAppend(
         &text, ", loans: own ", arena_reader_.loan(), " state ",
@@ -703,7 +706,7 @@ absl::StatusOr<ExposureKeys> Connection::Expose(absl::Span<const ExposedRange> r
         device_.selection().device, " has no type-2 memory windows to expose through"));
   }
   if (!open()) return Closed(peer_address_);
-  return exposures_.Reserve(ranges, token, kMaxExposures);
+  return exposures_.Reserve(ranges, token, options_.max_exposures);
 }
 
 absl::Status Connection::SendExposing(const ExposureKeys& keys, const SendBuffer& buffer,
@@ -1649,6 +1652,7 @@ void Connection::GiveUpOnDrain() {
       ibv_modify_qp(qp_->qp, &attr, IBV_QP_STATE);
     }
     if (!sq_drained_) MakeUpMarkerLocked();
+    last_wqe_reached_ = true;  // not coming either
     for (RecvState& state : recv_state_) {
       if (state == RecvState::kPosted) state = RecvState::kIdle;
     }
@@ -1745,6 +1749,13 @@ void Connection::OnDeviceEvent(ibv_event_type type) {
 }
 
 void Connection::DeviceEventLocked(ibv_event_type type) {
+  if (type == IBV_EVENT_QP_LAST_WQE_REACHED) {
+    // No receive of the shared queue can complete for this queue pair any more, and the poller
+    // polled its completion queue empty before passing the event on (Poller::RunQueuedEvents):
+    // the drain may end (the domain's exit looks).
+    last_wqe_reached_ = true;
+    return;
+  }
   if (state_ == State::kDraining || state_ == State::kClosed) return;  // failing already
   ZRPC_LOG(kError, "transport", "connection to ", peer_address_, ": the device reported ",
            ibv_event_type_str(type), " on its queue pair ", qp_num_);

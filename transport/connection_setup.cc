@@ -52,6 +52,7 @@ absl::Status Connection::ValidateOptions(const ConnectionOptions& o, const Devic
     return absl::InvalidArgumentError("arena_on_demand needs an arena_size to lend");
   }
   if (o.max_send_slots == 0) return absl::InvalidArgumentError("max_send_slots must be positive");
+  if (o.max_exposures == 0) return absl::InvalidArgumentError("max_exposures must be positive");
   if (o.ack_timeout_exponent < 12 || o.ack_timeout_exponent > 24) {
     return absl::InvalidArgumentError(
         absl::StrCat("ack_timeout_exponent ", o.ack_timeout_exponent,
@@ -111,7 +112,8 @@ Connection::Connection(Device& device, Poller& poller, ConnectionHandler* handle
       poller_(poller),
       handler_(handler),
       options_(WithoutKeys(options)),
-      shared_receives_(poller.srq() != nullptr) {}
+      shared_receives_(poller.srq() != nullptr),
+      awaits_last_wqe_(shared_receives_ && device.awaits_last_wqe()) {}
 
 absl::StatusOr<RetryTiming> Connection::QueryRetryTiming() const {
   if (qp_ == nullptr || qp_->qp == nullptr) {

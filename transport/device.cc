@@ -279,6 +279,11 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(const DeviceConfig& config,
   auto events = AsyncEvents::For(device->context_);
   if (!events.ok()) return events.status();
   device->async_events_ = std::move(*events);
+  // The specification has every device with shared receive queues raise last-WQE-reached for a
+  // queue pair of one in error; rxe (Linux 6.1) never does (tools/probes/srq_mw_probe.c), and a
+  // stand-in without an event file cannot.
+  device->awaits_last_wqe_ =
+      device->async_events_ != nullptr && device->attr_.vendor_id != kRxeVendor;
   return device;
 }
 

@@ -112,6 +112,10 @@ class Device {
   // Whether the device offers shared receive queues (shared_receive_queue.h): rxe and every
   // ConnectX do; a device without them gets receives per connection (PollerOptions).
   bool has_shared_receive_queues() const { return attr_.max_srq > 0 && attr_.max_srq_wr > 0; }
+  // Whether a queue pair of a shared receive queue that goes to error is followed by the device's
+  // last-WQE-reached event, which its connection's drain then awaits (shared_receive_queue.h,
+  // "Teardown"): every device with an event file but rxe, which never raises it.
+  bool awaits_last_wqe() const { return awaits_last_wqe_; }
   // Whether the device offers type-2 memory windows (memory_window.h).
   bool has_windows() const { return has_windows_; }
   // Whether a window here opens only its own range. False on rxe, where it opens the whole region
@@ -142,6 +146,7 @@ class Device {
   ibv_context* context_ = nullptr;  // one of devices_, owned by librdmacm
   ibv_device_attr attr_{};
   bool has_windows_ = false;
+  bool awaits_last_wqe_ = false;
   std::atomic<uint64_t> registrations_{0};
   bool windows_bound_range_ = false;
   uint32_t invalidated_flags_ = IBV_WC_WITH_INV;

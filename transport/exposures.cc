@@ -18,6 +18,11 @@ absl::StatusOr<ExposureKeys> Exposures::Reserve(absl::Span<const ExposedRange> r
     }
   }
   absl::MutexLock lock(&mu_);
+  if (ended_all_) {
+    // The connection closed while the caller was on its way here (it looked open): its token
+    // would be reported after the handler's OnClosed, which may have freed the handler.
+    return absl::UnavailableError("the connection closed: nothing more is exposed on it");
+  }
   if (open_.size() >= limit) {
     return absl::ResourceExhaustedError(
         absl::StrCat(open_.size(), " payloads are exposed to the peer already (the most at once)"));
@@ -144,6 +149,7 @@ void Exposures::DropWindowLocked(uint32_t index) {
 
 std::vector<uint64_t> Exposures::EndAll() {
   absl::MutexLock lock(&mu_);
+  ended_all_ = true;
   std::vector<uint64_t> tokens;
   tokens.reserve(open_.size());
   for (const auto& [id, exposure] : open_) tokens.push_back(exposure.token);

@@ -104,7 +104,8 @@ class Exposures {
   // In the domain: ends exposure `id` now. Its token, to report, unless it had ended already.
   std::optional<uint64_t> End(uint64_t id);
   // In the domain, once the queue pair takes no more work: ends every exposure (their tokens, to
-  // report) and deallocates every window, free ones too.
+  // report) and deallocates every window, free ones too. Reserve refuses from then on
+  // (kUnavailable), so that no exposure begins after the connection's last report.
   std::vector<uint64_t> EndAll();
 
   // Exposures open (reserved, not ended), and windows allocated (open or free).
@@ -137,6 +138,7 @@ class Exposures {
   absl::flat_hash_map<uint32_t, uint32_t> by_index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Exposure> open_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool ended_all_ ABSL_GUARDED_BY(mu_) = false;  // EndAll ran: nothing more is reserved
   // Windows whose binds TakeBind gave out and that are not posted yet (Posted).
   std::vector<uint32_t> taken_ ABSL_GUARDED_BY(mu_);
 };

@@ -67,6 +67,10 @@ struct ConnectionOptions {
   // credits, or in flight): a peer that stops returning credits stalls its own connection at
   // this many, and the device-wide pool stays available to every other connection.
   uint32_t max_send_slots = 128;
+  // Payloads exposed to the peer through memory windows at once (Connection::Expose): each holds
+  // a window (a device object) until the peer says it is done. Past it Expose answers
+  // kResourceExhausted (the RPC layer then registers the payload instead). At least 1.
+  uint32_t max_exposures = 2048;
   // Retry timing of the queue pair (transport/README.md, "Retry timing"), chosen here rather than
   // inherited from rdma_cm. A packet the peer has not acknowledged within 4.096 us x
   // 2^ack_timeout_exponent is sent again, up to retry_count times; then the connection fails

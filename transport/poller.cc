@@ -762,11 +762,19 @@ void Poller::WatchDrains() {
 void Poller::RunQueuedEvents(int polled) {
   // Cleared before the lists are taken: whatever is queued after this sets it again.
   events_.pending.store(false, std::memory_order_seq_cst);
+  bool cq_emptied = false;
   for (const DeviceEventSink::QueuePairError& error : events_.TakeQueuePairErrors()) {
     std::shared_ptr<Connection> connection = Find(error.qp_num);
-    if (connection != nullptr && connection->queue_pair() == error.qp) {
-      connection->OnDeviceEvent(error.type);
+    if (connection == nullptr || connection->queue_pair() != error.qp) continue;
+    if (error.type == IBV_EVENT_QP_LAST_WQE_REACHED && !cq_emptied) {
+      // The completions of the queue pair's last receives came before the event, but perhaps
+      // after this pass's look at the CQ: the connection hears of it only once the CQ has been
+      // polled empty (its drain ends on it: shared_receive_queue.h, "Teardown").
+      while (PollCq() == kBatch) {
+      }
+      cq_emptied = true;
     }
+    connection->OnDeviceEvent(error.type);
   }
   if (srq_ != nullptr) {
     // The device said the shared queue ran low (shared_receive_queue.h, "Low water"): windows

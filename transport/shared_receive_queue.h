@@ -29,17 +29,22 @@
 //
 // Teardown. A queue pair attached to the queue owns no receive: when it fails, nothing of the
 // queue is flushed or lost, and a completion of its that the poller meets after the connection
-// has gone gives its slot back to the pool (Poller::PollCq). The specification's last-WQE-reached
-// event, after which no receive of the queue pair can still complete, is not awaited yet: rxe
-// never raises it (tools/probes/srq_mw_probe.c). An open connection that fails is destroyed
-// only after its drain marker came back flushed, behind the completions of the messages it had
-// received; but a handshake that fails (Listener::Abandon, a client's Connect) destroys its
-// queue pair at once, and a receive the peer had begun to fill then (a message of several
-// packets) may never complete, and a device that drops a destroyed queue pair's unpolled
-// completions and takes their receives back (mlx5 does) does the same. Such an entry stays
-// counted as posted until the poller goes: the queue backs one window's receive fewer than it
-// says. Awaiting the event where the device raises it is the remedy, with the device's
-// asynchronous events (issue 35).
+// has gone gives its slot back to the pool (Poller::PollCq). An open connection that fails is
+// destroyed only after its drain marker came back flushed, behind the completions of the
+// messages it had received, and, on a device that raises it (Device::awaits_last_wqe: the
+// specification asks it of every device with shared receive queues; rxe never raises it,
+// tools/probes/srq_mw_probe.c), after the device's last-WQE-reached event for the queue pair:
+// after it no receive of the queue can complete for that queue pair, and the poller polls its
+// completion queue empty before passing the event on (Poller::RunQueuedEvents), so every
+// completion of the queue pair's has been handled when it is destroyed. Without that, a receive
+// the peer had begun to fill (a message of several packets) could complete after the marker, and
+// a device that drops a destroyed queue pair's unpolled completions and takes their receives back
+// (mlx5 does) would leave the entry counted as posted until the poller goes: the queue would back
+// one window's receive fewer than it says. A device that never raises the event costs each
+// closing connection the drain's give-up (Poller::kDrainGiveUp, 3 s, with a warning).
+// tests/transport/last_wqe_fake_test holds the wait (fakeverbs raises the event). A handshake
+// that fails (Listener::Abandon, a client's Connect) still destroys its queue pair at once, with
+// the same risk for a receive in progress then.
 //
 // Low water. A poller that falls behind its arrivals (a long handler, a pass over a large batch)
 // or a pool run dry leaves the device fewer posted receives than the windows granted, and peers

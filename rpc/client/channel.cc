@@ -252,6 +252,9 @@ absl::Status ChannelImpl::Init() {
   const uint64_t per_poller =
       (static_cast<uint64_t>(options_.connections) + options_.pollers - 1) / options_.pollers;
   uint32_t arena_piece = 0;
+  // The process's device, held from here until OpenRuntime below finds it again: dropped in
+  // between, the first channel of a process would open it twice.
+  std::shared_ptr<transport::Device> held_device;
   if (grouped) {
     // A group holds many channels' connections, whatever this one's size: a server's sizes,
     // cut to RLIMIT_MEMLOCK when the group is made (PollerGroup::Join).
@@ -264,8 +267,9 @@ absl::Status ChannelImpl::Init() {
     absl::StatusOr<std::shared_ptr<transport::Device>> device =
         SharedDevice(options_.device, options_.slots);
     if (!device.ok()) return device.status();
+    held_device = *std::move(device);
     options_.shared_receive_queue =
-        SharedQueueOnDevice(**device, options_.shared_receive_queue, "channel");
+        SharedQueueOnDevice(*held_device, options_.shared_receive_queue, "channel");
     options_.shared_receive_queue = SharedQueueWithinLockedMemory(
         options_.shared_receive_queue, options_.slots.slot_size, options_.pollers,
         options_.connection.idle_recv_credits, "channel");

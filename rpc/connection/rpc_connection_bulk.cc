@@ -257,52 +257,67 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
                      MaxBody(connection), " bytes")));
   }
   // Without windows (said once at startup: SayNoWindowsOnce), a registration per part.
-  const bool windows = device_->has_windows();
+  bool windows = device_->has_windows();
+  const auto total = static_cast<uint32_t>(bulk.size() + large_body.size());
+  const uint32_t exposed_bulk = static_cast<uint32_t>(bulk.size());
+  const bool has_body = !large_body.empty();
   auto source = std::make_unique<ExposedPayload>();
+  source->bulk = std::move(bulk);
+  source->body = std::move(large_body);
   // Exactly each part's bytes, for remote READ only, for this call only: the body first.
   transport::ExposedRange ranges[2];
   PullDescriptor descriptors[2];
   int count = 0;
-  for (OutgoingBulk* part : {&large_body, &bulk}) {
-    if (part->empty()) continue;
-    std::unique_ptr<transport::MemoryRegion>& owned =
-        part == &bulk ? source->region : source->body_region;
-    const transport::MemoryRegion* region = windows ? WindowRegion(*part) : nullptr;
-    if (region == nullptr) {
-      absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> registered =
-          windows ? device_->RegisterForWindows(part->data(), part->size())
-                  : device_->RegisterForRemoteRead(part->data(), part->size());
-      if (!registered.ok()) {
-        return fail(absl::ResourceExhaustedError(absl::StrCat(
-            "cannot expose a ", part->size(), "-byte payload: ", registered.status().message())));
+  // Each part's region: the caller's registration or one of its own, for windows (whose keys
+  // replace the regions' below), or one registered for remote READ, whose key is the descriptor's.
+  auto register_parts = [&]() -> absl::Status {
+    count = 0;
+    for (OutgoingBulk* part : {&source->body, &source->bulk}) {
+      if (part->empty()) continue;
+      std::unique_ptr<transport::MemoryRegion>& owned =
+          part == &source->bulk ? source->region : source->body_region;
+      owned.reset();
+      const transport::MemoryRegion* region = windows ? WindowRegion(*part) : nullptr;
+      if (region == nullptr) {
+        absl::StatusOr<std::unique_ptr<transport::MemoryRegion>> registered =
+            windows ? device_->RegisterForWindows(part->data(), part->size())
+                    : device_->RegisterForRemoteRead(part->data(), part->size());
+        if (!registered.ok()) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "cannot expose a ", part->size(), "-byte payload: ", registered.status().message()));
+        }
+        owned = *std::move(registered);
+        region = owned.get();
       }
-      owned = *std::move(registered);
-      region = owned.get();
+      ranges[count] = {part->data(), static_cast<uint32_t>(part->size()), region};
+      descriptors[count].addr = reinterpret_cast<uintptr_t>(part->data());
+      descriptors[count].rkey = region->rkey();
+      ++count;
     }
-    ranges[count] = {part->data(), static_cast<uint32_t>(part->size()), region};
-    descriptors[count].addr = reinterpret_cast<uintptr_t>(part->data());
-    descriptors[count].rkey = region->rkey();  // a window's key replaces it below
-    ++count;
-  }
-  const auto total = static_cast<uint32_t>(bulk.size() + large_body.size());
-  const uint32_t exposed_bulk = static_cast<uint32_t>(bulk.size());
-  const bool has_body = !large_body.empty();
-  source->bulk = std::move(bulk);
-  source->body = std::move(large_body);
+    return absl::OkStatus();
+  };
+  if (absl::Status registered = register_parts(); !registered.ok()) return fail(registered);
   source->count = &exposed_count_;  // the connection outlives it: OnClosed drops what it holds
   exposed_count_.fetch_add(1, std::memory_order_relaxed);
 
   ExposureHold hold;
   transport::ExposureKeys keys;
+  absl::StatusOr<transport::ExposureKeys> reserved = absl::UnimplementedError("no windows");
   if (windows) {
-    absl::StatusOr<transport::ExposureKeys> reserved =
-        connection.Expose(absl::MakeConstSpan(ranges, count),
-                          reinterpret_cast<uintptr_t>(source.get()) | kExposureTag);
-    if (!reserved.ok()) {
+    reserved = connection.Expose(absl::MakeConstSpan(ranges, count),
+                                 reinterpret_cast<uintptr_t>(source.get()) | kExposureTag);
+    if (reserved.status().code() == absl::StatusCode::kResourceExhausted) {
+      // max_exposures open on this connection already (a client with thousands of pulled
+      // requests in flight): this one is exposed the way a device without windows does it.
+      windows = false;
+      if (absl::Status registered = register_parts(); !registered.ok()) return fail(registered);
+    } else if (!reserved.ok()) {
       return fail(absl::Status(
           reserved.status().code(),
           absl::StrCat("cannot expose a ", total, "-byte payload: ", reserved.status().message())));
     }
+  }
+  if (windows) {
     keys = *reserved;
     source.release();  // the transport's: OnSendDone(token) frees it once its keys are dead
     hold = ExposureHold(&connection, keys.id);

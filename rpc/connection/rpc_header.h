@@ -96,7 +96,8 @@ struct PullDescriptor {
 // payloads"). A message's two descriptors carry the same flags.
 inline constexpr uint32_t kPullWindow = 0x1;
 void EncodePullDescriptor(const PullDescriptor& descriptor, uint8_t* out);
-// kFailedPrecondition when `bytes` is not kSize long or its reserved bytes are set.
+// kFailedPrecondition when `bytes` is not kSize long or its flags have a bit other than
+// kPullWindow set.
 absl::StatusOr<PullDescriptor> DecodePullDescriptor(absl::Span<const uint8_t> bytes);
 
 // The longest status message an error carries, in bytes. A sender truncates a longer one (with

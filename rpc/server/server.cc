@@ -28,16 +28,6 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   ServerOptions options = given;
   ServerSizesForBySize(options);
   if (absl::Status s = CheckRuntimeOptions(options, "ServerOptions"); !s.ok()) return s;
-  // The device decides whether receives are shared: opened now (OpenRuntime below finds the same
-  // one, the process's), so that admission is sized for what the pollers will have.
-  absl::StatusOr<std::shared_ptr<transport::Device>> device =
-      SharedDevice(options.device, options.slots);
-  if (!device.ok()) return device.status();
-  if (const uint32_t asked = options.shared_receive_queue;
-      SharedQueueOnDevice(**device, asked, "server") != asked) {
-    options.shared_receive_queue = 0;
-    options.park_windows = false;  // windows park on a shared queue's floors
-  }
   if (options.handler_threads < 1 || options.handler_threads > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::handler_threads is ",
                                                    options.handler_threads,
@@ -59,21 +49,6 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
         "shared receive queue's floors; set shared_receive_queue (4,096 by default) or leave "
         "park_windows false");
   }
-  const uint32_t shared_receive_queue = SharedQueueWithinLockedMemory(
-      options.shared_receive_queue, options.slots.slot_size, options.pollers,
-      options.listener.connection.idle_recv_credits, "server");
-  const int max_pollers = std::max(options.pollers, options.max_pollers);
-  if (const uint64_t queued = static_cast<uint64_t>(max_pollers) * shared_receive_queue;
-      queued >= options.slots.max_slots) {
-    // The pollers could not fill their queues from the pool and leave it slots for sends and
-    // credit frames, while admission had counted their places: refused here.
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ServerOptions: ", max_pollers, " pollers (pollers = ", options.pollers, ", max_pollers = ",
-        options.max_pollers, ") with shared receive queues of ", shared_receive_queue,
-        " receives take ", queued, " slots, more than slots.max_slots = ", options.slots.max_slots,
-        " holds with slots left for sends: lower pollers, max_pollers or shared_receive_queue, or "
-        "raise slots.max_slots"));
-  }
   for (const auto& [name, value] : {std::pair<const char*, absl::Duration>{
                                         "liveness_probe_interval", options.liveness_probe_interval},
                                     {"idle_probe_interval", options.idle_probe_interval},
@@ -88,6 +63,31 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
     return absl::InvalidArgumentError(absl::StrCat("ServerOptions::idle_keepalive_budget is ",
                                                    options.idle_keepalive_budget,
                                                    "; it must be zero (no advice) or positive"));
+  }
+  uint32_t shared_receive_queue = SharedQueueWithinLockedMemory(
+      options.shared_receive_queue, options.slots.slot_size, options.pollers,
+      options.listener.connection.idle_recv_credits, "server");
+  const int max_pollers = std::max(options.pollers, options.max_pollers);
+  if (const uint64_t queued = static_cast<uint64_t>(max_pollers) * shared_receive_queue;
+      queued >= options.slots.max_slots) {
+    // The pollers could not fill their queues from the pool and leave it slots for sends and
+    // credit frames, while admission had counted their places: refused here.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ServerOptions: ", max_pollers, " pollers (pollers = ", options.pollers, ", max_pollers = ",
+        options.max_pollers, ") with shared receive queues of ", shared_receive_queue,
+        " receives take ", queued, " slots, more than slots.max_slots = ", options.slots.max_slots,
+        " holds with slots left for sends: lower pollers, max_pollers or shared_receive_queue, or "
+        "raise slots.max_slots"));
+  }
+  // The device decides whether receives are shared: opened now, after every check of the options
+  // alone (OpenRuntime below finds the same one, the process's, held here meanwhile), so that
+  // admission is sized for what the pollers will have.
+  absl::StatusOr<std::shared_ptr<transport::Device>> device =
+      SharedDevice(options.device, options.slots);
+  if (!device.ok()) return device.status();
+  if (SharedQueueOnDevice(**device, shared_receive_queue, "server") != shared_receive_queue) {
+    shared_receive_queue = 0;
+    options.park_windows = false;  // windows park on a shared queue's floors
   }
   ServerOptions adjusted = options;
   adjusted.shared_receive_queue = shared_receive_queue;

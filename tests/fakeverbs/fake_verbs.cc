@@ -125,6 +125,9 @@ struct FakeQp {
   uint8_t timeout = 0, retry_cnt = 0, rnr_retry = 0;
   std::deque<RecvWr> recvs;
   std::deque<Pending> waiting;  // the peer's sends that found no RECV here
+  // Asynchronous events naming it that were fetched and not yet acked: its destruction waits for
+  // them, as a real device's does (an event's reader may look at the QP until it acks).
+  uint64_t events_out = 0;
 };
 
 struct FakeId;
@@ -165,6 +168,14 @@ struct FakeId {
 
 std::mutex mu;
 std::condition_variable acked;  // an event was acked (FakeId::events_acked), under mu
+
+// Asynchronous events (Capabilities::async_events): queued here, the context's async_fd (an
+// eventfd) readable while any waits. LAST_WQE_REACHED events are kept apart while
+// HoldLastWqeEvents holds them. Under mu.
+std::deque<ibv_async_event> async_queue;
+std::deque<ibv_async_event> async_held;
+bool hold_last_wqe = false;
+std::condition_variable async_acked;  // an async event naming a QP was acked (FakeQp::events_out)
 Counters stats;
 ibv_device device{};
 ibv_context context{};
@@ -252,6 +263,25 @@ void CompleteRequester(const Pending& p, ibv_wc_status status) {
                                       : IBV_WC_RDMA_WRITE));
 }
 
+// Queues `event` for the context's reader (or, a LAST_WQE_REACHED while held, keeps it).
+void RaiseAsync(const ibv_async_event& event) {
+  if (context.async_fd < 0) return;  // no event file: nothing raised
+  if (hold_last_wqe && event.event_type == IBV_EVENT_QP_LAST_WQE_REACHED) {
+    async_held.push_back(event);
+    return;
+  }
+  async_queue.push_back(event);
+  const uint64_t one = 1;
+  static_cast<void>(write(context.async_fd, &one, sizeof(one)));
+}
+
+void RaiseLastWqe(FakeQp* qp) {
+  ibv_async_event event{};
+  event.event_type = IBV_EVENT_QP_LAST_WQE_REACHED;
+  event.element.qp = &qp->qp;
+  RaiseAsync(event);
+}
+
 // The peer's sends waiting at `qp` fail as a dead peer's do, and put their requester in error.
 void FailWaiting(FakeQp* qp) {
   std::deque<Pending> waiting = std::move(qp->waiting);
@@ -267,6 +297,10 @@ void ToError(FakeQp* qp) {
   if (qp->error) return;
   qp->error = true;
   qp->qp.state = IBV_QPS_ERR;
+  // A QP of a shared receive queue in error: none of the queue's receives can complete for it
+  // any more (the stand-in completes each when it arrives), which the specification's
+  // LAST_WQE_REACHED says.
+  if (qp->srq != nullptr) RaiseLastWqe(qp);
   while (!qp->recvs.empty()) {
     Complete(qp->qp.recv_cq, Wc(qp, qp->recvs.front().wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV));
     qp->recvs.pop_front();
@@ -816,6 +850,22 @@ void SetLoseFlushes(bool lose) { lose_flushes.store(lose, std::memory_order_rela
 void SetCapabilities(const Capabilities& capabilities) {
   offers_srq.store(capabilities.shared_receive_queues, std::memory_order_relaxed);
   offers_windows.store(capabilities.windows, std::memory_order_relaxed);
+  InitDevice();
+  std::lock_guard<std::mutex> lock(mu);
+  if (capabilities.async_events && context.async_fd < 0) {
+    context.async_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  }
+}
+
+void HoldLastWqeEvents(bool hold) {
+  std::lock_guard<std::mutex> lock(mu);
+  hold_last_wqe = hold;
+  if (hold) return;
+  while (!async_held.empty()) {
+    const ibv_async_event event = async_held.front();
+    async_held.pop_front();
+    RaiseAsync(event);
+  }
 }
 
 bool HangUp(uint64_t ordinal, Flushes flushes) {
@@ -945,13 +995,33 @@ const char* ibv_wc_status_str(ibv_wc_status status) {
   }
 }
 
-// No asynchronous events: the device has no event file (its async_fd is -1), so nothing reads
-// them; these answer as an empty non-blocking file would.
-int ibv_get_async_event(ibv_context*, ibv_async_event*) {
-  errno = EAGAIN;
-  return -1;
+// Asynchronous events: none unless Capabilities::async_events gave the context an event file
+// (otherwise its async_fd is -1, nothing reads them, and these answer as an empty non-blocking
+// file would). A QP named by a fetched event is not destroyed until the event is acked.
+int ibv_get_async_event(ibv_context*, ibv_async_event* event) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (async_queue.empty()) {
+    errno = EAGAIN;
+    return -1;
+  }
+  *event = async_queue.front();
+  async_queue.pop_front();
+  if (async_queue.empty()) {
+    uint64_t count = 0;
+    static_cast<void>(read(context.async_fd, &count, sizeof(count)));  // not readable until more
+  }
+  if (event->event_type == IBV_EVENT_QP_LAST_WQE_REACHED) {
+    ++reinterpret_cast<FakeQp*>(event->element.qp)->events_out;
+  }
+  return 0;
 }
-void ibv_ack_async_event(ibv_async_event*) {}
+void ibv_ack_async_event(ibv_async_event* event) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (event->event_type == IBV_EVENT_QP_LAST_WQE_REACHED) {
+    --reinterpret_cast<FakeQp*>(event->element.qp)->events_out;
+    async_acked.notify_all();
+  }
+}
 // Nor a shared receive queue's low-water report: refused, so the queue goes without (as on a
 // device that cannot, shared_receive_queue.h).
 int ibv_modify_srq(ibv_srq*, ibv_srq_attr*, int) { return EOPNOTSUPP; }
@@ -1094,9 +1164,16 @@ int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
 }
 
 void rdma_destroy_qp(rdma_cm_id* id) {
-  std::lock_guard<std::mutex> lock(mu);
+  std::unique_lock<std::mutex> lock(mu);
   auto* qp = reinterpret_cast<FakeQp*>(id->qp);
   if (qp == nullptr) return;
+  // Its events not fetched yet go with it; those fetched are waited for (their reader may look).
+  for (std::deque<ibv_async_event>* queue : {&async_queue, &async_held}) {
+    queue->erase(std::remove_if(queue->begin(), queue->end(),
+                                [qp](const ibv_async_event& e) { return e.element.qp == &qp->qp; }),
+                 queue->end());
+  }
+  async_acked.wait(lock, [qp] { return qp->events_out == 0; });
   // The peer's sends waiting here fail; this side's waiting there vanish with the QP.
   FailWaiting(qp);
   if (qp->peer != nullptr) {

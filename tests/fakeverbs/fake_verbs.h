@@ -52,11 +52,19 @@ void SetPostSendHook(const std::function<void()>* hook);
 // without memory windows, neither MEM_WINDOW flag is set, max_mw is 0 and allocating a window
 // fails EOPNOTSUPP. Set it before the device is opened (Device::Open reads it once); the process's
 // devices are shared (rpc/common/shared_device.h), so a test binary that sets it sets it for all.
+// With async_events the context gets an event file (an eventfd, so poll works) on which the
+// stand-in raises IBV_EVENT_QP_LAST_WQE_REACHED for a queue pair of a shared receive queue when it
+// enters the error state, as the specification has a device do; without (the default) the context
+// has none (async_fd -1), as before. Once given, the file stays for the process.
 struct Capabilities {
   bool shared_receive_queues = true;
   bool windows = true;
+  bool async_events = false;
 };
 void SetCapabilities(const Capabilities& capabilities);
+// While set, LAST_WQE_REACHED events are kept instead of raised: a device slow to say it. Clearing
+// it raises what was kept, in order. Events of a queue pair destroyed meanwhile are dropped.
+void HoldLastWqeEvents(bool hold);
 
 // While set, a work request posted to a queue pair in the error state is dropped without a
 // completion: a device that loses its flushes (rxe did, for some of hundreds of queue pairs

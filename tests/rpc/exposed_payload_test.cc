@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -75,8 +76,9 @@ class ExposingStore : public zrpc::testing::KeepingStore {
 // A server with `store`'s memory registered, and a channel on a device of its own (other slot
 // options), so that each side's registrations are counted apart.
 struct Setup {
-  explicit Setup(const zrpc::transport::DeviceConfig& config, ExposingStore& store)
-      : served(config, {&store}, {}, ChannelOptions()) {
+  Setup(const zrpc::transport::DeviceConfig& config, ExposingStore& store,
+        const zrpc::ServerOptions& server_options = {})
+      : served(config, {&store}, server_options, ChannelOptions()) {
     absl::StatusOr<zrpc::RegisteredMemory> registered =
         served.server->RegisterMemory(store.bytes.data(), store.bytes.size());
     INFO(registered.status());
@@ -227,11 +229,13 @@ class RawCaller {
     return peer.ReadRaw(answer.pull.addr, answer.pull.rkey, length, kLong);
   }
 
-  // Says pulled for `answer`, as a SEND_WITH_INV of its key.
+  // Says pulled for `answer`: a SEND_WITH_INV of its key when it is a window's, else a SEND.
   void Pulled(const Answer& answer) {
     zrpc::EncodeRpcHeader(RpcHeader::Pulled(answer.header.call_id), peer.payload());
-    const absl::Status sent = peer.Send(zrpc::transport::FrameKind::kData, 0, RpcHeader::kSize,
-                                        kLong, answer.invalidate_rkey);
+    std::optional<uint32_t> invalidate;
+    if (answer.invalidate_rkey != 0) invalidate = answer.invalidate_rkey;
+    const absl::Status sent =
+        peer.Send(zrpc::transport::FrameKind::kData, 0, RpcHeader::kSize, kLong, invalidate);
     INFO(sent);
     REQUIRE(sent.ok());
   }
@@ -305,6 +309,40 @@ TEST_CASE(
   CHECK(Eventually([&] { return store.released == released; }));
   CHECK(setup.served.channel->stats().connections_lost == 0);
   CHECK(setup.served.channel->stats().protocol_violations == 0);
+}
+
+TEST_CASE(
+    "past max_exposures a response is exposed by a registration of its own, and both ways of "
+    "exposing are read and ended",
+    "[rdma]") {
+  ZRPC_REQUIRE_RDMA_DEVICE(config);
+  if (!FactsOf(config).windows) {
+    ZRPC_SKIP("the device has no type-2 memory windows: every exposure is a registration there");
+  }
+  ExposingStore store;
+  zrpc::ServerOptions server_options;
+  server_options.listener.connection.max_exposures = 1;
+  Setup setup(config, store, server_options);
+  RawCaller reader(config, setup.served.server->port());
+  const uint64_t before = setup.served.server->stats().memory_registrations;
+  // Neither pulled yet: the first holds the connection's one window, the second a registration.
+  const RawCaller::Answer windowed = reader.Get("whole");
+  const RawCaller::Answer registered = reader.Get("whole");
+  CHECK(windowed.pull.flags == zrpc::kPullWindow);
+  CHECK(registered.pull.flags == 0);
+  CHECK(registered.invalidate_rkey == 0);
+  CHECK(setup.served.server->stats().memory_registrations - before == 1);
+  const std::string prefix = store.bytes.substr(0, RawPeer::kReadBuffer);
+  for (const RawCaller::Answer* answer : {&registered, &windowed}) {
+    REQUIRE(reader.Read(*answer) == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(reader.peer.read_bytes(), prefix.data(), prefix.size()) == 0);
+    reader.Pulled(*answer);
+  }
+  CHECK(Eventually([&] { return store.released == 2; }));
+  // The registration is gone with its pulled too; the channel beside carries on.
+  CHECK(reader.Read(registered) == IBV_WC_REM_ACCESS_ERR);
+  setup.Get("whole", store.bytes);
+  CHECK(setup.served.channel->stats().connections_lost == 0);
 }
 
 }  // namespace
