@@ -270,6 +270,7 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(const DeviceConfig& config,
   if (device->attr_.vendor_id == kRxeVendor) {
     device->invalidated_flags_ |= IBV_WC_IP_CSUM_OK;
     device->invalidation_checks_queue_pair_ = false;
+    device->binds_survive_retry_ = false;  // device.h, binds_survive_retry
   }
   device->pd_.reset(ibv_alloc_pd(device->context_));
   if (device->pd_ == nullptr) return VerbsError("ibv_alloc_pd", errno);

@@ -112,6 +112,13 @@ class Device {
   // Whether the device offers shared receive queues (shared_receive_queue.h): rxe and every
   // ConnectX do; a device without them gets receives per connection (PollerOptions).
   bool has_shared_receive_queues() const { return attr_.max_srq > 0 && attr_.max_srq_wr > 0; }
+  // Whether a window bound on a queue pair with work before it still in flight stays bound when
+  // that work is retransmitted. False on rxe (Linux 6.1): when a lost packet makes it go back to
+  // an earlier work request, it executes every work request from there again, a BIND_MW among
+  // them, and a bind executed twice fails (the window's key has moved on), which breaks the queue
+  // pair (found by tests/hosts/lossy_traffic_test at 1 % loss: calls stalled to their deadlines).
+  // A caller that binds on a busy queue pair there must not rely on windows.
+  bool binds_survive_retry() const { return binds_survive_retry_; }
   // Whether a queue pair of a shared receive queue that goes to error is followed by the device's
   // last-WQE-reached event, which its connection's drain then awaits (shared_receive_queue.h,
   // "Teardown"): every device with an event file but rxe, which never raises it.
@@ -147,6 +154,7 @@ class Device {
   ibv_device_attr attr_{};
   bool has_windows_ = false;
   bool awaits_last_wqe_ = false;
+  bool binds_survive_retry_ = true;
   std::atomic<uint64_t> registrations_{0};
   bool windows_bound_range_ = false;
   uint32_t invalidated_flags_ = IBV_WC_WITH_INV;

@@ -164,11 +164,15 @@ void SayNoWindowsOnce(const transport::Device& device, uint32_t arena_size, absl
                          "-byte receive arena instead of borrowing one from its poller's pool "
                          "when its peer writes (",
                          side, "::arena_pool)");
-  ZRPC_LOG(kWarning, "rpc", "the RDMA device ", device.selection().device,
-           " has no type-2 memory windows: a payload exposed for the peer to pull is registered "
-           "for the call, and its key works from every queue pair of the device until the peer "
-           "is done (rpc/WIRE.md, \"Scope of the exposure\")",
-           arenas);
+  const char* why = !device.has_windows()
+                        ? " has no type-2 memory windows"
+                        : " executes a window's bind again when it retransmits the work before it "
+                          "(rxe), which breaks the queue pair";
+  ZRPC_LOG(kWarning, "rpc", "the RDMA device ", device.selection().device, why,
+           ": a payload exposed for the peer to pull is registered for the call, and its key works "
+           "from every queue pair of the device until the peer is done (rpc/WIRE.md, \"Scope of "
+           "the exposure\")",
+           device.has_windows() ? std::string() : arenas);
 }
 
 }  // namespace zrpc::internal

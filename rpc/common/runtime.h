@@ -78,9 +78,10 @@ uint32_t ArenaPoolWithinLockedMemory(uint32_t asked, uint64_t piece, int pollers
 uint32_t SharedQueueOnDevice(const transport::Device& device, uint32_t asked,
                              absl::string_view who);
 
-// Said once a process: `device` cannot scope an exposure to one queue pair (no type-2 memory
-// windows), so pulled payloads are registered per call and, when `arena_size` is not 0, `who`'s
-// connections ("server", "channel") register arenas of their own.
+// Said once a process: `device` cannot scope a pulled payload's exposure to one queue pair (no
+// type-2 memory windows, or binds that a retransmission breaks: Device::binds_survive_retry), so
+// pulled payloads are registered per call and, without windows and when `arena_size` is not 0,
+// `who`'s connections ("server", "channel") register arenas of their own.
 void SayNoWindowsOnce(const transport::Device& device, uint32_t arena_size, absl::string_view who,
                       absl::string_view side);
 

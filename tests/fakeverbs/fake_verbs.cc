@@ -271,8 +271,7 @@ void RaiseAsync(const ibv_async_event& event) {
     return;
   }
   async_queue.push_back(event);
-  const uint64_t one = 1;
-  static_cast<void>(write(context.async_fd, &one, sizeof(one)));
+  Signal(context.async_fd);
 }
 
 void RaiseLastWqe(FakeQp* qp) {
@@ -1007,8 +1006,10 @@ int ibv_get_async_event(ibv_context*, ibv_async_event* event) {
   *event = async_queue.front();
   async_queue.pop_front();
   if (async_queue.empty()) {
-    uint64_t count = 0;
-    static_cast<void>(read(context.async_fd, &count, sizeof(count)));  // not readable until more
+    uint64_t count = 0;  // not readable until more come: the count goes back to 0
+    if (read(context.async_fd, &count, sizeof(count)) != sizeof(count)) {
+      Die("cannot read the event file");
+    }
   }
   if (event->event_type == IBV_EVENT_QP_LAST_WQE_REACHED) {
     ++reinterpret_cast<FakeQp*>(event->element.qp)->events_out;
