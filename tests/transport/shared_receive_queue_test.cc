@@ -784,15 +784,27 @@ TEST_CASE(
   CHECK(poller.shared_queue_low_water() == 24);
   for (uint64_t round = 1; round <= 2; ++round) {
     INFO("round " << round);
+    // The device's count is the process's (every queue of the context): a report of an earlier
+    // case's queue, raised before that queue went and read by the reader's thread only now, may
+    // land in it. This poller's count is its own, and exact.
+    const uint64_t device_at_round = setup.device->async_events().shared_queue_low;
     // The first message holds the poller; nine more take the device's posted receives from 32 to
     // 23, below the mark of 24, with nobody posting them again.
     server_handler.StallNext();
     REQUIRE(SendNumbered(**client, 10 * (round - 1), 10, 64));
-    CHECK(
-        Eventually([&] { return poller.shared_queue_low_reports() == round; }, absl::Seconds(10)));
+    const bool reported =
+        Eventually([&] { return poller.shared_queue_low_reports() == round; }, absl::Seconds(10));
+    // Printed before the checks, so that the log has the figures whatever the reporter does.
+    std::printf("round %llu: poller reports %llu, device count %llu (%llu before the round)\n",
+                static_cast<unsigned long long>(round),
+                static_cast<unsigned long long>(poller.shared_queue_low_reports()),
+                static_cast<unsigned long long>(setup.device->async_events().shared_queue_low),
+                static_cast<unsigned long long>(device_at_round));
+    std::fflush(stdout);
+    CHECK(reported);
     // The loop marks the budget low on its next pass (it is the one stalled), and arms the
     // report anew once the queue is posted full.
-    CHECK(setup.device->async_events().shared_queue_low == device_before + round);
+    CHECK(setup.device->async_events().shared_queue_low >= device_at_round + 1);
     // The poller goes on: every message arrives, the queue is posted full, and the report is
     // armed anew (it fires once per arming: the next round's report shows it was).
     server_handler.Go();
