@@ -108,7 +108,7 @@ TEST_CASE(
 
 TEST_CASE(
     "a call refused inside the domain on an application thread runs its callback after the "
-    "thread lets go: a blocking call made there succeeds",
+    "thread lets go; a blocking call made there succeeds",
     "[client_domain]") {
   HoldingGreeter greeter;
   zrpc::ChannelOptions options = OneConnection();

@@ -569,7 +569,7 @@ class ExitHandler : public Recorder {
 }  // namespace
 
 TEST_CASE(
-    "exit tasks run in order on the thread that let go of the domain, after it did: from a task "
+    "exit tasks run in order on the thread that let go of the domain, after it did; from a task "
     "run at once, a task left for the poller, and a batch",
     "[domain][task]") {
   ExitHandler server_handler;
@@ -755,7 +755,7 @@ TEST_CASE(
 // what it owned (seen on rxe with hundreds of connections closing while others connected).
 TEST_CASE(
     "a connection whose device loses the flush of its drain marker is given up on by the "
-    "poller's watchdog: OnClosed comes, and it says so",
+    "poller's watchdog; OnClosed comes, and it says so",
     "[domain]") {
   zrpc::testing::LogCapture log(zrpc::LogLevel::kWarning);
   Recorder server_handler, client_handler;

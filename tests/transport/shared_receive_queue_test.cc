@@ -753,7 +753,7 @@ class StallingRecorder : public Recorder {
 };
 
 TEST_CASE(
-    "the device reports a shared queue below its low-water mark while its poller is stalled: "
+    "the device reports a shared queue below its low-water mark while its poller is stalled; "
     "counted at once, and armed anew once the loop has posted the queue full again",
     "[rdma][transport]") {
   ZRPC_REQUIRE_RDMA_DEVICE(config);
