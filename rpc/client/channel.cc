@@ -294,10 +294,7 @@ absl::Status ChannelImpl::Init() {
   // Lent on demand when the pollers have pools: a device without type-2 memory windows makes
   // none, and each connection registers an arena of its own.
   const bool lend = arena_piece > 0 && parts->pollers.front()->arena_pool() != nullptr;
-  if (!parts->device->has_windows() || !parts->device->binds_survive_retry() ||
-      (arena_piece > 0 && !lend)) {
-    SayNoWindowsOnce(*parts->device, lend ? 0 : arena_piece, "channel", "ChannelOptions");
-  }
+  SayNoWindowsOnce(*parts->device, lend ? 0 : arena_piece, "channel", "ChannelOptions");
   options_.connection.arena_on_demand = lend;
   if (!lend) options_.arena_pool = 0;
   device_ = std::move(parts->device);

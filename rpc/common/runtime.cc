@@ -155,6 +155,7 @@ uint32_t SharedQueueOnDevice(const transport::Device& device, uint32_t asked,
 
 void SayNoWindowsOnce(const transport::Device& device, uint32_t arena_size, absl::string_view who,
                       absl::string_view side) {
+  if (device.has_windows() && device.binds_survive_retry() && arena_size == 0) return;
   static std::atomic<bool> said{false};
   if (said.exchange(true)) return;
   const std::string arenas =

@@ -304,23 +304,24 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
 
   ExposureHold hold;
   transport::ExposureKeys keys;
-  absl::StatusOr<transport::ExposureKeys> reserved = absl::UnimplementedError("no windows");
   if (windows) {
-    reserved = connection.Expose(absl::MakeConstSpan(ranges, count),
-                                 reinterpret_cast<uintptr_t>(source.get()) | kExposureTag);
-    if (reserved.status().code() == absl::StatusCode::kResourceExhausted) {
+    absl::StatusOr<transport::ExposureKeys> reserved =
+        connection.Expose(absl::MakeConstSpan(ranges, count),
+                          reinterpret_cast<uintptr_t>(source.get()) | kExposureTag);
+    if (reserved.ok()) {
+      keys = *reserved;
+    } else if (reserved.status().code() == absl::StatusCode::kResourceExhausted) {
       // max_exposures open on this connection already (a client with thousands of pulled
       // requests in flight): this one is exposed the way a device without windows does it.
       windows = false;
       if (absl::Status registered = register_parts(); !registered.ok()) return fail(registered);
-    } else if (!reserved.ok()) {
+    } else {
       return fail(absl::Status(
           reserved.status().code(),
           absl::StrCat("cannot expose a ", total, "-byte payload: ", reserved.status().message())));
     }
   }
   if (windows) {
-    keys = *reserved;
     source.release();  // the transport's: OnSendDone(token) frees it once its keys are dead
     hold = ExposureHold(&connection, keys.id);
     for (int i = 0; i < count; ++i) {

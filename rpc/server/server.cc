@@ -108,10 +108,7 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   // Lent on demand when the pollers have pools: a device without type-2 memory windows makes
   // none, and its connections register arenas of their own.
   const bool lend = arena_piece > 0 && parts->pollers.front()->arena_pool() != nullptr;
-  if (!parts->device->has_windows() || !parts->device->binds_survive_retry() ||
-      (arena_piece > 0 && !lend)) {
-    SayNoWindowsOnce(*parts->device, lend ? 0 : arena_piece, "server", "ServerOptions");
-  }
+  SayNoWindowsOnce(*parts->device, lend ? 0 : arena_piece, "server", "ServerOptions");
   core->options_.listener.connection.arena_on_demand = lend;
   if (!lend) core->options_.arena_pool = 0;
   core->device_ = std::move(parts->device);
