@@ -291,6 +291,9 @@ struct ConnectionStats {
   bool window_parked = false;
   uint64_t parks_answered = 0;
   uint64_t knocks = 0;
+  // Binds (an exposure's windows, a loan's) that waited for the send queue to go quiet first, on a
+  // device whose binds do not survive a retransmission (Device::binds_survive_retry; QuietLocked).
+  uint64_t binds_waited = 0;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -713,6 +716,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
   // Appends a prepared BIND_MW (unsignalled: a later completion retires it) to the chain.
   void AppendBindLocked(const ibv_send_wr& bind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // Whether a bind may be appended now. Always, but where binds do not survive a retransmission
+  // (rxe: Device::binds_survive_retry): there only while nothing is in flight on the send queue
+  // but the binds just before it, so that no retransmission can take the requester back over it.
+  // When not, the tail is signalled, and the bind waits for that completion (binds_waited).
+  bool QuietLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
+  // A loan's bind is owed, could go but for a send queue that is not quiet yet (the lend it comes
+  // with takes a credit): until it goes, nothing else does.
+  bool LendWaitsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_) {
+    return quiet_binds_ && !lend_bound_ && (arena_owed_ & kOweLend) != 0 &&
+           credits_.CanSpendForData();
+  }
   // The peer's SEND_WITH_INV invalidated `rkey`: the exposure it ended is reported (`events`).
   absl::Status OnInvalidatedLocked(uint32_t rkey, Events& events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);
@@ -983,6 +997,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const bool awaits_last_wqe_;
   bool last_wqe_reached_ ABSL_GUARDED_BY(domain_) = false;
   bool drain_given_up_ ABSL_GUARDED_BY(domain_) = false;  // GiveUpOnDrain, once
+  // !Device::binds_survive_retry: a bind goes only on a quiet send queue (QuietLocked). The run of
+  // binds at the queue's head: from the sequence of its first to the one after its last.
+  const bool quiet_binds_;
+  uint64_t bind_run_begin_ ABSL_GUARDED_BY(domain_) = 0;
+  uint64_t bind_run_end_ ABSL_GUARDED_BY(domain_) = 0;
+  bool bind_waits_ ABSL_GUARDED_BY(domain_) = false;  // counted in binds_waited, not yet posted
   // When the drain began (SteadyNanos, steady_clock.h), 0 when not draining: read by the poller's
   // watchdog.
   std::atomic<int64_t> draining_since_ns_{0};

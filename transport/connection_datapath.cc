@@ -790,7 +790,29 @@ void Connection::BindExposureLocked(const Waiting& op) {
   exposures_.Posted();
 }
 
+bool Connection::QuietLocked() {
+  if (!quiet_binds_) return true;
+  // Quiet: nothing in flight, or only the run of binds just appended. rxe retires a bind at the
+  // head of its send queue before it looks at any acknowledgement, so a retransmission goes back
+  // to the work after the run at the earliest, never into it (device.h, binds_survive_retry).
+  if (in_flight_.empty()) {
+    bind_run_begin_ = bind_run_end_ = next_sequence_;
+  } else if (in_flight_.front().sequence < bind_run_begin_ || next_sequence_ != bind_run_end_) {
+    if (!bind_waits_) {
+      bind_waits_ = true;
+      ++stats_.binds_waited;
+    }
+    // Its completion retires everything before it, and the pump that follows (AfterChangeLocked)
+    // comes back here. A tail signalled already, or a full queue (which holds one), needs none.
+    static_cast<void>(PostTailSignalLocked(/*probe=*/false));
+    return false;
+  }
+  bind_waits_ = false;
+  return true;
+}
+
 void Connection::AppendBindLocked(const ibv_send_wr& bind) {
+  bind_run_end_ = next_sequence_ + 1;  // the run of binds QuietLocked allowed goes on to here
   const uint32_t i = chain_length_++;
   chain_wrs_[i] = bind;
   chain_wrs_[i].wr_id = next_sequence_++;
@@ -947,7 +969,9 @@ void Connection::PumpLocked() {
     }
     return;
   }
-  while (!waiting_.empty() && state_ == State::kOpen) {
+  // A loan's bind that waits for a quiet send queue holds back everything behind it, or a busy
+  // connection would never be quiet (MaybeSendArenaFramesLocked posts it).
+  while (!waiting_.empty() && state_ == State::kOpen && ABSL_PREDICT_TRUE(!LendWaitsLocked())) {
     Waiting& op = waiting_.front();
     // The last credit is for credit frames. Checked before the room, so that a connection the
     // peer holds back takes no completion-queue entries meanwhile.
@@ -961,6 +985,7 @@ void Connection::PumpLocked() {
       // meanwhile (EndExposure): the message behind it then names a dead key.
       // Posted at once, so that the window's key can be updated after its post (Posted) with no
       // test on every other post: an exposure is for a large transfer, a doorbell more is nothing.
+      if (ABSL_PREDICT_FALSE(!QuietLocked())) break;  // everything behind it waits too
       BindExposureLocked(op);
       if (state_ != State::kOpen) return;
     } else if (op.kind == Waiting::kWrite) {
@@ -1965,7 +1990,7 @@ void Connection::MaybeSendArenaFramesLocked() {
       m.loan = arena_reader_.loan();
     } else {
       if (!lend_bound_) {
-        if (!SendRoomLocked()) return;
+        if (!SendRoomLocked() || !QuietLocked()) return;
         ibv_send_wr bind{};
         const ArenaPool& pool = *poller_.arena_pool();
         lend_rkey_ = arena_window_->PrepareBind(

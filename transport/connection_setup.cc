@@ -113,7 +113,8 @@ Connection::Connection(Device& device, Poller& poller, ConnectionHandler* handle
       handler_(handler),
       options_(WithoutKeys(options)),
       shared_receives_(poller.srq() != nullptr),
-      awaits_last_wqe_(shared_receives_ && device.awaits_last_wqe()) {}
+      awaits_last_wqe_(shared_receives_ && device.awaits_last_wqe()),
+      quiet_binds_(!device.binds_survive_retry()) {}
 
 absl::StatusOr<RetryTiming> Connection::QueryRetryTiming() const {
   if (qp_ == nullptr || qp_->qp == nullptr) {

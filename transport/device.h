@@ -117,7 +117,7 @@ class Device {
   // an earlier work request, it executes every work request from there again, a BIND_MW among
   // them, and a bind executed twice fails (the window's key has moved on), which breaks the queue
   // pair (found by tests/hosts/lossy_traffic_test at 1 % loss: calls stalled to their deadlines).
-  // A caller that binds on a busy queue pair there must not rely on windows.
+  // A connection there binds only on a quiet send queue (Connection::QuietLocked).
   bool binds_survive_retry() const { return binds_survive_retry_; }
   // Whether a queue pair of a shared receive queue that goes to error is followed by the device's
   // last-WQE-reached event, which its connection's drain then awaits (shared_receive_queue.h,

@@ -155,7 +155,7 @@ uint32_t SharedQueueOnDevice(const transport::Device& device, uint32_t asked,
 
 void SayNoWindowsOnce(const transport::Device& device, uint32_t arena_size, absl::string_view who,
                       absl::string_view side) {
-  if (device.has_windows() && device.binds_survive_retry() && arena_size == 0) return;
+  if (device.has_windows()) return;
   static std::atomic<bool> said{false};
   if (said.exchange(true)) return;
   const std::string arenas =
@@ -165,15 +165,12 @@ void SayNoWindowsOnce(const transport::Device& device, uint32_t arena_size, absl
                          "-byte receive arena instead of borrowing one from its poller's pool "
                          "when its peer writes (",
                          side, "::arena_pool)");
-  const char* why = !device.has_windows()
-                        ? " has no type-2 memory windows"
-                        : " executes a window's bind again when it retransmits the work before it "
-                          "(rxe), which breaks the queue pair";
-  ZRPC_LOG(kWarning, "rpc", "the RDMA device ", device.selection().device, why,
+  ZRPC_LOG(kWarning, "rpc", "the RDMA device ", device.selection().device,
+           " has no type-2 memory windows",
            ": a payload exposed for the peer to pull is registered for the call, and its key works "
            "from every queue pair of the device until the peer is done (rpc/WIRE.md, \"Scope of "
            "the exposure\")",
-           device.has_windows() ? std::string() : arenas);
+           arenas);
 }
 
 }  // namespace zrpc::internal

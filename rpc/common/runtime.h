@@ -78,12 +78,11 @@ uint32_t ArenaPoolWithinLockedMemory(uint32_t asked, uint64_t piece, int pollers
 uint32_t SharedQueueOnDevice(const transport::Device& device, uint32_t asked,
                              absl::string_view who);
 
-// Said once a process: `device` cannot scope a pulled payload's exposure to one queue pair (no
-// type-2 memory windows, or binds that a retransmission breaks: Device::binds_survive_retry), so
-// pulled payloads are registered per call and, without windows and when `arena_size` is not 0,
+// Said once a process: `device` has no type-2 memory windows to scope a pulled payload's exposure
+// to one queue pair, so pulled payloads are registered per call and, when `arena_size` is not 0,
 // `who`'s connections ("server", "channel") register arenas of their own. `arena_size`: the
 // arena each connection registers because none is lent, or 0. Says nothing when there is
-// nothing to say (windows that survive, and arenas lent or none).
+// nothing to say (windows).
 void SayNoWindowsOnce(const transport::Device& device, uint32_t arena_size, absl::string_view who,
                       absl::string_view side);
 

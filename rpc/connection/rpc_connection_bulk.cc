@@ -256,10 +256,8 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
                      "-byte descriptors of its pulled payload exceed a message's ",
                      MaxBody(connection), " bytes")));
   }
-  // Without windows, or on a device whose binds do not survive a retransmission (rxe: a pulled
-  // payload's bind goes on a busy queue pair), a registration per part (said once at startup:
-  // SayNoWindowsOnce).
-  bool windows = device_->has_windows() && device_->binds_survive_retry();
+  // Without windows, a registration per part (said once at startup: SayNoWindowsOnce).
+  bool windows = device_->has_windows();
   const auto total = static_cast<uint32_t>(bulk.size() + large_body.size());
   const uint32_t exposed_bulk = static_cast<uint32_t>(bulk.size());
   const bool has_body = !large_body.empty();

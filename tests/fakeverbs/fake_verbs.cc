@@ -128,6 +128,9 @@ struct FakeQp {
   // Asynchronous events naming it that were fetched and not yet acked: its destruction waits for
   // them, as a real device's does (an event's reader may look at the QP until it acks).
   uint64_t events_out = 0;
+  // Capabilities::like_rxe: the send work requests posted and not known to be retired (no
+  // signalled completion at or after one was polled yet), oldest first, and whether each is a bind.
+  std::deque<std::pair<uint64_t, bool>> unretired;
 };
 
 struct FakeId;
@@ -189,6 +192,7 @@ std::map<uint32_t, FakeMw*> mws;
 uint32_t next_mw_index = 0x100000;
 std::map<uint16_t, FakeId*> listeners;
 std::map<uint64_t, FakeId*> by_ordinal;  // calling ends (FakeId::ordinal) not yet destroyed
+std::map<uint32_t, FakeQp*> qps;         // by number, not yet destroyed
 
 void Signal(int fd) {
   uint64_t one = 1;
@@ -553,6 +557,7 @@ std::atomic<const std::function<void()>*> post_send_hook{nullptr};
 std::atomic<bool> lose_flushes{false};
 std::atomic<bool> offers_srq{true};      // Capabilities::shared_receive_queues
 std::atomic<bool> offers_windows{true};  // Capabilities::windows
+std::atomic<bool> like_rxe{false};       // Capabilities::like_rxe
 
 }  // namespace
 
@@ -598,6 +603,20 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
         Complete(qp->qp.send_cq, Wc(qp, wr->wr_id, IBV_WC_WR_FLUSH_ERR, wc_opcode));
       }
       continue;
+    }
+    if (like_rxe.load(std::memory_order_relaxed)) {
+      // rxe retransmits from its oldest unacknowledged work request and executes every bind it
+      // meets on the way again, which fails: a bind behind other work not known to be retired
+      // fails here at once, as a loss there would make it (Capabilities::like_rxe).
+      const bool bind = wr->opcode == IBV_WR_BIND_MW;
+      if (bind && std::any_of(qp->unretired.begin(), qp->unretired.end(),
+                              [](const std::pair<uint64_t, bool>& e) { return !e.second; })) {
+        ++stats.binds_replayed;
+        Complete(qp->qp.send_cq, Wc(qp, wr->wr_id, IBV_WC_MW_BIND_ERR, IBV_WC_BIND_MW));
+        ToError(qp);
+        continue;
+      }
+      qp->unretired.emplace_back(wr->wr_id, bind);
     }
     // The local buffers must be registered (inline data is copied at post time and need not be).
     bool local_ok = true;
@@ -801,8 +820,21 @@ int PollCq(ibv_cq* cq, int n, ibv_wc* wc) {
   auto* fake = reinterpret_cast<FakeCq*>(cq);
   int got = 0;
   while (got < n && !fake->wcs.empty()) {
-    wc[got++] = fake->wcs.front();
+    const ibv_wc& polled = wc[got++] = fake->wcs.front();
     fake->wcs.pop_front();
+    // A send's completion retires it and everything before it on its queue pair (like_rxe).
+    if (!like_rxe.load(std::memory_order_relaxed) || polled.opcode == IBV_WC_RECV ||
+        polled.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+      continue;
+    }
+    auto it = qps.find(polled.qp_num);
+    if (it == qps.end()) continue;
+    auto& unretired = it->second->unretired;
+    while (!unretired.empty()) {
+      const uint64_t wr_id = unretired.front().first;
+      unretired.pop_front();
+      if (wr_id == polled.wr_id) break;
+    }
   }
   return got;
 }
@@ -849,6 +881,7 @@ void SetLoseFlushes(bool lose) { lose_flushes.store(lose, std::memory_order_rela
 void SetCapabilities(const Capabilities& capabilities) {
   offers_srq.store(capabilities.shared_receive_queues, std::memory_order_relaxed);
   offers_windows.store(capabilities.windows, std::memory_order_relaxed);
+  like_rxe.store(capabilities.like_rxe, std::memory_order_relaxed);
   InitDevice();
   std::lock_guard<std::mutex> lock(mu);
   if (capabilities.async_events && context.async_fd < 0) {
@@ -925,6 +958,7 @@ int ibv_query_device(ibv_context*, ibv_device_attr* attr) {
   attr->max_mw = 1 << 16;
   attr->device_cap_flags = IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
   attr->phys_port_cnt = 1;
+  if (like_rxe.load(std::memory_order_relaxed)) attr->vendor_id = 0xffffff;  // rxe's
   if (!offers_srq.load(std::memory_order_relaxed)) {
     attr->max_srq = attr->max_srq_wr = attr->max_srq_sge = 0;
   }
@@ -1143,6 +1177,7 @@ int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
   qp->qp.send_cq = attr->send_cq;
   qp->qp.recv_cq = attr->recv_cq;
   qp->qp.qp_num = next_qp_num++;
+  qps[qp->qp.qp_num] = qp;
   qp->qp.state = IBV_QPS_INIT;
   qp->qp.qp_type = IBV_QPT_RC;
   qp->sq_sig_all = attr->sq_sig_all != 0;
@@ -1189,6 +1224,7 @@ void rdma_destroy_qp(rdma_cm_id* id) {
     qps.erase(std::remove(qps.begin(), qps.end(), qp), qps.end());
   }
   FreeWindowsOf(qp);
+  qps.erase(qp->qp.qp_num);
   delete qp;
   --stats.qps_alive;
   id->qp = nullptr;

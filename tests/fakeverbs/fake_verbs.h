@@ -23,20 +23,21 @@ inline constexpr char kAddress[] = "127.0.0.1";
 // What the fake has done since the process started: its own work, to be told apart from the
 // transport's. Read while nothing posts.
 struct Counters {
-  uint64_t sends = 0;          // SEND work requests delivered
-  uint64_t writes = 0;         // RDMA WRITEs (with or without immediate) performed
-  uint64_t reads = 0;          // RDMA READs performed
-  uint64_t recvs_posted = 0;   // RECV work requests posted, to a QP or a shared receive queue
-  uint64_t send_posts = 0;     // ibv_post_send calls (doorbells), whatever their chains' length
-  uint64_t recv_posts = 0;     // ibv_post_recv and ibv_post_srq_recv calls (doorbells)
-  uint64_t completions = 0;    // work completions made, successful or not
-  uint64_t cq_events = 0;      // completion-channel events raised (an armed CQ got a completion)
-  uint64_t errors = 0;         // work completions with an error status
-  uint64_t qps_alive = 0;      // queue pairs created and not yet destroyed: connections alive
-  uint64_t connects = 0;       // rdma_connect calls that found a listener: connection attempts
-  uint64_t binds = 0;          // memory windows bound (IBV_WR_BIND_MW that succeeded)
-  uint64_t invalidations = 0;  // memory windows invalidated (IBV_WR_LOCAL_INV that succeeded)
-  uint64_t windows_alive = 0;  // memory windows allocated and not yet deallocated
+  uint64_t sends = 0;           // SEND work requests delivered
+  uint64_t writes = 0;          // RDMA WRITEs (with or without immediate) performed
+  uint64_t reads = 0;           // RDMA READs performed
+  uint64_t recvs_posted = 0;    // RECV work requests posted, to a QP or a shared receive queue
+  uint64_t send_posts = 0;      // ibv_post_send calls (doorbells), whatever their chains' length
+  uint64_t recv_posts = 0;      // ibv_post_recv and ibv_post_srq_recv calls (doorbells)
+  uint64_t completions = 0;     // work completions made, successful or not
+  uint64_t cq_events = 0;       // completion-channel events raised (an armed CQ got a completion)
+  uint64_t errors = 0;          // work completions with an error status
+  uint64_t qps_alive = 0;       // queue pairs created and not yet destroyed: connections alive
+  uint64_t connects = 0;        // rdma_connect calls that found a listener: connection attempts
+  uint64_t binds = 0;           // memory windows bound (IBV_WR_BIND_MW that succeeded)
+  uint64_t invalidations = 0;   // memory windows invalidated (IBV_WR_LOCAL_INV that succeeded)
+  uint64_t windows_alive = 0;   // memory windows allocated and not yet deallocated
+  uint64_t binds_replayed = 0;  // binds refused as rxe's retransmission would break them (like_rxe)
 };
 Counters counters();
 
@@ -56,10 +57,18 @@ void SetPostSendHook(const std::function<void()>* hook);
 // stand-in raises IBV_EVENT_QP_LAST_WQE_REACHED for a queue pair of a shared receive queue when it
 // enters the error state, as the specification has a device do; without (the default) the context
 // has none (async_fd -1), as before. Once given, the file stays for the process.
+// like_rxe: the device reports rxe's vendor id (so Device treats it as rxe: device.h), and models
+// what rxe (Linux 6.1) does to a bind when it retransmits: it goes back to its oldest
+// unacknowledged work request and executes every bind from there again, which fails the queue
+// pair. With no loss here, the stand-in fails a BIND_MW at once when send work other than binds
+// posted before it on its queue pair is not known to be retired (no signalled completion at or
+// after it polled yet): with a loss at the wrong time, rxe would fail it
+// (Counters::binds_replayed).
 struct Capabilities {
   bool shared_receive_queues = true;
   bool windows = true;
   bool async_events = false;
+  bool like_rxe = false;
 };
 void SetCapabilities(const Capabilities& capabilities);
 // While set, LAST_WQE_REACHED events are kept instead of raised: a device slow to say it. Clearing
