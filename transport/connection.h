@@ -727,6 +727,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return quiet_binds_ && !lend_bound_ && (arena_owed_ & kOweLend) != 0 &&
            credits_.CanSpendForData();
   }
+  // Where binds wait for a quiet send queue: a run of binds is in flight with nothing behind it.
+  // They are signalled there, and no other work goes behind them until their completion is polled:
+  // rxe's completer, woken by a stale retransmission timer as a bind at the head of the queue
+  // executes and work behind it is sent, can rewind to the bind and replay it (it reads the head's
+  // state twice in one pass), so the run must be retired before anything may be retransmitted.
+  bool BindsPendingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_) {
+    return quiet_binds_ && !in_flight_.empty() && next_sequence_ == bind_run_end_;
+  }
+  // Control frames (credits, parking) wait while a bind waits for quiet or is pending: otherwise,
+  // under steady traffic from the peer, a credit frame would always be in flight and the queue
+  // never quiet. Holding them costs the peer at most the time its NIC takes to acknowledge what
+  // is in flight.
+  bool HoldsFramesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_) {
+    return quiet_binds_ && (bind_waits_ || LendWaitsLocked() || BindsPendingLocked());
+  }
   // The peer's SEND_WITH_INV invalidated `rkey`: the exposure it ended is reported (`events`).
   absl::Status OnInvalidatedLocked(uint32_t rkey, Events& events)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(domain_);

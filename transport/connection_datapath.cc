@@ -819,7 +819,15 @@ void Connection::AppendBindLocked(const ibv_send_wr& bind) {
   chain_wrs_[i].next = nullptr;
   if (i > 0) chain_wrs_[i - 1].next = &chain_wrs_[i];
   in_flight_.push_back(InFlight{chain_wrs_[i].wr_id, SlotPool::kNoSlot, 0, false, 0, false});
-  unsignaled_ += 1;
+  if (ABSL_PREDICT_FALSE(quiet_binds_)) {
+    // Retired by its own completion before anything goes behind it (BindsPendingLocked).
+    chain_wrs_[i].send_flags |= IBV_SEND_SIGNALED;
+    unsignaled_ = 0;
+    owe_signal_ = false;
+    ++stats_.signalled;
+  } else {
+    unsignaled_ += 1;
+  }
   ++stats_.work_requests;
 }
 
@@ -969,10 +977,15 @@ void Connection::PumpLocked() {
     }
     return;
   }
-  // A loan's bind that waits for a quiet send queue holds back everything behind it, or a busy
-  // connection would never be quiet (MaybeSendArenaFramesLocked posts it).
-  while (!waiting_.empty() && state_ == State::kOpen && ABSL_PREDICT_TRUE(!LendWaitsLocked())) {
+  while (!waiting_.empty() && state_ == State::kOpen) {
     Waiting& op = waiting_.front();
+    // Where binds wait for a quiet send queue: a loan's bind that waits holds back everything
+    // behind it, or a busy connection would never be quiet (MaybeSendArenaFramesLocked posts it);
+    // and nothing but another bind goes behind binds still in flight (BindsPendingLocked).
+    if (ABSL_PREDICT_FALSE(quiet_binds_) &&
+        (LendWaitsLocked() || (op.kind != Waiting::kBind && BindsPendingLocked()))) {
+      break;
+    }
     // The last credit is for credit frames. Checked before the room, so that a connection the
     // peer holds back takes no completion-queue entries meanwhile.
     // Messages and writes take a credit; reads and binds do not (kinds in that order).
@@ -1151,6 +1164,7 @@ void Connection::MaybeSendCreditFrameLocked() {
   // Arena releases alone never spend the reserved credit (credits.h).
   bool report_arena = arena_reader_.ShouldReport() && credits_.CanSpendForData();
   if (!credits_.ShouldSendUpdate() && !report_arena) return;
+  if (ABSL_PREDICT_FALSE(quiet_binds_) && HoldsFramesLocked()) return;  // sent once the bind went
   // Retried on the next completion if the send queue is full or the last credit frame (when the
   // device cannot inline it) is still in flight. Credit frames never take a slot from the pool:
   // a pool emptied by waiting messages must not stop credits from coming back.
@@ -1970,6 +1984,8 @@ absl::Status Connection::HandleArenaMessageLocked(const ArenaMessage& m) {
 
 void Connection::MaybeSendArenaFramesLocked() {
   while (state_ == State::kOpen && ArenaOwedLocked()) {
+    // Nothing behind binds in flight, a loan's lend neither.
+    if (ABSL_PREDICT_FALSE(quiet_binds_) && BindsPendingLocked()) return;
     // One frame at a time in the control slot, posted at once (below): a credit frame after it
     // in this pass would write the same slot before the chain is posted.
     if (control_busy_ || !credits_.CanSpendForData()) return;
@@ -1999,6 +2015,10 @@ void Connection::MaybeSendArenaFramesLocked() {
         // A window is bound once (a new one per loan), so its key in ibv_mw needs no update.
         AppendBindLocked(bind);
         lend_bound_ = true;
+        if (BindsPendingLocked()) {  // the lend goes once the bind's completion came back
+          PostChainLocked();
+          return;
+        }
       }
       m.op = ArenaOp::kLend;
       m.loan = arena_reader_.loan();

@@ -92,6 +92,7 @@ void Connection::NoteParkedLocked() {
 
 void Connection::MaybeSendParkFramesLocked() {
   if (state_ != State::kOpen) return;
+  if (ABSL_PREDICT_FALSE(quiet_binds_) && HoldsFramesLocked()) return;  // sent once the bind went
   if (credits_.park_ask_owed()) {
     // A message came since the look and is held: not idle after all.
     if (!credits_.CanAskPark()) {

@@ -605,12 +605,13 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
       continue;
     }
     if (like_rxe.load(std::memory_order_relaxed)) {
-      // rxe retransmits from its oldest unacknowledged work request and executes every bind it
-      // meets on the way again, which fails: a bind behind other work not known to be retired
-      // fails here at once, as a loss there would make it (Capabilities::like_rxe).
+      // rxe retransmits from its oldest unretired work request and executes every bind it meets
+      // on the way again, which fails: a bind behind other work not known to be retired fails
+      // here at once, as a loss there would make it, and so does other work behind a bind not
+      // known to be retired, as a stale retransmission timer there can (Capabilities::like_rxe).
       const bool bind = wr->opcode == IBV_WR_BIND_MW;
-      if (bind && std::any_of(qp->unretired.begin(), qp->unretired.end(),
-                              [](const std::pair<uint64_t, bool>& e) { return !e.second; })) {
+      if (std::any_of(qp->unretired.begin(), qp->unretired.end(),
+                      [bind](const std::pair<uint64_t, bool>& e) { return e.second != bind; })) {
         ++stats.binds_replayed;
         Complete(qp->qp.send_cq, Wc(qp, wr->wr_id, IBV_WC_MW_BIND_ERR, IBV_WC_BIND_MW));
         ToError(qp);
@@ -830,11 +831,10 @@ int PollCq(ibv_cq* cq, int n, ibv_wc* wc) {
     auto it = qps.find(polled.qp_num);
     if (it == qps.end()) continue;
     auto& unretired = it->second->unretired;
-    while (!unretired.empty()) {
-      const uint64_t wr_id = unretired.front().first;
-      unretired.pop_front();
-      if (wr_id == polled.wr_id) break;
-    }
+    auto last = std::find_if(
+        unretired.begin(), unretired.end(),
+        [&polled](const std::pair<uint64_t, bool>& e) { return e.first == polled.wr_id; });
+    if (last != unretired.end()) unretired.erase(unretired.begin(), last + 1);
   }
   return got;
 }

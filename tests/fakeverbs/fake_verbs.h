@@ -62,8 +62,9 @@ void SetPostSendHook(const std::function<void()>* hook);
 // unacknowledged work request and executes every bind from there again, which fails the queue
 // pair. With no loss here, the stand-in fails a BIND_MW at once when send work other than binds
 // posted before it on its queue pair is not known to be retired (no signalled completion at or
-// after it polled yet): with a loss at the wrong time, rxe would fail it
-// (Counters::binds_replayed).
+// after it polled yet): with a loss at the wrong time, rxe would fail it. It fails other work
+// posted behind a bind not known to be retired too: a stale retransmission timer can make rxe
+// replay a bind at the head of its queue as work behind it goes out (Counters::binds_replayed).
 struct Capabilities {
   bool shared_receive_queues = true;
   bool windows = true;
