@@ -1,9 +1,10 @@
 // ServerContext: what a handler sees of the call it serves (its deadline, whether the caller
-// gave up).
+// gave up, who called).
 //
 // Contract: the runtime fills it in before the handler runs and keeps it valid until the call is
-// finished. IsCancelled(), deadline() and remaining() may be called from any thread; Cancel()
-// and SetRemaining() are the runtime's (a test of a handler may call them on its own context).
+// finished. IsCancelled(), deadline(), remaining(), peer() and auth_key_id() may be called from
+// any thread; Cancel(), SetRemaining() and SetPeer() are the runtime's (a test of a handler may
+// call them on its own context).
 #ifndef ZRPC_RPC_SERVER_CONTEXT_H_
 #define ZRPC_RPC_SERVER_CONTEXT_H_
 
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -23,6 +25,22 @@ class ServerCallImpl;
 // What a handler sees of the call it serves; the runtime fills it in before the handler runs.
 class ServerContext {
  public:
+  // Who called: the client's address as its connection came in, "ip:port" (an IPv6 address in
+  // brackets, "[fe80::1]:40000"); empty in a context the runtime did not fill (a handler's unit
+  // test). Valid until the call is finished.
+  ::absl::string_view peer() const { return peer_; }
+  // The id of the pre-shared key the client proved when it connected (ServerOptions' listener
+  // auth_keys: docs/guide.md, "Who may connect"), or 0 when the server authenticates no one. The
+  // key id is the caller's identity as far as zrpc knows it: every client given that key shares
+  // it.
+  uint32_t auth_key_id() const { return auth_key_id_; }
+  // For the runtime (and tests of handlers): the call came from `peer`, which must outlive the
+  // call, authenticated by key `auth_key_id` (0: none).
+  void SetPeer(::absl::string_view peer, uint32_t auth_key_id) {
+    peer_ = peer;
+    auth_key_id_ = auth_key_id;
+  }
+
   // When the caller stops waiting, on this host's wall clock (absl::Now()): the remaining time
   // its request carried, counted from the request's arrival (InfiniteFuture when the caller set
   // no deadline). Worked out when asked (a clock read each time: keep it, don't poll it); a
@@ -76,6 +94,8 @@ class ServerContext {
 
   ::std::atomic<bool> cancelled_{false};
   ::std::chrono::steady_clock::time_point monotonic_deadline_ = kNone;
+  ::absl::string_view peer_;
+  uint32_t auth_key_id_ = 0;
 };
 
 }  // namespace zrpc

@@ -185,7 +185,8 @@ std::string PeerIp(rdma_cm_id* id) {
 }
 
 std::string PeerAddress(rdma_cm_id* id) {
-  return absl::StrCat(PeerIp(id), ":", ntohs(rdma_get_dst_port(id)));
+  const bool v6 = rdma_get_peer_addr(id)->sa_family == AF_INET6;
+  return absl::StrCat(v6 ? "[" : "", PeerIp(id), v6 ? "]:" : ":", ntohs(rdma_get_dst_port(id)));
 }
 
 absl::Status ResolveSockaddr(const std::string& addr, uint16_t port, sockaddr_storage* out) {

@@ -88,7 +88,8 @@ absl::StatusOr<RetryTiming> QueryRetryTiming(ibv_qp* qp);
 // "zrpc: " so ExpectCmEvent on the other side quotes it).
 void Reject(rdma_cm_id* id, const absl::Status& why);
 
-// The peer of a connected or connecting id as "ip:port", and its IP alone.
+// The peer of a connected or connecting id as "ip:port" (an IPv6 address in brackets:
+// "[fe80::1]:4791"), and its IP alone (without brackets).
 std::string PeerAddress(rdma_cm_id* id);
 std::string PeerIp(rdma_cm_id* id);
 

@@ -481,7 +481,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Bytes each of the peer's RECVs holds (its Hello): with this side's slot size, what bounds
   // max_message_size().
   uint32_t peer_recv_size() const { return peer_.recv_size; }
-  std::string peer_address() const { return peer_address_; }
+  // The peer as "ip:port" (cm_util.h, PeerAddress): set before the connection is handed out and
+  // never changed, so the reference lasts as long as the connection.
+  const std::string& peer_address() const { return peer_address_; }
   // The bytes the server's accept reply carried after its Hello (wire.h; AcceptHandler's
   // Placement::accept_data), on the side that connected; zeros on the side that accepted, or
   // when the server gave none.

@@ -38,6 +38,8 @@ ServerCallImpl::ServerCallImpl(ServerConnection& owner, transport::Connection& c
   deadline_nanos_ = DeadlineNanosFromWire(request.header.timeout_us, arrival_nanos);
   context_.monotonic_deadline_ =
       deadline_nanos_ == kNoDeadlineNanos ? ServerContext::kNone : SteadyFromNanos(deadline_nanos_);
+  // The transport connection outlives the call (server_call.h), and its address never changes.
+  context_.SetPeer(connection.peer_address(), connection.auth_key_id());
   metrics_.OnStart();
   metrics_.AddMessageBytes(0, request.body.size());
   metrics_.AddBulkBytes(0, request.bulk ? request.bulk->size : 0);
