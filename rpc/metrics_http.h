@@ -1,4 +1,5 @@
-// MetricsHttpServer: /metrics over HTTP, for Prometheus to scrape.
+// MetricsHttpServer: /metrics (and a server's /healthz and /readyz) over HTTP, for Prometheus and
+// load balancers.
 //
 //   ServerOptions options;
 //   options.metrics_address = "0.0.0.0:9464";   // the Server runs one of these for its metrics
@@ -14,6 +15,8 @@
 // (`Connection: close`), answering
 //   GET /metrics, HEAD /metrics  200, text/plain; version=0.0.4 (Prometheus' text format),
 //                                the body `render()` returns, rendered afresh for each scrape;
+//   a path of `pages`            the Page its function returns (a Server's: /healthz and
+//                                /readyz), text/plain, asked afresh each time;
 //   any other path               404;
 //   any other method             405 (Allow: GET, HEAD);
 //   a request it cannot parse    400.
@@ -40,6 +43,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -53,6 +57,13 @@ namespace zrpc {
 class MetricsHttpServer {
  public:
   using Render = std::function<std::string()>;
+  // A page beside /metrics: its status ("200 OK", "503 Service Unavailable") and plain-text body.
+  struct Page {
+    std::string status;
+    std::string body;
+  };
+  // Pages by exact path ("/healthz"), each function run on the endpoint's thread per request.
+  using Pages = std::map<std::string, std::function<Page()>>;
 
   static constexpr size_t kMaxRequestHead = 8 * 1024;
 
@@ -60,14 +71,17 @@ class MetricsHttpServer {
   // host 0.0.0.0 or [::]: every interface), and serves from a thread of its own.
   // kInvalidArgument for a malformed address or an io_timeout outside (0, 1 h]; kUnavailable
   // when it cannot bind (in use, not an address of this host), naming the address and why.
+  // `pages`: served besides /metrics.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      absl::string_view address, Render render, absl::Duration io_timeout = absl::Seconds(2));
+      absl::string_view address, Render render, absl::Duration io_timeout = absl::Seconds(2),
+      Pages pages = {});
   ~MetricsHttpServer();
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;
 
   uint16_t port() const { return port_; }
-  // How many requests it answered with 200 / with an error status.
+  // How many requests it answered from /metrics or a page (whatever the page's status) / refused
+  // with an error status of its own (400, 404, 405).
   uint64_t scrapes() const { return scrapes_.load(std::memory_order_relaxed); }
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
 
@@ -75,7 +89,7 @@ class MetricsHttpServer {
   struct Client;
 
   MetricsHttpServer(int listen_fd, int wake_fd, uint16_t port, Render render,
-                    absl::Duration io_timeout);
+                    absl::Duration io_timeout, Pages pages);
   void Loop();
   // Moves `client` on as far as its socket allows; closes it (fd -1) when done or failed.
   void Advance(Client& client, absl::Time now);
@@ -87,6 +101,7 @@ class MetricsHttpServer {
   const uint16_t port_;
   const Render render_;
   const absl::Duration io_timeout_;
+  const Pages pages_;
   std::atomic<uint64_t> scrapes_{0};
   std::atomic<uint64_t> refused_{0};
   std::thread thread_;

@@ -45,7 +45,7 @@ std::string Response(absl::string_view status, absl::string_view content_type,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    absl::string_view address, Render render, absl::Duration io_timeout) {
+    absl::string_view address, Render render, absl::Duration io_timeout, Pages pages) {
   if (io_timeout <= absl::ZeroDuration() || io_timeout > absl::Hours(1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics endpoint: io_timeout ", absl::FormatDuration(io_timeout), " is not in (0, 1h]"));
@@ -100,18 +100,19 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     return absl::UnavailableError(absl::StrCat("metrics endpoint: eventfd: ", reason));
   }
   std::unique_ptr<MetricsHttpServer> server(
-      new MetricsHttpServer(fd, wake, bound_port, std::move(render), io_timeout));
+      new MetricsHttpServer(fd, wake, bound_port, std::move(render), io_timeout, std::move(pages)));
   server->thread_ = std::thread([s = server.get()] { s->Loop(); });
   return server;
 }
 
 MetricsHttpServer::MetricsHttpServer(int listen_fd, int wake_fd, uint16_t port, Render render,
-                                     absl::Duration io_timeout)
+                                     absl::Duration io_timeout, Pages pages)
     : listen_fd_(listen_fd),
       wake_fd_(wake_fd),
       port_(port),
       render_(std::move(render)),
-      io_timeout_(io_timeout) {}
+      io_timeout_(io_timeout),
+      pages_(std::move(pages)) {}
 
 MetricsHttpServer::~MetricsHttpServer() {
   const uint64_t one = 1;
@@ -276,8 +277,14 @@ std::string MetricsHttpServer::Answer(const std::string& head) {
                     true);
   }
   if (path != "/metrics") {
-    refused_.fetch_add(1, std::memory_order_relaxed);
-    return Response("404 Not Found", text, "", "the metrics are at /metrics\n", !head_only);
+    auto page = pages_.find(path);
+    if (page == pages_.end()) {
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      return Response("404 Not Found", text, "", "the metrics are at /metrics\n", !head_only);
+    }
+    scrapes_.fetch_add(1, std::memory_order_relaxed);
+    const Page answer = page->second();
+    return Response(answer.status, text, "", answer.body, !head_only);
   }
   scrapes_.fetch_add(1, std::memory_order_relaxed);
   return Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", "", render_(), !head_only);

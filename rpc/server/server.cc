@@ -268,6 +268,7 @@ absl::Status ServerImpl::Start() {
   }
   started_ = true;
   sweeper_ = std::thread([this] { SweepLoop(); });
+  listening_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -697,8 +698,18 @@ absl::Status Server::Start() {
   std::unique_ptr<MetricsHttpServer> http;
   absl::MutexLock lock(&metrics_mu_);
   if (!metrics_address_.empty() && metrics_http_ == nullptr) {
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started =
-        MetricsHttpServer::Start(metrics_address_, [this] { return PrometheusText(); });
+    // /healthz: the process answers. /readyz: started and not shutting down (Shutdown flips it
+    // first, before its grace period, so a balancer stops sending new clients here).
+    MetricsHttpServer::Pages pages;
+    pages["/healthz"] = [] { return MetricsHttpServer::Page{"200 OK", "ok\n"}; };
+    pages["/readyz"] = [this] {
+      if (impl_->ready()) return MetricsHttpServer::Page{"200 OK", "ready\n"};
+      return MetricsHttpServer::Page{"503 Service Unavailable", impl_->draining()
+                                                                    ? "not ready: shutting down\n"
+                                                                    : "not ready: not started\n"};
+    };
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started = MetricsHttpServer::Start(
+        metrics_address_, [this] { return PrometheusText(); }, absl::Seconds(2), std::move(pages));
     if (!started.ok()) {
       return absl::Status(started.status().code(), absl::StrCat("ServerOptions::metrics_address: ",
                                                                 started.status().message()));

@@ -80,6 +80,8 @@ class ServerImpl final : public transport::AcceptHandler {
   }
   // Not serving new calls any more (Shutdown has begun).
   bool draining() const { return draining_.load(std::memory_order_acquire); }
+  // Started and not draining: what /readyz says (Server::Start's metrics endpoint). Any thread.
+  bool ready() const { return listening_.load(std::memory_order_acquire) && !draining(); }
   void CallStarted();
   void CallDone();
   void ConnectionClosed(ServerConnection* connection);
@@ -162,6 +164,7 @@ class ServerImpl final : public transport::AcceptHandler {
   bool started_ = false;
   uint16_t port_ = 0;
   std::atomic<bool> draining_{false};
+  std::atomic<bool> listening_{false};  // Start succeeded (started_, for other threads)
   bool shut_down_ = false;
 
   // Every connection placed and not yet closed (or refused), for Shutdown and stats. Keyed by

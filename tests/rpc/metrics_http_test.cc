@@ -151,6 +151,36 @@ TEST_CASE("other paths get 404, other methods 405, HEAD the headers alone") {
   CHECK(s.http->refused() == 3);
 }
 
+TEST_CASE("pages beside /metrics answer with their own status and body, asked afresh") {
+  std::atomic<bool> ready{true};
+  MetricsHttpServer::Pages pages;
+  pages["/healthz"] = [] { return MetricsHttpServer::Page{"200 OK", "ok\n"}; };
+  pages["/readyz"] = [&ready] {
+    return ready ? MetricsHttpServer::Page{"200 OK", "ready\n"}
+                 : MetricsHttpServer::Page{"503 Service Unavailable", "not ready\n"};
+  };
+  auto http = MetricsHttpServer::Start(
+      "127.0.0.1:0", [] { return std::string("m 1\n"); }, absl::Milliseconds(300),
+      std::move(pages));
+  REQUIRE(http.ok());
+  zrpc::testing::HttpResponse health = zrpc::testing::Curl(Url(**http, "/healthz"));
+  CHECK(health.status == 200);
+  CHECK(health.body == "ok\n");
+  CHECK(absl::StrContains(health.headers, "Content-Type: text/plain; charset=utf-8"));
+  CHECK(zrpc::testing::Curl(Url(**http, "/readyz")).body == "ready\n");
+  ready = false;
+  zrpc::testing::HttpResponse not_ready = zrpc::testing::Curl(Url(**http, "/readyz?verbose"));
+  CHECK(not_ready.status == 503);
+  CHECK(not_ready.body == "not ready\n");
+  const std::string raw = Exchange((*http)->port(), "HEAD /readyz HTTP/1.1\r\n\r\n");
+  CHECK(absl::StartsWith(raw, "HTTP/1.1 503 Service Unavailable\r\n"));
+  CHECK(raw.find("\r\n\r\n") == raw.size() - 4);
+  CHECK(zrpc::testing::Curl(Url(**http, "/metrics")).body == "m 1\n");
+  CHECK(zrpc::testing::Curl(Url(**http, "/healthzx")).status == 404);
+  CHECK((*http)->scrapes() == 5);
+  CHECK((*http)->refused() == 1);
+}
+
 TEST_CASE("clients that never speak do not hold up a scrape, nor the endpoint's destruction") {
   Served s(absl::Seconds(2));
   std::vector<int> silent;
