@@ -15,8 +15,8 @@
 // (`Connection: close`), answering
 //   GET /metrics, HEAD /metrics  200, text/plain; version=0.0.4 (Prometheus' text format),
 //                                the body `render()` returns, rendered afresh for each scrape;
-//   a path of `pages`            the Page its function returns (a Server's: /healthz and
-//                                /readyz), text/plain, asked afresh each time;
+//   a path of `pages`            the Page its function returns (a Server's: /healthz,
+//                                /readyz, /connections), asked afresh each time;
 //   any other path               404;
 //   any other method             405 (Allow: GET, HEAD);
 //   a request it cannot parse    400.
@@ -57,10 +57,12 @@ namespace zrpc {
 class MetricsHttpServer {
  public:
   using Render = std::function<std::string()>;
-  // A page beside /metrics: its status ("200 OK", "503 Service Unavailable") and plain-text body.
+  // A page beside /metrics: its status ("200 OK", "503 Service Unavailable"), body, and the
+  // body's type (empty: plain text).
   struct Page {
     std::string status;
     std::string body;
+    std::string content_type = std::string();
   };
   // Pages by exact path ("/healthz"), each function run on the endpoint's thread per request.
   using Pages = std::map<std::string, std::function<Page()>>;

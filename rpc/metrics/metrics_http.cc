@@ -284,7 +284,8 @@ std::string MetricsHttpServer::Answer(const std::string& head) {
     }
     scrapes_.fetch_add(1, std::memory_order_relaxed);
     const Page answer = page->second();
-    return Response(answer.status, text, "", answer.body, !head_only);
+    return Response(answer.status, answer.content_type.empty() ? text : answer.content_type, "",
+                    answer.body, !head_only);
   }
   scrapes_.fetch_add(1, std::memory_order_relaxed);
   return Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", "", render_(), !head_only);

@@ -612,6 +612,72 @@ void ServerImpl::Shutdown(absl::Duration grace) {
 
 uint16_t ServerImpl::port() const { return port_; }
 
+std::string ServerImpl::ConnectionsPage(bool json) const {
+  std::vector<std::shared_ptr<ServerConnection>> open;
+  {
+    absl::MutexLock lock(&mu_);
+    open.reserve(connections_.size());
+    for (const auto& [handler, connection] : connections_) open.push_back(connection);
+  }
+  std::vector<ServerConnection::View> views;
+  views.reserve(open.size());
+  for (const auto& connection : open) views.push_back(connection->Look());
+  open.clear();  // no reference kept past the look
+  // Oldest first.
+  std::sort(views.begin(), views.end(),
+            [](const ServerConnection::View& a, const ServerConnection::View& b) {
+              return a.age > b.age;
+            });
+  std::string out;
+  if (json) {
+    // Peers are numeric addresses ("ip:port", "[v6]:port"): nothing in them needs escaping.
+    absl::StrAppend(&out, "{\"connections\":[");
+    for (size_t i = 0; i < views.size(); ++i) {
+      const ServerConnection::View& v = views[i];
+      absl::StrAppend(&out, i == 0 ? "" : ",", "\n{\"peer\":\"", v.peer,
+                      "\",\"auth_key_id\":", v.auth_key_id,
+                      absl::StrFormat(",\"age_seconds\":%.3f", absl::ToDoubleSeconds(v.age)),
+                      ",\"open\":", v.open ? "true" : "false", ",\"calls_in_flight\":", v.calls,
+                      ",\"transport\":");
+      if (!v.transport) {
+        absl::StrAppend(&out, "null}");  // its domain was busy: asked again at the next look
+        continue;
+      }
+      const transport::ConnectionStats& t = *v.transport;
+      absl::StrAppend(
+          &out, "{\"messages_sent\":", t.messages_sent,
+          ",\"messages_received\":", t.messages_received, ",\"bulk_sent\":", t.bulk_sent,
+          ",\"bulk_received\":", t.bulk_received, ",\"sends_outstanding\":", t.sends_outstanding,
+          ",\"waiting\":", t.waiting, ",\"recv_window\":", t.recv_window,
+          ",\"peer_recv_credits\":", t.peer_recv_credits, ",\"arena_in_use\":", t.arena_in_use,
+          ",\"arena_lent\":", t.arena_lent ? "true" : "false",
+          ",\"window_parked\":", t.window_parked ? "true" : "false", "}}");
+    }
+    absl::StrAppend(&out, "\n]}\n");
+    return out;
+  }
+  absl::StrAppend(&out, "# ", views.size(),
+                  " connections, oldest first: peer, key id, age, state, calls in flight, "
+                  "messages and bulk payloads sent and received, sends outstanding and waiting, "
+                  "receive window, arena bytes in use and whether lent, window parked\n");
+  for (const ServerConnection::View& v : views) {
+    absl::StrAppend(&out, v.peer.empty() ? "-" : v.peer, " key=", v.auth_key_id,
+                    absl::StrFormat(" age=%.3fs", absl::ToDoubleSeconds(v.age)),
+                    v.open ? " open" : " closing", " calls=", v.calls);
+    if (!v.transport) {
+      absl::StrAppend(&out, " (busy: the rest at the next look)\n");
+      continue;
+    }
+    const transport::ConnectionStats& t = *v.transport;
+    absl::StrAppend(&out, " sent=", t.messages_sent, "+", t.bulk_sent,
+                    " received=", t.messages_received, "+", t.bulk_received,
+                    " outstanding=", t.sends_outstanding, " waiting=", t.waiting,
+                    " window=", t.recv_window, " arena=", t.arena_in_use,
+                    t.arena_lent ? " lent" : "", t.window_parked ? " parked" : "", "\n");
+  }
+  return out;
+}
+
 std::string ServerImpl::address() const {
   return options_.address.empty() ? device_->selection().addr : options_.address;
 }
@@ -702,6 +768,12 @@ absl::Status Server::Start() {
     // first, before its grace period, so a balancer stops sending new clients here).
     MetricsHttpServer::Pages pages;
     pages["/healthz"] = [] { return MetricsHttpServer::Page{"200 OK", "ok\n"}; };
+    pages["/connections"] = [this] {
+      return MetricsHttpServer::Page{"200 OK", impl_->ConnectionsPage(false)};
+    };
+    pages["/connections.json"] = [this] {
+      return MetricsHttpServer::Page{"200 OK", impl_->ConnectionsPage(true), "application/json"};
+    };
     pages["/readyz"] = [this] {
       if (impl_->ready()) return MetricsHttpServer::Page{"200 OK", "ready\n"};
       return MetricsHttpServer::Page{"503 Service Unavailable", impl_->draining()

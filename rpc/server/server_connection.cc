@@ -25,6 +25,23 @@ ServerConnection::ServerConnection(ServerImpl& server, std::shared_ptr<transport
                     std::move(poller)),
       server_(server) {}
 
+ServerConnection::View ServerConnection::Look() const {
+  View view;
+  view.age = MonotonicNow() - placed_;
+  view.calls = calls_count_.load(std::memory_order_relaxed);
+  std::shared_ptr<transport::Connection> connection;
+  {
+    absl::MutexLock lock(&mu_);
+    connection = connection_;
+  }
+  if (connection == nullptr) return view;
+  view.peer = connection->peer_address();
+  view.auth_key_id = connection->auth_key_id();
+  view.open = connection->open();
+  view.transport = connection->TryStats();
+  return view;
+}
+
 void ServerConnection::Attach(std::shared_ptr<transport::Connection> connection) {
   absl::MutexLock lock(&mu_);
   if (!closed_ && connection_ == nullptr) connection_ = std::move(connection);

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -30,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "rpc/common/monotonic.h"
 #include "rpc/connection/rpc_connection.h"
 #include "rpc/generated_api.h"
 #include "rpc/metrics.h"
@@ -113,6 +115,19 @@ class ServerConnection final : public RpcConnection,
 
   ServerImpl& server() { return server_; }
 
+  // What /connections shows of it (ServerImpl::ConnectionsPage). Any thread; never waits for the
+  // connection's domain (a handler may hold it): `transport` is empty while another thread does,
+  // and `peer` too before the connection is attached.
+  struct View {
+    std::string peer;
+    uint32_t auth_key_id = 0;
+    absl::Duration age;  // since the server placed it
+    size_t calls = 0;    // in flight
+    bool open = false;
+    std::optional<transport::ConnectionStats> transport;
+  };
+  View Look() const;
+
  private:
   void HandleRequest(transport::Connection& connection, const IncomingMessage& request);
   void HandleCancel(transport::Connection& connection, const IncomingMessage& cancel);
@@ -135,7 +150,8 @@ class ServerConnection final : public RpcConnection,
   absl::Time last_probe_ = absl::InfinitePast();
   bool spoke_since_probe_ = false;              // spoke_ seen since the last probe
   absl::Time spoke_at_ = absl::InfinitePast();  // the look that last saw spoke_
-  absl::Mutex mu_;
+  const absl::Time placed_ = MonotonicNow();
+  mutable absl::Mutex mu_;
   std::shared_ptr<transport::Connection> connection_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 

@@ -80,6 +80,9 @@ class ServerImpl final : public transport::AcceptHandler {
   }
   // Not serving new calls any more (Shutdown has begun).
   bool draining() const { return draining_.load(std::memory_order_acquire); }
+  // The connections as /connections shows them: one line each, or (`json`) one JSON document.
+  // Any thread; waits for no connection's domain.
+  std::string ConnectionsPage(bool json) const;
   // Started and not draining: what /readyz says (Server::Start's metrics endpoint). Any thread.
   bool ready() const { return listening_.load(std::memory_order_acquire) && !draining(); }
   void CallStarted();
