@@ -1014,10 +1014,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const bool awaits_last_wqe_;
   bool last_wqe_reached_ ABSL_GUARDED_BY(domain_) = false;
   bool drain_given_up_ ABSL_GUARDED_BY(domain_) = false;  // GiveUpOnDrain, once
-  // !Device::binds_survive_retry: a bind goes only on a quiet send queue (QuietLocked). The run of
-  // binds at the queue's head: from the sequence of its first to the one after its last.
+  // !Device::binds_survive_retry: a bind goes only on a quiet send queue (QuietLocked). The
+  // sequence after the last bind appended: while it is next_sequence_, a bind came last.
   const bool quiet_binds_;
-  uint64_t bind_run_begin_ ABSL_GUARDED_BY(domain_) = 0;
   uint64_t bind_run_end_ ABSL_GUARDED_BY(domain_) = 0;
   bool bind_waits_ ABSL_GUARDED_BY(domain_) = false;  // counted in binds_waited, not yet posted
   // When the drain began (SteadyNanos, steady_clock.h), 0 when not draining: read by the poller's

@@ -791,13 +791,12 @@ void Connection::BindExposureLocked(const Waiting& op) {
 }
 
 bool Connection::QuietLocked() {
-  if (!quiet_binds_) return true;
-  // Quiet: nothing in flight, or only the run of binds just appended. rxe retires a bind at the
-  // head of its send queue before it looks at any acknowledgement, so a retransmission goes back
-  // to the work after the run at the earliest, never into it (device.h, binds_survive_retry).
-  if (in_flight_.empty()) {
-    bind_run_begin_ = bind_run_end_ = next_sequence_;
-  } else if (in_flight_.front().sequence < bind_run_begin_ || next_sequence_ != bind_run_end_) {
+  // Quiet: nothing in flight, or only the run of binds just appended (the last thing appended was
+  // a bind, and the run began on an empty queue: nothing else goes behind binds in flight,
+  // BindsPendingLocked). rxe retires a bind at the head of its send queue before it looks at any
+  // acknowledgement, so a retransmission goes back to the work after the run at the earliest,
+  // never into it (device.h, binds_survive_retry).
+  if (quiet_binds_ && !in_flight_.empty() && next_sequence_ != bind_run_end_) {
     if (!bind_waits_) {
       bind_waits_ = true;
       ++stats_.binds_waited;
