@@ -97,7 +97,8 @@ def main():
     # tools/fuzz prints one verdict line per target, "FUZZ PASS name" or "FUZZ FAIL name", and
     # tools/check one per check, "CHECK PASS name" or "CHECK FAIL name".
     verdict_failed = {}
-    for log, word, name in (("fuzz.log", "FUZZ", "fuzz"), ("checks.log", "CHECK", "checks")):
+    for log, word, name in (("fuzz.log", "FUZZ", "fuzz"), ("checks.log", "CHECK", "checks"),
+                            ("installed.log", "INSTALLED", "installed")):
         path = os.path.join(out_dir, log)
         verdict_failed[name] = 0
         if not os.path.exists(path):
@@ -105,19 +106,21 @@ def main():
         with open(path) as f:
             for line in f:
                 words = line.split()
-                if len(words) == 3 and words[0] == word and words[1] in ("PASS", "FAIL"):
-                    outcome = "pass" if words[1] == "PASS" else "fail"
+                if len(words) == 3 and words[0] == word and words[1] in ("PASS", "FAIL", "SKIP"):
+                    outcome = {"PASS": "pass", "FAIL": "fail", "SKIP": "skip"}[words[1]]
                     counts[outcome] += 1
                     verdict_failed[name] += outcome == "fail"
-                    lines.append("%s %s: %s" % ("PASSED " if outcome == "pass" else "FAILED ",
-                                                name, words[2]))
+                    tag = {"pass": "PASSED ", "fail": "FAILED ", "skip": "SKIPPED"}[outcome]
+                    lines.append("%s %s: %s" % (tag, name, words[2]))
     for status in statuses:
         name, _, code = status.partition("=")
+        name = "installed" if name == "installed-rdma" else name
         if name in verdict_failed:
             if code != "0" and not verdict_failed[name]:  # it failed before any verdict
                 counts["fail"] += 1
-                lines.append("FAILED  tools/%s did not complete: %s" %
-                             ("fuzz" if name == "fuzz" else "check", code))
+                lines.append("FAILED  %s did not complete: %s" % (
+                    {"fuzz": "tools/fuzz", "checks": "tools/check",
+                     "installed": "tests/installed/run.sh"}[name], code))
             continue
         if code not in ("0", "3", "4"):
             counts["fail"] += 1
