@@ -1,7 +1,8 @@
 # zrpc's files, by what Bazel's targets use: written by tools/update-cmake-sources. Do not edit.
 # ZRPC_RUNTIME_SOURCES and ZRPC_RUNTIME_HEADERS: //:zrpc (the library, libzrpc.a; its headers are
-# installed, since the public ones include the rest). ZRPC_PLUGIN_SOURCES: protoc-gen-zrpc, but
-# the .proto it reads its options from (ZRPC_OPTIONS_PROTO), which CMake compiles into both.
+# installed, since the public ones include the rest), and ZRPC_RUNTIME_PROTOS, the .proto files
+# whose messages and services it uses. ZRPC_PLUGIN_SOURCES: protoc-gen-zrpc, but the .proto it
+# reads its options from (ZRPC_OPTIONS_PROTO, messages only), which CMake compiles into both.
 set(ZRPC_RUNTIME_SOURCES
   rpc/bulk/registered_memory.cc
   rpc/bulk/staging.cc
@@ -21,6 +22,7 @@ set(ZRPC_RUNTIME_SOURCES
   rpc/connection/rpc_connection_send.cc
   rpc/connection/rpc_connection_stream.cc
   rpc/connection/rpc_header.cc
+  rpc/health/health_service.cc
   rpc/metrics/metrics.cc
   rpc/metrics/metrics_http.cc
   rpc/server/handler_pool.cc
@@ -81,6 +83,7 @@ set(ZRPC_RUNTIME_HEADERS
   rpc/connection/rpc_connection_internal.h
   rpc/connection/rpc_header.h
   rpc/generated_api.h
+  rpc/health/health_service.h
   rpc/impl/block_cache.h
   rpc/impl/call_interfaces.h
   rpc/impl/call_waiter.h
@@ -140,6 +143,9 @@ set(ZRPC_RUNTIME_HEADERS
   transport/verbs_owners.h
   transport/wire.h
   transport/work_request_id.h
+)
+set(ZRPC_RUNTIME_PROTOS
+  proto/zrpc/health.proto
 )
 set(ZRPC_PLUGIN_SOURCES
   codegen/cpp_names.cc

@@ -286,6 +286,11 @@ struct ServerOptions : RuntimeOptions {
   // on a plain TCP interface ("0.0.0.0:9464", "127.0.0.1:0" for any free port; metrics_port()
   // says which). Empty: no endpoint. See rpc/metrics_http.h for what it answers and its bounds.
   std::string metrics_address;
+  // Answer the health service, zrpc.health.v1.Health (proto/zrpc/health.proto, the shape of
+  // gRPC's grpc.health.v1): Check and Watch for "" (the server) and each service added, SERVING
+  // from Start (unless Server::SetServingStatus said otherwise) and NOT_SERVING from the moment
+  // Shutdown begins. False: the service is not added, and a client asking gets UNIMPLEMENTED.
+  bool health_service = true;
 };
 
 }  // namespace zrpc

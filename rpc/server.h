@@ -158,6 +158,12 @@ class Server {
   absl::Status SetInline(absl::string_view method, bool inline_handler);
   // Starts listening. kFailedPrecondition when called twice or after Shutdown.
   absl::Status Start();
+  // What the health service (ServerOptions::health_service) answers for `service`: a service's
+  // full name ("package.Service"), or "" for the server as a whole. Start makes "" and every
+  // service added SERVING unless this said otherwise first; any name may be set, at any time,
+  // from any thread, and its watchers hear of it. After Shutdown began, does nothing (everything
+  // is NOT_SERVING then). Without the health service, does nothing.
+  void SetServingStatus(absl::string_view service, bool serving);
   // See the top of this file.
   void Shutdown(absl::Duration grace);
 

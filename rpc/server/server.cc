@@ -103,6 +103,10 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
   connection.max_send_slots =
       std::max<uint32_t>(connection.max_send_slots, ServerImpl::AnswerSlots(adjusted) + 8);
   std::unique_ptr<ServerImpl> core(new ServerImpl(adjusted));
+  if (adjusted.health_service) {
+    core->health_ = std::make_unique<HealthService>();
+    if (absl::Status added = core->AddService(core->health_.get()); !added.ok()) return added;
+  }
   absl::StatusOr<RuntimeParts> parts = OpenRuntime(adjusted, "ServerOptions", arena_piece);
   if (!parts.ok()) return parts.status();
   // Lent on demand when the pollers have pools: a device without type-2 memory windows makes
@@ -261,6 +265,14 @@ absl::Status ServerImpl::Start() {
   absl::StatusOr<std::unique_ptr<transport::Listener>> listener = transport::Listener::Create(
       *device_, options_.address, options_.port, this, options_.listener);
   if (!listener.ok()) return listener.status();
+  if (health_ != nullptr) {
+    // Before the first connection: a client's first Check already says SERVING.
+    health_->SetIfUnset("", health::v1::HealthCheckResponse::SERVING);
+    for (const auto& [id, entry] : services_) {
+      health_->SetIfUnset(entry.service->service_info().full_name,
+                          health::v1::HealthCheckResponse::SERVING);
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
     listener_ = *std::move(listener);
@@ -527,6 +539,9 @@ void ServerImpl::Shutdown(absl::Duration grace) {
   shut_down_ = true;
   const absl::Time grace_end = MonotonicNow() + grace;  // monotonic.h, like every time below
   draining_.store(true, std::memory_order_release);
+  // Watchers hear NOT_SERVING now, before the grace period, and their streams finish: a balancer
+  // stops sending here, and Shutdown does not wait for streams that would last for ever.
+  if (health_ != nullptr) health_->Shutdown();
   {
     // No new connections; unfinished handshakes are dropped. Destroyed outside mu_: its thread
     // may be in OnAccept, which takes it.
@@ -755,6 +770,11 @@ Server::~Server() {
   metrics_http_.reset();  // no scrape renders from a core being destroyed
 }
 absl::Status Server::AddService(Service* service) { return impl_->AddService(service); }
+void Server::SetServingStatus(absl::string_view service, bool serving) {
+  if (impl_->health() == nullptr) return;
+  impl_->health()->Set(service, serving ? health::v1::HealthCheckResponse::SERVING
+                                        : health::v1::HealthCheckResponse::NOT_SERVING);
+}
 absl::Status Server::SetInline(absl::string_view method, bool inline_handler) {
   return impl_->SetInline(method, inline_handler);
 }

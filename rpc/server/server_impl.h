@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "rpc/bulk/staging.h"
 #include "rpc/generated_api.h"
+#include "rpc/health/health_service.h"
 #include "rpc/metrics.h"
 #include "rpc/server.h"
 #include "rpc/server/call_counts.h"
@@ -65,6 +66,8 @@ class ServerImpl final : public transport::AcceptHandler {
   std::string address() const;
   ServerStats stats() const;
   absl::Status SetAuthKeys(std::vector<transport::AuthKey> keys);
+  // Null without ServerOptions::health_service.
+  HealthService* health() const { return health_.get(); }
 
   // transport::AcceptHandler (listener thread).
   absl::StatusOr<transport::Placement> Place(const std::string& peer) override;
@@ -162,6 +165,9 @@ class ServerImpl final : public transport::AcceptHandler {
   transport::Listener::AuthCounts auth_counts_ ABSL_GUARDED_BY(mu_);
   uint32_t peak_connections_ ABSL_GUARDED_BY(mu_) = 0;  // the listener's, once it is gone
 
+  // Added first when ServerOptions::health_service says so; outlives every call (declared before
+  // what Shutdown stops, destroyed after it).
+  std::unique_ptr<HealthService> health_;
   absl::flat_hash_map<uint32_t, ServiceEntry> services_;
   Metrics metrics_;
   bool started_ = false;

@@ -1,8 +1,8 @@
 """recipes.py README DIR: README.md's blocks marked for files of DIR are in them, verbatim.
 
 A block is a fenced block right after a line `<!-- recipe: tests/installed/<file> -->`; its lines
-must appear in DIR/<file> as consecutive lines. At least one block must name each of the files
-CMakeLists.txt and Makefile, so the README cannot drop a recipe unnoticed.
+must be DIR/<file>'s, all of them, in order. A block must name each of the files CMakeLists.txt
+and Makefile, so the README cannot drop a recipe unnoticed.
 """
 import os
 import re
@@ -25,10 +25,10 @@ for i, line in enumerate(lines):
     seen.add(name)
     path = os.path.join(directory, name)
     have = open(path).read().splitlines() if os.path.exists(path) else []
-    if block and any(have[k:k + len(block)] == block for k in range(len(have) - len(block) + 1)):
-        print("ok   README.md:%d: %d lines found verbatim in %s" % (i + 1, len(block), name))
+    if block and have == block:
+        print("ok   README.md:%d: %d lines, %s verbatim" % (i + 1, len(block), name))
     else:
-        print("FAIL README.md:%d: %s does not hold this block verbatim:" % (i + 1, name))
+        print("FAIL README.md:%d: %s is not this block, verbatim:" % (i + 1, name))
         print("\n".join("     | " + l for l in block))
         failed += 1
 for name in ("CMakeLists.txt", "Makefile"):

@@ -38,15 +38,18 @@ step() {
 
 if [[ "$mode" == build ]]; then
   prefix=$work/prefix
+  sources=("$here"/{CMakeLists.txt,Makefile,echo.proto,echo_check.cc})
   rm -rf "$prefix" "$work/cmake-app" "$work/make-app"
   # No optimisation or debug information: the quickest build that checks the same sources.
   if step install "$work/install.log" "$root/tools/install" --prefix "$prefix" \
       --build-dir "$work/zrpc-build" -DZRPC_WERROR=ON -DCMAKE_BUILD_TYPE=None; then
-    cp -r "$here" "$work/cmake-app"
+    # The project's own files only: a build left in the tree would make make say "up to date".
+    mkdir -p "$work/cmake-app" "$work/make-app"
+    cp "${sources[@]}" "$work/cmake-app"
     step cmake-consumer "$work/cmake-app.log" sh -c "cd '$work/cmake-app' &&
       cmake -S . -B build -DCMAKE_PREFIX_PATH='$prefix' -DCMAKE_CXX_FLAGS=-Werror &&
       cmake --build build --parallel $(nproc)"
-    cp -r "$here" "$work/make-app"
+    cp "${sources[@]}" "$work/make-app"
     step pkgconfig-consumer "$work/make-app.log" env PKG_CONFIG_PATH="$prefix/lib/pkgconfig" \
       CXXFLAGS=-Werror sh -c "pkg-config --validate zrpc && make -C '$work/make-app' -j$(nproc)"
   else
