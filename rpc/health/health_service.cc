@@ -22,9 +22,9 @@ struct HealthService::Watcher {
 };
 
 HealthService::~HealthService() {
-  Shutdown();
   // Writes still out complete through OnWritten, which takes this object: wait for them. In a
-  // server they are done by now (its Shutdown waits for every call, these streams included).
+  // server there are none by now: its Shutdown, in its destructor too, ends every watcher and
+  // waits for every call before anything is destroyed.
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](absl::flat_hash_set<Watcher*>* watchers) { return watchers->empty(); }, &watchers_));
@@ -91,49 +91,49 @@ void HealthService::OnWritten(Watcher* watcher, bool ok) {
   Run(watcher, next);
 }
 
-std::vector<std::pair<HealthService::Watcher*, HealthService::Next>> HealthService::ClaimIdle(
-    absl::string_view name, bool all) {
-  std::vector<Watcher*> idle;
-  for (Watcher* watcher : watchers_) {
-    if (!watcher->claimed && (all || watcher->name == name)) idle.push_back(watcher);
-  }
-  std::vector<std::pair<Watcher*, Next>> actions;
-  for (Watcher* watcher : idle) {
-    watcher->claimed = true;
-    const Next next = NextFor(watcher);  // may erase it from watchers_: collected first
-    if (next != Next::kNothing) actions.emplace_back(watcher, next);
-  }
-  return actions;
-}
-
 void HealthService::Set(absl::string_view name, Status status) {
-  std::vector<std::pair<Watcher*, Next>> actions;
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return;
     statuses_[name] = status;
-    actions = ClaimIdle(name, /*all=*/false);
   }
-  for (auto& [watcher, next] : actions) Run(watcher, next);
+  kick_();
 }
 
 void HealthService::SetIfUnset(absl::string_view name, Status status) {
   {
     absl::MutexLock lock(&mu_);
-    if (shut_down_ || statuses_.contains(name)) return;
+    if (shut_down_ || !statuses_.try_emplace(name, status).second) return;
   }
-  Set(name, status);  // a Set in between wins: both are the caller's
+  kick_();
 }
 
 void HealthService::Shutdown() {
-  std::vector<std::pair<Watcher*, Next>> actions;
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return;
     shut_down_ = true;
     for (auto& [name, status] : statuses_) status = health::v1::HealthCheckResponse::NOT_SERVING;
     statuses_[""] = health::v1::HealthCheckResponse::NOT_SERVING;
-    actions = ClaimIdle("", /*all=*/true);
+  }
+  kick_();
+}
+
+void HealthService::Flush() {
+  std::vector<std::pair<Watcher*, Next>> actions;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<Watcher*> idle;
+    for (Watcher* watcher : watchers_) {
+      if (!watcher->claimed) idle.push_back(watcher);
+    }
+    for (Watcher* watcher : idle) {
+      watcher->claimed = true;
+      // A client that gave up, or whose connection went: nothing else would tell this one.
+      if (watcher->call->context().IsCancelled()) watcher->cancelled = true;
+      const Next next = NextFor(watcher);  // may erase it from watchers_: collected first
+      if (next != Next::kNothing) actions.emplace_back(watcher, next);
+    }
   }
   for (auto& [watcher, next] : actions) Run(watcher, next);
 }
@@ -154,23 +154,11 @@ void HealthService::Watch(std::unique_ptr<ServerAsyncWriter<Request, Response>> 
   auto* watcher = new Watcher;
   watcher->name = call->request().service();
   watcher->call = std::move(call);
-  watcher->claimed = true;
-  std::vector<std::pair<Watcher*, Next>> actions;
   {
     absl::MutexLock lock(&mu_);
-    // Idle watchers whose client gave up, noticed now: nothing else would until a change.
-    for (Watcher* other : watchers_) {
-      if (!other->claimed && other->call->context().IsCancelled()) {
-        other->claimed = true;
-        other->cancelled = true;
-        actions.emplace_back(other, Next::kFinish);
-      }
-    }
-    for (auto& [other, next] : actions) watchers_.erase(other);
-    watchers_.insert(watcher);
-    actions.emplace_back(watcher, NextFor(watcher));  // the first Write (sent is -1)
+    watchers_.insert(watcher);  // its first Write (sent is -1) at the next Flush
   }
-  for (auto& [each, next] : actions) Run(each, next);
+  kick_();
 }
 
 }  // namespace zrpc::internal

@@ -104,7 +104,7 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
       std::max<uint32_t>(connection.max_send_slots, ServerImpl::AnswerSlots(adjusted) + 8);
   std::unique_ptr<ServerImpl> core(new ServerImpl(adjusted));
   if (adjusted.health_service) {
-    core->health_ = std::make_unique<HealthService>();
+    core->health_ = std::make_unique<HealthService>([core = core.get()] { core->KickHealth(); });
     if (absl::Status added = core->AddService(core->health_.get()); !added.ok()) return added;
   }
   absl::StatusOr<RuntimeParts> parts = OpenRuntime(adjusted, "ServerOptions", arena_piece);
@@ -266,7 +266,8 @@ absl::Status ServerImpl::Start() {
       *device_, options_.address, options_.port, this, options_.listener);
   if (!listener.ok()) return listener.status();
   if (health_ != nullptr) {
-    // Before the first connection: a client's first Check already says SERVING.
+    // Before the listener answers anyone (its thread starts below): a client's first Check
+    // already says SERVING.
     health_->SetIfUnset("", health::v1::HealthCheckResponse::SERVING);
     for (const auto& [id, entry] : services_) {
       health_->SetIfUnset(entry.service->service_info().full_name,
@@ -312,6 +313,14 @@ void ServerImpl::WatchDeadline(absl::Time deadline, std::weak_ptr<StreamState> s
   if (earliest) sweep_cv_.notify_one();
 }
 
+void ServerImpl::KickHealth() {
+  {
+    std::lock_guard<std::mutex> lock(sweep_mu_);
+    health_kick_ = true;
+  }
+  sweep_cv_.notify_one();
+}
+
 void ServerImpl::SweepLoop() {
   MarkRuntimeTimerThread();  // stream callbacks run here (slot retries, deadlines)
   // A pass at least every second, and often enough for short settings (tests).
@@ -333,10 +342,14 @@ void ServerImpl::SweepLoop() {
   // The connections a pass looks at: one vector for every pass, so that a pass allocates nothing
   // (it runs by the clock, and count_calls_test holds the server to no allocation per call).
   std::vector<std::shared_ptr<ServerConnection>> open;
+  // The health service's watchers are looked at when it asks, and every second while there are
+  // any (a watcher whose client gave up says so to no one).
+  absl::Time next_health_flush = absl::InfinitePast();
   for (;;) {
     std::vector<std::weak_ptr<StreamListener>> retry;
     std::vector<std::shared_ptr<StreamState>> overdue;
     absl::Time now;
+    bool flush_health = false;
     {
       std::unique_lock<std::mutex> lock(sweep_mu_);
       // Asleep until the next sweep, slot retry or stream deadline, whichever is first; told of
@@ -347,9 +360,13 @@ void ServerImpl::SweepLoop() {
         absl::Time wake = sweeps ? next_sweep : now + absl::Hours(1);
         if (!slot_waiters_.empty()) wake = std::min(wake, slot_retry_at_);
         if (!deadlines_.empty()) wake = std::min(wake, deadlines_.begin()->first);
-        if (wake <= now) break;
+        if (health_ != nullptr && health_->watchers() > 0) {
+          wake = std::min(wake, next_health_flush);
+        }
+        if (health_kick_ || wake <= now) break;
         sweep_cv_.wait_for(lock, absl::ToChronoNanoseconds(wake - now));
       }
+      flush_health = std::exchange(health_kick_, false) || now >= next_health_flush;
       if (!slot_waiters_.empty() && slot_retry_at_ <= now) retry = slot_waiters_.Take();
       while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
         if (std::shared_ptr<StreamState> stream = deadlines_.begin()->second.lock()) {
@@ -364,6 +381,10 @@ void ServerImpl::SweepLoop() {
       stream->End(absl::DeadlineExceededError("the call's deadline passed"));
     }
     StreamWaiters::Tell(retry);
+    if (flush_health && health_ != nullptr) {
+      health_->Flush();  // on this runtime thread its Writes never wait for a send slot
+      next_health_flush = now + absl::Seconds(1);
+    }
     if (!sweeps || now < next_sweep) continue;
     next_sweep = now + period;
     // Idle connections are looked at every eighth of the idle settings (ServerConnection::

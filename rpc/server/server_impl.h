@@ -141,6 +141,8 @@ class ServerImpl final : public transport::AcceptHandler {
   // The liveness thread (ServerOptions::liveness_probe_interval, idle_probe_interval,
   // max_connection_idle).
   void SweepLoop();
+  // The health service's kick: its Flush runs on the sweeper (HealthService).
+  void KickHealth();
 
   ServerOptions options_;  // as given, with the limits Create derives; fixed once created
   std::shared_ptr<transport::Device> device_;
@@ -165,8 +167,9 @@ class ServerImpl final : public transport::AcceptHandler {
   transport::Listener::AuthCounts auth_counts_ ABSL_GUARDED_BY(mu_);
   uint32_t peak_connections_ ABSL_GUARDED_BY(mu_) = 0;  // the listener's, once it is gone
 
-  // Added first when ServerOptions::health_service says so; outlives every call (declared before
-  // what Shutdown stops, destroyed after it).
+  // Added first when ServerOptions::health_service says so. Destroyed before the pollers and
+  // the pool (declared after them), when no call is left: the destructor's Shutdown ended its
+  // watchers and waited for every call.
   std::unique_ptr<HealthService> health_;
   absl::flat_hash_map<uint32_t, ServiceEntry> services_;
   Metrics metrics_;
@@ -200,7 +203,8 @@ class ServerImpl final : public transport::AcceptHandler {
   // std:: primitives so the sweep's waits run on the steady clock (monotonic.h).
   std::mutex sweep_mu_;
   std::condition_variable sweep_cv_;
-  bool sweep_stop_ = false;  // under sweep_mu_
+  bool sweep_stop_ = false;   // under sweep_mu_
+  bool health_kick_ = false;  // under sweep_mu_: the health service asks for a Flush
   // Under sweep_mu_: the sweeper doubles as the asynchronous streams' timer.
   StreamWaiters slot_waiters_;                                       // WaitForSlot
   absl::Time slot_retry_at_;                                         // when they try again
