@@ -80,6 +80,16 @@ struct CallOptions {
   ::std::shared_ptr<Cancellation> cancellation;
   // Optional, for methods with a response payload: where it lands (bulk.h, BulkDestination).
   BulkDestination response_destination;
+  // gRPC's wait_for_ready. False (the default): with no connection open and the last attempt
+  // failed, the call fails UNAVAILABLE at once, quoting that attempt's error, until the
+  // channel's reconnection backoff allows another (rpc/channel.h, "Connections"). True: the call
+  // waits instead, on the calling thread, connecting again as the backoff allows, until a
+  // connection opens (the call then goes), its deadline passes (DEADLINE_EXCEEDED quoting the
+  // last attempt's error; with no deadline it waits for as long as it takes), it is cancelled
+  // (CANCELLED), or an attempt fails for a reason that will not pass (a bad address, an
+  // incompatible server: that error). A call started on a runtime thread (a callback) never
+  // waits. Only the wait for a connection: a call that failed once sent is not retried.
+  bool wait_for_ready = false;
 
   // Options with `timeout` (relative to each call's start) and nothing else set.
   static CallOptions Timeout(::absl::Duration timeout) {

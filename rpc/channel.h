@@ -13,7 +13,8 @@
 // in a row, calls fail fast with UNAVAILABLE (quoting the last error) until a delay drawn
 // uniformly from [d/2, d] has passed, d = min(reconnect_backoff_max,
 // reconnect_backoff_initial * 2^(n-1)). So a client facing a dead server neither spins nor gives
-// up; stats() shows attempts, failures and the current delay.
+// up; stats() shows attempts, failures and the current delay. A call with
+// CallOptions::wait_for_ready waits out the backoff instead of failing (call_options.h).
 //
 // Cancellation: CallOptions::cancellation (generated_api.h) ends a call with CANCELLED and tells
 // the server.

@@ -126,6 +126,13 @@ class ChannelImpl final : public ClientConnectionOwner,
   absl::Status Init();
   // `deadline` is monotonic; `waited` as Subchannel::Get's.
   absl::StatusOr<std::shared_ptr<ClientConnection>> Pick(absl::Time deadline, bool* waited);
+  // Pick, for a call with CallOptions::wait_for_ready: where Pick fails UNAVAILABLE (no
+  // connection open, an attempt failed or its backoff runs), waits for the first backoff to end
+  // or a connection to open and picks again, until `deadline` or `cancellation` ends the wait.
+  // Never waits on a runtime thread.
+  absl::StatusOr<std::shared_ptr<ClientConnection>> PickWhenReady(absl::Time deadline,
+                                                                  const Cancellation* cancellation,
+                                                                  bool* waited);
   // Connect(): every subchannel, kConnectsAtOnce at a time.
   absl::Status ConnectAll(absl::Time deadline);
   static constexpr size_t kConnectsAtOnce = 16;
@@ -408,6 +415,45 @@ absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelImpl::Pick(absl::Time d
     }
   }
   return subchannels_[first]->Get(deadline, waited);
+}
+
+absl::StatusOr<std::shared_ptr<ClientConnection>> ChannelImpl::PickWhenReady(
+    absl::Time deadline, const Cancellation* cancellation, bool* waited) {
+  absl::Status last;  // the last attempt's failure, which the deadline's error quotes
+  for (;;) {
+    absl::StatusOr<std::shared_ptr<ClientConnection>> picked = Pick(deadline, waited);
+    if (picked.ok() || OnRuntimeThread()) return picked;
+    const absl::StatusCode code = picked.status().code();
+    if (code == absl::StatusCode::kDeadlineExceeded && !last.ok()) break;
+    // UNAVAILABLE is a failed attempt, a backoff or a connection lost; anything else is final.
+    if (code != absl::StatusCode::kUnavailable) return picked;
+    last = picked.status();
+    *waited = true;
+    // Asleep until the first subchannel's backoff ends (Pick then attempts), a connection
+    // opens, the deadline, or a cancel: looked at every 20 ms.
+    absl::Time next = absl::InfiniteFuture();
+    for (const auto& sub : subchannels_) next = std::min(next, sub->next_attempt());
+    // A millisecond at least: a failure that sets no backoff must not make this spin.
+    const absl::Time wake =
+        std::min(deadline, std::max(next, MonotonicNow() + absl::Milliseconds(1)));
+    for (;;) {
+      if (cancellation != nullptr && cancellation->cancelled()) {
+        return absl::CancelledError(absl::StrCat("cancelled while waiting for a connection to ",
+                                                 target_, " (wait_for_ready)"));
+      }
+      const absl::Time now = MonotonicNow();
+      if (now >= wake) break;
+      bool ready = false;
+      for (const auto& sub : subchannels_) ready = ready || sub->Ready() != nullptr;
+      if (ready) break;
+      absl::SleepFor(std::min(absl::Milliseconds(20), wake - now));
+    }
+    if (MonotonicNow() >= deadline) break;
+  }
+  return absl::DeadlineExceededError(absl::StrCat("not connected to ", target_,
+                                                  " by the deadline (wait_for_ready); the last "
+                                                  "attempt: ",
+                                                  last.message()));
 }
 
 void ChannelImpl::AddLive(std::shared_ptr<ClientConnection> connection) {
@@ -785,7 +831,9 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
   internal::CallTiming timing = internal::StartTiming(options);
   bool waited = false;
   absl::StatusOr<std::shared_ptr<internal::ClientConnection>> connection =
-      impl_->Pick(timing.deadline, &waited);
+      options.wait_for_ready
+          ? impl_->PickWhenReady(timing.deadline, options.cancellation.get(), &waited)
+          : impl_->Pick(timing.deadline, &waited);
   if (!connection.ok()) return connection.status();
   // Connecting took time: the request's remaining time (the wire's) is counted from now.
   if (waited) timing.now_nanos = internal::CallClockRefreshNanos();

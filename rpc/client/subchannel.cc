@@ -41,6 +41,11 @@ absl::Duration Subchannel::backoff() const {
   return backoff_.delay();
 }
 
+absl::Time Subchannel::next_attempt() const {
+  absl::MutexLock lock(&mu_);
+  return next_attempt_;
+}
+
 void Subchannel::Reset() {
   absl::MutexLock lock(&mu_);
   current_.reset();

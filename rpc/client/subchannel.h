@@ -90,6 +90,8 @@ class Subchannel {
   Restore Restorable(absl::Time now, absl::Time* at);
   // The current reconnection delay (zero when not failing).
   absl::Duration backoff() const;
+  // When its backoff lets the next attempt start (monotonic; in the past when it may now).
+  absl::Time next_attempt() const;
   // Forgets the connection (the channel's teardown, once it is closed).
   void Reset();
   // Forgets `closed` if it is this subchannel's connection: a closed connection keeps its
