@@ -92,6 +92,7 @@ set(ZRPC_RUNTIME_HEADERS
   rpc/impl/message_pool.h
   rpc/impl/server_unary.h
   rpc/impl/unary_call.h
+  rpc/metadata.h
   rpc/metrics.h
   rpc/metrics_http.h
   rpc/options.h

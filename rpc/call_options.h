@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "rpc/bulk.h"
 #include "rpc/impl/inline_function.h"
+#include "rpc/metadata.h"
 
 namespace zrpc {
 
@@ -90,6 +91,16 @@ struct CallOptions {
   // incompatible server: that error). A call started on a runtime thread (a callback) never
   // waits. Only the wait for a connection: a call that failed once sent is not retried.
   bool wait_for_ready = false;
+  // Metadata sent with the call (metadata.h): the handler reads it as
+  // ServerContext::client_metadata(). With a stream, it goes with the stream's opening. Empty
+  // (the default) costs nothing: no byte on the wire. Encoded into the request when the call
+  // starts.
+  Metadata metadata;
+  // Optional: where the handler's trailing metadata lands (ServerContext::AddTrailingMetadata).
+  // Cleared when the call starts and filled before it ends (its DoneCallback runs, the blocking
+  // call returns, a stream's Finish returns), so it must outlive the call; left empty when the
+  // call ended without an answer from the handler (a deadline, a cancel, a lost connection).
+  Metadata* trailing_metadata = nullptr;
 
   // Options with `timeout` (relative to each call's start) and nothing else set.
   static CallOptions Timeout(::absl::Duration timeout) {

@@ -1,20 +1,25 @@
 // ServerContext: what a handler sees of the call it serves (its deadline, whether the caller
-// gave up, who called).
+// gave up, who called, the metadata it sent) and the trailing metadata it answers with.
 //
 // Contract: the runtime fills it in before the handler runs and keeps it valid until the call is
-// finished. IsCancelled(), deadline(), remaining(), peer() and auth_key_id() may be called from
-// any thread; Cancel(), SetRemaining() and SetPeer() are the runtime's (a test of a handler may
-// call them on its own context).
+// finished. IsCancelled(), deadline(), remaining(), peer(), auth_key_id() and client_metadata()
+// may be called from any thread; AddTrailingMetadata() from one thread at a time, the handler's;
+// Cancel(), SetRemaining(), SetPeer() and SetClientMetadata() are the runtime's (a test of a
+// handler may call them on its own context).
 #ifndef ZRPC_RPC_SERVER_CONTEXT_H_
 #define ZRPC_RPC_SERVER_CONTEXT_H_
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <memory>
+#include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "rpc/metadata.h"
 
 namespace zrpc {
 
@@ -39,6 +44,29 @@ class ServerContext {
   void SetPeer(::absl::string_view peer, uint32_t auth_key_id) {
     peer_ = peer;
     auth_key_id_ = auth_key_id;
+  }
+
+  // The metadata the client sent with the call (CallOptions::metadata), in its order; empty
+  // when it sent none. Valid until the call is finished.
+  const Metadata& client_metadata() const {
+    return client_metadata_ != nullptr ? *client_metadata_ : EmptyMetadata();
+  }
+  // Adds an entry to the trailing metadata that goes back with the call's answer (its response
+  // or its error; a stream's end), which the caller reads through CallOptions::trailing_metadata.
+  // Errors as Metadata::Add's (the trailing metadata is bounded by Metadata::kMaxSize). Call it
+  // from the handler before the answer is made: a unary or streaming handler before it returns,
+  // an asynchronous one (PendingCall, the ServerAsync* streams) before its Finish. An error's
+  // status payloads (absl::Status::SetPayload) travel beside it in what room kMaxSize leaves; those
+  // that do not fit are dropped, and the error's message says so.
+  ::absl::Status AddTrailingMetadata(::absl::string_view key, ::absl::string_view value) {
+    if (trailing_metadata_ == nullptr) trailing_metadata_ = ::std::make_unique<Metadata>();
+    return trailing_metadata_->Add(key, value);
+  }
+  // What AddTrailingMetadata added so far; null when nothing was.
+  const Metadata* trailing_metadata() const { return trailing_metadata_.get(); }
+  // For the runtime (and tests of handlers): the client sent `metadata`.
+  void SetClientMetadata(::std::unique_ptr<Metadata> metadata) {
+    client_metadata_ = ::std::move(metadata);
   }
 
   // When the caller stops waiting, on this host's wall clock (absl::Now()): the remaining time
@@ -92,10 +120,18 @@ class ServerContext {
       ::std::chrono::steady_clock::time_point::max();
   bool cancel_requested() const { return cancelled_.load(::std::memory_order_relaxed); }
 
+  static const Metadata& EmptyMetadata() {
+    static const Metadata* const empty = new Metadata();
+    return *empty;
+  }
+
   ::std::atomic<bool> cancelled_{false};
   ::std::chrono::steady_clock::time_point monotonic_deadline_ = kNone;
   ::absl::string_view peer_;
   uint32_t auth_key_id_ = 0;
+  // Null unless the client sent metadata / the handler added some: a call without costs nothing.
+  ::std::unique_ptr<Metadata> client_metadata_;
+  ::std::unique_ptr<Metadata> trailing_metadata_;
 };
 
 }  // namespace zrpc

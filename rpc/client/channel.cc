@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/optimization.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
@@ -829,6 +830,8 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
   // The call starts here: its one clock reading (the batch's, on a poller: call_clock.h) fixes
   // its deadline, and waits below end there.
   internal::CallTiming timing = internal::StartTiming(options);
+  // Emptied first, so that a call failing before it is sent leaves no earlier call's trailers.
+  if (options.trailing_metadata != nullptr) options.trailing_metadata->Clear();
   bool waited = false;
   absl::StatusOr<std::shared_ptr<internal::ClientConnection>> connection =
       options.wait_for_ready
@@ -838,8 +841,16 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
   // Connecting took time: the request's remaining time (the wire's) is counted from now.
   if (waited) timing.now_nanos = internal::CallClockRefreshNanos();
   transport::Connection& c = (*connection)->connection();
-  if (absl::Status fits = (*connection)->limits().CheckMessage(size, "request"); !fits.ok()) {
+  // The call's metadata goes first in the SEND (WIRE.md, "Metadata"): the message follows it.
+  const size_t block = internal::RequestMetadataBlock(options);
+  if (absl::Status fits =
+          (*connection)->limits().CheckMessage(size + options.metadata.encoded_size(), "request");
+      !fits.ok()) {
     return fits;
+  }
+  if (ABSL_PREDICT_FALSE(block > 0)) {
+    if (absl::Status fits = internal::RpcConnection::MetadataFits(c, block); !fits.ok())
+      return fits;
   }
   // A slot frees when an earlier message's send completes: wait for one, up to the deadline.
   // Never on a poller or the timer (THREADING.md): there the call waits in the connection's
@@ -863,20 +874,24 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
                 });
   if (!buffer.ok() && runtime_thread &&
       buffer.status().code() == absl::StatusCode::kResourceExhausted && client->open()) {
-    auto* body = static_cast<uint8_t*>(std::malloc(size > 0 ? size : 1));
+    auto* body = static_cast<uint8_t*>(std::malloc(size + block > 0 ? size + block : 1));
     if (body == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("out of memory for a ", size, "-byte request"));
     }
+    if (block > 0) EncodeMetadataBlock(&options.metadata, nullptr, body);
     auto* ticket = new (internal::TakeBlock(sizeof(internal::SlotTicket)))
         internal::SlotTicket{*std::move(connection), transport::SendBuffer{}, body, true, timing};
-    return SendSlot{body, size, reinterpret_cast<uintptr_t>(ticket)};
+    return SendSlot{body + block, size, reinterpret_cast<uintptr_t>(ticket)};
   }
   if (!buffer.ok()) return buffer.status();
   // Larger than a slot: the request goes at the front of a payload, from memory of its own, and
   // the slot carries the header.
   uint8_t* large = nullptr;
-  if (!internal::RpcConnection::FitsSlot(c, size)) {
+  if (ABSL_PREDICT_FALSE(block > 0)) {
+    EncodeMetadataBlock(&options.metadata, nullptr, internal::RpcConnection::Body(*buffer));
+  }
+  if (!internal::RpcConnection::FitsSlot(c, size + block)) {
     large = static_cast<uint8_t*>(std::malloc(size));
     if (large == nullptr) {
       c.ReleaseSendBuffer(*buffer);
@@ -886,7 +901,7 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
   }
   auto* ticket = new (internal::TakeBlock(sizeof(internal::SlotTicket)))
       internal::SlotTicket{*std::move(connection), *buffer, large, false, timing};
-  return SendSlot{large != nullptr ? large : internal::RpcConnection::Body(*buffer), size,
+  return SendSlot{large != nullptr ? large : internal::RpcConnection::Body(*buffer) + block, size,
                   reinterpret_cast<uintptr_t>(ticket)};
 }
 
@@ -928,6 +943,8 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
   internal::ClientCall call;
   call.method = &method;
   call.response = response;
+  call.sends_metadata = !options.metadata.empty();
+  call.trailing = options.trailing_metadata;
   call.response_bulk = response_bulk;
   call.done = std::move(done);
   call.metrics = state.metrics;
@@ -935,17 +952,18 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
     call.destination = options.response_destination;
     call.landing = std::make_shared<internal::BulkGate>(/*held=*/false);
   }
+  const size_t block = internal::RequestMetadataBlock(options);
   if (ticket->waiting) {
-    ticket->connection->StartWaiting(state.service_id, std::exchange(ticket->large, nullptr),
+    ticket->connection->StartWaiting(state.service_id, std::exchange(ticket->large, nullptr), block,
                                      slot.size, std::move(request_bulk), std::move(call), options,
                                      ticket->timing);
     return;
   }
   OutgoingBulk large_body;
-  size_t body_size = slot.size;
+  size_t body_size = block + slot.size;
   if (uint8_t* large = std::exchange(ticket->large, nullptr)) {
     large_body = OutgoingBulk(large, slot.size, [large] { std::free(large); });
-    body_size = 0;
+    body_size = block;
   }
   ticket->connection->Start(state.service_id, ticket->buffer, body_size, std::move(large_body),
                             std::move(request_bulk), std::move(call), options, ticket->timing);
@@ -967,6 +985,8 @@ std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
   internal::ClientCall call;
   call.method = &method;
   call.response = response;
+  call.sends_metadata = !options.metadata.empty();
+  call.trailing = options.trailing_metadata;
   call.metrics = state.metrics;
   call.stream = stream;
   if (ticket->waiting) {
@@ -980,10 +1000,11 @@ std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
   }
   call.done = [stream](absl::Status status) { stream->End(std::move(status)); };
   OutgoingBulk large_body;
-  size_t body_size = slot.size;
+  const size_t block = internal::RequestMetadataBlock(options);
+  size_t body_size = block + slot.size;
   if (uint8_t* large = std::exchange(ticket->large, nullptr)) {
     large_body = OutgoingBulk(large, slot.size, [large] { std::free(large); });
-    body_size = 0;
+    body_size = block;
   }
   const uint64_t id = ticket->connection->Start(
       state.service_id, ticket->buffer, body_size, std::move(large_body), OutgoingBulk(),

@@ -77,17 +77,30 @@ uint64_t ClientConnection::Start(uint32_t service_id, const transport::SendBuffe
                std::move(call), options, timing, stream_window);
 }
 
-uint64_t ClientConnection::StartWaiting(uint32_t service_id, uint8_t* body, size_t body_size,
-                                        OutgoingBulk&& bulk, ClientCall&& call,
+uint64_t ClientConnection::StartWaiting(uint32_t service_id, uint8_t* body, size_t block,
+                                        size_t body_size, OutgoingBulk&& bulk, ClientCall&& call,
                                         const CallOptions& options, const CallTiming& timing) {
   // Larger than a slot: the request will go at the front of a payload, as Start's would (WIRE.md,
   // "Messages larger than a slot"), so it is that payload from here on, behind the call's gate.
+  // The metadata block (if any) stays for the SEND, copied out of the body's memory.
   OutgoingBulk large_body;
-  if (!FitsSlot(*connection_, body_size)) {
-    large_body = OutgoingBulk(body, body_size, [body] { std::free(body); });
-    body = nullptr;
+  if (!FitsSlot(*connection_, block + body_size)) {
+    uint8_t* metadata = nullptr;
+    if (block > 0) {
+      metadata = static_cast<uint8_t*>(std::malloc(block));
+      if (metadata == nullptr) {
+        std::free(body);
+        bulk.Reset();
+        call.End(absl::ResourceExhaustedError("out of memory for a request's metadata"));
+        return 0;
+      }
+      std::memcpy(metadata, body, block);
+    }
+    large_body = OutgoingBulk(body + block, body_size, [body] { std::free(body); });
+    body = metadata;
     body_size = 0;
   }
+  body_size += block;
   return Begin(service_id, nullptr, body, body_size, std::move(large_body), std::move(bulk),
                std::move(call), options, timing, 0);
 }
@@ -315,6 +328,7 @@ void ClientConnection::StartInDomain(StartRequest& start) {
   }
   const uint16_t method_index = static_cast<uint16_t>(call.method->index);
   const bool pull_response = call.landing != nullptr;
+  const bool sends_metadata = call.sends_metadata;
   const std::shared_ptr<StreamState> stream = call.stream;
   // A keepalive asks how long the server takes to answer, so its time counts from here, where it
   // is sent: a start left in the domain (the timer's, while another thread held it) waited for
@@ -334,6 +348,7 @@ void ClientConnection::StartInDomain(StartRequest& start) {
           ? RpcHeader::StreamOpen(start.service_id, method_index, id, 0, start.stream_window)
           : RpcHeader::Request(start.service_id, method_index, id, 0);
   if (pull_response) request_header.flags |= kRpcFlagPullResponse;
+  if (sends_metadata) request_header.flags |= kRpcFlagMetadata;
   absl::Status sent;
   if (start.buffer != nullptr) {
     // The remaining time goes on the wire as late as the RPC layer can set it: after staging.
@@ -994,12 +1009,30 @@ void ClientConnection::Complete(transport::Connection& connection, IncomingMessa
       status = absl::InternalError(
           absl::StrCat("the server's error message is malformed: ", decoded.message()));
     }
+  }
+  if (!violation && !message.layout.metadata.empty()) {
+    // Trailing metadata, and an error's status payloads (WIRE.md, "Metadata"): into the
+    // caller's Metadata when it gave one, checked either way.
+    Metadata trailing;
+    absl::Status decoded =
+        DecodeMetadataBlock(message.layout.metadata, &trailing, status.ok() ? nullptr : &status);
+    if (!decoded.ok()) {
+      violation = true;
+      status = absl::InternalError(
+          absl::StrCat("the server's trailing metadata is malformed: ", decoded.message()));
+    } else if (call.trailing != nullptr) {
+      *call.trailing = std::move(trailing);
+    }
+  }
+  if (violation || message.header.kind == RpcKind::kError) {
+    // decided above
   } else if (message.bulk && !call.method->response_bulk) {
     violation = true;
     status = absl::InternalError(absl::StrCat(call.method->full_name,
                                               ": the response carries a bulk payload the "
                                               "method does not have"));
-  } else if (absl::Status fits = limits().CheckMessage(message.body.size(), "response");
+  } else if (absl::Status fits = limits().CheckMessage(
+                 message.body.size() + message.layout.metadata.size(), "response");
              !fits.ok()) {
     status = absl::Status(fits.code(), absl::StrCat(call.method->full_name, ": ", fits.message()));
   } else if (call.response == nullptr) {

@@ -130,6 +130,10 @@ struct ClientCall {
   std::shared_ptr<BulkGate> landing;
   // For a stream (rpc/streaming.h): its messages and flow control; `done` ends it.
   std::shared_ptr<StreamState> stream;
+  // The request carries a metadata block in front of its message (CallOptions::metadata).
+  bool sends_metadata = false;
+  // Where the server's trailing metadata goes (CallOptions::trailing_metadata), or null.
+  Metadata* trailing = nullptr;
 
   // Records the outcome and runs `done`: the one way a call ends. With a request payload the
   // runtime still holds (its WRITE posted, or waiting), the ending waits for the payload's
@@ -139,6 +143,12 @@ struct ClientCall {
 };
 
 extern const MethodInfo kKeepalivePing;  // of kKeepaliveService (rpc_connection.h)
+
+// Bytes of the metadata block a request with `options` carries in front of its message (0:
+// none; WIRE.md, "Metadata").
+inline size_t RequestMetadataBlock(const CallOptions& options) {
+  return options.metadata.empty() ? 0 : MetadataBlock::kPrefix + options.metadata.encoded_size();
+}
 
 // A call's times, monotonic (monotonic.h), fixed where the call starts (the channel's
 // AcquireSendSlot): the one clock reading a call takes (rpc/common/call_clock.h).
@@ -188,8 +198,10 @@ class ClientConnection final : public RpcConnection,
   // (OnSendSlotFree, or the timer's pass). The call is in the table meanwhile: its deadline,
   // a cancel or the connection's end take it as they take any call. Fails RESOURCE_EXHAUSTED
   // past max_calls_per_connection (the table) or kMaxWaitingBytes of waiting requests.
-  uint64_t StartWaiting(uint32_t service_id, uint8_t* body, size_t body_size, OutgoingBulk&& bulk,
-                        ClientCall&& call, const CallOptions& options, const CallTiming& timing);
+  // With metadata, `body` starts with its `block` bytes, which `body_size` leaves out.
+  uint64_t StartWaiting(uint32_t service_id, uint8_t* body, size_t block, size_t body_size,
+                        OutgoingBulk&& bulk, ClientCall&& call, const CallOptions& options,
+                        const CallTiming& timing);
   // Requests waiting for a send slot: a runtime thread's next call waits behind them, in order.
   size_t requests_waiting() const { return waiting_count_.load(std::memory_order_acquire); }
   // The most bytes of requests one connection keeps waiting for a send slot.

@@ -341,6 +341,10 @@ class RpcConnection : public transport::ConnectionHandler {
   static bool FitsSlot(const transport::Connection& connection, size_t size) {
     return size <= MaxInlineBody(connection);
   }
+  // Whether a metadata block of `block` bytes goes in a SEND on `connection` beside whatever
+  // else a message's SEND may need to carry (a large body's trailer, two pull descriptors):
+  // kResourceExhausted naming the slot size when not (slots far below the 4 KiB default).
+  static absl::Status MetadataFits(const transport::Connection& connection, size_t block);
 
   // A send buffer of `connection`, waiting while every one is in flight: they free as earlier
   // sends complete, usually within microseconds, so it yields first and then sleeps 100 us at a
@@ -455,8 +459,10 @@ class RpcConnection : public transport::ConnectionHandler {
   // A message with only a header (cancel) or an error with its status; takes a send buffer of
   // its own. kResourceExhausted when none is free.
   absl::Status SendHeaderOnly(transport::Connection& connection, const RpcHeader& header);
+  // With `trailing` (null: none) and `status`'s payloads in a metadata block in front of the
+  // message (WIRE.md, "Metadata"), as much of them as fits Metadata::kMaxSize and the slot.
   absl::Status SendError(transport::Connection& connection, uint64_t call_id,
-                         const absl::Status& status);
+                         const absl::Status& status, const Metadata* trailing = nullptr);
 
   uint64_t violations() const { return violations_.load(std::memory_order_relaxed); }
   // Large transfers under way on this connection: payloads this side is pulling, or has

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -197,13 +198,41 @@ absl::Status RpcConnection::SendHeaderOnly(transport::Connection& connection,
 }
 
 absl::Status RpcConnection::SendError(transport::Connection& connection, uint64_t call_id,
-                                      const absl::Status& status) {
+                                      const absl::Status& status, const Metadata* trailing) {
   absl::StatusOr<transport::SendBuffer> buffer = connection.AcquireSendBuffer();
   if (!buffer.ok()) return buffer.status();
-  const size_t limit = std::min(kMaxErrorMessage, MaxBody(connection));
-  const size_t body = EncodeErrorBody(status.message(), Body(*buffer), limit);
-  return SendMessage(connection, *buffer, RpcHeader::Error(call_id, status.code()), body,
-                     OutgoingBulk());
+  RpcHeader header = RpcHeader::Error(call_id, status.code());
+  bool dropped = false;
+  size_t block = MetadataBlockSize(trailing, &status, &dropped);
+  if (block > 0 && !MetadataFits(connection, block).ok()) block = 0;  // tiny slots: the code goes
+  size_t body = 0;
+  if (block > 0) {
+    EncodeMetadataBlock(trailing, &status, Body(*buffer));
+    header.flags |= kRpcFlagMetadata;
+    body = block;
+  }
+  const size_t limit = std::min(kMaxErrorMessage, MaxBody(connection) - block);
+  // What did not fit is said in the message, so a caller missing a detail learns why.
+  std::string noted;
+  absl::string_view message = status.message();
+  if (dropped || (block == 0 && MetadataBlockSize(trailing, &status) > 0)) {
+    noted = absl::StrCat(message,
+                         " [status payloads or trailing metadata that did not fit were "
+                         "dropped]");
+    message = noted;
+  }
+  body += EncodeErrorBody(message, Body(*buffer) + block, limit);
+  return SendMessage(connection, *buffer, header, body, OutgoingBulk());
+}
+
+absl::Status RpcConnection::MetadataFits(const transport::Connection& connection, size_t block) {
+  constexpr size_t kBeside = LargeBody::kSize + 2 * PullDescriptor::kSize;
+  if (block + kBeside <= MaxBody(connection)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the call's metadata takes ", block, " bytes encoded; a message on this connection holds ",
+      MaxBody(connection) > kBeside ? MaxBody(connection) - kBeside : 0,
+      " bytes of it (its receive slots are ", connection.max_message_size(),
+      " bytes: the smaller side's slots.slot_size)"));
 }
 
 namespace {

@@ -6,19 +6,23 @@
 #include <cstring>
 #include <limits>
 
+#include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "transport/byte_order.h"
 #include "transport/wire.h"
 
 namespace zrpc {
 
-// This layout is version 9 of the wire, which the transport's Hello negotiates (version 2
+// This layout is version 10 of the wire, which the transport's Hello negotiates (version 2
 // added pulled payloads: kRpcFlagPull and kPulled; version 3 large bodies: kRpcFlagLargeBody;
 // version 4 streams: kRpcFlagStream, kinds 6-8 and `window`; versions 5 to 8 changed the
 // transport's Hello, connect request, accept reply, credits and frames only, not this header;
-// version 9 the pull descriptor's flags, kPullWindow, and the kPulled that invalidates);
+// version 9 the pull descriptor's flags, kPullWindow, and the kPulled that invalidates;
+// version 10 metadata: kRpcFlagMetadata and its block);
 // when the transport's version moves, decide here whether the RPC header moved with it.
-static_assert(transport::kWireVersion == 9, "rpc_header.h describes wire version 9");
+static_assert(transport::kWireVersion == 10, "rpc_header.h describes wire version 10");
 
 namespace {
 
@@ -199,10 +203,44 @@ uint32_t MessageLayout::bulk_size(const RpcHeader& header) const {
   return header.bulk_size - payload_body;
 }
 
+namespace {
+
+// Takes the metadata block off the front of `*body` into `layout->metadata` (DecodeLayout's,
+// out of its way: few messages carry metadata).
+ABSL_ATTRIBUTE_NOINLINE absl::Status SplitMetadata(const RpcHeader& header,
+                                                   absl::Span<const uint8_t>* body_in,
+                                                   MessageLayout* layout) {
+  absl::Span<const uint8_t>& body = *body_in;
+  if (body.size() < MetadataBlock::kPrefix) {
+    return Refuse("metadata", absl::StrCat("block: the body has ", body.size(),
+                                           " bytes, too few for its size"));
+  }
+  const uint32_t size = transport::GetLe<uint32_t>(body.data());
+  if (size == 0 || size > Metadata::kMaxSize || size > body.size() - MetadataBlock::kPrefix) {
+    return Refuse("metadata",
+                  absl::StrCat("block: claims ", size, " bytes (1 to ", Metadata::kMaxSize,
+                               ", within the body's ", body.size() - MetadataBlock::kPrefix, ")"));
+  }
+  layout->metadata = body.subspan(MetadataBlock::kPrefix, size);
+  body = body.subspan(MetadataBlock::kPrefix + size);
+  // DecodeRpcHeader checked the large body's trailer against the whole body, block included.
+  if (header.large_body() && body.size() < LargeBody::kSize) {
+    return Refuse("body",
+                  absl::StrCat("has ", body.size(), " bytes after its metadata, too few for the ",
+                               LargeBody::kSize, "-byte large-body trailer"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<MessageLayout> DecodeLayout(const RpcHeader& header,
                                            absl::Span<const uint8_t> message) {
   MessageLayout layout;
   absl::Span<const uint8_t> body = message.subspan(RpcHeader::kSize);
+  if (ABSL_PREDICT_FALSE((header.flags & kRpcFlagMetadata) != 0)) {
+    if (absl::Status split = SplitMetadata(header, &body, &layout); !split.ok()) return split;
+  }
   size_t trailer = 0;  // bytes after the inline body
   if (header.large_body()) {
     const uint8_t* in = body.data();  // DecodeRpcHeader checked the trailer is there
@@ -278,7 +316,7 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
   h.window = transport::GetLe<uint16_t>(in + kWindowAt);
 
   if ((h.flags & ~(kRpcFlagBulk | kRpcFlagPull | kRpcFlagPullResponse | kRpcFlagLargeBody |
-                   kRpcFlagStream)) != 0) {
+                   kRpcFlagStream | kRpcFlagMetadata)) != 0) {
     return Refuse("flags", absl::StrCat("0x", absl::Hex(h.flags), " has unknown bits set"));
   }
   // Only stream opens and credits grant messages, and they grant at least one.
@@ -328,16 +366,24 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
       return Refuse("body", absl::StrCat("has ", body, " bytes, too few for the ",
                                          PullDescriptor::kSize, "-byte pull descriptor"));
     }
+    if (h.kind == RpcKind::kStreamMessage && (h.flags & kRpcFlagMetadata) != 0) {
+      return Refuse("flags", "carry metadata on a stream message");
+    }
   } else {
-    if (h.flags != 0) return NotZero("flags", h.flags, h.kind);
+    // An error may carry metadata (trailing metadata, status payloads), nothing else.
+    const uint8_t allowed = h.kind == RpcKind::kError ? kRpcFlagMetadata : 0;
+    if ((h.flags & ~allowed) != 0) return NotZero("flags", h.flags, h.kind);
     if (h.bulk_size != 0) return NotZero("bulk_size", h.bulk_size, h.kind);
   }
   // Only errors carry a status, and it is never OK.
   if (h.kind == RpcKind::kError) {
     if (h.status_code == absl::StatusCode::kOk) return Refuse("status_code", "is OK in an error");
-    if (body > kMaxErrorMessage) {
-      return Refuse("body",
-                    absl::StrCat("of an error has ", body, " bytes, more than ", kMaxErrorMessage));
+    // The message itself is checked against kMaxErrorMessage once the metadata block is off.
+    const size_t block =
+        (h.flags & kRpcFlagMetadata) != 0 ? MetadataBlock::kPrefix + Metadata::kMaxSize : 0;
+    if (body > kMaxErrorMessage + block) {
+      return Refuse("body", absl::StrCat("of an error has ", body, " bytes, more than ",
+                                         kMaxErrorMessage + block));
     }
   } else if (status != 0) {
     return NotZero("status_code", status, h.kind);
@@ -374,6 +420,124 @@ absl::Status DecodeErrorBody(const RpcHeader& header, absl::Span<const uint8_t> 
   }
   *peer = absl::Status(header.status_code,
                        absl::string_view(reinterpret_cast<const char*>(body.data()), body.size()));
+  return absl::OkStatus();
+}
+
+namespace {
+
+bool TypeUrlOk(absl::string_view url) {
+  if (url.empty() || url.size() > Metadata::kMaxKey) return false;
+  for (char c : url) {
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+size_t EntrySize(absl::string_view key, size_t value) {
+  return Metadata::kEntryOverhead + key.size() + value;
+}
+
+void PutEntry(uint8_t type, absl::string_view key, absl::string_view value, uint8_t*& out) {
+  out[0] = type;
+  out[1] = static_cast<uint8_t>(key.size());
+  transport::PutLe<uint16_t>(out + 2, static_cast<uint16_t>(value.size()));
+  out += Metadata::kEntryOverhead;
+  std::memcpy(out, key.data(), key.size());
+  out += key.size();
+  if (!value.empty()) std::memcpy(out, value.data(), value.size());
+  out += value.size();
+}
+
+// Calls `fn(type_url, bytes)` for each of `status`'s payloads that fits beside `used` bytes of
+// entries, in the order ForEachPayload gives them, and says whether one did not.
+template <typename Fn>
+bool ForEachFittingPayload(const absl::Status* status, size_t used, Fn fn) {
+  bool dropped = false;
+  if (status == nullptr || status->ok()) return false;
+  status->ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    const size_t size = EntrySize(url, payload.size());
+    if (!TypeUrlOk(url) || used + size > Metadata::kMaxSize) {
+      dropped = true;
+      return;
+    }
+    used += size;
+    fn(url, payload);
+  });
+  return dropped;
+}
+
+}  // namespace
+
+size_t MetadataBlockSize(const Metadata* metadata, const absl::Status* status,
+                         bool* payloads_dropped) {
+  size_t used = metadata != nullptr ? metadata->encoded_size() : 0;
+  const bool dropped =
+      ForEachFittingPayload(status, used, [&](absl::string_view url, const absl::Cord& payload) {
+        used += EntrySize(url, payload.size());
+      });
+  if (payloads_dropped != nullptr) *payloads_dropped = dropped;
+  return used == 0 ? 0 : MetadataBlock::kPrefix + used;
+}
+
+void EncodeMetadataBlock(const Metadata* metadata, const absl::Status* status, uint8_t* out) {
+  uint8_t* const start = out;
+  out += MetadataBlock::kPrefix;
+  if (metadata != nullptr) {
+    for (const Metadata::Entry& entry : metadata->entries()) {
+      PutEntry(MetadataBlock::kEntry, entry.key, entry.value, out);
+    }
+  }
+  const size_t used = static_cast<size_t>(out - start) - MetadataBlock::kPrefix;
+  ForEachFittingPayload(status, used, [&](absl::string_view url, const absl::Cord& payload) {
+    PutEntry(MetadataBlock::kStatusPayload, url, std::string(payload), out);
+  });
+  transport::PutLe<uint32_t>(start, static_cast<uint32_t>(out - start - MetadataBlock::kPrefix));
+}
+
+absl::Status DecodeMetadataBlock(absl::Span<const uint8_t> entries, Metadata* metadata,
+                                 absl::Status* status) {
+  size_t at = 0;
+  for (int index = 0; at < entries.size(); ++index) {
+    if (entries.size() - at < Metadata::kEntryOverhead) {
+      return Refuse("metadata", absl::StrCat("entry ", index, " is cut short"));
+    }
+    const uint8_t type = entries[at];
+    const size_t key_size = entries[at + 1];
+    const size_t value_size = transport::GetLe<uint16_t>(entries.data() + at + 2);
+    at += Metadata::kEntryOverhead;
+    if (entries.size() - at < key_size + value_size) {
+      return Refuse("metadata",
+                    absl::StrCat("entry ", index, " claims ", key_size + value_size,
+                                 " bytes of the block's ", entries.size() - at, " left"));
+    }
+    const absl::string_view key(reinterpret_cast<const char*>(entries.data() + at), key_size);
+    const absl::string_view value(reinterpret_cast<const char*>(entries.data() + at + key_size),
+                                  value_size);
+    at += key_size + value_size;
+    if (type == MetadataBlock::kEntry) {
+      absl::Status valid = Metadata::CheckKey(key);
+      if (valid.ok()) valid = Metadata::CheckValue(key, value);
+      if (!valid.ok()) {
+        return Refuse("metadata", absl::StrCat("entry ", index, ": ", valid.message()));
+      }
+      metadata->AddUnchecked(key, value);
+    } else if (type == MetadataBlock::kStatusPayload) {
+      if (status == nullptr || status->ok()) {
+        return Refuse("metadata", absl::StrCat("entry ", index,
+                                               " is a status payload outside "
+                                               "an error"));
+      }
+      if (!TypeUrlOk(key)) {
+        return Refuse("metadata", absl::StrCat("entry ", index,
+                                               ": a status payload's type URL "
+                                               "is not printable ASCII"));
+      }
+      status->SetPayload(key, absl::Cord(value));
+    } else {
+      return Refuse("metadata", absl::StrCat("entry ", index, " has type ", static_cast<int>(type),
+                                             " (0 and 1 are defined)"));
+    }
+  }
   return absl::OkStatus();
 }
 

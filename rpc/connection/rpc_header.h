@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "rpc/metadata.h"
 #include "transport/wire.h"
 
 namespace zrpc {
@@ -72,6 +73,33 @@ inline constexpr uint8_t kRpcFlagLargeBody = 0x08;
 // flags, requests only: the request opens a stream (a streaming method); `window` is how many
 // messages the client takes before it grants more (WIRE.md, "Streams").
 inline constexpr uint8_t kRpcFlagStream = 0x10;
+// flags, requests (stream opens too), responses and errors: the SEND's body starts with a
+// metadata block (WIRE.md, "Metadata"): the client's metadata on a request, the handler's
+// trailing metadata (and an error's status payloads) on the answer.
+inline constexpr uint8_t kRpcFlagMetadata = 0x20;
+
+// The metadata block: a 4-byte size, then entries of [type (1), key size (1), value size (2),
+// key, value]. Type 0 is a metadata entry (metadata.h's rules), type 1 an error's status payload
+// (absl::Status::SetPayload: the key its type URL, printable ASCII). At most
+// Metadata::kMaxSize bytes of entries.
+struct MetadataBlock {
+  static constexpr size_t kPrefix = 4;
+  static constexpr uint8_t kEntry = 0;
+  static constexpr uint8_t kStatusPayload = 1;
+};
+// Bytes of the block holding `metadata` (may be null) and the payloads of `status` (may be null
+// or OK) that fit beside it: 0 when there is nothing to send. `*payloads_dropped` (if set) says
+// whether some payload did not fit kMaxSize and will not travel.
+size_t MetadataBlockSize(const Metadata* metadata, const absl::Status* status,
+                         bool* payloads_dropped = nullptr);
+// Writes that block (MetadataBlockSize bytes, which must be nonzero) at `out`.
+void EncodeMetadataBlock(const Metadata* metadata, const absl::Status* status, uint8_t* out);
+// Decodes the entries of a block (MessageLayout::metadata) into `*metadata` and, into `*status`
+// (if set; a non-OK status), the status payloads. kFailedPrecondition naming what is wrong: a
+// truncated entry, an unknown type, a key or value that breaks metadata.h's rules, a status
+// payload outside an error (`status` null).
+absl::Status DecodeMetadataBlock(absl::Span<const uint8_t> entries, Metadata* metadata,
+                                 absl::Status* status);
 
 // With kRpcFlagLargeBody: how many of the payload's bulk_size bytes are the message's body (the
 // rest, if any, is the bulk payload the method carries).
@@ -171,7 +199,9 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message);
 // bulk's: they lie apart in the sender's memory).
 struct MessageLayout {
   absl::Span<const uint8_t> body;  // the body inside the SEND; empty with a large body
-  uint32_t payload_body = 0;       // bytes of body at the front of the payload
+  // The metadata block's entries (without its size), with kRpcFlagMetadata; else empty.
+  absl::Span<const uint8_t> metadata;
+  uint32_t payload_body = 0;  // bytes of body at the front of the payload
   PullDescriptor pulls[2];
   int pull_count = 0;
   // The key the reader's kPulled must invalidate (SEND_WITH_INV) once it no longer reads, or 0:

@@ -72,16 +72,28 @@ IncomingBulk ServerCallImpl::TakeRequestBulk() {
 }
 
 absl::StatusOr<SendSlot> ServerCallImpl::AcquireResponseSlot(size_t size) {
-  if (absl::Status fits = owner_->limits().CheckMessage(size, "response"); !fits.ok()) {
+  // The trailing metadata goes first in the SEND (WIRE.md, "Metadata"), the response after it.
+  const Metadata* trailing = context_.trailing_metadata();
+  const size_t block = trailing == nullptr ? 0 : MetadataBlockSize(trailing, nullptr);
+  const size_t entries = trailing == nullptr ? 0 : trailing->encoded_size();
+  if (absl::Status fits = owner_->limits().CheckMessage(size + entries, "response"); !fits.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(method_.full_name, ": ", fits.message()));
+  }
+  if (block > 0) {
+    if (absl::Status fits = RpcConnection::MetadataFits(*connection_, block); !fits.ok()) {
+      return absl::Status(fits.code(),
+                          absl::StrCat(method_.full_name, ": trailing metadata: ", fits.message()));
+    }
   }
   if (response_buffer_) connection_->ReleaseSendBuffer(*std::exchange(response_buffer_, {}));
   large_response_.reset();
   absl::StatusOr<transport::SendBuffer> buffer = connection_->AcquireSendBuffer();
   if (!buffer.ok()) return buffer.status();
   response_buffer_ = *buffer;
-  if (RpcConnection::FitsSlot(*connection_, size)) {
-    return SendSlot{RpcConnection::Body(*buffer), size, buffer->slot};
+  response_block_ = block;
+  if (block > 0) EncodeMetadataBlock(trailing, nullptr, RpcConnection::Body(*buffer));
+  if (RpcConnection::FitsSlot(*connection_, block + size)) {
+    return SendSlot{RpcConnection::Body(*buffer) + block, size, buffer->slot};
   }
   // Larger than a slot: serialized into memory of its own, sent at the front of the payload.
   large_response_.reset(static_cast<uint8_t*>(std::malloc(size)));
@@ -166,21 +178,22 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
     // A caller that gave its payload a destination pulls it there, whatever its size.
     const bool expose = (request_.header.flags & kRpcFlagPullResponse) != 0;
     OutgoingBulk large_body;
-    size_t body_size = response->size;
+    size_t body_size = response_block_ + response->size;
     if (uint8_t* large = large_response_.release()) {
       large_body = OutgoingBulk(large, response->size, [large] { std::free(large); });
-      body_size = 0;
+      body_size = response_block_;
     }
+    RpcHeader header = RpcHeader::Response(call_id());
+    if (response_block_ > 0) header.flags |= kRpcFlagMetadata;
     if (bulk_size == 0 && large_body.empty() && !request_released_) {
       // The common answer: the request's slot goes back and the response goes out under one
       // transport lock, the response carrying the slot's credit.
       request_released_ = true;
-      status = owner_->SendAnswer(*connection_, buffer, RpcHeader::Response(call_id()), body_size,
-                                  request_.handle);
+      status = owner_->SendAnswer(*connection_, buffer, header, body_size, request_.handle);
     } else {
-      status = owner_->SendMessage(*connection_, buffer, RpcHeader::Response(call_id()), body_size,
-                                   std::move(response_bulk), std::move(large_body),
-                                   absl::InfiniteFuture(), nullptr, expose);
+      status =
+          owner_->SendMessage(*connection_, buffer, header, body_size, std::move(response_bulk),
+                              std::move(large_body), absl::InfiniteFuture(), nullptr, expose);
     }
     if (status.ok()) {
       metrics_.AddMessageBytes(response->size, 0);
@@ -192,7 +205,8 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
     // memory): the client hears why instead of waiting for its deadline.
   }
   response_bulk.Reset();
-  if (absl::Status sent = owner_->SendError(*connection_, call_id(), status);
+  if (absl::Status sent =
+          owner_->SendError(*connection_, call_id(), status, context_.trailing_metadata());
       !sent.ok() && connection_->open()) {
     // No send slot for the error: the client would wait for its deadline without a word. Fail
     // its connection instead, which fails its calls at once.

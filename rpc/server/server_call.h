@@ -155,6 +155,9 @@ class ServerCallImpl final : public ServerCall,
   // A response too large for the slot, serialized here instead (malloc'd; the slot then carries
   // only the header): it goes at the front of the payload.
   std::unique_ptr<uint8_t, decltype(&std::free)> large_response_{nullptr, &std::free};
+  // Bytes of the trailing metadata block written in front of the response in its slot
+  // (AcquireResponseSlot), 0 for none.
+  size_t response_block_ = 0;
   std::atomic<bool> answered_{false};
   bool handler_ran_ = false;       // set before Dispatch; read by Finish, which the handler calls
   bool request_released_ = false;  // the request's slot went back (SendAnswer, OpenStream)

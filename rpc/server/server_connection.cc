@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/bulk/registration.h"
@@ -95,6 +96,19 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
       connection.Close();
     }
   };
+  // The client's metadata (WIRE.md, "Metadata"), checked before anything else uses the request,
+  // a keepalive's too: a block that breaks the rules is a violation, as a malformed header is.
+  // (A pulled request comes here twice, before and after its pull: decoded both times.)
+  std::unique_ptr<Metadata> client_metadata;
+  if (ABSL_PREDICT_FALSE(!request.layout.metadata.empty())) {
+    client_metadata = std::make_unique<Metadata>();
+    if (absl::Status decoded =
+            DecodeMetadataBlock(request.layout.metadata, client_metadata.get(), nullptr);
+        !decoded.ok()) {
+      Discard(connection, request);
+      return Violation(connection, absl::StrCat("call ", header.call_id, ": ", decoded.message()));
+    }
+  }
   if (header.service_id == kKeepaliveServiceId) {
     // Answered here, on the poller thread, so that busy handlers never delay it: a keepalive
     // asks whether this process and its connection are alive, not whether it has spare threads.
@@ -148,7 +162,9 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
                                 "as a unary one"
                               : " is a unary method on this server; the client opened a stream")));
   }
-  if (absl::Status fits = limits().CheckMessage(request.body_size(), "request"); !fits.ok()) {
+  if (absl::Status fits =
+          limits().CheckMessage(request.body_size() + request.layout.metadata.size(), "request");
+      !fits.ok()) {
     return answer_error(
         absl::Status(fits.code(), absl::StrCat(method.full_name, ": ", fits.message())));
   }
@@ -189,6 +205,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
     call = new (memory) ServerCallImpl(*this, connection, entry->service, method,
                                        *entry->metrics[method.index], request, CallClockNanos(),
                                        stream ? server_.options().stream_window : uint16_t{0});
+    if (client_metadata != nullptr) call->context().SetClientMetadata(std::move(client_metadata));
     call->place_ = calls_.size();
     calls_.push_back(call);
     calls_count_.store(calls_.size(), std::memory_order_relaxed);

@@ -203,6 +203,10 @@ batched() {
 # (transport/exposures.h): transport 4,202 (3,796 with receives per connection, from 3,772), RPC
 # 9,504: 12 of the 24 a round trip are each receive's test for a SEND_WITH_INV (bisected by
 # taking it out), the rest the wider work-request record and pump; the ceiling moved to 4,220.
+# On 2026-12-07, with per-call metadata (rpc/metadata.h) and none sent: RPC 9,535 -> 9,681 at 256
+# receives a queue (+146, 1.5 %: the flag's tests on both sides, a layout and a call record two
+# words wider, the context's two pointers, the block's size kept per response; the same build
+# before and after, callgrind per function); nothing on the wire; the ceilings unchanged.
 max_shared_transport_ir=4220
 max_shared_rpc_ir=9760
 shared() {

@@ -19,14 +19,7 @@
 #include "rpc/server.h"
 #include "tests/eventually.h"
 #include "tests/rpc/runtime_fixture.h"
-#ifdef ZRPC_OVER_FAKEVERBS
-#include "tests/fakeverbs/fake_device.h"
-#define ZRPC_TEST_DEVICE(var) \
-  const zrpc::transport::DeviceConfig var = zrpc::fakeverbs::FakeDevice()
-#else
-#include "tests/rdma_device.h"
-#define ZRPC_TEST_DEVICE(var) ZRPC_REQUIRE_RDMA_DEVICE(var)
-#endif
+#include "tests/rpc/test_device.h"
 
 namespace {
 

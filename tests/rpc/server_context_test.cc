@@ -17,15 +17,8 @@
 #include "rpc/channel.h"
 #include "rpc/server.h"
 #include "tests/rpc/runtime_fixture.h"
+#include "tests/rpc/test_device.h"
 #include "transport/options.h"
-#ifdef ZRPC_OVER_FAKEVERBS
-#include "tests/fakeverbs/fake_device.h"
-#define ZRPC_TEST_DEVICE(var) \
-  const zrpc::transport::DeviceConfig var = zrpc::fakeverbs::FakeDevice()
-#else
-#include "tests/rdma_device.h"
-#define ZRPC_TEST_DEVICE(var) ZRPC_REQUIRE_RDMA_DEVICE(var)
-#endif
 
 namespace {
 
