@@ -21,7 +21,7 @@ MAX_ERROR_MESSAGE = 1024
 U64_MAX = (1 << 64) - 1
 
 
-WIRE_VERSION = 9  # transport::kWireVersion
+WIRE_VERSION = 10  # transport::kWireVersion
 
 
 def hello(magic=WIRE_MAGIC, version=WIRE_VERSION, flags=0, credits=64, recv_size=4096,
@@ -49,6 +49,7 @@ def hello_seeds():
         "version_4": hello(version=4)[:32],  # a peer of the wire before elastic windows
         "version_6": hello(version=6),
         "version_7": hello(version=7),  # before authentication
+        "version_9": hello(version=9),  # before metadata
         "auth_provisional": hello(flags=4, credits=1, addr=0, rkey=0),
         "auth_credits_2": hello(flags=4, credits=2, addr=0, rkey=0),
         "auth_with_key": hello(flags=4, addr=0),
@@ -143,7 +144,18 @@ def rpc_header_seeds():
         "credit_of_0": rpc(CREDIT, call_id=9),
         "window_in_request": rpc(REQ, service=greeter, window=1),
         "kind_9": rpc(9),
-        "unknown_flag": rpc(REQ, flags=0x20, service=greeter),
+        "unknown_flag": rpc(REQ, flags=0x40, service=greeter),
+        # Wire version 10: a metadata block (size, entries) in front of the body.
+        "request_metadata": rpc(REQ, flags=0x20, service=greeter, call_id=2)
+        + struct.pack("<I", 10) + b"\x00\x01\x05\x00kvalue" + b"\x0a\x01x",
+        "request_metadata_large_body": rpc(REQ, flags=0x29, service=greeter, call_id=2, bulk=5000)
+        + struct.pack("<I", 6) + b"\x00\x01\x01\x00kv" + struct.pack("<II", 5000, 0),
+        "request_metadata_empty_block": rpc(REQ, flags=0x20, service=greeter, call_id=2)
+        + struct.pack("<I", 0),
+        "error_metadata_payload": rpc(ERR, flags=0x20, call_id=4, status=5)
+        + struct.pack("<I", 9) + b"\x01\x03\x02\x00t/xab" + b"not found",
+        "stream_message_metadata": rpc(STREAM_MESSAGE, flags=0x20, call_id=9)
+        + struct.pack("<I", 6) + b"\x00\x01\x01\x00kv",
         # A large body: the trailer (size, reserved), then descriptors when pulled.
         "request_large_body": rpc(REQ, flags=9, service=greeter, call_id=2, bulk=5000)
         + struct.pack("<II", 5000, 0),

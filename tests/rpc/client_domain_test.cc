@@ -5,7 +5,8 @@
 // the domain on an application thread runs its callback after that thread lets go, so the
 // callback may make a blocking call on the same connection; a stream destroyed on its own poller
 // while an application thread holds the domain does not stall that poller; requests started on a
-// runtime thread past the waiting queue's bound are refused at once, once each; an asynchronous
+// runtime thread past the waiting queue's bound are refused at once, once each, and those with
+// metadata wait with their metadata block (small, and larger than a slot); an asynchronous
 // stream's pump sends what waited for its opening; a callback holding its poller does not hold
 // up the channel's timer; a frame a pump sends from a runtime thread while every send slot is
 // taken goes when a send completion frees one, with no timer's help. Over fakeverbs with the
@@ -286,6 +287,85 @@ TEST_CASE(
   CHECK(zrpc::testing::Eventually([&] { return served.channel->stats().calls_in_flight == 0; }));
 }
 
+// A server holding every call (HoldingGreeter) behind a window of three credits, and a client
+// (one connection, four send slots) whose slots are all taken by calls waiting for those
+// credits: a call a runtime thread starts now finds no slot and waits in the connection's queue.
+// `filler`, an application thread, went on starting kFill calls (it may wait for a slot). Drain()
+// releases the held calls until `done` holds and the filler's calls have all ended.
+struct FullWindow {
+  static constexpr int kDataWindow = 3;  // four credits; the last is kept for credit frames
+  static constexpr int kSlots = 4;       // the client's send slots
+  static constexpr int kFill = 12;
+
+  static zrpc::ServerOptions ServerOptions() {
+    zrpc::ServerOptions options;
+    options.listener.connection.recv_credits = 4;
+    // Receives of its own, so that the window is the four credits from the start: with the
+    // shared queue (a server's default) it starts at the floor of three and grows only on demand.
+    options.shared_receive_queue = 0;
+    return options;
+  }
+  static zrpc::ChannelOptions ChannelOptions() {
+    zrpc::ChannelOptions options = OneConnection();
+    options.connection.max_send_slots = kSlots;
+    options.keepalive_interval = absl::ZeroDuration();
+    return options;
+  }
+
+  FullWindow()
+      : served(FakeDevice(), {&greeter}, ServerOptions(), ChannelOptions()),
+        other(OtherChannel(served)),
+        stub(served.channel.get()),
+        other_stub(other.get()),
+        fill_requests(kFill),
+        fill_replies(kFill) {
+    filler = std::thread([this] {
+      for (int i = 0; i < kFill; ++i) {
+        fill_requests[i].set_name(absl::StrCat("fill ", i));
+        stub.AsyncSayHello(fill_requests[i], &fill_replies[i],
+                           CallOptions::Timeout(absl::Seconds(60)), [this](absl::Status s) {
+                             if (s.ok()) ++fill_ok;
+                             ++fill_ended;
+                           });
+        ++fill_started;
+      }
+    });
+    // Three requests sent and held, the next four in the four send slots waiting for credits (a
+    // call started by an application thread returns once it has a slot, and those four had
+    // theirs only after the first three's sends completed); the filler blocks on a slot. Waiting
+    // for that state, not for a time: after a fixed 200 ms a loaded machine (ASan, the whole
+    // suite at once) had left two slots free, and two of a test's requests took them instead of
+    // the queue.
+    REQUIRE(zrpc::testing::Eventually([&] {
+      return greeter.held() == kDataWindow && fill_started.load() >= kDataWindow + kSlots;
+    }));
+    REQUIRE(greeter.held() < kFill);
+  }
+  ~FullWindow() {
+    if (filler.joinable()) Drain([] { return true; });
+  }
+  template <typename Done>
+  void Drain(Done done) {
+    const absl::Time until = absl::Now() + absl::Seconds(60);
+    while ((!done() || fill_ended.load() != kFill) && absl::Now() < until) {
+      greeter.Release();
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    greeter.Release();
+    filler.join();
+  }
+
+  HoldingGreeter greeter;
+  Served served;
+  std::unique_ptr<zrpc::ClientChannel> other;
+  Greeter::Stub stub;
+  Greeter::Stub other_stub;
+  std::vector<zrpc::testing::HelloRequest> fill_requests;
+  std::vector<HelloReply> fill_replies;
+  std::atomic<int> fill_ok{0}, fill_ended{0}, fill_started{0};
+  std::thread filler;
+};
+
 // A request started on a runtime thread outside its connection's domain, while every send slot
 // is taken, waits in the connection's queue (at most kMaxWaitingBytes); past that it is refused
 // at once, its payload let go after the thread leaves the domain and its callback run before the
@@ -294,49 +374,9 @@ TEST_CASE(
     "requests started from another channel's callback past the waiting queue's limit are "
     "refused at once, once each; those that waited arrive",
     "[client_domain]") {
-  HoldingGreeter greeter;
-  zrpc::ServerOptions server_options;
-  server_options.listener.connection.recv_credits = 4;
-  // Receives of its own, so that the window is the four credits from the start: with the shared
-  // queue (a server's default) it starts at the floor of three and grows only on demand. Data
-  // takes three of them: the last is kept for credit frames (transport/credits.h).
-  server_options.shared_receive_queue = 0;
-  constexpr int kDataWindow = 3;
-  zrpc::ChannelOptions options = OneConnection();
-  constexpr int kSlots = 4;  // the client's send slots
-  options.connection.max_send_slots = kSlots;
-  options.keepalive_interval = absl::ZeroDuration();
-  Served served(FakeDevice(), {&greeter}, server_options, options);
-  std::unique_ptr<zrpc::ClientChannel> other = OtherChannel(served);
-  Greeter::Stub stub(served.channel.get());
-  Greeter::Stub other_stub(other.get());
-  // The server holds what its window lets through; the calls behind them wait for its credits,
-  // one in each send slot; the filler's next call waits for a slot (an application thread may).
-  constexpr int kFill = 12;
-  std::vector<zrpc::testing::HelloRequest> fill_requests(kFill);
-  std::vector<HelloReply> fill_replies(kFill);
-  std::atomic<int> fill_ok{0}, fill_ended{0}, fill_started{0};
-  std::thread filler([&] {
-    for (int i = 0; i < kFill; ++i) {
-      fill_requests[i].set_name(absl::StrCat("fill ", i));
-      stub.AsyncSayHello(fill_requests[i], &fill_replies[i],
-                         CallOptions::Timeout(absl::Seconds(60)), [&](absl::Status s) {
-                           if (s.ok()) ++fill_ok;
-                           ++fill_ended;
-                         });
-      ++fill_started;
-    }
-  });
-  // The window fills: three requests sent and held, the next four in the four send slots waiting
-  // for credits (a call started by an application thread returns once it has a slot, and those
-  // four had theirs only after the first three's sends completed); the filler blocks on a slot.
-  // Waiting for that state, not for a time: after a fixed 200 ms a loaded machine (ASan, the
-  // whole suite at once) had left two slots free, and two of the large requests below took them
-  // instead of the queue (2 refused, not 4).
-  REQUIRE(zrpc::testing::Eventually([&] {
-    return greeter.held() == kDataWindow && fill_started.load() >= kDataWindow + kSlots;
-  }));
-  REQUIRE(greeter.held() < kFill);
+  FullWindow w;
+  Greeter::Stub& stub = w.stub;
+  Served& served = w.served;
 
   // Requests of 3.5 MiB (under max_message_size): 18 fit in the queue's 64 MiB.
   constexpr size_t kSize = size_t{7} << 19;
@@ -355,7 +395,7 @@ TEST_CASE(
   std::atomic<int> refused_before_return{-1};
   absl::Notification started;
   google::protobuf::Empty ping, pong;
-  other_stub.AsyncPing(ping, &pong, CallOptions::Timeout(absl::Seconds(60)), [&](absl::Status) {
+  w.other_stub.AsyncPing(ping, &pong, CallOptions::Timeout(absl::Seconds(60)), [&](absl::Status) {
     for (int i = 0; i < kLarge; ++i) {
       stub.AsyncSayHello(requests[i], &replies[i], CallOptions::Timeout(absl::Seconds(60)),
                          [&, i](absl::Status s) {
@@ -371,22 +411,17 @@ TEST_CASE(
   REQUIRE(started.WaitForNotificationWithTimeout(absl::Seconds(30)));
   CHECK(refused_before_return.load() == kLarge - static_cast<int>(fit));
   CHECK(served.channel->stats().calls_waited_for_slot == fit);
-  const absl::Time until = absl::Now() + absl::Seconds(60);
   auto all_ended = [&] {
-    if (fill_ended.load() != kFill) return false;
     for (int i = 0; i < kLarge; ++i) {
       if (ends[i].load() == 0) return false;
     }
     return true;
   };
-  while (!all_ended() && absl::Now() < until) {
-    greeter.Release();
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  filler.join();
+  w.Drain(all_ended);
   REQUIRE(all_ended());
+  REQUIRE(w.fill_ended.load() == FullWindow::kFill);
   absl::SleepFor(absl::Milliseconds(50));  // nothing ends twice
-  CHECK(fill_ok.load() == kFill);
+  CHECK(w.fill_ok.load() == FullWindow::kFill);
   for (int i = 0; i < kLarge; ++i) {
     INFO("request " << i << ": " << statuses[i]);
     CHECK(ends[i].load() == 1);
@@ -399,6 +434,56 @@ TEST_CASE(
     }
   }
   CHECK(zrpc::testing::Eventually([&] { return served.channel->stats().calls_in_flight == 0; }));
+}
+
+// Requests with metadata started on a runtime thread while every send slot is taken wait in the
+// connection's queue with their metadata block in front of them: a small one in its slot, and
+// one larger than a slot, whose body goes in a payload while its block stays in the SEND. Both
+// arrive intact, their metadata with them.
+TEST_CASE("requests with metadata that wait for a send slot on a runtime thread keep it",
+          "[client_domain]") {
+  FullWindow w;
+  // From the other channel's callback (a runtime thread): a small request and one past a slot.
+  constexpr int kCalls = 2;
+  std::vector<zrpc::testing::HelloRequest> requests(kCalls);
+  requests[0].set_name("small");
+  requests[1].set_name(std::string(20000, 'L'));
+  std::vector<HelloReply> replies(kCalls);
+  std::vector<zrpc::Metadata> trailers(kCalls);
+  std::vector<absl::Status> statuses(kCalls, absl::UnknownError("not ended"));
+  std::atomic<int> ended{0};
+  zrpc::Metadata sent;
+  REQUIRE(sent.Add("tenant", "blue").ok());
+  REQUIRE(sent.Add("token-bin", std::string(1500, '\xee')).ok());
+  absl::Notification started;
+  google::protobuf::Empty ping, pong;
+  const uint64_t waited_before = w.served.channel->stats().calls_waited_for_slot;
+  w.other_stub.AsyncPing(ping, &pong, CallOptions::Timeout(absl::Seconds(60)), [&](absl::Status) {
+    for (int i = 0; i < kCalls; ++i) {
+      CallOptions call_options = CallOptions::Timeout(absl::Seconds(60));
+      call_options.metadata = sent;
+      call_options.trailing_metadata = &trailers[i];
+      w.stub.AsyncSayHello(requests[i], &replies[i], call_options, [&, i](absl::Status s) {
+        statuses[i] = std::move(s);
+        ++ended;
+      });
+    }
+    started.Notify();
+  });
+  REQUIRE(started.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  CHECK(w.served.channel->stats().calls_waited_for_slot == waited_before + kCalls);
+  w.Drain([&] { return ended.load() == kCalls; });
+  REQUIRE(ended.load() == kCalls);
+  CHECK(w.fill_ok.load() == FullWindow::kFill);
+  for (int i = 0; i < kCalls; ++i) {
+    INFO("request " << i << ": " << statuses[i]);
+    REQUIRE(statuses[i].ok());
+    CHECK(replies[i].message() == "Hello, " + requests[i].name());
+    REQUIRE(trailers[i].size() == 2);
+    CHECK(*trailers[i].Find("echo-tenant") == "blue");
+    CHECK(*trailers[i].Find("echo-token-bin") == std::string(1500, '\xee'));
+  }
+  CHECK(w.served.server->stats().protocol_violations == 0);
 }
 
 // An asynchronous stream opened on a runtime thread while the connection's domain is held: its

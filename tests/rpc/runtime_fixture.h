@@ -307,9 +307,10 @@ class Quiet : public zrpc::transport::ConnectionHandler {
   absl::Notification closed;
 };
 
-// Holds every call it gets until Release(), then answers them ("Hello, <name>") from the
-// releasing thread and `threads - 1` more: an AsyncService whose calls wait on something slow (a
-// long poll, a disk), or finish in a burst from threads of the service's own.
+// Holds every call it gets until Release(), then answers them ("Hello, <name>", the client's
+// metadata echoed as trailers) from the releasing thread and `threads - 1` more: an AsyncService
+// whose calls wait on something slow (a long poll, a disk), or finish in a burst from threads of
+// the service's own.
 class HoldingGreeter : public Greeter::AsyncService {
  public:
   using Pending = PendingCall<HelloRequest, HelloReply>;
@@ -344,6 +345,10 @@ class HoldingGreeter : public Greeter::AsyncService {
           calls.pop_front();
         }
         call->response()->set_message("Hello, " + call->request().name());
+        // The client's metadata comes back as trailers, "echo-" + each key (metadata tests).
+        for (const auto& entry : call->context().client_metadata().entries()) {
+          static_cast<void>(call->context().AddTrailingMetadata("echo-" + entry.key, entry.value));
+        }
         call->Finish(absl::OkStatus());
       }
     };
