@@ -203,8 +203,9 @@ absl::Status RpcConnection::SendError(transport::Connection& connection, uint64_
   if (!buffer.ok()) return buffer.status();
   RpcHeader header = RpcHeader::Error(call_id, status.code());
   bool dropped = false;
-  size_t block = MetadataBlockSize(trailing, &status, &dropped);
-  if (block > 0 && !MetadataFits(connection, block).ok()) block = 0;  // tiny slots: the code goes
+  const size_t wanted = MetadataBlockSize(trailing, &status, &dropped);
+  // With slots too small for the block, the code and the message go without it.
+  const size_t block = wanted > 0 && MetadataFits(connection, wanted).ok() ? wanted : 0;
   size_t body = 0;
   if (block > 0) {
     EncodeMetadataBlock(trailing, &status, Body(*buffer));
@@ -215,7 +216,7 @@ absl::Status RpcConnection::SendError(transport::Connection& connection, uint64_
   // What did not fit is said in the message, so a caller missing a detail learns why.
   std::string noted;
   absl::string_view message = status.message();
-  if (dropped || (block == 0 && MetadataBlockSize(trailing, &status) > 0)) {
+  if (dropped || block < wanted) {
     noted = absl::StrCat(message,
                          " [status payloads or trailing metadata that did not fit were "
                          "dropped]");

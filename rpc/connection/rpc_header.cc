@@ -437,15 +437,19 @@ size_t EntrySize(absl::string_view key, size_t value) {
   return Metadata::kEntryOverhead + key.size() + value;
 }
 
-void PutEntry(uint8_t type, absl::string_view key, absl::string_view value, uint8_t*& out) {
+// Writes an entry's header and key; its `value_size` bytes of value follow at `out`.
+void PutEntryHead(uint8_t type, absl::string_view key, size_t value_size, uint8_t*& out) {
   out[0] = type;
   out[1] = static_cast<uint8_t>(key.size());
-  transport::PutLe<uint16_t>(out + 2, static_cast<uint16_t>(value.size()));
+  transport::PutLe<uint16_t>(out + 2, static_cast<uint16_t>(value_size));
   out += Metadata::kEntryOverhead;
   std::memcpy(out, key.data(), key.size());
   out += key.size();
-  if (!value.empty()) std::memcpy(out, value.data(), value.size());
-  out += value.size();
+}
+
+void PutBytes(absl::string_view bytes, uint8_t*& out) {
+  if (!bytes.empty()) std::memcpy(out, bytes.data(), bytes.size());
+  out += bytes.size();
 }
 
 // Calls `fn(type_url, bytes)` for each of `status`'s payloads that fits beside `used` bytes of
@@ -484,12 +488,14 @@ void EncodeMetadataBlock(const Metadata* metadata, const absl::Status* status, u
   out += MetadataBlock::kPrefix;
   if (metadata != nullptr) {
     for (const Metadata::Entry& entry : metadata->entries()) {
-      PutEntry(MetadataBlock::kEntry, entry.key, entry.value, out);
+      PutEntryHead(MetadataBlock::kEntry, entry.key, entry.value.size(), out);
+      PutBytes(entry.value, out);
     }
   }
   const size_t used = static_cast<size_t>(out - start) - MetadataBlock::kPrefix;
   ForEachFittingPayload(status, used, [&](absl::string_view url, const absl::Cord& payload) {
-    PutEntry(MetadataBlock::kStatusPayload, url, std::string(payload), out);
+    PutEntryHead(MetadataBlock::kStatusPayload, url, payload.size(), out);
+    for (absl::string_view chunk : payload.Chunks()) PutBytes(chunk, out);  // no flat copy
   });
   transport::PutLe<uint32_t>(start, static_cast<uint32_t>(out - start - MetadataBlock::kPrefix));
 }

@@ -142,6 +142,19 @@ TEST_CASE("a block round-trips metadata, and an error's status payloads beside i
   CHECK(decoded == m);
   CHECK(peer == error);  // payloads compared too
 
+  // A payload in several pieces (a Cord of chunks) is written piece by piece.
+  absl::Cord pieces;
+  for (char c : {'x', 'y', 'z'}) pieces.Append(std::string(700, c));
+  absl::Status chunked = absl::AbortedError("pieces");
+  chunked.SetPayload("t/pieces", pieces);
+  std::vector<uint8_t> chunked_block = Block(nullptr, &chunked);
+  Metadata none_back;
+  absl::Status chunked_back = absl::AbortedError("pieces");
+  REQUIRE(DecodeMetadataBlock(absl::MakeConstSpan(chunked_block).subspan(MetadataBlock::kPrefix),
+                              &none_back, &chunked_back)
+              .ok());
+  CHECK(chunked_back == chunked);
+
   // Nothing to send: no block at all.
   Metadata none;
   const absl::Status plain = absl::InternalError("x");
