@@ -239,6 +239,17 @@ struct ConnectionStats {
   uint64_t messages_received = 0;
   uint64_t bulk_received = 0;
   uint64_t credit_frames_sent = 0;
+  // Bytes this side's own work requests moved: out, every SEND (frame header included, credit
+  // frames too) and bulk WRITE; in, every message and payload that arrived and every payload this
+  // side READ from the peer. (A payload the peer READ from what this side exposed is counted on
+  // the peer, as received.)
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  // Registered (pinned) memory this connection holds now: its own arena or the piece of the
+  // poller's pool lent to it, its receive slots (its own, posted or held; with a shared receive
+  // queue only those holding messages not yet released), the send slots it has taken and its
+  // control slot. Memory the application registered and exposes is not counted.
+  uint64_t registered_bytes = 0;
   uint64_t waited = 0;  // operations that had to wait for credits, space or queue
   // Credits spent and not yet returned, the most at once; never above the peer's
   // max_recv_credits (a peer growing its window returns more than were spent, so from then on
@@ -1065,6 +1076,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint32_t knocks_ ABSL_GUARDED_BY(domain_) = 0;
   bool knocked_ ABSL_GUARDED_BY(domain_) = false;  // since this side last parked
   ConnectionStats stats_ ABSL_GUARDED_BY(domain_);
+  // Of stats_.bytes_sent (every work request's bytes, counted once in AppendLocked), the READs':
+  // bytes that came in (StatsLocked moves them across).
+  uint64_t bytes_read_ ABSL_GUARDED_BY(domain_) = 0;
   // Work-request templates: invariant fields filled once in CreateResources.
   ibv_send_wr send_wr_ ABSL_GUARDED_BY(domain_){};
   ibv_send_wr write_wr_ ABSL_GUARDED_BY(domain_){};

@@ -435,6 +435,14 @@ ConnectionStats Connection::StatsLocked() const {
   stats.recv_window = credits_.window();
   stats.max_recv_window = credits_.max_window();
   stats.window_parked = credits_.parked();
+  stats.bytes_sent -= bytes_read_;
+  stats.bytes_received += bytes_read_;
+  const SlotPool& pool = device_.slots();
+  uint64_t slots = 1 + SendSlotsHeld();  // the control slot, and the sends'
+  slots += shared_receives_ ? recv_slots_.size() - recv_free_.size() : recv_slots_.size();
+  stats.registered_bytes = slots * pool.slot_size();
+  if (arena_mr_ != nullptr) stats.registered_bytes += options_.arena_size;
+  if (arena_piece_ != kNoPiece) stats.registered_bytes += poller_.arena_pool()->piece_size();
   return stats;
 }
 
@@ -1093,6 +1101,7 @@ void Connection::PostReadLocked(const Waiting& op) {
   // usual interval so the send queue keeps freeing.
   const bool signal = op.report || unsignaled_ + 1 >= kSignalInterval;
   read_wr_.send_flags = signal ? IBV_SEND_SIGNALED : 0;
+  bytes_read_ += op.source.size;
   AppendLocked(read_wr_,
                ibv_sge{reinterpret_cast<uintptr_t>(op.source.data), op.source.size, op.source.lkey},
                SlotPool::kNoSlot, op.token, op.report, false);
@@ -1117,6 +1126,7 @@ void Connection::AppendLocked(const ibv_send_wr& wr, const ibv_sge& sge, uint32_
   unsignaled_ = signalled ? 0 : unsignaled_ + 1;
   if (signalled) owe_signal_ = false;  // it retires everything before it
   ++stats_.work_requests;
+  stats_.bytes_sent += sge.length;  // a READ's taken back out in StatsLocked
   if (signalled) ++stats_.signalled;
   stats_.max_credits_in_use = std::max(stats_.max_credits_in_use, credits_.in_flight());
 }
@@ -1503,6 +1513,7 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
     return FailLocked(s);
   }
   park_used_ = true;  // not idle since the poller's last look (OnParkRequestLocked)
+  stats_.bytes_received += wc.byte_len;
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     // A bulk payload: the RECV only carried the immediate, so it goes straight back.
     uint32_t imm = ntohl(wc.imm_data);

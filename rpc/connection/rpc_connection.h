@@ -465,6 +465,15 @@ class RpcConnection : public transport::ConnectionHandler {
                          const absl::Status& status, const Metadata* trailing = nullptr);
 
   uint64_t violations() const { return violations_.load(std::memory_order_relaxed); }
+  // The last thing that went wrong on this connection, for an operator (/connections): a
+  // protocol violation, a call the runtime refused or could not answer, the connection's
+  // failure. Slow paths only; any thread.
+  struct LastError {
+    std::string what;  // empty: nothing went wrong
+    absl::Time when;
+  };
+  void NoteError(absl::string_view what);
+  LastError last_error() const;
   // Large transfers under way on this connection: payloads this side is pulling, or has
   // exposed for the peer to pull. They move without a message for seconds, and what this side
   // sends meanwhile may queue behind them: liveness checks must not take that for silence.
@@ -592,6 +601,8 @@ class RpcConnection : public transport::ConnectionHandler {
   StreamWaiters slot_waiters_ ABSL_GUARDED_BY(slot_waiters_mu_);
   std::atomic<bool> slot_waiters_pending_{false};
   std::atomic<uint64_t> violations_{0};
+  mutable absl::Mutex error_mu_;
+  LastError last_error_ ABSL_GUARDED_BY(error_mu_);
   std::atomic<bool> warned_foreign_{false};
   std::atomic<uint32_t> pulling_{0};        // READs of pulled payloads under way
   std::atomic<uint32_t> exposed_count_{0};  // payloads exposed for the peer to pull

@@ -215,7 +215,19 @@ absl::Status RpcConnection::PairingError(const RpcHeader& header,
                                                     bulk->size, " bytes arrived"));
 }
 
+void RpcConnection::NoteError(absl::string_view what) {
+  absl::MutexLock lock(&error_mu_);
+  last_error_.what.assign(what.data(), what.size());
+  last_error_.when = absl::Now();
+}
+
+RpcConnection::LastError RpcConnection::last_error() const {
+  absl::MutexLock lock(&error_mu_);
+  return last_error_;
+}
+
 void RpcConnection::Violation(transport::Connection& connection, absl::string_view what) {
+  NoteError(absl::StrCat("protocol violation: ", what));
   // Logged once: the messages already received behind the first may break the rules too (a
   // stream's sender past its window sends on), and one line says what the peer did.
   if (violations_.fetch_add(1, std::memory_order_relaxed) == 0) {

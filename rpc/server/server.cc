@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/common/monotonic.h"
@@ -494,7 +495,9 @@ void ServerImpl::OnRefused(const std::string&, transport::ConnectionHandler* pla
   connections_.erase(it);
 }
 
-void ServerImpl::ConnectionClosed(ServerConnection* connection) {
+void ServerImpl::ConnectionClosed(ServerConnection* connection, std::string peer) {
+  ClosedConnection record{std::move(peer), MonotonicNow() - connection->placed(), absl::Now(),
+                          connection->last_error()};
   std::shared_ptr<ServerConnection> closed;
   absl::MutexLock lock(&mu_);
   auto it = connections_.find(connection);
@@ -502,6 +505,8 @@ void ServerImpl::ConnectionClosed(ServerConnection* connection) {
   closed = std::move(it->second);
   connections_.erase(it);
   closed_.fetch_add(1, std::memory_order_relaxed);
+  if (recently_closed_.size() == kRecentlyClosed) recently_closed_.pop_front();
+  recently_closed_.push_back(std::move(record));
   // `closed` is released after the lock; its calls, if any, still hold it.
 }
 
@@ -648,12 +653,55 @@ void ServerImpl::Shutdown(absl::Duration grace) {
 
 uint16_t ServerImpl::port() const { return port_; }
 
+namespace {
+
+// `text` as the inside of a JSON string. An error's message may quote what a peer sent: every
+// byte outside printable ASCII becomes \u00XX (a byte, not a code point: the page stays valid
+// JSON whatever the bytes were).
+std::string JsonEscape(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (u < 0x20 || u >= 0x7f) {
+      absl::StrAppend(&out, absl::StrFormat("\\u%04x", u));
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// A connection's last error on /connections: `null` or {"message":..., "seconds_ago":...} in
+// JSON; ` last_error="..." (N s ago)` in text, quoted and escaped so that one connection stays one
+// line whatever the message holds; nothing when there is none.
+void AppendLastError(std::string* out, const RpcConnection::LastError& error, absl::Time now,
+                     bool json) {
+  const double ago = absl::ToDoubleSeconds(now - error.when);
+  if (json) {
+    if (error.what.empty()) return absl::StrAppend(out, "null");
+    return absl::StrAppend(out, "{\"message\":\"", JsonEscape(error.what),
+                           absl::StrFormat("\",\"seconds_ago\":%.3f}", ago));
+  }
+  if (error.what.empty()) return;
+  absl::StrAppend(out, " last_error=\"", absl::CHexEscape(error.what), "\"",
+                  absl::StrFormat(" (%.3fs ago)", ago));
+}
+
+}  // namespace
+
 std::string ServerImpl::ConnectionsPage(bool json) const {
+  const absl::Time now = absl::Now();
   std::vector<std::shared_ptr<ServerConnection>> open;
+  std::deque<ClosedConnection> closed;
   {
     absl::MutexLock lock(&mu_);
     open.reserve(connections_.size());
     for (const auto& [handler, connection] : connections_) open.push_back(connection);
+    closed = recently_closed_;
   }
   std::vector<ServerConnection::View> views;
   views.reserve(open.size());
@@ -674,7 +722,9 @@ std::string ServerImpl::ConnectionsPage(bool json) const {
                       "\",\"auth_key_id\":", v.auth_key_id,
                       absl::StrFormat(",\"age_seconds\":%.3f", absl::ToDoubleSeconds(v.age)),
                       ",\"open\":", v.open ? "true" : "false", ",\"calls_in_flight\":", v.calls,
-                      ",\"transport\":");
+                      ",\"last_error\":");
+      AppendLastError(&out, v.last_error, now, true);
+      absl::StrAppend(&out, ",\"transport\":");
       if (!v.transport) {
         absl::StrAppend(&out, "null}");  // its domain was busy: asked again at the next look
         continue;
@@ -686,8 +736,20 @@ std::string ServerImpl::ConnectionsPage(bool json) const {
           ",\"bulk_received\":", t.bulk_received, ",\"sends_outstanding\":", t.sends_outstanding,
           ",\"waiting\":", t.waiting, ",\"recv_window\":", t.recv_window,
           ",\"peer_recv_credits\":", t.peer_recv_credits, ",\"arena_in_use\":", t.arena_in_use,
-          ",\"arena_lent\":", t.arena_lent ? "true" : "false",
+          ",\"arena_lent\":", t.arena_lent ? "true" : "false", ",\"bytes_sent\":", t.bytes_sent,
+          ",\"bytes_received\":", t.bytes_received, ",\"registered_bytes\":", t.registered_bytes,
           ",\"window_parked\":", t.window_parked ? "true" : "false", "}}");
+    }
+    absl::StrAppend(&out, "\n],\"recently_closed\":[");
+    for (size_t i = 0; i < closed.size(); ++i) {
+      const ClosedConnection& c = closed[i];
+      absl::StrAppend(
+          &out, i == 0 ? "" : ",", "\n{\"peer\":\"", c.peer, "\"",
+          absl::StrFormat(",\"age_seconds\":%.3f,\"closed_seconds_ago\":%.3f",
+                          absl::ToDoubleSeconds(c.age), absl::ToDoubleSeconds(now - c.closed)),
+          ",\"last_error\":");
+      AppendLastError(&out, c.last_error, now, true);
+      absl::StrAppend(&out, "}");
     }
     absl::StrAppend(&out, "\n]}\n");
     return out;
@@ -695,21 +757,35 @@ std::string ServerImpl::ConnectionsPage(bool json) const {
   absl::StrAppend(&out, "# ", views.size(),
                   " connections, oldest first: peer, key id, age, state, calls in flight, "
                   "messages and bulk payloads sent and received, sends outstanding and waiting, "
-                  "receive window, arena bytes in use and whether lent, window parked\n");
+                  "receive window, arena bytes in use and whether lent, window parked, bytes "
+                  "sent and received, registered bytes held; the last error, if any\n");
   for (const ServerConnection::View& v : views) {
     absl::StrAppend(&out, v.peer.empty() ? "-" : v.peer, " key=", v.auth_key_id,
                     absl::StrFormat(" age=%.3fs", absl::ToDoubleSeconds(v.age)),
                     v.open ? " open" : " closing", " calls=", v.calls);
     if (!v.transport) {
-      absl::StrAppend(&out, " (busy: the rest at the next look)\n");
-      continue;
+      absl::StrAppend(&out, " (busy: the rest at the next look)");
+    } else {
+      const transport::ConnectionStats& t = *v.transport;
+      absl::StrAppend(
+          &out, " sent=", t.messages_sent, "+", t.bulk_sent, " received=", t.messages_received, "+",
+          t.bulk_received, " outstanding=", t.sends_outstanding, " waiting=", t.waiting,
+          " window=", t.recv_window, " arena=", t.arena_in_use, t.arena_lent ? " lent" : "",
+          t.window_parked ? " parked" : "", " bytes_sent=", t.bytes_sent,
+          " bytes_received=", t.bytes_received, " registered=", t.registered_bytes);
     }
-    const transport::ConnectionStats& t = *v.transport;
-    absl::StrAppend(&out, " sent=", t.messages_sent, "+", t.bulk_sent,
-                    " received=", t.messages_received, "+", t.bulk_received,
-                    " outstanding=", t.sends_outstanding, " waiting=", t.waiting,
-                    " window=", t.recv_window, " arena=", t.arena_in_use,
-                    t.arena_lent ? " lent" : "", t.window_parked ? " parked" : "", "\n");
+    AppendLastError(&out, v.last_error, now, false);
+    absl::StrAppend(&out, "\n");
+  }
+  absl::StrAppend(&out, "# ", closed.size(),
+                  " recently closed, newest last: peer, age when closed, closed how long ago; the "
+                  "last error, if any\n");
+  for (const ClosedConnection& c : closed) {
+    absl::StrAppend(&out, c.peer.empty() ? "-" : c.peer,
+                    absl::StrFormat(" age=%.3fs closed=%.3fs ago", absl::ToDoubleSeconds(c.age),
+                                    absl::ToDoubleSeconds(now - c.closed)));
+    AppendLastError(&out, c.last_error, now, false);
+    absl::StrAppend(&out, "\n");
   }
   return out;
 }

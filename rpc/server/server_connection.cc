@@ -30,6 +30,7 @@ ServerConnection::View ServerConnection::Look() const {
   View view;
   view.age = MonotonicNow() - placed_;
   view.calls = calls_count_.load(std::memory_order_relaxed);
+  view.last_error = last_error();
   std::shared_ptr<transport::Connection> connection;
   {
     absl::MutexLock lock(&mu_);
@@ -88,6 +89,7 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
   const RpcHeader& header = request.header;
   auto answer_error = [&](const absl::Status& status) {
     Discard(connection, request);
+    NoteError(absl::StrCat("call ", header.call_id, " refused: ", status.ToString()));
     if (absl::Status sent = SendError(connection, header.call_id, status); !sent.ok()) {
       // Refusals answered at once may outrun their way back (the client's credits): past the
       // connection's send slots, it is cut off rather than left waiting without a word.
@@ -341,6 +343,7 @@ void ServerConnection::OnDeferredFailed(transport::Connection& connection, const
                                         const absl::Status& status) {
   // An answer whose payload waited for this connection's staging quota could not go when its
   // turn came (no staging memory, say): the client hears why instead of waiting.
+  NoteError(absl::StrCat("call ", header.call_id, ": answer not sent: ", status.ToString()));
   if (!SendError(connection, header.call_id, status).ok()) connection.Close();
 }
 
@@ -401,6 +404,8 @@ void ServerConnection::SweepPass(absl::Time now, const SweepLimits& limits) {
       limits.idle_probe, absl::Milliseconds(advised_ms_.load(std::memory_order_relaxed)));
   const auto close = [&](const char* why, const char* option) {
     server_.CountIdleClosed();  // before the close, which the peer may see at once
+    NoteError(absl::StrCat("closed: ", why, absl::FormatDuration(idle_for),
+                           " (ServerOptions::", option, ")"));
     ZRPC_LOG(kInfo, "server", "closing the connection to ", connection->peer_address(), ": ", why,
              absl::FormatDuration(idle_for), " (ServerOptions::", option, ")");
     connection->Close();
@@ -494,6 +499,10 @@ void ServerConnection::AnswerAllInDomain(const absl::Status& status) {
 
 void ServerConnection::OnClosed(transport::Connection& connection, const absl::Status& why) {
   DropPending(connection);
+  // This side's own closes (kCancelled) say nothing new: a violation, a sweep or a shutdown
+  // noted its reason already, or there is none.
+  if (why.code() != absl::StatusCode::kCancelled)
+    NoteError(absl::StrCat("closed: ", why.ToString()));
   // A client going away (it closed, or its process died) is ordinary; anything else the
   // transport reports (a failed completion, a peer beyond its credits, a bad frame) is a fault
   // the operator needs to see, with its reason. Violations of the RPC protocol were logged when
@@ -519,7 +528,7 @@ void ServerConnection::OnClosed(transport::Connection& connection, const absl::S
   EndStreams(later);
   if (calls_.empty() && hold_ != nullptr) connection.DropAfterExit(std::move(hold_));
   if (violations() > 0) server_.CountViolation();
-  server_.ConnectionClosed(this);  // may destroy `this`: nothing after it
+  server_.ConnectionClosed(this, connection.peer_address());  // may destroy `this`: nothing after
 }
 
 }  // namespace zrpc::internal

@@ -114,6 +114,7 @@ class ServerConnection final : public RpcConnection,
   void NoteAdvice(uint32_t ms) { advised_ms_.store(ms, std::memory_order_relaxed); }
 
   ServerImpl& server() { return server_; }
+  absl::Time placed() const { return placed_; }  // MonotonicNow() when the server placed it
 
   // What /connections shows of it (ServerImpl::ConnectionsPage). Any thread; never waits for the
   // connection's domain (a handler may hold it): `transport` is empty while another thread does,
@@ -124,6 +125,7 @@ class ServerConnection final : public RpcConnection,
     absl::Duration age;  // since the server placed it
     size_t calls = 0;    // in flight
     bool open = false;
+    LastError last_error;
     std::optional<transport::ConnectionStats> transport;
   };
   View Look() const;

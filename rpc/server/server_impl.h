@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -90,7 +91,10 @@ class ServerImpl final : public transport::AcceptHandler {
   bool ready() const { return listening_.load(std::memory_order_acquire) && !draining(); }
   void CallStarted();
   void CallDone();
-  void ConnectionClosed(ServerConnection* connection);
+  // `connection` (to `peer`) closed: it leaves the server's list, and the last few to close stay
+  // on /connections with their last error (kRecentlyClosed), so an operator sees why.
+  void ConnectionClosed(ServerConnection* connection, std::string peer);
+  static constexpr size_t kRecentlyClosed = 16;
   HandlerPool& pool() { return *pool_; }
   StreamThreads& stream_threads() { return stream_threads_; }
   void CountStreamRefused() { streams_refused_.fetch_add(1, std::memory_order_relaxed); }
@@ -184,6 +188,14 @@ class ServerImpl final : public transport::AcceptHandler {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<const transport::ConnectionHandler*, std::shared_ptr<ServerConnection>>
       connections_ ABSL_GUARDED_BY(mu_);
+  // The last kRecentlyClosed connections to close, newest last: for /connections.
+  struct ClosedConnection {
+    std::string peer;
+    absl::Duration age;  // from placed to closed
+    absl::Time closed;
+    RpcConnection::LastError last_error;
+  };
+  std::deque<ClosedConnection> recently_closed_ ABSL_GUARDED_BY(mu_);
   CallCounts calls_;  // started and retired: ServerStats, and what Shutdown waits for
 
   std::atomic<uint64_t> accepted_{0};

@@ -147,12 +147,18 @@ TEST_CASE("an arena lent on demand: none until the peer writes, then one loan fo
   // Idle: nothing registered, nothing lent.
   CHECK(setup.server_poller->arena_pool()->made() == 0);
   CHECK_FALSE(pair.server->stats().arena_lent);
+  // What it holds registered: slots only (whole ones), no arena.
+  const uint64_t idle_registered = pair.server->stats().registered_bytes;
+  const size_t slot_size = setup.device->slots().slot_size();
+  CHECK(idle_registered >= slot_size);
+  CHECK(idle_registered % slot_size == 0);
 
   Source source(*setup.device);
   WriteAndCheck(*pair.client, client, server, source, 1, 1000, 1);
   ConnectionStats s = pair.server->stats();
   CHECK(s.arena_loans == 1);
   CHECK(s.arena_lent);
+  CHECK(s.registered_bytes == idle_registered + kPiece);  // the piece lent, counted while held
   CHECK(pair.client->stats().arena_asks == 1);
   CHECK(setup.server_poller->arena_pool()->made() == 1);
   // More writes, as large as the loan, travel in it: no more asks.

@@ -155,6 +155,23 @@ TEST_CASE("bulk WRITE_WITH_IMM of 4 KiB, 1 MiB and a full arena lands intact",
     absl::MutexLock lock(&client_handler.mu);
     for (auto& [token, status] : client_handler.done) CHECK(status.ok());
   }
+  // Bytes each way: the payloads, plus only the few frames that carried credits and releases
+  // back (a frame header each), never a payload counted twice. The server's registered memory:
+  // its own 2 MiB arena, receive slots and control slot.
+  uint64_t payloads = 0;
+  for (uint32_t size : sizes) payloads += size;
+  const ConnectionStats sent = client.stats();
+  const ConnectionStats received = pair.server->stats();
+  INFO("client sent " << sent.bytes_sent << ", server received " << received.bytes_received
+                      << ", payloads " << payloads);
+  CHECK(sent.bytes_sent >= payloads);
+  CHECK(sent.bytes_sent < payloads + 4096);
+  // Equal once no credit frame is on its way between the two looks.
+  CHECK(zrpc::testing::Eventually(
+      [&] { return pair.server->stats().bytes_received == client.stats().bytes_sent; }));
+  CHECK(received.bytes_sent < 4096);
+  CHECK(received.registered_bytes >= (2u << 20) + setup.device->slots().slot_size());
+  CHECK(received.registered_bytes < (2u << 20) + (256u << 10));
   // Larger than the peer's arena: refused, never truncated; empty: refused.
   auto too_big = client.WriteBulk(BulkSource{source.data(), (2u << 20) + 1, (*region)->lkey()}, 50);
   CHECK(too_big.code() == absl::StatusCode::kInvalidArgument);
