@@ -33,6 +33,7 @@ set(ZRPC_RUNTIME_SOURCES
   rpc/server/stream_threads.cc
   rpc/stream/stream_pump.cc
   rpc/stream/stream_state.cc
+  rpc/tracing/trace_interceptor.cc
   transport/arena.cc
   transport/arena_pool.cc
   transport/async_events.cc
@@ -92,6 +93,7 @@ set(ZRPC_RUNTIME_HEADERS
   rpc/impl/message_pool.h
   rpc/impl/server_unary.h
   rpc/impl/unary_call.h
+  rpc/interceptor.h
   rpc/metadata.h
   rpc/metrics.h
   rpc/metrics_http.h
@@ -111,6 +113,8 @@ set(ZRPC_RUNTIME_HEADERS
   rpc/stream/stream_pump.h
   rpc/stream/stream_state.h
   rpc/streaming.h
+  rpc/trace_context.h
+  rpc/trace_interceptor.h
   rpc/zrpc.h
   transport/adaptive_spin.h
   transport/arena.h

@@ -203,6 +203,7 @@ std::string ReservedPackageReason(const std::string& package) {
                                                       "ServerAsyncWriter",
                                                       "ServerCall",
                                                       "ServerContext",
+                                                      "ServerInterceptor",
                                                       "ServerOptions",
                                                       "ServerReader",
                                                       "ServerReaderWriter",
@@ -218,6 +219,8 @@ std::string ReservedPackageReason(const std::string& package) {
                                                       "StreamCallback",
                                                       "TakenCall",
                                                       "TimeoutToWireNanos",
+                                                      "TraceContext",
+                                                      "TraceInterceptor",
                                                       "transport"};
   if (parts[0] == "zrpc" && (parts.size() == 1 || kRuntimeNames.count(parts[1]) > 0)) {
     return "the namespace " + (parts.size() == 1 ? "zrpc" : "zrpc::" + parts[1]) +

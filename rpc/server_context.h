@@ -3,9 +3,11 @@
 //
 // Contract: the runtime fills it in before the handler runs and keeps it valid until the call is
 // finished. IsCancelled(), deadline(), remaining(), peer(), auth_key_id() and client_metadata()
-// may be called from any thread; AddTrailingMetadata() from one thread at a time, the handler's;
-// Cancel(), SetRemaining(), SetPeer() and SetClientMetadata() are the runtime's (a test of a
-// handler may call them on its own context).
+// may be called from any thread; AddTrailingMetadata() from one thread at a time, the handler's
+// (or an interceptor's, before the handler runs: rpc/interceptor.h); trace() from any thread once
+// the handler runs, SetTrace() from an interceptor's OnCallStart; Cancel(), SetRemaining(),
+// SetPeer() and SetClientMetadata() are the runtime's (a test of a handler may call them on its
+// own context).
 #ifndef ZRPC_RPC_SERVER_CONTEXT_H_
 #define ZRPC_RPC_SERVER_CONTEXT_H_
 
@@ -13,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -20,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "rpc/metadata.h"
+#include "rpc/trace_context.h"
 
 namespace zrpc {
 
@@ -68,6 +72,13 @@ class ServerContext {
   void SetClientMetadata(::std::unique_ptr<Metadata> metadata) {
     client_metadata_ = ::std::move(metadata);
   }
+
+  // The call's place in a distributed trace (TraceContext), as an interceptor set it
+  // (TraceInterceptor reads the caller's traceparent: rpc/trace_interceptor.h); null when none
+  // did. A handler calling other services passes trace()->traceparent() on as its calls'
+  // `traceparent` metadata, so that they join the trace under this call's span.
+  const TraceContext* trace() const { return trace_.has_value() ? &*trace_ : nullptr; }
+  void SetTrace(const TraceContext& trace) { trace_ = trace; }
 
   // When the caller stops waiting, on this host's wall clock (absl::Now()): the remaining time
   // its request carried, counted from the request's arrival (InfiniteFuture when the caller set
@@ -132,6 +143,7 @@ class ServerContext {
   // Null unless the client sent metadata / the handler added some: a call without costs nothing.
   ::std::unique_ptr<Metadata> client_metadata_;
   ::std::unique_ptr<Metadata> trailing_metadata_;
+  ::std::optional<TraceContext> trace_;
 };
 
 }  // namespace zrpc

@@ -12,6 +12,7 @@
 #include "rpc/bulk.h"
 #include "rpc/call_options.h"
 #include "rpc/channel.h"
+#include "rpc/interceptor.h"
 #include "rpc/metrics.h"
 #include "rpc/metrics_http.h"
 #include "rpc/options.h"
@@ -21,5 +22,6 @@
 #include "rpc/server_context.h"
 #include "rpc/service.h"
 #include "rpc/streaming.h"
+#include "rpc/trace_interceptor.h"
 
 #endif  // ZRPC_RPC_ZRPC_H_

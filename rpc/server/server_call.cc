@@ -6,6 +6,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/bulk/registration.h"
@@ -61,8 +62,28 @@ void ServerCallImpl::Run() {
            nullptr, OutgoingBulk());
     return;
   }
+  if (ABSL_PREDICT_FALSE(owner_->intercepted()) && !StartInterceptors()) return;
   handler_ran_ = true;
   service_->Dispatch(method_.index, this);
+}
+
+bool ServerCallImpl::StartInterceptors() {
+  const auto& chain = owner_->server().options().interceptors;
+  for (const std::shared_ptr<ServerInterceptor>& interceptor : chain) {
+    absl::Status started = interceptor->OnCallStart(context_, method_);
+    if (!started.ok()) {
+      // The one that refused is told no end: it answered the call itself.
+      Finish(std::move(started), nullptr, OutgoingBulk());
+      return false;
+    }
+    ++intercepted_;
+  }
+  return true;
+}
+
+void ServerCallImpl::EndInterceptors(const absl::Status& status) {
+  const auto& chain = owner_->server().options().interceptors;
+  for (uint32_t i = intercepted_; i > 0; --i) chain[i - 1]->OnCallEnd(context_, method_, status);
 }
 
 IncomingBulk ServerCallImpl::TakeRequestBulk() {
@@ -129,8 +150,16 @@ void ServerCallImpl::Finish(absl::Status status, SendSlot* response, OutgoingBul
     // ok() is inline; code() is a call into Abseil's library.
     const absl::Status sent = SendResponse(std::move(status), response, std::move(response_bulk));
     code = sent.ok() ? absl::StatusCode::kOk : sent.code();
+    // Here, before the call is retired (RunInDomain may destroy it): the context is the call's.
+    if (ABSL_PREDICT_FALSE(intercepted_ > 0)) EndInterceptors(sent);
   } else {
     response_bulk.Reset();  // answered already (Shutdown): this answer is discarded
+    if (intercepted_ > 0) {
+      EndInterceptors(absl::UnavailableError(
+          absl::StrCat(method_.full_name,
+                       ": answered by the runtime (the connection failed, or the server's "
+                       "shutdown grace ran out)")));
+    }
   }
   // A fresh reading: the handler's time is the server's latency (call_clock.h), and the rest of
   // the batch goes on from it.

@@ -123,6 +123,11 @@ class ServerCallImpl final : public ServerCall,
   void EndStream(absl::Status why, StreamEndings* later);
   // The caller gave up (a cancel, the deadline by the call clock's reading: call_clock.h).
   bool GivenUp() const;
+  // The interceptors' OnCallStart, in order (ServerOptions::interceptors, rpc/interceptor.h):
+  // true when all let the call go on; otherwise the call is finished with the refusal, and false.
+  bool StartInterceptors();
+  // Their OnCallEnd, in reverse, for those whose OnCallStart succeeded: `status` is the answer.
+  void EndInterceptors(const absl::Status& status);
   // Sends the response or the error; returns the status the client gets.
   absl::Status SendResponse(absl::Status status, SendSlot* response, OutgoingBulk response_bulk);
   // A stream message (or, with `message` null, a credit frame) in a send buffer of its own,
@@ -159,8 +164,11 @@ class ServerCallImpl final : public ServerCall,
   // (AcquireResponseSlot), 0 for none.
   size_t response_block_ = 0;
   std::atomic<bool> answered_{false};
-  bool handler_ran_ = false;       // set before Dispatch; read by Finish, which the handler calls
-  bool request_released_ = false;  // the request's slot went back (SendAnswer, OpenStream)
+  bool handler_ran_ = false;  // set before Dispatch; read by Finish, which the handler calls
+  // Interceptors whose OnCallStart succeeded: their OnCallEnd runs in Finish. Zero for a server
+  // without any, which Finish checks and nothing more.
+  uint32_t intercepted_ = 0;
+  bool request_released_ = false;        // the request's slot went back (SendAnswer, OpenStream)
   std::shared_ptr<StreamState> stream_;  // streaming calls only
   absl::Mutex failure_mu_;
   absl::Status stream_failure_ ABSL_GUARDED_BY(failure_mu_);

@@ -24,7 +24,8 @@ namespace zrpc::internal {
 ServerConnection::ServerConnection(ServerImpl& server, std::shared_ptr<transport::Poller> poller)
     : RpcConnection("server", server.staging(), server.receive_limits(), server.device(),
                     std::move(poller)),
-      server_(server) {}
+      server_(server),
+      intercepted_(!server.options().interceptors.empty()) {}
 
 ServerConnection::View ServerConnection::Look() const {
   View view;

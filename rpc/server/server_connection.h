@@ -115,6 +115,8 @@ class ServerConnection final : public RpcConnection,
 
   ServerImpl& server() { return server_; }
   absl::Time placed() const { return placed_; }  // MonotonicNow() when the server placed it
+  // The server has interceptors (ServerOptions::interceptors): one load for each call to check.
+  bool intercepted() const { return intercepted_; }
 
   // What /connections shows of it (ServerImpl::ConnectionsPage). Any thread; never waits for the
   // connection's domain (a handler may hold it): `transport` is empty while another thread does,
@@ -153,6 +155,7 @@ class ServerConnection final : public RpcConnection,
   bool spoke_since_probe_ = false;              // spoke_ seen since the last probe
   absl::Time spoke_at_ = absl::InfinitePast();  // the look that last saw spoke_
   const absl::Time placed_ = MonotonicNow();
+  const bool intercepted_;
   mutable absl::Mutex mu_;
   std::shared_ptr<transport::Connection> connection_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
