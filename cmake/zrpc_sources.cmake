@@ -10,6 +10,7 @@ set(ZRPC_RUNTIME_SOURCES
   rpc/client/channel_timer.cc
   rpc/client/client_connection.cc
   rpc/client/client_stream.cc
+  rpc/client/intercepted_call.cc
   rpc/client/poller_group.cc
   rpc/client/subchannel.cc
   rpc/common/call_clock.cc
@@ -70,6 +71,7 @@ set(ZRPC_RUNTIME_HEADERS
   rpc/client/channel_timer.h
   rpc/client/client_connection.h
   rpc/client/client_stream.h
+  rpc/client/intercepted_call.h
   rpc/client/keepalive.h
   rpc/client/poller_group.h
   rpc/client/subchannel.h

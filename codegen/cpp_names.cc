@@ -129,6 +129,7 @@ std::string ReservedPackageReason(const std::string& package) {
                                                       "ChannelOptions",
                                                       "ChannelStats",
                                                       "ClientChannel",
+                                                      "ClientInterceptor",
                                                       "ClientReader",
                                                       "ClientReaderWriter",
                                                       "ClientStreamCall",

@@ -140,7 +140,14 @@ class ClientChannel final : public Channel {
       absl::string_view target, const ChannelOptions& options);
 
   // Channel's calls, for generated stubs (rpc/impl/call_interfaces.h says what each does).
-  absl::StatusOr<SendSlot> AcquireSendSlot(size_t size, const CallOptions& options) override;
+  absl::StatusOr<SendSlot> AcquireSendSlot(const MethodInfo& method, size_t size,
+                                           const CallOptions& options) override;
+  // AcquireSendSlot's work, once the channel's interceptors (if any) have run: inlined into it,
+  // so that a channel without interceptors pays no call of its own for them.
+  absl::StatusOr<SendSlot> AcquireSlot(size_t size, const CallOptions& options);
+  // AcquireSendSlot through the interceptors.
+  absl::StatusOr<SendSlot> AcquireIntercepted(const MethodInfo& method, size_t size,
+                                              const CallOptions& options);
   void StartUnaryCall(const MethodInfo& method, SendSlot slot, OutgoingBulk request_bulk,
                       ::google::protobuf::MessageLite* response, IncomingBulk* response_bulk,
                       const CallOptions& options, DoneCallback done) override;
@@ -153,6 +160,7 @@ class ClientChannel final : public Channel {
   explicit ClientChannel(std::unique_ptr<internal::ChannelImpl> core);
   std::unique_ptr<internal::ChannelImpl> impl_;
   const std::chrono::nanoseconds blocking_spin_;  // ChannelOptions::spin
+  const bool intercepted_;                        // ChannelOptions::interceptors is not empty
 };
 
 // A channel to `target`, "host:port" (an IPv6 address in brackets: "[fe80::1]:7471"). Checks

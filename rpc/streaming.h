@@ -513,7 +513,7 @@ template <typename Response>
                                                      ::google::protobuf::MessageLite* response,
                                                      const CallOptions& options) {
   const size_t size = request == nullptr ? 0 : request->ByteSizeLong();
-  ::absl::StatusOr<SendSlot> slot = ChannelAccess::AcquireSendSlot(channel, size, options);
+  ::absl::StatusOr<SendSlot> slot = ChannelAccess::AcquireSendSlot(channel, method, size, options);
   if (!slot.ok()) {
     return ::std::make_unique<FailedStream>(::absl::Status(
         slot.status().code(),

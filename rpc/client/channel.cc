@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/base/optimization.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -30,6 +31,7 @@
 #include "rpc/client/channel_timer.h"
 #include "rpc/client/client_connection.h"
 #include "rpc/client/client_stream.h"
+#include "rpc/client/intercepted_call.h"
 #include "rpc/client/poller_group.h"
 #include "rpc/client/subchannel.h"
 #include "rpc/common/call_clock.h"
@@ -60,7 +62,18 @@ struct SlotTicket {
   uint8_t* large = nullptr;  // malloc'd; freed by the OutgoingBulk it becomes, or the ticket
   bool waiting = false;
   CallTiming timing;  // read when AcquireSendSlot began: the call's start
-  ~SlotTicket() { std::free(large); }
+  // The call's interceptors (a channel with some: AcquireSendSlot), taken by the call's start.
+  InterceptedCall* intercepted = nullptr;
+  ~SlotTicket() {
+    std::free(large);
+    if (ABSL_PREDICT_FALSE(intercepted != nullptr)) EndUnstarted(intercepted);
+  }
+  // A start that never took the interceptors' call: it never began. Out of line, so that the
+  // ticket's destruction stays small enough to inline where calls start.
+  ABSL_ATTRIBUTE_NOINLINE static void EndUnstarted(InterceptedCall* call) {
+    call->End(absl::CancelledError("the call was not started"));
+    delete call;
+  }
   // Gives the slot back (a call that ends before it is sent).
   void ReleaseSlot() {
     if (!waiting) connection->connection().ReleaseSendBuffer(buffer);
@@ -786,6 +799,12 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");
   }
+  for (size_t i = 0; i < options.interceptors.size(); ++i) {
+    if (options.interceptors[i] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ChannelOptions::interceptors[", i, "] is null"));
+    }
+  }
   if (absl::Status s = internal::CheckRuntimeOptions(options, "ChannelOptions"); !s.ok()) {
     return s;
   }
@@ -819,14 +838,17 @@ internal::BlockingWait ClientChannel::blocking_wait() const {
 }
 
 ClientChannel::ClientChannel(std::unique_ptr<internal::ChannelImpl> core)
-    : impl_(std::move(core)), blocking_spin_(absl::ToChronoNanoseconds(impl_->options().spin)) {}
+    : impl_(std::move(core)),
+      blocking_spin_(absl::ToChronoNanoseconds(impl_->options().spin)),
+      intercepted_(!impl_->options().interceptors.empty()) {}
 ClientChannel::~ClientChannel() {
   // From a callback on one of the runtime's threads the teardown would join the thread it runs
   // on: hand it over, and return at once (channel.h).
   if (internal::OnRuntimeThread()) internal::Reaper::Get().Take(std::move(impl_));
 }
 
-absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallOptions& options) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::StatusOr<SendSlot> ClientChannel::AcquireSlot(
+    size_t size, const CallOptions& options) {
   // The call starts here: its one clock reading (the batch's, on a poller: call_clock.h) fixes
   // its deadline, and waits below end there.
   internal::CallTiming timing = internal::StartTiming(options);
@@ -905,13 +927,45 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(size_t size, const CallO
                   reinterpret_cast<uintptr_t>(ticket)};
 }
 
+absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(const MethodInfo& method, size_t size,
+                                                        const CallOptions& options) {
+  if (ABSL_PREDICT_FALSE(intercepted_)) return AcquireIntercepted(method, size, options);
+  return AcquireSlot(size, options);
+}
+
+absl::StatusOr<SendSlot> ClientChannel::AcquireIntercepted(const MethodInfo& method, size_t size,
+                                                           const CallOptions& options) {
+  // The interceptors first: the metadata they add is encoded with the call's own, below.
+  absl::StatusOr<std::unique_ptr<internal::InterceptedCall>> intercepted =
+      internal::InterceptedCall::Start(impl_->options().interceptors, method, options);
+  if (!intercepted.ok()) return intercepted.status();
+  absl::StatusOr<SendSlot> slot = AcquireSlot(size, (*intercepted)->options());
+  if (!slot.ok()) {
+    (*intercepted)->End(slot.status());
+    return slot.status();
+  }
+  reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot->token))->intercepted =
+      intercepted->release();
+  return slot;
+}
+
 void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
                                    OutgoingBulk request_bulk,
                                    ::google::protobuf::MessageLite* response,
-                                   IncomingBulk* response_bulk, const CallOptions& options,
+                                   IncomingBulk* response_bulk, const CallOptions& caller_options,
                                    DoneCallback done) {
   std::unique_ptr<internal::SlotTicket, internal::TicketDeleter> ticket(
       reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token)));
+  // Through the channel's interceptors: the call goes with their options (the metadata they
+  // added, encoded already), and their end runs before `done`, whichever way the call ends.
+  const CallOptions* intercepted_options = &caller_options;
+  if (ABSL_PREDICT_FALSE(ticket->intercepted != nullptr)) {
+    std::unique_ptr<internal::InterceptedCall> intercepted(
+        std::exchange(ticket->intercepted, nullptr));
+    intercepted_options = &intercepted->options();
+    done = internal::InterceptedCall::Wrap(std::move(intercepted), std::move(done));
+  }
+  const CallOptions& options = *intercepted_options;
   if (!request_bulk.empty() && !method.request_bulk) {
     ticket->ReleaseSlot();
     request_bulk.Reset();
@@ -971,12 +1025,21 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
 
 std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
     const MethodInfo& method, SendSlot slot, const google::protobuf::MessageLite* read_prototype,
-    google::protobuf::MessageLite* response, const CallOptions& options) {
+    google::protobuf::MessageLite* response, const CallOptions& caller_options) {
   std::unique_ptr<internal::SlotTicket, internal::TicketDeleter> ticket(
       reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token)));
+  // Through the channel's interceptors: as StartUnaryCall; their end runs as the stream ends,
+  // before its Finish returns.
+  std::unique_ptr<internal::InterceptedCall> intercepted(
+      std::exchange(ticket->intercepted, nullptr));
+  const CallOptions& options = intercepted != nullptr ? intercepted->options() : caller_options;
+  auto fail = [&](absl::Status status) -> std::unique_ptr<ClientStreamCall> {
+    if (intercepted != nullptr) intercepted->End(status);
+    return std::make_unique<internal::FailedStream>(std::move(status));
+  };
   if (!method.streaming()) {
     ticket->ReleaseSlot();
-    return std::make_unique<internal::FailedStream>(absl::InvalidArgumentError(
+    return fail(absl::InvalidArgumentError(
         absl::StrCat(method.full_name, ": not a streaming method; call it as a unary one")));
   }
   const internal::ChannelImpl::MethodState state = impl_->MethodFor(method);
@@ -992,13 +1055,21 @@ std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
   if (ticket->waiting) {
     // A stream does not wait in the queue (its frames follow its opening in order, on slots of
     // their own): opened on a runtime thread with no slot free, it fails at once, as before.
-    return std::make_unique<internal::FailedStream>(absl::ResourceExhaustedError(absl::StrCat(
+    return fail(absl::ResourceExhaustedError(absl::StrCat(
         method.full_name,
         ": no send slot is free to open the stream, and a runtime thread (poller or timer) does "
         "not wait for one: open it from another thread, or raise "
         "ConnectionOptions::max_send_slots")));
   }
-  call.done = [stream](absl::Status status) { stream->End(std::move(status)); };
+  if (ABSL_PREDICT_FALSE(intercepted != nullptr)) {
+    call.done = [stream, intercepted = intercepted.release()](absl::Status status) {
+      intercepted->End(status);
+      delete intercepted;
+      stream->End(std::move(status));
+    };
+  } else {
+    call.done = [stream](absl::Status status) { stream->End(std::move(status)); };
+  }
   OutgoingBulk large_body;
   const size_t block = internal::RequestMetadataBlock(options);
   size_t body_size = block + slot.size;

@@ -132,11 +132,14 @@ class Channel {
  private:
   friend class internal::ChannelAccess;
 
-  // Reserves memory of exactly `size` bytes for a request: a registered slot, or for a message
-  // larger than a slot memory the runtime sends at the front of a payload (rpc/WIRE.md). Fails
-  // with kResourceExhausted when `size` exceeds ChannelOptions::max_message_size (naming it) or
-  // no slot frees up before `options.deadline`.
-  virtual ::absl::StatusOr<SendSlot> AcquireSendSlot(size_t size, const CallOptions& options) = 0;
+  // Reserves memory of exactly `size` bytes for a request to `method`: a registered slot, or for
+  // a message larger than a slot memory the runtime sends at the front of a payload
+  // (rpc/WIRE.md). Fails with kResourceExhausted when `size` exceeds
+  // ChannelOptions::max_message_size (naming it) or no slot frees up before `options.deadline`.
+  // The call starts here (its clock, its metadata, a channel's interceptors): StartUnaryCall or
+  // OpenStream follows on the same thread, with the same method and options.
+  virtual ::absl::StatusOr<SendSlot> AcquireSendSlot(const MethodInfo& method, size_t size,
+                                                     const CallOptions& options) = 0;
 
   // Sends the request in `slot` (taking it back) to `method`, with `request_bulk` beside it
   // (empty unless method.request_bulk). Releases `request_bulk` once the NIC no longer reads it
@@ -173,9 +176,9 @@ namespace internal {
 // (rpc/impl/unary_call.h, rpc/streaming.h).
 class ChannelAccess {
  public:
-  static ::absl::StatusOr<SendSlot> AcquireSendSlot(Channel* channel, size_t size,
-                                                    const CallOptions& options) {
-    return channel->AcquireSendSlot(size, options);
+  static ::absl::StatusOr<SendSlot> AcquireSendSlot(Channel* channel, const MethodInfo& method,
+                                                    size_t size, const CallOptions& options) {
+    return channel->AcquireSendSlot(method, size, options);
   }
   static void StartUnaryCall(Channel* channel, const MethodInfo& method, SendSlot slot,
                              OutgoingBulk request_bulk, ::google::protobuf::MessageLite* response,

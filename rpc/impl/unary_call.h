@@ -38,7 +38,7 @@ void AsyncUnaryCall(Channel* channel, const MethodInfo& method, const Request& r
   }
   if (response_bulk != nullptr) response_bulk->Reset();
   const size_t size = request.ByteSizeLong();  // caches sizes for the serializer below
-  ::absl::StatusOr<SendSlot> slot = ChannelAccess::AcquireSendSlot(channel, size, options);
+  ::absl::StatusOr<SendSlot> slot = ChannelAccess::AcquireSendSlot(channel, method, size, options);
   if (!slot.ok()) {
     request_bulk.Reset();  // before `done`: the caller may reuse the bytes from there on
     done(slot.status());

@@ -35,6 +35,21 @@ void Fill(std::array<uint8_t, N>* bytes) {
 
 }  // namespace
 
+absl::Status TraceInterceptor::Propagate(const ServerContext& context, CallOptions* options) {
+  const TraceContext* trace = context.trace();
+  if (trace == nullptr || options->metadata.Find(kKey) != nullptr) return absl::OkStatus();
+  return options->metadata.Add(kKey, trace->traceparent());
+}
+
+absl::Status TraceInterceptor::OnCallStart(const MethodInfo& method, Metadata& metadata) {
+  static_cast<void>(method);
+  if (!options_.start_traces || metadata.Find(kKey) != nullptr) return absl::OkStatus();
+  TraceContext trace;
+  Fill(&trace.trace_id);
+  Fill(&trace.span_id);  // the caller's span: the server's parent
+  return metadata.Add(kKey, trace.traceparent());
+}
+
 absl::Status TraceInterceptor::OnCallStart(ServerContext& context, const MethodInfo& method) {
   static_cast<void>(method);
   std::optional<TraceContext> trace;

@@ -160,7 +160,8 @@ class LoopbackChannel : public Channel {
  public:
   explicit LoopbackChannel(Service* service) : service_(service) {}
 
-  absl::StatusOr<SendSlot> AcquireSendSlot(size_t size, const CallOptions&) override {
+  absl::StatusOr<SendSlot> AcquireSendSlot(const MethodInfo&, size_t size,
+                                           const CallOptions&) override {
     if (!acquire_error.ok()) return acquire_error;
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t token = next_token_++;

@@ -1,8 +1,11 @@
 // Server interceptors (rpc/interceptor.h) end to end: OnCallStart in order before the handler,
 // OnCallEnd in reverse after the answer, on unary calls and streams; an interceptor that fails a
 // call answers it with its trailing metadata, the handler never running and the rest of the
-// chain never asked; TraceInterceptor (rpc/trace_interceptor.h) joins the caller's W3C trace,
-// starts one when there is none or it is malformed, and logs each call with its ids.
+// chain never asked. A channel's interceptors: metadata added as a call starts, their end seen
+// before the caller hears (blocking, asynchronous, stream), a refusal failing the call with
+// nothing sent. TraceInterceptor (rpc/trace_interceptor.h) joins the caller's W3C trace, starts
+// one when there is none or it is malformed, logs each call with its ids, starts a trace on a
+// channel that the server joins, and Propagate passes a handler's trace on.
 //
 // Built twice: over fakeverbs on the host (ZRPC_OVER_FAKEVERBS) and on the harness's device (tag
 // "rdma").
@@ -10,12 +13,14 @@
 
 #include <catch2/catch.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "proto/examples/numbers.zrpc.h"
 #include "rpc/channel.h"
 #include "rpc/server.h"
@@ -81,6 +86,30 @@ class Recording : public zrpc::ServerInterceptor {
   Journal* const journal_;
 };
 
+// A channel's: journals its start and end (with the trailers' count); adds "added-by: <name>"
+// to the call's metadata; fails the call UNAUTHENTICATED when the metadata has "deny-<name>".
+class ClientRecording : public zrpc::ClientInterceptor {
+ public:
+  ClientRecording(std::string name, Journal* journal) : name_(std::move(name)), journal_(journal) {}
+  absl::Status OnCallStart(const zrpc::MethodInfo& method, Metadata& metadata) override {
+    journal_->Add(absl::StrCat(name_, ".start ", method.full_name));
+    if (metadata.Find("deny-" + name_) != nullptr) {
+      return absl::UnauthenticatedError(absl::StrCat("no token from ", name_));
+    }
+    return metadata.Add("added-by", name_);
+  }
+  void OnCallEnd(const zrpc::MethodInfo& method, const absl::Status& status,
+                 const Metadata& trailing) override {
+    journal_->Add(absl::StrCat(name_, ".end ", method.full_name, " ",
+                               absl::StatusCodeToString(status.code()),
+                               " trailers=", trailing.size()));
+  }
+
+ private:
+  const std::string name_;
+  Journal* const journal_;
+};
+
 // Journals each handler that runs; Square answers the trace it sees as trailing metadata
 // ("trace": "<trace id>/<parent id>/<span id>", or "none").
 class JournaledNumbers : public Numbers::Service {
@@ -89,6 +118,12 @@ class JournaledNumbers : public Numbers::Service {
   absl::Status Square(zrpc::ServerContext& context, const Number& request, Number* reply) override {
     journal_->Add("handler Square");
     reply->set_value(request.value() * request.value());
+    // What the client's interceptors added, back as one trailer.
+    std::string added;
+    for (absl::string_view by : context.client_metadata().FindAll("added-by")) {
+      absl::StrAppend(&added, added.empty() ? "" : ",", by);
+    }
+    if (!added.empty()) static_cast<void>(context.AddTrailingMetadata("added", added));
     const zrpc::TraceContext* trace = context.trace();
     return context.AddTrailingMetadata(
         "trace", trace == nullptr ? "none"
@@ -311,4 +346,167 @@ TEST_CASE(
   Numbers::Stub plain_stub(plain.channel.get());
   CHECK(TraceSeen(plain_stub, Metadata()) == "none");
   CHECK(absl::StartsWith(TraceSeen(plain_stub, joined), "4bf92f3577b34da6a3ce929d0e0e4736/"));
+}
+
+namespace {
+
+// A server without interceptors and a channel whose chain is a ClientRecording per name.
+struct RecordedChannel {
+  RecordedChannel(const zrpc::transport::DeviceConfig& config,
+                  const std::vector<std::string>& names, zrpc::ChannelOptions options = {})
+      : service(&server_journal),
+        served(config, {&service}, {}, Chain(names, &journal, std::move(options))),
+        stub(served.channel.get()) {}
+  static zrpc::ChannelOptions Chain(const std::vector<std::string>& names, Journal* journal,
+                                    zrpc::ChannelOptions options) {
+    for (const std::string& name : names) {
+      options.interceptors.push_back(std::make_shared<ClientRecording>(name, journal));
+    }
+    return options;
+  }
+  Journal journal;         // the channel's interceptors
+  Journal server_journal;  // the handlers
+  JournaledNumbers service;
+  zrpc::testing::Served served;
+  Numbers::Stub stub;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a channel's interceptors add metadata as a call starts and see its end before the caller",
+    "[interceptor]") {
+  ZRPC_TEST_DEVICE(config);
+  RecordedChannel channel(config, {"x", "y"});
+  Metadata trailers;
+  Number request, reply;
+  request.set_value(4);
+  REQUIRE(channel.stub.Square(request, &reply, With(Metadata(), &trailers)).ok());
+  CHECK(reply.value() == 16);
+  // The server saw what both added, in order; the caller gets the trailers as ever.
+  const std::string* added = trailers.Find("added");
+  REQUIRE(added != nullptr);
+  CHECK(*added == "x,y");
+  // Both ends ran before the blocking call returned: no waiting here.
+  CHECK(channel.journal.events() ==
+        std::vector<std::string>{"x.start zrpc.examples.Numbers/Square",
+                                 "y.start zrpc.examples.Numbers/Square",
+                                 "y.end zrpc.examples.Numbers/Square OK trailers=2",
+                                 "x.end zrpc.examples.Numbers/Square OK trailers=2"});
+
+  // The asynchronous form: the ends ran before its callback.
+  std::vector<std::string> seen_in_done;
+  absl::Notification done;
+  channel.stub.AsyncSquare(request, &reply, With(Metadata(), nullptr), [&](absl::Status status) {
+    CHECK(status.ok());
+    seen_in_done = channel.journal.events();
+    done.Notify();
+  });
+  REQUIRE(done.WaitForNotificationWithTimeout(kLong));
+  REQUIRE(seen_in_done.size() == 8);
+  CHECK(seen_in_done[7] == "x.end zrpc.examples.Numbers/Square OK trailers=2");
+
+  // A stream: the ends ran before its Finish returned, with its trailers.
+  CountRequest count;
+  count.set_start(1);
+  count.set_count(2);
+  zrpc::ClientReader<Number> reader = channel.stub.Count(count, With(Metadata(), &trailers));
+  Number number;
+  while (reader.Read(&number)) {
+  }
+  REQUIRE(reader.Finish().ok());
+  const std::vector<std::string> events = channel.journal.events();
+  REQUIRE(events.size() == 12);
+  CHECK(events[10] == "y.end zrpc.examples.Numbers/Count OK trailers=0");
+  CHECK(events[11] == "x.end zrpc.examples.Numbers/Count OK trailers=0");
+}
+
+TEST_CASE("a channel's interceptor that fails a call fails it before anything is sent",
+          "[interceptor]") {
+  ZRPC_TEST_DEVICE(config);
+  zrpc::ChannelOptions options;
+  options.max_message_size = 4096;
+  RecordedChannel channel(config, {"x", "y", "z"}, options);
+  Metadata deny;
+  REQUIRE(deny.Add("deny-y", "").ok());
+  Metadata trailers;
+  REQUIRE(trailers.Add("stale", "from before").ok());
+  Number request, reply;
+  const absl::Status status = channel.stub.Square(request, &reply, With(deny, &trailers));
+  CHECK(status.code() == absl::StatusCode::kUnauthenticated);
+  CHECK(status.message() == "no token from y");
+  CHECK(trailers.empty());  // the call's, not an earlier one's
+  CHECK(channel.journal.events() ==
+        std::vector<std::string>{"x.start zrpc.examples.Numbers/Square",
+                                 "y.start zrpc.examples.Numbers/Square",
+                                 "x.end zrpc.examples.Numbers/Square UNAUTHENTICATED trailers=0"});
+  // A stream refused the same way.
+  zrpc::ClientReader<Number> reader = channel.stub.Count(CountRequest(), With(deny, &trailers));
+  Number number;
+  CHECK_FALSE(reader.Read(&number));
+  CHECK(reader.Finish().code() == absl::StatusCode::kUnauthenticated);
+  // Nothing reached the server.
+  CHECK(channel.server_journal.size() == 0);
+  CHECK(channel.served.server->stats().calls_started == 0);
+
+  // A call the runtime refuses after the interceptors started (too large to send): they see it.
+  request.set_pad(std::string(8192, 'p'));
+  CHECK(channel.stub.Square(request, &reply, With(Metadata(), nullptr)).code() ==
+        absl::StatusCode::kResourceExhausted);
+  const std::vector<std::string> events = channel.journal.events();
+  REQUIRE(events.size() >= 3);
+  CHECK(events.back() == "x.end zrpc.examples.Numbers/Square RESOURCE_EXHAUSTED trailers=0");
+}
+
+TEST_CASE("a channel refuses a null interceptor, naming it", "[interceptor]") {
+  ZRPC_TEST_DEVICE(config);
+  zrpc::ChannelOptions options;
+  options.device = config;
+  options.interceptors.push_back(nullptr);
+  auto channel = zrpc::CreateChannel(zrpc::testing::TargetOf(config, 1), options);
+  REQUIRE_FALSE(channel.ok());
+  CHECK(channel.status().message() == "ChannelOptions::interceptors[0] is null");
+}
+
+TEST_CASE("TraceInterceptor on both sides: the channel starts a trace the server joins",
+          "[interceptor][trace]") {
+  ZRPC_TEST_DEVICE(config);
+  Journal journal;
+  JournaledNumbers service(&journal);
+  auto tracing = std::make_shared<zrpc::TraceInterceptor>();
+  zrpc::ChannelOptions channel_options;
+  channel_options.interceptors.push_back(tracing);
+  zrpc::testing::Served served(config, {&service}, Intercepted({tracing}), channel_options);
+  Numbers::Stub stub(served.channel.get());
+  // The server's span has the channel's as its parent (not zero: not a trace of its own).
+  const std::string seen = TraceSeen(stub, Metadata());
+  INFO(seen);
+  REQUIRE(seen.size() == 66);
+  CHECK(seen.substr(0, 32) != std::string(32, '0'));
+  CHECK(seen.substr(33, 16) != std::string(16, '0'));
+  // A traceparent the caller set is kept: the server joins that one.
+  Metadata joined;
+  REQUIRE(joined.Add("traceparent", kTraceparent).ok());
+  CHECK(absl::StartsWith(TraceSeen(stub, joined),
+                         "4bf92f3577b34da6a3ce929d0e0e4736/00f067aa0ba902b7/"));
+}
+
+TEST_CASE("TraceInterceptor::Propagate passes a handler's trace on to the calls it makes",
+          "[interceptor][trace]") {
+  zrpc::ServerContext context;
+  CallOptions options;
+  REQUIRE(zrpc::TraceInterceptor::Propagate(context, &options).ok());  // no trace: nothing
+  CHECK(options.metadata.empty());
+  std::optional<zrpc::TraceContext> trace = zrpc::TraceContext::Parse(kTraceparent);
+  REQUIRE(trace.has_value());
+  trace->span_id = {0xa, 0xb, 0xc, 0xd, 1, 2, 3, 4};
+  context.SetTrace(*trace);
+  REQUIRE(zrpc::TraceInterceptor::Propagate(context, &options).ok());
+  const std::string* sent = options.metadata.Find("traceparent");
+  REQUIRE(sent != nullptr);
+  // The same trace, the handler's span as the next call's parent.
+  CHECK(*sent == "00-4bf92f3577b34da6a3ce929d0e0e4736-0a0b0c0d01020304-01");
+  // Once is enough: a second Propagate (or a traceparent set by hand) is left alone.
+  REQUIRE(zrpc::TraceInterceptor::Propagate(context, &options).ok());
+  CHECK(options.metadata.size() == 1);
 }
