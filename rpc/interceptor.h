@@ -42,7 +42,10 @@ class ServerInterceptor {
   // After the call was answered: `status` is what the caller was sent (OK, the handler's or an
   // earlier interceptor's error, or the runtime's, such as a response too large to send), or
   // UNAVAILABLE when the runtime answered for the call first (the connection failed, the
-  // server's shutdown grace ran out). The answer has gone: observe, don't change it.
+  // server's shutdown grace ran out) or the answer could not be sent. The answer has gone (OK:
+  // handed to the connection; one whose payload then waits for staging memory and cannot get
+  // it reaches the caller as an error this does not see): observe, don't change it. Its time
+  // counts in the method's latency (ServerStats, /metrics).
   virtual void OnCallEnd(ServerContext& context, const MethodInfo& method,
                          const ::absl::Status& status) {
     static_cast<void>(context);

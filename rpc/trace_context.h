@@ -31,13 +31,11 @@ struct TraceContext {
   std::string parent_id_hex() const { return Hex(parent_id.data(), parent_id.size()); }
 
   // The traceparent a call made on behalf of this one sends: version 00, this trace, this span as
-  // the parent, these flags ("00-<trace id>-<span id>-<flags>", 55 characters).
+  // the parent, and of the flags the one version 00 defines, sampled (the others are zero, as the
+  // specification asks of flags a sender does not know): "00-<trace id>-<span id>-0<0|1>", 55
+  // characters.
   std::string traceparent() const {
-    static constexpr char kDigits[] = "0123456789abcdef";
-    std::string out = "00-" + trace_id_hex() + "-" + span_id_hex() + "-";
-    out.push_back(kDigits[flags >> 4]);
-    out.push_back(kDigits[flags & 15]);
-    return out;
+    return "00-" + trace_id_hex() + "-" + span_id_hex() + (sampled() ? "-01" : "-00");
   }
 
   // A traceparent value as W3C Trace Context level 1 defines it: "vv-<32 hex>-<16 hex>-<2 hex>",

@@ -239,10 +239,12 @@ struct ConnectionStats {
   uint64_t messages_received = 0;
   uint64_t bulk_received = 0;
   uint64_t credit_frames_sent = 0;
-  // Bytes this side's own work requests moved: out, every SEND (frame header included, credit
-  // frames too) and bulk WRITE; in, every message and payload that arrived and every payload this
-  // side READ from the peer. (A payload the peer READ from what this side exposed is counted on
-  // the peer, as received.)
+  // Bytes this side's own work requests moved: out, every SEND (frame header included, credit and
+  // handshake frames too) and WRITE, counted as posted; in, every message and payload that
+  // arrived and every payload this side READ from the peer (counted as the READ is posted). A
+  // payload the peer READ from what this side exposed is counted on the peer, as received, and a
+  // parked window's knock (an 8-byte WRITE into the peer's door, which the peer's application
+  // never sees) on this side only.
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   // Registered (pinned) memory this connection holds now: its own arena or the piece of the

@@ -1500,6 +1500,7 @@ void Connection::HandleRecvLocked(const ibv_wc& wc, Events& events) {
   if (state_ != State::kOpen && !(state_ == State::kDraining && IsPeerDisconnect(error_))) {
     if (state_ == State::kVerifying) {
       // The handshake's frame (connection_auth.cc): its receive is owed back once verified.
+      stats_.bytes_received += wc.byte_len;  // as its sender counted it
       const bool verified = VerifyPeerLocked(wc, device_.slots().data(slot));
       give_back(verified);
       if (verified) credits_.OnRecvReposted();

@@ -227,7 +227,8 @@ RpcConnection::LastError RpcConnection::last_error() const {
 }
 
 void RpcConnection::Violation(transport::Connection& connection, absl::string_view what) {
-  NoteError(absl::StrCat("protocol violation: ", what));
+  // The first, as the log's line: what follows it is often its consequence.
+  if (violations() == 0) NoteError(absl::StrCat("protocol violation: ", what));
   // Logged once: the messages already received behind the first may break the rules too (a
   // stream's sender past its window sends on), and one line says what the peer did.
   if (violations_.fetch_add(1, std::memory_order_relaxed) == 0) {

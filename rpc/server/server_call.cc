@@ -236,12 +236,20 @@ absl::Status ServerCallImpl::SendResponse(absl::Status status, SendSlot* respons
   response_bulk.Reset();
   if (absl::Status sent =
           owner_->SendError(*connection_, call_id(), status, context_.trailing_metadata());
-      !sent.ok() && connection_->open()) {
-    // No send slot for the error: the client would wait for its deadline without a word. Fail
-    // its connection instead, which fails its calls at once.
-    ZRPC_LOG(kError, "server", "cannot answer call ", call_id(), " from ",
-             connection_->peer_address(), " (", sent.ToString(), "); closing");
-    connection_->Close();
+      !sent.ok()) {
+    if (connection_->open()) {
+      // No send slot for the error: the client would wait for its deadline without a word. Fail
+      // its connection instead, which fails its calls at once.
+      ZRPC_LOG(kError, "server", "cannot answer call ", call_id(), " from ",
+               connection_->peer_address(), " (", sent.ToString(), "); closing");
+      owner_->NoteError(
+          absl::StrCat("call ", call_id(), ": cannot answer (", sent.ToString(), "); closing"));
+      connection_->Close();
+    }
+    // What the client gets is its connection's failure, not this answer.
+    return absl::UnavailableError(absl::StrCat(method_.full_name, ": the answer (",
+                                               status.ToString(),
+                                               ") could not be sent: ", sent.message()));
   }
   return status;
 }
@@ -266,7 +274,11 @@ bool ServerCallImpl::AnswerFor(const absl::Status& status, StreamEndings* later)
   const bool answer = !answered_.exchange(true, std::memory_order_acq_rel);
   GiveUp(later);
   if (!answer) return false;
-  if (!owner_->SendError(*connection_, call_id(), status).ok()) connection_->Close();
+  if (absl::Status sent = owner_->SendError(*connection_, call_id(), status); !sent.ok()) {
+    owner_->NoteError(
+        absl::StrCat("call ", call_id(), ": cannot answer (", sent.ToString(), "); closing"));
+    connection_->Close();
+  }
   return true;
 }
 

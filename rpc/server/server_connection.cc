@@ -501,9 +501,11 @@ void ServerConnection::AnswerAllInDomain(const absl::Status& status) {
 void ServerConnection::OnClosed(transport::Connection& connection, const absl::Status& why) {
   DropPending(connection);
   // This side's own closes (kCancelled) say nothing new: a violation, a sweep or a shutdown
-  // noted its reason already, or there is none.
-  if (why.code() != absl::StatusCode::kCancelled)
+  // noted its reason already, or there is none. A client going away is ordinary: whatever went
+  // wrong before it (a refused call, say) stays the last error.
+  if (why.code() != absl::StatusCode::kCancelled && !transport::IsPeerDisconnect(why)) {
     NoteError(absl::StrCat("closed: ", why.ToString()));
+  }
   // A client going away (it closed, or its process died) is ordinary; anything else the
   // transport reports (a failed completion, a peer beyond its credits, a bad frame) is a fault
   // the operator needs to see, with its reason. Violations of the RPC protocol were logged when

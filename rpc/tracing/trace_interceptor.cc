@@ -2,6 +2,7 @@
 
 #include "rpc/trace_interceptor.h"
 
+#include <atomic>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -14,15 +15,28 @@ namespace zrpc {
 
 namespace {
 
-// Span and trace ids: unique, not secret (W3C Trace Context asks for randomness, not for
-// unpredictability), so a generator per thread, seeded once from the kernel.
+// Span and trace ids: W3C Trace Context asks for ids that are unique and random, not secret.
+// SplitMix64's finalizer over a counter: a bijection, so no two ids of this process are alike
+// until 2^64 have been made, and random across processes (a start and a key read from the
+// kernel once). One relaxed atomic add per id, on any thread, with no seeding per thread (a
+// stream's handler runs on a thread of its own).
 uint64_t RandomId() {
-  thread_local std::mt19937_64 generator{std::random_device{}()};
-  uint64_t id;
-  do {
-    id = generator();
-  } while (id == 0);  // all zero is invalid
-  return id;
+  struct Seed {
+    uint64_t start, key;
+  };
+  static const Seed seed = [] {
+    std::random_device device;
+    auto word = [&device] { return uint64_t{device()} << 32 | device(); };
+    return Seed{word(), word()};
+  }();
+  static std::atomic<uint64_t> counter{0};
+  for (;;) {
+    uint64_t z = seed.start + counter.fetch_add(1, std::memory_order_relaxed) * 0x9e3779b97f4a7c15;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111eb;
+    const uint64_t id = (z ^ (z >> 31)) ^ seed.key;
+    if (id != 0) return id;  // all zero is invalid
+  }
 }
 
 template <size_t N>

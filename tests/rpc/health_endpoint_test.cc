@@ -172,7 +172,7 @@ TEST_CASE("/connections shows the last error on a connection: a call the runtime
                  Get(port, "/connections.json").body) == "call 1 refused True\n");
 
   // The client goes: its connection leaves the list and stays among the recently closed, with
-  // why it closed.
+  // its last error. A client going away is ordinary, not an error: the refusal stays the last.
   served.channel.reset();
   REQUIRE(zrpc::testing::Eventually(
       [&] { return absl::StrContains(Get(port, "/connections").body, "# 1 recently closed"); }));
@@ -183,11 +183,11 @@ TEST_CASE("/connections shows the last error on a connection: a call the runtime
   CHECK(absl::StartsWith(after_lines[0], "# 0 connections"));
   CHECK(absl::StartsWith(after_lines[2], absl::StrCat(config.addr, ":")));
   CHECK(absl::StrContains(after_lines[2], " closed="));
-  CHECK(absl::StrContains(after_lines[2], " last_error=\"closed: "));
+  CHECK(absl::StrContains(after_lines[2], " last_error=\"call 1 refused: UNIMPLEMENTED: "));
   CHECK(ReadJson("d=json.load(sys.stdin); c=d[\"recently_closed\"]; "
-                 "print(len(d[\"connections\"]), len(c), c[0][\"last_error\"][\"message\"][:7], "
+                 "print(len(d[\"connections\"]), len(c), c[0][\"last_error\"][\"message\"][:14], "
                  "c[0][\"age_seconds\"] >= 0)",
-                 Get(port, "/connections.json").body) == "0 1 closed: True\n");
+                 Get(port, "/connections.json").body) == "0 1 call 1 refused True\n");
 }
 
 TEST_CASE("/connections keeps the last 16 connections to close, newest last", "[health]") {

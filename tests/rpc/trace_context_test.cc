@@ -24,9 +24,15 @@ TEST_CASE("a valid traceparent parses into its ids and flags, and writes back", 
   zrpc::TraceContext next = *trace;
   next.span_id = {1, 2, 3, 4, 5, 6, 7, 0xff};
   CHECK(next.traceparent() == "00-4bf92f3577b34da6a3ce929d0e0e4736-01020304050607ff-01");
+  // Flags version 00 does not define are read, kept, and not sent on.
+  next.flags = 0xa1;
+  CHECK(next.traceparent() == "00-4bf92f3577b34da6a3ce929d0e0e4736-01020304050607ff-01");
   next.flags = 0xa0;
-  CHECK(next.traceparent() == "00-4bf92f3577b34da6a3ce929d0e0e4736-01020304050607ff-a0");
+  CHECK(next.traceparent() == "00-4bf92f3577b34da6a3ce929d0e0e4736-01020304050607ff-00");
   CHECK_FALSE(zrpc::TraceContext::Parse(next.traceparent())->sampled());
+  CHECK(
+      zrpc::TraceContext::Parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-a1")->flags ==
+      0xa1);
 }
 
 TEST_CASE("a malformed traceparent is refused", "[trace]") {
