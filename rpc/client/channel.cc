@@ -799,11 +799,9 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
   if (options.connect_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ChannelOptions::connect_timeout must be positive");
   }
-  for (size_t i = 0; i < options.interceptors.size(); ++i) {
-    if (options.interceptors[i] == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ChannelOptions::interceptors[", i, "] is null"));
-    }
+  if (absl::Status s = internal::CheckInterceptors(options.interceptors, "ChannelOptions");
+      !s.ok()) {
+    return s;
   }
   if (absl::Status s = internal::CheckRuntimeOptions(options, "ChannelOptions"); !s.ok()) {
     return s;
@@ -1061,14 +1059,9 @@ std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
         "not wait for one: open it from another thread, or raise "
         "ConnectionOptions::max_send_slots")));
   }
+  call.done = [stream](absl::Status status) { stream->End(std::move(status)); };
   if (ABSL_PREDICT_FALSE(intercepted != nullptr)) {
-    call.done = [stream, intercepted = intercepted.release()](absl::Status status) {
-      intercepted->End(status);
-      delete intercepted;
-      stream->End(std::move(status));
-    };
-  } else {
-    call.done = [stream](absl::Status status) { stream->End(std::move(status)); };
+    call.done = internal::InterceptedCall::Wrap(std::move(intercepted), std::move(call.done));
   }
   OutgoingBulk large_body;
   const size_t block = internal::RequestMetadataBlock(options);

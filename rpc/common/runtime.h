@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "rpc/bulk/staging.h"
 #include "rpc/connection/rpc_connection.h"
@@ -21,6 +22,19 @@ namespace zrpc::internal {
 // OK, or kInvalidArgument naming the first option out of range as `side` spells its struct
 // ("ChannelOptions", "ServerOptions").
 absl::Status CheckRuntimeOptions(const RuntimeOptions& options, absl::string_view side);
+
+// OK, or kInvalidArgument naming the first null interceptor ("ServerOptions::interceptors[1] is
+// null"); `side` as above.
+template <typename Interceptor>
+absl::Status CheckInterceptors(const std::vector<std::shared_ptr<Interceptor>>& interceptors,
+                               absl::string_view side) {
+  for (size_t i = 0; i < interceptors.size(); ++i) {
+    if (interceptors[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(side, "::interceptors[", i, "] is null"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // A channel's or a server's resources, in the order they are made (and destroyed in reverse by
 // their owner): pollers hold the device, staging and receive limits belong to it.

@@ -39,12 +39,7 @@ absl::StatusOr<std::unique_ptr<ServerImpl>> ServerImpl::Create(const ServerOptio
         "ServerOptions::max_streams_per_connection is ", options.max_streams_per_connection,
         " and max_streams ", options.max_streams, "; each must be at least 1"));
   }
-  for (size_t i = 0; i < options.interceptors.size(); ++i) {
-    if (options.interceptors[i] == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ServerOptions::interceptors[", i, "] is null"));
-    }
-  }
+  if (absl::Status s = CheckInterceptors(options.interceptors, "ServerOptions"); !s.ok()) return s;
   if (options.max_pollers < 0 || options.max_pollers > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("ServerOptions::max_pollers is ", options.max_pollers,
