@@ -49,12 +49,13 @@
 // that destroys its reader or writer before Finish cancels the call. Each message is serialized
 // straight into a registered send slot and parsed straight from the receive slot it arrived in.
 // Sizes: a message that fits a message slot (ChannelStats::max_slot_message; 4,040 bytes by
-// default) goes in a SEND; a larger one, up to the peer's arena (256 KiB by default) and
-// max_message_size, is staged and written into the peer's arena ahead of its SEND, as a large
-// unary message is (WIRE.md). Past the peer's arena or this side's max_message_size the Write
-// fails with RESOURCE_EXHAUSTED, and the stream with it; past the receiver's max_message_size the
-// receiver fails the stream (with the same code). Limits of this form: no message past the
-// arena (it would have to be pulled), and no bulk payload per message.
+// default) goes in a SEND; a larger one, up to the peer's arena (256 KiB by default), is staged
+// and written into the peer's arena ahead of its SEND, and one larger still, up to
+// max_message_size (4 MiB by default, as gRPC), is pulled by the receiver, as a large unary
+// message is (WIRE.md, "Streams"): nothing to set, and order holds (a message behind a pulled
+// one, or the end, waits for it). Past this side's max_message_size the Write fails with
+// RESOURCE_EXHAUSTED, and the stream with it; past the receiver's max_message_size the receiver
+// fails the stream (with the same code). A stream message carries no bulk payload of its own.
 // Finish drops (and credits back) what was not read: to stop a server that would go on
 // sending, Cancel first.
 //

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/bulk/registration.h"
 #include "rpc/common/call_clock.h"
@@ -869,9 +870,11 @@ void ClientConnection::OnMessage(transport::Connection& connection,
   if (!Receive(connection, message, &incoming)) return;
   const RpcKind kind = incoming.header.kind;
   if (kind == RpcKind::kPulled) {
-    // The server has READ the request's payload: no longer exposed.
+    // The server has READ a stream message's payload, or the request's: no longer exposed.
     Discard(connection, incoming);
-    ServerPulled(incoming.header.call_id);
+    if (!Unexpose(incoming.header.call_id, incoming.header.pulled_addr())) {
+      ServerPulled(incoming.header.call_id);
+    }
     return;
   }
   if (kind == RpcKind::kStreamMessage || kind == RpcKind::kStreamCredit) {
@@ -883,6 +886,19 @@ void ClientConnection::OnMessage(transport::Connection& connection,
                                               "; a client takes responses, errors, pulled and "
                                               "stream messages and credits"));
   }
+  if (ABSL_PREDICT_FALSE(stream_pulls_ > 0)) {
+    // A stream's end must not overtake its messages still being pulled: held until they land.
+    std::shared_ptr<StreamState> stream;
+    calls_.Visit(incoming.header.call_id, [&](ClientCall& call) { stream = call.stream; });
+    if (stream != nullptr && stream->pulling() &&
+        held_ends_.emplace(incoming.header.call_id, incoming).second) {
+      return;
+    }
+  }
+  OnAnswer(connection, incoming);
+}
+
+void ClientConnection::OnAnswer(transport::Connection& connection, IncomingMessage& incoming) {
   // Answered: the server is done with the request's payload (it answers only after its READ,
   // or without one), whether the call is still waiting or not.
   ServerPulled(incoming.header.call_id);
@@ -936,23 +952,27 @@ void ClientConnection::OnStreamFrame(transport::Connection& connection, Incoming
     live = true;
     stream = call.stream;
   });
+  // A frame that is not used: given back, and a pulled message's sender told it may stop
+  // exposing it (it is never read).
+  auto let_go = [&] {
+    if (message.pulls()) static_cast<void>(SendPulledWord(connection, message));
+    Discard(connection, message);
+  };
   if (!live) {
     // Its call already ended (deadline, cancel): the server did not know yet.
     if (message.header.kind == RpcKind::kStreamMessage) owner_.CountLateResponse();
-    Discard(connection, message);
-    return;
+    return let_go();
   }
-  if (stream == nullptr || message.bulk || message.pulls()) {
+  if (stream == nullptr || message.bulk || message.bulk_size() > 0) {
     Discard(connection, message);
     return Violation(connection,
                      absl::StrCat("call ", id,
                                   stream == nullptr ? ": a stream frame for a unary call"
-                                                    : ": a stream message with a bulk payload "
-                                                      "or pulled"));
+                                                    : ": a stream message with a bulk payload"));
   }
-  if (absl::Status fits = limits().CheckMessage(message.body.size(), "stream message");
+  if (absl::Status fits = limits().CheckMessage(message.body_size(), "stream message");
       !fits.ok()) {
-    Discard(connection, message);
+    let_go();
     return AbortCall(id, fits);
   }
   if (message.header.kind == RpcKind::kStreamCredit) {
@@ -962,14 +982,37 @@ void ClientConnection::OnStreamFrame(transport::Connection& connection, Incoming
     }
     return;
   }
-  // Parsed straight from the receive slot, which goes back right after (stream_state.h).
-  absl::StatusOr<uint16_t> grant = stream->OnMessage(message.body);
+  absl::StatusOr<uint16_t> grant;
+  if (message.pulls()) {
+    // Larger than this side's arena: its place is kept in the stream (nothing behind it, the
+    // call's end included, overtakes it) while it is pulled; StreamPulled fills it.
+    bool wanted = false;
+    grant = stream->OnPulling(&wanted);
+    if (grant.ok() && wanted) {
+      absl::Status pulling = StartPull(connection, message);
+      if (pulling.ok()) {
+        ++stream_pulls_;
+        return;  // the pull has the message now
+      }
+      grant = absl::Status(pulling.code(), absl::StrCat("stream message: ", pulling.message()));
+    }
+    if (grant.status().code() != absl::StatusCode::kFailedPrecondition) {
+      static_cast<void>(SendPulledWord(connection, message));  // not read: never will be
+    }
+  } else {
+    // Parsed straight from the receive slot, which goes back right after (stream_state.h).
+    grant = stream->OnMessage(message.body);
+  }
   Discard(connection, message);
   if (!grant.ok()) {
     if (grant.status().code() == absl::StatusCode::kFailedPrecondition) {
       return Violation(connection, absl::StrCat("call ", id, ": ", grant.status().message()));
     }
-    return AbortCall(id, absl::InternalError(grant.status().message()));
+    // A message that does not parse is the server's fault (INTERNAL); one that cannot be
+    // pulled says why (RESOURCE_EXHAUSTED: a limit, memory).
+    return AbortCall(id, grant.status().code() == absl::StatusCode::kInvalidArgument
+                             ? absl::InternalError(grant.status().message())
+                             : grant.status());
   }
   if (*grant > 0) {
     // The caller is finishing and no longer reads: what arrives is credited back at once.
@@ -981,9 +1024,34 @@ void ClientConnection::OnStreamFrame(transport::Connection& connection, Incoming
 }
 
 void ClientConnection::OnPulled(transport::Connection& connection, IncomingMessage& message) {
+  if (message.header.kind == RpcKind::kStreamMessage) return StreamPulled(connection, message);
   // The payload is here: the server may stop exposing it.
   static_cast<void>(SendPulledWord(connection, message));
   Deliver(connection, message);
+}
+
+void ClientConnection::StreamPulled(transport::Connection& connection, IncomingMessage& message) {
+  static_cast<void>(SendPulledWord(connection, message));
+  --stream_pulls_;
+  const uint64_t id = message.header.call_id;
+  std::shared_ptr<StreamState> stream;
+  calls_.Visit(id, [&](ClientCall& call) { stream = call.stream; });
+  absl::Status status;
+  if (stream != nullptr) status = stream->OnPulledMessage(message.body);
+  Discard(connection, message);
+  if (!status.ok()) AbortCall(id, absl::InternalError(status.message()));
+  // The call's end, if it came meanwhile, goes once nothing before it is still being pulled;
+  // a call that ended otherwise drops it.
+  auto held = held_ends_.find(id);
+  if (held == held_ends_.end()) return;
+  if (stream != nullptr && status.ok() && stream->pulling()) return;
+  IncomingMessage end = std::move(held->second);
+  held_ends_.erase(held);
+  if (stream == nullptr || !status.ok()) {
+    if (end.pulls()) static_cast<void>(SendPulledWord(connection, end));
+    return Discard(connection, end);
+  }
+  OnAnswer(connection, end);
 }
 
 void ClientConnection::Deliver(transport::Connection& connection, IncomingMessage& message) {
@@ -1083,6 +1151,8 @@ void ClientConnection::OnClosed(transport::Connection& connection, const absl::S
   }
   DropPending(connection);
   DropWaiting();
+  for (auto& [id, end] : held_ends_) Discard(connection, end);
+  held_ends_.clear();
   absl::flat_hash_map<uint64_t, ExposedRequest> exposed;
   {
     absl::MutexLock lock(&exposed_mu_);  // closed_ is set: nothing is added any more

@@ -298,6 +298,11 @@ class ClientConnection final : public RpcConnection,
   void OnPingDone(const absl::Status& status, absl::Duration timeout);
   // A stream message or credit from the server.
   void OnStreamFrame(transport::Connection& connection, IncomingMessage& message);
+  // A response or error: to its call, once what it carries is here (OnPulled). A stream's end
+  // waits (held_ends_) while messages before it are still being pulled.
+  void OnAnswer(transport::Connection& connection, IncomingMessage& message);
+  // A stream message OnStreamFrame pulled has landed: into its place; a held end may go now.
+  void StreamPulled(transport::Connection& connection, IncomingMessage& message);
   // This side's messages wait for credits or arena space, or (`arena_counts`) its application
   // holds received payloads, or the domain is held: a ping now could wait behind them (see the
   // top of this file). An idle connection leaves the arena out: no answer of a call can wait for
@@ -340,6 +345,11 @@ class ClientConnection final : public RpcConnection,
   absl::flat_hash_map<uint64_t, ExposedRequest> exposed_requests_ ABSL_GUARDED_BY(exposed_mu_);
   std::atomic<size_t> exposed_entries_{0};  // its size, read without the lock
   std::shared_ptr<transport::Connection> connection_;
+  // In the domain: stream messages being pulled on this connection (while none is, an answer
+  // costs no look at its stream), and the ends of streams that arrived while messages before
+  // them were still being pulled, by call id (given back on close).
+  uint32_t stream_pulls_ = 0;
+  absl::flat_hash_map<uint64_t, IncomingMessage> held_ends_;
   absl::Mutex self_mu_;
   std::shared_ptr<ClientConnection> self_ ABSL_GUARDED_BY(self_mu_);  // until OnClosed
   std::atomic<bool> closed_{false};

@@ -399,9 +399,10 @@ class RpcConnection : public transport::ConnectionHandler {
   // instead, while `give_up` returns false (the stream is still on) and the connection is open,
   // unless `may_wait` is false (a runtime thread, which would wait for itself: the quota frees as
   // the poller completes sends): then kResourceExhausted at once when the quota is full.
-  // kResourceExhausted for a body larger than the peer's arena (it would be pulled, and a pulled
-  // stream message would be overtaken by the stream's next frames at the receiver); else as
-  // SendMessage. Takes the buffer on every path.
+  // A body larger than the peer's arena is exposed for the peer to pull instead (SendPulled,
+  // held in exposed_ until the peer's kPulled names it), with no staging: the receiver keeps
+  // the stream's later frames behind it. Errors as SendMessage's. Takes the buffer on every
+  // path.
   // `quota_taken`: the caller took the quota already (TakeQuotaOrWait).
   absl::Status SendStreamMessage(transport::Connection& connection,
                                  const transport::SendBuffer& buffer, const RpcHeader& header,
@@ -523,8 +524,10 @@ class RpcConnection : public transport::ConnectionHandler {
   // whatever must outlive the call's end for it is set up now. False when the call is ending
   // already (nothing is exposed then).
   virtual bool PrepareExposure(uint64_t /*call_id*/, BulkGate& /*gate*/) { return true; }
-  // The peer has pulled the payload of response `call_id` (kPulled): stop exposing it.
-  void Unexpose(uint64_t call_id);
+  // The peer has pulled the payload a message of call `call_id` exposed at `addr` (kPulled: a
+  // response's, or a stream message's): stop exposing it. False when nothing is held there (a
+  // peer repeating itself, a closed call, or a client's request, which its call's gate holds).
+  bool Unexpose(uint64_t call_id, uint64_t addr);
   // Tells the peer it may stop exposing the payload of `message` (the READ is done, or will
   // never be made): a kPulled, which invalidates the payload's window key when its descriptor
   // says so (kPullWindow). Once per message that pulls: a second would name a dead key, which
@@ -606,9 +609,12 @@ class RpcConnection : public transport::ConnectionHandler {
   std::atomic<bool> warned_foreign_{false};
   std::atomic<uint32_t> pulling_{0};        // READs of pulled payloads under way
   std::atomic<uint32_t> exposed_count_{0};  // payloads exposed for the peer to pull
-  // Responses' payloads exposed for the client to pull, by call id (server side).
+  // Payloads exposed for the peer to pull that no call's gate holds (a server's responses, both
+  // sides' stream messages), by call id and the address their descriptor named: a stream may
+  // have several exposed at once.
   absl::Mutex exposed_mu_;
-  absl::flat_hash_map<uint64_t, ExposureHold> exposed_ ABSL_GUARDED_BY(exposed_mu_);
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, ExposureHold> exposed_
+      ABSL_GUARDED_BY(exposed_mu_);
   // Set by DropPending: the connection closed, and nothing is kept here any more (a hold kept
   // after that would outlive the transport connection it ends its exposure on).
   bool exposed_closed_ ABSL_GUARDED_BY(exposed_mu_) = false;

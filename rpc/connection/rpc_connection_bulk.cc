@@ -36,8 +36,9 @@ absl::Status PostPull(transport::Connection& connection,
   return read;
 }
 
-// The most response payloads one connection may have exposed and not yet pulled: a client that
-// never says kPulled holds the server's memory registered only this far.
+// The most payloads one connection may have exposed outside a call's gate (a server's responses,
+// either side's stream messages) and not yet pulled: a peer that never says kPulled holds this
+// side's memory registered only this far.
 constexpr size_t kMaxExposedPerConnection = 1024;
 
 // Memory for a pulled payload of `size` bytes, registered on `device` and charged to `budget`
@@ -214,21 +215,22 @@ absl::Status RpcConnection::StartPullInto(transport::Connection& connection,
                   pulling_);
 }
 
-void RpcConnection::Unexpose(uint64_t call_id) {
+bool RpcConnection::Unexpose(uint64_t call_id, uint64_t addr) {
   ExposureHold exposed;
   {
     absl::MutexLock lock(&exposed_mu_);
-    auto it = exposed_.find(call_id);
-    if (it == exposed_.end()) return;  // a client repeating itself, or a closed call: nothing held
+    auto it = exposed_.find(std::make_pair(call_id, addr));
+    if (it == exposed_.end()) return false;
     exposed = std::move(it->second);
     exposed_.erase(it);
   }
   // Ended outside the lock: its release may run the application's callback.
+  return true;
 }
 
 absl::Status RpcConnection::SendPulledWord(transport::Connection& connection,
                                            const IncomingMessage& message) {
-  const RpcHeader pulled = RpcHeader::Pulled(message.header.call_id);
+  const RpcHeader pulled = RpcHeader::Pulled(message.header.call_id, message.layout.pulls[0].addr);
   const uint32_t rkey = message.layout.invalidate_rkey;
   if (rkey == 0) return SendHeaderOnly(connection, pulled);
   absl::StatusOr<transport::SendBuffer> buffer = connection.AcquireSendBuffer();
@@ -354,10 +356,11 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
     }
     if (exposed_.size() >= kMaxExposedPerConnection) {
       return fail(absl::ResourceExhaustedError(absl::StrCat(
-          "the client has not pulled ", exposed_.size(), " earlier payloads on this connection")));
+          "the peer has not pulled ", exposed_.size(), " earlier payloads on this connection")));
     }
-    if (!exposed_.emplace(header.call_id, std::move(hold)).second) {
-      return fail(absl::InternalError("a second exposed payload for one call"));
+    if (!exposed_.emplace(std::make_pair(header.call_id, descriptors[0].addr), std::move(hold))
+             .second) {
+      return fail(absl::InternalError("a second exposed payload at one address for one call"));
     }
   }
   staging_.NoteZeroCopy(exposed_bulk);
@@ -374,7 +377,7 @@ absl::Status RpcConnection::SendPulled(transport::Connection& connection,
     if (gate != nullptr) {
       gate->Withdraw();
     } else {
-      Unexpose(header.call_id);
+      Unexpose(header.call_id, descriptors[0].addr);
     }
   }
   return sent;

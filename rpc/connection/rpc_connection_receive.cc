@@ -257,7 +257,7 @@ void RpcConnection::DropPending(transport::Connection& connection) {
     d.bulk.Reset();
     d.large_body.Reset();
   }
-  absl::flat_hash_map<uint64_t, ExposureHold> exposed;
+  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, ExposureHold> exposed;
   {
     absl::MutexLock lock(&exposed_mu_);
     exposed.swap(exposed_);

@@ -1,5 +1,6 @@
 // RpcConnection, stream frames: serializing a stream's message into a slot or, larger, into a
-// payload written into the peer's arena, and the staging quota such a message waits for.
+// payload written into the peer's arena (with the staging quota it waits for) or, past the
+// peer's arena, exposed for the peer to pull.
 
 #include <cstdlib>
 #include <utility>
@@ -80,13 +81,11 @@ absl::Status RpcConnection::SendStreamMessage(transport::Connection& connection,
                                               absl::FunctionRef<bool()> give_up, bool quota_taken) {
   if (large_body.empty()) return SendMessage(connection, buffer, header, body_size, OutgoingBulk());
   if (large_body.size() > connection.peer_arena_size()) {
+    // Exposed for the peer to pull, as a large unary message is; no staging. The receiver keeps
+    // the stream's later messages (and its end) behind it, so order holds (WIRE.md, "Streams").
     if (quota_taken) ReturnStreamQuota(large_body.size());
-    connection.ReleaseSendBuffer(buffer);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a ", large_body.size(), "-byte stream message is larger than the peer's arena (",
-        connection.peer_arena_size(),
-        " bytes), which a stream's messages are written into; "
-        "larger ones are not supported yet"));
+    return SendPulled(connection, buffer, header, 0, OutgoingBulk(), std::move(large_body),
+                      absl::InfiniteFuture(), nullptr);
   }
   const size_t capacity = StagingPool::CapacityFor(large_body.size());
   if (!quota_taken) {
@@ -120,7 +119,7 @@ bool RpcConnection::StreamQuotaOrWait(const transport::Connection& connection, s
                                       bool runtime_thread, std::weak_ptr<StreamListener> waiter,
                                       bool* quota_taken) {
   *quota_taken = false;
-  // A slot's worth goes in the slot; past the peer's arena SendStreamMessage refuses it; off a
+  // A slot's worth goes in the slot; past the peer's arena it is pulled, with no staging; off a
   // runtime thread SendStreamMessage waits for the quota itself.
   if (!runtime_thread || FitsSlot(connection, size) || size > connection.peer_arena_size()) {
     return true;

@@ -15,14 +15,15 @@
 
 namespace zrpc {
 
-// This layout is version 10 of the wire, which the transport's Hello negotiates (version 2
+// This layout is version 11 of the wire, which the transport's Hello negotiates (version 2
 // added pulled payloads: kRpcFlagPull and kPulled; version 3 large bodies: kRpcFlagLargeBody;
 // version 4 streams: kRpcFlagStream, kinds 6-8 and `window`; versions 5 to 8 changed the
 // transport's Hello, connect request, accept reply, credits and frames only, not this header;
 // version 9 the pull descriptor's flags, kPullWindow, and the kPulled that invalidates;
-// version 10 metadata: kRpcFlagMetadata and its block);
+// version 10 metadata: kRpcFlagMetadata and its block; version 11 stream messages pulled (and
+// with bulk payloads), and the kPulled that names the payload's address);
 // when the transport's version moves, decide here whether the RPC header moved with it.
-static_assert(transport::kWireVersion == 10, "rpc_header.h describes wire version 10");
+static_assert(transport::kWireVersion == 11, "rpc_header.h describes wire version 11");
 
 namespace {
 
@@ -135,10 +136,11 @@ RpcHeader RpcHeader::Cancel(uint64_t call_id) {
   return h;
 }
 
-RpcHeader RpcHeader::Pulled(uint64_t call_id) {
+RpcHeader RpcHeader::Pulled(uint64_t call_id, uint64_t addr) {
   RpcHeader h;
   h.kind = RpcKind::kPulled;
   h.call_id = call_id;
+  h.timeout_us = addr;
   return h;
 }
 
@@ -334,11 +336,14 @@ absl::StatusOr<RpcHeader> DecodeRpcHeader(absl::Span<const uint8_t> message) {
   }
   h.status_code = static_cast<absl::StatusCode>(status);
 
-  // Only requests address a service and carry a deadline.
+  // Only requests address a service and carry a deadline (and a pulled word, an address in the
+  // deadline's place).
   if (h.kind != RpcKind::kRequest) {
     if (h.service_id != 0) return NotZero("service_id", h.service_id, h.kind);
     if (h.method_index != 0) return NotZero("method_index", h.method_index, h.kind);
-    if (h.timeout_us != 0) return NotZero("timeout_us", h.timeout_us, h.kind);
+    if (h.timeout_us != 0 && h.kind != RpcKind::kPulled) {
+      return NotZero("timeout_us", h.timeout_us, h.kind);
+    }
   }
   // Only requests, responses and stream messages carry bulk payloads and bodies of the caller's
   // choosing.

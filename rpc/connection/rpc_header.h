@@ -50,8 +50,8 @@ enum class RpcKind : uint8_t {
   kResponse = 2,  // server -> client: the call succeeded. Body: the serialized response.
   kError = 3,     // server -> client: the call failed. Body: the status message (bounded).
   kCancel = 4,    // client -> server: the caller gave up on the call (deadline, cancel). No body.
-  kPulled = 5,    // client -> server: the response payload of the call was pulled (or never will
-                  // be): the server may stop exposing it. No body.
+  kPulled = 5,    // both ways: the payload a message of the call exposed was pulled (or never will
+                  // be): its sender may stop exposing it. No body.
   kStreamMessage = 6,  // both ways, on an open stream: one message. Body: the serialized message.
   kHalfClose = 7,      // client -> server: the client sends no more messages. No body.
   kStreamCredit = 8,   // both ways: the sender may send `window` more messages. No body.
@@ -144,7 +144,9 @@ struct RpcHeader {
   uint32_t service_id = 0;
   // Every kind; never 0. A response, error or cancel carries its request's id.
   uint64_t call_id = 0;
-  // Requests only (0 otherwise): microseconds the caller still waits, 0 = no deadline.
+  // Requests: microseconds the caller still waits, 0 = no deadline. kPulled: the address the
+  // pulled message's first descriptor named (pulled_addr), which tells a stream's messages
+  // apart. 0 otherwise.
   uint64_t timeout_us = 0;
   // Bytes of the bulk payload: nonzero exactly when flags has kRpcFlagBulk. Requests and
   // responses only. 32 bits: a payload written into the arena is at most 1 GiB
@@ -162,6 +164,7 @@ struct RpcHeader {
   bool pulls() const { return (flags & kRpcFlagPull) != 0; }
   bool large_body() const { return (flags & kRpcFlagLargeBody) != 0; }
   bool opens_stream() const { return (flags & kRpcFlagStream) != 0; }
+  uint64_t pulled_addr() const { return timeout_us; }
   bool operator==(const RpcHeader& other) const;
   bool operator!=(const RpcHeader& other) const { return !(*this == other); }
 
@@ -171,7 +174,8 @@ struct RpcHeader {
   static RpcHeader Response(uint64_t call_id, uint32_t bulk_size = 0);
   static RpcHeader Error(uint64_t call_id, absl::StatusCode code);
   static RpcHeader Cancel(uint64_t call_id);
-  static RpcHeader Pulled(uint64_t call_id);
+  // `addr`: the first PullDescriptor::addr of the message pulled (its sender's key for it).
+  static RpcHeader Pulled(uint64_t call_id, uint64_t addr);
   static RpcHeader StreamOpen(uint32_t service_id, uint16_t method_index, uint64_t call_id,
                               uint64_t timeout_us, uint16_t window);
   static RpcHeader StreamMessage(uint64_t call_id);

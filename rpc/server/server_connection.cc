@@ -69,7 +69,7 @@ void ServerConnection::OnMessage(transport::Connection& connection,
       return;
     case RpcKind::kPulled:
       Discard(connection, incoming);
-      Unexpose(incoming.header.call_id);
+      Unexpose(incoming.header.call_id, incoming.header.pulled_addr());
       return;
     case RpcKind::kStreamMessage:
     case RpcKind::kHalfClose:
@@ -276,6 +276,7 @@ absl::Status ServerConnection::PullPlaced(
 }
 
 void ServerConnection::OnPulled(transport::Connection& connection, IncomingMessage& message) {
+  if (message.header.kind == RpcKind::kStreamMessage) return StreamPulled(connection, message);
   // The client may stop exposing the payload now (its call may have ended meanwhile: it kept
   // the payload exposed for this READ, and waits for this word).
   static_cast<void>(SendPulledWord(connection, message));

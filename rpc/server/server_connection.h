@@ -137,6 +137,11 @@ class ServerConnection final : public RpcConnection,
   void HandleCancel(transport::Connection& connection, const IncomingMessage& cancel);
   // A stream message, half-close or credit from the client.
   void HandleStreamFrame(transport::Connection& connection, const IncomingMessage& frame);
+  // A stream message pulled (HandleStreamFrame started it) has landed: into its place.
+  void StreamPulled(transport::Connection& connection, IncomingMessage& message);
+  // Ends stream `id` for `status` unless it is OK: kFailedPrecondition is the client's
+  // violation (the connection closes), anything else fails the stream with it.
+  void FailStreamUnless(transport::Connection& connection, uint64_t id, const absl::Status& status);
   // The call in flight with id `id` (a stream's first; one of them, in no set order, should a
   // client reuse a unary call's id), or null. FindCall looks among the streams, then scans;
   // FindScanned only scans (the caller looked among the streams already).

@@ -232,6 +232,12 @@ void ServerCallImpl::FailStream(absl::Status status, StreamEndings* later) {
 void ServerConnection::HandleStreamFrame(transport::Connection& connection,
                                          const IncomingMessage& frame) {
   const uint64_t id = frame.header.call_id;
+  // A frame that is not used: given back, and a pulled message's sender told it may stop
+  // exposing it (it is never read).
+  auto let_go = [&] {
+    if (frame.pulls()) static_cast<void>(SendPulledWord(connection, frame));
+    Discard(connection, frame);
+  };
   std::shared_ptr<StreamState> stream;
   MethodMetrics* metrics = nullptr;                         // the server's: outlives the call
   if (auto it = streams_.find(id); it != streams_.end()) {  // in the domain: the poller's batch
@@ -239,29 +245,19 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
     metrics = &it->second->metrics_;
   } else if (FindScanned(id) == nullptr) {
     // The call finished while the frame travelled (the client learns with the call's status).
-    Discard(connection, frame);
-    return;
+    return let_go();
   }
-  if (stream == nullptr || frame.bulk || frame.pulls()) {
+  if (stream == nullptr || frame.bulk || frame.bulk_size() > 0) {
     Discard(connection, frame);
     return Violation(connection,
                      absl::StrCat("call ", id,
                                   stream == nullptr ? ": a stream frame for a unary call"
-                                                    : ": a stream message with a bulk payload "
-                                                      "or pulled"));
+                                                    : ": a stream message with a bulk payload"));
   }
-  absl::Status status = limits().CheckMessage(frame.body.size(), "stream message");
+  absl::Status status = limits().CheckMessage(frame.body_size(), "stream message");
   if (!status.ok()) {
-    Discard(connection, frame);
-    StreamEndings later;
-    if (auto it = streams_.find(id); it != streams_.end()) {
-      it->second->FailStream(
-          absl::Status(status.code(),
-                       absl::StrCat(it->second->method_info().full_name, ": ", status.message())),
-          &later);
-    }
-    EndStreams(later);
-    return;
+    let_go();
+    return FailStreamUnless(connection, id, status);  // RESOURCE_EXHAUSTED: the stream fails
   }
   switch (frame.header.kind) {
     case RpcKind::kStreamCredit:
@@ -271,6 +267,20 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
       status = stream->OnHalfClose();
       break;
     default:
+      if (frame.pulls()) {
+        // Larger than this side's arena: its place is kept in the stream (nothing behind it
+        // overtakes it) while it is pulled; StreamPulled fills it.
+        bool wanted = false;
+        status = stream->OnPulling(&wanted).status();
+        if (status.ok() && wanted) {
+          status = StartPull(connection, frame);
+          if (status.ok()) return;  // the pull has the frame now
+        }
+        if (status.code() != absl::StatusCode::kFailedPrecondition) {
+          static_cast<void>(SendPulledWord(connection, frame));  // not read: never will be
+        }
+        break;
+      }
       // Parsed straight from the receive slot, which goes back right after (stream_state.h).
       // Counted on arrival, whichever form of handler reads it (or none: a drained stream).
       status = stream->OnMessage(frame.body).status();
@@ -278,20 +288,38 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
       break;
   }
   Discard(connection, frame);
+  FailStreamUnless(connection, id, status);
+}
+
+void ServerConnection::StreamPulled(transport::Connection& connection, IncomingMessage& message) {
+  // The client may stop exposing it now.
+  static_cast<void>(SendPulledWord(connection, message));
+  absl::Status status;
+  if (auto it = streams_.find(message.header.call_id); it != streams_.end()) {
+    status = it->second->stream()->OnPulledMessage(message.body);
+    if (status.ok()) it->second->metrics_.AddMessageBytes(0, message.body.size());
+  }
+  Discard(connection, message);
+  FailStreamUnless(connection, message.header.call_id, status);
+}
+
+void ServerConnection::FailStreamUnless(transport::Connection& connection, uint64_t id,
+                                        const absl::Status& status) {
+  if (status.ok()) return;
   if (status.code() == absl::StatusCode::kFailedPrecondition) {
     return Violation(connection, absl::StrCat("call ", id, ": ", status.message()));
   }
-  if (!status.ok()) {
-    StreamEndings later;
-    // Found again: the stream's callbacks above may have finished the call (retired at once,
-    // in this domain).
-    if (auto it = streams_.find(id); it != streams_.end()) {
-      it->second->FailStream(absl::InvalidArgumentError(absl::StrCat(
-                                 it->second->method_info().full_name, ": ", status.message())),
-                             &later);
-    }
-    EndStreams(later);
+  StreamEndings later;
+  // Found again: the stream's callbacks may have finished the call (retired at once, in this
+  // domain). A message that does not parse answers INVALID_ARGUMENT; one that could not be
+  // pulled, why not (RESOURCE_EXHAUSTED: a limit, memory).
+  if (auto it = streams_.find(id); it != streams_.end()) {
+    it->second->FailStream(
+        absl::Status(status.code(),
+                     absl::StrCat(it->second->method_info().full_name, ": ", status.message())),
+        &later);
   }
+  EndStreams(later);
 }
 
 }  // namespace zrpc::internal

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -52,9 +53,7 @@ std::shared_ptr<StreamListener> StreamState::Changed() {
   return has_listener_ ? listener_.lock() : nullptr;
 }
 
-absl::StatusOr<uint16_t> StreamState::OnMessage(absl::Span<const uint8_t> body) {
-  std::shared_ptr<StreamListener> listener;
-  absl::ReleasableMutexLock lock(&mu_);
+absl::Status StreamState::AdmitLocked() {
   if (prototype_ == nullptr) {
     return absl::FailedPreconditionError("a stream message on a stream that takes none");
   }
@@ -66,17 +65,22 @@ absl::StatusOr<uint16_t> StreamState::OnMessage(absl::Span<const uint8_t> body) 
     return absl::FailedPreconditionError("a stream message after the sender's half-close");
   }
   --receivable_;
+  return absl::OkStatus();
+}
+
+std::optional<uint16_t> StreamState::DropLocked(std::shared_ptr<StreamListener>* listener) {
   if (ended_) return 0;  // nobody reads any more: dropped (the call's end made it moot)
-  if (draining_) {
-    const uint16_t grant = Consumed();
-    if (!has_listener_ || grant == 0) return grant;
-    // The asynchronous form sends it (TakeDrainedCredit), from its pump.
-    drained_credit_ += grant;
-    listener = Changed();
-    lock.Release();
-    Notify(listener);
-    return 0;
-  }
+  if (!draining_) return std::nullopt;
+  const uint16_t grant = Consumed();
+  if (!has_listener_ || grant == 0) return grant;
+  // The asynchronous form sends it (TakeDrainedCredit), from its pump.
+  drained_credit_ += grant;
+  *listener = Changed();
+  return 0;
+}
+
+absl::Status StreamState::ParseLocked(absl::Span<const uint8_t> body,
+                                      std::unique_ptr<google::protobuf::MessageLite>* out) {
   std::unique_ptr<google::protobuf::MessageLite> message;
   if (!spare_.empty()) {
     message = std::move(spare_.back());
@@ -86,14 +90,63 @@ absl::StatusOr<uint16_t> StreamState::OnMessage(absl::Span<const uint8_t> body) 
   }
   if (body.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
       !message->ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+    spare_.push_back(std::move(message));
     return absl::InvalidArgumentError(
         absl::StrCat("malformed stream message: it does not parse as ", prototype_->GetTypeName()));
   }
+  *out = std::move(message);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint16_t> StreamState::OnMessage(absl::Span<const uint8_t> body) {
+  std::shared_ptr<StreamListener> listener;
+  absl::ReleasableMutexLock lock(&mu_);
+  if (absl::Status admitted = AdmitLocked(); !admitted.ok()) return admitted;
+  if (std::optional<uint16_t> dropped = DropLocked(&listener)) {
+    lock.Release();
+    Notify(listener);
+    return *dropped;
+  }
+  std::unique_ptr<google::protobuf::MessageLite> message;
+  if (absl::Status parsed = ParseLocked(body, &message); !parsed.ok()) return parsed;
   queue_.push_back(std::move(message));
   listener = Changed();
   lock.Release();
   Notify(listener);
   return 0;
+}
+
+absl::StatusOr<uint16_t> StreamState::OnPulling(bool* wanted) {
+  *wanted = false;
+  std::shared_ptr<StreamListener> listener;
+  absl::ReleasableMutexLock lock(&mu_);
+  if (absl::Status admitted = AdmitLocked(); !admitted.ok()) return admitted;
+  if (std::optional<uint16_t> dropped = DropLocked(&listener)) {
+    lock.Release();
+    Notify(listener);
+    return *dropped;
+  }
+  // Its place, empty until it lands: Read waits there, so nothing behind it overtakes it.
+  queue_.push_back(nullptr);
+  ++pulling_;
+  *wanted = true;
+  return 0;
+}
+
+absl::Status StreamState::OnPulledMessage(absl::Span<const uint8_t> body) {
+  std::shared_ptr<StreamListener> listener;
+  absl::ReleasableMutexLock lock(&mu_);
+  // The oldest place (a stream's pulls land in order: one queue pair's READs complete in
+  // order). None: drained or ended meanwhile, and credited back then if owed.
+  auto place = std::find(queue_.begin(), queue_.end(), nullptr);
+  if (place == queue_.end()) return absl::OkStatus();
+  --pulling_;
+  absl::Status parsed = ParseLocked(body, &*place);
+  if (!parsed.ok()) queue_.erase(place);
+  listener = Changed();
+  lock.Release();
+  Notify(listener);
+  return parsed;
 }
 
 absl::Status StreamState::OnHalfClose() {
@@ -192,8 +245,10 @@ google::protobuf::MessageLite* StreamState::Read(absl::Time deadline, uint16_t* 
   *grant = 0;
   absl::MutexLock lock(&mu_);
   if (current_ != nullptr) spare_.push_back(std::move(current_));
-  while (queue_.empty()) {
-    if (ended_ || peer_done_) return nullptr;
+  // A message still being pulled holds its place: wait for it, unless the stream ended (its
+  // pull may never land: a failing connection discards it).
+  while (queue_.empty() || queue_.front() == nullptr) {
+    if (ended_ || (queue_.empty() && peer_done_)) return nullptr;
     if (!WaitUntil(changed_, mu_, deadline)) return nullptr;
   }
   return PopFront(grant);
@@ -203,8 +258,8 @@ google::protobuf::MessageLite* StreamState::TryRead(uint16_t* grant, bool* finis
   *grant = 0;
   absl::MutexLock lock(&mu_);
   if (current_ != nullptr) spare_.push_back(std::move(current_));
-  if (queue_.empty()) {
-    *finished = ended_ || peer_done_;
+  if (queue_.empty() || queue_.front() == nullptr) {
+    *finished = ended_ || (queue_.empty() && peer_done_);
     return nullptr;
   }
   *finished = false;
@@ -235,7 +290,11 @@ uint16_t StreamState::Drain() {
   draining_ = true;
   uint16_t grant = 0;
   while (!queue_.empty()) {
-    spare_.push_back(std::move(queue_.front()));
+    if (queue_.front() != nullptr) {
+      spare_.push_back(std::move(queue_.front()));
+    } else {
+      --pulling_;  // dropped as it lands (OnPulledMessage finds no place)
+    }
     queue_.pop_front();
     if (!ended_) grant = static_cast<uint16_t>(std::min<uint32_t>(grant + Consumed(), 0xffff));
   }
@@ -255,6 +314,11 @@ bool StreamState::ended() const {
 absl::Status StreamState::status() const {
   absl::MutexLock lock(&mu_);
   return status_;
+}
+
+bool StreamState::pulling() const {
+  absl::MutexLock lock(&mu_);
+  return pulling_ > 0;
 }
 
 bool StreamState::peer_done() const {

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -96,6 +97,16 @@ class StreamState {
   // takes no messages, or after its half-close); kInvalidArgument when it does not parse (the
   // stream fails: End follows from the caller). A message after End is dropped.
   absl::StatusOr<uint16_t> OnMessage(absl::Span<const uint8_t> body);
+  // A message of the peer's too large for this side's arena, which the caller pulls: it takes
+  // its place in the queue now, as OnMessage's would, and reads wait there until
+  // OnPulledMessage fills it, so the stream's later messages and its half-close never overtake
+  // it. Errors as OnMessage's. `*wanted` false: nobody reads it any more (the stream ended or
+  // drains), so the caller need not pull it; the credit to send then is returned as OnMessage's.
+  absl::StatusOr<uint16_t> OnPulling(bool* wanted);
+  // The oldest message being pulled has landed: parsed from `body` (which the caller gives back
+  // after). kInvalidArgument when it does not parse (the stream fails). Dropped when its place
+  // is gone (the stream drained meanwhile).
+  absl::Status OnPulledMessage(absl::Span<const uint8_t> body);
   // The peer sends no more messages: reads end once the queue is empty.
   absl::Status OnHalfClose();
   // The peer grants `messages` more. kFailedPrecondition past 2^31 outstanding.
@@ -148,8 +159,21 @@ class StreamState {
   absl::Status status() const;
   // The peer said it sends no more (half-close), or the stream ended.
   bool peer_done() const;
+  // Messages of the peer's being pulled whose places wait in the queue (OnPulling): a client
+  // keeps its call's end behind them.
+  bool pulling() const;
 
  private:
+  // Counts a message of the peer's against its window; kFailedPrecondition for a violation.
+  absl::Status AdmitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When nobody reads an admitted message (ended, or draining): the credit to send for it (a
+  // listener to tell in `*listener`); nullopt when it is to be queued.
+  std::optional<uint16_t> DropLocked(std::shared_ptr<StreamListener>* listener)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Parses `body` into a message object (a spare one if any).
+  absl::Status ParseLocked(absl::Span<const uint8_t> body,
+                           std::unique_ptr<google::protobuf::MessageLite>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A message consumed (read or dropped): the credit to send, if a frame's worth is owed.
   uint16_t Consumed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the front of the queue as current_ (the message Read returns).
@@ -164,7 +188,9 @@ class StreamState {
   const uint16_t window_;
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
+  // The peer's messages in order; null: the place of one being pulled (OnPulling).
   std::deque<std::unique_ptr<google::protobuf::MessageLite>> queue_ ABSL_GUARDED_BY(mu_);
+  uint32_t pulling_ ABSL_GUARDED_BY(mu_) = 0;  // places in queue_ still empty
   std::weak_ptr<StreamListener> listener_ ABSL_GUARDED_BY(mu_);
   bool has_listener_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<google::protobuf::MessageLite>> spare_ ABSL_GUARDED_BY(mu_);

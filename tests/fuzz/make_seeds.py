@@ -21,7 +21,7 @@ MAX_ERROR_MESSAGE = 1024
 U64_MAX = (1 << 64) - 1
 
 
-WIRE_VERSION = 10  # transport::kWireVersion
+WIRE_VERSION = 11  # transport::kWireVersion
 
 
 def hello(magic=WIRE_MAGIC, version=WIRE_VERSION, flags=0, credits=64, recv_size=4096,

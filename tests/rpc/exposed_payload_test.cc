@@ -256,7 +256,8 @@ class RawCaller {
 
   // Says pulled for `answer`: a SEND_WITH_INV of its key when it is a window's, else a SEND.
   void Pulled(const Answer& answer) {
-    zrpc::EncodeRpcHeader(RpcHeader::Pulled(answer.header.call_id), peer.payload());
+    zrpc::EncodeRpcHeader(RpcHeader::Pulled(answer.header.call_id, answer.pull.addr),
+                          peer.payload());
     std::optional<uint32_t> invalidate;
     if (answer.invalidate_rkey != 0) invalidate = answer.invalidate_rkey;
     const absl::Status sent =

@@ -285,7 +285,7 @@ TEST_CASE("a malformed block is refused, naming what is wrong", "[metadata]") {
   };
   CHECK(header_refused(RpcHeader::StreamMessage(kId)));
   CHECK(header_refused(RpcHeader::Cancel(kId)));
-  CHECK(header_refused(RpcHeader::Pulled(kId)));
+  CHECK(header_refused(RpcHeader::Pulled(kId, 0x1000)));
   CHECK(header_refused(RpcHeader::HalfClose(kId)));
   CHECK(header_refused(RpcHeader::StreamCredit(kId, 1)));
 }

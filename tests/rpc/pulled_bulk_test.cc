@@ -529,7 +529,7 @@ TEST_CASE(
                         Filled(kSize, 31)) == "equal");
   // Pulled, then a keepalive ping: the server handles both in order, so once the ping is
   // answered the payload's registration is gone.
-  send(zrpc::RpcHeader::Pulled(1), "");
+  send(zrpc::RpcHeader::Pulled(1, layout->pulls[0].addr), "");
   send(zrpc::RpcHeader::Request(zrpc::internal::kKeepaliveServiceId, 0, /*call_id=*/2, 0), "");
   REQUIRE(rogue.WaitFor(
       [&]() ABSL_SHARED_LOCKS_REQUIRED(rogue.mu) { return rogue.messages.size() == 2; }));

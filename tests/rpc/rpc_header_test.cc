@@ -48,7 +48,8 @@ std::vector<RpcHeader> OneOfEachKind() {
       RpcHeader::Error(kId, absl::StatusCode::kNotFound),
       RpcHeader::Error(kId, absl::StatusCode::kUnauthenticated),
       RpcHeader::Cancel(kId),
-      RpcHeader::Pulled(kId),
+      RpcHeader::Pulled(kId, 0),
+      RpcHeader::Pulled(kId, ~uint64_t{0}),
       RpcHeader::StreamOpen(zrpc::ServiceId("zrpc.test.Echo"), 2, kId, 0, 0xffff),
       RpcHeader::StreamMessage(kId),
       RpcHeader::HalfClose(kId),
@@ -124,7 +125,7 @@ TEST_CASE("each invalid field is refused with its name", "[rpc_header]") {
   const RpcHeader response = RpcHeader::Response(kId);
   const RpcHeader error = RpcHeader::Error(kId, absl::StatusCode::kInternal);
   const RpcHeader cancel = RpcHeader::Cancel(kId);
-  const RpcHeader pulled = RpcHeader::Pulled(kId);
+  const RpcHeader pulled = RpcHeader::Pulled(kId, 0);
   const RpcHeader open = RpcHeader::StreamOpen(7, 1, kId, 0, 16);
   const RpcHeader message = RpcHeader::StreamMessage(kId);
   const RpcHeader half_close = RpcHeader::HalfClose(kId);
@@ -167,7 +168,7 @@ TEST_CASE("each invalid field is refused with its name", "[rpc_header]") {
       {"pull flag in a cancel", cancel, 1, 0x02, "flags"},
       {"pull flag in a pulled", pulled, 1, 0x03, "flags"},
       {"bulk size in a pulled", pulled, 24, 1, "bulk_size"},
-      {"timeout in a pulled", pulled, 16, 1, "timeout_us"},
+      {"timeout in a half-close", half_close, 16, 1, "timeout_us"},
       {"high flag bit", response, 1, 0x81, "flags"},
       {"status code past absl's range", error, 28, 17, "status_code"},
       {"status code high byte", error, 29, 1, "status_code"},

@@ -57,7 +57,7 @@ TEST_CASE("a Hello survives encode and decode, and its bytes are little-endian",
   REQUIRE(bytes.size() <= zrpc::transport::kMaxConnectPrivateData);
   const uint8_t magic[] = {0x43, 0x50, 0x52, 0x5a};
   CHECK(std::memcmp(bytes.data(), magic, 4) == 0);
-  CHECK(bytes[4] == 10);  // version (kWireVersion)
+  CHECK(bytes[4] == 11);  // version (kWireVersion)
   CHECK(bytes[32] == 0);  // max_recv_credits 256, least significant byte first
   CHECK(bytes[33] == 1);
   CHECK(bytes[5] == 0);
