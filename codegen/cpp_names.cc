@@ -218,6 +218,7 @@ std::string ReservedPackageReason(const std::string& package) {
                                                       "StatusCodeLabel",
                                                       "StreamCall",
                                                       "StreamCallback",
+                                                      "StreamDirection",
                                                       "TakenCall",
                                                       "TimeoutToWireNanos",
                                                       "TraceContext",

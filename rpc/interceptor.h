@@ -1,6 +1,7 @@
 // ServerInterceptor and ClientInterceptor: hooks around each call a server serves
-// (ServerOptions::interceptors) or a channel makes (ChannelOptions::interceptors), for
-// authentication, tracing, logging and quotas that belong to no one handler or caller.
+// (ServerOptions::interceptors) or a channel makes (ChannelOptions::interceptors), and each
+// message of its stream, for authentication, tracing, logging and quotas that belong to no one
+// handler or caller.
 //
 // A server runs its interceptors' OnCallStart in the order given, before the handler, on the
 // thread that runs the handler (a pool thread, a stream's thread, or the poller for an inline
@@ -17,12 +18,18 @@
 #ifndef ZRPC_RPC_INTERCEPTOR_H_
 #define ZRPC_RPC_INTERCEPTOR_H_
 
+#include <google/protobuf/message_lite.h>
+
 #include "absl/status/status.h"
 #include "rpc/metadata.h"
 #include "rpc/server_context.h"
 #include "rpc/service.h"
 
 namespace zrpc {
+
+// Which way a stream's message goes, for OnStreamMessage: received by this side (the client's
+// messages on a server, the server's on a channel) or sent by it.
+enum class StreamDirection { kReceived, kSent };
 
 class ServerInterceptor {
  public:
@@ -36,6 +43,25 @@ class ServerInterceptor {
   virtual ::absl::Status OnCallStart(ServerContext& context, const MethodInfo& method) {
     static_cast<void>(context);
     static_cast<void>(method);
+    return ::absl::OkStatus();
+  }
+
+  // Each message of a streaming call, on the thread that reads or writes it: a message the
+  // client sent as the handler's Read returns it (kReceived; before the handler sees it), one the
+  // handler writes before it is sent (kSent). Received messages pass the interceptors in the
+  // order given, sent ones in reverse (the order of OnCallStart and OnCallEnd). OK lets the
+  // message go on; anything else fails the call with that status: the Read returns no message,
+  // or the Write sends nothing and returns false, and the caller gets the status whatever the
+  // handler returns. On an asynchronous stream it runs where the operation completes (a poller,
+  // the sweeper), so it must not block. A unary call's two messages do not come here (OnCallStart
+  // and OnCallEnd frame them).
+  virtual ::absl::Status OnStreamMessage(ServerContext& context, const MethodInfo& method,
+                                         StreamDirection direction,
+                                         const ::google::protobuf::MessageLite& message) {
+    static_cast<void>(context);
+    static_cast<void>(method);
+    static_cast<void>(direction);
+    static_cast<void>(message);
     return ::absl::OkStatus();
   }
 
@@ -72,6 +98,21 @@ class ClientInterceptor {
   virtual ::absl::Status OnCallStart(const MethodInfo& method, Metadata& metadata) {
     static_cast<void>(method);
     static_cast<void>(metadata);
+    return ::absl::OkStatus();
+  }
+
+  // Each message of a streaming call, on the thread that writes or reads it: one the caller
+  // writes, before it is sent (kSent), and one the server sent, as a Read returns it (kReceived;
+  // before the caller sees it). Sent messages pass the interceptors in the order given, received
+  // ones in reverse. OK lets the message go on; anything else fails the call with that status
+  // (the server is told the call was cancelled): the Write sends nothing and returns false, or
+  // the Read returns no message, and Finish returns the status. On an asynchronous stream a
+  // received message's check runs where the Read completes (a poller), so it must not block.
+  virtual ::absl::Status OnStreamMessage(const MethodInfo& method, StreamDirection direction,
+                                         const ::google::protobuf::MessageLite& message) {
+    static_cast<void>(method);
+    static_cast<void>(direction);
+    static_cast<void>(message);
     return ::absl::OkStatus();
   }
 

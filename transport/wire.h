@@ -121,7 +121,7 @@ inline constexpr uint32_t kWireMagic = 0x5a525043;  // "ZRPC"
 // through memory windows (rpc/WIRE.md: the pull descriptor's flags; SEND_WITH_INV, exposures.h);
 // 10: the RPC layer's metadata (rpc/WIRE.md, "Metadata"), which a version-9 peer would refuse as
 // an unknown flag mid-call: refused at the handshake instead; 11: the RPC layer's stream messages
-// pulled and with bulk payloads, and its kPulled naming the payload's address.
+// pulled, and its kPulled naming the payload's address.
 inline constexpr uint16_t kWireVersion = 11;
 // Hello.flags bit 0: the sender's arena is lent on demand, by kArena frames.
 inline constexpr uint16_t kHelloArenaOnDemand = 1;

@@ -1073,8 +1073,12 @@ std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
   const uint64_t id = ticket->connection->Start(
       state.service_id, ticket->buffer, body_size, std::move(large_body), OutgoingBulk(),
       std::move(call), options, ticket->timing, impl_->options().stream_window);
-  return std::make_unique<internal::ClientStream>(ticket->connection, id, std::move(stream),
-                                                  method.client_streaming);
+  auto opened = std::make_unique<internal::ClientStream>(ticket->connection, id, std::move(stream),
+                                                         method.client_streaming);
+  if (ABSL_PREDICT_FALSE(intercepted_)) {
+    opened->SetInterceptors(&impl_->options().interceptors, &method);
+  }
+  return opened;
 }
 
 absl::Status ClientChannel::Connect(absl::Time deadline) {

@@ -890,9 +890,11 @@ void ClientConnection::OnMessage(transport::Connection& connection,
     // A stream's end must not overtake its messages still being pulled: held until they land.
     std::shared_ptr<StreamState> stream;
     calls_.Visit(incoming.header.call_id, [&](ClientCall& call) { stream = call.stream; });
-    if (stream != nullptr && stream->pulling() &&
-        held_ends_.emplace(incoming.header.call_id, incoming).second) {
-      return;
+    if (stream != nullptr && stream->pulling()) {
+      if (held_ends_.emplace(incoming.header.call_id, incoming).second) return;
+      Discard(connection, incoming);
+      return Violation(connection,
+                       absl::StrCat("call ", incoming.header.call_id, ": a second end"));
     }
   }
   OnAnswer(connection, incoming);
@@ -1037,7 +1039,9 @@ void ClientConnection::StreamPulled(transport::Connection& connection, IncomingM
   std::shared_ptr<StreamState> stream;
   calls_.Visit(id, [&](ClientCall& call) { stream = call.stream; });
   absl::Status status;
-  if (stream != nullptr) status = stream->OnPulledMessage(message.body);
+  if (stream != nullptr) {
+    status = stream->OnPulledMessage(message.body, RpcConnection::TakePulledBody(message));
+  }
   Discard(connection, message);
   if (!status.ok()) AbortCall(id, absl::InternalError(status.message()));
   // The call's end, if it came meanwhile, goes once nothing before it is still being pulled;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
 
 namespace zrpc::internal {
@@ -68,9 +69,39 @@ StreamPump& ClientStream::async() {
   return *async_;
 }
 
-void ClientStream::StartRead(ReadDone done) { async().Read(std::move(done)); }
+void ClientStream::StartRead(ReadDone done) {
+  if (ABSL_PREDICT_TRUE(chain_ == nullptr)) return async().Read(std::move(done));
+  // The interceptors see the message where the read completes, before the caller does.
+  async().Read([this, done = std::move(done)](google::protobuf::MessageLite* message) {
+    if (message != nullptr && !Intercept(StreamDirection::kReceived, *message)) message = nullptr;
+    done(message);
+  });
+}
 void ClientStream::StartWrite(const google::protobuf::MessageLite& message, WriteDone done) {
+  // A message an interceptor refuses ends the stream, and the pump then completes this write
+  // with false, unsent.
+  if (ABSL_PREDICT_FALSE(chain_ != nullptr)) {
+    static_cast<void>(Intercept(StreamDirection::kSent, message));
+  }
   async().Write(message, std::move(done));
+}
+
+bool ClientStream::Intercept(StreamDirection direction,
+                             const google::protobuf::MessageLite& message) {
+  if (chain_ == nullptr) return true;
+  const size_t count = chain_->size();
+  absl::Status status;
+  for (size_t i = 0; i < count && status.ok(); ++i) {
+    const size_t at = direction == StreamDirection::kSent ? i : count - 1 - i;
+    status = (*chain_)[at]->OnStreamMessage(*method_, direction, message);
+  }
+  if (status.ok()) return true;
+  // Ended here first, so that nothing more goes (the abort below may run later, in the domain);
+  // the call's own end, with the same status, then finds it ended.
+  state_->End(
+      absl::Status(status.code(), absl::StrCat(method_->full_name, ": ", status.message())));
+  if (id_ != 0) connection_->AbortCall(id_, std::move(status));
+  return false;
 }
 void ClientStream::StartWritesDone() { async().CloseWrites(); }
 void ClientStream::StartFinish(DoneCallback done) { async().Finish(std::move(done)); }
@@ -90,6 +121,9 @@ bool ClientStream::RefusedOnRuntimeThread(const char* what) {
 bool ClientStream::Write(const google::protobuf::MessageLite& message) {
   if (writes_done_.load(std::memory_order_acquire) || id_ == 0) return false;
   if (RefusedOnRuntimeThread("Write")) return false;
+  if (ABSL_PREDICT_FALSE(chain_ != nullptr) && !Intercept(StreamDirection::kSent, message)) {
+    return false;
+  }
   // The server grants room as its handler reads; the call's end (deadline, cancel, failure)
   // wakes this wait.
   if (!state_->TakeSendCredit(absl::InfiniteFuture())) return false;
@@ -105,6 +139,10 @@ google::protobuf::MessageLite* ClientStream::Read() {
   if (grant > 0) {
     static_cast<void>(
         connection_->SendOnStream(id_, RpcHeader::StreamCredit(id_, grant), nullptr, *state_));
+  }
+  if (ABSL_PREDICT_FALSE(chain_ != nullptr) && message != nullptr &&
+      !Intercept(StreamDirection::kReceived, *message)) {
+    return nullptr;
   }
   return message;
 }

@@ -18,11 +18,13 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "rpc/client/client_connection.h"
 #include "rpc/generated_api.h"
+#include "rpc/interceptor.h"
 #include "rpc/stream/stream_pump.h"
 #include "rpc/stream/stream_state.h"
 
@@ -48,6 +50,14 @@ class ClientStream final : public ClientStreamCall {
   absl::Status Finish() override;
   void Cancel() override;
 
+  // The channel's interceptors (rpc/interceptor.h) see each message of the stream, a call to
+  // `method`: `chain` is the channel's options', which outlive the stream. Once, before any use.
+  void SetInterceptors(const std::vector<std::shared_ptr<ClientInterceptor>>* chain,
+                       const MethodInfo* method) {
+    chain_ = chain;
+    method_ = method;
+  }
+
   void StartRead(ReadDone done) override;
   void StartWrite(const google::protobuf::MessageLite& message, WriteDone done) override;
   void StartWritesDone() override;
@@ -64,6 +74,13 @@ class ClientStream final : public ClientStreamCall {
   // Refuses a blocking stream operation on a runtime thread (poller, timer): it would wait for
   // the very thread it runs on. The call ends FAILED_PRECONDITION, naming `what`.
   bool RefusedOnRuntimeThread(const char* what);
+  // The interceptors' OnStreamMessage for `message` (sent: in order; received: in reverse): true
+  // when none is set or all let it go on; otherwise the stream ends with the refusal here at
+  // once (nothing more is sent or read), the call is aborted (the server told), and false.
+  bool Intercept(StreamDirection direction, const google::protobuf::MessageLite& message);
+
+  const std::vector<std::shared_ptr<ClientInterceptor>>* chain_ = nullptr;
+  const MethodInfo* method_ = nullptr;
 
   std::atomic<bool> writes_done_;  // WritesDone, or Finish in its place
   // Orders a message's send against the half-close (a Write that waited for credit while another

@@ -506,6 +506,10 @@ class RpcConnection : public transport::ConnectionHandler {
   void Violation(transport::Connection& connection, absl::string_view what);
   // Gives back what arrived with a message nobody will use.
   static void Discard(transport::Connection& connection, const IncomingMessage& message);
+  // Takes from `message` the memory its large body was pulled into (Discard then leaves it):
+  // the function returned gives it back, with its share of max_pulled_bytes, from any thread,
+  // once. Null when the body lies elsewhere.
+  static std::function<void()> TakePulledBody(IncomingMessage& message);
   // Starts pulling the payload of `message` (message.layout.pulls) into memory this side allocates
   // and registers, within the ReceiveLimits. OK: the message is the pull's now, and OnPulled gets
   // it back, with message.bulk, once the payload has landed (nothing, if the connection fails
@@ -531,7 +535,8 @@ class RpcConnection : public transport::ConnectionHandler {
   // Tells the peer it may stop exposing the payload of `message` (the READ is done, or will
   // never be made): a kPulled, which invalidates the payload's window key when its descriptor
   // says so (kPullWindow). Once per message that pulls: a second would name a dead key, which
-  // costs the connection.
+  // costs the connection. With every send slot taken, the word waits for the next completion
+  // that frees one (OnSendSlotFree) and OK is returned.
   absl::Status SendPulledWord(transport::Connection& connection, const IncomingMessage& message);
   // Gives back a payload still waiting for its message, the messages still deferred and the
   // payloads still exposed (on close): their calls fail with the connection.
@@ -586,6 +591,14 @@ class RpcConnection : public transport::ConnectionHandler {
   absl::Status StageAndSend(transport::Connection& connection, const transport::SendBuffer& buffer,
                             RpcHeader header, size_t body_size, OutgoingBulk bulk,
                             OutgoingBulk large_body, absl::Time deadline);
+  // A pulled word (SendPulledWord): its header, and the key it invalidates (0: none).
+  struct PulledWord {
+    RpcHeader header;
+    uint32_t rkey;
+  };
+  absl::Status SendPulledWordNow(transport::Connection& connection, const PulledWord& word);
+  // Sends the words that found no send slot, in order, while slots are free.
+  void SendPulledBacklog(transport::Connection& connection);
   // Gives `capacity` of staging quota back; true when deferred messages wait for it.
   bool ReturnQuota(size_t capacity);
   // Tells the streams waiting for quota (TakeQuotaOrWait) that some came back.
@@ -603,6 +616,10 @@ class RpcConnection : public transport::ConnectionHandler {
   absl::Mutex slot_waiters_mu_;
   StreamWaiters slot_waiters_ ABSL_GUARDED_BY(slot_waiters_mu_);
   std::atomic<bool> slot_waiters_pending_{false};
+  // Pulled words waiting for a send slot (SendPulledWord), and whether there are any.
+  absl::Mutex pulled_mu_;
+  std::deque<PulledWord> pulled_backlog_ ABSL_GUARDED_BY(pulled_mu_);
+  std::atomic<bool> pulled_backlog_pending_{false};
   std::atomic<uint64_t> violations_{0};
   mutable absl::Mutex error_mu_;
   LastError last_error_ ABSL_GUARDED_BY(error_mu_);

@@ -230,14 +230,43 @@ bool RpcConnection::Unexpose(uint64_t call_id, uint64_t addr) {
 
 absl::Status RpcConnection::SendPulledWord(transport::Connection& connection,
                                            const IncomingMessage& message) {
-  const RpcHeader pulled = RpcHeader::Pulled(message.header.call_id, message.layout.pulls[0].addr);
-  const uint32_t rkey = message.layout.invalidate_rkey;
-  if (rkey == 0) return SendHeaderOnly(connection, pulled);
+  const PulledWord word{RpcHeader::Pulled(message.header.call_id, message.layout.pulls[0].addr),
+                        message.layout.invalidate_rkey};
+  absl::Status sent = SendPulledWordNow(connection, word);
+  if (sent.code() != absl::StatusCode::kResourceExhausted || !connection.open()) return sent;
+  // Every send slot is taken (this side streams hard): kept until a completion frees one, since
+  // a word never sent pins the peer's payload until the connection closes.
+  {
+    absl::MutexLock lock(&pulled_mu_);
+    pulled_backlog_.push_back(word);
+    pulled_backlog_pending_.store(true, std::memory_order_release);
+  }
+  connection.NotifyWhenSendSlotFree();
+  return absl::OkStatus();
+}
+
+absl::Status RpcConnection::SendPulledWordNow(transport::Connection& connection,
+                                              const PulledWord& word) {
+  if (word.rkey == 0) return SendHeaderOnly(connection, word.header);
   absl::StatusOr<transport::SendBuffer> buffer = connection.AcquireSendBuffer();
   if (!buffer.ok()) return buffer.status();
-  EncodeRpcHeader(pulled, buffer->data);
+  EncodeRpcHeader(word.header, buffer->data);
   absl::MutexLock lock(&send_mu_);
-  return connection.SendInvalidating(*buffer, RpcHeader::kSize, rkey);
+  return connection.SendInvalidating(*buffer, RpcHeader::kSize, word.rkey);
+}
+
+void RpcConnection::SendPulledBacklog(transport::Connection& connection) {
+  if (!pulled_backlog_pending_.load(std::memory_order_acquire)) return;
+  absl::MutexLock lock(&pulled_mu_);
+  while (!pulled_backlog_.empty()) {
+    const absl::Status sent = SendPulledWordNow(connection, pulled_backlog_.front());
+    if (sent.code() == absl::StatusCode::kResourceExhausted && connection.open()) {
+      connection.NotifyWhenSendSlotFree();
+      break;
+    }
+    pulled_backlog_.pop_front();  // sent, or the connection is closing: nothing more to tell
+  }
+  pulled_backlog_pending_.store(!pulled_backlog_.empty(), std::memory_order_release);
 }
 
 absl::Status RpcConnection::SendPulled(transport::Connection& connection,

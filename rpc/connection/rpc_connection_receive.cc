@@ -238,6 +238,14 @@ void RpcConnection::Violation(transport::Connection& connection, absl::string_vi
   connection.Close();
 }
 
+std::function<void()> RpcConnection::TakePulledBody(IncomingMessage& message) {
+  if (!message.body_payload || (message.body_payload->handle & kPulledHandle) == 0) return nullptr;
+  auto* payload = reinterpret_cast<PulledPayload*>(
+      static_cast<uintptr_t>(message.body_payload->handle & ~kPulledHandle));
+  message.body_payload.reset();
+  return [payload] { delete payload; };
+}
+
 void RpcConnection::Discard(transport::Connection& connection, const IncomingMessage& message) {
   static_cast<void>(connection.Release(message.handle));
   if (message.bulk) ReleasePayload(connection, message.bulk->handle);

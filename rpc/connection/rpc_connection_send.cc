@@ -153,7 +153,10 @@ void RpcConnection::TellSlotWaiters() {
   StreamWaiters::Tell(waiters);
 }
 
-void RpcConnection::OnSendSlotFree(transport::Connection& /*connection*/) { TellSlotWaiters(); }
+void RpcConnection::OnSendSlotFree(transport::Connection& connection) {
+  SendPulledBacklog(connection);  // first: a word the peer waits for to free its memory
+  TellSlotWaiters();
+}
 
 bool RpcConnection::TakeQuotaOrWait(const transport::Connection& connection, size_t size,
                                     std::weak_ptr<StreamListener> waiter) {

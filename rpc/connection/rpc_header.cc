@@ -20,8 +20,8 @@ namespace zrpc {
 // version 4 streams: kRpcFlagStream, kinds 6-8 and `window`; versions 5 to 8 changed the
 // transport's Hello, connect request, accept reply, credits and frames only, not this header;
 // version 9 the pull descriptor's flags, kPullWindow, and the kPulled that invalidates;
-// version 10 metadata: kRpcFlagMetadata and its block; version 11 stream messages pulled (and
-// with bulk payloads), and the kPulled that names the payload's address);
+// version 10 metadata: kRpcFlagMetadata and its block; version 11 stream messages pulled, and
+// the kPulled that names the payload's address);
 // when the transport's version moves, decide here whether the RPC header moved with it.
 static_assert(transport::kWireVersion == 11, "rpc_header.h describes wire version 11");
 

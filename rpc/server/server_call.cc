@@ -86,6 +86,19 @@ void ServerCallImpl::EndInterceptors(const absl::Status& status) {
   for (uint32_t i = intercepted_; i > 0; --i) chain[i - 1]->OnCallEnd(context_, method_, status);
 }
 
+bool ServerCallImpl::InterceptMessage(StreamDirection direction,
+                                      const google::protobuf::MessageLite& message) {
+  const auto& chain = owner_->server().options().interceptors;
+  absl::Status status;
+  for (uint32_t i = 0; i < intercepted_ && status.ok(); ++i) {
+    const uint32_t at = direction == StreamDirection::kReceived ? i : intercepted_ - 1 - i;
+    status = chain[at]->OnStreamMessage(context_, method_, direction, message);
+  }
+  if (status.ok()) return true;
+  FailStream(std::move(status));  // the client hears it, whatever the handler returns
+  return false;
+}
+
 IncomingBulk ServerCallImpl::TakeRequestBulk() {
   if (!request_.bulk) return IncomingBulk();
   transport::ReceivedBulk bulk = *std::exchange(request_.bulk, std::nullopt);

@@ -27,6 +27,7 @@
 #include "rpc/common/monotonic.h"
 #include "rpc/connection/rpc_connection.h"
 #include "rpc/generated_api.h"
+#include "rpc/interceptor.h"
 #include "rpc/metrics.h"
 #include "rpc/server/handler_pool.h"
 #include "rpc/stream/stream_state.h"
@@ -107,6 +108,11 @@ class ServerCallImpl final : public ServerCall,
   // false when it had already answered. The call stays the handler's until its Finish.
   bool AnswerFor(const absl::Status& status, StreamEndings* later);
   uint64_t call_id() const { return request_.header.call_id; }
+  // Whether the server's interceptors started on this call (and so see its stream's messages).
+  bool intercepted() const { return intercepted_ > 0; }
+  // Their OnStreamMessage for a stream's `message` (received: in order; sent: in reverse). True
+  // when all let it go on; otherwise the stream fails with the refusal (FailStream), and false.
+  bool InterceptMessage(StreamDirection direction, const google::protobuf::MessageLite& message);
   const MethodInfo& method_info() const { return method_; }
 
  private:
@@ -128,6 +134,7 @@ class ServerCallImpl final : public ServerCall,
   bool StartInterceptors();
   // Their OnCallEnd, in reverse, for those whose OnCallStart succeeded: `status` is the answer.
   void EndInterceptors(const absl::Status& status);
+
   // Sends the response or the error; returns the status the client gets.
   absl::Status SendResponse(absl::Status status, SendSlot* response, OutgoingBulk response_bulk);
   // A stream message (or, with `message` null, a credit frame) in a send buffer of its own,

@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/bulk/registration.h"
@@ -38,7 +39,11 @@ StreamCall* ServerCallImpl::OpenStream(const google::protobuf::MessageLite* read
 }
 
 bool ServerCallImpl::Write(const google::protobuf::MessageLite& message) {
-  if (stream_ == nullptr || !stream_->TakeSendCredit(deadline())) return false;
+  if (stream_ == nullptr) return false;
+  if (ABSL_PREDICT_FALSE(intercepted_ > 0) && !InterceptMessage(StreamDirection::kSent, message)) {
+    return false;
+  }
+  if (!stream_->TakeSendCredit(deadline())) return false;
   return SendOnStream(RpcHeader::StreamMessage(call_id()), &message);
 }
 
@@ -47,6 +52,10 @@ google::protobuf::MessageLite* ServerCallImpl::Read() {
   uint16_t grant = 0;
   google::protobuf::MessageLite* message = stream_->Read(deadline(), &grant);
   if (grant > 0) SendOnStream(RpcHeader::StreamCredit(call_id(), grant), nullptr);
+  if (ABSL_PREDICT_FALSE(intercepted_ > 0) && message != nullptr &&
+      !InterceptMessage(StreamDirection::kReceived, *message)) {
+    return nullptr;
+  }
   return message;
 }
 
@@ -141,7 +150,7 @@ namespace {
 
 class AsyncServerStream final : public ServerAsyncStream {
  public:
-  AsyncServerStream(ServerCallImpl* call, std::shared_ptr<StreamState> state) {
+  AsyncServerStream(ServerCallImpl* call, std::shared_ptr<StreamState> state) : call_(call) {
     auto sender = std::make_unique<AsyncServerSender>(call);
     sender_ = sender.get();
     pump_ = std::make_shared<StreamPump>(std::move(sender), state, /*writes=*/true);
@@ -158,9 +167,23 @@ class AsyncServerStream final : public ServerAsyncStream {
     pump_->WaitIdle();
   }
 
-  void StartRead(StreamCall::ReadDone done) override { pump_->Read(std::move(done)); }
+  void StartRead(StreamCall::ReadDone done) override {
+    if (ABSL_PREDICT_TRUE(!call_->intercepted())) return pump_->Read(std::move(done));
+    // The interceptors see the message where the read completes, before the handler does.
+    pump_->Read([call = call_, done = std::move(done)](google::protobuf::MessageLite* message) {
+      if (message != nullptr && !call->InterceptMessage(StreamDirection::kReceived, *message)) {
+        message = nullptr;
+      }
+      done(message);
+    });
+  }
   void StartWrite(const google::protobuf::MessageLite& message,
                   StreamCall::WriteDone done) override {
+    // A message an interceptor refuses fails the stream (FailStream ends it), and the pump then
+    // completes this write with false, unsent.
+    if (ABSL_PREDICT_FALSE(call_->intercepted())) {
+      static_cast<void>(call_->InterceptMessage(StreamDirection::kSent, message));
+    }
     pump_->Write(message, std::move(done));
   }
   void StartFinish(absl::Status status, std::optional<SendSlot> response) override {
@@ -168,6 +191,8 @@ class AsyncServerStream final : public ServerAsyncStream {
   }
 
  private:
+  // The call, until the handler's Finish (after which no read completes with a message).
+  ServerCallImpl* const call_;
   AsyncServerSender* sender_;  // the pump's
   std::shared_ptr<StreamPump> pump_;
 };
@@ -296,8 +321,12 @@ void ServerConnection::StreamPulled(transport::Connection& connection, IncomingM
   static_cast<void>(SendPulledWord(connection, message));
   absl::Status status;
   if (auto it = streams_.find(message.header.call_id); it != streams_.end()) {
-    status = it->second->stream()->OnPulledMessage(message.body);
-    if (status.ok()) it->second->metrics_.AddMessageBytes(0, message.body.size());
+    // Taken first: the stream's listener may run an asynchronous handler's callbacks here,
+    // which may finish the call (retired at once, in this domain).
+    MethodMetrics* metrics = &it->second->metrics_;  // the server's: outlives the call
+    std::shared_ptr<StreamState> stream = it->second->stream();
+    status = stream->OnPulledMessage(message.body, RpcConnection::TakePulledBody(message));
+    if (status.ok()) metrics->AddMessageBytes(0, message.body.size());
   }
   Discard(connection, message);
   FailStreamUnless(connection, message.header.call_id, status);

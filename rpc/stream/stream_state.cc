@@ -36,6 +36,12 @@ StreamState::StreamState(const google::protobuf::MessageLite* read_prototype, ui
       receivable_(read_prototype == nullptr ? 0 : window_),
       send_credit_(send_credit) {}
 
+StreamState::~StreamState() {
+  for (Queued& queued : queue_) {
+    if (queued.hold) queued.hold();
+  }
+}
+
 uint16_t StreamState::Consumed() {
   ++owed_;
   // A frame per half window: few frames, and the sender never waits for one while it still
@@ -109,7 +115,7 @@ absl::StatusOr<uint16_t> StreamState::OnMessage(absl::Span<const uint8_t> body) 
   }
   std::unique_ptr<google::protobuf::MessageLite> message;
   if (absl::Status parsed = ParseLocked(body, &message); !parsed.ok()) return parsed;
-  queue_.push_back(std::move(message));
+  queue_.push_back({std::move(message), nullptr});
   listener = Changed();
   lock.Release();
   Notify(listener);
@@ -127,22 +133,33 @@ absl::StatusOr<uint16_t> StreamState::OnPulling(bool* wanted) {
     return *dropped;
   }
   // Its place, empty until it lands: Read waits there, so nothing behind it overtakes it.
-  queue_.push_back(nullptr);
+  queue_.push_back({nullptr, nullptr});
   ++pulling_;
   *wanted = true;
   return 0;
 }
 
-absl::Status StreamState::OnPulledMessage(absl::Span<const uint8_t> body) {
+absl::Status StreamState::OnPulledMessage(absl::Span<const uint8_t> body,
+                                          std::function<void()> hold) {
   std::shared_ptr<StreamListener> listener;
   absl::ReleasableMutexLock lock(&mu_);
   // The oldest place (a stream's pulls land in order: one queue pair's READs complete in
   // order). None: drained or ended meanwhile, and credited back then if owed.
-  auto place = std::find(queue_.begin(), queue_.end(), nullptr);
-  if (place == queue_.end()) return absl::OkStatus();
+  auto place = std::find_if(queue_.begin(), queue_.end(),
+                            [](const Queued& queued) { return queued.message == nullptr; });
+  if (place == queue_.end()) {
+    lock.Release();
+    if (hold) hold();
+    return absl::OkStatus();
+  }
   --pulling_;
-  absl::Status parsed = ParseLocked(body, &*place);
-  if (!parsed.ok()) queue_.erase(place);
+  absl::Status parsed = ParseLocked(body, &place->message);
+  if (parsed.ok()) {
+    place->hold = std::move(hold);
+  } else {
+    queue_.erase(place);
+    if (hold) hold();
+  }
   listener = Changed();
   lock.Release();
   Notify(listener);
@@ -235,7 +252,8 @@ void StreamState::SetListener(std::weak_ptr<StreamListener> listener) {
 }
 
 google::protobuf::MessageLite* StreamState::PopFront(uint16_t* grant) {
-  current_ = std::move(queue_.front());
+  current_ = std::move(queue_.front().message);
+  if (queue_.front().hold) queue_.front().hold();  // read now: what was held for it goes
   queue_.pop_front();
   if (!ended_) *grant = Consumed();
   return current_.get();
@@ -247,7 +265,7 @@ google::protobuf::MessageLite* StreamState::Read(absl::Time deadline, uint16_t* 
   if (current_ != nullptr) spare_.push_back(std::move(current_));
   // A message still being pulled holds its place: wait for it, unless the stream ended (its
   // pull may never land: a failing connection discards it).
-  while (queue_.empty() || queue_.front() == nullptr) {
+  while (queue_.empty() || queue_.front().message == nullptr) {
     if (ended_ || (queue_.empty() && peer_done_)) return nullptr;
     if (!WaitUntil(changed_, mu_, deadline)) return nullptr;
   }
@@ -258,7 +276,7 @@ google::protobuf::MessageLite* StreamState::TryRead(uint16_t* grant, bool* finis
   *grant = 0;
   absl::MutexLock lock(&mu_);
   if (current_ != nullptr) spare_.push_back(std::move(current_));
-  if (queue_.empty() || queue_.front() == nullptr) {
+  if (queue_.empty() || queue_.front().message == nullptr) {
     *finished = ended_ || (queue_.empty() && peer_done_);
     return nullptr;
   }
@@ -290,8 +308,9 @@ uint16_t StreamState::Drain() {
   draining_ = true;
   uint16_t grant = 0;
   while (!queue_.empty()) {
-    if (queue_.front() != nullptr) {
-      spare_.push_back(std::move(queue_.front()));
+    if (queue_.front().hold) queue_.front().hold();
+    if (queue_.front().message != nullptr) {
+      spare_.push_back(std::move(queue_.front().message));
     } else {
       --pulling_;  // dropped as it lands (OnPulledMessage finds no place)
     }

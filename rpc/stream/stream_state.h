@@ -31,6 +31,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -87,6 +88,8 @@ class StreamState {
   // may send before the peer grants more.
   StreamState(const google::protobuf::MessageLite* read_prototype, uint16_t window,
               uint32_t send_credit);
+  // Lets go of what is held for messages still queued (OnPulledMessage's `hold`).
+  ~StreamState();
   StreamState(const StreamState&) = delete;
   StreamState& operator=(const StreamState&) = delete;
 
@@ -103,10 +106,12 @@ class StreamState {
   // it. Errors as OnMessage's. `*wanted` false: nobody reads it any more (the stream ended or
   // drains), so the caller need not pull it; the credit to send then is returned as OnMessage's.
   absl::StatusOr<uint16_t> OnPulling(bool* wanted);
-  // The oldest message being pulled has landed: parsed from `body` (which the caller gives back
-  // after). kInvalidArgument when it does not parse (the stream fails). Dropped when its place
-  // is gone (the stream drained meanwhile).
-  absl::Status OnPulledMessage(absl::Span<const uint8_t> body);
+  // The oldest message being pulled has landed: parsed from `body`. `hold` (if any) runs once
+  // the message is read or dropped: the memory its bytes were pulled into, kept until then so
+  // that what a stream's unread messages hold counts against the receive budget
+  // (max_pulled_bytes), not only their number. kInvalidArgument when it does not parse (the
+  // stream fails). Dropped when its place is gone (the stream drained meanwhile).
+  absl::Status OnPulledMessage(absl::Span<const uint8_t> body, std::function<void()> hold);
   // The peer sends no more messages: reads end once the queue is empty.
   absl::Status OnHalfClose();
   // The peer grants `messages` more. kFailedPrecondition past 2^31 outstanding.
@@ -188,8 +193,12 @@ class StreamState {
   const uint16_t window_;
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
-  // The peer's messages in order; null: the place of one being pulled (OnPulling).
-  std::deque<std::unique_ptr<google::protobuf::MessageLite>> queue_ ABSL_GUARDED_BY(mu_);
+  // The peer's messages in order; a null message: the place of one being pulled (OnPulling).
+  struct Queued {
+    std::unique_ptr<google::protobuf::MessageLite> message;
+    std::function<void()> hold;  // runs as the message is read or dropped
+  };
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   uint32_t pulling_ ABSL_GUARDED_BY(mu_) = 0;  // places in queue_ still empty
   std::weak_ptr<StreamListener> listener_ ABSL_GUARDED_BY(mu_);
   bool has_listener_ ABSL_GUARDED_BY(mu_) = false;

@@ -57,8 +57,9 @@ bool Acceptable(const uint8_t* in, size_t size) {
   if (grants != (window != 0)) return false;
   if (kind != kRequest && (flags & (kPullResponseFlag | kStreamFlag)) != 0) return false;
   if (call_id == 0 || status > kLastStatusCode) return false;
-  // Only a request names a method and carries a deadline.
-  if (kind != kRequest && (service != 0 || method != 0 || timeout != 0)) return false;
+  // Only a request names a method and carries a deadline; a pulled carries an address there.
+  if (kind != kRequest && (service != 0 || method != 0)) return false;
+  if (kind != kRequest && kind != kPulled && timeout != 0) return false;
   const bool bulk_flag = (flags & kRpcFlagBulk) != 0;
   const bool pull_flag = (flags & kPullFlag) != 0;
   if (kind == kRequest || kind == kResponse || kind == kStreamMessage) {

@@ -12,6 +12,7 @@
 #include "rpc/interceptor.h"
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -130,6 +131,16 @@ class JournaledNumbers : public Numbers::Service {
                                   : absl::StrCat(trace->trace_id_hex(), "/", trace->parent_id_hex(),
                                                  "/", trace->span_id_hex()));
   }
+  absl::Status Double(zrpc::ServerContext&,
+                      zrpc::ServerReaderWriter<Number, Number>* stream) override {
+    Number number;
+    while (stream->Read(&number)) {
+      journal_->Add(absl::StrCat("handler got ", number.value()));
+      number.set_value(number.value() * 2);
+      if (!stream->Write(number)) return absl::CancelledError("write failed");
+    }
+    return absl::OkStatus();
+  }
   absl::Status Count(zrpc::ServerContext&, const CountRequest& request,
                      zrpc::ServerWriter<Number>* writer) override {
     journal_->Add("handler Count");
@@ -144,6 +155,46 @@ class JournaledNumbers : public Numbers::Service {
  private:
   Journal* const journal_;
 };
+
+const char* Way(zrpc::StreamDirection direction) {
+  return direction == zrpc::StreamDirection::kSent ? "sent" : "recv";
+}
+
+// Journals each stream message "<name> sent|recv <value>"; refuses the one of value `refuse`
+// going the way `refused` (FAILED_PRECONDITION, "<name> refused <value>").
+template <typename Base>
+class MessageWatch : public Base {
+ public:
+  MessageWatch(std::string name, Journal* journal, uint64_t refuse = 0,
+               zrpc::StreamDirection refused = zrpc::StreamDirection::kReceived)
+      : name_(std::move(name)), journal_(journal), refuse_(refuse), refused_(refused) {}
+  absl::Status OnStreamMessage(zrpc::ServerContext&, const zrpc::MethodInfo& method,
+                               zrpc::StreamDirection direction,
+                               const google::protobuf::MessageLite& message) {
+    return Watch(method, direction, message);
+  }
+  absl::Status OnStreamMessage(const zrpc::MethodInfo& method, zrpc::StreamDirection direction,
+                               const google::protobuf::MessageLite& message) {
+    return Watch(method, direction, message);
+  }
+
+ private:
+  absl::Status Watch(const zrpc::MethodInfo&, zrpc::StreamDirection direction,
+                     const google::protobuf::MessageLite& message) {
+    const uint64_t value = static_cast<const Number&>(message).value();
+    journal_->Add(absl::StrCat(name_, " ", Way(direction), " ", value));
+    if (value == refuse_ && direction == refused_) {
+      return absl::FailedPreconditionError(absl::StrCat(name_, " refused ", value));
+    }
+    return absl::OkStatus();
+  }
+  const std::string name_;
+  Journal* const journal_;
+  const uint64_t refuse_;
+  const zrpc::StreamDirection refused_;
+};
+using ServerWatch = MessageWatch<zrpc::ServerInterceptor>;
+using ClientWatch = MessageWatch<zrpc::ClientInterceptor>;
 
 zrpc::ServerOptions Intercepted(std::vector<std::shared_ptr<zrpc::ServerInterceptor>> chain) {
   zrpc::ServerOptions options;
@@ -509,4 +560,132 @@ TEST_CASE("TraceInterceptor::Propagate passes a handler's trace on to the calls 
   // Once is enough: a second Propagate (or a traceparent set by hand) is left alone.
   REQUIRE(zrpc::TraceInterceptor::Propagate(context, &options).ok());
   CHECK(options.metadata.size() == 1);
+}
+
+// Server watches a, b and channel watches c, d on one connection, each refusing the message
+// `refuse` going the way `refused` if its name is `refuser`.
+struct Watched {
+  Watched(const zrpc::transport::DeviceConfig& config, const std::string& refuser = "",
+          uint64_t refuse = 0, zrpc::StreamDirection refused = zrpc::StreamDirection::kReceived)
+      : service(&journal),
+        served(config, {&service},
+               Intercepted(
+                   {Server("a", refuser, refuse, refused), Server("b", refuser, refuse, refused)}),
+               Channel(
+                   {Client("c", refuser, refuse, refused), Client("d", refuser, refuse, refused)})),
+        stub(served.channel.get()) {}
+  std::shared_ptr<zrpc::ServerInterceptor> Server(const std::string& name,
+                                                  const std::string& refuser, uint64_t refuse,
+                                                  zrpc::StreamDirection refused) {
+    return std::make_shared<ServerWatch>(name, &journal, name == refuser ? refuse : 0, refused);
+  }
+  std::shared_ptr<zrpc::ClientInterceptor> Client(const std::string& name,
+                                                  const std::string& refuser, uint64_t refuse,
+                                                  zrpc::StreamDirection refused) {
+    return std::make_shared<ClientWatch>(name, &journal, name == refuser ? refuse : 0, refused);
+  }
+  static zrpc::ChannelOptions Channel(std::vector<std::shared_ptr<zrpc::ClientInterceptor>> chain) {
+    zrpc::ChannelOptions options;
+    options.interceptors = std::move(chain);
+    return options;
+  }
+  // Writes `value` on `chat` and reads the answer (0: none came).
+  static uint64_t Exchange(zrpc::ClientReaderWriter<Number, Number>& chat, uint64_t value) {
+    Number number;
+    number.set_value(value);
+    if (!chat.Write(number)) return 0;
+    return chat.Read(&number) ? number.value() : 0;
+  }
+  Journal journal;
+  JournaledNumbers service;
+  zrpc::testing::Served served;
+  Numbers::Stub stub;
+};
+
+TEST_CASE("interceptors see each stream message: the way in in order, the way out in reverse",
+          "[interceptor][messages]") {
+  ZRPC_TEST_DEVICE(config);
+  Watched w(config);
+  zrpc::ClientReaderWriter<Number, Number> chat = w.stub.Double(CallOptions::Timeout(kLong));
+  CHECK(Watched::Exchange(chat, 1) == 2);
+  CHECK(Watched::Exchange(chat, 3) == 6);
+  REQUIRE(chat.WritesDone());
+  CHECK(chat.Finish().ok());
+  // A Write returns once its message is sent and the Read that follows waits for the answer, so
+  // the order is fixed: the channel's c, d on the way out; the server's a, b on the way in, the
+  // handler, b, a on the way out; the channel's d, c on the way in.
+  CHECK(w.journal.events() ==
+        std::vector<std::string>{"c sent 1", "d sent 1", "a recv 1", "b recv 1", "handler got 1",
+                                 "b sent 2", "a sent 2", "d recv 2", "c recv 2", "c sent 3",
+                                 "d sent 3", "a recv 3", "b recv 3", "handler got 3", "b sent 6",
+                                 "a sent 6", "d recv 6", "c recv 6"});
+}
+
+TEST_CASE("an interceptor that refuses a stream message fails the call with its status",
+          "[interceptor][messages]") {
+  ZRPC_TEST_DEVICE(config);
+  struct Case {
+    const char* refuser;
+    uint64_t refuse;
+    zrpc::StreamDirection refused;
+    const char* last;  // the last message seen by anyone
+  };
+  const Case cases[] = {
+      // The server's b refuses the client's 13: the handler never sees it.
+      {"b", 13, zrpc::StreamDirection::kReceived, "b recv 13"},
+      // The server's a refuses the handler's 26: it is never sent.
+      {"a", 26, zrpc::StreamDirection::kSent, "a sent 26"},
+      // The channel's d refuses the caller's 13: it is never sent.
+      {"d", 13, zrpc::StreamDirection::kSent, "d sent 13"},
+      // The channel's c refuses the server's 26: the caller never sees it.
+      {"c", 26, zrpc::StreamDirection::kReceived, "c recv 26"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.refuser << " refuses " << c.refuse);
+    Watched w(config, c.refuser, c.refuse, c.refused);
+    zrpc::ClientReaderWriter<Number, Number> chat = w.stub.Double(CallOptions::Timeout(kLong));
+    CHECK(Watched::Exchange(chat, 1) == 2);
+    CHECK(Watched::Exchange(chat, 13) == 0);
+    const absl::Status status = chat.Finish();
+    INFO(status);
+    CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(absl::StrContains(status.message(), absl::StrCat(c.refuser, " refused ", c.refuse)));
+    // Nothing went past the refusal.
+    const std::vector<std::string> events = w.journal.events();
+    REQUIRE_FALSE(events.empty());
+    CHECK(events.back() == c.last);
+    CHECK(zrpc::testing::Eventually([&] { return w.served.server->stats().streams_open == 0; }));
+  }
+}
+
+TEST_CASE("an asynchronous reader's messages pass the channel's interceptors as its reads complete",
+          "[interceptor][messages]") {
+  ZRPC_TEST_DEVICE(config);
+  // c refuses the server's 3: the reader gets 1 and 2, then no more, and Finish says why.
+  Watched w(config, "c", 3, zrpc::StreamDirection::kReceived);
+  CountRequest request;
+  request.set_start(1);
+  request.set_count(5);
+  zrpc::AsyncClientReader<Number> reader = w.stub.AsyncCount(request, CallOptions::Timeout(kLong));
+  Number number;
+  std::vector<uint64_t> read;
+  absl::Notification read_all;
+  std::function<void(bool)> on_read = [&](bool ok) {
+    if (!ok) return read_all.Notify();
+    read.push_back(number.value());
+    reader.Read(&number, on_read);
+  };
+  reader.Read(&number, on_read);
+  REQUIRE(read_all.WaitForNotificationWithTimeout(kLong));
+  absl::Notification finished;
+  absl::Status status;
+  reader.Finish([&](absl::Status s) {
+    status = s;
+    finished.Notify();
+  });
+  REQUIRE(finished.WaitForNotificationWithTimeout(kLong));
+  CHECK(read == std::vector<uint64_t>{1, 2});
+  INFO(status);
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(status.message(), "c refused 3"));
 }
