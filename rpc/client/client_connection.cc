@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/bulk/registration.h"
@@ -900,7 +901,10 @@ void ClientConnection::OnMessage(transport::Connection& connection,
   OnAnswer(connection, incoming);
 }
 
-void ClientConnection::OnAnswer(transport::Connection& connection, IncomingMessage& incoming) {
+// Inlined into OnMessage: every unary answer comes this way, and a call of its own cost 30
+// instructions a round trip (count_instructions).
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void ClientConnection::OnAnswer(
+    transport::Connection& connection, IncomingMessage& incoming) {
   // Answered: the server is done with the request's payload (it answers only after its READ,
   // or without one), whether the call is still waiting or not.
   ServerPulled(incoming.header.call_id);
