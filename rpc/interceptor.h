@@ -52,9 +52,12 @@ class ServerInterceptor {
   // order given, sent ones in reverse (the order of OnCallStart and OnCallEnd). OK lets the
   // message go on; anything else fails the call with that status: the Read returns no message,
   // or the Write sends nothing and returns false, and the caller gets the status whatever the
-  // handler returns. On an asynchronous stream it runs where the operation completes (a poller,
-  // the sweeper), so it must not block. A unary call's two messages do not come here (OnCallStart
-  // and OnCallEnd frame them).
+  // handler returns. On an asynchronous stream a received message's check runs where the read
+  // completes (a poller, the sweeper), and a sent one's on the thread that starts the Write, so
+  // it must not block. It may run for one call on two threads at once (a reader and a writer):
+  // what it keeps in the context must allow that. Only the stream's messages come here: a unary
+  // call's two, a server-streaming call's request and a client-streaming call's response do not
+  // (OnCallStart and OnCallEnd frame them).
   virtual ::absl::Status OnStreamMessage(ServerContext& context, const MethodInfo& method,
                                          StreamDirection direction,
                                          const ::google::protobuf::MessageLite& message) {
@@ -106,8 +109,11 @@ class ClientInterceptor {
   // before the caller sees it). Sent messages pass the interceptors in the order given, received
   // ones in reverse. OK lets the message go on; anything else fails the call with that status
   // (the server is told the call was cancelled): the Write sends nothing and returns false, or
-  // the Read returns no message, and Finish returns the status. On an asynchronous stream a
-  // received message's check runs where the Read completes (a poller), so it must not block.
+  // the Read returns no message, and Finish returns the status once the call has ended (the
+  // interceptors' OnCallEnd first). On an asynchronous stream a received message's check runs
+  // where the Read completes (a poller), so it must not block. It may run for one call on two
+  // threads at once (a reader and a writer). As on a server, only the stream's messages come
+  // here, not a unary call's or the single message of a one-way stream's other side.
   virtual ::absl::Status OnStreamMessage(const MethodInfo& method, StreamDirection direction,
                                          const ::google::protobuf::MessageLite& message) {
     static_cast<void>(method);

@@ -800,6 +800,9 @@ void ClientConnection::ServerPulled(uint64_t call_id) {
 }
 
 void ClientConnection::Expire(absl::Time now) {
+  // Pulled words that found no send slot, should no completion have freed one since (a slot
+  // given back unused raises no notice). A load while there are none.
+  SendPulledBacklog(*connection_);
   std::vector<std::shared_ptr<BulkGate>> overdue;
   // As in NextDeadline: nothing exposed, no lock (an idle connection's pass is a few loads).
   if (exposed_entries_.load(std::memory_order_relaxed) > 0) {

@@ -300,7 +300,7 @@ class ClientConnection final : public RpcConnection,
   void OnStreamFrame(transport::Connection& connection, IncomingMessage& message);
   // A response or error: to its call, once what it carries is here (OnPulled). A stream's end
   // waits (held_ends_) while messages before it are still being pulled.
-  void OnAnswer(transport::Connection& connection, IncomingMessage& message);
+  inline void OnAnswer(transport::Connection& connection, IncomingMessage& message);
   // A stream message OnStreamFrame pulled has landed: into its place; a held end may go now.
   void StreamPulled(transport::Connection& connection, IncomingMessage& message);
   // This side's messages wait for credits or arena space, or (`arena_counts`) its application

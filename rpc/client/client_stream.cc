@@ -96,13 +96,14 @@ bool ClientStream::Intercept(StreamDirection direction,
     status = (*chain_)[at]->OnStreamMessage(*method_, direction, message);
   }
   if (status.ok()) return true;
-  // Ended here first, so that nothing more goes (the abort below may run later, in the domain);
-  // the call's own end, with the same status, then finds it ended.
-  state_->End(
-      absl::Status(status.code(), absl::StrCat(method_->full_name, ": ", status.message())));
+  // Stopped here first, so that nothing more is sent or read (the abort below may run later,
+  // in the domain); the stream ends with the call, after its interceptors' end, which is what
+  // Finish waits for.
+  state_->Stop();
   if (id_ != 0) connection_->AbortCall(id_, std::move(status));
   return false;
 }
+
 void ClientStream::StartWritesDone() { async().CloseWrites(); }
 void ClientStream::StartFinish(DoneCallback done) { async().Finish(std::move(done)); }
 

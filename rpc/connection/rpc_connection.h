@@ -538,6 +538,10 @@ class RpcConnection : public transport::ConnectionHandler {
   // costs the connection. With every send slot taken, the word waits for the next completion
   // that frees one (OnSendSlotFree) and OK is returned.
   absl::Status SendPulledWord(transport::Connection& connection, const IncomingMessage& message);
+  // Sends the pulled words that found no send slot (SendPulledWord), in order, while slots are
+  // free: on each completion notice (OnSendSlotFree), and from the owner's timer pass (a slot
+  // given back unused raises no notice). Any thread; a load while there are none.
+  void SendPulledBacklog(transport::Connection& connection);
   // Gives back a payload still waiting for its message, the messages still deferred and the
   // payloads still exposed (on close): their calls fail with the connection.
   void DropPending(transport::Connection& connection);
@@ -597,8 +601,6 @@ class RpcConnection : public transport::ConnectionHandler {
     uint32_t rkey;
   };
   absl::Status SendPulledWordNow(transport::Connection& connection, const PulledWord& word);
-  // Sends the words that found no send slot, in order, while slots are free.
-  void SendPulledBacklog(transport::Connection& connection);
   // Gives `capacity` of staging quota back; true when deferred messages wait for it.
   bool ReturnQuota(size_t capacity);
   // Tells the streams waiting for quota (TakeQuotaOrWait) that some came back.

@@ -373,6 +373,9 @@ void ServerConnection::SweepPass(absl::Time now, const SweepLimits& limits) {
     connection = connection_;
   }
   if (connection == nullptr || !connection->open()) return;
+  // Pulled words that found no send slot, should no completion have freed one since (a slot
+  // given back unused raises no notice).
+  SendPulledBacklog(*connection);
   const transport::ConnectionStats stats = connection->stats();
   const uint64_t arrivals = stats.messages_received + stats.bulk_received;
   if (arrivals != arrivals_seen_ || quiet_since_ == absl::InfinitePast()) {

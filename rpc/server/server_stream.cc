@@ -2,6 +2,7 @@
 // stream's own thread), its asynchronous form (AsyncServerStream over a StreamPump), giving up
 // and failing a stream, and the connection's handling of the client's stream frames.
 
+#include <atomic>
 #include <thread>
 #include <utility>
 
@@ -150,7 +151,8 @@ namespace {
 
 class AsyncServerStream final : public ServerAsyncStream {
  public:
-  AsyncServerStream(ServerCallImpl* call, std::shared_ptr<StreamState> state) : call_(call) {
+  AsyncServerStream(ServerCallImpl* call, std::shared_ptr<StreamState> state)
+      : intercepted_(call->intercepted()), call_(call) {
     auto sender = std::make_unique<AsyncServerSender>(call);
     sender_ = sender.get();
     pump_ = std::make_shared<StreamPump>(std::move(sender), state, /*writes=*/true);
@@ -168,10 +170,14 @@ class AsyncServerStream final : public ServerAsyncStream {
   }
 
   void StartRead(StreamCall::ReadDone done) override {
-    if (ABSL_PREDICT_TRUE(!call_->intercepted())) return pump_->Read(std::move(done));
-    // The interceptors see the message where the read completes, before the handler does.
-    pump_->Read([call = call_, done = std::move(done)](google::protobuf::MessageLite* message) {
-      if (message != nullptr && !call->InterceptMessage(StreamDirection::kReceived, *message)) {
+    if (ABSL_PREDICT_TRUE(!intercepted_)) return pump_->Read(std::move(done));
+    // The interceptors see the message where the read completes, before the handler does. A
+    // read completes with a message only before the handler's Finish (the pump drains what is
+    // outstanding before it closes), while the call lives.
+    pump_->Read([this, done = std::move(done)](google::protobuf::MessageLite* message) {
+      ServerCallImpl* call = call_.load(std::memory_order_acquire);
+      if (message != nullptr &&
+          (call == nullptr || !call->InterceptMessage(StreamDirection::kReceived, *message))) {
         message = nullptr;
       }
       done(message);
@@ -180,19 +186,24 @@ class AsyncServerStream final : public ServerAsyncStream {
   void StartWrite(const google::protobuf::MessageLite& message,
                   StreamCall::WriteDone done) override {
     // A message an interceptor refuses fails the stream (FailStream ends it), and the pump then
-    // completes this write with false, unsent.
-    if (ABSL_PREDICT_FALSE(call_->intercepted())) {
-      static_cast<void>(call_->InterceptMessage(StreamDirection::kSent, message));
+    // completes this write with false, unsent. After the handler's Finish the call may be gone
+    // (retired once its answer went): the pump refuses such a write anyway.
+    if (ABSL_PREDICT_FALSE(intercepted_)) {
+      if (ServerCallImpl* call = call_.load(std::memory_order_acquire); call != nullptr) {
+        static_cast<void>(call->InterceptMessage(StreamDirection::kSent, message));
+      }
     }
     pump_->Write(message, std::move(done));
   }
   void StartFinish(absl::Status status, std::optional<SendSlot> response) override {
+    call_.store(nullptr, std::memory_order_release);  // the call is the pump's to finish now
     if (sender_->SetAnswer(std::move(status), response)) pump_->Finish(nullptr);
   }
 
  private:
-  // The call, until the handler's Finish (after which no read completes with a message).
-  ServerCallImpl* const call_;
+  const bool intercepted_;  // the server's interceptors see the stream's messages
+  // The call until the handler's Finish, for the interceptors; null from then on.
+  std::atomic<ServerCallImpl*> call_;
   AsyncServerSender* sender_;  // the pump's
   std::shared_ptr<StreamPump> pump_;
 };

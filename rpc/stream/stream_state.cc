@@ -158,10 +158,10 @@ absl::Status StreamState::OnPulledMessage(absl::Span<const uint8_t> body,
     place->hold = std::move(hold);
   } else {
     queue_.erase(place);
-    if (hold) hold();
   }
   listener = Changed();
   lock.Release();
+  if (hold) hold();  // not kept (it did not parse): outside the lock, it deregisters memory
   Notify(listener);
   return parsed;
 }
@@ -251,9 +251,9 @@ void StreamState::SetListener(std::weak_ptr<StreamListener> listener) {
   Notify(now);
 }
 
-google::protobuf::MessageLite* StreamState::PopFront(uint16_t* grant) {
+google::protobuf::MessageLite* StreamState::PopFront(uint16_t* grant, std::function<void()>* hold) {
   current_ = std::move(queue_.front().message);
-  if (queue_.front().hold) queue_.front().hold();  // read now: what was held for it goes
+  *hold = std::move(queue_.front().hold);  // read now: what was held for it goes
   queue_.pop_front();
   if (!ended_) *grant = Consumed();
   return current_.get();
@@ -261,32 +261,45 @@ google::protobuf::MessageLite* StreamState::PopFront(uint16_t* grant) {
 
 google::protobuf::MessageLite* StreamState::Read(absl::Time deadline, uint16_t* grant) {
   *grant = 0;
-  absl::MutexLock lock(&mu_);
-  if (current_ != nullptr) spare_.push_back(std::move(current_));
-  // A message still being pulled holds its place: wait for it, unless the stream ended (its
-  // pull may never land: a failing connection discards it).
-  while (queue_.empty() || queue_.front().message == nullptr) {
-    if (ended_ || (queue_.empty() && peer_done_)) return nullptr;
-    if (!WaitUntil(changed_, mu_, deadline)) return nullptr;
+  std::function<void()> hold;
+  google::protobuf::MessageLite* message = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (current_ != nullptr) spare_.push_back(std::move(current_));
+    // A message still being pulled holds its place: wait for it, unless the stream ended (its
+    // pull may never land: a failing connection discards it).
+    while (queue_.empty() || queue_.front().message == nullptr) {
+      if (ended_ || stopped_ || (queue_.empty() && peer_done_)) return nullptr;
+      if (!WaitUntil(changed_, mu_, deadline)) return nullptr;
+    }
+    if (stopped_) return nullptr;
+    message = PopFront(grant, &hold);
   }
-  return PopFront(grant);
+  if (hold) hold();  // outside the lock: it deregisters memory
+  return message;
 }
 
 google::protobuf::MessageLite* StreamState::TryRead(uint16_t* grant, bool* finished) {
   *grant = 0;
-  absl::MutexLock lock(&mu_);
-  if (current_ != nullptr) spare_.push_back(std::move(current_));
-  if (queue_.empty() || queue_.front().message == nullptr) {
-    *finished = ended_ || (queue_.empty() && peer_done_);
-    return nullptr;
+  std::function<void()> hold;
+  google::protobuf::MessageLite* message = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (current_ != nullptr) spare_.push_back(std::move(current_));
+    if (stopped_ || queue_.empty() || queue_.front().message == nullptr) {
+      *finished = ended_ || stopped_ || (queue_.empty() && peer_done_);
+      return nullptr;
+    }
+    *finished = false;
+    message = PopFront(grant, &hold);
   }
-  *finished = false;
-  return PopFront(grant);
+  if (hold) hold();  // outside the lock: it deregisters memory
+  return message;
 }
 
 StreamState::Credit StreamState::TryTakeSendCredit() {
   absl::MutexLock lock(&mu_);
-  if (ended_) return Credit::kEnded;
+  if (ended_ || stopped_) return Credit::kEnded;
   if (send_credit_ == 0) return Credit::kNone;
   --send_credit_;
   return Credit::kTaken;
@@ -295,20 +308,31 @@ StreamState::Credit StreamState::TryTakeSendCredit() {
 bool StreamState::TakeSendCredit(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   while (send_credit_ == 0) {
-    if (ended_) return false;
+    if (ended_ || stopped_) return false;
     if (!WaitUntil(changed_, mu_, deadline)) return false;
   }
-  if (ended_) return false;
+  if (ended_ || stopped_) return false;
   --send_credit_;
   return true;
 }
 
+void StreamState::Stop() {
+  std::shared_ptr<StreamListener> listener;
+  {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+    listener = Changed();
+  }
+  Notify(listener);
+}
+
 uint16_t StreamState::Drain() {
-  absl::MutexLock lock(&mu_);
+  std::vector<std::function<void()>> holds;
+  absl::ReleasableMutexLock lock(&mu_);
   draining_ = true;
   uint16_t grant = 0;
   while (!queue_.empty()) {
-    if (queue_.front().hold) queue_.front().hold();
+    if (queue_.front().hold) holds.push_back(std::move(queue_.front().hold));
     if (queue_.front().message != nullptr) {
       spare_.push_back(std::move(queue_.front().message));
     } else {
@@ -317,6 +341,8 @@ uint16_t StreamState::Drain() {
     queue_.pop_front();
     if (!ended_) grant = static_cast<uint16_t>(std::min<uint32_t>(grant + Consumed(), 0xffff));
   }
+  lock.Release();
+  for (std::function<void()>& hold : holds) hold();  // outside the lock: they deregister memory
   return grant;
 }
 

@@ -152,6 +152,11 @@ class StreamState {
   // The credit owed for messages dropped while draining, for the asynchronous form to send.
   uint32_t TakeDrainedCredit();
 
+  // This side stops reading and writing (an interceptor refused a message) while the call's
+  // end, which the runtime brings about, is still to come: reads return nothing and writes are
+  // refused from now on, and WaitEnded still waits for End. Wakes every wait.
+  void Stop();
+
   bool ended() const;
   // ---- A client's stream: its opening request has been handed to the transport (in the
   // connection's domain, perhaps by another thread: ClientConnection::Start). Its frames must
@@ -181,8 +186,10 @@ class StreamState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A message consumed (read or dropped): the credit to send, if a frame's worth is owed.
   uint16_t Consumed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes the front of the queue as current_ (the message Read returns).
-  google::protobuf::MessageLite* PopFront(uint16_t* grant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the front of the queue as current_ (the message Read returns); `*hold` takes what was
+  // held for it, for the caller to run once it lets go of the lock.
+  google::protobuf::MessageLite* PopFront(uint16_t* grant, std::function<void()>* hold)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the waits, and returns the listener to tell once the lock is let go (Notify).
   std::shared_ptr<StreamListener> Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Notify(const std::shared_ptr<StreamListener>& listener) {
@@ -211,6 +218,7 @@ class StreamState {
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t drained_credit_ ABSL_GUARDED_BY(mu_) = 0;  // TakeDrainedCredit's
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // Stop
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> opened_{false};  // written under mu_, read without it
 };

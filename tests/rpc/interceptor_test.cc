@@ -177,6 +177,11 @@ class MessageWatch : public Base {
                                const google::protobuf::MessageLite& message) {
     return Watch(method, direction, message);
   }
+  // A channel's end (a server's differs in signature: not journaled, its time is not the
+  // caller's to order).
+  void OnCallEnd(const zrpc::MethodInfo&, const absl::Status& status, const Metadata&) {
+    journal_->Add(absl::StrCat(name_, " end ", absl::StatusCodeToString(status.code())));
+  }
 
  private:
   absl::Status Watch(const zrpc::MethodInfo&, zrpc::StreamDirection direction,
@@ -615,10 +620,11 @@ TEST_CASE("interceptors see each stream message: the way in in order, the way ou
   // the order is fixed: the channel's c, d on the way out; the server's a, b on the way in, the
   // handler, b, a on the way out; the channel's d, c on the way in.
   CHECK(w.journal.events() ==
-        std::vector<std::string>{"c sent 1", "d sent 1", "a recv 1", "b recv 1", "handler got 1",
-                                 "b sent 2", "a sent 2", "d recv 2", "c recv 2", "c sent 3",
-                                 "d sent 3", "a recv 3", "b recv 3", "handler got 3", "b sent 6",
-                                 "a sent 6", "d recv 6", "c recv 6"});
+        std::vector<std::string>{"c sent 1",      "d sent 1",      "a recv 1", "b recv 1",
+                                 "handler got 1", "b sent 2",      "a sent 2", "d recv 2",
+                                 "c recv 2",      "c sent 3",      "d sent 3", "a recv 3",
+                                 "b recv 3",      "handler got 3", "b sent 6", "a sent 6",
+                                 "d recv 6",      "c recv 6",      "d end OK", "c end OK"});
 }
 
 TEST_CASE("an interceptor that refuses a stream message fails the call with its status",
@@ -650,10 +656,13 @@ TEST_CASE("an interceptor that refuses a stream message fails the call with its 
     INFO(status);
     CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
     CHECK(absl::StrContains(status.message(), absl::StrCat(c.refuser, " refused ", c.refuse)));
-    // Nothing went past the refusal.
+    // Nothing went past the refusal, and the channel's interceptors saw the call's end before
+    // Finish returned.
     const std::vector<std::string> events = w.journal.events();
-    REQUIRE_FALSE(events.empty());
-    CHECK(events.back() == c.last);
+    REQUIRE(events.size() >= 3);
+    CHECK(events[events.size() - 3] == c.last);
+    CHECK(events[events.size() - 2] == "d end FAILED_PRECONDITION");
+    CHECK(events.back() == "c end FAILED_PRECONDITION");
     CHECK(zrpc::testing::Eventually([&] { return w.served.server->stats().streams_open == 0; }));
   }
 }
