@@ -574,7 +574,7 @@ bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
   }
   const absl::Status sent = SendStreamFrame(
       *connection_, header, message, message == nullptr ? 0 : message->ByteSizeLong(),
-      [&stream] { return stream.ended(); }, 0, quota_taken, no_slot);
+      [&stream] { return stream.sends_over(); }, 0, quota_taken, no_slot);
   if (sent.ok()) return true;
   if ((no_slot != nullptr && *no_slot) || sent.code() == absl::StatusCode::kCancelled) {
     return false;  // tried again later; or the stream ended, and its end says why

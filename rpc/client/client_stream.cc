@@ -99,7 +99,8 @@ bool ClientStream::Intercept(StreamDirection direction,
   // Stopped here first, so that nothing more is sent or read (the abort below may run later,
   // in the domain); the stream ends with the call, after its interceptors' end, which is what
   // Finish waits for.
-  state_->Stop();
+  state_->Stop(
+      absl::Status(status.code(), absl::StrCat(method_->full_name, ": ", status.message())));
   if (id_ != 0) connection_->AbortCall(id_, std::move(status));
   return false;
 }

@@ -119,7 +119,7 @@ bool StreamPump::Step() {
     if (owed_credit_ > 0 && !no_slot_ && !SideGone() && !answer_next) {
       const uint16_t grant = static_cast<uint16_t>(std::min<uint32_t>(owed_credit_, 0xffff));
       mu_.Unlock();
-      const Sent sent = state_->ended() ? Sent::kFailed : Retried(sender_->SendCredit(grant));
+      const Sent sent = state_->sends_over() ? Sent::kFailed : Retried(sender_->SendCredit(grant));
       absl::MutexLock lock(&mu_);
       if (sent == Sent::kNoSlot) {
         no_slot_ = true;
@@ -188,7 +188,7 @@ bool StreamPump::Step() {
     const bool ends_call = sender_->CloseEndsCall();
     mu_.Unlock();
     const Sent sent =
-        state_->ended() && !ends_call ? Sent::kFailed : Retried(sender_->CloseWrites());
+        state_->sends_over() && !ends_call ? Sent::kFailed : Retried(sender_->CloseWrites());
     absl::MutexLock lock(&mu_);
     if (sent == Sent::kNoSlot) {
       no_slot_ = true;

@@ -154,14 +154,16 @@ absl::Status StreamState::OnPulledMessage(absl::Span<const uint8_t> body,
   }
   --pulling_;
   absl::Status parsed = ParseLocked(body, &place->message);
+  std::function<void()> unkept;  // (a moved-from std::function need not be empty)
   if (parsed.ok()) {
     place->hold = std::move(hold);
   } else {
     queue_.erase(place);
+    unkept = std::move(hold);
   }
   listener = Changed();
   lock.Release();
-  if (hold) hold();  // not kept (it did not parse): outside the lock, it deregisters memory
+  if (unkept) unkept();  // not kept (it did not parse): outside the lock, it deregisters memory
   Notify(listener);
   return parsed;
 }
@@ -205,7 +207,7 @@ uint16_t StreamState::Grant(const google::protobuf::MessageLite* read_prototype)
 absl::Status StreamState::WaitEnded() {
   absl::MutexLock lock(&mu_);
   while (!ended_) changed_.Wait(&mu_);
-  return status_;
+  return stopped_ ? stop_status_ : status_;
 }
 
 void StreamState::End(absl::Status status) {
@@ -316,11 +318,13 @@ bool StreamState::TakeSendCredit(absl::Time deadline) {
   return true;
 }
 
-void StreamState::Stop() {
+void StreamState::Stop(absl::Status status) {
   std::shared_ptr<StreamListener> listener;
   {
     absl::MutexLock lock(&mu_);
+    if (stopped_) return;
     stopped_ = true;
+    stop_status_ = std::move(status);
     listener = Changed();
   }
   Notify(listener);
@@ -358,7 +362,12 @@ bool StreamState::ended() const {
 
 absl::Status StreamState::status() const {
   absl::MutexLock lock(&mu_);
-  return status_;
+  return stopped_ && ended_ ? stop_status_ : status_;
+}
+
+bool StreamState::sends_over() const {
+  absl::MutexLock lock(&mu_);
+  return ended_ || stopped_;
 }
 
 bool StreamState::pulling() const {

@@ -152,10 +152,14 @@ class StreamState {
   // The credit owed for messages dropped while draining, for the asynchronous form to send.
   uint32_t TakeDrainedCredit();
 
-  // This side stops reading and writing (an interceptor refused a message) while the call's
-  // end, which the runtime brings about, is still to come: reads return nothing and writes are
-  // refused from now on, and WaitEnded still waits for End. Wakes every wait.
-  void Stop();
+  // This side stops reading and writing (an interceptor refused a message) with `status`, while
+  // the call's end, which the runtime brings about, is still to come: reads return nothing,
+  // writes, credits and the half-close are not sent from now on (sends_over), and WaitEnded
+  // still waits for End, then returns `status` whatever the end's (the call may have ended
+  // otherwise first: the refusal is what the caller must hear). Wakes every wait. Once.
+  void Stop(absl::Status status);
+  // Nothing more is sent on the stream by this side: it ended, or was stopped.
+  bool sends_over() const;
 
   bool ended() const;
   // ---- A client's stream: its opening request has been handed to the transport (in the
@@ -165,7 +169,8 @@ class StreamState {
   bool opened() const { return opened_.load(std::memory_order_acquire); }
   // Waits until the stream is opened (true) or has ended (false).
   bool WaitOpened();
-  // Why it ended (OK while it has not, or when it finished normally).
+  // Why it ended (OK while it has not, or when it finished normally; Stop's status once it has,
+  // if it was stopped).
   absl::Status status() const;
   // The peer said it sends no more (half-close), or the stream ended.
   bool peer_done() const;
@@ -219,6 +224,7 @@ class StreamState {
   uint32_t drained_credit_ ABSL_GUARDED_BY(mu_) = 0;  // TakeDrainedCredit's
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // Stop
+  absl::Status stop_status_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> opened_{false};  // written under mu_, read without it
 };

@@ -11,6 +11,7 @@
 // "rdma").
 #include "rpc/interceptor.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <functional>
 #include <memory>
@@ -139,6 +140,15 @@ class JournaledNumbers : public Numbers::Service {
       number.set_value(number.value() * 2);
       if (!stream->Write(number)) return absl::CancelledError("write failed");
     }
+    return absl::OkStatus();
+  }
+  absl::Status Sum(zrpc::ServerContext& context, zrpc::ServerReader<Number>* reader,
+                   zrpc::examples::Total* total) override {
+    Number number;
+    while (reader->Read(&number)) total->set_sum(total->sum() + number.value());
+    // A half-close is the client's "that is all": cancelled, the input is not whole.
+    journal_->Add(context.IsCancelled() ? "handler Sum cancelled"
+                                        : absl::StrCat("handler Sum total ", total->sum()));
     return absl::OkStatus();
   }
   absl::Status Count(zrpc::ServerContext&, const CountRequest& request,
@@ -697,4 +707,28 @@ TEST_CASE("an asynchronous reader's messages pass the channel's interceptors as 
   INFO(status);
   CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
   CHECK(absl::StrContains(status.message(), "c refused 3"));
+}
+
+TEST_CASE("a client refusal sends no half-close: the server never takes the input for whole",
+          "[interceptor][messages]") {
+  ZRPC_TEST_DEVICE(config);
+  // d refuses the caller's 13 after 1 went; WritesDone then sends nothing, and the server's
+  // handler hears the cancel, never an end of input after 1 alone.
+  Watched w(config, "d", 13, zrpc::StreamDirection::kSent);
+  zrpc::examples::Total total;
+  zrpc::ClientWriter<Number> writer = w.stub.Sum(&total, CallOptions::Timeout(kLong));
+  Number number;
+  number.set_value(1);
+  REQUIRE(writer.Write(number));
+  number.set_value(13);
+  CHECK_FALSE(writer.Write(number));
+  CHECK_FALSE(writer.WritesDone());
+  const absl::Status status = writer.Finish();
+  INFO(status);
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StrContains(status.message(), "d refused 13"));
+  CHECK(zrpc::testing::Eventually([&] { return w.served.server->stats().streams_open == 0; }));
+  const std::vector<std::string> events = w.journal.events();
+  CHECK(std::find(events.begin(), events.end(), "handler Sum total 1") == events.end());
+  CHECK(std::find(events.begin(), events.end(), "handler Sum cancelled") != events.end());
 }
