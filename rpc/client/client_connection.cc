@@ -961,16 +961,10 @@ void ClientConnection::OnStreamFrame(transport::Connection& connection, Incoming
     live = true;
     stream = call.stream;
   });
-  // A frame that is not used: given back, and a pulled message's sender told it may stop
-  // exposing it (it is never read).
-  auto let_go = [&] {
-    if (message.pulls()) static_cast<void>(SendPulledWord(connection, message));
-    Discard(connection, message);
-  };
   if (!live) {
     // Its call already ended (deadline, cancel): the server did not know yet.
     if (message.header.kind == RpcKind::kStreamMessage) owner_.CountLateResponse();
-    return let_go();
+    return DiscardUnread(connection, message);
   }
   if (stream == nullptr || message.bulk || message.bulk_size() > 0) {
     Discard(connection, message);
@@ -981,7 +975,7 @@ void ClientConnection::OnStreamFrame(transport::Connection& connection, Incoming
   }
   if (absl::Status fits = limits().CheckMessage(message.body_size(), "stream message");
       !fits.ok()) {
-    let_go();
+    DiscardUnread(connection, message);
     return AbortCall(id, fits);
   }
   if (message.header.kind == RpcKind::kStreamCredit) {
@@ -1058,10 +1052,7 @@ void ClientConnection::StreamPulled(transport::Connection& connection, IncomingM
   if (stream != nullptr && status.ok() && stream->pulling()) return;
   IncomingMessage end = std::move(held->second);
   held_ends_.erase(held);
-  if (stream == nullptr || !status.ok()) {
-    if (end.pulls()) static_cast<void>(SendPulledWord(connection, end));
-    return Discard(connection, end);
-  }
+  if (stream == nullptr || !status.ok()) return DiscardUnread(connection, end);
   OnAnswer(connection, end);
 }
 

@@ -506,6 +506,12 @@ class RpcConnection : public transport::ConnectionHandler {
   void Violation(transport::Connection& connection, absl::string_view what);
   // Gives back what arrived with a message nobody will use.
   static void Discard(transport::Connection& connection, const IncomingMessage& message);
+  // The same for a message that may pull (a stream's, an answer held behind its stream's pulls):
+  // its sender is also told it may stop exposing the payload, which is never read.
+  void DiscardUnread(transport::Connection& connection, const IncomingMessage& message) {
+    if (message.pulls()) static_cast<void>(SendPulledWord(connection, message));
+    Discard(connection, message);
+  }
   // Takes from `message` the memory its large body was pulled into (Discard then leaves it):
   // the function returned gives it back, with its share of max_pulled_bytes, from any thread,
   // once. Null when the body lies elsewhere.

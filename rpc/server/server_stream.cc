@@ -268,12 +268,6 @@ void ServerCallImpl::FailStream(absl::Status status, StreamEndings* later) {
 void ServerConnection::HandleStreamFrame(transport::Connection& connection,
                                          const IncomingMessage& frame) {
   const uint64_t id = frame.header.call_id;
-  // A frame that is not used: given back, and a pulled message's sender told it may stop
-  // exposing it (it is never read).
-  auto let_go = [&] {
-    if (frame.pulls()) static_cast<void>(SendPulledWord(connection, frame));
-    Discard(connection, frame);
-  };
   std::shared_ptr<StreamState> stream;
   MethodMetrics* metrics = nullptr;                         // the server's: outlives the call
   if (auto it = streams_.find(id); it != streams_.end()) {  // in the domain: the poller's batch
@@ -281,7 +275,7 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
     metrics = &it->second->metrics_;
   } else if (FindScanned(id) == nullptr) {
     // The call finished while the frame travelled (the client learns with the call's status).
-    return let_go();
+    return DiscardUnread(connection, frame);
   }
   if (stream == nullptr || frame.bulk || frame.bulk_size() > 0) {
     Discard(connection, frame);
@@ -292,7 +286,7 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
   }
   absl::Status status = limits().CheckMessage(frame.body_size(), "stream message");
   if (!status.ok()) {
-    let_go();
+    DiscardUnread(connection, frame);
     return FailStreamUnless(connection, id, status);  // RESOURCE_EXHAUSTED: the stream fails
   }
   switch (frame.header.kind) {

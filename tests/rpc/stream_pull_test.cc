@@ -55,6 +55,19 @@ Number Sized(size_t bytes, uint64_t value) {
   }
 }
 
+// A message just past the arena, `value` in it, goes over a stream and comes back whole: the
+// connection still carries pulled messages.
+void EchoesPulled(Numbers::Stub& stub, uint64_t value) {
+  zrpc::ClientReaderWriter<Number, Number> chat = stub.Double(CallOptions::Timeout(kLong));
+  const Number sent = Sized(kArena + 1, value);
+  REQUIRE(chat.Write(sent));
+  Number back;
+  REQUIRE(chat.Read(&back));
+  CHECK(back.pad() == sent.pad());
+  REQUIRE(chat.WritesDone());
+  CHECK(chat.Finish().ok());
+}
+
 // Both sides' memory held by pulled payloads goes back to nothing, and nobody broke the
 // protocol.
 void CheckSettled(Fixture& f) {
@@ -199,14 +212,7 @@ TEST_CASE("a receiver's max_message_size refuses a pulled stream message before 
   CHECK(absl::StrContains(status.message(), "ChannelOptions::max_message_size"));
   CHECK(f.channel->stats().pulled_bytes_held == 0);
   // The connection serves on.
-  zrpc::ClientReaderWriter<Number, Number> chat = stub.Double(CallOptions::Timeout(kLong));
-  const Number sent = Sized(kArena + 1, 7);
-  REQUIRE(chat.Write(sent));
-  Number back;
-  REQUIRE(chat.Read(&back));
-  CHECK(back.pad() == sent.pad());
-  REQUIRE(chat.WritesDone());
-  CHECK(chat.Finish().ok());
+  EchoesPulled(stub, 7);
   CheckSettled(f);
 }
 
@@ -260,14 +266,7 @@ TEST_CASE("a stream given up on while its messages are pulled lets them all go",
   // The server's exposed messages were all let go (pulled or refused), its handlers ended.
   CheckSettled(f);
   // And the connection still carries pulled messages.
-  zrpc::ClientReaderWriter<Number, Number> chat = stub.Double(CallOptions::Timeout(kLong));
-  const Number sent = Sized(kArena + 1, 9);
-  REQUIRE(chat.Write(sent));
-  Number back;
-  REQUIRE(chat.Read(&back));
-  CHECK(back.pad() == sent.pad());
-  REQUIRE(chat.WritesDone());
-  CHECK(chat.Finish().ok());
+  EchoesPulled(stub, 9);
 }
 
 }  // namespace
