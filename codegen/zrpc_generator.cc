@@ -275,12 +275,23 @@ bool CheckSupported(const FileDescriptor* file, std::string* error) {
     for (int m = 0; m < service->method_count(); ++m) {
       const MethodDescriptor* method = service->method(m);
       const ::zrpc::MethodOptions& options = method->options().GetExtension(::zrpc::method);
-      if ((method->client_streaming() || method->server_streaming()) &&
-          (options.request_bulk() || options.response_bulk())) {
-        *error = "service " + service->name() + ", method " + method->name() +
-                 ": (zrpc.method) request_bulk and response_bulk are for unary rpcs; a stream's "
-                 "messages carry no bulk payload yet (rpc/streaming.h): remove the option or the "
-                 "stream";
+      // On a stream the option marks each message that way (rpc/streaming.h, "Bulk payloads");
+      // a server-streaming call's one request and a client-streaming call's one response carry
+      // none.
+      const bool streams = method->client_streaming() || method->server_streaming();
+      const char* single = nullptr;
+      if (streams && options.request_bulk() && !method->client_streaming()) {
+        single =
+            "request_bulk on a server-streaming rpc: its one request carries no bulk "
+            "payload (its responses may: response_bulk)";
+      } else if (streams && options.response_bulk() && !method->server_streaming()) {
+        single =
+            "response_bulk on a client-streaming rpc: its one response carries no bulk "
+            "payload (its requests may: request_bulk)";
+      }
+      if (single != nullptr) {
+        *error = "service " + service->name() + ", method " + method->name() + ": (zrpc.method) " +
+                 single + " (rpc/streaming.h, \"Bulk payloads\")";
         return false;
       }
     }

@@ -60,7 +60,10 @@ class BulkAccess;
 //     deadline never lets the caller reuse bytes the NIC may still read;
 //   - from a server (a handler's *response_bulk), until the server is destroyed: the handler
 //     returns before the bytes leave, so memory that dies sooner needs a release callback
-//     (or OutgoingBulk::Copy).
+//     (or OutgoingBulk::Copy);
+//   - on a stream message, either side's (rpc/streaming.h, "Bulk payloads"), until the channel
+//     or server is destroyed: the payload is exposed until the peer has read it, which the
+//     call's end does not wait for.
 // Bytes sent with no copy (from RegisteredMemory) are read by the NIC until the RDMA WRITE
 // completes, so `release` runs later than for staged bytes: on a runtime thread, once the peer's
 // NIC has them. A client's call still ends (its `done` runs) only after that.

@@ -55,7 +55,29 @@
 // message is (WIRE.md, "Streams"): nothing to set, and order holds (a message behind a pulled
 // one, or the end, waits for it). Past this side's max_message_size the Write fails with
 // RESOURCE_EXHAUSTED, and the stream with it; past the receiver's max_message_size the receiver
-// fails the stream (with the same code). A stream message carries no bulk payload of its own.
+// fails the stream (with the same code).
+//
+// Bulk payloads. A streaming method marked in its .proto, request_bulk for a client-streaming or
+// bidirectional one, response_bulk for a server-streaming or bidirectional one,
+//
+//   rpc Upload(stream Chunk) returns (Done) { option (zrpc.method).request_bulk = true; }
+//
+// lets each message that way carry one bulk payload beside it (rpc/bulk.h): Write(message,
+// OutgoingBulk) and Read(message, IncomingBulk*), blocking and asynchronous, on both ends. The
+// payload is always exposed for the receiver to pull (RDMA READ into memory of its own, within
+// its max_bulk_size and max_pulled_bytes), never written into its arena, so a reader that holds
+// payloads holds its own memory and never the connection's, and it keeps its place in the
+// stream as a pulled message does. The bytes stay alive and unchanged until the payload's
+// release runs: once the peer has read them (or never will, and says so), or the connection
+// closes. That is not tied to the call's end, so bytes that die sooner need a release callback
+// (or OutgoingBulk::Copy). A payload on a message of a method not marked that way fails the
+// Write (INVALID_ARGUMENT, and the stream with it); a Read without an IncomingBulk* releases the
+// payload of a message that has one. Each payload costs a registration on each side (or a memory
+// window, on the sender, where the device has type-2 windows); bytes written again while the peer
+// has not yet read them the first time (one buffer sent twice in a row) go as a copy. A release
+// callback may run inside the Write that took the payload (when it could not go): it must not
+// call into that stream. At most 1,024 payloads per connection wait exposed for their readers
+// (a peer that never reads pins no more); past that a Write fails RESOURCE_EXHAUSTED.
 // Finish drops (and credits back) what was not read: to stop a server that would go on
 // sending, Cancel first.
 //
@@ -235,18 +257,23 @@ class AsyncClientStreamBase {
 // Starts an asynchronous read into `*out` (a swap with the parsed message: no copy). `Stream`:
 // ClientStreamCall or ServerAsyncStream.
 template <typename Stream, typename Message>
-void StartReadInto(Stream* stream, Message* out, StreamCallback done) {
+void StartReadInto(Stream* stream, Message* out, StreamCallback done,
+                   IncomingBulk* bulk = nullptr) {
   if (stream == nullptr) return done(false);  // moved from
-  stream->StartRead([out, done = ::std::move(done)](::google::protobuf::MessageLite* next) mutable {
-    if (next != nullptr) out->Swap(static_cast<Message*>(next));
-    done(next != nullptr);
-  });
+  stream->StartRead(
+      [out, done = ::std::move(done)](::google::protobuf::MessageLite* next) mutable {
+        if (next != nullptr) out->Swap(static_cast<Message*>(next));
+        done(next != nullptr);
+      },
+      bulk);
 }
 
 template <typename Stream, typename Message>
-void StartWriteOf(Stream* stream, const Message& message, StreamCallback done) {
+void StartWriteOf(Stream* stream, const Message& message, StreamCallback done,
+                  OutgoingBulk bulk = OutgoingBulk()) {
   if (stream == nullptr) return done(false);  // moved from
-  stream->StartWrite(message, [done = ::std::move(done)](bool sent) mutable { done(sent); });
+  stream->StartWrite(message, ::std::move(bulk),
+                     [done = ::std::move(done)](bool sent) mutable { done(sent); });
 }
 
 // A streaming call's final response, serialized straight into a registered slot (`response`
@@ -317,8 +344,8 @@ class ServerAsyncStreamBase {
 
 // Moves the stream's message into `*out` (a swap: no copy).
 template <typename Message>
-bool ReadInto(StreamCall* stream, Message* out) {
-  ::google::protobuf::MessageLite* next = stream->Read();
+bool ReadInto(StreamCall* stream, Message* out, IncomingBulk* bulk = nullptr) {
+  ::google::protobuf::MessageLite* next = stream->Read(bulk);
   if (next == nullptr) return false;
   out->Swap(static_cast<Message*>(next));
   return true;
@@ -334,6 +361,11 @@ class ClientReader : public internal::ClientStreamBase {
       : ClientStreamBase(::std::move(call)) {}
   // The next message into `*response`; false once the server sends no more (then Finish).
   bool Read(Response* response) { return internal::ReadInto(call(), response); }
+  // The same, with the message's bulk payload in `*bulk` (empty when it has none); for a method
+  // marked response_bulk (see "Bulk payloads" above).
+  bool Read(Response* response, IncomingBulk* bulk) {
+    return internal::ReadInto(call(), response, bulk);
+  }
 };
 
 // A client-streaming call: writes messages, half-closes, then waits for the one response (in
@@ -343,7 +375,12 @@ class ClientWriter : public internal::ClientStreamBase {
  public:
   explicit ClientWriter(::std::unique_ptr<ClientStreamCall> call)
       : ClientStreamBase(::std::move(call)) {}
-  bool Write(const Request& request) { return call()->Write(request); }
+  bool Write(const Request& request) { return call()->Write(request, OutgoingBulk()); }
+  // The same with a bulk payload beside it, for a method marked request_bulk (see "Bulk
+  // payloads" above).
+  bool Write(const Request& request, OutgoingBulk bulk) {
+    return call()->Write(request, ::std::move(bulk));
+  }
   bool WritesDone() { return call()->WritesDone(); }
 };
 
@@ -353,9 +390,15 @@ class ClientReaderWriter : public internal::ClientStreamBase {
  public:
   explicit ClientReaderWriter(::std::unique_ptr<ClientStreamCall> call)
       : ClientStreamBase(::std::move(call)) {}
-  bool Write(const Request& request) { return call()->Write(request); }
+  bool Write(const Request& request) { return call()->Write(request, OutgoingBulk()); }
+  bool Write(const Request& request, OutgoingBulk bulk) {
+    return call()->Write(request, ::std::move(bulk));
+  }
   bool WritesDone() { return call()->WritesDone(); }
   bool Read(Response* response) { return internal::ReadInto(call(), response); }
+  bool Read(Response* response, IncomingBulk* bulk) {
+    return internal::ReadInto(call(), response, bulk);
+  }
 };
 
 // The asynchronous forms (see "Asynchronous streams" above).
@@ -368,6 +411,10 @@ class AsyncClientReader : public internal::AsyncClientStreamBase {
   void Read(Response* response, StreamCallback done) {
     internal::StartReadInto(call(), response, ::std::move(done));
   }
+  // The same, with the message's bulk payload in `*bulk` (alive until `done` runs).
+  void Read(Response* response, IncomingBulk* bulk, StreamCallback done) {
+    internal::StartReadInto(call(), response, ::std::move(done), bulk);
+  }
 };
 
 template <typename Request>
@@ -379,6 +426,10 @@ class AsyncClientWriter : public internal::AsyncClientStreamBase {
   // stream has ended or the writes were closed.
   void Write(const Request& request, StreamCallback done) {
     internal::StartWriteOf(call(), request, ::std::move(done));
+  }
+  // The same with a bulk payload beside it (whose bytes live until its release runs).
+  void Write(const Request& request, OutgoingBulk bulk, StreamCallback done) {
+    internal::StartWriteOf(call(), request, ::std::move(done), ::std::move(bulk));
   }
   // Half-closes, after the outstanding Write if any.
   void WritesDone() {
@@ -394,11 +445,17 @@ class AsyncClientReaderWriter : public internal::AsyncClientStreamBase {
   void Write(const Request& request, StreamCallback done) {
     internal::StartWriteOf(call(), request, ::std::move(done));
   }
+  void Write(const Request& request, OutgoingBulk bulk, StreamCallback done) {
+    internal::StartWriteOf(call(), request, ::std::move(done), ::std::move(bulk));
+  }
   void WritesDone() {
     if (call() != nullptr) call()->StartWritesDone();
   }
   void Read(Response* response, StreamCallback done) {
     internal::StartReadInto(call(), response, ::std::move(done));
+  }
+  void Read(Response* response, IncomingBulk* bulk, StreamCallback done) {
+    internal::StartReadInto(call(), response, ::std::move(done), bulk);
   }
 };
 
@@ -408,7 +465,11 @@ class ServerWriter {
  public:
   explicit ServerWriter(StreamCall* stream) : stream_(stream) {}
   // False once the client is gone or gave up: stop writing and return.
-  bool Write(const Response& response) { return stream_->Write(response); }
+  bool Write(const Response& response) { return stream_->Write(response, OutgoingBulk()); }
+  // The same with a bulk payload beside it, for a method marked response_bulk.
+  bool Write(const Response& response, OutgoingBulk bulk) {
+    return stream_->Write(response, ::std::move(bulk));
+  }
 
  private:
   StreamCall* stream_;
@@ -421,6 +482,10 @@ class ServerReader {
   explicit ServerReader(StreamCall* stream) : stream_(stream) {}
   // The client's next message; false once it half-closed (or gave up).
   bool Read(Request* request) { return internal::ReadInto(stream_, request); }
+  // The same, with the message's bulk payload in `*bulk`, for a method marked request_bulk.
+  bool Read(Request* request, IncomingBulk* bulk) {
+    return internal::ReadInto(stream_, request, bulk);
+  }
 
  private:
   StreamCall* stream_;
@@ -432,8 +497,14 @@ template <typename Request, typename Response>
 class ServerReaderWriter {
  public:
   explicit ServerReaderWriter(StreamCall* stream) : stream_(stream) {}
-  bool Write(const Response& response) { return stream_->Write(response); }
+  bool Write(const Response& response) { return stream_->Write(response, OutgoingBulk()); }
+  bool Write(const Response& response, OutgoingBulk bulk) {
+    return stream_->Write(response, ::std::move(bulk));
+  }
   bool Read(Request* request) { return internal::ReadInto(stream_, request); }
+  bool Read(Request* request, IncomingBulk* bulk) {
+    return internal::ReadInto(stream_, request, bulk);
+  }
 
  private:
   StreamCall* stream_;
@@ -457,6 +528,10 @@ class ServerAsyncWriter : public internal::ServerAsyncStreamBase {
   void Write(const Response& response, StreamCallback done) {
     internal::StartWriteOf(stream(), response, ::std::move(done));
   }
+  // The same with a bulk payload beside it (whose bytes live until its release runs).
+  void Write(const Response& response, OutgoingBulk bulk, StreamCallback done) {
+    internal::StartWriteOf(stream(), response, ::std::move(done), ::std::move(bulk));
+  }
   // Ends the call with `status`, after the outstanding Write.
   void Finish(::absl::Status status) { FinishWith(::std::move(status), nullptr); }
 
@@ -476,6 +551,10 @@ class ServerAsyncReader : public internal::ServerAsyncStreamBase {
   // done(false) once it half-closed (or gave up).
   void Read(Request* request, StreamCallback done) {
     internal::StartReadInto(stream(), request, ::std::move(done));
+  }
+  // The same, with the message's bulk payload in `*bulk` (alive until `done` runs).
+  void Read(Request* request, IncomingBulk* bulk, StreamCallback done) {
+    internal::StartReadInto(stream(), request, ::std::move(done), bulk);
   }
   // What Finish(OK) sends: fill it in first.
   Response* response() { return &response_; }
@@ -497,8 +576,14 @@ class ServerAsyncReaderWriter : public internal::ServerAsyncStreamBase {
   void Read(Request* request, StreamCallback done) {
     internal::StartReadInto(stream(), request, ::std::move(done));
   }
+  void Read(Request* request, IncomingBulk* bulk, StreamCallback done) {
+    internal::StartReadInto(stream(), request, ::std::move(done), bulk);
+  }
   void Write(const Response& response, StreamCallback done) {
     internal::StartWriteOf(stream(), response, ::std::move(done));
+  }
+  void Write(const Response& response, OutgoingBulk bulk, StreamCallback done) {
+    internal::StartWriteOf(stream(), response, ::std::move(done), ::std::move(bulk));
   }
   void Finish(::absl::Status status) { FinishWith(::std::move(status), nullptr); }
 };

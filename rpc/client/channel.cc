@@ -1073,11 +1073,9 @@ std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
   const uint64_t id = ticket->connection->Start(
       state.service_id, ticket->buffer, body_size, std::move(large_body), OutgoingBulk(),
       std::move(call), options, ticket->timing, impl_->options().stream_window);
-  auto opened = std::make_unique<internal::ClientStream>(ticket->connection, id, std::move(stream),
-                                                         method.client_streaming);
-  if (ABSL_PREDICT_FALSE(intercepted_)) {
-    opened->SetInterceptors(&impl_->options().interceptors, &method);
-  }
+  auto opened =
+      std::make_unique<internal::ClientStream>(ticket->connection, id, std::move(stream), method);
+  if (ABSL_PREDICT_FALSE(intercepted_)) opened->SetInterceptors(&impl_->options().interceptors);
   return opened;
 }
 

@@ -560,7 +560,8 @@ void ClientConnection::AbortInDomain(uint64_t id, absl::Status status, bool tell
 
 bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
                                     const google::protobuf::MessageLite* message,
-                                    StreamState& stream, bool quota_taken, bool* no_slot) {
+                                    StreamState& stream, bool quota_taken, bool* no_slot,
+                                    OutgoingBulk* bulk) {
   if (!stream.opened()) {
     // The opening request was left in the domain and has not gone yet: nothing may overtake it.
     if (OnRuntimeThread()) {
@@ -574,7 +575,7 @@ bool ClientConnection::SendOnStream(uint64_t id, const RpcHeader& header,
   }
   const absl::Status sent = SendStreamFrame(
       *connection_, header, message, message == nullptr ? 0 : message->ByteSizeLong(),
-      [&stream] { return stream.sends_over(); }, 0, quota_taken, no_slot);
+      [&stream] { return stream.sends_over(); }, 0, quota_taken, no_slot, bulk);
   if (sent.ok()) return true;
   if ((no_slot != nullptr && *no_slot) || sent.code() == absl::StatusCode::kCancelled) {
     return false;  // tried again later; or the stream ended, and its end says why
@@ -957,21 +958,20 @@ void ClientConnection::OnStreamFrame(transport::Connection& connection, Incoming
   const uint64_t id = message.header.call_id;
   std::shared_ptr<StreamState> stream;
   bool live = false;
+  bool bulk_allowed = false;
   calls_.Visit(id, [&](ClientCall& call) {
     live = true;
     stream = call.stream;
+    bulk_allowed = call.method->response_bulk;
   });
   if (!live) {
     // Its call already ended (deadline, cancel): the server did not know yet.
     if (message.header.kind == RpcKind::kStreamMessage) owner_.CountLateResponse();
     return DiscardUnread(connection, message);
   }
-  if (stream == nullptr || message.bulk || message.bulk_size() > 0) {
+  if (const char* wrong = StreamFrameError(stream != nullptr, bulk_allowed, message)) {
     Discard(connection, message);
-    return Violation(connection,
-                     absl::StrCat("call ", id,
-                                  stream == nullptr ? ": a stream frame for a unary call"
-                                                    : ": a stream message with a bulk payload"));
+    return Violation(connection, absl::StrCat("call ", id, ": ", wrong));
   }
   if (absl::Status fits = limits().CheckMessage(message.body_size(), "stream message");
       !fits.ok()) {
@@ -1041,7 +1041,8 @@ void ClientConnection::StreamPulled(transport::Connection& connection, IncomingM
   calls_.Visit(id, [&](ClientCall& call) { stream = call.stream; });
   absl::Status status;
   if (stream != nullptr) {
-    status = stream->OnPulledMessage(message.body, RpcConnection::TakePulledBody(message));
+    status = stream->OnPulledMessage(message.body, RpcConnection::TakePulledBody(message),
+                                     TakeBulk(connection, message));
   }
   Discard(connection, message);
   if (!status.ok()) AbortCall(id, absl::InternalError(status.message()));

@@ -218,9 +218,11 @@ class ClientConnection final : public RpcConnection,
   // taken already (TakeQuotaOrWait); it is given back if the message does not go. `no_slot`
   // (not null: an asynchronous stream's pump): on a runtime thread that finds every slot taken,
   // set, and the call goes on (the caller tries again later: WaitForSlot) instead of ending.
+  // `bulk`: a bulk payload beside the message (RpcConnection::SendStreamFrame's).
   bool SendOnStream(uint64_t id, const RpcHeader& header,
                     const google::protobuf::MessageLite* message, StreamState& stream,
-                    bool quota_taken = false, bool* no_slot = nullptr);
+                    bool quota_taken = false, bool* no_slot = nullptr,
+                    OutgoingBulk* bulk = nullptr);
   // WaitForSendSlot (rpc_connection.h), with the timer's next pass (within a millisecond) as
   // the fallback.
   void WaitForSlot(std::weak_ptr<StreamListener> waiter);

@@ -16,9 +16,9 @@ class ClientStream::Sender final : public StreamPump::Sender {
   Sender(std::shared_ptr<ClientConnection> connection, uint64_t id,
          std::shared_ptr<StreamState> state)
       : connection_(std::move(connection)), id_(id), state_(std::move(state)) {}
-  StreamPump::Sent SendMessage(const google::protobuf::MessageLite& message,
+  StreamPump::Sent SendMessage(const google::protobuf::MessageLite& message, OutgoingBulk* bulk,
                                bool quota_taken) override {
-    return Send(RpcHeader::StreamMessage(id_), &message, quota_taken);
+    return Send(RpcHeader::StreamMessage(id_), &message, quota_taken, bulk);
   }
   StreamPump::Sent SendCredit(uint16_t messages) override {
     return Send(RpcHeader::StreamCredit(id_, messages), nullptr, false);
@@ -27,9 +27,10 @@ class ClientStream::Sender final : public StreamPump::Sender {
     return Send(RpcHeader::HalfClose(id_), nullptr, false);
   }
   bool CloseEndsCall() const override { return false; }
-  bool QuotaOrWait(size_t size, bool* quota_taken, std::weak_ptr<StreamListener> waiter) override {
+  bool QuotaOrWait(size_t size, bool has_bulk, bool* quota_taken,
+                   std::weak_ptr<StreamListener> waiter) override {
     return connection_->StreamQuotaOrWait(connection_->connection(), size, OnRuntimeThread(),
-                                          std::move(waiter), quota_taken);
+                                          std::move(waiter), quota_taken, has_bulk);
   }
   void RetryLater(std::weak_ptr<StreamListener> pump) override {
     connection_->WaitForSlot(std::move(pump));
@@ -37,9 +38,9 @@ class ClientStream::Sender final : public StreamPump::Sender {
 
  private:
   StreamPump::Sent Send(const RpcHeader& header, const google::protobuf::MessageLite* message,
-                        bool quota_taken) {
+                        bool quota_taken, OutgoingBulk* bulk = nullptr) {
     bool no_slot = false;
-    if (connection_->SendOnStream(id_, header, message, *state_, quota_taken, &no_slot)) {
+    if (connection_->SendOnStream(id_, header, message, *state_, quota_taken, &no_slot, bulk)) {
       return StreamPump::Sent::kSent;
     }
     // Every send slot is taken and this is a runtime thread, which does not wait for one.
@@ -69,21 +70,40 @@ StreamPump& ClientStream::async() {
   return *async_;
 }
 
-void ClientStream::StartRead(ReadDone done) {
-  if (ABSL_PREDICT_TRUE(chain_ == nullptr)) return async().Read(std::move(done));
+void ClientStream::StartRead(ReadDone done, IncomingBulk* bulk) {
+  if (ABSL_PREDICT_TRUE(chain_ == nullptr)) return async().Read(std::move(done), bulk);
   // The interceptors see the message where the read completes, before the caller does.
-  async().Read([this, done = std::move(done)](google::protobuf::MessageLite* message) {
-    if (message != nullptr && !Intercept(StreamDirection::kReceived, *message)) message = nullptr;
-    done(message);
-  });
+  async().Read(
+      [this, bulk, done = std::move(done)](google::protobuf::MessageLite* message) {
+        if (message != nullptr && !Intercept(StreamDirection::kReceived, *message)) {
+          message = nullptr;
+          if (bulk != nullptr) bulk->Reset();
+        }
+        done(message);
+      },
+      bulk);
 }
-void ClientStream::StartWrite(const google::protobuf::MessageLite& message, WriteDone done) {
-  // A message an interceptor refuses ends the stream, and the pump then completes this write
-  // with false, unsent.
-  if (ABSL_PREDICT_FALSE(chain_ != nullptr)) {
+void ClientStream::StartWrite(const google::protobuf::MessageLite& message, OutgoingBulk bulk,
+                              WriteDone done) {
+  // A message an interceptor refuses, or a payload the method does not carry, ends the stream,
+  // and the pump then completes this write with false, unsent.
+  const bool refused = ABSL_PREDICT_FALSE(!bulk.empty()) && RefusedBulk(bulk);
+  if (ABSL_PREDICT_FALSE(chain_ != nullptr) && !refused) {
     static_cast<void>(Intercept(StreamDirection::kSent, message));
   }
-  async().Write(message, std::move(done));
+  async().Write(message, std::move(done), std::move(bulk));
+}
+
+bool ClientStream::RefusedBulk(const OutgoingBulk& bulk) {
+  if (bulk.empty() || method_->request_bulk) return false;
+  const absl::Status refused = absl::InvalidArgumentError(
+      absl::StrCat("a ", bulk.size(),
+                   "-byte bulk payload on a stream message of a method whose requests carry none "
+                   "(mark it (zrpc.method).request_bulk in its .proto)"));
+  state_->Stop(
+      absl::Status(refused.code(), absl::StrCat(method_->full_name, ": ", refused.message())));
+  if (id_ != 0) connection_->AbortCall(id_, refused);
+  return true;
 }
 
 bool ClientStream::Intercept(StreamDirection direction,
@@ -120,9 +140,10 @@ bool ClientStream::RefusedOnRuntimeThread(const char* what) {
   return true;
 }
 
-bool ClientStream::Write(const google::protobuf::MessageLite& message) {
+bool ClientStream::Write(const google::protobuf::MessageLite& message, OutgoingBulk bulk) {
   if (writes_done_.load(std::memory_order_acquire) || id_ == 0) return false;
   if (RefusedOnRuntimeThread("Write")) return false;
+  if (ABSL_PREDICT_FALSE(!bulk.empty()) && RefusedBulk(bulk)) return false;
   if (ABSL_PREDICT_FALSE(chain_ != nullptr) && !Intercept(StreamDirection::kSent, message)) {
     return false;
   }
@@ -131,19 +152,24 @@ bool ClientStream::Write(const google::protobuf::MessageLite& message) {
   if (!state_->TakeSendCredit(absl::InfiniteFuture())) return false;
   absl::MutexLock lock(&send_mu_);
   if (writes_done_.load(std::memory_order_acquire)) return false;  // closed while it waited
-  return connection_->SendOnStream(id_, RpcHeader::StreamMessage(id_), &message, *state_);
+  return connection_->SendOnStream(id_, RpcHeader::StreamMessage(id_), &message, *state_,
+                                   /*quota_taken=*/false, /*no_slot=*/nullptr, &bulk);
 }
 
-google::protobuf::MessageLite* ClientStream::Read() {
-  if (RefusedOnRuntimeThread("Read")) return nullptr;
+google::protobuf::MessageLite* ClientStream::Read(IncomingBulk* bulk) {
+  if (RefusedOnRuntimeThread("Read")) {
+    if (bulk != nullptr) bulk->Reset();
+    return nullptr;
+  }
   uint16_t grant = 0;
-  google::protobuf::MessageLite* message = state_->Read(absl::InfiniteFuture(), &grant);
+  google::protobuf::MessageLite* message = state_->Read(absl::InfiniteFuture(), &grant, bulk);
   if (grant > 0) {
     static_cast<void>(
         connection_->SendOnStream(id_, RpcHeader::StreamCredit(id_, grant), nullptr, *state_));
   }
   if (ABSL_PREDICT_FALSE(chain_ != nullptr) && message != nullptr &&
       !Intercept(StreamDirection::kReceived, *message)) {
+    if (bulk != nullptr) bulk->Reset();
     return nullptr;
   }
   return message;
@@ -161,13 +187,13 @@ absl::Status ClientStream::Finish() {
   // A server reading the client's messages waits for the half-close: one that was not sent
   // goes now rather than leaving both ends waiting for the deadline.
   if (!writes_done_.load(std::memory_order_acquire)) static_cast<void>(WritesDone());
-  if (!state_->ended() && id_ != 0) {
-    // Messages nobody will read are dropped and credited back, so a server still writing is
-    // not held on a full window while this waits for its status.
-    if (const uint16_t grant = state_->Drain(); grant > 0) {
-      static_cast<void>(
-          connection_->SendOnStream(id_, RpcHeader::StreamCredit(id_, grant), nullptr, *state_));
-    }
+  // Messages nobody will read are dropped (their pulled memory and payloads released) and, while
+  // the call lasts, credited back, so a server still writing is not held on a full window while
+  // this waits for its status.
+  const bool ended = state_->ended();
+  if (const uint16_t grant = state_->Drain(); grant > 0 && !ended && id_ != 0) {
+    static_cast<void>(
+        connection_->SendOnStream(id_, RpcHeader::StreamCredit(id_, grant), nullptr, *state_));
   }
   return state_->WaitEnded();
 }

@@ -32,34 +32,35 @@ namespace zrpc::internal {
 
 class ClientStream final : public ClientStreamCall {
  public:
-  // `id` is the call's (0: it ended before it was sent, and `state` has ended). `writes`: the
-  // client streams (its writes are closed by WritesDone, or by Finish if it did not).
+  // `id` is the call's (0: it ended before it was sent, and `state` has ended), a call to
+  // `method` (which outlives it); a client-streaming method's writes are closed by WritesDone,
+  // or by Finish if it did not.
   ClientStream(std::shared_ptr<ClientConnection> connection, uint64_t id,
-               std::shared_ptr<StreamState> state, bool writes)
+               std::shared_ptr<StreamState> state, const MethodInfo& method)
       : connection_(std::move(connection)),
         id_(id),
         state_(std::move(state)),
-        writes_done_(!writes) {}
+        method_(&method),
+        writes_done_(!method.client_streaming) {}
   // Cancels a call not finished, and waits for its end (its response, if any, is the caller's
   // memory).
   ~ClientStream() override;
 
-  bool Write(const google::protobuf::MessageLite& message) override;
-  google::protobuf::MessageLite* Read() override;
+  bool Write(const google::protobuf::MessageLite& message, OutgoingBulk bulk) override;
+  google::protobuf::MessageLite* Read(IncomingBulk* bulk) override;
   bool WritesDone() override;
   absl::Status Finish() override;
   void Cancel() override;
 
-  // The channel's interceptors (rpc/interceptor.h) see each message of the stream, a call to
-  // `method`: `chain` is the channel's options', which outlive the stream. Once, before any use.
-  void SetInterceptors(const std::vector<std::shared_ptr<ClientInterceptor>>* chain,
-                       const MethodInfo* method) {
+  // The channel's interceptors (rpc/interceptor.h) see each message of the stream: `chain` is
+  // the channel's options', which outlive the stream. Once, before any use.
+  void SetInterceptors(const std::vector<std::shared_ptr<ClientInterceptor>>* chain) {
     chain_ = chain;
-    method_ = method;
   }
 
-  void StartRead(ReadDone done) override;
-  void StartWrite(const google::protobuf::MessageLite& message, WriteDone done) override;
+  void StartRead(ReadDone done, IncomingBulk* bulk) override;
+  void StartWrite(const google::protobuf::MessageLite& message, OutgoingBulk bulk,
+                  WriteDone done) override;
   void StartWritesDone() override;
   void StartFinish(DoneCallback done) override;
 
@@ -78,9 +79,12 @@ class ClientStream final : public ClientStreamCall {
   // when none is set or all let it go on; otherwise the stream ends with the refusal here at
   // once (nothing more is sent or read), the call is aborted (the server told), and false.
   bool Intercept(StreamDirection direction, const google::protobuf::MessageLite& message);
+  // A bulk payload on a method whose requests carry none: the call is aborted (INVALID_ARGUMENT,
+  // the server told) and true.
+  bool RefusedBulk(const OutgoingBulk& bulk);
 
+  const MethodInfo* const method_;
   const std::vector<std::shared_ptr<ClientInterceptor>>* chain_ = nullptr;
-  const MethodInfo* method_ = nullptr;
 
   std::atomic<bool> writes_done_;  // WritesDone, or Finish in its place
   // Orders a message's send against the half-close (a Write that waited for credit while another

@@ -420,10 +420,14 @@ class RpcConnection : public transport::ConnectionHandler {
   //   kResourceExhausted (a limit, the quota, memory, or no slot without `no_slot`) or
   //     kUnavailable (the connection is closing) otherwise: the stream fails with it.
   // `quota_taken` (StreamQuotaOrWait took it) goes back on every path on which nothing is sent.
+  // `bulk` (if set and not empty): a bulk payload beside the message, exposed for the peer to
+  // pull with the message's body when that does not fit the slot (no staging: a reader holding
+  // payloads never holds the peer's arena); taken once the frame has a send slot, and left with
+  // the caller only when it did not get one (`*no_slot`, kCancelled, or a closing connection).
   absl::Status SendStreamFrame(transport::Connection& connection, const RpcHeader& header,
                                const google::protobuf::MessageLite* message, size_t size,
                                absl::FunctionRef<bool()> gone, uint32_t leave_free,
-                               bool quota_taken, bool* no_slot);
+                               bool quota_taken, bool* no_slot, OutgoingBulk* bulk = nullptr);
   // For an asynchronous stream's message of `size` bytes, larger than a slot, sent from a
   // runtime thread (which must not wait for the quota: client_stream.h): takes the staging
   // quota it needs when there is room (true); else (false) `waiter` is told once quota comes
@@ -435,8 +439,10 @@ class RpcConnection : public transport::ConnectionHandler {
   // An asynchronous stream's check before it sends a message of `size` bytes: true to send it
   // now, with `*quota_taken` when TakeQuotaOrWait took its quota (only a message larger than a
   // slot, sent from a `runtime_thread`, needs that); false while it waits for `waiter` to be told.
+  // A message with a bulk payload (`has_bulk`) is pulled, whatever its size: it needs none.
   bool StreamQuotaOrWait(const transport::Connection& connection, size_t size, bool runtime_thread,
-                         std::weak_ptr<StreamListener> waiter, bool* quota_taken);
+                         std::weak_ptr<StreamListener> waiter, bool* quota_taken,
+                         bool has_bulk = false);
   // An asynchronous stream's pump whose frame found no send slot on a runtime thread (which
   // must not wait for one: it is what frees them). `waiter` is told once, when the connection's
   // next completion batch leaves a slot free (OnSendSlotFree). The fallback, for a slot given
@@ -516,6 +522,14 @@ class RpcConnection : public transport::ConnectionHandler {
   // the function returned gives it back, with its share of max_pulled_bytes, from any thread,
   // once. Null when the body lies elsewhere.
   static std::function<void()> TakePulledBody(IncomingMessage& message);
+  // Takes from `message` its bulk payload (empty when it has none), for the application: it
+  // keeps the connection's memory (or the pulled buffer) until released, from any thread.
+  IncomingBulk TakeBulk(transport::Connection& connection, IncomingMessage& message) const;
+  // What is wrong with a frame for a stream (null: nothing), before it is read: `stream` false
+  // for a unary call's; `bulk_allowed`: the method's messages this way carry bulk payloads,
+  // which must come exposed for pulling (rpc/streaming.h, "Bulk payloads"), never written into
+  // this side's arena.
+  static const char* StreamFrameError(bool stream, bool bulk_allowed, const IncomingMessage& frame);
   // Starts pulling the payload of `message` (message.layout.pulls) into memory this side allocates
   // and registers, within the ReceiveLimits. OK: the message is the pull's now, and OnPulled gets
   // it back, with message.bulk, once the payload has landed (nothing, if the connection fails
@@ -607,6 +621,8 @@ class RpcConnection : public transport::ConnectionHandler {
     uint32_t rkey;
   };
   absl::Status SendPulledWordNow(transport::Connection& connection, const PulledWord& word);
+  // Whether a payload of call `call_id` is exposed at `addr` now (its peer has not said pulled).
+  bool Exposed(uint64_t call_id, const void* addr);
   // Gives `capacity` of staging quota back; true when deferred messages wait for it.
   bool ReturnQuota(size_t capacity);
   // Tells the streams waiting for quota (TakeQuotaOrWait) that some came back.

@@ -228,6 +228,11 @@ bool RpcConnection::Unexpose(uint64_t call_id, uint64_t addr) {
   return true;
 }
 
+bool RpcConnection::Exposed(uint64_t call_id, const void* addr) {
+  absl::MutexLock lock(&exposed_mu_);
+  return exposed_.contains(std::make_pair(call_id, reinterpret_cast<uintptr_t>(addr)));
+}
+
 absl::Status RpcConnection::SendPulledWord(transport::Connection& connection,
                                            const IncomingMessage& message) {
   const PulledWord word{RpcHeader::Pulled(message.header.call_id, message.layout.pulls[0].addr),

@@ -246,6 +246,27 @@ std::function<void()> RpcConnection::TakePulledBody(IncomingMessage& message) {
   return [payload] { delete payload; };
 }
 
+IncomingBulk RpcConnection::TakeBulk(transport::Connection& connection,
+                                     IncomingMessage& message) const {
+  if (!message.bulk) return IncomingBulk();
+  IncomingBulk bulk = ReceiveReleaser::Wrap(*this, connection.shared_from_this(), *message.bulk);
+  message.bulk.reset();  // the application's now
+  return bulk;
+}
+
+const char* RpcConnection::StreamFrameError(bool stream, bool bulk_allowed,
+                                            const IncomingMessage& frame) {
+  if (!stream) return "a stream frame for a unary call";
+  if (frame.bulk_size() == 0 && !frame.bulk) return nullptr;
+  if (!bulk_allowed) return "a stream message with a bulk payload, for a method that carries none";
+  // Exposed, not yet read: a payload written into the arena would stay there while the reader
+  // holds it, and hold up every payload behind it on the connection.
+  if (frame.bulk || !frame.pulls()) {
+    return "a stream message whose bulk payload was written, not exposed for pulling";
+  }
+  return nullptr;
+}
+
 void RpcConnection::Discard(transport::Connection& connection, const IncomingMessage& message) {
   static_cast<void>(connection.Release(message.handle));
   if (message.bulk) ReleasePayload(connection, message.bulk->handle);

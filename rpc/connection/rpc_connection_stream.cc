@@ -3,6 +3,7 @@
 // peer's arena, exposed for the peer to pull.
 
 #include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,7 +36,8 @@ absl::Status RpcConnection::SendStreamFrame(transport::Connection& connection,
                                             const RpcHeader& header,
                                             const google::protobuf::MessageLite* message,
                                             size_t size, absl::FunctionRef<bool()> gone,
-                                            uint32_t leave_free, bool quota_taken, bool* no_slot) {
+                                            uint32_t leave_free, bool quota_taken, bool* no_slot,
+                                            OutgoingBulk* bulk) {
   // Quota taken for a message that does not go goes back (SendStreamMessage gives it back
   // itself once it has the message).
   auto not_sent = [&](absl::Status why) {
@@ -65,8 +67,26 @@ absl::Status RpcConnection::SendStreamFrame(transport::Connection& connection,
     return not_sent(large.status());
   }
   const size_t body_size = large->empty() ? size : 0;
-  absl::Status sent = SendStreamMessage(connection, *buffer, header, body_size, *std::move(large),
-                                        may_wait, gone, quota_taken);
+  absl::Status sent;
+  if (bulk != nullptr && !bulk->empty()) {
+    // Pulled by the receiver with the body when that did not fit the slot (rpc/streaming.h,
+    // "Bulk payloads"): no staging, so quota taken for the body goes back.
+    if (quota_taken) ReturnStreamQuota(size);
+    // An exposure is named by its call and its first part's address (the pulled word carries
+    // it), so bytes still exposed for an earlier message of the stream (a writer sending one
+    // buffer twice) go as a copy of their own. One writer per stream: nothing exposes at this
+    // address for this call between the look and the send.
+    const uint8_t* first = large->empty() ? bulk->data() : large->data();
+    if (Exposed(header.call_id, first)) {
+      *bulk = OutgoingBulk::Copy(
+          std::string(reinterpret_cast<const char*>(bulk->data()), bulk->size()));
+    }
+    sent = SendMessage(connection, *buffer, header, body_size, std::move(*bulk), *std::move(large),
+                       absl::InfiniteFuture(), nullptr, /*expose=*/true);
+  } else {
+    sent = SendStreamMessage(connection, *buffer, header, body_size, *std::move(large), may_wait,
+                             gone, quota_taken);
+  }
   if (sent.ok() || sent.code() == absl::StatusCode::kCancelled ||
       sent.code() == absl::StatusCode::kResourceExhausted) {
     return sent;
@@ -117,11 +137,12 @@ absl::Status RpcConnection::SendStreamMessage(transport::Connection& connection,
 
 bool RpcConnection::StreamQuotaOrWait(const transport::Connection& connection, size_t size,
                                       bool runtime_thread, std::weak_ptr<StreamListener> waiter,
-                                      bool* quota_taken) {
+                                      bool* quota_taken, bool has_bulk) {
   *quota_taken = false;
-  // A slot's worth goes in the slot; past the peer's arena it is pulled, with no staging; off a
-  // runtime thread SendStreamMessage waits for the quota itself.
-  if (!runtime_thread || FitsSlot(connection, size) || size > connection.peer_arena_size()) {
+  // A slot's worth goes in the slot; past the peer's arena, or beside a bulk payload, it is
+  // pulled, with no staging; off a runtime thread SendStreamMessage waits for the quota itself.
+  if (!runtime_thread || has_bulk || FitsSlot(connection, size) ||
+      size > connection.peer_arena_size()) {
     return true;
   }
   *quota_taken = TakeQuotaOrWait(connection, size, std::move(waiter));

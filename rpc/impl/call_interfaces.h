@@ -40,11 +40,13 @@ class StreamCall {
   // Sends `message`, serialized straight into a registered send slot, once the peer has room
   // for it (per-stream flow control: rpc/stream/stream_state.h). False when the stream has ended
   // (the final status says why), this side closed its writes, or the message could not go (then the
-  // stream fails with the reason).
-  virtual bool Write(const ::google::protobuf::MessageLite& message) = 0;
+  // stream fails with the reason). `bulk` (may be empty) goes beside it, for a method whose
+  // messages this way carry one (rpc/streaming.h, "Bulk payloads"); it is released on every path.
+  virtual bool Write(const ::google::protobuf::MessageLite& message, OutgoingBulk bulk) = 0;
   // The peer's next message, parsed when it arrived; valid until the next Read. Null once the
-  // peer sends no more (it half-closed or finished) or the stream ended.
-  virtual ::google::protobuf::MessageLite* Read() = 0;
+  // peer sends no more (it half-closed or finished) or the stream ended. `*bulk` (when set) takes
+  // the message's bulk payload (empty when it has none); without it a payload is released.
+  virtual ::google::protobuf::MessageLite* Read(IncomingBulk* bulk) = 0;
 };
 
 // The client's end: also closes its writes and waits for the final status.
@@ -66,11 +68,14 @@ class ClientStreamCall : public StreamCall {
   // run two at a time, nor one inside another. At most one read and one write outstanding (a
   // second one's callback runs at once, on the calling thread, with null or false), and never
   // mixed with the blocking calls above on one stream.
-  // The peer's next message (valid while the callback runs), or null once there are no more.
-  virtual void StartRead(ReadDone done) = 0;
+  // The peer's next message (valid while the callback runs), or null once there are no more;
+  // `*bulk` (when set: alive until `done` runs) takes its bulk payload first, as Read's.
+  virtual void StartRead(ReadDone done, IncomingBulk* bulk) = 0;
   // Sends `message` (alive until `done` runs) once the peer has room: serialized into a send
-  // slot then, on the thread that starts it or on the runtime thread that brings the room.
-  virtual void StartWrite(const ::google::protobuf::MessageLite& message, WriteDone done) = 0;
+  // slot then, on the thread that starts it or on the runtime thread that brings the room;
+  // `bulk` beside it, as Write's.
+  virtual void StartWrite(const ::google::protobuf::MessageLite& message, OutgoingBulk bulk,
+                          WriteDone done) = 0;
   // Half-closes, after the write outstanding if there is one.
   virtual void StartWritesDone() = 0;
   // Closes the writes (StartWritesDone) if they are open, drops what comes unread from now on
@@ -96,8 +101,8 @@ struct SendSlot {
 class ServerAsyncStream {
  public:
   virtual ~ServerAsyncStream() = default;
-  virtual void StartRead(StreamCall::ReadDone done) = 0;
-  virtual void StartWrite(const ::google::protobuf::MessageLite& message,
+  virtual void StartRead(StreamCall::ReadDone done, IncomingBulk* bulk) = 0;
+  virtual void StartWrite(const ::google::protobuf::MessageLite& message, OutgoingBulk bulk,
                           StreamCall::WriteDone done) = 0;
   // Ends the call once the outstanding write has completed: with `status` OK, answers with the
   // response in `response` (from ServerCall::AcquireResponseSlot, taken before this); otherwise
@@ -200,13 +205,21 @@ class ChannelAccess {
 class FailedStream final : public ClientStreamCall {
  public:
   explicit FailedStream(::absl::Status status) : status_(::std::move(status)) {}
-  bool Write(const ::google::protobuf::MessageLite&) override { return false; }
-  ::google::protobuf::MessageLite* Read() override { return nullptr; }
+  bool Write(const ::google::protobuf::MessageLite&, OutgoingBulk) override { return false; }
+  ::google::protobuf::MessageLite* Read(IncomingBulk* bulk) override {
+    if (bulk != nullptr) bulk->Reset();
+    return nullptr;
+  }
   bool WritesDone() override { return false; }
   ::absl::Status Finish() override { return status_; }
   void Cancel() override {}
-  void StartRead(ReadDone done) override { done(nullptr); }
-  void StartWrite(const ::google::protobuf::MessageLite&, WriteDone done) override { done(false); }
+  void StartRead(ReadDone done, IncomingBulk* bulk) override {
+    if (bulk != nullptr) bulk->Reset();
+    done(nullptr);
+  }
+  void StartWrite(const ::google::protobuf::MessageLite&, OutgoingBulk, WriteDone done) override {
+    done(false);
+  }
   void StartWritesDone() override {}
   void StartFinish(DoneCallback done) override { done(status_); }
 

@@ -85,8 +85,11 @@ class ServerCallImpl final : public ServerCall,
       const google::protobuf::MessageLite* read_prototype) override;
 
   // StreamCall: the handler's end of the stream. Waits end at the call's deadline.
-  bool Write(const google::protobuf::MessageLite& message) override;
-  google::protobuf::MessageLite* Read() override;
+  bool Write(const google::protobuf::MessageLite& message, OutgoingBulk bulk) override;
+  google::protobuf::MessageLite* Read(IncomingBulk* bulk) override;
+  // A bulk payload on a stream message of a method whose responses carry none: the stream fails
+  // (INVALID_ARGUMENT) and true.
+  bool RefusedBulk(const OutgoingBulk& bulk);
 
   // The stream's messages and flow control, for the poller (null for a unary call).
   const std::shared_ptr<StreamState>& stream() const { return stream_; }
@@ -142,10 +145,11 @@ class ServerCallImpl final : public ServerCall,
   // (poller, timer) never waits: without `no_slot` the stream then fails; with it, `*no_slot`
   // is set and the stream goes on (the caller tries again later). `quota_taken`: the staging
   // quota a large message needs was taken (RpcConnection::StreamQuotaOrWait); given back if it
-  // does not go. `abandoned` (if set) ends a wait when it turns true.
+  // does not go. `abandoned` (if set) ends a wait when it turns true. `bulk`: a payload beside
+  // the message (RpcConnection::SendStreamFrame's).
   bool SendOnStream(const RpcHeader& header, const google::protobuf::MessageLite* message,
                     bool quota_taken = false, bool* no_slot = nullptr,
-                    const std::atomic<bool>* abandoned = nullptr);
+                    const std::atomic<bool>* abandoned = nullptr, OutgoingBulk* bulk = nullptr);
 
   ServerConnection* const owner_;
   transport::Connection* const connection_;

@@ -150,7 +150,8 @@ void ServerConnection::HandleRequest(transport::Connection& connection,
                      " on this server (it has ", info.method_count, ")")));
   }
   const MethodInfo& method = info.methods[header.method_index];
-  if (request.bulk_size() > 0 && !method.request_bulk) {
+  // A stream's request_bulk marks its messages, never its open (rpc/streaming.h).
+  if (request.bulk_size() > 0 && (!method.request_bulk || header.opens_stream())) {
     Discard(connection, request);
     return Violation(connection, absl::StrCat("call ", header.call_id, " to ", method.full_name,
                                               " carries a bulk payload the method does not take"));

@@ -39,22 +39,37 @@ StreamCall* ServerCallImpl::OpenStream(const google::protobuf::MessageLite* read
   return this;
 }
 
-bool ServerCallImpl::Write(const google::protobuf::MessageLite& message) {
+bool ServerCallImpl::Write(const google::protobuf::MessageLite& message, OutgoingBulk bulk) {
   if (stream_ == nullptr) return false;
+  if (ABSL_PREDICT_FALSE(!bulk.empty()) && RefusedBulk(bulk)) return false;
   if (ABSL_PREDICT_FALSE(intercepted_ > 0) && !InterceptMessage(StreamDirection::kSent, message)) {
     return false;
   }
   if (!stream_->TakeSendCredit(deadline())) return false;
-  return SendOnStream(RpcHeader::StreamMessage(call_id()), &message);
+  return SendOnStream(RpcHeader::StreamMessage(call_id()), &message, /*quota_taken=*/false,
+                      /*no_slot=*/nullptr, /*abandoned=*/nullptr, &bulk);
 }
 
-google::protobuf::MessageLite* ServerCallImpl::Read() {
-  if (stream_ == nullptr) return nullptr;
+bool ServerCallImpl::RefusedBulk(const OutgoingBulk& bulk) {
+  if (bulk.empty() || method_.response_bulk) return false;
+  FailStream(absl::InvalidArgumentError(absl::StrCat(
+      method_.full_name, ": a ", bulk.size(),
+      "-byte bulk payload on a stream message of a method whose responses carry none (mark it "
+      "(zrpc.method).response_bulk in its .proto)")));
+  return true;
+}
+
+google::protobuf::MessageLite* ServerCallImpl::Read(IncomingBulk* bulk) {
+  if (stream_ == nullptr) {
+    if (bulk != nullptr) bulk->Reset();
+    return nullptr;
+  }
   uint16_t grant = 0;
-  google::protobuf::MessageLite* message = stream_->Read(deadline(), &grant);
+  google::protobuf::MessageLite* message = stream_->Read(deadline(), &grant, bulk);
   if (grant > 0) SendOnStream(RpcHeader::StreamCredit(call_id(), grant), nullptr);
   if (ABSL_PREDICT_FALSE(intercepted_ > 0) && message != nullptr &&
       !InterceptMessage(StreamDirection::kReceived, *message)) {
+    if (bulk != nullptr) bulk->Reset();
     return nullptr;
   }
   return message;
@@ -96,9 +111,9 @@ class AsyncServerSender final : public StreamPump::Sender {
     response_.reset();
   }
 
-  StreamPump::Sent SendMessage(const google::protobuf::MessageLite& message,
+  StreamPump::Sent SendMessage(const google::protobuf::MessageLite& message, OutgoingBulk* bulk,
                                bool quota_taken) override {
-    return Send(RpcHeader::StreamMessage(call_->call_id()), &message, quota_taken);
+    return Send(RpcHeader::StreamMessage(call_->call_id()), &message, quota_taken, bulk);
   }
   StreamPump::Sent SendCredit(uint16_t messages) override {
     return Send(RpcHeader::StreamCredit(call_->call_id(), messages), nullptr, false);
@@ -116,9 +131,10 @@ class AsyncServerSender final : public StreamPump::Sender {
     return StreamPump::Sent::kSent;
   }
   bool CloseEndsCall() const override { return true; }
-  bool QuotaOrWait(size_t size, bool* quota_taken, std::weak_ptr<StreamListener> waiter) override {
+  bool QuotaOrWait(size_t size, bool has_bulk, bool* quota_taken,
+                   std::weak_ptr<StreamListener> waiter) override {
     return call_->owner_->StreamQuotaOrWait(*call_->connection_, size, OnRuntimeThread(),
-                                            std::move(waiter), quota_taken);
+                                            std::move(waiter), quota_taken, has_bulk);
   }
   void RetryLater(std::weak_ptr<StreamListener> pump) override {
     // Told by the connection's next completion batch that frees a slot; the server's sweeper is
@@ -129,9 +145,9 @@ class AsyncServerSender final : public StreamPump::Sender {
 
  private:
   StreamPump::Sent Send(const RpcHeader& header, const google::protobuf::MessageLite* message,
-                        bool quota_taken) {
+                        bool quota_taken, OutgoingBulk* bulk = nullptr) {
     bool no_slot = false;
-    if (call_->SendOnStream(header, message, quota_taken, &no_slot, &abandoned_)) {
+    if (call_->SendOnStream(header, message, quota_taken, &no_slot, &abandoned_, bulk)) {
       return StreamPump::Sent::kSent;
     }
     // Every send slot is taken and this is a runtime thread, which does not wait for one.
@@ -169,31 +185,37 @@ class AsyncServerStream final : public ServerAsyncStream {
     pump_->WaitIdle();
   }
 
-  void StartRead(StreamCall::ReadDone done) override {
-    if (ABSL_PREDICT_TRUE(!intercepted_)) return pump_->Read(std::move(done));
+  void StartRead(StreamCall::ReadDone done, IncomingBulk* bulk) override {
+    if (ABSL_PREDICT_TRUE(!intercepted_)) return pump_->Read(std::move(done), bulk);
     // The interceptors see the message where the read completes, before the handler does. A
     // read completes with a message only before the handler's Finish (the pump drains what is
     // outstanding before it closes), while the call lives.
-    pump_->Read([this, done = std::move(done)](google::protobuf::MessageLite* message) {
-      ServerCallImpl* call = call_.load(std::memory_order_acquire);
-      if (message != nullptr &&
-          (call == nullptr || !call->InterceptMessage(StreamDirection::kReceived, *message))) {
-        message = nullptr;
-      }
-      done(message);
-    });
+    pump_->Read(
+        [this, bulk, done = std::move(done)](google::protobuf::MessageLite* message) {
+          ServerCallImpl* call = call_.load(std::memory_order_acquire);
+          if (message != nullptr &&
+              (call == nullptr || !call->InterceptMessage(StreamDirection::kReceived, *message))) {
+            message = nullptr;
+            if (bulk != nullptr) bulk->Reset();
+          }
+          done(message);
+        },
+        bulk);
   }
-  void StartWrite(const google::protobuf::MessageLite& message,
+  void StartWrite(const google::protobuf::MessageLite& message, OutgoingBulk bulk,
                   StreamCall::WriteDone done) override {
-    // A message an interceptor refuses fails the stream (FailStream ends it), and the pump then
-    // completes this write with false, unsent. After the handler's Finish the call may be gone
-    // (retired once its answer went): the pump refuses such a write anyway.
-    if (ABSL_PREDICT_FALSE(intercepted_)) {
+    // A message an interceptor refuses, or a payload the method does not carry, fails the
+    // stream (FailStream ends it), and the pump then completes this write with false, unsent.
+    // After the handler's Finish the call may be gone (retired once its answer went): the pump
+    // refuses such a write anyway.
+    if (ABSL_PREDICT_FALSE(intercepted_ || !bulk.empty())) {
       if (ServerCallImpl* call = call_.load(std::memory_order_acquire); call != nullptr) {
-        static_cast<void>(call->InterceptMessage(StreamDirection::kSent, message));
+        if (!call->RefusedBulk(bulk) && intercepted_) {
+          static_cast<void>(call->InterceptMessage(StreamDirection::kSent, message));
+        }
       }
     }
-    pump_->Write(message, std::move(done));
+    pump_->Write(message, std::move(done), std::move(bulk));
   }
   void StartFinish(absl::Status status, std::optional<SendSlot> response) override {
     call_.store(nullptr, std::memory_order_release);  // the call is the pump's to finish now
@@ -219,8 +241,10 @@ std::unique_ptr<ServerAsyncStream> ServerCallImpl::OpenAsyncStream(
 
 bool ServerCallImpl::SendOnStream(const RpcHeader& header,
                                   const google::protobuf::MessageLite* message, bool quota_taken,
-                                  bool* no_slot, const std::atomic<bool>* abandoned) {
+                                  bool* no_slot, const std::atomic<bool>* abandoned,
+                                  OutgoingBulk* bulk) {
   const size_t size = message == nullptr ? 0 : message->ByteSizeLong();
+  const size_t bulk_size = bulk == nullptr ? 0 : bulk->size();
   auto gone = [this, abandoned] {
     return stream_->ended() || context_.IsCancelled() ||
            (abandoned != nullptr && abandoned->load(std::memory_order_acquire));
@@ -228,9 +252,10 @@ bool ServerCallImpl::SendOnStream(const RpcHeader& header,
   // Stream frames leave the slots answers need free (ServerImpl::AnswerSlots).
   const absl::Status sent =
       owner_->SendStreamFrame(*connection_, header, message, size, gone,
-                              owner_->server().answer_slots(), quota_taken, no_slot);
+                              owner_->server().answer_slots(), quota_taken, no_slot, bulk);
   if (sent.ok()) {
     if (message != nullptr) metrics_.AddMessageBytes(size, 0);
+    if (bulk_size > 0) metrics_.AddBulkBytes(bulk_size, 0);
     return true;
   }
   if ((no_slot != nullptr && *no_slot) || sent.code() == absl::StatusCode::kCancelled) {
@@ -269,20 +294,21 @@ void ServerConnection::HandleStreamFrame(transport::Connection& connection,
                                          const IncomingMessage& frame) {
   const uint64_t id = frame.header.call_id;
   std::shared_ptr<StreamState> stream;
-  MethodMetrics* metrics = nullptr;                         // the server's: outlives the call
+  MethodMetrics* metrics = nullptr;  // the server's: outlives the call
+  bool bulk_allowed = false;
   if (auto it = streams_.find(id); it != streams_.end()) {  // in the domain: the poller's batch
     stream = it->second->stream();
     metrics = &it->second->metrics_;
-  } else if (FindScanned(id) == nullptr) {
+    bulk_allowed = it->second->method_info().request_bulk;
+  } else if (ServerCallImpl* scanned = FindScanned(id); scanned != nullptr) {
+    bulk_allowed = scanned->method_info().request_bulk;
+  } else {
     // The call finished while the frame travelled (the client learns with the call's status).
     return DiscardUnread(connection, frame);
   }
-  if (stream == nullptr || frame.bulk || frame.bulk_size() > 0) {
+  if (const char* wrong = StreamFrameError(stream != nullptr, bulk_allowed, frame)) {
     Discard(connection, frame);
-    return Violation(connection,
-                     absl::StrCat("call ", id,
-                                  stream == nullptr ? ": a stream frame for a unary call"
-                                                    : ": a stream message with a bulk payload"));
+    return Violation(connection, absl::StrCat("call ", id, ": ", wrong));
   }
   absl::Status status = limits().CheckMessage(frame.body_size(), "stream message");
   if (!status.ok()) {
@@ -330,8 +356,13 @@ void ServerConnection::StreamPulled(transport::Connection& connection, IncomingM
     // which may finish the call (retired at once, in this domain).
     MethodMetrics* metrics = &it->second->metrics_;  // the server's: outlives the call
     std::shared_ptr<StreamState> stream = it->second->stream();
-    status = stream->OnPulledMessage(message.body, RpcConnection::TakePulledBody(message));
-    if (status.ok()) metrics->AddMessageBytes(0, message.body.size());
+    const uint32_t bulk_size = message.bulk_size();
+    status = stream->OnPulledMessage(message.body, RpcConnection::TakePulledBody(message),
+                                     TakeBulk(connection, message));
+    if (status.ok()) {
+      metrics->AddMessageBytes(0, message.body.size());
+      if (bulk_size > 0) metrics->AddBulkBytes(0, bulk_size);
+    }
   }
   Discard(connection, message);
   FailStreamUnless(connection, message.header.call_id, status);

@@ -7,24 +7,28 @@
 
 namespace zrpc::internal {
 
-void StreamPump::Read(ClientStreamCall::ReadDone done) {
+void StreamPump::Read(ClientStreamCall::ReadDone done, IncomingBulk* bulk) {
   {
     absl::MutexLock lock(&mu_);
     if (abandoned_) return;
-    if (!read_) read_ = std::move(done);
+    if (!read_) {
+      read_ = std::move(done);
+      read_bulk_ = bulk;
+    }
   }
   if (done) return done(nullptr);
   Pump();
 }
 
 void StreamPump::Write(const google::protobuf::MessageLite& message,
-                       ClientStreamCall::WriteDone done) {
+                       ClientStreamCall::WriteDone done, OutgoingBulk bulk) {
   {
     absl::MutexLock lock(&mu_);
-    if (abandoned_) return;
+    if (abandoned_) return;  // `bulk` is released on the way out
     if (!write_ && !close_writes_) {
       write_ = std::move(done);
       write_message_ = &message;
+      write_bulk_ = std::move(bulk);
     }
   }
   if (done) return done(false);
@@ -64,6 +68,7 @@ void StreamPump::Abandon(bool close) {
   ClientStreamCall::ReadDone read;
   ClientStreamCall::WriteDone write;
   DoneCallback finish;
+  OutgoingBulk bulk;  // released outside the lock: its release is the application's
   {
     absl::MutexLock lock(&mu_);
     abandoned_ = true;
@@ -76,6 +81,8 @@ void StreamPump::Abandon(bool close) {
     write_ = nullptr;
     finish_ = nullptr;
     write_message_ = nullptr;  // may die with the owner: never sent from here on
+    if (!write_sending_) bulk = std::move(write_bulk_);
+    read_bulk_ = nullptr;
     write_credit_ = false;
     if (close) close_writes_ = true;
   }
@@ -131,10 +138,11 @@ bool StreamPump::Step() {
     if (read_) {
       uint16_t grant = 0;
       bool finished = false;
-      google::protobuf::MessageLite* message = state_->TryRead(&grant, &finished);
+      google::protobuf::MessageLite* message = state_->TryRead(&grant, &finished, read_bulk_);
       if (message != nullptr || finished) {
         ClientStreamCall::ReadDone done = std::move(read_);
         read_ = nullptr;
+        read_bulk_ = nullptr;
         if (!SideGone()) owed_credit_ += grant;  // sent by the next step, before anything waits
         mu_.Unlock();
         done(message);  // the message stays valid until the next TryRead, after this
@@ -151,23 +159,26 @@ bool StreamPump::Step() {
         // Larger than a slot, from a runtime thread: the staging quota is not waited for here
         // (only this kind of thread frees it); the write waits, its credit in hand, to be told.
         go = state_->ended() ||
-             sender_->QuotaOrWait(write_message_->ByteSizeLong(), &quota_taken, weak_from_this());
+             sender_->QuotaOrWait(write_message_->ByteSizeLong(), !write_bulk_.empty(),
+                                  &quota_taken, weak_from_this());
       }
       if (go) {
         const google::protobuf::MessageLite* message = write_message_;
+        OutgoingBulk bulk = std::move(write_bulk_);  // the Sender's while it sends
         write_sending_ = true;
         mu_.Unlock();
         const Sent sent = credit == StreamState::Credit::kTaken
-                              ? Retried(sender_->SendMessage(*message, quota_taken))
+                              ? Retried(sender_->SendMessage(*message, &bulk, quota_taken))
                               : Sent::kFailed;
         mu_.Lock();
         write_sending_ = false;
         if (!write_) {  // abandoned while it was sent: the owner is told only if it did not go
           if (sent != Sent::kSent) sender_->OnWriteDropped();
           mu_.Unlock();
-          return true;
+          return true;  // `bulk`, if still here, is released without the lock
         }
-        if (sent == Sent::kNoSlot) {  // the write stays, its credit in hand
+        if (sent == Sent::kNoSlot) {  // the write stays, its credit and its payload in hand
+          write_bulk_ = std::move(bulk);
           no_slot_ = true;
           mu_.Unlock();
           return true;
@@ -177,6 +188,7 @@ bool StreamPump::Step() {
         write_credit_ = false;
         const bool live = !abandoned_;
         mu_.Unlock();
+        bulk.Reset();  // not sent: released before the callback says so
         if (live && done) done(sent == Sent::kSent);
         return true;
       }

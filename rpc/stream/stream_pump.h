@@ -49,8 +49,11 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
   class Sender {
    public:
     virtual ~Sender() = default;
-    // A stream message (`quota_taken`: QuotaOrWait took the staging quota it needs).
-    virtual Sent SendMessage(const google::protobuf::MessageLite& message, bool quota_taken) = 0;
+    // A stream message (`quota_taken`: QuotaOrWait took the staging quota it needs), with the
+    // bulk payload in `*bulk` beside it if that is not empty: taken unless the send found no
+    // slot (kNoSlot), when it stays for the next try.
+    virtual Sent SendMessage(const google::protobuf::MessageLite& message, OutgoingBulk* bulk,
+                             bool quota_taken) = 0;
     // `messages` more the peer may send.
     virtual Sent SendCredit(uint16_t messages) = 0;
     // The end of this side's writes (see the top of this file).
@@ -58,10 +61,11 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
     // Whether CloseWrites ends the call (the server): nothing is sent after it, and the Sender is
     // not used again.
     virtual bool CloseEndsCall() const = 0;
-    // Whether a message of `size` bytes may be sent now: true, with `*quota_taken` set when the
-    // staging quota it needs was taken here; false when it waits for the quota (a runtime
-    // thread, which must not wait: `waiter` is told when it comes back).
-    virtual bool QuotaOrWait(size_t size, bool* quota_taken,
+    // Whether a message of `size` bytes (`has_bulk`: with a bulk payload) may be sent now: true,
+    // with `*quota_taken` set when the staging quota it needs was taken here; false when it
+    // waits for the quota (a runtime thread, which must not wait: `waiter` is told when it comes
+    // back).
+    virtual bool QuotaOrWait(size_t size, bool has_bulk, bool* quota_taken,
                              std::weak_ptr<StreamListener> waiter) = 0;
     // A send found no slot (kNoSlot): `pump` runs again once one may have come back (the
     // connection's next completion batch that frees one; the channel's timer or the server's
@@ -84,8 +88,11 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
   // Read or Write while one is outstanding, a Write after the writes closed (misuse: their
   // callbacks are the one exception to "never nested, never overlapping"). Once abandoned,
   // nothing is recorded and the callback is dropped unrun.
-  void Read(ClientStreamCall::ReadDone done);
-  void Write(const google::protobuf::MessageLite& message, ClientStreamCall::WriteDone done);
+  // `bulk` (when set, alive until `done` runs) takes the message's bulk payload.
+  void Read(ClientStreamCall::ReadDone done, IncomingBulk* bulk = nullptr);
+  // `bulk` goes beside the message; released unsent when the write is refused or dropped.
+  void Write(const google::protobuf::MessageLite& message, ClientStreamCall::WriteDone done,
+             OutgoingBulk bulk = OutgoingBulk());
   // Closes the writes, after the outstanding write if any.
   void CloseWrites();
   // Closes the writes, drops what comes unread from then on (credited back while the call
@@ -121,8 +128,10 @@ class StreamPump final : public StreamListener, public std::enable_shared_from_t
   absl::Mutex mu_;  // before the state's and the quota's (Step polls and takes under it)
   absl::CondVar idle_;
   ClientStreamCall::ReadDone read_ ABSL_GUARDED_BY(mu_);
+  IncomingBulk* read_bulk_ ABSL_GUARDED_BY(mu_) = nullptr;  // where read_'s payload goes
   ClientStreamCall::WriteDone write_ ABSL_GUARDED_BY(mu_);
   const google::protobuf::MessageLite* write_message_ ABSL_GUARDED_BY(mu_) = nullptr;
+  OutgoingBulk write_bulk_ ABSL_GUARDED_BY(mu_);     // beside write_message_
   bool write_credit_ ABSL_GUARDED_BY(mu_) = false;   // taken for write_, which waits for more
   bool write_sending_ ABSL_GUARDED_BY(mu_) = false;  // write_ is in the Sender's SendMessage
   uint32_t owed_credit_ ABSL_GUARDED_BY(mu_) = 0;    // read (or dropped), not yet granted back

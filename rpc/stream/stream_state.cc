@@ -115,7 +115,7 @@ absl::StatusOr<uint16_t> StreamState::OnMessage(absl::Span<const uint8_t> body) 
   }
   std::unique_ptr<google::protobuf::MessageLite> message;
   if (absl::Status parsed = ParseLocked(body, &message); !parsed.ok()) return parsed;
-  queue_.push_back({std::move(message), nullptr});
+  queue_.push_back({std::move(message), nullptr, IncomingBulk()});
   listener = Changed();
   lock.Release();
   Notify(listener);
@@ -133,14 +133,14 @@ absl::StatusOr<uint16_t> StreamState::OnPulling(bool* wanted) {
     return *dropped;
   }
   // Its place, empty until it lands: Read waits there, so nothing behind it overtakes it.
-  queue_.push_back({nullptr, nullptr});
+  queue_.push_back({nullptr, nullptr, IncomingBulk()});
   ++pulling_;
   *wanted = true;
   return 0;
 }
 
 absl::Status StreamState::OnPulledMessage(absl::Span<const uint8_t> body,
-                                          std::function<void()> hold) {
+                                          std::function<void()> hold, IncomingBulk bulk) {
   std::shared_ptr<StreamListener> listener;
   absl::ReleasableMutexLock lock(&mu_);
   // The oldest place (a stream's pulls land in order: one queue pair's READs complete in
@@ -150,20 +150,23 @@ absl::Status StreamState::OnPulledMessage(absl::Span<const uint8_t> body,
   if (place == queue_.end()) {
     lock.Release();
     if (hold) hold();
-    return absl::OkStatus();
+    return absl::OkStatus();  // `bulk` goes with this frame, outside the lock
   }
   --pulling_;
   absl::Status parsed = ParseLocked(body, &place->message);
   std::function<void()> unkept;  // (a moved-from std::function need not be empty)
   if (parsed.ok()) {
     place->hold = std::move(hold);
+    place->bulk = std::move(bulk);
   } else {
     queue_.erase(place);
     unkept = std::move(hold);
   }
   listener = Changed();
   lock.Release();
-  if (unkept) unkept();  // not kept (it did not parse): outside the lock, it deregisters memory
+  // Not kept (it did not parse): outside the lock, it deregisters memory (as `bulk` does, on
+  // the way out).
+  if (unkept) unkept();
   Notify(listener);
   return parsed;
 }
@@ -253,17 +256,22 @@ void StreamState::SetListener(std::weak_ptr<StreamListener> listener) {
   Notify(now);
 }
 
-google::protobuf::MessageLite* StreamState::PopFront(uint16_t* grant, std::function<void()>* hold) {
+google::protobuf::MessageLite* StreamState::PopFront(uint16_t* grant, std::function<void()>* hold,
+                                                     IncomingBulk* bulk) {
   current_ = std::move(queue_.front().message);
   *hold = std::move(queue_.front().hold);  // read now: what was held for it goes
+  *bulk = std::move(queue_.front().bulk);
   queue_.pop_front();
   if (!ended_) *grant = Consumed();
   return current_.get();
 }
 
-google::protobuf::MessageLite* StreamState::Read(absl::Time deadline, uint16_t* grant) {
+google::protobuf::MessageLite* StreamState::Read(absl::Time deadline, uint16_t* grant,
+                                                 IncomingBulk* bulk) {
   *grant = 0;
+  if (bulk != nullptr) bulk->Reset();
   std::function<void()> hold;
+  IncomingBulk payload;  // released outside the lock unless the reader takes it
   google::protobuf::MessageLite* message = nullptr;
   {
     absl::MutexLock lock(&mu_);
@@ -275,15 +283,19 @@ google::protobuf::MessageLite* StreamState::Read(absl::Time deadline, uint16_t* 
       if (!WaitUntil(changed_, mu_, deadline)) return nullptr;
     }
     if (stopped_) return nullptr;
-    message = PopFront(grant, &hold);
+    message = PopFront(grant, &hold, &payload);
   }
   if (hold) hold();  // outside the lock: it deregisters memory
+  if (bulk != nullptr) *bulk = std::move(payload);
   return message;
 }
 
-google::protobuf::MessageLite* StreamState::TryRead(uint16_t* grant, bool* finished) {
+google::protobuf::MessageLite* StreamState::TryRead(uint16_t* grant, bool* finished,
+                                                    IncomingBulk* bulk) {
   *grant = 0;
+  if (bulk != nullptr) bulk->Reset();
   std::function<void()> hold;
+  IncomingBulk payload;  // released outside the lock unless the reader takes it
   google::protobuf::MessageLite* message = nullptr;
   {
     absl::MutexLock lock(&mu_);
@@ -293,9 +305,10 @@ google::protobuf::MessageLite* StreamState::TryRead(uint16_t* grant, bool* finis
       return nullptr;
     }
     *finished = false;
-    message = PopFront(grant, &hold);
+    message = PopFront(grant, &hold, &payload);
   }
   if (hold) hold();  // outside the lock: it deregisters memory
+  if (bulk != nullptr) *bulk = std::move(payload);
   return message;
 }
 
@@ -332,11 +345,13 @@ void StreamState::Stop(absl::Status status) {
 
 uint16_t StreamState::Drain() {
   std::vector<std::function<void()>> holds;
+  std::vector<IncomingBulk> payloads;  // released with `holds`, outside the lock
   absl::ReleasableMutexLock lock(&mu_);
   draining_ = true;
   uint16_t grant = 0;
   while (!queue_.empty()) {
     if (queue_.front().hold) holds.push_back(std::move(queue_.front().hold));
+    if (!queue_.front().bulk.empty()) payloads.push_back(std::move(queue_.front().bulk));
     if (queue_.front().message != nullptr) {
       spare_.push_back(std::move(queue_.front().message));
     } else {
@@ -347,6 +362,7 @@ uint16_t StreamState::Drain() {
   }
   lock.Release();
   for (std::function<void()>& hold : holds) hold();  // outside the lock: they deregister memory
+  payloads.clear();
   return grant;
 }
 

@@ -43,6 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "rpc/bulk.h"
 
 namespace zrpc::internal {
 
@@ -110,8 +111,11 @@ class StreamState {
   // the message is read or dropped: the memory its bytes were pulled into, kept until then so
   // that what a stream's unread messages hold counts against the receive budget
   // (max_pulled_bytes), not only their number. kInvalidArgument when it does not parse (the
-  // stream fails). Dropped when its place is gone (the stream drained meanwhile).
-  absl::Status OnPulledMessage(absl::Span<const uint8_t> body, std::function<void()> hold);
+  // stream fails). Dropped when its place is gone (the stream drained meanwhile). `bulk`: the
+  // bulk payload that came beside it (a method that carries them: rpc/streaming.h), for its
+  // reader, or released as the message is dropped.
+  absl::Status OnPulledMessage(absl::Span<const uint8_t> body, std::function<void()> hold,
+                               IncomingBulk bulk = IncomingBulk());
   // The peer sends no more messages: reads end once the queue is empty.
   absl::Status OnHalfClose();
   // The peer grants `messages` more. kFailedPrecondition past 2^31 outstanding.
@@ -129,11 +133,15 @@ class StreamState {
   absl::Status WaitEnded();
   // The next message, waiting for one until `deadline` (monotonic); null when the peer sends no
   // more, the stream ended with nothing queued, or the deadline passed. Valid until the next
-  // Read. `*grant` is the credit to send the peer now (0: none yet).
-  google::protobuf::MessageLite* Read(absl::Time deadline, uint16_t* grant);
+  // Read. `*grant` is the credit to send the peer now (0: none yet). `*bulk` (when set) takes
+  // the message's bulk payload (empty when it has none, or no message is returned); without
+  // it, a payload is released here.
+  google::protobuf::MessageLite* Read(absl::Time deadline, uint16_t* grant,
+                                      IncomingBulk* bulk = nullptr);
   // Read without waiting: the next message if one is queued; else null, with `*finished` true
   // when none will come (the peer sent no more, or the stream ended) and false when one may.
-  google::protobuf::MessageLite* TryRead(uint16_t* grant, bool* finished);
+  google::protobuf::MessageLite* TryRead(uint16_t* grant, bool* finished,
+                                         IncomingBulk* bulk = nullptr);
   // Waits until this side may send one more message (taking that credit), until `deadline`
   // (monotonic); false when the stream ended or the deadline passed.
   bool TakeSendCredit(absl::Time deadline);
@@ -192,9 +200,10 @@ class StreamState {
   // A message consumed (read or dropped): the credit to send, if a frame's worth is owed.
   uint16_t Consumed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the front of the queue as current_ (the message Read returns); `*hold` takes what was
-  // held for it, for the caller to run once it lets go of the lock.
-  google::protobuf::MessageLite* PopFront(uint16_t* grant, std::function<void()>* hold)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // held for it, for the caller to run once it lets go of the lock, and `*bulk` its payload
+  // (released by the caller, outside the lock, when nobody takes it).
+  google::protobuf::MessageLite* PopFront(uint16_t* grant, std::function<void()>* hold,
+                                          IncomingBulk* bulk) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the waits, and returns the listener to tell once the lock is let go (Notify).
   std::shared_ptr<StreamListener> Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Notify(const std::shared_ptr<StreamListener>& listener) {
@@ -209,6 +218,7 @@ class StreamState {
   struct Queued {
     std::unique_ptr<google::protobuf::MessageLite> message;
     std::function<void()> hold;  // runs as the message is read or dropped
+    IncomingBulk bulk;           // the payload beside it, if any: its reader's
   };
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
   uint32_t pulling_ ABSL_GUARDED_BY(mu_) = 0;  // places in queue_ still empty

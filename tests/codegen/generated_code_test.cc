@@ -1418,10 +1418,20 @@ static_assert(
     std::is_same_v<decltype(&Quiz::Service::Chat),
                    absl::Status (Quiz::Service::*)(zrpc::ServerContext&,
                                                    zrpc::ServerReaderWriter<Question, Answer>*)>);
-static_assert(std::is_same_v<decltype(&zrpc::ServerReaderWriter<Question, Answer>::Read),
-                             bool (zrpc::ServerReaderWriter<Question, Answer>::*)(Question*)>);
-static_assert(std::is_same_v<decltype(&zrpc::ServerReaderWriter<Question, Answer>::Write),
-                             bool (zrpc::ServerReaderWriter<Question, Answer>::*)(const Answer&)>);
+// Read and Write are overloaded (with and without a bulk payload): each form takes its type.
+using QuizServerStream = zrpc::ServerReaderWriter<Question, Answer>;
+static_assert(std::is_same_v<
+              decltype(std::declval<QuizServerStream&>().Read(std::declval<Question*>())), bool>);
+static_assert(std::is_same_v<decltype(std::declval<QuizServerStream&>().Read(
+                                 std::declval<Question*>(), std::declval<zrpc::IncomingBulk*>())),
+                             bool>);
+static_assert(
+    std::is_same_v<decltype(std::declval<QuizServerStream&>().Write(std::declval<const Answer&>())),
+                   bool>);
+static_assert(
+    std::is_same_v<decltype(std::declval<QuizServerStream&>().Write(
+                       std::declval<const Answer&>(), std::declval<zrpc::OutgoingBulk>())),
+                   bool>);
 static_assert(
     std::is_same_v<decltype(&Quiz::AsyncService::Chat),
                    void (Quiz::AsyncService::*)(
@@ -1463,11 +1473,13 @@ class ScriptedStream : public zrpc::StreamCall {
   ScriptedStream(const google::protobuf::MessageLite* prototype, std::vector<std::string> incoming)
       : prototype_(prototype), incoming_(std::move(incoming)) {}
 
-  bool Write(const google::protobuf::MessageLite& message) override {
+  bool Write(const google::protobuf::MessageLite& message, zrpc::OutgoingBulk bulk) override {
     written.emplace_back(message.GetTypeName(), message.SerializeAsString());
+    written_bulk.push_back(bulk.size());
     return true;
   }
-  google::protobuf::MessageLite* Read() override {
+  google::protobuf::MessageLite* Read(zrpc::IncomingBulk* bulk) override {
+    if (bulk != nullptr) bulk->Reset();
     if (prototype_ == nullptr || next_ == incoming_.size()) return nullptr;
     current_.reset(prototype_->New());
     if (!current_->ParseFromString(incoming_[next_++])) return nullptr;
@@ -1475,6 +1487,7 @@ class ScriptedStream : public zrpc::StreamCall {
   }
 
   std::vector<std::pair<std::string, std::string>> written;  // type name, serialization
+  std::vector<size_t> written_bulk;                          // each message's payload's size
 
  private:
   const google::protobuf::MessageLite* prototype_;

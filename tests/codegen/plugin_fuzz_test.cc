@@ -3,9 +3,9 @@
 //
 //  1. In process, thousands of files: the generator never crashes, and either generates both
 //     files or refuses with a message (protoc puts the file's name before it). It refuses
-//     exactly the input it documents as unsupported (keyword packages, bulk streaming rpcs). Some
-//     files are also mutated byte by byte (what a corrupt request from protoc could hold), to
-//     reach odd descriptors.
+//     exactly the input it documents as unsupported (keyword packages, a bulk payload on a
+//     streaming rpc's single message). Some files are also mutated byte by byte (what a
+//     corrupt request from protoc could hold), to reach odd descriptors.
 //  2. Through protoc and g++, a sample of the generated files: the generated C++ compiles, with
 //     protobuf's .pb.h it includes, with the project's warnings as errors. Names come from a
 //     pool of C++ keywords, names the generated code uses itself (Stub, Dispatch, request, std,
@@ -374,13 +374,17 @@ bool RefusedPackage(const FileDescriptorProto& file) {
   return false;
 }
 
-// A streaming rpc marked bulk: its stream's messages carry no payload (rpc/streaming.h).
+// A streaming rpc marked bulk on its single message: a server-streaming rpc's one request or a
+// client-streaming rpc's one response carries no payload (rpc/streaming.h, "Bulk payloads");
+// a stream's messages may.
 bool BulkStreaming(const FileDescriptorProto& file) {
   for (const auto& service : file.service()) {
     for (const auto& method : service.method()) {
       const zrpc::MethodOptions& options = method.options().GetExtension(zrpc::method);
-      if ((method.client_streaming() || method.server_streaming()) &&
-          (options.request_bulk() || options.response_bulk())) {
+      const bool client = method.client_streaming();
+      const bool server = method.server_streaming();
+      if ((options.request_bulk() && server && !client) ||
+          (options.response_bulk() && client && !server)) {
         return true;
       }
     }

@@ -64,14 +64,17 @@ TEST_CASE("generated code matches the golden files", "[codegen][golden]") {
   }
 }
 
-TEST_CASE("a streaming rpc marked bulk is refused, naming file, service and method",
-          "[codegen][errors]") {
+TEST_CASE(
+    "a server-streaming rpc whose one request is marked bulk is refused, naming file, "
+    "service and method",
+    "[codegen][errors]") {
   ProtocResult result = RunProtoc("tests/codegen/bad/bulk_streaming.proto");
   INFO(result.output);
   CHECK(result.exit_code != 0);
   CHECK(Contains(result.output,
                  "tests/codegen/bad/bulk_streaming.proto: service Streamer, method Watch: "
-                 "(zrpc.method) request_bulk and response_bulk are for unary rpcs"));
+                 "(zrpc.method) request_bulk on a server-streaming rpc: its one request carries "
+                 "no bulk payload"));
   CHECK(Occurrences(result.output, "bulk_streaming.proto") == 1);
 }
 

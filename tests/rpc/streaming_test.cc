@@ -568,7 +568,8 @@ TEST_CASE(
     static_cast<void>(SendRaw(**connection, zrpc::RpcHeader::HalfClose(1)));
   }
   SECTION("a pulled stream message with a bulk payload beside its body") {
-    // A stream's messages carry no bulk payload: a body pulled is one thing, a payload another.
+    // Double's messages carry no bulk payload (it is not marked request_bulk): a body pulled is
+    // one thing, a payload another.
     REQUIRE(
         SendRaw(**connection, zrpc::RpcHeader::StreamOpen(kNumbersId, kDoubleIndex, 1, 0, 1)).ok());
     REQUIRE(zrpc::testing::Eventually(
