@@ -38,8 +38,9 @@
 //   distinct guards, so any two headers may be included together.
 //
 // Refused with an error, which protoc prints after the file's name, naming the service and method
-// where there is one: streaming rpcs marked (zrpc.method).request_bulk or response_bulk (a stream's
-// messages carry no bulk payload); packages with a keyword or an object-like macro as a part (EOF,
+// where there is one: a server-streaming rpc marked (zrpc.method).request_bulk or a
+// client-streaming one marked response_bulk (the option marks a stream's messages, and that
+// single message is none of them); packages with a keyword or an object-like macro as a part (EOF,
 // NAN: protobuf's C++ for them, or zrpc's after the headers that define the macro, does not
 // compile); the package zrpc, zrpc.X for a name X the runtime declares in namespace zrpc
 // (zrpc.Channel, zrpc.internal, ...), and std, absl and packages inside them; package-less types

@@ -57,7 +57,8 @@ class ServerInterceptor {
   // it must not block. It may run for one call on two threads at once (a reader and a writer):
   // what it keeps in the context must allow that. Only the stream's messages come here: a unary
   // call's two, a server-streaming call's request and a client-streaming call's response do not
-  // (OnCallStart and OnCallEnd frame them).
+  // (OnCallStart and OnCallEnd frame them). A message's bulk payload (rpc/streaming.h, "Bulk
+  // payloads") is not shown: the hook sees the message alone.
   virtual ::absl::Status OnStreamMessage(ServerContext& context, const MethodInfo& method,
                                          StreamDirection direction,
                                          const ::google::protobuf::MessageLite& message) {
