@@ -12,6 +12,7 @@ set(ZRPC_RUNTIME_SOURCES
   rpc/client/client_stream.cc
   rpc/client/intercepted_call.cc
   rpc/client/poller_group.cc
+  rpc/client/retry.cc
   rpc/client/subchannel.cc
   rpc/common/call_clock.cc
   rpc/common/host_port.cc
@@ -74,6 +75,7 @@ set(ZRPC_RUNTIME_HEADERS
   rpc/client/intercepted_call.h
   rpc/client/keepalive.h
   rpc/client/poller_group.h
+  rpc/client/retry.h
   rpc/client/subchannel.h
   rpc/common/call_clock.h
   rpc/common/host_port.h

@@ -247,6 +247,12 @@ ServiceCode DescribeService(const ServiceDescriptor* service, const std::string&
     vars["kind"] = method->client_streaming() ? (method->server_streaming() ? "bidi" : "client")
                                               : (method->server_streaming() ? "server" : "unary");
     AddBulkVars(method->options().GetExtension(::zrpc::method), vars);
+    const google::protobuf::MethodOptions::IdempotencyLevel level =
+        method->options().idempotency_level();
+    vars["idempotent"] = level == google::protobuf::MethodOptions::IDEMPOTENT ||
+                                 level == google::protobuf::MethodOptions::NO_SIDE_EFFECTS
+                             ? "true"
+                             : "false";
     code.methods.push_back(std::move(vars));
   }
   return code;
@@ -499,7 +505,7 @@ void PrintSourceTables(Printer& p, const ServiceCode& code) {
       p.Print(
           vars,
           "    {\"$full_name$\", $index$, $request_bulk$, $response_bulk$, $client_streaming$,\n"
-          "     $server_streaming$},\n");
+          "     $server_streaming$, $idempotent$},\n");
     }
     p.Print(svars,
             "};\n"

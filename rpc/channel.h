@@ -19,6 +19,24 @@
 // Cancellation: CallOptions::cancellation (generated_api.h) ends a call with CANCELLED and tells
 // the server.
 //
+// Retries (ChannelOptions::retry). A unary call to a method its .proto marks safe to repeat
+//
+//   rpc Get(GetRequest) returns (GetReply) { option idempotency_level = IDEMPOTENT; }
+//
+// (or NO_SIDE_EFFECTS) that fails UNAVAILABLE is made again: by default up to 3 attempts in
+// all, the n-th retry after a wait drawn from [d/2, d], d = min(max_backoff,
+// initial_backoff * 2^(n-1)) (50 ms, 100 ms; at most 1 s). UNAVAILABLE is a call that found no
+// connection, or lost its connection while it was out, so it may have run: which is why only
+// idempotent methods are retried, and a method not marked so never is. The attempts share the
+// call's deadline: a wait that would pass it ends the call with the last attempt's error. A
+// Cancellation ends the call at once, waiting or not; destroying the channel ends a waiting call
+// with CANCELLED. Not retried: streams, methods with a request payload (its bytes are the
+// caller's, sent once), calls with a response_destination. A retried method's request is kept,
+// serialized (one copy per call), until the call ends; the later attempts are made on a thread of
+// the channel's own (they may connect, but never wait for a connection as wait_for_ready does: the
+// backoff stands for that wait), started with the first retry. Interceptors see each
+// attempt as a call of its own. stats().retries counts the retries scheduled.
+//
 // Liveness: keepalives (ChannelOptions::keepalive_*) close a connection whose server stopped
 // answering; a server process that dies is noticed at once (its kernel disconnects).
 //
@@ -29,8 +47,9 @@
 // receive slot and payload released at once (the call's id is stale: call_table.h).
 //
 // Threads. Any number of threads may call at once, blocking (the stub's plain methods) or
-// asynchronously (Async*: `done` runs once, on a poller thread or the timer thread; it must not
-// block or make a blocking call on this channel, which would wait for the thread it runs on).
+// asynchronously (Async*: `done` runs once, on a poller thread or the timer thread, or for a
+// retried call the channel's retrier thread; it must not block or make a blocking call on this
+// channel, which would wait for the thread it runs on).
 // The channel must outlive its calls' callbacks: destroying it fails the calls still in flight
 // with CANCELLED, runs their callbacks, and returns after the last one. A channel destroyed from
 // one of its own callbacks (a poller or the timer thread) is torn down the same way on a thread
@@ -59,7 +78,7 @@ namespace zrpc {
 
 namespace internal {
 class ChannelImpl;
-}
+}  // namespace internal
 
 struct ChannelStats {
   uint64_t connect_attempts = 0;
@@ -103,6 +122,9 @@ struct ChannelStats {
   // Calls started on a runtime thread (a callback) that found every send slot taken and waited
   // in their connection's queue for one, instead of being refused (THREADING.md).
   uint64_t calls_waited_for_slot = 0;
+  // Retries scheduled (ChannelOptions::retry; "Retries" above): each wait for a next attempt
+  // counts once, made or not (a cancel or the channel's end may come first).
+  uint64_t retries = 0;
   // What the channel's pollers hold for receiving (ChannelOptions::shared_receive_queue and
   // arena_pool, kBySize resolved by the channel's size): the receives their shared queues post (0:
   // each connection posts its own), and the response arenas they may lend (0: each connection
@@ -138,13 +160,22 @@ class ClientChannel final : public Channel {
  private:
   friend absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(
       absl::string_view target, const ChannelOptions& options);
+  // Makes a retried call's later attempts through a ClientChannel of its own (rpc/client/retry.h).
+  friend class internal::ChannelImpl;
 
   // Channel's calls, for generated stubs (rpc/impl/call_interfaces.h says what each does).
   absl::StatusOr<SendSlot> AcquireSendSlot(const MethodInfo& method, size_t size,
                                            const CallOptions& options) override;
   // AcquireSendSlot's work, once the channel's interceptors (if any) have run: inlined into it,
   // so that a channel without interceptors pays no call of its own for them.
-  absl::StatusOr<SendSlot> AcquireSlot(size_t size, const CallOptions& options);
+  absl::StatusOr<SendSlot> AcquireSlot(const MethodInfo& method, size_t size,
+                                       const CallOptions& options);
+  // StartUnaryCall for a call a retry may make again: its first attempt, with `slot` (its
+  // ticket) and `done` taken. False, nothing taken: not such a call (nor one with a payload,
+  // `request_bulk`).
+  bool StartRetried(const MethodInfo& method, SendSlot slot, bool request_bulk,
+                    ::google::protobuf::MessageLite* response, IncomingBulk* response_bulk,
+                    const CallOptions& options, DoneCallback& done);
   // AcquireSendSlot through the interceptors.
   absl::StatusOr<SendSlot> AcquireIntercepted(const MethodInfo& method, size_t size,
                                               const CallOptions& options);
@@ -157,8 +188,11 @@ class ClientChannel final : public Channel {
                                                google::protobuf::MessageLite* response,
                                                const CallOptions& options) override;
 
-  explicit ClientChannel(std::unique_ptr<internal::ChannelImpl> core);
+  // `retry_front`: the one a channel's retries make their attempts through (rpc/client/retry.h),
+  // which starts calls as they are, retrying none itself.
+  explicit ClientChannel(std::unique_ptr<internal::ChannelImpl> core, bool retry_front = false);
   std::unique_ptr<internal::ChannelImpl> impl_;
+  const bool retry_front_;
   const std::chrono::nanoseconds blocking_spin_;  // ChannelOptions::spin
   const bool intercepted_;                        // ChannelOptions::interceptors is not empty
 };

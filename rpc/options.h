@@ -161,6 +161,19 @@ struct ChannelOptions : RuntimeOptions {
   // Reconnection backoff (rpc/channel.h, "Connections").
   absl::Duration reconnect_backoff_initial = absl::Milliseconds(50);
   absl::Duration reconnect_backoff_max = absl::Seconds(5);
+  // Retries (rpc/channel.h, "Retries"): a unary call to a method the .proto marks idempotent
+  // (option idempotency_level = IDEMPOTENT or NO_SIDE_EFFECTS) that fails UNAVAILABLE is made
+  // again, up to `max_attempts` attempts in all (1: none again; at most 10), the n-th retry after
+  // a wait drawn from [d/2, d], d = min(max_backoff, initial_backoff * 2^(n-1)), within the call's
+  // deadline. Nothing else is retried: not a stream, not a method with a request payload, not a
+  // call with a response_destination, and never a method not marked idempotent (its call may
+  // have run).
+  struct Retry {
+    int max_attempts = 3;
+    absl::Duration initial_backoff = absl::Milliseconds(50);
+    absl::Duration max_backoff = absl::Seconds(1);
+  };
+  Retry retry;
   // Liveness: a connection with calls in flight that received nothing for keepalive_interval
   // sends a ping; a ping unanswered within keepalive_timeout closes the connection (its calls
   // fail UNAVAILABLE). A server whose handlers hold the whole window (slow calls) or whose

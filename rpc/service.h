@@ -19,6 +19,11 @@ struct MethodInfo {
   bool response_bulk;     // the response carries one ((zrpc.method).response_bulk)
   bool client_streaming;  // the client sends a stream of requests (rpc/streaming.h)
   bool server_streaming;  // the server sends a stream of responses
+  // The .proto marks it safe to call again (option idempotency_level = IDEMPOTENT or
+  // NO_SIDE_EFFECTS): a channel retries a unary call to it that failed UNAVAILABLE, even one that
+  // may have run (rpc/channel.h, "Retries"). Last, so that a MethodInfo initialized without it
+  // reads false.
+  bool idempotent;
   bool streaming() const { return client_streaming || server_streaming; }
 };
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -33,6 +34,7 @@
 #include "rpc/client/client_stream.h"
 #include "rpc/client/intercepted_call.h"
 #include "rpc/client/poller_group.h"
+#include "rpc/client/retry.h"
 #include "rpc/client/subchannel.h"
 #include "rpc/common/call_clock.h"
 #include "rpc/common/host_port.h"
@@ -64,9 +66,13 @@ struct SlotTicket {
   CallTiming timing;  // read when AcquireSendSlot began: the call's start
   // The call's interceptors (a channel with some: AcquireSendSlot), taken by the call's start.
   InterceptedCall* intercepted = nullptr;
+  // A call a retry may make again that found no slot (SlotForRetry, below): why. There
+  // is no connection; the request goes into `large`, and StartUnaryCall hands it to the retries.
+  absl::Status* unsent = nullptr;
   ~SlotTicket() {
     std::free(large);
     if (ABSL_PREDICT_FALSE(intercepted != nullptr)) EndUnstarted(intercepted);
+    if (ABSL_PREDICT_FALSE(unsent != nullptr)) delete unsent;
   }
   // A start that never took the interceptors' call: it never began. Out of line, so that the
   // ticket's destruction stays small enough to inline where calls start.
@@ -79,6 +85,23 @@ struct SlotTicket {
     if (!waiting) connection->connection().ReleaseSendBuffer(buffer);
   }
 };
+
+// The reason a ticket of SlotForRetry's carries, taken, its interceptors (if any) ended with it:
+// that attempt is over.
+absl::Status TakeUnsent(SlotTicket& ticket) {
+  absl::Status unsent = std::move(*ticket.unsent);
+  if (ticket.intercepted != nullptr) {
+    ticket.intercepted->End(unsent);
+    delete std::exchange(ticket.intercepted, nullptr);
+  }
+  return unsent;
+}
+
+// Whether a unary call to `method` with `options` is one a retry may make again (retry.h).
+bool Retried(const ChannelOptions& channel, const MethodInfo& method, const CallOptions& options) {
+  return method.idempotent && !method.streaming() && !method.request_bulk &&
+         channel.retry.max_attempts > 1 && options.response_destination.empty();
+}
 
 // Ticket memory, recycled per thread (rpc/impl/block_cache.h): AsyncUnaryCall runs
 // AcquireSendSlot and StartUnaryCall one after the other on the caller's thread, so the block one
@@ -185,8 +208,18 @@ class ChannelImpl final : public ClientConnectionOwner,
   };
   MethodState MethodFor(const MethodInfo& method);
   const Metrics& metrics() const { return metrics_; }
+  // The channel's retries (retry.h); null when they are off (retry.max_attempts 1).
+  Retrier* retrier() { return retrier_.get(); }
 
  private:
+  // The ClientChannel the retrier makes attempts through: the very calls a stub makes, on this
+  // core, whose lifetime it shares (the one the application holds may go first: the reaper).
+  struct FrontDeleter {
+    void operator()(ClientChannel* front) const {
+      static_cast<void>(front->impl_.release());  // not its own
+      delete front;
+    }
+  };
   // One pass of the timer (channel_timer.h): every connection's expired calls, and its
   // keepalive check when the keepalive pass is due. Returns when the next keepalive pass is due.
   absl::Time TimerPass(absl::Time now) override;
@@ -240,6 +273,11 @@ class ChannelImpl final : public ClientConnectionOwner,
   bool restore_stop_ = false;  // under restore_mu_
   bool restore_kick_ = false;  // under restore_mu_
   std::thread restorer_;
+
+  // The retries (retry.h), and the front they make their attempts through: set by Init when the
+  // options retry, before any call. The retrier stays until the end, for the ends of attempts.
+  std::unique_ptr<ClientChannel, FrontDeleter> front_;
+  std::unique_ptr<Retrier> retrier_;
 
   // Per-method metrics, and the MethodInfo -> MethodState cache in front of the registry's
   // by-name lookup (MethodInfo objects are static in generated code, so their address is a key).
@@ -362,10 +400,17 @@ absl::Status ChannelImpl::Init() {
   }
   timer_->Join(this, next_keepalive_);
   if (subchannels_.size() > 1) restorer_ = std::thread([this] { RestoreLoop(); });
+  if (options_.retry.max_attempts > 1) {
+    front_.reset(new ClientChannel(std::unique_ptr<ChannelImpl>(this), /*retry_front=*/true));
+    retrier_ = std::make_unique<Retrier>(options_.retry, front_.get());
+  }
   return absl::OkStatus();
 }
 
 ChannelImpl::~ChannelImpl() {
+  // Retried calls waiting for their next attempt end now (CANCELLED), as any that would wait
+  // from now on; an attempt under way ends with the calls in flight, below.
+  if (retrier_ != nullptr) retrier_->Stop();
   if (restorer_.joinable()) {
     // First: it makes connections. An attempt under way ends within connect_timeout.
     {
@@ -683,6 +728,7 @@ ChannelStats ChannelImpl::stats() const {
   stats.deadlines_exceeded = expired_.load(std::memory_order_relaxed);
   stats.late_responses = late_.load(std::memory_order_relaxed);
   stats.calls_waited_for_slot = waited_for_slot_.load(std::memory_order_relaxed);
+  stats.retries = retrier_ == nullptr ? 0 : retrier_->retries();
   stats.protocol_violations = violations_.load(std::memory_order_relaxed);
   stats.bulk_bytes_staged = staging_->staged_bytes();
   stats.bulk_bytes_zero_copy = staging_->zero_copy_bytes();
@@ -780,6 +826,15 @@ absl::StatusOr<std::unique_ptr<ClientChannel>> CreateChannel(absl::string_view t
         "ChannelOptions: reconnect_backoff_initial must be positive and at most "
         "reconnect_backoff_max");
   }
+  if (options.retry.max_attempts < 1 || options.retry.max_attempts > 10 ||
+      (options.retry.max_attempts > 1 &&
+       (options.retry.initial_backoff <= absl::ZeroDuration() ||
+        options.retry.max_backoff < options.retry.initial_backoff))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ChannelOptions::retry: max_attempts is ", options.retry.max_attempts,
+        "; it must be in [1, 10], and with retries initial_backoff positive and at most "
+        "max_backoff"));
+  }
   if (options.keepalive_interval < absl::ZeroDuration() ||
       (options.keepalive_interval > absl::ZeroDuration() &&
        options.keepalive_timeout <= absl::ZeroDuration())) {
@@ -835,18 +890,46 @@ internal::BlockingWait ClientChannel::blocking_wait() const {
           &LearnBlockingWait};
 }
 
-ClientChannel::ClientChannel(std::unique_ptr<internal::ChannelImpl> core)
+ClientChannel::ClientChannel(std::unique_ptr<internal::ChannelImpl> core, bool retry_front)
     : impl_(std::move(core)),
+      retry_front_(retry_front),
       blocking_spin_(absl::ToChronoNanoseconds(impl_->options().spin)),
       intercepted_(!impl_->options().interceptors.empty()) {}
 ClientChannel::~ClientChannel() {
   // From a callback on one of the runtime's threads the teardown would join the thread it runs
-  // on: hand it over, and return at once (channel.h).
-  if (internal::OnRuntimeThread()) internal::Reaper::Get().Take(std::move(impl_));
+  // on: hand it over, and return at once (channel.h). (The retrier's own front has none.)
+  if (impl_ != nullptr && internal::OnRuntimeThread()) {
+    internal::Reaper::Get().Take(std::move(impl_));
+  }
 }
 
+namespace internal {
+namespace {
+// A call to `method` that began at `timing` found no slot, `unsent` says why: for a call a retry
+// may make again, memory the request is serialized into, for StartUnaryCall to hand to the
+// retries (retry.h); otherwise `unsent`. Never for the retries' own front (`retry_front`), whose
+// attempts are the retries'.
+ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<SendSlot> SlotForRetry(ChannelImpl& impl, bool retry_front,
+                                                              const MethodInfo& method, size_t size,
+                                                              const CallOptions& options,
+                                                              absl::Status unsent,
+                                                              const CallTiming& timing) {
+  if (retry_front || unsent.code() != absl::StatusCode::kUnavailable || impl.retrier() == nullptr ||
+      !Retried(impl.options(), method, options)) {
+    return unsent;
+  }
+  auto* large = static_cast<uint8_t*>(std::malloc(size > 0 ? size : 1));
+  if (large == nullptr) return unsent;
+  auto* ticket = new (TakeBlock(sizeof(SlotTicket)))
+      SlotTicket{nullptr, transport::SendBuffer{}, large, false, timing};
+  ticket->unsent = new absl::Status(std::move(unsent));
+  return SendSlot{large, size, reinterpret_cast<uintptr_t>(ticket)};
+}
+}  // namespace
+}  // namespace internal
+
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::StatusOr<SendSlot> ClientChannel::AcquireSlot(
-    size_t size, const CallOptions& options) {
+    const MethodInfo& method, size_t size, const CallOptions& options) {
   // The call starts here: its one clock reading (the batch's, on a poller: call_clock.h) fixes
   // its deadline, and waits below end there.
   internal::CallTiming timing = internal::StartTiming(options);
@@ -857,7 +940,14 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::StatusOr<SendSlot> ClientChannel::Acqu
       options.wait_for_ready
           ? impl_->PickWhenReady(timing.deadline, options.cancellation.get(), &waited)
           : impl_->Pick(timing.deadline, &waited);
-  if (!connection.ok()) return connection.status();
+  if (!connection.ok()) {
+    // No connection: a retry may make the call again (retry.h).
+    if (ABSL_PREDICT_FALSE(method.idempotent)) {
+      return internal::SlotForRetry(*impl_, retry_front_, method, size, options,
+                                    connection.status(), timing);
+    }
+    return connection.status();
+  }
   // Connecting took time: the request's remaining time (the wire's) is counted from now.
   if (waited) timing.now_nanos = internal::CallClockRefreshNanos();
   transport::Connection& c = (*connection)->connection();
@@ -904,7 +994,13 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::StatusOr<SendSlot> ClientChannel::Acqu
         internal::SlotTicket{*std::move(connection), transport::SendBuffer{}, body, true, timing};
     return SendSlot{body + block, size, reinterpret_cast<uintptr_t>(ticket)};
   }
-  if (!buffer.ok()) return buffer.status();
+  if (!buffer.ok()) {
+    if (ABSL_PREDICT_FALSE(method.idempotent)) {  // the connection closing, say
+      return internal::SlotForRetry(*impl_, retry_front_, method, size, options, buffer.status(),
+                                    timing);
+    }
+    return buffer.status();
+  }
   // Larger than a slot: the request goes at the front of a payload, from memory of its own, and
   // the slot carries the header.
   uint8_t* large = nullptr;
@@ -928,7 +1024,7 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::StatusOr<SendSlot> ClientChannel::Acqu
 absl::StatusOr<SendSlot> ClientChannel::AcquireSendSlot(const MethodInfo& method, size_t size,
                                                         const CallOptions& options) {
   if (ABSL_PREDICT_FALSE(intercepted_)) return AcquireIntercepted(method, size, options);
-  return AcquireSlot(size, options);
+  return AcquireSlot(method, size, options);
 }
 
 absl::StatusOr<SendSlot> ClientChannel::AcquireIntercepted(const MethodInfo& method, size_t size,
@@ -937,7 +1033,7 @@ absl::StatusOr<SendSlot> ClientChannel::AcquireIntercepted(const MethodInfo& met
   absl::StatusOr<std::unique_ptr<internal::InterceptedCall>> intercepted =
       internal::InterceptedCall::Start(impl_->options().interceptors, method, options);
   if (!intercepted.ok()) return intercepted.status();
-  absl::StatusOr<SendSlot> slot = AcquireSlot(size, (*intercepted)->options());
+  absl::StatusOr<SendSlot> slot = AcquireSlot(method, size, (*intercepted)->options());
   if (!slot.ok()) {
     (*intercepted)->End(slot.status());
     return slot.status();
@@ -954,6 +1050,18 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
                                    DoneCallback done) {
   std::unique_ptr<internal::SlotTicket, internal::TicketDeleter> ticket(
       reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token)));
+  // Everything passed by reference: this path stays as short for the calls that never retry.
+  if (ABSL_PREDICT_FALSE(method.idempotent) && !retry_front_) {
+    if (StartRetried(method, slot, !request_bulk.empty(), response, response_bulk, caller_options,
+                     done)) {
+      static_cast<void>(ticket.release());  // StartRetried's now
+      return;
+    }
+    if (ticket->unsent != nullptr) {  // no slot, and not retried after all (a payload came)
+      request_bulk.Reset();
+      return done(internal::TakeUnsent(*ticket));
+    }
+  }
   // Through the channel's interceptors: the call goes with their options (the metadata they
   // added, encoded already), and their end runs before `done`, whichever way the call ends.
   const CallOptions* intercepted_options = &caller_options;
@@ -1021,11 +1129,41 @@ void ClientChannel::StartUnaryCall(const MethodInfo& method, SendSlot slot,
                             std::move(request_bulk), std::move(call), options, ticket->timing);
 }
 
+ABSL_ATTRIBUTE_NOINLINE bool ClientChannel::StartRetried(const MethodInfo& method, SendSlot slot,
+                                                         bool request_bulk,
+                                                         ::google::protobuf::MessageLite* response,
+                                                         IncomingBulk* response_bulk,
+                                                         const CallOptions& options,
+                                                         DoneCallback& done) {
+  internal::Retrier* retrier = impl_->retrier();
+  // A payload on a method without request_bulk is refused on the usual path.
+  if (retrier == nullptr || request_bulk || !internal::Retried(impl_->options(), method, options)) {
+    return false;
+  }
+  auto* ticket = reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token));
+  std::string request(reinterpret_cast<const char*>(slot.data), slot.size);  // for the retries
+  const absl::Time deadline = ticket->timing.deadline;
+  absl::Status unsent;
+  if (ABSL_PREDICT_FALSE(ticket->unsent != nullptr)) {
+    // It found no connection: the first attempt is over already.
+    unsent = internal::TakeUnsent(*ticket);
+    internal::TicketDeleter()(ticket);
+    slot = SendSlot{};
+  }
+  retrier->Start(method, std::move(request), slot, std::move(unsent), response, response_bulk,
+                 options, deadline, done);
+  return true;
+}
+
 std::unique_ptr<ClientStreamCall> ClientChannel::OpenStream(
     const MethodInfo& method, SendSlot slot, const google::protobuf::MessageLite* read_prototype,
     google::protobuf::MessageLite* response, const CallOptions& caller_options) {
   std::unique_ptr<internal::SlotTicket, internal::TicketDeleter> ticket(
       reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token)));
+  if (ABSL_PREDICT_FALSE(ticket->unsent != nullptr)) {
+    // A slot for a unary call's retries (a MethodInfo that says unary, opened as a stream).
+    return std::make_unique<internal::FailedStream>(internal::TakeUnsent(*ticket));
+  }
   // Through the channel's interceptors: as StartUnaryCall; their end runs as the stream ends,
   // before its Finish returns.
   std::unique_ptr<internal::InterceptedCall> intercepted(

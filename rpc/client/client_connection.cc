@@ -26,7 +26,7 @@
 
 namespace zrpc::internal {
 
-const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false, false, false};
+const MethodInfo kKeepalivePing = {"zrpc.Keepalive/Ping", 0, false, false, false, false, false};
 
 void ClientCall::End(absl::Status status) {
   // The request payload's gate, then the destination's: End withdraws a payload exposed for the

@@ -1518,6 +1518,10 @@ class ScriptedStreamCall : public LoopbackCall {
 // Answers each question with its text and length: reads Questions, writes Answers.
 class QuizImpl : public Quiz::Service {
  public:
+  absl::Status Ask(zrpc::ServerContext&, const Question& question, Answer* answer) override {
+    *answer = AnswerTo(question);
+    return absl::OkStatus();
+  }
   absl::Status Chat(zrpc::ServerContext&,
                     zrpc::ServerReaderWriter<Question, Answer>* stream) override {
     Question question;
@@ -1608,4 +1612,24 @@ TEST_CASE("blocking server- and client-streaming handlers keep the request and r
   REQUIRE(answer.ParseFromString(tell.response()));
   CHECK(answer.text() == "re: abc");
   CHECK(answer.length() == 3);
+}
+
+TEST_CASE("a method marked idempotent says so, and its call goes whole through the channel",
+          "[codegen]") {
+  const zrpc::ServiceInfo& info = Quiz::service_info();
+  REQUIRE(info.method_count == 4);
+  CHECK(info.methods[0].idempotent);  // Ask: idempotency_level = NO_SIDE_EFFECTS
+  for (int i = 1; i < 4; ++i) CHECK_FALSE(info.methods[i].idempotent);
+  // A channel that does not retry (the loopback) takes its call as any other.
+  QuizImpl impl;
+  LoopbackChannel channel(&impl);
+  Quiz::Stub stub(&channel);
+  Question question;
+  question.set_text("again?");
+  Answer answer;
+  const absl::Status status = stub.Ask(question, &answer);
+  INFO(status);
+  REQUIRE(status.ok());
+  CHECK(answer.SerializeAsString() == QuizImpl::AnswerTo(question).SerializeAsString());
+  CHECK(channel.last_method == "zrpc.test.order.Quiz/Ask");
 }

@@ -18,7 +18,7 @@ namespace {
 using Empty = google::protobuf::Empty;
 using zrpc::testing::LoopbackCall;
 
-const zrpc::MethodInfo kMethod = {"test.Release/Twice", 0, false, false, false, false};
+const zrpc::MethodInfo kMethod = {"test.Release/Twice", 0, false, false, false, false, false};
 
 }  // namespace
 

@@ -353,14 +353,14 @@ TEST_CASE(
 
   // A method index past the service's table.
   static const zrpc::MethodInfo kMissing = {
-      "zrpc.examples.Greeter/Missing", 7, false, false, false, false};
+      "zrpc.examples.Greeter/Missing", 7, false, false, false, false, false};
   s = zrpc::internal::UnaryCall(rt.channel.get(), kMissing, request, zrpc::OutgoingBulk(), &reply,
                                 nullptr, Within(kLong));
   CHECK(s.code() == absl::StatusCode::kUnimplemented);
   CHECK(absl::StrContains(s.message(), "zrpc.examples.Greeter has no method with index 7"));
   // A service the server does not have.
   static const zrpc::MethodInfo kNoService = {
-      "zrpc.examples.Nobody/Call", 0, false, false, false, false};
+      "zrpc.examples.Nobody/Call", 0, false, false, false, false, false};
   s = zrpc::internal::UnaryCall(rt.channel.get(), kNoService, request, zrpc::OutgoingBulk(), &reply,
                                 nullptr, Within(kLong));
   CHECK(s.code() == absl::StatusCode::kUnimplemented);
