@@ -97,10 +97,11 @@ absl::Status TakeUnsent(SlotTicket& ticket) {
   return unsent;
 }
 
-// Whether a unary call to `method` with `options` is one a retry may make again (retry.h).
-bool Retried(const ChannelOptions& channel, const MethodInfo& method, const CallOptions& options) {
+// Whether a unary call to `method` with `options` is one a retry may make again (retry.h), on
+// a channel that retries (one with a Retrier).
+bool Retried(const MethodInfo& method, const CallOptions& options) {
   return method.idempotent && !method.streaming() && !method.request_bulk &&
-         channel.retry.max_attempts > 1 && options.response_destination.empty();
+         options.response_destination.empty();
 }
 
 // Ticket memory, recycled per thread (rpc/impl/block_cache.h): AsyncUnaryCall runs
@@ -915,7 +916,7 @@ ABSL_ATTRIBUTE_NOINLINE absl::StatusOr<SendSlot> SlotForRetry(ChannelImpl& impl,
                                                               absl::Status unsent,
                                                               const CallTiming& timing) {
   if (retry_front || unsent.code() != absl::StatusCode::kUnavailable || impl.retrier() == nullptr ||
-      !Retried(impl.options(), method, options)) {
+      !Retried(method, options)) {
     return unsent;
   }
   auto* large = static_cast<uint8_t*>(std::malloc(size > 0 ? size : 1));
@@ -1137,7 +1138,7 @@ ABSL_ATTRIBUTE_NOINLINE bool ClientChannel::StartRetried(const MethodInfo& metho
                                                          DoneCallback& done) {
   internal::Retrier* retrier = impl_->retrier();
   // A payload on a method without request_bulk is refused on the usual path.
-  if (retrier == nullptr || request_bulk || !internal::Retried(impl_->options(), method, options)) {
+  if (retrier == nullptr || request_bulk || !internal::Retried(method, options)) {
     return false;
   }
   auto* ticket = reinterpret_cast<internal::SlotTicket*>(static_cast<uintptr_t>(slot.token));

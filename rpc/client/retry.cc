@@ -1,4 +1,5 @@
-// Retries of unary calls to idempotent methods: the policy's arithmetic and the waiting queue.
+// Retries of unary calls to idempotent methods: the policy's arithmetic, the waiting queue and the
+// retrier.
 
 #include "rpc/client/retry.h"
 
@@ -13,15 +14,6 @@
 #include "rpc/common/monotonic.h"
 
 namespace zrpc::internal {
-namespace {
-
-void EndCancelled(RetriedCall& call) {
-  call.done(absl::CancelledError(absl::StrCat(
-      call.method->full_name, ": the channel was destroyed while the call waited to retry")));
-}
-
-}  // namespace
-
 CallOptions RetriedCall::AttemptOptions(absl::Time now) const {
   CallOptions attempt = options;
   // The backoff stands for wait_for_ready's wait from here on: an attempt on the retrier never
@@ -47,7 +39,6 @@ bool RetriedCall::RetryAt(const absl::Status& status, const ChannelOptions::Retr
   if (status.code() != absl::StatusCode::kUnavailable || attempts >= policy.max_attempts) {
     return false;
   }
-  if (options.cancellation != nullptr && options.cancellation->cancelled()) return false;
   *at = now + RetryBackoff(policy, attempts, random);
   return *at < deadline;  // else the last attempt's error says more than a deadline would
 }
@@ -81,7 +72,7 @@ bool RetryQueue::Add(const std::shared_ptr<RetryQueue>& queue, absl::Time at,
     }
   }
   if (call != nullptr) {
-    EndCancelled(*call);
+    EndClosed(*call);
     return false;
   }
   // A Cancel between the hook and the queue found nothing: look again.
@@ -135,10 +126,13 @@ void RetryQueue::Close() {
     left.swap(waiting_);
     changed_.SignalAll();
   }
-  for (auto& [at, call] : left) EndCancelled(*call);
+  for (auto& [at, call] : left) EndClosed(*call);
 }
 
-void RetryQueue::EndClosed(RetriedCall& call) { EndCancelled(call); }
+void RetryQueue::EndClosed(RetriedCall& call) {
+  call.done(absl::CancelledError(absl::StrCat(
+      call.method->full_name, ": the channel was destroyed while the call waited to retry")));
+}
 
 bool RetryQueue::closed() const {
   absl::MutexLock lock(&mu_);
@@ -173,23 +167,24 @@ void Retrier::Start(const MethodInfo& method, std::string request, SendSlot slot
   call->done = std::move(done);
   call->attempts = 1;  // this one
   if (!unsent.ok()) return Ended(std::move(call), std::move(unsent));
-  RetriedCall& first = *call;
   // The caller's options: the call may end (and `call` go) before this returns.
-  ChannelAccess::StartUnaryCall(front_, method, slot, OutgoingBulk(), first.response,
-                                first.response_bulk, options,
+  ChannelAccess::StartUnaryCall(front_, method, slot, OutgoingBulk(), response, response_bulk,
+                                options,
                                 [this, call = std::move(call)](absl::Status status) mutable {
                                   Ended(std::move(call), std::move(status));
                                 });
 }
 
 void Retrier::Ended(std::unique_ptr<RetriedCall> call, absl::Status status) {
+  // A cancelled call is not made again, and a cancel that came while an attempt failed
+  // otherwise is what the caller hears.
+  const bool cancelled =
+      call->options.cancellation != nullptr && call->options.cancellation->cancelled();
+  if (cancelled && status.code() != absl::StatusCode::kCancelled) {
+    status = absl::CancelledError(absl::StrCat(call->method->full_name, ": cancelled"));
+  }
   absl::Time at;
-  if (!call->RetryAt(status, policy_, MonotonicNow(), RetryJitter(), &at)) {
-    // A cancel that came while an attempt failed otherwise is what the caller hears.
-    if (status.code() != absl::StatusCode::kCancelled && call->options.cancellation != nullptr &&
-        call->options.cancellation->cancelled()) {
-      status = absl::CancelledError(absl::StrCat(call->method->full_name, ": cancelled"));
-    }
+  if (cancelled || !call->RetryAt(status, policy_, MonotonicNow(), RetryJitter(), &at)) {
     return call->done(std::move(status));  // nothing of this object is touched after: Loop
   }
   {

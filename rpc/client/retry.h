@@ -61,6 +61,7 @@ struct RetriedCall {
   CallOptions AttemptOptions(absl::Time now) const;
   // Whether an attempt that ended with `status` is made again under `policy`, and when
   // (monotonic; `random` draws the jitter, uniform in [0, 1)). False: `done` gets `status`.
+  // A cancel is the caller's to look at first (Retrier::Ended).
   bool RetryAt(const absl::Status& status, const ChannelOptions::Retry& policy, absl::Time now,
                double random, absl::Time* at) const;
 };
